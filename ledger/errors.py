@@ -1,0 +1,88 @@
+"""The one family of domain errors. Each carries a stable machine code and the HTTP status the API
+maps it to; the dashboard shows ``message``. Services raise these and nothing else for anything a
+client or operator can cause."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SagaError(Exception):
+    status: int = 400
+    code: str = "bad_request"
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+        if code:
+            self.code = code
+
+
+class NotFound(SagaError):
+    status = 404
+    code = "not_found"
+
+
+class Forbidden(SagaError):
+    status = 403
+    code = "forbidden"
+
+
+class ValidationFailed(SagaError):
+    status = 422
+    code = "invalid_request"
+
+
+class Conflict(SagaError):
+    status = 409
+    code = "conflict"
+
+
+class InvalidTransition(Conflict):
+    """A state change the state machine does not allow from the current state."""
+
+    code = "invalid_transition"
+
+    def __init__(self, subject: Any, *, to: str, current: str | None = None, message: str | None = None) -> None:
+        current_state = current if current is not None else str(getattr(subject, "status", ""))
+        label = f"{type(subject).__name__} {getattr(subject, 'pk', '')}".strip()
+        super().__init__(
+            message or f"{label} is {current_state!s}; it cannot become {to}.",
+            details={"subject": getattr(subject, "pk", None), "current": current_state, "to": to},
+        )
+        self.current = current_state
+
+
+class RunNotAcceptingActions(Conflict):
+    code = "run_not_accepting_actions"
+
+
+class IdempotencyKeyReused(SagaError):
+    status = 422
+    code = "idempotency_key_reused"
+
+
+class IdempotencyKeyInFlight(Conflict):
+    code = "idempotency_key_in_flight"
+
+
+class ApprovalPending(Conflict):
+    code = "approval_pending"
+
+
+class ApprovalRejected(Conflict):
+    code = "approval_rejected"
+
+
+class ApprovalExpired(Conflict):
+    code = "approval_expired"
+
+
+class FourEyesRequired(Forbidden):
+    code = "four_eyes_required"
+
+
+class ServiceUnavailable(SagaError):
+    status = 503
+    code = "service_unavailable"

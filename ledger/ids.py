@@ -1,0 +1,63 @@
+"""Opaque, prefixed, time-ordered identifiers (``run_01JD…``).
+
+A ULID body (48-bit millisecond time + 80 random bits, Crockford base32) keeps ids sortable by
+creation time, which keyset pagination relies on, and unguessable, which tenant isolation
+appreciates.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def _ulid() -> str:
+    value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
+    chars = []
+    for _ in range(26):
+        chars.append(_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{_ulid()}"
+
+
+# Module-level functions so migrations can reference them by import path.
+def new_run_id() -> str:
+    return new_id("run")
+
+
+def new_action_id() -> str:
+    return new_id("act")
+
+
+def new_checkpoint_id() -> str:
+    return new_id("chk")
+
+
+def new_key_id() -> str:
+    return new_id("key")
+
+
+def new_recovery_id() -> str:
+    return new_id("rec")
+
+
+def new_approval_id() -> str:
+    return new_id("apr")
+
+
+def new_command_id() -> str:
+    return new_id("cmd")
+
+
+def new_unwind_id() -> str:
+    return new_id("unw")
+
+
+def new_step_id() -> str:
+    return new_id("stp")

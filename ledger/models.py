@@ -1,0 +1,496 @@
+"""The record: tenants, keys, runs, actions (the ledger), checkpoints, policies and the audit log.
+
+State fields here are written only by ``ledger.services`` (and, for the states a recovery
+decision drives, by ``recovery.services`` through the ledger's own transition functions).
+"""
+
+from __future__ import annotations
+
+import pgtrigger
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import Q
+
+from ledger import ids
+
+
+class Risk(models.TextChoices):
+    LOW = "low", "Low"
+    MEDIUM = "medium", "Medium"
+    HIGH = "high", "High"
+    CRITICAL = "critical", "Critical"
+
+
+RISK_ORDER = {Risk.LOW: 0, Risk.MEDIUM: 1, Risk.HIGH: 2, Risk.CRITICAL: 3}
+
+
+def max_risk(*risks: str) -> str:
+    present = [r for r in risks if r]
+    return max(present, key=lambda r: RISK_ORDER[Risk(r)]) if present else Risk.LOW
+
+
+class ActionClass(models.TextChoices):
+    READ_ONLY = "read_only", "Read only"
+    DRAFT_ONLY = "draft_only", "Draft only"
+    INTERNAL_UPDATE = "internal_update", "Internal update"
+    EXTERNAL_REVERSIBLE = "external_reversible", "External, reversible"
+    EXTERNAL_IRREVERSIBLE = "external_irreversible", "External, irreversible"
+
+
+class ApprovalMode(models.TextChoices):
+    AUTO = "auto", "Automatic"
+    MANUAL = "manual", "Manual approval"
+
+
+class CompensationStrategy(models.TextChoices):
+    CUSTOM = "custom", "Registered compensating tool"
+    SNAPSHOT = "snapshot", "Restore the before snapshot"
+    CORRECTION = "correction", "Correction (irreversible action)"
+    NONE = "none", "Cannot be undone"
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    """A dashboard user's role in one tenant."""
+
+    class Role(models.TextChoices):
+        VIEWER = "viewer", "Viewer"
+        OPERATOR = "operator", "Operator"
+        APPROVER = "approver", "Approver"
+        ADMIN = "admin", "Admin"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_one_role_per_tenant"),
+            models.CheckConstraint(
+                condition=Q(role__in=["viewer", "operator", "approver", "admin"]), name="membership_role_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant} ({self.role})"
+
+
+class AgentKey(models.Model):
+    class Scope(models.TextChoices):
+        AGENT = "agent", "Agent"
+        OPERATOR = "operator", "Operator"
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_key_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agent_keys")
+    name = models.CharField(max_length=200)
+    # The public part of the key, shown in lists and used to find the row; the secret part is
+    # only ever stored as a SHA-256 digest (keys are 256-bit random, so a slow KDF buys nothing).
+    prefix = models.CharField(max_length=32, unique=True)
+    key_hash = models.CharField(max_length=64)
+    scopes = ArrayField(models.CharField(max_length=16), default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(scopes__contained_by=["agent", "operator"]), name="agentkey_scopes_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+        COMPENSATING = "compensating", "Compensating"
+        COMPENSATED = "compensated", "Compensated"
+        CLOSED = "closed", "Closed"
+
+    # A run in one of these refuses new actions: a late background job cannot write.
+    CLOSED_TO_WRITES = (Status.CANCELLED, Status.COMPENSATING, Status.COMPENSATED, Status.CLOSED)
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_run_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
+    agent = models.CharField(max_length=200)
+    request = models.TextField()
+    external_id = models.CharField(max_length=200, blank=True, default="")
+    user_id = models.CharField(max_length=200, blank=True, default="")
+    goal = models.TextField(blank=True, default="")
+    trace_url = models.URLField(max_length=2000, blank=True, default="")
+    resume_url = models.URLField(max_length=2000, blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    summary = models.TextField(blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    failure_reason = models.CharField(max_length=64, blank=True, default="")
+    failed_action = models.ForeignKey(
+        "Action", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by_key = models.ForeignKey(AgentKey, null=True, blank=True, on_delete=models.SET_NULL)
+    # Counters owned by the run row (updated under its row lock): action sequence numbers and
+    # the completion order that LIFO compensation follows.
+    action_count = models.PositiveIntegerField(default=0)
+    completion_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(
+                    status__in=[
+                        "running",
+                        "succeeded",
+                        "failed",
+                        "cancelled",
+                        "compensating",
+                        "compensated",
+                        "closed",
+                    ]
+                ),
+                name="run_status_valid",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"], name="run_tenant_created"),
+            models.Index(fields=["tenant", "status", "-created_at"], name="run_tenant_status"),
+            models.Index(fields=["tenant", "agent", "-created_at"], name="run_tenant_agent"),
+            models.Index(fields=["tenant", "external_id"], name="run_tenant_external"),
+            models.Index(
+                fields=["last_heartbeat_at"], name="run_running_heartbeat", condition=Q(status="running")
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def accepts_actions(self) -> bool:
+        return self.status not in self.CLOSED_TO_WRITES
+
+
+class Action(models.Model):
+    class Status(models.TextChoices):
+        PLANNED = "planned", "Planned"
+        AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
+        APPROVED = "approved", "Approved"
+        REJECTED = "rejected", "Rejected"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        UNKNOWN = "unknown", "Outcome unknown"
+        COMPENSATING = "compensating", "Compensating"
+        COMPENSATED = "compensated", "Compensated"
+        COMPENSATION_FAILED = "compensation_failed", "Compensation failed"
+
+    class ErrorLayer(models.TextChoices):
+        MODEL = "model", "Model"
+        TOOL = "tool", "Tool"
+        WORKFLOW = "workflow", "Workflow"
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_action_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="actions")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="actions")
+    seq = models.PositiveIntegerField()
+    tool = models.CharField(max_length=200)
+    target_type = models.CharField(max_length=100, blank=True, default="")
+    target_id = models.CharField(max_length=500, blank=True, default="")
+    args = models.JSONField(default=dict, blank=True)
+    idempotency_key = models.CharField(max_length=255)
+    # SHA-256 of the canonical recorded payload: a replay with another payload is refused.
+    payload_hash = models.CharField(max_length=64)
+    intent = models.JSONField(default=dict, blank=True)
+    before_snapshot = models.JSONField(null=True, blank=True)
+    after_snapshot = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    risk = models.CharField(max_length=16, choices=Risk.choices)
+    action_class = models.CharField(max_length=32, choices=ActionClass.choices)
+    approval_mode = models.CharField(max_length=16, choices=ApprovalMode.choices)
+    requires_approval = models.BooleanField(default=False)
+    # The policy that applied when the action was recorded (pattern, source): the record must
+    # not change meaning when the policy file changes later.
+    policy = models.JSONField(default=dict, blank=True)
+    compensation_strategy = models.CharField(
+        max_length=16, choices=CompensationStrategy.choices, default=CompensationStrategy.NONE
+    )
+    compensation_tool = models.CharField(max_length=200, blank=True, default="")
+    compensation_args = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=24, choices=Status.choices, default=Status.PLANNED)
+    attempts = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True, default="")
+    error_layer = models.CharField(max_length=16, choices=ErrorLayer.choices, blank=True, default="")
+    retryable = models.BooleanField(null=True, blank=True)
+    verified = models.BooleanField(null=True, blank=True)
+    verification = models.JSONField(null=True, blank=True)
+    warnings = models.JSONField(default=list, blank=True)
+    # Position in the run's completion order; LIFO compensation sorts by it, descending.
+    completion_seq = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="action_idempotency_per_tenant"),
+            models.UniqueConstraint(fields=["run", "seq"], name="action_seq_per_run"),
+            models.CheckConstraint(
+                condition=Q(
+                    status__in=[
+                        "planned",
+                        "awaiting_approval",
+                        "approved",
+                        "rejected",
+                        "running",
+                        "succeeded",
+                        "failed",
+                        "unknown",
+                        "compensating",
+                        "compensated",
+                        "compensation_failed",
+                    ]
+                ),
+                name="action_status_valid",
+            ),
+            models.CheckConstraint(condition=Q(risk__in=["low", "medium", "high", "critical"]), name="action_risk_valid"),
+            models.CheckConstraint(
+                condition=Q(
+                    action_class__in=[
+                        "read_only",
+                        "draft_only",
+                        "internal_update",
+                        "external_reversible",
+                        "external_irreversible",
+                    ]
+                ),
+                name="action_class_valid",
+            ),
+            models.CheckConstraint(condition=Q(attempts__gte=0), name="action_attempts_non_negative"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "tool", "-created_at"], name="action_tenant_tool"),
+            models.Index(fields=["tenant", "target_id"], name="action_tenant_target"),
+            models.Index(fields=["run", "-completion_seq"], name="action_run_completion"),
+            models.Index(fields=["tenant", "status"], name="action_tenant_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.tool}"
+
+
+class Checkpoint(models.Model):
+    class RecoveryMode(models.TextChoices):
+        RESUME_OR_COMPENSATE = "resume_or_compensate", "Resume or compensate"
+        RESUME_ONLY = "resume_only", "Resume only"
+        COMPENSATE_ONLY = "compensate_only", "Compensate only"
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_checkpoint_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="checkpoints")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    name = models.CharField(max_length=200)
+    state = models.JSONField(default=dict, blank=True)
+    completed_action_ids = ArrayField(models.CharField(max_length=40), default=list, blank=True)
+    pending_action_ids = ArrayField(models.CharField(max_length=40), default=list, blank=True)
+    requires_user_approval = models.BooleanField(default=False)
+    recovery_mode = models.CharField(
+        max_length=32, choices=RecoveryMode.choices, default=RecoveryMode.RESUME_OR_COMPENSATE
+    )
+    recovery_instructions = models.TextField(blank=True, default="")
+    summary = models.TextField(blank=True, default="")
+    trace_links = models.JSONField(default=list, blank=True)
+    # The run's completion counter when the checkpoint was written: actions completed after it
+    # make the checkpoint stale for a resume.
+    completion_mark = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["run", "-created_at"], name="checkpoint_run_created")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(recovery_mode__in=["resume_or_compensate", "resume_only", "compensate_only"]),
+                name="checkpoint_recovery_mode_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.name}"
+
+
+class PolicySet(models.Model):
+    """What a policy file says beyond per-tool policies: the default policy, unwind behaviour and
+    auto-compensation, globally (tenant NULL) or for one tenant."""
+
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE)
+    default_policy = models.JSONField(default=dict)
+    unwind = models.JSONField(default=dict)
+    auto_compensate = models.JSONField(default=dict)
+    audit = models.JSONField(default=dict, blank=True)
+    source = models.CharField(max_length=500, blank=True, default="")
+    content_hash = models.CharField(max_length=64, blank=True, default="")
+    loaded_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant"], name="policyset_one_per_scope", nulls_distinct=False),
+        ]
+
+    def __str__(self) -> str:
+        return f"policy set ({self.tenant or 'global'})"
+
+
+class ToolPolicy(models.Model):
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="tool_policies")
+    tool = models.CharField(max_length=200, help_text="Exact tool name or a glob such as crm.update_*")
+    risk = models.CharField(max_length=16, choices=Risk.choices)
+    approval = models.CharField(max_length=16, choices=ApprovalMode.choices)
+    action_class = models.CharField(max_length=32, choices=ActionClass.choices)
+    compensation = models.CharField(
+        max_length=16, choices=CompensationStrategy.choices, default=CompensationStrategy.CUSTOM
+    )
+    compensation_tool = models.CharField(max_length=200, blank=True, default="")
+    source = models.CharField(max_length=500, blank=True, default="")
+    loaded_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tool"]
+        verbose_name_plural = "tool policies"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "tool"], name="toolpolicy_unique_pattern", nulls_distinct=False),
+            models.CheckConstraint(condition=Q(risk__in=["low", "medium", "high", "critical"]), name="toolpolicy_risk_valid"),
+            models.CheckConstraint(condition=Q(approval__in=["auto", "manual"]), name="toolpolicy_approval_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} ({self.tenant or 'global'})"
+
+    @property
+    def is_glob(self) -> bool:
+        return any(ch in self.tool for ch in "*?[")
+
+
+class Compensator(models.Model):
+    class Kind(models.TextChoices):
+        WEBHOOK = "webhook", "HTTP webhook"
+        PYTHON = "python", "Python callable"
+
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="compensators")
+    tool = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    url = models.URLField(max_length=2000, blank=True, default="")
+    # A literal secret from the policy file, or the name of the environment variable holding
+    # it (preferred: the secret then never touches the database).
+    secret = models.CharField(max_length=500, blank=True, default="")
+    secret_env = models.CharField(max_length=200, blank=True, default="")
+    python_path = models.CharField(max_length=500, blank=True, default="")
+    # Optional reader that returns the target's current state, for drift checks.
+    reader_path = models.CharField(max_length=500, blank=True, default="")
+    source = models.CharField(max_length=500, blank=True, default="")
+    loaded_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tool"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "tool"], name="compensator_unique_tool", nulls_distinct=False),
+            models.CheckConstraint(
+                condition=(Q(kind="webhook") & ~Q(url="")) | (Q(kind="python") & ~Q(python_path="")),
+                name="compensator_target_present",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} → {self.url or self.python_path}"
+
+
+class IdempotencyRecord(models.Model):
+    """A stored response for the API's Idempotency-Key header (per tenant, kept ≥ 24 h)."""
+
+    class State(models.TextChoices):
+        IN_FLIGHT = "in_flight", "In flight"
+        COMPLETED = "completed", "Completed"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    key = models.CharField(max_length=255)
+    method = models.CharField(max_length=10)
+    path = models.CharField(max_length=500)
+    request_hash = models.CharField(max_length=64)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.IN_FLIGHT)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_record_per_tenant")]
+        indexes = [models.Index(fields=["created_at"], name="idempotency_created")]
+
+
+class Event(models.Model):
+    """The append-only audit log. The database refuses UPDATE and DELETE (trigger), and each row
+    carries a SHA-256 chained to the previous event of the same chain (a run, or a tenant's
+    run-less events), so a row edited behind the trigger's back is detectable."""
+
+    class ActorType(models.TextChoices):
+        AGENT_KEY = "agent_key", "Agent key"
+        USER = "user", "User"
+        SYSTEM = "system", "System"
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="events")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.PROTECT, related_name="events")
+    chain = models.CharField(max_length=64)
+    kind = models.CharField(max_length=64)
+    subject_type = models.CharField(max_length=32)
+    subject_id = models.CharField(max_length=64)
+    from_state = models.CharField(max_length=32, blank=True, default="")
+    to_state = models.CharField(max_length=32, blank=True, default="")
+    actor_type = models.CharField(max_length=16, choices=ActorType.choices)
+    actor_id = models.CharField(max_length=64, blank=True, default="")
+    actor_label = models.CharField(max_length=200, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["chain", "-id"], name="event_chain_latest"),
+            models.Index(fields=["run", "id"], name="event_run"),
+            models.Index(fields=["tenant", "-created_at"], name="event_tenant_created"),
+            models.Index(fields=["subject_type", "subject_id"], name="event_subject"),
+        ]
+        triggers = [
+            pgtrigger.Protect(name="event_append_only", operation=pgtrigger.Update | pgtrigger.Delete),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.id} {self.kind} {self.subject_type}:{self.subject_id}"

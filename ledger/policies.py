@@ -1,0 +1,120 @@
+"""Which policy governs a tool call.
+
+Precedence, most specific first: an exact tool name beats a glob; then a tenant's own policy beats
+the global one; among globs, the one with more literal characters wins (``crm.update_*`` beats
+``crm.*``). A tool nothing matches gets the default policy (the tenant's, else the global one,
+else the built-in conservative default: high risk, manual approval, irreversible).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db.models import Q
+
+from ledger.models import ActionClass, ApprovalMode, CompensationStrategy, PolicySet, Risk, Tenant, ToolPolicy
+
+BUILTIN_DEFAULT_POLICY: dict[str, str] = {
+    "risk": Risk.HIGH,
+    "approval": ApprovalMode.MANUAL,
+    "action_class": ActionClass.EXTERNAL_IRREVERSIBLE,
+    "compensation": CompensationStrategy.NONE,
+}
+BUILTIN_UNWIND: dict[str, Any] = {"on_compensation_failure": "alert_and_continue", "step_timeout_s": 30, "max_attempts": 5}
+BUILTIN_AUTO_COMPENSATE: dict[str, Any] = {"max_risk": None}
+
+
+@dataclass(frozen=True)
+class ResolvedPolicy:
+    tool: str
+    pattern: str
+    risk: str
+    approval: str
+    action_class: str
+    compensation: str
+    compensation_tool: str = ""
+    scope: str = "global"  # "tenant", "global" or "default"
+    source: str = ""
+
+    @property
+    def requires_approval(self) -> bool:
+        return self.approval == ApprovalMode.MANUAL
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["requires_approval"] = self.requires_approval
+        return data
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    default_policy: dict[str, Any] = field(default_factory=lambda: dict(BUILTIN_DEFAULT_POLICY))
+    unwind: dict[str, Any] = field(default_factory=lambda: dict(BUILTIN_UNWIND))
+    auto_compensate: dict[str, Any] = field(default_factory=lambda: dict(BUILTIN_AUTO_COMPENSATE))
+    source: str = "built-in"
+
+
+def _literal_length(pattern: str) -> int:
+    return sum(1 for ch in pattern if ch not in "*?[]")
+
+
+def _rank(policy: ToolPolicy) -> tuple[int, int, int]:
+    return (0 if policy.is_glob else 1, 1 if policy.tenant_id else 0, _literal_length(policy.tool))
+
+
+def policy_settings_for(tenant: Tenant | None) -> PolicySettings:
+    sets = {ps.tenant_id: ps for ps in PolicySet.objects.filter(Q(tenant=tenant) | Q(tenant__isnull=True))}
+    chosen = sets.get(tenant.pk if tenant else None) or sets.get(None)
+    if chosen is None:
+        return PolicySettings()
+    return PolicySettings(
+        default_policy={**BUILTIN_DEFAULT_POLICY, **chosen.default_policy},
+        unwind={**BUILTIN_UNWIND, **chosen.unwind},
+        auto_compensate={**BUILTIN_AUTO_COMPENSATE, **chosen.auto_compensate},
+        source=chosen.source,
+    )
+
+
+def policy_resolve(*, tenant: Tenant, tool: str) -> ResolvedPolicy:
+    candidates = [
+        p
+        for p in ToolPolicy.objects.filter(Q(tenant=tenant) | Q(tenant__isnull=True))
+        if p.tool == tool or (p.is_glob and fnmatch.fnmatchcase(tool, p.tool))
+    ]
+    if candidates:
+        best = max(candidates, key=_rank)
+        return ResolvedPolicy(
+            tool=tool,
+            pattern=best.tool,
+            risk=best.risk,
+            approval=best.approval,
+            action_class=best.action_class,
+            compensation=best.compensation,
+            compensation_tool=best.compensation_tool,
+            scope="tenant" if best.tenant_id else "global",
+            source=best.source,
+        )
+    settings_ = policy_settings_for(tenant)
+    default = settings_.default_policy
+    return ResolvedPolicy(
+        tool=tool,
+        pattern="*default*",
+        risk=default.get("risk", Risk.HIGH),
+        approval=default.get("approval", ApprovalMode.MANUAL),
+        action_class=default.get("action_class", ActionClass.EXTERNAL_IRREVERSIBLE),
+        compensation=default.get("compensation", CompensationStrategy.NONE),
+        compensation_tool=default.get("compensation_tool", ""),
+        scope="default",
+        source=settings_.source,
+    )
+
+
+def policies_in_force(*, tenant: Tenant) -> list[ToolPolicy]:
+    """Every tool policy that can apply to the tenant: its own, then the global ones it does not
+    override with the same pattern."""
+    own = list(ToolPolicy.objects.filter(tenant=tenant).order_by("tool"))
+    overridden = {p.tool for p in own}
+    shared = [p for p in ToolPolicy.objects.filter(tenant__isnull=True).order_by("tool") if p.tool not in overridden]
+    return sorted(own + shared, key=lambda p: p.tool)

@@ -1,0 +1,299 @@
+"""The decisions: recovery items, approvals, unwinds and their steps, agent commands.
+
+State fields here are written only by ``recovery.services``.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from ledger import ids
+from ledger.models import Action, AgentKey, Checkpoint, Risk, Run, Tenant
+
+
+class RecoveryItem(models.Model):
+    class Status(models.TextChoices):
+        OPEN = "open", "Open"
+        CLAIMED = "claimed", "Claimed"
+        RESOLVED = "resolved", "Resolved"
+
+    class Reason(models.TextChoices):
+        FAILED = "failed", "Run failed"
+        VERIFICATION_FAILED = "verification_failed", "Verification failed"
+        AGENT_LOST = "agent_lost", "Agent lost (no heartbeat)"
+        OUTCOME_UNKNOWN = "outcome_unknown", "Outcome unknown"
+        COMPENSATION_FAILED = "compensation_failed", "Compensation failed"
+        STATE_DRIFT = "state_drift", "State drift"
+        MANUAL = "manual", "Manual"
+
+    class Resolution(models.TextChoices):
+        RESUMED = "resumed", "Resumed"
+        COMPENSATED = "compensated", "Compensated"
+        CLOSED = "closed", "Closed"
+        AUTO_COMPENSATED = "auto_compensated", "Auto-compensated"
+
+    class Suggestion(models.TextChoices):
+        RESUME = "resume", "Resume"
+        COMPENSATE = "compensate", "Compensate"
+        CLOSE = "close", "Close"
+        RECONCILE = "reconcile", "Reconcile unknown outcomes first"
+        REVIEW = "review", "Review manually"
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_recovery_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="recovery_items")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="recovery_items")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
+    reason = models.CharField(max_length=32, choices=Reason.choices)
+    failed_action = models.ForeignKey(Action, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.LOW)
+    suggested_resolution = models.CharField(max_length=16, choices=Suggestion.choices, default=Suggestion.REVIEW)
+    error = models.TextField(blank=True, default="")
+    # Groups similar failures in the queue: the failing tool plus a normalised error.
+    signature = models.CharField(max_length=64, blank=True, default="")
+    details = models.JSONField(default=dict, blank=True)
+    assignee = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    claimed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    resolution = models.CharField(max_length=24, choices=Resolution.choices, blank=True, default="")
+    resolution_note = models.TextField(blank=True, default="")
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    reopened_count = models.PositiveIntegerField(default=0)
+    opened_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-opened_at", "-id"]
+        constraints = [
+            # One unresolved item per run: a new failure updates it rather than duplicating it.
+            models.UniqueConstraint(fields=["run"], condition=~Q(status="resolved"), name="recovery_one_open_per_run"),
+            models.CheckConstraint(condition=Q(status__in=["open", "claimed", "resolved"]), name="recovery_status_valid"),
+            models.CheckConstraint(
+                condition=Q(status="resolved", resolved_at__isnull=False) | ~Q(status="resolved"),
+                name="recovery_resolved_has_time",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "status", "-opened_at"], name="recovery_queue"),
+            models.Index(fields=["status", "-opened_at"], name="recovery_status_opened"),
+            models.Index(fields=["tenant", "status", "risk", "-opened_at"], name="recovery_queue_risk"),
+            models.Index(fields=["tenant", "status", "reason", "-opened_at"], name="recovery_queue_reason"),
+            models.Index(fields=["tenant", "signature"], name="recovery_signature"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.reason}, {self.status})"
+
+
+class Unwind(models.Model):
+    class Status(models.TextChoices):
+        RUNNING = "running", "Running"
+        PAUSED = "paused", "Paused (waiting for a human)"
+        COMPLETED = "completed", "Completed"
+        FAILED = "failed", "Finished with failures"
+        CANCELLED = "cancelled", "Cancelled"
+
+    class OnFailure(models.TextChoices):
+        ALERT_AND_CONTINUE = "alert_and_continue", "Alert and continue"
+        HALT = "halt", "Halt"
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_unwind_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="unwinds")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="unwinds")
+    item = models.ForeignKey(RecoveryItem, null=True, blank=True, on_delete=models.SET_NULL, related_name="unwinds")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    on_failure = models.CharField(max_length=24, choices=OnFailure.choices, default=OnFailure.ALERT_AND_CONTINUE)
+    automatic = models.BooleanField(default=False)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requested_by_key = models.ForeignKey(AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    reason = models.TextField(blank=True, default="")
+    # The dry-run plan the operator confirmed, frozen: what was shown is what runs.
+    plan = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # One active unwind per run: two concurrent Compensate clicks produce one unwind.
+            models.UniqueConstraint(
+                fields=["run"], condition=Q(status__in=["running", "paused"]), name="unwind_one_active_per_run"
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "-created_at"], name="unwind_status")]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class UnwindStep(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+        DRIFTED = "drifted", "Drifted"
+        SKIPPED = "skipped", "Skipped"
+
+    FINISHED = (Status.DONE, Status.FAILED, Status.DRIFTED, Status.SKIPPED)
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_step_id, editable=False)
+    unwind = models.ForeignKey(Unwind, on_delete=models.CASCADE, related_name="steps")
+    action = models.ForeignKey(Action, on_delete=models.CASCADE, related_name="unwind_steps")
+    # 0 is the newest completed action: steps run in ascending position (LIFO).
+    position = models.PositiveIntegerField()
+    tool = models.CharField(max_length=200, blank=True, default="")
+    args = models.JSONField(null=True, blank=True)
+    strategy = models.CharField(max_length=16, blank=True, default="")
+    requires_approval = models.BooleanField(default=False)
+    status = models.CharField(max_length=24, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=5)
+    # Stable across retries and re-enqueues: the compensator sees the same key every time.
+    idempotency_key = models.CharField(max_length=200)
+    # Lease with a fencing token: a worker that lost its lease cannot record an outcome.
+    lease_token = models.PositiveIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    job_id = models.CharField(max_length=100, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["unwind", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["unwind", "position"], name="step_position_per_unwind"),
+            models.CheckConstraint(condition=Q(attempts__gte=0), name="step_attempts_non_negative"),
+            models.CheckConstraint(
+                condition=Q(
+                    status__in=[
+                        "pending",
+                        "awaiting_approval",
+                        "queued",
+                        "running",
+                        "done",
+                        "failed",
+                        "drifted",
+                        "skipped",
+                    ]
+                ),
+                name="step_status_valid",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"], name="step_status_lease"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} #{self.position} {self.tool}"
+
+
+class Approval(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        APPROVED = "approved", "Approved"
+        REJECTED = "rejected", "Rejected"
+        EXPIRED = "expired", "Expired"
+
+    class Kind(models.TextChoices):
+        ACTION = "action", "Forward action"
+        COMPENSATION = "compensation", "Compensation step"
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_approval_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="approvals")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    action = models.ForeignKey(Action, on_delete=models.CASCADE, related_name="approvals")
+    step = models.OneToOneField(UnwindStep, null=True, blank=True, on_delete=models.CASCADE, related_name="approval")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    risk = models.CharField(max_length=16, choices=Risk.choices)
+    tool = models.CharField(max_length=200)
+    # Exactly what the approver is shown; the decision binds to its hash.
+    args = models.JSONField(null=True, blank=True)
+    args_hash = models.CharField(max_length=64)
+    approved_args = models.JSONField(null=True, blank=True)
+    approved_args_hash = models.CharField(max_length=64, blank=True, default="")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requested_by_key = models.ForeignKey(AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_by_key = models.ForeignKey(AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=["pending", "approved", "rejected", "expired"]), name="approval_status_valid"
+            ),
+            models.UniqueConstraint(
+                fields=["action"], condition=Q(kind="action", status="pending"), name="approval_one_pending_per_action"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "status", "created_at"], name="approval_inbox"),
+            models.Index(fields=["status", "expires_at"], name="approval_expiry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.tool} ({self.status})"
+
+
+class AgentCommand(models.Model):
+    class Kind(models.TextChoices):
+        RESUME = "resume", "Resume"
+        CANCEL = "cancel", "Cancel"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        ACKED = "acked", "Acknowledged"
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_command_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agent_commands")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="commands")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    checkpoint = models.ForeignKey(Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    reason = models.TextField(blank=True, default="")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    acked_at = models.DateTimeField(null=True, blank=True)
+    # Push delivery to the run's resume_url (when set); pull delivery works regardless.
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    delivery_attempts = models.PositiveIntegerField(default=0)
+    delivery_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["run", "status"], name="command_run_status")]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=["pending", "acked"]), name="command_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.kind} ({self.status})"

@@ -1,0 +1,108 @@
+"""The NinjaAPI behind /api/v1/: authentication, the one error shape, and the routers.
+
+Every error leaves here as ``{"error": {"code", "message", "details"}}``: domain errors with
+their own code and status, ninja's validation errors as 422 ``invalid_request``, and anything
+unexpected as a 500 carrying only the request id (the traceback goes to the log).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.http import Http404, HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Throttled, ValidationError
+
+from ledger import errors
+
+log = structlog.get_logger("saga_admin.api")
+
+
+def error_response(
+    api: NinjaAPI, request: HttpRequest, *, status: int, code: str, message: str, details: dict[str, Any] | None = None
+) -> HttpResponse:
+    return api.create_response(
+        request, {"error": {"code": code, "message": message, "details": details or {}}}, status=status
+    )
+
+
+api = NinjaAPI(
+    title="Saga Admin API",
+    version="1.0.0",
+    description=(
+        "The system of record and recovery for AI agents: an action ledger, checkpoints, approvals "
+        "and a recovery queue. See the README's 'For agent authors' section."
+    ),
+    urls_namespace="api-v1",
+    openapi_url="/openapi.json",
+    docs_url="/docs",
+)
+
+
+@api.exception_handler(errors.SagaError)
+def _saga_error(request: HttpRequest, exc: errors.SagaError) -> HttpResponse:
+    return error_response(api, request, status=exc.status, code=exc.code, message=exc.message, details=exc.details)
+
+
+@api.exception_handler(ValidationError)
+def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    fields = []
+    for err in exc.errors:
+        loc = [str(part) for part in err.get("loc", ())]
+        fields.append({"loc": loc, "field": ".".join(loc[1:] if len(loc) > 1 else loc),
+                       "message": err.get("msg", "invalid"), "type": err.get("type", "")})
+    return error_response(api, request, status=422, code="invalid_request",
+                          message="The request is not valid; see details.errors.", details={"errors": fields})
+
+
+@api.exception_handler(AuthenticationError)
+def _authentication_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    response = error_response(api, request, status=401, code="unauthorized",
+                              message="A valid API key is required: Authorization: Bearer <key>.")
+    response["WWW-Authenticate"] = 'Bearer realm="saga-admin"'
+    return response
+
+
+@api.exception_handler(AuthorizationError)
+def _authorization_error(request: HttpRequest, exc: AuthorizationError) -> HttpResponse:
+    return error_response(api, request, status=403, code="forbidden", message=str(exc) or "Forbidden.")
+
+
+@api.exception_handler(Throttled)
+def _throttled(request: HttpRequest, exc: Throttled) -> HttpResponse:
+    return error_response(api, request, status=429, code="rate_limited",
+                          message="Too many requests for this API key; retry after the Retry-After delay.")
+
+
+@api.exception_handler(HttpError)
+def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    codes = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+             415: "unsupported_media_type"}
+    return error_response(api, request, status=exc.status_code, code=codes.get(exc.status_code, "http_error"),
+                          message=str(exc))
+
+
+@api.exception_handler(Http404)
+def _not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
+    return error_response(api, request, status=404, code="not_found", message="Not found.")
+
+
+@api.exception_handler(Exception)
+def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
+    request_id = getattr(request, "request_id", "")
+    log.exception("api.unexpected_error", path=request.path, method=request.method)
+    if settings.DEBUG and getattr(settings, "SAGA_RAISE_API_ERRORS", False):
+        raise exc
+    return error_response(api, request, status=500, code="internal_error",
+                          message=f"Something went wrong on our side; quote request id {request_id}.",
+                          details={"request_id": request_id})
+
+
+# Routers are mounted last: they import the shared pieces from saga_admin.apicore, not from here.
+from ledger.api import router as ledger_router  # noqa: E402
+from recovery.api import router as recovery_router  # noqa: E402
+
+api.add_router("", ledger_router)
+api.add_router("", recovery_router)

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+import django_rq
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """For load balancers: no login, no redirect, 503 naming what is down."""
+    status = {"database": "ok", "redis": "ok"}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as exc:  # noqa: BLE001 - any failure means "down"; the name is what matters
+        status["database"] = f"down: {type(exc).__name__}"
+    try:
+        django_rq.get_connection("default").ping()
+    except Exception as exc:  # noqa: BLE001
+        status["redis"] = f"down: {type(exc).__name__}"
+    healthy = all(value == "ok" for value in status.values())
+    return JsonResponse(status, status=200 if healthy else 503)

@@ -1,0 +1,238 @@
+"""Saga Admin settings.
+
+Everything comes from the environment (the Procfile processes read nothing else); the defaults
+are for development on one machine. Production: DEBUG=0 with a real SECRET_KEY passes
+``manage.py check --deploy``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from csp.constants import NONE, SELF
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value not in (None, "") else default
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+DEBUG = env_bool("DEBUG", True)
+# A development key is only acceptable while DEBUG is on; `check --deploy` flags it otherwise.
+SECRET_KEY = os.environ.get("SECRET_KEY") or "django-insecure-dev-only-saga-admin-key-change-me"
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "django.contrib.postgres",
+    "pgtrigger",
+    "django_htmx",
+    "template_partials",
+    "django_rq",
+    "ninja",
+    "csp",
+    "axes",
+    "ledger",
+    "recovery",
+]
+
+MIDDLEWARE = [
+    "saga_admin.middleware.RequestIdMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",
+]
+
+ROOT_URLCONF = "saga_admin.urls"
+WSGI_APPLICATION = "saga_admin.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/saga_admin"),
+        conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+RQ_QUEUES = {
+    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": env_int("SAGA_JOB_TIMEOUT_S", 300)}
+    for name in ("default", "compensations", "notifications")
+}
+# Our own code enqueues with transaction.on_commit explicitly; django-rq's default
+# (on_db_commit) would silently defer any other enqueue too, which is what we want.
+RQ = {"COMMIT_MODE": "on_db_commit"}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "django.contrib.staticfiles.storage.StaticFilesStorage"
+            if DEBUG
+            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        )
+    },
+}
+
+# --- Security -------------------------------------------------------------------------------
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+# /healthz must answer plain HTTP for load balancers.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
+SESSION_IDLE_TIMEOUT_S = env_int("SESSION_IDLE_TIMEOUT_S", 30 * 60)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
+SECURE_HSTS_PRELOAD = not DEBUG
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
+CONTENT_SECURITY_POLICY = {
+    # django-rq's own dashboard uses inline scripts; it is admin-only.
+    "EXCLUDE_URL_PREFIXES": ["/django-rq/"],
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "font-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = env_float("AXES_COOLOFF_HOURS", 0.25)
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_VERBOSE = False
+
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SAGA_MAX_BODY_BYTES", 1024 * 1024)
+
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "saga-admin@localhost")
+
+# --- Saga Admin knobs (all overridable from the environment) -------------------------------
+SAGA = {
+    # API
+    "MAX_BODY_BYTES": env_int("SAGA_MAX_BODY_BYTES", 1024 * 1024),
+    "MAX_JSON_DEPTH": env_int("SAGA_MAX_JSON_DEPTH", 20),
+    "IDEMPOTENCY_KEY_TTL_H": env_int("SAGA_IDEMPOTENCY_KEY_TTL_H", 48),
+    "THROTTLE_RATE": os.environ.get("SAGA_THROTTLE_RATE", "6000/m"),
+    # Recovery engine
+    "STEP_LEASE_S": env_int("SAGA_STEP_LEASE_S", 45),
+    "SWEEP_INTERVAL_S": env_int("SAGA_SWEEP_INTERVAL_S", 15),
+    "HEARTBEAT_TIMEOUT_S": env_int("SAGA_HEARTBEAT_TIMEOUT_S", 300),
+    "APPROVAL_EXPIRY_H": env_float("SAGA_APPROVAL_EXPIRY_H", 24),
+    "WEBHOOK_TIMEOUT_S": env_float("SAGA_WEBHOOK_TIMEOUT_S", 10),
+    "RETRY_BACKOFF_BASE_S": env_float("SAGA_RETRY_BACKOFF_BASE_S", 1.0),
+    "RETRY_BACKOFF_MAX_S": env_float("SAGA_RETRY_BACKOFF_MAX_S", 60.0),
+    "DEFAULT_MAX_ATTEMPTS": env_int("SAGA_MAX_ATTEMPTS", 5),
+    # Dashboard
+    "QUEUE_SLA_MINUTES": env_int("SAGA_QUEUE_SLA_MINUTES", 30),
+    "BULK_MAX_ITEMS": env_int("SAGA_BULK_MAX_ITEMS", 20),
+    "PAGE_SIZE": env_int("SAGA_PAGE_SIZE", 50),
+    # Notifications: comma-separated e-mail addresses and webhook URLs.
+    "NOTIFY_EMAILS": env_list("SAGA_NOTIFY_EMAILS", []),
+    "NOTIFY_WEBHOOKS": env_list("SAGA_NOTIFY_WEBHOOKS", []),
+    "NOTIFY_WEBHOOK_SECRET": os.environ.get("SAGA_NOTIFY_WEBHOOK_SECRET", ""),
+    "RESUME_WEBHOOK_SECRET": os.environ.get("SAGA_RESUME_WEBHOOK_SECRET", ""),
+}
+
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {"()": "saga_admin.logs.json_formatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "rq.worker": {"level": os.environ.get("RQ_LOG_LEVEL", "INFO")},
+    },
+}

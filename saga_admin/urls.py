@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+
+from saga_admin.api import api
+from saga_admin.health import healthz
+
+urlpatterns = [
+    path("healthz", healthz, name="healthz"),
+    path("api/v1/", api.urls),
+    path("admin/", admin.site.urls),
+    path("django-rq/", include("django_rq.urls")),
+    path("", include("django.contrib.auth.urls")),
+]
