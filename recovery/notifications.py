@@ -1,0 +1,130 @@
+"""Telling people and agents: new recovery items and approvals (e-mail and signed webhooks), and
+resume/cancel commands pushed to a run's resume_url. Always from an RQ job, never inside the
+request that caused it.
+
+Enqueueing happens after commit. If Redis is down at that moment the decision is already safe in
+PostgreSQL; notifications are best-effort and logged, while command delivery is retried by the
+sweeper (``delivered_at`` stays NULL until the agent's endpoint accepted it).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import django_rq
+import httpx
+import structlog
+from django.conf import settings
+from django.core.mail import send_mail
+from django.utils import timezone
+
+from saga_admin.client.signing import signed_headers
+
+log = structlog.get_logger("saga_admin.notifications")
+
+
+def _enqueue(func: Any, **kwargs: Any) -> None:
+    try:
+        django_rq.get_queue("notifications").enqueue(func, **kwargs)
+    except Exception:  # noqa: BLE001 - Redis down must not turn a committed decision into a 500
+        log.warning("notifications.enqueue_failed", job=func.__name__, **kwargs)
+
+
+def enqueue_item_opened(*, item_id: str) -> None:
+    _enqueue(send_item_opened, item_id=item_id)
+
+
+def enqueue_approval_requested(*, approval_id: str) -> None:
+    _enqueue(send_approval_requested, approval_id=approval_id)
+
+
+def enqueue_command_delivery(*, command_id: str) -> None:
+    _enqueue(deliver_command, command_id=command_id)
+
+
+def _post_signed(url: str, payload: dict[str, Any], *, secret: str, idempotency_key: str) -> httpx.Response:
+    body = json.dumps(payload, sort_keys=True, default=str).encode()
+    headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key}
+    if secret:
+        headers.update(signed_headers(secret, body))
+    return httpx.post(url, content=body, headers=headers, timeout=settings.SAGA["WEBHOOK_TIMEOUT_S"])
+
+
+def _broadcast(*, subject: str, text: str, payload: dict[str, Any], idempotency_key: str) -> None:
+    config = settings.SAGA
+    if config["NOTIFY_EMAILS"]:
+        send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, config["NOTIFY_EMAILS"], fail_silently=False)
+    for url in config["NOTIFY_WEBHOOKS"]:
+        try:
+            response = _post_signed(url, payload, secret=config["NOTIFY_WEBHOOK_SECRET"],
+                                    idempotency_key=idempotency_key)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            log.warning("notifications.webhook_failed", url=url, error=str(exc))
+
+
+def send_item_opened(*, item_id: str) -> None:
+    from recovery.models import RecoveryItem
+
+    item = RecoveryItem.objects.select_related("run", "tenant", "failed_action").filter(pk=item_id).first()
+    if item is None:
+        return
+    tool = item.failed_action.tool if item.failed_action else "(no action)"
+    subject = f"[Saga Admin] {item.get_risk_display()} risk: run {item.run_id} needs a decision ({item.reason})"
+    text = (
+        f"Run {item.run_id} of agent {item.run.agent} ({item.tenant.slug}) landed in the recovery queue.\n"
+        f"Request: {item.run.request}\nReason: {item.get_reason_display()}\nFailed action: {tool}\n"
+        f"Error: {item.error}\nSuggested: {item.get_suggested_resolution_display()}\n"
+    )
+    payload = {"event": "recovery_item.opened", "item_id": item.pk, "run_id": item.run_id, "tenant": item.tenant.slug,
+               "reason": item.reason, "risk": item.risk, "tool": tool, "error": item.error}
+    _broadcast(subject=subject, text=text, payload=payload, idempotency_key=f"notify-{item.pk}")
+
+
+def send_approval_requested(*, approval_id: str) -> None:
+    from recovery.models import Approval
+
+    approval = Approval.objects.select_related("run", "tenant").filter(pk=approval_id).first()
+    if approval is None:
+        return
+    subject = f"[Saga Admin] approval needed: {approval.tool} ({approval.risk})"
+    text = (
+        f"{approval.get_kind_display()} {approval.tool} on run {approval.run_id} ({approval.tenant.slug}) needs "
+        f"approval before {approval.expires_at:%Y-%m-%d %H:%M} UTC.\nArgs: {json.dumps(approval.args, indent=2)}\n"
+    )
+    payload = {"event": "approval.requested", "approval_id": approval.pk, "run_id": approval.run_id,
+               "tenant": approval.tenant.slug, "tool": approval.tool, "risk": approval.risk,
+               "expires_at": approval.expires_at.isoformat()}
+    _broadcast(subject=subject, text=text, payload=payload, idempotency_key=f"notify-{approval.pk}")
+
+
+def deliver_command(*, command_id: str) -> bool:
+    """POST a resume/cancel command to the run's resume_url, signed like compensator webhooks.
+    Returns True when delivered (or nothing to do). A failure is recorded; the sweeper retries."""
+    from recovery.models import AgentCommand
+
+    command = AgentCommand.objects.select_related("run", "tenant", "checkpoint").filter(pk=command_id).first()
+    if command is None or command.delivered_at is not None or not command.run.resume_url:
+        return True
+    payload = {
+        "command_id": command.pk,
+        "kind": command.kind,
+        "run_id": command.run_id,
+        "tenant": command.tenant.slug,
+        "checkpoint_id": command.checkpoint_id,
+        "checkpoint": command.checkpoint.state if command.checkpoint else None,
+        "reason": command.reason,
+        "created_at": command.created_at.isoformat(),
+    }
+    AgentCommand.objects.filter(pk=command.pk).update(delivery_attempts=command.delivery_attempts + 1)
+    try:
+        response = _post_signed(command.run.resume_url, payload, secret=settings.SAGA["RESUME_WEBHOOK_SECRET"],
+                                idempotency_key=command.pk)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        AgentCommand.objects.filter(pk=command.pk).update(delivery_error=str(exc)[:2000])
+        log.warning("commands.delivery_failed", command_id=command.pk, error=str(exc))
+        return False
+    AgentCommand.objects.filter(pk=command.pk).update(delivered_at=timezone.now(), delivery_error="")
+    return True

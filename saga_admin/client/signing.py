@@ -1,0 +1,48 @@
+"""Webhook signatures, shared by the sender (Saga Admin's compensator and resume webhooks) and by
+receivers (your services). Pure Python: no Django needed to verify a request.
+
+    X-Saga-Timestamp: <unix seconds>
+    X-Saga-Signature: sha256=<hex HMAC-SHA256(secret, timestamp + "." + raw body)>
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Mapping
+
+SIGNATURE_HEADER = "X-Saga-Signature"
+TIMESTAMP_HEADER = "X-Saga-Timestamp"
+DEFAULT_TOLERANCE_S = 300
+
+
+def compute_signature(secret: str, timestamp: str | int, body: bytes) -> str:
+    message = str(timestamp).encode() + b"." + body
+    return "sha256=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def signed_headers(secret: str, body: bytes, *, timestamp: int | None = None) -> dict[str, str]:
+    ts = str(int(time.time()) if timestamp is None else timestamp)
+    return {TIMESTAMP_HEADER: ts, SIGNATURE_HEADER: compute_signature(secret, ts, body)}
+
+
+def verify_signature(
+    secret: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    tolerance_s: int = DEFAULT_TOLERANCE_S,
+    now: float | None = None,
+) -> bool:
+    """True when the request was signed with ``secret`` within ``tolerance_s`` seconds (replays of
+    an old request are refused). ``headers`` may be any case-insensitive or plain mapping."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    timestamp = lowered.get(TIMESTAMP_HEADER.lower(), "")
+    signature = lowered.get(SIGNATURE_HEADER.lower(), "")
+    if not timestamp.isdigit() or not signature:
+        return False
+    current = time.time() if now is None else now
+    if abs(current - int(timestamp)) > tolerance_s:
+        return False
+    return hmac.compare_digest(compute_signature(secret, timestamp, body), signature)
