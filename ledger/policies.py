@@ -66,14 +66,23 @@ def _rank(policy: ToolPolicy) -> tuple[int, int, int]:
 
 def policy_settings_for(tenant: Tenant | None) -> PolicySettings:
     sets = {ps.tenant_id: ps for ps in PolicySet.objects.filter(Q(tenant=tenant) | Q(tenant__isnull=True))}
-    chosen = sets.get(tenant.pk if tenant else None) or sets.get(None)
-    if chosen is None:
+    # Layered, most specific last: built-in ← global file ← tenant file. A tenant file that says
+    # nothing about, say, the default policy inherits the global one instead of resetting it.
+    layers = [ps for ps in (sets.get(None), sets.get(tenant.pk) if tenant else None) if ps is not None]
+    if not layers:
         return PolicySettings()
+    default_policy, unwind, auto_compensate = dict(BUILTIN_DEFAULT_POLICY), dict(BUILTIN_UNWIND), dict(
+        BUILTIN_AUTO_COMPENSATE
+    )
+    for layer in layers:
+        default_policy.update(layer.default_policy)
+        unwind.update(layer.unwind)
+        auto_compensate.update(layer.auto_compensate)
     return PolicySettings(
-        default_policy={**BUILTIN_DEFAULT_POLICY, **chosen.default_policy},
-        unwind={**BUILTIN_UNWIND, **chosen.unwind},
-        auto_compensate={**BUILTIN_AUTO_COMPENSATE, **chosen.auto_compensate},
-        source=chosen.source,
+        default_policy=default_policy,
+        unwind=unwind,
+        auto_compensate=auto_compensate,
+        source=" + ".join(layer.source or "(unnamed)" for layer in layers),
     )
 
 
