@@ -1,0 +1,334 @@
+"""Django admin for the record.
+
+The admin is a window, not a second way to change state: state fields are written only by the
+services (which audit every change), so the record's models are read-only here, key revocation
+and membership changes go through their services, and the audit log cannot be touched at all.
+
+Tenant admins (``create_staff --role admin``) reach this admin without being superusers; every
+list is scoped to the tenants they administer. The ledger holds millions of rows, so big tables
+skip the full ``COUNT(*)``, search only on exact, indexed ids, and filter only on cheap columns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest
+
+from ledger import errors, services
+from ledger.audit import Actor
+from ledger.models import (
+    Action,
+    AgentKey,
+    Checkpoint,
+    Compensator,
+    Event,
+    IdempotencyRecord,
+    Membership,
+    PolicySet,
+    Run,
+    Tenant,
+    ToolPolicy,
+)
+
+
+def admin_tenant_ids(request: HttpRequest) -> list[int]:
+    """The tenants a non-superuser administers (cached on the request)."""
+    cached = getattr(request, "_saga_admin_tenant_ids", None)
+    if cached is None:
+        cached = list(
+            Membership.objects.filter(user=request.user, role=Membership.Role.ADMIN).values_list(
+                "tenant_id", flat=True
+            )
+        )
+        request._saga_admin_tenant_ids = cached  # type: ignore[attr-defined]
+    return cached
+
+
+class TenantListFilter(admin.SimpleListFilter):
+    """Tenant filter listing only the tenants the user may see (a plain FK filter would list every
+    tenant's name to every admin)."""
+
+    title = "tenant"
+    parameter_name = "tenant"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        tenants = Tenant.objects.order_by("slug")
+        if not request.user.is_superuser:
+            tenants = tenants.filter(pk__in=admin_tenant_ids(request))
+        return [(str(t.pk), t.slug) for t in tenants]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value():
+            return queryset.filter(**{f"{getattr(self, 'tenant_field', 'tenant')}_id": self.value()})
+        return queryset
+
+
+def tenant_filter(path: str) -> type[TenantListFilter]:
+    return type(f"TenantListFilter_{path}", (TenantListFilter,), {"tenant_field": path})
+
+
+class TenantScopedAdmin(admin.ModelAdmin):
+    """Superusers see everything; anyone else only the rows of the tenants they administer."""
+
+    tenant_field = "tenant"
+    # Rows with no tenant (global policies) are visible to every tenant admin: they apply to them.
+    include_global = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        queryset = super().get_queryset(request)
+        if request.user.is_superuser:
+            return queryset
+        scope = Q(**{f"{self.tenant_field}__in": admin_tenant_ids(request)})
+        if self.include_global:
+            scope |= Q(**{f"{self.tenant_field}__isnull": True})
+        return queryset.filter(scope)
+
+
+class ReadOnlyAdmin(TenantScopedAdmin):
+    """For rows only services may write: viewable, never added, changed or deleted here."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class BigTableAdmin(ReadOnlyAdmin):
+    # COUNT(*) over millions of rows on every page view is the admin's classic cost.
+    show_full_result_count = False
+    list_per_page = 50
+
+
+@admin.register(Tenant)
+class TenantAdmin(TenantScopedAdmin):
+    tenant_field = "pk"
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+    readonly_fields = ["created_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_superuser
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A tenant's audit events are protected; deleting one is a database job, not a click.
+        return False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # The slug is in keys' tenants, URLs and scripts: fixed once created.
+        return ["slug", "created_at"] if obj else ["created_at"]
+
+
+@admin.register(Membership)
+class MembershipAdmin(TenantScopedAdmin):
+    list_display = ["user", "tenant", "role", "created_at"]
+    list_filter = ["role", tenant_filter("tenant")]
+    search_fields = ["user__username", "tenant__slug"]
+    autocomplete_fields = ["user", "tenant"]
+    list_select_related = ["user", "tenant"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_superuser
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["user", "tenant", "created_at"] if obj else ["created_at"]
+
+    def save_model(self, request: HttpRequest, obj: Membership, form: Any, change: bool) -> None:
+        # Through the service: it audits the role change and keeps is_staff in step with it.
+        saved = services.membership_set(
+            user=obj.user, tenant=obj.tenant, role=obj.role, actor=Actor.for_user(request.user)
+        )
+        obj.pk, obj.created_at = saved.pk, saved.created_at
+
+    def delete_model(self, request: HttpRequest, obj: Membership) -> None:
+        services.membership_remove(membership=obj, actor=Actor.for_user(request.user))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
+        for membership in queryset.select_related("user", "tenant"):
+            services.membership_remove(membership=membership, actor=Actor.for_user(request.user))
+
+
+@admin.register(AgentKey)
+class AgentKeyAdmin(TenantScopedAdmin):
+    list_display = ["prefix", "name", "tenant", "scopes", "created_at", "last_used_at", "revoked_at"]
+    list_filter = [tenant_filter("tenant"), ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["=prefix", "name"]
+    list_select_related = ["tenant"]
+    # The hash never leaves the database through the admin, not even read-only.
+    exclude = ["key_hash"]
+    readonly_fields = ["id", "tenant", "name", "prefix", "scopes", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke_keys"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Keys are issued by create_agent_key (or the dashboard), which shows the secret once.
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Revoke instead: a deleted key would orphan the audit trail of what it did.
+        return False
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("ledger.change_agentkey")
+
+    @admin.action(description="Revoke selected keys", permissions=["revoke"])
+    def revoke_keys(self, request: HttpRequest, queryset: QuerySet[AgentKey]) -> None:
+        revoked, skipped = [], []
+        for key in queryset.select_related("tenant"):
+            try:
+                services.agent_key_revoke(key=key, actor=Actor.for_user(request.user))
+                revoked.append(key.prefix)
+            except errors.InvalidTransition:
+                skipped.append(key.prefix)
+        if revoked:
+            self.message_user(
+                request, f"Revoked {len(revoked)} key(s): {', '.join(revoked)}.", messages.SUCCESS
+            )
+        if skipped:
+            self.message_user(request, f"Already revoked: {', '.join(skipped)}.", messages.WARNING)
+
+
+class ActionInline(admin.TabularInline):
+    model = Action
+    fields = ["seq", "tool", "target_id", "status", "risk", "action_class", "attempts", "completion_seq"]
+    readonly_fields = fields
+    show_change_link = True
+    can_delete = False
+    extra = 0
+    max_num = 0
+    ordering = ["seq"]
+
+
+@admin.register(Run)
+class RunAdmin(BigTableAdmin):
+    list_display = ["id", "tenant", "agent", "status", "failure_reason", "created_at", "finished_at"]
+    list_filter = ["status", tenant_filter("tenant")]
+    search_fields = ["=id", "=external_id"]
+    list_select_related = ["tenant"]
+    raw_id_fields = ["failed_action", "created_by_key"]
+    inlines = [ActionInline]
+
+
+@admin.register(Action)
+class ActionAdmin(BigTableAdmin):
+    list_display = [
+        "id",
+        "run",
+        "seq",
+        "tool",
+        "target_id",
+        "status",
+        "risk",
+        "action_class",
+        "attempts",
+        "created_at",
+    ]
+    list_filter = ["status", "risk", "action_class", tenant_filter("tenant")]
+    search_fields = ["=id", "=run__id", "=idempotency_key", "=target_id"]
+    list_select_related = ["run"]
+    raw_id_fields = ["run"]
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(BigTableAdmin):
+    list_display = ["id", "run", "name", "recovery_mode", "requires_user_approval", "created_at"]
+    list_filter = ["recovery_mode", tenant_filter("tenant")]
+    search_fields = ["=id", "=run__id"]
+    raw_id_fields = ["run"]
+
+
+@admin.register(PolicySet)
+class PolicySetAdmin(ReadOnlyAdmin):
+    # Loaded by load_policies, which replaces a scope wholesale: an edit here would be silently
+    # undone by the next load, so these are shown, not edited.
+    include_global = True
+    list_display = ["__str__", "source", "content_hash", "loaded_at"]
+
+
+@admin.register(ToolPolicy)
+class ToolPolicyAdmin(ReadOnlyAdmin):
+    include_global = True
+    list_display = [
+        "tool",
+        "tenant",
+        "risk",
+        "approval",
+        "action_class",
+        "compensation",
+        "compensation_tool",
+        "source",
+        "loaded_at",
+    ]
+    list_filter = ["risk", "approval", "action_class", "compensation", tenant_filter("tenant")]
+    search_fields = ["tool"]
+    list_select_related = ["tenant"]
+
+
+@admin.register(Compensator)
+class CompensatorAdmin(ReadOnlyAdmin):
+    include_global = True
+    list_display = ["tool", "tenant", "kind", "url", "python_path", "secret_status", "source", "loaded_at"]
+    list_filter = ["kind", tenant_filter("tenant")]
+    search_fields = ["tool"]
+    list_select_related = ["tenant"]
+    # The literal secret signs webhook calls; the admin shows whether one is configured, never it.
+    exclude = ["secret"]
+    readonly_fields = ["secret_status"]
+
+    @admin.display(description="secret")
+    def secret_status(self, obj: Compensator) -> str:
+        if obj.secret_env:
+            return f"from ${obj.secret_env}"
+        return "set (hidden)" if obj.secret else "—"
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(BigTableAdmin):
+    list_display = ["key", "tenant", "method", "path", "state", "response_status", "created_at"]
+    list_filter = ["state"]
+    search_fields = ["=key"]
+    list_select_related = ["tenant"]
+
+
+@admin.register(Event)
+class EventAdmin(BigTableAdmin):
+    """The audit log: append-only in the database (a trigger), and read-only here."""
+
+    list_display = [
+        "id",
+        "created_at",
+        "tenant",
+        "kind",
+        "subject_type",
+        "subject_id",
+        "from_state",
+        "to_state",
+        "actor_type",
+        "actor_label",
+    ]
+    list_filter = ["actor_type", tenant_filter("tenant")]
+    search_fields = ["=run__id", "=subject_id", "=chain"]
+    list_select_related = ["tenant"]
+    raw_id_fields = ["run"]
+    ordering = ["-id"]
+    actions = None
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in Event._meta.fields]
