@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
@@ -119,10 +120,19 @@ def audit_record(
     return event
 
 
+def _jsonb_number(text: str) -> int | float:
+    # jsonb keeps numbers as NUMERIC: "1e+16" comes back as 10000000000000000, which Python reads
+    # as an int. Decode exponent-form integers the same way here, or such an event would fail
+    # verification as "tampered" the moment it is read back.
+    return int(number) if (number := Decimal(text)).as_tuple().exponent >= 0 else float(text)
+
+
 def _roundtrip(value: Any) -> Any:
+    """``value`` as it will come back from a jsonb column. NaN and infinities, which jsonb refuses,
+    are kept as strings so that recording an event never fails on them."""
     import json
 
-    return json.loads(canonical_json(value))
+    return json.loads(canonical_json(value), parse_float=_jsonb_number, parse_constant=str)
 
 
 @dataclass(frozen=True)

@@ -218,9 +218,9 @@ def run_heartbeat(*, run: Run, note: str = "") -> Run:
 
 def _run_transition(
     *, run: Run, to: str, actor: Actor, kind: str, reason: str = "", updates: dict[str, Any] | None = None,
-    data: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None, allowed_from: Iterable[str] | None = None,
 ) -> Run:
-    previous = _compare_and_set(run, table=RUN_TRANSITIONS, to=to, updates=updates)
+    previous = _compare_and_set(run, table=RUN_TRANSITIONS, to=to, updates=updates, allowed_from=allowed_from)
     audit_record(tenant=run.tenant, run=run, actor=actor, kind=kind, subject=run, from_state=previous,
                  to_state=to, reason=reason, data=data)
     return run
@@ -243,9 +243,11 @@ def run_fail(
     updates: dict[str, Any] = {"error": error, "failure_reason": reason, "finished_at": timezone.now()}
     if failed_action is not None:
         updates["failed_action"] = failed_action
+    # Not from compensating: that run's unwind owns its outcome (run_compensation_finished), and
+    # an agent's late "fail" must not knock it out from under the unwind.
     return _run_transition(run=run, to=Run.Status.FAILED, actor=actor, kind="run.failed", reason=error,
                            updates=updates, data={"reason": reason, "failed_action": getattr(failed_action, "pk", None)},
-                           )
+                           allowed_from=[Run.Status.RUNNING, Run.Status.SUCCEEDED])
 
 
 @transaction.atomic
@@ -266,8 +268,10 @@ def run_compensation_finished(*, run: Run, actor: Actor, complete: bool, reason:
     updates: dict[str, Any] = {"finished_at": timezone.now()}
     if not complete:
         updates["failure_reason"] = "compensation_failed"
+    # Both outcomes only from compensating: "failed" is reachable from running too, and a run that
+    # never compensated must not be marked compensation_failed.
     return _run_transition(run=run, to=to, actor=actor, kind="run.compensated" if complete else "run.compensation_failed",
-                           reason=reason, updates=updates)
+                           reason=reason, updates=updates, allowed_from=[Run.Status.COMPENSATING])
 
 
 @transaction.atomic
@@ -582,9 +586,14 @@ def action_verify(*, action: Action, actor: Actor, ok: bool, expected: Any = Non
                   reason: str = "") -> Action:
     """Record the agent's check of an action's effect. Not a status change; a mismatch is turned
     into a recovery item by the recovery service that calls this."""
-    if action.status not in (Action.Status.SUCCEEDED, Action.Status.UNKNOWN, Action.Status.RUNNING):
-        raise errors.InvalidTransition(action, to="verified", current=action.status,
-                                       message=f"Action {action.pk} is {action.status}; only a completed action can be verified.")
+    # The row's status, locked, not the caller's copy: a stale object must not verify an action
+    # that has since been compensated.
+    current = Action.objects.select_for_update().filter(pk=action.pk).values_list("status", flat=True).first()
+    if current is None:
+        raise errors.NotFound(f"Action {action.pk} does not exist.")
+    if current not in (Action.Status.SUCCEEDED, Action.Status.UNKNOWN, Action.Status.RUNNING):
+        raise errors.InvalidTransition(action, to="verified", current=current,
+                                       message=f"Action {action.pk} is {current}; only a completed action can be verified.")
     verification = {"ok": ok, "expected": expected, "actual": actual, "reason": reason,
                     "at": timezone.now().isoformat()}
     Action.objects.filter(pk=action.pk).update(verified=ok, verification=verification, updated_at=timezone.now())
@@ -606,14 +615,19 @@ def action_compensation_finished(*, action: Action, actor: Actor, outcome: str, 
                                  reason: str = "", state: Any = None) -> Action:
     """compensating → compensated | compensation_failed, or back to succeeded when the step was
     skipped (the forward effect stands)."""
-    to = {
+    targets = {
         "done": Action.Status.COMPENSATED,
         "failed": Action.Status.COMPENSATION_FAILED,
         "drifted": Action.Status.COMPENSATION_FAILED,
         "skipped": Action.Status.SUCCEEDED,
-    }[outcome]
-    return _action_transition(action=action, to=to, actor=actor, kind=f"action.compensation_{outcome}",
-                              reason=reason, data={"step_id": step_id, "state": state})
+    }
+    if outcome not in targets:
+        raise errors.ValidationFailed(f"outcome must be one of {', '.join(targets)}.", details={"outcome": outcome})
+    # Only from compensating: "succeeded" is also reachable from running and unknown, and a
+    # skipped step must not complete an action that never finished its forward call.
+    return _action_transition(action=action, to=targets[outcome], actor=actor, kind=f"action.compensation_{outcome}",
+                              reason=reason, data={"step_id": step_id, "state": state},
+                              allowed_from=[Action.Status.COMPENSATING])
 
 
 # --- Checkpoints -----------------------------------------------------------------------------
