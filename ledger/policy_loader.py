@@ -169,7 +169,22 @@ def _check_env_name(value: str) -> str:
 
 
 EnvName = Annotated[str, AfterValidator(_check_env_name)]
-PositiveSeconds = Annotated[int | float, Field(gt=0, le=24 * 3600)]
+
+
+def _check_seconds(value: Any) -> int | float:
+    # One check instead of an int | float union, whose errors would be reported once per branch.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PydanticCustomError(
+            "seconds", "must be a number of seconds, e.g. 30, got {value!r}", {"value": value}
+        )
+    if not 0 < value <= 24 * 3600:
+        raise PydanticCustomError(
+            "seconds", "must be more than 0 and at most 86400 seconds, got {value}", {"value": value}
+        )
+    return value
+
+
+PositiveSeconds = Annotated[Any, AfterValidator(_check_seconds)]
 
 
 # --- The native layout -----------------------------------------------------------------------
