@@ -100,7 +100,7 @@ def _check_tool_pattern(value: str) -> str:
     if not _TOOL_CHARS.match(value):
         raise PydanticCustomError(
             "tool",
-            "may contain only letters, digits, and . _ - : / (plus * ? [ ] in a glob), got {value!r}",
+            "may contain only letters, digits, and . _ - : / (plus * ? [ ] in a glob), got '{value}'",
             {"value": value},
         )
     depth = 0
@@ -108,14 +108,14 @@ def _check_tool_pattern(value: str) -> str:
         depth += ch == "["
         depth -= ch == "]"
         if depth not in (0, 1):
-            raise PydanticCustomError("tool", "has unbalanced [ ] in glob {value!r}", {"value": value})
+            raise PydanticCustomError("tool", "has unbalanced [ ] in glob '{value}'", {"value": value})
     if depth != 0:
-        raise PydanticCustomError("tool", "has unbalanced [ ] in glob {value!r}", {"value": value})
+        raise PydanticCustomError("tool", "has unbalanced [ ] in glob '{value}'", {"value": value})
     # A pattern with no literal part matches every tool: that is what default_policy is for, and
     # a catch-all glob would silently outrank it for every unknown tool.
     if not re.sub(r"\[[^\]]*\]|[*?]", "", value).strip("._-:/"):
         raise PydanticCustomError(
-            "tool", "{value!r} matches every tool; use default_policy for the catch-all", {"value": value}
+            "tool", "'{value}' matches every tool; use default_policy for the catch-all", {"value": value}
         )
     return value
 
@@ -124,7 +124,7 @@ def _check_exact_tool(value: str) -> str:
     _check_tool_pattern(value)
     if any(ch in value for ch in "*?["):
         raise PydanticCustomError(
-            "tool", "a compensator serves one exact tool, not a glob ({value!r})", {"value": value}
+            "tool", "must be one exact tool name, not a glob '{value}'", {"value": value}
         )
     return value
 
@@ -137,7 +137,7 @@ def _check_dotted_path(value: str) -> str:
     if not _DOTTED_PATH.match(value):
         raise PydanticCustomError(
             "dotted_path",
-            "must be a dotted Python path such as package.module.function, got {value!r}",
+            "must be a dotted Python path such as package.module.function, got '{value}'",
             {"value": value},
         )
     return value
@@ -150,7 +150,7 @@ def _check_http_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise PydanticCustomError(
-            "url", "must be an http(s) URL with a host, got {value!r}", {"value": value}
+            "url", "must be an http(s) URL with a host, got '{value}'", {"value": value}
         )
     if len(value) > 2000:
         raise PydanticCustomError("url", "must be at most 2000 characters")
@@ -163,7 +163,7 @@ HttpUrl = Annotated[str, AfterValidator(_check_http_url)]
 def _check_env_name(value: str) -> str:
     if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", value):
         raise PydanticCustomError(
-            "env", "must be an environment variable name, got {value!r}", {"value": value}
+            "env", "must be an environment variable name, got '{value}'", {"value": value}
         )
     return value
 
@@ -175,7 +175,7 @@ def _check_seconds(value: Any) -> int | float:
     # One check instead of an int | float union, whose errors would be reported once per branch.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise PydanticCustomError(
-            "seconds", "must be a number of seconds, e.g. 30, got {value!r}", {"value": value}
+            "seconds", "must be a number of seconds, e.g. 30, got '{value}'", {"value": value}
         )
     if not 0 < value <= 24 * 3600:
         raise PydanticCustomError(
@@ -334,16 +334,16 @@ def _lower(value: Any) -> Any:
 def parse_duration(value: Any) -> int | float:
     """``"30s"``, ``"2m"``, ``"1.5h"``, ``"500ms"`` or a plain number of seconds → seconds."""
     if isinstance(value, bool):
-        raise ValueError(f"must be a duration such as 30s or 2m, got {value!r}")
+        raise ValueError(f"must be a duration such as 30s or 2m, got '{value}'")
     if isinstance(value, int | float):
         return value
     match = _DURATION.match(value) if isinstance(value, str) else None
     if not match:
-        raise ValueError(f"must be a duration such as 30s or 2m, got {value!r}")
+        raise ValueError(f"must be a duration such as 30s or 2m, got '{value}'")
     try:
         seconds = Decimal(match.group(1)) * _DURATION_UNITS[(match.group(2) or "").lower() or None]
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
-        raise ValueError(f"must be a duration such as 30s or 2m, got {value!r}") from exc
+        raise ValueError(f"must be a duration such as 30s or 2m, got '{value}'") from exc
     return int(seconds) if seconds == seconds.to_integral_value() else float(seconds)
 
 
@@ -453,7 +453,7 @@ def _translate_unwind(raw: Any, problems: _Problems) -> Any:
         if name == "strategy":
             # Saga Admin always unwinds newest-first; anything else would break guarantee 4.
             if _lower(value) != "lifo":
-                problems.add(where, f"must be LIFO (the only order Saga Admin unwinds in), got {value!r}")
+                problems.add(where, f"must be LIFO (the only order Saga Admin unwinds in), got '{value}'")
         elif name == "on_compensation_failure":
             unwind[name] = _lower(value)
         elif name in ("timeout", "step_timeout", "step_timeout_s"):
@@ -514,6 +514,17 @@ def _message(error: dict[str, Any]) -> str:
         return _FRIENDLY[kind]
     if kind == "value_error":
         return str(error["ctx"]["error"])
+    ctx = error.get("ctx") or {}
+    if kind == "string_too_short":
+        return f"must be at least {ctx.get('min_length')} characters"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters"
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        symbol = {"greater_than_equal": ">=", "less_than_equal": "<=", "greater_than": ">", "less_than": "<"}[
+            kind
+        ]
+        bound = next(iter(ctx.values()), "")
+        return f"must be {symbol} {bound}"
     return str(error["msg"])
 
 

@@ -173,7 +173,7 @@ def _policy(**fields):
     ({"compensators": {"hr.delete_user": {}}}, "must have exactly one of webhook or python"),
     ({"compensators": {"hr.delete_user": {"webhook": "https://hr/x"}}}, "needs exactly one of secret or secret_env"),
     ({"compensators": {"hr.delete_user": {"python": "not a path"}}}, "must be a dotted Python path"),
-    ({"compensators": {"hr.*": {"python": "a.b"}}}, "a compensator serves one exact tool, not a glob"),
+    ({"compensators": {"hr.*": {"python": "a.b"}}}, "must be one exact tool name, not a glob"),
     ({"unwind": {"step_timeout_s": "30"}}, "unwind: step_timeout_s: "),
     ({"unwind": {"on_compensation_failure": "panic"}}, "must be one of alert_and_continue, halt"),
     ({"polices": []}, "polices: unknown key"),
