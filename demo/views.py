@@ -1,0 +1,264 @@
+"""The demo world over HTTP: the "real systems" demo agents call, and the compensating endpoints
+Saga Admin's webhook compensators call (API.md, "Compensators: the HTTP webhook protocol").
+
+Every call must be signed with the world's secret (``X-Saga-Signature`` over
+``X-Saga-Timestamp`` + "." + the raw body, the secret from ``SAGA_DEMO_WORLD_SECRET``: the same
+variable the demo policy files name in ``secret_env``, so sender and receiver cannot disagree).
+An ``Idempotency-Key`` makes a repeat harmless. These endpoints know nothing of the dashboard's
+sessions: they are csrf-exempt and authenticate by signature alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from demo import services
+from demo.models import CrmContact, CrmTicket, HrUser, OutboxEmail, Payment, WorkspaceLicense
+from demo.services import WorldResult
+from saga_admin.client.signing import verify_signature
+
+SECRET_ENV = "SAGA_DEMO_WORLD_SECRET"
+
+
+def world_secret() -> str:
+    return os.environ.get(SECRET_ENV, "")
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def _json(result: WorldResult) -> JsonResponse:
+    response = JsonResponse(result.body, status=result.status)
+    if result.replayed:
+        response["Idempotent-Replayed"] = "true"
+    return response
+
+
+def _refusal(status: int, code: str, message: str, **details: Any) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message, "details": details}}, status=status)
+
+
+Handler = Callable[[], WorldResult]
+
+
+def world_endpoint(operation: str) -> Callable[[Callable[..., Handler]], Callable[..., HttpResponse]]:
+    """Wrap a view that turns the request into a world operation: check the signature, parse the
+    JSON body, and run the operation once per Idempotency-Key."""
+
+    def decorate(view: Callable[..., Handler]) -> Callable[..., HttpResponse]:
+        @csrf_exempt
+        def wrapped(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+            secret = world_secret()
+            if not secret:
+                # Off unless configured: a production deployment that never set the variable
+                # must not expose writable fake systems.
+                return _refusal(503, "demo_world_disabled", f"The demo world is off: set {SECRET_ENV}.")
+            if not verify_signature(secret, request.headers, request.body):
+                return _refusal(401, "bad_signature", "Missing, stale or wrong X-Saga-Signature.")
+            payload: dict[str, Any] = {}
+            if request.method == "POST":
+                try:
+                    payload = json.loads(request.body or b"{}")
+                except ValueError:
+                    return _refusal(400, "invalid_json", "The body is not valid JSON.")
+                if not isinstance(payload, dict):
+                    return _refusal(400, "invalid_json", "The body must be a JSON object.")
+            try:
+                perform = view(request, payload, **kwargs)
+            except BadRequest as exc:
+                return _refusal(422, "invalid_request", str(exc), **exc.details)
+            key = request.headers.get("Idempotency-Key", "") if request.method == "POST" else ""
+            return _json(
+                services.world_call(
+                    operation=operation, key=key, payload={**payload, **kwargs}, perform=perform
+                )
+            )
+
+        return wrapped
+
+    return decorate
+
+
+def _field(
+    data: Any, name: str, kind: type | tuple[type, ...] = str, *, required: bool = True, where: str = ""
+) -> Any:
+    value = data.get(name) if isinstance(data, dict) else None
+    if value is None:
+        if required:
+            raise BadRequest(f"{where or ''}{name} is required.", field=name)
+        return None
+    # bool is an int in Python; an amount of `true` cents is a bug in the caller, not 1 cent.
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise BadRequest(f"{where or ''}{name} has the wrong type.", field=name)
+    return value
+
+
+def _webhook_args(payload: dict[str, Any]) -> dict[str, Any]:
+    args = payload.get("args")
+    return args if isinstance(args, dict) else {}
+
+
+# --- Forward operations (what the agents call) ------------------------------------------------
+
+
+@require_POST
+@world_endpoint("hr.create_user")
+def hr_users(request: HttpRequest, payload: dict[str, Any]) -> Handler:
+    fields = {
+        name: _field(payload, name, required=name in ("email", "name"))
+        for name in ("email", "name", "department", "title", "manager", "start_date")
+    }
+    return lambda: services.hr_user_create(**{k: v for k, v in fields.items() if v is not None})
+
+
+@require_POST
+@world_endpoint("workspace.provision_license")
+def workspace_licenses(request: HttpRequest, payload: dict[str, Any]) -> Handler:
+    email, sku = _field(payload, "email"), _field(payload, "sku")
+    return lambda: services.license_provision(email=email, sku=sku)
+
+
+@require_POST
+@world_endpoint("email.send")
+def email_messages(request: HttpRequest, payload: dict[str, Any]) -> Handler:
+    to, subject, body = _field(payload, "to"), _field(payload, "subject"), _field(payload, "body")
+    return lambda: services.email_send(to=to, subject=subject, body=body)
+
+
+@require_POST
+@world_endpoint("email.create_draft")
+def email_drafts(request: HttpRequest, payload: dict[str, Any]) -> Handler:
+    to, subject, body = _field(payload, "to"), _field(payload, "subject"), _field(payload, "body")
+    return lambda: services.email_draft_create(to=to, subject=subject, body=body)
+
+
+@require_http_methods(["GET", "POST"])
+@world_endpoint("crm.update_ticket")
+def crm_ticket(request: HttpRequest, payload: dict[str, Any], ticket_id: str) -> Handler:
+    if request.method == "GET":
+        return lambda: services.ticket_read(ticket_id=ticket_id)
+    changes = _field(payload, "changes", dict)
+    by = _field(payload, "by", required=False) or "agent"
+    return lambda: services.ticket_update(ticket_id=ticket_id, changes=changes, by=by)
+
+
+@require_http_methods(["GET", "POST"])
+@world_endpoint("crm.update_contact")
+def crm_contact(request: HttpRequest, payload: dict[str, Any], contact_id: str) -> Handler:
+    if request.method == "GET":
+        return lambda: services.contact_read(contact_id=contact_id)
+    changes = _field(payload, "changes", dict)
+    return lambda: services.contact_update(contact_id=contact_id, changes=changes)
+
+
+@require_POST
+@world_endpoint("payments.charge")
+def payments_charges(request: HttpRequest, payload: dict[str, Any]) -> Handler:
+    customer, amount = _field(payload, "customer"), _field(payload, "amount_cents", int)
+    currency = _field(payload, "currency", required=False) or "USD"
+    description = _field(payload, "description", required=False) or ""
+    return lambda: services.payment_charge(
+        customer=customer, amount_cents=amount, currency=currency, description=description
+    )
+
+
+@require_POST
+@world_endpoint("payments.refund")
+def payments_refunds(request: HttpRequest, payload: dict[str, Any]) -> Handler:
+    payment_id = _field(payload, "payment_id")
+    amount = _field(payload, "amount_cents", int, required=False)
+    reason = _field(payload, "reason", required=False) or ""
+    return lambda: services.payment_refund(payment_id=payment_id, amount_cents=amount, reason=reason)
+
+
+# --- Compensating endpoints (what Saga Admin's webhook compensators call) ---------------------
+
+
+@require_POST
+@world_endpoint("hr.delete_user")
+def saga_delete_user(request: HttpRequest, payload: dict[str, Any]) -> Handler:
+    email = _webhook_args(payload).get("email") or payload.get("target_id")
+    if not isinstance(email, str) or not email:
+        raise BadRequest("args.email (or target_id) is required.", field="args.email")
+    return lambda: services.hr_user_delete(email=email, after_snapshot=payload.get("after_snapshot"))
+
+
+@require_POST
+@world_endpoint("workspace.cancel_license")
+def saga_cancel_license(request: HttpRequest, payload: dict[str, Any]) -> Handler:
+    email = _webhook_args(payload).get("email") or payload.get("target_id")
+    if not isinstance(email, str) or not email:
+        raise BadRequest("args.email (or target_id) is required.", field="args.email")
+    return lambda: services.license_cancel(email=email, after_snapshot=payload.get("after_snapshot"))
+
+
+@require_POST
+@world_endpoint("email.send_correction")
+def saga_send_correction(request: HttpRequest, payload: dict[str, Any]) -> Handler:
+    args = _webhook_args(payload)
+    after = payload.get("after_snapshot") if isinstance(payload.get("after_snapshot"), dict) else {}
+    message_id = args.get("message_id") or after.get("message_id")
+    if not isinstance(message_id, int):
+        raise BadRequest(
+            "args.message_id (or after_snapshot.message_id) is required.", field="args.message_id"
+        )
+    body = args.get("body") if isinstance(args.get("body"), str) else ""
+    return lambda: services.email_send_correction(message_id=message_id, body=body)
+
+
+@require_POST
+@world_endpoint("crm.restore_ticket")
+def saga_restore_ticket(request: HttpRequest, payload: dict[str, Any]) -> Handler:
+    ticket_id = payload.get("target_id") or _webhook_args(payload).get("ticket_id")
+    if not isinstance(ticket_id, str) or not ticket_id:
+        raise BadRequest("target_id is required.", field="target_id")
+    return lambda: services.ticket_restore(
+        ticket_id=ticket_id,
+        before_snapshot=payload.get("before_snapshot"),
+        after_snapshot=payload.get("after_snapshot"),
+    )
+
+
+@require_POST
+@world_endpoint("payments.refund_charge")
+def saga_refund(request: HttpRequest, payload: dict[str, Any]) -> Handler:
+    args = _webhook_args(payload)
+    after = payload.get("after_snapshot") if isinstance(payload.get("after_snapshot"), dict) else {}
+    # The agent cannot know the payment id when it records the charge; the after snapshot does.
+    payment_id = args.get("payment_id") or after.get("payment_id")
+    if not isinstance(payment_id, str) or not payment_id:
+        raise BadRequest(
+            "args.payment_id (or after_snapshot.payment_id) is required.", field="args.payment_id"
+        )
+    reason = args.get("reason") if isinstance(args.get("reason"), str) else "saga compensation"
+    return lambda: services.payment_refund(payment_id=payment_id, reason=reason)
+
+
+# --- A look inside the world (for people) ------------------------------------------------------
+
+
+@require_GET
+@login_required
+def overview(request: HttpRequest) -> HttpResponse:
+    """What the pretend systems hold right now, to watch a compensation put them back."""
+    context = {
+        "hr_users": HrUser.objects.order_by("-created_at")[:50],
+        "licenses": WorkspaceLicense.objects.order_by("-created_at")[:50],
+        "emails": OutboxEmail.objects.select_related("corrects")[:50],
+        "tickets": CrmTicket.objects.order_by("id")[:50],
+        "contacts": CrmContact.objects.order_by("id")[:50],
+        "payments": Payment.objects.prefetch_related("refunds")[:50],
+    }
+    return render(request, "demo/overview.html", context)
