@@ -11,11 +11,13 @@ from typing import Any
 
 import structlog
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Throttled, ValidationError
 
 from ledger import errors
+from saga_admin.limits import BodyRejected, CheckedJSONParser, KeyRateThrottle
 
 log = structlog.get_logger("saga_admin.api")
 
@@ -38,6 +40,9 @@ api = NinjaAPI(
     urls_namespace="api-v1",
     openapi_url="/openapi.json",
     docs_url="/docs",
+    parser=CheckedJSONParser(),
+    # Runs after authentication, so the count is per API key (see saga_admin.limits).
+    throttle=[KeyRateThrottle()],
 )
 
 
@@ -76,8 +81,21 @@ def _throttled(request: HttpRequest, exc: Throttled) -> HttpResponse:
                           message="Too many requests for this API key; retry after the Retry-After delay.")
 
 
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    # Normally the body-limits middleware answers first; this covers a request that skipped it.
+    limit = settings.SAGA["MAX_BODY_BYTES"]
+    return error_response(api, request, status=413, code="payload_too_large",
+                          message=f"The request body is larger than {limit} bytes.", details={"max_bytes": limit})
+
+
 @api.exception_handler(HttpError)
 def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    # ninja wraps any parser failure in a 400 "Cannot parse request body"; keep our own answer.
+    if isinstance(exc.__cause__, BodyRejected):
+        cause = exc.__cause__
+        return error_response(api, request, status=cause.status, code=cause.code, message=cause.message,
+                              details=cause.details)
     codes = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
              415: "unsupported_media_type"}
     return error_response(api, request, status=exc.status_code, code=codes.get(exc.status_code, "http_error"),

@@ -65,10 +65,14 @@ INSTALLED_APPS = [
     "axes",
     "ledger",
     "recovery",
+    "dashboard",
+    "demo",
 ]
 
 MIDDLEWARE = [
     "saga_admin.middleware.RequestIdMiddleware",
+    # API bodies: size (413), content type (415), JSON well-formedness and depth, before any view.
+    "saga_admin.limits.ApiBodyLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -76,6 +80,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "dashboard.middleware.IdleTimeoutMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -95,6 +100,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "dashboard.context_processors.nav",
             ],
         },
     },
@@ -110,6 +116,15 @@ DATABASES = {
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Shared by every web process: the API's per-key throttle counts live here.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "saga",
+        "TIMEOUT": 300,
+    }
+}
 RQ_QUEUES = {
     name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": env_int("SAGA_JOB_TIMEOUT_S", 300)}
     for name in ("default", "compensations", "notifications")

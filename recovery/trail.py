@@ -1,0 +1,162 @@
+"""The correction trail: the account a user (or their support team) reads after an agent run —
+what changed, what was put back, what could not be undone, who reviewed it, and where the full
+audit record lives. Built only from the record (actions, unwind steps, approvals, audit events);
+it decides nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledger.models import Action, ActionClass, CompensationStrategy, Event, Run
+from recovery.models import Approval, UnwindStep
+
+# Actions whose effect is (or may be) out in the world.
+_TOOK_EFFECT = {
+    Action.Status.SUCCEEDED,
+    Action.Status.UNKNOWN,
+    Action.Status.COMPENSATING,
+    Action.Status.COMPENSATED,
+    Action.Status.COMPENSATION_FAILED,
+}
+# Run states in which whatever is still in effect is a leftover rather than the intended outcome.
+_UNDO_EXPECTED = {Run.Status.FAILED, Run.Status.CANCELLED, Run.Status.COMPENSATING, Run.Status.COMPENSATED,
+                  Run.Status.CLOSED}
+# Audit events that record a human (or supervisor key) deciding about the run.
+_DECISION_KINDS = {
+    "run.compensating": "requested compensation",
+    "run.resumed": "resumed the run",
+    "run.closed": "closed the run",
+    "run.cancelled": "cancelled the run",
+    "action.reconciled": "reconciled an unknown outcome",
+}
+
+
+def _target(action: Action) -> str:
+    if action.target_type and action.target_id:
+        return f"{action.target_type} {action.target_id}"
+    return action.target_id or action.target_type
+
+
+def _describe(action: Action) -> str:
+    target = _target(action)
+    return f"{action.tool} on {target}" if target else action.tool
+
+
+def _entry(action: Action, *, at: Any, how: str = "", reason: str = "") -> dict[str, Any]:
+    return {
+        "action_id": action.pk, "seq": action.seq, "tool": action.tool, "target_type": action.target_type,
+        "target_id": action.target_id, "action_class": action.action_class, "status": action.status, "at": at,
+        "description": _describe(action), "how": how, "reason": reason,
+    }
+
+
+def _why_not_undone(action: Action, step: UnwindStep | None, run: Run) -> str:
+    if action.status == Action.Status.UNKNOWN:
+        return "the call timed out; nobody has confirmed yet whether it happened"
+    if step is not None and step.status == UnwindStep.Status.DRIFTED:
+        return "the target changed after the agent's action, so restoring it was left to a person"
+    if step is not None and step.status == UnwindStep.Status.FAILED:
+        return f"its compensation failed ({step.error[:200] or 'no detail'})"
+    if step is not None and step.status == UnwindStep.Status.SKIPPED:
+        return "its compensation was skipped"
+    if action.status == Action.Status.COMPENSATING:
+        return "its compensation is still in progress"
+    if action.compensation_strategy == CompensationStrategy.NONE or (
+        action.action_class == ActionClass.EXTERNAL_IRREVERSIBLE and not action.compensation_tool
+    ):
+        return "it cannot be undone"
+    if run.status == Run.Status.CLOSED:
+        return "the run was closed without undoing it"
+    return "no compensation has run for it yet"
+
+
+def run_trail(*, run: Run) -> dict[str, Any]:
+    """The trail as a JSON-ready dict (``audit_url`` is a site-relative link to the run's page)."""
+    actions = [a for a in run.actions.order_by("seq") if a.status in _TOOK_EFFECT and a.action_class != ActionClass.READ_ONLY]
+    # The latest unwind step per action tells how (and whether) it was put back.
+    latest_step: dict[str, UnwindStep] = {}
+    for step in UnwindStep.objects.filter(unwind__run=run).order_by("created_at", "id"):
+        latest_step[step.action_id] = step
+
+    changed = [_entry(a, at=a.completed_at) for a in actions]
+    restored: list[dict[str, Any]] = []
+    not_undone: list[dict[str, Any]] = []
+    for action in actions:
+        step = latest_step.get(action.pk)
+        if action.status == Action.Status.COMPENSATED:
+            how = step.tool if step is not None and step.tool else action.compensation_tool
+            verb = "corrected by" if action.compensation_strategy == CompensationStrategy.CORRECTION else "undone by"
+            restored.append(_entry(action, at=step.finished_at if step else None,
+                                   how=f"{verb} {how}" if how else verb.split()[0]))
+        elif run.status in _UNDO_EXPECTED or step is not None:
+            not_undone.append(_entry(action, at=action.completed_at, reason=_why_not_undone(action, step, run)))
+
+    reviewed_by = _reviewers(run)
+    return {
+        "run_id": run.pk,
+        "status": run.status,
+        "changed": changed,
+        "restored": restored,
+        "not_undone": not_undone,
+        "reviewed_by": reviewed_by,
+        "summary": _summary(run, changed, restored, not_undone, reviewed_by),
+        "audit_url": f"/runs/{run.pk}/#audit",
+    }
+
+
+def _reviewers(run: Run) -> list[dict[str, Any]]:
+    reviewers: list[dict[str, Any]] = []
+    approvals = (
+        Approval.objects.filter(run=run, status__in=[Approval.Status.APPROVED, Approval.Status.REJECTED])
+        .select_related("decided_by", "decided_by_key")
+        .order_by("decided_at", "id")
+    )
+    for approval in approvals:
+        if approval.decided_by is not None:
+            who, actor_type = approval.decided_by.get_username(), "user"
+        elif approval.decided_by_key is not None:
+            who, actor_type = approval.decided_by_key.name, "agent_key"
+        else:
+            who, actor_type = "system", "system"
+        subject = f"{approval.tool} ({approval.get_kind_display().lower()})"
+        reviewers.append({"who": who, "actor_type": actor_type, "role": "approver", "decision": approval.status,
+                          "subject": subject, "reason": approval.reason, "at": approval.decided_at})
+    decisions = Event.objects.filter(run=run, kind__in=list(_DECISION_KINDS)).exclude(
+        actor_type=Event.ActorType.SYSTEM
+    ).order_by("id")
+    for event in decisions:
+        # An agent cancelling or reconciling its own run is not a review; a person (or a
+        # supervisor's operator key) deciding about it is.
+        if event.actor_type == Event.ActorType.AGENT_KEY and event.kind not in ("run.compensating", "run.resumed",
+                                                                                 "run.closed"):
+            continue
+        reviewers.append({"who": event.actor_label or event.actor_id, "actor_type": event.actor_type,
+                          "role": "operator", "decision": _DECISION_KINDS[event.kind], "subject": "",
+                          "reason": event.reason, "at": event.created_at})
+    return reviewers
+
+
+def _listing(entries: list[dict[str, Any]]) -> str:
+    return "; ".join(e["description"] for e in entries)
+
+
+def _summary(run: Run, changed: list[dict[str, Any]], restored: list[dict[str, Any]],
+             not_undone: list[dict[str, Any]], reviewed_by: list[dict[str, Any]]) -> str:
+    sentences = [f'The agent "{run.agent}" handled the request "{run.request[:200]}" and the run is {run.status}.']
+    if not changed:
+        sentences.append("It changed nothing outside Saga Admin.")
+    else:
+        noun = "change" if len(changed) == 1 else "changes"
+        sentences.append(f"It made {len(changed)} {noun}: {_listing(changed)}.")
+    if restored:
+        sentences.append(f"Put back: {_listing(restored)}.")
+    for entry in not_undone:
+        sentences.append(f"Not undone: {entry['description']}, because {entry['reason']}.")
+    if run.status == Run.Status.SUCCEEDED and changed and not restored:
+        sentences.append("Every change stands, as intended.")
+    if reviewed_by:
+        people = sorted({r["who"] for r in reviewed_by})
+        sentences.append(f"Reviewed by {', '.join(people)}.")
+    sentences.append("The full audit record is linked below.")
+    return " ".join(sentences)

@@ -1,0 +1,129 @@
+"""The ``Idempotency-Key`` header (draft-ietf-httpapi-idempotency-key-header, Stripe's behaviour).
+
+Same key + same request → the original response, replayed with ``Idempotent-Replayed: true``;
+same key + another request → 422 ``idempotency_key_reused``; same key while the first request is
+still running → 409 ``idempotency_key_in_flight``. Keys are per tenant and kept at least 24 h.
+
+The record is claimed, the operation runs and the response is stored in ONE transaction. So the
+record and what the request created commit together or not at all: a crash in between leaves
+neither, and the client's retry simply runs again. A concurrent duplicate's INSERT waits on the
+first one's uncommitted row (PostgreSQL's unique index does the queueing); it then replays the
+committed response, or gives up with 409 after ``IN_FLIGHT_WAIT_MS``. Only successes are stored:
+an error changed nothing, so retrying with the same key must be allowed to try again.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
+
+from ledger import errors
+from ledger.hashing import sha256_hex
+from ledger.models import IdempotencyRecord, Tenant
+from saga_admin.limits import parsed_body
+
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+# Visible ASCII only: keys end up in logs, URLs of dashboards and database indexes.
+KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
+_KEY_RE = re.compile(KEY_PATTERN)
+# How long a duplicate waits for the first request before answering 409 in flight.
+IN_FLIGHT_WAIT_MS = 2000
+MIN_TTL_H = 24
+
+Produce = Callable[[], tuple[int, Any]]
+
+
+def validate_key(key: str) -> str:
+    if not _KEY_RE.match(key):
+        raise errors.ValidationFailed(
+            "Idempotency-Key must be 1 to 255 visible ASCII characters.", details={"header": HEADER}
+        )
+    return key
+
+
+def request_fingerprint(request: HttpRequest) -> str:
+    """What makes two requests "the same": method, path and the body's JSON value (so key order
+    and whitespace do not matter)."""
+    body = parsed_body(request)
+    return sha256_hex({"method": request.method, "path": request.path, "body": body})
+
+
+def json_response(status: int, body: Any, *, replayed: bool = False) -> HttpResponse:
+    response = JsonResponse(body, status=status, safe=False)
+    if replayed:
+        response[REPLAYED_HEADER] = "true"
+    return response
+
+
+def idempotent_response(request: HttpRequest, *, tenant: Tenant, key: str | None, produce: Produce) -> HttpResponse:
+    """Run ``produce`` (which returns a 2xx status and a JSON-ready body, or raises) at most once
+    per (tenant, key)."""
+    if key is None:
+        status, body = produce()
+        return json_response(status, body)
+    validate_key(key)
+    fingerprint = request_fingerprint(request)
+    with transaction.atomic():
+        replay = _claim(request, tenant=tenant, key=key, fingerprint=fingerprint)
+        if replay is not None:
+            return replay
+        status, body = produce()
+        IdempotencyRecord.objects.filter(tenant=tenant, key=key).update(
+            state=IdempotencyRecord.State.COMPLETED, response_status=status, response_body=body
+        )
+    return json_response(status, body)
+
+
+def _claim(request: HttpRequest, *, tenant: Tenant, key: str, fingerprint: str) -> HttpResponse | None:
+    """Insert the key's record (None: we own it) or answer from the existing one."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = %s", [f"{int(IN_FLIGHT_WAIT_MS)}ms"])
+    try:
+        with transaction.atomic():
+            IdempotencyRecord.objects.create(
+                tenant=tenant, key=key, method=request.method or "", path=request.path[:500],
+                request_hash=fingerprint,
+            )
+        return None
+    except IntegrityError:
+        pass
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
+            raise errors.IdempotencyKeyInFlight(
+                "A request with this Idempotency-Key is still being processed; retry shortly.",
+                details={"idempotency_key": key},
+            ) from exc
+        raise
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
+    existing = IdempotencyRecord.objects.get(tenant=tenant, key=key)
+    if existing.request_hash != fingerprint:
+        raise errors.IdempotencyKeyReused(
+            "This Idempotency-Key was already used for a different request.",
+            details={"idempotency_key": key, "method": existing.method, "path": existing.path},
+        )
+    return json_response(existing.response_status or 200, existing.response_body, replayed=True)
+
+
+def prune_idempotency_records(*, now: datetime | None = None, batch_size: int = 5000) -> int:
+    """Delete records older than the TTL (never less than 24 h). A periodic job; safe to run
+    concurrently and repeatedly. Deletes in batches so a large backlog does not hold one huge
+    transaction."""
+    ttl_h = max(int(settings.SAGA["IDEMPOTENCY_KEY_TTL_H"]), MIN_TTL_H)
+    cutoff = (now or timezone.now()) - timedelta(hours=ttl_h)
+    deleted = 0
+    while True:
+        batch = list(IdempotencyRecord.objects.filter(created_at__lt=cutoff).values_list("pk", flat=True)[:batch_size])
+        if not batch:
+            return deleted
+        count, _ = IdempotencyRecord.objects.filter(pk__in=batch).delete()
+        deleted += count
