@@ -1,0 +1,141 @@
+"""The append-only audit log: the trigger, the hash chain and verify_audit."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pgtrigger
+import pytest
+from django.core.management import CommandError, call_command, execute_from_command_line
+from django.db import DatabaseError, connection, transaction
+
+from ledger import services
+from ledger.audit import Actor, audit_record, audit_verify
+from ledger.models import Event
+from tests.ledger.helpers import make_run, record
+
+
+@pytest.fixture
+def run(tenant, agent):
+    run = make_run(tenant, agent)
+    record(run, agent, "k1")
+    services.run_fail(run=run, actor=agent, error="boom")
+    return run
+
+
+def test_it_chains_each_event_to_the_previous_one_of_its_run(run):
+    events = list(Event.objects.filter(run=run).order_by("id"))
+    assert [e.kind for e in events] == ["run.created", "action.recorded", "run.failed"]
+    assert events[0].prev_hash == "0" * 64
+    assert [e.prev_hash for e in events[1:]] == [e.hash for e in events[:-1]]
+    assert {e.chain for e in events} == {f"run:{run.pk}"}
+
+
+def test_it_refuses_an_orm_update(run):
+    with pytest.raises(DatabaseError, match="Cannot update or delete"), transaction.atomic():
+        Event.objects.filter(run=run).update(reason="rewritten")
+    assert not Event.objects.filter(reason="rewritten").exists()
+
+
+def test_it_refuses_an_orm_save_of_an_existing_event(run):
+    event = Event.objects.filter(run=run).first()
+    event.reason = "rewritten"
+    with pytest.raises(DatabaseError, match="Cannot update or delete"), transaction.atomic():
+        event.save()
+
+
+def test_it_refuses_an_orm_delete(run):
+    count = Event.objects.count()
+    with pytest.raises(DatabaseError, match="Cannot update or delete"), transaction.atomic():
+        Event.objects.filter(run=run).delete()
+    assert Event.objects.count() == count
+
+
+@pytest.mark.parametrize("sql", [
+    "UPDATE ledger_event SET reason = 'rewritten'",
+    "DELETE FROM ledger_event",
+])
+def test_it_refuses_raw_sql_updates_and_deletes(run, sql):
+    count = Event.objects.count()
+    with pytest.raises(DatabaseError, match="Cannot update or delete"), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+    assert Event.objects.count() == count and not Event.objects.filter(reason="rewritten").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_audit_records_outside_a_transaction(tenant):
+    # The event must commit with the change it describes, or not at all.
+    with pytest.raises(RuntimeError, match="inside the transition"):
+        audit_record(tenant=tenant, actor=Actor.system(), kind="x", subject="thing:1")
+    assert not Event.objects.filter(kind="x").exists()
+
+
+def test_it_reports_an_intact_log(run):
+    out = StringIO()
+    call_command("verify_audit", stdout=out)
+    assert "4 events checked." in out.getvalue()  # the key's creation + the run's 3 and "intact" in out.getvalue()
+
+
+def _tamper(event: Event, **changes) -> None:
+    with pgtrigger.ignore("ledger.Event:event_append_only"):
+        Event.objects.filter(pk=event.pk).update(**changes)
+
+
+def test_it_detects_a_tampered_event_and_names_it(run):
+    victim = Event.objects.filter(run=run, kind="action.recorded").get()
+    _tamper(victim, reason="nothing to see here")
+    out = StringIO()
+    with pytest.raises(CommandError) as excinfo:
+        call_command("verify_audit", stdout=out)
+    assert excinfo.value.returncode == 1
+    assert f"chain run:{run.pk}, event {victim.pk}: the event's content does not match its hash" in str(excinfo.value)
+    assert "events checked" in out.getvalue()
+
+
+def test_it_detects_a_deleted_event_by_its_broken_link(run):
+    middle = Event.objects.filter(run=run, kind="action.recorded").get()
+    after = Event.objects.filter(run=run, kind="run.failed").get()
+    with pgtrigger.ignore("ledger.Event:event_append_only"):
+        Event.objects.filter(pk=middle.pk).delete()
+    checked, broken = audit_verify()
+    assert (broken.event_id, broken.problem) == (after.pk, "prev_hash does not match the previous event's hash")
+
+
+def test_it_detects_a_rehashed_event_whose_successor_no_longer_links(run):
+    # A forger who recomputes the edited row's own hash still breaks the next link.
+    victim = Event.objects.filter(run=run, kind="action.recorded").get()
+    after = Event.objects.filter(run=run, kind="run.failed").get()
+    _tamper(victim, hash="f" * 64)
+    _, broken = audit_verify(chain=f"run:{run.pk}")
+    assert broken.event_id == victim.pk  # its own content no longer matches either
+
+
+def test_it_reports_the_earliest_broken_event_across_chains(tenant, agent, run):
+    other = make_run(tenant, agent)
+    late = Event.objects.filter(run=other).get()
+    early = Event.objects.filter(run=run).order_by("id").first()
+    _tamper(late, reason="x")
+    _tamper(early, reason="y")
+    assert audit_verify()[1].event_id == early.pk
+
+
+def test_it_exits_with_status_1_when_the_chain_is_broken(run, capsys):
+    _tamper(Event.objects.filter(run=run).first(), actor_label="someone else")
+    with pytest.raises(SystemExit) as excinfo:
+        execute_from_command_line(["manage.py", "verify_audit"])
+    assert excinfo.value.code == 1
+    assert "Audit chain broken" in capsys.readouterr().err
+
+
+def test_it_verifies_events_whose_data_jsonb_normalises(tenant):
+    # jsonb returns 1e16 as the integer 10000000000000000: the hash must be of what comes back.
+    with transaction.atomic():
+        audit_record(tenant=tenant, actor=Actor.system(), kind="probe", subject="probe:1",
+                     data={"big": 1e16, "huge": -1.5e300, "tiny": 1.5e-7, "float": 2.0, "nan": float("nan")})
+    assert audit_verify() == (1, None)
+
+
+def test_it_keeps_tenant_events_without_a_run_on_the_tenants_chain(tenant, agent_key):
+    event = Event.objects.get(kind="agent_key.created")
+    assert (event.chain, event.run_id) == (f"tenant:{tenant.pk}", None)
