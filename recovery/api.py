@@ -1,7 +1,389 @@
-"""The operator REST API (/recovery, /unwinds, /approvals)."""
+"""The operator REST API (/recovery, /unwinds, /approvals): auth, strict parsing, one service call.
+
+Operator scope is required (401 without a valid key, 403 without the scope); another tenant's
+object is a 404. Every decision carries a required reason and is audited with the key as actor.
+"""
 
 from __future__ import annotations
 
-from ninja import Router
+from datetime import datetime
+from typing import Any
 
-router = Router(tags=["recovery"])
+from django.http import HttpRequest
+from ninja import Field, Query, Router, Schema
+from pydantic import ConfigDict
+
+from ledger.audit import Actor
+from ledger.models import AgentKey, Checkpoint
+from ledger.selectors import get_for_tenants
+from recovery import selectors, services
+from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
+from saga_admin.apicore import AUTH_ERRORS, ErrorOut, operator_auth
+
+router = Router(tags=["recovery"], auth=operator_auth)
+
+DECISION_ERRORS: dict[int, type[Schema]] = {**AUTH_ERRORS, 409: ErrorOut}
+
+
+# --- Input -----------------------------------------------------------------------------------
+
+
+class StrictIn(Schema):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ReasonIn(StrictIn):
+    reason: str = Field(..., min_length=1, max_length=4000, description="Why; kept in the audit log.")
+
+
+class ResumeIn(ReasonIn):
+    checkpoint_id: str | None = Field(None, description="Resume from this checkpoint (default: the latest).")
+
+
+class ApproveIn(ReasonIn):
+    args: dict[str, Any] | None = Field(None, description="Edited arguments; both versions are audited.")
+    args_hash: str | None = Field(None, description="The args_hash you were shown; refused (409) if it changed.")
+
+
+class ItemFilters(Schema):  # query strings: lax on purpose ("50" is a number here)
+    status: str | None = Field(None, description="open | claimed | resolved | unresolved (default) | all")
+    reason: str | None = None
+    risk: str | None = None
+    older_than: int | None = Field(None, ge=0, description="Only items opened more than this many minutes ago.")
+    run: str | None = Field(None, description="Only this run's items.")
+    cursor: str | None = None
+    limit: int = Field(50, ge=1, le=200)
+
+
+class ApprovalFilters(Schema):
+    status: str | None = Field("pending", description="pending (default) | approved | rejected | expired | all")
+    kind: str | None = Field(None, description="action | compensation")
+    cursor: str | None = None
+    limit: int = Field(50, ge=1, le=200)
+
+
+# --- Output ----------------------------------------------------------------------------------
+
+
+class ActionBrief(Schema):
+    id: str
+    tool: str
+    status: str
+    risk: str
+    seq: int
+
+
+class RunBrief(Schema):
+    id: str
+    agent: str
+    request: str
+    status: str
+    error: str
+
+
+class ItemOut(Schema):
+    id: str
+    run_id: str
+    run: RunBrief
+    status: str
+    reason: str
+    risk: str
+    suggested_resolution: str
+    error: str
+    failed_action: ActionBrief | None
+    details: dict[str, Any]
+    assignee: str | None
+    claimed_by: str | None
+    resolution: str
+    resolution_note: str
+    reopened_count: int
+    opened_at: datetime
+    updated_at: datetime
+    resolved_at: datetime | None
+    age_s: int
+
+
+class ItemPageOut(Schema):
+    items: list[ItemOut]
+    next_cursor: str | None
+
+
+class PlanStepOut(Schema):
+    action_id: str
+    action_tool: str
+    action_seq: int
+    completion_seq: int | None
+    action_class: str
+    target_type: str
+    target_id: str
+    tool: str
+    args: Any = None
+    strategy: str
+    requires_approval: bool
+    can_undo: bool
+    risk: str
+    compensator: str
+    note: str
+
+
+class PlanOut(Schema):
+    run_id: str
+    steps: list[PlanStepOut]
+    warnings: list[dict[str, Any]]
+    needs_approval: int
+    cannot_undo: int
+
+
+class ResumePreviewOut(Schema):
+    run_id: str
+    checkpoint_id: str | None
+    checkpoint_name: str | None
+    stale: bool
+    succeeded_after: list[dict[str, Any]]
+    repeats: list[dict[str, Any]]
+    unknown: list[dict[str, Any]]
+    warnings: list[dict[str, Any]]
+
+
+class StepOut(Schema):
+    id: str
+    position: int
+    action_id: str
+    action_tool: str
+    tool: str
+    args: Any = None
+    strategy: str
+    requires_approval: bool
+    approval_id: str | None
+    status: str
+    attempts: int
+    max_attempts: int
+    error: str
+    result: Any = None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class UnwindOut(Schema):
+    id: str
+    run_id: str
+    item_id: str | None
+    status: str
+    automatic: bool
+    on_failure: str
+    reason: str
+    created_at: datetime
+    finished_at: datetime | None
+    steps: list[StepOut]
+
+
+class ItemDetailOut(ItemOut):
+    plan: PlanOut
+    resume_preview: ResumePreviewOut
+    unwinds: list[str]
+
+
+class CommandOut(Schema):
+    id: str
+    kind: str
+    run_id: str
+    checkpoint_id: str | None
+    status: str
+    reason: str
+    created_at: datetime
+
+
+class ApprovalOut(Schema):
+    id: str
+    kind: str
+    run_id: str
+    action_id: str
+    step_id: str | None
+    status: str
+    risk: str
+    tool: str
+    args: Any = None
+    args_hash: str
+    approved_args: Any = None
+    reason: str
+    expires_at: datetime
+    created_at: datetime
+    decided_at: datetime | None
+
+
+class ApprovalPageOut(Schema):
+    items: list[ApprovalOut]
+    next_cursor: str | None
+
+
+# --- Serialisers -----------------------------------------------------------------------------
+
+
+def _user_label(user: Any) -> str | None:
+    return user.get_username() if user is not None else None
+
+
+def _item_out(item: RecoveryItem) -> dict[str, Any]:
+    action = item.failed_action
+    return {
+        "id": item.pk, "run_id": item.run_id,
+        "run": {"id": item.run.pk, "agent": item.run.agent, "request": item.run.request, "status": item.run.status,
+                "error": item.run.error},
+        "status": item.status, "reason": item.reason, "risk": item.risk,
+        "suggested_resolution": item.suggested_resolution, "error": item.error,
+        "failed_action": ({"id": action.pk, "tool": action.tool, "status": action.status, "risk": action.risk,
+                           "seq": action.seq} if action is not None else None),
+        "details": item.details, "assignee": _user_label(item.assignee), "claimed_by": _user_label(item.claimed_by),
+        "resolution": item.resolution, "resolution_note": item.resolution_note,
+        "reopened_count": item.reopened_count, "opened_at": item.opened_at, "updated_at": item.updated_at,
+        "resolved_at": item.resolved_at, "age_s": selectors.item_age_seconds(item),
+    }
+
+
+def _step_out(step: UnwindStep) -> dict[str, Any]:
+    approval = getattr(step, "approval", None)  # reverse one-to-one: absent → None
+    return {
+        "id": step.pk, "position": step.position, "action_id": step.action_id, "action_tool": step.action.tool,
+        "tool": step.tool, "args": step.args, "strategy": step.strategy, "requires_approval": step.requires_approval,
+        "approval_id": getattr(approval, "pk", None), "status": step.status, "attempts": step.attempts,
+        "max_attempts": step.max_attempts, "error": step.error, "result": step.result,
+        "started_at": step.started_at, "finished_at": step.finished_at,
+    }
+
+
+def _unwind_out(unwind: Unwind) -> dict[str, Any]:
+    return {
+        "id": unwind.pk, "run_id": unwind.run_id, "item_id": unwind.item_id, "status": unwind.status,
+        "automatic": unwind.automatic, "on_failure": unwind.on_failure, "reason": unwind.reason,
+        "created_at": unwind.created_at, "finished_at": unwind.finished_at,
+        "steps": [_step_out(s) for s in selectors.unwind_steps(unwind=unwind)],
+    }
+
+
+def _command_out(command: AgentCommand) -> dict[str, Any]:
+    return {"id": command.pk, "kind": command.kind, "run_id": command.run_id, "checkpoint_id": command.checkpoint_id,
+            "status": command.status, "reason": command.reason, "created_at": command.created_at}
+
+
+def _approval_out(approval: Approval) -> dict[str, Any]:
+    return {
+        "id": approval.pk, "kind": approval.kind, "run_id": approval.run_id, "action_id": approval.action_id,
+        "step_id": approval.step_id, "status": approval.status, "risk": approval.risk, "tool": approval.tool,
+        "args": approval.args, "args_hash": approval.args_hash, "approved_args": approval.approved_args,
+        "reason": approval.reason, "expires_at": approval.expires_at, "created_at": approval.created_at,
+        "decided_at": approval.decided_at,
+    }
+
+
+def _key(request: HttpRequest) -> AgentKey:
+    key = request.auth  # type: ignore[attr-defined]
+    assert isinstance(key, AgentKey)
+    return key
+
+
+# --- Recovery queue --------------------------------------------------------------------------
+
+
+@router.get("/recovery", response={200: ItemPageOut, **AUTH_ERRORS}, summary="The recovery queue")
+def recovery_list(request: HttpRequest, filters: Query[ItemFilters]) -> Any:
+    page = selectors.items_list(
+        tenants=_key(request).tenant, status=filters.status, reason=filters.reason, risk=filters.risk,
+        older_than_minutes=filters.older_than, run_id=filters.run, cursor=filters.cursor, limit=filters.limit,
+    )
+    return {"items": [_item_out(i) for i in page.items], "next_cursor": page.next_cursor}
+
+
+@router.get("/recovery/{item_id}", response={200: ItemDetailOut, **AUTH_ERRORS},
+            summary="A recovery item with its compensation plan and resume preview")
+def recovery_detail(request: HttpRequest, item_id: str) -> Any:
+    item = selectors.item_get(tenants=_key(request).tenant, item_id=item_id)
+    return {
+        **_item_out(item),
+        "plan": services.compensation_plan(run=item.run).as_dict(),
+        "resume_preview": services.resume_preview(item=item).as_dict(),
+        "unwinds": [u.pk for u in selectors.unwinds_for_run(run_id=item.run_id)],
+    }
+
+
+@router.post("/recovery/{item_id}/compensate", response={202: UnwindOut, **DECISION_ERRORS},
+             summary="Compensate the run (LIFO unwind on the workers)")
+def recovery_compensate(request: HttpRequest, item_id: str, body: ReasonIn) -> Any:
+    key = _key(request)
+    item = selectors.item_get(tenants=key.tenant, item_id=item_id)
+    unwind = services.unwind_start(item=item, actor=Actor.for_key(key), reason=body.reason)
+    return 202, _unwind_out(unwind)
+
+
+@router.post("/recovery/{item_id}/resume", response={202: CommandOut, **DECISION_ERRORS},
+             summary="Resume the run from a checkpoint (issues a resume command)")
+def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Any:
+    key = _key(request)
+    item = selectors.item_get(tenants=key.tenant, item_id=item_id)
+    checkpoint = None
+    if body.checkpoint_id:
+        checkpoint = get_for_tenants(Checkpoint.objects.all(), pk=body.checkpoint_id, tenants=key.tenant)
+    command = services.item_resume(item=item, actor=Actor.for_key(key), reason=body.reason, checkpoint=checkpoint)
+    return 202, _command_out(command)
+
+
+@router.post("/recovery/{item_id}/close", response={200: ItemOut, **DECISION_ERRORS}, summary="Close the item")
+def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Any:
+    key = _key(request)
+    item = selectors.item_get(tenants=key.tenant, item_id=item_id)
+    services.item_close(item=item, actor=Actor.for_key(key), reason=body.reason)
+    return 200, _item_out(selectors.item_get(tenants=key.tenant, item_id=item_id))
+
+
+# --- Unwinds ---------------------------------------------------------------------------------
+
+
+@router.get("/unwinds/{unwind_id}", response={200: UnwindOut, **AUTH_ERRORS}, summary="An unwind and its steps")
+def unwind_detail(request: HttpRequest, unwind_id: str) -> Any:
+    return _unwind_out(selectors.unwind_get(tenants=_key(request).tenant, unwind_id=unwind_id))
+
+
+@router.post("/unwind-steps/{step_id}/retry", response={200: StepOut, **DECISION_ERRORS},
+             summary="Retry a failed or drifted step (drifted: retry anyway)")
+def step_retry(request: HttpRequest, step_id: str, body: ReasonIn) -> Any:
+    key = _key(request)
+    step = selectors.step_get(tenants=key.tenant, step_id=step_id)
+    services.step_retry(step=step, actor=Actor.for_key(key), reason=body.reason)
+    return 200, _step_out(selectors.step_get(tenants=key.tenant, step_id=step_id))
+
+
+@router.post("/unwind-steps/{step_id}/skip", response={200: StepOut, **DECISION_ERRORS},
+             summary="Leave a failed or drifted step undone; the unwind continues")
+def step_skip(request: HttpRequest, step_id: str, body: ReasonIn) -> Any:
+    key = _key(request)
+    step = selectors.step_get(tenants=key.tenant, step_id=step_id)
+    services.step_skip(step=step, actor=Actor.for_key(key), reason=body.reason)
+    return 200, _step_out(selectors.step_get(tenants=key.tenant, step_id=step_id))
+
+
+# --- Approvals -------------------------------------------------------------------------------
+
+
+@router.get("/approvals", response={200: ApprovalPageOut, **AUTH_ERRORS}, summary="The approval inbox")
+def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> Any:
+    page = selectors.approvals_list(tenants=_key(request).tenant, status=filters.status, kind=filters.kind,
+                                    cursor=filters.cursor, limit=filters.limit)
+    return {"items": [_approval_out(a) for a in page.items], "next_cursor": page.next_cursor}
+
+
+@router.post("/approvals/{approval_id}/approve", response={200: ApprovalOut, **DECISION_ERRORS},
+             summary="Approve (optionally with edited args)")
+def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) -> Any:
+    key = _key(request)
+    approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
+    decided = services.approval_approve(approval=approval, actor=Actor.for_key(key), reason=body.reason,
+                                        args=body.args, shown_args_hash=body.args_hash)
+    return 200, _approval_out(decided)
+
+
+@router.post("/approvals/{approval_id}/reject", response={200: ApprovalOut, **DECISION_ERRORS},
+             summary="Reject with a reason")
+def approval_reject(request: HttpRequest, approval_id: str, body: ReasonIn) -> Any:
+    key = _key(request)
+    approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
+    decided = services.approval_reject(approval=approval, actor=Actor.for_key(key), reason=body.reason)
+    return 200, _approval_out(decided)

@@ -21,9 +21,11 @@ from ledger import errors
 from ledger import services as ledger
 from ledger.audit import Actor, audit_record
 from ledger.hashing import sha256_hex
-from ledger.models import Action, ActionClass, Checkpoint, Run, max_risk
+from ledger.models import RISK_ORDER, Action, ActionClass, Checkpoint, Membership, Risk, Run, max_risk
+from ledger.policies import policy_settings_for
 from ledger.services import RecordedAction
-from recovery.models import AgentCommand, Approval, RecoveryItem
+from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.planner import Plan, compensation_plan
 
 # --- Recovery items ------------------------------------------------------------------------
 
@@ -148,7 +150,10 @@ def run_fail_and_queue(
     item_reason = reason if reason in RecoveryItem.Reason.values else RecoveryItem.Reason.FAILED
     ledger.run_fail(run=run, actor=actor, error=error, reason=item_reason, failed_action=failed_action)
     item = item_open_or_update(run=run, reason=item_reason, actor=actor, failed_action=failed_action, error=error)
-    return FailOutcome(run=run, item=item)
+    unwind = _auto_compensate(run=run, item=item)
+    if unwind is not None:
+        item.refresh_from_db()
+    return FailOutcome(run=run, item=item, unwind=unwind)
 
 
 @transaction.atomic
@@ -365,3 +370,372 @@ def command_ack(*, command: AgentCommand, actor: Actor) -> AgentCommand:
         audit_record(tenant=command.run.tenant, run=command.run, actor=actor, kind="command.acked", subject=command,
                      from_state=AgentCommand.Status.PENDING, to_state=AgentCommand.Status.ACKED)
     return command
+
+
+# --- Unwinds, resume and close (the operator's decisions) -----------------------------------
+
+AUTO_COMPENSATOR = Actor.system("auto-compensate")
+MAX_COMMAND_DELIVERY_ATTEMPTS = 10
+
+
+def _require_reason(reason: str, what: str) -> None:
+    if not reason.strip():
+        raise errors.ValidationFailed(f"A reason is required to {what}.", details={"reason": "required"})
+
+
+def notify_approval_requested(approval: Approval) -> None:
+    """After commit: tell approvers (used by the unwind engine for compensation steps)."""
+    _on_approval_requested(approval)
+
+
+def _refuse_unknown_outcomes(plan_or_actions: Plan | list[Action], *, doing: str) -> None:
+    unknown = (plan_or_actions.unknown_actions if isinstance(plan_or_actions, Plan)
+               else [a.pk for a in plan_or_actions])
+    if unknown:
+        raise errors.Conflict(
+            f"Cannot {doing}: {len(unknown)} action(s) timed out with an unknown outcome. Reconcile them "
+            "first (confirm whether each happened).",
+            details={"unknown_action_ids": unknown}, code="outcome_unknown",
+        )
+
+
+@transaction.atomic
+def item_claim(*, item: RecoveryItem, actor: Actor, reason: str = "") -> RecoveryItem:
+    """open → claimed (compare-and-set): a second click, tab or operator loses cleanly."""
+    now = timezone.now()
+    if RecoveryItem.objects.filter(pk=item.pk, status=RecoveryItem.Status.OPEN).update(
+        status=RecoveryItem.Status.CLAIMED, claimed_by=actor.user, claimed_at=now, updated_at=now
+    ) != 1:
+        current = RecoveryItem.objects.filter(pk=item.pk).values_list("status", flat=True).first()
+        raise errors.InvalidTransition(item, to=RecoveryItem.Status.CLAIMED, current=current)
+    item.status, item.claimed_by, item.claimed_at = RecoveryItem.Status.CLAIMED, actor.user, now
+    audit_record(tenant=item.run.tenant, run=item.run, actor=actor, kind="recovery.claimed", subject=item,
+                 from_state=RecoveryItem.Status.OPEN, to_state=RecoveryItem.Status.CLAIMED, reason=reason)
+    return item
+
+
+def _item_resolve(*, item: RecoveryItem, actor: Actor, resolution: str, note: str,
+                  allowed_from: tuple[str, ...], details: dict[str, Any] | None = None,
+                  resolved_by: Any = None) -> RecoveryItem:
+    now = timezone.now()
+    fields: dict[str, Any] = {"status": RecoveryItem.Status.RESOLVED, "resolution": resolution,
+                              "resolution_note": note, "resolved_at": now, "updated_at": now,
+                              "resolved_by": resolved_by if resolved_by is not None else actor.user}
+    if details is not None:
+        fields["details"] = {**item.details, **details}
+    previous = RecoveryItem.objects.filter(pk=item.pk).values_list("status", flat=True).first()
+    if previous not in allowed_from or RecoveryItem.objects.filter(pk=item.pk, status=previous).update(**fields) != 1:
+        current = RecoveryItem.objects.filter(pk=item.pk).values_list("status", flat=True).first()
+        raise errors.InvalidTransition(item, to=RecoveryItem.Status.RESOLVED, current=current)
+    for name, value in fields.items():
+        setattr(item, name, value)
+    audit_record(tenant=item.run.tenant, run=item.run, actor=actor, kind="recovery.resolved", subject=item,
+                 from_state=previous, to_state=RecoveryItem.Status.RESOLVED, reason=note,
+                 data={"resolution": resolution})
+    return item
+
+
+@transaction.atomic
+def unwind_start(*, item: RecoveryItem, actor: Actor, reason: str, automatic: bool = False) -> Unwind:
+    """Compensate the item's run: claim the item, move the run to compensating, freeze the plan
+    into persisted steps and, after commit, hand the first step to a worker. Two concurrent calls
+    produce one unwind; the loser gets InvalidTransition with the item's current state."""
+    from recovery import unwinds
+
+    _require_reason(reason, "compensate")
+    item = RecoveryItem.objects.select_related("run__tenant").get(pk=item.pk)
+    item_claim(item=item, actor=actor, reason=reason)
+    run = Run.objects.select_for_update().select_related("tenant").get(pk=item.run_id)
+    plan = compensation_plan(run=run)
+    _refuse_unknown_outcomes(plan, doing="compensate")
+    ledger.run_compensation_started(run=run, actor=actor, reason=reason)
+    return unwinds.unwind_create(run=run, item=item, plan=plan, actor=actor, reason=reason, automatic=automatic)
+
+
+def _auto_compensate(*, run: Run, item: RecoveryItem) -> Unwind | None:
+    """Unwind without a human when every live action is at or under the policy's
+    ``auto_compensate.max_risk`` and there is something to undo (and nothing unknown)."""
+    max_allowed = policy_settings_for(run.tenant).auto_compensate.get("max_risk")
+    if not max_allowed:
+        return None
+    threshold = RISK_ORDER.get(Risk(str(max_allowed).lower()), -1) if str(max_allowed).lower() in Risk.values else -1
+    live = list(Action.objects.filter(run=run, status__in=_LIVE_ACTION_STATUSES))
+    if not live or any(a.status == Action.Status.UNKNOWN for a in live):
+        return None
+    if any(RISK_ORDER[Risk(a.risk)] > threshold for a in live):
+        return None
+    if not any(step.can_undo for step in compensation_plan(run=run).steps):
+        return None
+    return unwind_start(item=item, actor=AUTO_COMPENSATOR, automatic=True,
+                        reason=f"auto-compensation: every action is at or under {max_allowed} risk")
+
+
+def item_resolve_compensated(*, unwind: Unwind, not_undone: list[dict[str, Any]]) -> RecoveryItem | None:
+    """The unwind settled every step: resolve its item as compensated (or auto_compensated)."""
+    item = RecoveryItem.objects.filter(run_id=unwind.run_id).exclude(
+        status=RecoveryItem.Status.RESOLVED).select_related("run__tenant").first()
+    if item is None:
+        return None
+    resolution = RecoveryItem.Resolution.AUTO_COMPENSATED if unwind.automatic else RecoveryItem.Resolution.COMPENSATED
+    note = unwind.reason
+    if not_undone:
+        note += " (left as is: " + ", ".join(entry["action_tool"] for entry in not_undone) + ")"
+    return _item_resolve(item=item, actor=Actor.system("unwind-engine"), resolution=resolution, note=note,
+                         allowed_from=(RecoveryItem.Status.CLAIMED, RecoveryItem.Status.OPEN),
+                         details={"unwind_id": unwind.pk, "left": [], "not_undone": not_undone},
+                         resolved_by=unwind.requested_by)
+
+
+def item_reopen_after_unwind(*, unwind: Unwind, run: Run, reason: str, error: str,
+                             left: list[dict[str, Any]]) -> RecoveryItem:
+    """The unwind ended with steps left: the item goes back to the queue (open), naming them."""
+    engine = Actor.system("unwind-engine")
+    item = RecoveryItem.objects.select_for_update().filter(run=run).exclude(
+        status=RecoveryItem.Status.RESOLVED).first()
+    if item is not None and item.status == RecoveryItem.Status.CLAIMED:
+        RecoveryItem.objects.filter(pk=item.pk, status=RecoveryItem.Status.CLAIMED).update(
+            status=RecoveryItem.Status.OPEN, claimed_by=None, claimed_at=None,
+            reopened_count=item.reopened_count + 1, updated_at=timezone.now())
+        audit_record(tenant=run.tenant, run=run, actor=engine, kind="recovery.reopened", subject=item,
+                     from_state=RecoveryItem.Status.CLAIMED, to_state=RecoveryItem.Status.OPEN, reason=error,
+                     data={"reason": reason, "unwind_id": unwind.pk})
+        _on_item_opened(item)
+    return item_open_or_update(run=run, reason=reason, actor=engine, error=error,
+                               details={"unwind_id": unwind.pk, "left": left})
+
+
+@dataclass
+class ResumePreview:
+    run: Run
+    checkpoint: Checkpoint | None
+    succeeded_after: list[Action]
+    repeats: list[Action]
+    unknown: list[Action]
+    warnings: list[dict[str, Any]]
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.succeeded_after)
+
+    def as_dict(self) -> dict[str, Any]:
+        def brief(action: Action) -> dict[str, Any]:
+            return {"id": action.pk, "tool": action.tool, "seq": action.seq, "status": action.status,
+                    "action_class": action.action_class, "completion_seq": action.completion_seq}
+
+        return {
+            "run_id": self.run.pk,
+            "checkpoint_id": getattr(self.checkpoint, "pk", None),
+            "checkpoint_name": getattr(self.checkpoint, "name", None),
+            "stale": self.stale,
+            "succeeded_after": [brief(a) for a in self.succeeded_after],
+            "repeats": [brief(a) for a in self.repeats],
+            "unknown": [brief(a) for a in self.unknown],
+            "warnings": self.warnings,
+        }
+
+
+def _checkpoint_for(run: Run, checkpoint: Checkpoint | None) -> Checkpoint | None:
+    if checkpoint is None:
+        return Checkpoint.objects.filter(run=run).order_by("-created_at", "-id").first()
+    if checkpoint.run_id != run.pk:
+        raise errors.ValidationFailed("The checkpoint does not belong to this run.",
+                                      details={"checkpoint_id": checkpoint.pk})
+    return checkpoint
+
+
+def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) -> ResumePreview:
+    """What a resume from ``checkpoint`` (default: the latest) would mean. A checkpoint is stale
+    when actions succeeded after it was written (its ``completion_mark``): the agent, restarting
+    there, would do them again; the irreversible ones among them would happen twice."""
+    run = item.run
+    chosen = _checkpoint_for(run, checkpoint)
+    actions = list(Action.objects.filter(run=run).order_by("seq"))
+    mark = chosen.completion_mark if chosen is not None else 0
+    after = sorted((a for a in actions if a.completion_seq is not None and a.completion_seq > mark),
+                   key=lambda a: a.completion_seq or 0)
+    repeats = [a for a in after if a.action_class == ActionClass.EXTERNAL_IRREVERSIBLE]
+    unknown = [a for a in actions if a.status == Action.Status.UNKNOWN]
+    warnings: list[dict[str, Any]] = []
+    if chosen is None:
+        warnings.append({"code": "no_checkpoint",
+                         "message": "The run wrote no checkpoint: a resume restarts it from the beginning."})
+    if after:
+        warnings.append({
+            "code": "stale_checkpoint",
+            "message": (f"{len(after)} action(s) succeeded after checkpoint "
+                        f"{getattr(chosen, 'name', '(start)')!s}: " + ", ".join(a.tool for a in after)
+                        + ". Resuming there repeats them."),
+            "action_ids": [a.pk for a in after],
+        })
+    if repeats:
+        warnings.append({
+            "code": "repeats_non_idempotent",
+            "message": "A resume would repeat irreversible actions: " + ", ".join(a.tool for a in repeats) + ".",
+            "action_ids": [a.pk for a in repeats],
+        })
+    if unknown:
+        warnings.append({
+            "code": "outcome_unknown",
+            "message": "Reconcile unknown outcomes before resuming: " + ", ".join(a.tool for a in unknown) + ".",
+            "action_ids": [a.pk for a in unknown],
+        })
+    if chosen is not None and chosen.recovery_mode == Checkpoint.RecoveryMode.COMPENSATE_ONLY:
+        warnings.append({"code": "resume_not_allowed",
+                         "message": f"Checkpoint {chosen.name} says compensate only: the agent cannot resume here."})
+    return ResumePreview(run=run, checkpoint=chosen, succeeded_after=after, repeats=repeats, unknown=unknown,
+                         warnings=warnings)
+
+
+@transaction.atomic
+def item_resume(*, item: RecoveryItem, actor: Actor, reason: str,
+                checkpoint: Checkpoint | None = None) -> AgentCommand:
+    """Resolve the item as resumed, put the run back to running and queue a resume command for
+    the agent (pulled on heartbeat, pushed to resume_url when set)."""
+    _require_reason(reason, "resume")
+    item = RecoveryItem.objects.select_related("run__tenant").get(pk=item.pk)
+    preview = resume_preview(item=item, checkpoint=checkpoint)
+    _refuse_unknown_outcomes(preview.unknown, doing="resume")
+    if preview.checkpoint is not None and preview.checkpoint.recovery_mode == Checkpoint.RecoveryMode.COMPENSATE_ONLY:
+        raise errors.Conflict(f"Checkpoint {preview.checkpoint.name} allows compensation only.",
+                              details={"checkpoint_id": preview.checkpoint.pk}, code="resume_not_allowed")
+    _item_resolve(item=item, actor=actor, resolution=RecoveryItem.Resolution.RESUMED, note=reason,
+                  allowed_from=(RecoveryItem.Status.OPEN,),
+                  details={"resume": {"checkpoint_id": getattr(preview.checkpoint, "pk", None),
+                                      "warnings": [w["code"] for w in preview.warnings]}})
+    run = Run.objects.select_for_update().select_related("tenant").get(pk=item.run_id)
+    ledger.run_resume(run=run, actor=actor, reason=reason)
+    return command_issue(run=run, kind=AgentCommand.Kind.RESUME, actor=actor, reason=reason,
+                         checkpoint=preview.checkpoint)
+
+
+@transaction.atomic
+def item_close(*, item: RecoveryItem, actor: Actor, reason: str) -> RecoveryItem:
+    """Resolve the item as closed (a reason is required); a failed or cancelled run is closed too."""
+    _require_reason(reason, "close")
+    item = RecoveryItem.objects.select_related("run__tenant").get(pk=item.pk)
+    _item_resolve(item=item, actor=actor, resolution=RecoveryItem.Resolution.CLOSED, note=reason,
+                  allowed_from=(RecoveryItem.Status.OPEN,))
+    run = Run.objects.select_for_update().select_related("tenant").get(pk=item.run_id)
+    if run.status in (Run.Status.FAILED, Run.Status.CANCELLED):
+        ledger.run_close(run=run, actor=actor, reason=reason)
+    return item
+
+
+@transaction.atomic
+def item_assign(*, item: RecoveryItem, actor: Actor, assignee: Any) -> RecoveryItem:
+    """Assign (or, with None, unassign) an item to a member of its tenant. Not a state change."""
+    if assignee is not None and not Membership.objects.filter(user=assignee, tenant_id=item.tenant_id).exists():
+        raise errors.ValidationFailed("The assignee is not a member of this tenant.",
+                                      details={"assignee": getattr(assignee, "pk", None)})
+    RecoveryItem.objects.filter(pk=item.pk).update(assignee=assignee, updated_at=timezone.now())
+    item.assignee = assignee
+    audit_record(tenant=item.run.tenant, run=item.run, actor=actor, kind="recovery.assigned", subject=item,
+                 data={"assignee": getattr(assignee, "pk", None),
+                       "assignee_label": assignee.get_username() if assignee is not None else ""})
+    return item
+
+
+def step_retry(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
+    from recovery import unwinds
+
+    return unwinds.step_retry(step=step, actor=actor, reason=reason)
+
+
+def step_skip(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
+    from recovery import unwinds
+
+    return unwinds.step_skip(step=step, actor=actor, reason=reason)
+
+
+@dataclass(frozen=True)
+class BulkOutcome:
+    item_id: str
+    ok: bool
+    code: str = ""
+    message: str = ""
+    unwind_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "ok": self.ok, "code": self.code, "message": self.message,
+                "unwind_id": self.unwind_id}
+
+
+def _bulk(items: Any, *, reason: str, what: str, apply: Any) -> list[BulkOutcome]:
+    """One decision per item, each in its own transaction: one refusal does not undo the others.
+    Only low-risk items qualify: anything riskier deserves a look of its own."""
+    _require_reason(reason, what)
+    chosen = list(items)
+    cap = int(settings.SAGA["BULK_MAX_ITEMS"])
+    if len(chosen) > cap:
+        raise errors.ValidationFailed(f"At most {cap} items can be handled at once; {len(chosen)} were selected.",
+                                      details={"max_items": cap, "selected": len(chosen)})
+    outcomes: list[BulkOutcome] = []
+    for item in chosen:
+        if item.risk != Risk.LOW:
+            outcomes.append(BulkOutcome(item.pk, False, "risk_too_high",
+                                        f"Bulk {what} is for low-risk items only; {item.pk} is {item.risk} risk."))
+            continue
+        try:
+            with transaction.atomic():
+                result = apply(item)
+        except errors.SagaError as exc:
+            outcomes.append(BulkOutcome(item.pk, False, exc.code, exc.message))
+            continue
+        outcomes.append(BulkOutcome(item.pk, True, unwind_id=getattr(result, "pk", None)
+                                    if isinstance(result, Unwind) else None))
+    return outcomes
+
+
+def items_bulk_close(*, items: Any, actor: Actor, reason: str) -> list[BulkOutcome]:
+    return _bulk(items, reason=reason, what="close",
+                 apply=lambda item: item_close(item=item, actor=actor, reason=reason))
+
+
+def items_bulk_compensate(*, items: Any, actor: Actor, reason: str) -> list[BulkOutcome]:
+    return _bulk(items, reason=reason, what="compensate",
+                 apply=lambda item: unwind_start(item=item, actor=actor, reason=reason))
+
+
+# --- Periodic duties -------------------------------------------------------------------------
+
+
+def runs_fail_lost_agents(*, now: Any = None) -> int:
+    """Runs still ``running`` with no heartbeat for SAGA HEARTBEAT_TIMEOUT_S: the agent is gone.
+    Each fails into the recovery queue as ``agent_lost`` (in its own transaction)."""
+    from django.db.models import Q
+
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.SAGA["HEARTBEAT_TIMEOUT_S"])
+    lost = Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff)
+    failed = 0
+    for run_id in Run.objects.filter(lost, status=Run.Status.RUNNING).values_list("pk", flat=True):
+        with transaction.atomic():
+            run = Run.objects.select_for_update(skip_locked=True).filter(lost, pk=run_id,
+                                                                         status=Run.Status.RUNNING).first()
+            if run is None:
+                continue  # it heart-beat meanwhile, or another sweeper has it
+            silent_s = int((now - (run.last_heartbeat_at or run.created_at)).total_seconds())
+            run_fail_and_queue(run=run, actor=Actor.system("heartbeat-monitor"), reason="agent_lost",
+                               error=f"No heartbeat for {silent_s}s (threshold "
+                                     f"{settings.SAGA['HEARTBEAT_TIMEOUT_S']}s): the agent is presumed lost.")
+            failed += 1
+    return failed
+
+
+def commands_redeliver_due(*, now: Any = None) -> int:
+    """Commands for runs with a resume_url that their endpoint has not accepted yet (the first
+    push failed, or Redis was down when it was to be sent) are pushed again, a bounded number of
+    times; agents can always pull them regardless."""
+    from recovery import notifications
+
+    now = now or timezone.now()
+    settle = timedelta(seconds=settings.SAGA["SWEEP_INTERVAL_S"])
+    due = AgentCommand.objects.filter(
+        status=AgentCommand.Status.PENDING, delivered_at__isnull=True, created_at__lt=now - settle,
+        delivery_attempts__lt=MAX_COMMAND_DELIVERY_ATTEMPTS,
+    ).exclude(run__resume_url="").values_list("pk", flat=True)
+    count = 0
+    for command_id in due:
+        notifications.enqueue_command_delivery(command_id=command_id)
+        count += 1
+    return count

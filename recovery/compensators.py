@@ -1,0 +1,290 @@
+"""Compensators: how one unwind step is carried out in the world.
+
+A compensating tool is served by one of:
+
+- a ``ledger.models.Compensator`` row loaded from the policy file (tenant's own beats global):
+  ``webhook`` (the signed HTTP protocol of API.md) or ``python`` (a dotted path);
+- a Python callable registered in code with ``@compensator("tool")``.
+
+Every compensator gets the same fields (those of the webhook body plus ``idempotency_key``) and
+ends in one ``Outcome``: ``done``, ``drifted``, ``failed`` (permanent) or ``retry`` (transient:
+the engine backs off and tries again, then gives up as ``failed``). Python compensators return
+``None``/a dict (done; a ``"state"`` key is kept as the post-compensation snapshot) or an
+``Outcome``, or raise ``CompensationDrifted`` / ``CompensationFailed``; any other exception is
+treated like a 5xx (retried, then failed) and its text is recorded on the step.
+
+Snapshot restores check drift before touching anything: when a reader is registered for the
+tool (``Compensator.reader_path`` or ``@state_reader("tool")``), the target's current state must
+still equal the action's after snapshot, or the step is ``drifted`` and a human decides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import structlog
+from django.conf import settings
+from django.db.models import Q
+from django.utils.module_loading import import_string
+
+from ledger.models import CompensationStrategy, Compensator
+from saga_admin.client.signing import signed_headers
+
+log = structlog.get_logger("saga_admin.compensators")
+
+DONE = "done"
+DRIFTED = "drifted"
+FAILED = "failed"
+RETRY = "retry"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # done | drifted | failed | retry
+    state: Any = None  # the post-compensation snapshot, when the compensator returned one
+    error: str = ""
+    status_code: int | None = None
+
+    @classmethod
+    def done(cls, state: Any = None, *, status_code: int | None = None) -> Outcome:
+        return cls(DONE, state=state, status_code=status_code)
+
+    @classmethod
+    def drifted(cls, error: str, *, state: Any = None, status_code: int | None = None) -> Outcome:
+        return cls(DRIFTED, state=state, error=error, status_code=status_code)
+
+    @classmethod
+    def failed(cls, error: str, *, status_code: int | None = None) -> Outcome:
+        return cls(FAILED, error=error, status_code=status_code)
+
+    @classmethod
+    def retry(cls, error: str, *, status_code: int | None = None) -> Outcome:
+        return cls(RETRY, error=error, status_code=status_code)
+
+
+class CompensationDrifted(Exception):
+    """Raised by a Python compensator: the target no longer matches the after snapshot."""
+
+
+class CompensationFailed(Exception):
+    """Raised by a Python compensator: a permanent failure, retrying will not help."""
+
+
+@dataclass(frozen=True)
+class CompensationRequest:
+    """What every compensator receives: the webhook body fields and the step's idempotency key."""
+
+    step_id: str
+    action_id: str
+    run_id: str
+    tenant: str
+    tool: str
+    args: Any
+    target_type: str
+    target_id: str
+    before_snapshot: Any
+    after_snapshot: Any
+    attempt: int
+    idempotency_key: str
+    strategy: str = CompensationStrategy.CUSTOM
+    # Set when an operator chose "retry anyway" on a drifted step: skip the reader's drift check.
+    override_drift: bool = False
+    timeout_s: float = 10.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "step_id": self.step_id,
+            "action_id": self.action_id,
+            "run_id": self.run_id,
+            "tenant": self.tenant,
+            "tool": self.tool,
+            "args": self.args,
+            "target_type": self.target_type,
+            "target_id": self.target_id,
+            "before_snapshot": self.before_snapshot,
+            "after_snapshot": self.after_snapshot,
+            "attempt": self.attempt,
+        }
+
+
+CompensatorFn = Callable[..., Any]
+ReaderFn = Callable[..., Any]
+
+_REGISTRY: dict[str, CompensatorFn] = {}
+_READERS: dict[str, ReaderFn] = {}
+
+
+def compensator(tool: str) -> Callable[[CompensatorFn], CompensatorFn]:
+    """Register a Python compensating tool in code: ``@compensator("hr.delete_user")``."""
+
+    def decorate(fn: CompensatorFn) -> CompensatorFn:
+        _REGISTRY[tool] = fn
+        return fn
+
+    return decorate
+
+
+def state_reader(tool: str) -> Callable[[ReaderFn], ReaderFn]:
+    """Register the reader a snapshot restore uses to check drift: it gets the request fields and
+    returns the target's current state."""
+
+    def decorate(fn: ReaderFn) -> ReaderFn:
+        _READERS[tool] = fn
+        return fn
+
+    return decorate
+
+
+def compensator_row(*, tenant_id: int, tool: str) -> Compensator | None:
+    rows = list(Compensator.objects.filter(Q(tenant_id=tenant_id) | Q(tenant__isnull=True), tool=tool))
+    # The tenant's own row beats the global one.
+    rows.sort(key=lambda row: 0 if row.tenant_id else 1)
+    return rows[0] if rows else None
+
+
+def compensator_describe(*, tenant_id: int, tool: str) -> str:
+    """Where a tool's compensation would go, for the plan preview ("" when nothing serves it)."""
+    row = compensator_row(tenant_id=tenant_id, tool=tool)
+    if row is not None:
+        return row.kind
+    return "python" if tool in _REGISTRY else ""
+
+
+# --- Execution -------------------------------------------------------------------------------
+
+
+def execute(request: CompensationRequest, *, tenant_id: int) -> Outcome:
+    """Carry out one attempt of one step. Never raises for anything the tool's side can cause."""
+    row = compensator_row(tenant_id=tenant_id, tool=request.tool)
+    if request.strategy == CompensationStrategy.SNAPSHOT and not request.override_drift:
+        drift = _check_drift(request, row)
+        if drift is not None:
+            return drift
+    if row is not None and row.kind == Compensator.Kind.WEBHOOK:
+        secret = _secret_for(row)
+        if not secret:
+            return Outcome.failed(
+                f"Compensator for {request.tool} has no secret (set {row.secret_env or 'secret'} in the policy "
+                "file or the environment); refusing to send an unsigned request."
+            )
+        return webhook_call(url=row.url, secret=secret, request=request)
+    if row is not None:
+        try:
+            fn = import_string(row.python_path)
+        except ImportError as exc:
+            return Outcome.failed(f"Cannot import compensator {row.python_path}: {exc}")
+        return python_call(fn, request)
+    if request.tool in _REGISTRY:
+        return python_call(_REGISTRY[request.tool], request)
+    return Outcome.failed(f"No compensator is registered for {request.tool}.")
+
+
+def _secret_for(row: Compensator) -> str:
+    if row.secret_env:
+        return os.environ.get(row.secret_env, "")
+    return row.secret
+
+
+def _check_drift(request: CompensationRequest, row: Compensator | None) -> Outcome | None:
+    reader: ReaderFn | None = None
+    if row is not None and row.reader_path:
+        try:
+            reader = import_string(row.reader_path)
+        except ImportError as exc:
+            return Outcome.failed(f"Cannot import state reader {row.reader_path}: {exc}")
+    else:
+        reader = _READERS.get(request.tool)
+    if reader is None:
+        # No reader: the compensator itself must check (a webhook answers 412 on drift).
+        return None
+    try:
+        current = reader(**request.body(), idempotency_key=request.idempotency_key)
+    except Exception as exc:  # noqa: BLE001 - a reader outage is transient; the text goes on the step
+        return Outcome.retry(f"State reader for {request.tool} failed: {type(exc).__name__}: {exc}")
+    if _normalised(current) != _normalised(request.after_snapshot):
+        return Outcome.drifted(
+            f"{request.target_type or 'target'} {request.target_id} changed since the action: its current state "
+            "no longer equals the after snapshot, so restoring would overwrite someone else's change.",
+            state={"current": current, "after_snapshot": request.after_snapshot},
+        )
+    return None
+
+
+def _normalised(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def python_call(fn: CompensatorFn, request: CompensationRequest) -> Outcome:
+    try:
+        result = fn(**request.body(), idempotency_key=request.idempotency_key)
+    except CompensationDrifted as exc:
+        return Outcome.drifted(str(exc) or "the target drifted")
+    except CompensationFailed as exc:
+        return Outcome.failed(str(exc) or "the compensator reported a permanent failure")
+    except Exception as exc:  # noqa: BLE001 - like a 5xx: retried with backoff, recorded on the step
+        return Outcome.retry(f"{type(exc).__name__}: {exc}")
+    if isinstance(result, Outcome):
+        return result
+    if isinstance(result, dict):
+        return Outcome.done(result.get("state", result))
+    return Outcome.done(result)
+
+
+def webhook_call(*, url: str, secret: str, request: CompensationRequest) -> Outcome:
+    """POST the step to the tool's endpoint exactly as API.md describes and map the answer."""
+    body = json.dumps(request.body(), sort_keys=True, separators=(",", ":"), default=str).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "Idempotency-Key": request.idempotency_key,
+        "User-Agent": "saga-admin-compensator/1",
+        **signed_headers(secret, body),
+    }
+    try:
+        response = httpx.post(url, content=body, headers=headers, timeout=request.timeout_s)
+    except httpx.TimeoutException as exc:
+        return Outcome.retry(f"Timed out after {request.timeout_s:g}s calling {url}: {type(exc).__name__}")
+    except httpx.TransportError as exc:
+        return Outcome.retry(f"Could not reach {url}: {type(exc).__name__}: {exc}")
+    status = response.status_code
+    if 200 <= status < 300:
+        return Outcome.done(_state_from(response), status_code=status)
+    if status == 409:
+        # The tool says it was already compensated (an earlier attempt did it): that is success.
+        return Outcome.done(_state_from(response), status_code=status)
+    if status == 412:
+        return Outcome.drifted(
+            f"{url} answered 412: the target drifted from the after snapshot. {_excerpt(response)}".strip(),
+            status_code=status,
+        )
+    if 400 <= status < 500:
+        return Outcome.failed(f"{url} answered {status}. {_excerpt(response)}".strip(), status_code=status)
+    return Outcome.retry(f"{url} answered {status}. {_excerpt(response)}".strip(), status_code=status)
+
+
+def _state_from(response: httpx.Response) -> Any:
+    if not response.content:
+        return None
+    try:
+        data = response.json()
+    except ValueError:
+        return None
+    return data.get("state") if isinstance(data, dict) else None
+
+
+def _excerpt(response: httpx.Response) -> str:
+    return response.text[:500]
+
+
+def call_timeout_s(*, step_timeout_s: float | None = None) -> float:
+    """How long one compensator call may take: the webhook timeout, shortened by the policy's
+    ``unwind.step_timeout_s`` when that is smaller."""
+    timeout = float(settings.SAGA["WEBHOOK_TIMEOUT_S"])
+    if step_timeout_s:
+        timeout = min(timeout, float(step_timeout_s))
+    return timeout

@@ -1,0 +1,57 @@
+"""RQ jobs: thin, taking ids, each calling one service, each safe to run twice.
+
+Enqueued by dotted path through ``recovery.queueing`` (after commit) and, for the periodic ones,
+by the ticker in ``recovery.scheduling`` that the ``saga_worker`` command runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import structlog
+
+from recovery import services, unwinds
+
+log = structlog.get_logger("saga_admin.jobs")
+
+
+def unwind_advance(*, unwind_id: str) -> None:
+    unwinds.unwind_advance(unwind_id=unwind_id)
+
+
+def step_run(*, step_id: str) -> str | None:
+    outcome = unwinds.step_run(step_id=step_id)
+    # The outcome kind is kept as the job result: handy in the RQ dashboard, not relied on.
+    return outcome.kind if outcome is not None else None
+
+
+def sweep() -> dict[str, int]:
+    report = unwinds.steps_sweep()
+    if report.leases_expired or report.reenqueued:
+        log.info("jobs.sweep", **vars(report))
+    return vars(report)
+
+
+def approvals_expire() -> int:
+    return services.approvals_expire_due()
+
+
+def agents_detect_lost() -> int:
+    return services.runs_fail_lost_agents()
+
+
+def commands_redeliver() -> int:
+    return services.commands_redeliver_due()
+
+
+def idempotency_prune() -> int | None:
+    """Prune expired Idempotency-Key records when the API layer provides the pruner (it lives in
+    the agent API's module; the engine runs it on the same schedule as everything else)."""
+    if importlib.util.find_spec("saga_admin.idempotency") is None:
+        return None
+    from saga_admin import idempotency  # type: ignore[attr-defined]
+
+    pruner = getattr(idempotency, "prune_idempotency_records", None)
+    if pruner is None:
+        return None
+    return pruner()

@@ -1,0 +1,61 @@
+"""``python manage.py saga_worker``: the Procfile's worker.
+
+An RQ worker on every queue the project uses (default, compensations, notifications) with RQ's
+scheduler (delayed retries), plus the ticker that enqueues the periodic jobs (sweeper, approval
+expiry, lost agents, command redelivery, idempotency pruning). Run as many as you like, anywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django_rq.utils import reset_db_connections
+from django_rq.workers import get_worker
+from rq import Worker
+from rq.logutils import setup_loghandlers
+
+from recovery.scheduling import Ticker
+
+QUEUES = ("default", "compensations", "notifications")
+
+
+class SagaWorker(Worker):
+    # rq backs off up to 60 s between reconnection attempts; a worker should notice a restarted
+    # Redis within seconds, because committed decisions are waiting for it.
+    max_connection_wait_time = 5.0
+
+
+class Command(BaseCommand):
+    help = "Run an RQ worker on every Saga Admin queue, with the scheduler and the periodic jobs."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("queues", nargs="*", default=list(QUEUES))
+        parser.add_argument("--name", default=None)
+        parser.add_argument("--burst", action="store_true", help="Process what is queued, then exit.")
+        parser.add_argument("--no-periodic", action="store_true", help="Do not run the periodic-job ticker.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        level = {0: "WARNING", 1: "INFO"}.get(options["verbosity"], "DEBUG")
+        setup_loghandlers(level)
+        queues = options["queues"] or list(QUEUES)
+        ticker = None
+        if not options["no_periodic"] and not options["burst"]:
+            ticker = Ticker()
+            ticker.start()
+        try:
+            while True:
+                worker = get_worker(*queues, worker_class=SagaWorker, name=options["name"])
+                # Work horses are forked: they must not share the parent's database connection.
+                reset_db_connections()
+                worker.work(burst=options["burst"], with_scheduler=not options["burst"], logging_level=level)
+                if options["burst"] or worker._stop_requested:
+                    break
+                # rq leaves its loop on some Redis errors (e.g. Redis gone between two jobs); a
+                # worker that quits would strand committed work, so start a fresh one.
+                self.stderr.write("saga_worker: the RQ work loop ended unexpectedly; restarting in 1s")
+                time.sleep(1)
+        finally:
+            if ticker is not None:
+                ticker.stop()

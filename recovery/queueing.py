@@ -1,0 +1,62 @@
+"""Putting work on RQ, always after the decision is committed, never failing the decision.
+
+PostgreSQL is the source of truth and Redis only carries work: when Redis is unreachable the
+enqueue is logged and dropped, and the sweeper (``recovery.unwinds.steps_sweep``) finds the
+committed-but-not-carried-out work and enqueues it again once Redis is back.
+
+Jobs are referenced by dotted path so services never import the job module (no import cycle).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import django_rq
+import structlog
+from redis.exceptions import RedisError
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
+
+log = structlog.get_logger("saga_admin.queueing")
+
+ALIVE_STATUSES = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED,
+                  JobStatus.CREATED, JobStatus.READY_TO_ENQUEUE}
+
+
+def enqueue(func: str, *, queue: str = "default", delay_s: float | None = None, job_timeout: int | None = None,
+            **kwargs: Any) -> str | None:
+    """Enqueue ``func(**kwargs)``; return the job id, or None when Redis could not take it."""
+    options: dict[str, Any] = {"kwargs": kwargs}
+    if job_timeout is not None:
+        options["job_timeout"] = job_timeout
+    try:
+        # commit_mode="auto": callers already run after commit (transaction.on_commit), and the
+        # job id is wanted now, not when some later transaction commits.
+        rq_queue = django_rq.get_queue(queue, commit_mode="auto")
+        if delay_s:
+            job = rq_queue.enqueue_in(timedelta(seconds=delay_s), func, **options)
+        else:
+            job = rq_queue.enqueue(func, **options)
+    except RedisError as exc:
+        log.warning("queueing.enqueue_failed", job=func, queue=queue, error=str(exc), **kwargs)
+        return None
+    return job.id
+
+
+def job_state(job_id: str, *, queue: str = "default") -> str | None:
+    """The RQ status of a job, ``"missing"`` when Redis does not know it, None when Redis is down."""
+    if not job_id:
+        return "missing"
+    try:
+        connection = django_rq.get_connection(queue)
+        status = Job.fetch(job_id, connection=connection).get_status(refresh=False)
+    except NoSuchJobError:
+        return "missing"
+    except RedisError:
+        return None
+    return JobStatus(status).value if status else "missing"
+
+
+def job_is_alive(state: str | None) -> bool:
+    return state in {status.value for status in ALIVE_STATUSES}

@@ -1,0 +1,587 @@
+"""The unwind engine: steps persisted in PostgreSQL, carried out one at a time by RQ jobs.
+
+Mechanics (docs/RECOVERY.md tells the whole story):
+
+- ``unwind_create`` freezes the plan into steps (position 0 = newest completed action) and, after
+  commit, enqueues ``unwind_advance``.
+- ``unwind_advance`` (under the unwind's row lock) looks at the first unfinished step: a step that
+  needs approval opens an Approval and pauses the unwind; otherwise the step becomes ``queued``
+  and ``step_run`` is enqueued. Only one step is ever in flight.
+- ``step_run`` claims the step (``select_for_update(skip_locked=True)``, status ``queued`` →
+  ``running``, a new fencing token and a lease), calls the compensator outside any transaction,
+  then records the outcome only if it still holds the lease (same token, still ``running``).
+- ``steps_sweep`` (periodic) re-queues steps whose lease expired (worker killed), re-enqueues
+  queued steps whose job vanished (Redis restarted), and advances running unwinds with nothing in
+  flight (an advance job that never reached Redis).
+- When no step is left the unwind finishes: run → ``compensated`` and the item resolved, or run →
+  ``failed`` and the item reopened as ``compensation_failed`` / ``state_drift`` listing what is left.
+
+Every state change here is a compare-and-set (or happens under a row lock) with its audit event
+in the same transaction; enqueues happen on commit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ledger import errors, ids
+from ledger import services as ledger
+from ledger.audit import Actor, audit_record
+from ledger.hashing import sha256_hex
+from ledger.models import Action, Run
+from ledger.policies import policy_settings_for
+from recovery import compensators, queueing
+from recovery.compensators import CompensationRequest, Outcome
+from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.planner import Plan
+
+log = structlog.get_logger("saga_admin.unwinds")
+
+ENGINE = Actor.system("unwind-engine")
+IN_FLIGHT = (UnwindStep.Status.QUEUED, UnwindStep.Status.RUNNING, UnwindStep.Status.AWAITING_APPROVAL)
+PROBLEMS = (UnwindStep.Status.FAILED, UnwindStep.Status.DRIFTED)
+
+
+# --- Settings that shape a step's life ---------------------------------------------------------
+
+
+def _unwind_settings(run: Run) -> dict[str, Any]:
+    """The policy file's unwind block, normalised (``ALERT_AND_CONTINUE`` and ``"30s"`` accepted)."""
+    raw = policy_settings_for(run.tenant).unwind
+    on_failure = str(raw.get("on_compensation_failure") or raw.get("onCompensationFailure") or "")
+    on_failure = on_failure.strip().lower()
+    if on_failure not in Unwind.OnFailure.values:
+        on_failure = Unwind.OnFailure.ALERT_AND_CONTINUE
+    timeout = raw.get("step_timeout_s") or raw.get("timeout") or 0
+    try:
+        step_timeout_s = float(str(timeout).rstrip("s") or 0)
+    except ValueError:
+        step_timeout_s = 0.0
+    try:
+        max_attempts = int(raw.get("max_attempts") or settings.SAGA["DEFAULT_MAX_ATTEMPTS"])
+    except (TypeError, ValueError):
+        max_attempts = int(settings.SAGA["DEFAULT_MAX_ATTEMPTS"])
+    return {"on_failure": on_failure, "step_timeout_s": step_timeout_s, "max_attempts": max(1, max_attempts)}
+
+
+def step_lease_seconds(*, step_timeout_s: float | None = None) -> int:
+    """A step's lease outlives one compensator call, so a live worker never loses its lease to the
+    sweeper mid-call; a dead worker's step is taken back within the lease plus a sweep."""
+    call = compensators.call_timeout_s(step_timeout_s=step_timeout_s)
+    return max(int(settings.SAGA["STEP_LEASE_S"]), math.ceil(call) + 1)
+
+
+def retry_backoff_seconds(attempt: int) -> float:
+    base = float(settings.SAGA["RETRY_BACKOFF_BASE_S"])
+    return min(float(settings.SAGA["RETRY_BACKOFF_MAX_S"]), base * (2 ** max(0, attempt - 1)))
+
+
+def _step_timeout(unwind: Unwind) -> float:
+    return float((unwind.plan or {}).get("settings", {}).get("step_timeout_s") or 0)
+
+
+# --- Enqueueing (after commit) ---------------------------------------------------------------
+
+
+def _enqueue_advance(unwind_id: str) -> None:
+    transaction.on_commit(
+        lambda: queueing.enqueue("recovery.jobs.unwind_advance", queue="compensations", unwind_id=unwind_id)
+    )
+
+
+def _enqueue_step(step_id: str, *, step_timeout_s: float, delay_s: float | None = None) -> None:
+    def push() -> None:
+        job_id = queueing.enqueue("recovery.jobs.step_run", queue="compensations", delay_s=delay_s,
+                                  job_timeout=step_lease_seconds(step_timeout_s=step_timeout_s), step_id=step_id)
+        if job_id:
+            # Not a state change: remembers which job carries the step, for the sweeper.
+            UnwindStep.objects.filter(pk=step_id, status=UnwindStep.Status.QUEUED).update(job_id=job_id)
+
+    transaction.on_commit(push)
+
+
+# --- Creating an unwind ----------------------------------------------------------------------
+
+
+def unwind_create(*, run: Run, item: RecoveryItem | None, plan: Plan, actor: Actor, reason: str,
+                  automatic: bool = False) -> Unwind:
+    """Freeze ``plan`` into an unwind and its steps (caller holds the transaction and has moved
+    the run to ``compensating``)."""
+    knobs = _unwind_settings(run)
+    frozen = {**plan.as_dict(), "settings": knobs}
+    try:
+        with transaction.atomic():
+            unwind = Unwind.objects.create(
+                tenant_id=run.tenant_id, run=run, item=item, on_failure=knobs["on_failure"], automatic=automatic,
+                requested_by=actor.user, requested_by_key=actor.key, reason=reason, plan=frozen,
+            )
+    except IntegrityError as exc:
+        active = Unwind.objects.filter(run=run, status__in=[Unwind.Status.RUNNING, Unwind.Status.PAUSED]).first()
+        raise errors.InvalidTransition(active or run, to="compensating",
+                                       current=getattr(active, "status", Unwind.Status.RUNNING),
+                                       message=f"Run {run.pk} already has an unwind in progress.") from exc
+    now = timezone.now()
+    for position, planned in enumerate(plan.steps):
+        step_id = ids.new_step_id()
+        UnwindStep.objects.create(
+            id=step_id, unwind=unwind, action=planned.action, position=position, tool=planned.tool,
+            args=planned.args, strategy=planned.strategy, requires_approval=planned.requires_approval,
+            status=UnwindStep.Status.PENDING if planned.can_undo else UnwindStep.Status.SKIPPED,
+            max_attempts=knobs["max_attempts"],
+            # Stable for the step's whole life: every retry and re-enqueue sends the same key.
+            idempotency_key=step_id,
+            error="" if planned.can_undo else planned.note,
+            finished_at=None if planned.can_undo else now,
+        )
+    audit_record(tenant=run.tenant, run=run, actor=actor, kind="unwind.started", subject=unwind,
+                 to_state=unwind.status, reason=reason,
+                 data={"steps": len(plan.steps), "automatic": automatic, "on_failure": knobs["on_failure"],
+                       "tools": [s.tool for s in plan.steps]})
+    _enqueue_advance(unwind.pk)
+    return unwind
+
+
+# --- Advancing -------------------------------------------------------------------------------
+
+
+def _step_transition(step: UnwindStep, *, to: str, allowed_from: tuple[str, ...], actor: Actor, kind: str,
+                     reason: str = "", updates: dict[str, Any] | None = None,
+                     data: dict[str, Any] | None = None, extra_filter: dict[str, Any] | None = None) -> bool:
+    """Compare-and-set one step; audit it. False when another process changed it first."""
+    fields = {"status": to, "updated_at": timezone.now(), **(updates or {})}
+    matched = UnwindStep.objects.filter(pk=step.pk, status__in=allowed_from, **(extra_filter or {})).update(**fields)
+    if matched != 1:
+        return False
+    previous = step.status
+    for name, value in fields.items():
+        setattr(step, name, value)
+    run = step.unwind.run
+    audit_record(tenant=run.tenant, run=run, actor=actor, kind=kind, subject=step, from_state=previous,
+                 to_state=to, reason=reason, data={"unwind_id": step.unwind_id, "action_id": step.action_id,
+                                                   "tool": step.tool, **(data or {})})
+    return True
+
+
+def _unwind_set_status(unwind: Unwind, *, to: str, allowed_from: tuple[str, ...], actor: Actor, kind: str,
+                       reason: str = "", data: dict[str, Any] | None = None) -> bool:
+    now = timezone.now()
+    finished = to in (Unwind.Status.COMPLETED, Unwind.Status.FAILED, Unwind.Status.CANCELLED)
+    try:
+        with transaction.atomic():
+            matched = Unwind.objects.filter(pk=unwind.pk, status__in=allowed_from).update(
+                status=to, updated_at=now, finished_at=now if finished else None
+            )
+    except IntegrityError as exc:
+        # Reactivating an old unwind while a newer one runs: one active unwind per run.
+        raise errors.InvalidTransition(unwind, to=to, current=unwind.status,
+                                       message=f"Run {unwind.run_id} already has another unwind in progress.") from exc
+    if matched != 1:
+        return False
+    previous = unwind.status
+    unwind.status, unwind.finished_at = to, (now if finished else None)
+    audit_record(tenant=unwind.run.tenant, run=unwind.run, actor=actor, kind=kind, subject=unwind,
+                 from_state=previous, to_state=to, reason=reason, data=data)
+    return True
+
+
+def _lock_unwind(unwind_id: str) -> Unwind | None:
+    return (Unwind.objects.select_for_update(of=("self",)).select_related("run__tenant", "item")
+            .filter(pk=unwind_id).first())
+
+
+@transaction.atomic
+def unwind_advance(*, unwind_id: str) -> Unwind | None:
+    """Move the unwind one step forward. Safe to call any number of times, from any process."""
+    unwind = _lock_unwind(unwind_id)
+    if unwind is None or unwind.status != Unwind.Status.RUNNING:
+        return unwind
+    steps = list(unwind.steps.select_related("action").order_by("position"))
+    if any(s.status in IN_FLIGHT for s in steps):
+        return unwind  # one step at a time; its own job (or the sweeper) moves it on
+    if unwind.on_failure == Unwind.OnFailure.HALT and any(s.status in PROBLEMS for s in steps):
+        unwind_finish(unwind=unwind, steps=steps)
+        return unwind
+    pending = [s for s in steps if s.status == UnwindStep.Status.PENDING]
+    if not pending:
+        unwind_finish(unwind=unwind, steps=steps)
+        return unwind
+    step = pending[0]
+    step.unwind = unwind
+    approval = Approval.objects.filter(step=step).first()
+    if step.requires_approval and (approval is None or approval.status != Approval.Status.APPROVED):
+        _step_request_approval(unwind=unwind, step=step, approval=approval)
+        return unwind
+    _step_queue(unwind=unwind, step=step, actor=ENGINE, kind="step.queued")
+    return unwind
+
+
+def _step_queue(*, unwind: Unwind, step: UnwindStep, actor: Actor, kind: str, reason: str = "",
+                allowed_from: tuple[str, ...] = (UnwindStep.Status.PENDING,),
+                updates: dict[str, Any] | None = None) -> None:
+    now = timezone.now()
+    if _step_transition(step, to=UnwindStep.Status.QUEUED, allowed_from=allowed_from, actor=actor, kind=kind,
+                        reason=reason, updates={"next_attempt_at": now, "job_id": "", **(updates or {})}):
+        _enqueue_step(step.pk, step_timeout_s=_step_timeout(unwind))
+
+
+def _planned_risk(unwind: Unwind, step: UnwindStep) -> str:
+    for planned in (unwind.plan or {}).get("steps", []):
+        if planned.get("action_id") == step.action_id and planned.get("risk"):
+            return str(planned["risk"])
+    return step.action.risk
+
+
+def _step_request_approval(*, unwind: Unwind, step: UnwindStep, approval: Approval | None) -> None:
+    from recovery import services
+
+    if approval is not None and approval.status != Approval.Status.PENDING:
+        # OneToOne: a step gets one approval. A refused one was already turned into a failed
+        # step; reaching here would mean a retry slipped past step_retry's check.
+        raise errors.Conflict(f"Step {step.pk}'s approval was {approval.status}; start a new compensation.",
+                              details={"step_id": step.pk, "approval_id": approval.pk}, code="approval_not_granted")
+    _step_transition(step, to=UnwindStep.Status.AWAITING_APPROVAL, allowed_from=(UnwindStep.Status.PENDING,),
+                     actor=ENGINE, kind="step.awaiting_approval")
+    _unwind_set_status(unwind, to=Unwind.Status.PAUSED, allowed_from=(Unwind.Status.RUNNING,), actor=ENGINE,
+                       kind="unwind.paused", data={"waiting_for_step": step.pk})
+    if approval is None:
+        run = unwind.run
+        approval = Approval.objects.create(
+            tenant_id=run.tenant_id, run=run, kind=Approval.Kind.COMPENSATION, action=step.action, step=step,
+            risk=_planned_risk(unwind, step), tool=step.tool, args=step.args, args_hash=sha256_hex(step.args),
+            requested_by=unwind.requested_by, requested_by_key=unwind.requested_by_key,
+            expires_at=services.approval_expiry_from(),
+        )
+        audit_record(tenant=run.tenant, run=run, actor=ENGINE, kind="approval.requested", subject=approval,
+                     to_state=approval.status, data={"tool": step.tool, "risk": approval.risk, "step_id": step.pk,
+                                                     "args_hash": approval.args_hash})
+        services.notify_approval_requested(approval)
+
+
+@transaction.atomic
+def step_approval_decided(*, approval: Approval, actor: Actor) -> UnwindStep:
+    """The approval of a compensation step was approved, rejected or expired (the approval row is
+    already decided, in this transaction). Approved: the step runs with the approved args.
+    Rejected or expired: the step fails without running, and the unwind goes on (or halts)."""
+    step = UnwindStep.objects.select_related("action").get(pk=approval.step_id)
+    unwind = _lock_unwind(step.unwind_id)
+    assert unwind is not None
+    step.unwind = unwind
+    if step.status != UnwindStep.Status.AWAITING_APPROVAL:
+        raise errors.InvalidTransition(step, to="queued", current=step.status,
+                                       message=f"Step {step.pk} is {step.status}; it is not waiting for approval.")
+    _unwind_set_status(unwind, to=Unwind.Status.RUNNING, allowed_from=(Unwind.Status.PAUSED,), actor=actor,
+                       kind="unwind.resumed", data={"approval_id": approval.pk, "decision": approval.status})
+    if approval.status == Approval.Status.APPROVED:
+        edited = approval.approved_args_hash and approval.approved_args_hash != approval.args_hash
+        _step_queue(unwind=unwind, step=step, actor=actor, kind="step.approved", reason=approval.reason,
+                    allowed_from=(UnwindStep.Status.AWAITING_APPROVAL,),
+                    updates={"args": approval.approved_args} if edited else None)
+        return step
+    verdict = "expired without a decision" if approval.status == Approval.Status.EXPIRED else "was rejected"
+    _step_transition(step, to=UnwindStep.Status.FAILED, allowed_from=(UnwindStep.Status.AWAITING_APPROVAL,),
+                     actor=actor, kind=f"step.approval_{approval.status}", reason=approval.reason,
+                     updates={"error": f"Approval {approval.pk} {verdict}: {approval.reason}".strip(),
+                              "finished_at": timezone.now()})
+    # The step never ran, so the action keeps its status (succeeded): nothing was undone.
+    _enqueue_advance(unwind.pk)
+    return step
+
+
+# --- Running one step ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    step_id: str
+    token: int
+    tenant_id: int
+    request: CompensationRequest
+
+
+@transaction.atomic
+def step_claim(*, step_id: str) -> Claim | None:
+    """Take the step for this worker: None when another worker holds it, it is not due yet, or
+    it is no longer queued. The lease token is the fence for recording the outcome."""
+    step = (UnwindStep.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("unwind__run__tenant", "action").filter(pk=step_id, status=UnwindStep.Status.QUEUED)
+            .first())
+    if step is None:
+        return None
+    now = timezone.now()
+    if step.next_attempt_at is not None and step.next_attempt_at > now:
+        return None
+    if step.unwind.status != Unwind.Status.RUNNING:
+        return None
+    token = step.lease_token + 1
+    attempt = step.attempts + 1
+    lease_s = step_lease_seconds(step_timeout_s=_step_timeout(step.unwind))
+    override = bool((step.result or {}).get("override_drift")) if isinstance(step.result, dict) else False
+    _step_transition(step, to=UnwindStep.Status.RUNNING, allowed_from=(UnwindStep.Status.QUEUED,), actor=ENGINE,
+                     kind="step.started", updates={"lease_token": token, "attempts": attempt,
+                                                   "lease_expires_at": now + timedelta(seconds=lease_s),
+                                                   "started_at": step.started_at or now},
+                     data={"attempt": attempt, "lease_token": token})
+    action = step.action
+    if action.status in (Action.Status.SUCCEEDED, Action.Status.COMPENSATION_FAILED):
+        ledger.action_compensation_started(action=action, actor=ENGINE, step_id=step.pk)
+    run = step.unwind.run
+    request = CompensationRequest(
+        step_id=step.pk, action_id=action.pk, run_id=run.pk, tenant=run.tenant.slug, tool=step.tool,
+        args=step.args, target_type=action.target_type, target_id=action.target_id,
+        before_snapshot=action.before_snapshot, after_snapshot=action.after_snapshot, attempt=attempt,
+        idempotency_key=step.idempotency_key, strategy=step.strategy, override_drift=override,
+        timeout_s=compensators.call_timeout_s(step_timeout_s=_step_timeout(step.unwind)),
+    )
+    return Claim(step_id=step.pk, token=token, tenant_id=run.tenant_id, request=request)
+
+
+def step_run(*, step_id: str) -> Outcome | None:
+    """Claim, call the compensator (no transaction or lock held during the call), record."""
+    claim = step_claim(step_id=step_id)
+    if claim is None:
+        return None
+    outcome = compensators.execute(claim.request, tenant_id=claim.tenant_id)
+    step_record_outcome(step_id=claim.step_id, token=claim.token, outcome=outcome)
+    return outcome
+
+
+@transaction.atomic
+def step_record_outcome(*, step_id: str, token: int, outcome: Outcome) -> UnwindStep | None:
+    """Record one attempt's outcome, if this worker still holds the step's lease (fencing: a worker
+    that was presumed dead and replaced must not overwrite its replacement's result)."""
+    step = (UnwindStep.objects.select_for_update(of=("self",)).select_related("unwind__run__tenant", "action")
+            .get(pk=step_id))
+    if step.status != UnwindStep.Status.RUNNING or step.lease_token != token:
+        log.warning("unwinds.outcome_fenced", step_id=step_id, token=token, current_token=step.lease_token,
+                    status=step.status, outcome=outcome.kind)
+        return None
+    now = timezone.now()
+    fence = {"lease_token": token}
+    data = {"attempt": step.attempts, "status_code": outcome.status_code}
+    base = {"lease_expires_at": None}
+    if outcome.kind == compensators.RETRY and step.attempts < step.max_attempts:
+        delay = retry_backoff_seconds(step.attempts)
+        _step_transition(step, to=UnwindStep.Status.QUEUED, allowed_from=(UnwindStep.Status.RUNNING,), actor=ENGINE,
+                         kind="step.retry_scheduled", reason=outcome.error, extra_filter=fence,
+                         updates={**base, "error": outcome.error, "next_attempt_at": now + timedelta(seconds=delay),
+                                  "job_id": ""},
+                         data={**data, "retry_in_s": delay})
+        _enqueue_step(step.pk, step_timeout_s=_step_timeout(step.unwind), delay_s=delay)
+        return step
+    if outcome.kind == compensators.DONE:
+        to, action_outcome, error = UnwindStep.Status.DONE, "done", ""
+    elif outcome.kind == compensators.DRIFTED:
+        to, action_outcome, error = UnwindStep.Status.DRIFTED, "drifted", outcome.error
+    else:
+        to, action_outcome = UnwindStep.Status.FAILED, "failed"
+        error = outcome.error if outcome.kind == compensators.FAILED else (
+            f"Gave up after {step.attempts} attempts: {outcome.error}")
+    _step_transition(step, to=to, allowed_from=(UnwindStep.Status.RUNNING,), actor=ENGINE, kind=f"step.{to}",
+                     reason=error, extra_filter=fence,
+                     updates={**base, "error": error, "result": outcome.state, "finished_at": now}, data=data)
+    ledger.action_compensation_finished(action=step.action, actor=ENGINE, outcome=action_outcome, step_id=step.pk,
+                                        reason=error, state=outcome.state)
+    _enqueue_advance(step.unwind_id)
+    return step
+
+
+# --- Finishing -------------------------------------------------------------------------------
+
+
+def _left_over(steps: list[UnwindStep]) -> list[dict[str, Any]]:
+    return [
+        {"step_id": s.pk, "action_id": s.action_id, "tool": s.tool, "action_tool": s.action.tool,
+         "status": s.status, "error": s.error}
+        for s in steps
+        if s.status in PROBLEMS or s.status == UnwindStep.Status.PENDING
+    ]
+
+
+def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
+    """No step left to run (or halted): settle the run and the recovery item. Caller holds the
+    unwind's row lock inside a transaction."""
+    from recovery import services
+
+    left = _left_over(steps)
+    complete = not left
+    not_undone = [{"step_id": s.pk, "action_id": s.action_id, "action_tool": s.action.tool, "error": s.error}
+                  for s in steps if s.status == UnwindStep.Status.SKIPPED]
+    run = Run.objects.select_for_update().select_related("tenant").get(pk=unwind.run_id)
+    summary = (f"all {len(steps)} steps settled" if complete else
+               f"{len(left)} of {len(steps)} steps not compensated: " + ", ".join(
+                   f"{entry['tool']} ({entry['status']})" for entry in left))
+    _unwind_set_status(unwind, to=Unwind.Status.COMPLETED if complete else Unwind.Status.FAILED,
+                       allowed_from=(Unwind.Status.RUNNING,), actor=ENGINE,
+                       kind="unwind.completed" if complete else "unwind.failed", reason=summary,
+                       data={"left": left, "not_undone": not_undone})
+    ledger.run_compensation_finished(run=run, actor=ENGINE, complete=complete, reason=summary)
+    if complete:
+        services.item_resolve_compensated(unwind=unwind, not_undone=not_undone)
+    else:
+        drift_only = all(entry["status"] == UnwindStep.Status.DRIFTED for entry in left if entry["status"] in PROBLEMS)
+        has_problem = any(entry["status"] in PROBLEMS for entry in left)
+        reason = (RecoveryItem.Reason.STATE_DRIFT if has_problem and drift_only
+                  else RecoveryItem.Reason.COMPENSATION_FAILED)
+        services.item_reopen_after_unwind(unwind=unwind, run=run, reason=reason, error=summary, left=left)
+    return unwind
+
+
+# --- Operator decisions on a step ------------------------------------------------------------
+
+
+def _require_reason(reason: str) -> None:
+    if not reason.strip():
+        raise errors.ValidationFailed("A reason is required.", details={"reason": "required"})
+
+
+def _unwind_reactivate(*, unwind: Unwind, actor: Actor, reason: str) -> None:
+    """A finished-with-failures unwind picks up again after an operator's retry or skip: the run
+    goes back to compensating and the reopened item is claimed again."""
+    from recovery import services
+
+    if unwind.status in (Unwind.Status.RUNNING, Unwind.Status.PAUSED):
+        return
+    if unwind.status != Unwind.Status.FAILED:
+        raise errors.InvalidTransition(unwind, to=Unwind.Status.RUNNING, current=unwind.status)
+    run = Run.objects.select_for_update().select_related("tenant").get(pk=unwind.run_id)
+    ledger.run_compensation_started(run=run, actor=actor, reason=reason)
+    _unwind_set_status(unwind, to=Unwind.Status.RUNNING, allowed_from=(Unwind.Status.FAILED,), actor=actor,
+                       kind="unwind.reactivated", reason=reason)
+    item = RecoveryItem.objects.filter(run=run).exclude(status=RecoveryItem.Status.RESOLVED).first()
+    if item is not None:
+        services.item_claim(item=item, actor=actor, reason=reason)
+        if unwind.item_id != item.pk:
+            Unwind.objects.filter(pk=unwind.pk).update(item=item)
+            unwind.item = item
+
+
+def _lock_step_for_decision(step: UnwindStep) -> tuple[Unwind, UnwindStep]:
+    current = UnwindStep.objects.select_related("action").get(pk=step.pk)
+    unwind = _lock_unwind(current.unwind_id)
+    assert unwind is not None
+    current = UnwindStep.objects.select_for_update(of=("self",)).select_related("action").get(pk=step.pk)
+    current.unwind = unwind
+    return unwind, current
+
+
+@transaction.atomic
+def step_retry(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
+    """A failed or drifted step runs again (an operator's "retry anyway": for a drifted snapshot
+    restore the reader's drift check is skipped this time). The unwind continues after it."""
+    _require_reason(reason)
+    unwind, current = _lock_step_for_decision(step)
+    if current.status not in PROBLEMS:
+        raise errors.InvalidTransition(current, to=UnwindStep.Status.PENDING, current=current.status)
+    approval = Approval.objects.filter(step=current).first()
+    if approval is not None and approval.status in (Approval.Status.REJECTED, Approval.Status.EXPIRED):
+        raise errors.Conflict(
+            f"Step {current.pk}'s approval was {approval.status}; start a new compensation to ask again.",
+            details={"step_id": current.pk, "approval_id": approval.pk, "current": approval.status},
+            code="approval_not_granted",
+        )
+    override = current.status == UnwindStep.Status.DRIFTED
+    _unwind_reactivate(unwind=unwind, actor=actor, reason=reason)
+    _step_transition(current, to=UnwindStep.Status.PENDING, allowed_from=PROBLEMS, actor=actor,
+                     kind="step.retry_requested", reason=reason,
+                     updates={"attempts": 0, "next_attempt_at": None, "finished_at": None, "job_id": "",
+                              "result": {"override_drift": True} if override else None},
+                     data={"override_drift": override, "previous_error": current.error})
+    _enqueue_advance(unwind.pk)
+    return current
+
+
+@transaction.atomic
+def step_skip(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
+    """The operator leaves a failed or drifted step undone; the unwind continues. The action keeps
+    ``compensation_failed``: its effect is still in the world, and the trail says so."""
+    _require_reason(reason)
+    unwind, current = _lock_step_for_decision(step)
+    if current.status not in PROBLEMS:
+        raise errors.InvalidTransition(current, to=UnwindStep.Status.SKIPPED, current=current.status)
+    _unwind_reactivate(unwind=unwind, actor=actor, reason=reason)
+    _step_transition(current, to=UnwindStep.Status.SKIPPED, allowed_from=PROBLEMS, actor=actor, kind="step.skipped",
+                     reason=reason, updates={"finished_at": timezone.now()}, data={"previous_error": current.error})
+    _enqueue_advance(unwind.pk)
+    return current
+
+
+# --- The sweeper -----------------------------------------------------------------------------
+
+
+@dataclass
+class SweepReport:
+    leases_expired: int = 0
+    reenqueued: int = 0
+    advanced: int = 0
+
+
+def steps_sweep(*, now: Any = None) -> SweepReport:
+    """Find committed work that nobody is carrying out and hand it to a worker again."""
+    now = now or timezone.now()
+    report = SweepReport()
+    interval = float(settings.SAGA["SWEEP_INTERVAL_S"])
+
+    # 1. A running step whose lease expired: its worker died (or was SIGKILLed with its horse).
+    for step_id in UnwindStep.objects.filter(status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now
+                                             ).values_list("pk", flat=True):
+        if _step_lease_expired(step_id=step_id, now=now):
+            report.leases_expired += 1
+
+    # 2. A queued step that is due but whose job is gone (Redis restarted or was down when it
+    # was enqueued), or has waited implausibly long (a job stuck "started" by a dead worker).
+    for step in (UnwindStep.objects.filter(status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING)
+                 .select_related("unwind")):
+        due_at = step.next_attempt_at or step.updated_at
+        if due_at > now:
+            continue
+        waited = (now - max(due_at, step.updated_at)).total_seconds()
+        state = queueing.job_state(step.job_id, queue="compensations")
+        if state is None:
+            break  # Redis is down: nothing can be enqueued now; the next sweep tries again
+        stale = waited > max(3 * interval, step_lease_seconds(step_timeout_s=_step_timeout(step.unwind)))
+        if queueing.job_is_alive(state) and not stale:
+            continue
+        job_id = queueing.enqueue("recovery.jobs.step_run", queue="compensations", step_id=step.pk,
+                                  job_timeout=step_lease_seconds(step_timeout_s=_step_timeout(step.unwind)))
+        if job_id:
+            UnwindStep.objects.filter(pk=step.pk, status=UnwindStep.Status.QUEUED).update(
+                job_id=job_id, updated_at=timezone.now())
+            report.reenqueued += 1
+            log.info("unwinds.step_reenqueued", step_id=step.pk, previous_job=step.job_id, job_state=state)
+
+    # 3. A running unwind with nothing in flight: its advance job never ran.
+    for unwind_id in Unwind.objects.filter(status=Unwind.Status.RUNNING).exclude(
+        steps__status__in=IN_FLIGHT
+    ).values_list("pk", flat=True):
+        unwind_advance(unwind_id=unwind_id)
+        report.advanced += 1
+    return report
+
+
+@transaction.atomic
+def _step_lease_expired(*, step_id: str, now: Any) -> bool:
+    step = (UnwindStep.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("unwind__run__tenant", "action")
+            .filter(pk=step_id, status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now).first())
+    if step is None:
+        return False
+    message = f"Lease expired after attempt {step.attempts}: the worker running the step was lost."
+    if step.attempts >= step.max_attempts:
+        # The token is left as is: the lost worker (if it ever wakes) is fenced by the status.
+        step_record_outcome(step_id=step.pk, token=step.lease_token,
+                            outcome=Outcome.retry(message + " No attempts left."))
+        return True
+    _step_transition(step, to=UnwindStep.Status.QUEUED, allowed_from=(UnwindStep.Status.RUNNING,), actor=ENGINE,
+                     kind="step.lease_expired", reason=message, extra_filter={"lease_token": step.lease_token},
+                     updates={"lease_expires_at": None, "next_attempt_at": now, "error": message, "job_id": ""},
+                     data={"attempt": step.attempts, "lease_token": step.lease_token})
+    _enqueue_step(step.pk, step_timeout_s=_step_timeout(step.unwind))
+    return True
