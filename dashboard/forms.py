@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.conf import settings
+
+from dashboard.selectors import AGE_CHOICES, SORTS, STATUS_CHOICES, QueueFilters
+from ledger.models import Risk
+from recovery.models import RecoveryItem
+
+_REASON_HELP = "Recorded in the audit log with your name."
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(
+        label="Reason", max_length=2000, help_text=_REASON_HELP,
+        widget=forms.TextInput(attrs={"autocomplete": "off", "required": True}),
+    )
+
+    def clean_reason(self) -> str:
+        reason = self.cleaned_data["reason"].strip()
+        if not reason:
+            raise forms.ValidationError("A reason is required.")
+        return reason
+
+
+class ResumeForm(ReasonForm):
+    checkpoint = forms.ChoiceField(label="Resume from checkpoint", required=False)
+
+    def __init__(self, *args: Any, checkpoints: list[Any] = (), **kwargs: Any) -> None:  # type: ignore[assignment]
+        super().__init__(*args, **kwargs)
+        self.fields["checkpoint"].choices = [("", "Latest checkpoint")] + [
+            (c.pk, f"{c.name} ({c.created_at:%Y-%m-%d %H:%M:%S})") for c in checkpoints
+        ]
+
+
+class ReconcileForm(ReasonForm):
+    happened = forms.TypedChoiceField(
+        label="Did the call happen?",
+        choices=[("yes", "Yes — it took effect"), ("no", "No — it did not happen")],
+        coerce=lambda v: v == "yes",
+        widget=forms.RadioSelect,
+    )
+
+
+class ApproveForm(ReasonForm):
+    args = forms.CharField(
+        label="Arguments (JSON)", required=False,
+        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false", "class": "code"}),
+        help_text="Edit to approve different arguments; both versions are audited.",
+    )
+    shown_args_hash = forms.CharField(widget=forms.HiddenInput)
+
+    def clean_args(self) -> Any:
+        raw = self.cleaned_data["args"].strip()
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).") from exc
+        if not isinstance(value, dict):
+            raise forms.ValidationError("Arguments must be a JSON object.")
+        return value
+
+
+class BulkForm(ReasonForm):
+    operation = forms.ChoiceField(choices=[("close", "Close"), ("compensate", "Compensate")])
+    items = forms.MultipleChoiceField(label="Items", widget=forms.MultipleHiddenInput)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The choices are whatever ids were posted; the view scopes them to the user's tenants.
+        self.fields["items"].choices = [(v, v) for v in (self.data.getlist("items") if self.data else [])]
+
+    def clean_items(self) -> list[str]:
+        ids = list(dict.fromkeys(self.cleaned_data["items"]))
+        cap = settings.SAGA["BULK_MAX_ITEMS"]
+        if len(ids) > cap:
+            raise forms.ValidationError(f"At most {cap} items at once (you selected {len(ids)}).")
+        return ids
+
+
+class QueueFilterForm(forms.Form):
+    q = forms.CharField(label="Search", required=False, max_length=500,
+                        widget=forms.TextInput(attrs={"type": "search",
+                                                      "placeholder": "run id, external id, target, tool, request…"}))
+    tenant = forms.ChoiceField(label="Tenant", required=False)
+    risk = forms.ChoiceField(label="Risk", required=False, choices=[("", "Any risk"), *Risk.choices])
+    reason = forms.ChoiceField(label="Reason", required=False,
+                               choices=[("", "Any reason"), *RecoveryItem.Reason.choices])
+    status = forms.ChoiceField(label="Status", required=False,
+                               choices=[(s, s.capitalize()) for s in STATUS_CHOICES])
+    age = forms.ChoiceField(label="Older than", required=False,
+                            choices=[("", "Any age"), *[(k, k) for k in AGE_CHOICES]])
+    sort = forms.ChoiceField(label="Sort", required=False,
+                             choices=[("newest", "Newest first"), ("oldest", "Oldest first"),
+                                      ("risk", "Highest risk first")])
+    signature = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, tenants: list[Any] = (), **kwargs: Any) -> None:  # type: ignore[assignment]
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].choices = [("", "All tenants")] + [(t.slug, t.name) for t in tenants]
+
+    def filters(self) -> QueueFilters:
+        """Valid filters; an invalid value falls back to its default rather than failing the page."""
+        data = self.cleaned_data if self.is_valid() else {
+            name: self.cleaned_data.get(name, "") for name in self.fields if name not in self.errors
+        }
+        sort = data.get("sort") or "newest"
+        return QueueFilters(
+            tenant=data.get("tenant") or "", risk=data.get("risk") or "", reason=data.get("reason") or "",
+            status=data.get("status") or "unresolved", age=data.get("age") or "", q=(data.get("q") or "").strip(),
+            sort=sort if sort in SORTS else "newest", signature=data.get("signature") or "",
+        )

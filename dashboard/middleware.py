@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import logout
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse
+from django_htmx.http import HttpResponseClientRedirect
+
+SESSION_KEY = "saga_last_activity"
+# Background polls (queue refresh, unwind progress) send this header; they must not keep an
+# unattended session alive forever.
+POLL_HEADER = "X-Saga-Poll"
+_EXEMPT_PREFIXES = ("/api/", "/healthz", "/static/")
+
+
+class IdleTimeoutMiddleware:
+    """Logs a dashboard user out after ``SESSION_IDLE_TIMEOUT_S`` seconds without a request
+    they made themselves (the absolute limit is ``SESSION_COOKIE_AGE``)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated or request.path.startswith(_EXEMPT_PREFIXES):
+            return self.get_response(request)
+        now = int(time.time())
+        last = request.session.get(SESSION_KEY)
+        if last is not None and now - int(last) > settings.SESSION_IDLE_TIMEOUT_S:
+            logout(request)
+            messages.info(request, "You were signed out after a period of inactivity.")
+            login_url = f"{reverse('login')}?next={request.get_full_path()}"
+            if request.headers.get("HX-Request"):
+                return HttpResponseClientRedirect(login_url)
+            return redirect(login_url)
+        if last is None or not request.headers.get(POLL_HEADER):
+            request.session[SESSION_KEY] = now
+        return self.get_response(request)

@@ -1,0 +1,94 @@
+"""Who may do what, per tenant. A user's role in a tenant comes from ``ledger.Membership``;
+each role grants a fixed set of capabilities. Views hide what a role may not use *and* check
+again on the server (``require``), so a hand-crafted POST is refused with 403.
+
+Tenant visibility is separate from capabilities: an object in a tenant the user has no
+membership in is not found (404), never forbidden, so its existence does not leak.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+
+from ledger.models import Membership
+
+
+class Capability(enum.StrEnum):
+    VIEW = "view"
+    # Resume, compensate, close, retry/skip steps, reconcile unknown outcomes, bulk actions, assign.
+    OPERATE = "operate"
+    APPROVE = "approve"
+    # Links to the Django admin and the django-rq dashboard.
+    ADMINISTER = "administer"
+
+
+Role = Membership.Role
+
+ROLE_CAPABILITIES: dict[str, frozenset[Capability]] = {
+    Role.VIEWER: frozenset({Capability.VIEW}),
+    Role.OPERATOR: frozenset({Capability.VIEW, Capability.OPERATE}),
+    Role.APPROVER: frozenset({Capability.VIEW, Capability.APPROVE}),
+    Role.ADMIN: frozenset(Capability),
+}
+
+_CACHE_ATTR = "_saga_roles"
+
+
+def roles_for(user: Any) -> dict[int, str]:
+    """tenant id → role for this user, read once per request (cached on the user object)."""
+    if not getattr(user, "is_authenticated", False):
+        return {}
+    cached = getattr(user, _CACHE_ATTR, None)
+    if cached is None:
+        cached = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
+        setattr(user, _CACHE_ATTR, cached)
+    return cached
+
+
+def tenant_ids_for(user: Any) -> list[int]:
+    return sorted(roles_for(user))
+
+
+def can(user: Any, capability: Capability, tenant_id: int) -> bool:
+    role = roles_for(user).get(tenant_id)
+    return role is not None and capability in ROLE_CAPABILITIES[role]
+
+
+def can_anywhere(user: Any, capability: Capability) -> bool:
+    return any(capability in ROLE_CAPABILITIES[role] for role in roles_for(user).values())
+
+
+def tenant_ids_with(user: Any, capability: Capability) -> list[int]:
+    return sorted(tid for tid, role in roles_for(user).items() if capability in ROLE_CAPABILITIES[role])
+
+
+def require(user: Any, capability: Capability, tenant_id: int) -> None:
+    if not can(user, capability, tenant_id):
+        raise PermissionDenied(f"Your role does not allow this ({capability}).")
+
+
+class TenantPermissions:
+    """What the current user may do in one tenant, for templates: ``perms.operate``."""
+
+    def __init__(self, user: Any, tenant_id: int) -> None:
+        self.user = user
+        self.tenant_id = tenant_id
+
+    @property
+    def role(self) -> str:
+        return roles_for(self.user).get(self.tenant_id, "")
+
+    @property
+    def operate(self) -> bool:
+        return can(self.user, Capability.OPERATE, self.tenant_id)
+
+    @property
+    def approve(self) -> bool:
+        return can(self.user, Capability.APPROVE, self.tenant_id)
+
+    @property
+    def administer(self) -> bool:
+        return can(self.user, Capability.ADMINISTER, self.tenant_id)

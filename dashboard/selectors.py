@@ -1,0 +1,474 @@
+"""Reads that only the dashboard needs: the queue (filters, search, keyset pages, groups), the
+run page bundle, the approval inbox and the metrics. Every read is scoped to the user's tenants.
+
+No list here counts the ledger: pages are keyset-paginated (fetch one row more than shown), and
+the only counts are over small, indexed sets (pending approvals, new queue items, capped).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import (
+    Aggregate,
+    Avg,
+    Case,
+    Count,
+    DurationField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    Func,
+    IntegerField,
+    Max,
+    Min,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from dashboard import permissions
+from ledger.models import Action, Checkpoint, Compensator, Event, Risk, Run, Tenant, ToolPolicy
+from ledger.policies import policies_in_force, policy_settings_for
+from ledger.selectors import run_warnings
+from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+
+APPROVAL_BADGE_CAP = 99
+NEW_ITEMS_CAP = 100
+GROUPS_SHOWN = 8
+
+UNRESOLVED = (RecoveryItem.Status.OPEN, RecoveryItem.Status.CLAIMED)
+AGE_CHOICES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "4h": timedelta(hours=4),
+               "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+SORTS = ("newest", "oldest", "risk")
+STATUS_CHOICES = ("unresolved", "open", "claimed", "resolved", "all")
+
+_RISK_RANK = Case(
+    *[When(risk=risk, then=Value(rank)) for risk, rank in ((Risk.LOW, 0), (Risk.MEDIUM, 1), (Risk.HIGH, 2),
+                                                           (Risk.CRITICAL, 3))],
+    default=Value(0),
+    output_field=IntegerField(),
+)
+
+# (field, descending) per sort; the last field is always the unique id, so the order is total
+# and a keyset cursor never skips or repeats a row.
+_SORT_KEYS: dict[str, list[tuple[str, bool]]] = {
+    "newest": [("opened_at", True), ("id", True)],
+    "oldest": [("opened_at", False), ("id", False)],
+    "risk": [("risk_rank", True), ("opened_at", False), ("id", False)],
+}
+
+
+# --- Queue ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueFilters:
+    tenant: str = ""
+    risk: str = ""
+    reason: str = ""
+    status: str = "unresolved"
+    age: str = ""
+    q: str = ""
+    sort: str = "newest"
+    signature: str = ""
+
+    def as_query(self) -> dict[str, str]:
+        """The non-default filters, for links that keep them (pagination, polling)."""
+        defaults = QueueFilters()
+        return {name: value for name, value in self.__dict__.items() if value and value != getattr(defaults, name)}
+
+
+@dataclass
+class QueuePage:
+    items: list[RecoveryItem]
+    next_cursor: str = ""
+    newest_opened_at: datetime | None = None
+
+
+def _encode_cursor(values: list[Any]) -> str:
+    raw = json.dumps([v.isoformat() if isinstance(v, datetime) else v for v in values])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, keys: list[tuple[str, bool]]) -> list[Any] | None:
+    """The cursor's values, or None when it is malformed (then the first page is shown)."""
+    try:
+        values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(values, list) or len(values) != len(keys):
+        return None
+    decoded: list[Any] = []
+    for (name, _desc), value in zip(keys, values, strict=True):
+        if name == "opened_at":
+            parsed = parse_datetime(value) if isinstance(value, str) else None
+            if parsed is None:
+                return None
+            decoded.append(parsed)
+        elif name == "risk_rank":
+            if not isinstance(value, int):
+                return None
+            decoded.append(value)
+        else:
+            if not isinstance(value, str):
+                return None
+            decoded.append(value)
+    return decoded
+
+
+def _after_cursor(keys: list[tuple[str, bool]], values: list[Any]) -> Q:
+    """Rows strictly after ``values`` in the (mixed-direction) order ``keys``."""
+    condition = Q()
+    for i, (name, descending) in enumerate(keys):
+        step = Q(**{f"{name}__{'lt' if descending else 'gt'}": values[i]})
+        for j in range(i):
+            step &= Q(**{keys[j][0]: values[j]})
+        condition = step if i == 0 else condition | step
+    return condition
+
+
+def _filtered_items(*, user: Any, filters: QueueFilters, now: datetime) -> QuerySet[RecoveryItem]:
+    qs = RecoveryItem.objects.filter(tenant_id__in=permissions.tenant_ids_for(user))
+    if filters.status == "unresolved":
+        qs = qs.filter(status__in=UNRESOLVED)
+    elif filters.status in ("open", "claimed", "resolved"):
+        qs = qs.filter(status=filters.status)
+    if filters.tenant:
+        qs = qs.filter(tenant__slug=filters.tenant)
+    if filters.risk:
+        qs = qs.filter(risk=filters.risk)
+    if filters.reason:
+        qs = qs.filter(reason=filters.reason)
+    if filters.age in AGE_CHOICES:
+        qs = qs.filter(opened_at__lte=now - AGE_CHOICES[filters.age])
+    if filters.signature:
+        qs = qs.filter(signature=filters.signature)
+    term = filters.q.strip()
+    if term:
+        qs = qs.filter(
+            Q(run_id=term)
+            | Q(id=term)
+            | Q(run__external_id=term)
+            | Q(failed_action__target_id=term)
+            | Q(failed_action__tool__icontains=term)
+            | Q(run__request__icontains=term)
+        )
+    return qs
+
+
+def queue_page(*, user: Any, filters: QueueFilters, cursor: str = "", page_size: int | None = None) -> QueuePage:
+    now = timezone.now()
+    size = page_size or settings.SAGA["PAGE_SIZE"]
+    keys = _SORT_KEYS.get(filters.sort, _SORT_KEYS["newest"])
+    qs = (
+        _filtered_items(user=user, filters=filters, now=now)
+        .select_related("run", "tenant", "failed_action", "assignee", "claimed_by")
+        .annotate(
+            risk_rank=_RISK_RANK,
+            approval_pending=Exists(
+                Approval.objects.filter(run_id=OuterRef("run_id"), status=Approval.Status.PENDING)
+            ),
+        )
+        .order_by(*[f"-{name}" if desc else name for name, desc in keys])
+    )
+    values = _decode_cursor(cursor, keys) if cursor else None
+    if values is not None:
+        qs = qs.filter(_after_cursor(keys, values))
+    rows = list(qs[: size + 1])
+    next_cursor = ""
+    if len(rows) > size:
+        rows = rows[:size]
+        last = rows[-1]
+        next_cursor = _encode_cursor([getattr(last, name) for name, _ in keys])
+    newest = max((item.opened_at for item in rows), default=None)
+    return QueuePage(items=rows, next_cursor=next_cursor, newest_opened_at=newest)
+
+
+def queue_new_count(*, user: Any, filters: QueueFilters, since: datetime) -> int:
+    """Items matching the filters opened after ``since``, counted up to NEW_ITEMS_CAP + 1."""
+    qs = _filtered_items(user=user, filters=filters, now=timezone.now()).filter(opened_at__gt=since)
+    return len(qs.order_by().values_list("pk", flat=True)[: NEW_ITEMS_CAP + 1])
+
+
+@dataclass(frozen=True)
+class FailureGroup:
+    signature: str
+    count: int
+    tool: str
+    error: str
+    oldest: datetime
+    max_risk_rank: int
+
+
+def queue_groups(*, user: Any, filters: QueueFilters) -> list[FailureGroup]:
+    """Similar unresolved failures (same tool + normalised error) with how many there are."""
+    base = _filtered_items(user=user, filters=QueueFilters(**{**filters.__dict__, "signature": ""}),
+                           now=timezone.now())
+    rows = (
+        base.exclude(signature="")
+        .order_by()
+        .values("signature")
+        .annotate(count=Count("id"), tool=Max("failed_action__tool"), error=Max("error"),
+                  oldest=Min("opened_at"), max_risk_rank=Max(_RISK_RANK))
+        .filter(count__gt=1)
+        .order_by("-count", "oldest")[:GROUPS_SHOWN]
+    )
+    return [FailureGroup(**row) for row in rows]
+
+
+def visible_tenants(*, user: Any) -> list[Tenant]:
+    return list(Tenant.objects.filter(pk__in=permissions.tenant_ids_for(user)).order_by("slug"))
+
+
+def items_for_user(*, user: Any, ids: list[str]) -> list[RecoveryItem]:
+    return list(
+        RecoveryItem.objects.filter(pk__in=ids, tenant_id__in=permissions.tenant_ids_for(user))
+        .select_related("run", "tenant", "failed_action")
+    )
+
+
+# --- Run page ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RunPage:
+    run: Run
+    actions: list[Action]
+    warnings: list[dict[str, str]]
+    checkpoints: list[Checkpoint]
+    events: list[Event]
+    item: RecoveryItem | None
+    unwind: Unwind | None
+    approvals: list[Approval] = field(default_factory=list)
+    trail: Any = None
+
+
+def run_for_user(*, user: Any, run_id: str) -> Run | None:
+    return Run.objects.select_related("tenant", "failed_action").filter(
+        pk=run_id, tenant_id__in=permissions.tenant_ids_for(user)
+    ).first()
+
+
+def unwind_with_steps(*, unwind_id: str, tenant_ids: list[int]) -> Unwind | None:
+    return (
+        Unwind.objects.select_related("run", "tenant", "requested_by")
+        .prefetch_related(
+            Prefetch("steps", queryset=UnwindStep.objects.select_related("action", "approval").order_by("position"))
+        )
+        .filter(pk=unwind_id, tenant_id__in=tenant_ids)
+        .first()
+    )
+
+
+def run_page(*, run: Run) -> RunPage:
+    actions = list(Action.objects.filter(run=run).order_by("seq"))
+    checkpoints = list(Checkpoint.objects.filter(run=run).order_by("-created_at", "-id"))
+    events = list(Event.objects.filter(run=run).order_by("id"))
+    item = (
+        RecoveryItem.objects.filter(run=run)
+        .select_related("assignee", "claimed_by", "resolved_by", "failed_action")
+        .order_by(Case(When(status__in=UNRESOLVED, then=Value(0)), default=Value(1)), "-opened_at")
+        .first()
+    )
+    latest_unwind = Unwind.objects.filter(run=run).order_by("-created_at").values_list("pk", flat=True).first()
+    unwind = unwind_with_steps(unwind_id=latest_unwind, tenant_ids=[run.tenant_id]) if latest_unwind else None
+    approvals = list(
+        Approval.objects.filter(run=run, status=Approval.Status.PENDING).select_related("action").order_by("created_at")
+    )
+    return RunPage(
+        run=run,
+        actions=actions,
+        warnings=run_warnings(run=run, actions=actions),
+        checkpoints=checkpoints,
+        events=events,
+        item=item,
+        unwind=unwind,
+        approvals=approvals,
+        trail=_run_trail(run),
+    )
+
+
+def _run_trail(run: Run) -> Any:
+    """The correction trail, when the trail module (written alongside the engine) is present."""
+    try:
+        from recovery.trail import run_trail
+    except ImportError:
+        return None
+    return run_trail(run=run)
+
+
+# --- Approvals --------------------------------------------------------------------------------
+
+
+def approvals_pending(*, user: Any) -> list[Approval]:
+    return list(
+        Approval.objects.filter(
+            status=Approval.Status.PENDING, tenant_id__in=permissions.tenant_ids_for(user)
+        )
+        .select_related("action", "run", "tenant", "step", "requested_by", "requested_by_key")
+        .order_by("created_at", "id")[:200]
+    )
+
+
+def approvals_pending_count(*, user: Any) -> int:
+    qs = Approval.objects.filter(
+        status=Approval.Status.PENDING,
+        expires_at__gt=timezone.now(),
+        tenant_id__in=permissions.tenant_ids_for(user),
+    )
+    return len(qs.order_by().values_list("pk", flat=True)[: APPROVAL_BADGE_CAP + 1])
+
+
+# --- Metrics ----------------------------------------------------------------------------------
+
+
+class PercentileCont(Aggregate):
+    """PostgreSQL's ``percentile_cont(f) WITHIN GROUP (ORDER BY expr)``."""
+
+    function = "percentile_cont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression: Any, *, fraction: float, **extra: Any) -> None:
+        super().__init__(expression, fraction=float(fraction), **extra)
+
+
+class EpochSeconds(Func):
+    template = "EXTRACT(EPOCH FROM %(expressions)s)"
+    output_field = FloatField()
+
+
+def _seconds_between(start: str, end: str) -> EpochSeconds:
+    return EpochSeconds(ExpressionWrapper(F(end) - F(start), output_field=DurationField()))
+
+
+METRIC_WINDOWS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
+
+
+@dataclass
+class Metrics:
+    window: str
+    since: datetime
+    open_by_risk: list[tuple[str, int]]
+    open_by_reason: list[tuple[str, int]]
+    mttr_s: float | None
+    resolved: int
+    unwinds_completed: int
+    unwinds_failed: int
+    unwind_p50_s: float | None
+    unwind_p95_s: float | None
+    approval_p50_s: float | None
+    approval_p95_s: float | None
+    approvals_decided: int
+    top_failing_tools: list[tuple[str, int]]
+
+    @property
+    def compensation_success_rate(self) -> float | None:
+        finished = self.unwinds_completed + self.unwinds_failed
+        return self.unwinds_completed / finished if finished else None
+
+
+def metrics(*, user: Any, window: str, tenant: str = "") -> Metrics:
+    span = METRIC_WINDOWS.get(window, METRIC_WINDOWS["7d"])
+    window = window if window in METRIC_WINDOWS else "7d"
+    since = timezone.now() - span
+    tenant_ids = permissions.tenant_ids_for(user)
+    if tenant:
+        tenant_ids = list(Tenant.objects.filter(pk__in=tenant_ids, slug=tenant).values_list("pk", flat=True))
+
+    unresolved = RecoveryItem.objects.filter(tenant_id__in=tenant_ids, status__in=UNRESOLVED).order_by()
+    by_risk = dict(unresolved.values_list("risk").annotate(n=Count("id")))
+    by_reason = dict(unresolved.values_list("reason").annotate(n=Count("id")))
+
+    resolved = RecoveryItem.objects.filter(
+        tenant_id__in=tenant_ids, status=RecoveryItem.Status.RESOLVED, resolved_at__gte=since
+    ).aggregate(n=Count("id"), mttr=Avg(_seconds_between("opened_at", "resolved_at")))
+
+    finished_unwinds = Unwind.objects.filter(
+        tenant_id__in=tenant_ids, finished_at__gte=since,
+        status__in=[Unwind.Status.COMPLETED, Unwind.Status.FAILED],
+    )
+    unwind_stats = finished_unwinds.aggregate(
+        completed=Count("id", filter=Q(status=Unwind.Status.COMPLETED)),
+        failed=Count("id", filter=Q(status=Unwind.Status.FAILED)),
+        p50=PercentileCont(_seconds_between("created_at", "finished_at"), fraction=0.5),
+        p95=PercentileCont(_seconds_between("created_at", "finished_at"), fraction=0.95),
+    )
+    approval_stats = Approval.objects.filter(
+        tenant_id__in=tenant_ids, decided_at__gte=since,
+        status__in=[Approval.Status.APPROVED, Approval.Status.REJECTED],
+    ).aggregate(
+        n=Count("id"),
+        p50=PercentileCont(_seconds_between("created_at", "decided_at"), fraction=0.5),
+        p95=PercentileCont(_seconds_between("created_at", "decided_at"), fraction=0.95),
+    )
+    failing = (
+        Action.objects.filter(
+            tenant_id__in=tenant_ids, updated_at__gte=since,
+            status__in=[Action.Status.FAILED, Action.Status.UNKNOWN, Action.Status.COMPENSATION_FAILED],
+        )
+        .order_by()
+        .values_list("tool")
+        .annotate(n=Count("id"))
+        .order_by("-n", "tool")[:10]
+    )
+    return Metrics(
+        window=window,
+        since=since,
+        open_by_risk=[(risk.label, by_risk.get(risk.value, 0)) for risk in Risk],
+        open_by_reason=[(reason.label, by_reason[reason.value]) for reason in RecoveryItem.Reason
+                        if by_reason.get(reason.value)],
+        mttr_s=resolved["mttr"],
+        resolved=resolved["n"],
+        unwinds_completed=unwind_stats["completed"],
+        unwinds_failed=unwind_stats["failed"],
+        unwind_p50_s=unwind_stats["p50"],
+        unwind_p95_s=unwind_stats["p95"],
+        approval_p50_s=approval_stats["p50"],
+        approval_p95_s=approval_stats["p95"],
+        approvals_decided=approval_stats["n"],
+        top_failing_tools=[(tool, n) for tool, n in failing],
+    )
+
+
+# --- Policies ---------------------------------------------------------------------------------
+
+
+@dataclass
+class TenantPolicies:
+    tenant: Tenant
+    policies: list[ToolPolicy]
+    compensators: list[Compensator]
+    settings_source: str
+    default_policy: dict[str, Any]
+    unwind: dict[str, Any]
+    auto_compensate: dict[str, Any]
+
+
+def policies_for(*, tenant: Tenant) -> TenantPolicies:
+    own = list(Compensator.objects.filter(tenant=tenant).order_by("tool"))
+    overridden = {c.tool for c in own}
+    shared = [c for c in Compensator.objects.filter(tenant__isnull=True).order_by("tool") if c.tool not in overridden]
+    policy_settings = policy_settings_for(tenant)
+    return TenantPolicies(
+        tenant=tenant,
+        policies=policies_in_force(tenant=tenant),
+        compensators=sorted(own + shared, key=lambda c: c.tool),
+        settings_source=policy_settings.source,
+        default_policy=policy_settings.default_policy,
+        unwind=policy_settings.unwind,
+        auto_compensate=policy_settings.auto_compensate,
+    )

@@ -1,0 +1,168 @@
+"""Display helpers: pretty JSON, field-by-field snapshot diffs, badges that carry text (colour is
+never the only signal), ages and countdowns."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import template
+from django.conf import settings
+from django.utils import timezone
+from django.utils.html import format_html
+
+register = template.Library()
+
+_MISSING = object()
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    if value is None:
+        return "—"
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    path: str
+    before: str
+    after: str
+    change: str  # "added", "removed", "changed", "same"
+
+    @property
+    def label(self) -> str:
+        return {"added": "added", "removed": "removed", "changed": "changed", "same": "unchanged"}[self.change]
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        flat: dict[str, Any] = {}
+        for key in value:
+            flat.update(_flatten(value[key], f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix or "(value)": value}
+
+
+def _show(value: Any) -> str:
+    if value is _MISSING:
+        return ""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def snapshot_diff_rows(before: Any, after: Any) -> list[DiffRow]:
+    """Nested objects flattened to dotted paths, compared field by field, changes first."""
+    left = _flatten(before) if before is not None else {}
+    right = _flatten(after) if after is not None else {}
+    rows = []
+    for path in sorted(set(left) | set(right)):
+        old, new = left.get(path, _MISSING), right.get(path, _MISSING)
+        if old is _MISSING:
+            change = "added"
+        elif new is _MISSING:
+            change = "removed"
+        elif old != new:
+            change = "changed"
+        else:
+            change = "same"
+        rows.append(DiffRow(path=path, before=_show(old), after=_show(new), change=change))
+    order = {"changed": 0, "added": 1, "removed": 2, "same": 3}
+    return sorted(rows, key=lambda r: (order[r.change], r.path))
+
+
+@register.inclusion_tag("dashboard/_snapshot_diff.html")
+def snapshot_diff(before: Any, after: Any) -> dict[str, Any]:
+    rows = snapshot_diff_rows(before, after)
+    return {"rows": rows, "changed": sum(1 for r in rows if r.change != "same"),
+            "empty": before is None and after is None}
+
+
+_RISK_SYMBOLS = {"low": "▁", "medium": "▃", "high": "▆", "critical": "█"}
+
+
+@register.simple_tag
+def risk_badge(risk: str) -> str:
+    label = str(risk or "low")
+    return format_html(
+        '<span class="badge risk risk-{}"><span class="badge-icon" aria-hidden="true">{}</span>{}</span>',
+        label, _RISK_SYMBOLS.get(label, "•"), label.capitalize(),
+    )
+
+
+_STATUS_TONES = {
+    "succeeded": "ok", "done": "ok", "compensated": "ok", "completed": "ok", "approved": "ok", "resolved": "ok",
+    "acked": "ok",
+    "failed": "bad", "compensation_failed": "bad", "drifted": "bad", "rejected": "bad", "expired": "bad",
+    "unknown": "warn", "awaiting_approval": "warn", "paused": "warn", "pending": "warn", "open": "warn",
+    "running": "info", "queued": "info", "compensating": "info", "claimed": "info",
+}
+
+
+@register.simple_tag
+def status_badge(status: str, label: str = "") -> str:
+    text = label or str(status).replace("_", " ")
+    return format_html('<span class="badge status status-{}">{}</span>', _STATUS_TONES.get(str(status), "neutral"),
+                       text)
+
+
+def _duration_text(delta: timedelta) -> str:
+    seconds = int(abs(delta.total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m"
+    return f"{seconds}s"
+
+
+@register.filter
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    return _duration_text(timedelta(seconds=seconds))
+
+
+@register.simple_tag
+def age_badge(since: datetime) -> str:
+    """Time since an item opened, marked past the queue SLA in words as well as colour."""
+    age = timezone.now() - since
+    text = _duration_text(age)
+    if age > timedelta(minutes=settings.SAGA["QUEUE_SLA_MINUTES"]):
+        return format_html(
+            '<time class="age age-late" datetime="{}">{}<span class="sla-flag"> · past SLA</span></time>',
+            since.isoformat(), text,
+        )
+    return format_html('<time class="age" datetime="{}">{}</time>', since.isoformat(), text)
+
+
+@register.simple_tag
+def countdown(until: datetime) -> str:
+    """Expiry countdown; app.js keeps it ticking, the server-rendered text works without it."""
+    remaining = until - timezone.now()
+    if remaining.total_seconds() <= 0:
+        return format_html('<time class="countdown expired" datetime="{}">expired</time>', until.isoformat())
+    return format_html('<time class="countdown" data-countdown datetime="{}">expires in {}</time>',
+                       until.isoformat(), _duration_text(remaining))
+
+
+@register.filter
+def percent(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.0f}%"
+
+
+@register.filter
+def confidence(intent: Any) -> str:
+    if not isinstance(intent, dict) or intent.get("confidence") is None:
+        return ""
+    try:
+        return f"{float(intent['confidence']) * 100:.0f}%"
+    except (TypeError, ValueError):
+        return str(intent["confidence"])

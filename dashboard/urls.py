@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from dashboard import views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", views.queue, name="queue"),
+    path("queue/new", views.queue_new, name="queue-new"),
+    path("queue/bulk", views.queue_bulk, name="queue-bulk"),
+    path("runs/<str:run_id>/", views.run_detail, name="run-detail"),
+    path("items/<str:item_id>/compensate", views.item_compensate, name="item-compensate"),
+    path("items/<str:item_id>/resume", views.item_resume, name="item-resume"),
+    path("items/<str:item_id>/close", views.item_close, name="item-close"),
+    path("items/<str:item_id>/assign", views.item_assign, name="item-assign"),
+    path("unwinds/<str:unwind_id>/progress", views.unwind_progress, name="unwind-progress"),
+    path("steps/<str:step_id>/retry", views.step_retry, name="step-retry"),
+    path("steps/<str:step_id>/skip", views.step_skip, name="step-skip"),
+    path("actions/<str:action_id>/reconcile", views.action_reconcile, name="action-reconcile"),
+    path("approvals/", views.approvals, name="approvals"),
+    path("approvals/<str:approval_id>/approve", views.approval_approve, name="approval-approve"),
+    path("approvals/<str:approval_id>/reject", views.approval_reject, name="approval-reject"),
+    path("metrics/", views.metrics, name="metrics"),
+    path("policies/", views.policies, name="policies"),
+]

@@ -1,0 +1,468 @@
+"""The ops dashboard: auth, typed parsing and one service call per decision.
+
+Every decision is a plain form POST that redirects with a message (works without JavaScript);
+htmx only enhances (partials, polling). Reads are scoped to the user's tenants (another tenant's
+object is a 404) and every decision checks the user's role in the object's tenant (403).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.dateparse import parse_datetime
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HTMX_STOP_POLLING, HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
+
+from dashboard import selectors
+from dashboard.forms import ApproveForm, BulkForm, QueueFilterForm, ReasonForm, ReconcileForm, ResumeForm
+from dashboard.templatetags.dashboard import pretty_json
+from dashboard.permissions import Capability, TenantPermissions, can, require, tenant_ids_for, tenant_ids_with
+from ledger import services as ledger_services
+from ledger.audit import Actor
+from ledger.errors import SagaError
+from ledger.models import Action, Checkpoint, Risk, Tenant
+from recovery import planner
+from recovery import services as recovery_services
+from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _actor(request: HttpRequest) -> Actor:
+    return Actor.for_user(request.user)
+
+
+def _done(request: HtmxHttpRequest, url: str) -> HttpResponse:
+    """After a decision: a 303 to ``url`` (or, for htmx, a client-side redirect there)."""
+    if request.htmx:
+        return HttpResponseClientRedirect(url)
+    return HttpResponseRedirect(url, status=303)
+
+
+def _refused(request: HtmxHttpRequest, exc: SagaError, url: str) -> HttpResponse:
+    """A domain error (conflict, invalid transition, four eyes …) is a message, never a 500."""
+    messages.error(request, exc.message)
+    return _done(request, url)
+
+
+def _form_errors(form: Any) -> str:
+    return " ".join(f"{form.fields[name].label if name in form.fields else ''}: {' '.join(errs)}".lstrip(": ")
+                    for name, errs in form.errors.items())
+
+
+def _run_url(run_id: str, anchor: str = "") -> str:
+    return reverse("dashboard:run-detail", args=[run_id]) + (f"#{anchor}" if anchor else "")
+
+
+def _get_item_for_user(request: HttpRequest, item_id: str, capability: Capability) -> RecoveryItem:
+    item = (
+        RecoveryItem.objects.select_related("run", "run__tenant", "tenant", "failed_action")
+        .filter(pk=item_id, tenant_id__in=tenant_ids_for(request.user))
+        .first()
+    )
+    if item is None:
+        raise Http404("No such recovery item.")
+    require(request.user, capability, item.tenant_id)
+    return item
+
+
+def _get_step_for_user(request: HttpRequest, step_id: str, capability: Capability) -> UnwindStep:
+    step = (
+        UnwindStep.objects.select_related("unwind", "unwind__run", "unwind__run__tenant", "action")
+        .filter(pk=step_id, unwind__tenant_id__in=tenant_ids_for(request.user))
+        .first()
+    )
+    if step is None:
+        raise Http404("No such unwind step.")
+    require(request.user, capability, step.unwind.tenant_id)
+    return step
+
+
+def _get_action_for_user(request: HttpRequest, action_id: str, capability: Capability) -> Action:
+    action = (
+        Action.objects.select_related("run", "run__tenant")
+        .filter(pk=action_id, tenant_id__in=tenant_ids_for(request.user))
+        .first()
+    )
+    if action is None:
+        raise Http404("No such action.")
+    require(request.user, capability, action.tenant_id)
+    return action
+
+
+def _get_approval_for_user(request: HttpRequest, approval_id: str, capability: Capability) -> Approval:
+    approval = (
+        Approval.objects.select_related("run", "run__tenant", "action", "tenant", "step")
+        .filter(pk=approval_id, tenant_id__in=tenant_ids_for(request.user))
+        .first()
+    )
+    if approval is None:
+        raise Http404("No such approval.")
+    require(request.user, capability, approval.tenant_id)
+    return approval
+
+
+# --- Queue ------------------------------------------------------------------------------------
+
+
+def _queue_filters(request: HttpRequest, tenants: list[Tenant]) -> tuple[QueueFilterForm, selectors.QueueFilters]:
+    form = QueueFilterForm(request.GET or None, tenants=tenants)
+    if not request.GET:
+        return form, selectors.QueueFilters()
+    return form, form.filters()
+
+
+@require_GET
+@login_required
+def queue(request: HtmxHttpRequest) -> HttpResponse:
+    tenants = selectors.visible_tenants(user=request.user)
+    form, filters = _queue_filters(request, tenants)
+    page = selectors.queue_page(user=request.user, filters=filters, cursor=request.GET.get("cursor", ""))
+    operable = set(tenant_ids_with(request.user, Capability.OPERATE))
+    context = {
+        "form": form,
+        "filters": filters,
+        "filter_query": urlencode(filters.as_query()),
+        "page": page,
+        "groups": selectors.queue_groups(user=request.user, filters=filters),
+        "operable_tenant_ids": operable,
+        "bulk_max": settings.SAGA["BULK_MAX_ITEMS"],
+        "sla_minutes": settings.SAGA["QUEUE_SLA_MINUTES"],
+        "since": (page.newest_opened_at.isoformat() if page.newest_opened_at else ""),
+        "paged": bool(request.GET.get("cursor")),
+        "polling": True,
+    }
+    if request.htmx and request.htmx.target == "load-more":
+        return render(request, "dashboard/queue.html#queue-rows", context)
+    if request.htmx and request.htmx.target == "queue-results":
+        return render(request, "dashboard/queue.html#queue-results", context)
+    return render(request, "dashboard/queue.html", context)
+
+
+@require_GET
+@login_required
+def queue_new(request: HtmxHttpRequest) -> HttpResponse:
+    """The auto-refresh poll: how many items arrived since the page was rendered, without
+    touching the list the operator is reading."""
+    tenants = selectors.visible_tenants(user=request.user)
+    _form, filters = _queue_filters(request, tenants)
+    since = parse_datetime(request.GET.get("since", ""))
+    count = selectors.queue_new_count(user=request.user, filters=filters, since=since) if since else 0
+    context = {
+        "new_count": count,
+        "capped": count > selectors.NEW_ITEMS_CAP,
+        "cap": selectors.NEW_ITEMS_CAP,
+        "since": since.isoformat() if since else "",
+        "filter_query": urlencode(filters.as_query()),
+        "polling": since is not None and count <= selectors.NEW_ITEMS_CAP,
+    }
+    response = render(request, "dashboard/queue.html#new-items", context)
+    if not context["polling"]:
+        # Past the cap (or without a reference time) further polls cannot tell the operator more.
+        response.status_code = HTMX_STOP_POLLING
+    return response
+
+
+@require_POST
+@login_required
+def queue_bulk(request: HtmxHttpRequest) -> HttpResponse:
+    back = reverse("dashboard:queue")
+    form = BulkForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _form_errors(form))
+        return _done(request, back)
+    items = selectors.items_for_user(user=request.user, ids=form.cleaned_data["items"])
+    if len(items) != len(form.cleaned_data["items"]):
+        raise Http404("Some selected items do not exist.")
+    for item in items:
+        require(request.user, Capability.OPERATE, item.tenant_id)
+    operation = form.cleaned_data["operation"]
+    service = recovery_services.items_bulk_close if operation == "close" else recovery_services.items_bulk_compensate
+    try:
+        service(items=items, actor=_actor(request), reason=form.cleaned_data["reason"])
+    except SagaError as exc:
+        return _refused(request, exc, back)
+    verb = "Closed" if operation == "close" else "Started compensation for"
+    messages.success(request, f"{verb} {len(items)} item{'s' if len(items) != 1 else ''}.")
+    return _done(request, back)
+
+
+# --- Run page ---------------------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    run = selectors.run_for_user(user=request.user, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    page = selectors.run_page(run=run)
+    return render(request, "dashboard/run_detail.html", {
+        "p": page,
+        "run": run,
+        "allowed": TenantPermissions(request.user, run.tenant_id),
+        "item_open": page.item is not None and page.item.status in selectors.UNRESOLVED,
+        "latest_checkpoint_id": page.checkpoints[0].pk if page.checkpoints else None,
+        "reconcile_form": ReconcileForm(),
+        "reason_form": ReasonForm(),
+    })
+
+
+def _preview_or_done(
+    request: HtmxHttpRequest, template: str, context: dict[str, Any]
+) -> HttpResponse:
+    partial = f"{template}#preview" if request.htmx and not request.htmx.boosted else template
+    return render(request, partial, context, status=422 if context["form"].errors else 200)
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def item_compensate(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
+    item = _get_item_for_user(request, item_id, Capability.OPERATE)
+    form = ReasonForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            unwind = recovery_services.unwind_start(item=item, actor=_actor(request),
+                                                    reason=form.cleaned_data["reason"])
+        except SagaError as exc:
+            return _refused(request, exc, _run_url(item.run_id))
+        messages.success(request, f"Compensation started: {unwind.steps.count()} step(s), newest action first.")
+        return _done(request, _run_url(item.run_id, "unwind"))
+    plan = planner.compensation_plan(run=item.run)
+    return _preview_or_done(request, "dashboard/item_compensate.html", {"item": item, "run": item.run,
+                                                                         "plan": plan, "form": form})
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
+    item = _get_item_for_user(request, item_id, Capability.OPERATE)
+    checkpoints = list(Checkpoint.objects.filter(run=item.run).order_by("-created_at", "-id"))
+    form = ResumeForm(request.POST or None, checkpoints=checkpoints)
+    chosen_id = (request.POST or request.GET).get("checkpoint") or ""
+    checkpoint = next((c for c in checkpoints if c.pk == chosen_id), None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            recovery_services.item_resume(item=item, actor=_actor(request), reason=form.cleaned_data["reason"],
+                                          checkpoint=checkpoint)
+        except SagaError as exc:
+            return _refused(request, exc, _run_url(item.run_id))
+        messages.success(request, "Resume command issued; the agent picks it up on its next heartbeat.")
+        return _done(request, _run_url(item.run_id))
+    try:
+        preview = recovery_services.resume_preview(item=item, checkpoint=checkpoint)
+    except SagaError as exc:
+        return _refused(request, exc, _run_url(item.run_id))
+    return _preview_or_done(request, "dashboard/item_resume.html", {
+        "item": item, "run": item.run, "preview": preview, "form": form, "checkpoint": checkpoint,
+    })
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def item_close(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
+    item = _get_item_for_user(request, item_id, Capability.OPERATE)
+    form = ReasonForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            recovery_services.item_close(item=item, actor=_actor(request), reason=form.cleaned_data["reason"])
+        except SagaError as exc:
+            return _refused(request, exc, _run_url(item.run_id))
+        messages.success(request, "Closed. Nothing was undone; the reason is in the audit log.")
+        return _done(request, _run_url(item.run_id))
+    return _preview_or_done(request, "dashboard/item_close.html", {"item": item, "run": item.run, "form": form})
+
+
+@require_POST
+@login_required
+def item_assign(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
+    item = _get_item_for_user(request, item_id, Capability.OPERATE)
+    unassign = request.POST.get("assignee") == "none"
+    try:
+        recovery_services.item_assign(item=item, actor=_actor(request), assignee=None if unassign else request.user)
+    except SagaError as exc:
+        return _refused(request, exc, _run_url(item.run_id))
+    messages.success(request, "Unassigned." if unassign else "Assigned to you.")
+    return _done(request, _run_url(item.run_id))
+
+
+@require_GET
+@login_required
+def unwind_progress(request: HtmxHttpRequest, unwind_id: str) -> HttpResponse:
+    unwind = selectors.unwind_with_steps(unwind_id=unwind_id, tenant_ids=tenant_ids_for(request.user))
+    if unwind is None:
+        raise Http404("No such unwind.")
+    context = {"unwind": unwind, "allowed": TenantPermissions(request.user, unwind.tenant_id),
+               "reason_form": ReasonForm()}
+    response = render(request, "dashboard/run_detail.html#unwind-progress", context)
+    if unwind.status not in (Unwind.Status.RUNNING, Unwind.Status.PAUSED):
+        response.status_code = HTMX_STOP_POLLING
+    return response
+
+
+def _step_decision(request: HtmxHttpRequest, step_id: str, *, skip: bool) -> HttpResponse:
+    step = _get_step_for_user(request, step_id, Capability.OPERATE)
+    back = _run_url(step.unwind.run_id, "unwind")
+    form = ReasonForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _form_errors(form))
+        return _done(request, back)
+    service = recovery_services.step_skip if skip else recovery_services.step_retry
+    try:
+        service(step=step, actor=_actor(request), reason=form.cleaned_data["reason"])
+    except SagaError as exc:
+        return _refused(request, exc, back)
+    messages.success(request, f"Step #{step.position + 1} ({step.tool or 'no tool'}) "
+                              f"{'skipped: its forward effect stands' if skip else 'queued again'}.")
+    return _done(request, back)
+
+
+@require_POST
+@login_required
+def step_retry(request: HtmxHttpRequest, step_id: str) -> HttpResponse:
+    return _step_decision(request, step_id, skip=False)
+
+
+@require_POST
+@login_required
+def step_skip(request: HtmxHttpRequest, step_id: str) -> HttpResponse:
+    return _step_decision(request, step_id, skip=True)
+
+
+@require_POST
+@login_required
+def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
+    action = _get_action_for_user(request, action_id, Capability.OPERATE)
+    back = _run_url(action.run_id, f"action-{action.seq}")
+    form = ReconcileForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _form_errors(form))
+        return _done(request, back)
+    try:
+        ledger_services.action_reconcile(action=action, actor=_actor(request),
+                                         happened=form.cleaned_data["happened"], reason=form.cleaned_data["reason"])
+    except SagaError as exc:
+        return _refused(request, exc, back)
+    outcome = "happened" if form.cleaned_data["happened"] else "did not happen"
+    messages.success(request, f"Recorded that {action.tool} (#{action.seq}) {outcome}.")
+    return _done(request, back)
+
+
+# --- Approval inbox ---------------------------------------------------------------------------
+
+
+def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -> dict[str, Any]:
+    return {
+        "approval": approval,
+        "approve_form": extra.pop("approve_form", None) or ApproveForm(initial={
+            "args": pretty_json(approval.args) if approval.args is not None else "",
+            "shown_args_hash": approval.args_hash,
+        }, prefix=approval.pk),
+        "reject_form": extra.pop("reject_form", None) or ReasonForm(prefix=f"{approval.pk}-reject"),
+        "can_decide": can(request.user, Capability.APPROVE, approval.tenant_id),
+        **extra,
+    }
+
+
+@require_GET
+@login_required
+def approvals(request: HtmxHttpRequest) -> HttpResponse:
+    cards = [_approval_card(request, approval) for approval in selectors.approvals_pending(user=request.user)]
+    return render(request, "dashboard/approvals.html", {"cards": cards})
+
+
+def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: bool) -> HttpResponse:
+    approval = _get_approval_for_user(request, approval_id, Capability.APPROVE)
+    back = reverse("dashboard:approvals")
+    if approve:
+        form: ReasonForm = ApproveForm(request.POST, prefix=approval.pk)
+    else:
+        form = ReasonForm(request.POST, prefix=f"{approval.pk}-reject")
+    error = ""
+    if form.is_valid():
+        try:
+            if approve:
+                recovery_services.approval_approve(
+                    approval=approval, actor=_actor(request), reason=form.cleaned_data["reason"],
+                    args=form.cleaned_data["args"], shown_args_hash=form.cleaned_data["shown_args_hash"],
+                )
+            else:
+                recovery_services.approval_reject(approval=approval, actor=_actor(request),
+                                                  reason=form.cleaned_data["reason"])
+        except SagaError as exc:
+            error = exc.message
+    else:
+        error = _form_errors(form)
+    if not request.htmx:
+        if error:
+            messages.error(request, f"{approval.tool}: {error}")
+        else:
+            messages.success(request, f"{'Approved' if approve else 'Rejected'} {approval.tool} on "
+                                      f"{approval.action.target_id or approval.run_id}.")
+        return HttpResponseRedirect(back, status=303)
+    approval.refresh_from_db()
+    forms = {"approve_form": form} if approve else {"reject_form": form}
+    context = _approval_card(request, approval, error=error, **forms)
+    return render(request, "dashboard/approvals.html#approval-card", context, status=409 if error else 200)
+
+
+@require_POST
+@login_required
+def approval_approve(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
+    return _approval_decision(request, approval_id, approve=True)
+
+
+@require_POST
+@login_required
+def approval_reject(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
+    return _approval_decision(request, approval_id, approve=False)
+
+
+# --- Metrics and policies ---------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+def metrics(request: HtmxHttpRequest) -> HttpResponse:
+    from dashboard import charts
+
+    window = request.GET.get("window", "7d")
+    tenants = selectors.visible_tenants(user=request.user)
+    tenant = request.GET.get("tenant", "")
+    data = selectors.metrics(user=request.user, window=window, tenant=tenant)
+    return render(request, "dashboard/metrics.html", {
+        "m": data,
+        "tenants": tenants,
+        "tenant": tenant,
+        "windows": list(selectors.METRIC_WINDOWS),
+        "risk_chart": charts.bar_chart(data.open_by_risk, css_prefix="risk-", keys=[r.value for r in Risk]),
+        "reason_chart": charts.bar_chart(data.open_by_reason),
+        "tools_chart": charts.bar_chart(data.top_failing_tools),
+        "latency_chart": charts.bar_chart(
+            [("Unwind p50", data.unwind_p50_s or 0), ("Unwind p95", data.unwind_p95_s or 0),
+             ("Approval wait p50", data.approval_p50_s or 0), ("Approval wait p95", data.approval_p95_s or 0)],
+            unit="s",
+        ),
+    })
+
+
+@require_GET
+@login_required
+def policies(request: HtmxHttpRequest) -> HttpResponse:
+    tenants = selectors.visible_tenants(user=request.user)
+    return render(request, "dashboard/policies.html", {
+        "sections": [selectors.policies_for(tenant=tenant) for tenant in tenants],
+    })
