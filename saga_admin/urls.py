@@ -11,5 +11,6 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("admin/", admin.site.urls),
     path("django-rq/", include("django_rq.urls")),
-    path("", include("django.contrib.auth.urls")),
+    path("", include("dashboard.auth_urls")),
+    path("", include("dashboard.urls")),
 ]
