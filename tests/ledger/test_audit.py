@@ -103,12 +103,15 @@ def test_it_detects_a_deleted_event_by_its_broken_link(run):
 
 
 def test_it_detects_a_rehashed_event_whose_successor_no_longer_links(run):
-    # A forger who recomputes the edited row's own hash still breaks the next link.
+    # A forger who edits a row and recomputes its own hash still breaks the next event's link.
+    from ledger.audit import _event_digest, _hashed_fields
+
     victim = Event.objects.filter(run=run, kind="action.recorded").get()
     after = Event.objects.filter(run=run, kind="run.failed").get()
-    _tamper(victim, hash="f" * 64)
+    victim.reason = "forged"
+    _tamper(victim, reason="forged", hash=_event_digest(victim.prev_hash, _hashed_fields(victim)))
     _, broken = audit_verify(chain=f"run:{run.pk}")
-    assert broken.event_id == victim.pk  # its own content no longer matches either
+    assert (broken.event_id, broken.problem) == (after.pk, "prev_hash does not match the previous event's hash")
 
 
 def test_it_reports_the_earliest_broken_event_across_chains(tenant, agent, run):
