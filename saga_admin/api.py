@@ -56,7 +56,9 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
     fields = []
     for err in exc.errors:
         loc = [str(part) for part in err.get("loc", ())]
-        fields.append({"loc": loc, "field": ".".join(loc[1:] if len(loc) > 1 else loc),
+        # ninja's loc is (source, [body parameter name,] field…); agents think in field names.
+        path = loc[2:] if len(loc) > 2 and loc[0] == "body" else loc[1:] if len(loc) > 1 else loc
+        fields.append({"loc": loc, "field": ".".join(path),
                        "message": err.get("msg", "invalid"), "type": err.get("type", "")})
     return error_response(api, request, status=422, code="invalid_request",
                           message="The request is not valid; see details.errors.", details={"errors": fields})
