@@ -143,22 +143,33 @@ class BrokenLink:
 
 
 def audit_verify(*, chain: str | None = None) -> tuple[int, BrokenLink | None]:
-    """Walk every chain (or one) in id order; return (events checked, first broken link)."""
+    """Walk every chain (or one) in id order; return (events checked, first broken link).
+
+    One streaming pass over (chain desc, id) — a backward scan of ``event_chain_latest`` — rather
+    than a query per chain: there is a chain per run, and the ledger has millions of runs. After
+    a chain's first break the rest of that chain is skipped (every later link is suspect), and the
+    break with the lowest event id across chains is reported.
+    """
     checked = 0
-    chains = [chain] if chain else Event.objects.order_by().values_list("chain", flat=True).distinct()
     first_broken: BrokenLink | None = None
-    for name in chains:
-        prev_hash = GENESIS
-        for event in Event.objects.filter(chain=name).order_by("id").iterator(chunk_size=2000):
-            checked += 1
-            if event.prev_hash != prev_hash:
-                broken = BrokenLink(name, event.id, "prev_hash does not match the previous event's hash")
-            elif event.hash != _event_digest(prev_hash, _hashed_fields(event)):
-                broken = BrokenLink(name, event.id, "the event's content does not match its hash")
-            else:
-                prev_hash = event.hash
-                continue
-            if first_broken is None or broken.event_id < first_broken.event_id:
-                first_broken = broken
-            break
+    events = Event.objects.order_by("-chain", "id")
+    if chain:
+        events = events.filter(chain=chain)
+    current_chain, prev_hash, skipping = None, GENESIS, False
+    for event in events.iterator(chunk_size=2000):
+        if event.chain != current_chain:
+            current_chain, prev_hash, skipping = event.chain, GENESIS, False
+        if skipping:
+            continue
+        checked += 1
+        if event.prev_hash != prev_hash:
+            broken = BrokenLink(event.chain, event.id, "prev_hash does not match the previous event's hash")
+        elif event.hash != _event_digest(prev_hash, _hashed_fields(event)):
+            broken = BrokenLink(event.chain, event.id, "the event's content does not match its hash")
+        else:
+            prev_hash = event.hash
+            continue
+        if first_broken is None or broken.event_id < first_broken.event_id:
+            first_broken = broken
+        skipping = True
     return checked, first_broken
