@@ -34,5 +34,17 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Benchmarks against this machine's own limits (docs/BENCHMARKS.md); not part of `make test`,
+# which runs a smoke-sized harness run instead (tests/bench). Uses its own database and Redis db.
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[dev,local,bench]'
+	touch $@
+
+bench: install services $(VENV)/.bench-installed
+	$(PY) -m bench.run $(BENCH_ARGS)
+
+bench-smoke: install services
+	$(PY) -m bench.run --smoke --redis-url auto --database-url postgres://postgres@127.0.0.1:5432/saga_bench_smoke --out artifacts/bench-smoke/BENCHMARKS.md --log-dir artifacts/bench-smoke
+
 clean:
 	rm -rf $(VENV) staticfiles artifacts

@@ -1,0 +1,248 @@
+"""Dashboard at scale: seed, pick the pages, count their queries, EXPLAIN them.
+
+Query counts and plans come from running each page in-process under
+``CaptureQueriesContext`` (the same settings, database and code the web processes use); the
+timings come from the web processes over HTTP (see ``bench.run``), which also report their query
+counts in the bench-only ``X-Bench-Queries`` header, so the two can be cross-checked.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import re
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+OPERATOR = "bench-operator"
+OPERATOR_PASSWORD = "Correct-Horse-Battery-7"  # noqa: S105 - a throwaway bench database
+TENANTS = ("acme", "globex", "initech")
+# The ledger's big tables: a sequential scan over any of these is a finding.
+BIG_TABLES = {
+    "ledger_run",
+    "ledger_action",
+    "ledger_event",
+    "recovery_recoveryitem",
+    "recovery_approval",
+    "recovery_unwind",
+    "recovery_unwindstep",
+    "ledger_checkpoint",
+    "django_session",
+}
+
+
+def operator() -> Any:
+    """An operator in all three seeded tenants (the widest queue an operator can have)."""
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from ledger.services import tenant_get_or_create
+
+    for slug in TENANTS:
+        tenant_get_or_create(slug=slug)
+        call_command(
+            "create_staff",
+            OPERATOR,
+            password=OPERATOR_PASSWORD,
+            tenant=slug,
+            role="operator",
+            stdout=io.StringIO(),
+        )
+    return get_user_model().objects.get(username=OPERATOR)
+
+
+def seed(options: dict[str, int]) -> dict[str, Any]:
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    started = time.perf_counter()
+    call_command("seed_bench", stdout=out, **options)
+    return {"seconds": time.perf_counter() - started, "output": out.getvalue().strip(), "options": options}
+
+
+def table_sizes() -> dict[str, int]:
+    from django.db import connection
+
+    sizes = {}
+    with connection.cursor() as cursor:
+        for table in (
+            "ledger_run",
+            "ledger_action",
+            "recovery_recoveryitem",
+            "recovery_approval",
+            "ledger_event",
+        ):
+            cursor.execute(f"SELECT count(*) FROM {table}")  # noqa: S608 - fixed names; once, not per page
+            sizes[table] = cursor.fetchone()[0]
+        cursor.execute("SELECT count(*) FROM recovery_recoveryitem WHERE status <> 'resolved'")
+        sizes["open_items"] = cursor.fetchone()[0]
+        cursor.execute("SELECT count(*) FROM recovery_approval WHERE status = 'pending'")
+        sizes["pending_approvals"] = cursor.fetchone()[0]
+    return sizes
+
+
+def _client(user: Any) -> Any:
+    from django.test import Client
+
+    # The web processes' ALLOWED_HOSTS (production settings) do not include "testserver".
+    client = Client(HTTP_HOST="127.0.0.1")
+    client.force_login(user)
+    return client
+
+
+def session_cookie(user: Any) -> str:
+    """A real session for the operator, as after signing in (the login form itself is not what is
+    measured)."""
+    client = _client(user)
+    return f"sessionid={client.cookies['sessionid'].value}"
+
+
+def _url(name: str, fallback: str, **kwargs: Any) -> str:
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        return reverse(name, kwargs=kwargs or None)
+    except NoReverseMatch:
+        return fallback.format(**kwargs)
+
+
+def _next_cursor_link(body: str) -> str | None:
+    # The queue's "next page" link carries a keyset cursor; take the last cursor link on the page.
+    links = re.findall(r'href="([^"]*[?&]cursor=[^"]+)"', body)
+    return html.unescape(links[-1]) if links else None
+
+
+def pages(*, user: Any, deep_pages: int, big_run_actions: int) -> list[tuple[str, str]]:
+    """The pages an operator opens during an incident, as concrete URLs for this data."""
+    from ledger.models import Run
+
+    queue = _url("dashboard:queue", "/")
+    client = _client(user)
+    deep = queue
+    for _ in range(deep_pages):
+        response = client.get(deep)
+        link = _next_cursor_link(response.content.decode())
+        if link is None:
+            break
+        deep = link if link.startswith("/") else f"{queue}{link}"
+    big_run = (
+        Run.objects.filter(tenant__slug__in=TENANTS, action_count=big_run_actions, status="failed")
+        .order_by("-created_at")
+        .values_list("pk", flat=True)
+        .first()
+    )
+    # Search for what an operator would paste: a tool name from an error message.
+    out = [
+        ("queue: first page", queue),
+        ("queue: filtered (high risk, failed)", f"{queue}?{urlencode({'risk': 'high', 'reason': 'failed'})}"),
+        ("queue: search", f"{queue}?{urlencode({'q': 'timeout'})}"),
+        (f"queue: deep keyset page ({deep_pages} pages in)", deep),
+    ]
+    if big_run:
+        out.append(
+            (
+                f"run detail ({big_run_actions} actions)",
+                _url("dashboard:run-detail", "/runs/{run_id}/", run_id=big_run),
+            )
+        )
+    out += [
+        ("approval inbox", _url("dashboard:approvals", "/approvals/")),
+        ("metrics", _url("dashboard:metrics", "/metrics/")),
+    ]
+    return out
+
+
+def query_counts(*, user: Any, pages: list[tuple[str, str]]) -> dict[str, Any]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client = _client(user)
+    out = {}
+    for name, path in pages:
+        client.get(path)  # warm: first-request work (session, caches) is not the page's
+        with CaptureQueriesContext(connection) as ctx:
+            response = client.get(path)
+        out[name] = {
+            "queries": len(ctx.captured_queries),
+            "status": response.status_code,
+            "bytes": len(response.content),
+        }
+    return out
+
+
+def _walk(plan: dict[str, Any], out: list[dict[str, Any]]) -> None:
+    out.append(
+        {
+            k: plan.get(k)
+            for k in (
+                "Node Type",
+                "Relation Name",
+                "Index Name",
+                "Actual Rows",
+                "Actual Total Time",
+                "Rows Removed by Filter",
+            )
+            if k in plan
+        }
+    )
+    for child in plan.get("Plans", []) or []:
+        _walk(child, out)
+
+
+def explain_pages(*, user: Any, pages: list[tuple[str, str]]) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) every SELECT each page runs; flag sequential scans over the big
+    tables. Only SELECTs are analysed: ANALYZE executes the statement."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client = _client(user)
+    report: dict[str, Any] = {}
+    for name, path in pages:
+        client.get(path)
+        with CaptureQueriesContext(connection) as ctx:
+            client.get(path)
+        queries = []
+        for captured in ctx.captured_queries:
+            sql = captured["sql"]
+            if not sql.lstrip().upper().startswith("SELECT"):
+                continue
+            with connection.cursor() as cursor:
+                cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
+                raw = cursor.fetchone()[0]
+            plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]
+            nodes: list[dict[str, Any]] = []
+            _walk(plan["Plan"], nodes)
+            seq = sorted(
+                {
+                    n["Relation Name"]
+                    for n in nodes
+                    if n.get("Node Type") == "Seq Scan" and n.get("Relation Name") in BIG_TABLES
+                }
+            )
+            queries.append(
+                {
+                    "sql": sql,
+                    "execution_ms": plan.get("Execution Time", 0.0),
+                    "planning_ms": plan.get("Planning Time", 0.0),
+                    "seq_scans_big": seq,
+                    "scans": sorted(
+                        {
+                            f"{n['Node Type']} {n.get('Relation Name', '')} {n.get('Index Name', '')}".strip()
+                            for n in nodes
+                            if "Scan" in n.get("Node Type", "")
+                        }
+                    ),
+                }
+            )
+        queries.sort(key=lambda q: q["execution_ms"], reverse=True)
+        report[name] = {
+            "selects": len(queries),
+            "seq_scans_big": sorted({t for q in queries for t in q["seq_scans_big"]}),
+            "total_execution_ms": sum(q["execution_ms"] for q in queries),
+            # The slowest few are the page's main queries; keep their plans' scan summary.
+            "main": [{**q, "sql": q["sql"][:600]} for q in queries[:3]],
+            "with_seq_scans": [{**q, "sql": q["sql"][:600]} for q in queries if q["seq_scans_big"]],
+        }
+    return report

@@ -1,0 +1,67 @@
+"""What the load tests need in the database before the clock starts: keys, a policy, runs.
+Everything goes through the product's services, so the data is what real agents would leave."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# The benchmark's tools: low risk, automatic approval, with a Python no-op compensator, so the
+# append path is the common one (no approval gate) and unwinds exercise only the engine.
+BENCH_POLICIES = {
+    "policies": [
+        {
+            "tool": "bench.*",
+            "risk": "low",
+            "approval": "auto",
+            "action_class": "internal_update",
+            "compensation": "custom",
+        },
+    ],
+    "compensators": {"bench.undo": {"python": "bench.jobs.noop_compensator"}},
+}
+
+
+def load_bench_policies(log_dir: Path) -> None:
+    from django.core.management import call_command
+
+    path = log_dir / "bench-policies.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(BENCH_POLICIES, indent=2))
+    call_command("load_policies", str(path), verbosity=0)
+
+
+def agent_keys(*, tenant_slug: str, count: int) -> list[tuple[str, str]]:
+    """One key per client, as each agent has its own: (key id, raw secret)."""
+    from ledger.audit import Actor
+    from ledger.services import agent_key_create, tenant_get_or_create
+
+    tenant = tenant_get_or_create(slug=tenant_slug, name="Benchmark agents")
+    out = []
+    for i in range(count):
+        issued = agent_key_create(
+            tenant=tenant, name=f"bench-agent-{i}", scopes=["agent", "operator"], actor=Actor.system("bench")
+        )
+        out.append((issued.key.pk, issued.secret))
+    return out
+
+
+def fresh_runs(*, keys: list[tuple[str, str]], per_client: int) -> list[list[str]]:
+    """``per_client`` new running runs for each key's client, created as its agent would."""
+    from ledger.audit import Actor
+    from ledger.models import AgentKey
+    from ledger.services import run_create
+
+    out = []
+    for key_id, _ in keys:
+        key = AgentKey.objects.select_related("tenant").get(pk=key_id)
+        actor = Actor.for_key(key)
+        out.append(
+            [
+                run_create(
+                    tenant=key.tenant, actor=actor, agent="bench-agent", request=f"benchmark run {i}"
+                ).pk
+                for i in range(per_client)
+            ]
+        )
+    return out

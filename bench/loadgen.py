@@ -1,0 +1,351 @@
+"""The one HTTP load generator used for L2 and for every app measurement, so their ratio is fair.
+
+Shape: ``processes`` client processes (spawned, so none inherits the orchestrator's Django or
+database state), each running ``clients / processes`` threads; every thread is one client with
+one keep-alive ``http.client`` connection, reopened when the server closes it (gunicorn's sync
+worker answers ``Connection: close``; that cost is the server's and counts against both sides).
+
+Every request records its latency; a request counts when it *started* inside the measurement
+window, after a warm-up that is thrown away. Throughput = counted completions / window.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import multiprocessing as mp
+import resource
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# A scenario is run once per client; ``client`` is the client's index (0..clients-1) and
+# ``params`` is whatever the orchestrator prepared (run ids, keys, the body to post...).
+
+
+@dataclass
+class Sample:
+    op: str
+    started: float
+    latency: float
+    status: int
+
+
+@dataclass
+class LoadResult:
+    clients: int
+    processes: int
+    window_s: float
+    samples: list[Sample] = field(default_factory=list)
+    client_cpu_s: float = 0.0
+    errors: dict[str, int] = field(default_factory=dict)
+    # Query counts seen per op, from the bench-only X-Bench-Queries response header.
+    queries: dict[str, set[int]] = field(default_factory=dict)
+
+    def ops(self) -> list[str]:
+        return sorted({s.op for s in self.samples})
+
+    def latencies(self, op: str | None = None) -> list[float]:
+        return sorted(s.latency for s in self.samples if op is None or s.op == op)
+
+    def count(self, op: str | None = None) -> int:
+        return sum(1 for s in self.samples if op is None or s.op == op)
+
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+    def throughput(self, op: str | None = None) -> float:
+        return self.count(op) / self.window_s if self.window_s else 0.0
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list (0 for an empty one)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(0, min(len(sorted_values) - 1, int(round(q / 100 * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[rank]
+
+
+class Client:
+    """One keep-alive connection; ``request`` reconnects when the server closed it."""
+
+    def __init__(self, host: str, port: int, headers: dict[str, str] | None = None) -> None:
+        self.host, self.port = host, port
+        self.headers = headers or {}
+        self.conn = http.client.HTTPConnection(host, port, timeout=30)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, bytes, http.client.HTTPResponse]:
+        payload = json.dumps(body).encode() if body is not None and not isinstance(body, bytes) else body
+        all_headers = {**self.headers, **(headers or {})}
+        if payload is not None:
+            all_headers.setdefault("Content-Type", "application/json")
+        for attempt in range(2):
+            try:
+                self.conn.request(method, path, body=payload, headers=all_headers)
+                response = self.conn.getresponse()
+                data = response.read()
+                if response.will_close:
+                    self.conn.close()
+                return response.status, data, response
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                # A keep-alive connection the server dropped between requests: reopen once.
+                self.conn.close()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+
+# --- Scenarios -------------------------------------------------------------------------------
+
+
+def scenario_post_json(
+    client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
+) -> None:
+    """POST the same small JSON body to one path (the L2 no-op app)."""
+    body = json.dumps(params["body"]).encode()
+    while True:
+        t = time.perf_counter()
+        status, _, _ = client.request("POST", params["path"], body)
+        if not record("post", t, status, 201):
+            return
+
+
+def _action_body(run_id: str, n: int) -> dict[str, Any]:
+    return {
+        "tool": "bench.update_record",
+        "target_type": "record",
+        "target_id": f"{run_id}-{n}",
+        "args": {"field": "status", "value": "active", "n": n},
+        "idempotency_key": f"{run_id}:{n}:{uuid.uuid4().hex[:8]}",
+        "intent": {"reasoning": "benchmark: set the record active", "confidence": 0.9},
+        "compensation": {"tool": "bench.undo", "args": {"n": n}},
+    }
+
+
+def _runs_for(index: int, params: dict[str, Any]) -> list[str]:
+    return params["runs"][index]
+
+
+def scenario_record_action(
+    client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
+) -> None:
+    """POST /api/v1/runs/{id}/actions, a fresh run every ``per_run`` actions."""
+    runs = _runs_for(index, params)
+    per_run = params["per_run"]
+    n = 0
+    while True:
+        run_id = runs[min(n // per_run, len(runs) - 1)]
+        body = json.dumps(_action_body(run_id, n)).encode()
+        t = time.perf_counter()
+        status, _, _ = client.request("POST", f"/api/v1/runs/{run_id}/actions", body)
+        n += 1
+        if not record("record_action", t, status, 201):
+            return
+
+
+def scenario_action_lifecycle(
+    client: Client,
+    index: int,
+    params: dict[str, Any],
+    record: Callable[..., bool],
+) -> None:
+    """record → start → succeed for one action at a time; also times the whole sequence."""
+    runs = _runs_for(index, params)
+    per_run = params["per_run"]
+    n = 0
+    while True:
+        run_id = runs[min(n // per_run, len(runs) - 1)]
+        t0 = time.perf_counter()
+        status, data, _ = client.request("POST", f"/api/v1/runs/{run_id}/actions", _action_body(run_id, n))
+        n += 1
+        keep = record("record_action", t0, status, 201)
+        if status != 201:
+            if not keep:
+                return
+            continue
+        action_id = json.loads(data)["id"]
+        t1 = time.perf_counter()
+        status, _, _ = client.request("POST", f"/api/v1/actions/{action_id}/start", b"{}")
+        keep = record("start", t1, status, 200)
+        if status != 200:
+            if not keep:
+                return
+            continue
+        t2 = time.perf_counter()
+        status, _, _ = client.request(
+            "POST",
+            f"/api/v1/actions/{action_id}/succeed",
+            {"result": {"ok": True}, "after_snapshot": {"status": "active"}},
+        )
+        keep = record("succeed", t2, status, 200)
+        if status == 200:
+            # The sequence's latency, counted in the window its first request started in.
+            record("sequence", t0, 200, 200)
+        if not keep:
+            return
+
+
+def scenario_get_pages(
+    client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
+) -> None:
+    """GET each page in turn (dashboard pages as a logged-in operator)."""
+    pages: list[tuple[str, str]] = params["pages"]
+    i = 0
+    while True:
+        name, path = pages[i % len(pages)]
+        i += 1
+        t = time.perf_counter()
+        status, _, response = client.request("GET", path)
+        queries = response.getheader("X-Bench-Queries")
+        if not record(name, t, status, 200, queries=queries):
+            return
+
+
+SCENARIOS: dict[str, Callable[..., None]] = {
+    "post_json": scenario_post_json,
+    "record_action": scenario_record_action,
+    "action_lifecycle": scenario_action_lifecycle,
+    "get_pages": scenario_get_pages,
+}
+
+
+# --- Processes and threads -------------------------------------------------------------------
+
+
+def _client_thread(
+    scenario: str,
+    host: str,
+    port: int,
+    headers: dict[str, str],
+    index: int,
+    params: dict[str, Any],
+    start_at: float,
+    warmup_s: float,
+    window_s: float,
+    out: list[Any],
+    errors: dict[str, int],
+    lock: threading.Lock,
+) -> None:
+    client = Client(host, port, headers=dict(headers, **params.get("headers_per_client", {}).get(index, {})))
+    window_start, window_end = start_at + warmup_s, start_at + warmup_s + window_s
+    max_requests = params.get("max_requests_per_client")
+    made = 0
+
+    def record(op: str, started: float, status: int, expected: int, **extra: Any) -> bool:
+        nonlocal made
+        now = time.perf_counter()
+        if window_start <= started < window_end:
+            out.append((op, started, now - started, status, extra.get("queries")))
+            if status != expected:
+                with lock:
+                    key = f"{op}:{status}"
+                    errors[key] = errors.get(key, 0) + 1
+        made += 1
+        if max_requests is not None and made >= max_requests:
+            return False
+        return now < window_end
+
+    while time.perf_counter() < start_at:
+        time.sleep(0.001)
+    try:
+        SCENARIOS[scenario](client, index, params, record)
+    except Exception as exc:  # noqa: BLE001 - a client crash is reported as an error, not hidden
+        with lock:
+            key = f"exception:{type(exc).__name__}"
+            errors[key] = errors.get(key, 0) + 1
+
+
+def _process_main(
+    scenario: str,
+    host: str,
+    port: int,
+    headers: dict[str, str],
+    indexes: list[int],
+    params: dict[str, Any],
+    start_at_wall: float,
+    warmup_s: float,
+    window_s: float,
+    queue: Any,
+) -> None:
+    # perf_counter is per-process; convert the shared wall-clock start into it once.
+    start_at = time.perf_counter() + (start_at_wall - time.time())
+    out: list[Any] = []
+    errors: dict[str, int] = {}
+    lock = threading.Lock()
+    threads = [
+        threading.Thread(
+            target=_client_thread,
+            args=(scenario, host, port, headers, i, params, start_at, warmup_s, window_s, out, errors, lock),
+            daemon=True,
+        )
+        for i in indexes
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    queue.put((out, errors, usage.ru_utime + usage.ru_stime))
+
+
+def run_load(
+    *,
+    scenario: str,
+    host: str,
+    port: int,
+    clients: int,
+    processes: int,
+    warmup_s: float,
+    window_s: float,
+    params: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> LoadResult:
+    processes = max(1, min(processes, clients))
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    # Spawning takes a moment (interpreter start); every process starts its clients at once.
+    start_at_wall = time.time() + 1.5
+    groups = [list(range(p, clients, processes)) for p in range(processes)]
+    procs = [
+        ctx.Process(
+            target=_process_main,
+            args=(
+                scenario,
+                host,
+                port,
+                headers or {},
+                group,
+                params,
+                start_at_wall,
+                warmup_s,
+                window_s,
+                queue,
+            ),
+        )
+        for group in groups
+    ]
+    for p in procs:
+        p.start()
+    result = LoadResult(clients=clients, processes=processes, window_s=window_s)
+    for _ in procs:
+        out, errors, cpu = queue.get(timeout=warmup_s + window_s + 120)
+        result.samples.extend(Sample(op, started, latency, status) for op, started, latency, status, _ in out)
+        result.client_cpu_s += cpu
+        for key, value in errors.items():
+            result.errors[key] = result.errors.get(key, 0) + value
+        # Query counts from the bench-only response header, kept per op (pages).
+        for op, _, _, _, queries in out:
+            if queries is not None:
+                result.queries.setdefault(op, set()).add(int(queries))
+    for p in procs:
+        p.join(timeout=30)
+    return result

@@ -1,0 +1,424 @@
+"""One table for the terminal, one Markdown page for docs/BENCHMARKS.md, from the same results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SECTIONS = ("Machine", "Baselines", "Ledger append", "Dashboard", "Unwind", "Targets")
+
+
+def _f(value: Any, digits: int = 1) -> str:
+    if value is None or value == "":
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _rows(results: dict[str, Any]) -> list[list[str]]:
+    """The one table: every figure with its ratio to the machine's limit."""
+    sec = results.get("sections", {})
+    base = sec.get("baselines", {})
+    rows: list[list[str]] = []
+
+    def load_row(label: str, entry: dict[str, Any] | None, limit: float | None = None) -> None:
+        if not entry:
+            rows.append([label, "–", "not measured", "–", "–", "–", "–", "–"])
+            return
+        ratio = _ratio(entry.get("throughput"), limit)
+        rows.append(
+            [
+                label,
+                _f(entry.get("clients")),
+                _f(entry.get("throughput")),
+                _f(entry.get("p50_ms"), 2),
+                _f(entry.get("p95_ms"), 2),
+                _f(entry.get("p99_ms"), 2),
+                _f(entry.get("errors")),
+                f"{ratio:.0%}" if ratio is not None else "–",
+            ]
+        )
+
+    for n in (1, 16):
+        load_row(f"L1 raw INSERT ({n} conn)", base.get(f"L1_{n}"))
+        load_row(f"L2 no-op WSGI ({n} clients)", base.get(f"L2_{n}"))
+    for kind in ("L3_batch", "L3_chain"):
+        entry = base.get(kind)
+        if entry:
+            rows.append(
+                [
+                    f"L3 RQ no-op, {'batch' if kind == 'L3_batch' else 'chained'} ({entry['jobs']} jobs)",
+                    "1 worker",
+                    _f(entry["jobs_per_s"]),
+                    _f(entry["per_job_ms"], 2) + " /job",
+                    "–",
+                    "–",
+                    "0",
+                    "–",
+                ]
+            )
+    append = sec.get("append", {})
+    for n in (1, 16):
+        limit = _limit(base, n)
+        rec = append.get(f"record_action_{n}", {}).get("record_action")
+        load_row(f"append: record action ({n} clients)", rec, limit)
+        life = append.get(f"action_lifecycle_{n}", {})
+        if life:
+            for op in ("sequence", "record_action", "start", "succeed"):
+                label = "append: record→start→succeed" if op == "sequence" else f"  lifecycle: {op}"
+                load_row(
+                    f"{label} ({n} clients)",
+                    life.get(op),
+                    limit * 1 / 3 if op == "sequence" and limit else limit,
+                )
+    dash = sec.get("dashboard", {})
+    for name, t in dash.get("timings", {}).items():
+        q_small = dash.get("queries_small", {}).get(name, {}).get("queries")
+        q_full = dash.get("queries_full", {}).get(name, {}).get("queries")
+        rows.append(
+            [
+                f"page: {name}",
+                "1",
+                "–",
+                _f(t.get("p50_ms"), 1),
+                _f(t.get("p95_ms"), 1),
+                "–",
+                _f(t.get("errors")),
+                f"{_f(q_full)} queries (small data: {_f(q_small)})",
+            ]
+        )
+    unwind = sec.get("unwind", {})
+    chain = base.get("L3_chain", {}).get("per_job_ms")
+    for key, label in (
+        ("single", "unwind: 1 x {n} steps"),
+        ("concurrent", "unwind: {c} concurrent x {n} steps"),
+    ):
+        u = unwind.get(key)
+        if u:
+            ratio = _ratio(u["per_step_ms"], chain)
+            rows.append(
+                [
+                    label.format(n=unwind.get("steps_per_unwind"), c=u["unwinds"]),
+                    "1 worker",
+                    _f(u["steps_per_s"]) + " steps",
+                    _f(u["per_step_ms"], 2) + " /step",
+                    _f(u["seconds"], 2) + " s total",
+                    "–",
+                    "–",
+                    f"{ratio:.2f}x L3 chained job" if ratio else "–",
+                ]
+            )
+    return rows
+
+
+def _limit(base: dict[str, Any], n: int) -> float | None:
+    values = [base.get(f"L1_{n}", {}).get("throughput"), base.get(f"L2_{n}", {}).get("throughput")]
+    values = [v for v in values if v]
+    return min(values) if values else None
+
+
+HEADER = ["figure", "clients", "throughput /s", "p50 ms", "p95 ms", "p99 ms", "errors", "ratio / note"]
+
+
+def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """(target, what was measured, met?) — None when the figure could not be measured."""
+    sec = results.get("sections", {})
+    base = sec.get("baselines", {})
+    out: list[tuple[str, str, bool | None]] = []
+    limit = _limit(base, 16)
+    rec = sec.get("append", {}).get("record_action_16", {}).get("record_action")
+    if rec and limit:
+        ratio = rec["throughput"] / limit
+        out.append(
+            (
+                "ledger append (16 clients) ≥ 30% of min(L1, L2)",
+                f"{rec['throughput']:,.0f}/s = {ratio:.0%} of {limit:,.0f}/s",
+                ratio >= 0.30,
+            )
+        )
+        out.append(("ledger append p99 ≤ 50 ms", f"p99 {rec['p99_ms']:.1f} ms", rec["p99_ms"] <= 50))
+        out.append(
+            (
+                "ledger append: zero errors",
+                f"{rec['errors']} errors {rec.get('error_detail') or ''}".strip(),
+                rec["errors"] == 0,
+            )
+        )
+    else:
+        out.append(
+            (
+                "ledger append (16 clients) ≥ 30% of min(L1, L2), p99 ≤ 50 ms, zero errors",
+                "not measured",
+                None,
+            )
+        )
+    dash = sec.get("dashboard", {})
+    timings = dash.get("timings", {})
+    if timings:
+        for name, t in timings.items():
+            out.append(
+                (f"{name}: p95 < 150 ms", f"p95 {t['p95_ms']:.1f} ms", t["p95_ms"] < 150 and not t["errors"])
+            )
+        small, full = dash.get("queries_small", {}), dash.get("queries_full", {})
+        for name in timings:
+            qs, qf = small.get(name, {}).get("queries"), full.get(name, {}).get("queries")
+            out.append(
+                (
+                    f"{name}: query count independent of data size",
+                    f"{qs} queries at {dash.get('seed_small', {}).get('options', {}).get('runs', '?')} runs, "
+                    f"{qf} at full size",
+                    qs == qf and qs is not None,
+                )
+            )
+        for name, e in dash.get("explain", {}).items():
+            out.append(
+                (
+                    f"{name}: no sequential scan over the ledger tables",
+                    "index scans only"
+                    if not e["seq_scans_big"]
+                    else "Seq Scan on " + ", ".join(e["seq_scans_big"]),
+                    not e["seq_scans_big"],
+                )
+            )
+    else:
+        out.append(
+            (
+                "pages p95 < 150 ms, query counts independent of size, EXPLAIN uses indexes",
+                "not measured",
+                None,
+            )
+        )
+    unwind = sec.get("unwind", {})
+    chain = base.get("L3_chain", {}).get("per_job_ms")
+    single = unwind.get("single")
+    if single and chain:
+        out.append(
+            (
+                "unwind step overhead ≤ 2× an L3 no-op job (chained, same worker)",
+                f"{single['per_step_ms']:.1f} ms/step vs {chain:.1f} ms/job = {single['per_step_ms'] / chain:.2f}x",
+                single["per_step_ms"] <= 2 * chain,
+            )
+        )
+        n = unwind.get("steps_per_unwind")
+        out.append(
+            (
+                f"a {n}-step no-op unwind completes in < 2 s",
+                f"{single['seconds']:.2f} s",
+                single["seconds"] < 2.0 and single["unwind_statuses"] == ["completed"],
+            )
+        )
+    else:
+        out.append(("unwind step overhead ≤ 2× L3; 50-step unwind < 2 s", "not measured", None))
+    return out
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join([line, "-" * len(line), *body])
+
+
+def _md_table(rows: list[list[str]], header: list[str]) -> str:
+    esc = [[c.replace("|", "\\|") for c in r] for r in rows]
+    return "\n".join(
+        [
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+            *["| " + " | ".join(r) + " |" for r in esc],
+        ]
+    )
+
+
+def _mark(met: bool | None) -> str:
+    return "met" if met else ("not measured" if met is None else "MISSED")
+
+
+def render(results: dict[str, Any], *, smoke: bool) -> tuple[str, str]:
+    rows = _rows(results)
+    goals = targets(results)
+    text = (
+        _table(rows, HEADER)
+        + "\n\nTargets:\n"
+        + "\n".join(f"  [{_mark(met)}] {name}: {value}" for name, value, met in goals)
+    )
+    if results.get("errors"):
+        text += "\n\nPhases that failed:\n" + "\n".join(
+            f"  {e['phase']}: {e['error']}" for e in results["errors"]
+        )
+    return text, _markdown(results, rows, goals, smoke=smoke)
+
+
+def _markdown(
+    results: dict[str, Any], rows: list[list[str]], goals: list[tuple[str, str, bool | None]], *, smoke: bool
+) -> str:
+    m = results.get("machine", {})
+    sec = results.get("sections", {})
+    base = sec.get("baselines", {})
+    out = ["# Benchmarks", ""]
+    if smoke:
+        out += [
+            "> **Smoke run** (tiny sizes, to prove the harness works): the figures below say nothing about "
+            "performance. `make bench` writes the real ones.",
+            "",
+        ]
+    out += [
+        "Written by `make bench` (`python -m bench.run`); every figure below was measured in the same run, on "
+        "the machine described here, against the physical limits of that machine (L1–L3) measured minutes "
+        "before. Re-run it rather than editing this file.",
+        "",
+        "## Machine",
+        "",
+        f"- {m.get('nproc')} CPUs ({m.get('cpu_model')}), {m.get('memory_gib')} GiB memory, Linux {m.get('kernel')}",
+        f"- Python {m.get('python')}, Django {m.get('django')}, django-ninja {m.get('django_ninja')}, "
+        f"gunicorn {m.get('gunicorn')}, psycopg {m.get('psycopg')}",
+        f"- PostgreSQL {m.get('postgresql')} ({', '.join(f'{k}={v}' for k, v in m.get('postgresql_settings', {}).items())})",
+        f"- Redis {m.get('redis')}, rq {m.get('rq')}, django-rq {m.get('django_rq')}; "
+        f"worker class `{base.get('L3_worker_class', '?')}`",
+        f"- commit {m.get('git_commit')}; load average before {m.get('load_before')}, after "
+        f"{results.get('load_after')}; whole run {results.get('elapsed_s', 0):.0f} s",
+        f"- web: the Procfile's line, `{_procfile('web')}`; worker: `{_procfile('worker')}`",
+        "",
+        "Load generator (L2 and every HTTP figure): 4 client processes (spawned), one thread and one keep-alive "
+        "`http.client` connection per client, reconnecting when the server closes; a warm-up is discarded, "
+        "then requests that start inside the measurement window count. It runs on the same 2 cores as the "
+        "server and PostgreSQL; its own CPU time is reported.",
+        "",
+        "## Results",
+        "",
+        _md_table(rows, HEADER),
+        "",
+        "## Targets",
+        "",
+        "| target | measured | verdict |",
+        "|---|---|---|",
+        *[f"| {n} | {v.replace('|', '/')} | {_mark(met)} |" for n, v, met in goals],
+        "",
+        "## Baselines",
+        "",
+        "- **L1**: one `INSERT` of a ledger-shaped row (`CREATE TABLE … (LIKE ledger_action INCLUDING ALL)`: "
+        "same columns, indexes and checks, no foreign keys) per transaction, autocommit, "
+        "`synchronous_commit` as configured; one connection per client thread.",
+        "- **L2**: `bench/noop_wsgi.py` (reads the body, answers 201 with a small JSON) under the Procfile's "
+        "gunicorn settings, driven by the load generator above.",
+        "- **L3**: raw RQ no-op jobs on the Procfile's worker command. *Batch*: N jobs enqueued at once, time until "
+        "all finished. *Chained*: each job enqueues the next, so jobs run strictly one after another, as unwind "
+        "steps do; its per-job time is what unwind steps are compared with.",
+        "",
+    ]
+    for key in ("L1_1", "L1_16", "L2_1", "L2_16"):
+        e = base.get(key)
+        if e:
+            out.append(
+                f"- {key}: {e['count']:,} requests in {e['window_s']:.0f} s, client CPU {e['client_cpu_s']:.1f} s, "
+                f"errors {e['errors']} {e.get('error_detail') or ''}"
+            )
+    out += [
+        "",
+        "## Ledger append",
+        "",
+        "Gunicorn as in the Procfile serving the product's own settings (DEBUG off). Each client is an agent "
+        "with its own API key recording actions (`POST /api/v1/runs/{id}/actions`) for fresh runs, ten "
+        "actions per run; the sequence figure is record → start → succeed for one action, timed end to end. "
+        "Ratios are to min(L1, L2) at the same client count (a sequence is three requests, so its ratio is to "
+        "a third of it).",
+        "",
+    ]
+    for key, entry in sec.get("append", {}).items():
+        for op, e in entry.items():
+            out.append(
+                f"- {key} / {op}: {e['count']:,} in {e['window_s']:.0f} s, {e['throughput']:,.1f}/s, p50 "
+                f"{e['p50_ms']:.1f} ms, p95 {e['p95_ms']:.1f} ms, p99 {e['p99_ms']:.1f} ms, client CPU "
+                f"{e['client_cpu_s']:.1f} s, errors {e['errors']} {e.get('error_detail') or ''}"
+            )
+    dash = sec.get("dashboard", {})
+    out += [
+        "",
+        "## Dashboard",
+        "",
+        "Filled with `manage.py seed_bench` (COPY) in two steps, so query counts are compared at two data sizes "
+        "in the same run; pages fetched over HTTP by one client as a logged-in operator of the three seeded "
+        "tenants (first two fetches of each page dropped as warm-up). Query counts come from running each "
+        "page in-process under `CaptureQueriesContext`; the web processes report theirs in a bench-only "
+        "header (`bench.settings`), shown as *http*.",
+        "",
+    ]
+    if dash:
+        for key in ("seed_small", "seed_full"):
+            if key in dash:
+                out.append(f"- {key}: {dash[key]['output']} ({dash[key]['seconds']:.1f} s wall)")
+        if "data" in dash:
+            out.append("- rows: " + ", ".join(f"{k} {v:,}" for k, v in dash["data"].items()))
+        out.append("")
+        out.append("| page | URL | p50 ms | p95 ms | queries (small → full) | http | errors |")
+        out.append("|---|---|---|---|---|---|---|")
+        for name, t in dash.get("timings", {}).items():
+            qs = dash.get("queries_small", {}).get(name, {}).get("queries")
+            qf = dash.get("queries_full", {}).get(name, {}).get("queries")
+            out.append(
+                f"| {name} | `{dash.get('pages', {}).get(name, '')}` | {t['p50_ms']:.1f} | {t['p95_ms']:.1f} | "
+                f"{qs} → {qf} | {t.get('http_queries')} | {t['errors']} |"
+            )
+        out += ["", "### EXPLAIN (ANALYZE) of the pages' queries", ""]
+        for name, e in dash.get("explain", {}).items():
+            seq = ", ".join(e["seq_scans_big"]) or "none"
+            out.append(
+                f"**{name}** — {e['selects']} SELECTs, {e['total_execution_ms']:.1f} ms executing in total; "
+                f"sequential scans over ledger tables: {seq}"
+            )
+            out.append("")
+            for q in e["main"]:
+                out.append(f"- {q['execution_ms']:.2f} ms: {', '.join(q['scans']) or 'no table scan'}")
+                out.append(f"  `{_short_sql(q['sql'])}`")
+            out.append("")
+    unwind = sec.get("unwind", {})
+    out += [
+        "## Unwind",
+        "",
+        "Runs whose actions each registered the `bench.undo` compensation (a Python no-op compensator), failed "
+        "into the recovery queue and compensated with the product's own services; one Procfile worker carries "
+        "the steps out. Time from the Compensate decision to the unwind's `finished_at`.",
+        "",
+    ]
+    for key in ("single", "concurrent"):
+        u = unwind.get(key)
+        if u:
+            out.append(
+                f"- {key}: {u['unwinds']} unwind(s), {u['steps']} steps in {u['seconds']:.2f} s = "
+                f"{u['per_step_ms']:.1f} ms/step ({u['steps_per_s']:.1f} steps/s); unwinds "
+                f"{u['unwind_statuses']}, steps {u['step_statuses']}"
+            )
+    chain = base.get("L3_chain")
+    if chain:
+        out.append(f"- L3 chained no-op job on the same worker: {chain['per_job_ms']:.1f} ms/job")
+    if results.get("notes"):
+        out += ["", "## Notes", "", *[f"- {n}" for n in results["notes"]]]
+    if results.get("errors"):
+        out += ["", "## Phases that failed", ""]
+        for e in results["errors"]:
+            out.append(f"- **{e['phase']}**: `{e['error']}`")
+    out += [
+        "",
+        "## Reproduce",
+        "",
+        "    make bench          # full size; about 10 minutes on 2 cores",
+        "    make bench-smoke    # tiny sizes, to check the harness",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def _short_sql(sql: str) -> str:
+    return " ".join(sql.split())[:300].replace("`", "'")
+
+
+def _procfile(name: str) -> str:
+    from bench.procs import procfile_lines
+
+    return procfile_lines().get(name, "?")

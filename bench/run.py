@@ -1,0 +1,585 @@
+"""``make bench``: measure Saga Admin against this machine's own limits, all in one run.
+
+    python -m bench.run                 # full size (100k runs x 10 actions, 10k open items)
+    python -m bench.run --smoke         # tiny sizes, seconds: what `make test` runs
+
+Phases, in order (each figure is measured in this run; nothing is carried over from another):
+  1. baselines — L1 raw psycopg INSERTs, L2 a no-op WSGI app under the Procfile's gunicorn
+     settings, L3 raw RQ no-op jobs on the Procfile's worker;
+  2. ledger append over HTTP (gunicorn as in the Procfile), 1 and 16 clients;
+  3. dashboard at scale after ``seed_bench``: timings over HTTP, query counts at two data sizes,
+     EXPLAIN (ANALYZE) of every query the pages run;
+  4. unwind throughput with no-op Python compensators on the Procfile's worker.
+It prints one table and writes docs/BENCHMARKS.md (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from bench import procs
+from bench.loadgen import LoadResult, percentile, run_load
+
+ROOT = procs.ROOT
+
+
+@dataclass
+class Sizes:
+    window_s: float
+    warmup_s: float
+    l3_jobs: int
+    l3_chain: int
+    runs: int
+    actions_per_run: int
+    open_items: int
+    pending_approvals: int
+    resolved_items: int
+    big_run_actions: int
+    small_fraction: float
+    page_samples: int
+    deep_pages: int
+    unwind_steps: int
+    concurrent_unwinds: int
+
+
+FULL = Sizes(
+    window_s=15,
+    warmup_s=3,
+    l3_jobs=2000,
+    l3_chain=200,
+    runs=100_000,
+    actions_per_run=10,
+    open_items=10_000,
+    pending_approvals=1_000,
+    resolved_items=5_000,
+    big_run_actions=200,
+    small_fraction=0.05,
+    page_samples=40,
+    deep_pages=40,
+    unwind_steps=50,
+    concurrent_unwinds=20,
+)
+SMOKE = Sizes(
+    window_s=1.0,
+    warmup_s=0.3,
+    l3_jobs=20,
+    l3_chain=10,
+    runs=300,
+    actions_per_run=4,
+    open_items=40,
+    pending_approvals=10,
+    resolved_items=10,
+    big_run_actions=30,
+    small_fraction=0.3,
+    page_samples=3,
+    deep_pages=2,
+    unwind_steps=5,
+    concurrent_unwinds=3,
+)
+
+CLIENT_COUNTS = (1, 16)
+CLIENT_PROCESSES = 4
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def summarize(result: LoadResult, op: str | None = None) -> dict[str, Any]:
+    lat = result.latencies(op)
+    return {
+        "clients": result.clients,
+        "count": result.count(op),
+        "throughput": result.throughput(op),
+        "p50_ms": percentile(lat, 50) * 1000,
+        "p95_ms": percentile(lat, 95) * 1000,
+        "p99_ms": percentile(lat, 99) * 1000,
+        "errors": result.error_count(),
+        "error_detail": dict(result.errors),
+        "client_cpu_s": result.client_cpu_s,
+        "window_s": result.window_s,
+    }
+
+
+# --- Environment ------------------------------------------------------------------------------
+
+
+def _with_db(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def fresh_database(url: str) -> None:
+    import psycopg
+
+    name = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(_with_db(url, "postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def drop_database(url: str) -> None:
+    import psycopg
+
+    name = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(_with_db(url, "postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def claim_redis_db(base_url: str) -> tuple[str, Any]:
+    """Smoke runs (inside `make test`, maybe several at once on one machine) claim a free Redis
+    database among 8-15 with a key that expires, instead of sharing one."""
+    from redis import Redis
+
+    parts = urlsplit(base_url)
+    for db in range(8, 16):
+        url = urlunsplit(parts._replace(path=f"/{db}"))
+        redis = Redis.from_url(url)
+        if redis.set("saga-bench:claim", str(os.getpid()), nx=True, ex=1800):
+            return url, redis
+    raise RuntimeError("no free Redis database among 8-15 for the benchmark")
+
+
+def child_env(*, database_url: str, redis_url: str, port: int, settings_module: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "PORT": str(port),
+            "DJANGO_SETTINGS_MODULE": settings_module,
+            # Production mode, as deployed: DEBUG off (no query log kept in memory), TLS ends at a
+            # proxy in front, so no SSL redirect and cookies usable over plain HTTP on loopback.
+            "DEBUG": "0",
+            "SECRET_KEY": env.get("SECRET_KEY") or "bench-only-secret-key-not-for-production-0123456789",
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "SECURE_SSL_REDIRECT": "0",
+            "SESSION_COOKIE_SECURE": "0",
+            "CSRF_COOKIE_SECURE": "0",
+            # The limiter stays on (its cost is measured) with a ceiling the benchmark cannot hit:
+            # the question is what the ledger can take, not where the default limit sits.
+            "SAGA_THROTTLE_RATE": "10000000/m",
+            # seed_bench writes running runs with fresh heartbeats; a sweeper must not turn them
+            # into agent_lost items (and burn CPU doing it) while other figures are measured.
+            "SAGA_HEARTBEAT_TIMEOUT_S": "86400",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def setup_django(env: dict[str, str]) -> None:
+    for key in (
+        "DATABASE_URL",
+        "REDIS_URL",
+        "DEBUG",
+        "SECRET_KEY",
+        "ALLOWED_HOSTS",
+        "SECURE_SSL_REDIRECT",
+        "SESSION_COOKIE_SECURE",
+        "CSRF_COOKIE_SECURE",
+        "SAGA_THROTTLE_RATE",
+        "SAGA_HEARTBEAT_TIMEOUT_S",
+    ):
+        os.environ[key] = env[key]
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    # The orchestrator itself is not a request handler: keep its connections short-lived so a
+    # DROP DATABASE at the end is not blocked by them.
+    os.environ["DB_CONN_MAX_AGE"] = "0"
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+# --- Phases -----------------------------------------------------------------------------------
+
+
+class Harness:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.sizes = SMOKE if args.smoke else FULL
+        if args.runs is not None:
+            self.sizes.runs = args.runs
+        if args.actions_per_run is not None:
+            self.sizes.actions_per_run = args.actions_per_run
+        if args.open_items is not None:
+            self.sizes.open_items = args.open_items
+        if args.window is not None:
+            self.sizes.window_s = args.window
+        self.database_url = args.database_url
+        self.redis_url = args.redis_url
+        self.port = args.port
+        self.log_dir = Path(args.log_dir)
+        self.results: dict[str, Any] = {"sections": {}, "errors": [], "notes": []}
+        self.env: dict[str, str] = {}
+        self.worker: procs.Proc | None = None
+
+    # Helpers -------------------------------------------------------------------------------
+
+    def env_for(self, settings_module: str = "saga_admin.settings") -> dict[str, str]:
+        return child_env(
+            database_url=self.database_url,
+            redis_url=self.redis_url,
+            port=self.port,
+            settings_module=settings_module,
+        )
+
+    def start_web(
+        self,
+        name: str,
+        *,
+        app: str | None = None,
+        settings_module: str = "saga_admin.settings",
+        ready_path: str = "/healthz",
+    ) -> procs.Proc:
+        proc = procs.start(name, procs.web_command(app=app), self.env_for(settings_module), self.log_dir)
+        procs.wait_http(self.port, ready_path, proc)
+        return proc
+
+    def start_worker(self) -> procs.Proc:
+        proc = procs.start("worker", procs.worker_command(), self.env_for(), self.log_dir)
+        self._wait_worker_registered(proc)
+        return proc
+
+    def _wait_worker_registered(self, proc: procs.Proc, timeout: float = 60) -> None:
+        from redis import Redis
+        from rq import Worker
+
+        redis = Redis.from_url(self.redis_url)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"worker exited with {proc.popen.returncode}; see {proc.log.name}")
+            if any(w.name and w.state in ("idle", "busy") for w in Worker.all(connection=redis)):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the RQ worker did not register within 60 s")
+
+    def load(
+        self,
+        scenario: str,
+        clients: int,
+        params: dict[str, Any],
+        headers: dict[str, str] | None = None,
+    ) -> LoadResult:
+        return run_load(
+            scenario=scenario,
+            host="127.0.0.1",
+            port=self.port,
+            clients=clients,
+            processes=min(CLIENT_PROCESSES, clients),
+            warmup_s=self.sizes.warmup_s,
+            window_s=self.sizes.window_s,
+            params=params,
+            headers=headers,
+        )
+
+    def section(self, name: str) -> dict[str, Any]:
+        return self.results["sections"].setdefault(name, {})
+
+    # Phase 0 ----------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        from django.core.management import call_command
+
+        log(f"fresh database {urlsplit(self.database_url).path.lstrip('/')}; Redis {self.redis_url}")
+        fresh_database(self.database_url)
+        from redis import Redis
+
+        Redis.from_url(self.redis_url).flushdb()
+        if self.args.smoke:
+            Redis.from_url(self.redis_url).set("saga-bench:claim", str(os.getpid()), ex=1800)
+        self.env = self.env_for()
+        setup_django(self.env)
+        call_command("migrate", verbosity=0)
+        # DEBUG=0 serves hashed static files from the manifest; pages need it to render.
+        call_command("collectstatic", interactive=False, verbosity=0)
+        from bench import machine
+
+        self.results["machine"] = machine.describe(self.database_url, self.redis_url)
+
+    # Phase 1 ----------------------------------------------------------------------------------
+
+    def baselines(self) -> None:
+        from bench import baselines
+
+        s = self.section("baselines")
+        libpq_url = self.database_url
+        baselines.l1_prepare(libpq_url)
+        for n in CLIENT_COUNTS:
+            log(f"L1 raw INSERT, {n} connection(s)")
+            result = baselines.l1_run(
+                dsn=libpq_url,
+                connections=n,
+                processes=min(CLIENT_PROCESSES, n),
+                warmup_s=self.sizes.warmup_s,
+                window_s=self.sizes.window_s,
+            )
+            s[f"L1_{n}"] = summarize(result)
+
+        body = {
+            "tool": "bench.update_record",
+            "target_type": "record",
+            "target_id": "r-1",
+            "args": {"field": "status", "value": "active", "n": 1},
+            "idempotency_key": "x" * 40,
+            "intent": {"reasoning": "benchmark: set the record active", "confidence": 0.9},
+            "compensation": {"tool": "bench.undo", "args": {"n": 1}},
+        }
+        web = self.start_web("l2-noop", app="bench.noop_wsgi:application", ready_path="/")
+        try:
+            for n in CLIENT_COUNTS:
+                log(f"L2 no-op WSGI app under gunicorn, {n} client(s)")
+                result = self.load("post_json", n, {"path": "/api/v1/noop", "body": body})
+                s[f"L2_{n}"] = summarize(result)
+        finally:
+            web.stop()
+
+        log("L3 raw RQ no-op jobs on the Procfile's worker")
+        worker = self.start_worker()
+        try:
+            s["L3_worker_class"] = procs.worker_class_name(self.env)
+            baselines.l3_batch(redis_url=self.redis_url, jobs=max(5, self.sizes.l3_jobs // 10))  # warm-up
+            batch = baselines.l3_batch(redis_url=self.redis_url, jobs=self.sizes.l3_jobs)
+            chain = baselines.l3_chain(redis_url=self.redis_url, length=self.sizes.l3_chain)
+            s["L3_batch"] = {
+                "jobs": batch.jobs,
+                "seconds": batch.seconds,
+                "jobs_per_s": batch.jobs_per_s,
+                "per_job_ms": batch.per_job_ms,
+            }
+            s["L3_chain"] = {
+                "jobs": chain.jobs,
+                "seconds": chain.seconds,
+                "jobs_per_s": chain.jobs_per_s,
+                "per_job_ms": chain.per_job_ms,
+            }
+        finally:
+            worker.stop()
+
+    # Phase 2 ----------------------------------------------------------------------------------
+
+    def append(self) -> None:
+        from bench import fixtures
+
+        s = self.section("append")
+        max_clients = max(CLIENT_COUNTS)
+        keys = fixtures.agent_keys(tenant_slug="bench", count=max_clients)
+        fixtures.load_bench_policies(self.log_dir)
+        l2 = self.section("baselines").get(f"L2_{max_clients}", {}).get("throughput", 2000)
+        per_run = 10
+        # Enough fresh runs that no client runs out: the no-op app's rate bounds the app's.
+        runs_needed = int(l2 * (self.sizes.warmup_s + self.sizes.window_s) / per_run / max_clients * 1.3) + 2
+        web = self.start_web("web-append")
+        try:
+            for scenario in ("record_action", "action_lifecycle"):
+                for n in CLIENT_COUNTS:
+                    log(f"ledger append over HTTP: {scenario}, {n} client(s)")
+                    runs = fixtures.fresh_runs(keys=keys[:n], per_client=runs_needed)
+                    params = {
+                        "runs": runs,
+                        "per_run": per_run,
+                        "headers_per_client": {
+                            i: {"Authorization": f"Bearer {keys[i][1]}"} for i in range(n)
+                        },
+                    }
+                    result = self.load(scenario, n, params)
+                    entry = {op: summarize(result, op) for op in result.ops()}
+                    for op_summary in entry.values():
+                        op_summary["errors"] = result.error_count()
+                    s[f"{scenario}_{n}"] = entry
+        finally:
+            web.stop()
+
+    # Phase 3 ----------------------------------------------------------------------------------
+
+    def dashboard(self) -> None:
+        from bench import dashboard
+
+        s = self.section("dashboard")
+        sizes = self.sizes
+        small_runs = max(10, int(sizes.runs * sizes.small_fraction))
+        ratio = small_runs / sizes.runs
+        seed_small = dict(
+            runs=small_runs,
+            actions_per_run=sizes.actions_per_run,
+            open_items=max(5, int(sizes.open_items * ratio)),
+            pending_approvals=max(2, int(sizes.pending_approvals * ratio)),
+            resolved_items=max(2, int(sizes.resolved_items * ratio)),
+            big_run_actions=sizes.big_run_actions,
+        )
+        seed_rest = dict(
+            runs=sizes.runs - small_runs,
+            actions_per_run=sizes.actions_per_run,
+            open_items=sizes.open_items - seed_small["open_items"],
+            pending_approvals=sizes.pending_approvals - seed_small["pending_approvals"],
+            resolved_items=sizes.resolved_items - seed_small["resolved_items"],
+            big_run_actions=sizes.big_run_actions,
+        )
+        user = dashboard.operator()
+        log(f"seed_bench (small): {seed_small}")
+        s["seed_small"] = dashboard.seed(seed_small)
+        pages_small = dashboard.pages(
+            user=user, deep_pages=sizes.deep_pages, big_run_actions=sizes.big_run_actions
+        )
+        s["queries_small"] = dashboard.query_counts(user=user, pages=pages_small)
+        log(f"seed_bench (rest): {seed_rest}")
+        s["seed_full"] = dashboard.seed(seed_rest)
+        s["data"] = dashboard.table_sizes()
+        pages_full = dashboard.pages(
+            user=user, deep_pages=sizes.deep_pages, big_run_actions=sizes.big_run_actions
+        )
+        s["pages"] = {name: path for name, path in pages_full}
+        s["queries_full"] = dashboard.query_counts(user=user, pages=pages_full)
+        log("EXPLAIN ANALYZE of every query the pages run")
+        s["explain"] = dashboard.explain_pages(user=user, pages=pages_full)
+        cookie = dashboard.session_cookie(user)
+        web = self.start_web("web-dashboard", settings_module="bench.settings")
+        try:
+            log("dashboard pages over HTTP, 1 client")
+            timings: dict[str, Any] = {}
+            for name, path in pages_full:
+                result = run_load(
+                    scenario="get_pages",
+                    host="127.0.0.1",
+                    port=self.port,
+                    clients=1,
+                    processes=1,
+                    warmup_s=0,
+                    window_s=3600,
+                    params={"pages": [(name, path)], "max_requests_per_client": sizes.page_samples + 2},
+                    headers={"Cookie": cookie},
+                )
+                lat = result.latencies(name)[:]
+                # The first two requests warm the worker's caches (templates, connection); drop
+                # them by start time, not by speed.
+                ordered = sorted((x for x in result.samples if x.op == name), key=lambda x: x.started)[2:]
+                lat = sorted(x.latency for x in ordered)
+                timings[name] = {
+                    "count": len(lat),
+                    "p50_ms": percentile(lat, 50) * 1000,
+                    "p95_ms": percentile(lat, 95) * 1000,
+                    "errors": result.error_count(),
+                    "error_detail": dict(result.errors),
+                    "http_queries": sorted(result.queries.get(name, set())),
+                }
+            s["timings"] = timings
+        finally:
+            web.stop()
+
+    # Phase 4 ----------------------------------------------------------------------------------
+
+    def unwinds(self) -> None:
+        from bench import unwinds
+
+        s = self.section("unwind")
+        log(f"unwinds: 1 x {self.sizes.unwind_steps} steps, then {self.sizes.concurrent_unwinds} concurrent")
+        worker = self.start_worker()
+        try:
+            s.update(
+                unwinds.measure(
+                    steps=self.sizes.unwind_steps,
+                    concurrent=self.sizes.concurrent_unwinds,
+                    log_dir=self.log_dir,
+                )
+            )
+        finally:
+            worker.stop()
+
+    # Driver -----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        started = time.monotonic()
+        self.prepare()
+        phases = [
+            ("baselines", self.baselines),
+            ("append", self.append),
+            ("dashboard", self.dashboard),
+            ("unwind", self.unwinds),
+        ]
+        only = set(self.args.only.split(",")) if self.args.only else None
+        for name, phase in phases:
+            if only and name not in only:
+                continue
+            try:
+                phase()
+            except Exception as exc:  # noqa: BLE001 - a phase that cannot run is reported, not hidden
+                log(f"phase {name} failed: {exc!r}")
+                self.results["errors"].append(
+                    {"phase": name, "error": repr(exc), "traceback": traceback.format_exc()}
+                )
+        self.results["elapsed_s"] = time.monotonic() - started
+        from bench import machine, report
+
+        self.results["load_after"] = machine.loadavg()
+        text, markdown = report.render(self.results, smoke=self.args.smoke)
+        print(text)
+        out = Path(self.args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(markdown)
+        (self.log_dir / "results.json").write_text(json.dumps(self.results, indent=2, default=str))
+        log(f"wrote {out} and {self.log_dir / 'results.json'}")
+        return 1 if self.results["errors"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: a check that the harness works")
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/saga_bench"),
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/6"),
+        help="'auto' claims a free database among 8-15",
+    )
+    parser.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT", "18731")))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "BENCHMARKS.md"))
+    parser.add_argument("--log-dir", default=str(ROOT / "artifacts" / "bench"))
+    parser.add_argument(
+        "--keep-db", action="store_true", help="do not drop the benchmark database at the end"
+    )
+    parser.add_argument(
+        "--only", default="", help="comma-separated phases: baselines,append,dashboard,unwind"
+    )
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--actions-per-run", type=int, default=None)
+    parser.add_argument("--open-items", type=int, default=None)
+    parser.add_argument("--window", type=float, default=None, help="seconds measured per load test")
+    args = parser.parse_args(argv)
+    claim = None
+    if args.redis_url == "auto":
+        args.redis_url, claim = claim_redis_db("redis://127.0.0.1:6379/0")
+    harness = Harness(args)
+    try:
+        return harness.run()
+    finally:
+        if claim is not None:
+            claim.flushdb()
+        if not args.keep_db:
+            try:
+                from django.db import connections
+
+                connections.close_all()
+            except Exception:  # noqa: BLE001, S110 - Django may never have been set up
+                pass
+            drop_database(args.database_url)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The benchmark harness, run at smoke size inside `make test` so it cannot rot.
+
+This checks that every phase runs and the report has every section; it asserts no timing
+target (a smoke run's figures mean nothing, and this machine is shared while tests run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.report import SECTIONS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.timeout(600)
+def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "--smoke",
+            "--redis-url",
+            "auto",
+            "--database-url",
+            f"postgres://postgres@127.0.0.1:5432/saga_bench_smoke_{os.getpid()}",
+            "--port",
+            str(_free_port()),
+            "--out",
+            str(out),
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
+    results = json.loads((tmp_path / "logs" / "results.json").read_text())
+    failed = {e["phase"]: e["traceback"] for e in results["errors"]}
+    assert completed.returncode == 0 and not failed, (
+        failed,
+        completed.stdout[-4000:],
+        completed.stderr[-4000:],
+    )
+
+    report = out.read_text()
+    for section in SECTIONS:
+        assert f"## {section}" in report
+    assert "Smoke run" in report
+    sections = results["sections"]
+    assert {"L1_1", "L1_16", "L2_1", "L2_16", "L3_batch", "L3_chain"} <= set(sections["baselines"])
+    assert {"record_action_1", "record_action_16", "action_lifecycle_1", "action_lifecycle_16"} <= set(
+        sections["append"]
+    )
+    assert sections["append"]["record_action_16"]["record_action"]["count"] > 0
+    assert set(sections["dashboard"]["timings"]) == set(sections["dashboard"]["explain"])
+    assert all(t["count"] > 0 and t["errors"] == 0 for t in sections["dashboard"]["timings"].values())
+    assert sections["unwind"]["single"]["unwind_statuses"] == ["completed"]
+    # The table printed to the terminal is the same one the report carries.
+    assert "figure" in completed.stdout and "Targets:" in completed.stdout
