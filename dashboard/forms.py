@@ -4,7 +4,6 @@ import json
 from typing import Any
 
 from django import forms
-from django.conf import settings
 
 from dashboard.selectors import AGE_CHOICES, SORTS, STATUS_CHOICES, QueueFilters
 from ledger.models import Risk
@@ -15,7 +14,7 @@ _REASON_HELP = "Recorded in the audit log with your name."
 
 class ReasonForm(forms.Form):
     reason = forms.CharField(
-        label="Reason", max_length=2000, help_text=_REASON_HELP,
+        label="Reason", max_length=2000, help_text=_REASON_HELP, error_messages={"required": "A reason is required."},
         widget=forms.TextInput(attrs={"autocomplete": "off", "required": True}),
     )
 
@@ -67,20 +66,10 @@ class ApproveForm(ReasonForm):
 
 
 class BulkForm(ReasonForm):
+    """The selected item ids come from ``request.POST.getlist("items")``; how many may be handled
+    at once and which risks qualify is the bulk service's rule, not the form's."""
+
     operation = forms.ChoiceField(choices=[("close", "Close"), ("compensate", "Compensate")])
-    items = forms.MultipleChoiceField(label="Items", widget=forms.MultipleHiddenInput)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # The choices are whatever ids were posted; the view scopes them to the user's tenants.
-        self.fields["items"].choices = [(v, v) for v in (self.data.getlist("items") if self.data else [])]
-
-    def clean_items(self) -> list[str]:
-        ids = list(dict.fromkeys(self.cleaned_data["items"]))
-        cap = settings.SAGA["BULK_MAX_ITEMS"]
-        if len(ids) > cap:
-            raise forms.ValidationError(f"At most {cap} items at once (you selected {len(ids)}).")
-        return ids
 
 
 class QueueFilterForm(forms.Form):

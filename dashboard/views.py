@@ -181,22 +181,28 @@ def queue_new(request: HtmxHttpRequest) -> HttpResponse:
 def queue_bulk(request: HtmxHttpRequest) -> HttpResponse:
     back = reverse("dashboard:queue")
     form = BulkForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, _form_errors(form))
+    ids = list(dict.fromkeys(request.POST.getlist("items")))
+    if not form.is_valid() or not ids:
+        messages.error(request, _form_errors(form) if form.errors else "Select at least one item.")
         return _done(request, back)
-    items = selectors.items_for_user(user=request.user, ids=form.cleaned_data["items"])
-    if len(items) != len(form.cleaned_data["items"]):
+    items = selectors.items_for_user(user=request.user, ids=ids)
+    if len(items) != len(ids):
         raise Http404("Some selected items do not exist.")
     for item in items:
         require(request.user, Capability.OPERATE, item.tenant_id)
     operation = form.cleaned_data["operation"]
     service = recovery_services.items_bulk_close if operation == "close" else recovery_services.items_bulk_compensate
     try:
-        service(items=items, actor=_actor(request), reason=form.cleaned_data["reason"])
+        outcomes = service(items=items, actor=_actor(request), reason=form.cleaned_data["reason"])
     except SagaError as exc:
         return _refused(request, exc, back)
-    verb = "Closed" if operation == "close" else "Started compensation for"
-    messages.success(request, f"{verb} {len(items)} item{'s' if len(items) != 1 else ''}.")
+    done = [o for o in outcomes if o.ok]
+    if done:
+        verb = "Closed" if operation == "close" else "Started compensation for"
+        messages.success(request, f"{verb} {len(done)} item{'s' if len(done) != 1 else ''}.")
+    for outcome in outcomes:
+        if not outcome.ok:
+            messages.error(request, f"{outcome.item_id}: {outcome.message}")
     return _done(request, back)
 
 

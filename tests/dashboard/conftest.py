@@ -22,3 +22,9 @@ def login(client):
         return client
 
     return _login
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    # The personas are created per test; PBKDF2 at full strength would dominate the run time.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from ledger import services as ledger
+from recovery import services as recovery
+from tests.dashboard.factories import onboarding_run
+
+pytestmark = pytest.mark.django_db
+
+
+def _url(run):
+    return reverse("dashboard:run-detail", args=[run.pk])
+
+
+def test_it_shows_the_ledger_the_checkpoint_and_the_audit_log(client, failed_run, carol):
+    run, item = failed_run
+    client.force_login(carol)
+    response = client.get(_url(run))
+    assert response.status_code == 200
+    body = response.content.decode()
+    for text in ("hr.create_user", "workspace.provision_license", "email.send_welcome", "429 rate limited",
+                 "The HR ticket asks for an account first.", "87%", "account-created", "Latest",
+                 "Resume at licence provisioning.", 'id="audit"', "run.failed", "onboarding-agent",
+                 "https://traces.example.com/t/123", "hire-ashu@company.com"):
+        assert text in body, text
+    # The snapshot diff names each field and says how it changed, not only with colour.
+    assert "license" in body and "business-standard" in body and "changed" in body
+
+
+def test_a_viewer_sees_no_decision_buttons(client, failed_run, carol):
+    run, item = failed_run
+    client.force_login(carol)
+    body = client.get(_url(run)).content.decode()
+    assert reverse("dashboard:item-compensate", args=[item.pk]) not in body
+    assert "can look but not decide" in body
+
+
+def test_an_operator_sees_the_decision_buttons(client, failed_run, alice):
+    run, item = failed_run
+    client.force_login(alice)
+    body = client.get(_url(run)).content.decode()
+    for name in ("item-compensate", "item-resume", "item-close"):
+        assert reverse(f"dashboard:{name}", args=[item.pk]) in body
+
+
+def test_an_outsider_gets_404(client, failed_run, mallory):
+    run, _item = failed_run
+    client.force_login(mallory)
+    assert client.get(_url(run)).status_code == 404
+
+
+def test_it_warns_about_unknown_outcomes_and_offers_reconcile(client, tenant, agent, alice):
+    from tests.dashboard.factories import _do, load_policies
+
+    load_policies()
+    run = ledger.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the contact owner")
+    action = _do(run, agent, "crm.update_contact", target_id="c-1", args={"owner": "x"}, before={"owner": "y"},
+                 unknown=True)
+    client.force_login(alice)
+    body = client.get(_url(run)).content.decode()
+    assert "Outcome unknown" in body and "reconcile" in body.lower()
+    assert reverse("dashboard:action-reconcile", args=[action.pk]) in body
+
+
+def test_it_shows_the_correction_trail_with_a_copy_button(client, failed_run, carol):
+    run, _item = failed_run
+    client.force_login(carol)
+    body = client.get(_url(run)).content.decode()
+    assert 'id="trail"' in body and 'data-copy-target="trail-text"' in body
+    assert "Not undone" in body or "not be undone" in body
+
+
+def test_the_run_page_query_count_does_not_grow_with_rows(client, tenant, agent, alice, django_assert_max_num_queries):
+    small, _ = onboarding_run(tenant, agent, name="Small", email="small@company.com")
+    big, _ = onboarding_run(tenant, agent, name="Big", email="big@company.com", extra_actions=8)
+    client.force_login(alice)
+    client.get(_url(small))
+    with CaptureQueriesContext(connection) as baseline:
+        client.get(_url(small))
+    with django_assert_max_num_queries(len(baseline.captured_queries)):
+        response = client.get(_url(big))
+    assert len(response.context["p"].actions) == 11
+
+
+def test_the_run_page_with_an_unwind_keeps_a_flat_query_count(client, tenant, agent, alice,
+                                                              django_assert_max_num_queries):
+    from ledger.audit import Actor
+
+    small, small_item = onboarding_run(tenant, agent, name="Small", email="small@company.com")
+    big, big_item = onboarding_run(tenant, agent, name="Big", email="big@company.com", extra_actions=6)
+    for item in (small_item, big_item):
+        recovery.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
+    client.force_login(alice)
+    client.get(_url(small))
+    with CaptureQueriesContext(connection) as baseline:
+        client.get(_url(small))
+    with django_assert_max_num_queries(len(baseline.captured_queries)):
+        response = client.get(_url(big))
+    assert response.context["p"].unwind.steps.count() == 8
