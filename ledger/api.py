@@ -36,8 +36,8 @@ from ledger.schemas import (
     CheckpointIn,
     CheckpointOut,
     CheckpointPageOut,
-    CommandOut,
-    CommandsOut,
+    AgentCommandOut,
+    AgentCommandsOut,
     HeartbeatIn,
     HeartbeatOut,
     PageQuery,
@@ -250,14 +250,14 @@ def run_trail_view(request: HttpRequest, run_id: str) -> dict[str, Any]:
 # --- Commands -----------------------------------------------------------------------------------
 
 
-@router.get("/runs/{run_id}/commands", response={200: CommandsOut, **AUTH_ERRORS},
+@router.get("/runs/{run_id}/commands", response={200: AgentCommandsOut, **AUTH_ERRORS},
             summary="Pending resume/cancel commands for the agent")
 def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
     run = _run(request, run_id)
     return {"commands": [command_out(command) for command in recovery.commands_pending(run=run)]}
 
 
-@router.post("/commands/{command_id}/ack", response={200: CommandOut, **WRITE_ERRORS},
+@router.post("/commands/{command_id}/ack", response={200: AgentCommandOut, **WRITE_ERRORS},
              summary="Acknowledge a command (harmless to repeat)")
 def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
     _check_id("Command", command_id)

@@ -290,7 +290,7 @@ class CheckpointPageOut(Schema):
     next_cursor: str | None = None
 
 
-class CommandOut(Schema):
+class AgentCommandOut(Schema):
     id: str
     run_id: str
     kind: Literal["resume", "cancel"]
@@ -301,15 +301,15 @@ class CommandOut(Schema):
     acked_at: datetime | None = None
 
 
-class CommandsOut(Schema):
-    commands: list[CommandOut]
+class AgentCommandsOut(Schema):
+    commands: list[AgentCommandOut]
 
 
 class HeartbeatOut(Schema):
     run_id: str
     status: RunStatus
     last_heartbeat_at: datetime | None = None
-    commands: list[CommandOut]
+    commands: list[AgentCommandOut]
 
 
 class ActionVerifyOut(ActionOut):
@@ -411,8 +411,8 @@ def recovery_item_out(item: Any) -> dict[str, Any] | None:
 
 
 def command_out(command: Any) -> dict[str, Any]:
-    return CommandOut.model_validate({
-        **_fields(command, CommandOut), "run_id": command.run_id,
+    return AgentCommandOut.model_validate({
+        **_fields(command, AgentCommandOut), "run_id": command.run_id,
         "checkpoint": checkpoint_out(command.checkpoint) if command.checkpoint_id else None,
     }).model_dump(mode="json")
 
