@@ -1,0 +1,140 @@
+"""Metrics, policies, login/logout, idle timeout and the security headers every page carries."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from ledger.audit import Actor
+from ledger.models import Compensator, ToolPolicy
+from recovery import services as recovery
+from tests.dashboard.factories import onboarding_run
+
+pytestmark = pytest.mark.django_db
+
+
+def test_metrics_page_renders_svg_charts(client, tenant, agent, alice, bob):
+    run, item = onboarding_run(tenant, agent)
+    recovery.item_close(item=item, actor=Actor.for_user(alice), reason="done")
+    onboarding_run(tenant, agent, name="Open", email="open@company.com")
+    client.force_login(bob)
+    for window in ("24h", "7d", "30d", "bogus"):
+        response = client.get(reverse("dashboard:metrics"), {"window": window})
+        assert response.status_code == 200
+    body = response.content.decode()
+    assert "<svg" in body and 'role="img"' in body and "email.send_welcome" in body
+    assert "MTTR" in body and "1 resolved" in body
+    metrics = response.context["m"]
+    assert dict(metrics.open_by_risk)["Medium"] == 1 and metrics.resolved == 1 and metrics.mttr_s is not None
+
+
+def test_metrics_are_scoped_to_the_users_tenants(client, tenant, agent, mallory):
+    onboarding_run(tenant, agent)
+    client.force_login(mallory)
+    m = client.get(reverse("dashboard:metrics")).context["m"]
+    assert sum(n for _label, n in m.open_by_risk) == 0 and not m.top_failing_tools
+
+
+def test_percentiles_come_from_postgres(tenant, agent, alice, bob):
+    from dashboard import selectors
+    from tests.dashboard.factories import gated_run
+
+    for amount in (1, 2, 3):
+        approval = gated_run(tenant, agent, amount=amount)[2]
+        recovery.approval_approve(approval=approval, actor=Actor.for_user(bob), reason="ok")
+    m = selectors.metrics(user=alice, window="24h")
+    assert m.approvals_decided == 3 and m.approval_p50_s is not None and m.approval_p95_s >= m.approval_p50_s
+
+
+def test_policies_page_lists_policies_and_compensators_with_their_source(client, tenant, agent, carol):
+    onboarding_run(tenant, agent)  # loads the test policies
+    Compensator.objects.create(tool="hr.delete_user", kind="webhook", url="https://hr.example.com/undo",
+                               secret_env="HR_SECRET", source="policies/acme.json")
+    client.force_login(carol)
+    body = client.get(reverse("dashboard:policies")).content.decode()
+    assert "hr.create_user" in body and "crm.update_*" in body and "tests" in body
+    assert "https://hr.example.com/undo" in body and "policies/acme.json" in body
+    assert ToolPolicy.objects.count() > 0
+
+
+def test_admin_links_only_for_admins(client, tenant, alice, dave):
+    client.force_login(alice)
+    assert "/django-rq/" not in client.get(reverse("dashboard:queue")).content.decode()
+    client.force_login(dave)
+    body = client.get(reverse("dashboard:queue")).content.decode()
+    assert "/django-rq/" in body and reverse("admin:index") in body
+
+
+def test_login_rotates_the_session_and_logout_needs_post(client, alice):
+    client.get(reverse("login"))
+    before = client.cookies.get("sessionid")
+    response = client.post(reverse("login"), {"username": "alice", "password": "correct-horse-battery"})
+    assert response.status_code == 302 and response["Location"] == "/"
+    assert client.cookies["sessionid"].value != (before.value if before else None)
+    assert client.get(reverse("logout")).status_code == 405
+    response = client.post(reverse("logout"))
+    assert response.status_code == 302
+    assert client.get(reverse("dashboard:queue")).status_code == 302
+
+
+def test_login_page_has_labelled_fields(client):
+    body = client.get(reverse("login")).content.decode()
+    assert '<label for="id_username">' in body and '<label for="id_password">' in body
+    assert "csrfmiddlewaretoken" in body
+
+
+def test_repeated_failures_lock_the_account(client, alice, settings):
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        client.post(reverse("login"), {"username": "alice", "password": "wrong"})
+    response = client.post(reverse("login"), {"username": "alice", "password": "correct-horse-battery"})
+    assert response.status_code == 429
+    assert "_auth_user_id" not in client.session
+
+
+def test_an_idle_session_is_signed_out(client, alice, settings):
+    from dashboard.middleware import SESSION_KEY
+
+    client.force_login(alice)
+    assert client.get(reverse("dashboard:queue")).status_code == 200
+    session = client.session
+    session[SESSION_KEY] = session[SESSION_KEY] - settings.SESSION_IDLE_TIMEOUT_S - 5
+    session.save()
+    response = client.get(reverse("dashboard:queue"))
+    assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
+
+
+def test_background_polls_do_not_keep_a_session_alive(client, alice):
+    from dashboard.middleware import POLL_HEADER, SESSION_KEY
+
+    client.force_login(alice)
+    client.get(reverse("dashboard:queue"))
+    session = client.session
+    session[SESSION_KEY] = session[SESSION_KEY] - 100
+    session.save()
+    stamp = client.session[SESSION_KEY]
+    client.get(reverse("dashboard:queue-new"), headers={POLL_HEADER: "1", "HX-Request": "true"})
+    assert client.session[SESSION_KEY] == stamp
+
+
+@pytest.mark.parametrize("name", ["queue", "approvals", "metrics", "policies"])
+def test_every_page_carries_a_strict_csp(client, alice, name):
+    client.force_login(alice)
+    response = client.get(reverse(f"dashboard:{name}"))
+    policy = response["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "style-src 'self'" in policy
+    assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+    body = response.content.decode()
+    assert "<script>" not in body and "style=" not in body and "<style" not in body
+    assert 'hx-headers=\'{"x-csrftoken"' in body
+    assert '"includeIndicatorStyles": false' in body and '"allowEval": false' in body
+
+
+def test_the_run_page_and_login_carry_the_csp_too(client, failed_run, alice):
+    run, _item = failed_run
+    response = client.get(reverse("login"))
+    assert "unsafe-inline" not in response["Content-Security-Policy"]
+    client.force_login(alice)
+    response = client.get(reverse("dashboard:run-detail", args=[run.pk]))
+    assert "unsafe-inline" not in response["Content-Security-Policy"]
+    body = response.content.decode()
+    assert "style=" not in body and "<script>" not in body
