@@ -11,6 +11,7 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("admin/", admin.site.urls),
     path("django-rq/", include("django_rq.urls")),
+    path("demo-world/", include("demo.urls")),
     path("", include("dashboard.auth_urls")),
     path("", include("dashboard.urls")),
 ]

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from demo import agents, people
+from demo.setup import AGENT_KEYS, agent_secret, demo_setup, logins_table, policy_summary
+from demo.views import SECRET_ENV
+
+
+class Command(BaseCommand):
+    help = (
+        "Set up the demo (tenants, demo policies, logins for each role, agent keys, the demo world's "
+        "data) and let the demo agents play their scenarios against the running server's API. "
+        "Idempotent: scenarios whose run already exists are skipped. --continuous then keeps "
+        "producing live traffic and tends runs waiting for approval until stopped."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--url",
+            default=os.environ.get("SAGA_DEMO_URL", "http://127.0.0.1:8000"),
+            help="Where the Saga Admin web process answers (default: %(default)s).",
+        )
+        parser.add_argument(
+            "--continuous", action="store_true", help="After seeding, keep producing runs until interrupted."
+        )
+        parser.add_argument(
+            "--every",
+            type=float,
+            default=20.0,
+            metavar="SECONDS",
+            help="With --continuous: seconds between new runs (default: %(default)s).",
+        )
+        parser.add_argument(
+            "--setup-only",
+            action="store_true",
+            help="Only tenants, policies, logins, keys and world data; no agent runs.",
+        )
+        parser.add_argument("--print-logins", action="store_true", help="Print the demo logins and exit.")
+
+    def handle(
+        self,
+        *args: Any,
+        url: str,
+        continuous: bool,
+        every: float,
+        setup_only: bool,
+        print_logins: bool,
+        **options: Any,
+    ) -> None:
+        if print_logins:
+            self.stdout.write("Demo logins (dashboard at /, Django admin at /admin/):")
+            self.stdout.write(logins_table())
+            return
+        # The agents' HTTP client logs every request at INFO; the seed's own lines tell the story.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        url = url.rstrip("/")
+        setup = demo_setup(base_url=url)
+        self.stdout.write(f"Demo policies: {policy_summary(setup.policy_reports)}")
+        if setup_only:
+            return
+
+        secret = os.environ.get(SECRET_ENV, "")
+        if not secret:
+            raise CommandError(
+                f"{SECRET_ENV} is not set: the demo world refuses unsigned calls "
+                "(make run sets it; the web and worker processes need the same value)."
+            )
+        keys = {AGENT_KEYS[name][0]: agent_secret(name) for name in ("acme-agents", "globex-agents")}
+        demo = agents.Demo(base_url=url, keys=keys, world=agents.World(url, secret), people=people)
+        try:
+            report = agents.seed(demo, log=self.stdout.write)
+            self.stdout.write(f"Demo runs: {len(report.played)} played, {len(report.skipped)} already there.")
+            if continuous:
+                self._continuous(demo, every)
+        finally:
+            demo.close()
+
+    def _continuous(self, demo: agents.Demo, every: float) -> None:
+        stop = threading.Event()
+        # SIGTERM (make run's Ctrl-C, a process manager) ends the loop between two runs.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        self.stdout.write(f"Live demo traffic: a run every {every:g}s; Ctrl-C to stop.")
+        agents.continuous(demo, every_s=every, stop=stop, log=lambda line: self.stdout.write(f"  {line}"))

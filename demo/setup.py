@@ -1,0 +1,237 @@
+"""Everything ``seed_demo`` puts in place before the demo agents run: tenants, the demo policy
+files, dashboard logins for each role, the agents' API keys, and what the demo world's systems
+already held before any agent touched them. Every function is idempotent: a second call finds
+its work done and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+
+from demo.models import AgentCredential, CrmContact, CrmTicket, HrUser, Payment, WorkspaceLicense
+from ledger import services as ledger
+from ledger.audit import Actor
+from ledger.models import AgentKey, Tenant
+from ledger.policy_loader import LoadReport, policy_file_load, policy_file_parse, policy_file_read
+
+POLICY_DIR = Path(__file__).resolve().parent / "policies"
+# The origin the policy files are written for (make run's default port). seed_demo rewrites it to
+# the server's real URL, since the webhook compensators must reach the demo world where it runs.
+POLICY_FILE_ORIGIN = "http://127.0.0.1:8000"
+
+SEEDER = Actor.system("seed_demo")
+
+TENANTS = {"acme": "Acme Corp", "globex": "Globex Ltd"}
+
+# One login per role, named like the test personas. A demo password for a demo: `make run` is a
+# local playground, and the README says so.
+DEMO_PASSWORD = "saga-demo-pass"
+
+
+@dataclass(frozen=True)
+class DemoLogin:
+    username: str
+    role: str
+    tenant: str
+    what: str
+
+
+LOGINS = (
+    DemoLogin("admin", "admin", "acme", "everything, incl. the Django admin and RQ dashboards"),
+    DemoLogin("alice", "operator", "acme", "resumes, compensates and closes runs in the recovery queue"),
+    DemoLogin("bob", "approver", "acme", "approves or rejects risky actions and compensations"),
+    DemoLogin("carol", "viewer", "acme", "can look, not touch"),
+    DemoLogin("mallory", "operator", "globex", "an operator at another tenant: sees none of Acme's runs"),
+)
+
+# Which key each demo agent uses: (tenant, key name, scopes).
+AGENT_KEYS = {
+    "acme-agents": ("acme", "demo-agents", ["agent"]),
+    "acme-supervisor": ("acme", "demo-supervisor", ["agent", "operator"]),
+    "globex-agents": ("globex", "demo-agents", ["agent"]),
+}
+
+
+# --- Policies --------------------------------------------------------------------------------
+
+
+def _rewrite_origin(value: Any, origin: str) -> Any:
+    if isinstance(value, str) and value.startswith(POLICY_FILE_ORIGIN + "/"):
+        return origin.rstrip("/") + value[len(POLICY_FILE_ORIGIN) :]
+    if isinstance(value, dict):
+        return {key: _rewrite_origin(item, origin) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_rewrite_origin(item, origin) for item in value]
+    return value
+
+
+def policies_load_demo(*, base_url: str) -> list[LoadReport]:
+    """The native-layout file is the global policy set; the agentSafety one is Acme's own (its CRM
+    tools), layered on top, so both layouts are in force at once."""
+    reports = []
+    for name, tenant_slug in (("native.json", None), ("agent_safety.json", "acme")):
+        path = POLICY_DIR / name
+        data = _rewrite_origin(policy_file_read(path), base_url)
+        document = policy_file_parse(data, source=f"demo/policies/{name}")
+        tenant = Tenant.objects.get(slug=tenant_slug) if tenant_slug else None
+        reports.append(
+            policy_file_load(document=document, source=f"demo/policies/{name}", tenant=tenant, actor=SEEDER)
+        )
+    return reports
+
+
+# --- Tenants, logins, keys -------------------------------------------------------------------
+
+
+def tenants_ensure() -> dict[str, Tenant]:
+    return {slug: ledger.tenant_get_or_create(slug=slug, name=name) for slug, name in TENANTS.items()}
+
+
+def logins_ensure(tenants: dict[str, Tenant]) -> None:
+    for login in LOGINS:
+        result = ledger.staff_set(
+            username=login.username,
+            password=DEMO_PASSWORD,
+            tenant=tenants[login.tenant],
+            role=login.role,
+            actor=SEEDER,
+            email=f"{login.username}@demo.saga.local",
+        )
+        if login.username == "admin":
+            # The one login that sees every demo tenant and every admin page (RQ's included).
+            for slug, tenant in tenants.items():
+                if slug != login.tenant:
+                    ledger.membership_set(user=result.user, tenant=tenant, role="admin", actor=SEEDER)
+            if not result.user.is_superuser:
+                result.user.is_superuser = True
+                result.user.is_staff = True
+                result.user.save(update_fields=["is_superuser", "is_staff"])
+
+
+@transaction.atomic
+def agent_secret(name: str) -> str:
+    """The API key of one demo agent, minting it (through the ledger, like create_agent_key) only
+    when the harness has none or its key was revoked."""
+    tenant_slug, key_name, scopes = AGENT_KEYS[name]
+    stored = (
+        AgentCredential.objects.select_for_update().filter(tenant_slug=tenant_slug, name=key_name).first()
+    )
+    if stored is not None and AgentKey.objects.filter(pk=stored.key_id, revoked_at__isnull=True).exists():
+        return stored.secret
+    tenant = ledger.tenant_get_or_create(slug=tenant_slug, name=TENANTS.get(tenant_slug, ""))
+    issued = ledger.agent_key_create(tenant=tenant, name=key_name, scopes=scopes, actor=SEEDER)
+    AgentCredential.objects.update_or_create(
+        tenant_slug=tenant_slug, name=key_name, defaults={"key_id": issued.key.pk, "secret": issued.secret}
+    )
+    return issued.secret
+
+
+# --- The world before the agents -------------------------------------------------------------
+
+CONTACTS = [
+    ("C-201", "Dana Whitfield", "dana@acme.example", "Acme Corp", "standard", "Sam"),
+    ("C-202", "Luis Ortega", "luis@initech.example", "Initech", "standard", "Sam"),
+    ("C-203", "Mei Tanaka", "mei@umbrella.example", "Umbrella Health", "growth", "Ravi"),
+    ("C-204", "Tom Becker", "tom@globex.example", "Globex Ltd", "enterprise", "Ravi"),
+    ("C-205", "Ana Souza", "ana@hooli.example", "Hooli", "standard", "Sam"),
+]
+TICKETS = [
+    ("T-1007", "Invoices show the wrong VAT rate", "Umbrella Health", "C-203", "high", "open", "Ravi"),
+    ("T-1011", "Cannot export reports to CSV", "Hooli", "C-205", "normal", "open", "Sam"),
+    ("T-1024", "Password reset email arrives late", "Initech", "C-202", "low", "open", "Sam"),
+    ("T-1042", "Production outage: API returns 503", "Acme Corp", "C-201", "high", "open", "Ravi"),
+    ("T-1050", "Request for an annual plan quote", "Globex Ltd", "C-204", "normal", "open", "Sam"),
+    ("T-1063", "Duplicate charge on invoice INV-7781", "Hooli", "C-205", "normal", "open", "Sam"),
+]
+EMPLOYEES = [
+    ("priya.raman@acme.example", "Priya Raman", "Support", "Support lead", "Jon Ives"),
+    ("jon.ives@acme.example", "Jon Ives", "Operations", "COO", ""),
+]
+PAYMENTS = [
+    # The customer was charged twice for INV-7781 and filed a chargeback on the duplicate.
+    ("pay_inv7781_a", "Hooli", 129_900, "Invoice INV-7781", False),
+    ("pay_inv7781_b", "Hooli", 129_900, "Invoice INV-7781 (duplicate)", True),
+    ("pay_inv7702", "Umbrella Health", 54_000, "Invoice INV-7702", False),
+]
+
+
+@transaction.atomic
+def world_seed() -> None:
+    """What the demo world's systems held before the agents started (get-or-create, so a person's
+    later edits in the world survive a second seed)."""
+    for cid, name, email, company, tier, owner in CONTACTS:
+        CrmContact.objects.get_or_create(
+            id=cid, defaults={"name": name, "email": email, "company": company, "tier": tier, "owner": owner}
+        )
+    for tid, subject, company, contact, priority, status, assignee in TICKETS:
+        CrmTicket.objects.get_or_create(
+            id=tid,
+            defaults={
+                "subject": subject,
+                "company": company,
+                "contact_id": contact,
+                "priority": priority,
+                "status": status,
+                "assignee": assignee,
+                "updated_by": "seed",
+            },
+        )
+    for email, name, department, title, manager in EMPLOYEES:
+        _, created = HrUser.objects.get_or_create(
+            email=email,
+            defaults={
+                "name": name,
+                "department": department,
+                "title": title,
+                "manager": manager,
+                "start_date": date(2023, 3, 1),
+            },
+        )
+        if created:
+            WorkspaceLicense.objects.create(email=email, sku="business-standard", monthly_cost_cents=1400)
+    for pid, customer, amount, description, disputed in PAYMENTS:
+        Payment.objects.get_or_create(
+            id=pid,
+            defaults={
+                "customer": customer,
+                "amount_cents": amount,
+                "description": description,
+                "disputed": disputed,
+            },
+        )
+
+
+@dataclass(frozen=True)
+class DemoSetup:
+    tenants: dict[str, Tenant]
+    policy_reports: list[LoadReport]
+
+
+def demo_setup(*, base_url: str) -> DemoSetup:
+    tenants = tenants_ensure()
+    reports = policies_load_demo(base_url=base_url)
+    logins_ensure(tenants)
+    for name in AGENT_KEYS:
+        agent_secret(name)
+    world_seed()
+    return DemoSetup(tenants=tenants, policy_reports=reports)
+
+
+def policy_summary(reports: list[LoadReport]) -> str:
+    return "; ".join(f"{r.source} → {r.scope} ({r.summary()})" for r in reports)
+
+
+def logins_table() -> str:
+    width = max(len(login.username) for login in LOGINS)
+    lines = [f"  {'login'.ljust(width)}  password         role      tenant  what they can do"]
+    for login in LOGINS:
+        lines.append(
+            f"  {login.username.ljust(width)}  {DEMO_PASSWORD}   {login.role.ljust(8)}  "
+            f"{login.tenant.ljust(6)}  {login.what}"
+        )
+    return "\n".join(lines)
