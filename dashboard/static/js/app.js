@@ -15,10 +15,16 @@
     return Array.prototype.slice.call(document.querySelectorAll("[data-approval-inbox] [data-approval]"));
   }
 
+  // The current card's id survives htmx swapping the card for its decided version.
+  var currentId = null;
+
   function currentIndex(list) {
     var active = document.activeElement;
     for (var i = 0; i < list.length; i++) {
-      if (list[i] === active || list[i].contains(active) || list[i].classList.contains("is-current")) return i;
+      if (list[i] === active || list[i].contains(active)) return i;
+    }
+    for (var j = 0; j < list.length; j++) {
+      if (list[j].id === currentId) return j;
     }
     return -1;
   }
@@ -29,6 +35,7 @@
     list.forEach(function (card) { card.classList.remove("is-current"); });
     var card = list[index];
     card.classList.add("is-current");
+    currentId = card.id;
     card.focus({ preventScroll: true });
     card.scrollIntoView({ block: "nearest", behavior: "smooth" });
     return card;
@@ -59,6 +66,17 @@
         event.preventDefault();
         field.focus();
       }
+    }
+  });
+
+  // After a decision swaps a card in place, keep the keyboard where it was.
+  document.addEventListener("htmx:afterSettle", function () {
+    if (!currentId) return;
+    var card = document.getElementById(currentId);
+    var active = document.activeElement;
+    if (card && (!active || active === document.body)) {
+      card.classList.add("is-current");
+      card.focus({ preventScroll: true });
     }
   });
 
