@@ -1,0 +1,209 @@
+"""`seed_demo` against a live server and a real `saga_worker` process: every failure story lands in
+the recovery queue with its reason, and compensating the onboarding run puts the demo world
+back (the HR user is gone and the licence cancelled in the world's own tables)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from demo import agents
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "seed-test-world-secret-0123456789"
+# Short enough to see the lost agent within seconds; long enough that no healthy run (each takes
+# about a second here) is mistaken for a lost one.
+HEARTBEAT_TIMEOUT_S = "8"
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def world_secret(monkeypatch: pytest.MonkeyPatch) -> str:
+    # The live server (this process) verifies with it, the worker (a subprocess) signs with it.
+    monkeypatch.setenv("SAGA_DEMO_WORLD_SECRET", SECRET)
+    return SECRET
+
+
+@pytest.fixture
+def saga_worker(live_server: Any, world_secret: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The Procfile's worker, on the test database and this test's Redis db."""
+    import redis
+    from django.conf import settings
+
+    redis_url = settings.RQ_QUEUES["default"]["URL"]
+    # Our own Redis db: leftovers of an earlier, interrupted run must not leak into this one.
+    redis.Redis.from_url(redis_url).flushdb()
+    db = settings.DATABASES["default"]
+    host = f"{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{host}/{db['NAME']}",
+        "REDIS_URL": redis_url,
+        "SAGA_DEMO_WORLD_SECRET": world_secret,
+        "SAGA_HEARTBEAT_TIMEOUT_S": HEARTBEAT_TIMEOUT_S,
+        "SAGA_SWEEP_INTERVAL_S": "1",
+        "DB_CONN_MAX_AGE": "0",
+    }
+    log_path = tmp_path / "worker.log"
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "saga_worker", "default", "compensations", "notifications"],
+        cwd=ROOT,
+        env=env,
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    yield process
+    # rq's work horses call setpgrp, so killing the worker's group misses them: find them first,
+    # so none outlives the test and touches the next one.
+    victims = _descendants(process.pid)
+    process.kill()
+    process.wait(timeout=10)
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _keep_waiting_agents_alive(demo: agents.Demo, stop: threading.Event) -> None:
+    # What make run's live traffic process does: the harness waiting on the vendor payment's
+    # approval keeps heartbeating, so it is not mistaken for a lost agent.
+    while not stop.is_set():
+        agents.tend_waiting_runs(demo)
+        stop.wait(2)
+
+
+def _open_reasons() -> dict[str, str]:
+    from recovery.models import RecoveryItem
+
+    return {
+        item.run.external_id: item.reason
+        for item in RecoveryItem.objects.select_related("run").exclude(status=RecoveryItem.Status.RESOLVED)
+    }
+
+
+def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
+    live_server: Any, saga_worker: subprocess.Popen[bytes], world_secret: str
+) -> None:
+    from django.contrib.auth import get_user_model
+
+    from demo import people
+    from demo.models import AgentCredential, HrUser, WorkspaceLicense
+    from demo.setup import agent_secret
+    from ledger.audit import Actor
+    from ledger.models import Action, AgentKey, Run
+    from recovery import services as recovery
+    from recovery.models import Approval, RecoveryItem
+
+    call_command("seed_demo", url=live_server.url)
+
+    demo = agents.Demo(
+        base_url=live_server.url,
+        keys={"acme": agent_secret("acme-agents")},
+        world=agents.World(live_server.url, world_secret),
+        people=people,
+    )
+    stop = threading.Event()
+    tender = threading.Thread(target=_keep_waiting_agents_alive, args=(demo, stop), daemon=True)
+    tender.start()
+    try:
+        expected = {
+            agents.external_id_for(s): s.expected_reason for s in agents.SCENARIOS if s.expected_reason
+        }
+        assert set(expected.values()) == {"failed", "verification_failed", "agent_lost", "state_drift"}
+        # The lost agent needs the heartbeat timeout to pass; the drift needs the worker's unwind.
+        wait_for(
+            lambda: _open_reasons() == expected,
+            timeout=60,
+            what=f"the queue to hold exactly {expected} (it holds {_open_reasons()})",
+        )
+    finally:
+        stop.set()
+        tender.join(timeout=10)
+        demo.close()
+
+    # The low-risk failure was undone without anyone; the vendor payment waits in the inbox.
+    auto = Run.objects.get(external_id="demo:support-reply-auto")
+    assert auto.status == Run.Status.COMPENSATED
+    assert auto.recovery_items.get().resolution == RecoveryItem.Resolution.AUTO_COMPENSATED
+    vendor = Run.objects.get(external_id="demo:vendor-payment")
+    assert vendor.status == Run.Status.RUNNING
+    assert Approval.objects.filter(run=vendor, status=Approval.Status.PENDING).count() == 1
+    # The charge that came too early carries the pivot warning.
+    pivot_run = Run.objects.get(external_id="demo:refund-pivot")
+    assert any(w["code"] == "pivot_order" for a in pivot_run.actions.all() for w in a.warnings)
+
+    # Seeding again adds nothing: no runs, keys or logins twice.
+    counts = (
+        Run.objects.count(),
+        AgentKey.objects.count(),
+        AgentCredential.objects.count(),
+        get_user_model().objects.count(),
+    )
+    call_command("seed_demo", url=live_server.url)
+    assert (
+        Run.objects.count(),
+        AgentKey.objects.count(),
+        AgentCredential.objects.count(),
+        get_user_model().objects.count(),
+    ) == counts
+
+    # Alice compensates the onboarding run; the worker undoes it in the demo world.
+    onboarding = Run.objects.get(external_id="demo:onboard-ashu")
+    assert HrUser.objects.filter(email="ashu@acme.example").exists()
+    assert WorkspaceLicense.objects.get(email="ashu@acme.example").status == WorkspaceLicense.Status.ACTIVE
+    item = onboarding.recovery_items.get(status=RecoveryItem.Status.OPEN)
+    alice = get_user_model().objects.get(username="alice")
+    recovery.unwind_start(
+        item=item, actor=Actor.for_user(alice), reason="Bad personal email; undo and retry later"
+    )
+
+    wait_for(
+        lambda: Run.objects.get(pk=onboarding.pk).status == Run.Status.COMPENSATED,
+        timeout=60,
+        what="the onboarding run to be compensated",
+    )
+    assert not HrUser.objects.filter(email="ashu@acme.example").exists()
+    assert WorkspaceLicense.objects.get(email="ashu@acme.example").status == WorkspaceLicense.Status.CANCELLED
+    assert set(onboarding.actions.values_list("tool", "status")) == {
+        ("hr.create_user", Action.Status.COMPENSATED),
+        ("workspace.provision_license", Action.Status.COMPENSATED),
+        ("email.send_welcome", Action.Status.FAILED),
+    }
+    assert RecoveryItem.objects.get(pk=item.pk).resolution == RecoveryItem.Resolution.COMPENSATED
