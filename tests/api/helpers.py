@@ -51,3 +51,22 @@ def new_action(api: Api, run_id: str, key: str = "k-1", **fields: Any) -> dict[s
     response = api.post(f"/runs/{run_id}/actions", body)
     assert response.status_code == 201, response.content
     return response.json()
+
+
+# The onboarding scenario's tool policies: the first two steps run without approval; the welcome
+# e-mail is irreversible (a correction can follow it) but auto-approved; charging needs a human.
+ONBOARDING_POLICIES = [
+    ("hr.create_user", "medium", "auto", "external_reversible", "custom"),
+    ("workspace.provision_license", "medium", "auto", "external_reversible", "custom"),
+    ("email.send_welcome", "high", "auto", "external_irreversible", "correction"),
+    ("payments.charge", "critical", "manual", "external_irreversible", "correction"),
+    ("crm.update_*", "low", "auto", "internal_update", "snapshot"),
+]
+
+
+def create_onboarding_policies() -> list[Any]:
+    from ledger.models import ToolPolicy
+
+    return [ToolPolicy.objects.create(tool=tool, risk=risk, approval=approval, action_class=cls, compensation=comp,
+                                      source="tests")
+            for tool, risk, approval, cls, comp in ONBOARDING_POLICIES]
