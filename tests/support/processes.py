@@ -1,0 +1,322 @@
+"""Real processes for the engine, recovery and reliability tests: a throwaway Redis (so a test may
+stop or flush it), a compensating service that checks signatures and counts effects per
+Idempotency-Key, and real ``saga_worker`` processes that can be SIGKILLed like a crashed host."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from saga_admin.client.signing import verify_signature
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The engine's clocks, shortened so crash recovery is observable in seconds.
+FAST_ENGINE = {
+    "SAGA_STEP_LEASE_S": "2",
+    "SAGA_SWEEP_INTERVAL_S": "1",
+    "SAGA_WEBHOOK_TIMEOUT_S": "1.5",
+    "SAGA_RETRY_BACKOFF_BASE_S": "0.2",
+    "SAGA_RETRY_BACKOFF_MAX_S": "1",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(
+    predicate: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.1, what: str = ""
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+# --- A Redis of our own ----------------------------------------------------------------------
+
+
+class RedisServer:
+    """redis-server on a free port, without persistence: stopping it loses every job, like a
+    crashed Redis. Never the machine's shared instance."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is needed for the engine tests"
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        wait_for(lambda: self._ping(client), timeout=10, what="redis-server to start")
+
+    @staticmethod
+    def _ping(client: Any) -> bool:
+        import redis
+
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def flush(self) -> None:
+        import redis
+
+        redis.Redis.from_url(self.url).flushdb()
+
+
+@contextmanager
+def rq_pointed_at(server: RedisServer) -> Iterator[RedisServer]:
+    """Point this process's RQ queues at ``server`` (and back afterwards)."""
+    from django.conf import settings
+
+    saved = {name: dict(config) for name, config in settings.RQ_QUEUES.items()}
+    for config in settings.RQ_QUEUES.values():
+        config["URL"] = server.url
+    try:
+        yield server
+    finally:
+        for name, config in saved.items():
+            settings.RQ_QUEUES[name].update(config)
+
+
+# --- A compensating service that checks signatures -------------------------------------------
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: Any = None
+    block: threading.Event | None = None  # hold the request open until set (a slow tool)
+    delay_s: float = 0.0
+
+
+@dataclass
+class Call:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    raw: bytes
+    signature_ok: bool
+    at: float
+
+    @property
+    def key(self) -> str:
+        return self.headers.get("Idempotency-Key", "")
+
+
+@dataclass
+class WebhookServer:
+    """Records every call; replies from ``script`` (per path) or with 200.
+
+    Like a well-behaved tool it applies its effect once per Idempotency-Key (a repeat is answered
+    without doing anything again), so ``effects`` counts effects per forward action: a sender that
+    changed the key on a retry would show up as two effects for one action. ``overlaps`` counts
+    calls that arrived while another call with the same key was still being served."""
+
+    secrets: dict[str, str]
+    calls: list[Call] = field(default_factory=list)
+    script: dict[str, list[Reply]] = field(default_factory=dict)
+    default_delay_s: float = 0.0
+    arrived: threading.Event = field(default_factory=threading.Event)
+    port: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    applied_keys: set[str] = field(default_factory=set)
+    effects: Counter[str] = field(default_factory=Counter)
+    in_flight: Counter[str] = field(default_factory=Counter)
+    overlaps: int = 0
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def calls_to(self, path: str) -> list[Call]:
+        with self.lock:
+            return [c for c in self.calls if c.path == path]
+
+    def next_reply(self, path: str) -> Reply:
+        with self.lock:
+            queue = self.script.get(path) or []
+            if queue:
+                return queue.pop(0)
+        return Reply(200, {"state": {"compensated": path}}, delay_s=self.default_delay_s)
+
+    def enter(self, call: Call) -> None:
+        with self.lock:
+            self.calls.append(call)
+            if call.key and self.in_flight[call.key]:
+                self.overlaps += 1
+            self.in_flight[call.key] += 1
+            if call.signature_ok and call.key not in self.applied_keys:
+                self.applied_keys.add(call.key)
+                self.effects[str(call.body.get("action_id", call.path))] += 1
+        self.arrived.set()
+
+    def leave(self, call: Call) -> None:
+        with self.lock:
+            self.in_flight[call.key] -= 1
+
+
+def _handler_for(server: WebhookServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            secret = server.secrets.get(self.path, "")
+            ok = bool(secret) and verify_signature(secret, dict(self.headers.items()), raw)
+            call = Call(self.path, dict(self.headers.items()), json.loads(raw or b"{}"), raw, ok, time.time())
+            server.enter(call)
+            try:
+                if not ok:
+                    self._reply(401, {"error": "bad signature"})
+                    return
+                reply = server.next_reply(self.path)
+                if reply.block is not None:
+                    reply.block.wait(timeout=30)
+                if reply.delay_s:
+                    time.sleep(reply.delay_s)
+                self._reply(reply.status, reply.body)
+            finally:
+                server.leave(call)
+
+        def _reply(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode() if body is not None else b""
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the worker that called us was killed: nobody is listening
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test output
+            return
+
+    return Handler
+
+
+@contextmanager
+def serve_webhooks(secrets: dict[str, str], **options: Any) -> Iterator[WebhookServer]:
+    server = WebhookServer(secrets=secrets, **options)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(server))
+    httpd.daemon_threads = True
+    server.port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+# --- Real worker processes -------------------------------------------------------------------
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (rq's work horses call setpgrp, so a process-group kill misses
+    them; a crashed machine would not)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+class Worker:
+    def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.process = process
+        self.log_path = log_path
+
+    def kill_hard(self) -> None:
+        """SIGKILL the worker's whole process group and its work horses: a crashed host."""
+        victims = _descendants(self.process.pid)
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in victims:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            victims = _descendants(self.process.pid)
+            os.killpg(self.process.pid, signal.SIGTERM)
+            with suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=2)
+            for pid in [self.process.pid, *victims]:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def database_url_for_subprocesses() -> str:
+    """The database this test process uses (pytest-django's test_… copy), for subprocesses."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def spawn_worker(*, redis_url: str, log_path: Path, env: dict[str, str] | None = None) -> Worker:
+    """A ``saga_worker`` on every queue, on this test's database and the given Redis."""
+    full_env = {**os.environ, **FAST_ENGINE, "DATABASE_URL": database_url_for_subprocesses(),
+                "REDIS_URL": redis_url, "DB_CONN_MAX_AGE": "0", "LOG_LEVEL": "WARNING", **(env or {})}
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "saga_worker", "default", "compensations", "notifications"],
+        cwd=ROOT, env=full_env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    return Worker(process, log_path)
+
+
+def dump_worker_logs(workers: list[Worker]) -> str:
+    return "\n".join(f"--- worker {i} ---\n{w.log()[-4000:]}" for i, w in enumerate(workers))
