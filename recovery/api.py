@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from django.http import HttpRequest
-from ninja import Field, Query, Router, Schema
+from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
 from ledger.audit import Actor
@@ -42,21 +42,27 @@ class ResumeIn(ReasonIn):
 
 class ApproveIn(ReasonIn):
     args: dict[str, Any] | None = Field(None, description="Edited arguments; both versions are audited.")
-    args_hash: str | None = Field(None, description="The args_hash you were shown; refused (409) if it changed.")
+    args_hash: str | None = Field(
+        None, description="The args_hash you were shown; refused (409) if it changed."
+    )
 
 
 class ItemFilters(Schema):  # query strings: lax on purpose ("50" is a number here)
     status: str | None = Field(None, description="open | claimed | resolved | unresolved (default) | all")
     reason: str | None = None
     risk: str | None = None
-    older_than: int | None = Field(None, ge=0, description="Only items opened more than this many minutes ago.")
+    older_than: int | None = Field(
+        None, ge=0, description="Only items opened more than this many minutes ago."
+    )
     run: str | None = Field(None, description="Only this run's items.")
     cursor: str | None = None
     limit: int = Field(50, ge=1, le=200)
 
 
 class ApprovalFilters(Schema):
-    status: str | None = Field("pending", description="pending (default) | approved | rejected | expired | all")
+    status: str | None = Field(
+        "pending", description="pending (default) | approved | rejected | expired | all"
+    )
     kind: str | None = Field(None, description="action | compensation")
     cursor: str | None = None
     limit: int = Field(50, ge=1, le=200)
@@ -226,51 +232,109 @@ def _user_label(user: Any) -> str | None:
 def _item_out(item: RecoveryItem) -> dict[str, Any]:
     action = item.failed_action
     return {
-        "id": item.pk, "run_id": item.run_id,
-        "run": {"id": item.run.pk, "agent": item.run.agent, "request": item.run.request, "status": item.run.status,
-                "error": item.run.error},
-        "status": item.status, "reason": item.reason, "risk": item.risk,
-        "suggested_resolution": item.suggested_resolution, "error": item.error,
-        "failed_action": ({"id": action.pk, "tool": action.tool, "status": action.status, "risk": action.risk,
-                           "seq": action.seq} if action is not None else None),
-        "details": item.details, "assignee": _user_label(item.assignee), "claimed_by": _user_label(item.claimed_by),
-        "resolution": item.resolution, "resolution_note": item.resolution_note,
-        "reopened_count": item.reopened_count, "opened_at": item.opened_at, "updated_at": item.updated_at,
-        "resolved_at": item.resolved_at, "age_s": selectors.item_age_seconds(item),
+        "id": item.pk,
+        "run_id": item.run_id,
+        "run": {
+            "id": item.run.pk,
+            "agent": item.run.agent,
+            "request": item.run.request,
+            "status": item.run.status,
+            "error": item.run.error,
+        },
+        "status": item.status,
+        "reason": item.reason,
+        "risk": item.risk,
+        "suggested_resolution": item.suggested_resolution,
+        "error": item.error,
+        "failed_action": (
+            {
+                "id": action.pk,
+                "tool": action.tool,
+                "status": action.status,
+                "risk": action.risk,
+                "seq": action.seq,
+            }
+            if action is not None
+            else None
+        ),
+        "details": item.details,
+        "assignee": _user_label(item.assignee),
+        "claimed_by": _user_label(item.claimed_by),
+        "resolution": item.resolution,
+        "resolution_note": item.resolution_note,
+        "reopened_count": item.reopened_count,
+        "opened_at": item.opened_at,
+        "updated_at": item.updated_at,
+        "resolved_at": item.resolved_at,
+        "age_s": selectors.item_age_seconds(item),
     }
 
 
 def _step_out(step: UnwindStep) -> dict[str, Any]:
     approval = getattr(step, "approval", None)  # reverse one-to-one: absent → None
     return {
-        "id": step.pk, "position": step.position, "action_id": step.action_id, "action_tool": step.action.tool,
-        "tool": step.tool, "args": step.args, "strategy": step.strategy, "requires_approval": step.requires_approval,
-        "approval_id": getattr(approval, "pk", None), "status": step.status, "attempts": step.attempts,
-        "max_attempts": step.max_attempts, "error": step.error, "result": step.result,
-        "started_at": step.started_at, "finished_at": step.finished_at,
+        "id": step.pk,
+        "position": step.position,
+        "action_id": step.action_id,
+        "action_tool": step.action.tool,
+        "tool": step.tool,
+        "args": step.args,
+        "strategy": step.strategy,
+        "requires_approval": step.requires_approval,
+        "approval_id": getattr(approval, "pk", None),
+        "status": step.status,
+        "attempts": step.attempts,
+        "max_attempts": step.max_attempts,
+        "error": step.error,
+        "result": step.result,
+        "started_at": step.started_at,
+        "finished_at": step.finished_at,
     }
 
 
 def _unwind_out(unwind: Unwind) -> dict[str, Any]:
     return {
-        "id": unwind.pk, "run_id": unwind.run_id, "item_id": unwind.item_id, "status": unwind.status,
-        "automatic": unwind.automatic, "on_failure": unwind.on_failure, "reason": unwind.reason,
-        "created_at": unwind.created_at, "finished_at": unwind.finished_at,
+        "id": unwind.pk,
+        "run_id": unwind.run_id,
+        "item_id": unwind.item_id,
+        "status": unwind.status,
+        "automatic": unwind.automatic,
+        "on_failure": unwind.on_failure,
+        "reason": unwind.reason,
+        "created_at": unwind.created_at,
+        "finished_at": unwind.finished_at,
         "steps": [_step_out(s) for s in selectors.unwind_steps(unwind=unwind)],
     }
 
 
 def _command_out(command: AgentCommand) -> dict[str, Any]:
-    return {"id": command.pk, "kind": command.kind, "run_id": command.run_id, "checkpoint_id": command.checkpoint_id,
-            "status": command.status, "reason": command.reason, "created_at": command.created_at}
+    return {
+        "id": command.pk,
+        "kind": command.kind,
+        "run_id": command.run_id,
+        "checkpoint_id": command.checkpoint_id,
+        "status": command.status,
+        "reason": command.reason,
+        "created_at": command.created_at,
+    }
 
 
 def _approval_out(approval: Approval) -> dict[str, Any]:
     return {
-        "id": approval.pk, "kind": approval.kind, "run_id": approval.run_id, "action_id": approval.action_id,
-        "step_id": approval.step_id, "status": approval.status, "risk": approval.risk, "tool": approval.tool,
-        "args": approval.args, "args_hash": approval.args_hash, "approved_args": approval.approved_args,
-        "reason": approval.reason, "expires_at": approval.expires_at, "created_at": approval.created_at,
+        "id": approval.pk,
+        "kind": approval.kind,
+        "run_id": approval.run_id,
+        "action_id": approval.action_id,
+        "step_id": approval.step_id,
+        "status": approval.status,
+        "risk": approval.risk,
+        "tool": approval.tool,
+        "args": approval.args,
+        "args_hash": approval.args_hash,
+        "approved_args": approval.approved_args,
+        "reason": approval.reason,
+        "expires_at": approval.expires_at,
+        "created_at": approval.created_at,
         "decided_at": approval.decided_at,
     }
 
@@ -287,14 +351,23 @@ def _key(request: HttpRequest) -> AgentKey:
 @router.get("/recovery", response={200: ItemPageOut, **AUTH_ERRORS}, summary="The recovery queue")
 def recovery_list(request: HttpRequest, filters: Query[ItemFilters]) -> Any:
     page = selectors.items_list(
-        tenants=_key(request).tenant, status=filters.status, reason=filters.reason, risk=filters.risk,
-        older_than_minutes=filters.older_than, run_id=filters.run, cursor=filters.cursor, limit=filters.limit,
+        tenants=_key(request).tenant,
+        status=filters.status,
+        reason=filters.reason,
+        risk=filters.risk,
+        older_than_minutes=filters.older_than,
+        run_id=filters.run,
+        cursor=filters.cursor,
+        limit=filters.limit,
     )
     return {"items": [_item_out(i) for i in page.items], "next_cursor": page.next_cursor}
 
 
-@router.get("/recovery/{item_id}", response={200: ItemDetailOut, **AUTH_ERRORS},
-            summary="A recovery item with its compensation plan and resume preview")
+@router.get(
+    "/recovery/{item_id}",
+    response={200: ItemDetailOut, **AUTH_ERRORS},
+    summary="A recovery item with its compensation plan and resume preview",
+)
 def recovery_detail(request: HttpRequest, item_id: str) -> Any:
     item = selectors.item_get(tenants=_key(request).tenant, item_id=item_id)
     return {
@@ -305,59 +378,77 @@ def recovery_detail(request: HttpRequest, item_id: str) -> Any:
     }
 
 
-@router.post("/recovery/{item_id}/compensate", response={202: UnwindOut, **DECISION_ERRORS},
-             summary="Compensate the run (LIFO unwind on the workers)")
+@router.post(
+    "/recovery/{item_id}/compensate",
+    response={202: UnwindOut, **DECISION_ERRORS},
+    summary="Compensate the run (LIFO unwind on the workers)",
+)
 def recovery_compensate(request: HttpRequest, item_id: str, body: ReasonIn) -> Any:
     key = _key(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
     unwind = services.unwind_start(item=item, actor=Actor.for_key(key), reason=body.reason)
-    return 202, _unwind_out(unwind)
+    return Status(202, _unwind_out(unwind))
 
 
-@router.post("/recovery/{item_id}/resume", response={202: CommandOut, **DECISION_ERRORS},
-             summary="Resume the run from a checkpoint (issues a resume command)")
+@router.post(
+    "/recovery/{item_id}/resume",
+    response={202: CommandOut, **DECISION_ERRORS},
+    summary="Resume the run from a checkpoint (issues a resume command)",
+)
 def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Any:
     key = _key(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
     checkpoint = None
     if body.checkpoint_id:
         checkpoint = get_for_tenants(Checkpoint.objects.all(), pk=body.checkpoint_id, tenants=key.tenant)
-    command = services.item_resume(item=item, actor=Actor.for_key(key), reason=body.reason, checkpoint=checkpoint)
-    return 202, _command_out(command)
+    command = services.item_resume(
+        item=item, actor=Actor.for_key(key), reason=body.reason, checkpoint=checkpoint
+    )
+    return Status(202, _command_out(command))
 
 
-@router.post("/recovery/{item_id}/close", response={200: ItemOut, **DECISION_ERRORS}, summary="Close the item")
+@router.post(
+    "/recovery/{item_id}/close", response={200: ItemOut, **DECISION_ERRORS}, summary="Close the item"
+)
 def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Any:
     key = _key(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
     services.item_close(item=item, actor=Actor.for_key(key), reason=body.reason)
-    return 200, _item_out(selectors.item_get(tenants=key.tenant, item_id=item_id))
+    return Status(200, _item_out(selectors.item_get(tenants=key.tenant, item_id=item_id)))
 
 
 # --- Unwinds ---------------------------------------------------------------------------------
 
 
-@router.get("/unwinds/{unwind_id}", response={200: UnwindOut, **AUTH_ERRORS}, summary="An unwind and its steps")
+@router.get(
+    "/unwinds/{unwind_id}", response={200: UnwindOut, **AUTH_ERRORS}, summary="An unwind and its steps"
+)
 def unwind_detail(request: HttpRequest, unwind_id: str) -> Any:
     return _unwind_out(selectors.unwind_get(tenants=_key(request).tenant, unwind_id=unwind_id))
 
 
-@router.post("/unwind-steps/{step_id}/retry", response={200: StepOut, **DECISION_ERRORS},
-             summary="Retry a failed or drifted step (drifted: retry anyway)")
+@router.post(
+    "/unwind-steps/{step_id}/retry",
+    response={200: StepOut, **DECISION_ERRORS},
+    summary="Retry a failed or drifted step (drifted: retry anyway)",
+)
 def step_retry(request: HttpRequest, step_id: str, body: ReasonIn) -> Any:
     key = _key(request)
     step = selectors.step_get(tenants=key.tenant, step_id=step_id)
     services.step_retry(step=step, actor=Actor.for_key(key), reason=body.reason)
-    return 200, _step_out(selectors.step_get(tenants=key.tenant, step_id=step_id))
+    return Status(200, _step_out(selectors.step_get(tenants=key.tenant, step_id=step_id)))
 
 
-@router.post("/unwind-steps/{step_id}/skip", response={200: StepOut, **DECISION_ERRORS},
-             summary="Leave a failed or drifted step undone; the unwind continues")
+@router.post(
+    "/unwind-steps/{step_id}/skip",
+    response={200: StepOut, **DECISION_ERRORS},
+    summary="Leave a failed or drifted step undone; the unwind continues",
+)
 def step_skip(request: HttpRequest, step_id: str, body: ReasonIn) -> Any:
     key = _key(request)
     step = selectors.step_get(tenants=key.tenant, step_id=step_id)
     services.step_skip(step=step, actor=Actor.for_key(key), reason=body.reason)
-    return 200, _step_out(selectors.step_get(tenants=key.tenant, step_id=step_id))
+    return Status(200, _step_out(selectors.step_get(tenants=key.tenant, step_id=step_id)))
 
 
 # --- Approvals -------------------------------------------------------------------------------
@@ -365,25 +456,41 @@ def step_skip(request: HttpRequest, step_id: str, body: ReasonIn) -> Any:
 
 @router.get("/approvals", response={200: ApprovalPageOut, **AUTH_ERRORS}, summary="The approval inbox")
 def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> Any:
-    page = selectors.approvals_list(tenants=_key(request).tenant, status=filters.status, kind=filters.kind,
-                                    cursor=filters.cursor, limit=filters.limit)
+    page = selectors.approvals_list(
+        tenants=_key(request).tenant,
+        status=filters.status,
+        kind=filters.kind,
+        cursor=filters.cursor,
+        limit=filters.limit,
+    )
     return {"items": [_approval_out(a) for a in page.items], "next_cursor": page.next_cursor}
 
 
-@router.post("/approvals/{approval_id}/approve", response={200: ApprovalOut, **DECISION_ERRORS},
-             summary="Approve (optionally with edited args)")
+@router.post(
+    "/approvals/{approval_id}/approve",
+    response={200: ApprovalOut, **DECISION_ERRORS},
+    summary="Approve (optionally with edited args)",
+)
 def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) -> Any:
     key = _key(request)
     approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
-    decided = services.approval_approve(approval=approval, actor=Actor.for_key(key), reason=body.reason,
-                                        args=body.args, shown_args_hash=body.args_hash)
-    return 200, _approval_out(decided)
+    decided = services.approval_approve(
+        approval=approval,
+        actor=Actor.for_key(key),
+        reason=body.reason,
+        args=body.args,
+        shown_args_hash=body.args_hash,
+    )
+    return Status(200, _approval_out(decided))
 
 
-@router.post("/approvals/{approval_id}/reject", response={200: ApprovalOut, **DECISION_ERRORS},
-             summary="Reject with a reason")
+@router.post(
+    "/approvals/{approval_id}/reject",
+    response={200: ApprovalOut, **DECISION_ERRORS},
+    summary="Reject with a reason",
+)
 def approval_reject(request: HttpRequest, approval_id: str, body: ReasonIn) -> Any:
     key = _key(request)
     approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
     decided = services.approval_reject(approval=approval, actor=Actor.for_key(key), reason=body.reason)
-    return 200, _approval_out(decided)
+    return Status(200, _approval_out(decided))

@@ -170,8 +170,8 @@ def execute(request: CompensationRequest, *, tenant_id: int) -> Outcome:
         secret = _secret_for(row)
         if not secret:
             return Outcome.failed(
-                f"Compensator for {request.tool} has no secret (set {row.secret_env or 'secret'} in the policy "
-                "file or the environment); refusing to send an unsigned request."
+                f"Compensator for {request.tool} has no secret (set {row.secret_env or 'secret'} in the "
+                "policy file or the environment); refusing to send an unsigned request."
             )
         return webhook_call(url=row.url, secret=secret, request=request)
     if row is not None:
@@ -209,8 +209,8 @@ def _check_drift(request: CompensationRequest, row: Compensator | None) -> Outco
         return Outcome.retry(f"State reader for {request.tool} failed: {type(exc).__name__}: {exc}")
     if _normalised(current) != _normalised(request.after_snapshot):
         return Outcome.drifted(
-            f"{request.target_type or 'target'} {request.target_id} changed since the action: its current state "
-            "no longer equals the after snapshot, so restoring would overwrite someone else's change.",
+            f"{request.target_type or 'target'} {request.target_id} changed since the action: its current "
+            "state no longer equals the after snapshot, so restoring would overwrite someone else's change.",
             state={"current": current, "after_snapshot": request.after_snapshot},
         )
     return None

@@ -109,23 +109,38 @@ def _step_for(action: Action) -> PlanStep:
     served_by = compensators.compensator_describe(tenant_id=action.tenant_id, tool=tool) if can_undo else ""
     if can_undo and not served_by:
         note = (note + "; " if note else "") + f"no compensator is registered for {tool}: the step will fail"
-    return PlanStep(action=action, tool=tool, args=args, strategy=strategy, requires_approval=requires_approval,
-                    can_undo=can_undo, risk=risk, compensator=served_by, note=note)
+    return PlanStep(
+        action=action,
+        tool=tool,
+        args=args,
+        strategy=strategy,
+        requires_approval=requires_approval,
+        can_undo=can_undo,
+        risk=risk,
+        compensator=served_by,
+        note=note,
+    )
 
 
 def compensation_plan(*, run: Run) -> Plan:
     """The dry run. Pure read: safe to call from a page render or an API GET."""
     actions = list(run.actions.select_related("run__tenant").order_by("seq"))
     plannable = [
-        a for a in actions
-        if a.status in PLANNABLE_STATUSES and a.action_class != ActionClass.READ_ONLY
+        a for a in actions if a.status in PLANNABLE_STATUSES and a.action_class != ActionClass.READ_ONLY
     ]
     # LIFO: newest completion first. completion_seq is set under the run's row lock, so it is a
     # total order even when two actions finished in the same millisecond.
     plannable.sort(key=lambda a: a.completion_seq or 0, reverse=True)
-    plan = Plan(run=run, steps=[_step_for(a) for a in plannable], warnings=run_warnings(run=run, actions=actions))
+    plan = Plan(
+        run=run, steps=[_step_for(a) for a in plannable], warnings=run_warnings(run=run, actions=actions)
+    )
     for step in plan.steps:
         if not step.can_undo:
-            plan.warnings.append({"code": "cannot_undo", "action_id": step.action.pk,
-                                  "message": f"{step.action.tool} (#{step.action.seq}) {step.note}."})
+            plan.warnings.append(
+                {
+                    "code": "cannot_undo",
+                    "action_id": step.action.pk,
+                    "message": f"{step.action.tool} (#{step.action.seq}) {step.note}.",
+                }
+            )
     return plan

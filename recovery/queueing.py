@@ -20,12 +20,24 @@ from rq.job import Job, JobStatus
 
 log = structlog.get_logger("saga_admin.queueing")
 
-ALIVE_STATUSES = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED,
-                  JobStatus.CREATED, JobStatus.READY_TO_ENQUEUE}
+ALIVE_STATUSES = {
+    JobStatus.QUEUED,
+    JobStatus.STARTED,
+    JobStatus.DEFERRED,
+    JobStatus.SCHEDULED,
+    JobStatus.CREATED,
+    JobStatus.READY_TO_ENQUEUE,
+}
 
 
-def enqueue(func: str, *, queue: str = "default", delay_s: float | None = None, job_timeout: int | None = None,
-            **kwargs: Any) -> str | None:
+def enqueue(
+    func: str,
+    *,
+    queue: str = "default",
+    delay_s: float | None = None,
+    job_timeout: int | None = None,
+    **kwargs: Any,
+) -> str | None:
     """Enqueue ``func(**kwargs)``; return the job id, or None when Redis could not take it."""
     options: dict[str, Any] = {"kwargs": kwargs}
     if job_timeout is not None:

@@ -51,9 +51,10 @@ def tick() -> list[str]:
         # The key expires a little before the next tick is due, so a tick is never skipped
         # because its own previous key was still alive.
         ttl_ms = max(100, int(periodic.every_s * 1000) - 100)
-        if connection.set(f"saga:periodic:{periodic.func}", "1", nx=True, px=ttl_ms):
-            if queueing.enqueue(periodic.func, queue="default", job_timeout=max(60, int(periodic.every_s) * 4)):
-                enqueued.append(periodic.func)
+        won = connection.set(f"saga:periodic:{periodic.func}", "1", nx=True, px=ttl_ms)
+        timeout = max(60, int(periodic.every_s) * 4)
+        if won and queueing.enqueue(periodic.func, queue="default", job_timeout=timeout):
+            enqueued.append(periodic.func)
     return enqueued
 
 

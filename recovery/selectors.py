@@ -46,7 +46,8 @@ def _keyset(queryset: QuerySet[M], *, cursor: str | None, limit: int) -> Page[M]
 def item_get(*, tenants: Tenants, item_id: str) -> RecoveryItem:
     return get_for_tenants(
         RecoveryItem.objects.select_related("run", "run__tenant", "failed_action", "assignee", "claimed_by"),
-        pk=item_id, tenants=tenants,
+        pk=item_id,
+        tenants=tenants,
     )
 
 
@@ -64,15 +65,18 @@ def items_list(
     """The recovery queue. ``status`` defaults to unresolved (open and claimed); ``all`` lists
     every item."""
     queryset = RecoveryItem.objects.filter(tenant_id__in=_tenant_ids(tenants)).select_related(
-        "run", "failed_action", "assignee", "claimed_by")
+        "run", "failed_action", "assignee", "claimed_by"
+    )
     if status in (None, "", "unresolved"):
         queryset = queryset.filter(status__in=UNRESOLVED)
     elif status != "all":
         if status not in RecoveryItem.Status.values:
             raise errors.ValidationFailed(f"Unknown status {status!r}.", details={"status": status})
         queryset = queryset.filter(status=status)
-    for name, value, choices in (("reason", reason, RecoveryItem.Reason.values),
-                                 ("risk", risk, ["low", "medium", "high", "critical"])):
+    for name, value, choices in (
+        ("reason", reason, RecoveryItem.Reason.values),
+        ("risk", risk, ["low", "medium", "high", "critical"]),
+    ):
         if value:
             if value not in choices:
                 raise errors.ValidationFailed(f"Unknown {name} {value!r}.", details={name: value})
@@ -97,21 +101,35 @@ def unwinds_for_run(*, run_id: str) -> list[Unwind]:
 
 
 def step_get(*, tenants: Tenants, step_id: str) -> UnwindStep:
-    step = (UnwindStep.objects.select_related("unwind", "unwind__run", "action")
-            .filter(pk=step_id, unwind__tenant_id__in=_tenant_ids(tenants)).first())
+    step = (
+        UnwindStep.objects.select_related("unwind", "unwind__run", "action")
+        .filter(pk=step_id, unwind__tenant_id__in=_tenant_ids(tenants))
+        .first()
+    )
     if step is None:
         raise errors.NotFound(f"UnwindStep {step_id} not found.", details={"id": step_id})
     return step
 
 
 def approval_get(*, tenants: Tenants, approval_id: str) -> Approval:
-    return get_for_tenants(Approval.objects.select_related("run", "run__tenant", "action", "step"),
-                           pk=approval_id, tenants=tenants)
+    return get_for_tenants(
+        Approval.objects.select_related("run", "run__tenant", "action", "step"),
+        pk=approval_id,
+        tenants=tenants,
+    )
 
 
-def approvals_list(*, tenants: Tenants, status: str | None = Approval.Status.PENDING, kind: str | None = None,
-                   cursor: str | None = None, limit: int = 50) -> Page[Approval]:
-    queryset = Approval.objects.filter(tenant_id__in=_tenant_ids(tenants)).select_related("run", "action", "step")
+def approvals_list(
+    *,
+    tenants: Tenants,
+    status: str | None = Approval.Status.PENDING,
+    kind: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> Page[Approval]:
+    queryset = Approval.objects.filter(tenant_id__in=_tenant_ids(tenants)).select_related(
+        "run", "action", "step"
+    )
     if status and status != "all":
         if status not in Approval.Status.values:
             raise errors.ValidationFailed(f"Unknown status {status!r}.", details={"status": status})

@@ -99,8 +99,13 @@ def _enqueue_advance(unwind_id: str) -> None:
 
 def _enqueue_step(step_id: str, *, step_timeout_s: float, delay_s: float | None = None) -> None:
     def push() -> None:
-        job_id = queueing.enqueue("recovery.jobs.step_run", queue="compensations", delay_s=delay_s,
-                                  job_timeout=step_lease_seconds(step_timeout_s=step_timeout_s), step_id=step_id)
+        job_id = queueing.enqueue(
+            "recovery.jobs.step_run",
+            queue="compensations",
+            delay_s=delay_s,
+            job_timeout=step_lease_seconds(step_timeout_s=step_timeout_s),
+            step_id=step_id,
+        )
         if job_id:
             # Not a state change: remembers which job carries the step, for the sweeper.
             UnwindStep.objects.filter(pk=step_id, status=UnwindStep.Status.QUEUED).update(job_id=job_id)
@@ -111,8 +116,9 @@ def _enqueue_step(step_id: str, *, step_timeout_s: float, delay_s: float | None 
 # --- Creating an unwind ----------------------------------------------------------------------
 
 
-def unwind_create(*, run: Run, item: RecoveryItem | None, plan: Plan, actor: Actor, reason: str,
-                  automatic: bool = False) -> Unwind:
+def unwind_create(
+    *, run: Run, item: RecoveryItem | None, plan: Plan, actor: Actor, reason: str, automatic: bool = False
+) -> Unwind:
     """Freeze ``plan`` into an unwind and its steps (caller holds the transaction and has moved
     the run to ``compensating``)."""
     knobs = _unwind_settings(run)
@@ -120,20 +126,38 @@ def unwind_create(*, run: Run, item: RecoveryItem | None, plan: Plan, actor: Act
     try:
         with transaction.atomic():
             unwind = Unwind.objects.create(
-                tenant_id=run.tenant_id, run=run, item=item, on_failure=knobs["on_failure"], automatic=automatic,
-                requested_by=actor.user, requested_by_key=actor.key, reason=reason, plan=frozen,
+                tenant_id=run.tenant_id,
+                run=run,
+                item=item,
+                on_failure=knobs["on_failure"],
+                automatic=automatic,
+                requested_by=actor.user,
+                requested_by_key=actor.key,
+                reason=reason,
+                plan=frozen,
             )
     except IntegrityError as exc:
-        active = Unwind.objects.filter(run=run, status__in=[Unwind.Status.RUNNING, Unwind.Status.PAUSED]).first()
-        raise errors.InvalidTransition(active or run, to="compensating",
-                                       current=getattr(active, "status", Unwind.Status.RUNNING),
-                                       message=f"Run {run.pk} already has an unwind in progress.") from exc
+        active = Unwind.objects.filter(
+            run=run, status__in=[Unwind.Status.RUNNING, Unwind.Status.PAUSED]
+        ).first()
+        raise errors.InvalidTransition(
+            active or run,
+            to="compensating",
+            current=getattr(active, "status", Unwind.Status.RUNNING),
+            message=f"Run {run.pk} already has an unwind in progress.",
+        ) from exc
     now = timezone.now()
     for position, planned in enumerate(plan.steps):
         step_id = ids.new_step_id()
         UnwindStep.objects.create(
-            id=step_id, unwind=unwind, action=planned.action, position=position, tool=planned.tool,
-            args=planned.args, strategy=planned.strategy, requires_approval=planned.requires_approval,
+            id=step_id,
+            unwind=unwind,
+            action=planned.action,
+            position=position,
+            tool=planned.tool,
+            args=planned.args,
+            strategy=planned.strategy,
+            requires_approval=planned.requires_approval,
             status=UnwindStep.Status.PENDING if planned.can_undo else UnwindStep.Status.SKIPPED,
             max_attempts=knobs["max_attempts"],
             # Stable for the step's whole life: every retry and re-enqueue sends the same key.
@@ -141,10 +165,21 @@ def unwind_create(*, run: Run, item: RecoveryItem | None, plan: Plan, actor: Act
             error="" if planned.can_undo else planned.note,
             finished_at=None if planned.can_undo else now,
         )
-    audit_record(tenant=run.tenant, run=run, actor=actor, kind="unwind.started", subject=unwind,
-                 to_state=unwind.status, reason=reason,
-                 data={"steps": len(plan.steps), "automatic": automatic, "on_failure": knobs["on_failure"],
-                       "tools": [s.tool for s in plan.steps]})
+    audit_record(
+        tenant=run.tenant,
+        run=run,
+        actor=actor,
+        kind="unwind.started",
+        subject=unwind,
+        to_state=unwind.status,
+        reason=reason,
+        data={
+            "steps": len(plan.steps),
+            "automatic": automatic,
+            "on_failure": knobs["on_failure"],
+            "tools": [s.tool for s in plan.steps],
+        },
+    )
     _enqueue_advance(unwind.pk)
     return unwind
 
@@ -152,26 +187,53 @@ def unwind_create(*, run: Run, item: RecoveryItem | None, plan: Plan, actor: Act
 # --- Advancing -------------------------------------------------------------------------------
 
 
-def _step_transition(step: UnwindStep, *, to: str, allowed_from: tuple[str, ...], actor: Actor, kind: str,
-                     reason: str = "", updates: dict[str, Any] | None = None,
-                     data: dict[str, Any] | None = None, extra_filter: dict[str, Any] | None = None) -> bool:
+def _step_transition(
+    step: UnwindStep,
+    *,
+    to: str,
+    allowed_from: tuple[str, ...],
+    actor: Actor,
+    kind: str,
+    reason: str = "",
+    updates: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
+    extra_filter: dict[str, Any] | None = None,
+) -> bool:
     """Compare-and-set one step; audit it. False when another process changed it first."""
     fields = {"status": to, "updated_at": timezone.now(), **(updates or {})}
-    matched = UnwindStep.objects.filter(pk=step.pk, status__in=allowed_from, **(extra_filter or {})).update(**fields)
+    matched = UnwindStep.objects.filter(pk=step.pk, status__in=allowed_from, **(extra_filter or {})).update(
+        **fields
+    )
     if matched != 1:
         return False
     previous = step.status
     for name, value in fields.items():
         setattr(step, name, value)
     run = step.unwind.run
-    audit_record(tenant=run.tenant, run=run, actor=actor, kind=kind, subject=step, from_state=previous,
-                 to_state=to, reason=reason, data={"unwind_id": step.unwind_id, "action_id": step.action_id,
-                                                   "tool": step.tool, **(data or {})})
+    audit_record(
+        tenant=run.tenant,
+        run=run,
+        actor=actor,
+        kind=kind,
+        subject=step,
+        from_state=previous,
+        to_state=to,
+        reason=reason,
+        data={"unwind_id": step.unwind_id, "action_id": step.action_id, "tool": step.tool, **(data or {})},
+    )
     return True
 
 
-def _unwind_set_status(unwind: Unwind, *, to: str, allowed_from: tuple[str, ...], actor: Actor, kind: str,
-                       reason: str = "", data: dict[str, Any] | None = None) -> bool:
+def _unwind_set_status(
+    unwind: Unwind,
+    *,
+    to: str,
+    allowed_from: tuple[str, ...],
+    actor: Actor,
+    kind: str,
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+) -> bool:
     now = timezone.now()
     finished = to in (Unwind.Status.COMPLETED, Unwind.Status.FAILED, Unwind.Status.CANCELLED)
     try:
@@ -181,20 +243,37 @@ def _unwind_set_status(unwind: Unwind, *, to: str, allowed_from: tuple[str, ...]
             )
     except IntegrityError as exc:
         # Reactivating an old unwind while a newer one runs: one active unwind per run.
-        raise errors.InvalidTransition(unwind, to=to, current=unwind.status,
-                                       message=f"Run {unwind.run_id} already has another unwind in progress.") from exc
+        raise errors.InvalidTransition(
+            unwind,
+            to=to,
+            current=unwind.status,
+            message=f"Run {unwind.run_id} already has another unwind in progress.",
+        ) from exc
     if matched != 1:
         return False
     previous = unwind.status
     unwind.status, unwind.finished_at = to, (now if finished else None)
-    audit_record(tenant=unwind.run.tenant, run=unwind.run, actor=actor, kind=kind, subject=unwind,
-                 from_state=previous, to_state=to, reason=reason, data=data)
+    audit_record(
+        tenant=unwind.run.tenant,
+        run=unwind.run,
+        actor=actor,
+        kind=kind,
+        subject=unwind,
+        from_state=previous,
+        to_state=to,
+        reason=reason,
+        data=data,
+    )
     return True
 
 
 def _lock_unwind(unwind_id: str) -> Unwind | None:
-    return (Unwind.objects.select_for_update(of=("self",)).select_related("run__tenant", "item")
-            .filter(pk=unwind_id).first())
+    return (
+        Unwind.objects.select_for_update(of=("self",))
+        .select_related("run__tenant", "item")
+        .filter(pk=unwind_id)
+        .first()
+    )
 
 
 @transaction.atomic
@@ -223,12 +302,26 @@ def unwind_advance(*, unwind_id: str) -> Unwind | None:
     return unwind
 
 
-def _step_queue(*, unwind: Unwind, step: UnwindStep, actor: Actor, kind: str, reason: str = "",
-                allowed_from: tuple[str, ...] = (UnwindStep.Status.PENDING,),
-                updates: dict[str, Any] | None = None) -> None:
+def _step_queue(
+    *,
+    unwind: Unwind,
+    step: UnwindStep,
+    actor: Actor,
+    kind: str,
+    reason: str = "",
+    allowed_from: tuple[str, ...] = (UnwindStep.Status.PENDING,),
+    updates: dict[str, Any] | None = None,
+) -> None:
     now = timezone.now()
-    if _step_transition(step, to=UnwindStep.Status.QUEUED, allowed_from=allowed_from, actor=actor, kind=kind,
-                        reason=reason, updates={"next_attempt_at": now, "job_id": "", **(updates or {})}):
+    if _step_transition(
+        step,
+        to=UnwindStep.Status.QUEUED,
+        allowed_from=allowed_from,
+        actor=actor,
+        kind=kind,
+        reason=reason,
+        updates={"next_attempt_at": now, "job_id": "", **(updates or {})},
+    ):
         _enqueue_step(step.pk, step_timeout_s=_step_timeout(unwind))
 
 
@@ -245,23 +338,56 @@ def _step_request_approval(*, unwind: Unwind, step: UnwindStep, approval: Approv
     if approval is not None and approval.status != Approval.Status.PENDING:
         # OneToOne: a step gets one approval. A refused one was already turned into a failed
         # step; reaching here would mean a retry slipped past step_retry's check.
-        raise errors.Conflict(f"Step {step.pk}'s approval was {approval.status}; start a new compensation.",
-                              details={"step_id": step.pk, "approval_id": approval.pk}, code="approval_not_granted")
-    _step_transition(step, to=UnwindStep.Status.AWAITING_APPROVAL, allowed_from=(UnwindStep.Status.PENDING,),
-                     actor=ENGINE, kind="step.awaiting_approval")
-    _unwind_set_status(unwind, to=Unwind.Status.PAUSED, allowed_from=(Unwind.Status.RUNNING,), actor=ENGINE,
-                       kind="unwind.paused", data={"waiting_for_step": step.pk})
+        raise errors.Conflict(
+            f"Step {step.pk}'s approval was {approval.status}; start a new compensation.",
+            details={"step_id": step.pk, "approval_id": approval.pk},
+            code="approval_not_granted",
+        )
+    _step_transition(
+        step,
+        to=UnwindStep.Status.AWAITING_APPROVAL,
+        allowed_from=(UnwindStep.Status.PENDING,),
+        actor=ENGINE,
+        kind="step.awaiting_approval",
+    )
+    _unwind_set_status(
+        unwind,
+        to=Unwind.Status.PAUSED,
+        allowed_from=(Unwind.Status.RUNNING,),
+        actor=ENGINE,
+        kind="unwind.paused",
+        data={"waiting_for_step": step.pk},
+    )
     if approval is None:
         run = unwind.run
         approval = Approval.objects.create(
-            tenant_id=run.tenant_id, run=run, kind=Approval.Kind.COMPENSATION, action=step.action, step=step,
-            risk=_planned_risk(unwind, step), tool=step.tool, args=step.args, args_hash=sha256_hex(step.args),
-            requested_by=unwind.requested_by, requested_by_key=unwind.requested_by_key,
+            tenant_id=run.tenant_id,
+            run=run,
+            kind=Approval.Kind.COMPENSATION,
+            action=step.action,
+            step=step,
+            risk=_planned_risk(unwind, step),
+            tool=step.tool,
+            args=step.args,
+            args_hash=sha256_hex(step.args),
+            requested_by=unwind.requested_by,
+            requested_by_key=unwind.requested_by_key,
             expires_at=services.approval_expiry_from(),
         )
-        audit_record(tenant=run.tenant, run=run, actor=ENGINE, kind="approval.requested", subject=approval,
-                     to_state=approval.status, data={"tool": step.tool, "risk": approval.risk, "step_id": step.pk,
-                                                     "args_hash": approval.args_hash})
+        audit_record(
+            tenant=run.tenant,
+            run=run,
+            actor=ENGINE,
+            kind="approval.requested",
+            subject=approval,
+            to_state=approval.status,
+            data={
+                "tool": step.tool,
+                "risk": approval.risk,
+                "step_id": step.pk,
+                "args_hash": approval.args_hash,
+            },
+        )
         services.notify_approval_requested(approval)
 
 
@@ -275,21 +401,45 @@ def step_approval_decided(*, approval: Approval, actor: Actor) -> UnwindStep:
     assert unwind is not None
     step.unwind = unwind
     if step.status != UnwindStep.Status.AWAITING_APPROVAL:
-        raise errors.InvalidTransition(step, to="queued", current=step.status,
-                                       message=f"Step {step.pk} is {step.status}; it is not waiting for approval.")
-    _unwind_set_status(unwind, to=Unwind.Status.RUNNING, allowed_from=(Unwind.Status.PAUSED,), actor=actor,
-                       kind="unwind.resumed", data={"approval_id": approval.pk, "decision": approval.status})
+        raise errors.InvalidTransition(
+            step,
+            to="queued",
+            current=step.status,
+            message=f"Step {step.pk} is {step.status}; it is not waiting for approval.",
+        )
+    _unwind_set_status(
+        unwind,
+        to=Unwind.Status.RUNNING,
+        allowed_from=(Unwind.Status.PAUSED,),
+        actor=actor,
+        kind="unwind.resumed",
+        data={"approval_id": approval.pk, "decision": approval.status},
+    )
     if approval.status == Approval.Status.APPROVED:
         edited = approval.approved_args_hash and approval.approved_args_hash != approval.args_hash
-        _step_queue(unwind=unwind, step=step, actor=actor, kind="step.approved", reason=approval.reason,
-                    allowed_from=(UnwindStep.Status.AWAITING_APPROVAL,),
-                    updates={"args": approval.approved_args} if edited else None)
+        _step_queue(
+            unwind=unwind,
+            step=step,
+            actor=actor,
+            kind="step.approved",
+            reason=approval.reason,
+            allowed_from=(UnwindStep.Status.AWAITING_APPROVAL,),
+            updates={"args": approval.approved_args} if edited else None,
+        )
         return step
     verdict = "expired without a decision" if approval.status == Approval.Status.EXPIRED else "was rejected"
-    _step_transition(step, to=UnwindStep.Status.FAILED, allowed_from=(UnwindStep.Status.AWAITING_APPROVAL,),
-                     actor=actor, kind=f"step.approval_{approval.status}", reason=approval.reason,
-                     updates={"error": f"Approval {approval.pk} {verdict}: {approval.reason}".strip(),
-                              "finished_at": timezone.now()})
+    _step_transition(
+        step,
+        to=UnwindStep.Status.FAILED,
+        allowed_from=(UnwindStep.Status.AWAITING_APPROVAL,),
+        actor=actor,
+        kind=f"step.approval_{approval.status}",
+        reason=approval.reason,
+        updates={
+            "error": f"Approval {approval.pk} {verdict}: {approval.reason}".strip(),
+            "finished_at": timezone.now(),
+        },
+    )
     # The step never ran, so the action keeps its status (succeeded): nothing was undone.
     _enqueue_advance(unwind.pk)
     return step
@@ -310,9 +460,12 @@ class Claim:
 def step_claim(*, step_id: str) -> Claim | None:
     """Take the step for this worker: None when another worker holds it, it is not due yet, or
     it is no longer queued. The lease token is the fence for recording the outcome."""
-    step = (UnwindStep.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("unwind__run__tenant", "action").filter(pk=step_id, status=UnwindStep.Status.QUEUED)
-            .first())
+    step = (
+        UnwindStep.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("unwind__run__tenant", "action")
+        .filter(pk=step_id, status=UnwindStep.Status.QUEUED)
+        .first()
+    )
     if step is None:
         return None
     now = timezone.now()
@@ -324,20 +477,39 @@ def step_claim(*, step_id: str) -> Claim | None:
     attempt = step.attempts + 1
     lease_s = step_lease_seconds(step_timeout_s=_step_timeout(step.unwind))
     override = bool((step.result or {}).get("override_drift")) if isinstance(step.result, dict) else False
-    _step_transition(step, to=UnwindStep.Status.RUNNING, allowed_from=(UnwindStep.Status.QUEUED,), actor=ENGINE,
-                     kind="step.started", updates={"lease_token": token, "attempts": attempt,
-                                                   "lease_expires_at": now + timedelta(seconds=lease_s),
-                                                   "started_at": step.started_at or now},
-                     data={"attempt": attempt, "lease_token": token})
+    _step_transition(
+        step,
+        to=UnwindStep.Status.RUNNING,
+        allowed_from=(UnwindStep.Status.QUEUED,),
+        actor=ENGINE,
+        kind="step.started",
+        updates={
+            "lease_token": token,
+            "attempts": attempt,
+            "lease_expires_at": now + timedelta(seconds=lease_s),
+            "started_at": step.started_at or now,
+        },
+        data={"attempt": attempt, "lease_token": token},
+    )
     action = step.action
     if action.status in (Action.Status.SUCCEEDED, Action.Status.COMPENSATION_FAILED):
         ledger.action_compensation_started(action=action, actor=ENGINE, step_id=step.pk)
     run = step.unwind.run
     request = CompensationRequest(
-        step_id=step.pk, action_id=action.pk, run_id=run.pk, tenant=run.tenant.slug, tool=step.tool,
-        args=step.args, target_type=action.target_type, target_id=action.target_id,
-        before_snapshot=action.before_snapshot, after_snapshot=action.after_snapshot, attempt=attempt,
-        idempotency_key=step.idempotency_key, strategy=step.strategy, override_drift=override,
+        step_id=step.pk,
+        action_id=action.pk,
+        run_id=run.pk,
+        tenant=run.tenant.slug,
+        tool=step.tool,
+        args=step.args,
+        target_type=action.target_type,
+        target_id=action.target_id,
+        before_snapshot=action.before_snapshot,
+        after_snapshot=action.after_snapshot,
+        attempt=attempt,
+        idempotency_key=step.idempotency_key,
+        strategy=step.strategy,
+        override_drift=override,
         timeout_s=compensators.call_timeout_s(step_timeout_s=_step_timeout(step.unwind)),
     )
     return Claim(step_id=step.pk, token=token, tenant_id=run.tenant_id, request=request)
@@ -357,11 +529,20 @@ def step_run(*, step_id: str) -> Outcome | None:
 def step_record_outcome(*, step_id: str, token: int, outcome: Outcome) -> UnwindStep | None:
     """Record one attempt's outcome, if this worker still holds the step's lease (fencing: a worker
     that was presumed dead and replaced must not overwrite its replacement's result)."""
-    step = (UnwindStep.objects.select_for_update(of=("self",)).select_related("unwind__run__tenant", "action")
-            .get(pk=step_id))
+    step = (
+        UnwindStep.objects.select_for_update(of=("self",))
+        .select_related("unwind__run__tenant", "action")
+        .get(pk=step_id)
+    )
     if step.status != UnwindStep.Status.RUNNING or step.lease_token != token:
-        log.warning("unwinds.outcome_fenced", step_id=step_id, token=token, current_token=step.lease_token,
-                    status=step.status, outcome=outcome.kind)
+        log.warning(
+            "unwinds.outcome_fenced",
+            step_id=step_id,
+            token=token,
+            current_token=step.lease_token,
+            status=step.status,
+            outcome=outcome.kind,
+        )
         return None
     now = timezone.now()
     fence = {"lease_token": token}
@@ -369,11 +550,22 @@ def step_record_outcome(*, step_id: str, token: int, outcome: Outcome) -> Unwind
     base = {"lease_expires_at": None}
     if outcome.kind == compensators.RETRY and step.attempts < step.max_attempts:
         delay = retry_backoff_seconds(step.attempts)
-        _step_transition(step, to=UnwindStep.Status.QUEUED, allowed_from=(UnwindStep.Status.RUNNING,), actor=ENGINE,
-                         kind="step.retry_scheduled", reason=outcome.error, extra_filter=fence,
-                         updates={**base, "error": outcome.error, "next_attempt_at": now + timedelta(seconds=delay),
-                                  "job_id": ""},
-                         data={**data, "retry_in_s": delay})
+        _step_transition(
+            step,
+            to=UnwindStep.Status.QUEUED,
+            allowed_from=(UnwindStep.Status.RUNNING,),
+            actor=ENGINE,
+            kind="step.retry_scheduled",
+            reason=outcome.error,
+            extra_filter=fence,
+            updates={
+                **base,
+                "error": outcome.error,
+                "next_attempt_at": now + timedelta(seconds=delay),
+                "job_id": "",
+            },
+            data={**data, "retry_in_s": delay},
+        )
         _enqueue_step(step.pk, step_timeout_s=_step_timeout(step.unwind), delay_s=delay)
         return step
     if outcome.kind == compensators.DONE:
@@ -382,13 +574,30 @@ def step_record_outcome(*, step_id: str, token: int, outcome: Outcome) -> Unwind
         to, action_outcome, error = UnwindStep.Status.DRIFTED, "drifted", outcome.error
     else:
         to, action_outcome = UnwindStep.Status.FAILED, "failed"
-        error = outcome.error if outcome.kind == compensators.FAILED else (
-            f"Gave up after {step.attempts} attempts: {outcome.error}")
-    _step_transition(step, to=to, allowed_from=(UnwindStep.Status.RUNNING,), actor=ENGINE, kind=f"step.{to}",
-                     reason=error, extra_filter=fence,
-                     updates={**base, "error": error, "result": outcome.state, "finished_at": now}, data=data)
-    ledger.action_compensation_finished(action=step.action, actor=ENGINE, outcome=action_outcome, step_id=step.pk,
-                                        reason=error, state=outcome.state)
+        error = (
+            outcome.error
+            if outcome.kind == compensators.FAILED
+            else (f"Gave up after {step.attempts} attempts: {outcome.error}")
+        )
+    _step_transition(
+        step,
+        to=to,
+        allowed_from=(UnwindStep.Status.RUNNING,),
+        actor=ENGINE,
+        kind=f"step.{to}",
+        reason=error,
+        extra_filter=fence,
+        updates={**base, "error": error, "result": outcome.state, "finished_at": now},
+        data=data,
+    )
+    ledger.action_compensation_finished(
+        action=step.action,
+        actor=ENGINE,
+        outcome=action_outcome,
+        step_id=step.pk,
+        reason=error,
+        state=outcome.state,
+    )
     _enqueue_advance(step.unwind_id)
     return step
 
@@ -398,8 +607,14 @@ def step_record_outcome(*, step_id: str, token: int, outcome: Outcome) -> Unwind
 
 def _left_over(steps: list[UnwindStep]) -> list[dict[str, Any]]:
     return [
-        {"step_id": s.pk, "action_id": s.action_id, "tool": s.tool, "action_tool": s.action.tool,
-         "status": s.status, "error": s.error}
+        {
+            "step_id": s.pk,
+            "action_id": s.action_id,
+            "tool": s.tool,
+            "action_tool": s.action.tool,
+            "status": s.status,
+            "error": s.error,
+        }
         for s in steps
         if s.status in PROBLEMS or s.status == UnwindStep.Status.PENDING
     ]
@@ -412,24 +627,40 @@ def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
 
     left = _left_over(steps)
     complete = not left
-    not_undone = [{"step_id": s.pk, "action_id": s.action_id, "action_tool": s.action.tool, "error": s.error}
-                  for s in steps if s.status == UnwindStep.Status.SKIPPED]
+    not_undone = [
+        {"step_id": s.pk, "action_id": s.action_id, "action_tool": s.action.tool, "error": s.error}
+        for s in steps
+        if s.status == UnwindStep.Status.SKIPPED
+    ]
     run = Run.objects.select_for_update().select_related("tenant").get(pk=unwind.run_id)
-    summary = (f"all {len(steps)} steps settled" if complete else
-               f"{len(left)} of {len(steps)} steps not compensated: " + ", ".join(
-                   f"{entry['tool']} ({entry['status']})" for entry in left))
-    _unwind_set_status(unwind, to=Unwind.Status.COMPLETED if complete else Unwind.Status.FAILED,
-                       allowed_from=(Unwind.Status.RUNNING,), actor=ENGINE,
-                       kind="unwind.completed" if complete else "unwind.failed", reason=summary,
-                       data={"left": left, "not_undone": not_undone})
+    summary = (
+        f"all {len(steps)} steps settled"
+        if complete
+        else f"{len(left)} of {len(steps)} steps not compensated: "
+        + ", ".join(f"{entry['tool']} ({entry['status']})" for entry in left)
+    )
+    _unwind_set_status(
+        unwind,
+        to=Unwind.Status.COMPLETED if complete else Unwind.Status.FAILED,
+        allowed_from=(Unwind.Status.RUNNING,),
+        actor=ENGINE,
+        kind="unwind.completed" if complete else "unwind.failed",
+        reason=summary,
+        data={"left": left, "not_undone": not_undone},
+    )
     ledger.run_compensation_finished(run=run, actor=ENGINE, complete=complete, reason=summary)
     if complete:
         services.item_resolve_compensated(unwind=unwind, not_undone=not_undone)
     else:
-        drift_only = all(entry["status"] == UnwindStep.Status.DRIFTED for entry in left if entry["status"] in PROBLEMS)
+        drift_only = all(
+            entry["status"] == UnwindStep.Status.DRIFTED for entry in left if entry["status"] in PROBLEMS
+        )
         has_problem = any(entry["status"] in PROBLEMS for entry in left)
-        reason = (RecoveryItem.Reason.STATE_DRIFT if has_problem and drift_only
-                  else RecoveryItem.Reason.COMPENSATION_FAILED)
+        reason = (
+            RecoveryItem.Reason.STATE_DRIFT
+            if has_problem and drift_only
+            else RecoveryItem.Reason.COMPENSATION_FAILED
+        )
         services.item_reopen_after_unwind(unwind=unwind, run=run, reason=reason, error=summary, left=left)
     return unwind
 
@@ -453,8 +684,14 @@ def _unwind_reactivate(*, unwind: Unwind, actor: Actor, reason: str) -> None:
         raise errors.InvalidTransition(unwind, to=Unwind.Status.RUNNING, current=unwind.status)
     run = Run.objects.select_for_update().select_related("tenant").get(pk=unwind.run_id)
     ledger.run_compensation_started(run=run, actor=actor, reason=reason)
-    _unwind_set_status(unwind, to=Unwind.Status.RUNNING, allowed_from=(Unwind.Status.FAILED,), actor=actor,
-                       kind="unwind.reactivated", reason=reason)
+    _unwind_set_status(
+        unwind,
+        to=Unwind.Status.RUNNING,
+        allowed_from=(Unwind.Status.FAILED,),
+        actor=actor,
+        kind="unwind.reactivated",
+        reason=reason,
+    )
     item = RecoveryItem.objects.filter(run=run).exclude(status=RecoveryItem.Status.RESOLVED).first()
     if item is not None:
         services.item_claim(item=item, actor=actor, reason=reason)
@@ -489,11 +726,22 @@ def step_retry(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
         )
     override = current.status == UnwindStep.Status.DRIFTED
     _unwind_reactivate(unwind=unwind, actor=actor, reason=reason)
-    _step_transition(current, to=UnwindStep.Status.PENDING, allowed_from=PROBLEMS, actor=actor,
-                     kind="step.retry_requested", reason=reason,
-                     updates={"attempts": 0, "next_attempt_at": None, "finished_at": None, "job_id": "",
-                              "result": {"override_drift": True} if override else None},
-                     data={"override_drift": override, "previous_error": current.error})
+    _step_transition(
+        current,
+        to=UnwindStep.Status.PENDING,
+        allowed_from=PROBLEMS,
+        actor=actor,
+        kind="step.retry_requested",
+        reason=reason,
+        updates={
+            "attempts": 0,
+            "next_attempt_at": None,
+            "finished_at": None,
+            "job_id": "",
+            "result": {"override_drift": True} if override else None,
+        },
+        data={"override_drift": override, "previous_error": current.error},
+    )
     _enqueue_advance(unwind.pk)
     return current
 
@@ -507,8 +755,16 @@ def step_skip(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
     if current.status not in PROBLEMS:
         raise errors.InvalidTransition(current, to=UnwindStep.Status.SKIPPED, current=current.status)
     _unwind_reactivate(unwind=unwind, actor=actor, reason=reason)
-    _step_transition(current, to=UnwindStep.Status.SKIPPED, allowed_from=PROBLEMS, actor=actor, kind="step.skipped",
-                     reason=reason, updates={"finished_at": timezone.now()}, data={"previous_error": current.error})
+    _step_transition(
+        current,
+        to=UnwindStep.Status.SKIPPED,
+        allowed_from=PROBLEMS,
+        actor=actor,
+        kind="step.skipped",
+        reason=reason,
+        updates={"finished_at": timezone.now()},
+        data={"previous_error": current.error},
+    )
     _enqueue_advance(unwind.pk)
     return current
 
@@ -530,15 +786,17 @@ def steps_sweep(*, now: Any = None) -> SweepReport:
     interval = float(settings.SAGA["SWEEP_INTERVAL_S"])
 
     # 1. A running step whose lease expired: its worker died (or was SIGKILLed with its horse).
-    for step_id in UnwindStep.objects.filter(status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now
-                                             ).values_list("pk", flat=True):
+    for step_id in UnwindStep.objects.filter(
+        status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now
+    ).values_list("pk", flat=True):
         if _step_lease_expired(step_id=step_id, now=now):
             report.leases_expired += 1
 
     # 2. A queued step that is due but whose job is gone (Redis restarted or was down when it
     # was enqueued), or has waited implausibly long (a job stuck "started" by a dead worker).
-    for step in (UnwindStep.objects.filter(status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING)
-                 .select_related("unwind")):
+    for step in UnwindStep.objects.filter(
+        status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING
+    ).select_related("unwind"):
         due_at = step.next_attempt_at or step.updated_at
         if due_at > now:
             continue
@@ -549,18 +807,25 @@ def steps_sweep(*, now: Any = None) -> SweepReport:
         stale = waited > max(3 * interval, step_lease_seconds(step_timeout_s=_step_timeout(step.unwind)))
         if queueing.job_is_alive(state) and not stale:
             continue
-        job_id = queueing.enqueue("recovery.jobs.step_run", queue="compensations", step_id=step.pk,
-                                  job_timeout=step_lease_seconds(step_timeout_s=_step_timeout(step.unwind)))
+        job_id = queueing.enqueue(
+            "recovery.jobs.step_run",
+            queue="compensations",
+            step_id=step.pk,
+            job_timeout=step_lease_seconds(step_timeout_s=_step_timeout(step.unwind)),
+        )
         if job_id:
             UnwindStep.objects.filter(pk=step.pk, status=UnwindStep.Status.QUEUED).update(
-                job_id=job_id, updated_at=timezone.now())
+                job_id=job_id, updated_at=timezone.now()
+            )
             report.reenqueued += 1
             log.info("unwinds.step_reenqueued", step_id=step.pk, previous_job=step.job_id, job_state=state)
 
     # 3. A running unwind with nothing in flight: its advance job never ran.
-    for unwind_id in Unwind.objects.filter(status=Unwind.Status.RUNNING).exclude(
-        steps__status__in=IN_FLIGHT
-    ).values_list("pk", flat=True):
+    for unwind_id in (
+        Unwind.objects.filter(status=Unwind.Status.RUNNING)
+        .exclude(steps__status__in=IN_FLIGHT)
+        .values_list("pk", flat=True)
+    ):
         unwind_advance(unwind_id=unwind_id)
         report.advanced += 1
     return report
@@ -568,20 +833,31 @@ def steps_sweep(*, now: Any = None) -> SweepReport:
 
 @transaction.atomic
 def _step_lease_expired(*, step_id: str, now: Any) -> bool:
-    step = (UnwindStep.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("unwind__run__tenant", "action")
-            .filter(pk=step_id, status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now).first())
+    step = (
+        UnwindStep.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("unwind__run__tenant", "action")
+        .filter(pk=step_id, status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now)
+        .first()
+    )
     if step is None:
         return False
     message = f"Lease expired after attempt {step.attempts}: the worker running the step was lost."
     if step.attempts >= step.max_attempts:
         # The token is left as is: the lost worker (if it ever wakes) is fenced by the status.
-        step_record_outcome(step_id=step.pk, token=step.lease_token,
-                            outcome=Outcome.retry(message + " No attempts left."))
+        step_record_outcome(
+            step_id=step.pk, token=step.lease_token, outcome=Outcome.retry(message + " No attempts left.")
+        )
         return True
-    _step_transition(step, to=UnwindStep.Status.QUEUED, allowed_from=(UnwindStep.Status.RUNNING,), actor=ENGINE,
-                     kind="step.lease_expired", reason=message, extra_filter={"lease_token": step.lease_token},
-                     updates={"lease_expires_at": None, "next_attempt_at": now, "error": message, "job_id": ""},
-                     data={"attempt": step.attempts, "lease_token": step.lease_token})
+    _step_transition(
+        step,
+        to=UnwindStep.Status.QUEUED,
+        allowed_from=(UnwindStep.Status.RUNNING,),
+        actor=ENGINE,
+        kind="step.lease_expired",
+        reason=message,
+        extra_filter={"lease_token": step.lease_token},
+        updates={"lease_expires_at": None, "next_attempt_at": now, "error": message, "job_id": ""},
+        data={"attempt": step.attempts, "lease_token": step.lease_token},
+    )
     _enqueue_step(step.pk, step_timeout_s=_step_timeout(step.unwind))
     return True

@@ -70,12 +70,15 @@ def webhooks() -> Iterator[WebhookServer]:
 
 
 @pytest.fixture
-def start_worker(transactional_db: Any, redis_server: RedisServer, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+def start_worker(
+    transactional_db: Any, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
     def start(**extra_env: str) -> Worker:
-        worker = spawn_worker(redis_url=redis_server.url, log_path=tmp_path / f"worker-{len(started)}.log",
-                              env=extra_env)
+        worker = spawn_worker(
+            redis_url=redis_server.url, log_path=tmp_path / f"worker-{len(started)}.log", env=extra_env
+        )
         started.append(worker)
         return worker
 
@@ -96,42 +99,88 @@ class Saga:
     item: Any = None
 
 
-def load_onboarding_policies(*, license_risk: str = "medium", license_approval: str = "auto",
-                             webhooks: WebhookServer | None = None, auto_compensate: str | None = None) -> None:
+def load_onboarding_policies(
+    *,
+    license_risk: str = "medium",
+    license_approval: str = "auto",
+    webhooks: WebhookServer | None = None,
+    auto_compensate: str | None = None,
+) -> None:
     from ledger.models import Compensator, PolicySet, ToolPolicy
 
-    ToolPolicy.objects.create(tool="hr.create_user", risk="medium", approval="auto", action_class="internal_update",
-                              compensation="custom")
-    ToolPolicy.objects.create(tool="workspace.provision_license", risk=license_risk, approval=license_approval,
-                              action_class="external_reversible", compensation="custom")
-    ToolPolicy.objects.create(tool="email.send_welcome", risk="low", approval="auto",
-                              action_class="external_irreversible", compensation="none")
+    ToolPolicy.objects.create(
+        tool="hr.create_user",
+        risk="medium",
+        approval="auto",
+        action_class="internal_update",
+        compensation="custom",
+    )
+    ToolPolicy.objects.create(
+        tool="workspace.provision_license",
+        risk=license_risk,
+        approval=license_approval,
+        action_class="external_reversible",
+        compensation="custom",
+    )
+    ToolPolicy.objects.create(
+        tool="email.send_welcome",
+        risk="low",
+        approval="auto",
+        action_class="external_irreversible",
+        compensation="none",
+    )
     # Compensating tools have explicit, automatic policies (their risk is the forward action's).
     for tool in ("hr.delete_user", "workspace.cancel_license"):
-        ToolPolicy.objects.create(tool=tool, risk="low", approval="auto", action_class="internal_update",
-                                  compensation="none")
+        ToolPolicy.objects.create(
+            tool=tool, risk="low", approval="auto", action_class="internal_update", compensation="none"
+        )
     if webhooks is not None:
-        Compensator.objects.create(tool="hr.delete_user", kind="webhook", url=webhooks.url(HR_PATH),
-                                   secret="hr-secret")
-        Compensator.objects.create(tool="workspace.cancel_license", kind="webhook", url=webhooks.url(WS_PATH),
-                                   secret="ws-secret")
-    PolicySet.objects.create(tenant=None, default_policy={}, unwind={"on_compensation_failure": "alert_and_continue",
-                                                                     "max_attempts": 5},
-                             auto_compensate={"max_risk": auto_compensate})
+        Compensator.objects.create(
+            tool="hr.delete_user", kind="webhook", url=webhooks.url(HR_PATH), secret="hr-secret"
+        )
+        Compensator.objects.create(
+            tool="workspace.cancel_license", kind="webhook", url=webhooks.url(WS_PATH), secret="ws-secret"
+        )
+    PolicySet.objects.create(
+        tenant=None,
+        default_policy={},
+        unwind={"on_compensation_failure": "alert_and_continue", "max_attempts": 5},
+        auto_compensate={"max_risk": auto_compensate},
+    )
 
 
-def _perform(run: Any, agent: Any, *, tool: str, key: str, args: dict[str, Any], target: str,
-             compensation: dict[str, Any] | None, after: Any = None, fail: str = "") -> Any:
+def _perform(
+    run: Any,
+    agent: Any,
+    *,
+    tool: str,
+    key: str,
+    args: dict[str, Any],
+    target: str,
+    compensation: dict[str, Any] | None,
+    after: Any = None,
+    fail: str = "",
+) -> Any:
     from ledger import services as ledger
     from recovery import services
 
-    recorded = services.action_record_gated(run=run, actor=agent, tool=tool, idempotency_key=key, target_type="user",
-                                            target_id=target, args=args, compensation=compensation,
-                                            before_snapshot=None)
+    recorded = services.action_record_gated(
+        run=run,
+        actor=agent,
+        tool=tool,
+        idempotency_key=key,
+        target_type="user",
+        target_id=target,
+        args=args,
+        compensation=compensation,
+        before_snapshot=None,
+    )
     action = recorded.action
     ledger.action_start(action=action, actor=agent)
     if fail:
-        return services.action_fail_and_queue(action=action, actor=agent, error=fail, retryable=True, layer="tool")
+        return services.action_fail_and_queue(
+            action=action, actor=agent, error=fail, retryable=True, layer="tool"
+        )
     return ledger.action_succeed(action=action, actor=agent, result={"ok": True}, after_snapshot=after)
 
 
@@ -142,19 +191,41 @@ def onboarding_saga(tenant: Any, agent: Any, *, fail_run: bool = True) -> Saga:
 
     email = "ashu@company.com"
     run = ledger.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu Kumar")
-    create_user = _perform(run, agent, tool="hr.create_user", key=f"{run.pk}-1", args={"name": "Ashu Kumar"},
-                           target=email, compensation={"tool": "hr.delete_user", "args": {"email": email}},
-                           after={"user": email, "active": True})
-    provision = _perform(run, agent, tool="workspace.provision_license", key=f"{run.pk}-2",
-                         args={"sku": "business-standard"}, target=email,
-                         compensation={"tool": "workspace.cancel_license", "args": {"email": email}},
-                         after={"license": "business-standard"})
-    welcome = _perform(run, agent, tool="email.send_welcome", key=f"{run.pk}-3", args={"to": "ashu@home.example"},
-                       target=email, compensation=None, fail="email gateway rate-limited (429)")
+    create_user = _perform(
+        run,
+        agent,
+        tool="hr.create_user",
+        key=f"{run.pk}-1",
+        args={"name": "Ashu Kumar"},
+        target=email,
+        compensation={"tool": "hr.delete_user", "args": {"email": email}},
+        after={"user": email, "active": True},
+    )
+    provision = _perform(
+        run,
+        agent,
+        tool="workspace.provision_license",
+        key=f"{run.pk}-2",
+        args={"sku": "business-standard"},
+        target=email,
+        compensation={"tool": "workspace.cancel_license", "args": {"email": email}},
+        after={"license": "business-standard"},
+    )
+    welcome = _perform(
+        run,
+        agent,
+        tool="email.send_welcome",
+        key=f"{run.pk}-3",
+        args={"to": "ashu@home.example"},
+        target=email,
+        compensation=None,
+        fail="email gateway rate-limited (429)",
+    )
     saga = Saga(run=run, create_user=create_user, provision_license=provision, send_welcome=welcome)
     if fail_run:
-        outcome = services.run_fail_and_queue(run=run, actor=agent, error="email gateway rate-limited",
-                                              failed_action=welcome)
+        outcome = services.run_fail_and_queue(
+            run=run, actor=agent, error="email gateway rate-limited", failed_action=welcome
+        )
         saga.item = outcome.item
         saga.run.refresh_from_db()
     return saga

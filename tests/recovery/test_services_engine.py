@@ -26,7 +26,10 @@ def test_the_plan_is_lifo_by_completion_and_flags_what_needs_a_human(tenant, age
 
     assert [s.action.tool for s in plan.steps] == ["workspace.provision_license", "hr.create_user"]
     license_step, user_step = plan.steps
-    assert (license_step.tool, license_step.args) == ("workspace.cancel_license", {"email": "ashu@company.com"})
+    assert (license_step.tool, license_step.args) == (
+        "workspace.cancel_license",
+        {"email": "ashu@company.com"},
+    )
     assert license_step.requires_approval and license_step.risk == "high"
     assert not user_step.requires_approval
     # No compensator is registered in this test: the preview says the step would fail.
@@ -38,23 +41,39 @@ def test_the_plan_is_lifo_by_completion_and_flags_what_needs_a_human(tenant, age
 def test_the_plan_follows_completion_order_not_recording_order_and_warns(tenant, agent):
     load_onboarding_policies()
     run = ledger.run_create(tenant=tenant, actor=agent, agent="a", request="r")
-    first = services.action_record_gated(run=run, actor=agent, tool="hr.create_user", idempotency_key="x1",
-                                         compensation={"tool": "hr.delete_user", "args": {}}).action
-    second = services.action_record_gated(run=run, actor=agent, tool="workspace.provision_license",
-                                          idempotency_key="x2",
-                                          compensation={"tool": "workspace.cancel_license", "args": {}}).action
-    irreversible = services.action_record_gated(run=run, actor=agent, tool="email.send_welcome",
-                                                idempotency_key="x3").action
-    unknown = services.action_record_gated(run=run, actor=agent, tool="hr.create_user", idempotency_key="x4",
-                                           compensation={"tool": "hr.delete_user", "args": {}}).action
+    first = services.action_record_gated(
+        run=run,
+        actor=agent,
+        tool="hr.create_user",
+        idempotency_key="x1",
+        compensation={"tool": "hr.delete_user", "args": {}},
+    ).action
+    second = services.action_record_gated(
+        run=run,
+        actor=agent,
+        tool="workspace.provision_license",
+        idempotency_key="x2",
+        compensation={"tool": "workspace.cancel_license", "args": {}},
+    ).action
+    irreversible = services.action_record_gated(
+        run=run, actor=agent, tool="email.send_welcome", idempotency_key="x3"
+    ).action
+    unknown = services.action_record_gated(
+        run=run,
+        actor=agent,
+        tool="hr.create_user",
+        idempotency_key="x4",
+        compensation={"tool": "hr.delete_user", "args": {}},
+    ).action
     for action in (first, second, irreversible, unknown):
         ledger.action_start(action=action, actor=agent)
     # Recorded 1, 2, 3; completed 2, 3, 1: LIFO follows completion.
     ledger.action_succeed(action=second, actor=agent)
     ledger.action_succeed(action=irreversible, actor=agent)
     ledger.action_succeed(action=first, actor=agent)
-    ledger.action_fail(action=unknown, actor=agent, error="timeout", retryable=True, layer="tool",
-                       outcome_unknown=True)
+    ledger.action_fail(
+        action=unknown, actor=agent, error="timeout", retryable=True, layer="tool", outcome_unknown=True
+    )
 
     plan = planner.compensation_plan(run=run)
     assert [s.action.pk for s in plan.steps] == [first.pk, irreversible.pk, second.pk]
@@ -67,11 +86,17 @@ def test_the_plan_follows_completion_order_not_recording_order_and_warns(tenant,
 def test_compensate_is_refused_while_an_outcome_is_unknown(tenant, agent, alice):
     load_onboarding_policies()
     saga = onboarding_saga(tenant, agent, fail_run=False)
-    action = services.action_record_gated(run=saga.run, actor=agent, tool="hr.create_user", idempotency_key="u1",
-                                          compensation={"tool": "hr.delete_user", "args": {}}).action
+    action = services.action_record_gated(
+        run=saga.run,
+        actor=agent,
+        tool="hr.create_user",
+        idempotency_key="u1",
+        compensation={"tool": "hr.delete_user", "args": {}},
+    ).action
     ledger.action_start(action=action, actor=agent)
-    services.action_fail_and_queue(action=action, actor=agent, error="timeout", retryable=True, layer="tool",
-                                   outcome_unknown=True)
+    services.action_fail_and_queue(
+        action=action, actor=agent, error="timeout", retryable=True, layer="tool", outcome_unknown=True
+    )
     outcome = services.run_fail_and_queue(run=saga.run, actor=agent, error="gave up")
     with pytest.raises(errors.Conflict) as refused:
         services.unwind_start(item=outcome.item, actor=Actor.for_user(alice), reason="undo")
@@ -136,15 +161,25 @@ def test_a_worker_that_lost_its_lease_cannot_record_an_outcome(tenant, agent, al
     assert fresh_claim.token == stale_claim.token + 1
     assert fresh_claim.request.idempotency_key == stale_claim.request.idempotency_key
     # The presumed-dead worker wakes up and reports: fenced off.
-    assert unwinds.step_record_outcome(step_id=step.pk, token=stale_claim.token,
-                                       outcome=compensators.Outcome.failed("late")) is None
-    assert unwinds.step_record_outcome(step_id=step.pk, token=fresh_claim.token,
-                                       outcome=compensators.Outcome.done({"ok": 1})) is not None
+    assert (
+        unwinds.step_record_outcome(
+            step_id=step.pk, token=stale_claim.token, outcome=compensators.Outcome.failed("late")
+        )
+        is None
+    )
+    assert (
+        unwinds.step_record_outcome(
+            step_id=step.pk, token=fresh_claim.token, outcome=compensators.Outcome.done({"ok": 1})
+        )
+        is not None
+    )
     step.refresh_from_db()
     assert (step.status, step.result, step.attempts) == ("done", {"ok": 1}, 2)
 
 
-def test_a_step_out_of_attempts_fails_and_the_run_ends_with_an_item_listing_what_is_left(tenant, agent, alice):
+def test_a_step_out_of_attempts_fails_and_the_run_ends_with_an_item_listing_what_is_left(
+    tenant, agent, alice
+):
     load_onboarding_policies()
     saga = onboarding_saga(tenant, agent)
     unwind, step, claim = _claimed_first_step(saga, alice)
@@ -186,14 +221,18 @@ def test_halt_stops_the_unwind_at_the_first_failure(tenant, agent, alice):
     saga = onboarding_saga(tenant, agent)
     unwind, step, claim = _claimed_first_step(saga, alice)
     assert unwind.on_failure == Unwind.OnFailure.HALT
-    unwinds.step_record_outcome(step_id=step.pk, token=claim.token, outcome=compensators.Outcome.failed("400"))
+    unwinds.step_record_outcome(
+        step_id=step.pk, token=claim.token, outcome=compensators.Outcome.failed("400")
+    )
     unwinds.unwind_advance(unwind_id=unwind.pk)
     unwind.refresh_from_db()
     assert unwind.status == Unwind.Status.FAILED
     assert unwind.steps.get(position=1).status == UnwindStep.Status.PENDING
     left = RecoveryItem.objects.get(run=saga.run, status="open").details["left"]
-    assert [(e["tool"], e["status"]) for e in left] == [("workspace.cancel_license", "failed"),
-                                                        ("hr.delete_user", "pending")]
+    assert [(e["tool"], e["status"]) for e in left] == [
+        ("workspace.cancel_license", "failed"),
+        ("hr.delete_user", "pending"),
+    ]
 
 
 def _gated_unwind(tenant, agent, alice):
@@ -243,12 +282,17 @@ def test_a_rejected_compensation_step_is_left_and_reported(tenant, agent, alice,
 def test_resume_from_a_stale_checkpoint_shows_the_warning_then_issues_the_command(tenant, agent, alice):
     load_onboarding_policies()
     run = ledger.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard")
-    user = services.action_record_gated(run=run, actor=agent, tool="hr.create_user", idempotency_key="s1").action
+    user = services.action_record_gated(
+        run=run, actor=agent, tool="hr.create_user", idempotency_key="s1"
+    ).action
     ledger.action_start(action=user, actor=agent)
     ledger.action_succeed(action=user, actor=agent)
-    checkpoint = ledger.checkpoint_write(run=run, actor=agent, name="user-created", completed_action_ids=[user.pk])
-    welcome = services.action_record_gated(run=run, actor=agent, tool="email.send_welcome",
-                                           idempotency_key="s2").action
+    checkpoint = ledger.checkpoint_write(
+        run=run, actor=agent, name="user-created", completed_action_ids=[user.pk]
+    )
+    welcome = services.action_record_gated(
+        run=run, actor=agent, tool="email.send_welcome", idempotency_key="s2"
+    ).action
     ledger.action_start(action=welcome, actor=agent)
     ledger.action_succeed(action=welcome, actor=agent)
     item = services.run_fail_and_queue(run=run, actor=agent, error="crashed after the e-mail").item
@@ -259,8 +303,9 @@ def test_resume_from_a_stale_checkpoint_shows_the_warning_then_issues_the_comman
     assert [a.pk for a in preview.repeats] == [welcome.pk]  # the e-mail would be sent twice
     assert {"stale_checkpoint", "repeats_non_idempotent"} <= {w["code"] for w in preview.warnings}
 
-    command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="agent fixed",
-                                   checkpoint=checkpoint)
+    command = services.item_resume(
+        item=item, actor=Actor.for_user(alice), reason="agent fixed", checkpoint=checkpoint
+    )
     assert (command.kind, command.checkpoint, command.status) == ("resume", checkpoint, "pending")
     item.refresh_from_db()
     assert (item.status, item.resolution) == ("resolved", "resumed")
@@ -311,8 +356,12 @@ def test_a_run_without_heartbeats_is_failed_as_agent_lost(tenant, agent, setting
     assert Run.objects.get(pk=alive.pk).status == Run.Status.RUNNING
 
 
-def test_an_undelivered_resume_command_is_pushed_again(tenant, agent, alice, django_capture_on_commit_callbacks):
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="a", request="r", resume_url="http://127.0.0.1:9/x")
+def test_an_undelivered_resume_command_is_pushed_again(
+    tenant, agent, alice, django_capture_on_commit_callbacks
+):
+    run = ledger.run_create(
+        tenant=tenant, actor=agent, agent="a", request="r", resume_url="http://127.0.0.1:9/x"
+    )
     item = services.run_fail_and_queue(run=run, actor=agent, error="boom").item
     command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     AgentCommand.objects.filter(pk=command.pk).update(created_at=timezone.now() - timedelta(minutes=5))
@@ -329,5 +378,11 @@ def test_every_engine_transition_is_audited(tenant, agent, alice):
     saga = onboarding_saga(tenant, agent)
     unwind, step, claim = _claimed_first_step(saga, alice)
     kinds = list(Event.objects.filter(run=saga.run).values_list("kind", flat=True))
-    assert {"recovery.claimed", "run.compensating", "unwind.started", "step.queued", "step.started",
-            "action.compensating"} <= set(kinds)
+    assert {
+        "recovery.claimed",
+        "run.compensating",
+        "unwind.started",
+        "step.queued",
+        "step.started",
+        "action.compensating",
+    } <= set(kinds)

@@ -56,9 +56,16 @@ def test_it_compensates_the_onboarding_saga_in_lifo_order_through_signed_webhook
     steps = list(unwind.steps.order_by("position"))
     assert license_call.headers["Idempotency-Key"] == steps[0].idempotency_key
     assert license_call.body == {
-        "step_id": steps[0].pk, "action_id": saga.provision_license.pk, "run_id": saga.run.pk, "tenant": "acme",
-        "tool": "workspace.cancel_license", "args": {"email": "ashu@company.com"}, "target_type": "user",
-        "target_id": "ashu@company.com", "before_snapshot": None, "after_snapshot": {"license": "business-standard"},
+        "step_id": steps[0].pk,
+        "action_id": saga.provision_license.pk,
+        "run_id": saga.run.pk,
+        "tenant": "acme",
+        "tool": "workspace.cancel_license",
+        "args": {"email": "ashu@company.com"},
+        "target_type": "user",
+        "target_id": "ashu@company.com",
+        "before_snapshot": None,
+        "after_snapshot": {"license": "business-standard"},
         "attempt": 1,
     }
     assert {s.status for s in steps} == {UnwindStep.Status.DONE}
@@ -68,13 +75,22 @@ def test_it_compensates_the_onboarding_saga_in_lifo_order_through_signed_webhook
     item = RecoveryItem.objects.get(pk=saga.item.pk)
     assert (item.status, item.resolution, item.resolved_by) == ("resolved", "compensated", alice)
     statuses = dict(Action.objects.filter(run=saga.run).values_list("tool", "status"))
-    assert statuses == {"hr.create_user": "compensated", "workspace.provision_license": "compensated",
-                        "email.send_welcome": "failed"}
+    assert statuses == {
+        "hr.create_user": "compensated",
+        "workspace.provision_license": "compensated",
+        "email.send_welcome": "failed",
+    }
 
 
-def test_it_retries_a_compensator_that_fails_twice_then_succeeds(tenant, agent, alice, webhooks, start_worker):
+def test_it_retries_a_compensator_that_fails_twice_then_succeeds(
+    tenant, agent, alice, webhooks, start_worker
+):
     load_onboarding_policies(webhooks=webhooks)
-    webhooks.script[WS_PATH] = [Reply(503, {"error": "busy"}), Reply(502), Reply(200, {"state": {"license": None}})]
+    webhooks.script[WS_PATH] = [
+        Reply(503, {"error": "busy"}),
+        Reply(502),
+        Reply(200, {"state": {"license": None}}),
+    ]
     saga = onboarding_saga(tenant, agent)
     worker = start_worker()
 
@@ -116,8 +132,11 @@ def test_a_412_leaves_the_step_drifted_and_the_item_open_until_an_operator_decid
 
     # The operator looks and leaves the user in place: the unwind settles and the run is done.
     services.step_skip(step=user_step, actor=Actor.for_user(alice), reason="HR keeps the edited record")
-    wait_for(lambda: Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.COMPLETED, timeout=20,
-             what="the unwind to settle after the skip")
+    wait_for(
+        lambda: Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.COMPLETED,
+        timeout=20,
+        what="the unwind to settle after the skip",
+    )
     item.refresh_from_db()
     assert (item.status, item.resolution) == ("resolved", "compensated")
     assert Run.objects.get(pk=saga.run.pk).status == Run.Status.COMPENSATED
@@ -183,10 +202,17 @@ def test_an_approval_gated_step_pauses_the_unwind_until_a_second_person_approves
     worker = start_worker()
 
     unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="withdrawn")
-    approval = wait_for(lambda: Approval.objects.filter(step__unwind=unwind, status="pending").first(),
-                        timeout=20, what="the step's approval request")
+    approval = wait_for(
+        lambda: Approval.objects.filter(step__unwind=unwind, status="pending").first(),
+        timeout=20,
+        what="the step's approval request",
+    )
     assert (approval.kind, approval.risk, approval.tool, approval.requested_by) == (
-        "compensation", "critical", "workspace.cancel_license", alice)
+        "compensation",
+        "critical",
+        "workspace.cancel_license",
+        alice,
+    )
     time.sleep(1.5)
     unwind.refresh_from_db()
     assert unwind.status == Unwind.Status.PAUSED
@@ -196,8 +222,12 @@ def test_an_approval_gated_step_pauses_the_unwind_until_a_second_person_approves
 
     with pytest.raises(errors.FourEyesRequired):
         services.approval_approve(approval=approval, actor=Actor.for_user(alice), reason="my own request")
-    services.approval_approve(approval=approval, actor=Actor.for_user(bob), reason="checked with HR",
-                              args={"email": "ashu@company.com", "refund": "prorated"})
+    services.approval_approve(
+        approval=approval,
+        actor=Actor.for_user(bob),
+        reason="checked with HR",
+        args={"email": "ashu@company.com", "refund": "prorated"},
+    )
 
     _wait_finished(unwind, [worker])
     assert unwind.status == Unwind.Status.COMPLETED
