@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -200,61 +201,67 @@ def onboard(demo: Demo, external_id: str, hire: Hire, *, tenant: str = "acme", c
         external_id=external_id,
         user_id="hr-portal",
         goal="New hire can log in on day one",
-        metadata={"demo": True, "department": hire.department},
+        metadata={"demo": True, "department": hire.department, "company": company},
     ) as run:
-        world_step(
-            run,
-            demo.world,
-            "hr.create_user",
-            path="/hr/users",
-            target=("user", hire.email),
-            args={
-                "email": hire.email,
-                "name": hire.name,
-                "department": hire.department,
-                "title": hire.title,
-                "manager": hire.manager,
-                "start_date": hire.start_date,
-            },
-            compensate=("hr.delete_user", {"email": hire.email}),
-            intent={
-                "reasoning": f"{hire.name} signed the offer; HR needs a record before anything else.",
-                "confidence": 0.97,
-            },
-        )
-        world_step(
-            run,
-            demo.world,
-            "workspace.provision_license",
-            path="/workspace/licenses",
-            target=("user", hire.email),
-            args={"email": hire.email, "sku": hire.sku},
-            intent={"reasoning": f"{hire.department} staff get {hire.sku}.", "confidence": 0.9},
-        )
-        run.checkpoint(
-            "accounts-ready",
-            state={"email": hire.email, "next": "welcome email"},
-            summary=f"{hire.name} has an HR record and a {hire.sku} licence; the welcome email is next.",
-            recovery_instructions="Resume sends only the welcome email (the first two steps replay). "
-            "Compensate deletes the HR record and cancels the licence.",
-        )
-        world_step(
-            run,
-            demo.world,
-            "email.send_welcome",
-            path="/email/messages",
-            target=("email", hire.personal_email),
-            args={
-                "to": hire.personal_email,
-                "subject": f"Welcome to {company}, {hire.first_name}!",
-                "body": f"Hi {hire.first_name}, your account {hire.email} is ready. "
-                f"Your manager {hire.manager} will meet you on {hire.start_date}.",
-            },
-            intent={
-                "reasoning": "Send the welcome message to the personal address from the offer letter.",
-                "confidence": 0.74,
-            },
-        )
+        onboarding_steps(demo, run, hire, company=company)
+
+
+def onboarding_steps(demo: Demo, run: RunContext, hire: Hire, *, company: str) -> None:
+    """The saga's steps. On a resumed run the steps that already succeeded replay their recorded
+    results (same idempotency keys) and only what is left runs."""
+    world_step(
+        run,
+        demo.world,
+        "hr.create_user",
+        path="/hr/users",
+        target=("user", hire.email),
+        args={
+            "email": hire.email,
+            "name": hire.name,
+            "department": hire.department,
+            "title": hire.title,
+            "manager": hire.manager,
+            "start_date": hire.start_date,
+        },
+        compensate=("hr.delete_user", {"email": hire.email}),
+        intent={
+            "reasoning": f"{hire.name} signed the offer; HR needs a record before anything else.",
+            "confidence": 0.97,
+        },
+    )
+    world_step(
+        run,
+        demo.world,
+        "workspace.provision_license",
+        path="/workspace/licenses",
+        target=("user", hire.email),
+        args={"email": hire.email, "sku": hire.sku},
+        intent={"reasoning": f"{hire.department} staff get {hire.sku}.", "confidence": 0.9},
+    )
+    run.checkpoint(
+        "accounts-ready",
+        state={"email": hire.email, "next": "welcome email"},
+        summary=f"{hire.name} has an HR record and a {hire.sku} licence; the welcome email is next.",
+        recovery_instructions="Resume sends only the welcome email (the first two steps replay). "
+        "Compensate deletes the HR record and cancels the licence.",
+    )
+    world_step(
+        run,
+        demo.world,
+        "email.send_welcome",
+        path="/email/messages",
+        target=("email", hire.personal_email),
+        args={
+            "to": hire.personal_email,
+            "subject": f"Welcome to {company}, {hire.first_name}!",
+            "body": f"Hi {hire.first_name}, your account {hire.email} is ready. "
+            f"Your manager {hire.manager} will meet you on {hire.start_date}.",
+        },
+        intent={
+            "reasoning": "Send the welcome message to the personal address from the offer letter.",
+            "confidence": 0.74,
+        },
+    )
 
 
 HIRES = {
@@ -305,6 +312,44 @@ HIRES = {
 
 def _onboard_ok(key: str, tenant: str = "acme", company: str = "Acme") -> Callable[[Demo, str], None]:
     return lambda demo, external_id: onboard(demo, external_id, HIRES[key], tenant=tenant, company=company)
+
+
+def _hire_from_run(run: Mapping[str, Any]) -> Hire | None:
+    """Rebuild the hire from what the run recorded (the harness's only memory after a restart)."""
+    actions = {a["tool"]: a for a in run.get("actions", [])}
+    user, license_, welcome = (
+        actions.get(t) for t in ("hr.create_user", "workspace.provision_license", "email.send_welcome")
+    )
+    if not (user and license_ and welcome):
+        return None
+    args = user["args"]
+    return Hire(
+        args["name"],
+        args["email"],
+        welcome["args"]["to"],
+        args["department"],
+        args["title"],
+        args["manager"],
+        sku=license_["args"]["sku"],
+        start_date=args["start_date"],
+    )
+
+
+def onboarding_resume(demo: Demo, run_id: str, command: Mapping[str, Any]) -> str:
+    """An operator chose Resume: re-read the offer letter (the personal address had a doubled @)
+    and carry on. The HR record and the licence replay; only the welcome email is sent."""
+    saga = demo.saga("acme")
+    run = saga.attach(run_id)
+    saga.ack_command(command["id"])
+    hire = _hire_from_run(run.run)
+    if hire is None:
+        run.complete("Resumed, but the run never reached the welcome email; nothing left to do here.")
+        return f"resumed {run_id}: nothing left to do"
+    fixed = replace(hire, personal_email=re.sub("@+", "@", hire.personal_email))
+    company = (run.run.get("metadata") or {}).get("company", "Acme")
+    with expected_failure(WorldError), run:
+        onboarding_steps(demo, run, fixed, company=company)
+    return f"resumed {run_id}: welcome email to {fixed.personal_email}"
 
 
 def onboard_failing_welcome(demo: Demo, external_id: str) -> None:
@@ -845,8 +890,15 @@ def live_scenario(demo: Demo, rng: random.Random) -> str:
 
 
 def tend_waiting_runs(demo: Demo) -> list[str]:
-    """Keep parked vendor payments alive (heartbeat) and carry them out once decided."""
+    """Keep parked vendor payments alive (heartbeat) and carry them out once decided; carry on
+    with onboarding runs an operator resumed."""
     notes = []
+    saga = demo.saga("acme")
+    for run in saga.list_runs(agent="onboarding-agent", status="running"):
+        for command in saga.commands(run["id"]):
+            if command["kind"] == "resume":
+                notes.append(onboarding_resume(demo, run["id"], command))
+                break
     for run in demo.saga("acme").list_runs(agent="ap-agent", status="running"):
         state = vendor_payment_continue(demo, run["id"])
         if state != "waiting":

@@ -207,3 +207,50 @@ def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
         ("email.send_welcome", Action.Status.FAILED),
     }
     assert RecoveryItem.objects.get(pk=item.pk).resolution == RecoveryItem.Resolution.COMPENSATED
+
+
+def test_a_resumed_onboarding_run_sends_the_corrected_welcome_email_and_succeeds(
+    live_server: Any, world_secret: str
+) -> None:
+    from django.contrib.auth import get_user_model
+
+    from demo import people
+    from demo.models import OutboxEmail
+    from demo.setup import agent_secret, demo_setup
+    from ledger.audit import Actor
+    from ledger.models import Run
+    from recovery import services as recovery
+
+    demo_setup(base_url=live_server.url)
+    demo = agents.Demo(
+        base_url=live_server.url,
+        keys={"acme": agent_secret("acme-agents")},
+        world=agents.World(live_server.url, world_secret),
+        people=people,
+    )
+    try:
+        agents.onboard_failing_welcome(demo, "demo:onboard-ashu")
+        run = Run.objects.get(external_id="demo:onboard-ashu")
+        assert run.status == Run.Status.FAILED and not OutboxEmail.objects.exists()
+
+        alice = get_user_model().objects.get(username="alice")
+        recovery.item_resume(
+            item=run.recovery_items.get(),
+            actor=Actor.for_user(alice),
+            reason="The personal address has a typo; carry on",
+        )
+        notes = agents.tend_waiting_runs(demo)
+    finally:
+        demo.close()
+
+    assert notes == [f"resumed {run.pk}: welcome email to ashu.kumar@gmail.com"]
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED
+    # The HR record and the licence were not created twice: those steps replayed.
+    assert list(run.actions.order_by("seq").values_list("tool", "status")) == [
+        ("hr.create_user", "succeeded"),
+        ("workspace.provision_license", "succeeded"),
+        ("email.send_welcome", "failed"),
+        ("email.send_welcome", "succeeded"),
+    ]
+    assert list(OutboxEmail.objects.values_list("to", flat=True)) == ["ashu.kumar@gmail.com"]
