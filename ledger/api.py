@@ -33,11 +33,11 @@ from ledger.schemas import (
     ActionSucceedIn,
     ActionVerifyIn,
     ActionVerifyOut,
+    AgentCommandOut,
+    AgentCommandsOut,
     CheckpointIn,
     CheckpointOut,
     CheckpointPageOut,
-    AgentCommandOut,
-    AgentCommandsOut,
     HeartbeatIn,
     HeartbeatOut,
     PageQuery,
@@ -112,7 +112,11 @@ def _action(request: HttpRequest, action_id: str) -> Action:
 
 
 def _latest_approval(action: Action) -> Approval | None:
-    return Approval.objects.filter(action=action, kind=Approval.Kind.ACTION).order_by("-created_at", "-id").first()
+    return (
+        Approval.objects.filter(action=action, kind=Approval.Kind.ACTION)
+        .order_by("-created_at", "-id")
+        .first()
+    )
 
 
 def _action_body(action: Action) -> dict[str, Any]:
@@ -142,8 +146,9 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
             raise ValueError("bad id")
         return datetime.fromisoformat(created), pk
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
-        raise errors.ValidationFailed("The cursor is not one this API handed out.", details={"cursor": "invalid"}) \
-            from None
+        raise errors.ValidationFailed(
+            "The cursor is not one this API handed out.", details={"cursor": "invalid"}
+        ) from None
 
 
 def _page(queryset: QuerySet[Any], *, cursor: str | None, limit: int) -> tuple[list[Any], str | None]:
@@ -152,7 +157,9 @@ def _page(queryset: QuerySet[Any], *, cursor: str | None, limit: int) -> tuple[l
         created_at, pk = _decode_cursor(cursor)
         queryset = queryset.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=pk))
     rows = list(queryset[: limit + 1])
-    next_cursor = _encode_cursor(rows[limit - 1].created_at, rows[limit - 1].pk) if len(rows) > limit else None
+    next_cursor = (
+        _encode_cursor(rows[limit - 1].created_at, rows[limit - 1].pk) if len(rows) > limit else None
+    )
     return rows[:limit], next_cursor
 
 
@@ -160,7 +167,9 @@ def _page(queryset: QuerySet[Any], *, cursor: str | None, limit: int) -> tuple[l
 
 
 @router.post("/runs", response={201: RunOut, **WRITE_ERRORS}, summary="Start a run")
-def run_create(request: HttpRequest, payload: RunIn, idempotency_key: str | None = _idempotency_header()) -> HttpResponse:
+def run_create(
+    request: HttpRequest, payload: RunIn, idempotency_key: str | None = _idempotency_header()
+) -> HttpResponse:
     def produce() -> tuple[int, Any]:
         run = ledger.run_create(tenant=_tenant(request), actor=_actor(request), **payload.model_dump())
         return 201, run_out(run)
@@ -175,7 +184,9 @@ def run_list(request: HttpRequest, filters: Query[RunListQuery]) -> dict[str, An
         value = getattr(filters, field)
         if value is not None:
             if "\x00" in value:
-                raise errors.ValidationFailed(f"{field} may not contain NUL characters.", details={"field": field})
+                raise errors.ValidationFailed(
+                    f"{field} may not contain NUL characters.", details={"field": field}
+                )
             queryset = queryset.filter(**{field: value})
     rows, next_cursor = _page(queryset, cursor=filters.cursor, limit=filters.limit)
     return {"items": [run_out(run) for run in rows], "next_cursor": next_cursor}
@@ -198,18 +209,29 @@ def run_detail(request: HttpRequest, run_id: str) -> dict[str, Any]:
     }
 
 
-@router.post("/runs/{run_id}/heartbeat", response={200: HeartbeatOut, **AUTH_ERRORS},
-             summary="Prove the agent is alive; returns pending commands")
+@router.post(
+    "/runs/{run_id}/heartbeat",
+    response={200: HeartbeatOut, **AUTH_ERRORS},
+    summary="Prove the agent is alive; returns pending commands",
+)
 def run_heartbeat(request: HttpRequest, run_id: str, payload: HeartbeatIn | None = None) -> dict[str, Any]:
     run = _run(request, run_id)
     ledger.run_heartbeat(run=run, note=payload.note if payload else "")
-    return {"run_id": run.pk, "status": run.status, "last_heartbeat_at": run.last_heartbeat_at,
-            "commands": [command_out(command) for command in recovery.commands_pending(run=run)]}
+    return {
+        "run_id": run.pk,
+        "status": run.status,
+        "last_heartbeat_at": run.last_heartbeat_at,
+        "commands": [command_out(command) for command in recovery.commands_pending(run=run)],
+    }
 
 
 @router.post("/runs/{run_id}/complete", response={200: RunOut, **WRITE_ERRORS}, summary="The run succeeded")
-def run_complete(request: HttpRequest, run_id: str, payload: RunCompleteIn | None = None,
-                 idempotency_key: str | None = _idempotency_header()) -> HttpResponse:
+def run_complete(
+    request: HttpRequest,
+    run_id: str,
+    payload: RunCompleteIn | None = None,
+    idempotency_key: str | None = _idempotency_header(),
+) -> HttpResponse:
     run = _run(request, run_id)
 
     def produce() -> tuple[int, Any]:
@@ -219,28 +241,42 @@ def run_complete(request: HttpRequest, run_id: str, payload: RunCompleteIn | Non
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 
 
-@router.post("/runs/{run_id}/fail", response={200: RunFailOut, **WRITE_ERRORS},
-             summary="The run failed: record it and put it in the recovery queue")
-def run_fail(request: HttpRequest, run_id: str, payload: RunFailIn,
-             idempotency_key: str | None = _idempotency_header()) -> HttpResponse:
+@router.post(
+    "/runs/{run_id}/fail",
+    response={200: RunFailOut, **WRITE_ERRORS},
+    summary="The run failed: record it and put it in the recovery queue",
+)
+def run_fail(
+    request: HttpRequest, run_id: str, payload: RunFailIn, idempotency_key: str | None = _idempotency_header()
+) -> HttpResponse:
     run = _run(request, run_id)
     failed_action = _action(request, payload.failed_action_id) if payload.failed_action_id else None
 
     def produce() -> tuple[int, Any]:
-        outcome = recovery.run_fail_and_queue(run=run, actor=_actor(request), error=payload.error,
-                                              reason=payload.reason, failed_action=failed_action)
+        outcome = recovery.run_fail_and_queue(
+            run=run,
+            actor=_actor(request),
+            error=payload.error,
+            reason=payload.reason,
+            failed_action=failed_action,
+        )
         unwind = outcome.unwind
         return 200, {
             **run_out(outcome.run),
             "recovery_item": recovery_item_out(outcome.item),
-            "unwind": {"id": unwind.pk, "status": unwind.status, "automatic": unwind.automatic} if unwind else None,
+            "unwind": {"id": unwind.pk, "status": unwind.status, "automatic": unwind.automatic}
+            if unwind
+            else None,
         }
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 
 
-@router.get("/runs/{run_id}/trail", response={200: TrailOut, **AUTH_ERRORS},
-            summary="The correction trail: what changed, what was restored, what could not be undone")
+@router.get(
+    "/runs/{run_id}/trail",
+    response={200: TrailOut, **AUTH_ERRORS},
+    summary="The correction trail: what changed, what was restored, what could not be undone",
+)
 def run_trail_view(request: HttpRequest, run_id: str) -> dict[str, Any]:
     trail = run_trail(run=_run(request, run_id))
     trail["audit_url"] = request.build_absolute_uri(trail["audit_url"])
@@ -250,42 +286,64 @@ def run_trail_view(request: HttpRequest, run_id: str) -> dict[str, Any]:
 # --- Commands -----------------------------------------------------------------------------------
 
 
-@router.get("/runs/{run_id}/commands", response={200: AgentCommandsOut, **AUTH_ERRORS},
-            summary="Pending resume/cancel commands for the agent")
+@router.get(
+    "/runs/{run_id}/commands",
+    response={200: AgentCommandsOut, **AUTH_ERRORS},
+    summary="Pending resume/cancel commands for the agent",
+)
 def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
     run = _run(request, run_id)
     return {"commands": [command_out(command) for command in recovery.commands_pending(run=run)]}
 
 
-@router.post("/commands/{command_id}/ack", response={200: AgentCommandOut, **WRITE_ERRORS},
-             summary="Acknowledge a command (harmless to repeat)")
+@router.post(
+    "/commands/{command_id}/ack",
+    response={200: AgentCommandOut, **WRITE_ERRORS},
+    summary="Acknowledge a command (harmless to repeat)",
+)
 def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
     _check_id("Command", command_id)
-    command = selectors.get_for_tenants(AgentCommand.objects.select_related("run__tenant", "checkpoint"),
-                                        pk=command_id, tenants=_tenant(request))
+    command = selectors.get_for_tenants(
+        AgentCommand.objects.select_related("run__tenant", "checkpoint"),
+        pk=command_id,
+        tenants=_tenant(request),
+    )
     return command_out(recovery.command_ack(command=command, actor=_actor(request)))
 
 
 # --- Actions (the ledger) -----------------------------------------------------------------------
 
 
-@router.post("/runs/{run_id}/actions", response={200: ActionOut, 201: ActionOut, **WRITE_ERRORS},
-             summary="Record a planned action (idempotent on its key)",
-             description="201 when recorded; 200 with `Idempotent-Replayed: true` when the key was seen before "
-                         "with the same payload (the action as it is now, with its result once succeeded).")
-def action_record(request: HttpRequest, run_id: str, payload: ActionIn,
-                  idempotency_key: str | None = _idempotency_header()) -> HttpResponse:
+@router.post(
+    "/runs/{run_id}/actions",
+    response={200: ActionOut, 201: ActionOut, **WRITE_ERRORS},
+    summary="Record a planned action (idempotent on its key)",
+    description="201 when recorded; 200 with `Idempotent-Replayed: true` when the key was seen before "
+    "with the same payload (the action as it is now, with its result once succeeded).",
+)
+def action_record(
+    request: HttpRequest, run_id: str, payload: ActionIn, idempotency_key: str | None = _idempotency_header()
+) -> HttpResponse:
     run = _run(request, run_id)
     key = payload.idempotency_key or idempotency_key
     if key is None:
-        raise errors.ValidationFailed("idempotency_key is required (in the body or the Idempotency-Key header).",
-                                      details={"errors": [{"field": "idempotency_key", "message": "required"}]})
+        raise errors.ValidationFailed(
+            "idempotency_key is required (in the body or the Idempotency-Key header).",
+            details={"errors": [{"field": "idempotency_key", "message": "required"}]},
+        )
     if payload.idempotency_key and idempotency_key and payload.idempotency_key != idempotency_key:
-        raise errors.ValidationFailed("The body's idempotency_key and the Idempotency-Key header differ.",
-                                      details={"idempotency_key": payload.idempotency_key, "header": idempotency_key})
+        raise errors.ValidationFailed(
+            "The body's idempotency_key and the Idempotency-Key header differ.",
+            details={"idempotency_key": payload.idempotency_key, "header": idempotency_key},
+        )
     recorded = recovery.action_record_gated(
-        run=run, actor=_actor(request), tool=payload.tool, idempotency_key=key, target_type=payload.target_type,
-        target_id=payload.target_id, args=payload.args,
+        run=run,
+        actor=_actor(request),
+        tool=payload.tool,
+        idempotency_key=key,
+        target_type=payload.target_type,
+        target_id=payload.target_id,
+        args=payload.args,
         intent=payload.intent.model_dump(exclude_unset=True) if payload.intent else {},
         before_snapshot=payload.before_snapshot,
         compensation=payload.compensation.model_dump() if payload.compensation else None,
@@ -294,16 +352,23 @@ def action_record(request: HttpRequest, run_id: str, payload: ActionIn,
     return json_response(201, body) if recorded.created else json_response(200, body, replayed=True)
 
 
-@router.get("/actions/{action_id}", response={200: ActionOut, **AUTH_ERRORS},
-            summary="An action with its approval decision (poll this while awaiting_approval)")
+@router.get(
+    "/actions/{action_id}",
+    response={200: ActionOut, **AUTH_ERRORS},
+    summary="An action with its approval decision (poll this while awaiting_approval)",
+)
 def action_detail(request: HttpRequest, action_id: str) -> dict[str, Any]:
     return _action_body(_action(request, action_id))
 
 
-@router.post("/actions/{action_id}/start", response={200: ActionOut, **WRITE_ERRORS},
-             summary="planned/approved/failed → running (409 approval_pending / approval_rejected when gated)")
-def action_start(request: HttpRequest, action_id: str,
-                 idempotency_key: str | None = _idempotency_header()) -> HttpResponse:
+@router.post(
+    "/actions/{action_id}/start",
+    response={200: ActionOut, **WRITE_ERRORS},
+    summary="planned/approved/failed → running (409 approval_pending / approval_rejected when gated)",
+)
+def action_start(
+    request: HttpRequest, action_id: str, idempotency_key: str | None = _idempotency_header()
+) -> HttpResponse:
     action = _action(request, action_id)
 
     def produce() -> tuple[int, Any]:
@@ -313,59 +378,103 @@ def action_start(request: HttpRequest, action_id: str,
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 
 
-@router.post("/actions/{action_id}/succeed", response={200: ActionOut, **WRITE_ERRORS}, summary="running → succeeded")
-def action_succeed(request: HttpRequest, action_id: str, payload: ActionSucceedIn | None = None,
-                   idempotency_key: str | None = _idempotency_header()) -> HttpResponse:
+@router.post(
+    "/actions/{action_id}/succeed", response={200: ActionOut, **WRITE_ERRORS}, summary="running → succeeded"
+)
+def action_succeed(
+    request: HttpRequest,
+    action_id: str,
+    payload: ActionSucceedIn | None = None,
+    idempotency_key: str | None = _idempotency_header(),
+) -> HttpResponse:
     action = _action(request, action_id)
     payload = payload or ActionSucceedIn()
 
     def produce() -> tuple[int, Any]:
-        ledger.action_succeed(action=action, actor=_actor(request), result=payload.result,
-                              after_snapshot=payload.after_snapshot)
+        ledger.action_succeed(
+            action=action, actor=_actor(request), result=payload.result, after_snapshot=payload.after_snapshot
+        )
         return 200, _action_body(action)
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 
 
-@router.post("/actions/{action_id}/fail", response={200: ActionOut, **WRITE_ERRORS},
-             summary="running → failed, or unknown when the outcome is unknown (queues the run)")
-def action_fail(request: HttpRequest, action_id: str, payload: ActionFailIn,
-                idempotency_key: str | None = _idempotency_header()) -> HttpResponse:
+@router.post(
+    "/actions/{action_id}/fail",
+    response={200: ActionOut, **WRITE_ERRORS},
+    summary="running → failed, or unknown when the outcome is unknown (queues the run)",
+)
+def action_fail(
+    request: HttpRequest,
+    action_id: str,
+    payload: ActionFailIn,
+    idempotency_key: str | None = _idempotency_header(),
+) -> HttpResponse:
     action = _action(request, action_id)
 
     def produce() -> tuple[int, Any]:
-        recovery.action_fail_and_queue(action=action, actor=_actor(request), error=payload.error,
-                                       retryable=payload.retryable, layer=payload.layer,
-                                       outcome_unknown=payload.outcome_unknown)
+        recovery.action_fail_and_queue(
+            action=action,
+            actor=_actor(request),
+            error=payload.error,
+            retryable=payload.retryable,
+            layer=payload.layer,
+            outcome_unknown=payload.outcome_unknown,
+        )
         return 200, _action_body(action)
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 
 
-@router.post("/actions/{action_id}/verify", response={200: ActionVerifyOut, **WRITE_ERRORS},
-             summary="Record the agent's check of the effect; a mismatch queues the run (verification_failed)")
-def action_verify(request: HttpRequest, action_id: str, payload: ActionVerifyIn,
-                  idempotency_key: str | None = _idempotency_header()) -> HttpResponse:
+@router.post(
+    "/actions/{action_id}/verify",
+    response={200: ActionVerifyOut, **WRITE_ERRORS},
+    summary="Record the agent's check of the effect; a mismatch queues the run (verification_failed)",
+)
+def action_verify(
+    request: HttpRequest,
+    action_id: str,
+    payload: ActionVerifyIn,
+    idempotency_key: str | None = _idempotency_header(),
+) -> HttpResponse:
     action = _action(request, action_id)
 
     def produce() -> tuple[int, Any]:
-        _, item = recovery.action_verify_and_queue(action=action, actor=_actor(request), ok=payload.ok,
-                                                   expected=payload.expected, actual=payload.actual,
-                                                   reason=payload.reason)
+        _, item = recovery.action_verify_and_queue(
+            action=action,
+            actor=_actor(request),
+            ok=payload.ok,
+            expected=payload.expected,
+            actual=payload.actual,
+            reason=payload.reason,
+        )
         return 200, {**_action_body(action), "recovery_item": recovery_item_out(item)}
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 
 
-@router.post("/actions/{action_id}/reconcile", response={200: ActionOut, **WRITE_ERRORS},
-             summary="unknown → succeeded (it happened) or failed (it did not)")
-def action_reconcile(request: HttpRequest, action_id: str, payload: ActionReconcileIn,
-                     idempotency_key: str | None = _idempotency_header()) -> HttpResponse:
+@router.post(
+    "/actions/{action_id}/reconcile",
+    response={200: ActionOut, **WRITE_ERRORS},
+    summary="unknown → succeeded (it happened) or failed (it did not)",
+)
+def action_reconcile(
+    request: HttpRequest,
+    action_id: str,
+    payload: ActionReconcileIn,
+    idempotency_key: str | None = _idempotency_header(),
+) -> HttpResponse:
     action = _action(request, action_id)
 
     def produce() -> tuple[int, Any]:
-        ledger.action_reconcile(action=action, actor=_actor(request), happened=payload.happened,
-                                reason=payload.reason, result=payload.result, after_snapshot=payload.after_snapshot)
+        ledger.action_reconcile(
+            action=action,
+            actor=_actor(request),
+            happened=payload.happened,
+            reason=payload.reason,
+            result=payload.result,
+            after_snapshot=payload.after_snapshot,
+        )
         return 200, _action_body(action)
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
@@ -374,9 +483,15 @@ def action_reconcile(request: HttpRequest, action_id: str, payload: ActionReconc
 # --- Checkpoints --------------------------------------------------------------------------------
 
 
-@router.post("/runs/{run_id}/checkpoints", response={201: CheckpointOut, **WRITE_ERRORS}, summary="Write a checkpoint")
-def checkpoint_create(request: HttpRequest, run_id: str, payload: CheckpointIn,
-                      idempotency_key: str | None = _idempotency_header()) -> HttpResponse:
+@router.post(
+    "/runs/{run_id}/checkpoints", response={201: CheckpointOut, **WRITE_ERRORS}, summary="Write a checkpoint"
+)
+def checkpoint_create(
+    request: HttpRequest,
+    run_id: str,
+    payload: CheckpointIn,
+    idempotency_key: str | None = _idempotency_header(),
+) -> HttpResponse:
     run = _run(request, run_id)
 
     def produce() -> tuple[int, Any]:
@@ -386,16 +501,22 @@ def checkpoint_create(request: HttpRequest, run_id: str, payload: CheckpointIn,
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 
 
-@router.get("/runs/{run_id}/checkpoints", response={200: CheckpointPageOut, **AUTH_ERRORS},
-            summary="A run's checkpoints, newest first")
+@router.get(
+    "/runs/{run_id}/checkpoints",
+    response={200: CheckpointPageOut, **AUTH_ERRORS},
+    summary="A run's checkpoints, newest first",
+)
 def checkpoint_list(request: HttpRequest, run_id: str, page: Query[PageQuery]) -> dict[str, Any]:
     run = _run(request, run_id)
     rows, next_cursor = _page(Checkpoint.objects.filter(run=run), cursor=page.cursor, limit=page.limit)
     return {"items": [checkpoint_out(checkpoint) for checkpoint in rows], "next_cursor": next_cursor}
 
 
-@router.get("/runs/{run_id}/checkpoints/latest", response={200: CheckpointOut, **AUTH_ERRORS},
-            summary="A run's latest checkpoint (404 when it has none)")
+@router.get(
+    "/runs/{run_id}/checkpoints/latest",
+    response={200: CheckpointOut, **AUTH_ERRORS},
+    summary="A run's latest checkpoint (404 when it has none)",
+)
 def checkpoint_latest(request: HttpRequest, run_id: str) -> dict[str, Any]:
     checkpoint = selectors.checkpoint_latest(run=_run(request, run_id))
     if checkpoint is None:
@@ -412,9 +533,16 @@ def policy_list(request: HttpRequest) -> dict[str, Any]:
     settings_ = policy_settings_for(tenant)
     return {
         "policies": [
-            {"tool": p.tool, "risk": p.risk, "approval": p.approval, "action_class": p.action_class,
-             "compensation": p.compensation, "compensation_tool": p.compensation_tool,
-             "scope": "tenant" if p.tenant_id else "global", "source": p.source}
+            {
+                "tool": p.tool,
+                "risk": p.risk,
+                "approval": p.approval,
+                "action_class": p.action_class,
+                "compensation": p.compensation,
+                "compensation_tool": p.compensation_tool,
+                "scope": "tenant" if p.tenant_id else "global",
+                "source": p.source,
+            }
             for p in policies_in_force(tenant=tenant)
         ],
         "default_policy": settings_.default_policy,

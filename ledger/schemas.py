@@ -48,9 +48,13 @@ class StrictIn(Schema):
 
 
 class RunIn(StrictIn):
-    agent: str = Field(min_length=1, max_length=200, description="The agent (workflow) name, e.g. 'onboarding'.")
+    agent: str = Field(
+        min_length=1, max_length=200, description="The agent (workflow) name, e.g. 'onboarding'."
+    )
     request: str = Field(min_length=1, max_length=20000, description="The user's request, verbatim.")
-    external_id: str = Field("", max_length=200, description="Your own id for this run (ticket, job, thread).")
+    external_id: str = Field(
+        "", max_length=200, description="Your own id for this run (ticket, job, thread)."
+    )
     user_id: str = Field("", max_length=200)
     goal: str = Field("", max_length=5000)
     trace_url: HttpUrlStr = ""
@@ -78,7 +82,9 @@ class RunCompleteIn(StrictIn):
 class RunFailIn(StrictIn):
     error: str = Field(min_length=1, max_length=20000)
     failed_action_id: ActionId | None = None
-    reason: str = Field("failed", max_length=64, description="Recovery reason; unknown values count as 'failed'.")
+    reason: str = Field(
+        "failed", max_length=64, description="Recovery reason; unknown values count as 'failed'."
+    )
 
 
 class CompensationIn(StrictIn):
@@ -101,7 +107,10 @@ class ActionIn(StrictIn):
     target_id: str = Field("", max_length=500)
     args: JSONObject = Field(default_factory=dict)
     idempotency_key: str | None = Field(
-        None, min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$",
+        None,
+        min_length=1,
+        max_length=255,
+        pattern=r"^[\x21-\x7e]+$",
         description="Required here or as the Idempotency-Key header. Retries of one call reuse it.",
     )
     intent: IntentIn | None = Field(None, description="Why the agent does this, as it knew it then.")
@@ -271,18 +280,24 @@ class RunOut(Schema):
 class RunDetailOut(RunOut):
     actions: list[ActionOut]
     latest_checkpoint: CheckpointOut | None = None
-    recovery_item: RecoveryItemOut | None = Field(None, description="The run's unresolved recovery item, if any.")
+    recovery_item: RecoveryItemOut | None = Field(
+        None, description="The run's unresolved recovery item, if any."
+    )
     warnings: list[WarningOut]
 
 
 class RunFailOut(RunOut):
     recovery_item: RecoveryItemOut | None = None
-    unwind: UnwindRefOut | None = Field(None, description="Set when policy compensated the failure automatically.")
+    unwind: UnwindRefOut | None = Field(
+        None, description="Set when policy compensated the failure automatically."
+    )
 
 
 class RunPageOut(Schema):
     items: list[RunOut]
-    next_cursor: str | None = Field(None, description="Pass as ?cursor= for the next page; null on the last one.")
+    next_cursor: str | None = Field(
+        None, description="Pass as ?cursor= for the next page; null on the last one."
+    )
 
 
 class CheckpointPageOut(Schema):
@@ -382,41 +397,62 @@ def run_out(run: Run) -> dict[str, Any]:
 def action_out(action: Action, *, approval: Any = None) -> dict[str, Any]:
     compensation = None
     if action.compensation_tool or action.compensation_strategy != "none":
-        compensation = {"strategy": action.compensation_strategy, "tool": action.compensation_tool,
-                        "args": action.compensation_args}
+        compensation = {
+            "strategy": action.compensation_strategy,
+            "tool": action.compensation_tool,
+            "args": action.compensation_args,
+        }
     approval_data = None
     if approval is not None:
         approval_data = {
-            "id": approval.pk, "status": approval.status, "risk": approval.risk, "expires_at": approval.expires_at,
-            "decided_at": approval.decided_at, "reason": approval.reason, "args_hash": approval.args_hash,
-            "approved_args": approval.approved_args, "approved_args_hash": approval.approved_args_hash,
+            "id": approval.pk,
+            "status": approval.status,
+            "risk": approval.risk,
+            "expires_at": approval.expires_at,
+            "decided_at": approval.decided_at,
+            "reason": approval.reason,
+            "args_hash": approval.args_hash,
+            "approved_args": approval.approved_args,
+            "approved_args_hash": approval.approved_args_hash,
             "edited": bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash,
         }
-    data = {**_fields(action, ActionOut), "run_id": action.run_id, "approval": approval_data,
-            "compensation": compensation}
+    data = {
+        **_fields(action, ActionOut),
+        "run_id": action.run_id,
+        "approval": approval_data,
+        "compensation": compensation,
+    }
     return ActionOut.model_validate(data).model_dump(mode="json")
 
 
 def checkpoint_out(checkpoint: Checkpoint) -> dict[str, Any]:
-    return CheckpointOut.model_validate({**_fields(checkpoint, CheckpointOut), "run_id": checkpoint.run_id}).model_dump(
-        mode="json"
-    )
+    return CheckpointOut.model_validate(
+        {**_fields(checkpoint, CheckpointOut), "run_id": checkpoint.run_id}
+    ).model_dump(mode="json")
 
 
 def recovery_item_out(item: Any) -> dict[str, Any] | None:
     if item is None:
         return None
-    return RecoveryItemOut.model_validate({**_fields(item, RecoveryItemOut), "failed_action_id": item.failed_action_id})\
-        .model_dump(mode="json")
+    return RecoveryItemOut.model_validate(
+        {**_fields(item, RecoveryItemOut), "failed_action_id": item.failed_action_id}
+    ).model_dump(mode="json")
 
 
 def command_out(command: Any) -> dict[str, Any]:
-    return AgentCommandOut.model_validate({
-        **_fields(command, AgentCommandOut), "run_id": command.run_id,
-        "checkpoint": checkpoint_out(command.checkpoint) if command.checkpoint_id else None,
-    }).model_dump(mode="json")
+    return AgentCommandOut.model_validate(
+        {
+            **_fields(command, AgentCommandOut),
+            "run_id": command.run_id,
+            "checkpoint": checkpoint_out(command.checkpoint) if command.checkpoint_id else None,
+        }
+    ).model_dump(mode="json")
 
 
 def _fields(obj: Any, schema: type[Schema]) -> dict[str, Any]:
     """The model attributes a schema names (relations and computed fields are added by callers)."""
-    return {name: getattr(obj, name) for name in schema.model_fields if hasattr(type(obj), name) or name in vars(obj)}
+    return {
+        name: getattr(obj, name)
+        for name in schema.model_fields
+        if hasattr(type(obj), name) or name in vars(obj)
+    }

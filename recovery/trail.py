@@ -20,8 +20,13 @@ _TOOK_EFFECT = {
     Action.Status.COMPENSATION_FAILED,
 }
 # Run states in which whatever is still in effect is a leftover rather than the intended outcome.
-_UNDO_EXPECTED = {Run.Status.FAILED, Run.Status.CANCELLED, Run.Status.COMPENSATING, Run.Status.COMPENSATED,
-                  Run.Status.CLOSED}
+_UNDO_EXPECTED = {
+    Run.Status.FAILED,
+    Run.Status.CANCELLED,
+    Run.Status.COMPENSATING,
+    Run.Status.COMPENSATED,
+    Run.Status.CLOSED,
+}
 # Audit events that record a human (or supervisor key) deciding about the run.
 _DECISION_KINDS = {
     "run.compensating": "requested compensation",
@@ -45,9 +50,17 @@ def _describe(action: Action) -> str:
 
 def _entry(action: Action, *, at: Any, how: str = "", reason: str = "") -> dict[str, Any]:
     return {
-        "action_id": action.pk, "seq": action.seq, "tool": action.tool, "target_type": action.target_type,
-        "target_id": action.target_id, "action_class": action.action_class, "status": action.status, "at": at,
-        "description": _describe(action), "how": how, "reason": reason,
+        "action_id": action.pk,
+        "seq": action.seq,
+        "tool": action.tool,
+        "target_type": action.target_type,
+        "target_id": action.target_id,
+        "action_class": action.action_class,
+        "status": action.status,
+        "at": at,
+        "description": _describe(action),
+        "how": how,
+        "reason": reason,
     }
 
 
@@ -73,7 +86,11 @@ def _why_not_undone(action: Action, step: UnwindStep | None, run: Run) -> str:
 
 def run_trail(*, run: Run) -> dict[str, Any]:
     """The trail as a JSON-ready dict (``audit_url`` is a site-relative link to the run's page)."""
-    actions = [a for a in run.actions.order_by("seq") if a.status in _TOOK_EFFECT and a.action_class != ActionClass.READ_ONLY]
+    actions = [
+        a
+        for a in run.actions.order_by("seq")
+        if a.status in _TOOK_EFFECT and a.action_class != ActionClass.READ_ONLY
+    ]
     # The latest unwind step per action tells how (and whether) it was put back.
     latest_step: dict[str, UnwindStep] = {}
     for step in UnwindStep.objects.filter(unwind__run=run).order_by("created_at", "id"):
@@ -86,11 +103,22 @@ def run_trail(*, run: Run) -> dict[str, Any]:
         step = latest_step.get(action.pk)
         if action.status == Action.Status.COMPENSATED:
             how = step.tool if step is not None and step.tool else action.compensation_tool
-            verb = "corrected by" if action.compensation_strategy == CompensationStrategy.CORRECTION else "undone by"
-            restored.append(_entry(action, at=step.finished_at if step else None,
-                                   how=f"{verb} {how}" if how else verb.split()[0]))
+            verb = (
+                "corrected by"
+                if action.compensation_strategy == CompensationStrategy.CORRECTION
+                else "undone by"
+            )
+            restored.append(
+                _entry(
+                    action,
+                    at=step.finished_at if step else None,
+                    how=f"{verb} {how}" if how else verb.split()[0],
+                )
+            )
         elif run.status in _UNDO_EXPECTED or step is not None:
-            not_undone.append(_entry(action, at=action.completed_at, reason=_why_not_undone(action, step, run)))
+            not_undone.append(
+                _entry(action, at=action.completed_at, reason=_why_not_undone(action, step, run))
+            )
 
     reviewed_by = _reviewers(run)
     return {
@@ -120,20 +148,42 @@ def _reviewers(run: Run) -> list[dict[str, Any]]:
         else:
             who, actor_type = "system", "system"
         subject = f"{approval.tool} ({approval.get_kind_display().lower()})"
-        reviewers.append({"who": who, "actor_type": actor_type, "role": "approver", "decision": approval.status,
-                          "subject": subject, "reason": approval.reason, "at": approval.decided_at})
-    decisions = Event.objects.filter(run=run, kind__in=list(_DECISION_KINDS)).exclude(
-        actor_type=Event.ActorType.SYSTEM
-    ).order_by("id")
+        reviewers.append(
+            {
+                "who": who,
+                "actor_type": actor_type,
+                "role": "approver",
+                "decision": approval.status,
+                "subject": subject,
+                "reason": approval.reason,
+                "at": approval.decided_at,
+            }
+        )
+    decisions = (
+        Event.objects.filter(run=run, kind__in=list(_DECISION_KINDS))
+        .exclude(actor_type=Event.ActorType.SYSTEM)
+        .order_by("id")
+    )
     for event in decisions:
         # An agent cancelling or reconciling its own run is not a review; a person (or a
         # supervisor's operator key) deciding about it is.
-        if event.actor_type == Event.ActorType.AGENT_KEY and event.kind not in ("run.compensating", "run.resumed",
-                                                                                 "run.closed"):
+        if event.actor_type == Event.ActorType.AGENT_KEY and event.kind not in (
+            "run.compensating",
+            "run.resumed",
+            "run.closed",
+        ):
             continue
-        reviewers.append({"who": event.actor_label or event.actor_id, "actor_type": event.actor_type,
-                          "role": "operator", "decision": _DECISION_KINDS[event.kind], "subject": "",
-                          "reason": event.reason, "at": event.created_at})
+        reviewers.append(
+            {
+                "who": event.actor_label or event.actor_id,
+                "actor_type": event.actor_type,
+                "role": "operator",
+                "decision": _DECISION_KINDS[event.kind],
+                "subject": "",
+                "reason": event.reason,
+                "at": event.created_at,
+            }
+        )
     return reviewers
 
 
@@ -141,9 +191,16 @@ def _listing(entries: list[dict[str, Any]]) -> str:
     return "; ".join(e["description"] for e in entries)
 
 
-def _summary(run: Run, changed: list[dict[str, Any]], restored: list[dict[str, Any]],
-             not_undone: list[dict[str, Any]], reviewed_by: list[dict[str, Any]]) -> str:
-    sentences = [f'The agent "{run.agent}" handled the request "{run.request[:200]}" and the run is {run.status}.']
+def _summary(
+    run: Run,
+    changed: list[dict[str, Any]],
+    restored: list[dict[str, Any]],
+    not_undone: list[dict[str, Any]],
+    reviewed_by: list[dict[str, Any]],
+) -> str:
+    sentences = [
+        f'The agent "{run.agent}" handled the request "{run.request[:200]}" and the run is {run.status}.'
+    ]
     if not changed:
         sentences.append("It changed nothing outside Saga Admin.")
     else:

@@ -23,7 +23,13 @@ log = structlog.get_logger("saga_admin.api")
 
 
 def error_response(
-    api: NinjaAPI, request: HttpRequest, *, status: int, code: str, message: str, details: dict[str, Any] | None = None
+    api: NinjaAPI,
+    request: HttpRequest,
+    *,
+    status: int,
+    code: str,
+    message: str,
+    details: dict[str, Any] | None = None,
 ) -> HttpResponse:
     return api.create_response(
         request, {"error": {"code": code, "message": message, "details": details or {}}}, status=status
@@ -48,7 +54,9 @@ api = NinjaAPI(
 
 @api.exception_handler(errors.SagaError)
 def _saga_error(request: HttpRequest, exc: errors.SagaError) -> HttpResponse:
-    return error_response(api, request, status=exc.status, code=exc.code, message=exc.message, details=exc.details)
+    return error_response(
+        api, request, status=exc.status, code=exc.code, message=exc.message, details=exc.details
+    )
 
 
 @api.exception_handler(ValidationError)
@@ -58,16 +66,33 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
         loc = [str(part) for part in err.get("loc", ())]
         # ninja's loc is (source, [body parameter name,] field…); agents think in field names.
         path = loc[2:] if len(loc) > 2 and loc[0] == "body" else loc[1:] if len(loc) > 1 else loc
-        fields.append({"loc": loc, "field": ".".join(path),
-                       "message": err.get("msg", "invalid"), "type": err.get("type", "")})
-    return error_response(api, request, status=422, code="invalid_request",
-                          message="The request is not valid; see details.errors.", details={"errors": fields})
+        fields.append(
+            {
+                "loc": loc,
+                "field": ".".join(path),
+                "message": err.get("msg", "invalid"),
+                "type": err.get("type", ""),
+            }
+        )
+    return error_response(
+        api,
+        request,
+        status=422,
+        code="invalid_request",
+        message="The request is not valid; see details.errors.",
+        details={"errors": fields},
+    )
 
 
 @api.exception_handler(AuthenticationError)
 def _authentication_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
-    response = error_response(api, request, status=401, code="unauthorized",
-                              message="A valid API key is required: Authorization: Bearer <key>.")
+    response = error_response(
+        api,
+        request,
+        status=401,
+        code="unauthorized",
+        message="A valid API key is required: Authorization: Bearer <key>.",
+    )
     response["WWW-Authenticate"] = 'Bearer realm="saga-admin"'
     return response
 
@@ -79,16 +104,27 @@ def _authorization_error(request: HttpRequest, exc: AuthorizationError) -> HttpR
 
 @api.exception_handler(Throttled)
 def _throttled(request: HttpRequest, exc: Throttled) -> HttpResponse:
-    return error_response(api, request, status=429, code="rate_limited",
-                          message="Too many requests for this API key; retry after the Retry-After delay.")
+    return error_response(
+        api,
+        request,
+        status=429,
+        code="rate_limited",
+        message="Too many requests for this API key; retry after the Retry-After delay.",
+    )
 
 
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
     # Normally the body-limits middleware answers first; this covers a request that skipped it.
     limit = settings.SAGA["MAX_BODY_BYTES"]
-    return error_response(api, request, status=413, code="payload_too_large",
-                          message=f"The request body is larger than {limit} bytes.", details={"max_bytes": limit})
+    return error_response(
+        api,
+        request,
+        status=413,
+        code="payload_too_large",
+        message=f"The request body is larger than {limit} bytes.",
+        details={"max_bytes": limit},
+    )
 
 
 @api.exception_handler(HttpError)
@@ -96,12 +132,19 @@ def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     # ninja wraps any parser failure in a 400 "Cannot parse request body"; keep our own answer.
     if isinstance(exc.__cause__, BodyRejected):
         cause = exc.__cause__
-        return error_response(api, request, status=cause.status, code=cause.code, message=cause.message,
-                              details=cause.details)
-    codes = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
-             415: "unsupported_media_type"}
-    return error_response(api, request, status=exc.status_code, code=codes.get(exc.status_code, "http_error"),
-                          message=str(exc))
+        return error_response(
+            api, request, status=cause.status, code=cause.code, message=cause.message, details=cause.details
+        )
+    codes = {
+        400: "bad_request",
+        404: "not_found",
+        405: "method_not_allowed",
+        413: "payload_too_large",
+        415: "unsupported_media_type",
+    }
+    return error_response(
+        api, request, status=exc.status_code, code=codes.get(exc.status_code, "http_error"), message=str(exc)
+    )
 
 
 @api.exception_handler(Http404)
@@ -115,9 +158,14 @@ def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     log.exception("api.unexpected_error", path=request.path, method=request.method)
     if settings.DEBUG and getattr(settings, "SAGA_RAISE_API_ERRORS", False):
         raise exc
-    return error_response(api, request, status=500, code="internal_error",
-                          message=f"Something went wrong on our side; quote request id {request_id}.",
-                          details={"request_id": request_id})
+    return error_response(
+        api,
+        request,
+        status=500,
+        code="internal_error",
+        message=f"Something went wrong on our side; quote request id {request_id}.",
+        details={"request_id": request_id},
+    )
 
 
 # Routers are mounted last: they import the shared pieces from saga_admin.apicore, not from here.

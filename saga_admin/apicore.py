@@ -28,8 +28,17 @@ class ErrorOut(Schema):
 # The error responses every authenticated operation may return; operations add their own (409).
 # 400/413/415 come from the body checks in saga_admin.limits, 429 from the throttle, and 500 is
 # documented because a generated client should know its shape (it carries the request id).
-AUTH_ERRORS: dict[int, type[Schema]] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut,
-                                        415: ErrorOut, 422: ErrorOut, 429: ErrorOut, 500: ErrorOut}
+AUTH_ERRORS: dict[int, type[Schema]] = {
+    400: ErrorOut,
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    413: ErrorOut,
+    415: ErrorOut,
+    422: ErrorOut,
+    429: ErrorOut,
+    500: ErrorOut,
+}
 
 # A bearer token we would even look up: the key format is ``sk_<hex>_<urlsafe>``. Anything else
 # (too long, NUL bytes, non-ASCII) is a 401 without touching the database.
@@ -51,12 +60,12 @@ class KeyAuth(HttpBearer):
         if key is None:
             return None
         if self.scope not in key.scopes:
-            raise errors.Forbidden(f"This API key lacks the '{self.scope}' scope.", details={"scope": self.scope})
+            raise errors.Forbidden(
+                f"This API key lacks the '{self.scope}' scope.", details={"scope": self.scope}
+            )
         structlog.contextvars.bind_contextvars(tenant=key.tenant.slug, key=key.prefix)
         return key
 
 
 agent_auth = KeyAuth("agent")
 operator_auth = KeyAuth("operator")
-
-

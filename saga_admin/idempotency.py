@@ -63,7 +63,9 @@ def json_response(status: int, body: Any, *, replayed: bool = False) -> HttpResp
     return response
 
 
-def idempotent_response(request: HttpRequest, *, tenant: Tenant, key: str | None, produce: Produce) -> HttpResponse:
+def idempotent_response(
+    request: HttpRequest, *, tenant: Tenant, key: str | None, produce: Produce
+) -> HttpResponse:
     """Run ``produce`` (which returns a 2xx status and a JSON-ready body, or raises) at most once
     per (tenant, key)."""
     if key is None:
@@ -89,7 +91,10 @@ def _claim(request: HttpRequest, *, tenant: Tenant, key: str, fingerprint: str) 
     try:
         with transaction.atomic():
             IdempotencyRecord.objects.create(
-                tenant=tenant, key=key, method=request.method or "", path=request.path[:500],
+                tenant=tenant,
+                key=key,
+                method=request.method or "",
+                path=request.path[:500],
                 request_hash=fingerprint,
             )
         return None
@@ -122,7 +127,9 @@ def prune_idempotency_records(*, now: datetime | None = None, batch_size: int = 
     cutoff = (now or timezone.now()) - timedelta(hours=ttl_h)
     deleted = 0
     while True:
-        batch = list(IdempotencyRecord.objects.filter(created_at__lt=cutoff).values_list("pk", flat=True)[:batch_size])
+        batch = list(
+            IdempotencyRecord.objects.filter(created_at__lt=cutoff).values_list("pk", flat=True)[:batch_size]
+        )
         if not batch:
             return deleted
         count, _ = IdempotencyRecord.objects.filter(pk__in=batch).delete()

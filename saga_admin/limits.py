@@ -42,7 +42,9 @@ class BodyRejected(Exception):
 
 
 def error_json(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message, "details": details or {}}}, status=status)
+    return JsonResponse(
+        {"error": {"code": code, "message": message, "details": details or {}}}, status=status
+    )
 
 
 def _reject_constant(name: str) -> Any:
@@ -64,34 +66,47 @@ def check_json_value(value: Any, *, max_depth: int) -> None:
         current, depth, where = stack.pop()
         if isinstance(current, dict | list):
             if depth > max_depth:
-                raise BodyRejected(422, "invalid_request", f"The JSON body is nested deeper than {max_depth} levels.",
-                                   {"max_depth": max_depth, "at": where})
+                raise BodyRejected(
+                    422,
+                    "invalid_request",
+                    f"The JSON body is nested deeper than {max_depth} levels.",
+                    {"max_depth": max_depth, "at": where},
+                )
             items = current.items() if isinstance(current, dict) else enumerate(current)
             for key, child in items:
                 if isinstance(key, str):
                     _check_string(key, f"{where}.{key[:40]}")
-                stack.append((child, depth + 1, f"{where}.{str(key)[:40]}" if isinstance(current, dict)
-                              else f"{where}[{key}]"))
+                stack.append(
+                    (
+                        child,
+                        depth + 1,
+                        f"{where}.{str(key)[:40]}" if isinstance(current, dict) else f"{where}[{key}]",
+                    )
+                )
         elif isinstance(current, str):
             _check_string(current, where)
 
 
 def _check_string(text: str, where: str) -> None:
     if "\x00" in text:
-        raise BodyRejected(422, "invalid_request", "Strings may not contain NUL (\\u0000) characters.", {"at": where})
+        raise BodyRejected(
+            422, "invalid_request", "Strings may not contain NUL (\\u0000) characters.", {"at": where}
+        )
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise BodyRejected(422, "invalid_request", "Strings may not contain unpaired surrogates.",
-                           {"at": where}) from None
+        raise BodyRejected(
+            422, "invalid_request", "Strings may not contain unpaired surrogates.", {"at": where}
+        ) from None
 
 
 def parse_json_body(raw: bytes, *, max_depth: int) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BodyRejected(400, "invalid_json", "The request body is not valid UTF-8.",
-                           {"position": exc.start}) from None
+        raise BodyRejected(
+            400, "invalid_json", "The request body is not valid UTF-8.", {"position": exc.start}
+        ) from None
     try:
         value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -122,8 +137,9 @@ class ApiBodyLimitsMiddleware:
 
     def _check(self, request: HttpRequest) -> None:
         limit = settings.SAGA["MAX_BODY_BYTES"]
-        too_big = BodyRejected(413, "payload_too_large", f"The request body is larger than {limit} bytes.",
-                               {"max_bytes": limit})
+        too_big = BodyRejected(
+            413, "payload_too_large", f"The request body is larger than {limit} bytes.", {"max_bytes": limit}
+        )
         try:
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
@@ -140,8 +156,12 @@ class ApiBodyLimitsMiddleware:
         if not body:
             return
         if not _is_json_content_type(request.content_type or ""):
-            raise BodyRejected(415, "unsupported_media_type", "Request bodies must be JSON (Content-Type: application/json).",
-                               {"content_type": (request.content_type or "")[:100]})
+            raise BodyRejected(
+                415,
+                "unsupported_media_type",
+                "Request bodies must be JSON (Content-Type: application/json).",
+                {"content_type": (request.content_type or "")[:100]},
+            )
         setattr(request, _PARSED_ATTR, parse_json_body(body, max_depth=settings.SAGA["MAX_JSON_DEPTH"]))
 
 
@@ -166,10 +186,10 @@ _PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 
 
 
 def parse_rate(rate: str) -> tuple[int, int]:
-    """"6000/m" → (6000, 60); "10/5s" → (10, 5)."""
+    """ "6000/m" → (6000, 60); "10/5s" → (10, 5)."""
     count, _, period = rate.partition("/")
     digits = "".join(ch for ch in period if ch.isdigit())
-    unit = period[len(digits):].strip().lower() or "s"
+    unit = period[len(digits) :].strip().lower() or "s"
     if unit not in _PERIODS:
         raise ValueError(f"Unknown throttle period in {rate!r}")
     return int(count), (int(digits) if digits else 1) * _PERIODS[unit]

@@ -42,8 +42,14 @@ class SagaError(Exception):
 class SagaAPIError(SagaError):
     """The API answered with an error: ``status``, the stable machine ``code``, ``details``."""
 
-    def __init__(self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None,
-                 request_id: str = "") -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: Mapping[str, Any] | None = None,
+        request_id: str = "",
+    ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
         self.details = dict(details or {})
@@ -91,8 +97,10 @@ class StepInDoubt(SagaError):
     again could do it twice: find out whether it happened and reconcile it first."""
 
     def __init__(self, action: Mapping[str, Any]) -> None:
-        super().__init__(f"Action {action['id']} ({action['tool']}) is {action['status']} from an earlier attempt; "
-                         "reconcile it (POST /actions/{id}/reconcile) before running it again.")
+        super().__init__(
+            f"Action {action['id']} ({action['tool']}) is {action['status']} from an earlier attempt; "
+            "reconcile it (POST /actions/{id}/reconcile) before running it again."
+        )
         self.action = dict(action)
 
 
@@ -152,9 +160,14 @@ class SagaClient:
         self.retries, self.backoff_s, self.max_backoff_s = retries, backoff_s, max_backoff_s
         self.poll_interval_s, self.approval_timeout_s = poll_interval_s, approval_timeout_s
         self._http = httpx.Client(
-            base_url=base, timeout=timeout, transport=transport,
-            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json",
-                     "User-Agent": "saga-admin-python-client/1"},
+            base_url=base,
+            timeout=timeout,
+            transport=transport,
+            headers={
+                "Authorization": f"Bearer {api_key}",
+                "Accept": "application/json",
+                "User-Agent": "saga-admin-python-client/1",
+            },
         )
 
     def close(self) -> None:
@@ -166,16 +179,25 @@ class SagaClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, method: str, path: str, *, json_body: Any = None, params: Mapping[str, Any] | None = None,
-                idempotency_key: str | None = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Any:
         """One API call with retries; returns the decoded JSON or raises a ``SagaAPIError``.
 
         Retried: connection errors and timeouts, 5xx, 409 ``idempotency_key_in_flight`` and 429
         (after Retry-After). Writes are only retried when they carry an idempotency key, so a
         retry can never do a thing twice."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        safe_to_retry = method == "GET" or idempotency_key is not None or (
-            json_body is not None and isinstance(json_body, dict) and "idempotency_key" in json_body
+        safe_to_retry = (
+            method == "GET"
+            or idempotency_key is not None
+            or (json_body is not None and isinstance(json_body, dict) and "idempotency_key" in json_body)
         )
         attempt = 0
         while True:
@@ -214,14 +236,21 @@ class SagaClient:
             code, message, details = body["code"], body["message"], body.get("details") or {}
         except (ValueError, KeyError, TypeError):
             code, message, details = "http_error", response.text[:500] or response.reason_phrase, {}
-        return _error_class(response.status_code)(response.status_code, code, message, details,
-                                                  request_id=response.headers.get("X-Request-Id", ""))
+        return _error_class(response.status_code)(
+            response.status_code, code, message, details, request_id=response.headers.get("X-Request-Id", "")
+        )
 
     # Runs -----------------------------------------------------------------------------------
 
-    def create_run(self, *, agent: str, request: str, idempotency_key: str | None = None, **fields: Any) -> dict:
-        return self.request("POST", "/runs", json_body={"agent": agent, "request": request, **fields},
-                            idempotency_key=idempotency_key or f"run-{uuid.uuid4()}")
+    def create_run(
+        self, *, agent: str, request: str, idempotency_key: str | None = None, **fields: Any
+    ) -> dict:
+        return self.request(
+            "POST",
+            "/runs",
+            json_body={"agent": agent, "request": request, **fields},
+            idempotency_key=idempotency_key or f"run-{uuid.uuid4()}",
+        )
 
     def get_run(self, run_id: str) -> dict:
         return self.request("GET", f"/runs/{run_id}")
@@ -240,16 +269,31 @@ class SagaClient:
         return self.request("POST", f"/runs/{run_id}/heartbeat", json_body={"note": note})["commands"]
 
     def complete_run(self, run_id: str, summary: str = "", *, idempotency_key: str | None = None) -> dict:
-        return self.request("POST", f"/runs/{run_id}/complete", json_body={"summary": summary},
-                            idempotency_key=idempotency_key or f"complete-{run_id}")
+        return self.request(
+            "POST",
+            f"/runs/{run_id}/complete",
+            json_body={"summary": summary},
+            idempotency_key=idempotency_key or f"complete-{run_id}",
+        )
 
-    def fail_run(self, run_id: str, error: str, *, failed_action_id: str | None = None, reason: str = "failed",
-                 idempotency_key: str | None = None) -> dict:
+    def fail_run(
+        self,
+        run_id: str,
+        error: str,
+        *,
+        failed_action_id: str | None = None,
+        reason: str = "failed",
+        idempotency_key: str | None = None,
+    ) -> dict:
         body: dict[str, Any] = {"error": error[:20000] or "failed", "reason": reason}
         if failed_action_id:
             body["failed_action_id"] = failed_action_id
-        return self.request("POST", f"/runs/{run_id}/fail", json_body=body,
-                            idempotency_key=idempotency_key or f"fail-{run_id}-{uuid.uuid4()}")
+        return self.request(
+            "POST",
+            f"/runs/{run_id}/fail",
+            json_body=body,
+            idempotency_key=idempotency_key or f"fail-{run_id}-{uuid.uuid4()}",
+        )
 
     def commands(self, run_id: str) -> list[dict]:
         return self.request("GET", f"/runs/{run_id}/commands")["commands"]
@@ -266,8 +310,11 @@ class SagaClient:
     # Actions --------------------------------------------------------------------------------
 
     def record_action(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> dict:
-        return self.request("POST", f"/runs/{run_id}/actions",
-                            json_body={"tool": tool, "idempotency_key": idempotency_key, **fields})
+        return self.request(
+            "POST",
+            f"/runs/{run_id}/actions",
+            json_body={"tool": tool, "idempotency_key": idempotency_key, **fields},
+        )
 
     def get_action(self, action_id: str) -> dict:
         return self.request("GET", f"/actions/{action_id}")
@@ -277,28 +324,63 @@ class SagaClient:
         key = f"{action['idempotency_key']}:start:{action['attempts'] + 1}"
         return self.request("POST", f"/actions/{action['id']}/start", idempotency_key=key)
 
-    def succeed_action(self, action: Mapping[str, Any], *, result: Any = None, after_snapshot: Any = None) -> dict:
+    def succeed_action(
+        self, action: Mapping[str, Any], *, result: Any = None, after_snapshot: Any = None
+    ) -> dict:
         key = f"{action['idempotency_key']}:succeed:{action['attempts']}"
-        return self.request("POST", f"/actions/{action['id']}/succeed",
-                            json_body={"result": result, "after_snapshot": after_snapshot}, idempotency_key=key)
+        return self.request(
+            "POST",
+            f"/actions/{action['id']}/succeed",
+            json_body={"result": result, "after_snapshot": after_snapshot},
+            idempotency_key=key,
+        )
 
-    def fail_action(self, action: Mapping[str, Any], *, error: str, retryable: bool = False, layer: str = "tool",
-                    outcome_unknown: bool = False) -> dict:
+    def fail_action(
+        self,
+        action: Mapping[str, Any],
+        *,
+        error: str,
+        retryable: bool = False,
+        layer: str = "tool",
+        outcome_unknown: bool = False,
+    ) -> dict:
         key = f"{action['idempotency_key']}:fail:{action['attempts']}"
-        return self.request("POST", f"/actions/{action['id']}/fail", idempotency_key=key, json_body={
-            "error": error[:20000] or "failed", "retryable": retryable, "layer": layer,
-            "outcome_unknown": outcome_unknown})
+        return self.request(
+            "POST",
+            f"/actions/{action['id']}/fail",
+            idempotency_key=key,
+            json_body={
+                "error": error[:20000] or "failed",
+                "retryable": retryable,
+                "layer": layer,
+                "outcome_unknown": outcome_unknown,
+            },
+        )
 
-    def verify_action(self, action_id: str, *, ok: bool, expected: Any = None, actual: Any = None,
-                      reason: str = "") -> dict:
-        return self.request("POST", f"/actions/{action_id}/verify", idempotency_key=f"verify-{uuid.uuid4()}",
-                            json_body={"ok": ok, "expected": expected, "actual": actual, "reason": reason})
+    def verify_action(
+        self, action_id: str, *, ok: bool, expected: Any = None, actual: Any = None, reason: str = ""
+    ) -> dict:
+        return self.request(
+            "POST",
+            f"/actions/{action_id}/verify",
+            idempotency_key=f"verify-{uuid.uuid4()}",
+            json_body={"ok": ok, "expected": expected, "actual": actual, "reason": reason},
+        )
 
-    def reconcile_action(self, action_id: str, *, happened: bool, reason: str, result: Any = None,
-                         after_snapshot: Any = None) -> dict:
-        return self.request("POST", f"/actions/{action_id}/reconcile", idempotency_key=f"reconcile-{uuid.uuid4()}",
-                            json_body={"happened": happened, "reason": reason, "result": result,
-                                       "after_snapshot": after_snapshot})
+    def reconcile_action(
+        self, action_id: str, *, happened: bool, reason: str, result: Any = None, after_snapshot: Any = None
+    ) -> dict:
+        return self.request(
+            "POST",
+            f"/actions/{action_id}/reconcile",
+            idempotency_key=f"reconcile-{uuid.uuid4()}",
+            json_body={
+                "happened": happened,
+                "reason": reason,
+                "result": result,
+                "after_snapshot": after_snapshot,
+            },
+        )
 
     def wait_for_approval(self, action: Mapping[str, Any], *, timeout_s: float | None = None) -> dict:
         """Poll the action until a human decided. Returns it once approved; raises
@@ -319,9 +401,15 @@ class SagaClient:
 
     # Checkpoints ----------------------------------------------------------------------------
 
-    def write_checkpoint(self, run_id: str, *, name: str, idempotency_key: str | None = None, **fields: Any) -> dict:
-        return self.request("POST", f"/runs/{run_id}/checkpoints", json_body={"name": name, **fields},
-                            idempotency_key=idempotency_key or f"checkpoint-{uuid.uuid4()}")
+    def write_checkpoint(
+        self, run_id: str, *, name: str, idempotency_key: str | None = None, **fields: Any
+    ) -> dict:
+        return self.request(
+            "POST",
+            f"/runs/{run_id}/checkpoints",
+            json_body={"name": name, **fields},
+            idempotency_key=idempotency_key or f"checkpoint-{uuid.uuid4()}",
+        )
 
     def latest_checkpoint(self, run_id: str) -> dict | None:
         try:
@@ -373,16 +461,20 @@ class RunContext:
             self.id = self.run["id"]
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
         if self._finished:
             return False
         if exc is None:
             self.complete()
             return False
         try:
-            self.fail(f"{type(exc).__name__}: {exc}", failed_action_id=self._failed_action_id,
-                      reason=self._failure_reason)
+            self.fail(
+                f"{type(exc).__name__}: {exc}",
+                failed_action_id=self._failed_action_id,
+                reason=self._failure_reason,
+            )
         except (SagaError, httpx.HTTPError):
             # The original exception matters more than a failed report (the run may already be
             # cancelled); the heartbeat sweeper will still find a silent run.
@@ -446,8 +538,9 @@ class RunContext:
             self._remember(action)
             return action["result"]
         try:
-            value = self._execute(action, do=do, call_args=call_args, after=after,
-                                  approval_timeout_s=approval_timeout_s)
+            value = self._execute(
+                action, do=do, call_args=call_args, after=after, approval_timeout_s=approval_timeout_s
+            )
         except BaseException:
             # Whatever stopped this step (rejection, approval timeout, the tool itself), the
             # run's failure report names it.
@@ -458,8 +551,15 @@ class RunContext:
         self._failure_reason = "failed"
         return value
 
-    def _execute(self, action: dict[str, Any], *, do: Callable[..., Any], call_args: dict[str, Any], after: Any,
-                 approval_timeout_s: float | None) -> Any:
+    def _execute(
+        self,
+        action: dict[str, Any],
+        *,
+        do: Callable[..., Any],
+        call_args: dict[str, Any],
+        after: Any,
+        approval_timeout_s: float | None,
+    ) -> Any:
         if action["status"] in ("running", "unknown"):
             raise StepInDoubt(action)
         if action["status"] == "rejected":
@@ -470,7 +570,9 @@ class RunContext:
         effective_args = action["args"]
         takes_args = _accepts_argument(do)
         if not takes_args and effective_args != call_args:
-            raise SagaError(f"The approver edited the args of {action['tool']}; `do` must accept them as a parameter.")
+            raise SagaError(
+                f"The approver edited the args of {action['tool']}; `do` must accept them as a parameter."
+            )
         action = self._start(action, approval_timeout_s)
         try:
             value = do(effective_args) if takes_args else do()
@@ -479,9 +581,13 @@ class RunContext:
             if unknown:
                 self._failure_reason = "outcome_unknown"
             try:
-                self.client.fail_action(action, error=f"{type(exc).__name__}: {exc}",
-                                        retryable=bool(getattr(exc, "retryable", unknown)), layer="tool",
-                                        outcome_unknown=unknown)
+                self.client.fail_action(
+                    action,
+                    error=f"{type(exc).__name__}: {exc}",
+                    retryable=bool(getattr(exc, "retryable", unknown)),
+                    layer="tool",
+                    outcome_unknown=unknown,
+                )
             except (SagaError, httpx.HTTPError):
                 # The tool's own exception is what the caller must see; the run's failure report
                 # (in __exit__) still names this action.
@@ -499,7 +605,9 @@ class RunContext:
             # Recorded before its approval was opened (a race with policy changes): wait, retry once.
             if exc.code != "approval_pending":
                 raise
-            approved = self.client.wait_for_approval(self.client.get_action(action["id"]), timeout_s=approval_timeout_s)
+            approved = self.client.wait_for_approval(
+                self.client.get_action(action["id"]), timeout_s=approval_timeout_s
+            )
             return self.client.start_action(approved)
 
     def _remember(self, action: dict[str, Any]) -> None:
@@ -507,17 +615,32 @@ class RunContext:
 
     # Checkpoints, heartbeats, commands ------------------------------------------------------
 
-    def checkpoint(self, name: str, *, state: Mapping[str, Any] | None = None, summary: str = "",
-                   recovery_mode: str = "resume_or_compensate", recovery_instructions: str = "",
-                   completed_action_ids: list[str] | None = None, pending_action_ids: list[str] | None = None,
-                   requires_user_approval: bool = False, trace_links: list[Any] | None = None) -> dict:
+    def checkpoint(
+        self,
+        name: str,
+        *,
+        state: Mapping[str, Any] | None = None,
+        summary: str = "",
+        recovery_mode: str = "resume_or_compensate",
+        recovery_instructions: str = "",
+        completed_action_ids: list[str] | None = None,
+        pending_action_ids: list[str] | None = None,
+        requires_user_approval: bool = False,
+        trace_links: list[Any] | None = None,
+    ) -> dict:
         """Write a safe pause point. By default the completed actions are this run's steps so far."""
         return self.client.write_checkpoint(
-            self.id, name=name, state=dict(state or {}), summary=summary, recovery_mode=recovery_mode,
+            self.id,
+            name=name,
+            state=dict(state or {}),
+            summary=summary,
+            recovery_mode=recovery_mode,
             recovery_instructions=recovery_instructions,
-            completed_action_ids=completed_action_ids if completed_action_ids is not None
+            completed_action_ids=completed_action_ids
+            if completed_action_ids is not None
             else [a["id"] for a in self.actions if a["status"] == "succeeded"],
-            pending_action_ids=pending_action_ids or [], requires_user_approval=requires_user_approval,
+            pending_action_ids=pending_action_ids or [],
+            requires_user_approval=requires_user_approval,
             trace_links=trace_links or [],
         )
 

@@ -22,12 +22,19 @@ class Api:
     def get(self, path: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None):
         return self.client.get(f"/api/v1{path}", params or {}, headers=self._headers(headers))
 
-    def post(self, path: str, body: Any = None, headers: dict[str, str] | None = None, *,
-             raw: bytes | str | None = None, content_type: str = "application/json"):
+    def post(
+        self,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        *,
+        raw: bytes | str | None = None,
+        content_type: str = "application/json",
+    ):
         data = raw if raw is not None else (json.dumps(body) if body is not None else "")
-        return self.client.post(f"/api/v1{path}", data=data, content_type=content_type,
-                                headers=self._headers(headers))
-
+        return self.client.post(
+            f"/api/v1{path}", data=data, content_type=content_type, headers=self._headers(headers)
+        )
 
 
 def error_of(response) -> dict[str, Any]:
@@ -45,9 +52,15 @@ def new_run(api: Api, **fields: Any) -> dict[str, Any]:
 
 
 def new_action(api: Api, run_id: str, key: str = "k-1", **fields: Any) -> dict[str, Any]:
-    body = {"tool": "hr.create_user", "target_type": "user", "target_id": "ashu@company.com",
-            "args": {"email": "ashu@company.com", "name": "Ashu Kumar"}, "idempotency_key": key,
-            "compensation": {"tool": "hr.delete_user", "args": {"email": "ashu@company.com"}}, **fields}
+    body = {
+        "tool": "hr.create_user",
+        "target_type": "user",
+        "target_id": "ashu@company.com",
+        "args": {"email": "ashu@company.com", "name": "Ashu Kumar"},
+        "idempotency_key": key,
+        "compensation": {"tool": "hr.delete_user", "args": {"email": "ashu@company.com"}},
+        **fields,
+    }
     response = api.post(f"/runs/{run_id}/actions", body)
     assert response.status_code == 201, response.content
     return response.json()
@@ -67,6 +80,9 @@ ONBOARDING_POLICIES = [
 def create_onboarding_policies() -> list[Any]:
     from ledger.models import ToolPolicy
 
-    return [ToolPolicy.objects.create(tool=tool, risk=risk, approval=approval, action_class=cls, compensation=comp,
-                                      source="tests")
-            for tool, risk, approval, cls, comp in ONBOARDING_POLICIES]
+    return [
+        ToolPolicy.objects.create(
+            tool=tool, risk=risk, approval=approval, action_class=cls, compensation=comp, source="tests"
+        )
+        for tool, risk, approval, cls, comp in ONBOARDING_POLICIES
+    ]

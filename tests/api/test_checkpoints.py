@@ -12,11 +12,18 @@ def test_it_writes_lists_and_returns_the_latest_checkpoint(api, onboarding_polic
     action = new_action(api, run["id"])
     assert api.get(f"/runs/{run['id']}/checkpoints/latest").status_code == 404
 
-    first = api.post(f"/runs/{run['id']}/checkpoints", {
-        "name": "user-created", "state": {"user_id": 17}, "completed_action_ids": [action["id"]],
-        "recovery_mode": "resume_only", "recovery_instructions": "Resume from license provisioning.",
-        "summary": "HR account exists.", "trace_links": ["https://traces.example.com/t/1"],
-    })
+    first = api.post(
+        f"/runs/{run['id']}/checkpoints",
+        {
+            "name": "user-created",
+            "state": {"user_id": 17},
+            "completed_action_ids": [action["id"]],
+            "recovery_mode": "resume_only",
+            "recovery_instructions": "Resume from license provisioning.",
+            "summary": "HR account exists.",
+            "trace_links": ["https://traces.example.com/t/1"],
+        },
+    )
     assert first.status_code == 201
     body = first.json()
     assert body["id"].startswith("chk_") and body["completed_action_ids"] == [action["id"]]
@@ -36,7 +43,9 @@ def test_it_refuses_action_ids_of_another_run(api, onboarding_policies):
     other = new_run(api)
     foreign = new_action(api, other["id"])
     run = new_run(api)
-    response = api.post(f"/runs/{run['id']}/checkpoints", {"name": "cp", "pending_action_ids": [foreign["id"]]})
+    response = api.post(
+        f"/runs/{run['id']}/checkpoints", {"name": "cp", "pending_action_ids": [foreign["id"]]}
+    )
     assert response.status_code == 422
     assert error_of(response)["details"] == {"unknown_action_ids": [foreign["id"]]}
 

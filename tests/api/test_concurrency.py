@@ -12,8 +12,11 @@ from ledger.models import Action, Run
 THREADS = 24
 
 ACTION = {
-    "tool": "hr.create_user", "target_type": "user", "target_id": "ashu@company.com",
-    "args": {"email": "ashu@company.com", "name": "Ashu Kumar"}, "idempotency_key": "create-ashu",
+    "tool": "hr.create_user",
+    "target_type": "user",
+    "target_id": "ashu@company.com",
+    "args": {"email": "ashu@company.com", "name": "Ashu Kumar"},
+    "idempotency_key": "create-ashu",
     "compensation": {"tool": "hr.delete_user", "args": {"email": "ashu@company.com"}},
 }
 
@@ -24,7 +27,9 @@ def _race(url: str, secret: str, body: dict, headers: dict[str, str] | None = No
     lock = threading.Lock()
 
     def post() -> None:
-        with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {secret}", **(headers or {})}) as client:
+        with httpx.Client(
+            timeout=30, headers={"Authorization": f"Bearer {secret}", **(headers or {})}
+        ) as client:
             barrier.wait()
             response = client.post(url, json=body)
         with lock:
@@ -40,10 +45,15 @@ def _race(url: str, secret: str, body: dict, headers: dict[str, str] | None = No
 
 
 @pytest.mark.django_db(transaction=True)
-def test_identical_concurrent_action_posts_record_exactly_one_action(live_server, agent_key, onboarding_policies):
+def test_identical_concurrent_action_posts_record_exactly_one_action(
+    live_server, agent_key, onboarding_policies
+):
     secret = agent_key[1]
-    run = httpx.post(f"{live_server.url}/api/v1/runs", json={"agent": "onboarding", "request": "Onboard Ashu"},
-                     headers={"Authorization": f"Bearer {secret}"}).json()
+    run = httpx.post(
+        f"{live_server.url}/api/v1/runs",
+        json={"agent": "onboarding", "request": "Onboard Ashu"},
+        headers={"Authorization": f"Bearer {secret}"},
+    ).json()
     responses = _race(f"{live_server.url}/api/v1/runs/{run['id']}/actions", secret, ACTION)
 
     statuses = sorted(r.status_code for r in responses)
@@ -62,11 +72,17 @@ def test_identical_concurrent_action_posts_record_exactly_one_action(live_server
 
 @pytest.mark.django_db(transaction=True)
 def test_identical_concurrent_run_posts_with_one_key_create_one_run(live_server, agent_key):
-    responses = _race(f"{live_server.url}/api/v1/runs", agent_key[1],
-                      {"agent": "onboarding", "request": "Onboard Ashu"}, headers={"Idempotency-Key": "run-ashu"})
+    responses = _race(
+        f"{live_server.url}/api/v1/runs",
+        agent_key[1],
+        {"agent": "onboarding", "request": "Onboard Ashu"},
+        headers={"Idempotency-Key": "run-ashu"},
+    )
     statuses = [r.status_code for r in responses]
     assert all(s in (201, 409) for s in statuses), statuses
     created = {r.json()["id"] for r in responses if r.status_code == 201}
     assert len(created) == 1
-    assert sum(1 for r in responses if r.headers.get("Idempotent-Replayed") == "true") == statuses.count(201) - 1
+    assert (
+        sum(1 for r in responses if r.headers.get("Idempotent-Replayed") == "true") == statuses.count(201) - 1
+    )
     assert Run.objects.count() == 1

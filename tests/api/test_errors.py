@@ -64,7 +64,11 @@ def test_another_tenants_objects_are_404_everywhere(api, outsider_api, onboardin
         ("post", f"/actions/{action['id']}/verify", {"ok": True}),
         ("post", f"/actions/{action['id']}/reconcile", {"happened": True, "reason": "x"}),
     ]:
-        response = getattr(outsider_api, method)(path, body) if body is not None else getattr(outsider_api, method)(path)
+        response = (
+            getattr(outsider_api, method)(path, body)
+            if body is not None
+            else getattr(outsider_api, method)(path)
+        )
         assert response.status_code == 404, (method, path, response.content)
         assert error_of(response)["code"] == "not_found"
     # And nothing of theirs changed.
@@ -87,11 +91,14 @@ def test_an_unknown_field_is_a_validation_error(api):
     assert [e["field"] for e in error["details"]["errors"]] == ["extrnal_id"]
 
 
-@pytest.mark.parametrize("field, value", [
-    ("retryable", "true"),  # a string for a bool
-    ("retryable", 1),  # a number for a bool
-    ("error", 5),  # a number for a string
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("retryable", "true"),  # a string for a bool
+        ("retryable", 1),  # a number for a bool
+        ("error", 5),  # a number for a string
+    ],
+)
 def test_nothing_is_coerced(api, onboarding_policies, field, value):
     run = new_run(api)
     action = new_action(api, run["id"])
@@ -104,8 +111,10 @@ def test_nothing_is_coerced(api, onboarding_policies, field, value):
 
 def test_a_string_for_a_number_is_refused(api, onboarding_policies):
     run = new_run(api)
-    response = api.post(f"/runs/{run['id']}/actions", {"tool": "hr.create_user", "idempotency_key": "k",
-                                                        "intent": {"confidence": "5"}})
+    response = api.post(
+        f"/runs/{run['id']}/actions",
+        {"tool": "hr.create_user", "idempotency_key": "k", "intent": {"confidence": "5"}},
+    )
     assert response.status_code == 422
     assert [e["field"] for e in error_of(response)["details"]["errors"]] == ["intent.confidence"]
 
@@ -163,8 +172,16 @@ def test_a_body_that_is_not_json_is_415(api):
     assert error_of(response)["code"] == "unsupported_media_type"
 
 
-@pytest.mark.parametrize("raw", [b'{"agent": "a", "request": ', b"\xff\xfe{}", b'{"agent": NaN}',
-                                 b'{"n": 1e999}', b'{"n": ' + b"9" * 5000 + b"}"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"agent": "a", "request": ',
+        b"\xff\xfe{}",
+        b'{"agent": NaN}',
+        b'{"n": 1e999}',
+        b'{"n": ' + b"9" * 5000 + b"}",
+    ],
+)
 def test_malformed_json_is_400(api, raw):
     response = api.post("/runs", raw=raw)
     assert response.status_code == 400

@@ -21,8 +21,11 @@ RUN = {"agent": "onboarding", "request": "Onboard Ashu Kumar"}
 def test_the_same_key_and_body_replays_the_original_response(api):
     first = api.post("/runs", RUN, headers={"Idempotency-Key": "create-run-1"})
     # Key order and whitespace do not make it a different request.
-    second = api.post("/runs", raw='{"request": "Onboard Ashu Kumar",   "agent": "onboarding"}',
-                      headers={"Idempotency-Key": "create-run-1"})
+    second = api.post(
+        "/runs",
+        raw='{"request": "Onboard Ashu Kumar",   "agent": "onboarding"}',
+        headers={"Idempotency-Key": "create-run-1"},
+    )
     assert first.status_code == second.status_code == 201
     assert second["Idempotent-Replayed"] == "true"
     assert "Idempotent-Replayed" not in first
@@ -54,12 +57,18 @@ def test_keys_are_scoped_per_tenant(api, outsider_api):
 
 def test_an_error_is_not_stored_so_the_key_can_be_retried(api):
     run = new_run(api)
-    bad = api.post(f"/runs/{run['id']}/checkpoints", {"name": "cp", "completed_action_ids": ["act_nope"]},
-                   headers={"Idempotency-Key": "cp-1"})
+    bad = api.post(
+        f"/runs/{run['id']}/checkpoints",
+        {"name": "cp", "completed_action_ids": ["act_nope"]},
+        headers={"Idempotency-Key": "cp-1"},
+    )
     assert bad.status_code == 422
     assert not IdempotencyRecord.objects.filter(key="cp-1").exists()
-    good = api.post(f"/runs/{run['id']}/checkpoints", {"name": "cp", "completed_action_ids": ["act_nope"]},
-                    headers={"Idempotency-Key": "cp-1"})
+    good = api.post(
+        f"/runs/{run['id']}/checkpoints",
+        {"name": "cp", "completed_action_ids": ["act_nope"]},
+        headers={"Idempotency-Key": "cp-1"},
+    )
     assert good.status_code == 422  # still invalid, and still not a replay of anything
     assert "Idempotent-Replayed" not in good
 
@@ -113,8 +122,13 @@ def test_a_request_whose_key_is_still_in_flight_gets_409(api, agent_key, monkeyp
     def first_request_in_flight() -> None:
         try:
             with transaction.atomic():
-                IdempotencyRecord.objects.create(tenant=agent_key[0].tenant, key="slow", method="POST",
-                                                 path="/api/v1/runs", request_hash="x")
+                IdempotencyRecord.objects.create(
+                    tenant=agent_key[0].tenant,
+                    key="slow",
+                    method="POST",
+                    path="/api/v1/runs",
+                    request_hash="x",
+                )
                 holding.set()
                 release.wait(10)
                 transaction.set_rollback(True)

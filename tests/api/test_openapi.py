@@ -4,15 +4,25 @@ import pytest
 from django.test import Client
 
 AGENT_OPERATIONS = {
-    ("post", "/api/v1/runs"), ("get", "/api/v1/runs"), ("get", "/api/v1/runs/{run_id}"),
-    ("post", "/api/v1/runs/{run_id}/heartbeat"), ("post", "/api/v1/runs/{run_id}/complete"),
-    ("post", "/api/v1/runs/{run_id}/fail"), ("get", "/api/v1/runs/{run_id}/commands"),
-    ("post", "/api/v1/commands/{command_id}/ack"), ("get", "/api/v1/runs/{run_id}/trail"),
-    ("post", "/api/v1/runs/{run_id}/actions"), ("get", "/api/v1/actions/{action_id}"),
-    ("post", "/api/v1/actions/{action_id}/start"), ("post", "/api/v1/actions/{action_id}/succeed"),
-    ("post", "/api/v1/actions/{action_id}/fail"), ("post", "/api/v1/actions/{action_id}/verify"),
-    ("post", "/api/v1/actions/{action_id}/reconcile"), ("post", "/api/v1/runs/{run_id}/checkpoints"),
-    ("get", "/api/v1/runs/{run_id}/checkpoints"), ("get", "/api/v1/runs/{run_id}/checkpoints/latest"),
+    ("post", "/api/v1/runs"),
+    ("get", "/api/v1/runs"),
+    ("get", "/api/v1/runs/{run_id}"),
+    ("post", "/api/v1/runs/{run_id}/heartbeat"),
+    ("post", "/api/v1/runs/{run_id}/complete"),
+    ("post", "/api/v1/runs/{run_id}/fail"),
+    ("get", "/api/v1/runs/{run_id}/commands"),
+    ("post", "/api/v1/commands/{command_id}/ack"),
+    ("get", "/api/v1/runs/{run_id}/trail"),
+    ("post", "/api/v1/runs/{run_id}/actions"),
+    ("get", "/api/v1/actions/{action_id}"),
+    ("post", "/api/v1/actions/{action_id}/start"),
+    ("post", "/api/v1/actions/{action_id}/succeed"),
+    ("post", "/api/v1/actions/{action_id}/fail"),
+    ("post", "/api/v1/actions/{action_id}/verify"),
+    ("post", "/api/v1/actions/{action_id}/reconcile"),
+    ("post", "/api/v1/runs/{run_id}/checkpoints"),
+    ("get", "/api/v1/runs/{run_id}/checkpoints"),
+    ("get", "/api/v1/runs/{run_id}/checkpoints/latest"),
     ("get", "/api/v1/policies"),
 }
 
@@ -30,7 +40,7 @@ def test_it_is_openapi_3_1(document):
 
 def test_every_agent_operation_is_documented_with_its_errors(document):
     operations = {(method, path) for path, ops in document["paths"].items() for method in ops}
-    assert AGENT_OPERATIONS <= operations
+    assert operations >= AGENT_OPERATIONS
     for method, path in AGENT_OPERATIONS:
         responses = document["paths"][path][method]["responses"]
         assert {"401", "403", "404", "422", "429"} <= set(responses), (method, path)

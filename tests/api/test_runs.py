@@ -13,8 +13,16 @@ pytestmark = pytest.mark.django_db
 
 
 def test_it_creates_a_run(api, agent_key):
-    response = api.post("/runs", {"agent": "onboarding", "request": "Onboard Ashu Kumar", "external_id": "T-17",
-                                  "resume_url": "https://agent.internal/resume", "metadata": {"team": "people"}})
+    response = api.post(
+        "/runs",
+        {
+            "agent": "onboarding",
+            "request": "Onboard Ashu Kumar",
+            "external_id": "T-17",
+            "resume_url": "https://agent.internal/resume",
+            "metadata": {"team": "people"},
+        },
+    )
     assert response.status_code == 201
     body = response.json()
     assert body["id"].startswith("run_") and body["status"] == "running"
@@ -82,8 +90,12 @@ def test_it_lists_only_the_keys_tenant(api, outsider_api):
 
 def test_heartbeat_returns_pending_commands_and_ack_removes_them(api, alice):
     run = new_run(api)
-    command = recovery.command_issue(run=Run.objects.get(pk=run["id"]), kind="resume", actor=Actor.for_user(alice),
-                                     reason="fixed the mail gateway")
+    command = recovery.command_issue(
+        run=Run.objects.get(pk=run["id"]),
+        kind="resume",
+        actor=Actor.for_user(alice),
+        reason="fixed the mail gateway",
+    )
 
     beat = api.post(f"/runs/{run['id']}/heartbeat", {"note": "still working"})
     assert beat.status_code == 200
@@ -101,8 +113,12 @@ def test_heartbeat_returns_pending_commands_and_ack_removes_them(api, alice):
 
 def test_another_tenants_command_is_not_found(api, outsider_api, alice):
     run = new_run(api)
-    command = recovery.command_issue(run=Run.objects.get(pk=run["id"]), kind="cancel", actor=Actor.for_user(alice),
-                                     reason="user withdrew the request")
+    command = recovery.command_issue(
+        run=Run.objects.get(pk=run["id"]),
+        kind="cancel",
+        actor=Actor.for_user(alice),
+        reason="user withdrew the request",
+    )
     response = outsider_api.post(f"/commands/{command.pk}/ack")
     assert response.status_code == 404 and error_of(response)["code"] == "not_found"
 
@@ -122,7 +138,9 @@ def test_it_completes_a_run_once(api):
 def test_failing_a_run_puts_it_in_the_recovery_queue(api, onboarding_policies):
     run = new_run(api)
     action = new_action(api, run["id"])
-    response = api.post(f"/runs/{run['id']}/fail", {"error": "mail gateway 429", "failed_action_id": action["id"]})
+    response = api.post(
+        f"/runs/{run['id']}/fail", {"error": "mail gateway 429", "failed_action_id": action["id"]}
+    )
     assert response.status_code == 200
     body = response.json()
     assert body["status"] == "failed" and body["failed_action_id"] == action["id"]
@@ -148,7 +166,9 @@ def test_a_cancelled_or_closed_run_refuses_new_actions(api, agent, status_change
     else:
         services.run_fail(run=model, actor=agent, error="x")
         services.run_close(run=model, actor=agent, reason="nothing to undo")
-    response = api.post(f"/runs/{run['id']}/actions", {"tool": "hr.create_user", "idempotency_key": "late-job"})
+    response = api.post(
+        f"/runs/{run['id']}/actions", {"tool": "hr.create_user", "idempotency_key": "late-job"}
+    )
     assert response.status_code == 409
     assert error_of(response)["code"] == "run_not_accepting_actions"
 
@@ -156,10 +176,22 @@ def test_a_cancelled_or_closed_run_refuses_new_actions(api, agent, status_change
 def test_policies_lists_what_applies_to_the_tenant(api, tenant, other_tenant, onboarding_policies):
     from ledger.models import ToolPolicy
 
-    ToolPolicy.objects.create(tenant=tenant, tool="hr.create_user", risk="low", approval="auto",
-                              action_class="internal_update", source="acme.json")
-    ToolPolicy.objects.create(tenant=other_tenant, tool="globex.secret_tool", risk="low", approval="auto",
-                              action_class="read_only", source="globex.json")
+    ToolPolicy.objects.create(
+        tenant=tenant,
+        tool="hr.create_user",
+        risk="low",
+        approval="auto",
+        action_class="internal_update",
+        source="acme.json",
+    )
+    ToolPolicy.objects.create(
+        tenant=other_tenant,
+        tool="globex.secret_tool",
+        risk="low",
+        approval="auto",
+        action_class="read_only",
+        source="globex.json",
+    )
     body = api.get("/policies").json()
     tools = {(p["tool"], p["scope"]) for p in body["policies"]}
     assert ("hr.create_user", "tenant") in tools and ("hr.create_user", "global") not in tools

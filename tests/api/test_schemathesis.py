@@ -48,9 +48,16 @@ def world(keep_test_connection, agent_key, onboarding_policies):
     from recovery import services as recovery
 
     actor = Actor.for_key(agent_key[0])
-    run = services.run_create(tenant=agent_key[0].tenant, actor=actor, agent="onboarding", request="Onboard Ashu")
-    action = recovery.action_record_gated(run=run, actor=actor, tool="hr.create_user", idempotency_key="st-1",
-                                          args={"email": "ashu@company.com"}).action
+    run = services.run_create(
+        tenant=agent_key[0].tenant, actor=actor, agent="onboarding", request="Onboard Ashu"
+    )
+    action = recovery.action_record_gated(
+        run=run,
+        actor=actor,
+        tool="hr.create_user",
+        idempotency_key="st-1",
+        args={"email": "ashu@company.com"},
+    ).action
     services.checkpoint_write(run=run, actor=actor, name="start")
     command = recovery.command_issue(run=run, kind="resume", actor=Actor.system("tests"), reason="go on")
     return {"run_id": run.pk, "action_id": action.pk, "command_id": command.pk}

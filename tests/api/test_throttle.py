@@ -20,7 +20,9 @@ def test_a_key_over_its_rate_gets_429_with_retry_after(api, outsider_api, settin
     assert outsider_api.get("/runs").status_code == 200
 
 
-@pytest.mark.parametrize("rate, expected", [("6000/m", (6000, 60)), ("10/5s", (10, 5)), ("1/h", (1, 3600)),
-                                            ("100/day", (100, 86400))])
+@pytest.mark.parametrize(
+    "rate, expected",
+    [("6000/m", (6000, 60)), ("10/5s", (10, 5)), ("1/h", (1, 3600)), ("100/day", (100, 86400))],
+)
 def test_rates_parse(rate, expected):
     assert parse_rate(rate) == expected

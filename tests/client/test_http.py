@@ -45,8 +45,12 @@ RUN = {"id": "run_1", "status": "running"}
 
 
 def test_it_retries_transient_failures_with_the_same_idempotency_key():
-    transport, seen = scripted((503, error("service_unavailable")), httpx.ConnectError("reset"),
-                               (409, error("idempotency_key_in_flight")), (201, RUN))
+    transport, seen = scripted(
+        (503, error("service_unavailable")),
+        httpx.ConnectError("reset"),
+        (409, error("idempotency_key_in_flight")),
+        (201, RUN),
+    )
     saga = Saga("http://saga.test", "sk_a_b", transport=transport, backoff_s=0.001)
     assert saga.create_run(agent="a", request="r") == RUN
     keys = {request.headers["Idempotency-Key"] for request in seen}
@@ -64,8 +68,14 @@ def test_it_gives_up_after_its_retries_with_a_typed_error():
     assert caught.value.request_id == "req-1" and len(seen) == 3
 
 
-@pytest.mark.parametrize("status, code, kind", [(404, "not_found", NotFound), (409, "invalid_transition", Conflict),
-                                                (422, "idempotency_key_reused", InvalidRequest)])
+@pytest.mark.parametrize(
+    "status, code, kind",
+    [
+        (404, "not_found", NotFound),
+        (409, "invalid_transition", Conflict),
+        (422, "idempotency_key_reused", InvalidRequest),
+    ],
+)
 def test_client_errors_are_not_retried(status, code, kind):
     transport, seen = scripted((status, error(code)))
     saga = Saga("http://saga.test", "k", transport=transport)

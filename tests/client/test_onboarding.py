@@ -50,15 +50,29 @@ class World:
 
 def onboard(saga, world: World) -> str:
     with saga.run(agent="onboarding", request="Onboard Ashu Kumar", external_id="HR-17") as run:
-        run.step("hr.create_user", target=("user", EMAIL), args={"email": EMAIL, "name": "Ashu Kumar"},
-                 do=world.create_user, compensate=("hr.delete_user", {"email": EMAIL}),
-                 after=lambda result: {"user_id": result["user_id"], "active": True})
-        run.step("workspace.provision_license", target=("user", EMAIL),
-                 args={"email": EMAIL, "sku": "business-standard"}, do=world.provision_license,
-                 compensate=("workspace.cancel_license", {"email": EMAIL}))
+        run.step(
+            "hr.create_user",
+            target=("user", EMAIL),
+            args={"email": EMAIL, "name": "Ashu Kumar"},
+            do=world.create_user,
+            compensate=("hr.delete_user", {"email": EMAIL}),
+            after=lambda result: {"user_id": result["user_id"], "active": True},
+        )
+        run.step(
+            "workspace.provision_license",
+            target=("user", EMAIL),
+            args={"email": EMAIL, "sku": "business-standard"},
+            do=world.provision_license,
+            compensate=("workspace.cancel_license", {"email": EMAIL}),
+        )
         run.checkpoint("accounts-ready", state={"email": EMAIL}, summary="Ashu has an account and a license.")
-        run.step("email.send_welcome", target=("user", EMAIL), args={"to": EMAIL, "template": "welcome"},
-                 do=world.send_welcome, intent={"reasoning": "HR asked for a welcome mail", "confidence": 0.9})
+        run.step(
+            "email.send_welcome",
+            target=("user", EMAIL),
+            args={"to": EMAIL, "template": "welcome"},
+            do=world.send_welcome,
+            intent={"reasoning": "HR asked for a welcome mail", "confidence": 0.9},
+        )
         return run.id
 
 
@@ -69,11 +83,16 @@ def test_the_success_path_records_every_step_and_completes_the_run(saga):
     run = Run.objects.get(pk=run_id)
     assert run.status == "succeeded" and run.external_id == "HR-17"
     actions = list(run.actions.order_by("seq"))
-    assert [(a.tool, a.status) for a in actions] == [("hr.create_user", "succeeded"),
-                                                     ("workspace.provision_license", "succeeded"),
-                                                     ("email.send_welcome", "succeeded")]
+    assert [(a.tool, a.status) for a in actions] == [
+        ("hr.create_user", "succeeded"),
+        ("workspace.provision_license", "succeeded"),
+        ("email.send_welcome", "succeeded"),
+    ]
     assert actions[0].result == {"user_id": 1} and actions[0].after_snapshot == {"user_id": 1, "active": True}
-    assert (actions[0].compensation_tool, actions[0].compensation_args) == ("hr.delete_user", {"email": EMAIL})
+    assert (actions[0].compensation_tool, actions[0].compensation_args) == (
+        "hr.delete_user",
+        {"email": EMAIL},
+    )
     assert actions[1].compensation_tool == "workspace.cancel_license"
     assert run.checkpoints.get().completed_action_ids == [actions[0].pk, actions[1].pk]
     assert world.outbox == [EMAIL]
@@ -93,8 +112,9 @@ def test_a_failure_at_step_three_lands_the_run_in_the_recovery_queue(saga):
     assert item.status == "open" and item.reason == "failed"
     assert item.failed_action_id == email_action.pk
     # The first two steps stand, each with its compensation: an operator can undo them.
-    assert list(run.actions.filter(status="succeeded").values_list("compensation_tool", flat=True).order_by("seq")) \
-        == ["hr.delete_user", "workspace.cancel_license"]
+    assert list(
+        run.actions.filter(status="succeeded").values_list("compensation_tool", flat=True).order_by("seq")
+    ) == ["hr.delete_user", "workspace.cancel_license"]
 
 
 def test_a_timeout_at_step_three_is_an_unknown_outcome_to_reconcile(saga):
@@ -130,7 +150,9 @@ def test_a_failed_step_retried_in_the_block_runs_again_under_the_same_key(saga):
     with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
         with pytest.raises(ConnectionError):
             run.step("hr.create_user", target=("user", EMAIL), args={"email": EMAIL}, do=flaky)
-        assert run.step("hr.create_user", target=("user", EMAIL), args={"email": EMAIL}, do=flaky) == {"user_id": 7}
+        assert run.step("hr.create_user", target=("user", EMAIL), args={"email": EMAIL}, do=flaky) == {
+            "user_id": 7
+        }
     action = Action.objects.get(run_id=run.id)
     assert action.status == "succeeded" and action.attempts == 2
     assert Run.objects.get(pk=run.id).status == "succeeded"
@@ -158,12 +180,22 @@ def _approve_when_asked(decide, *, timeout_s: float = 10.0) -> threading.Thread:
 
 def test_an_approval_gated_step_waits_and_proceeds_with_the_approved_args(saga, bob):
     charged: list[dict] = []
-    approver = _approve_when_asked(lambda approval: recovery.approval_approve(
-        approval=approval, actor=Actor.for_user(bob), reason="first month only", args={"amount": 30, "currency": "EUR"}))
+    approver = _approve_when_asked(
+        lambda approval: recovery.approval_approve(
+            approval=approval,
+            actor=Actor.for_user(bob),
+            reason="first month only",
+            args={"amount": 30, "currency": "EUR"},
+        )
+    )
     with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
-        result = run.step("payments.charge", target=("customer", "c-9"), args={"amount": 300, "currency": "EUR"},
-                          do=lambda args: charged.append(args) or {"charge_id": "ch_1"},
-                          compensate=("payments.refund", {"charge_id": "ch_1"}))
+        result = run.step(
+            "payments.charge",
+            target=("customer", "c-9"),
+            args={"amount": 300, "currency": "EUR"},
+            do=lambda args: charged.append(args) or {"charge_id": "ch_1"},
+            compensate=("payments.refund", {"charge_id": "ch_1"}),
+        )
     approver.join()
     assert result == {"charge_id": "ch_1"}
     assert charged == [{"amount": 30, "currency": "EUR"}]
@@ -172,36 +204,47 @@ def test_an_approval_gated_step_waits_and_proceeds_with_the_approved_args(saga, 
 
 
 def test_a_rejected_step_raises_and_fails_the_run(saga, bob):
-    approver = _approve_when_asked(lambda approval: recovery.approval_reject(
-        approval=approval, actor=Actor.for_user(bob), reason="not for a new hire"))
-    with pytest.raises(ApprovalRejected, match="not for a new hire"):
-        with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
-            run.step("payments.charge", args={"amount": 300}, do=lambda: pytest.fail("must not run"))
+    approver = _approve_when_asked(
+        lambda approval: recovery.approval_reject(
+            approval=approval, actor=Actor.for_user(bob), reason="not for a new hire"
+        )
+    )
+    with (
+        pytest.raises(ApprovalRejected, match="not for a new hire"),
+        saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run,
+    ):
+        run.step("payments.charge", args={"amount": 300}, do=lambda: pytest.fail("must not run"))
     approver.join()
     assert Run.objects.get(pk=run.id).status == "failed"
     assert RecoveryItem.objects.get(run_id=run.id).failed_action.tool == "payments.charge"
 
 
 def test_an_approval_that_never_comes_times_out(saga):
-    with pytest.raises(ApprovalTimeout):
-        with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
-            run.step("payments.charge", args={"amount": 300}, do=lambda: pytest.fail("must not run"),
-                     approval_timeout_s=0.3)
+    with pytest.raises(ApprovalTimeout), saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
+        run.step(
+            "payments.charge",
+            args={"amount": 300},
+            do=lambda: pytest.fail("must not run"),
+            approval_timeout_s=0.3,
+        )
     assert Action.objects.get(run_id=run.id).status == "awaiting_approval"
 
 
 def test_an_unknown_tool_is_gated_by_the_default_policy(saga):
     assert not ToolPolicy.objects.filter(tool="db.drop_table").exists()
-    with pytest.raises(ApprovalTimeout):
-        with saga.run(agent="ops", request="Clean up") as run:
-            run.step("db.drop_table", args={"table": "users"}, do=lambda: None, approval_timeout_s=0.2)
+    with pytest.raises(ApprovalTimeout), saga.run(agent="ops", request="Clean up") as run:
+        run.step("db.drop_table", args={"table": "users"}, do=lambda: None, approval_timeout_s=0.2)
 
 
 def test_heartbeat_returns_commands_and_ack_clears_them(saga, alice):
     with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
         assert run.heartbeat() == []
-        recovery.command_issue(run=Run.objects.get(pk=run.id), kind="cancel", actor=Actor.for_user(alice),
-                               reason="the hire withdrew")
+        recovery.command_issue(
+            run=Run.objects.get(pk=run.id),
+            kind="cancel",
+            actor=Actor.for_user(alice),
+            reason="the hire withdrew",
+        )
         commands = run.heartbeat("halfway")
         assert [c["kind"] for c in commands] == ["cancel"]
         run.ack(commands[0]["id"])
