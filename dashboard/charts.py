@@ -48,16 +48,27 @@ def _display(value: float, unit: str) -> str:
 
 
 def bar_chart(
-    rows: Sequence[tuple[str, float]], *, css_prefix: str = "", keys: Sequence[str] | None = None, unit: str = ""
+    rows: Sequence[tuple[str, float | None]],
+    *,
+    css_prefix: str = "",
+    keys: Sequence[str] | None = None,
+    unit: str = "",
 ) -> BarChart:
-    top = max((value for _label, value in rows), default=0) or 1
+    """Horizontal bars scaled to the largest value; a None value is drawn as "no data", not 0."""
+    top = max((value or 0 for _label, value in rows), default=0) or 1
     bars = []
     for i, (label, value) in enumerate(rows):
         key = keys[i] if keys is not None else ""
         y = i * ROW_HEIGHT + (ROW_HEIGHT - BAR_HEIGHT) // 2
-        bars.append(Bar(
-            label=str(label), value=value, display=_display(value, unit), y=y, text_y=y + BAR_HEIGHT - 5,
-            width=round(max(value / top * BAR_AREA, 2 if value else 0), 1),
-            css=f"bar {css_prefix}{key}" if key else "bar",
-        ))
+        bars.append(
+            Bar(
+                label=str(label),
+                value=value or 0,
+                display="no data" if value is None else _display(value, unit),
+                y=y,
+                text_y=y + BAR_HEIGHT - 5,
+                width=round(max((value or 0) / top * BAR_AREA, 2 if value else 0), 1),
+                css=f"bar {css_prefix}{key}" if key else "bar",
+            )
+        )
     return BarChart(bars=bars, height=max(len(bars), 1) * ROW_HEIGHT)

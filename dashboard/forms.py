@@ -14,7 +14,10 @@ _REASON_HELP = "Recorded in the audit log with your name."
 
 class ReasonForm(forms.Form):
     reason = forms.CharField(
-        label="Reason", max_length=2000, help_text=_REASON_HELP, error_messages={"required": "A reason is required."},
+        label="Reason",
+        max_length=2000,
+        help_text=_REASON_HELP,
+        error_messages={"required": "A reason is required."},
         widget=forms.TextInput(attrs={"autocomplete": "off", "required": True}),
     )
 
@@ -46,7 +49,8 @@ class ReconcileForm(ReasonForm):
 
 class ApproveForm(ReasonForm):
     args = forms.CharField(
-        label="Arguments (JSON)", required=False,
+        label="Arguments (JSON)",
+        required=False,
         widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false", "class": "code"}),
         help_text="Edit to approve different arguments; both versions are audited.",
     )
@@ -59,7 +63,9 @@ class ApproveForm(ReasonForm):
         try:
             value = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).") from exc
+            raise forms.ValidationError(
+                f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
+            ) from exc
         if not isinstance(value, dict):
             raise forms.ValidationError("Arguments must be a JSON object.")
         return value
@@ -73,20 +79,30 @@ class BulkForm(ReasonForm):
 
 
 class QueueFilterForm(forms.Form):
-    q = forms.CharField(label="Search", required=False, max_length=500,
-                        widget=forms.TextInput(attrs={"type": "search",
-                                                      "placeholder": "run id, external id, target, tool, request…"}))
+    q = forms.CharField(
+        label="Search",
+        required=False,
+        max_length=500,
+        widget=forms.TextInput(
+            attrs={"type": "search", "placeholder": "run id, external id, target, tool, request…"}
+        ),
+    )
     tenant = forms.ChoiceField(label="Tenant", required=False)
     risk = forms.ChoiceField(label="Risk", required=False, choices=[("", "Any risk"), *Risk.choices])
-    reason = forms.ChoiceField(label="Reason", required=False,
-                               choices=[("", "Any reason"), *RecoveryItem.Reason.choices])
-    status = forms.ChoiceField(label="Status", required=False,
-                               choices=[(s, s.capitalize()) for s in STATUS_CHOICES])
-    age = forms.ChoiceField(label="Older than", required=False,
-                            choices=[("", "Any age"), *[(k, k) for k in AGE_CHOICES]])
-    sort = forms.ChoiceField(label="Sort", required=False,
-                             choices=[("newest", "Newest first"), ("oldest", "Oldest first"),
-                                      ("risk", "Highest risk first")])
+    reason = forms.ChoiceField(
+        label="Reason", required=False, choices=[("", "Any reason"), *RecoveryItem.Reason.choices]
+    )
+    status = forms.ChoiceField(
+        label="Status", required=False, choices=[(s, s.capitalize()) for s in STATUS_CHOICES]
+    )
+    age = forms.ChoiceField(
+        label="Older than", required=False, choices=[("", "Any age"), *[(k, k) for k in AGE_CHOICES]]
+    )
+    sort = forms.ChoiceField(
+        label="Sort",
+        required=False,
+        choices=[("newest", "Newest first"), ("oldest", "Oldest first"), ("risk", "Highest risk first")],
+    )
     signature = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, tenants: list[Any] = (), **kwargs: Any) -> None:  # type: ignore[assignment]
@@ -95,12 +111,19 @@ class QueueFilterForm(forms.Form):
 
     def filters(self) -> QueueFilters:
         """Valid filters; an invalid value falls back to its default rather than failing the page."""
-        data = self.cleaned_data if self.is_valid() else {
-            name: self.cleaned_data.get(name, "") for name in self.fields if name not in self.errors
-        }
+        data = (
+            self.cleaned_data
+            if self.is_valid()
+            else {name: self.cleaned_data.get(name, "") for name in self.fields if name not in self.errors}
+        )
         sort = data.get("sort") or "newest"
         return QueueFilters(
-            tenant=data.get("tenant") or "", risk=data.get("risk") or "", reason=data.get("reason") or "",
-            status=data.get("status") or "unresolved", age=data.get("age") or "", q=(data.get("q") or "").strip(),
-            sort=sort if sort in SORTS else "newest", signature=data.get("signature") or "",
+            tenant=data.get("tenant") or "",
+            risk=data.get("risk") or "",
+            reason=data.get("reason") or "",
+            status=data.get("status") or "unresolved",
+            age=data.get("age") or "",
+            q=(data.get("q") or "").strip(),
+            sort=sort if sort in SORTS else "newest",
+            signature=data.get("signature") or "",
         )

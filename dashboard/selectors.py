@@ -50,14 +50,21 @@ NEW_ITEMS_CAP = 100
 GROUPS_SHOWN = 8
 
 UNRESOLVED = (RecoveryItem.Status.OPEN, RecoveryItem.Status.CLAIMED)
-AGE_CHOICES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "4h": timedelta(hours=4),
-               "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+AGE_CHOICES = {
+    "15m": timedelta(minutes=15),
+    "1h": timedelta(hours=1),
+    "4h": timedelta(hours=4),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+}
 SORTS = ("newest", "oldest", "risk")
 STATUS_CHOICES = ("unresolved", "open", "claimed", "resolved", "all")
 
 _RISK_RANK = Case(
-    *[When(risk=risk, then=Value(rank)) for risk, rank in ((Risk.LOW, 0), (Risk.MEDIUM, 1), (Risk.HIGH, 2),
-                                                           (Risk.CRITICAL, 3))],
+    *[
+        When(risk=risk, then=Value(rank))
+        for risk, rank in ((Risk.LOW, 0), (Risk.MEDIUM, 1), (Risk.HIGH, 2), (Risk.CRITICAL, 3))
+    ],
     default=Value(0),
     output_field=IntegerField(),
 )
@@ -88,7 +95,9 @@ class QueueFilters:
     def as_query(self) -> dict[str, str]:
         """The non-default filters, for links that keep them (pagination, polling)."""
         defaults = QueueFilters()
-        return {name: value for name, value in self.__dict__.items() if value and value != getattr(defaults, name)}
+        return {
+            name: value for name, value in self.__dict__.items() if value and value != getattr(defaults, name)
+        }
 
 
 @dataclass
@@ -169,7 +178,9 @@ def _filtered_items(*, user: Any, filters: QueueFilters, now: datetime) -> Query
     return qs
 
 
-def queue_page(*, user: Any, filters: QueueFilters, cursor: str = "", page_size: int | None = None) -> QueuePage:
+def queue_page(
+    *, user: Any, filters: QueueFilters, cursor: str = "", page_size: int | None = None
+) -> QueuePage:
     now = timezone.now()
     size = page_size or settings.SAGA["PAGE_SIZE"]
     keys = _SORT_KEYS.get(filters.sort, _SORT_KEYS["newest"])
@@ -215,14 +226,20 @@ class FailureGroup:
 
 def queue_groups(*, user: Any, filters: QueueFilters) -> list[FailureGroup]:
     """Similar unresolved failures (same tool + normalised error) with how many there are."""
-    base = _filtered_items(user=user, filters=QueueFilters(**{**filters.__dict__, "signature": ""}),
-                           now=timezone.now())
+    base = _filtered_items(
+        user=user, filters=QueueFilters(**{**filters.__dict__, "signature": ""}), now=timezone.now()
+    )
     rows = (
         base.exclude(signature="")
         .order_by()
         .values("signature")
-        .annotate(count=Count("id"), tool=Max("failed_action__tool"), error=Max("error"),
-                  oldest=Min("opened_at"), max_risk_rank=Max(_RISK_RANK))
+        .annotate(
+            count=Count("id"),
+            tool=Max("failed_action__tool"),
+            error=Max("error"),
+            oldest=Min("opened_at"),
+            max_risk_rank=Max(_RISK_RANK),
+        )
         .filter(count__gt=1)
         .order_by("-count", "oldest")[:GROUPS_SHOWN]
     )
@@ -235,8 +252,9 @@ def visible_tenants(*, user: Any) -> list[Tenant]:
 
 def items_for_user(*, user: Any, ids: list[str]) -> list[RecoveryItem]:
     return list(
-        RecoveryItem.objects.filter(pk__in=ids, tenant_id__in=permissions.tenant_ids_for(user))
-        .select_related("run", "tenant", "failed_action")
+        RecoveryItem.objects.filter(
+            pk__in=ids, tenant_id__in=permissions.tenant_ids_for(user)
+        ).select_related("run", "tenant", "failed_action")
     )
 
 
@@ -257,16 +275,20 @@ class RunPage:
 
 
 def run_for_user(*, user: Any, run_id: str) -> Run | None:
-    return Run.objects.select_related("tenant", "failed_action").filter(
-        pk=run_id, tenant_id__in=permissions.tenant_ids_for(user)
-    ).first()
+    return (
+        Run.objects.select_related("tenant", "failed_action")
+        .filter(pk=run_id, tenant_id__in=permissions.tenant_ids_for(user))
+        .first()
+    )
 
 
 def unwind_with_steps(*, unwind_id: str, tenant_ids: list[int]) -> Unwind | None:
     return (
         Unwind.objects.select_related("run", "tenant", "requested_by")
         .prefetch_related(
-            Prefetch("steps", queryset=UnwindStep.objects.select_related("action", "approval").order_by("position"))
+            Prefetch(
+                "steps", queryset=UnwindStep.objects.select_related("action", "approval").order_by("position")
+            )
         )
         .filter(pk=unwind_id, tenant_id__in=tenant_ids)
         .first()
@@ -283,10 +305,14 @@ def run_page(*, run: Run) -> RunPage:
         .order_by(Case(When(status__in=UNRESOLVED, then=Value(0)), default=Value(1)), "-opened_at")
         .first()
     )
-    latest_unwind = Unwind.objects.filter(run=run).order_by("-created_at").values_list("pk", flat=True).first()
+    latest_unwind = (
+        Unwind.objects.filter(run=run).order_by("-created_at").values_list("pk", flat=True).first()
+    )
     unwind = unwind_with_steps(unwind_id=latest_unwind, tenant_ids=[run.tenant_id]) if latest_unwind else None
     approvals = list(
-        Approval.objects.filter(run=run, status=Approval.Status.PENDING).select_related("action").order_by("created_at")
+        Approval.objects.filter(run=run, status=Approval.Status.PENDING)
+        .select_related("action")
+        .order_by("created_at")
     )
     return RunPage(
         run=run,
@@ -398,7 +424,8 @@ def metrics(*, user: Any, window: str, tenant: str = "") -> Metrics:
     ).aggregate(n=Count("id"), mttr=Avg(_seconds_between("opened_at", "resolved_at")))
 
     finished_unwinds = Unwind.objects.filter(
-        tenant_id__in=tenant_ids, finished_at__gte=since,
+        tenant_id__in=tenant_ids,
+        finished_at__gte=since,
         status__in=[Unwind.Status.COMPLETED, Unwind.Status.FAILED],
     )
     unwind_stats = finished_unwinds.aggregate(
@@ -408,7 +435,8 @@ def metrics(*, user: Any, window: str, tenant: str = "") -> Metrics:
         p95=PercentileCont(_seconds_between("created_at", "finished_at"), fraction=0.95),
     )
     approval_stats = Approval.objects.filter(
-        tenant_id__in=tenant_ids, decided_at__gte=since,
+        tenant_id__in=tenant_ids,
+        decided_at__gte=since,
         status__in=[Approval.Status.APPROVED, Approval.Status.REJECTED],
     ).aggregate(
         n=Count("id"),
@@ -417,7 +445,8 @@ def metrics(*, user: Any, window: str, tenant: str = "") -> Metrics:
     )
     failing = (
         Action.objects.filter(
-            tenant_id__in=tenant_ids, updated_at__gte=since,
+            tenant_id__in=tenant_ids,
+            updated_at__gte=since,
             status__in=[Action.Status.FAILED, Action.Status.UNKNOWN, Action.Status.COMPENSATION_FAILED],
         )
         .order_by()
@@ -429,8 +458,11 @@ def metrics(*, user: Any, window: str, tenant: str = "") -> Metrics:
         window=window,
         since=since,
         open_by_risk=[(risk.label, by_risk.get(risk.value, 0)) for risk in Risk],
-        open_by_reason=[(reason.label, by_reason[reason.value]) for reason in RecoveryItem.Reason
-                        if by_reason.get(reason.value)],
+        open_by_reason=[
+            (reason.label, by_reason[reason.value])
+            for reason in RecoveryItem.Reason
+            if by_reason.get(reason.value)
+        ],
         mttr_s=resolved["mttr"],
         resolved=resolved["n"],
         unwinds_completed=unwind_stats["completed"],
@@ -461,7 +493,11 @@ class TenantPolicies:
 def policies_for(*, tenant: Tenant) -> TenantPolicies:
     own = list(Compensator.objects.filter(tenant=tenant).order_by("tool"))
     overridden = {c.tool for c in own}
-    shared = [c for c in Compensator.objects.filter(tenant__isnull=True).order_by("tool") if c.tool not in overridden]
+    shared = [
+        c
+        for c in Compensator.objects.filter(tenant__isnull=True).order_by("tool")
+        if c.tool not in overridden
+    ]
     policy_settings = policy_settings_for(tenant)
     return TenantPolicies(
         tenant=tenant,

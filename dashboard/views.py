@@ -23,8 +23,8 @@ from django_htmx.middleware import HtmxDetails
 
 from dashboard import selectors
 from dashboard.forms import ApproveForm, BulkForm, QueueFilterForm, ReasonForm, ReconcileForm, ResumeForm
-from dashboard.templatetags.dashboard import pretty_json
 from dashboard.permissions import Capability, TenantPermissions, can, require, tenant_ids_for, tenant_ids_with
+from dashboard.templatetags.dashboard import pretty_json
 from ledger import services as ledger_services
 from ledger.audit import Actor
 from ledger.errors import SagaError
@@ -59,8 +59,10 @@ def _refused(request: HtmxHttpRequest, exc: SagaError, url: str) -> HttpResponse
 
 
 def _form_errors(form: Any) -> str:
-    return " ".join(f"{form.fields[name].label if name in form.fields else ''}: {' '.join(errs)}".lstrip(": ")
-                    for name, errs in form.errors.items())
+    return " ".join(
+        f"{form.fields[name].label if name in form.fields else ''}: {' '.join(errs)}".lstrip(": ")
+        for name, errs in form.errors.items()
+    )
 
 
 def _run_url(run_id: str, anchor: str = "") -> str:
@@ -118,7 +120,9 @@ def _get_approval_for_user(request: HttpRequest, approval_id: str, capability: C
 # --- Queue ------------------------------------------------------------------------------------
 
 
-def _queue_filters(request: HttpRequest, tenants: list[Tenant]) -> tuple[QueueFilterForm, selectors.QueueFilters]:
+def _queue_filters(
+    request: HttpRequest, tenants: list[Tenant]
+) -> tuple[QueueFilterForm, selectors.QueueFilters]:
     form = QueueFilterForm(request.GET or None, tenants=tenants)
     if not request.GET:
         return form, selectors.QueueFilters()
@@ -191,7 +195,11 @@ def queue_bulk(request: HtmxHttpRequest) -> HttpResponse:
     for item in items:
         require(request.user, Capability.OPERATE, item.tenant_id)
     operation = form.cleaned_data["operation"]
-    service = recovery_services.items_bulk_close if operation == "close" else recovery_services.items_bulk_compensate
+    service = (
+        recovery_services.items_bulk_close
+        if operation == "close"
+        else recovery_services.items_bulk_compensate
+    )
     try:
         outcomes = service(items=items, actor=_actor(request), reason=form.cleaned_data["reason"])
     except SagaError as exc:
@@ -216,20 +224,22 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     if run is None:
         raise Http404("No such run.")
     page = selectors.run_page(run=run)
-    return render(request, "dashboard/run_detail.html", {
-        "p": page,
-        "run": run,
-        "allowed": TenantPermissions(request.user, run.tenant_id),
-        "item_open": page.item is not None and page.item.status in selectors.UNRESOLVED,
-        "latest_checkpoint_id": page.checkpoints[0].pk if page.checkpoints else None,
-        "reconcile_form": ReconcileForm(),
-        "reason_form": ReasonForm(),
-    })
+    return render(
+        request,
+        "dashboard/run_detail.html",
+        {
+            "p": page,
+            "run": run,
+            "allowed": TenantPermissions(request.user, run.tenant_id),
+            "item_open": page.item is not None and page.item.status in selectors.UNRESOLVED,
+            "latest_checkpoint_id": page.checkpoints[0].pk if page.checkpoints else None,
+            "reconcile_form": ReconcileForm(),
+            "reason_form": ReasonForm(),
+        },
+    )
 
 
-def _preview_or_done(
-    request: HtmxHttpRequest, template: str, context: dict[str, Any]
-) -> HttpResponse:
+def _render_preview(request: HtmxHttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
     partial = f"{template}#preview" if request.htmx and not request.htmx.boosted else template
     return render(request, partial, context, status=422 if context["form"].errors else 200)
 
@@ -241,15 +251,19 @@ def item_compensate(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            unwind = recovery_services.unwind_start(item=item, actor=_actor(request),
-                                                    reason=form.cleaned_data["reason"])
+            unwind = recovery_services.unwind_start(
+                item=item, actor=_actor(request), reason=form.cleaned_data["reason"]
+            )
         except SagaError as exc:
             return _refused(request, exc, _run_url(item.run_id))
-        messages.success(request, f"Compensation started: {unwind.steps.count()} step(s), newest action first.")
+        messages.success(
+            request, f"Compensation started: {unwind.steps.count()} step(s), newest action first."
+        )
         return _done(request, _run_url(item.run_id, "unwind"))
     plan = planner.compensation_plan(run=item.run)
-    return _preview_or_done(request, "dashboard/item_compensate.html", {"item": item, "run": item.run,
-                                                                         "plan": plan, "form": form})
+    return _render_preview(
+        request, "dashboard/item_compensate.html", {"item": item, "run": item.run, "plan": plan, "form": form}
+    )
 
 
 @require_http_methods(["GET", "POST"])
@@ -262,8 +276,9 @@ def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     checkpoint = next((c for c in checkpoints if c.pk == chosen_id), None)
     if request.method == "POST" and form.is_valid():
         try:
-            recovery_services.item_resume(item=item, actor=_actor(request), reason=form.cleaned_data["reason"],
-                                          checkpoint=checkpoint)
+            recovery_services.item_resume(
+                item=item, actor=_actor(request), reason=form.cleaned_data["reason"], checkpoint=checkpoint
+            )
         except SagaError as exc:
             return _refused(request, exc, _run_url(item.run_id))
         messages.success(request, "Resume command issued; the agent picks it up on its next heartbeat.")
@@ -272,9 +287,17 @@ def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
         preview = recovery_services.resume_preview(item=item, checkpoint=checkpoint)
     except SagaError as exc:
         return _refused(request, exc, _run_url(item.run_id))
-    return _preview_or_done(request, "dashboard/item_resume.html", {
-        "item": item, "run": item.run, "preview": preview, "form": form, "checkpoint": checkpoint,
-    })
+    return _render_preview(
+        request,
+        "dashboard/item_resume.html",
+        {
+            "item": item,
+            "run": item.run,
+            "preview": preview,
+            "form": form,
+            "checkpoint": checkpoint,
+        },
+    )
 
 
 @require_http_methods(["GET", "POST"])
@@ -289,7 +312,9 @@ def item_close(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
             return _refused(request, exc, _run_url(item.run_id))
         messages.success(request, "Closed. Nothing was undone; the reason is in the audit log.")
         return _done(request, _run_url(item.run_id))
-    return _preview_or_done(request, "dashboard/item_close.html", {"item": item, "run": item.run, "form": form})
+    return _render_preview(
+        request, "dashboard/item_close.html", {"item": item, "run": item.run, "form": form}
+    )
 
 
 @require_POST
@@ -298,7 +323,9 @@ def item_assign(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     item = _get_item_for_user(request, item_id, Capability.OPERATE)
     unassign = request.POST.get("assignee") == "none"
     try:
-        recovery_services.item_assign(item=item, actor=_actor(request), assignee=None if unassign else request.user)
+        recovery_services.item_assign(
+            item=item, actor=_actor(request), assignee=None if unassign else request.user
+        )
     except SagaError as exc:
         return _refused(request, exc, _run_url(item.run_id))
     messages.success(request, "Unassigned." if unassign else "Assigned to you.")
@@ -311,8 +338,11 @@ def unwind_progress(request: HtmxHttpRequest, unwind_id: str) -> HttpResponse:
     unwind = selectors.unwind_with_steps(unwind_id=unwind_id, tenant_ids=tenant_ids_for(request.user))
     if unwind is None:
         raise Http404("No such unwind.")
-    context = {"unwind": unwind, "allowed": TenantPermissions(request.user, unwind.tenant_id),
-               "reason_form": ReasonForm()}
+    context = {
+        "unwind": unwind,
+        "allowed": TenantPermissions(request.user, unwind.tenant_id),
+        "reason_form": ReasonForm(),
+    }
     response = render(request, "dashboard/run_detail.html#unwind-progress", context)
     if unwind.status not in (Unwind.Status.RUNNING, Unwind.Status.PAUSED):
         response.status_code = HTMX_STOP_POLLING
@@ -331,8 +361,11 @@ def _step_decision(request: HtmxHttpRequest, step_id: str, *, skip: bool) -> Htt
         service(step=step, actor=_actor(request), reason=form.cleaned_data["reason"])
     except SagaError as exc:
         return _refused(request, exc, back)
-    messages.success(request, f"Step #{step.position + 1} ({step.tool or 'no tool'}) "
-                              f"{'skipped: its forward effect stands' if skip else 'queued again'}.")
+    messages.success(
+        request,
+        f"Step #{step.position + 1} ({step.tool or 'no tool'}) "
+        f"{'skipped: its forward effect stands' if skip else 'queued again'}.",
+    )
     return _done(request, back)
 
 
@@ -358,8 +391,12 @@ def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
         messages.error(request, _form_errors(form))
         return _done(request, back)
     try:
-        ledger_services.action_reconcile(action=action, actor=_actor(request),
-                                         happened=form.cleaned_data["happened"], reason=form.cleaned_data["reason"])
+        ledger_services.action_reconcile(
+            action=action,
+            actor=_actor(request),
+            happened=form.cleaned_data["happened"],
+            reason=form.cleaned_data["reason"],
+        )
     except SagaError as exc:
         return _refused(request, exc, back)
     outcome = "happened" if form.cleaned_data["happened"] else "did not happen"
@@ -373,10 +410,14 @@ def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
 def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -> dict[str, Any]:
     return {
         "approval": approval,
-        "approve_form": extra.pop("approve_form", None) or ApproveForm(initial={
-            "args": pretty_json(approval.args) if approval.args is not None else "",
-            "shown_args_hash": approval.args_hash,
-        }, prefix=approval.pk),
+        "approve_form": extra.pop("approve_form", None)
+        or ApproveForm(
+            initial={
+                "args": pretty_json(approval.args) if approval.args is not None else "",
+                "shown_args_hash": approval.args_hash,
+            },
+            prefix=approval.pk,
+        ),
         "reject_form": extra.pop("reject_form", None) or ReasonForm(prefix=f"{approval.pk}-reject"),
         "can_decide": can(request.user, Capability.APPROVE, approval.tenant_id),
         **extra,
@@ -402,12 +443,16 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
         try:
             if approve:
                 recovery_services.approval_approve(
-                    approval=approval, actor=_actor(request), reason=form.cleaned_data["reason"],
-                    args=form.cleaned_data["args"], shown_args_hash=form.cleaned_data["shown_args_hash"],
+                    approval=approval,
+                    actor=_actor(request),
+                    reason=form.cleaned_data["reason"],
+                    args=form.cleaned_data["args"],
+                    shown_args_hash=form.cleaned_data["shown_args_hash"],
                 )
             else:
-                recovery_services.approval_reject(approval=approval, actor=_actor(request),
-                                                  reason=form.cleaned_data["reason"])
+                recovery_services.approval_reject(
+                    approval=approval, actor=_actor(request), reason=form.cleaned_data["reason"]
+                )
         except SagaError as exc:
             error = exc.message
     else:
@@ -416,8 +461,11 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
         if error:
             messages.error(request, f"{approval.tool}: {error}")
         else:
-            messages.success(request, f"{'Approved' if approve else 'Rejected'} {approval.tool} on "
-                                      f"{approval.action.target_id or approval.run_id}.")
+            messages.success(
+                request,
+                f"{'Approved' if approve else 'Rejected'} {approval.tool} on "
+                f"{approval.action.target_id or approval.run_id}.",
+            )
         return HttpResponseRedirect(back, status=303)
     approval.refresh_from_db()
     forms = {"approve_form": form} if approve else {"reject_form": form}
@@ -449,26 +497,40 @@ def metrics(request: HtmxHttpRequest) -> HttpResponse:
     tenants = selectors.visible_tenants(user=request.user)
     tenant = request.GET.get("tenant", "")
     data = selectors.metrics(user=request.user, window=window, tenant=tenant)
-    return render(request, "dashboard/metrics.html", {
-        "m": data,
-        "tenants": tenants,
-        "tenant": tenant,
-        "windows": list(selectors.METRIC_WINDOWS),
-        "risk_chart": charts.bar_chart(data.open_by_risk, css_prefix="risk-", keys=[r.value for r in Risk]),
-        "reason_chart": charts.bar_chart(data.open_by_reason),
-        "tools_chart": charts.bar_chart(data.top_failing_tools),
-        "latency_chart": charts.bar_chart(
-            [("Unwind p50", data.unwind_p50_s or 0), ("Unwind p95", data.unwind_p95_s or 0),
-             ("Approval wait p50", data.approval_p50_s or 0), ("Approval wait p95", data.approval_p95_s or 0)],
-            unit="s",
-        ),
-    })
+    return render(
+        request,
+        "dashboard/metrics.html",
+        {
+            "m": data,
+            "tenants": tenants,
+            "tenant": tenant,
+            "windows": list(selectors.METRIC_WINDOWS),
+            "risk_chart": charts.bar_chart(
+                data.open_by_risk, css_prefix="risk-", keys=[r.value for r in Risk]
+            ),
+            "reason_chart": charts.bar_chart(data.open_by_reason),
+            "tools_chart": charts.bar_chart(data.top_failing_tools),
+            "latency_chart": charts.bar_chart(
+                [
+                    ("Unwind p50", data.unwind_p50_s),
+                    ("Unwind p95", data.unwind_p95_s),
+                    ("Approval wait p50", data.approval_p50_s),
+                    ("Approval wait p95", data.approval_p95_s),
+                ],
+                unit="s",
+            ),
+        },
+    )
 
 
 @require_GET
 @login_required
 def policies(request: HtmxHttpRequest) -> HttpResponse:
     tenants = selectors.visible_tenants(user=request.user)
-    return render(request, "dashboard/policies.html", {
-        "sections": [selectors.policies_for(tenant=tenant) for tenant in tenants],
-    })
+    return render(
+        request,
+        "dashboard/policies.html",
+        {
+            "sections": [selectors.policies_for(tenant=tenant) for tenant in tenants],
+        },
+    )

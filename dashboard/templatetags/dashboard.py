@@ -34,7 +34,9 @@ class DiffRow:
 
     @property
     def label(self) -> str:
-        return {"added": "added", "removed": "removed", "changed": "changed", "same": "unchanged"}[self.change]
+        return {"added": "added", "removed": "removed", "changed": "changed", "same": "unchanged"}[
+            self.change
+        ]
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -75,8 +77,11 @@ def snapshot_diff_rows(before: Any, after: Any) -> list[DiffRow]:
 @register.inclusion_tag("dashboard/_snapshot_diff.html")
 def snapshot_diff(before: Any, after: Any) -> dict[str, Any]:
     rows = snapshot_diff_rows(before, after)
-    return {"rows": rows, "changed": sum(1 for r in rows if r.change != "same"),
-            "empty": before is None and after is None}
+    return {
+        "rows": rows,
+        "changed": sum(1 for r in rows if r.change != "same"),
+        "empty": before is None and after is None,
+    }
 
 
 _RISK_SYMBOLS = {"low": "▁", "medium": "▃", "high": "▆", "critical": "█"}
@@ -87,24 +92,43 @@ def risk_badge(risk: str) -> str:
     label = str(risk or "low")
     return format_html(
         '<span class="badge risk risk-{}"><span class="badge-icon" aria-hidden="true">{}</span>{}</span>',
-        label, _RISK_SYMBOLS.get(label, "•"), label.capitalize(),
+        label,
+        _RISK_SYMBOLS.get(label, "•"),
+        label.capitalize(),
     )
 
 
 _STATUS_TONES = {
-    "succeeded": "ok", "done": "ok", "compensated": "ok", "completed": "ok", "approved": "ok", "resolved": "ok",
+    "succeeded": "ok",
+    "done": "ok",
+    "compensated": "ok",
+    "completed": "ok",
+    "approved": "ok",
+    "resolved": "ok",
     "acked": "ok",
-    "failed": "bad", "compensation_failed": "bad", "drifted": "bad", "rejected": "bad", "expired": "bad",
-    "unknown": "warn", "awaiting_approval": "warn", "paused": "warn", "pending": "warn", "open": "warn",
-    "running": "info", "queued": "info", "compensating": "info", "claimed": "info",
+    "failed": "bad",
+    "compensation_failed": "bad",
+    "drifted": "bad",
+    "rejected": "bad",
+    "expired": "bad",
+    "unknown": "warn",
+    "awaiting_approval": "warn",
+    "paused": "warn",
+    "pending": "warn",
+    "open": "warn",
+    "running": "info",
+    "queued": "info",
+    "compensating": "info",
+    "claimed": "info",
 }
 
 
 @register.simple_tag
 def status_badge(status: str, label: str = "") -> str:
     text = label or str(status).replace("_", " ")
-    return format_html('<span class="badge status status-{}">{}</span>', _STATUS_TONES.get(str(status), "neutral"),
-                       text)
+    return format_html(
+        '<span class="badge status status-{}">{}</span>', _STATUS_TONES.get(str(status), "neutral"), text
+    )
 
 
 def _duration_text(delta: timedelta) -> str:
@@ -138,7 +162,8 @@ def age_badge(since: datetime) -> str:
     if age > timedelta(minutes=settings.SAGA["QUEUE_SLA_MINUTES"]):
         return format_html(
             '<time class="age age-late" datetime="{}">{}<span class="sla-flag"> · past SLA</span></time>',
-            since.isoformat(), text,
+            since.isoformat(),
+            text,
         )
     return format_html('<time class="age" datetime="{}">{}</time>', since.isoformat(), text)
 
@@ -149,8 +174,11 @@ def countdown(until: datetime) -> str:
     remaining = until - timezone.now()
     if remaining.total_seconds() <= 0:
         return format_html('<time class="countdown expired" datetime="{}">expired</time>', until.isoformat())
-    return format_html('<time class="countdown" data-countdown datetime="{}">expires in {}</time>',
-                       until.isoformat(), _duration_text(remaining))
+    return format_html(
+        '<time class="countdown" data-countdown datetime="{}">expires in {}</time>',
+        until.isoformat(),
+        _duration_text(remaining),
+    )
 
 
 @register.filter

@@ -24,8 +24,11 @@ def _post(client, approval, decision, data, **kwargs):
 
 
 def _approve_data(approval, reason="checked the order", args=None):
-    return {f"{approval.pk}-reason": reason, f"{approval.pk}-shown_args_hash": approval.args_hash,
-            f"{approval.pk}-args": json.dumps(approval.args if args is None else args)}
+    return {
+        f"{approval.pk}-reason": reason,
+        f"{approval.pk}-shown_args_hash": approval.args_hash,
+        f"{approval.pk}-args": json.dumps(approval.args if args is None else args),
+    }
 
 
 def test_the_inbox_shows_the_exact_preview(client, approval, bob):
@@ -33,8 +36,18 @@ def test_the_inbox_shows_the_exact_preview(client, approval, bob):
     response = client.get(INBOX)
     body = response.content.decode()
     assert response.status_code == 200
-    for text in ("payments.refund", "order-7", "&quot;amount&quot;: 40", "Customer was double charged.", "91%",
-                 "expires in", "High", "Forward action", "Reason to approve", "Reason to reject"):
+    for text in (
+        "payments.refund",
+        "order-7",
+        "&quot;amount&quot;: 40",
+        "Customer was double charged.",
+        "91%",
+        "expires in",
+        "High",
+        "Forward action",
+        "Reason to approve",
+        "Reason to reject",
+    ):
         assert text in body, text
     assert approval.args_hash in body
 
@@ -113,8 +126,13 @@ def test_the_reason_is_required(client, approval, bob):
 
 def test_an_approver_rejects_over_htmx_and_gets_the_decided_card(client, approval, bob):
     client.force_login(bob)
-    response = _post(client, approval, "reject", {f"{approval.pk}-reject-reason": "not a double charge"},
-                     headers={"HX-Request": "true"})
+    response = _post(
+        client,
+        approval,
+        "reject",
+        {f"{approval.pk}-reject-reason": "not a double charge"},
+        headers={"HX-Request": "true"},
+    )
     body = response.content.decode()
     assert response.status_code == 200 and "<html" not in body
     assert "Rejected" in body and "not a double charge" in body

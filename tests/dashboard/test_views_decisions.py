@@ -32,7 +32,9 @@ def test_previews_are_for_operators_and_admins(client, failed_run, name, alice, 
 
 
 @pytest.mark.parametrize("name", ["item-compensate", "item-resume", "item-close", "item-assign"])
-def test_decisions_are_refused_to_viewers_approvers_and_outsiders(client, failed_run, name, bob, carol, mallory):
+def test_decisions_are_refused_to_viewers_approvers_and_outsiders(
+    client, failed_run, name, bob, carol, mallory
+):
     run, item = failed_run
     url = reverse(f"dashboard:{name}", args=[item.pk])
     for user, status in ((bob, 403), (carol, 403), (mallory, 404)):
@@ -55,7 +57,9 @@ def test_the_compensate_preview_shows_the_plan_newest_first(client, failed_run, 
 def test_the_htmx_preview_is_a_partial(client, failed_run, alice):
     _run, item = failed_run
     client.force_login(alice)
-    response = client.get(reverse("dashboard:item-compensate", args=[item.pk]), headers={"HX-Request": "true"})
+    response = client.get(
+        reverse("dashboard:item-compensate", args=[item.pk]), headers={"HX-Request": "true"}
+    )
     body = response.content.decode()
     assert response.status_code == 200 and "<html" not in body and "Confirm compensation" in body
 
@@ -72,12 +76,17 @@ def test_compensate_needs_a_reason(client, failed_run, alice):
 def test_an_operator_compensates_and_is_sent_to_the_live_progress(client, failed_run, alice):
     run, item = failed_run
     client.force_login(alice)
-    response = client.post(reverse("dashboard:item-compensate", args=[item.pk]), {"reason": "HR cancelled the hire"})
+    response = client.post(
+        reverse("dashboard:item-compensate", args=[item.pk]), {"reason": "HR cancelled the hire"}
+    )
     assert response.status_code == 303
     assert response["Location"] == reverse("dashboard:run-detail", args=[run.pk]) + "#unwind"
     unwind = Unwind.objects.get(run=run)
     assert unwind.reason == "HR cancelled the hire" and unwind.requested_by == alice
-    assert [s.tool for s in unwind.steps.order_by("position")] == ["workspace.cancel_license", "hr.delete_user"]
+    assert [s.tool for s in unwind.steps.order_by("position")] == [
+        "workspace.cancel_license",
+        "hr.delete_user",
+    ]
     page = client.get(response["Location"]).content.decode()
     assert 'id="unwind"' in page and reverse("dashboard:unwind-progress", args=[unwind.pk]) in page
     assert "Compensation started" in page
@@ -96,9 +105,14 @@ def test_a_second_compensate_is_a_clear_message_not_a_500(client, failed_run, al
 def test_the_htmx_decision_redirects_on_the_client(client, failed_run, alice):
     run, item = failed_run
     client.force_login(alice)
-    response = client.post(reverse("dashboard:item-close", args=[item.pk]), {"reason": "duplicate"},
-                           headers={"HX-Request": "true"})
-    assert response.status_code == 200 and response["HX-Redirect"] == reverse("dashboard:run-detail", args=[run.pk])
+    response = client.post(
+        reverse("dashboard:item-close", args=[item.pk]),
+        {"reason": "duplicate"},
+        headers={"HX-Request": "true"},
+    )
+    assert response.status_code == 200 and response["HX-Redirect"] == reverse(
+        "dashboard:run-detail", args=[run.pk]
+    )
 
 
 def test_an_operator_closes_with_a_reason(client, failed_run, alice):
@@ -124,8 +138,10 @@ def test_an_operator_resumes_from_a_chosen_checkpoint(client, failed_run, alice)
     run, item = failed_run
     checkpoint = run.checkpoints.get()
     client.force_login(alice)
-    response = client.post(reverse("dashboard:item-resume", args=[item.pk]),
-                           {"reason": "gateway is back", "checkpoint": checkpoint.pk})
+    response = client.post(
+        reverse("dashboard:item-resume", args=[item.pk]),
+        {"reason": "gateway is back", "checkpoint": checkpoint.pk},
+    )
     assert response.status_code == 303
     command = AgentCommand.objects.get(run=run)
     assert command.kind == "resume" and command.checkpoint == checkpoint
@@ -161,7 +177,9 @@ def test_an_operator_skips_a_failed_step(client, failed_run, alice):
     page = client.get(reverse("dashboard:run-detail", args=[run.pk])).content.decode()
     assert reverse("dashboard:step-retry", args=[step.pk]) in page
     assert "No compensator is registered" in page
-    response = client.post(reverse("dashboard:step-skip", args=[step.pk]), {"reason": "licence expires anyway"})
+    response = client.post(
+        reverse("dashboard:step-skip", args=[step.pk]), {"reason": "licence expires anyway"}
+    )
     assert response.status_code == 303
     step.refresh_from_db()
     assert step.status == UnwindStep.Status.SKIPPED
@@ -183,7 +201,10 @@ def test_step_decisions_are_refused_by_role_and_tenant(client, failed_run, alice
     for name in ("step-retry", "step-skip"):
         for user, status in ((carol, 403), (bob, 403), (mallory, 404)):
             client.force_login(user)
-            assert client.post(reverse(f"dashboard:{name}", args=[step.pk]), {"reason": "x"}).status_code == status
+            assert (
+                client.post(reverse(f"dashboard:{name}", args=[step.pk]), {"reason": "x"}).status_code
+                == status
+            )
     step.refresh_from_db()
     assert step.status == UnwindStep.Status.FAILED
 
@@ -216,8 +237,15 @@ def test_an_operator_reconciles_an_unknown_outcome(client, tenant, agent, alice,
     from ledger import services as ledger
 
     run = ledger.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the owner")
-    action = _do(run, agent, "crm.update_contact", target_id="c-1", args={"owner": "x"}, before={"owner": "y"},
-                 unknown=True)
+    action = _do(
+        run,
+        agent,
+        "crm.update_contact",
+        target_id="c-1",
+        args={"owner": "x"},
+        before={"owner": "y"},
+        unknown=True,
+    )
     url = reverse("dashboard:action-reconcile", args=[action.pk])
     for user, status in ((carol, 403), (mallory, 404)):
         client.force_login(user)
@@ -235,9 +263,13 @@ def test_bulk_close_handles_low_risk_items_and_reports_the_rest(client, tenant, 
     RecoveryItem.objects.filter(pk=item_a.pk).update(risk="low")
     client.force_login(carol)
     url = reverse("dashboard:queue-bulk")
-    assert client.post(url, {"operation": "close", "reason": "dupes", "items": [item_a.pk]}).status_code == 403
+    assert (
+        client.post(url, {"operation": "close", "reason": "dupes", "items": [item_a.pk]}).status_code == 403
+    )
     client.force_login(alice)
-    response = client.post(url, {"operation": "close", "reason": "duplicates", "items": [item_a.pk, item_b.pk]})
+    response = client.post(
+        url, {"operation": "close", "reason": "duplicates", "items": [item_a.pk, item_b.pk]}
+    )
     assert response.status_code == 303
     item_a.refresh_from_db()
     item_b.refresh_from_db()
@@ -251,8 +283,10 @@ def test_bulk_is_capped(client, tenant, agent, alice, settings):
     items = [onboarding_run(tenant, agent, name=f"N{i}", email=f"n{i}@company.com")[1] for i in range(2)]
     RecoveryItem.objects.filter(pk__in=[i.pk for i in items]).update(risk="low")
     client.force_login(alice)
-    response = client.post(reverse("dashboard:queue-bulk"),
-                           {"operation": "compensate", "reason": "x", "items": [i.pk for i in items]})
+    response = client.post(
+        reverse("dashboard:queue-bulk"),
+        {"operation": "compensate", "reason": "x", "items": [i.pk for i in items]},
+    )
     assert any("At most 1" in m for m in _messages(response))
     assert not Unwind.objects.exists()
 
@@ -260,5 +294,7 @@ def test_bulk_is_capped(client, tenant, agent, alice, settings):
 def test_bulk_on_another_tenants_item_is_404(client, failed_run, mallory):
     _run, item = failed_run
     client.force_login(mallory)
-    response = client.post(reverse("dashboard:queue-bulk"), {"operation": "close", "reason": "x", "items": [item.pk]})
+    response = client.post(
+        reverse("dashboard:queue-bulk"), {"operation": "close", "reason": "x", "items": [item.pk]}
+    )
     assert response.status_code == 404

@@ -48,8 +48,13 @@ def test_percentiles_come_from_postgres(tenant, agent, alice, bob):
 
 def test_policies_page_lists_policies_and_compensators_with_their_source(client, tenant, agent, carol):
     onboarding_run(tenant, agent)  # loads the test policies
-    Compensator.objects.create(tool="hr.delete_user", kind="webhook", url="https://hr.example.com/undo",
-                               secret_env="HR_SECRET", source="policies/acme.json")
+    Compensator.objects.create(
+        tool="hr.delete_user",
+        kind="webhook",
+        url="https://hr.example.com/undo",
+        secret_env="HR_SECRET",
+        source="policies/acme.json",
+    )
     client.force_login(carol)
     body = client.get(reverse("dashboard:policies")).content.decode()
     assert "hr.create_user" in body and "crm.update_*" in body and "tests" in body
@@ -138,3 +143,11 @@ def test_the_run_page_and_login_carry_the_csp_too(client, failed_run, alice):
     assert "unsafe-inline" not in response["Content-Security-Policy"]
     body = response.content.decode()
     assert "style=" not in body and "<script>" not in body
+
+
+def test_a_percentile_without_data_is_drawn_as_no_data_not_zero():
+    from dashboard.charts import bar_chart
+
+    chart = bar_chart([("p50", None), ("p95", 4.0)], unit="s")
+    assert [b.display for b in chart.bars] == ["no data", "4.0s"]
+    assert chart.bars[0].width == 0 and chart.bars[1].width == 300

@@ -43,7 +43,7 @@ def test_it_filters_and_searches(client, tenant, agent, alice):
     run_a, _ = onboarding_run(tenant, agent, name="Ashu Kumar", email="ashu@company.com")
     run_b, _ = onboarding_run(tenant, agent, name="Bea Lind", email="bea@company.com")
     client.force_login(alice)
-    for term in (run_a.pk, "ashu@company.com", "Ashu", f"hire-ashu@company.com"):
+    for term in (run_a.pk, "ashu@company.com", "Ashu", "hire-ashu@company.com"):
         body = client.get(QUEUE, {"q": term}).content.decode()
         assert "Ashu Kumar" in body and "Bea Lind" not in body, term
     body = client.get(QUEUE, {"q": "send_welcome"}).content.decode()
@@ -138,7 +138,9 @@ def test_the_bulk_checkbox_is_offered_only_to_operators_for_low_risk_items(clien
     assert f'value="{item.pk}"' not in body and "Bulk decision" not in body
 
 
-def test_the_queue_query_count_does_not_grow_with_rows(client, tenant, agent, alice, django_assert_max_num_queries):
+def test_the_queue_query_count_does_not_grow_with_rows(
+    client, tenant, agent, alice, django_assert_max_num_queries
+):
     onboarding_run(tenant, agent, name="Only", email="only@company.com")
     client.force_login(alice)
     client.get(QUEUE)  # warm the session and content types

@@ -22,10 +22,22 @@ def test_it_shows_the_ledger_the_checkpoint_and_the_audit_log(client, failed_run
     response = client.get(_url(run))
     assert response.status_code == 200
     body = response.content.decode()
-    for text in ("hr.create_user", "workspace.provision_license", "email.send_welcome", "429 rate limited",
-                 "The HR ticket asks for an account first.", "87%", "account-created", "Latest",
-                 "Resume at licence provisioning.", 'id="audit"', "run.failed", "onboarding-agent",
-                 "https://traces.example.com/t/123", "hire-ashu@company.com"):
+    for text in (
+        "hr.create_user",
+        "workspace.provision_license",
+        "email.send_welcome",
+        "429 rate limited",
+        "The HR ticket asks for an account first.",
+        "87%",
+        "account-created",
+        "Latest",
+        "Resume at licence provisioning.",
+        'id="audit"',
+        "run.failed",
+        "onboarding-agent",
+        "https://traces.example.com/t/123",
+        "hire-ashu@company.com",
+    ):
         assert text in body, text
     # The snapshot diff names each field and says how it changed, not only with colour.
     assert "license" in body and "business-standard" in body and "changed" in body
@@ -58,8 +70,15 @@ def test_it_warns_about_unknown_outcomes_and_offers_reconcile(client, tenant, ag
 
     load_policies()
     run = ledger.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the contact owner")
-    action = _do(run, agent, "crm.update_contact", target_id="c-1", args={"owner": "x"}, before={"owner": "y"},
-                 unknown=True)
+    action = _do(
+        run,
+        agent,
+        "crm.update_contact",
+        target_id="c-1",
+        args={"owner": "x"},
+        before={"owner": "y"},
+        unknown=True,
+    )
     client.force_login(alice)
     body = client.get(_url(run)).content.decode()
     assert "Outcome unknown" in body and "reconcile" in body.lower()
@@ -74,7 +93,9 @@ def test_it_shows_the_correction_trail_with_a_copy_button(client, failed_run, ca
     assert "Not undone" in body or "not be undone" in body
 
 
-def test_the_run_page_query_count_does_not_grow_with_rows(client, tenant, agent, alice, django_assert_max_num_queries):
+def test_the_run_page_query_count_does_not_grow_with_rows(
+    client, tenant, agent, alice, django_assert_max_num_queries
+):
     small, _ = onboarding_run(tenant, agent, name="Small", email="small@company.com")
     big, _ = onboarding_run(tenant, agent, name="Big", email="big@company.com", extra_actions=8)
     client.force_login(alice)
@@ -86,8 +107,9 @@ def test_the_run_page_query_count_does_not_grow_with_rows(client, tenant, agent,
     assert len(response.context["p"].actions) == 11
 
 
-def test_the_run_page_with_an_unwind_keeps_a_flat_query_count(client, tenant, agent, alice,
-                                                              django_assert_max_num_queries):
+def test_the_run_page_with_an_unwind_keeps_a_flat_query_count(
+    client, tenant, agent, alice, django_assert_max_num_queries
+):
     from ledger.audit import Actor
 
     small, small_item = onboarding_run(tenant, agent, name="Small", email="small@company.com")

@@ -59,8 +59,14 @@ def compensator_server() -> Iterator[CompensatorServer]:
             body = json.loads(raw)
             # Slow enough that a person (and the test) can watch the steps move.
             time.sleep(0.4)
-            server_state.calls.append(WebhookCall(tool=body["tool"], idempotency_key=self.headers["Idempotency-Key"],
-                                                  at=time.monotonic(), body=body))
+            server_state.calls.append(
+                WebhookCall(
+                    tool=body["tool"],
+                    idempotency_key=self.headers["Idempotency-Key"],
+                    at=time.monotonic(),
+                    body=body,
+                )
+            )
             payload = json.dumps({"state": {"undone": body["tool"]}}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -89,14 +95,23 @@ def rq_worker(transactional_db) -> Iterator[subprocess.Popen]:
     connection.flushdb()  # only this suite's Redis database: stale jobs from an earlier run
     db = settings.DATABASES["default"]
     database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": settings.REDIS_URL,
-           "DJANGO_SETTINGS_MODULE": "saga_admin.settings", "DB_CONN_MAX_AGE": "0"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": settings.REDIS_URL,
+        "DJANGO_SETTINGS_MODULE": "saga_admin.settings",
+        "DB_CONN_MAX_AGE": "0",
+    }
     log_path = ROOT / "artifacts" / "e2e-worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("w")
     process = subprocess.Popen(
         [sys.executable, "manage.py", "saga_worker", "--no-periodic", "--name", f"e2e-{os.getpid()}"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     yield process
     process.terminate()
@@ -115,8 +130,13 @@ def browser():
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(
             executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--no-first-run"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--no-first-run",
+            ],
             headless=True,
         )
         yield chromium

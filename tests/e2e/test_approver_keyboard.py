@@ -49,7 +49,9 @@ def test_an_approver_approves_a_gated_action_with_the_keyboard(page, live_server
 
     first.refresh_from_db()
     first_action.refresh_from_db()
-    assert first.status == Approval.Status.APPROVED and first.reason == "Double charge confirmed in the ledger"
+    assert (
+        first.status == Approval.Status.APPROVED and first.reason == "Double charge confirmed in the ledger"
+    )
     assert first_action.status == Action.Status.APPROVED
     second.refresh_from_db()
     assert second.status == Approval.Status.PENDING

@@ -12,7 +12,6 @@ from playwright.sync_api import expect
 
 from ledger import services as ledger
 from ledger.models import Compensator
-from recovery import services as recovery
 from recovery.models import RecoveryItem, Unwind, UnwindStep
 from tests.dashboard.factories import _do, gated_run, load_policies, onboarding_run
 from tests.e2e.conftest import WEBHOOK_SECRET, login, screenshot
@@ -23,20 +22,41 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _other_work(tenant, agent):
     """A realistic queue around the onboarding run: other reasons, risks and ages."""
     load_policies()
-    crm = ledger.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Move Globex deal to stage 3",
-                            external_id="deal-88")
-    _do(crm, agent, "crm.update_deal", target_id="deal-88", args={"stage": 3}, before={"stage": 2}, unknown=True)
+    crm = ledger.run_create(
+        tenant=tenant,
+        actor=agent,
+        agent="crm-agent",
+        request="Move Globex deal to stage 3",
+        external_id="deal-88",
+    )
+    _do(
+        crm,
+        agent,
+        "crm.update_deal",
+        target_id="deal-88",
+        args={"stage": 3},
+        before={"stage": 2},
+        unknown=True,
+    )
     for name in ("Lee Wong", "Priya Rao"):
         onboarding_run(tenant, agent, name=name, email=f"{name.split()[0].lower()}@company.com")
-    RecoveryItem.objects.filter(run__request__contains="Lee").update(opened_at=timezone.now() - timedelta(hours=3))
+    RecoveryItem.objects.filter(run__request__contains="Lee").update(
+        opened_at=timezone.now() - timedelta(hours=3)
+    )
     gated_run(tenant, agent, amount=120)
 
 
-def test_an_operator_compensates_the_failed_onboarding_run(page, live_server, rq_worker, compensator_server,
-                                                           tenant, agent, alice):
+def test_an_operator_compensates_the_failed_onboarding_run(
+    page, live_server, rq_worker, compensator_server, tenant, agent, alice
+):
     for tool in ("workspace.cancel_license", "hr.delete_user"):
-        Compensator.objects.create(tool=tool, kind="webhook", url=f"{compensator_server.url}/{tool}",
-                                   secret=WEBHOOK_SECRET, source="tests/e2e")
+        Compensator.objects.create(
+            tool=tool,
+            kind="webhook",
+            url=f"{compensator_server.url}/{tool}",
+            secret=WEBHOOK_SECRET,
+            source="tests/e2e",
+        )
     _other_work(tenant, agent)
     run, item = onboarding_run(tenant, agent)
 
@@ -87,4 +107,7 @@ def test_an_operator_compensates_the_failed_onboarding_run(page, live_server, rq
     assert [c.idempotency_key for c in compensator_server.calls] == [s.idempotency_key for s in done]
     item.refresh_from_db()
     assert item.resolution == RecoveryItem.Resolution.COMPENSATED
+    page.get_by_role("link", name="Metrics").click()
+    expect(page.get_by_text("100%")).to_be_visible()
+    screenshot(page, "metrics")
     assert page.csp_violations == []
