@@ -93,8 +93,8 @@ def run_trail(*, run: Run) -> dict[str, Any]:
     ]
     # The latest unwind step per action tells how (and whether) it was put back.
     latest_step: dict[str, UnwindStep] = {}
-    for step in UnwindStep.objects.filter(unwind__run=run).order_by("created_at", "id"):
-        latest_step[step.action_id] = step
+    for unwind_step in UnwindStep.objects.filter(unwind__run=run).order_by("created_at", "id"):
+        latest_step[unwind_step.action_id] = unwind_step
 
     changed = [_entry(a, at=a.completed_at) for a in actions]
     restored: list[dict[str, Any]] = []

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
@@ -27,7 +26,7 @@ from django.utils import timezone
 from ledger import errors
 from ledger.hashing import sha256_hex
 from ledger.models import IdempotencyRecord, Tenant
-from saga_admin.limits import parsed_body
+from saga_admin.limits import parsed_body, saga_setting
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -123,7 +122,7 @@ def prune_idempotency_records(*, now: datetime | None = None, batch_size: int = 
     """Delete records older than the TTL (never less than 24 h). A periodic job; safe to run
     concurrently and repeatedly. Deletes in batches so a large backlog does not hold one huge
     transaction."""
-    ttl_h = max(int(settings.SAGA["IDEMPOTENCY_KEY_TTL_H"]), MIN_TTL_H)
+    ttl_h = max(int(saga_setting("IDEMPOTENCY_KEY_TTL_H")), MIN_TTL_H)
     cutoff = (now or timezone.now()) - timedelta(hours=ttl_h)
     deleted = 0
     while True:

@@ -41,6 +41,11 @@ class BodyRejected(Exception):
         self.status, self.code, self.message, self.details = status, code, message, details or {}
 
 
+def saga_setting(name: str) -> Any:
+    """One of the SAGA knobs (a mixed-type dict in settings), read per call so overrides apply."""
+    return settings.SAGA[name]
+
+
 def error_json(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> JsonResponse:
     return JsonResponse(
         {"error": {"code": code, "message": message, "details": details or {}}}, status=status
@@ -136,7 +141,7 @@ class ApiBodyLimitsMiddleware:
         return self.get_response(request)
 
     def _check(self, request: HttpRequest) -> None:
-        limit = settings.SAGA["MAX_BODY_BYTES"]
+        limit = int(saga_setting("MAX_BODY_BYTES"))
         too_big = BodyRejected(
             413, "payload_too_large", f"The request body is larger than {limit} bytes.", {"max_bytes": limit}
         )
@@ -162,7 +167,7 @@ class ApiBodyLimitsMiddleware:
                 "Request bodies must be JSON (Content-Type: application/json).",
                 {"content_type": (request.content_type or "")[:100]},
             )
-        setattr(request, _PARSED_ATTR, parse_json_body(body, max_depth=settings.SAGA["MAX_JSON_DEPTH"]))
+        setattr(request, _PARSED_ATTR, parse_json_body(body, max_depth=int(saga_setting("MAX_JSON_DEPTH"))))
 
 
 def parsed_body(request: HttpRequest) -> Any:
@@ -177,7 +182,7 @@ class CheckedJSONParser(Parser):
     def parse_body(self, request: HttpRequest) -> Any:
         if hasattr(request, _PARSED_ATTR):
             return getattr(request, _PARSED_ATTR)
-        return parse_json_body(request.body, max_depth=settings.SAGA["MAX_JSON_DEPTH"])
+        return parse_json_body(request.body, max_depth=int(saga_setting("MAX_JSON_DEPTH")))
 
 
 # --- Throttling ---------------------------------------------------------------------------------
@@ -210,7 +215,7 @@ class KeyRateThrottle(BaseThrottle):
         key = getattr(request, "auth", None)
         if key is None:
             return True
-        limit, period = parse_rate(settings.SAGA["THROTTLE_RATE"])
+        limit, period = parse_rate(str(saga_setting("THROTTLE_RATE")))
         now = time.time()
         window = int(now // period)
         self._local.retry_after = (window + 1) * period - now
