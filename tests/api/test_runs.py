@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ledger import services
@@ -199,3 +201,30 @@ def test_policies_lists_what_applies_to_the_tenant(api, tenant, other_tenant, on
     assert not any(p["tool"] == "globex.secret_tool" for p in body["policies"])
     assert body["default_policy"]["approval"] == "manual" and body["default_policy"]["risk"] == "high"
     assert body["unwind"]["on_compensation_failure"] == "alert_and_continue"
+
+
+def test_commands_are_pushed_to_the_resume_url_signed_for_the_receiver(api, alice, settings, monkeypatch):
+    import httpx
+
+    from recovery import notifications
+    from saga_admin.client import verify_signature
+
+    settings.SAGA = {**settings.SAGA, "RESUME_WEBHOOK_SECRET": "agent-secret"}
+    run = new_run(api, resume_url="https://agent.internal/saga/commands")
+    command = recovery.command_issue(
+        run=Run.objects.get(pk=run["id"]), kind="resume", actor=Actor.for_user(alice), reason="gateway fixed"
+    )
+    received = []
+
+    def fake_post(url, *, content, headers, timeout):
+        received.append((url, content, headers))
+        return httpx.Response(200, request=httpx.Request("POST", url))
+
+    monkeypatch.setattr(notifications.httpx, "post", fake_post)
+    assert notifications.deliver_command(command_id=command.pk)
+
+    [(url, content, headers)] = received
+    assert url == "https://agent.internal/saga/commands"
+    assert verify_signature("agent-secret", headers, content)
+    assert headers["Idempotency-Key"] == command.pk
+    assert json.loads(content)["kind"] == "resume"
