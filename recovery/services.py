@@ -7,13 +7,16 @@ event in the same transaction, and defers side effects (jobs, notifications) to 
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+import structlog
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -26,6 +29,57 @@ from ledger.policies import policy_settings_for
 from ledger.services import RecordedAction
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import Plan, compensation_plan
+
+log = structlog.get_logger("saga_admin.decisions")
+
+Decision = TypeVar("Decision", bound=Callable[..., Any])
+
+
+def _audits_refusals(decision: str) -> Callable[[Decision], Decision]:
+    """A refused operator decision (the loser of a race, a stale tab, four eyes, a missing reason)
+    rolls its own transaction back, audit event included, so the log would only show winners.
+    Record the refusal afterwards in a transaction of its own: the audit log then has every
+    attempt, and the one error still reaches the caller unchanged (API 4xx, dashboard message).
+
+    Written here rather than in the API and the views so both, and any future caller, get it. Inside
+    a caller's transaction (a bulk action's per-item savepoint) the event shares that transaction's
+    fate; bulk refusals are reported per item in its outcome list."""
+
+    def decorate(fn: Decision) -> Decision:
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            try:
+                return fn(**kwargs)
+            except errors.SagaError as exc:
+                _record_refusal(decision=decision, exc=exc, **kwargs)
+                raise
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _record_refusal(
+    *, decision: str, exc: errors.SagaError, actor: Actor, reason: str = "", **kwargs: Any
+) -> None:
+    subject = kwargs.get("item") or kwargs.get("approval") or kwargs.get("step")
+    if subject is None:
+        return
+    run_id = getattr(subject, "run_id", None) or subject.unwind.run_id
+    current = str(exc.details.get("current", "")) if isinstance(exc.details, dict) else ""
+    log.info("decision.refused", decision=decision, code=exc.code, run_id=run_id, subject=subject.pk,
+             current=current, actor=actor.label)
+    try:
+        with transaction.atomic():
+            run = Run.objects.select_related("tenant").get(pk=run_id)
+            audit_record(tenant=run.tenant, run=run, actor=actor, kind="decision.refused", subject=subject,
+                         from_state=current, to_state=decision, reason=exc.message,
+                         data={"decision": decision, "code": exc.code, "status": exc.status,
+                               "reason_given": reason})
+    except DatabaseError:
+        # The refusal itself must still reach the operator; the log line above keeps the trace.
+        log.warning("decision.refusal_not_audited", decision=decision, run_id=run_id, exc_info=True)
+
 
 # --- Recovery items ------------------------------------------------------------------------
 
@@ -121,7 +175,10 @@ def item_open_or_update(
                          to_state=item.status, reason=error, data={"reason": reason, "risk": risk})
             _on_item_opened(item)
             return item
-    existing.reason = reason
+    # A generic "failed" report (the agent giving up) must not hide the specific reason the run
+    # is already queued for (an unknown outcome, a verification mismatch, a lost agent).
+    if not (reason == RecoveryItem.Reason.FAILED and existing.reason != RecoveryItem.Reason.MANUAL):
+        existing.reason = reason
     existing.failed_action = failed_action or existing.failed_action
     existing.risk = max_risk(existing.risk, risk)
     existing.suggested_resolution = suggestion
@@ -252,6 +309,7 @@ def _decide(approval: Approval, *, to: str, actor: Actor, reason: str, updates: 
     return current
 
 
+@_audits_refusals("approve")
 @transaction.atomic
 def approval_approve(
     *, approval: Approval, actor: Actor, reason: str, args: Any = None, shown_args_hash: str | None = None
@@ -287,6 +345,7 @@ def approval_approve(
     return decided
 
 
+@_audits_refusals("reject")
 @transaction.atomic
 def approval_reject(*, approval: Approval, actor: Actor, reason: str) -> Approval:
     decided = _decide(approval, to=Approval.Status.REJECTED, actor=actor, reason=reason, updates={})
@@ -435,6 +494,7 @@ def _item_resolve(*, item: RecoveryItem, actor: Actor, resolution: str, note: st
     return item
 
 
+@_audits_refusals("compensate")
 @transaction.atomic
 def unwind_start(*, item: RecoveryItem, actor: Actor, reason: str, automatic: bool = False) -> Unwind:
     """Compensate the item's run: claim the item, move the run to compensating, freeze the plan
@@ -586,6 +646,7 @@ def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) 
                          warnings=warnings)
 
 
+@_audits_refusals("resume")
 @transaction.atomic
 def item_resume(*, item: RecoveryItem, actor: Actor, reason: str,
                 checkpoint: Checkpoint | None = None) -> AgentCommand:
@@ -608,6 +669,7 @@ def item_resume(*, item: RecoveryItem, actor: Actor, reason: str,
                          checkpoint=preview.checkpoint)
 
 
+@_audits_refusals("close")
 @transaction.atomic
 def item_close(*, item: RecoveryItem, actor: Actor, reason: str) -> RecoveryItem:
     """Resolve the item as closed (a reason is required); a failed or cancelled run is closed too."""
@@ -635,12 +697,14 @@ def item_assign(*, item: RecoveryItem, actor: Actor, assignee: Any) -> RecoveryI
     return item
 
 
+@_audits_refusals("retry_step")
 def step_retry(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
     from recovery import unwinds
 
     return unwinds.step_retry(step=step, actor=actor, reason=reason)
 
 
+@_audits_refusals("skip_step")
 def step_skip(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
     from recovery import unwinds
 
