@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from django import forms
@@ -31,9 +32,11 @@ class ReasonForm(forms.Form):
 class ResumeForm(ReasonForm):
     checkpoint = forms.ChoiceField(label="Resume from checkpoint", required=False)
 
-    def __init__(self, *args: Any, checkpoints: list[Any] = (), **kwargs: Any) -> None:  # type: ignore[assignment]
+    def __init__(self, *args: Any, checkpoints: Sequence[Any] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["checkpoint"].choices = [("", "Latest checkpoint")] + [
+        field = self.fields["checkpoint"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [("", "Latest checkpoint")] + [
             (c.pk, f"{c.name} ({c.created_at:%Y-%m-%d %H:%M:%S})") for c in checkpoints
         ]
 
@@ -105,9 +108,11 @@ class QueueFilterForm(forms.Form):
     )
     signature = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
-    def __init__(self, *args: Any, tenants: list[Any] = (), **kwargs: Any) -> None:  # type: ignore[assignment]
+    def __init__(self, *args: Any, tenants: Sequence[Any] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["tenant"].choices = [("", "All tenants")] + [(t.slug, t.name) for t in tenants]
+        field = self.fields["tenant"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [("", "All tenants")] + [(t.slug, t.name) for t in tenants]
 
     def filters(self) -> QueueFilters:
         """Valid filters; an invalid value falls back to its default rather than failing the page."""

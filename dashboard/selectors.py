@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db.models import (
     Aggregate,
     Avg,
@@ -44,6 +43,7 @@ from ledger.models import Action, Checkpoint, Compensator, Event, Risk, Run, Ten
 from ledger.policies import policies_in_force, policy_settings_for
 from ledger.selectors import run_warnings
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from saga_admin.limits import saga_setting
 
 APPROVAL_BADGE_CAP = 99
 NEW_ITEMS_CAP = 100
@@ -182,7 +182,7 @@ def queue_page(
     *, user: Any, filters: QueueFilters, cursor: str = "", page_size: int | None = None
 ) -> QueuePage:
     now = timezone.now()
-    size = page_size or settings.SAGA["PAGE_SIZE"]
+    size = page_size or int(saga_setting("PAGE_SIZE"))
     keys = _SORT_KEYS.get(filters.sort, _SORT_KEYS["newest"])
     qs = (
         _filtered_items(user=user, filters=filters, now=now)
@@ -198,7 +198,7 @@ def queue_page(
     values = _decode_cursor(cursor, keys) if cursor else None
     if values is not None:
         qs = qs.filter(_after_cursor(keys, values))
-    rows = list(qs[: size + 1])
+    rows: list[RecoveryItem] = list(qs[: size + 1])
     next_cursor = ""
     if len(rows) > size:
         rows = rows[:size]

@@ -7,11 +7,11 @@ object is a 404) and every decision checks the user's role in the object's tenan
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -32,6 +32,9 @@ from ledger.models import Action, Checkpoint, Risk, Tenant
 from recovery import planner
 from recovery import services as recovery_services
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from saga_admin.limits import saga_setting
+
+M = TypeVar("M", bound=Model)
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -42,6 +45,8 @@ class HtmxHttpRequest(HttpRequest):
 
 
 def _actor(request: HttpRequest) -> Actor:
+    # Every view that decides is behind login_required: the user is a real one.
+    assert request.user.is_authenticated
     return Actor.for_user(request.user)
 
 
@@ -59,60 +64,51 @@ def _refused(request: HtmxHttpRequest, exc: SagaError, url: str) -> HttpResponse
 
 
 def _form_errors(form: Any) -> str:
-    return " ".join(
-        f"{form.fields[name].label if name in form.fields else ''}: {' '.join(errs)}".lstrip(": ")
-        for name, errs in form.errors.items()
-    )
+    # Every message names its field already ("A reason is required.", "Not valid JSON: …").
+    return " ".join(str(error) for errors in form.errors.values() for error in errors)
 
 
 def _run_url(run_id: str, anchor: str = "") -> str:
     return reverse("dashboard:run-detail", args=[run_id]) + (f"#{anchor}" if anchor else "")
 
 
+def _visible(queryset: QuerySet[M], pk: str, request: HttpRequest, *, tenant_field: str = "tenant_id") -> M:
+    """The object if it is in one of the user's tenants; otherwise 404, so it does not leak."""
+    obj = queryset.filter(pk=pk, **{f"{tenant_field}__in": tenant_ids_for(request.user)}).first()
+    if obj is None:
+        raise Http404(f"No such {queryset.model._meta.verbose_name}.")
+    return obj
+
+
 def _get_item_for_user(request: HttpRequest, item_id: str, capability: Capability) -> RecoveryItem:
-    item = (
-        RecoveryItem.objects.select_related("run", "run__tenant", "tenant", "failed_action")
-        .filter(pk=item_id, tenant_id__in=tenant_ids_for(request.user))
-        .first()
+    item = _visible(
+        RecoveryItem.objects.select_related("run__tenant", "tenant", "failed_action"), item_id, request
     )
-    if item is None:
-        raise Http404("No such recovery item.")
     require(request.user, capability, item.tenant_id)
     return item
 
 
 def _get_step_for_user(request: HttpRequest, step_id: str, capability: Capability) -> UnwindStep:
-    step = (
-        UnwindStep.objects.select_related("unwind", "unwind__run", "unwind__run__tenant", "action")
-        .filter(pk=step_id, unwind__tenant_id__in=tenant_ids_for(request.user))
-        .first()
+    step = _visible(
+        UnwindStep.objects.select_related("unwind__run__tenant", "action"),
+        step_id,
+        request,
+        tenant_field="unwind__tenant_id",
     )
-    if step is None:
-        raise Http404("No such unwind step.")
     require(request.user, capability, step.unwind.tenant_id)
     return step
 
 
 def _get_action_for_user(request: HttpRequest, action_id: str, capability: Capability) -> Action:
-    action = (
-        Action.objects.select_related("run", "run__tenant")
-        .filter(pk=action_id, tenant_id__in=tenant_ids_for(request.user))
-        .first()
-    )
-    if action is None:
-        raise Http404("No such action.")
+    action = _visible(Action.objects.select_related("run__tenant"), action_id, request)
     require(request.user, capability, action.tenant_id)
     return action
 
 
 def _get_approval_for_user(request: HttpRequest, approval_id: str, capability: Capability) -> Approval:
-    approval = (
-        Approval.objects.select_related("run", "run__tenant", "action", "tenant", "step")
-        .filter(pk=approval_id, tenant_id__in=tenant_ids_for(request.user))
-        .first()
+    approval = _visible(
+        Approval.objects.select_related("run__tenant", "action", "tenant", "step"), approval_id, request
     )
-    if approval is None:
-        raise Http404("No such approval.")
     require(request.user, capability, approval.tenant_id)
     return approval
 
@@ -143,8 +139,8 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "page": page,
         "groups": selectors.queue_groups(user=request.user, filters=filters),
         "operable_tenant_ids": operable,
-        "bulk_max": settings.SAGA["BULK_MAX_ITEMS"],
-        "sla_minutes": settings.SAGA["QUEUE_SLA_MINUTES"],
+        "bulk_max": saga_setting("BULK_MAX_ITEMS"),
+        "sla_minutes": saga_setting("QUEUE_SLA_MINUTES"),
         "since": (page.newest_opened_at.isoformat() if page.newest_opened_at else ""),
         "paged": bool(request.GET.get("cursor")),
         "polling": True,
