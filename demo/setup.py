@@ -11,12 +11,13 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from demo.models import AgentCredential, CrmContact, CrmTicket, HrUser, Payment, WorkspaceLicense
 from ledger import services as ledger
 from ledger.audit import Actor
-from ledger.models import AgentKey, Tenant
+from ledger.models import AgentKey, Membership, Tenant
 from ledger.policy_loader import LoadReport, policy_file_load, policy_file_parse, policy_file_read
 
 POLICY_DIR = Path(__file__).resolve().parent / "policies"
@@ -93,24 +94,34 @@ def tenants_ensure() -> dict[str, Tenant]:
 
 
 def logins_ensure(tenants: dict[str, Tenant]) -> None:
+    """Create the demo logins that are missing. An existing one is left alone: its password may
+    have been changed on purpose, and hashing five passwords on every start costs seconds."""
+    user_model = get_user_model()
     for login in LOGINS:
-        result = ledger.staff_set(
-            username=login.username,
-            password=DEMO_PASSWORD,
-            tenant=tenants[login.tenant],
-            role=login.role,
-            actor=SEEDER,
-            email=f"{login.username}@demo.saga.local",
-        )
+        user = user_model.objects.filter(username=login.username).first()
+        if (
+            user is None
+            or not Membership.objects.filter(
+                user=user, tenant=tenants[login.tenant], role=login.role
+            ).exists()
+        ):
+            user = ledger.staff_set(
+                username=login.username,
+                password=DEMO_PASSWORD,
+                tenant=tenants[login.tenant],
+                role=login.role,
+                actor=SEEDER,
+                email=f"{login.username}@demo.saga.local",
+            ).user
         if login.username == "admin":
             # The one login that sees every demo tenant and every admin page (RQ's included).
             for slug, tenant in tenants.items():
                 if slug != login.tenant:
-                    ledger.membership_set(user=result.user, tenant=tenant, role="admin", actor=SEEDER)
-            if not result.user.is_superuser:
-                result.user.is_superuser = True
-                result.user.is_staff = True
-                result.user.save(update_fields=["is_superuser", "is_staff"])
+                    ledger.membership_set(user=user, tenant=tenant, role="admin", actor=SEEDER)
+            if not user.is_superuser:
+                user.is_superuser = True
+                user.is_staff = True
+                user.save(update_fields=["is_superuser", "is_staff"])
 
 
 @transaction.atomic

@@ -19,7 +19,7 @@ DATA="$ROOT/.data"
 LOGS="$DATA/logs"
 mkdir -p "$LOGS" "$DATA/redis"
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+say() { printf '\033[1m==> %s\033[0m \033[2m(%ss)\033[0m\n' "$*" "$SECONDS"; }
 
 # name:pid of every background process we started, in start order.
 procs=()
@@ -121,14 +121,13 @@ start worker bash -c "$(procfile_cmd worker)"
 start web bash -c "$(procfile_cmd web)"
 "$PY" scripts/devservers.py wait-url "$BASE_URL/healthz" 60 || { tail -n 30 "$LOGS/web.log"; exit 1; }
 
-say "Seeding demo runs through the API (once; later starts find them in place)"
+say "Seeding demo runs through the API (the first time; later starts find them in place)"
 "$PY" manage.py seed_demo --url "$BASE_URL" 2>&1 | tee -a "$LOGS/seed.log"
 
 if [ "${SAGA_DEMO_TRAFFIC:-1}" != "0" ]; then
   start demo-agents "$PY" manage.py seed_demo --url "$BASE_URL" --continuous
 fi
 
-"$PY" manage.py seed_demo --url "$BASE_URL" --print-logins
 cat <<EOF
 
   Saga Admin is running:   $BASE_URL/

@@ -55,8 +55,7 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         if print_logins:
-            self.stdout.write("Demo logins (dashboard at /, Django admin at /admin/):")
-            self.stdout.write(logins_table())
+            self._print_logins()
             return
         # The agents' HTTP client logs every request at INFO; the seed's own lines tell the story.
         logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -77,10 +76,16 @@ class Command(BaseCommand):
         try:
             report = agents.seed(demo, log=self.stdout.write)
             self.stdout.write(f"Demo runs: {len(report.played)} played, {len(report.skipped)} already there.")
+            if not continuous:
+                self._print_logins()
             if continuous:
                 self._continuous(demo, every)
         finally:
             demo.close()
+
+    def _print_logins(self) -> None:
+        self.stdout.write("Demo logins (dashboard at /, Django admin at /admin/):")
+        self.stdout.write(logins_table())
 
     def _continuous(self, demo: agents.Demo, every: float) -> None:
         stop = threading.Event()
