@@ -123,16 +123,15 @@ def hr_user_create(
 ) -> WorldResult:
     if "@" not in email or not name:
         return _error(422, "invalid_user", "A user needs an email address and a name.", email=email)
+    try:
+        start = date.fromisoformat(start_date) if start_date else None
+    except ValueError:
+        return _error(422, "invalid_start_date", f"start_date must be YYYY-MM-DD, got {start_date!r}.")
     existing = HrUser.objects.select_for_update().filter(email=email).first()
     if existing is not None:
         return _error(409, "user_exists", f"{email} already has an HR record.", state=existing.snapshot())
     user = HrUser.objects.create(
-        email=email,
-        name=name,
-        department=department,
-        title=title,
-        manager=manager,
-        start_date=date.fromisoformat(start_date) if start_date else None,
+        email=email, name=name, department=department, title=title, manager=manager, start_date=start
     )
     return WorldResult(201, {"state": user.snapshot()})
 
@@ -269,6 +268,8 @@ def _ticket_changes(changes: dict[str, Any]) -> WorldResult | None:
     unknown = sorted(set(changes) - set(CrmTicket.EDITABLE))
     if unknown:
         return _error(422, "not_editable", f"Fields {', '.join(unknown)} cannot be changed.", fields=unknown)
+    if not all(isinstance(value, str) for value in changes.values()):
+        return _error(422, "invalid_value", "Ticket fields take text values.")
     if "priority" in changes and changes["priority"] not in TICKET_PRIORITIES:
         return _error(422, "invalid_priority", f"priority must be one of {', '.join(TICKET_PRIORITIES)}.")
     return None
@@ -288,21 +289,36 @@ def ticket_update(*, ticket_id: str, changes: dict[str, Any], by: str) -> WorldR
     return WorldResult(200, {"state": ticket.snapshot()})
 
 
-def ticket_restore(*, ticket_id: str, before_snapshot: Any, after_snapshot: Any) -> WorldResult:
-    """Put the editable fields back to the before snapshot, if nobody changed the ticket since."""
-    if not isinstance(before_snapshot, dict):
+def _restore(record: Any, *, editable: tuple[str, ...], before: Any, after: Any, what: str) -> WorldResult:
+    """Put ``record``'s editable fields back to the before snapshot, unless someone changed the
+    record since the action (412) or it already holds the earlier values (409). The caller has
+    the row locked."""
+    if not isinstance(before, dict):
         return _error(422, "no_snapshot", "A restore needs the action's before snapshot.")
+    current = record.snapshot()
+    wanted = {name: before[name] for name in editable if name in before}
+    if all(current[name] == value for name, value in wanted.items()):
+        return _error(409, "already_restored", f"{what} already has its earlier values.")
+    if not _matches(current, after):
+        return _drifted(expected=after, actual=current, what=what)
+    for name, value in wanted.items():
+        setattr(record, name, value)
+    return WorldResult(200, {})
+
+
+def ticket_restore(*, ticket_id: str, before_snapshot: Any, after_snapshot: Any) -> WorldResult:
     ticket = CrmTicket.objects.select_for_update().filter(pk=ticket_id).first()
     if ticket is None:
         return _error(404, "not_found", f"No ticket {ticket_id}.")
-    current = ticket.snapshot()
-    wanted = {name: before_snapshot[name] for name in CrmTicket.EDITABLE if name in before_snapshot}
-    if all(current[name] == value for name, value in wanted.items()):
-        return _error(409, "already_restored", f"Ticket {ticket_id} already has its earlier values.")
-    if not _matches(current, after_snapshot):
-        return _drifted(expected=after_snapshot, actual=current, what=f"Ticket {ticket_id}")
-    for name, value in wanted.items():
-        setattr(ticket, name, value)
+    result = _restore(
+        ticket,
+        editable=CrmTicket.EDITABLE,
+        before=before_snapshot,
+        after=after_snapshot,
+        what=f"Ticket {ticket_id}",
+    )
+    if not result.ok:
+        return result
     ticket.updated_by = "saga-admin (restore)"
     ticket.save()
     return WorldResult(200, {"state": ticket.snapshot()})
@@ -322,6 +338,8 @@ def contact_update(*, contact_id: str, changes: dict[str, Any]) -> WorldResult:
     unknown = sorted(set(changes) - set(CONTACT_EDITABLE))
     if unknown:
         return _error(422, "not_editable", f"Fields {', '.join(unknown)} cannot be changed.", fields=unknown)
+    if not all(isinstance(value, str) for value in changes.values()):
+        return _error(422, "invalid_value", "Contact fields take text values.")
     contact = CrmContact.objects.select_for_update().filter(pk=contact_id).first()
     if contact is None:
         return _error(404, "not_found", f"No contact {contact_id}.")
@@ -332,19 +350,18 @@ def contact_update(*, contact_id: str, changes: dict[str, Any]) -> WorldResult:
 
 
 def contact_restore(*, contact_id: str, before_snapshot: Any, after_snapshot: Any) -> WorldResult:
-    if not isinstance(before_snapshot, dict):
-        return _error(422, "no_snapshot", "A restore needs the action's before snapshot.")
     contact = CrmContact.objects.select_for_update().filter(pk=contact_id).first()
     if contact is None:
         return _error(404, "not_found", f"No contact {contact_id}.")
-    current = contact.snapshot()
-    wanted = {name: before_snapshot[name] for name in CONTACT_EDITABLE if name in before_snapshot}
-    if all(current[name] == value for name, value in wanted.items()):
-        return _error(409, "already_restored", f"Contact {contact_id} already has its earlier values.")
-    if not _matches(current, after_snapshot):
-        return _drifted(expected=after_snapshot, actual=current, what=f"Contact {contact_id}")
-    for name, value in wanted.items():
-        setattr(contact, name, value)
+    result = _restore(
+        contact,
+        editable=CONTACT_EDITABLE,
+        before=before_snapshot,
+        after=after_snapshot,
+        what=f"Contact {contact_id}",
+    )
+    if not result.ok:
+        return result
     contact.save()
     return WorldResult(200, {"state": contact.snapshot()})
 

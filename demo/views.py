@@ -91,17 +91,15 @@ def world_endpoint(operation: str) -> Callable[[Callable[..., Handler]], Callabl
     return decorate
 
 
-def _field(
-    data: Any, name: str, kind: type | tuple[type, ...] = str, *, required: bool = True, where: str = ""
-) -> Any:
+def _field(data: Any, name: str, kind: type | tuple[type, ...] = str, *, required: bool = True) -> Any:
     value = data.get(name) if isinstance(data, dict) else None
     if value is None:
         if required:
-            raise BadRequest(f"{where or ''}{name} is required.", field=name)
+            raise BadRequest(f"{name} is required.", field=name)
         return None
     # bool is an int in Python; an amount of `true` cents is a bug in the caller, not 1 cent.
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise BadRequest(f"{where or ''}{name} has the wrong type.", field=name)
+        raise BadRequest(f"{name} has the wrong type.", field=name)
     return value
 
 

@@ -208,3 +208,12 @@ def test_the_python_contact_compensator_reports_drift_and_permanent_failure(db):
             target_id="C-404", before_snapshot=before, after_snapshot=after, idempotency_key="stp-c404"
         )
     assert CrmContact.objects.get(pk="C-1").tier == "growth"
+
+
+def test_bad_input_from_a_caller_is_a_422_not_a_500(client, db):
+    CrmTicket.objects.create(id="T-1", subject="Outage", company="Acme Corp")
+    bad_date = post(client, "hr-users", {"email": "x@acme.example", "name": "X", "start_date": "next monday"})
+    bad_value = post(client, "crm-ticket", {"changes": {"status": {"nested": True}}}, ticket_id="T-1")
+    bad_type = post(client, "payments-charges", {"customer": "Hooli", "amount_cents": True})
+    assert [r.status_code for r in (bad_date, bad_value, bad_type)] == [422, 422, 422]
+    assert not HrUser.objects.exists() and CrmTicket.objects.get(pk="T-1").status == "open"
