@@ -104,7 +104,8 @@ class QueueFilters:
 class QueuePage:
     items: list[RecoveryItem]
     next_cursor: str = ""
-    newest_opened_at: datetime | None = None
+    # When the page was read: the auto-refresh counts items opened after it, whatever the sort.
+    read_at: datetime | None = None
 
 
 def _encode_cursor(values: list[Any]) -> str:
@@ -204,8 +205,7 @@ def queue_page(
         rows = rows[:size]
         last = rows[-1]
         next_cursor = _encode_cursor([getattr(last, name) for name, _ in keys])
-    newest = max((item.opened_at for item in rows), default=None)
-    return QueuePage(items=rows, next_cursor=next_cursor, newest_opened_at=newest)
+    return QueuePage(items=rows, next_cursor=next_cursor, read_at=now)
 
 
 def queue_new_count(*, user: Any, filters: QueueFilters, since: datetime) -> int:

@@ -141,7 +141,7 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "operable_tenant_ids": operable,
         "bulk_max": saga_setting("BULK_MAX_ITEMS"),
         "sla_minutes": saga_setting("QUEUE_SLA_MINUTES"),
-        "since": (page.newest_opened_at.isoformat() if page.newest_opened_at else ""),
+        "since": page.read_at.isoformat() if page.read_at else "",
         "paged": bool(request.GET.get("cursor")),
         "polling": True,
     }

@@ -154,3 +154,13 @@ def test_the_queue_query_count_does_not_grow_with_rows(
     with django_assert_max_num_queries(len(one.captured_queries)):
         response = client.get(QUEUE)
     assert len(response.context["page"].items) == 7
+
+
+def test_an_empty_queue_still_polls_for_new_items(client, tenant, agent, alice):
+    client.force_login(alice)
+    response = client.get(QUEUE, {"sort": "oldest"})
+    since = response.context["since"]
+    assert since and reverse("dashboard:queue-new") in response.content.decode()
+    onboarding_run(tenant, agent, name="Late", email="late@company.com")
+    poll = client.get(reverse("dashboard:queue-new"), {"since": since, "sort": "oldest"})
+    assert "1 new item" in poll.content.decode()
