@@ -50,7 +50,9 @@ class Command(BaseCommand):
                 # Work horses are forked: they must not share the parent's database connection.
                 reset_db_connections()
                 worker.work(burst=options["burst"], with_scheduler=not options["burst"], logging_level=level)
-                if options["burst"] or worker._stop_requested:
+                # rq marks _stop_requested only when a signal arrives mid-job; an idle worker told to
+                # stop just leaves its loop. Either way it recorded when the stop was asked for.
+                if options["burst"] or worker._stop_requested or worker._shutdown_requested_date is not None:
                     break
                 # rq leaves its loop on some Redis errors (e.g. Redis gone between two jobs); a
                 # worker that quits would strand committed work, so start a fresh one.
