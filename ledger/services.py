@@ -536,6 +536,10 @@ def action_succeed(*, action: Action, actor: Actor, result: Any = None, after_sn
     """running → succeeded (or unknown → succeeded when ``reconciled``); takes the next place in
     the run's completion order, which LIFO compensation follows."""
     run = _lock_run(action.run)
+    if not reconciled:
+        # A background job that finishes after the run was cancelled, closed or handed to an unwind
+        # cannot write (API.md); an operator reconciling an unknown outcome still may.
+        _assert_accepts_actions(run)
     completion_seq = run.completion_count + 1
     allowed = [Action.Status.UNKNOWN] if reconciled else [Action.Status.RUNNING]
     updates: dict[str, Any] = {"completion_seq": completion_seq, "completed_at": timezone.now()}
@@ -557,6 +561,7 @@ def action_fail(*, action: Action, actor: Actor, error: str, retryable: bool, la
     if layer not in Action.ErrorLayer.values:
         raise errors.ValidationFailed(f"layer must be one of {', '.join(Action.ErrorLayer.values)}.",
                                       details={"layer": layer})
+    _assert_accepts_actions(_lock_run(action.run))
     to = Action.Status.UNKNOWN if outcome_unknown else Action.Status.FAILED
     return _action_transition(
         action=action, to=to, actor=actor, kind="action.outcome_unknown" if outcome_unknown else "action.failed",
@@ -649,7 +654,9 @@ def checkpoint_write(
     trace_links: list[Any] | None = None,
 ) -> Checkpoint:
     locked = _lock_run(run)
-    if locked.status in (Run.Status.COMPENSATED, Run.Status.CLOSED):
+    # A cancelled run is over for its agent too: a late job's checkpoint would become the one a
+    # resume preview offers.
+    if locked.status in (Run.Status.CANCELLED, Run.Status.COMPENSATED, Run.Status.CLOSED):
         raise errors.RunNotAcceptingActions(f"Run {run.pk} is {locked.status}; it takes no more checkpoints.",
                                             details={"run_id": run.pk, "current": locked.status})
     referenced = set(completed_action_ids or []) | set(pending_action_ids or [])
