@@ -73,7 +73,9 @@ class RedisServer:
         assert binary, "redis-server is needed for the engine tests"
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         import redis
 
@@ -309,11 +311,22 @@ def database_url_for_subprocesses() -> str:
 
 def spawn_worker(*, redis_url: str, log_path: Path, env: dict[str, str] | None = None) -> Worker:
     """A ``saga_worker`` on every queue, on this test's database and the given Redis."""
-    full_env = {**os.environ, **FAST_ENGINE, "DATABASE_URL": database_url_for_subprocesses(),
-                "REDIS_URL": redis_url, "DB_CONN_MAX_AGE": "0", "LOG_LEVEL": "WARNING", **(env or {})}
+    full_env = {
+        **os.environ,
+        **FAST_ENGINE,
+        "DATABASE_URL": database_url_for_subprocesses(),
+        "REDIS_URL": redis_url,
+        "DB_CONN_MAX_AGE": "0",
+        "LOG_LEVEL": "WARNING",
+        **(env or {}),
+    }
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "saga_worker", "default", "compensations", "notifications"],
-        cwd=ROOT, env=full_env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=ROOT,
+        env=full_env,
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     return Worker(process, log_path)
 
