@@ -23,7 +23,7 @@ import structlog
 from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotFound, JsonResponse
 from ninja.parser import Parser
 from ninja.throttling import BaseThrottle
 
@@ -128,11 +128,32 @@ def _is_json_content_type(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
+def _refuse_nul_in_url(request: HttpRequest) -> HttpResponse | None:
+    """A NUL in the path or the query string (``%00``) would reach PostgreSQL as an id or a filter
+    and fail there as a 500, on every page and endpoint. No id or filter value can contain one, so
+    the whole site refuses it here: an object named that way cannot exist (404), a filter with it
+    is invalid (422 for the API, 400 for pages)."""
+    in_path = "\x00" in request.path
+    in_query = not in_path and any(
+        "\x00" in part for key, values in request.GET.lists() for part in (key, *values)
+    )
+    if not (in_path or in_query):
+        return None
+    if request.path.startswith(API_PREFIX):
+        if in_path:
+            return error_json(404, "not_found", "Not found.")
+        return error_json(422, "invalid_request", "Query parameters may not contain NUL (%00) characters.")
+    return HttpResponseNotFound("Not found.") if in_path else HttpResponseBadRequest("Bad request.")
+
+
 class ApiBodyLimitsMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        refused = _refuse_nul_in_url(request)
+        if refused is not None:
+            return refused
         if request.path.startswith(API_PREFIX) and request.method in _BODY_METHODS:
             try:
                 self._check(request)
