@@ -1,0 +1,232 @@
+"""Object-level authorization over EVERY dashboard URL and EVERY API operation, enumerated from the
+URL resolver and the OpenAPI document, so a new endpoint cannot escape: another tenant's user or
+key gets 404 (existence does not leak), a viewer gets 403 on every decision, an agent-only key gets
+403 on every operator endpoint. The deploy check itself is tests/ledger/test_commands.py."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from ledger import services as ledger
+from ledger.audit import Actor
+from recovery import services
+from recovery.models import Approval
+from tests.api.helpers import Api
+from tests.dashboard.factories import gated_run
+
+# Pages whose view takes no object: tenant scoping there is about what they list, tested by the
+# dashboard's own tests. Everything else below must be named in OBJECT_PARAMS.
+DECISION_METHODS = {"post"}
+
+
+@pytest.fixture
+def acme_world(tenant, agent, bob):
+    """One of every object in Acme: a failed run with an open item and an unwind with a step, an
+    action, an approval, a command, a checkpoint."""
+    run, _action, approval = gated_run(tenant, agent)
+    failed = ledger.run_create(tenant=tenant, actor=agent, agent="x", request="y")
+    step_action = services.action_record_gated(
+        run=failed,
+        actor=agent,
+        tool="hr.create_user",
+        idempotency_key="w-1",
+        compensation={"tool": "hr.delete_user", "args": {}},
+    ).action
+    ledger.action_start(action=step_action, actor=agent)
+    ledger.action_succeed(action=step_action, actor=agent, result={})
+    checkpoint = ledger.checkpoint_write(run=failed, actor=agent, name="cp")
+    item = services.run_fail_and_queue(run=failed, actor=agent, error="boom").item
+    other = ledger.run_create(tenant=tenant, actor=agent, agent="x", request="z")
+    undone = services.action_record_gated(
+        run=other,
+        actor=agent,
+        tool="hr.create_user",
+        idempotency_key="w-2",
+        compensation={"tool": "hr.delete_user", "args": {}},
+    ).action
+    ledger.action_start(action=undone, actor=agent)
+    ledger.action_succeed(action=undone, actor=agent, result={})
+    other_item = services.run_fail_and_queue(run=other, actor=agent, error="boom").item
+    unwind = services.unwind_start(item=other_item, actor=Actor.system("tests"), reason="undo")
+    command = services.command_issue(run=failed, kind="resume", actor=Actor.system("tests"), reason="go")
+    return {
+        "run_id": failed.pk,
+        "item_id": item.pk,
+        "action_id": step_action.pk,
+        "approval_id": approval.pk,
+        "unwind_id": unwind.pk,
+        "step_id": unwind.steps.first().pk,
+        "command_id": command.pk,
+        "checkpoint_id": checkpoint.pk,
+        "gated_run_id": run.pk,
+    }
+
+
+def _dashboard_patterns() -> list[tuple[str, str]]:
+    """(route, name) of every dashboard URL, from the resolver."""
+    found = []
+
+    def walk(patterns: list[Any], prefix: str, namespace: str) -> None:
+        for entry in patterns:
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns, prefix + str(entry.pattern), entry.namespace or namespace)
+            elif isinstance(entry, URLPattern) and namespace == "dashboard":
+                found.append((prefix + str(entry.pattern), f"{namespace}:{entry.name}"))
+
+    walk(get_resolver().url_patterns, "/", "")
+    return found
+
+
+def _fill(route: str, world: dict[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        assert name in world, f"{route}: no object for <{name}>; add one to acme_world"
+        return world[name]
+
+    return re.sub(r"<(?:\w+:)?(\w+)>", value, route)
+
+
+def test_the_enumeration_finds_the_dashboard_and_its_decisions():
+    names = {name for _route, name in _dashboard_patterns()}
+    assert {
+        "dashboard:item-compensate",
+        "dashboard:item-close",
+        "dashboard:approval-approve",
+        "dashboard:step-retry",
+        "dashboard:run-detail",
+    } <= names
+
+
+@pytest.mark.django_db
+def test_an_outsider_gets_404_on_every_dashboard_url_with_an_object(acme_world, mallory):
+    """Pass: Mallory (operator at Globex) gets 404 for GET and POST on every Acme object URL."""
+    client = Client()
+    client.force_login(mallory)
+    checked = 0
+    for route, name in _dashboard_patterns():
+        if "<" not in route:
+            continue
+        url = _fill(route, acme_world)
+        for method in ("get", "post"):
+            response = getattr(client, method)(url, {"reason": "mine now"})
+            if response.status_code == 405:
+                continue
+            assert response.status_code == 404, (name, method, url, response.status_code)
+            checked += 1
+    assert checked >= 12
+
+
+@pytest.mark.django_db
+def test_a_viewer_gets_403_on_every_dashboard_decision(acme_world, carol):
+    """Pass: Carol (viewer at Acme) gets 403 on every POST to an Acme object URL, and nothing
+    changes state (no unwind, no resolved item)."""
+    from recovery.models import RecoveryItem, Unwind
+
+    client = Client()
+    client.force_login(carol)
+    unwinds, resolved = Unwind.objects.count(), RecoveryItem.objects.filter(status="resolved").count()
+    checked = 0
+    for route, name in _dashboard_patterns():
+        if "<" not in route:
+            continue
+        response = client.post(_fill(route, acme_world), {"reason": "viewer tries"})
+        if response.status_code == 405:
+            continue
+        assert response.status_code == 403, (name, response.status_code)
+        checked += 1
+    assert checked >= 9
+    assert (Unwind.objects.count(), RecoveryItem.objects.filter(status="resolved").count()) == (
+        unwinds,
+        resolved,
+    )
+
+
+def _api_operations() -> list[tuple[str, str, dict[str, Any]]]:
+    from saga_admin.api import api
+
+    document = api.get_openapi_schema()
+    return [
+        (method, path, operation)
+        for path, methods in document["paths"].items()
+        for method, operation in methods.items()
+    ]
+
+
+def _api_path(path: str, world: dict[str, str]) -> str:
+    filled = re.sub(
+        r"\{(\w+)\}",
+        lambda m: (
+            world[m.group(1)]
+            if m.group(1) in world
+            else pytest.fail(f"{path}: no object for {{{m.group(1)}}}; add one to acme_world")
+        ),
+        path,
+    )
+    return filled.removeprefix("/api/v1")
+
+
+@pytest.mark.django_db
+def test_another_tenants_key_gets_404_on_every_api_operation_with_an_object(acme_world, outsider_key):
+    """Pass: Globex's key (both scopes), on every operation of the OpenAPI document that names an
+    Acme object, gets exactly the answer a nonexistent id gets (404, or the same 422 when the body
+    is checked first), so nothing tells it the object exists; GETs are 404; Acme's objects appear
+    in none of the list operations."""
+    outsider = Api(outsider_key[1])
+    missing = {name: f"{value[:4]}{'0' * 26}" for name, value in acme_world.items()}
+    not_found = 0
+    for method, path, _operation in _api_operations():
+
+        def call(world: dict[str, str], path: str = path, method: str = method) -> Any:
+            url = _api_path(path, world)
+            return outsider.get(url) if method == "get" else outsider.post(url, {"reason": "x"})
+
+        response = call(acme_world)
+        if "{" in path:
+            ghost = call(missing)
+            assert (response.status_code, response.json()["error"]["code"]) == (
+                ghost.status_code,
+                ghost.json()["error"]["code"],
+            ), (method, path, response.content[:200])
+            assert response.status_code in (404, 422), (method, path, response.status_code)
+            assert method != "get" or response.status_code == 404, path
+            not_found += response.status_code == 404
+        elif method == "get":
+            assert response.status_code == 200, (path, response.status_code)
+            assert not set(acme_world.values()) & set(
+                re.findall(r"[a-z]{3}_[0-9a-z]{26}", response.content.decode())
+            )
+    assert not_found >= 15
+
+
+@pytest.mark.django_db
+def test_an_agent_only_key_gets_403_on_every_operator_operation(acme_world, agent_key):
+    """Pass: a key without the operator scope gets 403 on every operation tagged recovery."""
+    agent_only = Api(agent_key[1])
+    checked = 0
+    for method, path, operation in _api_operations():
+        if "recovery" not in operation.get("tags", []):
+            continue
+        url = _api_path(path, acme_world)
+        response = agent_only.get(url) if method == "get" else agent_only.post(url, {"reason": "x"})
+        assert response.status_code == 403, (method, path, response.status_code)
+        checked += 1
+    assert checked >= 9
+
+
+@pytest.mark.django_db
+def test_approval_decisions_need_the_approver_role(acme_world, alice):
+    """Pass: an operator without the approver role gets 403 approving through the dashboard."""
+    client = Client()
+    client.force_login(alice)
+    from django.urls import reverse
+
+    response = client.post(
+        reverse("dashboard:approval-approve", args=[acme_world["approval_id"]]), {"reason": "x"}
+    )
+    assert response.status_code == 403
+    assert Approval.objects.get(pk=acme_world["approval_id"]).status == "pending"
