@@ -115,6 +115,7 @@ def test_scenario_5_fifty_identical_requests_one_key(live_server, agent_key, out
         requests=len(everything),
         rows_created=2,
         in_flight_409=statuses.count(409) + action_statuses.count(409),
+        connection_retries=retries,
         duplicates_observed=0,
         lost_intents=0,
         server_errors=server_errors,
