@@ -22,7 +22,7 @@ def test_it_stops_an_idle_worker_on_sigterm(tmp_path):
         assert worker.process.poll() is None, worker.log()
         os.kill(worker.process.pid, signal.SIGTERM)
         try:
-            code = worker.process.wait(timeout=8)
+            code = worker.process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             pytest.fail("saga_worker ignored SIGTERM:\n" + worker.log()[-3000:])
         assert code == 0
