@@ -3,8 +3,8 @@
 Views are authentication + typed parsing + one service call. Every state change goes through
 ``ledger.services`` or, where one request spans the record and a decision about it (a failure
 that opens a recovery item, an action that needs an approval), through the ``recovery.services``
-function that wraps the ledger's in the same transaction. This module is the composition point
-of the two apps, which is why it — and only it in ``ledger/`` — imports ``recovery``.
+function that wraps the ledger's in the same transaction. This module composes the two apps, so
+it lives in ``saga_admin/`` beside the NinjaAPI: ``ledger/`` never imports ``recovery/``.
 """
 
 from __future__ import annotations
