@@ -3,6 +3,7 @@ Everything goes through the product's services, so the data is what real agents 
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def load_bench_policies(log_dir: Path) -> None:
     path = log_dir / "bench-policies.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(BENCH_POLICIES, indent=2))
-    call_command("load_policies", str(path), verbosity=0)
+    call_command("load_policies", str(path), verbosity=0, stdout=io.StringIO())
 
 
 def agent_keys(*, tenant_slug: str, count: int) -> list[tuple[str, str]]:

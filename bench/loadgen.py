@@ -42,6 +42,9 @@ class LoadResult:
     samples: list[Sample] = field(default_factory=list)
     client_cpu_s: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
+    # Every request made, warm-up included (to divide the server's CPU time by).
+    requests_total: int = 0
+    server_cpu_ms_per_request: float | None = None
     # Query counts seen per op, from the bench-only X-Bench-Queries response header.
     queries: dict[str, set[int]] = field(default_factory=dict)
 
@@ -249,7 +252,8 @@ def _client_thread(
                 with lock:
                     key = f"{op}:{status}"
                     errors[key] = errors.get(key, 0) + 1
-        made += 1
+        if op != "sequence":  # a pseudo-op timing three requests, not a request itself
+            made += 1
         if max_requests is not None and made >= max_requests:
             return False
         return now < window_end
@@ -262,6 +266,8 @@ def _client_thread(
         with lock:
             key = f"exception:{type(exc).__name__}"
             errors[key] = errors.get(key, 0) + 1
+    with lock:
+        errors["_made"] = errors.get("_made", 0) + made
 
 
 def _process_main(
@@ -340,6 +346,7 @@ def run_load(
         out, errors, cpu = queue.get(timeout=warmup_s + window_s + 120)
         result.samples.extend(Sample(op, started, latency, status) for op, started, latency, status, _ in out)
         result.client_cpu_s += cpu
+        result.requests_total += errors.pop("_made", 0)
         for key, value in errors.items():
             result.errors[key] = result.errors.get(key, 0) + value
         # Query counts from the bench-only response header, kept per op (pages).

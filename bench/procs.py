@@ -82,6 +82,24 @@ class Proc:
     popen: subprocess.Popen[bytes]
     log: IO[bytes]
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU of every live process in this process group (a gunicorn master
+        and its workers), from /proc; clock ticks are 100 Hz on Linux."""
+        total = 0
+        ticks = os.sysconf("SC_CLK_TCK")
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # After "pid (comm)": state ppid pgrp ... utime stime at positions 11 and 12.
+            if int(fields[2]) == self.popen.pid:
+                total += int(fields[11]) + int(fields[12])
+        return total / ticks
+
     def stop(self, timeout: float = 20) -> None:
         if self.popen.poll() is None:
             # The whole process group: gunicorn's workers, the RQ worker's work horse.

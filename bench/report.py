@@ -29,7 +29,7 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
 
     def load_row(label: str, entry: dict[str, Any] | None, limit: float | None = None) -> None:
         if not entry:
-            rows.append([label, "–", "not measured", "–", "–", "–", "–", "–"])
+            rows.append([label, "–", "not measured", "–", "–", "–", "–", "–", "–"])
             return
         ratio = _ratio(entry.get("throughput"), limit)
         rows.append(
@@ -41,6 +41,7 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
                 _f(entry.get("p95_ms"), 2),
                 _f(entry.get("p99_ms"), 2),
                 _f(entry.get("errors")),
+                _f(entry.get("server_cpu_ms_per_request"), 2),
                 f"{ratio:.0%}" if ratio is not None else "–",
             ]
         )
@@ -48,12 +49,14 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
     for n in (1, 16):
         load_row(f"L1 raw INSERT ({n} conn)", base.get(f"L1_{n}"))
         load_row(f"L2 no-op WSGI ({n} clients)", base.get(f"L2_{n}"))
-    for kind in ("L3_batch", "L3_chain"):
+    for kind in ("L3_batch", "L3_chain", "L3_batch_candidate", "L3_chain_candidate"):
         entry = base.get(kind)
         if entry:
+            how = "batch" if kind.startswith("L3_batch") else "chained"
+            who = "candidate SimpleWorker" if kind.endswith("_candidate") else "Procfile worker"
             rows.append(
                 [
-                    f"L3 RQ no-op, {'batch' if kind == 'L3_batch' else 'chained'} ({entry['jobs']} jobs)",
+                    f"L3 RQ no-op, {how} ({entry['jobs']} jobs, {who})",
                     "1 worker",
                     _f(entry["jobs_per_s"]),
                     _f(entry["per_job_ms"], 2) + " /job",
@@ -94,27 +97,32 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
             ]
         )
     unwind = sec.get("unwind", {})
-    chain = base.get("L3_chain", {}).get("per_job_ms")
-    for key, label in (
-        ("single", "unwind: 1 x {n} steps"),
-        ("concurrent", "unwind: {c} concurrent x {n} steps"),
+    for source, chain_key, who in (
+        (unwind, "L3_chain", "Procfile worker"),
+        (unwind.get("candidate", {}), "L3_chain_candidate", "candidate SimpleWorker"),
     ):
-        u = unwind.get(key)
-        if u:
-            ratio = _ratio(u["per_step_ms"], chain)
-            rows.append(
-                [
-                    label.format(n=unwind.get("steps_per_unwind"), c=u["unwinds"]),
-                    "1 worker",
-                    _f(u["steps_per_s"]) + " steps",
-                    _f(u["per_step_ms"], 2) + " /step",
-                    _f(u["seconds"], 2) + " s total",
-                    "–",
-                    "–",
-                    f"{ratio:.2f}x L3 chained job" if ratio else "–",
-                ]
-            )
-    return rows
+        chain = base.get(chain_key, {}).get("per_job_ms")
+        for key, label in (
+            ("single", "unwind: 1 x {n} steps"),
+            ("concurrent", "unwind: {c} concurrent x {n} steps"),
+        ):
+            u = source.get(key)
+            if u:
+                ratio = _ratio(u["per_step_ms"], chain)
+                rows.append(
+                    [
+                        label.format(n=source.get("steps_per_unwind"), c=u["unwinds"]) + f" ({who})",
+                        "1 worker",
+                        _f(u["steps_per_s"]) + " steps",
+                        _f(u["per_step_ms"], 2) + " /step",
+                        _f(u["seconds"], 2) + " s total",
+                        "–",
+                        "–",
+                        f"{ratio:.2f}x L3 chained job" if ratio else "–",
+                    ]
+                )
+    # Rows without a server-CPU figure get a dash in that column.
+    return [r if len(r) == len(HEADER) else [*r[:7], "–", *r[7:]] for r in rows]
 
 
 def _limit(base: dict[str, Any], n: int) -> float | None:
@@ -123,7 +131,17 @@ def _limit(base: dict[str, Any], n: int) -> float | None:
     return min(values) if values else None
 
 
-HEADER = ["figure", "clients", "throughput /s", "p50 ms", "p95 ms", "p99 ms", "errors", "ratio / note"]
+HEADER = [
+    "figure",
+    "clients",
+    "throughput /s",
+    "p50 ms",
+    "p95 ms",
+    "p99 ms",
+    "errors",
+    "server CPU ms/req",
+    "ratio / note",
+]
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
@@ -283,6 +301,9 @@ def _markdown(
         f"worker class `{base.get('L3_worker_class', '?')}`",
         f"- commit {m.get('git_commit')}; load average before {m.get('load_before')}, after "
         f"{results.get('load_after')}; whole run {results.get('elapsed_s', 0):.0f} s",
+        "- load average (1, 5, 15 min) at the start of each phase: "
+        + ", ".join(f"{k} {v}" for k, v in results.get("load", {}).items())
+        + " — other work on this shared 2-core machine competes with every figure; compare runs at similar load",
         f"- web: the Procfile's line, `{_procfile('web')}`; worker: `{_procfile('worker')}`",
         "",
         "Load generator (L2 and every HTTP figure): 4 client processes (spawned), one thread and one keep-alive "
@@ -366,12 +387,22 @@ def _markdown(
                 f"{qs} → {qf} | {t.get('http_queries')} | {t['errors']} |"
             )
         out += ["", "### EXPLAIN (ANALYZE) of the pages' queries", ""]
+        before = dash.get("explain_without_bench_indexes", {})
         for name, e in dash.get("explain", {}).items():
             seq = ", ".join(e["seq_scans_big"]) or "none"
+            small = ", ".join(e.get("seq_scans_small", [])) or "none"
             out.append(
                 f"**{name}** — {e['selects']} SELECTs, {e['total_execution_ms']:.1f} ms executing in total; "
-                f"sequential scans over ledger tables: {seq}"
+                f"sequential scans over big ledger tables: {seq} (over small ones, the planner's choice: {small})"
             )
+            b = before.get(name)
+            if b:
+                out.append("")
+                out.append(
+                    f"*Before* the indexes of `recovery/0002` and `ledger/0002` (same data, dropped in a rolled-back "
+                    f"transaction): {b['total_execution_ms']:.1f} ms; sequential scans over big tables: "
+                    f"{', '.join(b['seq_scans_big']) or 'none'}"
+                )
             out.append("")
             for q in e["main"]:
                 out.append(f"- {q['execution_ms']:.2f} ms: {', '.join(q['scans']) or 'no table scan'}")
@@ -397,6 +428,18 @@ def _markdown(
     chain = base.get("L3_chain")
     if chain:
         out.append(f"- L3 chained no-op job on the same worker: {chain['per_job_ms']:.1f} ms/job")
+    cand = unwind.get("candidate", {})
+    for key in ("single", "concurrent"):
+        u = cand.get(key)
+        if u:
+            out.append(
+                f"- candidate worker (`bench/simple_worker.py`, RQ SimpleWorker, no fork), {key}: {u['unwinds']} "
+                f"unwind(s), {u['steps']} steps in {u['seconds']:.2f} s = {u['per_step_ms']:.1f} ms/step; "
+                f"unwinds {u['unwind_statuses']}"
+            )
+    chain = base.get("L3_chain_candidate")
+    if chain:
+        out.append(f"- L3 chained no-op job on the candidate worker: {chain['per_job_ms']:.1f} ms/job")
     if results.get("notes"):
         out += ["", "## Notes", "", *[f"- {n}" for n in results["notes"]]]
     if results.get("errors"):

@@ -54,7 +54,7 @@ class Sizes:
 FULL = Sizes(
     window_s=15,
     warmup_s=3,
-    l3_jobs=2000,
+    l3_jobs=500,
     l3_chain=200,
     runs=100_000,
     actions_per_run=10,
@@ -87,6 +87,7 @@ SMOKE = Sizes(
 )
 
 CLIENT_COUNTS = (1, 16)
+CANDIDATE_WORKER = "python -m bench.simple_worker default compensations notifications"
 CLIENT_PROCESSES = 4
 
 
@@ -106,6 +107,8 @@ def summarize(result: LoadResult, op: str | None = None) -> dict[str, Any]:
         "errors": result.error_count(),
         "error_detail": dict(result.errors),
         "client_cpu_s": result.client_cpu_s,
+        "server_cpu_ms_per_request": result.server_cpu_ms_per_request,
+        "requests_total": result.requests_total,
         "window_s": result.window_s,
     }
 
@@ -248,8 +251,12 @@ class Harness:
         procs.wait_http(self.port, ready_path, proc)
         return proc
 
-    def start_worker(self) -> procs.Proc:
-        proc = procs.start("worker", procs.worker_command(), self.env_for(), self.log_dir)
+    def start_worker(self, *, candidate: bool = False) -> procs.Proc:
+        # The candidate is a comparison only: the product's figures come from the Procfile worker.
+        command = CANDIDATE_WORKER if candidate else procs.worker_command()
+        proc = procs.start(
+            "worker-candidate" if candidate else "worker", command, self.env_for(), self.log_dir
+        )
         self._wait_worker_registered(proc)
         return proc
 
@@ -273,8 +280,10 @@ class Harness:
         clients: int,
         params: dict[str, Any],
         headers: dict[str, str] | None = None,
+        web: procs.Proc | None = None,
     ) -> LoadResult:
-        return run_load(
+        cpu_before = web.cpu_seconds() if web else 0.0
+        result = run_load(
             scenario=scenario,
             host="127.0.0.1",
             port=self.port,
@@ -285,6 +294,11 @@ class Harness:
             params=params,
             headers=headers,
         )
+        if web is not None and result.requests_total:
+            # The web processes' own CPU per request (warm-up on both sides of the division):
+            # what the stack costs apart from PostgreSQL and the load generator.
+            result.server_cpu_ms_per_request = (web.cpu_seconds() - cpu_before) / result.requests_total * 1000
+        return result
 
     def section(self, name: str) -> dict[str, Any]:
         return self.results["sections"].setdefault(name, {})
@@ -342,32 +356,30 @@ class Harness:
         try:
             for n in CLIENT_COUNTS:
                 log(f"L2 no-op WSGI app under gunicorn, {n} client(s)")
-                result = self.load("post_json", n, {"path": "/api/v1/noop", "body": body})
+                result = self.load("post_json", n, {"path": "/api/v1/noop", "body": body}, web=web)
                 s[f"L2_{n}"] = summarize(result)
         finally:
             web.stop()
 
-        log("L3 raw RQ no-op jobs on the Procfile's worker")
-        worker = self.start_worker()
-        try:
-            s["L3_worker_class"] = procs.worker_class_name(self.env)
-            baselines.l3_batch(redis_url=self.redis_url, jobs=max(5, self.sizes.l3_jobs // 10))  # warm-up
-            batch = baselines.l3_batch(redis_url=self.redis_url, jobs=self.sizes.l3_jobs)
-            chain = baselines.l3_chain(redis_url=self.redis_url, length=self.sizes.l3_chain)
-            s["L3_batch"] = {
-                "jobs": batch.jobs,
-                "seconds": batch.seconds,
-                "jobs_per_s": batch.jobs_per_s,
-                "per_job_ms": batch.per_job_ms,
-            }
-            s["L3_chain"] = {
-                "jobs": chain.jobs,
-                "seconds": chain.seconds,
-                "jobs_per_s": chain.jobs_per_s,
-                "per_job_ms": chain.per_job_ms,
-            }
-        finally:
-            worker.stop()
+        s["L3_worker_class"] = procs.worker_class_name(self.env)
+        for candidate in (False, True):
+            suffix = "_candidate" if candidate else ""
+            label = "candidate (SimpleWorker)" if candidate else "Procfile"
+            log(f"L3 raw RQ no-op jobs on the {label} worker")
+            worker = self.start_worker(candidate=candidate)
+            try:
+                baselines.l3_batch(redis_url=self.redis_url, jobs=max(5, self.sizes.l3_jobs // 10))  # warm-up
+                batch = baselines.l3_batch(redis_url=self.redis_url, jobs=self.sizes.l3_jobs)
+                chain = baselines.l3_chain(redis_url=self.redis_url, length=self.sizes.l3_chain)
+            finally:
+                worker.stop()
+            for key, r in ((f"L3_batch{suffix}", batch), (f"L3_chain{suffix}", chain)):
+                s[key] = {
+                    "jobs": r.jobs,
+                    "seconds": r.seconds,
+                    "jobs_per_s": r.jobs_per_s,
+                    "per_job_ms": r.per_job_ms,
+                }
 
     # Phase 2 ----------------------------------------------------------------------------------
 
@@ -395,7 +407,7 @@ class Harness:
                             i: {"Authorization": f"Bearer {keys[i][1]}"} for i in range(n)
                         },
                     }
-                    result = self.load(scenario, n, params)
+                    result = self.load(scenario, n, params, web=web)
                     entry = {op: summarize(result, op) for op in result.ops()}
                     for op_summary in entry.values():
                         op_summary["errors"] = result.error_count()
@@ -445,6 +457,10 @@ class Harness:
         s["queries_full"] = dashboard.query_counts(user=user, pages=pages_full)
         log("EXPLAIN ANALYZE of every query the pages run")
         s["explain"] = dashboard.explain_pages(user=user, pages=pages_full)
+        # Before/after for the indexes this harness's findings added (same data, same run).
+        s["explain_without_bench_indexes"] = dashboard.explain_pages(
+            user=user, pages=pages_full, without=dashboard.BENCH_INDEXES
+        )
         cookie = dashboard.session_cookie(user)
         web = self.start_web("web-dashboard", settings_module="bench.settings")
         try:
@@ -485,22 +501,31 @@ class Harness:
         from bench import unwinds
 
         s = self.section("unwind")
-        log(f"unwinds: 1 x {self.sizes.unwind_steps} steps, then {self.sizes.concurrent_unwinds} concurrent")
-        worker = self.start_worker()
-        try:
-            s.update(
-                unwinds.measure(
+        for candidate in (False, True):
+            label = "candidate (SimpleWorker)" if candidate else "Procfile"
+            log(
+                f"unwinds on the {label} worker: 1 x {self.sizes.unwind_steps} steps, "
+                f"then {self.sizes.concurrent_unwinds} concurrent"
+            )
+            worker = self.start_worker(candidate=candidate)
+            try:
+                measured = unwinds.measure(
                     steps=self.sizes.unwind_steps,
                     concurrent=self.sizes.concurrent_unwinds,
                     log_dir=self.log_dir,
                 )
-            )
-        finally:
-            worker.stop()
+            finally:
+                worker.stop()
+            if candidate:
+                s["candidate"] = measured
+            else:
+                s.update(measured)
 
     # Driver -----------------------------------------------------------------------------------
 
     def run(self) -> int:
+        from bench import machine
+
         started = time.monotonic()
         self.prepare()
         phases = [
@@ -513,6 +538,7 @@ class Harness:
         for name, phase in phases:
             if only and name not in only:
                 continue
+            self.results.setdefault("load", {})[name] = machine.loadavg()
             try:
                 phase()
             except Exception as exc:  # noqa: BLE001 - a phase that cannot run is reported, not hidden
@@ -521,7 +547,7 @@ class Harness:
                     {"phase": name, "error": repr(exc), "traceback": traceback.format_exc()}
                 )
         self.results["elapsed_s"] = time.monotonic() - started
-        from bench import machine, report
+        from bench import report
 
         self.results["load_after"] = machine.loadavg()
         text, markdown = report.render(self.results, smoke=self.args.smoke)
