@@ -91,22 +91,34 @@ def rq_worker(transactional_db) -> Iterator[subprocess.Popen]:
     """A real worker process on the live test database and this suite's Redis database."""
     import django_rq
 
-    connection = django_rq.get_connection("default")
-    connection.flushdb()  # only this suite's Redis database: stale jobs from an earlier run
+    # The worker must listen where this process (the live server) enqueues: RQ's own setting,
+    # which a test elsewhere in the session may have pointed at another Redis.
+    redis_url = settings.RQ_QUEUES["default"]["URL"]
+    django_rq.get_connection("default").flushdb()  # only this suite's Redis database: stale jobs
     db = settings.DATABASES["default"]
     database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
-        "REDIS_URL": settings.REDIS_URL,
+        "REDIS_URL": redis_url,
         "DJANGO_SETTINGS_MODULE": "saga_admin.settings",
         "DB_CONN_MAX_AGE": "0",
     }
     log_path = ROOT / "artifacts" / "e2e-worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("w")
+    command = [
+        sys.executable,
+        "manage.py",
+        "saga_worker",
+        "--no-periodic",
+        "-v",
+        "2",
+        "--name",
+        f"e2e-{os.getpid()}",
+    ]
     process = subprocess.Popen(
-        [sys.executable, "manage.py", "saga_worker", "--no-periodic", "--name", f"e2e-{os.getpid()}"],
+        command,
         cwd=ROOT,
         env=env,
         stdout=log,
