@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.urls import reverse
+
 from ledger.models import Action, ActionClass, CompensationStrategy, Event, Run
 from recovery.models import Approval, UnwindStep
 
@@ -129,7 +131,7 @@ def run_trail(*, run: Run) -> dict[str, Any]:
         "not_undone": not_undone,
         "reviewed_by": reviewed_by,
         "summary": _summary(run, changed, restored, not_undone, reviewed_by),
-        "audit_url": f"/runs/{run.pk}/#audit",
+        "audit_url": reverse("dashboard:run-detail", kwargs={"run_id": run.pk}) + "#audit",
     }
 
 
