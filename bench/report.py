@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 SECTIONS = ("Machine", "Baselines", "Ledger append", "Dashboard", "Unwind", "Targets")
@@ -80,6 +81,14 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
                     life.get(op),
                     limit * 1 / 3 if op == "sequence" and limit else limit,
                 )
+    for key, entry in append.items():
+        if key.startswith("candidate_web_concurrency_"):
+            workers = key.rsplit("_", 1)[1]
+            load_row(
+                f"  candidate: WEB_CONCURRENCY={workers}, record action (16 clients)",
+                entry.get("record_action"),
+                _limit(base, 16),
+            )
     dash = sec.get("dashboard", {})
     for name, t in dash.get("timings", {}).items():
         q_small = dash.get("queries_small", {}).get(name, {}).get("queries")
@@ -97,10 +106,13 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
             ]
         )
     unwind = sec.get("unwind", {})
-    for source, chain_key, who in (
-        (unwind, "L3_chain", "Procfile worker"),
-        (unwind.get("candidate", {}), "L3_chain_candidate", "candidate SimpleWorker"),
-    ):
+    sources = [(unwind, "L3_chain", "Procfile worker")]
+    for name, measured in unwind.get("candidates", {}).items():
+        # Compared with the L3 no-op job of the same worker class.
+        sources.append(
+            (measured, "L3_chain_candidate" if name.startswith("simple") else "L3_chain", f"candidate {name}")
+        )
+    for source, chain_key, who in sources:
         chain = base.get(chain_key, {}).get("per_job_ms")
         for key, label in (
             ("single", "unwind: 1 x {n} steps"),
@@ -428,15 +440,15 @@ def _markdown(
     chain = base.get("L3_chain")
     if chain:
         out.append(f"- L3 chained no-op job on the same worker: {chain['per_job_ms']:.1f} ms/job")
-    cand = unwind.get("candidate", {})
-    for key in ("single", "concurrent"):
-        u = cand.get(key)
-        if u:
-            out.append(
-                f"- candidate worker (`bench/simple_worker.py`, RQ SimpleWorker, no fork), {key}: {u['unwinds']} "
-                f"unwind(s), {u['steps']} steps in {u['seconds']:.2f} s = {u['per_step_ms']:.1f} ms/step; "
-                f"unwinds {u['unwind_statuses']}"
-            )
+    for name, cand in unwind.get("candidates", {}).items():
+        for key in ("single", "concurrent"):
+            u = cand.get(key)
+            if u:
+                out.append(
+                    f"- candidate `{name}` (`bench/candidate_worker.py`), {key}: {u['unwinds']} unwind(s), "
+                    f"{u['steps']} steps in {u['seconds']:.2f} s = {u['per_step_ms']:.1f} ms/step; "
+                    f"unwinds {u['unwind_statuses']}"
+                )
     chain = base.get("L3_chain_candidate")
     if chain:
         out.append(f"- L3 chained no-op job on the candidate worker: {chain['per_job_ms']:.1f} ms/job")
@@ -446,6 +458,9 @@ def _markdown(
         out += ["", "## Phases that failed", ""]
         for e in results["errors"]:
             out.append(f"- **{e['phase']}**: `{e['error']}`")
+    findings = Path(__file__).with_name("findings.md")
+    if findings.exists():
+        out += ["", findings.read_text().rstrip()]
     out += [
         "",
         "## Reproduce",

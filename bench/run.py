@@ -87,7 +87,12 @@ SMOKE = Sizes(
 )
 
 CLIENT_COUNTS = (1, 16)
-CANDIDATE_WORKER = "python -m bench.simple_worker default compensations notifications"
+# Candidate workers (bench/candidate_worker.py): measured beside the Procfile's, never instead of it.
+CANDIDATES = {
+    "simple": "python -m bench.candidate_worker --class simple",
+    "fork+inline-advance": "python -m bench.candidate_worker --class fork --inline-advance",
+    "simple+inline-advance": "python -m bench.candidate_worker --class simple --inline-advance",
+}
 CLIENT_PROCESSES = 4
 
 
@@ -246,17 +251,18 @@ class Harness:
         app: str | None = None,
         settings_module: str = "saga_admin.settings",
         ready_path: str = "/healthz",
+        extra_env: dict[str, str] | None = None,
     ) -> procs.Proc:
-        proc = procs.start(name, procs.web_command(app=app), self.env_for(settings_module), self.log_dir)
+        env = {**self.env_for(settings_module), **(extra_env or {})}
+        proc = procs.start(name, procs.web_command(app=app), env, self.log_dir)
         procs.wait_http(self.port, ready_path, proc)
         return proc
 
-    def start_worker(self, *, candidate: bool = False) -> procs.Proc:
-        # The candidate is a comparison only: the product's figures come from the Procfile worker.
-        command = CANDIDATE_WORKER if candidate else procs.worker_command()
-        proc = procs.start(
-            "worker-candidate" if candidate else "worker", command, self.env_for(), self.log_dir
-        )
+    def start_worker(self, candidate: str | None = None) -> procs.Proc:
+        # Candidates are comparisons only: the product's figures come from the Procfile worker.
+        command = CANDIDATES[candidate] if candidate else procs.worker_command()
+        name = f"worker-{candidate}" if candidate else "worker"
+        proc = procs.start(name, command, self.env_for(), self.log_dir)
         self._wait_worker_registered(proc)
         return proc
 
@@ -362,11 +368,11 @@ class Harness:
             web.stop()
 
         s["L3_worker_class"] = procs.worker_class_name(self.env)
-        for candidate in (False, True):
+        # The inline-advance variants change only the engine, not how a no-op job runs.
+        for candidate in (None, "simple"):
             suffix = "_candidate" if candidate else ""
-            label = "candidate (SimpleWorker)" if candidate else "Procfile"
-            log(f"L3 raw RQ no-op jobs on the {label} worker")
-            worker = self.start_worker(candidate=candidate)
+            log(f"L3 raw RQ no-op jobs on the {candidate or 'Procfile'} worker")
+            worker = self.start_worker(candidate)
             try:
                 baselines.l3_batch(redis_url=self.redis_url, jobs=max(5, self.sizes.l3_jobs // 10))  # warm-up
                 batch = baselines.l3_batch(redis_url=self.redis_url, jobs=self.sizes.l3_jobs)
@@ -392,8 +398,9 @@ class Harness:
         fixtures.load_bench_policies(self.log_dir)
         l2 = self.section("baselines").get(f"L2_{max_clients}", {}).get("throughput", 2000)
         per_run = 10
-        # Enough fresh runs that no client runs out: the no-op app's rate bounds the app's.
-        runs_needed = int(l2 * (self.sizes.warmup_s + self.sizes.window_s) / per_run / max_clients * 1.3) + 2
+        # Enough fresh runs that no client runs out at up to half the no-op app's rate (a client
+        # that did run out would go on recording into its last run).
+        runs_needed = int(l2 * 0.5 * (self.sizes.warmup_s + self.sizes.window_s) / per_run / max_clients) + 2
         web = self.start_web("web-append")
         try:
             for scenario in ("record_action", "action_lifecycle"):
@@ -412,6 +419,27 @@ class Harness:
                     for op_summary in entry.values():
                         op_summary["errors"] = result.error_count()
                     s[f"{scenario}_{n}"] = entry
+        finally:
+            web.stop()
+        if self.args.smoke:
+            return
+        # Candidate: the same Procfile line with more sync workers (WEB_CONCURRENCY is the
+        # operator's knob), so requests waiting on PostgreSQL overlap more. A comparison only.
+        workers = "6"
+        log(f"ledger append candidate: WEB_CONCURRENCY={workers}, record_action, {max_clients} clients")
+        web = self.start_web("web-append-candidate", extra_env={"WEB_CONCURRENCY": workers})
+        try:
+            runs = fixtures.fresh_runs(keys=keys, per_client=runs_needed)
+            params = {
+                "runs": runs,
+                "per_run": per_run,
+                "headers_per_client": {
+                    i: {"Authorization": f"Bearer {keys[i][1]}"} for i in range(max_clients)
+                },
+            }
+            result = self.load("record_action", max_clients, params, web=web)
+            entry = {op: summarize(result, op) for op in result.ops()}
+            s[f"candidate_web_concurrency_{workers}"] = entry
         finally:
             web.stop()
 
@@ -501,13 +529,14 @@ class Harness:
         from bench import unwinds
 
         s = self.section("unwind")
-        for candidate in (False, True):
-            label = "candidate (SimpleWorker)" if candidate else "Procfile"
+        # A smoke run exercises one candidate (both of its changes), a full run all of them.
+        candidates = ["simple+inline-advance"] if self.args.smoke else list(CANDIDATES)
+        for candidate in (None, *candidates):
             log(
-                f"unwinds on the {label} worker: 1 x {self.sizes.unwind_steps} steps, "
+                f"unwinds on the {candidate or 'Procfile'} worker: 1 x {self.sizes.unwind_steps} steps, "
                 f"then {self.sizes.concurrent_unwinds} concurrent"
             )
-            worker = self.start_worker(candidate=candidate)
+            worker = self.start_worker(candidate)
             try:
                 measured = unwinds.measure(
                     steps=self.sizes.unwind_steps,
@@ -517,7 +546,7 @@ class Harness:
             finally:
                 worker.stop()
             if candidate:
-                s["candidate"] = measured
+                s.setdefault("candidates", {})[candidate] = measured
             else:
                 s.update(measured)
 

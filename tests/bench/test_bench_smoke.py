@@ -74,5 +74,10 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path):
     assert set(sections["dashboard"]["timings"]) == set(sections["dashboard"]["explain"])
     assert all(t["count"] > 0 and t["errors"] == 0 for t in sections["dashboard"]["timings"].values())
     assert sections["unwind"]["single"]["unwind_statuses"] == ["completed"]
+    # The candidate worker (non-forking, one job per step) completes unwinds too.
+    candidates = sections["unwind"]["candidates"].values()
+    assert candidates and all(c["single"]["unwind_statuses"] == ["completed"] for c in candidates)
+    dashboard = sections["dashboard"]
+    assert set(dashboard["explain_without_bench_indexes"]) == set(dashboard["explain"])
     # The table printed to the terminal is the same one the report carries.
     assert "figure" in completed.stdout and "Targets:" in completed.stdout
