@@ -100,8 +100,12 @@ def audit_record(
         run=run,
         chain=chain,
         kind=kind,
-        subject_type=type(subject).__name__.lower() if not isinstance(subject, str) else subject.split(":")[0],
-        subject_id=str(getattr(subject, "pk", "")) if not isinstance(subject, str) else subject.split(":", 1)[-1],
+        subject_type=type(subject).__name__.lower()
+        if not isinstance(subject, str)
+        else subject.split(":")[0],
+        subject_id=str(getattr(subject, "pk", ""))
+        if not isinstance(subject, str)
+        else subject.split(":", 1)[-1],
         from_state=str(from_state or ""),
         to_state=str(to_state or ""),
         actor_type=actor.type,

@@ -11,7 +11,9 @@ class SagaError(Exception):
     status: int = 400
     code: str = "bad_request"
 
-    def __init__(self, message: str, *, details: dict[str, Any] | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, details: dict[str, Any] | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.details = details or {}
@@ -44,7 +46,9 @@ class InvalidTransition(Conflict):
 
     code = "invalid_transition"
 
-    def __init__(self, subject: Any, *, to: str, current: str | None = None, message: str | None = None) -> None:
+    def __init__(
+        self, subject: Any, *, to: str, current: str | None = None, message: str | None = None
+    ) -> None:
         current_state = current if current is not None else str(getattr(subject, "status", ""))
         label = f"{type(subject).__name__} {getattr(subject, 'pk', '')}".strip()
         super().__init__(

@@ -80,7 +80,8 @@ class Membership(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["user", "tenant"], name="membership_one_role_per_tenant"),
             models.CheckConstraint(
-                condition=Q(role__in=["viewer", "operator", "approver", "admin"]), name="membership_role_valid"
+                condition=Q(role__in=["viewer", "operator", "approver", "admin"]),
+                name="membership_role_valid",
             ),
         ]
 
@@ -260,7 +261,9 @@ class Action(models.Model):
     class Meta:
         ordering = ["run", "seq"]
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="action_idempotency_per_tenant"),
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"], name="action_idempotency_per_tenant"
+            ),
             models.UniqueConstraint(fields=["run", "seq"], name="action_seq_per_run"),
             models.CheckConstraint(
                 condition=Q(
@@ -280,7 +283,9 @@ class Action(models.Model):
                 ),
                 name="action_status_valid",
             ),
-            models.CheckConstraint(condition=Q(risk__in=["low", "medium", "high", "critical"]), name="action_risk_valid"),
+            models.CheckConstraint(
+                condition=Q(risk__in=["low", "medium", "high", "critical"]), name="action_risk_valid"
+            ),
             models.CheckConstraint(
                 condition=Q(
                     action_class__in=[
@@ -368,7 +373,9 @@ class PolicySet(models.Model):
 
 
 class ToolPolicy(models.Model):
-    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="tool_policies")
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="tool_policies"
+    )
     tool = models.CharField(max_length=200, help_text="Exact tool name or a glob such as crm.update_*")
     risk = models.CharField(max_length=16, choices=Risk.choices)
     approval = models.CharField(max_length=16, choices=ApprovalMode.choices)
@@ -384,9 +391,15 @@ class ToolPolicy(models.Model):
         ordering = ["tool"]
         verbose_name_plural = "tool policies"
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "tool"], name="toolpolicy_unique_pattern", nulls_distinct=False),
-            models.CheckConstraint(condition=Q(risk__in=["low", "medium", "high", "critical"]), name="toolpolicy_risk_valid"),
-            models.CheckConstraint(condition=Q(approval__in=["auto", "manual"]), name="toolpolicy_approval_valid"),
+            models.UniqueConstraint(
+                fields=["tenant", "tool"], name="toolpolicy_unique_pattern", nulls_distinct=False
+            ),
+            models.CheckConstraint(
+                condition=Q(risk__in=["low", "medium", "high", "critical"]), name="toolpolicy_risk_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(approval__in=["auto", "manual"]), name="toolpolicy_approval_valid"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -402,7 +415,9 @@ class Compensator(models.Model):
         WEBHOOK = "webhook", "HTTP webhook"
         PYTHON = "python", "Python callable"
 
-    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="compensators")
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="compensators"
+    )
     tool = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     url = models.URLField(max_length=2000, blank=True, default="")
@@ -419,7 +434,9 @@ class Compensator(models.Model):
     class Meta:
         ordering = ["tool"]
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "tool"], name="compensator_unique_tool", nulls_distinct=False),
+            models.UniqueConstraint(
+                fields=["tenant", "tool"], name="compensator_unique_tool", nulls_distinct=False
+            ),
             models.CheckConstraint(
                 condition=(Q(kind="webhook") & ~Q(url="")) | (Q(kind="python") & ~Q(python_path="")),
                 name="compensator_target_present",
@@ -448,8 +465,13 @@ class IdempotencyRecord(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_record_per_tenant")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "key"], name="idempotency_record_per_tenant")
+        ]
         indexes = [models.Index(fields=["created_at"], name="idempotency_created")]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.state})"
 
 
 class Event(models.Model):

@@ -22,7 +22,11 @@ BUILTIN_DEFAULT_POLICY: dict[str, str] = {
     "action_class": ActionClass.EXTERNAL_IRREVERSIBLE,
     "compensation": CompensationStrategy.NONE,
 }
-BUILTIN_UNWIND: dict[str, Any] = {"on_compensation_failure": "alert_and_continue", "step_timeout_s": 30, "max_attempts": 5}
+BUILTIN_UNWIND: dict[str, Any] = {
+    "on_compensation_failure": "alert_and_continue",
+    "step_timeout_s": 30,
+    "max_attempts": 5,
+}
 BUILTIN_AUTO_COMPENSATE: dict[str, Any] = {"max_risk": None}
 
 
@@ -71,8 +75,10 @@ def policy_settings_for(tenant: Tenant | None) -> PolicySettings:
     layers = [ps for ps in (sets.get(None), sets.get(tenant.pk) if tenant else None) if ps is not None]
     if not layers:
         return PolicySettings()
-    default_policy, unwind, auto_compensate = dict(BUILTIN_DEFAULT_POLICY), dict(BUILTIN_UNWIND), dict(
-        BUILTIN_AUTO_COMPENSATE
+    default_policy, unwind, auto_compensate = (
+        dict(BUILTIN_DEFAULT_POLICY),
+        dict(BUILTIN_UNWIND),
+        dict(BUILTIN_AUTO_COMPENSATE),
     )
     for layer in layers:
         default_policy.update(layer.default_policy)
@@ -125,5 +131,7 @@ def policies_in_force(*, tenant: Tenant) -> list[ToolPolicy]:
     override with the same pattern."""
     own = list(ToolPolicy.objects.filter(tenant=tenant).order_by("tool"))
     overridden = {p.tool for p in own}
-    shared = [p for p in ToolPolicy.objects.filter(tenant__isnull=True).order_by("tool") if p.tool not in overridden]
+    shared = [
+        p for p in ToolPolicy.objects.filter(tenant__isnull=True).order_by("tool") if p.tool not in overridden
+    ]
     return sorted(own + shared, key=lambda p: p.tool)

@@ -14,7 +14,9 @@ from ledger.models import Action, Checkpoint, Run, Tenant
 M = TypeVar("M", bound=Model)
 
 
-def get_for_tenants(queryset: QuerySet[M], *, pk: str, tenants: Tenant | Iterable[Tenant] | Iterable[int]) -> M:
+def get_for_tenants(
+    queryset: QuerySet[M], *, pk: str, tenants: Tenant | Iterable[Tenant] | Iterable[int]
+) -> M:
     tenant_ids = [tenants.pk] if isinstance(tenants, Tenant) else [getattr(t, "pk", t) for t in tenants]
     obj = queryset.filter(pk=pk, tenant_id__in=tenant_ids).first()
     if obj is None:
@@ -42,20 +44,36 @@ def run_warnings(*, run: Run, actions: Iterable[Action] | None = None) -> list[d
     for action in ordered:
         if action.status in (Action.Status.REJECTED,):
             continue
-        if action.action_class == "external_irreversible" and pivot is None and action.status != Action.Status.FAILED:
+        if (
+            action.action_class == "external_irreversible"
+            and pivot is None
+            and action.status != Action.Status.FAILED
+        ):
             pivot = action
-        elif pivot is not None and action.action_class in ("draft_only", "internal_update", "external_reversible"):
-            warnings.append({
-                "code": "pivot_order",
-                "action_id": action.pk,
-                "message": (f"{action.tool} (#{action.seq}) can be undone but came after the irreversible "
-                            f"{pivot.tool} (#{pivot.seq}); compensatable steps should come before the pivot."),
-            })
+        elif pivot is not None and action.action_class in (
+            "draft_only",
+            "internal_update",
+            "external_reversible",
+        ):
+            warnings.append(
+                {
+                    "code": "pivot_order",
+                    "action_id": action.pk,
+                    "message": (
+                        f"{action.tool} (#{action.seq}) can be undone but came after the irreversible "
+                        f"{pivot.tool} (#{pivot.seq}); compensatable steps should come before the pivot."
+                    ),
+                }
+            )
         if action.status == Action.Status.UNKNOWN:
-            warnings.append({
-                "code": "outcome_unknown",
-                "action_id": action.pk,
-                "message": (f"{action.tool} (#{action.seq}) timed out and may have happened; reconcile it "
-                            "(confirm done or not done) before resuming or compensating."),
-            })
+            warnings.append(
+                {
+                    "code": "outcome_unknown",
+                    "action_id": action.pk,
+                    "message": (
+                        f"{action.tool} (#{action.seq}) timed out and may have happened; reconcile it "
+                        "(confirm done or not done) before resuming or compensating."
+                    ),
+                }
+            )
     return warnings

@@ -53,7 +53,11 @@ ACTION_TRANSITIONS: dict[str, set[str]] = {
     Action.Status.UNKNOWN: {Action.Status.SUCCEEDED, Action.Status.FAILED},
     Action.Status.FAILED: {Action.Status.RUNNING},
     Action.Status.SUCCEEDED: {Action.Status.COMPENSATING},
-    Action.Status.COMPENSATING: {Action.Status.COMPENSATED, Action.Status.COMPENSATION_FAILED, Action.Status.SUCCEEDED},
+    Action.Status.COMPENSATING: {
+        Action.Status.COMPENSATED,
+        Action.Status.COMPENSATION_FAILED,
+        Action.Status.SUCCEEDED,
+    },
     Action.Status.COMPENSATION_FAILED: {Action.Status.COMPENSATING},
     Action.Status.COMPENSATED: set(),
 }
@@ -119,7 +123,9 @@ def _split_key(raw: str) -> tuple[str, str] | None:
 
 
 @transaction.atomic
-def agent_key_create(*, tenant: Tenant, name: str, scopes: Iterable[str] = ("agent",), actor: Actor) -> IssuedKey:
+def agent_key_create(
+    *, tenant: Tenant, name: str, scopes: Iterable[str] = ("agent",), actor: Actor
+) -> IssuedKey:
     scope_list = sorted(set(scopes))
     unknown = set(scope_list) - set(AgentKey.Scope.values)
     if not scope_list or unknown:
@@ -133,7 +139,11 @@ def agent_key_create(*, tenant: Tenant, name: str, scopes: Iterable[str] = ("age
         tenant=tenant, name=name, prefix=prefix, key_hash=sha256_hex(secret_part), scopes=scope_list
     )
     audit_record(
-        tenant=tenant, actor=actor, kind="agent_key.created", subject=key, data={"name": name, "scopes": scope_list}
+        tenant=tenant,
+        actor=actor,
+        kind="agent_key.created",
+        subject=key,
+        data={"name": name, "scopes": scope_list},
     )
     return IssuedKey(key=key, secret=f"{prefix}_{secret_part}")
 
@@ -203,8 +213,15 @@ def run_create(
         created_by_key=actor.key,
         last_heartbeat_at=now,
     )
-    audit_record(tenant=tenant, run=run, actor=actor, kind="run.created", subject=run, to_state=run.status,
-                 data={"agent": agent, "external_id": external_id})
+    audit_record(
+        tenant=tenant,
+        run=run,
+        actor=actor,
+        kind="run.created",
+        subject=run,
+        to_state=run.status,
+        data={"agent": agent, "external_id": external_id},
+    )
     return run
 
 
@@ -217,19 +234,40 @@ def run_heartbeat(*, run: Run, note: str = "") -> Run:
 
 
 def _run_transition(
-    *, run: Run, to: str, actor: Actor, kind: str, reason: str = "", updates: dict[str, Any] | None = None,
-    data: dict[str, Any] | None = None, allowed_from: Iterable[str] | None = None,
+    *,
+    run: Run,
+    to: str,
+    actor: Actor,
+    kind: str,
+    reason: str = "",
+    updates: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
+    allowed_from: Iterable[str] | None = None,
 ) -> Run:
     previous = _compare_and_set(run, table=RUN_TRANSITIONS, to=to, updates=updates, allowed_from=allowed_from)
-    audit_record(tenant=run.tenant, run=run, actor=actor, kind=kind, subject=run, from_state=previous,
-                 to_state=to, reason=reason, data=data)
+    audit_record(
+        tenant=run.tenant,
+        run=run,
+        actor=actor,
+        kind=kind,
+        subject=run,
+        from_state=previous,
+        to_state=to,
+        reason=reason,
+        data=data,
+    )
     return run
 
 
 @transaction.atomic
 def run_complete(*, run: Run, actor: Actor, summary: str = "") -> Run:
-    return _run_transition(run=run, to=Run.Status.SUCCEEDED, actor=actor, kind="run.completed",
-                           updates={"summary": summary, "finished_at": timezone.now()})
+    return _run_transition(
+        run=run,
+        to=Run.Status.SUCCEEDED,
+        actor=actor,
+        kind="run.completed",
+        updates={"summary": summary, "finished_at": timezone.now()},
+    )
 
 
 @transaction.atomic
@@ -238,27 +276,43 @@ def run_fail(
 ) -> Run:
     """running (or succeeded, for a late verification mismatch) → failed."""
     if failed_action is not None and failed_action.run_id != run.pk:
-        raise errors.ValidationFailed("failed_action_id does not belong to this run.",
-                                      details={"failed_action_id": failed_action.pk})
+        raise errors.ValidationFailed(
+            "failed_action_id does not belong to this run.", details={"failed_action_id": failed_action.pk}
+        )
     updates: dict[str, Any] = {"error": error, "failure_reason": reason, "finished_at": timezone.now()}
     if failed_action is not None:
         updates["failed_action"] = failed_action
     # Not from compensating: that run's unwind owns its outcome (run_compensation_finished), and
     # an agent's late "fail" must not knock it out from under the unwind.
-    return _run_transition(run=run, to=Run.Status.FAILED, actor=actor, kind="run.failed", reason=error,
-                           updates=updates, data={"reason": reason, "failed_action": getattr(failed_action, "pk", None)},
-                           allowed_from=[Run.Status.RUNNING, Run.Status.SUCCEEDED])
+    return _run_transition(
+        run=run,
+        to=Run.Status.FAILED,
+        actor=actor,
+        kind="run.failed",
+        reason=error,
+        updates=updates,
+        data={"reason": reason, "failed_action": getattr(failed_action, "pk", None)},
+        allowed_from=[Run.Status.RUNNING, Run.Status.SUCCEEDED],
+    )
 
 
 @transaction.atomic
 def run_cancel(*, run: Run, actor: Actor, reason: str) -> Run:
-    return _run_transition(run=run, to=Run.Status.CANCELLED, actor=actor, kind="run.cancelled", reason=reason,
-                           updates={"finished_at": timezone.now()})
+    return _run_transition(
+        run=run,
+        to=Run.Status.CANCELLED,
+        actor=actor,
+        kind="run.cancelled",
+        reason=reason,
+        updates={"finished_at": timezone.now()},
+    )
 
 
 @transaction.atomic
 def run_compensation_started(*, run: Run, actor: Actor, reason: str) -> Run:
-    return _run_transition(run=run, to=Run.Status.COMPENSATING, actor=actor, kind="run.compensating", reason=reason)
+    return _run_transition(
+        run=run, to=Run.Status.COMPENSATING, actor=actor, kind="run.compensating", reason=reason
+    )
 
 
 @transaction.atomic
@@ -270,23 +324,42 @@ def run_compensation_finished(*, run: Run, actor: Actor, complete: bool, reason:
         updates["failure_reason"] = "compensation_failed"
     # Both outcomes only from compensating: "failed" is reachable from running too, and a run that
     # never compensated must not be marked compensation_failed.
-    return _run_transition(run=run, to=to, actor=actor, kind="run.compensated" if complete else "run.compensation_failed",
-                           reason=reason, updates=updates, allowed_from=[Run.Status.COMPENSATING])
+    return _run_transition(
+        run=run,
+        to=to,
+        actor=actor,
+        kind="run.compensated" if complete else "run.compensation_failed",
+        reason=reason,
+        updates=updates,
+        allowed_from=[Run.Status.COMPENSATING],
+    )
 
 
 @transaction.atomic
 def run_resume(*, run: Run, actor: Actor, reason: str) -> Run:
     now = timezone.now()
-    return _run_transition(run=run, to=Run.Status.RUNNING, actor=actor, kind="run.resumed", reason=reason,
-                           updates={"finished_at": None, "last_heartbeat_at": now})
+    return _run_transition(
+        run=run,
+        to=Run.Status.RUNNING,
+        actor=actor,
+        kind="run.resumed",
+        reason=reason,
+        updates={"finished_at": None, "last_heartbeat_at": now},
+    )
 
 
 @transaction.atomic
 def run_close(*, run: Run, actor: Actor, reason: str) -> Run:
     if not reason.strip():
         raise errors.ValidationFailed("A reason is required to close a run.", details={"reason": "required"})
-    return _run_transition(run=run, to=Run.Status.CLOSED, actor=actor, kind="run.closed", reason=reason,
-                           updates={"finished_at": timezone.now()})
+    return _run_transition(
+        run=run,
+        to=Run.Status.CLOSED,
+        actor=actor,
+        kind="run.closed",
+        reason=reason,
+        updates={"finished_at": timezone.now()},
+    )
 
 
 # --- Actions (the ledger) --------------------------------------------------------------------
@@ -307,7 +380,13 @@ def action_payload_hash(
     an agent retrying after a timeout re-reads its target and rephrases its reasoning, and that
     must still count as the same call."""
     return sha256_hex(
-        {"tool": tool, "target_type": target_type, "target_id": target_id, "args": args, "compensation": compensation}
+        {
+            "tool": tool,
+            "target_type": target_type,
+            "target_id": target_id,
+            "args": args,
+            "compensation": compensation,
+        }
     )
 
 
@@ -401,9 +480,17 @@ def action_record(
                 return RecordedAction(_replay(existing, run=run, payload_hash=payload_hash), created=False)
             return RecordedAction(
                 _action_insert(
-                    run=run, actor=actor, tool=tool, idempotency_key=idempotency_key, target_type=target_type,
-                    target_id=target_id, args=args, intent=intent or {}, before_snapshot=before_snapshot,
-                    compensation=compensation, payload_hash=payload_hash,
+                    run=run,
+                    actor=actor,
+                    tool=tool,
+                    idempotency_key=idempotency_key,
+                    target_type=target_type,
+                    target_id=target_id,
+                    args=args,
+                    intent=intent or {},
+                    before_snapshot=before_snapshot,
+                    compensation=compensation,
+                    payload_hash=payload_hash,
                 ),
                 created=True,
             )
@@ -426,24 +513,42 @@ def _replay(existing: Action, *, run: Run, payload_hash: str) -> Action:
     if existing.run_id != run.pk or existing.payload_hash != payload_hash:
         raise errors.IdempotencyKeyReused(
             "This idempotency key was already used for a different action.",
-            details={"idempotency_key": existing.idempotency_key, "action_id": existing.pk
-                     if existing.run_id == run.pk else None},
+            details={
+                "idempotency_key": existing.idempotency_key,
+                "action_id": existing.pk if existing.run_id == run.pk else None,
+            },
         )
     return existing
 
 
 def _action_insert(
-    *, run: Run, actor: Actor, tool: str, idempotency_key: str, target_type: str, target_id: str, args: Any,
-    intent: dict[str, Any], before_snapshot: Any, compensation: dict[str, Any] | None, payload_hash: str,
+    *,
+    run: Run,
+    actor: Actor,
+    tool: str,
+    idempotency_key: str,
+    target_type: str,
+    target_id: str,
+    args: Any,
+    intent: dict[str, Any],
+    before_snapshot: Any,
+    compensation: dict[str, Any] | None,
+    payload_hash: str,
 ) -> Action:
     locked = _lock_run(run)
     _assert_accepts_actions(locked)
     policy = policy_resolve(tenant=locked.tenant, tool=tool)
-    strategy, comp_tool, comp_args = _compensation_for(policy, tool=tool, args=args, compensation=compensation)
+    strategy, comp_tool, comp_args = _compensation_for(
+        policy, tool=tool, args=args, compensation=compensation
+    )
     warnings = pivot_warnings_for_new(run=locked, action_class=policy.action_class, tool=tool)
     if strategy == CompensationStrategy.NONE and policy.action_class == ActionClass.EXTERNAL_IRREVERSIBLE:
-        warnings.append({"code": "irreversible_without_correction",
-                         "message": f"{tool} is irreversible and has no correction registered."})
+        warnings.append(
+            {
+                "code": "irreversible_without_correction",
+                "message": f"{tool} is irreversible and has no correction registered.",
+            }
+        )
     seq = locked.action_count + 1
     Run.objects.filter(pk=locked.pk).update(action_count=seq)
     action = Action.objects.create(
@@ -468,26 +573,51 @@ def _action_insert(
         compensation_args=comp_args,
         warnings=warnings,
     )
-    audit_record(tenant=locked.tenant, run=locked, actor=actor, kind="action.recorded", subject=action,
-                 to_state=action.status, data={"tool": tool, "target_id": target_id, "risk": policy.risk,
-                                               "idempotency_key": idempotency_key})
+    audit_record(
+        tenant=locked.tenant,
+        run=locked,
+        actor=actor,
+        kind="action.recorded",
+        subject=action,
+        to_state=action.status,
+        data={"tool": tool, "target_id": target_id, "risk": policy.risk, "idempotency_key": idempotency_key},
+    )
     return action
 
 
 def _action_transition(
-    *, action: Action, to: str, actor: Actor, kind: str, reason: str = "", updates: dict[str, Any] | None = None,
-    data: dict[str, Any] | None = None, allowed_from: Iterable[str] | None = None,
+    *,
+    action: Action,
+    to: str,
+    actor: Actor,
+    kind: str,
+    reason: str = "",
+    updates: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
+    allowed_from: Iterable[str] | None = None,
 ) -> Action:
-    previous = _compare_and_set(action, table=ACTION_TRANSITIONS, to=to, updates=updates, allowed_from=allowed_from)
-    audit_record(tenant=action.run.tenant, run=action.run, actor=actor, kind=kind, subject=action,
-                 from_state=previous, to_state=to, reason=reason, data=data)
+    previous = _compare_and_set(
+        action, table=ACTION_TRANSITIONS, to=to, updates=updates, allowed_from=allowed_from
+    )
+    audit_record(
+        tenant=action.run.tenant,
+        run=action.run,
+        actor=actor,
+        kind=kind,
+        subject=action,
+        from_state=previous,
+        to_state=to,
+        reason=reason,
+        data=data,
+    )
     return action
 
 
 @transaction.atomic
 def action_await_approval(*, action: Action, actor: Actor) -> Action:
-    return _action_transition(action=action, to=Action.Status.AWAITING_APPROVAL, actor=actor,
-                              kind="action.awaiting_approval")
+    return _action_transition(
+        action=action, to=Action.Status.AWAITING_APPROVAL, actor=actor, kind="action.awaiting_approval"
+    )
 
 
 @transaction.atomic
@@ -497,14 +627,26 @@ def action_approve(*, action: Action, actor: Actor, reason: str, args: Any = Non
     updates: dict[str, Any] = {}
     if args is not None:
         updates["args"] = args
-    return _action_transition(action=action, to=Action.Status.APPROVED, actor=actor, kind="action.approved",
-                              reason=reason, updates=updates)
+    return _action_transition(
+        action=action,
+        to=Action.Status.APPROVED,
+        actor=actor,
+        kind="action.approved",
+        reason=reason,
+        updates=updates,
+    )
 
 
 @transaction.atomic
 def action_reject(*, action: Action, actor: Actor, reason: str) -> Action:
-    return _action_transition(action=action, to=Action.Status.REJECTED, actor=actor, kind="action.rejected",
-                              reason=reason, updates={"error": reason})
+    return _action_transition(
+        action=action,
+        to=Action.Status.REJECTED,
+        actor=actor,
+        kind="action.rejected",
+        reason=reason,
+        updates={"error": reason},
+    )
 
 
 @transaction.atomic
@@ -514,25 +656,41 @@ def action_start(*, action: Action, actor: Actor) -> Action:
     _assert_accepts_actions(run)
     current = Action.objects.filter(pk=action.pk).values_list("status", flat=True).get()
     if current == Action.Status.AWAITING_APPROVAL:
-        raise errors.ApprovalPending(f"Action {action.pk} is waiting for approval.",
-                                     details={"action_id": action.pk, "current": current})
+        raise errors.ApprovalPending(
+            f"Action {action.pk} is waiting for approval.",
+            details={"action_id": action.pk, "current": current},
+        )
     if current == Action.Status.REJECTED:
-        raise errors.ApprovalRejected(f"Action {action.pk} was rejected (or its approval expired).",
-                                      details={"action_id": action.pk, "current": current, "error": action.error})
+        raise errors.ApprovalRejected(
+            f"Action {action.pk} was rejected (or its approval expired).",
+            details={"action_id": action.pk, "current": current, "error": action.error},
+        )
     if current == Action.Status.PLANNED and action.requires_approval:
-        raise errors.ApprovalPending(f"Action {action.pk} needs approval before it starts.",
-                                     details={"action_id": action.pk, "current": current})
+        raise errors.ApprovalPending(
+            f"Action {action.pk} needs approval before it starts.",
+            details={"action_id": action.pk, "current": current},
+        )
     attempts = Action.objects.filter(pk=action.pk).values_list("attempts", flat=True).get() + 1
     return _action_transition(
-        action=action, to=Action.Status.RUNNING, actor=actor, kind="action.started",
+        action=action,
+        to=Action.Status.RUNNING,
+        actor=actor,
+        kind="action.started",
         updates={"attempts": attempts, "started_at": timezone.now(), "error": "", "error_layer": ""},
         data={"attempt": attempts},
     )
 
 
 @transaction.atomic
-def action_succeed(*, action: Action, actor: Actor, result: Any = None, after_snapshot: Any = None,
-                   reconciled: bool = False, reason: str = "") -> Action:
+def action_succeed(
+    *,
+    action: Action,
+    actor: Actor,
+    result: Any = None,
+    after_snapshot: Any = None,
+    reconciled: bool = False,
+    reason: str = "",
+) -> Action:
     """running → succeeded (or unknown → succeeded when ``reconciled``); takes the next place in
     the run's completion order, which LIFO compensation follows."""
     run = _lock_run(action.run)
@@ -547,48 +705,87 @@ def action_succeed(*, action: Action, actor: Actor, result: Any = None, after_sn
         updates["result"] = result
     if after_snapshot is not None:
         updates["after_snapshot"] = after_snapshot
-    _action_transition(action=action, to=Action.Status.SUCCEEDED, actor=actor,
-                       kind="action.reconciled" if reconciled else "action.succeeded", reason=reason,
-                       updates=updates, allowed_from=allowed, data={"completion_seq": completion_seq})
+    _action_transition(
+        action=action,
+        to=Action.Status.SUCCEEDED,
+        actor=actor,
+        kind="action.reconciled" if reconciled else "action.succeeded",
+        reason=reason,
+        updates=updates,
+        allowed_from=allowed,
+        data={"completion_seq": completion_seq},
+    )
     Run.objects.filter(pk=run.pk).update(completion_count=completion_seq)
     return action
 
 
 @transaction.atomic
-def action_fail(*, action: Action, actor: Actor, error: str, retryable: bool, layer: str,
-                outcome_unknown: bool = False) -> Action:
+def action_fail(
+    *, action: Action, actor: Actor, error: str, retryable: bool, layer: str, outcome_unknown: bool = False
+) -> Action:
     """running → failed, or → unknown when the call timed out and may have happened."""
     if layer not in Action.ErrorLayer.values:
-        raise errors.ValidationFailed(f"layer must be one of {', '.join(Action.ErrorLayer.values)}.",
-                                      details={"layer": layer})
+        raise errors.ValidationFailed(
+            f"layer must be one of {', '.join(Action.ErrorLayer.values)}.", details={"layer": layer}
+        )
     _assert_accepts_actions(_lock_run(action.run))
     to = Action.Status.UNKNOWN if outcome_unknown else Action.Status.FAILED
     return _action_transition(
-        action=action, to=to, actor=actor, kind="action.outcome_unknown" if outcome_unknown else "action.failed",
-        reason=error, updates={"error": error, "retryable": retryable, "error_layer": layer,
-                               "completed_at": timezone.now()},
-        allowed_from=[Action.Status.RUNNING], data={"retryable": retryable, "layer": layer},
+        action=action,
+        to=to,
+        actor=actor,
+        kind="action.outcome_unknown" if outcome_unknown else "action.failed",
+        reason=error,
+        updates={
+            "error": error,
+            "retryable": retryable,
+            "error_layer": layer,
+            "completed_at": timezone.now(),
+        },
+        allowed_from=[Action.Status.RUNNING],
+        data={"retryable": retryable, "layer": layer},
     )
 
 
 @transaction.atomic
-def action_reconcile(*, action: Action, actor: Actor, happened: bool, reason: str, result: Any = None,
-                     after_snapshot: Any = None) -> Action:
+def action_reconcile(
+    *,
+    action: Action,
+    actor: Actor,
+    happened: bool,
+    reason: str,
+    result: Any = None,
+    after_snapshot: Any = None,
+) -> Action:
     """unknown → succeeded (it did happen) or failed (it did not): someone checked the target."""
     if not reason.strip():
-        raise errors.ValidationFailed("A reason is required to reconcile an unknown outcome.",
-                                      details={"reason": "required"})
+        raise errors.ValidationFailed(
+            "A reason is required to reconcile an unknown outcome.", details={"reason": "required"}
+        )
     if happened:
-        return action_succeed(action=action, actor=actor, result=result, after_snapshot=after_snapshot,
-                              reconciled=True, reason=reason)
-    return _action_transition(action=action, to=Action.Status.FAILED, actor=actor, kind="action.reconciled",
-                              reason=reason, allowed_from=[Action.Status.UNKNOWN],
-                              updates={"error": f"reconciled: did not happen ({reason})", "retryable": True})
+        return action_succeed(
+            action=action,
+            actor=actor,
+            result=result,
+            after_snapshot=after_snapshot,
+            reconciled=True,
+            reason=reason,
+        )
+    return _action_transition(
+        action=action,
+        to=Action.Status.FAILED,
+        actor=actor,
+        kind="action.reconciled",
+        reason=reason,
+        allowed_from=[Action.Status.UNKNOWN],
+        updates={"error": f"reconciled: did not happen ({reason})", "retryable": True},
+    )
 
 
 @transaction.atomic
-def action_verify(*, action: Action, actor: Actor, ok: bool, expected: Any = None, actual: Any = None,
-                  reason: str = "") -> Action:
+def action_verify(
+    *, action: Action, actor: Actor, ok: bool, expected: Any = None, actual: Any = None, reason: str = ""
+) -> Action:
     """Record the agent's check of an action's effect. Not a status change; a mismatch is turned
     into a recovery item by the recovery service that calls this."""
     # The row's status, locked, not the caller's copy: a stale object must not verify an action
@@ -597,27 +794,50 @@ def action_verify(*, action: Action, actor: Actor, ok: bool, expected: Any = Non
     if current is None:
         raise errors.NotFound(f"Action {action.pk} does not exist.")
     if current not in (Action.Status.SUCCEEDED, Action.Status.UNKNOWN, Action.Status.RUNNING):
-        raise errors.InvalidTransition(action, to="verified", current=current,
-                                       message=f"Action {action.pk} is {current}; only a completed action can be verified.")
-    verification = {"ok": ok, "expected": expected, "actual": actual, "reason": reason,
-                    "at": timezone.now().isoformat()}
-    Action.objects.filter(pk=action.pk).update(verified=ok, verification=verification, updated_at=timezone.now())
+        raise errors.InvalidTransition(
+            action,
+            to="verified",
+            current=current,
+            message=f"Action {action.pk} is {current}; only a completed action can be verified.",
+        )
+    verification = {
+        "ok": ok,
+        "expected": expected,
+        "actual": actual,
+        "reason": reason,
+        "at": timezone.now().isoformat(),
+    }
+    Action.objects.filter(pk=action.pk).update(
+        verified=ok, verification=verification, updated_at=timezone.now()
+    )
     action.verified, action.verification = ok, verification
-    audit_record(tenant=action.run.tenant, run=action.run, actor=actor,
-                 kind="action.verified" if ok else "action.verification_failed", subject=action,
-                 reason=reason, data={"expected": expected, "actual": actual})
+    audit_record(
+        tenant=action.run.tenant,
+        run=action.run,
+        actor=actor,
+        kind="action.verified" if ok else "action.verification_failed",
+        subject=action,
+        reason=reason,
+        data={"expected": expected, "actual": actual},
+    )
     return action
 
 
 @transaction.atomic
 def action_compensation_started(*, action: Action, actor: Actor, step_id: str) -> Action:
-    return _action_transition(action=action, to=Action.Status.COMPENSATING, actor=actor,
-                              kind="action.compensating", data={"step_id": step_id})
+    return _action_transition(
+        action=action,
+        to=Action.Status.COMPENSATING,
+        actor=actor,
+        kind="action.compensating",
+        data={"step_id": step_id},
+    )
 
 
 @transaction.atomic
-def action_compensation_finished(*, action: Action, actor: Actor, outcome: str, step_id: str,
-                                 reason: str = "", state: Any = None) -> Action:
+def action_compensation_finished(
+    *, action: Action, actor: Actor, outcome: str, step_id: str, reason: str = "", state: Any = None
+) -> Action:
     """compensating → compensated | compensation_failed, or back to succeeded when the step was
     skipped (the forward effect stands)."""
     targets = {
@@ -627,12 +847,20 @@ def action_compensation_finished(*, action: Action, actor: Actor, outcome: str, 
         "skipped": Action.Status.SUCCEEDED,
     }
     if outcome not in targets:
-        raise errors.ValidationFailed(f"outcome must be one of {', '.join(targets)}.", details={"outcome": outcome})
+        raise errors.ValidationFailed(
+            f"outcome must be one of {', '.join(targets)}.", details={"outcome": outcome}
+        )
     # Only from compensating: "succeeded" is also reachable from running and unknown, and a
     # skipped step must not complete an action that never finished its forward call.
-    return _action_transition(action=action, to=targets[outcome], actor=actor, kind=f"action.compensation_{outcome}",
-                              reason=reason, data={"step_id": step_id, "state": state},
-                              allowed_from=[Action.Status.COMPENSATING])
+    return _action_transition(
+        action=action,
+        to=targets[outcome],
+        actor=actor,
+        kind=f"action.compensation_{outcome}",
+        reason=reason,
+        data={"step_id": step_id, "state": state},
+        allowed_from=[Action.Status.COMPENSATING],
+    )
 
 
 # --- Checkpoints -----------------------------------------------------------------------------
@@ -657,27 +885,45 @@ def checkpoint_write(
     # A cancelled run is over for its agent too: a late job's checkpoint would become the one a
     # resume preview offers.
     if locked.status in (Run.Status.CANCELLED, Run.Status.COMPENSATED, Run.Status.CLOSED):
-        raise errors.RunNotAcceptingActions(f"Run {run.pk} is {locked.status}; it takes no more checkpoints.",
-                                            details={"run_id": run.pk, "current": locked.status})
+        raise errors.RunNotAcceptingActions(
+            f"Run {run.pk} is {locked.status}; it takes no more checkpoints.",
+            details={"run_id": run.pk, "current": locked.status},
+        )
     referenced = set(completed_action_ids or []) | set(pending_action_ids or [])
     if referenced:
         known = set(Action.objects.filter(run=locked, pk__in=referenced).values_list("pk", flat=True))
         missing = sorted(referenced - known)
         if missing:
-            raise errors.ValidationFailed("Some action ids do not belong to this run.",
-                                          details={"unknown_action_ids": missing})
+            raise errors.ValidationFailed(
+                "Some action ids do not belong to this run.", details={"unknown_action_ids": missing}
+            )
     if recovery_mode not in Checkpoint.RecoveryMode.values:
-        raise errors.ValidationFailed(f"recovery_mode must be one of {', '.join(Checkpoint.RecoveryMode.values)}.",
-                                      details={"recovery_mode": recovery_mode})
+        raise errors.ValidationFailed(
+            f"recovery_mode must be one of {', '.join(Checkpoint.RecoveryMode.values)}.",
+            details={"recovery_mode": recovery_mode},
+        )
     checkpoint = Checkpoint.objects.create(
-        tenant_id=locked.tenant_id, run=locked, name=name, state=state or {},
-        completed_action_ids=completed_action_ids or [], pending_action_ids=pending_action_ids or [],
-        requires_user_approval=requires_user_approval, recovery_mode=recovery_mode,
-        recovery_instructions=recovery_instructions, summary=summary, trace_links=trace_links or [],
+        tenant_id=locked.tenant_id,
+        run=locked,
+        name=name,
+        state=state or {},
+        completed_action_ids=completed_action_ids or [],
+        pending_action_ids=pending_action_ids or [],
+        requires_user_approval=requires_user_approval,
+        recovery_mode=recovery_mode,
+        recovery_instructions=recovery_instructions,
+        summary=summary,
+        trace_links=trace_links or [],
         completion_mark=locked.completion_count,
     )
-    audit_record(tenant=locked.tenant, run=locked, actor=actor, kind="checkpoint.written", subject=checkpoint,
-                 data={"name": name, "recovery_mode": recovery_mode})
+    audit_record(
+        tenant=locked.tenant,
+        run=locked,
+        actor=actor,
+        kind="checkpoint.written",
+        subject=checkpoint,
+        data={"name": name, "recovery_mode": recovery_mode},
+    )
     return checkpoint
 
 
@@ -692,7 +938,9 @@ def _tenant_admin_group() -> Any:
     from django.contrib.auth.models import Group, Permission
 
     group, _ = Group.objects.get_or_create(name=TENANT_ADMIN_GROUP)
-    wanted = Permission.objects.filter(content_type__app_label__in=["ledger", "recovery"], codename__startswith="view_")
+    wanted = Permission.objects.filter(
+        content_type__app_label__in=["ledger", "recovery"], codename__startswith="view_"
+    )
     wanted = wanted | Permission.objects.filter(content_type__app_label="ledger", codename="change_agentkey")
     group.permissions.set(wanted)
     return group
@@ -703,8 +951,9 @@ def membership_set(*, user: Any, tenant: Tenant, role: str, actor: Actor) -> Mem
     """Give ``user`` exactly ``role`` in ``tenant`` (one role per tenant), and Django admin access
     exactly while they are an admin somewhere."""
     if role not in Membership.Role.values:
-        raise errors.ValidationFailed(f"role must be one of {', '.join(Membership.Role.values)}.",
-                                      details={"role": role})
+        raise errors.ValidationFailed(
+            f"role must be one of {', '.join(Membership.Role.values)}.", details={"role": role}
+        )
     membership = Membership.objects.select_for_update().filter(user=user, tenant=tenant).first()
     previous = membership.role if membership else ""
     if membership is None:
@@ -713,8 +962,15 @@ def membership_set(*, user: Any, tenant: Tenant, role: str, actor: Actor) -> Mem
         Membership.objects.filter(pk=membership.pk).update(role=role)
         membership.role = role
     if previous != role:
-        audit_record(tenant=tenant, actor=actor, kind="membership.set", subject=membership, from_state=previous,
-                     to_state=role, data={"user": user.get_username()})
+        audit_record(
+            tenant=tenant,
+            actor=actor,
+            kind="membership.set",
+            subject=membership,
+            from_state=previous,
+            to_state=role,
+            data={"user": user.get_username()},
+        )
     _sync_staff_access(user)
     return membership
 
@@ -738,8 +994,14 @@ def membership_remove(*, membership: Membership, actor: Actor) -> None:
     user, tenant, role = membership.user, membership.tenant, membership.role
     if Membership.objects.filter(pk=membership.pk).delete()[0] != 1:
         raise errors.NotFound(f"Membership {membership.pk} does not exist.")
-    audit_record(tenant=tenant, actor=actor, kind="membership.removed", subject=f"membership:{membership.pk}",
-                 from_state=role, data={"user": user.get_username()})
+    audit_record(
+        tenant=tenant,
+        actor=actor,
+        kind="membership.removed",
+        subject=f"membership:{membership.pk}",
+        from_state=role,
+        data={"user": user.get_username()},
+    )
     _sync_staff_access(user)
 
 
@@ -751,7 +1013,9 @@ class StaffResult:
 
 
 @transaction.atomic
-def staff_set(*, username: str, password: str, tenant: Tenant, role: str, actor: Actor, email: str = "") -> StaffResult:
+def staff_set(
+    *, username: str, password: str, tenant: Tenant, role: str, actor: Actor, email: str = ""
+) -> StaffResult:
     """Create or update a dashboard user: set the password and the role in ``tenant``."""
     from django.contrib.auth import get_user_model
     from django.contrib.auth.password_validation import validate_password
@@ -770,8 +1034,9 @@ def staff_set(*, username: str, password: str, tenant: Tenant, role: str, actor:
     try:
         validate_password(password, user=user)
     except DjangoValidationError as exc:
-        raise errors.ValidationFailed("The password is too weak: " + " ".join(exc.messages),
-                                      details={"password": exc.messages}) from None
+        raise errors.ValidationFailed(
+            "The password is too weak: " + " ".join(exc.messages), details={"password": exc.messages}
+        ) from None
     user.set_password(password)
     user.save()
     membership = membership_set(user=user, tenant=tenant, role=role, actor=actor)

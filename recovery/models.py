@@ -46,9 +46,13 @@ class RecoveryItem(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="recovery_items")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
     reason = models.CharField(max_length=32, choices=Reason.choices)
-    failed_action = models.ForeignKey(Action, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    failed_action = models.ForeignKey(
+        Action, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.LOW)
-    suggested_resolution = models.CharField(max_length=16, choices=Suggestion.choices, default=Suggestion.REVIEW)
+    suggested_resolution = models.CharField(
+        max_length=16, choices=Suggestion.choices, default=Suggestion.REVIEW
+    )
     error = models.TextField(blank=True, default="")
     # Groups similar failures in the queue: the failing tool plus a normalised error.
     signature = models.CharField(max_length=64, blank=True, default="")
@@ -74,8 +78,12 @@ class RecoveryItem(models.Model):
         ordering = ["-opened_at", "-id"]
         constraints = [
             # One unresolved item per run: a new failure updates it rather than duplicating it.
-            models.UniqueConstraint(fields=["run"], condition=~Q(status="resolved"), name="recovery_one_open_per_run"),
-            models.CheckConstraint(condition=Q(status__in=["open", "claimed", "resolved"]), name="recovery_status_valid"),
+            models.UniqueConstraint(
+                fields=["run"], condition=~Q(status="resolved"), name="recovery_one_open_per_run"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=["open", "claimed", "resolved"]), name="recovery_status_valid"
+            ),
             models.CheckConstraint(
                 condition=Q(status="resolved", resolved_at__isnull=False) | ~Q(status="resolved"),
                 name="recovery_resolved_has_time",
@@ -108,14 +116,20 @@ class Unwind(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=ids.new_unwind_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="unwinds")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="unwinds")
-    item = models.ForeignKey(RecoveryItem, null=True, blank=True, on_delete=models.SET_NULL, related_name="unwinds")
+    item = models.ForeignKey(
+        RecoveryItem, null=True, blank=True, on_delete=models.SET_NULL, related_name="unwinds"
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
-    on_failure = models.CharField(max_length=24, choices=OnFailure.choices, default=OnFailure.ALERT_AND_CONTINUE)
+    on_failure = models.CharField(
+        max_length=24, choices=OnFailure.choices, default=OnFailure.ALERT_AND_CONTINUE
+    )
     automatic = models.BooleanField(default=False)
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    requested_by_key = models.ForeignKey(AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    requested_by_key = models.ForeignKey(
+        AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     reason = models.TextField(blank=True, default="")
     # The dry-run plan the operator confirmed, frozen: what was shown is what runs.
     plan = models.JSONField(default=dict, blank=True)
@@ -128,7 +142,9 @@ class Unwind(models.Model):
         constraints = [
             # One active unwind per run: two concurrent Compensate clicks produce one unwind.
             models.UniqueConstraint(
-                fields=["run"], condition=Q(status__in=["running", "paused"]), name="unwind_one_active_per_run"
+                fields=["run"],
+                condition=Q(status__in=["running", "paused"]),
+                name="unwind_one_active_per_run",
             ),
         ]
         indexes = [models.Index(fields=["status", "-created_at"], name="unwind_status")]
@@ -221,7 +237,9 @@ class Approval(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
     kind = models.CharField(max_length=16, choices=Kind.choices)
     action = models.ForeignKey(Action, on_delete=models.CASCADE, related_name="approvals")
-    step = models.OneToOneField(UnwindStep, null=True, blank=True, on_delete=models.CASCADE, related_name="approval")
+    step = models.OneToOneField(
+        UnwindStep, null=True, blank=True, on_delete=models.CASCADE, related_name="approval"
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     risk = models.CharField(max_length=16, choices=Risk.choices)
     tool = models.CharField(max_length=200)
@@ -233,11 +251,15 @@ class Approval(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    requested_by_key = models.ForeignKey(AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    requested_by_key = models.ForeignKey(
+        AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    decided_by_key = models.ForeignKey(AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    decided_by_key = models.ForeignKey(
+        AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     decided_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True, default="")
     expires_at = models.DateTimeField()
@@ -247,10 +269,13 @@ class Approval(models.Model):
         ordering = ["created_at"]
         constraints = [
             models.CheckConstraint(
-                condition=Q(status__in=["pending", "approved", "rejected", "expired"]), name="approval_status_valid"
+                condition=Q(status__in=["pending", "approved", "rejected", "expired"]),
+                name="approval_status_valid",
             ),
             models.UniqueConstraint(
-                fields=["action"], condition=Q(kind="action", status="pending"), name="approval_one_pending_per_action"
+                fields=["action"],
+                condition=Q(kind="action", status="pending"),
+                name="approval_one_pending_per_action",
             ),
         ]
         indexes = [
@@ -275,7 +300,9 @@ class AgentCommand(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agent_commands")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="commands")
     kind = models.CharField(max_length=16, choices=Kind.choices)
-    checkpoint = models.ForeignKey(Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    checkpoint = models.ForeignKey(
+        Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     reason = models.TextField(blank=True, default="")
     created_by = models.ForeignKey(

@@ -57,8 +57,9 @@ def _broadcast(*, subject: str, text: str, payload: dict[str, Any], idempotency_
         send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, config["NOTIFY_EMAILS"], fail_silently=False)
     for url in config["NOTIFY_WEBHOOKS"]:
         try:
-            response = _post_signed(url, payload, secret=config["NOTIFY_WEBHOOK_SECRET"],
-                                    idempotency_key=idempotency_key)
+            response = _post_signed(
+                url, payload, secret=config["NOTIFY_WEBHOOK_SECRET"], idempotency_key=idempotency_key
+            )
             response.raise_for_status()
         except httpx.HTTPError as exc:
             log.warning("notifications.webhook_failed", url=url, error=str(exc))
@@ -71,14 +72,24 @@ def send_item_opened(*, item_id: str) -> None:
     if item is None:
         return
     tool = item.failed_action.tool if item.failed_action else "(no action)"
-    subject = f"[Saga Admin] {item.get_risk_display()} risk: run {item.run_id} needs a decision ({item.reason})"
+    subject = (
+        f"[Saga Admin] {item.get_risk_display()} risk: run {item.run_id} needs a decision ({item.reason})"
+    )
     text = (
         f"Run {item.run_id} of agent {item.run.agent} ({item.tenant.slug}) landed in the recovery queue.\n"
         f"Request: {item.run.request}\nReason: {item.get_reason_display()}\nFailed action: {tool}\n"
         f"Error: {item.error}\nSuggested: {item.get_suggested_resolution_display()}\n"
     )
-    payload = {"event": "recovery_item.opened", "item_id": item.pk, "run_id": item.run_id, "tenant": item.tenant.slug,
-               "reason": item.reason, "risk": item.risk, "tool": tool, "error": item.error}
+    payload = {
+        "event": "recovery_item.opened",
+        "item_id": item.pk,
+        "run_id": item.run_id,
+        "tenant": item.tenant.slug,
+        "reason": item.reason,
+        "risk": item.risk,
+        "tool": tool,
+        "error": item.error,
+    }
     _broadcast(subject=subject, text=text, payload=payload, idempotency_key=f"notify-{item.pk}")
 
 
@@ -93,9 +104,15 @@ def send_approval_requested(*, approval_id: str) -> None:
         f"{approval.get_kind_display()} {approval.tool} on run {approval.run_id} ({approval.tenant.slug}) needs "
         f"approval before {approval.expires_at:%Y-%m-%d %H:%M} UTC.\nArgs: {json.dumps(approval.args, indent=2)}\n"
     )
-    payload = {"event": "approval.requested", "approval_id": approval.pk, "run_id": approval.run_id,
-               "tenant": approval.tenant.slug, "tool": approval.tool, "risk": approval.risk,
-               "expires_at": approval.expires_at.isoformat()}
+    payload = {
+        "event": "approval.requested",
+        "approval_id": approval.pk,
+        "run_id": approval.run_id,
+        "tenant": approval.tenant.slug,
+        "tool": approval.tool,
+        "risk": approval.risk,
+        "expires_at": approval.expires_at.isoformat(),
+    }
     _broadcast(subject=subject, text=text, payload=payload, idempotency_key=f"notify-{approval.pk}")
 
 
@@ -119,8 +136,12 @@ def deliver_command(*, command_id: str) -> bool:
     }
     AgentCommand.objects.filter(pk=command.pk).update(delivery_attempts=command.delivery_attempts + 1)
     try:
-        response = _post_signed(command.run.resume_url, payload, secret=settings.SAGA["RESUME_WEBHOOK_SECRET"],
-                                idempotency_key=command.pk)
+        response = _post_signed(
+            command.run.resume_url,
+            payload,
+            secret=settings.SAGA["RESUME_WEBHOOK_SECRET"],
+            idempotency_key=command.pk,
+        )
         response.raise_for_status()
     except httpx.HTTPError as exc:
         AgentCommand.objects.filter(pk=command.pk).update(delivery_error=str(exc)[:2000])

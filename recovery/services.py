@@ -67,15 +67,29 @@ def _record_refusal(
         return
     run_id = getattr(subject, "run_id", None) or subject.unwind.run_id
     current = str(exc.details.get("current", "")) if isinstance(exc.details, dict) else ""
-    log.info("decision.refused", decision=decision, code=exc.code, run_id=run_id, subject=subject.pk,
-             current=current, actor=actor.label)
+    log.info(
+        "decision.refused",
+        decision=decision,
+        code=exc.code,
+        run_id=run_id,
+        subject=subject.pk,
+        current=current,
+        actor=actor.label,
+    )
     try:
         with transaction.atomic():
             run = Run.objects.select_related("tenant").get(pk=run_id)
-            audit_record(tenant=run.tenant, run=run, actor=actor, kind="decision.refused", subject=subject,
-                         from_state=current, to_state=decision, reason=exc.message,
-                         data={"decision": decision, "code": exc.code, "status": exc.status,
-                               "reason_given": reason})
+            audit_record(
+                tenant=run.tenant,
+                run=run,
+                actor=actor,
+                kind="decision.refused",
+                subject=subject,
+                from_state=current,
+                to_state=decision,
+                reason=exc.message,
+                data={"decision": decision, "code": exc.code, "status": exc.status, "reason_given": reason},
+            )
     except DatabaseError:
         # The refusal itself must still reach the operator; the log line above keeps the trace.
         log.warning("decision.refusal_not_audited", decision=decision, run_id=run_id, exc_info=True)
@@ -103,7 +117,9 @@ def error_signature(*, tool: str, error: str) -> str:
 
 
 def _item_risk(run: Run, failed_action: Action | None) -> str:
-    risks = list(Action.objects.filter(run=run, status__in=_LIVE_ACTION_STATUSES).values_list("risk", flat=True))
+    risks = list(
+        Action.objects.filter(run=run, status__in=_LIVE_ACTION_STATUSES).values_list("risk", flat=True)
+    )
     if failed_action is not None:
         risks.append(failed_action.risk)
     return max_risk(*risks)
@@ -121,8 +137,7 @@ def suggest_resolution(*, run: Run, failed_action: Action | None = None) -> str:
     if checkpoint is not None and checkpoint.recovery_mode == Checkpoint.RecoveryMode.RESUME_ONLY:
         return RecoveryItem.Suggestion.RESUME
     undoable = [
-        a for a in actions
-        if a.status == Action.Status.SUCCEEDED and a.action_class != ActionClass.READ_ONLY
+        a for a in actions if a.status == Action.Status.SUCCEEDED and a.action_class != ActionClass.READ_ONLY
     ]
     if failed_action is not None and failed_action.retryable:
         return RecoveryItem.Suggestion.RESUME
@@ -157,22 +172,40 @@ def item_open_or_update(
     suggestion = suggest_resolution(run=run, failed_action=failed_action)
     tool = failed_action.tool if failed_action is not None else ""
     signature = error_signature(tool=tool, error=error) if (tool or error) else ""
-    existing = RecoveryItem.objects.select_for_update().filter(run=run).exclude(
-        status=RecoveryItem.Status.RESOLVED
-    ).first()
+    existing = (
+        RecoveryItem.objects.select_for_update()
+        .filter(run=run)
+        .exclude(status=RecoveryItem.Status.RESOLVED)
+        .first()
+    )
     if existing is None:
         try:
             with transaction.atomic():
                 item = RecoveryItem.objects.create(
-                    tenant_id=run.tenant_id, run=run, reason=reason, failed_action=failed_action, risk=risk,
-                    suggested_resolution=suggestion, error=error, signature=signature, details=details or {},
+                    tenant_id=run.tenant_id,
+                    run=run,
+                    reason=reason,
+                    failed_action=failed_action,
+                    risk=risk,
+                    suggested_resolution=suggestion,
+                    error=error,
+                    signature=signature,
+                    details=details or {},
                 )
         except IntegrityError:
             # Another transaction opened the run's item a moment ago: update that one instead.
             existing = RecoveryItem.objects.select_for_update().get(run=run, status__in=["open", "claimed"])
         else:
-            audit_record(tenant=run.tenant, run=run, actor=actor, kind="recovery.opened", subject=item,
-                         to_state=item.status, reason=error, data={"reason": reason, "risk": risk})
+            audit_record(
+                tenant=run.tenant,
+                run=run,
+                actor=actor,
+                kind="recovery.opened",
+                subject=item,
+                to_state=item.status,
+                reason=error,
+                data={"reason": reason, "risk": risk},
+            )
             _on_item_opened(item)
             return item
     # A generic "failed" report (the agent giving up) must not hide the specific reason the run
@@ -185,10 +218,27 @@ def item_open_or_update(
     existing.error = error or existing.error
     existing.signature = signature or existing.signature
     existing.details = {**existing.details, **(details or {})}
-    existing.save(update_fields=["reason", "failed_action", "risk", "suggested_resolution", "error", "signature",
-                                 "details", "updated_at"])
-    audit_record(tenant=run.tenant, run=run, actor=actor, kind="recovery.updated", subject=existing,
-                 reason=error, data={"reason": reason, "risk": existing.risk})
+    existing.save(
+        update_fields=[
+            "reason",
+            "failed_action",
+            "risk",
+            "suggested_resolution",
+            "error",
+            "signature",
+            "details",
+            "updated_at",
+        ]
+    )
+    audit_record(
+        tenant=run.tenant,
+        run=run,
+        actor=actor,
+        kind="recovery.updated",
+        subject=existing,
+        reason=error,
+        data={"reason": reason, "risk": existing.risk},
+    )
     return existing
 
 
@@ -206,7 +256,9 @@ def run_fail_and_queue(
     """The agent reports its run failed: record it and put the run in the recovery queue."""
     item_reason = reason if reason in RecoveryItem.Reason.values else RecoveryItem.Reason.FAILED
     ledger.run_fail(run=run, actor=actor, error=error, reason=item_reason, failed_action=failed_action)
-    item = item_open_or_update(run=run, reason=item_reason, actor=actor, failed_action=failed_action, error=error)
+    item = item_open_or_update(
+        run=run, reason=item_reason, actor=actor, failed_action=failed_action, error=error
+    )
     unwind = _auto_compensate(run=run, item=item)
     if unwind is not None:
         item.refresh_from_db()
@@ -219,11 +271,22 @@ def action_fail_and_queue(
 ) -> Action:
     """An action failed; a timed-out call whose outcome is unknown also queues the run, because a
     human (or a reader) must confirm whether it happened before anything resumes or undoes it."""
-    ledger.action_fail(action=action, actor=actor, error=error, retryable=retryable, layer=layer,
-                       outcome_unknown=outcome_unknown)
+    ledger.action_fail(
+        action=action,
+        actor=actor,
+        error=error,
+        retryable=retryable,
+        layer=layer,
+        outcome_unknown=outcome_unknown,
+    )
     if outcome_unknown:
-        item_open_or_update(run=action.run, reason=RecoveryItem.Reason.OUTCOME_UNKNOWN, actor=actor,
-                            failed_action=action, error=error)
+        item_open_or_update(
+            run=action.run,
+            reason=RecoveryItem.Reason.OUTCOME_UNKNOWN,
+            actor=actor,
+            failed_action=action,
+            error=error,
+        )
     return action
 
 
@@ -239,11 +302,21 @@ def action_verify_and_queue(
     run = Run.objects.select_for_update().get(pk=action.run_id)
     message = reason or "verification failed: the action's effect is not what was expected"
     if run.status in (Run.Status.RUNNING, Run.Status.SUCCEEDED):
-        ledger.run_fail(run=run, actor=actor, error=message, reason=RecoveryItem.Reason.VERIFICATION_FAILED,
-                        failed_action=action)
-    item = item_open_or_update(run=run, reason=RecoveryItem.Reason.VERIFICATION_FAILED, actor=actor,
-                               failed_action=action, error=message,
-                               details={"verification": {"expected": expected, "actual": actual}})
+        ledger.run_fail(
+            run=run,
+            actor=actor,
+            error=message,
+            reason=RecoveryItem.Reason.VERIFICATION_FAILED,
+            failed_action=action,
+        )
+    item = item_open_or_update(
+        run=run,
+        reason=RecoveryItem.Reason.VERIFICATION_FAILED,
+        actor=actor,
+        failed_action=action,
+        error=message,
+        details={"verification": {"expected": expected, "actual": actual}},
+    )
     return action, item
 
 
@@ -269,13 +342,27 @@ def action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAct
     if recorded.created and action.requires_approval:
         ledger.action_await_approval(action=action, actor=actor)
         approval = Approval.objects.create(
-            tenant_id=run.tenant_id, run=run, kind=Approval.Kind.ACTION, action=action, risk=action.risk,
-            tool=action.tool, args=action.args, args_hash=sha256_hex(action.args),
-            requested_by_key=actor.key, requested_by=actor.user, expires_at=approval_expiry_from(),
+            tenant_id=run.tenant_id,
+            run=run,
+            kind=Approval.Kind.ACTION,
+            action=action,
+            risk=action.risk,
+            tool=action.tool,
+            args=action.args,
+            args_hash=sha256_hex(action.args),
+            requested_by_key=actor.key,
+            requested_by=actor.user,
+            expires_at=approval_expiry_from(),
         )
-        audit_record(tenant=run.tenant, run=run, actor=actor, kind="approval.requested", subject=approval,
-                     to_state=approval.status, data={"tool": action.tool, "risk": action.risk,
-                                                     "args_hash": approval.args_hash})
+        audit_record(
+            tenant=run.tenant,
+            run=run,
+            actor=actor,
+            kind="approval.requested",
+            subject=approval,
+            to_state=approval.status,
+            data={"tool": action.tool, "risk": action.risk, "args_hash": approval.args_hash},
+        )
         _on_approval_requested(approval)
     return recorded
 
@@ -289,20 +376,30 @@ def _is_requester(approval: Approval, actor: Actor) -> bool:
 def _decide(approval: Approval, *, to: str, actor: Actor, reason: str, updates: dict[str, Any]) -> Approval:
     """Compare-and-set pending → to, refusing an expired approval (and recording the expiry)."""
     if not reason.strip():
-        raise errors.ValidationFailed("A reason is required for an approval decision.", details={"reason": "required"})
+        raise errors.ValidationFailed(
+            "A reason is required for an approval decision.", details={"reason": "required"}
+        )
     current = Approval.objects.select_for_update().get(pk=approval.pk)
     if current.status != Approval.Status.PENDING:
         raise errors.InvalidTransition(current, to=to, current=current.status)
     if current.expires_at <= timezone.now():
-        raise errors.ApprovalExpired(f"Approval {approval.pk} expired at {current.expires_at.isoformat()}.",
-                                     details={"approval_id": approval.pk, "current": Approval.Status.EXPIRED})
+        raise errors.ApprovalExpired(
+            f"Approval {approval.pk} expired at {current.expires_at.isoformat()}.",
+            details={"approval_id": approval.pk, "current": Approval.Status.EXPIRED},
+        )
     if to == Approval.Status.APPROVED and current.risk == "critical" and _is_requester(current, actor):
         raise errors.FourEyesRequired(
             "Critical-risk approvals need a second person: whoever asked for this cannot approve it.",
             details={"approval_id": approval.pk},
         )
-    fields = {"status": to, "decided_at": timezone.now(), "reason": reason,
-              "decided_by": actor.user, "decided_by_key": actor.key, **updates}
+    fields = {
+        "status": to,
+        "decided_at": timezone.now(),
+        "reason": reason,
+        "decided_by": actor.user,
+        "decided_by_key": actor.key,
+        **updates,
+    }
     for name, value in fields.items():
         setattr(current, name, value)
     current.save(update_fields=list(fields))
@@ -317,27 +414,43 @@ def approval_approve(
     """Approve exactly what was shown. ``shown_args_hash`` (what the approver's screen showed)
     must still match; edited ``args`` replace the action's args and both versions are audited."""
     if shown_args_hash is not None and shown_args_hash != approval.args_hash:
-        raise errors.Conflict("The arguments changed since they were shown to you; review them again.",
-                              details={"approval_id": approval.pk, "args_hash": approval.args_hash},
-                              code="approval_args_changed")
+        raise errors.Conflict(
+            "The arguments changed since they were shown to you; review them again.",
+            details={"approval_id": approval.pk, "args_hash": approval.args_hash},
+            code="approval_args_changed",
+        )
     edited = args is not None and sha256_hex(args) != approval.args_hash
     updates: dict[str, Any] = {}
     if edited:
         if not isinstance(args, dict):
-            raise errors.ValidationFailed("Edited args must be a JSON object.", details={"args": type(args).__name__})
+            raise errors.ValidationFailed(
+                "Edited args must be a JSON object.", details={"args": type(args).__name__}
+            )
         updates = {"approved_args": args, "approved_args_hash": sha256_hex(args)}
     else:
         updates = {"approved_args": approval.args, "approved_args_hash": approval.args_hash}
     decided = _decide(approval, to=Approval.Status.APPROVED, actor=actor, reason=reason, updates=updates)
     audit_record(
-        tenant=decided.run.tenant, run=decided.run, actor=actor, kind="approval.approved", subject=decided,
-        from_state=Approval.Status.PENDING, to_state=decided.status, reason=reason,
-        data={"args_shown": decided.args, "args_approved": decided.approved_args, "edited": edited,
-              "args_hash": decided.args_hash, "approved_args_hash": decided.approved_args_hash},
+        tenant=decided.run.tenant,
+        run=decided.run,
+        actor=actor,
+        kind="approval.approved",
+        subject=decided,
+        from_state=Approval.Status.PENDING,
+        to_state=decided.status,
+        reason=reason,
+        data={
+            "args_shown": decided.args,
+            "args_approved": decided.approved_args,
+            "edited": edited,
+            "args_hash": decided.args_hash,
+            "approved_args_hash": decided.approved_args_hash,
+        },
     )
     if decided.kind == Approval.Kind.ACTION:
-        ledger.action_approve(action=decided.action, actor=actor, reason=reason,
-                              args=decided.approved_args if edited else None)
+        ledger.action_approve(
+            action=decided.action, actor=actor, reason=reason, args=decided.approved_args if edited else None
+        )
     else:
         from recovery import unwinds
 
@@ -349,8 +462,16 @@ def approval_approve(
 @transaction.atomic
 def approval_reject(*, approval: Approval, actor: Actor, reason: str) -> Approval:
     decided = _decide(approval, to=Approval.Status.REJECTED, actor=actor, reason=reason, updates={})
-    audit_record(tenant=decided.run.tenant, run=decided.run, actor=actor, kind="approval.rejected", subject=decided,
-                 from_state=Approval.Status.PENDING, to_state=decided.status, reason=reason)
+    audit_record(
+        tenant=decided.run.tenant,
+        run=decided.run,
+        actor=actor,
+        kind="approval.rejected",
+        subject=decided,
+        from_state=Approval.Status.PENDING,
+        to_state=decided.status,
+        reason=reason,
+    )
     if decided.kind == Approval.Kind.ACTION:
         ledger.action_reject(action=decided.action, actor=actor, reason=reason)
     else:
@@ -365,13 +486,16 @@ def approvals_expire_due(*, now: Any = None) -> int:
     rejected, so an agent polling it sees ``expired`` and start() refuses."""
     now = now or timezone.now()
     expired = 0
-    for approval_id in Approval.objects.filter(status=Approval.Status.PENDING, expires_at__lte=now).values_list(
-        "pk", flat=True
-    ):
+    for approval_id in Approval.objects.filter(
+        status=Approval.Status.PENDING, expires_at__lte=now
+    ).values_list("pk", flat=True):
         with transaction.atomic():
-            approval = Approval.objects.select_for_update(skip_locked=True).filter(
-                pk=approval_id, status=Approval.Status.PENDING
-            ).select_related("run__tenant", "action").first()
+            approval = (
+                Approval.objects.select_for_update(skip_locked=True)
+                .filter(pk=approval_id, status=Approval.Status.PENDING)
+                .select_related("run__tenant", "action")
+                .first()
+            )
             if approval is None:
                 continue
             approval.status = Approval.Status.EXPIRED
@@ -379,8 +503,15 @@ def approvals_expire_due(*, now: Any = None) -> int:
             approval.reason = "expired without a decision"
             approval.save(update_fields=["status", "decided_at", "reason"])
             actor = Actor.system("approval-expiry")
-            audit_record(tenant=approval.run.tenant, run=approval.run, actor=actor, kind="approval.expired",
-                         subject=approval, from_state=Approval.Status.PENDING, to_state=Approval.Status.EXPIRED)
+            audit_record(
+                tenant=approval.run.tenant,
+                run=approval.run,
+                actor=actor,
+                kind="approval.expired",
+                subject=approval,
+                from_state=Approval.Status.PENDING,
+                to_state=Approval.Status.EXPIRED,
+            )
             if approval.kind == Approval.Kind.ACTION:
                 ledger.action_reject(action=approval.action, actor=actor, reason="approval expired")
             else:
@@ -395,7 +526,9 @@ def approvals_expire_due(*, now: Any = None) -> int:
 
 
 def commands_pending(*, run: Run) -> QuerySet[AgentCommand]:
-    return AgentCommand.objects.filter(run=run, status=AgentCommand.Status.PENDING).select_related("checkpoint")
+    return AgentCommand.objects.filter(run=run, status=AgentCommand.Status.PENDING).select_related(
+        "checkpoint"
+    )
 
 
 @transaction.atomic
@@ -407,10 +540,23 @@ def command_issue(
     if kind not in AgentCommand.Kind.values:
         raise errors.ValidationFailed(f"Unknown command kind {kind!r}.", details={"kind": kind})
     command = AgentCommand.objects.create(
-        tenant_id=run.tenant_id, run=run, kind=kind, checkpoint=checkpoint, reason=reason, created_by=actor.user
+        tenant_id=run.tenant_id,
+        run=run,
+        kind=kind,
+        checkpoint=checkpoint,
+        reason=reason,
+        created_by=actor.user,
     )
-    audit_record(tenant=run.tenant, run=run, actor=actor, kind=f"command.{kind}", subject=command, reason=reason,
-                 to_state=command.status, data={"checkpoint": getattr(checkpoint, "pk", None)})
+    audit_record(
+        tenant=run.tenant,
+        run=run,
+        actor=actor,
+        kind=f"command.{kind}",
+        subject=command,
+        reason=reason,
+        to_state=command.status,
+        data={"checkpoint": getattr(checkpoint, "pk", None)},
+    )
     if run.resume_url:
         from recovery import notifications
 
@@ -426,8 +572,15 @@ def command_ack(*, command: AgentCommand, actor: Actor) -> AgentCommand:
     )
     command.refresh_from_db()
     if updated:
-        audit_record(tenant=command.run.tenant, run=command.run, actor=actor, kind="command.acked", subject=command,
-                     from_state=AgentCommand.Status.PENDING, to_state=AgentCommand.Status.ACKED)
+        audit_record(
+            tenant=command.run.tenant,
+            run=command.run,
+            actor=actor,
+            kind="command.acked",
+            subject=command,
+            from_state=AgentCommand.Status.PENDING,
+            to_state=AgentCommand.Status.ACKED,
+        )
     return command
 
 
@@ -448,13 +601,17 @@ def notify_approval_requested(approval: Approval) -> None:
 
 
 def _refuse_unknown_outcomes(plan_or_actions: Plan | list[Action], *, doing: str) -> None:
-    unknown = (plan_or_actions.unknown_actions if isinstance(plan_or_actions, Plan)
-               else [a.pk for a in plan_or_actions])
+    unknown = (
+        plan_or_actions.unknown_actions
+        if isinstance(plan_or_actions, Plan)
+        else [a.pk for a in plan_or_actions]
+    )
     if unknown:
         raise errors.Conflict(
             f"Cannot {doing}: {len(unknown)} action(s) timed out with an unknown outcome. Reconcile them "
             "first (confirm whether each happened).",
-            details={"unknown_action_ids": unknown}, code="outcome_unknown",
+            details={"unknown_action_ids": unknown},
+            code="outcome_unknown",
         )
 
 
@@ -462,35 +619,69 @@ def _refuse_unknown_outcomes(plan_or_actions: Plan | list[Action], *, doing: str
 def item_claim(*, item: RecoveryItem, actor: Actor, reason: str = "") -> RecoveryItem:
     """open → claimed (compare-and-set): a second click, tab or operator loses cleanly."""
     now = timezone.now()
-    if RecoveryItem.objects.filter(pk=item.pk, status=RecoveryItem.Status.OPEN).update(
-        status=RecoveryItem.Status.CLAIMED, claimed_by=actor.user, claimed_at=now, updated_at=now
-    ) != 1:
+    if (
+        RecoveryItem.objects.filter(pk=item.pk, status=RecoveryItem.Status.OPEN).update(
+            status=RecoveryItem.Status.CLAIMED, claimed_by=actor.user, claimed_at=now, updated_at=now
+        )
+        != 1
+    ):
         current = RecoveryItem.objects.filter(pk=item.pk).values_list("status", flat=True).first()
         raise errors.InvalidTransition(item, to=RecoveryItem.Status.CLAIMED, current=current)
     item.status, item.claimed_by, item.claimed_at = RecoveryItem.Status.CLAIMED, actor.user, now
-    audit_record(tenant=item.run.tenant, run=item.run, actor=actor, kind="recovery.claimed", subject=item,
-                 from_state=RecoveryItem.Status.OPEN, to_state=RecoveryItem.Status.CLAIMED, reason=reason)
+    audit_record(
+        tenant=item.run.tenant,
+        run=item.run,
+        actor=actor,
+        kind="recovery.claimed",
+        subject=item,
+        from_state=RecoveryItem.Status.OPEN,
+        to_state=RecoveryItem.Status.CLAIMED,
+        reason=reason,
+    )
     return item
 
 
-def _item_resolve(*, item: RecoveryItem, actor: Actor, resolution: str, note: str,
-                  allowed_from: tuple[str, ...], details: dict[str, Any] | None = None,
-                  resolved_by: Any = None) -> RecoveryItem:
+def _item_resolve(
+    *,
+    item: RecoveryItem,
+    actor: Actor,
+    resolution: str,
+    note: str,
+    allowed_from: tuple[str, ...],
+    details: dict[str, Any] | None = None,
+    resolved_by: Any = None,
+) -> RecoveryItem:
     now = timezone.now()
-    fields: dict[str, Any] = {"status": RecoveryItem.Status.RESOLVED, "resolution": resolution,
-                              "resolution_note": note, "resolved_at": now, "updated_at": now,
-                              "resolved_by": resolved_by if resolved_by is not None else actor.user}
+    fields: dict[str, Any] = {
+        "status": RecoveryItem.Status.RESOLVED,
+        "resolution": resolution,
+        "resolution_note": note,
+        "resolved_at": now,
+        "updated_at": now,
+        "resolved_by": resolved_by if resolved_by is not None else actor.user,
+    }
     if details is not None:
         fields["details"] = {**item.details, **details}
     previous = RecoveryItem.objects.filter(pk=item.pk).values_list("status", flat=True).first()
-    if previous not in allowed_from or RecoveryItem.objects.filter(pk=item.pk, status=previous).update(**fields) != 1:
+    if (
+        previous not in allowed_from
+        or RecoveryItem.objects.filter(pk=item.pk, status=previous).update(**fields) != 1
+    ):
         current = RecoveryItem.objects.filter(pk=item.pk).values_list("status", flat=True).first()
         raise errors.InvalidTransition(item, to=RecoveryItem.Status.RESOLVED, current=current)
     for name, value in fields.items():
         setattr(item, name, value)
-    audit_record(tenant=item.run.tenant, run=item.run, actor=actor, kind="recovery.resolved", subject=item,
-                 from_state=previous, to_state=RecoveryItem.Status.RESOLVED, reason=note,
-                 data={"resolution": resolution})
+    audit_record(
+        tenant=item.run.tenant,
+        run=item.run,
+        actor=actor,
+        kind="recovery.resolved",
+        subject=item,
+        from_state=previous,
+        to_state=RecoveryItem.Status.RESOLVED,
+        reason=note,
+        data={"resolution": resolution},
+    )
     return item
 
 
@@ -509,7 +700,9 @@ def unwind_start(*, item: RecoveryItem, actor: Actor, reason: str, automatic: bo
     plan = compensation_plan(run=run)
     _refuse_unknown_outcomes(plan, doing="compensate")
     ledger.run_compensation_started(run=run, actor=actor, reason=reason)
-    return unwinds.unwind_create(run=run, item=item, plan=plan, actor=actor, reason=reason, automatic=automatic)
+    return unwinds.unwind_create(
+        run=run, item=item, plan=plan, actor=actor, reason=reason, automatic=automatic
+    )
 
 
 def _auto_compensate(*, run: Run, item: RecoveryItem) -> Unwind | None:
@@ -518,7 +711,9 @@ def _auto_compensate(*, run: Run, item: RecoveryItem) -> Unwind | None:
     max_allowed = policy_settings_for(run.tenant).auto_compensate.get("max_risk")
     if not max_allowed:
         return None
-    threshold = RISK_ORDER.get(Risk(str(max_allowed).lower()), -1) if str(max_allowed).lower() in Risk.values else -1
+    threshold = (
+        RISK_ORDER.get(Risk(str(max_allowed).lower()), -1) if str(max_allowed).lower() in Risk.values else -1
+    )
     live = list(Action.objects.filter(run=run, status__in=_LIVE_ACTION_STATUSES))
     if not live or any(a.status == Action.Status.UNKNOWN for a in live):
         return None
@@ -526,42 +721,75 @@ def _auto_compensate(*, run: Run, item: RecoveryItem) -> Unwind | None:
         return None
     if not any(step.can_undo for step in compensation_plan(run=run).steps):
         return None
-    return unwind_start(item=item, actor=AUTO_COMPENSATOR, automatic=True,
-                        reason=f"auto-compensation: every action is at or under {max_allowed} risk")
+    return unwind_start(
+        item=item,
+        actor=AUTO_COMPENSATOR,
+        automatic=True,
+        reason=f"auto-compensation: every action is at or under {max_allowed} risk",
+    )
 
 
 def item_resolve_compensated(*, unwind: Unwind, not_undone: list[dict[str, Any]]) -> RecoveryItem | None:
     """The unwind settled every step: resolve its item as compensated (or auto_compensated)."""
-    item = RecoveryItem.objects.filter(run_id=unwind.run_id).exclude(
-        status=RecoveryItem.Status.RESOLVED).select_related("run__tenant").first()
+    item = (
+        RecoveryItem.objects.filter(run_id=unwind.run_id)
+        .exclude(status=RecoveryItem.Status.RESOLVED)
+        .select_related("run__tenant")
+        .first()
+    )
     if item is None:
         return None
-    resolution = RecoveryItem.Resolution.AUTO_COMPENSATED if unwind.automatic else RecoveryItem.Resolution.COMPENSATED
+    resolution = (
+        RecoveryItem.Resolution.AUTO_COMPENSATED if unwind.automatic else RecoveryItem.Resolution.COMPENSATED
+    )
     note = unwind.reason
     if not_undone:
         note += " (left as is: " + ", ".join(entry["action_tool"] for entry in not_undone) + ")"
-    return _item_resolve(item=item, actor=Actor.system("unwind-engine"), resolution=resolution, note=note,
-                         allowed_from=(RecoveryItem.Status.CLAIMED, RecoveryItem.Status.OPEN),
-                         details={"unwind_id": unwind.pk, "left": [], "not_undone": not_undone},
-                         resolved_by=unwind.requested_by)
+    return _item_resolve(
+        item=item,
+        actor=Actor.system("unwind-engine"),
+        resolution=resolution,
+        note=note,
+        allowed_from=(RecoveryItem.Status.CLAIMED, RecoveryItem.Status.OPEN),
+        details={"unwind_id": unwind.pk, "left": [], "not_undone": not_undone},
+        resolved_by=unwind.requested_by,
+    )
 
 
-def item_reopen_after_unwind(*, unwind: Unwind, run: Run, reason: str, error: str,
-                             left: list[dict[str, Any]]) -> RecoveryItem:
+def item_reopen_after_unwind(
+    *, unwind: Unwind, run: Run, reason: str, error: str, left: list[dict[str, Any]]
+) -> RecoveryItem:
     """The unwind ended with steps left: the item goes back to the queue (open), naming them."""
     engine = Actor.system("unwind-engine")
-    item = RecoveryItem.objects.select_for_update().filter(run=run).exclude(
-        status=RecoveryItem.Status.RESOLVED).first()
+    item = (
+        RecoveryItem.objects.select_for_update()
+        .filter(run=run)
+        .exclude(status=RecoveryItem.Status.RESOLVED)
+        .first()
+    )
     if item is not None and item.status == RecoveryItem.Status.CLAIMED:
         RecoveryItem.objects.filter(pk=item.pk, status=RecoveryItem.Status.CLAIMED).update(
-            status=RecoveryItem.Status.OPEN, claimed_by=None, claimed_at=None,
-            reopened_count=item.reopened_count + 1, updated_at=timezone.now())
-        audit_record(tenant=run.tenant, run=run, actor=engine, kind="recovery.reopened", subject=item,
-                     from_state=RecoveryItem.Status.CLAIMED, to_state=RecoveryItem.Status.OPEN, reason=error,
-                     data={"reason": reason, "unwind_id": unwind.pk})
+            status=RecoveryItem.Status.OPEN,
+            claimed_by=None,
+            claimed_at=None,
+            reopened_count=item.reopened_count + 1,
+            updated_at=timezone.now(),
+        )
+        audit_record(
+            tenant=run.tenant,
+            run=run,
+            actor=engine,
+            kind="recovery.reopened",
+            subject=item,
+            from_state=RecoveryItem.Status.CLAIMED,
+            to_state=RecoveryItem.Status.OPEN,
+            reason=error,
+            data={"reason": reason, "unwind_id": unwind.pk},
+        )
         _on_item_opened(item)
-    return item_open_or_update(run=run, reason=reason, actor=engine, error=error,
-                               details={"unwind_id": unwind.pk, "left": left})
+    return item_open_or_update(
+        run=run, reason=reason, actor=engine, error=error, details={"unwind_id": unwind.pk, "left": left}
+    )
 
 
 @dataclass
@@ -579,8 +807,14 @@ class ResumePreview:
 
     def as_dict(self) -> dict[str, Any]:
         def brief(action: Action) -> dict[str, Any]:
-            return {"id": action.pk, "tool": action.tool, "seq": action.seq, "status": action.status,
-                    "action_class": action.action_class, "completion_seq": action.completion_seq}
+            return {
+                "id": action.pk,
+                "tool": action.tool,
+                "seq": action.seq,
+                "status": action.status,
+                "action_class": action.action_class,
+                "completion_seq": action.completion_seq,
+            }
 
         return {
             "run_id": self.run.pk,
@@ -598,8 +832,9 @@ def _checkpoint_for(run: Run, checkpoint: Checkpoint | None) -> Checkpoint | Non
     if checkpoint is None:
         return Checkpoint.objects.filter(run=run).order_by("-created_at", "-id").first()
     if checkpoint.run_id != run.pk:
-        raise errors.ValidationFailed("The checkpoint does not belong to this run.",
-                                      details={"checkpoint_id": checkpoint.pk})
+        raise errors.ValidationFailed(
+            "The checkpoint does not belong to this run.", details={"checkpoint_id": checkpoint.pk}
+        )
     return checkpoint
 
 
@@ -611,62 +846,103 @@ def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) 
     chosen = _checkpoint_for(run, checkpoint)
     actions = list(Action.objects.filter(run=run).order_by("seq"))
     mark = chosen.completion_mark if chosen is not None else 0
-    after = sorted((a for a in actions if a.completion_seq is not None and a.completion_seq > mark),
-                   key=lambda a: a.completion_seq or 0)
+    after = sorted(
+        (a for a in actions if a.completion_seq is not None and a.completion_seq > mark),
+        key=lambda a: a.completion_seq or 0,
+    )
     repeats = [a for a in after if a.action_class == ActionClass.EXTERNAL_IRREVERSIBLE]
     unknown = [a for a in actions if a.status == Action.Status.UNKNOWN]
     warnings: list[dict[str, Any]] = []
     if chosen is None:
-        warnings.append({"code": "no_checkpoint",
-                         "message": "The run wrote no checkpoint: a resume restarts it from the beginning."})
+        warnings.append(
+            {
+                "code": "no_checkpoint",
+                "message": "The run wrote no checkpoint: a resume restarts it from the beginning.",
+            }
+        )
     if after:
-        warnings.append({
-            "code": "stale_checkpoint",
-            "message": (f"{len(after)} action(s) succeeded after checkpoint "
-                        f"{getattr(chosen, 'name', '(start)')!s}: " + ", ".join(a.tool for a in after)
-                        + ". Resuming there repeats them."),
-            "action_ids": [a.pk for a in after],
-        })
+        warnings.append(
+            {
+                "code": "stale_checkpoint",
+                "message": (
+                    f"{len(after)} action(s) succeeded after checkpoint "
+                    f"{getattr(chosen, 'name', '(start)')!s}: "
+                    + ", ".join(a.tool for a in after)
+                    + ". Resuming there repeats them."
+                ),
+                "action_ids": [a.pk for a in after],
+            }
+        )
     if repeats:
-        warnings.append({
-            "code": "repeats_non_idempotent",
-            "message": "A resume would repeat irreversible actions: " + ", ".join(a.tool for a in repeats) + ".",
-            "action_ids": [a.pk for a in repeats],
-        })
+        warnings.append(
+            {
+                "code": "repeats_non_idempotent",
+                "message": "A resume would repeat irreversible actions: "
+                + ", ".join(a.tool for a in repeats)
+                + ".",
+                "action_ids": [a.pk for a in repeats],
+            }
+        )
     if unknown:
-        warnings.append({
-            "code": "outcome_unknown",
-            "message": "Reconcile unknown outcomes before resuming: " + ", ".join(a.tool for a in unknown) + ".",
-            "action_ids": [a.pk for a in unknown],
-        })
+        warnings.append(
+            {
+                "code": "outcome_unknown",
+                "message": "Reconcile unknown outcomes before resuming: "
+                + ", ".join(a.tool for a in unknown)
+                + ".",
+                "action_ids": [a.pk for a in unknown],
+            }
+        )
     if chosen is not None and chosen.recovery_mode == Checkpoint.RecoveryMode.COMPENSATE_ONLY:
-        warnings.append({"code": "resume_not_allowed",
-                         "message": f"Checkpoint {chosen.name} says compensate only: the agent cannot resume here."})
-    return ResumePreview(run=run, checkpoint=chosen, succeeded_after=after, repeats=repeats, unknown=unknown,
-                         warnings=warnings)
+        warnings.append(
+            {
+                "code": "resume_not_allowed",
+                "message": f"Checkpoint {chosen.name} says compensate only: the agent cannot resume here.",
+            }
+        )
+    return ResumePreview(
+        run=run, checkpoint=chosen, succeeded_after=after, repeats=repeats, unknown=unknown, warnings=warnings
+    )
 
 
 @_audits_refusals("resume")
 @transaction.atomic
-def item_resume(*, item: RecoveryItem, actor: Actor, reason: str,
-                checkpoint: Checkpoint | None = None) -> AgentCommand:
+def item_resume(
+    *, item: RecoveryItem, actor: Actor, reason: str, checkpoint: Checkpoint | None = None
+) -> AgentCommand:
     """Resolve the item as resumed, put the run back to running and queue a resume command for
     the agent (pulled on heartbeat, pushed to resume_url when set)."""
     _require_reason(reason, "resume")
     item = RecoveryItem.objects.select_related("run__tenant").get(pk=item.pk)
     preview = resume_preview(item=item, checkpoint=checkpoint)
     _refuse_unknown_outcomes(preview.unknown, doing="resume")
-    if preview.checkpoint is not None and preview.checkpoint.recovery_mode == Checkpoint.RecoveryMode.COMPENSATE_ONLY:
-        raise errors.Conflict(f"Checkpoint {preview.checkpoint.name} allows compensation only.",
-                              details={"checkpoint_id": preview.checkpoint.pk}, code="resume_not_allowed")
-    _item_resolve(item=item, actor=actor, resolution=RecoveryItem.Resolution.RESUMED, note=reason,
-                  allowed_from=(RecoveryItem.Status.OPEN,),
-                  details={"resume": {"checkpoint_id": getattr(preview.checkpoint, "pk", None),
-                                      "warnings": [w["code"] for w in preview.warnings]}})
+    if (
+        preview.checkpoint is not None
+        and preview.checkpoint.recovery_mode == Checkpoint.RecoveryMode.COMPENSATE_ONLY
+    ):
+        raise errors.Conflict(
+            f"Checkpoint {preview.checkpoint.name} allows compensation only.",
+            details={"checkpoint_id": preview.checkpoint.pk},
+            code="resume_not_allowed",
+        )
+    _item_resolve(
+        item=item,
+        actor=actor,
+        resolution=RecoveryItem.Resolution.RESUMED,
+        note=reason,
+        allowed_from=(RecoveryItem.Status.OPEN,),
+        details={
+            "resume": {
+                "checkpoint_id": getattr(preview.checkpoint, "pk", None),
+                "warnings": [w["code"] for w in preview.warnings],
+            }
+        },
+    )
     run = Run.objects.select_for_update().select_related("tenant").get(pk=item.run_id)
     ledger.run_resume(run=run, actor=actor, reason=reason)
-    return command_issue(run=run, kind=AgentCommand.Kind.RESUME, actor=actor, reason=reason,
-                         checkpoint=preview.checkpoint)
+    return command_issue(
+        run=run, kind=AgentCommand.Kind.RESUME, actor=actor, reason=reason, checkpoint=preview.checkpoint
+    )
 
 
 @_audits_refusals("close")
@@ -675,8 +951,13 @@ def item_close(*, item: RecoveryItem, actor: Actor, reason: str) -> RecoveryItem
     """Resolve the item as closed (a reason is required); a failed or cancelled run is closed too."""
     _require_reason(reason, "close")
     item = RecoveryItem.objects.select_related("run__tenant").get(pk=item.pk)
-    _item_resolve(item=item, actor=actor, resolution=RecoveryItem.Resolution.CLOSED, note=reason,
-                  allowed_from=(RecoveryItem.Status.OPEN,))
+    _item_resolve(
+        item=item,
+        actor=actor,
+        resolution=RecoveryItem.Resolution.CLOSED,
+        note=reason,
+        allowed_from=(RecoveryItem.Status.OPEN,),
+    )
     run = Run.objects.select_for_update().select_related("tenant").get(pk=item.run_id)
     if run.status in (Run.Status.FAILED, Run.Status.CANCELLED):
         ledger.run_close(run=run, actor=actor, reason=reason)
@@ -686,14 +967,27 @@ def item_close(*, item: RecoveryItem, actor: Actor, reason: str) -> RecoveryItem
 @transaction.atomic
 def item_assign(*, item: RecoveryItem, actor: Actor, assignee: Any) -> RecoveryItem:
     """Assign (or, with None, unassign) an item to a member of its tenant. Not a state change."""
-    if assignee is not None and not Membership.objects.filter(user=assignee, tenant_id=item.tenant_id).exists():
-        raise errors.ValidationFailed("The assignee is not a member of this tenant.",
-                                      details={"assignee": getattr(assignee, "pk", None)})
+    if (
+        assignee is not None
+        and not Membership.objects.filter(user=assignee, tenant_id=item.tenant_id).exists()
+    ):
+        raise errors.ValidationFailed(
+            "The assignee is not a member of this tenant.",
+            details={"assignee": getattr(assignee, "pk", None)},
+        )
     RecoveryItem.objects.filter(pk=item.pk).update(assignee=assignee, updated_at=timezone.now())
     item.assignee = assignee
-    audit_record(tenant=item.run.tenant, run=item.run, actor=actor, kind="recovery.assigned", subject=item,
-                 data={"assignee": getattr(assignee, "pk", None),
-                       "assignee_label": assignee.get_username() if assignee is not None else ""})
+    audit_record(
+        tenant=item.run.tenant,
+        run=item.run,
+        actor=actor,
+        kind="recovery.assigned",
+        subject=item,
+        data={
+            "assignee": getattr(assignee, "pk", None),
+            "assignee_label": assignee.get_username() if assignee is not None else "",
+        },
+    )
     return item
 
 
@@ -720,8 +1014,13 @@ class BulkOutcome:
     unwind_id: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "ok": self.ok, "code": self.code, "message": self.message,
-                "unwind_id": self.unwind_id}
+        return {
+            "item_id": self.item_id,
+            "ok": self.ok,
+            "code": self.code,
+            "message": self.message,
+            "unwind_id": self.unwind_id,
+        }
 
 
 def _bulk(items: Any, *, reason: str, what: str, apply: Any) -> list[BulkOutcome]:
@@ -731,13 +1030,21 @@ def _bulk(items: Any, *, reason: str, what: str, apply: Any) -> list[BulkOutcome
     chosen = list(items)
     cap = int(settings.SAGA["BULK_MAX_ITEMS"])
     if len(chosen) > cap:
-        raise errors.ValidationFailed(f"At most {cap} items can be handled at once; {len(chosen)} were selected.",
-                                      details={"max_items": cap, "selected": len(chosen)})
+        raise errors.ValidationFailed(
+            f"At most {cap} items can be handled at once; {len(chosen)} were selected.",
+            details={"max_items": cap, "selected": len(chosen)},
+        )
     outcomes: list[BulkOutcome] = []
     for item in chosen:
         if item.risk != Risk.LOW:
-            outcomes.append(BulkOutcome(item.pk, False, "risk_too_high",
-                                        f"Bulk {what} is for low-risk items only; {item.pk} is {item.risk} risk."))
+            outcomes.append(
+                BulkOutcome(
+                    item.pk,
+                    False,
+                    "risk_too_high",
+                    f"Bulk {what} is for low-risk items only; {item.pk} is {item.risk} risk.",
+                )
+            )
             continue
         try:
             with transaction.atomic():
@@ -745,19 +1052,30 @@ def _bulk(items: Any, *, reason: str, what: str, apply: Any) -> list[BulkOutcome
         except errors.SagaError as exc:
             outcomes.append(BulkOutcome(item.pk, False, exc.code, exc.message))
             continue
-        outcomes.append(BulkOutcome(item.pk, True, unwind_id=getattr(result, "pk", None)
-                                    if isinstance(result, Unwind) else None))
+        outcomes.append(
+            BulkOutcome(
+                item.pk, True, unwind_id=getattr(result, "pk", None) if isinstance(result, Unwind) else None
+            )
+        )
     return outcomes
 
 
 def items_bulk_close(*, items: Any, actor: Actor, reason: str) -> list[BulkOutcome]:
-    return _bulk(items, reason=reason, what="close",
-                 apply=lambda item: item_close(item=item, actor=actor, reason=reason))
+    return _bulk(
+        items,
+        reason=reason,
+        what="close",
+        apply=lambda item: item_close(item=item, actor=actor, reason=reason),
+    )
 
 
 def items_bulk_compensate(*, items: Any, actor: Actor, reason: str) -> list[BulkOutcome]:
-    return _bulk(items, reason=reason, what="compensate",
-                 apply=lambda item: unwind_start(item=item, actor=actor, reason=reason))
+    return _bulk(
+        items,
+        reason=reason,
+        what="compensate",
+        apply=lambda item: unwind_start(item=item, actor=actor, reason=reason),
+    )
 
 
 # --- Periodic duties -------------------------------------------------------------------------
@@ -774,14 +1092,21 @@ def runs_fail_lost_agents(*, now: Any = None) -> int:
     failed = 0
     for run_id in Run.objects.filter(lost, status=Run.Status.RUNNING).values_list("pk", flat=True):
         with transaction.atomic():
-            run = Run.objects.select_for_update(skip_locked=True).filter(lost, pk=run_id,
-                                                                         status=Run.Status.RUNNING).first()
+            run = (
+                Run.objects.select_for_update(skip_locked=True)
+                .filter(lost, pk=run_id, status=Run.Status.RUNNING)
+                .first()
+            )
             if run is None:
                 continue  # it heart-beat meanwhile, or another sweeper has it
             silent_s = int((now - (run.last_heartbeat_at or run.created_at)).total_seconds())
-            run_fail_and_queue(run=run, actor=Actor.system("heartbeat-monitor"), reason="agent_lost",
-                               error=f"No heartbeat for {silent_s}s (threshold "
-                                     f"{settings.SAGA['HEARTBEAT_TIMEOUT_S']}s): the agent is presumed lost.")
+            run_fail_and_queue(
+                run=run,
+                actor=Actor.system("heartbeat-monitor"),
+                reason="agent_lost",
+                error=f"No heartbeat for {silent_s}s (threshold "
+                f"{settings.SAGA['HEARTBEAT_TIMEOUT_S']}s): the agent is presumed lost.",
+            )
             failed += 1
     return failed
 
@@ -794,10 +1119,16 @@ def commands_redeliver_due(*, now: Any = None) -> int:
 
     now = now or timezone.now()
     settle = timedelta(seconds=settings.SAGA["SWEEP_INTERVAL_S"])
-    due = AgentCommand.objects.filter(
-        status=AgentCommand.Status.PENDING, delivered_at__isnull=True, created_at__lt=now - settle,
-        delivery_attempts__lt=MAX_COMMAND_DELIVERY_ATTEMPTS,
-    ).exclude(run__resume_url="").values_list("pk", flat=True)
+    due = (
+        AgentCommand.objects.filter(
+            status=AgentCommand.Status.PENDING,
+            delivered_at__isnull=True,
+            created_at__lt=now - settle,
+            delivery_attempts__lt=MAX_COMMAND_DELIVERY_ATTEMPTS,
+        )
+        .exclude(run__resume_url="")
+        .values_list("pk", flat=True)
+    )
     count = 0
     for command_id in due:
         notifications.enqueue_command_delivery(command_id=command_id)

@@ -169,8 +169,8 @@ def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
 
 
 # Routers are mounted last: they import the shared pieces from saga_admin.apicore, not from here.
-from saga_admin.agent_api import router as agent_router  # noqa: E402
 from recovery.api import router as recovery_router  # noqa: E402
+from saga_admin.agent_api import router as agent_router  # noqa: E402
 
 api.add_router("", agent_router)
 api.add_router("", recovery_router)

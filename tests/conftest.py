@@ -29,7 +29,9 @@ def agent_key(tenant):
     from ledger.audit import Actor
     from ledger.services import agent_key_create
 
-    issued = agent_key_create(tenant=tenant, name="onboarding-agent", scopes=["agent"], actor=Actor.system("tests"))
+    issued = agent_key_create(
+        tenant=tenant, name="onboarding-agent", scopes=["agent"], actor=Actor.system("tests")
+    )
     return issued.key, issued.secret
 
 
@@ -38,7 +40,9 @@ def operator_key(tenant):
     from ledger.audit import Actor
     from ledger.services import agent_key_create
 
-    issued = agent_key_create(tenant=tenant, name="supervisor", scopes=["agent", "operator"], actor=Actor.system("tests"))
+    issued = agent_key_create(
+        tenant=tenant, name="supervisor", scopes=["agent", "operator"], actor=Actor.system("tests")
+    )
     return issued.key, issued.secret
 
 
@@ -47,8 +51,9 @@ def outsider_key(other_tenant):
     from ledger.audit import Actor
     from ledger.services import agent_key_create
 
-    issued = agent_key_create(tenant=other_tenant, name="globex-agent", scopes=["agent", "operator"],
-                              actor=Actor.system("tests"))
+    issued = agent_key_create(
+        tenant=other_tenant, name="globex-agent", scopes=["agent", "operator"], actor=Actor.system("tests")
+    )
     return issued.key, issued.secret
 
 

@@ -21,7 +21,9 @@ def test_it_keeps_the_record_independent_of_the_decisions():
     """DESIGN.md: recovery/ uses ledger/, never the other way round (the record does not know what
     is decided about it). The agent API composes both from saga_admin/."""
     offenders = {
-        str(path.relative_to(ROOT)): sorted(n for n in _imports(path) if n.split(".")[0] in {"recovery", "dashboard"})
+        str(path.relative_to(ROOT)): sorted(
+            n for n in _imports(path) if n.split(".")[0] in {"recovery", "dashboard"}
+        )
         for path in (ROOT / "ledger").rglob("*.py")
     }
     assert {path: names for path, names in offenders.items() if names} == {}

@@ -14,13 +14,22 @@ from ledger.models import Action, Event, Run, ToolPolicy
 
 
 def make_run(tenant, actor, **fields: Any) -> Run:
-    return services.run_create(tenant=tenant, actor=actor, agent="onboarding", request="Onboard Ashu Kumar",
-                               **fields)
+    return services.run_create(
+        tenant=tenant, actor=actor, agent="onboarding", request="Onboard Ashu Kumar", **fields
+    )
 
 
-def auto_policy(tool: str = "hr.*", *, tenant=None, action_class: str = "internal_update", **fields: Any) -> ToolPolicy:
+def auto_policy(
+    tool: str = "hr.*", *, tenant=None, action_class: str = "internal_update", **fields: Any
+) -> ToolPolicy:
     """A low-risk, auto-approved policy, so actions can start without an approval."""
-    values = {"risk": "low", "approval": "auto", "action_class": action_class, "compensation": "custom", **fields}
+    values = {
+        "risk": "low",
+        "approval": "auto",
+        "action_class": action_class,
+        "compensation": "custom",
+        **fields,
+    }
     return ToolPolicy.objects.create(tenant=tenant, tool=tool, **values)
 
 
@@ -38,7 +47,9 @@ def force_status(obj: Action | Run, status: str) -> Action | Run:
 
 
 @contextlib.contextmanager
-def refused(obj: Action | Run, *, current: str, error: type[errors.SagaError] = errors.InvalidTransition) -> Iterator[None]:
+def refused(
+    obj: Action | Run, *, current: str, error: type[errors.SagaError] = errors.InvalidTransition
+) -> Iterator[None]:
     """Expect the block to raise ``error`` naming ``current``, and to change nothing: the row is
     identical and no audit event was written."""
     model = type(obj)

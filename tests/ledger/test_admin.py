@@ -13,8 +13,18 @@ from ledger.models import AgentKey, Event, Run
 from recovery.models import RecoveryItem
 from tests.ledger.helpers import make_run, record
 
-BIG_TABLES = ["run", "action", "checkpoint", "event", "idempotencyrecord", "recoveryitem", "unwind", "unwindstep",
-              "approval", "agentcommand"]
+BIG_TABLES = [
+    "run",
+    "action",
+    "checkpoint",
+    "event",
+    "idempotencyrecord",
+    "recoveryitem",
+    "unwind",
+    "unwindstep",
+    "approval",
+    "agentcommand",
+]
 
 
 @pytest.fixture
@@ -93,9 +103,13 @@ def test_it_revokes_selected_keys_through_the_service(root_client, agent_key, op
     from ledger.services import agent_key_authenticate
 
     keys = [agent_key, operator_key]
-    response = root_client.post(_url(AgentKey, "changelist"), {
-        "action": "revoke_keys", "_selected_action": [k.pk for k, _ in keys],
-    })
+    response = root_client.post(
+        _url(AgentKey, "changelist"),
+        {
+            "action": "revoke_keys",
+            "_selected_action": [k.pk for k, _ in keys],
+        },
+    )
     assert response.status_code == 302
     for key, raw in keys:
         assert AgentKey.objects.get(pk=key.pk).revoked_at is not None
@@ -109,13 +123,20 @@ def test_it_refuses_state_edits_to_the_record(root_client, acme_run):
     assert Run.objects.get(pk=acme_run.pk).status == "running"
 
 
-def test_it_shows_a_tenant_admin_only_their_tenants(client, tenant, other_tenant, agent, outsider_key, acme_run):
+def test_it_shows_a_tenant_admin_only_their_tenants(
+    client, tenant, other_tenant, agent, outsider_key, acme_run
+):
     from ledger.audit import Actor
     from ledger.services import staff_set
 
     theirs = make_run(other_tenant, Actor.for_key(outsider_key[0]))
-    dave = staff_set(username="dave", password="correct-horse-battery", tenant=tenant, role="admin",
-                     actor=Actor.system("tests")).user
+    dave = staff_set(
+        username="dave",
+        password="correct-horse-battery",
+        tenant=tenant,
+        role="admin",
+        actor=Actor.system("tests"),
+    ).user
     client.force_login(dave)
     listing = client.get(_url(Run, "changelist"))
     assert listing.status_code == 200

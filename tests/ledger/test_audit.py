@@ -51,15 +51,21 @@ def test_it_refuses_an_orm_delete(run):
     assert Event.objects.count() == count
 
 
-@pytest.mark.parametrize("sql", [
-    "UPDATE ledger_event SET reason = 'rewritten'",
-    "DELETE FROM ledger_event",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE ledger_event SET reason = 'rewritten'",
+        "DELETE FROM ledger_event",
+    ],
+)
 def test_it_refuses_raw_sql_updates_and_deletes(run, sql):
     count = Event.objects.count()
-    with pytest.raises(DatabaseError, match="Cannot update or delete"), transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(sql)
+    with (
+        pytest.raises(DatabaseError, match="Cannot update or delete"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(sql)
     assert Event.objects.count() == count and not Event.objects.filter(reason="rewritten").exists()
 
 
@@ -74,7 +80,9 @@ def test_it_refuses_audit_records_outside_a_transaction(tenant):
 def test_it_reports_an_intact_log(run):
     out = StringIO()
     call_command("verify_audit", stdout=out)
-    assert "4 events checked." in out.getvalue()  # the key's creation + the run's 3 and "intact" in out.getvalue()
+    assert (
+        "4 events checked." in out.getvalue()
+    )  # the key's creation + the run's 3 and "intact" in out.getvalue()
 
 
 def _tamper(event: Event, **changes) -> None:
@@ -89,7 +97,9 @@ def test_it_detects_a_tampered_event_and_names_it(run):
     with pytest.raises(CommandError) as excinfo:
         call_command("verify_audit", stdout=out)
     assert excinfo.value.returncode == 1
-    assert f"chain run:{run.pk}, event {victim.pk}: the event's content does not match its hash" in str(excinfo.value)
+    assert f"chain run:{run.pk}, event {victim.pk}: the event's content does not match its hash" in str(
+        excinfo.value
+    )
     assert "events checked" in out.getvalue()
 
 
@@ -99,7 +109,10 @@ def test_it_detects_a_deleted_event_by_its_broken_link(run):
     with pgtrigger.ignore("ledger.Event:event_append_only"):
         Event.objects.filter(pk=middle.pk).delete()
     checked, broken = audit_verify()
-    assert (broken.event_id, broken.problem) == (after.pk, "prev_hash does not match the previous event's hash")
+    assert (broken.event_id, broken.problem) == (
+        after.pk,
+        "prev_hash does not match the previous event's hash",
+    )
 
 
 def test_it_detects_a_rehashed_event_whose_successor_no_longer_links(run):
@@ -111,7 +124,10 @@ def test_it_detects_a_rehashed_event_whose_successor_no_longer_links(run):
     victim.reason = "forged"
     _tamper(victim, reason="forged", hash=_event_digest(victim.prev_hash, _hashed_fields(victim)))
     _, broken = audit_verify(chain=f"run:{run.pk}")
-    assert (broken.event_id, broken.problem) == (after.pk, "prev_hash does not match the previous event's hash")
+    assert (broken.event_id, broken.problem) == (
+        after.pk,
+        "prev_hash does not match the previous event's hash",
+    )
 
 
 def test_it_reports_the_earliest_broken_event_across_chains(tenant, agent, run):
@@ -134,8 +150,13 @@ def test_it_exits_with_status_1_when_the_chain_is_broken(run, capsys):
 def test_it_verifies_events_whose_data_jsonb_normalises(tenant):
     # jsonb returns 1e16 as the integer 10000000000000000: the hash must be of what comes back.
     with transaction.atomic():
-        audit_record(tenant=tenant, actor=Actor.system(), kind="probe", subject="probe:1",
-                     data={"big": 1e16, "huge": -1.5e300, "tiny": 1.5e-7, "float": 2.0, "nan": float("nan")})
+        audit_record(
+            tenant=tenant,
+            actor=Actor.system(),
+            kind="probe",
+            subject="probe:1",
+            data={"big": 1e16, "huge": -1.5e300, "tiny": 1.5e-7, "float": 2.0, "nan": float("nan")},
+        )
     assert audit_verify() == (1, None)
 
 

@@ -26,15 +26,18 @@ def run_command(*args: str) -> str:
 
 
 def test_it_creates_a_key_and_the_tenant_and_prints_the_key_alone_on_the_last_line(db):
-    out = run_command("create_agent_key", "--tenant", "initech", "--name", "billing-agent", "--scopes",
-                      "agent,operator")
+    out = run_command(
+        "create_agent_key", "--tenant", "initech", "--name", "billing-agent", "--scopes", "agent,operator"
+    )
     raw = out.rstrip("\n").splitlines()[-1]
     assert raw == raw.strip() and " " not in raw
     key = services.agent_key_authenticate(raw_key=raw)
     assert key is not None
     assert (key.tenant.slug, key.name, key.scopes) == ("initech", "billing-agent", ["agent", "operator"])
     # Stored hashed: the secret part appears nowhere in the row.
-    assert raw.split("_")[-1] not in AgentKey.objects.filter(pk=key.pk).values_list("key_hash", flat=True).get()
+    assert (
+        raw.split("_")[-1] not in AgentKey.objects.filter(pk=key.pk).values_list("key_hash", flat=True).get()
+    )
 
 
 def test_it_reuses_an_existing_tenant(tenant):
@@ -76,8 +79,16 @@ def test_it_does_not_authenticate_a_right_prefix_with_a_wrong_secret(agent_key):
 
 
 def test_it_creates_staff_with_a_role(db):
-    out = run_command("create_staff", "erin", "--password", "correct-horse-battery", "--tenant", "acme",
-                      "--role", "operator")
+    out = run_command(
+        "create_staff",
+        "erin",
+        "--password",
+        "correct-horse-battery",
+        "--tenant",
+        "acme",
+        "--role",
+        "operator",
+    )
     assert "Created user erin: operator at acme" in out
     user = get_user_model().objects.get(username="erin")
     assert user.check_password("correct-horse-battery")
@@ -87,8 +98,16 @@ def test_it_creates_staff_with_a_role(db):
 
 
 def test_it_updates_an_existing_users_role_and_password(alice, tenant):
-    out = run_command("create_staff", "alice", "--password", "another-long-passphrase", "--tenant", tenant.slug,
-                      "--role", "approver")
+    out = run_command(
+        "create_staff",
+        "alice",
+        "--password",
+        "another-long-passphrase",
+        "--tenant",
+        tenant.slug,
+        "--role",
+        "approver",
+    )
     assert "Updated user alice: approver" in out
     alice.refresh_from_db()
     assert alice.check_password("another-long-passphrase")
@@ -99,29 +118,69 @@ def test_it_updates_an_existing_users_role_and_password(alice, tenant):
 
 
 def test_it_gives_only_admins_the_django_admin(dave, tenant):
-    run_command("create_staff", "dave", "--password", "correct-horse-battery", "--tenant", tenant.slug,
-                "--role", "admin")
+    run_command(
+        "create_staff",
+        "dave",
+        "--password",
+        "correct-horse-battery",
+        "--tenant",
+        tenant.slug,
+        "--role",
+        "admin",
+    )
     dave.refresh_from_db()
     assert dave.is_staff and not dave.is_superuser
     assert dave.has_perm("ledger.view_run") and not dave.has_perm("ledger.change_run")
-    run_command("create_staff", "dave", "--password", "correct-horse-battery", "--tenant", tenant.slug,
-                "--role", "viewer")
+    run_command(
+        "create_staff",
+        "dave",
+        "--password",
+        "correct-horse-battery",
+        "--tenant",
+        tenant.slug,
+        "--role",
+        "viewer",
+    )
     dave = get_user_model().objects.get(pk=dave.pk)
     assert not dave.is_staff and not dave.has_perm("ledger.view_run")
 
 
 def test_it_keeps_admin_access_while_admin_of_another_tenant(dave, tenant, other_tenant):
-    run_command("create_staff", "dave", "--password", "correct-horse-battery", "--tenant", tenant.slug,
-                "--role", "admin")
-    run_command("create_staff", "dave", "--password", "correct-horse-battery", "--tenant", other_tenant.slug,
-                "--role", "viewer")
+    run_command(
+        "create_staff",
+        "dave",
+        "--password",
+        "correct-horse-battery",
+        "--tenant",
+        tenant.slug,
+        "--role",
+        "admin",
+    )
+    run_command(
+        "create_staff",
+        "dave",
+        "--password",
+        "correct-horse-battery",
+        "--tenant",
+        other_tenant.slug,
+        "--role",
+        "viewer",
+    )
     dave.refresh_from_db()
     assert dave.is_staff
 
 
 def test_it_does_not_audit_a_role_that_did_not_change(alice, tenant):
-    run_command("create_staff", "alice", "--password", "correct-horse-battery", "--tenant", tenant.slug,
-                "--role", "operator")
+    run_command(
+        "create_staff",
+        "alice",
+        "--password",
+        "correct-horse-battery",
+        "--tenant",
+        tenant.slug,
+        "--role",
+        "operator",
+    )
     assert not Event.objects.filter(kind="membership.set").exists()
 
 
@@ -133,14 +192,24 @@ def test_it_refuses_a_weak_password(db):
 
 def test_it_refuses_an_unknown_role(db):
     with pytest.raises(CommandError, match="invalid choice"):
-        run_command("create_staff", "erin", "--password", "correct-horse-battery", "--tenant", "acme",
-                    "--role", "overlord")
+        run_command(
+            "create_staff",
+            "erin",
+            "--password",
+            "correct-horse-battery",
+            "--tenant",
+            "acme",
+            "--role",
+            "overlord",
+        )
 
 
 def production_env(**extra: str) -> dict[str, str]:
     """Only what a Procfile process would get: not the test runner's variables (conftest sets
     DJANGO_ALLOW_ASYNC_UNSAFE, which the deploy check rightly refuses)."""
-    keep = {name: os.environ[name] for name in ("PATH", "HOME", "DATABASE_URL", "REDIS_URL") if name in os.environ}
+    keep = {
+        name: os.environ[name] for name in ("PATH", "HOME", "DATABASE_URL", "REDIS_URL") if name in os.environ
+    }
     return {**keep, "DEBUG": "0", "ALLOWED_HOSTS": "example.com", **extra}
 
 
@@ -148,7 +217,11 @@ def test_it_passes_the_deploy_check_with_production_settings():
     env = production_env(SECRET_KEY=secrets.token_urlsafe(64))
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues" in result.stdout
@@ -159,6 +232,10 @@ def test_it_fails_the_deploy_check_with_the_development_secret():
     env = production_env()
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode != 0 and "security.W009" in result.stderr + result.stdout

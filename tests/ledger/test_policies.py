@@ -7,8 +7,9 @@ from ledger.policies import policies_in_force, policy_resolve, policy_settings_f
 
 
 def _policy(tool, *, tenant=None, risk="low", approval="auto", action_class="internal_update", **fields):
-    return ToolPolicy.objects.create(tenant=tenant, tool=tool, risk=risk, approval=approval,
-                                     action_class=action_class, **fields)
+    return ToolPolicy.objects.create(
+        tenant=tenant, tool=tool, risk=risk, approval=approval, action_class=action_class, **fields
+    )
 
 
 def test_it_prefers_an_exact_name_over_any_glob(tenant):
@@ -16,7 +17,11 @@ def test_it_prefers_an_exact_name_over_any_glob(tenant):
     _policy("crm.update_contact", risk="critical", approval="manual")
     resolved = policy_resolve(tenant=tenant, tool="crm.update_contact")
     assert (resolved.pattern, resolved.risk, resolved.scope, resolved.requires_approval) == (
-        "crm.update_contact", "critical", "global", True)
+        "crm.update_contact",
+        "critical",
+        "global",
+        True,
+    )
 
 
 def test_it_prefers_the_tenants_policy_over_the_global_one(tenant, other_tenant):
@@ -49,7 +54,12 @@ def test_it_matches_globs_case_sensitively(tenant):
 def test_it_gives_an_unknown_tool_the_built_in_conservative_default(tenant):
     resolved = policy_resolve(tenant=tenant, tool="github.delete_repository")
     assert (resolved.scope, resolved.risk, resolved.approval, resolved.action_class, resolved.source) == (
-        "default", "high", "manual", "external_irreversible", "built-in")
+        "default",
+        "high",
+        "manual",
+        "external_irreversible",
+        "built-in",
+    )
 
 
 def test_it_gives_an_unknown_tool_the_configured_default(tenant):

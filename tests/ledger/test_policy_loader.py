@@ -38,26 +38,45 @@ def test_it_loads_the_native_layout(db, tenant):
     out = load(NATIVE)
     assert "6 created, 0 updated, 0 unchanged" in out
     charge = ToolPolicy.objects.get(tool="payments.charge")
-    assert (charge.tenant, charge.risk, charge.approval, charge.action_class, charge.compensation, charge.source) == (
-        None, "critical", "manual", "external_irreversible", "correction", NATIVE)
+    assert (
+        charge.tenant,
+        charge.risk,
+        charge.approval,
+        charge.action_class,
+        charge.compensation,
+        charge.source,
+    ) == (None, "critical", "manual", "external_irreversible", "correction", NATIVE)
     assert ToolPolicy.objects.get(tool="hr.create_user").compensation_tool == "hr.delete_user"
     hr = Compensator.objects.get(tool="hr.delete_user")
     assert (hr.kind, hr.url, hr.secret_env, hr.secret) == (
-        "webhook", "https://hr.internal/saga/delete_user", "HR_SAGA_SECRET", "")
+        "webhook",
+        "https://hr.internal/saga/delete_user",
+        "HR_SAGA_SECRET",
+        "",
+    )
     lic = Compensator.objects.get(tool="workspace.cancel_license")
     assert (lic.kind, lic.python_path, lic.reader_path) == (
-        "python", "some.module.cancel_license", "some.module.read_license")
+        "python",
+        "some.module.cancel_license",
+        "some.module.read_license",
+    )
     settings = policy_settings_for(tenant)
     assert settings.auto_compensate == {"max_risk": "low"}
-    assert settings.unwind == {"on_compensation_failure": "alert_and_continue", "step_timeout_s": 30, "max_attempts": 5}
+    assert settings.unwind == {
+        "on_compensation_failure": "alert_and_continue",
+        "step_timeout_s": 30,
+        "max_attempts": 5,
+    }
     assert policy_resolve(tenant=tenant, tool="crm.update_contact").compensation == "snapshot"
 
 
 def test_it_loads_the_agent_safety_layout(db, tenant):
     out = load(AGENT_SAFETY)
     assert "(agentSafety layout)" in out and "5 created" in out
-    rows = {p.tool: (p.risk, p.approval, p.action_class, p.compensation, p.compensation_tool)
-            for p in ToolPolicy.objects.all()}
+    rows = {
+        p.tool: (p.risk, p.approval, p.action_class, p.compensation, p.compensation_tool)
+        for p in ToolPolicy.objects.all()
+    }
     assert rows == {
         "github.delete_repository": ("critical", "manual", "external_irreversible", "none", ""),
         "crm.update_contact": ("medium", "auto", "internal_update", "snapshot", ""),
@@ -105,7 +124,11 @@ def test_it_audits_a_tenant_load_once_per_change(db, tenant):
     load(NATIVE, "--tenant", tenant.slug)
     event = Event.objects.get(kind="policies.loaded")
     assert (event.tenant, event.subject_type, event.actor_type, event.actor_label) == (
-        tenant, "policyset", "system", "load_policies")
+        tenant,
+        "policyset",
+        "system",
+        "load_policies",
+    )
     assert event.data["created"] and event.data["source"] == NATIVE
 
 
@@ -142,50 +165,99 @@ def problems(data) -> list[str]:
 
 
 def _policy(**fields):
-    return {"tool": "hr.create_user", "risk": "low", "approval": "auto", "action_class": "internal_update", **fields}
+    return {
+        "tool": "hr.create_user",
+        "risk": "low",
+        "approval": "auto",
+        "action_class": "internal_update",
+        **fields,
+    }
 
 
-@pytest.mark.parametrize(("data", "expected"), [
-    ({"policies": [_policy(approval="sometimes")]},
-     'policies[0] (tool "hr.create_user"): approval: must be one of auto, manual'),
-    ({"policies": [_policy(action_class="mostly_harmless")]},
-     'policies[0] (tool "hr.create_user"): action_class: must be one of read_only, draft_only, internal_update, '
-     "external_reversible, external_irreversible"),
-    ({"policies": [_policy(compensation="undo")]},
-     'policies[0] (tool "hr.create_user"): compensation: must be one of custom, snapshot, correction, none'),
-    ({"policies": [_policy(risk="HIGH")]},  # the native layout is strict about case
-     'policies[0] (tool "hr.create_user"): risk: must be one of low, medium, high, critical'),
-    ({"policies": [_policy(aproval="auto")]}, 'policies[0] (tool "hr.create_user"): aproval: unknown key'),
-    ({"policies": [{"tool": "hr.x", "risk": "low", "approval": "auto"}]},
-     'policies[0] (tool "hr.x"): action_class: is required'),
-    ({"policies": [_policy(tool="*")]}, "matches every tool; use default_policy"),
-    ({"policies": [_policy(tool="crm.[abc")]}, "unbalanced [ ]"),
-    ({"policies": [_policy(tool="crm update")]}, "may contain only letters"),
-    ({"policies": [_policy(), _policy()]}, 'policies[1] (tool "hr.create_user"): duplicates policies[0]'),
-    ({"policies": [_policy(action_class="read_only", compensation="snapshot")]},
-     "a read_only tool changes nothing"),
-    ({"policies": [_policy(action_class="external_irreversible", compensation="snapshot")]},
-     "snapshot cannot undo an external_irreversible action"),
-    ({"compensators": {"hr.delete_user": {"webhook": "ftp://hr/x", "secret_env": "S"}}},
-     'compensators["hr.delete_user"]: webhook: must be an http(s) URL'),
-    ({"compensators": {"hr.delete_user": {"webhook": "https://hr/x", "python": "a.b", "secret_env": "S"}}},
-     'compensators["hr.delete_user"]: must have exactly one of webhook or python'),
-    ({"compensators": {"hr.delete_user": {}}}, "must have exactly one of webhook or python"),
-    ({"compensators": {"hr.delete_user": {"webhook": "https://hr/x"}}}, "needs exactly one of secret or secret_env"),
-    ({"compensators": {"hr.delete_user": {"python": "not a path"}}}, "must be a dotted Python path"),
-    ({"compensators": {"hr.*": {"python": "a.b"}}}, "must be one exact tool name, not a glob"),
-    ({"unwind": {"step_timeout_s": "30"}}, "unwind: step_timeout_s: "),
-    ({"unwind": {"on_compensation_failure": "panic"}}, "must be one of alert_and_continue, halt"),
-    ({"polices": []}, "polices: unknown key"),
-    ([], "file: must be a JSON object"),
-    ({"agentSafety": {"policies": {"crm.x": {"risk": "EXTREME", "approval": "AUTO", "compensation": "NONE"}}}},
-     'agentSafety.policies["crm.x"]: risk: must be one of low, medium, high, critical'),
-    ({"agentSafety": {"policies": {"crm.x": {"risk": "LOW", "approval": "AUTO", "compensation": "REWIND"}}}},
-     'agentSafety.policies["crm.x"]: compensation: must be one of SNAPSHOT, CORRECTION, NONE'),
-    ({"agentSafety": {"unwind": {"strategy": "FIFO"}}}, "agentSafety.unwind.strategy: must be LIFO"),
-    ({"agentSafety": {"unwind": {"timeout": "soon"}}}, "agentSafety.unwind.timeout: must be a duration"),
-    ({"agentSafety": {}, "policies": []}, 'policies: unknown key next to "agentSafety"'),
-])
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (
+            {"policies": [_policy(approval="sometimes")]},
+            'policies[0] (tool "hr.create_user"): approval: must be one of auto, manual',
+        ),
+        (
+            {"policies": [_policy(action_class="mostly_harmless")]},
+            'policies[0] (tool "hr.create_user"): action_class: must be one of read_only, draft_only, internal_update, '
+            "external_reversible, external_irreversible",
+        ),
+        (
+            {"policies": [_policy(compensation="undo")]},
+            'policies[0] (tool "hr.create_user"): compensation: must be one of custom, snapshot, correction, none',
+        ),
+        (
+            {"policies": [_policy(risk="HIGH")]},  # the native layout is strict about case
+            'policies[0] (tool "hr.create_user"): risk: must be one of low, medium, high, critical',
+        ),
+        (
+            {"policies": [_policy(aproval="auto")]},
+            'policies[0] (tool "hr.create_user"): aproval: unknown key',
+        ),
+        (
+            {"policies": [{"tool": "hr.x", "risk": "low", "approval": "auto"}]},
+            'policies[0] (tool "hr.x"): action_class: is required',
+        ),
+        ({"policies": [_policy(tool="*")]}, "matches every tool; use default_policy"),
+        ({"policies": [_policy(tool="crm.[abc")]}, "unbalanced [ ]"),
+        ({"policies": [_policy(tool="crm update")]}, "may contain only letters"),
+        ({"policies": [_policy(), _policy()]}, 'policies[1] (tool "hr.create_user"): duplicates policies[0]'),
+        (
+            {"policies": [_policy(action_class="read_only", compensation="snapshot")]},
+            "a read_only tool changes nothing",
+        ),
+        (
+            {"policies": [_policy(action_class="external_irreversible", compensation="snapshot")]},
+            "snapshot cannot undo an external_irreversible action",
+        ),
+        (
+            {"compensators": {"hr.delete_user": {"webhook": "ftp://hr/x", "secret_env": "S"}}},
+            'compensators["hr.delete_user"]: webhook: must be an http(s) URL',
+        ),
+        (
+            {
+                "compensators": {
+                    "hr.delete_user": {"webhook": "https://hr/x", "python": "a.b", "secret_env": "S"}
+                }
+            },
+            'compensators["hr.delete_user"]: must have exactly one of webhook or python',
+        ),
+        ({"compensators": {"hr.delete_user": {}}}, "must have exactly one of webhook or python"),
+        (
+            {"compensators": {"hr.delete_user": {"webhook": "https://hr/x"}}},
+            "needs exactly one of secret or secret_env",
+        ),
+        ({"compensators": {"hr.delete_user": {"python": "not a path"}}}, "must be a dotted Python path"),
+        ({"compensators": {"hr.*": {"python": "a.b"}}}, "must be one exact tool name, not a glob"),
+        ({"unwind": {"step_timeout_s": "30"}}, "unwind: step_timeout_s: "),
+        ({"unwind": {"on_compensation_failure": "panic"}}, "must be one of alert_and_continue, halt"),
+        ({"polices": []}, "polices: unknown key"),
+        ([], "file: must be a JSON object"),
+        (
+            {
+                "agentSafety": {
+                    "policies": {"crm.x": {"risk": "EXTREME", "approval": "AUTO", "compensation": "NONE"}}
+                }
+            },
+            'agentSafety.policies["crm.x"]: risk: must be one of low, medium, high, critical',
+        ),
+        (
+            {
+                "agentSafety": {
+                    "policies": {"crm.x": {"risk": "LOW", "approval": "AUTO", "compensation": "REWIND"}}
+                }
+            },
+            'agentSafety.policies["crm.x"]: compensation: must be one of SNAPSHOT, CORRECTION, NONE',
+        ),
+        ({"agentSafety": {"unwind": {"strategy": "FIFO"}}}, "agentSafety.unwind.strategy: must be LIFO"),
+        ({"agentSafety": {"unwind": {"timeout": "soon"}}}, "agentSafety.unwind.timeout: must be a duration"),
+        ({"agentSafety": {}, "policies": []}, 'policies: unknown key next to "agentSafety"'),
+    ],
+)
 def test_it_names_the_bad_entry_precisely(data, expected):
     found = problems(data)
     assert any(expected in problem for problem in found), found
@@ -197,20 +269,39 @@ def test_it_reports_every_problem_at_once():
 
 
 def test_it_accepts_agent_safety_values_in_any_case_and_camel_case_keys():
-    document = policy_file_parse({"agentSafety": {
-        "policies": {"crm.x": {"risk": "Medium", "approval": "auto", "compensation": "Snapshot",
-                               "actionClass": "DRAFT_ONLY"}},
-        "autoCompensate": {"maxRisk": "LOW"},
-        "unwind": {"onCompensationFailure": "Halt", "timeout": 45, "maxAttempts": 2},
-    }})
-    assert document.policies == [{"tool": "crm.x", "risk": "medium", "approval": "auto", "action_class": "draft_only",
-                                  "compensation": "snapshot", "compensation_tool": ""}]
+    document = policy_file_parse(
+        {
+            "agentSafety": {
+                "policies": {
+                    "crm.x": {
+                        "risk": "Medium",
+                        "approval": "auto",
+                        "compensation": "Snapshot",
+                        "actionClass": "DRAFT_ONLY",
+                    }
+                },
+                "autoCompensate": {"maxRisk": "LOW"},
+                "unwind": {"onCompensationFailure": "Halt", "timeout": 45, "maxAttempts": 2},
+            }
+        }
+    )
+    assert document.policies == [
+        {
+            "tool": "crm.x",
+            "risk": "medium",
+            "approval": "auto",
+            "action_class": "draft_only",
+            "compensation": "snapshot",
+            "compensation_tool": "",
+        }
+    ]
     assert document.auto_compensate == {"max_risk": "low"}
     assert document.unwind == {"on_compensation_failure": "halt", "step_timeout_s": 45, "max_attempts": 2}
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("2m", 120), ("1.5h", 5400), ("500ms", 0.5), (30, 30),
-                                              ("45", 45)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30s", 30), ("2m", 120), ("1.5h", 5400), ("500ms", 0.5), (30, 30), ("45", 45)]
+)
 def test_it_parses_durations(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -229,7 +320,17 @@ def test_it_reports_a_missing_file(db, tmp_path):
 
 def test_it_keeps_a_literal_webhook_secret(db, tmp_path):
     path = tmp_path / "p.json"
-    path.write_text(json.dumps({"compensators": {"hr.delete_user": {
-        "webhook": "http://hr.internal:8080/undo", "secret": "s3cret-s3cret-s3cret"}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "compensators": {
+                    "hr.delete_user": {
+                        "webhook": "http://hr.internal:8080/undo",
+                        "secret": "s3cret-s3cret-s3cret",
+                    }
+                }
+            }
+        )
+    )
     load(str(path))
     assert Compensator.objects.get().secret == "s3cret-s3cret-s3cret"

@@ -20,7 +20,11 @@ def run(tenant, agent):
 
 
 def _last_event(action: Action) -> tuple[str, str, str]:
-    return Event.objects.filter(subject_id=action.pk).order_by("-id").values_list("kind", "from_state", "to_state")[0]
+    return (
+        Event.objects.filter(subject_id=action.pk)
+        .order_by("-id")
+        .values_list("kind", "from_state", "to_state")[0]
+    )
 
 
 def test_it_runs_an_action_from_planned_to_succeeded(run, agent):
@@ -30,10 +34,16 @@ def test_it_runs_an_action_from_planned_to_succeeded(run, agent):
     action.refresh_from_db()
     assert (action.status, action.attempts) == ("running", 1)
     assert action.started_at is not None
-    services.action_succeed(action=action, actor=agent, result={"user_id": 7}, after_snapshot={"exists": True})
+    services.action_succeed(
+        action=action, actor=agent, result={"user_id": 7}, after_snapshot={"exists": True}
+    )
     action.refresh_from_db()
     assert (action.status, action.result, action.after_snapshot, action.completion_seq) == (
-        "succeeded", {"user_id": 7}, {"exists": True}, 1)
+        "succeeded",
+        {"user_id": 7},
+        {"exists": True},
+        1,
+    )
     assert Run.objects.get(pk=run.pk).completion_count == 1
     assert _last_event(action) == ("action.succeeded", "running", "succeeded")
 
@@ -54,7 +64,12 @@ def test_it_fails_a_running_action_and_retries_it_with_the_same_key(run, agent):
     services.action_start(action=action, actor=agent)
     services.action_fail(action=action, actor=agent, error="503 from HR", retryable=True, layer="tool")
     action.refresh_from_db()
-    assert (action.status, action.error, action.retryable, action.error_layer) == ("failed", "503 from HR", True, "tool")
+    assert (action.status, action.error, action.retryable, action.error_layer) == (
+        "failed",
+        "503 from HR",
+        True,
+        "tool",
+    )
     assert _last_event(action) == ("action.failed", "running", "failed")
     services.action_start(action=action, actor=agent)
     action.refresh_from_db()
@@ -65,12 +80,14 @@ def test_it_marks_a_timed_out_action_unknown_and_reconciles_it_either_way(run, a
     happened, did_not = record(run, agent, "a"), record(run, agent, "b")
     for action in (happened, did_not):
         services.action_start(action=action, actor=agent)
-        services.action_fail(action=action, actor=agent, error="timeout", retryable=True, layer="tool",
-                             outcome_unknown=True)
+        services.action_fail(
+            action=action, actor=agent, error="timeout", retryable=True, layer="tool", outcome_unknown=True
+        )
         assert Action.objects.get(pk=action.pk).status == "unknown"
     operator = Actor.for_user(alice)
-    services.action_reconcile(action=happened, actor=operator, happened=True, reason="user exists in HR",
-                              result={"user_id": 9})
+    services.action_reconcile(
+        action=happened, actor=operator, happened=True, reason="user exists in HR", result={"user_id": 9}
+    )
     services.action_reconcile(action=did_not, actor=operator, happened=False, reason="no such user in HR")
     happened.refresh_from_db()
     did_not.refresh_from_db()
@@ -117,18 +134,26 @@ def test_it_compensates_a_succeeded_action(run, agent):
     action = force_status(record(run, agent, "k1"), "succeeded")
     services.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id="stp_1")
     assert Action.objects.get(pk=action.pk).status == "compensating"
-    services.action_compensation_finished(action=action, actor=Actor.system("unwind"), outcome="done",
-                                          step_id="stp_1", state={"exists": False})
+    services.action_compensation_finished(
+        action=action, actor=Actor.system("unwind"), outcome="done", step_id="stp_1", state={"exists": False}
+    )
     assert Action.objects.get(pk=action.pk).status == "compensated"
     assert _last_event(action) == ("action.compensation_done", "compensating", "compensated")
 
 
-@pytest.mark.parametrize(("outcome", "expected"), [
-    ("failed", "compensation_failed"), ("drifted", "compensation_failed"), ("skipped", "succeeded"),
-])
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        ("failed", "compensation_failed"),
+        ("drifted", "compensation_failed"),
+        ("skipped", "succeeded"),
+    ],
+)
 def test_it_finishes_a_compensation_with_each_outcome(run, agent, outcome, expected):
     action = force_status(record(run, agent, "k1"), "compensating")
-    services.action_compensation_finished(action=action, actor=Actor.system("unwind"), outcome=outcome, step_id="s")
+    services.action_compensation_finished(
+        action=action, actor=Actor.system("unwind"), outcome=outcome, step_id="s"
+    )
     assert Action.objects.get(pk=action.pk).status == expected
 
 
@@ -156,16 +181,25 @@ def _start(action, actor):
 
 ACTION_SERVICES = {
     "await_approval": (lambda a, actor: services.action_await_approval(action=a, actor=actor), {"planned"}),
-    "approve": (lambda a, actor: services.action_approve(action=a, actor=actor, reason="x"), {"awaiting_approval"}),
-    "reject": (lambda a, actor: services.action_reject(action=a, actor=actor, reason="x"), {"awaiting_approval"}),
+    "approve": (
+        lambda a, actor: services.action_approve(action=a, actor=actor, reason="x"),
+        {"awaiting_approval"},
+    ),
+    "reject": (
+        lambda a, actor: services.action_reject(action=a, actor=actor, reason="x"),
+        {"awaiting_approval"},
+    ),
     # awaiting_approval and rejected are refused with their own, more helpful errors (above).
     "start": (_start, {"planned", "approved", "failed", "awaiting_approval", "rejected"}),
     "succeed": (lambda a, actor: services.action_succeed(action=a, actor=actor, result={}), {"running"}),
-    "fail": (lambda a, actor: services.action_fail(action=a, actor=actor, error="x", retryable=True, layer="tool"),
-             {"running"}),
+    "fail": (
+        lambda a, actor: services.action_fail(action=a, actor=actor, error="x", retryable=True, layer="tool"),
+        {"running"},
+    ),
     "outcome_unknown": (
-        lambda a, actor: services.action_fail(action=a, actor=actor, error="x", retryable=True, layer="tool",
-                                              outcome_unknown=True),
+        lambda a, actor: services.action_fail(
+            action=a, actor=actor, error="x", retryable=True, layer="tool", outcome_unknown=True
+        ),
         {"running"},
     ),
     "reconcile_happened": (
@@ -183,14 +217,17 @@ ACTION_SERVICES = {
     **{
         f"compensation_{outcome}": (
             lambda a, actor, outcome=outcome: services.action_compensation_finished(
-                action=a, actor=actor, outcome=outcome, step_id="s"),
+                action=a, actor=actor, outcome=outcome, step_id="s"
+            ),
             {"compensating"},
         )
         for outcome in ("done", "failed", "drifted", "skipped")
     },
 }
 REFUSED_ACTION_TRANSITIONS = [
-    (name, state) for name, (_, allowed) in ACTION_SERVICES.items() for state in ALL_ACTION_STATES
+    (name, state)
+    for name, (_, allowed) in ACTION_SERVICES.items()
+    for state in ALL_ACTION_STATES
     if state not in allowed
 ]
 
@@ -203,10 +240,15 @@ def test_it_refuses_an_action_transition_the_state_machine_does_not_allow(run, a
         call(action, agent)
 
 
-@pytest.mark.parametrize(("transition", "state"), [
-    (name, state) for name, (_, allowed) in ACTION_SERVICES.items() for state in sorted(allowed)
-    if state not in ("awaiting_approval", "rejected") or name != "start"
-])
+@pytest.mark.parametrize(
+    ("transition", "state"),
+    [
+        (name, state)
+        for name, (_, allowed) in ACTION_SERVICES.items()
+        for state in sorted(allowed)
+        if state not in ("awaiting_approval", "rejected") or name != "start"
+    ],
+)
 def test_it_allows_each_action_transition_from_each_allowed_state(run, agent, transition, state):
     action = force_status(record(run, agent, "k1"), state)
     call, _ = ACTION_SERVICES[transition]
@@ -216,8 +258,9 @@ def test_it_allows_each_action_transition_from_each_allowed_state(run, agent, tr
 
 def test_it_verifies_a_completed_action_and_records_a_mismatch(run, agent):
     action = force_status(record(run, agent, "k1"), "succeeded")
-    services.action_verify(action=action, actor=agent, ok=False, expected={"seats": 1}, actual={"seats": 2},
-                           reason="two seats")
+    services.action_verify(
+        action=action, actor=agent, ok=False, expected={"seats": 1}, actual={"seats": 2}, reason="two seats"
+    )
     action.refresh_from_db()
     assert action.verified is False and action.verification["actual"] == {"seats": 2}
     assert _last_event(action)[0] == "action.verification_failed"
@@ -282,8 +325,14 @@ def test_it_writes_a_checkpoint_referencing_the_runs_actions(run, agent):
     services.action_start(action=done, actor=agent)
     services.action_succeed(action=done, actor=agent)
     checkpoint = services.checkpoint_write(
-        run=run, actor=agent, name="after-hr", state={"step": 2}, completed_action_ids=[done.pk],
-        pending_action_ids=[todo.pk], recovery_mode="resume_only", summary="HR account exists",
+        run=run,
+        actor=agent,
+        name="after-hr",
+        state={"step": 2},
+        completed_action_ids=[done.pk],
+        pending_action_ids=[todo.pk],
+        recovery_mode="resume_only",
+        summary="HR account exists",
     )
     assert (checkpoint.completion_mark, checkpoint.recovery_mode) == (1, "resume_only")
     assert selectors.checkpoint_latest(run=run) == checkpoint
@@ -295,7 +344,9 @@ def test_it_refuses_a_checkpoint_naming_unknown_actions(tenant, run, agent):
     foreign = record(other_run, agent, "foreign")
     events = Event.objects.count()
     with pytest.raises(errors.ValidationFailed) as excinfo:
-        services.checkpoint_write(run=run, actor=agent, name="cp", completed_action_ids=["act_nope", foreign.pk])
+        services.checkpoint_write(
+            run=run, actor=agent, name="cp", completed_action_ids=["act_nope", foreign.pk]
+        )
     assert excinfo.value.status == 422
     assert excinfo.value.details == {"unknown_action_ids": sorted(["act_nope", foreign.pk])}
     assert Checkpoint.objects.count() == 0 and Event.objects.count() == events

@@ -28,7 +28,9 @@ def test_it_returns_the_same_action_for_the_same_key_and_payload(tenant, agent):
     run = make_run(tenant, agent)
     first = _record(run, agent, intent={"reasoning": "needs a seat", "confidence": 0.8})
     # A retry re-phrases its reasoning and re-reads the target: still the same call.
-    again = _record(run, agent, intent={"reasoning": "retrying", "confidence": 0.7}, before_snapshot={"seats": 0})
+    again = _record(
+        run, agent, intent={"reasoning": "retrying", "confidence": 0.7}, before_snapshot={"seats": 0}
+    )
     assert first.created and not again.created
     assert again.action.pk == first.action.pk
     assert Action.objects.count() == 1
@@ -53,12 +55,15 @@ def test_it_treats_key_order_in_args_as_the_same_payload(tenant, agent):
     assert _record(run, agent, args={"seats": 1, "sku": "s"}).action.pk == first.action.pk
 
 
-@pytest.mark.parametrize("change", [
-    {"args": {"sku": "enterprise"}},
-    {"target_id": "someone-else@company.com"},
-    {"tool": "workspace.provision_other"},
-    {"compensation": None},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"args": {"sku": "enterprise"}},
+        {"target_id": "someone-else@company.com"},
+        {"tool": "workspace.provision_other"},
+        {"compensation": None},
+    ],
+)
 def test_it_refuses_the_same_key_with_a_different_payload(tenant, agent, change):
     run = make_run(tenant, agent)
     _record(run, agent)
@@ -100,8 +105,10 @@ def test_it_reports_in_flight_when_the_first_recording_holds_the_key(tenant, age
         try:
             with django_db_blocker.unblock(), transaction.atomic():
                 with connections["default"].cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                                   [f"action-key:{tenant.pk}:{key}"])
+                    cursor.execute(
+                        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                        [f"action-key:{tenant.pk}:{key}"],
+                    )
                 holder_ready.set()
                 release.wait(10)
         finally:
@@ -135,7 +142,9 @@ def test_it_records_exactly_one_action_under_concurrent_identical_requests(tenan
         try:
             barrier.wait(timeout=30)
             try:
-                outcome = services.action_record(run=run, actor=agent, idempotency_key="same-moment", **PAYLOAD)
+                outcome = services.action_record(
+                    run=run, actor=agent, idempotency_key="same-moment", **PAYLOAD
+                )
                 value = outcome.action.pk
             except errors.IdempotencyKeyInFlight:
                 value = "in_flight"

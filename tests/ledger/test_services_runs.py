@@ -40,7 +40,11 @@ def test_it_fails_a_running_run_naming_the_failed_action(tenant, agent):
     services.run_fail(run=run, actor=agent, error="license API down", failed_action=action)
     run.refresh_from_db()
     assert (run.status, run.error, run.failure_reason, run.failed_action_id) == (
-        "failed", "license API down", "failed", action.pk)
+        "failed",
+        "license API down",
+        "failed",
+        action.pk,
+    )
     assert _events(run)[-1] == ("run.failed", "running", "failed")
 
 
@@ -78,7 +82,9 @@ def test_it_compensates_a_failed_or_cancelled_run(tenant, agent, alice, start):
 
 def test_it_returns_a_run_to_failed_when_its_compensation_fails(tenant, agent, alice):
     run = force_status(make_run(tenant, agent), "compensating")
-    services.run_compensation_finished(run=run, actor=Actor.for_user(alice), complete=False, reason="1 step failed")
+    services.run_compensation_finished(
+        run=run, actor=Actor.for_user(alice), complete=False, reason="1 step failed"
+    )
     run.refresh_from_db()
     assert (run.status, run.failure_reason) == ("failed", "compensation_failed")
     assert _events(run)[-1] == ("run.compensation_failed", "compensating", "failed")
@@ -124,10 +130,16 @@ RUN_SERVICES = {
         {"compensating"},
     ),
     "resume": (lambda run, actor: services.run_resume(run=run, actor=actor, reason="x"), {"failed"}),
-    "close": (lambda run, actor: services.run_close(run=run, actor=actor, reason="x"), {"failed", "cancelled"}),
+    "close": (
+        lambda run, actor: services.run_close(run=run, actor=actor, reason="x"),
+        {"failed", "cancelled"},
+    ),
 }
 REFUSED_RUN_TRANSITIONS = [
-    (name, state) for name, (_, allowed) in RUN_SERVICES.items() for state in ALL_RUN_STATES if state not in allowed
+    (name, state)
+    for name, (_, allowed) in RUN_SERVICES.items()
+    for state in ALL_RUN_STATES
+    if state not in allowed
 ]
 
 
@@ -139,9 +151,10 @@ def test_it_refuses_a_run_transition_the_state_machine_does_not_allow(tenant, ag
         call(run, agent)
 
 
-@pytest.mark.parametrize(("transition", "state"), [
-    (name, state) for name, (_, allowed) in RUN_SERVICES.items() for state in sorted(allowed)
-])
+@pytest.mark.parametrize(
+    ("transition", "state"),
+    [(name, state) for name, (_, allowed) in RUN_SERVICES.items() for state in sorted(allowed)],
+)
 def test_it_allows_each_run_transition_from_each_allowed_state(tenant, agent, transition, state):
     run = force_status(make_run(tenant, agent), state)
     call, _ = RUN_SERVICES[transition]

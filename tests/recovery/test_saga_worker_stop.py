@@ -17,8 +17,15 @@ def test_it_stops_an_idle_worker_on_sigterm(tmp_path):
 
     worker = spawn_worker(redis_url=settings.REDIS_URL, log_path=tmp_path / "worker.log")
     try:
-        wait_for(lambda: "Listening on" in worker.log() or "listening on" in worker.log().lower() or
-                 worker.process.poll() is not None, timeout=30, what="the worker to start listening")
+        wait_for(
+            lambda: (
+                "Listening on" in worker.log()
+                or "listening on" in worker.log().lower()
+                or worker.process.poll() is not None
+            ),
+            timeout=30,
+            what="the worker to start listening",
+        )
         assert worker.process.poll() is None, worker.log()
         os.kill(worker.process.pid, signal.SIGTERM)
         try:
