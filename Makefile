@@ -25,6 +25,8 @@ browser:
 	bash scripts/ensure-chromium.sh
 
 test: install services browser
+	$(VENV)/bin/ruff check .
+	$(PY) manage.py collectstatic --noinput -v0
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 run: install

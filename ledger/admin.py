@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db import models
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
@@ -74,6 +75,8 @@ class TenantScopedAdmin(admin.ModelAdmin):
     """Superusers see everything; anyone else only the rows of the tenants they administer."""
 
     tenant_field = "tenant"
+    # Django 6's default for scheme-less URLs, adopted now (and it silences 5.2's warning).
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     # Rows with no tenant (global policies) are visible to every tenant admin: they apply to them.
     include_global = False
 

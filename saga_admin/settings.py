@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from csp.constants import NONE, SELF
@@ -211,7 +212,7 @@ EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.conso
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "saga-admin@localhost")
 
 # --- Saga Admin knobs (all overridable from the environment) -------------------------------
-SAGA = {
+SAGA: dict[str, Any] = {
     # API
     "MAX_BODY_BYTES": env_int("SAGA_MAX_BODY_BYTES", 1024 * 1024),
     "MAX_JSON_DEPTH": env_int("SAGA_MAX_JSON_DEPTH", 20),
