@@ -576,6 +576,7 @@ class Harness:
                     {"phase": name, "error": repr(exc), "traceback": traceback.format_exc()}
                 )
         self.results["elapsed_s"] = time.monotonic() - started
+        self.results["smoke"] = self.args.smoke
         from bench import report
 
         self.results["load_after"] = machine.loadavg()
@@ -616,7 +617,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--actions-per-run", type=int, default=None)
     parser.add_argument("--open-items", type=int, default=None)
     parser.add_argument("--window", type=float, default=None, help="seconds measured per load test")
+    parser.add_argument(
+        "--render",
+        metavar="RESULTS_JSON",
+        default="",
+        help="only re-render the report (e.g. after editing bench/findings.md) from a run's results",
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        from bench import report
+
+        results = json.loads(Path(args.render).read_text())
+        text, markdown = report.render(results, smoke=bool(results.get("smoke")))
+        print(text)
+        Path(args.out).write_text(markdown)
+        return 0
     claim = None
     if args.redis_url == "auto":
         args.redis_url, claim = claim_redis_db("redis://127.0.0.1:6379/0")
