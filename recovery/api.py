@@ -51,8 +51,9 @@ class ItemFilters(Schema):  # query strings: lax on purpose ("50" is a number he
     status: str | None = Field(None, description="open | claimed | resolved | unresolved (default) | all")
     reason: str | None = None
     risk: str | None = None
+    # Bounded (ten years) so an absurd value is a 422, not an overflow in date arithmetic.
     older_than: int | None = Field(
-        None, ge=0, description="Only items opened more than this many minutes ago."
+        None, ge=0, le=5_256_000, description="Only items opened more than this many minutes ago."
     )
     run: str | None = Field(None, description="Only this run's items.")
     cursor: str | None = None
