@@ -159,7 +159,11 @@ def queue_new(request: HtmxHttpRequest) -> HttpResponse:
     touching the list the operator is reading."""
     tenants = selectors.visible_tenants(user=request.user)
     _form, filters = _queue_filters(request, tenants)
-    since = parse_datetime(request.GET.get("since", ""))
+    try:
+        since = parse_datetime(request.GET.get("since", ""))
+    except ValueError:
+        # Well-formed but impossible ("2026-13-45…"): treat like no reference time.
+        since = None
     count = selectors.queue_new_count(user=request.user, filters=filters, since=since) if since else 0
     context = {
         "new_count": count,
