@@ -7,6 +7,7 @@ concurrent transitions cannot both link to the same predecessor.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -75,6 +76,15 @@ def _hashed_fields(event: Event) -> dict[str, Any]:
     }
 
 
+def _subject_ref(subject: Any) -> tuple[str, str]:
+    """(type, id) of what an event is about: a model instance, or "type:id" for something that no
+    longer exists as a row (a removed membership)."""
+    if isinstance(subject, str):
+        kind, _, ident = subject.partition(":")
+        return kind, ident
+    return type(subject).__name__.lower(), str(getattr(subject, "pk", ""))
+
+
 def audit_record(
     *,
     tenant: Tenant,
@@ -95,17 +105,14 @@ def audit_record(
         cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [chain])
     previous = Event.objects.filter(chain=chain).order_by("-id").values_list("hash", flat=True).first()
     prev_hash = previous or GENESIS
+    subject_type, subject_id = _subject_ref(subject)
     event = Event(
         tenant=tenant,
         run=run,
         chain=chain,
         kind=kind,
-        subject_type=type(subject).__name__.lower()
-        if not isinstance(subject, str)
-        else subject.split(":")[0],
-        subject_id=str(getattr(subject, "pk", ""))
-        if not isinstance(subject, str)
-        else subject.split(":", 1)[-1],
+        subject_type=subject_type,
+        subject_id=subject_id,
         from_state=str(from_state or ""),
         to_state=str(to_state or ""),
         actor_type=actor.type,
@@ -134,8 +141,6 @@ def _jsonb_number(text: str) -> int | float:
 def _roundtrip(value: Any) -> Any:
     """``value`` as it will come back from a jsonb column. NaN and infinities, which jsonb refuses,
     are kept as strings so that recording an event never fails on them."""
-    import json
-
     return json.loads(canonical_json(value), parse_float=_jsonb_number, parse_constant=str)
 
 
