@@ -159,6 +159,10 @@ def claim_redis_db(base_url: str) -> tuple[str, Any]:
 
 def child_env(*, database_url: str, redis_url: str, port: int, settings_module: str) -> dict[str, str]:
     env = dict(os.environ)
+    # setup_django() sets DB_CONN_MAX_AGE=0 for this orchestrator only; inherited, it would make
+    # every gunicorn request open (and PostgreSQL fork a backend for) a fresh connection, which is
+    # not how the product is deployed (its settings keep connections for 60 s).
+    env.pop("DB_CONN_MAX_AGE", None)
     env.update(
         {
             "DATABASE_URL": database_url,
