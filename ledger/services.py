@@ -76,22 +76,27 @@ def _compare_and_set(
     to: str,
     allowed_from: Iterable[str] | None = None,
     updates: dict[str, Any] | None = None,
+    current: str | None = None,
 ) -> str:
     """Move ``obj.status`` to ``to`` if the row's current status allows it; return the old status.
 
     The UPDATE's WHERE clause is the check: a concurrent transition that got there first makes
-    this one update nothing, and it loses cleanly with the state it lost to.
+    this one update nothing, and it loses cleanly with the state it lost to. ``current``: the
+    status the caller has just read in this transaction (saves reading it again; the WHERE clause
+    still decides).
     """
     sources = list(allowed_from) if allowed_from is not None else _sources_for(table, to)
     model = type(obj)
-    current = model.objects.filter(pk=obj.pk).values_list("status", flat=True).first()
+    if current is None:
+        # order_by(): no model ordering (Action's joins ledger_run) on a primary-key read.
+        current = model.objects.filter(pk=obj.pk).order_by().values_list("status", flat=True).first()
     if current is None:
         raise errors.NotFound(f"{model.__name__} {obj.pk} does not exist.")
     if current not in sources:
         raise errors.InvalidTransition(obj, to=to, current=current)
     fields = {"status": to, "updated_at": timezone.now(), **(updates or {})}
     if model.objects.filter(pk=obj.pk, status=current).update(**fields) != 1:
-        latest = model.objects.filter(pk=obj.pk).values_list("status", flat=True).first()
+        latest = model.objects.filter(pk=obj.pk).order_by().values_list("status", flat=True).first()
         raise errors.InvalidTransition(obj, to=to, current=latest)
     for name, value in fields.items():
         setattr(obj, name, value)
@@ -182,7 +187,15 @@ def agent_key_revoke(*, key: AgentKey, actor: Actor) -> AgentKey:
 
 
 def _lock_run(run: Run) -> Run:
-    return Run.objects.select_for_update().get(pk=run.pk)
+    """The run's row, locked for this transaction and read fresh. Scoped to ``run.tenant_id``, so
+    a reference built from a client's run id (``Run(pk=…, tenant=…)``) finds only its tenant's
+    run. The tenant is taken over from ``run`` when it is loaded (it cannot change), not re-read."""
+    locked = Run.objects.select_for_update().filter(pk=run.pk, tenant_id=run.tenant_id).first()
+    if locked is None:
+        raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
+    if Run.tenant.is_cached(run):
+        locked.tenant = run.tenant
+    return locked
 
 
 @transaction.atomic
@@ -475,7 +488,9 @@ def action_record(
                     [f"action-key:{run.tenant_id}:{idempotency_key}"],
                 )
                 cursor.execute("SET LOCAL lock_timeout = 0")
-            existing = Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=idempotency_key).first()
+            existing = (
+                Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=idempotency_key).order_by().first()
+            )
             if existing is not None:
                 return RecordedAction(_replay(existing, run=run, payload_hash=payload_hash), created=False)
             return RecordedAction(
@@ -510,6 +525,10 @@ def action_record(
 
 
 def _replay(existing: Action, *, run: Run, payload_hash: str) -> Action:
+    if existing.run_id != run.pk and not Run.objects.filter(pk=run.pk, tenant_id=run.tenant_id).exists():
+        # ``run`` may be a reference built from the client's run id: an unknown (or another
+        # tenant's) run is a 404 whatever the key, as it was before the key was looked at.
+        raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
     if existing.run_id != run.pk or existing.payload_hash != payload_hash:
         raise errors.IdempotencyKeyReused(
             "This idempotency key was already used for a different action.",
@@ -595,9 +614,10 @@ def _action_transition(
     updates: dict[str, Any] | None = None,
     data: dict[str, Any] | None = None,
     allowed_from: Iterable[str] | None = None,
+    current: str | None = None,
 ) -> Action:
     previous = _compare_and_set(
-        action, table=ACTION_TRANSITIONS, to=to, updates=updates, allowed_from=allowed_from
+        action, table=ACTION_TRANSITIONS, to=to, updates=updates, allowed_from=allowed_from, current=current
     )
     audit_record(
         tenant=action.run.tenant,
@@ -654,7 +674,7 @@ def action_start(*, action: Action, actor: Actor) -> Action:
     """planned/approved/failed → running, attempts + 1. Gated actions explain why they may not."""
     run = _lock_run(action.run)
     _assert_accepts_actions(run)
-    current = Action.objects.filter(pk=action.pk).values_list("status", flat=True).get()
+    current, attempts = Action.objects.filter(pk=action.pk).values_list("status", "attempts").get()
     if current == Action.Status.AWAITING_APPROVAL:
         raise errors.ApprovalPending(
             f"Action {action.pk} is waiting for approval.",
@@ -670,7 +690,7 @@ def action_start(*, action: Action, actor: Actor) -> Action:
             f"Action {action.pk} needs approval before it starts.",
             details={"action_id": action.pk, "current": current},
         )
-    attempts = Action.objects.filter(pk=action.pk).values_list("attempts", flat=True).get() + 1
+    attempts += 1
     return _action_transition(
         action=action,
         to=Action.Status.RUNNING,
@@ -678,6 +698,7 @@ def action_start(*, action: Action, actor: Actor) -> Action:
         kind="action.started",
         updates={"attempts": attempts, "started_at": timezone.now(), "error": "", "error_layer": ""},
         data={"attempt": attempts},
+        current=current,
     )
 
 

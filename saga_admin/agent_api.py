@@ -119,9 +119,14 @@ def _latest_approval(action: Action) -> Approval | None:
     )
 
 
-def _action_body(action: Action) -> dict[str, Any]:
-    action.refresh_from_db()
-    return action_out(action, approval=_latest_approval(action))
+def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
+    """The action as the API shows it. ``fresh``: the instance already holds what this request
+    read and wrote in its transaction (a service's compare-and-set sets the fields it updates), so
+    it is not read again. Only an action that needs approval can have one (approvals of actions
+    are opened by ``action_record_gated`` for exactly those)."""
+    if not fresh:
+        action.refresh_from_db()
+    return action_out(action, approval=_latest_approval(action) if action.requires_approval else None)
 
 
 def _open_item(run: Run) -> RecoveryItem | None:
@@ -324,7 +329,10 @@ def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
 def action_record(
     request: HttpRequest, run_id: str, payload: ActionIn, idempotency_key: str | None = _idempotency_header()
 ) -> HttpResponse:
-    run = _run(request, run_id)
+    _check_id("Run", run_id)
+    # A reference, not a read: the service locks the run's row scoped to this tenant (404 for
+    # an unknown or another tenant's run) and reads it fresh there, so it is read once.
+    run = Run(pk=run_id, tenant=_tenant(request))
     key = payload.idempotency_key or idempotency_key
     if key is None:
         raise errors.ValidationFailed(
@@ -348,7 +356,9 @@ def action_record(
         before_snapshot=payload.before_snapshot,
         compensation=payload.compensation.model_dump() if payload.compensation else None,
     )
-    body = _action_body(recorded.action)
+    # A new action is built from the row just inserted (and its approval, when one was opened);
+    # a replay was read from the database by the service.
+    body = _action_body(recorded.action, fresh=True)
     return json_response(201, body) if recorded.created else json_response(200, body, replayed=True)
 
 
@@ -373,7 +383,7 @@ def action_start(
 
     def produce() -> tuple[int, Any]:
         ledger.action_start(action=action, actor=_actor(request))
-        return 200, _action_body(action)
+        return 200, _action_body(action, fresh=True)
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 
@@ -394,7 +404,7 @@ def action_succeed(
         ledger.action_succeed(
             action=action, actor=_actor(request), result=payload.result, after_snapshot=payload.after_snapshot
         )
-        return 200, _action_body(action)
+        return 200, _action_body(action, fresh=True)
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 
