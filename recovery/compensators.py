@@ -159,9 +159,22 @@ def compensator_describe(*, tenant_id: int, tool: str) -> str:
 # --- Execution -------------------------------------------------------------------------------
 
 
-def execute(request: CompensationRequest, *, tenant_id: int) -> Outcome:
-    """Carry out one attempt of one step. Never raises for anything the tool's side can cause."""
-    row = compensator_row(tenant_id=tenant_id, tool=request.tool)
+def execute(
+    request: CompensationRequest,
+    *,
+    tenant_id: int,
+    rows: dict[tuple[int, str], Compensator | None] | None = None,
+) -> Outcome:
+    """Carry out one attempt of one step. Never raises for anything the tool's side can cause.
+
+    ``rows`` memoises the registry lookup across the steps one job runs back to back (a batch
+    lasts seconds; a policy reload is seen by the next batch)."""
+    if rows is None:
+        row = compensator_row(tenant_id=tenant_id, tool=request.tool)
+    elif (tenant_id, request.tool) in rows:
+        row = rows[(tenant_id, request.tool)]
+    else:
+        row = rows[(tenant_id, request.tool)] = compensator_row(tenant_id=tenant_id, tool=request.tool)
     if request.strategy == CompensationStrategy.SNAPSHOT and not request.override_drift:
         drift = _check_drift(request, row)
         if drift is not None:

@@ -16,11 +16,13 @@ log = structlog.get_logger("saga_admin.jobs")
 
 
 def unwind_advance(*, unwind_id: str) -> None:
-    unwinds.unwind_advance(unwind_id=unwind_id)
+    # Advances the unwind and runs its steps in this job for up to a batch (one job, not two,
+    # per step; the sweeper still calls the one-move service ``unwinds.unwind_advance``).
+    unwinds.unwind_run_steps(unwind_id=unwind_id)
 
 
 def step_run(*, step_id: str) -> str | None:
-    outcome = unwinds.step_run(step_id=step_id)
+    outcome = unwinds.step_run(step_id=step_id, batch_s=unwinds.batch_seconds())
     # The outcome kind is kept as the job result: handy in the RQ dashboard, not relied on.
     return outcome.kind if outcome is not None else None
 

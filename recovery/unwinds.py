@@ -10,6 +10,11 @@ Mechanics (docs/RECOVERY.md tells the whole story):
 - ``step_run`` claims the step (``select_for_update(skip_locked=True)``, status ``queued`` →
   ``running``, a new fencing token and a lease), calls the compensator outside any transaction,
   then records the outcome only if it still holds the lease (same token, still ``running``).
+- The worker's jobs do both in a loop (``unwind_run_steps``, ``step_run(batch_s=...)``): the
+  transaction that records a step's outcome also advances the unwind and claims its next step
+  (``pending`` → ``running`` directly: it never waits for a worker), and the job goes on with it
+  for up to a batch of a couple of seconds; then the next advance goes back on the queue, so
+  concurrent unwinds take turns. A crash mid-batch leaves one ``running`` step whose lease expires.
 - ``steps_sweep`` (periodic) re-queues steps whose lease expired (worker killed), re-enqueues
   queued steps whose job vanished (Redis restarted), and advances running unwinds with nothing in
   flight (an advance job that never reached Redis).
@@ -23,6 +28,7 @@ in the same transaction; enqueues happen on commit.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -30,6 +36,7 @@ from typing import Any
 import structlog
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Case, When
 from django.utils import timezone
 
 from ledger import errors, ids
@@ -92,8 +99,14 @@ def _step_timeout(unwind: Unwind) -> float:
 
 
 def _enqueue_advance(unwind_id: str) -> None:
+    # The advance job runs the unwind's steps itself (``unwind_run_steps``) for up to a batch.
     transaction.on_commit(
-        lambda: queueing.enqueue("recovery.jobs.unwind_advance", queue="compensations", unwind_id=unwind_id)
+        lambda: queueing.enqueue(
+            "recovery.jobs.unwind_advance",
+            queue="compensations",
+            job_timeout=drive_job_timeout(),
+            unwind_id=unwind_id,
+        )
     )
 
 
@@ -103,7 +116,7 @@ def _enqueue_step(step_id: str, *, step_timeout_s: float, delay_s: float | None 
             "recovery.jobs.step_run",
             queue="compensations",
             delay_s=delay_s,
-            job_timeout=step_lease_seconds(step_timeout_s=step_timeout_s),
+            job_timeout=drive_job_timeout(step_timeout_s=step_timeout_s),
             step_id=step_id,
         )
         if job_id:
@@ -276,30 +289,63 @@ def _lock_unwind(unwind_id: str) -> Unwind | None:
     )
 
 
+def _all_steps(unwind: Unwind) -> list[UnwindStep]:
+    return list(unwind.steps.select_related("action").order_by("position"))
+
+
+def _advance_locked(unwind: Unwind, *, claim: bool) -> Claim | None:
+    """The unwind's next move, under its row lock: nothing (a step is in flight, or the unwind is
+    not running), finish, ask for approval, or put the next step in flight. With ``claim`` the
+    next step is also claimed for the caller, who runs it; without, its job is enqueued.
+
+    One query finds both what is in flight and what comes next (in-flight rows sort first), rather
+    than loading every step with its action on every advance."""
+    if unwind.status != Unwind.Status.RUNNING:
+        return None
+    step = (
+        unwind.steps.filter(status__in=(*IN_FLIGHT, UnwindStep.Status.PENDING))
+        .select_related("action")
+        .order_by(Case(When(status=UnwindStep.Status.PENDING, then=1), default=0), "position")
+        .first()
+    )
+    if step is not None and step.status != UnwindStep.Status.PENDING:
+        return None  # one step at a time; its own job (or the sweeper) moves it on
+    if step is None or (
+        unwind.on_failure == Unwind.OnFailure.HALT and unwind.steps.filter(status__in=PROBLEMS).exists()
+    ):
+        unwind_finish(unwind=unwind, steps=_all_steps(unwind))
+        return None
+    step.unwind = unwind
+    step.action.run = unwind.run
+    if step.requires_approval:
+        approval = Approval.objects.filter(step=step).first()
+        if approval is None or approval.status != Approval.Status.APPROVED:
+            _step_request_approval(unwind=unwind, step=step, approval=approval)
+            return None
+    if not claim:
+        _step_queue(unwind=unwind, step=step, actor=ENGINE, kind="step.queued")
+        return None
+    # Claimed straight from pending: the step never waits for a worker, so there is no "queued"
+    # state to record; its "step.started" event says pending → running.
+    return _step_start(step, allowed_from=(UnwindStep.Status.PENDING,))
+
+
 @transaction.atomic
 def unwind_advance(*, unwind_id: str) -> Unwind | None:
-    """Move the unwind one step forward. Safe to call any number of times, from any process."""
+    """Move the unwind one step forward: the next step is queued and its job enqueued. Safe to
+    call any number of times, from any process."""
     unwind = _lock_unwind(unwind_id)
-    if unwind is None or unwind.status != Unwind.Status.RUNNING:
-        return unwind
-    steps = list(unwind.steps.select_related("action").order_by("position"))
-    if any(s.status in IN_FLIGHT for s in steps):
-        return unwind  # one step at a time; its own job (or the sweeper) moves it on
-    if unwind.on_failure == Unwind.OnFailure.HALT and any(s.status in PROBLEMS for s in steps):
-        unwind_finish(unwind=unwind, steps=steps)
-        return unwind
-    pending = [s for s in steps if s.status == UnwindStep.Status.PENDING]
-    if not pending:
-        unwind_finish(unwind=unwind, steps=steps)
-        return unwind
-    step = pending[0]
-    step.unwind = unwind
-    approval = Approval.objects.filter(step=step).first()
-    if step.requires_approval and (approval is None or approval.status != Approval.Status.APPROVED):
-        _step_request_approval(unwind=unwind, step=step, approval=approval)
-        return unwind
-    _step_queue(unwind=unwind, step=step, actor=ENGINE, kind="step.queued")
+    if unwind is not None:
+        _advance_locked(unwind, claim=False)
     return unwind
+
+
+@transaction.atomic
+def unwind_advance_and_claim(*, unwind_id: str) -> Claim | None:
+    """As ``unwind_advance``, but the next step is claimed for the caller (a worker that runs it
+    now) instead of being handed to a job of its own."""
+    unwind = _lock_unwind(unwind_id)
+    return _advance_locked(unwind, claim=True) if unwind is not None else None
 
 
 def _step_queue(
@@ -451,6 +497,7 @@ def step_approval_decided(*, approval: Approval, actor: Actor) -> UnwindStep:
 @dataclass(frozen=True)
 class Claim:
     step_id: str
+    unwind_id: str
     token: int
     tenant_id: int
     request: CompensationRequest
@@ -468,19 +515,29 @@ def step_claim(*, step_id: str) -> Claim | None:
     )
     if step is None:
         return None
-    now = timezone.now()
-    if step.next_attempt_at is not None and step.next_attempt_at > now:
+    if step.next_attempt_at is not None and step.next_attempt_at > timezone.now():
         return None
     if step.unwind.status != Unwind.Status.RUNNING:
         return None
+    step.action.run = step.unwind.run
+    return _step_start(step)
+
+
+def _step_start(
+    step: UnwindStep, *, allowed_from: tuple[str, ...] = (UnwindStep.Status.QUEUED,)
+) -> Claim | None:
+    """queued (or, claimed by the worker that advanced the unwind, pending) → running with a new
+    fencing token and a lease (the caller holds the step's row, or the unwind's lock, and has
+    loaded the step's unwind, run, tenant and action)."""
+    now = timezone.now()
     token = step.lease_token + 1
     attempt = step.attempts + 1
     lease_s = step_lease_seconds(step_timeout_s=_step_timeout(step.unwind))
     override = bool((step.result or {}).get("override_drift")) if isinstance(step.result, dict) else False
-    _step_transition(
+    if not _step_transition(
         step,
         to=UnwindStep.Status.RUNNING,
-        allowed_from=(UnwindStep.Status.QUEUED,),
+        allowed_from=allowed_from,
         actor=ENGINE,
         kind="step.started",
         updates={
@@ -490,7 +547,8 @@ def step_claim(*, step_id: str) -> Claim | None:
             "started_at": step.started_at or now,
         },
         data={"attempt": attempt, "lease_token": token},
-    )
+    ):
+        return None
     action = step.action
     if action.status in (Action.Status.SUCCEEDED, Action.Status.COMPENSATION_FAILED):
         ledger.action_compensation_started(action=action, actor=ENGINE, step_id=step.pk)
@@ -512,28 +570,76 @@ def step_claim(*, step_id: str) -> Claim | None:
         override_drift=override,
         timeout_s=compensators.call_timeout_s(step_timeout_s=_step_timeout(step.unwind)),
     )
-    return Claim(step_id=step.pk, token=token, tenant_id=run.tenant_id, request=request)
+    return Claim(
+        step_id=step.pk, unwind_id=step.unwind_id, token=token, tenant_id=run.tenant_id, request=request
+    )
 
 
-def step_run(*, step_id: str) -> Outcome | None:
-    """Claim, call the compensator (no transaction or lock held during the call), record."""
-    claim = step_claim(step_id=step_id)
-    if claim is None:
-        return None
-    outcome = compensators.execute(claim.request, tenant_id=claim.tenant_id)
-    step_record_outcome(step_id=claim.step_id, token=claim.token, outcome=outcome)
-    return outcome
+def batch_seconds() -> float:
+    """How long one job keeps running an unwind's steps back to back before it hands the unwind
+    to a fresh job at the back of the queue (so concurrent unwinds take turns)."""
+    return float(settings.SAGA.get("UNWIND_BATCH_S", 2.0))
 
 
-@transaction.atomic
+def drive_job_timeout(*, step_timeout_s: float | None = None) -> int:
+    """RQ's timeout for a job that runs steps back to back: the batch, then one more step's lease
+    (a step is only started while the batch lasts, and its call is bounded by the lease)."""
+    return step_lease_seconds(step_timeout_s=step_timeout_s) + math.ceil(batch_seconds()) + 5
+
+
+def _carry_out(claim: Claim | None, *, batch_s: float) -> Outcome | None:
+    """Run claimed steps back to back: each step's call happens outside any transaction, and its
+    outcome commits (with the claim of the next step, while the batch lasts) before the next call,
+    so a crash mid-batch loses at most the step in flight, which its lease and the sweeper recover.
+    Returns the first step's outcome."""
+    deadline = time.monotonic() + batch_s
+    first: Outcome | None = None
+    rows: dict[tuple[int, str], Any] = {}
+    while claim is not None:
+        outcome = compensators.execute(claim.request, tenant_id=claim.tenant_id, rows=rows)
+        if first is None:
+            first = outcome
+        claim = _step_record(
+            step_id=claim.step_id,
+            token=claim.token,
+            outcome=outcome,
+            next_of=claim.unwind_id if time.monotonic() < deadline else None,
+        )[1]
+    return first
+
+
+def step_run(*, step_id: str, batch_s: float = 0.0) -> Outcome | None:
+    """Claim, call the compensator (no transaction or lock held during the call), record; within
+    ``batch_s`` seconds, go on with the unwind's next steps in the same process."""
+    return _carry_out(step_claim(step_id=step_id), batch_s=batch_s)
+
+
+def unwind_run_steps(*, unwind_id: str, batch_s: float | None = None) -> Outcome | None:
+    """Advance the unwind and run its steps here, back to back, for up to ``batch_s`` seconds
+    (the worker's job for an unwind); then the next advance goes back on the queue."""
+    claim = unwind_advance_and_claim(unwind_id=unwind_id)
+    return _carry_out(claim, batch_s=batch_seconds() if batch_s is None else batch_s)
+
+
 def step_record_outcome(*, step_id: str, token: int, outcome: Outcome) -> UnwindStep | None:
     """Record one attempt's outcome, if this worker still holds the step's lease (fencing: a worker
     that was presumed dead and replaced must not overwrite its replacement's result)."""
-    step = (
-        UnwindStep.objects.select_for_update(of=("self",))
-        .select_related("unwind__run__tenant", "action")
-        .get(pk=step_id)
-    )
+    return _step_record(step_id=step_id, token=token, outcome=outcome, next_of=None)[0]
+
+
+@transaction.atomic
+def _step_record(
+    *, step_id: str, token: int, outcome: Outcome, next_of: str | None
+) -> tuple[UnwindStep | None, Claim | None]:
+    """``step_record_outcome``; with ``next_of`` (the step's unwind), the unwind is advanced in the
+    same transaction and its next step claimed for the caller instead of enqueueing an advance."""
+    # The unwind is locked before the step, the order unwind_advance and the operator's decisions
+    # take them in.
+    unwind = _lock_unwind(next_of) if next_of is not None else None
+    related = ("action",) if unwind is not None else ("unwind__run__tenant", "action")
+    step = UnwindStep.objects.select_for_update(of=("self",)).select_related(*related).get(pk=step_id)
+    if unwind is not None:
+        step.unwind = unwind
     if step.status != UnwindStep.Status.RUNNING or step.lease_token != token:
         log.warning(
             "unwinds.outcome_fenced",
@@ -543,7 +649,8 @@ def step_record_outcome(*, step_id: str, token: int, outcome: Outcome) -> Unwind
             status=step.status,
             outcome=outcome.kind,
         )
-        return None
+        return None, None
+    step.action.run = step.unwind.run
     now = timezone.now()
     fence = {"lease_token": token}
     data = {"attempt": step.attempts, "status_code": outcome.status_code}
@@ -567,7 +674,7 @@ def step_record_outcome(*, step_id: str, token: int, outcome: Outcome) -> Unwind
             data={**data, "retry_in_s": delay},
         )
         _enqueue_step(step.pk, step_timeout_s=_step_timeout(step.unwind), delay_s=delay)
-        return step
+        return step, None
     if outcome.kind == compensators.DONE:
         to, action_outcome, error = UnwindStep.Status.DONE, "done", ""
     elif outcome.kind == compensators.DRIFTED:
@@ -598,8 +705,10 @@ def step_record_outcome(*, step_id: str, token: int, outcome: Outcome) -> Unwind
         reason=error,
         state=outcome.state,
     )
+    if unwind is not None:
+        return step, _advance_locked(unwind, claim=True)
     _enqueue_advance(step.unwind_id)
-    return step
+    return step, None
 
 
 # --- Finishing -------------------------------------------------------------------------------
@@ -811,7 +920,7 @@ def steps_sweep(*, now: Any = None) -> SweepReport:
             "recovery.jobs.step_run",
             queue="compensations",
             step_id=step.pk,
-            job_timeout=step_lease_seconds(step_timeout_s=_step_timeout(step.unwind)),
+            job_timeout=drive_job_timeout(step_timeout_s=_step_timeout(step.unwind)),
         )
         if job_id:
             UnwindStep.objects.filter(pk=step.pk, status=UnwindStep.Status.QUEUED).update(
