@@ -13,6 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django_rq.utils import reset_db_connections
 from django_rq.workers import get_worker
+from redis.exceptions import RedisError
 from rq import Worker
 from rq.logutils import setup_loghandlers
 
@@ -46,7 +47,16 @@ class Command(BaseCommand):
             ticker.start()
         try:
             while True:
-                worker = get_worker(*queues, worker_class=SagaWorker, name=options["name"])
+                try:
+                    worker = get_worker(*queues, worker_class=SagaWorker, name=options["name"])
+                except RedisError as exc:
+                    if options["burst"]:
+                        raise
+                    # Registering needs Redis; a worker that died here would strand committed work
+                    # for good, so wait for Redis like the work loop does.
+                    self.stderr.write(f"saga_worker: cannot register with Redis ({exc}); retrying in 1s")
+                    time.sleep(1)
+                    continue
                 # Work horses are forked: they must not share the parent's database connection.
                 reset_db_connections()
                 worker.work(burst=options["burst"], with_scheduler=not options["burst"], logging_level=level)
