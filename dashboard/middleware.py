@@ -15,6 +15,7 @@ SESSION_KEY = "saga_last_activity"
 # Background polls (queue refresh, unwind progress) send this header; they must not keep an
 # unattended session alive forever.
 POLL_HEADER = "X-Saga-Poll"
+ACTIVITY_RESOLUTION_S = 60
 _EXEMPT_PREFIXES = ("/api/", "/healthz", "/static/")
 
 
@@ -38,6 +39,10 @@ class IdleTimeoutMiddleware:
             if request.headers.get("HX-Request"):
                 return HttpResponseClientRedirect(login_url)
             return redirect(login_url)
-        if last is None or not request.headers.get(POLL_HEADER):
+        # Refreshed at most once a minute: writing it on every page view cost an UPDATE of the
+        # session row and a transaction per request. The idle timeout stays exact to the minute.
+        if last is None or (
+            not request.headers.get(POLL_HEADER) and now - int(last) >= ACTIVITY_RESOLUTION_S
+        ):
             request.session[SESSION_KEY] = now
         return self.get_response(request)

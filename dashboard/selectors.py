@@ -32,9 +32,12 @@ from django.db.models import (
     Prefetch,
     Q,
     QuerySet,
+    Subquery,
     Value,
     When,
 )
+from django.db.models.fields.tuple_lookups import Tuple, TupleGreaterThan, TupleLessThan
+from django.db.models.lookups import Lookup
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -139,8 +142,14 @@ def _decode_cursor(cursor: str, keys: list[tuple[str, bool]]) -> list[Any] | Non
     return decoded
 
 
-def _after_cursor(keys: list[tuple[str, bool]], values: list[Any]) -> Q:
+def _after_cursor(keys: list[tuple[str, bool]], values: list[Any]) -> Q | Lookup:
     """Rows strictly after ``values`` in the (mixed-direction) order ``keys``."""
+    if keys in (_SORT_KEYS["newest"], _SORT_KEYS["oldest"]):
+        # One direction: a row comparison `(opened_at, id) < (…, …)`, which PostgreSQL answers
+        # with one range scan of the (opened_at, id) index; the OR of comparisons below it reads
+        # as a filter over every row before the cursor.
+        lookup = TupleLessThan if keys[0][1] else TupleGreaterThan
+        return lookup(Tuple(*(F(name) for name, _desc in keys)), tuple(values))
     condition = Q()
     for i, (name, descending) in enumerate(keys):
         step = Q(**{f"{name}__{'lt' if descending else 'gt'}": values[i]})
@@ -151,7 +160,8 @@ def _after_cursor(keys: list[tuple[str, bool]], values: list[Any]) -> Q:
 
 
 def _filtered_items(*, user: Any, filters: QueueFilters, now: datetime) -> QuerySet[RecoveryItem]:
-    qs = RecoveryItem.objects.filter(tenant_id__in=permissions.tenant_ids_for(user))
+    tenant_ids = permissions.tenant_ids_for(user)
+    qs = RecoveryItem.objects.filter(tenant_id__in=tenant_ids)
     if filters.status == "unresolved":
         qs = qs.filter(status__in=UNRESOLVED)
     elif filters.status in ("open", "claimed", "resolved"):
@@ -168,15 +178,50 @@ def _filtered_items(*, user: Any, filters: QueueFilters, now: datetime) -> Query
         qs = qs.filter(signature=filters.signature)
     term = filters.q.strip()
     if term:
-        qs = qs.filter(
-            Q(run_id=term)
-            | Q(id=term)
-            | Q(run__external_id=term)
-            | Q(failed_action__target_id=term)
-            | Q(failed_action__tool__icontains=term)
-            | Q(run__request__icontains=term)
-        )
+        qs = _search(qs, term, tenant_ids=tenant_ids)
     return qs
+
+
+def _search(qs: QuerySet[RecoveryItem], term: str, *, tenant_ids: list[int]) -> QuerySet[RecoveryItem]:
+    """Exact ids first: an item, run, external or target id, each found through its own index.
+    Only when none of them matches, part of a tool name or of the run's request.
+
+    One OR across the joined tables (as this once was) is served by no index: PostgreSQL read
+    every unresolved item with its run (a sequential scan of all runs) for any term.
+    """
+    exact_ids = (
+        RecoveryItem.objects.filter(pk=term)
+        .values("pk")
+        .order_by()
+        .union(
+            RecoveryItem.objects.filter(
+                run_id__in=Run.objects.filter(
+                    Q(pk=term) | Q(tenant_id__in=tenant_ids, external_id=term)
+                ).values("pk")
+            )
+            .values("pk")
+            .order_by(),
+            RecoveryItem.objects.filter(
+                failed_action_id__in=Action.objects.filter(tenant_id__in=tenant_ids, target_id=term).values(
+                    "pk"
+                )
+            )
+            .values("pk")
+            .order_by(),
+        )
+    )
+    exact = qs.filter(pk__in=exact_ids)
+    if exact.exists():
+        return exact
+    # The substring match is evaluated per item (a primary-key lookup of its failed action and
+    # run), so it reads the items the other filters leave, never the whole ledger; a join
+    # instead let the planner hash every run.
+    return qs.alias(
+        _search_tool=Subquery(
+            Action.objects.filter(pk=OuterRef("failed_action_id")).order_by().values("tool")
+        ),
+        _search_request=Subquery(Run.objects.filter(pk=OuterRef("run_id")).order_by().values("request")),
+    ).filter(Q(_search_tool__icontains=term) | Q(_search_request__icontains=term))
 
 
 def queue_page(
@@ -229,13 +274,16 @@ def queue_groups(*, user: Any, filters: QueueFilters) -> list[FailureGroup]:
     base = _filtered_items(
         user=user, filters=QueueFilters(**{**filters.__dict__, "signature": ""}), now=timezone.now()
     )
-    rows = (
+    # Aggregated on the items alone: joining every unresolved item to the ledger's actions for
+    # the tool's name cost more than the rest of the page. The tool is part of the signature, so
+    # any failed action of a group names it: one lookup by primary key for the groups shown.
+    rows = list(
         base.exclude(signature="")
         .order_by()
         .values("signature")
         .annotate(
             count=Count("id"),
-            tool=Max("failed_action__tool"),
+            sample_action_id=Max("failed_action_id"),
             error=Max("error"),
             oldest=Min("opened_at"),
             max_risk_rank=Max(_RISK_RANK),
@@ -243,7 +291,21 @@ def queue_groups(*, user: Any, filters: QueueFilters) -> list[FailureGroup]:
         .filter(count__gt=1)
         .order_by("-count", "oldest")[:GROUPS_SHOWN]
     )
-    return [FailureGroup(**row) for row in rows]
+    samples = [row["sample_action_id"] for row in rows if row["sample_action_id"]]
+    tools = (
+        dict(Action.objects.filter(pk__in=samples).order_by().values_list("pk", "tool")) if samples else {}
+    )
+    return [
+        FailureGroup(
+            signature=row["signature"],
+            count=row["count"],
+            tool=tools.get(row["sample_action_id"], ""),
+            error=row["error"],
+            oldest=row["oldest"],
+            max_risk_rank=row["max_risk_rank"],
+        )
+        for row in rows
+    ]
 
 
 def visible_tenants(*, user: Any) -> list[Tenant]:

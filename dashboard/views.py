@@ -132,12 +132,17 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
     form, filters = _queue_filters(request, tenants)
     page = selectors.queue_page(user=request.user, filters=filters, cursor=request.GET.get("cursor", ""))
     operable = set(tenant_ids_with(request.user, Capability.OPERATE))
+    load_more = bool(request.htmx and request.htmx.target == "load-more")
+    # The groups panel aggregates every matching item: not for "load more" (only rows are sent
+    # back), nor while searching (a search looks for particular runs, and its substring match
+    # would be paid a second time for a panel about the whole queue).
+    show_groups = not load_more and not filters.q.strip()
     context = {
         "form": form,
         "filters": filters,
         "filter_query": urlencode(filters.as_query()),
         "page": page,
-        "groups": selectors.queue_groups(user=request.user, filters=filters),
+        "groups": selectors.queue_groups(user=request.user, filters=filters) if show_groups else [],
         "operable_tenant_ids": operable,
         "bulk_max": saga_setting("BULK_MAX_ITEMS"),
         "sla_minutes": saga_setting("QUEUE_SLA_MINUTES"),
@@ -145,7 +150,7 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "paged": bool(request.GET.get("cursor")),
         "polling": True,
     }
-    if request.htmx and request.htmx.target == "load-more":
+    if load_more:
         return render(request, "dashboard/queue.html#queue-rows", context)
     if request.htmx and request.htmx.target == "queue-results":
         return render(request, "dashboard/queue.html#queue-results", context)

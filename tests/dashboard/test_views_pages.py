@@ -121,6 +121,33 @@ def test_background_polls_do_not_keep_a_session_alive(client, alice):
     assert client.session[SESSION_KEY] == stamp
 
 
+def test_activity_is_recorded_at_most_once_a_minute(client, alice):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from dashboard.middleware import ACTIVITY_RESOLUTION_S, SESSION_KEY
+
+    client.force_login(alice)
+    client.get(reverse("dashboard:queue"))
+    session = client.session
+    session[SESSION_KEY] = session[SESSION_KEY] - ACTIVITY_RESOLUTION_S + 10
+    session.save()
+    stamp = client.session[SESSION_KEY]
+    with CaptureQueriesContext(connection) as ctx:
+        assert client.get(reverse("dashboard:queue")).status_code == 200
+    # Recent enough: the page view neither moves the stamp nor writes the session row.
+    assert client.session[SESSION_KEY] == stamp
+    assert not [
+        q for q in ctx.captured_queries if q["sql"].startswith("UPDATE") and "django_session" in q["sql"]
+    ]
+    session = client.session
+    session[SESSION_KEY] = stamp - 100
+    session.save()
+    client.get(reverse("dashboard:queue"))
+    # Older than a minute: the page view records the activity again.
+    assert client.session[SESSION_KEY] > stamp
+
+
 @pytest.mark.parametrize("name", ["queue", "approvals", "metrics", "policies"])
 def test_every_page_carries_a_strict_csp(client, alice, name):
     client.force_login(alice)
