@@ -126,7 +126,7 @@ def _decode_cursor(cursor: str, keys: list[tuple[str, bool]]) -> list[Any] | Non
         return None
     decoded: list[Any] = []
     for (name, _desc), value in zip(keys, values, strict=True):
-        if name == "opened_at":
+        if name.endswith("_at"):
             parsed = parse_datetime(value) if isinstance(value, str) else None
             if parsed is None:
                 return None
@@ -401,14 +401,36 @@ def _run_trail(run: Run) -> Any:
 # --- Approvals --------------------------------------------------------------------------------
 
 
-def approvals_pending(*, user: Any) -> list[Approval]:
-    return list(
+APPROVALS_PAGE = 50
+_APPROVAL_KEYS = [("created_at", False), ("id", False)]
+
+
+@dataclass
+class ApprovalPage:
+    approvals: list[Approval]
+    next_cursor: str = ""
+
+
+def approvals_pending(*, user: Any, cursor: str = "", page_size: int | None = None) -> ApprovalPage:
+    """Pending approvals, oldest (closest to expiring) first, one keyset page at a time: each card
+    carries two forms and pretty-printed JSON, so a page of hundreds took longer to render than
+    an approver reads."""
+    qs = (
         Approval.objects.filter(
             status=Approval.Status.PENDING, tenant_id__in=permissions.tenant_ids_for(user)
         )
         .select_related("action", "run", "tenant", "step", "requested_by", "requested_by_key")
-        .order_by("created_at", "id")[:200]
+        .order_by("created_at", "id")
     )
+    page_size = page_size or APPROVALS_PAGE
+    values = _decode_cursor(cursor, _APPROVAL_KEYS) if cursor else None
+    if values is not None:
+        qs = qs.filter(TupleGreaterThan(Tuple(F("created_at"), F("id")), tuple(values)))
+    rows = list(qs[: page_size + 1])
+    if len(rows) <= page_size:
+        return ApprovalPage(approvals=rows)
+    rows = rows[:page_size]
+    return ApprovalPage(approvals=rows, next_cursor=_encode_cursor([rows[-1].created_at, rows[-1].pk]))
 
 
 def approvals_pending_count(*, user: Any) -> int:

@@ -432,8 +432,16 @@ def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -
 @require_GET
 @login_required
 def approvals(request: HtmxHttpRequest) -> HttpResponse:
-    cards = [_approval_card(request, approval) for approval in selectors.approvals_pending(user=request.user)]
-    return render(request, "dashboard/approvals.html", {"cards": cards})
+    cursor = request.GET.get("cursor", "")
+    page = selectors.approvals_pending(user=request.user, cursor=cursor)
+    context = {
+        "cards": [_approval_card(request, approval) for approval in page.approvals],
+        "next_cursor": page.next_cursor,
+        "paged": bool(cursor),
+    }
+    if request.htmx and request.htmx.target == "approvals-more":
+        return render(request, "dashboard/approvals.html#approval-cards", context)
+    return render(request, "dashboard/approvals.html", context)
 
 
 def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: bool) -> HttpResponse:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.contrib.messages import get_messages
@@ -180,3 +181,33 @@ def test_the_inbox_query_count_is_flat(client, tenant, agent, bob, django_assert
         gated_run(tenant, agent, amount=amount + 1)
     with django_assert_max_num_queries(len(baseline.captured_queries)):
         client.get(INBOX)
+
+
+def test_the_inbox_shows_a_page_of_cards_and_the_rest_on_demand(client, tenant, agent, bob, monkeypatch):
+    from dashboard import selectors
+
+    monkeypatch.setattr(selectors, "APPROVALS_PAGE", 2)
+    approvals = [gated_run(tenant, agent, amount=10 + i)[2] for i in range(5)]
+    client.force_login(bob)
+    seen: list[str] = []
+    response = client.get(INBOX)
+    seen += [card["approval"].pk for card in response.context["cards"]]
+    cursor = response.context["next_cursor"]
+    assert len(seen) == 2 and cursor and "Show more approvals" in response.content.decode()
+    while cursor:
+        # htmx fetches only the next cards, appended in place of the "show more" link.
+        more = client.get(
+            INBOX, {"cursor": cursor}, headers={"HX-Request": "true", "HX-Target": "approvals-more"}
+        )
+        body = more.content.decode()
+        assert more.status_code == 200 and "<html" not in body and "data-approval" in body
+        seen += re.findall(r'<article [^>]*id="approval-([^"]+)"', body)
+        found = re.search(r'hx-get="[^"]*\?cursor=([^"]+)"', body)
+        cursor = found.group(1) if found else ""
+    # Oldest first, every pending approval exactly once.
+    assert seen == [a.pk for a in approvals]
+    # Without JavaScript the link is a whole page of the next cards.
+    page_two = client.get(INBOX, {"cursor": response.context["next_cursor"]})
+    assert "<html" in page_two.content.decode() and len(page_two.context["cards"]) == 2
+    # A tampered cursor shows the first page rather than an error.
+    assert client.get(INBOX, {"cursor": "not-a-cursor"}).status_code == 200
