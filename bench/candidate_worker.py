@@ -3,14 +3,11 @@ before anyone makes them:
 
 - ``--class simple``: RQ's non-forking ``SimpleWorker``. Django is set up once and the process
   keeps its database connection and imports warm from job to job; the forking worker pays a
-  fork, a fresh PostgreSQL connection and a work-horse exit for every job.
-- ``--inline-advance``: an unwind step's job moves the unwind on itself, right after its outcome
-  commits, instead of enqueueing a separate ``unwind_advance`` job: one RQ job per step instead
-  of two. Applied by wrapping ``recovery.unwinds._enqueue_advance`` in this process only (the
-  first advance, enqueued by the web process or service that started the unwind, still goes
-  through RQ), so what is measured is exactly the proposed engine change.
+  fork, a fresh PostgreSQL connection and a work-horse exit for every job. Since the engine runs
+  an unwind's steps back to back inside one job, that cost is paid once per batch of steps, not
+  once per step; this candidate shows what is left of the difference.
 
-    python -m bench.candidate_worker --class simple [--inline-advance] default compensations notifications
+    python -m bench.candidate_worker --class simple default compensations notifications
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ import os
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--class", dest="worker_class", choices=["simple", "fork"], default="simple")
-    parser.add_argument("--inline-advance", action="store_true")
     parser.add_argument("queues", nargs="*", default=["default", "compensations", "notifications"])
     args = parser.parse_args(argv)
 
@@ -30,20 +26,11 @@ def main(argv: list[str] | None = None) -> None:
     import django
 
     django.setup()
-    from django.db import transaction
     from django_rq.utils import reset_db_connections
     from django_rq.workers import get_worker
     from rq import SimpleWorker
 
-    from recovery import unwinds
     from recovery.management.commands.saga_worker import SagaWorker
-
-    if args.inline_advance:
-
-        def advance_after_commit(unwind_id: str) -> None:
-            transaction.on_commit(lambda: unwinds.unwind_advance(unwind_id=unwind_id))
-
-        unwinds._enqueue_advance = advance_after_commit  # type: ignore[assignment]
 
     class SimpleSagaWorker(SimpleWorker):
         max_connection_wait_time = SagaWorker.max_connection_wait_time

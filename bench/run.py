@@ -88,10 +88,10 @@ SMOKE = Sizes(
 
 CLIENT_COUNTS = (1, 16)
 # Candidate workers (bench/candidate_worker.py): measured beside the Procfile's, never instead of it.
+# (The engine itself now runs an unwind's steps back to back in one job, which the earlier
+# "inline-advance" candidates approximated; what is left to compare is the worker class.)
 CANDIDATES = {
     "simple": "python -m bench.candidate_worker --class simple",
-    "fork+inline-advance": "python -m bench.candidate_worker --class fork --inline-advance",
-    "simple+inline-advance": "python -m bench.candidate_worker --class simple --inline-advance",
 }
 CLIENT_PROCESSES = 4
 
@@ -372,8 +372,7 @@ class Harness:
             web.stop()
 
         s["L3_worker_class"] = procs.worker_class_name(self.env)
-        # The inline-advance variants change only the engine, not how a no-op job runs.
-        for candidate in (None, "simple"):
+        for candidate in (None, *CANDIDATES):
             suffix = "_candidate" if candidate else ""
             log(f"L3 raw RQ no-op jobs on the {candidate or 'Procfile'} worker")
             worker = self.start_worker(candidate)
@@ -533,8 +532,7 @@ class Harness:
         from bench import unwinds
 
         s = self.section("unwind")
-        # A smoke run exercises one candidate (both of its changes), a full run all of them.
-        candidates = ["simple+inline-advance"] if self.args.smoke else list(CANDIDATES)
+        candidates = list(CANDIDATES)
         for candidate in (None, *candidates):
             log(
                 f"unwinds on the {candidate or 'Procfile'} worker: 1 x {self.sizes.unwind_steps} steps, "
