@@ -36,6 +36,8 @@ from saga_admin.limits import saga_setting
 
 M = TypeVar("M", bound=Model)
 
+ACTIONS_SHOWN = 50
+
 
 class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
@@ -229,12 +231,27 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     if run is None:
         raise Http404("No such run.")
     page = selectors.run_page(run=run)
+    # A long run's ledger is shown from its newest actions (where a run fails); the earlier ones
+    # come on demand (htmx) or with ?actions=all. Rendering hundreds of actions with their JSON
+    # and snapshot diffs was most of the page's time.
+    earlier = page.actions[: max(len(page.actions) - ACTIONS_SHOWN, 0)]
+    if request.htmx and request.htmx.target == "earlier-actions":
+        return render(
+            request,
+            "dashboard/run_detail.html#action-rows",
+            {"run": run, "actions": earlier, "allowed": TenantPermissions(request.user, run.tenant_id)},
+        )
+    if request.GET.get("actions") == "all":
+        earlier = []
     return render(
         request,
         "dashboard/run_detail.html",
         {
             "p": page,
             "run": run,
+            "actions": page.actions[len(earlier) :],
+            "earlier_count": len(earlier),
+            "earlier_unknown": sum(1 for a in earlier if a.status == Action.Status.UNKNOWN),
             "allowed": TenantPermissions(request.user, run.tenant_id),
             "item_open": page.item is not None and page.item.status in selectors.UNRESOLVED,
             "latest_checkpoint_id": page.checkpoints[0].pk if page.checkpoints else None,
@@ -390,7 +407,8 @@ def step_skip(request: HtmxHttpRequest, step_id: str) -> HttpResponse:
 @login_required
 def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
     action = _get_action_for_user(request, action_id, Capability.OPERATE)
-    back = _run_url(action.run_id, f"action-{action.seq}")
+    # With every action shown, so the anchor exists however long the run is.
+    back = reverse("dashboard:run-detail", args=[action.run_id]) + f"?actions=all#action-{action.seq}"
     form = ReconcileForm(request.POST)
     if not form.is_valid():
         messages.error(request, _form_errors(form))

@@ -123,3 +123,31 @@ def test_the_run_page_with_an_unwind_keeps_a_flat_query_count(
     with django_assert_max_num_queries(len(baseline.captured_queries)):
         response = client.get(_url(big))
     assert response.context["p"].unwind.steps.count() == 8
+
+
+def test_a_long_ledger_shows_its_newest_actions_and_the_rest_on_demand(
+    client, tenant, agent, alice, monkeypatch
+):
+    import re
+
+    from dashboard import views
+
+    monkeypatch.setattr(views, "ACTIONS_SHOWN", 4)
+    run, _item = onboarding_run(tenant, agent, name="Long", email="long@company.com", extra_actions=4)
+    seqs = list(run.actions.order_by("seq").values_list("seq", flat=True))
+    assert len(seqs) == 7
+    client.force_login(alice)
+
+    def shown(body: str) -> list[int]:
+        return [int(s) for s in re.findall(r'<li class="action [^"]*" id="action-(\d+)"', body)]
+
+    body = client.get(_url(run)).content.decode()
+    # The newest four (the failure is the last), and a way to the three before them.
+    assert shown(body) == seqs[3:] and "Show the 3 earlier actions" in body
+    earlier = client.get(
+        _url(run), {"actions": "all"}, headers={"HX-Request": "true", "HX-Target": "earlier-actions"}
+    ).content.decode()
+    assert "<html" not in earlier and shown(earlier) == seqs[:3]
+    # Without JavaScript, the link shows the whole ledger.
+    everything = client.get(_url(run), {"actions": "all"}).content.decode()
+    assert shown(everything) == seqs and "earlier action" not in everything
