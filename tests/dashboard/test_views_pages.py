@@ -178,3 +178,17 @@ def test_a_percentile_without_data_is_drawn_as_no_data_not_zero():
     chart = bar_chart([("p50", None), ("p95", 4.0)], unit="s")
     assert [b.display for b in chart.bars] == ["no data", "4.0s"]
     assert chart.bars[0].width == 0 and chart.bars[1].width == 300
+
+
+def test_open_counts_by_risk_and_by_reason_add_up_across_both_panels(tenant, agent, alice):
+    from dashboard import selectors
+    from recovery.models import RecoveryItem
+
+    items = [onboarding_run(tenant, agent, name=f"P{i}", email=f"p{i}@company.com")[1] for i in range(4)]
+    RecoveryItem.objects.filter(pk=items[0].pk).update(risk="high", reason="agent_lost")
+    RecoveryItem.objects.filter(pk=items[1].pk).update(risk="high")
+    RecoveryItem.objects.filter(pk=items[2].pk).update(reason="agent_lost")
+    recovery.item_close(item=items[3], actor=Actor.for_user(alice), reason="done")
+    m = selectors.metrics(user=alice, window="7d")
+    assert dict(m.open_by_risk) == {"Low": 0, "Medium": 1, "High": 2, "Critical": 0}
+    assert dict(m.open_by_reason) == {"Run failed": 1, "Agent lost (no heartbeat)": 2}
