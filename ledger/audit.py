@@ -1,8 +1,16 @@
 """The audit log: ``audit_record`` is the only writer, ``audit_verify`` the checker.
 
 Every event is hash-chained to the previous event of its chain (its run, or the tenant's run-less
-events). Writers of one chain are serialised with a transaction-scoped advisory lock, so two
-concurrent transitions cannot both link to the same predecessor.
+events). Two concurrent transitions must never both link to the same predecessor:
+
+- a run's chain has its head on the run row (``Run.audit_head``), moved by a compare-and-set
+  ``UPDATE … WHERE audit_head = <the head this event links to>``. The UPDATE takes the run's row
+  lock and PostgreSQL re-checks the condition after any concurrent writer commits, so exactly one
+  writer links to a given head; the loser re-reads the head under the lock it then holds. The
+  caller's run instance usually already carries the current head (it has just locked or created
+  the row), so the common case costs the UPDATE and the event's INSERT, and nothing else;
+- the tenant's run-less chain is serialised with a transaction-scoped advisory lock and reads its
+  latest event.
 """
 
 from __future__ import annotations
@@ -96,15 +104,24 @@ def audit_record(
     to_state: str = "",
     reason: str = "",
     data: dict[str, Any] | None = None,
+    run_updates: dict[str, Any] | None = None,
 ) -> Event:
-    """Append one audit event in the caller's transaction (it must be inside one)."""
+    """Append one audit event in the caller's transaction (it must be inside one).
+
+    ``run_updates``: other columns of the run's row to set in the same UPDATE that moves its chain
+    head (a counter the caller moves under the run's row lock), saving a statement."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("audit_record must run inside the transition's transaction")
     chain = _chain_for(tenant, run)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [chain])
-    previous = Event.objects.filter(chain=chain).order_by("-id").values_list("hash", flat=True).first()
-    prev_hash = previous or GENESIS
+    if run is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [chain])
+        previous = Event.objects.filter(chain=chain).order_by("-id").values_list("hash", flat=True).first()
+        prev_hash = previous or GENESIS
+    else:
+        # The head as this instance knows it (a deferred field is not worth a query: a wrong
+        # guess only costs the re-read below).
+        prev_hash = run.__dict__.get("audit_head") or GENESIS
     subject_type, subject_id = _subject_ref(subject)
     event = Event(
         tenant=tenant,
@@ -127,8 +144,32 @@ def audit_record(
     # formatting match what verification later reads.
     event.data = _roundtrip(event.data)
     event.hash = _event_digest(prev_hash, _hashed_fields(event))
+    if run is not None:
+        _advance_run_head(run, event, run_updates or {})
+    elif run_updates:
+        raise ValueError("run_updates needs a run")
     event.save(force_insert=True)
     return event
+
+
+def _advance_run_head(run: Run, event: Event, run_updates: dict[str, Any]) -> None:
+    """Move the run's chain head from ``event.prev_hash`` to ``event.hash``; when the head was
+    elsewhere (the instance was stale), link ``event`` to the actual head, read under the row lock."""
+    stored = "" if event.prev_hash == GENESIS else event.prev_hash
+    if Run.objects.filter(pk=run.pk, audit_head=stored).update(audit_head=event.hash, **run_updates) != 1:
+        # Lock first, then read: the head cannot move again before this transaction ends.
+        current = (
+            Run.objects.select_for_update(no_key=True).filter(pk=run.pk).values_list("audit_head", flat=True)
+        )
+        head = current.first()
+        if head is None:
+            raise Run.DoesNotExist(f"Run {run.pk} does not exist.")
+        event.prev_hash = head or GENESIS
+        event.hash = _event_digest(event.prev_hash, _hashed_fields(event))
+        Run.objects.filter(pk=run.pk).update(audit_head=event.hash, **run_updates)
+    run.audit_head = event.hash
+    for name, value in run_updates.items():
+        setattr(run, name, value)
 
 
 def _jsonb_number(text: str) -> int | float:

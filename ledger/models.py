@@ -156,6 +156,9 @@ class Run(models.Model):
     # the completion order that LIFO compensation follows.
     action_count = models.PositiveIntegerField(default=0)
     completion_count = models.PositiveIntegerField(default=0)
+    # The hash of the run's latest audit event ("" before the first): the head of its chain, moved
+    # by ledger.audit.audit_record with a compare-and-set, which also serialises the chain's writers.
+    audit_head = models.CharField(max_length=64, blank=True, default="", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

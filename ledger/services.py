@@ -428,22 +428,25 @@ def pivot_warnings_for_new(*, run: Run, action_class: str, tool: str) -> list[di
     (compensatable steps first, the pivot last, only retriable steps after it)."""
     if action_class not in COMPENSATABLE_CLASSES:
         return []
+    # Two columns, no model instance: this runs on every append of a compensatable action.
     pivot = (
         Action.objects.filter(run=run, action_class=ActionClass.EXTERNAL_IRREVERSIBLE)
         .exclude(status__in=[Action.Status.REJECTED, Action.Status.FAILED])
         .order_by("seq")
+        .values_list("pk", "tool")
         .first()
     )
     if pivot is None:
         return []
+    pivot_id, pivot_tool = pivot
     return [
         {
             "code": "pivot_order",
             "message": (
-                f"{tool} can be undone but was recorded after the irreversible {pivot.tool} ({pivot.pk}); "
+                f"{tool} can be undone but was recorded after the irreversible {pivot_tool} ({pivot_id}); "
                 "compensatable steps should come before the pivot."
             ),
-            "pivot_action_id": pivot.pk,
+            "pivot_action_id": pivot_id,
         }
     ]
 
@@ -489,7 +492,9 @@ def action_record(
                 )
                 cursor.execute("SET LOCAL lock_timeout = 0")
             existing = (
-                Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=idempotency_key).order_by().first()
+                Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=idempotency_key)
+                .order_by()
+                .first()
             )
             if existing is not None:
                 return RecordedAction(_replay(existing, run=run, payload_hash=payload_hash), created=False)
@@ -569,7 +574,6 @@ def _action_insert(
             }
         )
     seq = locked.action_count + 1
-    Run.objects.filter(pk=locked.pk).update(action_count=seq)
     action = Action.objects.create(
         tenant_id=locked.tenant_id,
         run=locked,
@@ -600,6 +604,8 @@ def _action_insert(
         subject=action,
         to_state=action.status,
         data={"tool": tool, "target_id": target_id, "risk": policy.risk, "idempotency_key": idempotency_key},
+        # The sequence number moves with the chain head, under the run's row lock.
+        run_updates={"action_count": seq},
     )
     return action
 
@@ -615,6 +621,7 @@ def _action_transition(
     data: dict[str, Any] | None = None,
     allowed_from: Iterable[str] | None = None,
     current: str | None = None,
+    run_updates: dict[str, Any] | None = None,
 ) -> Action:
     previous = _compare_and_set(
         action, table=ACTION_TRANSITIONS, to=to, updates=updates, allowed_from=allowed_from, current=current
@@ -629,6 +636,7 @@ def _action_transition(
         to_state=to,
         reason=reason,
         data=data,
+        run_updates=run_updates,
     )
     return action
 
@@ -672,7 +680,7 @@ def action_reject(*, action: Action, actor: Actor, reason: str) -> Action:
 @transaction.atomic
 def action_start(*, action: Action, actor: Actor) -> Action:
     """planned/approved/failed → running, attempts + 1. Gated actions explain why they may not."""
-    run = _lock_run(action.run)
+    action.run = run = _lock_run(action.run)  # fresh, with its audit chain head
     _assert_accepts_actions(run)
     current, attempts = Action.objects.filter(pk=action.pk).values_list("status", "attempts").get()
     if current == Action.Status.AWAITING_APPROVAL:
@@ -714,7 +722,7 @@ def action_succeed(
 ) -> Action:
     """running → succeeded (or unknown → succeeded when ``reconciled``); takes the next place in
     the run's completion order, which LIFO compensation follows."""
-    run = _lock_run(action.run)
+    action.run = run = _lock_run(action.run)  # fresh, with its audit chain head
     if not reconciled:
         # A background job that finishes after the run was cancelled, closed or handed to an unwind
         # cannot write (API.md); an operator reconciling an unknown outcome still may.
@@ -735,8 +743,8 @@ def action_succeed(
         updates=updates,
         allowed_from=allowed,
         data={"completion_seq": completion_seq},
+        run_updates={"completion_count": completion_seq},
     )
-    Run.objects.filter(pk=run.pk).update(completion_count=completion_seq)
     return action
 
 
@@ -749,7 +757,8 @@ def action_fail(
         raise errors.ValidationFailed(
             f"layer must be one of {', '.join(Action.ErrorLayer.values)}.", details={"layer": layer}
         )
-    _assert_accepts_actions(_lock_run(action.run))
+    action.run = _lock_run(action.run)  # fresh, with its audit chain head
+    _assert_accepts_actions(action.run)
     to = Action.Status.UNKNOWN if outcome_unknown else Action.Status.FAILED
     return _action_transition(
         action=action,

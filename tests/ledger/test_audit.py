@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from io import StringIO
 
 import pgtrigger
@@ -11,7 +12,7 @@ from django.db import DatabaseError, connection, transaction
 
 from ledger import services
 from ledger.audit import Actor, audit_record, audit_verify
-from ledger.models import Event
+from ledger.models import Event, Run
 from tests.ledger.helpers import make_run, record
 
 
@@ -163,3 +164,61 @@ def test_it_verifies_events_whose_data_jsonb_normalises(tenant):
 def test_it_keeps_tenant_events_without_a_run_on_the_tenants_chain(tenant, agent_key):
     event = Event.objects.get(kind="agent_key.created")
     assert (event.chain, event.run_id) == (f"tenant:{tenant.pk}", None)
+
+
+# --- The run's chain head (Run.audit_head) -------------------------------------------------------
+
+
+def test_it_keeps_the_chain_head_on_the_run_row(run):
+    latest = Event.objects.filter(run=run).order_by("-id").first()
+    assert Run.objects.get(pk=run.pk).audit_head == latest.hash
+
+
+def test_a_writer_holding_a_stale_run_still_links_to_the_latest_event(run, tenant, agent):
+    """A run instance read before other events were written carries an old head: the
+    compare-and-set misses, and the event links to the head read under the row lock instead."""
+    stale = Run.objects.get(pk=run.pk)
+    with transaction.atomic():
+        audit_record(tenant=tenant, run=Run.objects.get(pk=run.pk), actor=agent, kind="test.one", subject=run)
+    with transaction.atomic():
+        event = audit_record(tenant=tenant, run=stale, actor=agent, kind="test.two", subject=run)
+    previous = Event.objects.filter(run=run, kind="test.one").get()
+    assert event.prev_hash == previous.hash
+    assert stale.audit_head == event.hash == Run.objects.get(pk=run.pk).audit_head
+    assert audit_verify(chain=f"run:{run.pk}") == (Event.objects.filter(run=run).count(), None)
+
+
+CHAIN_WRITERS = 12
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_writers_of_one_run_never_fork_its_chain(tenant, agent):
+    """Every writer starts from the same (soon stale) run instance: exactly one links to each
+    head, the others re-read it, and the chain stays one line that verify_audit accepts."""
+    run = make_run(tenant, agent)
+    barrier = threading.Barrier(CHAIN_WRITERS)
+    failures: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            mine = Run.objects.get(pk=run.pk)
+            barrier.wait(timeout=30)
+            with transaction.atomic():
+                audit_record(tenant=tenant, run=mine, actor=agent, kind=f"test.writer_{n}", subject=mine)
+        except BaseException as exc:  # noqa: BLE001 - reported to the main thread below
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(CHAIN_WRITERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    assert not failures, failures
+    events = list(Event.objects.filter(run=run).order_by("id"))
+    assert len(events) == CHAIN_WRITERS + 1  # run.created and every writer's event
+    assert [e.prev_hash for e in events[1:]] == [e.hash for e in events[:-1]]
+    assert Run.objects.get(pk=run.pk).audit_head == events[-1].hash
+    assert audit_verify(chain=f"run:{run.pk}") == (len(events), None)
