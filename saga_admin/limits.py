@@ -21,7 +21,8 @@ from typing import Any
 
 import structlog
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import cache, caches
+from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotFound, JsonResponse
 from ninja.parser import Parser
@@ -221,9 +222,25 @@ def parse_rate(rate: str) -> tuple[int, int]:
     return int(count), (int(digits) if digits else 1) * _PERIODS[unit]
 
 
+def _count_in_window(cache_key: str, *, ttl: int) -> int:
+    """Add one to the window's counter and return it. On Redis: ``SET NX EX`` + ``INCR`` in one
+    pipelined round trip (both atomic; the counter is a plain integer, which is also how Django's
+    Redis cache stores ints, so ``cache.get`` reads it). Any other cache: ``add`` + ``incr``."""
+    backend = caches["default"]  # the backend itself (``cache`` is a proxy to it)
+    if isinstance(backend, RedisCache):
+        full_key = backend.make_and_validate_key(cache_key)
+        client = backend._cache.get_client(full_key, write=True)
+        pipe = client.pipeline(transaction=False)
+        pipe.set(full_key, 0, ex=ttl, nx=True)
+        pipe.incr(full_key)
+        return int(pipe.execute()[1])
+    cache.add(cache_key, 0, timeout=ttl)
+    return int(cache.incr(cache_key))
+
+
 class KeyRateThrottle(BaseThrottle):
-    """Fixed window per API key: ``cache.add`` + ``cache.incr`` are atomic in Redis, so the count is
-    right across processes without storing a history list per request (what ninja's
+    """Fixed window per API key: an atomic counter in Redis (see ``_count_in_window``), so the
+    count is right across processes without storing a history list per request (what ninja's
     SimpleRateThrottle does). The rate is read per request so a settings change applies at once.
     If the cache is down the request is allowed: a rate limit must not take the ledger down."""
 
@@ -242,8 +259,7 @@ class KeyRateThrottle(BaseThrottle):
         self._local.retry_after = (window + 1) * period - now
         cache_key = f"saga:throttle:{key.pk}:{period}:{window}"
         try:
-            cache.add(cache_key, 0, timeout=period + 5)
-            count = cache.incr(cache_key)
+            count = _count_in_window(cache_key, ttl=period + 5)
         except Exception:  # noqa: BLE001 - fail open; see the class docstring
             log.warning("throttle.cache_unavailable", exc_info=True)
             return True
