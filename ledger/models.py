@@ -158,7 +158,8 @@ class Run(models.Model):
     completion_count = models.PositiveIntegerField(default=0)
     # The hash of the run's latest audit event ("" before the first): the head of its chain, moved
     # by ledger.audit.audit_record with a compare-and-set, which also serialises the chain's writers.
-    audit_head = models.CharField(max_length=64, blank=True, default="", editable=False)
+    # db_default too: bulk loaders (seed_bench's COPY) leave the column out.
+    audit_head = models.CharField(max_length=64, blank=True, default="", db_default="", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
