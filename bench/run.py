@@ -323,7 +323,9 @@ class Harness:
         from redis import Redis
 
         Redis.from_url(self.redis_url).flushdb()
-        if self.args.smoke:
+        # The flush removed the claim on an auto-claimed database: put it back, or a concurrent run
+        # claims the same database and its worker takes this run's jobs (and vice versa).
+        if self.args.smoke or getattr(self.args, "redis_claimed", False):
             Redis.from_url(self.redis_url).set("saga-bench:claim", str(os.getpid()), ex=1800)
         self.env = self.env_for()
         setup_django(self.env)
@@ -637,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     claim = None
     if args.redis_url == "auto":
         args.redis_url, claim = claim_redis_db("redis://127.0.0.1:6379/0")
+        args.redis_claimed = True
     harness = Harness(args)
     try:
         return harness.run()
