@@ -13,8 +13,9 @@ Mechanics (docs/RECOVERY.md tells the whole story):
 - The worker's jobs do both in a loop (``unwind_run_steps``, ``step_run(batch_s=...)``): the
   transaction that records a step's outcome also advances the unwind and claims its next step
   (``pending`` → ``running`` directly: it never waits for a worker), and the job goes on with it
-  for up to a batch of a couple of seconds; then the next advance goes back on the queue, so
-  concurrent unwinds take turns. A crash mid-batch leaves one ``running`` step whose lease expires.
+  for up to a batch of a couple of seconds; then the next step is queued with a ``step_run`` job
+  at the back of the queue, so concurrent unwinds take turns. A crash mid-batch leaves one
+  ``running`` step whose lease expires.
 - ``steps_sweep`` (periodic) re-queues steps whose lease expired (worker killed), re-enqueues
   queued steps whose job vanished (Redis restarted), and advances running unwinds with nothing in
   flight (an advance job that never reached Redis).
@@ -603,7 +604,8 @@ def _carry_out(claim: Claim | None, *, batch_s: float) -> Outcome | None:
             step_id=claim.step_id,
             token=claim.token,
             outcome=outcome,
-            next_of=claim.unwind_id if time.monotonic() < deadline else None,
+            next_of=claim.unwind_id,
+            claim_next=time.monotonic() < deadline,
         )[1]
     return first
 
@@ -616,7 +618,7 @@ def step_run(*, step_id: str, batch_s: float = 0.0) -> Outcome | None:
 
 def unwind_run_steps(*, unwind_id: str, batch_s: float | None = None) -> Outcome | None:
     """Advance the unwind and run its steps here, back to back, for up to ``batch_s`` seconds
-    (the worker's job for an unwind); then the next advance goes back on the queue."""
+    (the worker's job for an unwind); then its next step is queued with a job of its own."""
     claim = unwind_advance_and_claim(unwind_id=unwind_id)
     return _carry_out(claim, batch_s=batch_seconds() if batch_s is None else batch_s)
 
@@ -624,15 +626,18 @@ def unwind_run_steps(*, unwind_id: str, batch_s: float | None = None) -> Outcome
 def step_record_outcome(*, step_id: str, token: int, outcome: Outcome) -> UnwindStep | None:
     """Record one attempt's outcome, if this worker still holds the step's lease (fencing: a worker
     that was presumed dead and replaced must not overwrite its replacement's result)."""
-    return _step_record(step_id=step_id, token=token, outcome=outcome, next_of=None)[0]
+    return _step_record(step_id=step_id, token=token, outcome=outcome, next_of=None, claim_next=False)[0]
 
 
 @transaction.atomic
 def _step_record(
-    *, step_id: str, token: int, outcome: Outcome, next_of: str | None
+    *, step_id: str, token: int, outcome: Outcome, next_of: str | None, claim_next: bool
 ) -> tuple[UnwindStep | None, Claim | None]:
     """``step_record_outcome``; with ``next_of`` (the step's unwind), the unwind is advanced in the
-    same transaction and its next step claimed for the caller instead of enqueueing an advance."""
+    same transaction instead of enqueueing an advance: its next step is claimed for the caller
+    (``claim_next``), or, when the caller's batch is spent, queued with a job of its own at the
+    back of the queue. Either way the next step is in flight when this commits, so the sweeper
+    sees a queued step with a live job, not an unwind with nothing in flight."""
     # The unwind is locked before the step, the order unwind_advance and the operator's decisions
     # take them in.
     unwind = _lock_unwind(next_of) if next_of is not None else None
@@ -706,7 +711,7 @@ def _step_record(
         state=outcome.state,
     )
     if unwind is not None:
-        return step, _advance_locked(unwind, claim=True)
+        return step, _advance_locked(unwind, claim=claim_next)
     _enqueue_advance(step.unwind_id)
     return step, None
 

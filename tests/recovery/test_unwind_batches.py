@@ -101,7 +101,7 @@ def test_one_advance_job_runs_every_step_newest_first_and_audits_each(tenant, ag
     assert checked > 0 and broken is None
 
 
-def test_a_spent_batch_hands_the_unwind_back_to_the_queue(
+def test_a_spent_batch_queues_the_next_step_at_the_back_of_the_queue(
     tenant, agent, alice, django_capture_on_commit_callbacks
 ):
     unwind = _unwind(tenant, agent, alice, steps=3)
@@ -111,12 +111,19 @@ def test_a_spent_batch_hands_the_unwind_back_to_the_queue(
         unwinds.unwind_run_steps(unwind_id=unwind.pk, batch_s=0)
 
     assert calls == [2]
-    assert _statuses(unwind) == ["done", "pending", "pending"]
+    assert _statuses(unwind) == ["done", "queued", "pending"]
     queued = django_rq.get_queue("compensations").jobs
+    following = unwind.steps.get(position=1)
     assert [(job.func_name, job.kwargs) for job in queued] == [
-        ("recovery.jobs.unwind_advance", {"unwind_id": unwind.pk})
+        ("recovery.jobs.step_run", {"step_id": following.pk})
     ]
+    # The sweeper sees a queued step with a live job (not an idle unwind to advance again).
+    assert following.job_id == queued[0].id
     assert queued[0].timeout == unwinds.drive_job_timeout()
+    assert unwinds.steps_sweep().reenqueued == 0 and _statuses(unwind)[1] == "queued"
+
+    jobs.step_run(step_id=following.pk)
+    assert calls == [2, 1, 0] and _statuses(unwind) == ["done", "done", "done"]
 
 
 def test_a_retry_ends_the_batch_and_the_next_step_waits_for_it(tenant, agent, alice):
