@@ -32,7 +32,6 @@ from django.db.models import (
     Prefetch,
     Q,
     QuerySet,
-    Subquery,
     Value,
     When,
 )
@@ -184,7 +183,7 @@ def _filtered_items(*, user: Any, filters: QueueFilters, now: datetime) -> Query
 
 def _search(qs: QuerySet[RecoveryItem], term: str, *, tenant_ids: list[int]) -> QuerySet[RecoveryItem]:
     """Exact ids first: an item, run, external or target id, each found through its own index.
-    Only when none of them matches, part of a tool name or of the run's request.
+    Only when none of them matches, part of the failing tool's name or of the run's request.
 
     One OR across the joined tables (as this once was) is served by no index: PostgreSQL read
     every unresolved item with its run (a sequential scan of all runs) for any term.
@@ -213,15 +212,8 @@ def _search(qs: QuerySet[RecoveryItem], term: str, *, tenant_ids: list[int]) -> 
     exact = qs.filter(pk__in=exact_ids)
     if exact.exists():
         return exact
-    # The substring match is evaluated per item (a primary-key lookup of its failed action and
-    # run), so it reads the items the other filters leave, never the whole ledger; a join
-    # instead let the planner hash every run.
-    return qs.alias(
-        _search_tool=Subquery(
-            Action.objects.filter(pk=OuterRef("failed_action_id")).order_by().values("tool")
-        ),
-        _search_request=Subquery(Run.objects.filter(pk=OuterRef("run_id")).order_by().values("request")),
-    ).filter(Q(_search_tool__icontains=term) | Q(_search_request__icontains=term))
+    # Served by the trigram index over unresolved items' search text (recovery/0003).
+    return qs.filter(search_text__contains=term.lower())
 
 
 def queue_page(

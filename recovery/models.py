@@ -56,6 +56,11 @@ class RecoveryItem(models.Model):
     error = models.TextField(blank=True, default="")
     # Groups similar failures in the queue: the failing tool plus a normalised error.
     signature = models.CharField(max_length=64, blank=True, default="")
+    # What the queue's substring search matches (the failing tool and the run's request,
+    # lower-cased), kept on the item so a trigram index over unresolved items serves the search
+    # instead of a join of every unresolved item with its run and action. Set by
+    # services.item_open_or_update, the one place an item's failed action is set.
+    search_text = models.TextField(blank=True, default="", db_default="", editable=False)
     details = models.JSONField(default=dict, blank=True)
     assignee = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -116,6 +116,12 @@ def error_signature(*, tool: str, error: str) -> str:
     return sha256_hex(f"{tool}|{normalised}")[:16]
 
 
+def item_search_text(*, run: Run, failed_action: Action | None) -> str:
+    """What the queue's search finds an item by, besides exact ids: part of the failing tool or
+    of the run's request (case-insensitive)."""
+    return f"{failed_action.tool if failed_action is not None else ''}\n{run.request}".lower()
+
+
 def _item_risk(run: Run, failed_action: Action | None) -> str:
     risks = list(
         Action.objects.filter(run=run, status__in=_LIVE_ACTION_STATUSES).values_list("risk", flat=True)
@@ -190,6 +196,7 @@ def item_open_or_update(
                     suggested_resolution=suggestion,
                     error=error,
                     signature=signature,
+                    search_text=item_search_text(run=run, failed_action=failed_action),
                     details=details or {},
                 )
         except IntegrityError:
@@ -217,6 +224,7 @@ def item_open_or_update(
     existing.suggested_resolution = suggestion
     existing.error = error or existing.error
     existing.signature = signature or existing.signature
+    existing.search_text = item_search_text(run=run, failed_action=existing.failed_action)
     existing.details = {**existing.details, **(details or {})}
     existing.save(
         update_fields=[
@@ -226,6 +234,7 @@ def item_open_or_update(
             "suggested_resolution",
             "error",
             "signature",
+            "search_text",
             "details",
             "updated_at",
         ]

@@ -167,3 +167,23 @@ def test_an_empty_queue_still_polls_for_new_items(client, tenant, agent, alice):
     onboarding_run(tenant, agent, name="Late", email="late@company.com")
     poll = client.get(reverse("dashboard:queue-new"), {"since": since, "sort": "oldest"})
     assert "1 new item" in poll.content.decode()
+
+
+def test_the_search_finds_items_by_the_text_kept_on_them_as_their_failure_changes(
+    client, tenant, agent, alice
+):
+    from ledger.audit import Actor
+    from recovery import services as recovery
+
+    run, item = onboarding_run(tenant, agent, name="Cleo Park", email="cleo@company.com")
+    assert item.search_text == "email.send_welcome\nonboard new hire cleo park (cleo@company.com)"
+    client.force_login(alice)
+    assert "Cleo Park" in client.get(QUEUE, {"q": "SEND_WELCOME"}).content.decode()
+    assert "Cleo Park" in client.get(QUEUE, {"q": "new hire cleo"}).content.decode()
+    # The run fails again at another action: the item (and what it is found by) follows.
+    other = run.actions.exclude(pk=item.failed_action_id).order_by("seq").first()
+    recovery.item_open_or_update(run=run, reason="failed", actor=Actor.for_user(alice), failed_action=other)
+    item.refresh_from_db()
+    assert item.search_text.startswith(other.tool.lower() + "\n")
+    assert "Cleo Park" in client.get(QUEUE, {"q": other.tool}).content.decode()
+    assert "Cleo Park" not in client.get(QUEUE, {"q": "send_welcome"}).content.decode()

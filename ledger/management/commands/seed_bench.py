@@ -187,6 +187,7 @@ ITEM_COLUMNS = [
     "reopened_count",
     "opened_at",
     "updated_at",
+    "search_text",
 ]
 APPROVAL_COLUMNS = [
     "id",
@@ -391,6 +392,8 @@ class _Seeder:
         user = f"user{rng.randrange(50_000)}@example.com"
         error = ""
         failed_action_id = None
+        failed_tool = ""
+        request = f"{agent}: handle request for {user}"
         completion = 0
         last_status = {
             "succeeded": "succeeded",
@@ -432,6 +435,7 @@ class _Seeder:
                 err = rng.choice(ERRORS).format(n=rng.randrange(5, 120), tool=tool)
                 error = err
                 failed_action_id = action_id
+                failed_tool = tool
             manual = status == "awaiting_approval"
             self.counts["actions"] += 1
             self.action_copy.write_row(
@@ -494,12 +498,14 @@ class _Seeder:
         }[fate]
         finished = created + step * (n_actions + 1)
         if fate in ("open", "open_big", "compensated", "closed"):
-            self._item(tenant_id, run_id, fate, failed_action_id, error, live_risks, finished)
+            # recovery.services.item_search_text's rule (ledger does not import recovery).
+            search_text = f"{failed_tool}\n{request}".lower()
+            self._item(tenant_id, run_id, fate, failed_action_id, error, live_risks, finished, search_text)
         return (
             run_id,
             tenant_id,
             agent,
-            f"{agent}: handle request for {user}",
+            request,
             f"ext-{rng.randrange(10**9)}",
             user,
             f"Help {user}",
@@ -548,6 +554,7 @@ class _Seeder:
         error: str,
         live_risks: list[str],
         opened: datetime,
+        search_text: str,
     ) -> None:
         rng = self.rng
         reason = rng.choices([r for r, _ in REASONS], [w for _, w in REASONS])[0]
@@ -579,6 +586,7 @@ class _Seeder:
                 0,
                 opened,
                 resolved_at or opened,
+                search_text,
             )
         )
         self.counts["resolved_items" if resolved else "open_items"] += 1
