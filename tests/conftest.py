@@ -9,6 +9,15 @@ import pytest
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The live server's listen backlog is Django's 10; tests that race 24 connections at it (the
+    # idempotency races) then lose one to "connection reset by peer" whenever the machine is busy.
+    # Deep enough for every race in the suite; set before the session-wide live server starts.
+    from django.core.servers.basehttp import WSGIServer
+
+    WSGIServer.request_queue_size = 64
+
+
 @pytest.fixture
 def tenant(db):
     from ledger.models import Tenant
