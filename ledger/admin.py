@@ -29,6 +29,7 @@ from ledger.models import (
     IdempotencyRecord,
     Membership,
     PolicySet,
+    PolicyStamp,
     Run,
     Tenant,
     ToolPolicy,
@@ -263,6 +264,24 @@ class PolicySetAdmin(ReadOnlyAdmin):
     # undone by the next load, so these are shown, not edited.
     include_global = True
     list_display = ["__str__", "source", "content_hash", "loaded_at"]
+
+
+@admin.register(PolicyStamp)
+class PolicyStampAdmin(admin.ModelAdmin):
+    """The tool-policy stamp, which a database trigger moves: not a tenant's row, so shown to
+    superusers only, and never edited here."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(ToolPolicy)

@@ -376,6 +376,27 @@ class PolicySet(models.Model):
         return f"policy set ({self.tenant or 'global'})"
 
 
+class PolicyStamp(models.Model):
+    """One row whose ``version`` a database trigger moves (from a sequence, so a value is never
+    reused, even after a rollback) with every write to ``ledger_toolpolicy``, in the writer's
+    transaction: a process may keep the tool-policy table it read while the stamp it read with it
+    is still the current one (``ledger.policies``). Whoever writes the policies — the loader, the
+    admin, a shell, raw SQL — moves it; nothing in Python has to remember to."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    version = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"tool-policy stamp {self.version}"
+
+
+# Statement level: a load that writes fifty policies moves the stamp once per statement, not per row.
+_BUMP_POLICY_STAMP = (
+    "INSERT INTO ledger_policystamp (id, version) VALUES (1, nextval('ledger_policystamp_version_seq')) "
+    "ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version; RETURN NULL;"
+)
+
+
 class ToolPolicy(models.Model):
     tenant = models.ForeignKey(
         Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="tool_policies"
@@ -394,6 +415,15 @@ class ToolPolicy(models.Model):
     class Meta:
         ordering = ["tool"]
         verbose_name_plural = "tool policies"
+        triggers = [
+            pgtrigger.Trigger(
+                name="toolpolicy_stamp",
+                operation=pgtrigger.Insert | pgtrigger.Update | pgtrigger.Delete | pgtrigger.Truncate,
+                when=pgtrigger.After,
+                level=pgtrigger.Statement,
+                func=_BUMP_POLICY_STAMP,
+            )
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "tool"], name="toolpolicy_unique_pattern", nulls_distinct=False

@@ -12,9 +12,18 @@ import fnmatch
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, Subquery
 
-from ledger.models import ActionClass, ApprovalMode, CompensationStrategy, PolicySet, Risk, Tenant, ToolPolicy
+from ledger.models import (
+    ActionClass,
+    ApprovalMode,
+    CompensationStrategy,
+    PolicySet,
+    PolicyStamp,
+    Risk,
+    Tenant,
+    ToolPolicy,
+)
 
 BUILTIN_DEFAULT_POLICY: dict[str, str] = {
     "risk": Risk.HIGH,
@@ -92,10 +101,40 @@ def policy_settings_for(tenant: Tenant | None) -> PolicySettings:
     )
 
 
-def policy_resolve(*, tenant: Tenant, tool: str) -> ResolvedPolicy:
+# The tool policies that can apply to a tenant, per process: {tenant id: (stamp, policies)}. An
+# entry serves only a caller that has just read the same stamp (see PolicyStamp): any write to the
+# policies, committed or in the caller's own transaction, changes the stamp, so a tightened policy
+# applies from the very next request in every process; there is no time-based staleness.
+_TOOL_POLICIES: dict[int, tuple[int, list[ToolPolicy]]] = {}
+_TOOL_POLICIES_MAX_TENANTS = 1000
+
+
+def policy_stamp_subquery() -> Subquery:
+    """The current stamp, to fold into a query the caller runs anyway (an annotation)."""
+    return Subquery(PolicyStamp.objects.filter(pk=1).values("version")[:1])
+
+
+def _tool_policies(tenant: Tenant, stamp: int | None) -> list[ToolPolicy]:
+    if stamp is not None:
+        cached = _TOOL_POLICIES.get(tenant.pk)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+    # Read after the stamp: what is kept can only be newer than the stamp says, never older.
+    policies = list(ToolPolicy.objects.filter(Q(tenant=tenant) | Q(tenant__isnull=True)))
+    if stamp is not None:
+        if len(_TOOL_POLICIES) >= _TOOL_POLICIES_MAX_TENANTS:
+            _TOOL_POLICIES.clear()
+        _TOOL_POLICIES[tenant.pk] = (stamp, policies)
+    return policies
+
+
+def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> ResolvedPolicy:
+    """The policy for ``tool``. ``stamp``: the PolicyStamp version the caller read in this
+    transaction (``policy_stamp_subquery``); with it, the tool-policy table may come from this
+    process's cache. Without it, the table is read."""
     candidates = [
         p
-        for p in ToolPolicy.objects.filter(Q(tenant=tenant) | Q(tenant__isnull=True))
+        for p in _tool_policies(tenant, stamp)
         if p.tool == tool or (p.is_glob and fnmatch.fnmatchcase(tool, p.tool))
     ]
     if candidates:

@@ -29,7 +29,7 @@ from ledger.models import (
     Run,
     Tenant,
 )
-from ledger.policies import ResolvedPolicy, policy_resolve
+from ledger.policies import ResolvedPolicy, policy_resolve, policy_stamp_subquery
 
 # --- State machines --------------------------------------------------------------------------
 
@@ -186,11 +186,15 @@ def agent_key_revoke(*, key: AgentKey, actor: Actor) -> AgentKey:
 # --- Runs ------------------------------------------------------------------------------------
 
 
-def _lock_run(run: Run) -> Run:
+def _lock_run(run: Run, *, policy_stamp: bool = False) -> Run:
     """The run's row, locked for this transaction and read fresh. Scoped to ``run.tenant_id``, so
     a reference built from a client's run id (``Run(pk=…, tenant=…)``) finds only its tenant's
-    run. The tenant is taken over from ``run`` when it is loaded (it cannot change), not re-read."""
-    locked = Run.objects.select_for_update().filter(pk=run.pk, tenant_id=run.tenant_id).first()
+    run. The tenant is taken over from ``run`` when it is loaded (it cannot change), not re-read.
+    ``policy_stamp``: also read the tool-policy stamp in the same statement (``.policy_stamp``)."""
+    runs = Run.objects.select_for_update(of=("self",)).filter(pk=run.pk, tenant_id=run.tenant_id)
+    if policy_stamp:
+        runs = runs.annotate(policy_stamp=policy_stamp_subquery())
+    locked = runs.first()
     if locked is None:
         raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
     if Run.tenant.is_cached(run):
@@ -559,9 +563,9 @@ def _action_insert(
     compensation: dict[str, Any] | None,
     payload_hash: str,
 ) -> Action:
-    locked = _lock_run(run)
+    locked = _lock_run(run, policy_stamp=True)
     _assert_accepts_actions(locked)
-    policy = policy_resolve(tenant=locked.tenant, tool=tool)
+    policy = policy_resolve(tenant=locked.tenant, tool=tool, stamp=locked.policy_stamp)
     strategy, comp_tool, comp_args = _compensation_for(
         policy, tool=tool, args=args, compensation=compensation
     )

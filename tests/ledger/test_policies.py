@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
 from ledger.models import PolicySet, ToolPolicy
 from ledger.policies import policies_in_force, policy_resolve, policy_settings_for
+from tests.ledger.helpers import auto_policy, make_run, record
 
 
 def _policy(tool, *, tenant=None, risk="low", approval="auto", action_class="internal_update", **fields):
@@ -86,3 +90,37 @@ def test_it_lists_the_policies_in_force_for_a_tenant(tenant, other_tenant):
     _policy("secret.*", tenant=other_tenant)
     in_force = policies_in_force(tenant=tenant)
     assert [(p.tool, p.tenant_id) for p in in_force] == [("crm.*", None), ("hr.create_user", tenant.pk)]
+
+
+# --- The per-process cache of the tool-policy table, validated by PolicyStamp -------------------
+
+
+def _record(tenant, agent, key: str):
+    return record(make_run(tenant, agent), agent, key, tool="hr.create_user")
+
+
+def test_it_reads_the_tool_policies_once_while_they_are_unchanged(tenant, agent):
+    auto_policy("hr.*")
+    _record(tenant, agent, "first")
+    with CaptureQueriesContext(connection) as queries:
+        _record(tenant, agent, "second")
+    assert not [q["sql"] for q in queries.captured_queries if "ledger_toolpolicy" in q["sql"]]
+
+
+def test_a_tightened_policy_applies_to_the_very_next_recording(tenant, agent):
+    """No staleness window: an approval gate that lagged a tightened policy would be a hole."""
+    policy = auto_policy("hr.*")
+    assert not _record(tenant, agent, "before").requires_approval
+    ToolPolicy.objects.filter(pk=policy.pk).update(approval="manual", risk="high")
+    tightened = _record(tenant, agent, "after")
+    assert (tightened.requires_approval, tightened.risk) == (True, "high")
+    ToolPolicy.objects.filter(pk=policy.pk).delete()
+    assert _record(tenant, agent, "removed").policy["pattern"] == "*default*"
+
+
+def test_a_policy_written_with_raw_sql_moves_the_stamp_too(tenant, agent):
+    auto_policy("hr.*")
+    _record(tenant, agent, "before")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_toolpolicy SET approval = 'manual' WHERE tool = 'hr.*'")
+    assert _record(tenant, agent, "after").requires_approval
