@@ -43,6 +43,8 @@ BENCH_INDEXES = [
     "recovery_approval_pending_created",
     "recovery_approval_pending_run",
     "action_failed_updated",
+    "recovery_unresolved_search",
+    "recovery_unresolved_groups",
 ]
 
 

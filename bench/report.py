@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.dashboard import BENCH_INDEXES
+
 SECTIONS = ("Machine", "Baselines", "Ledger append", "Dashboard", "Unwind", "Targets")
 
 
@@ -411,7 +413,7 @@ def _markdown(
             if b:
                 out.append("")
                 out.append(
-                    f"*Before* the indexes of `recovery/0002` and `ledger/0002` (same data, dropped in a rolled-back "
+                    f"*Before* the benchmark-motivated indexes ({', '.join(f'`{i}`' for i in BENCH_INDEXES)}; same data, dropped in a rolled-back "
                     f"transaction): {b['total_execution_ms']:.1f} ms; sequential scans over big tables: "
                     f"{', '.join(b['seq_scans_big']) or 'none'}"
                 )

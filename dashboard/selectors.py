@@ -266,33 +266,36 @@ def queue_groups(*, user: Any, filters: QueueFilters) -> list[FailureGroup]:
     base = _filtered_items(
         user=user, filters=QueueFilters(**{**filters.__dict__, "signature": ""}), now=timezone.now()
     )
-    # Aggregated on the items alone: joining every unresolved item to the ledger's actions for
-    # the tool's name cost more than the rest of the page. The tool is part of the signature, so
-    # any failed action of a group names it: one lookup by primary key for the groups shown.
+    # Aggregated on the items alone, from the columns of the covering index
+    # ``recovery_unresolved_groups`` (an index-only scan): joining every unresolved item to the
+    # ledger's actions for the tool's name cost more than the rest of the page. The tool and the
+    # error are the same across a group up to normalisation (both make the signature), so the
+    # newest item of each group shown speaks for it: one lookup by primary key.
     rows = list(
         base.exclude(signature="")
         .order_by()
         .values("signature")
         .annotate(
             count=Count("id"),
-            sample_action_id=Max("failed_action_id"),
-            error=Max("error"),
+            sample_id=Max("id"),
             oldest=Min("opened_at"),
             max_risk_rank=Max(_RISK_RANK),
         )
         .filter(count__gt=1)
         .order_by("-count", "oldest")[:GROUPS_SHOWN]
     )
-    samples = [row["sample_action_id"] for row in rows if row["sample_action_id"]]
-    tools = (
-        dict(Action.objects.filter(pk__in=samples).order_by().values_list("pk", "tool")) if samples else {}
-    )
+    samples = {
+        pk: (tool or "", error)
+        for pk, tool, error in RecoveryItem.objects.filter(pk__in=[row["sample_id"] for row in rows])
+        .order_by()
+        .values_list("pk", "failed_action__tool", "error")
+    }
     return [
         FailureGroup(
             signature=row["signature"],
             count=row["count"],
-            tool=tools.get(row["sample_action_id"], ""),
-            error=row["error"],
+            tool=samples.get(row["sample_id"], ("", ""))[0],
+            error=samples.get(row["sample_id"], ("", ""))[1],
             oldest=row["oldest"],
             max_risk_rank=row["max_risk_rank"],
         )

@@ -123,6 +123,9 @@ def test_it_groups_similar_failures_with_a_count(client, tenant, agent, alice):
     response = client.get(QUEUE)
     groups = response.context["groups"]
     assert len(groups) == 1 and groups[0].count == 3 and groups[0].tool == "email.send_welcome"
+    # The group's error is its newest item's (the items share it up to normalisation).
+    newest = RecoveryItem.objects.filter(signature=groups[0].signature).order_by("-id").first()
+    assert newest is not None and groups[0].error == newest.error != ""
     assert "3×" in response.content.decode()
     filtered = client.get(QUEUE, {"signature": groups[0].signature})
     assert len(filtered.context["page"].items) == 3
