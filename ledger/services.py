@@ -489,12 +489,14 @@ def action_record(
     try:
         with transaction.atomic():
             with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL lock_timeout = %s", [f"{int(lock_timeout_ms)}ms"])
+                # Three statements, one round trip (the client-side-binding cursor sends them
+                # together, in order): the timeout applies to the key's lock wait only.
                 cursor.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    [f"action-key:{run.tenant_id}:{idempotency_key}"],
+                    "SET LOCAL lock_timeout = %s;"
+                    " SELECT pg_advisory_xact_lock(hashtextextended(%s, 0));"
+                    " SET LOCAL lock_timeout = 0",
+                    [f"{int(lock_timeout_ms)}ms", f"action-key:{run.tenant_id}:{idempotency_key}"],
                 )
-                cursor.execute("SET LOCAL lock_timeout = 0")
             existing = (
                 Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=idempotency_key)
                 .order_by()
@@ -527,7 +529,9 @@ def action_record(
         raise
     except IntegrityError:
         # Only reachable if a writer bypassed the advisory lock; the row exists now.
-        existing = Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=idempotency_key).first()
+        existing = (
+            Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=idempotency_key).order_by().first()
+        )
         if existing is None:
             raise
         return RecordedAction(_replay(existing, run=run, payload_hash=payload_hash), created=False)
