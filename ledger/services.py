@@ -69,6 +69,14 @@ def _sources_for(table: dict[str, set[str]], to: str) -> list[str]:
     return [state for state, targets in table.items() if to in targets]
 
 
+def _current_status(model: type[Model], pk: Any) -> str:
+    # order_by(): no model ordering (Action's joins ledger_run) on a primary-key read.
+    current = model.objects.filter(pk=pk).order_by().values_list("status", flat=True).first()
+    if current is None:
+        raise errors.NotFound(f"{model.__name__} {pk} does not exist.")
+    return current
+
+
 def _compare_and_set(
     obj: Model,
     *,
@@ -87,17 +95,17 @@ def _compare_and_set(
     """
     sources = list(allowed_from) if allowed_from is not None else _sources_for(table, to)
     model = type(obj)
+    if current is None and len(sources) == 1:
+        # One state it may come from: assume it and let the UPDATE check it (the status is read
+        # only when the UPDATE misses, for the error), which saves a statement per transition.
+        current = sources[0]
     if current is None:
-        # order_by(): no model ordering (Action's joins ledger_run) on a primary-key read.
-        current = model.objects.filter(pk=obj.pk).order_by().values_list("status", flat=True).first()
-    if current is None:
-        raise errors.NotFound(f"{model.__name__} {obj.pk} does not exist.")
+        current = _current_status(model, obj.pk)
     if current not in sources:
         raise errors.InvalidTransition(obj, to=to, current=current)
     fields = {"status": to, "updated_at": timezone.now(), **(updates or {})}
     if model.objects.filter(pk=obj.pk, status=current).update(**fields) != 1:
-        latest = model.objects.filter(pk=obj.pk).order_by().values_list("status", flat=True).first()
-        raise errors.InvalidTransition(obj, to=to, current=latest)
+        raise errors.InvalidTransition(obj, to=to, current=_current_status(model, obj.pk))
     for name, value in fields.items():
         setattr(obj, name, value)
     return current
