@@ -267,21 +267,12 @@ class PolicySetAdmin(ReadOnlyAdmin):
 
 
 @admin.register(PolicyStamp)
-class PolicyStampAdmin(admin.ModelAdmin):
-    """The tool-policy stamp, which a database trigger moves: not a tenant's row, so shown to
-    superusers only, and never edited here."""
+class PolicyStampAdmin(ReadOnlyAdmin):
+    """The tool-policy stamp, which a database trigger moves. Not a tenant's row, so superusers
+    only (who are never tenant-filtered, so the tenant scoping never applies to it)."""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return bool(request.user.is_superuser)
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(ToolPolicy)
