@@ -42,7 +42,7 @@ BENCH_INDEXES = [
     "recovery_unresolved_newest",
     "recovery_approval_pending_created",
     "recovery_approval_pending_run",
-    "action_failed_updated",
+    "action_failed_recent",
     "recovery_unresolved_search",
     "recovery_unresolved_groups",
 ]

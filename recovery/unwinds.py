@@ -579,7 +579,7 @@ def _step_start(
 def batch_seconds() -> float:
     """How long one job keeps running an unwind's steps back to back before it hands the unwind
     to a fresh job at the back of the queue (so concurrent unwinds take turns)."""
-    return float(settings.SAGA.get("UNWIND_BATCH_S", 2.0))
+    return float(settings.SAGA["UNWIND_BATCH_S"])
 
 
 def drive_job_timeout(*, step_timeout_s: float | None = None) -> int:

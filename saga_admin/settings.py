@@ -114,6 +114,9 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# Short OLTP queries only: PostgreSQL's JIT compiled the plans of the dashboard's aggregates over
+# a million actions, adding 20-40 ms to queries that run in a few (docs/BENCHMARKS.md).
+DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c jit=off"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -227,6 +230,9 @@ SAGA: dict[str, Any] = {
     "RETRY_BACKOFF_BASE_S": env_float("SAGA_RETRY_BACKOFF_BASE_S", 1.0),
     "RETRY_BACKOFF_MAX_S": env_float("SAGA_RETRY_BACKOFF_MAX_S", 60.0),
     "DEFAULT_MAX_ATTEMPTS": env_int("SAGA_MAX_ATTEMPTS", 5),
+    # How long one worker job runs an unwind's steps back to back before the unwind goes to the
+    # back of the queue (fairness between concurrent unwinds vs per-job overhead).
+    "UNWIND_BATCH_S": env_float("SAGA_UNWIND_BATCH_S", 2.0),
     # Dashboard
     "QUEUE_SLA_MINUTES": env_int("SAGA_QUEUE_SLA_MINUTES", 30),
     "BULK_MAX_ITEMS": env_int("SAGA_BULK_MAX_ITEMS", 20),
