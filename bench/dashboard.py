@@ -156,12 +156,13 @@ def pages(*, user: Any, deep_pages: int, big_run_actions: int) -> list[tuple[str
         (f"queue: deep keyset page ({deep_pages} pages in)", deep),
     ]
     if big_run:
-        out.append(
-            (
-                f"run detail ({big_run_actions} actions)",
-                _url("dashboard:run-detail", "/runs/{run_id}/", run_id=big_run),
-            )
-        )
+        run_page = _url("dashboard:run-detail", "/runs/{run_id}/", run_id=big_run)
+        # The page renders the newest actions and loads the earlier ones on demand; the second
+        # figure is every action rendered at once (?actions=all, the no-JavaScript path).
+        out += [
+            (f"run detail ({big_run_actions} actions)", run_page),
+            (f"run detail ({big_run_actions} actions, all rendered)", f"{run_page}?actions=all"),
+        ]
     out += [
         ("approval inbox", _url("dashboard:approvals", "/approvals/")),
         ("metrics", _url("dashboard:metrics", "/metrics/")),
