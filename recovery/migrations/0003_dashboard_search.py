@@ -8,12 +8,15 @@ set) and a trigram GIN index over unresolved items answers ``LIKE '%term%'``.
 
 The index is raw SQL with no model state, like 0002's: partial, a tuning concern, built
 ``CONCURRENTLY`` so a production table stays writable (hence non-atomic). pg_trgm is a trusted
-extension (PostgreSQL 13+): a database owner may create it.
+extension (PostgreSQL 13+): a database owner may create it. A server built without the contrib
+extensions (the embedded PostgreSQL `make run` uses, for one) gets no index: the search still
+works, as a scan of the unresolved items.
 """
 
 from __future__ import annotations
 
-from django.contrib.postgres.operations import TrigramExtension
+from typing import Any
+
 from django.db import migrations, models
 
 # The same rule as recovery.services.item_search_text, for the items that exist already.
@@ -27,6 +30,27 @@ UPDATE recovery_recoveryitem AS item
 """
 
 
+INDEX = (
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS recovery_unresolved_search "
+    "ON recovery_recoveryitem USING gin (search_text gin_trgm_ops) "
+    "WHERE status IN ('open', 'claimed')"
+)
+
+
+def create_search_index(apps: Any, schema_editor: Any) -> None:
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'")
+        if cursor.fetchone() is None:
+            return
+        cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+        cursor.execute(INDEX)
+
+
+def drop_search_index(apps: Any, schema_editor: Any) -> None:
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("DROP INDEX CONCURRENTLY IF EXISTS recovery_unresolved_search")
+
+
 class Migration(migrations.Migration):
     atomic = False
 
@@ -36,17 +60,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        TrigramExtension(),
         migrations.AddField(
             model_name="recoveryitem",
             name="search_text",
             field=models.TextField(blank=True, db_default="", default="", editable=False),
         ),
         migrations.RunSQL(BACKFILL, migrations.RunSQL.noop),
-        migrations.RunSQL(
-            "CREATE INDEX CONCURRENTLY IF NOT EXISTS recovery_unresolved_search "
-            "ON recovery_recoveryitem USING gin (search_text gin_trgm_ops) "
-            "WHERE status IN ('open', 'claimed')",
-            "DROP INDEX CONCURRENTLY IF EXISTS recovery_unresolved_search",
-        ),
+        migrations.RunPython(create_search_index, drop_search_index),
     ]
