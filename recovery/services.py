@@ -415,6 +415,38 @@ def _decide(approval: Approval, *, to: str, actor: Actor, reason: str, updates: 
     return current
 
 
+def _settle(
+    decided: Approval,
+    *,
+    actor: Actor,
+    reason: str,
+    data: dict[str, Any] | None = None,
+    edited_args: Any = None,
+) -> None:
+    """Audit a decided approval (approved, rejected or expired) and hand the decision on to what it
+    gated: the forward action (approved, or rejected by a rejection or an expiry), or the unwind
+    step. ``edited_args``: the approver's edit of an action's args, which replaces them."""
+    audit_record(
+        tenant=decided.run.tenant,
+        run=decided.run,
+        actor=actor,
+        kind=f"approval.{decided.status}",
+        subject=decided,
+        from_state=Approval.Status.PENDING,
+        to_state=decided.status,
+        reason=reason,
+        data=data,
+    )
+    if decided.kind == Approval.Kind.COMPENSATION:
+        from recovery import unwinds
+
+        unwinds.step_approval_decided(approval=decided, actor=actor)
+    elif decided.status == Approval.Status.APPROVED:
+        ledger.action_approve(action=decided.action, actor=actor, reason=reason, args=edited_args)
+    else:
+        ledger.action_reject(action=decided.action, actor=actor, reason=reason)
+
+
 @_audits_refusals("approve")
 @transaction.atomic
 def approval_approve(
@@ -439,15 +471,11 @@ def approval_approve(
     else:
         updates = {"approved_args": approval.args, "approved_args_hash": approval.args_hash}
     decided = _decide(approval, to=Approval.Status.APPROVED, actor=actor, reason=reason, updates=updates)
-    audit_record(
-        tenant=decided.run.tenant,
-        run=decided.run,
+    _settle(
+        decided,
         actor=actor,
-        kind="approval.approved",
-        subject=decided,
-        from_state=Approval.Status.PENDING,
-        to_state=decided.status,
         reason=reason,
+        edited_args=decided.approved_args if edited else None,
         data={
             "args_shown": decided.args,
             "args_approved": decided.approved_args,
@@ -456,14 +484,6 @@ def approval_approve(
             "approved_args_hash": decided.approved_args_hash,
         },
     )
-    if decided.kind == Approval.Kind.ACTION:
-        ledger.action_approve(
-            action=decided.action, actor=actor, reason=reason, args=decided.approved_args if edited else None
-        )
-    else:
-        from recovery import unwinds
-
-        unwinds.step_approval_decided(approval=decided, actor=actor)
     return decided
 
 
@@ -471,22 +491,7 @@ def approval_approve(
 @transaction.atomic
 def approval_reject(*, approval: Approval, actor: Actor, reason: str) -> Approval:
     decided = _decide(approval, to=Approval.Status.REJECTED, actor=actor, reason=reason, updates={})
-    audit_record(
-        tenant=decided.run.tenant,
-        run=decided.run,
-        actor=actor,
-        kind="approval.rejected",
-        subject=decided,
-        from_state=Approval.Status.PENDING,
-        to_state=decided.status,
-        reason=reason,
-    )
-    if decided.kind == Approval.Kind.ACTION:
-        ledger.action_reject(action=decided.action, actor=actor, reason=reason)
-    else:
-        from recovery import unwinds
-
-        unwinds.step_approval_decided(approval=decided, actor=actor)
+    _settle(decided, actor=actor, reason=reason)
     return decided
 
 
@@ -511,22 +516,7 @@ def approvals_expire_due(*, now: Any = None) -> int:
             approval.decided_at = now
             approval.reason = "expired without a decision"
             approval.save(update_fields=["status", "decided_at", "reason"])
-            actor = Actor.system("approval-expiry")
-            audit_record(
-                tenant=approval.run.tenant,
-                run=approval.run,
-                actor=actor,
-                kind="approval.expired",
-                subject=approval,
-                from_state=Approval.Status.PENDING,
-                to_state=Approval.Status.EXPIRED,
-            )
-            if approval.kind == Approval.Kind.ACTION:
-                ledger.action_reject(action=approval.action, actor=actor, reason="approval expired")
-            else:
-                from recovery import unwinds
-
-                unwinds.step_approval_decided(approval=approval, actor=actor)
+            _settle(approval, actor=Actor.system("approval-expiry"), reason="approval expired")
             expired += 1
     return expired
 
