@@ -116,10 +116,14 @@ def error_signature(*, tool: str, error: str) -> str:
     return sha256_hex(f"{tool}|{normalised}")[:16]
 
 
-def item_search_text(*, run: Run, failed_action: Action | None) -> str:
+def search_text_for(*, tool: str, request: str) -> str:
     """What the queue's search finds an item by, besides exact ids: part of the failing tool or
     of the run's request (case-insensitive)."""
-    return f"{failed_action.tool if failed_action is not None else ''}\n{run.request}".lower()
+    return f"{tool}\n{request}".lower()
+
+
+def item_search_text(*, run: Run, failed_action: Action | None) -> str:
+    return search_text_for(tool=failed_action.tool if failed_action is not None else "", request=run.request)
 
 
 def _item_risk(run: Run, failed_action: Action | None) -> str:

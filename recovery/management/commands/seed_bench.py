@@ -13,6 +13,9 @@ is not a history anyone will verify, and a half-made hash chain would be worse t
 
 Seeding is additive (new ids every time), so it can run twice to grow a database; the benchmark
 harness uses that to compare query counts at two data sizes.
+
+It lives in ``recovery`` because it writes recovery items and approvals beside the ledger's rows
+(and so uses recovery's rule for an item's search text); the ledger never knows about recovery.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from django.utils import timezone
 from ledger.hashing import sha256_hex
 from ledger.ids import _ALPHABET
 from ledger.services import action_payload_hash
+from recovery.services import search_text_for
 
 # Tenants of unequal size: one big customer dominates, as in most multi-tenant installs.
 TENANTS = [("acme", "Acme Corp", 0.6), ("globex", "Globex", 0.3), ("initech", "Initech", 0.1)]
@@ -502,8 +506,7 @@ class _Seeder:
         }[fate]
         finished = created + step * (n_actions + 1)
         if fate in ("open", "open_big", "compensated", "closed"):
-            # recovery.services.item_search_text's rule (ledger does not import recovery).
-            search_text = f"{failed_tool}\n{request}".lower()
+            search_text = search_text_for(tool=failed_tool, request=request)
             self._item(tenant_id, run_id, fate, failed_action_id, error, live_risks, finished, search_text)
         return (
             run_id,
