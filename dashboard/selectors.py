@@ -41,6 +41,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from dashboard import permissions
+from ledger.ids import looks_like_id
 from ledger.models import Action, Checkpoint, Compensator, Event, Risk, Run, Tenant, ToolPolicy
 from ledger.policies import policies_in_force, policy_settings_for
 from ledger.selectors import run_warnings
@@ -116,7 +117,9 @@ def _encode_cursor(values: list[Any]) -> str:
 
 
 def _decode_cursor(cursor: str, keys: list[tuple[str, bool]]) -> list[Any] | None:
-    """The cursor's values, or None when it is malformed (then the first page is shown)."""
+    """The cursor's values, or None when it is not one we handed out (then the first page is
+    shown): anything else a client can put in it, an impossible date or a NUL in an id included,
+    must not reach the database."""
     try:
         values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (binascii.Error, ValueError, UnicodeDecodeError):
@@ -126,26 +129,31 @@ def _decode_cursor(cursor: str, keys: list[tuple[str, bool]]) -> list[Any] | Non
     decoded: list[Any] = []
     for (name, _desc), value in zip(keys, values, strict=True):
         if name.endswith("_at"):
-            parsed = parse_datetime(value) if isinstance(value, str) else None
+            try:
+                parsed = parse_datetime(value) if isinstance(value, str) else None
+            except ValueError:  # well-formed but impossible: month 13, offset +99:00
+                parsed = None
             if parsed is None:
                 return None
             decoded.append(parsed)
         elif name == "risk_rank":
-            if not isinstance(value, int):
+            if not isinstance(value, int) or isinstance(value, bool):
+                return None
+            decoded.append(value)
+        elif name == "id":
+            if not looks_like_id(value):
                 return None
             decoded.append(value)
         else:
-            if not isinstance(value, str):
-                return None
-            decoded.append(value)
+            return None
     return decoded
 
 
 def _after_cursor(keys: list[tuple[str, bool]], values: list[Any]) -> Q | Lookup:
-    """Rows strictly after ``values`` in the (mixed-direction) order ``keys``."""
-    if keys in (_SORT_KEYS["newest"], _SORT_KEYS["oldest"]):
+    """Rows strictly after ``values`` in the order ``keys``."""
+    if len({descending for _name, descending in keys}) == 1:
         # One direction: a row comparison `(opened_at, id) < (…, …)`, which PostgreSQL answers
-        # with one range scan of the (opened_at, id) index; the OR of comparisons below it reads
+        # with one range scan of an index on those columns; the OR of comparisons below it reads
         # as a filter over every row before the cursor.
         lookup = TupleLessThan if keys[0][1] else TupleGreaterThan
         return lookup(Tuple(*(F(name) for name, _desc in keys)), tuple(values))
@@ -420,7 +428,7 @@ def approvals_pending(*, user: Any, cursor: str = "", page_size: int | None = No
     page_size = page_size or APPROVALS_PAGE
     values = _decode_cursor(cursor, _APPROVAL_KEYS) if cursor else None
     if values is not None:
-        qs = qs.filter(TupleGreaterThan(Tuple(F("created_at"), F("id")), tuple(values)))
+        qs = qs.filter(_after_cursor(_APPROVAL_KEYS, values))
     rows = list(qs[: page_size + 1])
     if len(rows) <= page_size:
         return ApprovalPage(approvals=rows)

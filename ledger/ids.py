@@ -7,10 +7,18 @@ appreciates.
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+# What any of our ids can look like ("<prefix>_<ulid>"). A client's id that does not match cannot
+# exist, and is answered without a query (a NUL byte would otherwise reach PostgreSQL as an error).
+_ID_RE = re.compile(r"^[a-z]{3}_[0-9a-z]{1,36}$")
+
+
+def looks_like_id(value: object) -> bool:
+    return isinstance(value, str) and _ID_RE.match(value) is not None
 
 
 def _ulid() -> str:

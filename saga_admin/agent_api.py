@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import re
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +22,7 @@ from ninja import Header, Query, Router
 from ledger import errors, selectors
 from ledger import services as ledger
 from ledger.audit import Actor
+from ledger.ids import looks_like_id
 from ledger.models import Action, AgentKey, Checkpoint, Run, Tenant
 from ledger.policies import policies_in_force, policy_settings_for
 from ledger.schemas import (
@@ -69,9 +69,6 @@ router = Router(tags=["agents"], auth=agent_auth)
 # that takes no more actions, or an Idempotency-Key still in flight.
 WRITE_ERRORS: dict[int, Any] = {**AUTH_ERRORS, 409: ErrorOut}
 
-# Ids are "<prefix>_<ulid>"; anything else cannot exist, and is answered without a query (a NUL
-# byte in a path would otherwise reach PostgreSQL).
-_ID_RE = re.compile(r"^[a-z]{3}_[0-9a-z]{1,36}$")
 
 IDEMPOTENCY_DOC = (
     "Optional. The same key with the same body replays the original response (with "
@@ -97,7 +94,7 @@ def _actor(request: HttpRequest) -> Actor:
 
 
 def _check_id(kind: str, pk: str) -> None:
-    if not _ID_RE.match(pk):
+    if not looks_like_id(pk):
         raise errors.NotFound(f"{kind} {pk[:60]} not found.", details={"id": pk[:60]})
 
 
@@ -147,7 +144,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, pk = json.loads(raw)
-        if not isinstance(pk, str) or not _ID_RE.match(pk):
+        if not looks_like_id(pk):
             raise ValueError("bad id")
         return datetime.fromisoformat(created), pk
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 from django.test import Client
 
@@ -18,6 +21,23 @@ HOSTILE = [
     "9999-12-31T23:59:59+00:00",
     "bm9uc2Vuc2U=",
     "a" * 5000,
+]
+
+
+def _cursor(values: object) -> str:
+    """A cursor shaped like the ones the pages hand out, holding ``values``."""
+    return base64.urlsafe_b64encode(json.dumps(values).encode()).decode().rstrip("=")
+
+
+# Well-formed cursors (base64 of a JSON list of the right length) with values no page handed out:
+# they pass the decoding a raw string fails at, so they test what reaches the database.
+HOSTILE += [
+    _cursor(["2026-13-45T00:00:00", "rec_01m80000000000000000000000"]),
+    _cursor(["2026-11-22T00:00:00+99:00", "rec_01m80000000000000000000000"]),
+    _cursor(["2026-11-22T00:00:00+00:00", "rec_\u0000"]),
+    _cursor(["2026-11-22T00:00:00+00:00", 7]),
+    _cursor([True, "2026-11-22T00:00:00+00:00", "rec_01m80000000000000000000000"]),
+    _cursor([3, "2026-11-22T00:00:00", "x" * 5000]),
 ]
 
 PARAMS = {
