@@ -36,7 +36,7 @@ from typing import Any
 
 import structlog
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Case, When
 from django.utils import timezone
 
@@ -711,7 +711,14 @@ def _step_record(
         state=outcome.state,
     )
     if unwind is not None:
-        return step, _advance_locked(unwind, claim=claim_next)
+        try:
+            # A savepoint: the outcome just recorded is the compensator's real effect and must
+            # commit even when moving the unwind on refuses (a run that left compensating, an
+            # approval that cannot be asked); that advance is then retried on its own.
+            with transaction.atomic():
+                return step, _advance_locked(unwind, claim=claim_next)
+        except (errors.SagaError, DatabaseError):
+            log.exception("unwinds.advance_failed", unwind_id=step.unwind_id, step_id=step.pk)
     _enqueue_advance(step.unwind_id)
     return step, None
 

@@ -16,6 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from ledger import errors
 from ledger import services as ledger
 from ledger.audit import Actor, audit_verify
 from ledger.models import Action, Event
@@ -164,6 +165,41 @@ def test_a_worker_dying_mid_batch_leaves_one_leased_step_that_the_sweeper_takes_
     assert calls == [2, 1, 1, 0]
     lost.refresh_from_db()
     assert (lost.status, lost.attempts, lost.lease_token) == ("done", 2, 2)
+
+
+def test_a_refused_advance_keeps_the_outcome_of_the_step_that_ran(
+    tenant, agent, alice, monkeypatch, django_capture_on_commit_callbacks
+):
+    unwind = _unwind(tenant, agent, alice, steps=2)
+    refusals = []
+
+    def refuse_once(**kwargs):
+        if not refusals:
+            refusals.append(kwargs)
+            raise errors.Conflict("the run left compensating")
+        return finish(**kwargs)
+
+    finish = unwinds.unwind_finish
+    monkeypatch.setattr(unwinds, "unwind_finish", refuse_once)
+    django_rq.get_queue("compensations").empty()
+
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        unwinds.unwind_run_steps(unwind_id=unwind.pk)
+
+    # Both compensations ran and are recorded, although finishing the unwind was refused...
+    assert calls == [1, 0] and _statuses(unwind) == ["done", "done"]
+    assert len(refusals) == 1
+    unwind.refresh_from_db()
+    assert unwind.status == Unwind.Status.RUNNING
+    # ...and the advance is handed to a job of its own, which finishes it.
+    assert len(callbacks) == 1
+    callbacks[0]()
+    assert [job.func_name for job in django_rq.get_queue("compensations").jobs] == [
+        "recovery.jobs.unwind_advance"
+    ]
+    jobs.unwind_advance(unwind_id=unwind.pk)
+    unwind.refresh_from_db()
+    assert unwind.status == Unwind.Status.COMPLETED and calls == [1, 0]
 
 
 def _statements(tenant, agent, alice, steps: int) -> int:
