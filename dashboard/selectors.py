@@ -316,9 +316,10 @@ def visible_tenants(*, user: Any) -> list[Tenant]:
 
 
 def items_for_user(*, user: Any, ids: list[str]) -> list[RecoveryItem]:
+    """The items among ``ids`` (a form's, so anything) that exist in the user's tenants."""
     return list(
         RecoveryItem.objects.filter(
-            pk__in=ids, tenant_id__in=permissions.tenant_ids_for(user)
+            pk__in=[pk for pk in ids if looks_like_id(pk)], tenant_id__in=permissions.tenant_ids_for(user)
         ).select_related("run", "tenant", "failed_action")
     )
 

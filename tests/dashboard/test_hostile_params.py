@@ -64,3 +64,11 @@ def test_no_query_value_breaks_a_page(operator, value):
             if response.status_code >= 500:
                 failures.append((path, name, response.status_code))
     assert failures == []
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=range(len(HOSTILE)))
+def test_no_selected_item_id_breaks_the_bulk_form(operator, value):
+    """Item ids posted by the queue's bulk form are the client's: one that cannot exist is a 404
+    like one that does not, never a database error."""
+    response = operator.post("/queue/bulk", {"operation": "close", "reason": "cleanup", "items": [value]})
+    assert response.status_code < 500
