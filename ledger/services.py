@@ -502,7 +502,7 @@ def action_record(
                 cursor.execute(
                     "SET LOCAL lock_timeout = %s;"
                     " SELECT pg_advisory_xact_lock(hashtextextended(%s, 0));"
-                    " SET LOCAL lock_timeout = 0",
+                    " SET LOCAL lock_timeout TO DEFAULT",
                     [f"{int(lock_timeout_ms)}ms", f"action-key:{run.tenant_id}:{idempotency_key}"],
                 )
             existing = (

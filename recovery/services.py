@@ -353,6 +353,10 @@ def action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAct
     recorded = ledger.action_record(run=run, actor=actor, **fields)
     action = recorded.action
     if recorded.created and action.requires_approval:
+        # The run as the ledger just locked and read it. The caller's may be a bare reference by
+        # id, whose empty audit chain head would send every approval event down the audit's
+        # re-read-and-relink path (correct, but three statements instead of one).
+        run = action.run
         ledger.action_await_approval(action=action, actor=actor)
         approval = Approval.objects.create(
             tenant_id=run.tenant_id,

@@ -27,6 +27,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotFound, JsonResponse
 from ninja.parser import Parser
 from ninja.throttling import BaseThrottle
+from redis.exceptions import RedisError
 
 log = structlog.get_logger("saga_admin.limits")
 
@@ -260,7 +261,7 @@ class KeyRateThrottle(BaseThrottle):
         cache_key = f"saga:throttle:{key.pk}:{period}:{window}"
         try:
             count = _count_in_window(cache_key, ttl=period + 5)
-        except Exception:  # noqa: BLE001 - fail open; see the class docstring
+        except (RedisError, OSError):  # Redis unreachable or failing: fail open (class docstring)
             log.warning("throttle.cache_unavailable", exc_info=True)
             return True
         return count <= limit

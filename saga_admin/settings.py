@@ -116,7 +116,10 @@ DATABASES = {
 }
 # Short OLTP queries only: PostgreSQL's JIT compiled the plans of the dashboard's aggregates over
 # a million actions, adding 20-40 ms to queries that run in a few (docs/BENCHMARKS.md).
-DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c jit=off"
+# Added to whatever libpq options DATABASE_URL carries, not in their place. (Behind PgBouncer,
+# which refuses the startup parameter, set it on the role instead: ALTER ROLE … SET jit = off.)
+_db_options = DATABASES["default"].setdefault("OPTIONS", {})
+_db_options["options"] = f"{_db_options.get('options', '')} -c jit=off".strip()
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
