@@ -46,6 +46,7 @@ from ledger.models import Action, Checkpoint, Compensator, Event, Risk, Run, Ten
 from ledger.policies import policies_in_force, policy_settings_for
 from ledger.selectors import run_warnings
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.trail import run_trail
 from saga_admin.limits import saga_setting
 
 APPROVAL_BADGE_CAP = 99
@@ -361,8 +362,13 @@ def unwind_with_steps(*, unwind_id: str, tenant_ids: list[int]) -> Unwind | None
     )
 
 
+def run_actions(*, run: Run) -> list[Action]:
+    """The run's ledger, in the order it was written."""
+    return list(Action.objects.filter(run=run).order_by("seq"))
+
+
 def run_page(*, run: Run) -> RunPage:
-    actions = list(Action.objects.filter(run=run).order_by("seq"))
+    actions = run_actions(run=run)
     checkpoints = list(Checkpoint.objects.filter(run=run).order_by("-created_at", "-id"))
     events = list(Event.objects.filter(run=run).order_by("id"))
     item = (
@@ -389,17 +395,8 @@ def run_page(*, run: Run) -> RunPage:
         item=item,
         unwind=unwind,
         approvals=approvals,
-        trail=_run_trail(run),
+        trail=run_trail(run=run),
     )
-
-
-def _run_trail(run: Run) -> Any:
-    """The correction trail, when the trail module (written alongside the engine) is present."""
-    try:
-        from recovery.trail import run_trail
-    except ImportError:
-        return None
-    return run_trail(run=run)
 
 
 # --- Approvals --------------------------------------------------------------------------------

@@ -224,23 +224,33 @@ def queue_bulk(request: HtmxHttpRequest) -> HttpResponse:
 # --- Run page ---------------------------------------------------------------------------------
 
 
+def _earlier(actions: list[Action]) -> list[Action]:
+    """The actions before the newest ``ACTIONS_SHOWN``, which the run page shows on demand."""
+    return actions[: max(len(actions) - ACTIONS_SHOWN, 0)]
+
+
 @require_GET
 @login_required
 def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     run = selectors.run_for_user(user=request.user, run_id=run_id)
     if run is None:
         raise Http404("No such run.")
-    page = selectors.run_page(run=run)
     # A long run's ledger is shown from its newest actions (where a run fails); the earlier ones
-    # come on demand (htmx) or with ?actions=all. Rendering hundreds of actions with their JSON
-    # and snapshot diffs was most of the page's time.
-    earlier = page.actions[: max(len(page.actions) - ACTIONS_SHOWN, 0)]
+    # come on demand (htmx, which needs nothing else of the page) or with ?actions=all. Rendering
+    # hundreds of actions with their JSON and snapshot diffs was most of the page's time.
     if request.htmx and request.htmx.target == "earlier-actions":
+        actions = selectors.run_actions(run=run)
         return render(
             request,
             "dashboard/run_detail.html#action-rows",
-            {"run": run, "actions": earlier, "allowed": TenantPermissions(request.user, run.tenant_id)},
+            {
+                "run": run,
+                "actions": _earlier(actions),
+                "allowed": TenantPermissions(request.user, run.tenant_id),
+            },
         )
+    page = selectors.run_page(run=run)
+    earlier = _earlier(page.actions)
     if request.GET.get("actions") == "all":
         earlier = []
     return render(
