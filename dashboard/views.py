@@ -417,8 +417,12 @@ def step_skip(request: HtmxHttpRequest, step_id: str) -> HttpResponse:
 @login_required
 def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
     action = _get_action_for_user(request, action_id, Capability.OPERATE)
-    # With every action shown, so the anchor exists however long the run is.
-    back = reverse("dashboard:run-detail", args=[action.run_id]) + f"?actions=all#action-{action.seq}"
+    # Back to the action's card: on the page as served when it is among the newest actions, with
+    # every action shown when it is older (so the anchor exists however long the run is).
+    shown = action.seq > action.run.action_count - ACTIONS_SHOWN
+    back = reverse("dashboard:run-detail", args=[action.run_id]) + (
+        f"#action-{action.seq}" if shown else f"?actions=all#action-{action.seq}"
+    )
     form = ReconcileForm(request.POST)
     if not form.is_valid():
         messages.error(request, _form_errors(form))

@@ -253,8 +253,28 @@ def test_an_operator_reconciles_an_unknown_outcome(client, tenant, agent, alice,
     client.force_login(alice)
     response = client.post(url, {"happened": "no", "reason": "CRM shows the old owner"})
     assert response.status_code == 303
+    # Back to the action's card on the run page as served: it is among the newest actions.
+    assert response["Location"] == reverse("dashboard:run-detail", args=[run.pk]) + f"#action-{action.seq}"
     action.refresh_from_db()
     assert action.status == Action.Status.FAILED
+
+
+def test_reconciling_an_action_older_than_the_page_shows_goes_back_to_every_action(
+    client, tenant, agent, alice, monkeypatch
+):
+    from dashboard import views
+    from ledger import services as ledger
+
+    load_policies()
+    run = ledger.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the owner")
+    action = _do(run, agent, "crm.update_contact", target_id="c-1", args={"owner": "x"}, unknown=True)
+    monkeypatch.setattr(views, "ACTIONS_SHOWN", 0)  # the page shows none of the run's actions
+    client.force_login(alice)
+    response = client.post(
+        reverse("dashboard:action-reconcile", args=[action.pk]), {"happened": "yes", "reason": "it happened"}
+    )
+    assert response.status_code == 303
+    assert response["Location"].endswith(f"?actions=all#action-{action.seq}")
 
 
 def test_bulk_close_handles_low_risk_items_and_reports_the_rest(client, tenant, agent, alice, carol):
