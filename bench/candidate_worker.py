@@ -1,13 +1,11 @@
-"""Candidate workers for comparison (never what the Procfile runs), to measure proposed changes
-before anyone makes them:
+"""A candidate worker for comparison (never what the Procfile runs), to measure a proposed change
+before anyone makes it: RQ's non-forking ``SimpleWorker``. Django is set up once and the process
+keeps its database connection and imports warm from job to job; the forking worker pays a fork,
+a fresh PostgreSQL connection and a work-horse exit for every job. Since the engine runs an
+unwind's steps back to back inside one job, that cost is paid once per batch of steps, not once
+per step; this candidate shows what is left of the difference.
 
-- ``--class simple``: RQ's non-forking ``SimpleWorker``. Django is set up once and the process
-  keeps its database connection and imports warm from job to job; the forking worker pays a
-  fork, a fresh PostgreSQL connection and a work-horse exit for every job. Since the engine runs
-  an unwind's steps back to back inside one job, that cost is paid once per batch of steps, not
-  once per step; this candidate shows what is left of the difference.
-
-    python -m bench.candidate_worker --class simple default compensations notifications
+    python -m bench.candidate_worker default compensations notifications
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import os
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--class", dest="worker_class", choices=["simple", "fork"], default="simple")
     parser.add_argument("queues", nargs="*", default=["default", "compensations", "notifications"])
     args = parser.parse_args(argv)
 
@@ -35,9 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     class SimpleSagaWorker(SimpleWorker):
         max_connection_wait_time = SagaWorker.max_connection_wait_time
 
-    worker_class = SimpleSagaWorker if args.worker_class == "simple" else SagaWorker
-    worker = get_worker(*args.queues, worker_class=worker_class)
-    # As saga_worker does: forked work horses must not share the parent's connection.
+    worker = get_worker(*args.queues, worker_class=SimpleSagaWorker)
+    # As saga_worker does (harmless without work horses: the connection reopens on first use).
     reset_db_connections()
     # The periodic jobs run too, as under saga_worker, so both sides carry the same background load.
     from recovery.scheduling import Ticker

@@ -110,10 +110,8 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
     unwind = sec.get("unwind", {})
     sources = [(unwind, "L3_chain", "Procfile worker")]
     for name, measured in unwind.get("candidates", {}).items():
-        # Compared with the L3 no-op job of the same worker class.
-        sources.append(
-            (measured, "L3_chain_candidate" if name.startswith("simple") else "L3_chain", f"candidate {name}")
-        )
+        # Compared with the L3 no-op job of the same worker class (the candidate worker's).
+        sources.append((measured, "L3_chain_candidate", f"candidate {name}"))
     for source, chain_key, who in sources:
         chain = base.get(chain_key, {}).get("per_job_ms")
         for key, label in (

@@ -91,7 +91,7 @@ CLIENT_COUNTS = (1, 16)
 # (The engine itself now runs an unwind's steps back to back in one job, which the earlier
 # "inline-advance" candidates approximated; what is left to compare is the worker class.)
 CANDIDATES = {
-    "simple": "python -m bench.candidate_worker --class simple",
+    "simple": "python -m bench.candidate_worker",
 }
 CLIENT_PROCESSES = 4
 
