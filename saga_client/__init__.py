@@ -1,6 +1,6 @@
 """The Python client for Saga Admin's agent API (httpx only; importing it never imports Django).
 
-    from saga_admin.client import Saga
+    from saga_client import Saga
     saga = Saga("https://saga.example.com", "sk_…")
     with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
         run.step("hr.create_user", target=("user", email), args={...}, do=create_user,
@@ -12,7 +12,7 @@ Receivers of Saga Admin's webhooks (compensators, resume_url) check requests wit
 
 from __future__ import annotations
 
-from saga_admin.client.client import (
+from saga_client.client import (
     ApprovalRejected,
     ApprovalTimeout,
     AuthenticationFailed,
@@ -28,7 +28,7 @@ from saga_admin.client.client import (
     ServerError,
     StepInDoubt,
 )
-from saga_admin.client.signing import compute_signature, signed_headers, verify_signature
+from saga_client.signing import compute_signature, signed_headers, verify_signature
 
 __all__ = [
     "ApprovalRejected",

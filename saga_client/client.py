@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import httpx
 
-log = logging.getLogger("saga_admin.client")
+log = logging.getLogger("saga_client")
 
 _RETRYABLE_STATUS = {500, 502, 503, 504}
 # Action states in which the call already ran to completion: a replayed step returns its result.

@@ -1,0 +1,66 @@
+"""One typed view of the ``SAGA`` settings dict (saga_admin/settings.py, all from the environment).
+
+``saga()`` builds it on every call rather than once at import, so ``override_settings`` and the
+``settings`` fixture in tests apply at once, and nobody reads ``settings.SAGA[...]`` with a cast
+of their own. Building it is a dict lookup per field: cheap next to any query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class SagaSettings:
+    # API
+    max_body_bytes: int
+    max_json_depth: int
+    idempotency_key_ttl_h: int
+    throttle_rate: str
+    # Recovery engine
+    step_lease_s: int
+    sweep_interval_s: float
+    heartbeat_timeout_s: int
+    approval_expiry_h: float
+    webhook_timeout_s: float
+    retry_backoff_base_s: float
+    retry_backoff_max_s: float
+    default_max_attempts: int
+    unwind_batch_s: float
+    # Dashboard
+    queue_sla_minutes: float
+    bulk_max_items: int
+    page_size: int
+    # Notifications and commands
+    notify_emails: tuple[str, ...]
+    notify_webhooks: tuple[str, ...]
+    notify_webhook_secret: str
+    resume_webhook_secret: str
+
+
+def saga() -> SagaSettings:
+    raw = settings.SAGA
+    return SagaSettings(
+        max_body_bytes=int(raw["MAX_BODY_BYTES"]),
+        max_json_depth=int(raw["MAX_JSON_DEPTH"]),
+        idempotency_key_ttl_h=int(raw["IDEMPOTENCY_KEY_TTL_H"]),
+        throttle_rate=str(raw["THROTTLE_RATE"]),
+        step_lease_s=int(raw["STEP_LEASE_S"]),
+        sweep_interval_s=float(raw["SWEEP_INTERVAL_S"]),
+        heartbeat_timeout_s=int(raw["HEARTBEAT_TIMEOUT_S"]),
+        approval_expiry_h=float(raw["APPROVAL_EXPIRY_H"]),
+        webhook_timeout_s=float(raw["WEBHOOK_TIMEOUT_S"]),
+        retry_backoff_base_s=float(raw["RETRY_BACKOFF_BASE_S"]),
+        retry_backoff_max_s=float(raw["RETRY_BACKOFF_MAX_S"]),
+        default_max_attempts=int(raw["DEFAULT_MAX_ATTEMPTS"]),
+        unwind_batch_s=float(raw["UNWIND_BATCH_S"]),
+        queue_sla_minutes=float(raw["QUEUE_SLA_MINUTES"]),
+        bulk_max_items=int(raw["BULK_MAX_ITEMS"]),
+        page_size=int(raw["PAGE_SIZE"]),
+        notify_emails=tuple(raw["NOTIFY_EMAILS"]),
+        notify_webhooks=tuple(raw["NOTIFY_WEBHOOKS"]),
+        notify_webhook_secret=str(raw["NOTIFY_WEBHOOK_SECRET"]),
+        resume_webhook_secret=str(raw["RESUME_WEBHOOK_SECRET"]),
+    )

@@ -1,0 +1,535 @@
+"""The ledger: every state-changing tool call of a run, recorded before it happens (idempotently,
+per tenant and idempotency key) and moved through its states as the agent reports on it. One
+function per transition, keyword-only and typed; each is a compare-and-set with its audit event
+in the same transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.utils import timezone
+
+from ledger import errors
+from ledger.audit import Actor, audit_record
+from ledger.hashing import sha256_hex
+from ledger.ids import new_action_id
+from ledger.models import Action, ActionClass, CompensationStrategy, Run
+from ledger.policies import ResolvedPolicy, policy_resolve
+from ledger.rules import COMPENSATABLE_CLASSES, NOT_A_PIVOT, pivot_order_warning, reason_required
+from ledger.services.runs import run_assert_accepts_writes, run_lock
+from ledger.transitions import ACTION_TRANSITIONS, transition
+
+
+def action_payload_hash(
+    *, tool: str, target_type: str, target_id: str, args: Any, compensation: dict[str, Any] | None
+) -> str:
+    """What makes two recordings "the same action". Intent and snapshots are left out on purpose:
+    an agent retrying after a timeout re-reads its target and rephrases its reasoning, and that
+    must still count as the same call."""
+    return sha256_hex(
+        {
+            "tool": tool,
+            "target_type": target_type,
+            "target_id": target_id,
+            "args": args,
+            "compensation": compensation,
+        }
+    )
+
+
+def _compensation_for(
+    policy: ResolvedPolicy, *, tool: str, args: Any, compensation: dict[str, Any] | None
+) -> tuple[str, str, Any]:
+    """(strategy, compensating tool, its args) for a newly recorded action."""
+    if policy.action_class == ActionClass.READ_ONLY:
+        return CompensationStrategy.NONE, "", None
+    if policy.compensation == CompensationStrategy.SNAPSHOT:
+        return CompensationStrategy.SNAPSHOT, policy.compensation_tool or f"{tool}.restore", None
+    if compensation:
+        strategy = (
+            CompensationStrategy.CORRECTION
+            if policy.action_class == ActionClass.EXTERNAL_IRREVERSIBLE
+            else CompensationStrategy.CUSTOM
+        )
+        return strategy, compensation["tool"], compensation.get("args", {})
+    if policy.compensation_tool and policy.compensation != CompensationStrategy.NONE:
+        return policy.compensation, policy.compensation_tool, args
+    return CompensationStrategy.NONE, "", None
+
+
+def pivot_warnings_for_new(
+    *, run: Run, action_class: str, tool: str, action_id: str, seq: int
+) -> list[dict[str, Any]]:
+    """The pivot rule (``ledger.rules``) for an action about to be recorded as ``seq``."""
+    if action_class not in COMPENSATABLE_CLASSES:
+        return []
+    # Two columns, no model instance: this runs on every append of a compensatable action.
+    pivot = (
+        Action.objects.filter(run=run, action_class=ActionClass.EXTERNAL_IRREVERSIBLE)
+        .exclude(status__in=NOT_A_PIVOT)
+        .order_by("seq")
+        .values_list("pk", "tool", "seq")
+        .first()
+    )
+    if pivot is None:
+        return []
+    pivot_id, pivot_tool, pivot_seq = pivot
+    return [
+        pivot_order_warning(
+            action_id=action_id,
+            tool=tool,
+            seq=seq,
+            pivot_id=pivot_id,
+            pivot_tool=pivot_tool,
+            pivot_seq=pivot_seq,
+        )
+    ]
+
+
+@dataclass(frozen=True)
+class RecordedAction:
+    action: Action
+    created: bool  # False: an idempotent replay of an existing action
+
+
+def action_record(
+    *,
+    run: Run,
+    actor: Actor,
+    tool: str,
+    idempotency_key: str,
+    target_type: str = "",
+    target_id: str = "",
+    args: Any = None,
+    intent: dict[str, Any] | None = None,
+    before_snapshot: Any = None,
+    compensation: dict[str, Any] | None = None,
+    lock_timeout_ms: int = 5000,
+) -> RecordedAction:
+    """Record a planned action, idempotently per (tenant, idempotency key).
+
+    Same key and payload → the existing action (with its result once succeeded); another payload
+    → ``IdempotencyKeyReused``. Concurrent duplicates serialise on an advisory lock for the key:
+    the first inserts, the rest then see its row; one that waits longer than ``lock_timeout_ms``
+    for a stuck first request gets ``IdempotencyKeyInFlight``.
+    """
+    args = {} if args is None else args
+    payload_hash = action_payload_hash(
+        tool=tool, target_type=target_type, target_id=target_id, args=args, compensation=compensation
+    )
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                # Three statements, one round trip (the client-side-binding cursor sends them
+                # together, in order): the timeout applies to the key's lock wait only.
+                cursor.execute(
+                    "SET LOCAL lock_timeout = %s;"
+                    " SELECT pg_advisory_xact_lock(hashtextextended(%s, 0));"
+                    " SET LOCAL lock_timeout TO DEFAULT",
+                    [f"{int(lock_timeout_ms)}ms", f"action-key:{run.tenant_id}:{idempotency_key}"],
+                )
+            existing = (
+                Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=idempotency_key)
+                .order_by()
+                .first()
+            )
+            if existing is not None:
+                return RecordedAction(_replay(existing, run=run, payload_hash=payload_hash), created=False)
+            return RecordedAction(
+                _action_insert(
+                    run=run,
+                    actor=actor,
+                    tool=tool,
+                    idempotency_key=idempotency_key,
+                    target_type=target_type,
+                    target_id=target_id,
+                    args=args,
+                    intent=intent or {},
+                    before_snapshot=before_snapshot,
+                    compensation=compensation,
+                    payload_hash=payload_hash,
+                ),
+                created=True,
+            )
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
+            raise errors.IdempotencyKeyInFlight(
+                "An action with this idempotency key is still being recorded; retry shortly.",
+                details={"idempotency_key": idempotency_key},
+            ) from exc
+        raise
+    except IntegrityError:
+        # Only reachable if a writer bypassed the advisory lock; the row exists now.
+        existing = (
+            Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=idempotency_key).order_by().first()
+        )
+        if existing is None:
+            raise
+        return RecordedAction(_replay(existing, run=run, payload_hash=payload_hash), created=False)
+
+
+def _replay(existing: Action, *, run: Run, payload_hash: str) -> Action:
+    if existing.run_id != run.pk and not Run.objects.filter(pk=run.pk, tenant_id=run.tenant_id).exists():
+        # ``run`` may be a reference built from the client's run id: an unknown (or another
+        # tenant's) run is a 404 whatever the key, as it was before the key was looked at.
+        raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
+    if existing.run_id != run.pk or existing.payload_hash != payload_hash:
+        raise errors.IdempotencyKeyReused(
+            "This idempotency key was already used for a different action.",
+            details={
+                "idempotency_key": existing.idempotency_key,
+                "action_id": existing.pk if existing.run_id == run.pk else None,
+            },
+        )
+    return existing
+
+
+def _action_insert(
+    *,
+    run: Run,
+    actor: Actor,
+    tool: str,
+    idempotency_key: str,
+    target_type: str,
+    target_id: str,
+    args: Any,
+    intent: dict[str, Any],
+    before_snapshot: Any,
+    compensation: dict[str, Any] | None,
+    payload_hash: str,
+) -> Action:
+    locked = run_lock(run, policy_stamp=True)
+    run_assert_accepts_writes(locked)
+    policy = policy_resolve(tenant=locked.tenant, tool=tool, stamp=locked.policy_stamp)
+    strategy, comp_tool, comp_args = _compensation_for(
+        policy, tool=tool, args=args, compensation=compensation
+    )
+    seq = locked.action_count + 1
+    action_id = new_action_id()
+    warnings = pivot_warnings_for_new(
+        run=locked, action_class=policy.action_class, tool=tool, action_id=action_id, seq=seq
+    )
+    if strategy == CompensationStrategy.NONE and policy.action_class == ActionClass.EXTERNAL_IRREVERSIBLE:
+        warnings.append(
+            {
+                "code": "irreversible_without_correction",
+                "message": f"{tool} is irreversible and has no correction registered.",
+            }
+        )
+    action = Action.objects.create(
+        id=action_id,
+        tenant_id=locked.tenant_id,
+        run=locked,
+        seq=seq,
+        tool=tool,
+        target_type=target_type,
+        target_id=target_id,
+        args=args,
+        idempotency_key=idempotency_key,
+        payload_hash=payload_hash,
+        intent=intent,
+        before_snapshot=before_snapshot,
+        risk=policy.risk,
+        action_class=policy.action_class,
+        approval_mode=policy.approval,
+        requires_approval=policy.requires_approval,
+        policy=policy.as_dict(),
+        compensation_strategy=strategy,
+        compensation_tool=comp_tool,
+        compensation_args=comp_args,
+        warnings=warnings,
+    )
+    audit_record(
+        tenant=locked.tenant,
+        run=locked,
+        actor=actor,
+        kind="action.recorded",
+        subject=action,
+        to_state=action.status,
+        data={"tool": tool, "target_id": target_id, "risk": policy.risk, "idempotency_key": idempotency_key},
+        # The sequence number moves with the chain head, under the run's row lock.
+        run_updates={"action_count": seq},
+    )
+    return action
+
+
+def _action_transition(
+    *,
+    action: Action,
+    to: str,
+    actor: Actor,
+    kind: str,
+    reason: str = "",
+    updates: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
+    allowed_from: Iterable[str] | None = None,
+    current: str | None = None,
+    run_updates: dict[str, Any] | None = None,
+) -> Action:
+    transition(
+        action,
+        table=ACTION_TRANSITIONS,
+        to=to,
+        run=action.run,
+        actor=actor,
+        kind=kind,
+        reason=reason,
+        updates=updates,
+        data=data,
+        allowed_from=allowed_from,
+        current=current,
+        run_updates=run_updates,
+    )
+    return action
+
+
+@transaction.atomic
+def action_await_approval(*, action: Action, actor: Actor) -> Action:
+    return _action_transition(
+        action=action, to=Action.Status.AWAITING_APPROVAL, actor=actor, kind="action.awaiting_approval"
+    )
+
+
+@transaction.atomic
+def action_approve(*, action: Action, actor: Actor, reason: str, args: Any = None) -> Action:
+    """awaiting_approval → approved; ``args`` replaces the action's args when the approver edited
+    them (the approval service has already audited both versions)."""
+    updates: dict[str, Any] = {}
+    if args is not None:
+        updates["args"] = args
+    return _action_transition(
+        action=action,
+        to=Action.Status.APPROVED,
+        actor=actor,
+        kind="action.approved",
+        reason=reason,
+        updates=updates,
+    )
+
+
+@transaction.atomic
+def action_reject(*, action: Action, actor: Actor, reason: str) -> Action:
+    return _action_transition(
+        action=action,
+        to=Action.Status.REJECTED,
+        actor=actor,
+        kind="action.rejected",
+        reason=reason,
+        updates={"error": reason},
+    )
+
+
+@transaction.atomic
+def action_start(*, action: Action, actor: Actor) -> Action:
+    """planned/approved/failed → running, attempts + 1. Gated actions explain why they may not."""
+    action.run = run = run_lock(action.run)  # fresh, with its audit chain head
+    run_assert_accepts_writes(run)
+    current, attempts = Action.objects.filter(pk=action.pk).values_list("status", "attempts").get()
+    if current == Action.Status.AWAITING_APPROVAL:
+        raise errors.ApprovalPending(
+            f"Action {action.pk} is waiting for approval.",
+            details={"action_id": action.pk, "current": current},
+        )
+    if current == Action.Status.REJECTED:
+        raise errors.ApprovalRejected(
+            f"Action {action.pk} was rejected (or its approval expired).",
+            details={"action_id": action.pk, "current": current, "error": action.error},
+        )
+    if current == Action.Status.PLANNED and action.requires_approval:
+        raise errors.ApprovalPending(
+            f"Action {action.pk} needs approval before it starts.",
+            details={"action_id": action.pk, "current": current},
+        )
+    attempts += 1
+    return _action_transition(
+        action=action,
+        to=Action.Status.RUNNING,
+        actor=actor,
+        kind="action.started",
+        updates={"attempts": attempts, "started_at": timezone.now(), "error": "", "error_layer": ""},
+        data={"attempt": attempts},
+        current=current,
+    )
+
+
+@transaction.atomic
+def action_succeed(
+    *,
+    action: Action,
+    actor: Actor,
+    result: Any = None,
+    after_snapshot: Any = None,
+    reconciled: bool = False,
+    reason: str = "",
+) -> Action:
+    """running → succeeded (or unknown → succeeded when ``reconciled``); takes the next place in
+    the run's completion order, which LIFO compensation follows."""
+    action.run = run = run_lock(action.run)  # fresh, with its audit chain head
+    if not reconciled:
+        # A background job that finishes after the run was cancelled, closed or handed to an unwind
+        # cannot write (API.md); an operator reconciling an unknown outcome still may.
+        run_assert_accepts_writes(run)
+    completion_seq = run.completion_count + 1
+    allowed = [Action.Status.UNKNOWN] if reconciled else [Action.Status.RUNNING]
+    updates: dict[str, Any] = {"completion_seq": completion_seq, "completed_at": timezone.now()}
+    if result is not None or not reconciled:
+        updates["result"] = result
+    if after_snapshot is not None:
+        updates["after_snapshot"] = after_snapshot
+    _action_transition(
+        action=action,
+        to=Action.Status.SUCCEEDED,
+        actor=actor,
+        kind="action.reconciled" if reconciled else "action.succeeded",
+        reason=reason,
+        updates=updates,
+        allowed_from=allowed,
+        data={"completion_seq": completion_seq},
+        run_updates={"completion_count": completion_seq},
+    )
+    return action
+
+
+@transaction.atomic
+def action_fail(
+    *, action: Action, actor: Actor, error: str, retryable: bool, layer: str, outcome_unknown: bool = False
+) -> Action:
+    """running → failed, or → unknown when the call timed out and may have happened."""
+    if layer not in Action.ErrorLayer.values:
+        raise errors.ValidationFailed(
+            f"layer must be one of {', '.join(Action.ErrorLayer.values)}.", details={"layer": layer}
+        )
+    action.run = run_lock(action.run)  # fresh, with its audit chain head
+    run_assert_accepts_writes(action.run)
+    to = Action.Status.UNKNOWN if outcome_unknown else Action.Status.FAILED
+    return _action_transition(
+        action=action,
+        to=to,
+        actor=actor,
+        kind="action.outcome_unknown" if outcome_unknown else "action.failed",
+        reason=error,
+        updates={
+            "error": error,
+            "retryable": retryable,
+            "error_layer": layer,
+            "completed_at": timezone.now(),
+        },
+        allowed_from=[Action.Status.RUNNING],
+        data={"retryable": retryable, "layer": layer},
+    )
+
+
+@transaction.atomic
+def action_reconcile(
+    *,
+    action: Action,
+    actor: Actor,
+    happened: bool,
+    reason: str,
+    result: Any = None,
+    after_snapshot: Any = None,
+) -> Action:
+    """unknown → succeeded (it did happen) or failed (it did not): someone checked the target."""
+    reason = reason_required(reason)
+    if happened:
+        return action_succeed(
+            action=action,
+            actor=actor,
+            result=result,
+            after_snapshot=after_snapshot,
+            reconciled=True,
+            reason=reason,
+        )
+    return _action_transition(
+        action=action,
+        to=Action.Status.FAILED,
+        actor=actor,
+        kind="action.reconciled",
+        reason=reason,
+        allowed_from=[Action.Status.UNKNOWN],
+        updates={"error": f"reconciled: did not happen ({reason})", "retryable": True},
+    )
+
+
+@transaction.atomic
+def action_verify(
+    *, action: Action, actor: Actor, ok: bool, expected: Any = None, actual: Any = None, reason: str = ""
+) -> Action:
+    """Record the agent's check of an action's effect. Not a status change; a mismatch is turned
+    into a recovery item by the recovery service that calls this."""
+    # The row's status, locked, not the caller's copy: a stale object must not verify an action
+    # that has since been compensated.
+    current = Action.objects.select_for_update().filter(pk=action.pk).values_list("status", flat=True).first()
+    if current is None:
+        raise errors.NotFound(f"Action {action.pk} does not exist.")
+    if current not in (Action.Status.SUCCEEDED, Action.Status.UNKNOWN, Action.Status.RUNNING):
+        raise errors.InvalidTransition(
+            action,
+            to="verified",
+            current=current,
+            message=f"Action {action.pk} is {current}; only a completed action can be verified.",
+        )
+    verification = {
+        "ok": ok,
+        "expected": expected,
+        "actual": actual,
+        "reason": reason,
+        "at": timezone.now().isoformat(),
+    }
+    Action.objects.filter(pk=action.pk).update(
+        verified=ok, verification=verification, updated_at=timezone.now()
+    )
+    action.verified, action.verification = ok, verification
+    audit_record(
+        tenant=action.run.tenant,
+        run=action.run,
+        actor=actor,
+        kind="action.verified" if ok else "action.verification_failed",
+        subject=action,
+        reason=reason,
+        data={"expected": expected, "actual": actual},
+    )
+    return action
+
+
+@transaction.atomic
+def action_compensation_started(*, action: Action, actor: Actor, step_id: str) -> Action:
+    return _action_transition(
+        action=action,
+        to=Action.Status.COMPENSATING,
+        actor=actor,
+        kind="action.compensating",
+        data={"step_id": step_id},
+    )
+
+
+@transaction.atomic
+def action_compensation_finished(
+    *, action: Action, actor: Actor, outcome: str, step_id: str, reason: str = "", state: Any = None
+) -> Action:
+    """compensating → compensated | compensation_failed, or back to succeeded when the step was
+    skipped (the forward effect stands)."""
+    targets = {
+        "done": Action.Status.COMPENSATED,
+        "failed": Action.Status.COMPENSATION_FAILED,
+        "drifted": Action.Status.COMPENSATION_FAILED,
+        "skipped": Action.Status.SUCCEEDED,
+    }
+    if outcome not in targets:
+        raise errors.ValidationFailed(
+            f"outcome must be one of {', '.join(targets)}.", details={"outcome": outcome}
+        )
+    # Only from compensating: "succeeded" is also reachable from running and unknown, and a
+    # skipped step must not complete an action that never finished its forward call.
+    return _action_transition(
+        action=action,
+        to=targets[outcome],
+        actor=actor,
+        kind=f"action.compensation_{outcome}",
+        reason=reason,
+        data={"step_id": step_id, "state": state},
+        allowed_from=[Action.Status.COMPENSATING],
+    )

@@ -1,0 +1,92 @@
+"""Tenants and their API keys (shown once, stored hashed)."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from ledger import errors
+from ledger.audit import Actor, audit_record
+from ledger.hashing import sha256_hex
+from ledger.models import AgentKey, Tenant
+
+
+KEY_PREFIX = "sk"
+
+
+@transaction.atomic
+def tenant_get_or_create(*, slug: str, name: str = "") -> Tenant:
+    tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name or slug})
+    return tenant
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    key: AgentKey
+    secret: str  # the full key; shown once, never stored
+
+
+def _split_key(raw: str) -> tuple[str, str] | None:
+    parts = raw.split("_")
+    if len(parts) != 3 or parts[0] != KEY_PREFIX or not parts[1] or not parts[2]:
+        return None
+    return f"{parts[0]}_{parts[1]}", parts[2]
+
+
+@transaction.atomic
+def agent_key_create(
+    *, tenant: Tenant, name: str, scopes: Iterable[str] = ("agent",), actor: Actor
+) -> IssuedKey:
+    scope_list = sorted(set(scopes))
+    unknown = set(scope_list) - set(AgentKey.Scope.values)
+    if not scope_list or unknown:
+        raise errors.ValidationFailed(
+            f"Scopes must be a non-empty subset of {', '.join(AgentKey.Scope.values)}.",
+            details={"scopes": sorted(unknown)},
+        )
+    prefix = f"{KEY_PREFIX}_{secrets.token_hex(6)}"
+    secret_part = secrets.token_urlsafe(32).replace("_", "-")
+    key = AgentKey.objects.create(
+        tenant=tenant, name=name, prefix=prefix, key_hash=sha256_hex(secret_part), scopes=scope_list
+    )
+    audit_record(
+        tenant=tenant,
+        actor=actor,
+        kind="agent_key.created",
+        subject=key,
+        data={"name": name, "scopes": scope_list},
+    )
+    return IssuedKey(key=key, secret=f"{prefix}_{secret_part}")
+
+
+def agent_key_authenticate(*, raw_key: str) -> AgentKey | None:
+    """The active key for a presented secret, or None. Constant-time on the secret part."""
+    split = _split_key(raw_key.strip())
+    if split is None:
+        return None
+    prefix, secret_part = split
+    key = AgentKey.objects.select_related("tenant").filter(prefix=prefix).first()
+    # Compare even when no key matched, so timing does not tell valid prefixes apart.
+    stored = key.key_hash if key else "0" * 64
+    if not hmac.compare_digest(stored, sha256_hex(secret_part)) or key is None or key.revoked_at is not None:
+        return None
+    now = timezone.now()
+    # last_used_at is advisory: refresh at most once a minute so hot keys don't write per call.
+    if key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60:
+        AgentKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+    return key
+
+
+@transaction.atomic
+def agent_key_revoke(*, key: AgentKey, actor: Actor) -> AgentKey:
+    if AgentKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) != 1:
+        raise errors.InvalidTransition(key, to="revoked", current="revoked")
+    key.refresh_from_db()
+    audit_record(tenant=key.tenant, actor=actor, kind="agent_key.revoked", subject=key)
+    return key

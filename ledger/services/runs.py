@@ -1,0 +1,221 @@
+"""Runs: created by their agent, moved through their states by the agent (complete, fail) and by
+the decisions about them (resume, compensate, close). One function per transition, keyword-only
+and typed; each is a compare-and-set with its audit event in the same transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from ledger import errors
+from ledger.audit import Actor, audit_record
+from ledger.models import Action, Run, Tenant
+from ledger.policies import policy_stamp_subquery
+from ledger.rules import reason_required
+from ledger.transitions import RUN_TRANSITIONS, transition
+
+
+def run_lock(run: Run, *, policy_stamp: bool = False) -> Run:
+    """The run's row, locked for this transaction and read fresh. Scoped to ``run.tenant_id``, so
+    a reference built from a client's run id (``Run(pk=…, tenant=…)``) finds only its tenant's
+    run. The tenant is taken over from ``run`` when it is loaded (it cannot change), not re-read.
+    ``policy_stamp``: also read the tool-policy stamp in the same statement (``.policy_stamp``)."""
+    runs = Run.objects.select_for_update(of=("self",)).filter(pk=run.pk, tenant_id=run.tenant_id)
+    if policy_stamp:
+        runs = runs.annotate(policy_stamp=policy_stamp_subquery())
+    locked = runs.first()
+    if locked is None:
+        raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
+    if Run.tenant.is_cached(run):
+        locked.tenant = run.tenant
+    return locked
+
+
+@transaction.atomic
+def run_create(
+    *,
+    tenant: Tenant,
+    actor: Actor,
+    agent: str,
+    request: str,
+    external_id: str = "",
+    user_id: str = "",
+    goal: str = "",
+    trace_url: str = "",
+    resume_url: str = "",
+    metadata: dict[str, Any] | None = None,
+) -> Run:
+    now = timezone.now()
+    run = Run.objects.create(
+        tenant=tenant,
+        agent=agent,
+        request=request,
+        external_id=external_id,
+        user_id=user_id,
+        goal=goal,
+        trace_url=trace_url,
+        resume_url=resume_url,
+        metadata=metadata or {},
+        created_by_key=actor.key,
+        last_heartbeat_at=now,
+    )
+    audit_record(
+        tenant=tenant,
+        run=run,
+        actor=actor,
+        kind="run.created",
+        subject=run,
+        to_state=run.status,
+        data={"agent": agent, "external_id": external_id},
+    )
+    return run
+
+
+def run_heartbeat(*, run: Run, note: str = "") -> Run:
+    # Not a transition and not audited: a heartbeat only proves the agent is alive.
+    now = timezone.now()
+    Run.objects.filter(pk=run.pk).update(last_heartbeat_at=now)
+    run.last_heartbeat_at = now
+    return run
+
+
+def _run_transition(
+    *,
+    run: Run,
+    to: str,
+    actor: Actor,
+    kind: str,
+    reason: str = "",
+    updates: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
+    allowed_from: Iterable[str] | None = None,
+) -> Run:
+    transition(
+        run,
+        table=RUN_TRANSITIONS,
+        to=to,
+        run=run,
+        actor=actor,
+        kind=kind,
+        reason=reason,
+        updates=updates,
+        data=data,
+        allowed_from=allowed_from,
+    )
+    return run
+
+
+@transaction.atomic
+def run_complete(*, run: Run, actor: Actor, summary: str = "") -> Run:
+    return _run_transition(
+        run=run,
+        to=Run.Status.SUCCEEDED,
+        actor=actor,
+        kind="run.completed",
+        updates={"summary": summary, "finished_at": timezone.now()},
+    )
+
+
+@transaction.atomic
+def run_fail(
+    *, run: Run, actor: Actor, error: str, reason: str = "failed", failed_action: Action | None = None
+) -> Run:
+    """running (or succeeded, for a late verification mismatch) → failed."""
+    if failed_action is not None and failed_action.run_id != run.pk:
+        raise errors.ValidationFailed(
+            "failed_action_id does not belong to this run.", details={"failed_action_id": failed_action.pk}
+        )
+    updates: dict[str, Any] = {"error": error, "failure_reason": reason, "finished_at": timezone.now()}
+    if failed_action is not None:
+        updates["failed_action"] = failed_action
+    # Not from compensating: that run's unwind owns its outcome (run_compensation_finished), and
+    # an agent's late "fail" must not knock it out from under the unwind.
+    return _run_transition(
+        run=run,
+        to=Run.Status.FAILED,
+        actor=actor,
+        kind="run.failed",
+        reason=error,
+        updates=updates,
+        data={"reason": reason, "failed_action": getattr(failed_action, "pk", None)},
+        allowed_from=[Run.Status.RUNNING, Run.Status.SUCCEEDED],
+    )
+
+
+@transaction.atomic
+def run_cancel(*, run: Run, actor: Actor, reason: str) -> Run:
+    return _run_transition(
+        run=run,
+        to=Run.Status.CANCELLED,
+        actor=actor,
+        kind="run.cancelled",
+        reason=reason,
+        updates={"finished_at": timezone.now()},
+    )
+
+
+@transaction.atomic
+def run_compensation_started(*, run: Run, actor: Actor, reason: str) -> Run:
+    return _run_transition(
+        run=run, to=Run.Status.COMPENSATING, actor=actor, kind="run.compensating", reason=reason
+    )
+
+
+@transaction.atomic
+def run_compensation_finished(*, run: Run, actor: Actor, complete: bool, reason: str = "") -> Run:
+    """compensating → compensated, or back to failed when steps are left undone."""
+    to = Run.Status.COMPENSATED if complete else Run.Status.FAILED
+    updates: dict[str, Any] = {"finished_at": timezone.now()}
+    if not complete:
+        updates["failure_reason"] = "compensation_failed"
+    # Both outcomes only from compensating: "failed" is reachable from running too, and a run that
+    # never compensated must not be marked compensation_failed.
+    return _run_transition(
+        run=run,
+        to=to,
+        actor=actor,
+        kind="run.compensated" if complete else "run.compensation_failed",
+        reason=reason,
+        updates=updates,
+        allowed_from=[Run.Status.COMPENSATING],
+    )
+
+
+@transaction.atomic
+def run_resume(*, run: Run, actor: Actor, reason: str) -> Run:
+    now = timezone.now()
+    return _run_transition(
+        run=run,
+        to=Run.Status.RUNNING,
+        actor=actor,
+        kind="run.resumed",
+        reason=reason,
+        updates={"finished_at": None, "last_heartbeat_at": now},
+    )
+
+
+@transaction.atomic
+def run_close(*, run: Run, actor: Actor, reason: str) -> Run:
+    reason = reason_required(reason)
+    return _run_transition(
+        run=run,
+        to=Run.Status.CLOSED,
+        actor=actor,
+        kind="run.closed",
+        reason=reason,
+        updates={"finished_at": timezone.now()},
+    )
+
+
+def run_assert_accepts_writes(run: Run) -> None:
+    """A run that is cancelled, compensating, compensated or closed takes no more actions or
+    checkpoints: a background job that finishes after the user cancelled cannot write, and the
+    plan an operator reads holds still."""
+    if not run.accepts_actions:
+        raise errors.RunNotAcceptingActions(
+            f"Run {run.pk} is {run.status}; it accepts no more actions or checkpoints.",
+            details={"run_id": run.pk, "current": run.status},
+        )

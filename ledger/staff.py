@@ -1,0 +1,126 @@
+"""Dashboard staff: users, their one role per tenant, and the Django admin access that follows
+from being a tenant admin somewhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import transaction
+
+from ledger import errors
+from ledger.audit import Actor, audit_record
+from ledger.models import Membership, Tenant
+
+
+# Tenant admins reach the Django admin through this group: view rights on the record and the
+# decisions, plus revoking keys. The admin itself scopes every list to their tenants.
+TENANT_ADMIN_GROUP = "Saga tenant admins"
+
+
+def _tenant_admin_group() -> Any:
+    group, _ = Group.objects.get_or_create(name=TENANT_ADMIN_GROUP)
+    wanted = Permission.objects.filter(
+        content_type__app_label__in=["ledger", "recovery"], codename__startswith="view_"
+    )
+    wanted = wanted | Permission.objects.filter(content_type__app_label="ledger", codename="change_agentkey")
+    group.permissions.set(wanted)
+    return group
+
+
+@transaction.atomic
+def membership_set(*, user: Any, tenant: Tenant, role: str, actor: Actor) -> Membership:
+    """Give ``user`` exactly ``role`` in ``tenant`` (one role per tenant), and Django admin access
+    exactly while they are an admin somewhere."""
+    if role not in Membership.Role.values:
+        raise errors.ValidationFailed(
+            f"role must be one of {', '.join(Membership.Role.values)}.", details={"role": role}
+        )
+    membership = Membership.objects.select_for_update().filter(user=user, tenant=tenant).first()
+    previous = membership.role if membership else ""
+    if membership is None:
+        membership = Membership.objects.create(user=user, tenant=tenant, role=role)
+    elif membership.role != role:
+        Membership.objects.filter(pk=membership.pk).update(role=role)
+        membership.role = role
+    if previous != role:
+        audit_record(
+            tenant=tenant,
+            actor=actor,
+            kind="membership.set",
+            subject=membership,
+            from_state=previous,
+            to_state=role,
+            data={"user": user.get_username()},
+        )
+    _sync_staff_access(user)
+    return membership
+
+
+def _sync_staff_access(user: Any) -> None:
+    is_admin = Membership.objects.filter(user=user, role=Membership.Role.ADMIN).exists()
+    group = _tenant_admin_group()
+    if is_admin:
+        user.groups.add(group)
+    else:
+        user.groups.remove(group)
+    staff = is_admin or user.is_superuser
+    if user.is_staff != staff:
+        user.is_staff = staff
+        user.save(update_fields=["is_staff"])
+
+
+@transaction.atomic
+def membership_remove(*, membership: Membership, actor: Actor) -> None:
+    """Take a user out of a tenant (and out of the Django admin if that was their last admin role)."""
+    user, tenant, role = membership.user, membership.tenant, membership.role
+    if Membership.objects.filter(pk=membership.pk).delete()[0] != 1:
+        raise errors.NotFound(f"Membership {membership.pk} does not exist.")
+    audit_record(
+        tenant=tenant,
+        actor=actor,
+        kind="membership.removed",
+        subject=f"membership:{membership.pk}",
+        from_state=role,
+        data={"user": user.get_username()},
+    )
+    _sync_staff_access(user)
+
+
+@dataclass(frozen=True)
+class StaffResult:
+    user: Any
+    membership: Membership
+    user_created: bool
+
+
+@transaction.atomic
+def staff_set(
+    *, username: str, password: str, tenant: Tenant, role: str, actor: Actor, email: str = ""
+) -> StaffResult:
+    """Create or update a dashboard user: set the password and the role in ``tenant``."""
+    username = username.strip()
+    if not username:
+        raise errors.ValidationFailed("A username is required.", details={"username": "required"})
+    user_model = get_user_model()
+    user = user_model.objects.select_for_update().filter(username=username).first()
+    created = user is None
+    if user is None:
+        user = user_model(username=username, email=email)
+    elif email:
+        user.email = email
+    try:
+        validate_password(password, user=user)
+    except DjangoValidationError as exc:
+        raise errors.ValidationFailed(
+            "The password is too weak: " + " ".join(exc.messages), details={"password": exc.messages}
+        ) from None
+    user.set_password(password)
+    user.save()
+    membership = membership_set(user=user, tenant=tenant, role=role, actor=actor)
+    user.refresh_from_db()
+    return StaffResult(user=user, membership=membership, user_created=created)
