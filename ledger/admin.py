@@ -11,14 +11,15 @@ skip the full ``COUNT(*)``, search only on exact, indexed ids, and filter only o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
-from ledger import errors, services
+from ledger import errors, staff
 from ledger.audit import Actor
 from ledger.models import (
     Action,
@@ -34,6 +35,20 @@ from ledger.models import (
     Tenant,
     ToolPolicy,
 )
+from ledger.services import keys
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+
+def admin_user(request: HttpRequest) -> User:
+    """``request.user`` in an admin view, where it is always signed in: the admin site lets only
+    active staff users reach any of its views (``AdminSite.has_permission``). An anonymous user
+    here would mean a view was wired outside the admin site; refuse rather than act as nobody."""
+    user = request.user
+    if not user.is_authenticated:
+        raise PermissionDenied("The admin is for signed-in staff users.")
+    return user
 
 
 def admin_tenant_ids(request: HttpRequest) -> list[int]:
@@ -41,7 +56,7 @@ def admin_tenant_ids(request: HttpRequest) -> list[int]:
     cached = getattr(request, "_saga_admin_tenant_ids", None)
     if cached is None:
         cached = list(
-            Membership.objects.filter(user=request.user, role=Membership.Role.ADMIN).values_list(
+            Membership.objects.filter(user=admin_user(request), role=Membership.Role.ADMIN).values_list(
                 "tenant_id", flat=True
             )
         )
@@ -56,7 +71,7 @@ class TenantListFilter(admin.SimpleListFilter):
     title = "tenant"
     parameter_name = "tenant"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
         tenants = Tenant.objects.order_by("slug")
         if not request.user.is_superuser:
             tenants = tenants.filter(pk__in=admin_tenant_ids(request))
@@ -72,7 +87,9 @@ def tenant_filter(path: str) -> type[TenantListFilter]:
     return type(f"TenantListFilter_{path}", (TenantListFilter,), {"tenant_field": path})
 
 
-class TenantScopedAdmin(admin.ModelAdmin):
+# The admin classes are not subscriptable at runtime (that takes django_stubs_ext.monkeypatch(),
+# a dev-only package), so they are subclassed without their model type parameter.
+class TenantScopedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Superusers see everything; anyone else only the rows of the tenants they administer."""
 
     tenant_field = "tenant"
@@ -94,13 +111,13 @@ class TenantScopedAdmin(admin.ModelAdmin):
 class ReadOnlyAdmin(TenantScopedAdmin):
     """For rows only services may write: viewable, never added, changed or deleted here."""
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return False
 
 
@@ -120,14 +137,14 @@ class TenantAdmin(TenantScopedAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return request.user.is_superuser
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Tenant | None = None) -> bool:
         return request.user.is_superuser
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Tenant | None = None) -> bool:
         # A tenant's audit events are protected; deleting one is a database job, not a click.
         return False
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_readonly_fields(self, request: HttpRequest, obj: Tenant | None = None) -> list[str]:
         # The slug is in keys' tenants, URLs and scripts: fixed once created.
         return ["slug", "created_at"] if obj else ["created_at"]
 
@@ -143,28 +160,28 @@ class MembershipAdmin(TenantScopedAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return request.user.is_superuser
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Membership | None = None) -> bool:
         return request.user.is_superuser
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Membership | None = None) -> bool:
         return request.user.is_superuser
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_readonly_fields(self, request: HttpRequest, obj: Membership | None = None) -> list[str]:
         return ["user", "tenant", "created_at"] if obj else ["created_at"]
 
     def save_model(self, request: HttpRequest, obj: Membership, form: Any, change: bool) -> None:
         # Through the service: it audits the role change and keeps is_staff in step with it.
-        saved = services.membership_set(
-            user=obj.user, tenant=obj.tenant, role=obj.role, actor=Actor.for_user(request.user)
+        saved = staff.membership_set(
+            user=obj.user, tenant=obj.tenant, role=obj.role, actor=Actor.for_user(admin_user(request))
         )
         obj.pk, obj.created_at = saved.pk, saved.created_at
 
     def delete_model(self, request: HttpRequest, obj: Membership) -> None:
-        services.membership_remove(membership=obj, actor=Actor.for_user(request.user))
+        staff.membership_remove(membership=obj, actor=Actor.for_user(admin_user(request)))
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
         for membership in queryset.select_related("user", "tenant"):
-            services.membership_remove(membership=membership, actor=Actor.for_user(request.user))
+            staff.membership_remove(membership=membership, actor=Actor.for_user(admin_user(request)))
 
 
 @admin.register(AgentKey)
@@ -182,10 +199,10 @@ class AgentKeyAdmin(TenantScopedAdmin):
         # Keys are issued by create_agent_key (or the dashboard), which shows the secret once.
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: AgentKey | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: AgentKey | None = None) -> bool:
         # Revoke instead: a deleted key would orphan the audit trail of what it did.
         return False
 
@@ -197,7 +214,7 @@ class AgentKeyAdmin(TenantScopedAdmin):
         revoked, skipped = [], []
         for key in queryset.select_related("tenant"):
             try:
-                services.agent_key_revoke(key=key, actor=Actor.for_user(request.user))
+                keys.agent_key_revoke(key=key, actor=Actor.for_user(admin_user(request)))
                 revoked.append(key.prefix)
             except errors.InvalidTransition:
                 skipped.append(key.prefix)
@@ -209,10 +226,24 @@ class AgentKeyAdmin(TenantScopedAdmin):
             self.message_user(request, f"Already revoked: {', '.join(skipped)}.", messages.WARNING)
 
 
-class ActionInline(admin.TabularInline):
+# Shown and read-only alike. A tuple: it types as both `fields` and `readonly_fields` (a list is
+# invariant, so one list cannot be both).
+_ACTION_INLINE_FIELDS = (
+    "seq",
+    "tool",
+    "target_id",
+    "status",
+    "risk",
+    "action_class",
+    "attempts",
+    "completion_seq",
+)
+
+
+class ActionInline(admin.TabularInline):  # type: ignore[type-arg]  # see TenantScopedAdmin
     model = Action
-    fields = ["seq", "tool", "target_id", "status", "risk", "action_class", "attempts", "completion_seq"]
-    readonly_fields = fields
+    fields = _ACTION_INLINE_FIELDS
+    readonly_fields = _ACTION_INLINE_FIELDS
     show_change_link = True
     can_delete = False
     extra = 0
@@ -271,7 +302,7 @@ class PolicyStampAdmin(ReadOnlyAdmin):
     """The tool-policy stamp, which a database trigger moves. Not a tenant's row, so superusers
     only (who are never tenant-filtered, so the tenant scoping never applies to it)."""
 
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_view_permission(self, request: HttpRequest, obj: PolicyStamp | None = None) -> bool:
         return bool(request.user.is_superuser)
 
 
@@ -343,5 +374,5 @@ class EventAdmin(BigTableAdmin):
     ordering = ["-id"]
     actions = None
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_readonly_fields(self, request: HttpRequest, obj: Event | None = None) -> list[str]:
         return [f.name for f in Event._meta.fields]

@@ -28,7 +28,9 @@ from ledger.hashing import canonical_json, sha256_hex
 from ledger.models import AgentKey, Event, Run, Tenant
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    # settings.AUTH_USER_MODEL: Django's own user model (the project does not swap it).
+    from django.contrib.auth.models import User
+    from django.db.models import Model
 
 GENESIS = "0" * 64
 
@@ -40,7 +42,7 @@ class Actor:
     type: str
     id: str = ""
     label: str = ""
-    user: Any = None
+    user: User | None = None
     key: AgentKey | None = None
 
     @classmethod
@@ -48,7 +50,7 @@ class Actor:
         return cls(type=Event.ActorType.AGENT_KEY, id=str(key.pk), label=key.name, key=key)
 
     @classmethod
-    def for_user(cls, user: AbstractBaseUser) -> Actor:
+    def for_user(cls, user: User) -> Actor:
         return cls(type=Event.ActorType.USER, id=str(user.pk), label=user.get_username(), user=user)
 
     @classmethod
@@ -84,7 +86,7 @@ def _hashed_fields(event: Event) -> dict[str, Any]:
     }
 
 
-def _subject_ref(subject: Any) -> tuple[str, str]:
+def _subject_ref(subject: Model | str) -> tuple[str, str]:
     """(type, id) of what an event is about: a model instance, or "type:id" for something that no
     longer exists as a row (a removed membership)."""
     if isinstance(subject, str):
@@ -98,7 +100,7 @@ def audit_record(
     tenant: Tenant,
     actor: Actor,
     kind: str,
-    subject: Any,
+    subject: Model | str,
     run: Run | None = None,
     from_state: str = "",
     to_state: str = "",
@@ -176,7 +178,11 @@ def _jsonb_number(text: str) -> int | float:
     # jsonb keeps numbers as NUMERIC: "1e+16" comes back as 10000000000000000, which Python reads
     # as an int. Decode exponent-form integers the same way here, or such an event would fail
     # verification as "tampered" the moment it is read back.
-    return int(number) if (number := Decimal(text)).as_tuple().exponent >= 0 else float(text)
+    number = Decimal(text)
+    # json calls this for finite numbers only (NaN and infinities go to parse_constant), whose
+    # exponent is an int; the letters 'n', 'N', 'F' mark only those special values.
+    exponent = number.as_tuple().exponent
+    return int(number) if isinstance(exponent, int) and exponent >= 0 else float(text)
 
 
 def _roundtrip(value: Any) -> Any:

@@ -4,7 +4,10 @@ client or operator can cause."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django.db.models import Model
 
 
 class SagaError(Exception):
@@ -47,7 +50,7 @@ class InvalidTransition(Conflict):
     code = "invalid_transition"
 
     def __init__(
-        self, subject: Any, *, to: str, current: str | None = None, message: str | None = None
+        self, subject: Model, *, to: str, current: str | None = None, message: str | None = None
     ) -> None:
         current_state = current if current is not None else str(getattr(subject, "status", ""))
         label = f"{type(subject).__name__} {getattr(subject, 'pk', '')}".strip()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from datetime import datetime
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 # What any of our ids can look like ("<prefix>_<ulid>"). A client's id that does not match cannot
@@ -21,8 +22,9 @@ def looks_like_id(value: object) -> bool:
     return isinstance(value, str) and _ID_RE.match(value) is not None
 
 
-def _ulid() -> str:
-    value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
+def _ulid(at: datetime | None = None) -> str:
+    millis = int((at.timestamp() if at is not None else time.time()) * 1000)
+    value = (millis << 80) | secrets.randbits(80)
     chars = []
     for _ in range(26):
         chars.append(_ALPHABET[value & 31])
@@ -30,8 +32,9 @@ def _ulid() -> str:
     return "".join(reversed(chars))
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{_ulid()}"
+def new_id(prefix: str, *, at: datetime | None = None) -> str:
+    """A new id; ``at``: the time its ordering part stands for (seeded history), default now."""
+    return f"{prefix}_{_ulid(at)}"
 
 
 # Module-level functions so migrations can reference them by import path.

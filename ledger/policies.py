@@ -15,6 +15,7 @@ from typing import Any
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
+from ledger.conf import saga
 from ledger.models import (
     ActionClass,
     ApprovalMode,
@@ -31,11 +32,18 @@ BUILTIN_DEFAULT_POLICY: dict[str, str] = {
     "action_class": ActionClass.EXTERNAL_IRREVERSIBLE,
     "compensation": CompensationStrategy.NONE,
 }
-BUILTIN_UNWIND: dict[str, Any] = {
-    "on_compensation_failure": "alert_and_continue",
-    "step_timeout_s": 30,
-    "max_attempts": 5,
-}
+
+
+def builtin_unwind() -> dict[str, Any]:
+    """The unwind block before any policy file: the step attempts come from the SAGA_MAX_ATTEMPTS
+    setting, which a policy file's ``unwind.max_attempts`` overrides."""
+    return {
+        "on_compensation_failure": "alert_and_continue",
+        "step_timeout_s": 30,
+        "max_attempts": saga().default_max_attempts,
+    }
+
+
 BUILTIN_AUTO_COMPENSATE: dict[str, Any] = {"max_risk": None}
 
 
@@ -62,11 +70,36 @@ class ResolvedPolicy:
 
 
 @dataclass(frozen=True)
+class UnwindSettings:
+    """How an unwind's steps live, from the policy file's ``unwind`` block. The loader validated
+    and normalised the block when the file was loaded (a bad duration or failure mode is a load
+    error), so nothing here parses: it only reads the canonical keys."""
+
+    on_failure: str
+    step_timeout_s: float
+    max_attempts: int
+
+
+@dataclass(frozen=True)
 class PolicySettings:
     default_policy: dict[str, Any] = field(default_factory=lambda: dict(BUILTIN_DEFAULT_POLICY))
-    unwind: dict[str, Any] = field(default_factory=lambda: dict(BUILTIN_UNWIND))
+    unwind: dict[str, Any] = field(default_factory=builtin_unwind)
     auto_compensate: dict[str, Any] = field(default_factory=lambda: dict(BUILTIN_AUTO_COMPENSATE))
     source: str = "built-in"
+
+    @property
+    def unwind_settings(self) -> UnwindSettings:
+        return UnwindSettings(
+            on_failure=str(self.unwind["on_compensation_failure"]),
+            step_timeout_s=float(self.unwind["step_timeout_s"]),
+            max_attempts=int(self.unwind["max_attempts"]),
+        )
+
+    @property
+    def auto_compensate_max_risk(self) -> str | None:
+        """The highest risk an automatic compensation may undo unattended (None: never)."""
+        value = self.auto_compensate.get("max_risk")
+        return str(value) if value else None
 
 
 def _literal_length(pattern: str) -> int:
@@ -86,7 +119,7 @@ def policy_settings_for(tenant: Tenant | None) -> PolicySettings:
         return PolicySettings()
     default_policy, unwind, auto_compensate = (
         dict(BUILTIN_DEFAULT_POLICY),
-        dict(BUILTIN_UNWIND),
+        builtin_unwind(),
         dict(BUILTIN_AUTO_COMPENSATE),
     )
     for layer in layers:

@@ -33,7 +33,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from ledger.audit import Actor, audit_record
 from ledger.hashing import canonical_json, sha256_hex
@@ -508,7 +508,7 @@ _FRIENDLY = {
 }
 
 
-def _message(error: dict[str, Any]) -> str:
+def _message(error: ErrorDetails) -> str:
     kind = error["type"]
     if kind in _FRIENDLY:
         return _FRIENDLY[kind]

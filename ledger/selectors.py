@@ -4,12 +4,13 @@ tenants): another tenant's object is simply not found."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db.models import Model, QuerySet
 
 from ledger import errors
 from ledger.models import Action, Checkpoint, Run, Tenant
+from ledger.rules import COMPENSATABLE_CLASSES, is_pivot, pivot_order_warning
 
 M = TypeVar("M", bound=Model)
 
@@ -32,38 +33,35 @@ def action_get(*, tenant: Tenant, action_id: str) -> Action:
     return get_for_tenants(Action.objects.select_related("run", "run__tenant"), pk=action_id, tenants=tenant)
 
 
+def checkpoints_for_run(*, run: Run) -> QuerySet[Checkpoint]:
+    """A run's checkpoints, newest first: the order every list of them and "the latest" use."""
+    return Checkpoint.objects.filter(run=run).order_by("-created_at", "-id")
+
+
 def checkpoint_latest(*, run: Run) -> Checkpoint | None:
-    return Checkpoint.objects.filter(run=run).order_by("-created_at", "-id").first()
+    return checkpoints_for_run(run=run).first()
 
 
-def run_warnings(*, run: Run, actions: Iterable[Action] | None = None) -> list[dict[str, str]]:
-    """Pivot-order and unknown-outcome warnings for a run, from its actions in order."""
+def run_warnings(*, run: Run, actions: Iterable[Action] | None = None) -> list[dict[str, Any]]:
+    """Pivot-order (``ledger.rules``) and unknown-outcome warnings for a run, from its actions."""
     ordered = sorted(actions if actions is not None else run.actions.all(), key=lambda a: a.seq)
-    warnings: list[dict[str, str]] = []
+    warnings: list[dict[str, Any]] = []
     pivot: Action | None = None
     for action in ordered:
-        if action.status in (Action.Status.REJECTED,):
+        if action.status == Action.Status.REJECTED:
             continue
-        if (
-            action.action_class == "external_irreversible"
-            and pivot is None
-            and action.status != Action.Status.FAILED
-        ):
+        if pivot is None and is_pivot(action.action_class, action.status):
             pivot = action
-        elif pivot is not None and action.action_class in (
-            "draft_only",
-            "internal_update",
-            "external_reversible",
-        ):
+        elif pivot is not None and action.action_class in COMPENSATABLE_CLASSES:
             warnings.append(
-                {
-                    "code": "pivot_order",
-                    "action_id": action.pk,
-                    "message": (
-                        f"{action.tool} (#{action.seq}) can be undone but came after the irreversible "
-                        f"{pivot.tool} (#{pivot.seq}); compensatable steps should come before the pivot."
-                    ),
-                }
+                pivot_order_warning(
+                    action_id=action.pk,
+                    tool=action.tool,
+                    seq=action.seq,
+                    pivot_id=pivot.pk,
+                    pivot_tool=pivot.tool,
+                    pivot_seq=pivot.seq,
+                )
             )
         if action.status == Action.Status.UNKNOWN:
             warnings.append(

@@ -4,7 +4,7 @@ from being a tenant admin somewhere."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
@@ -16,13 +16,15 @@ from ledger import errors
 from ledger.audit import Actor, audit_record
 from ledger.models import Membership, Tenant
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 # Tenant admins reach the Django admin through this group: view rights on the record and the
 # decisions, plus revoking keys. The admin itself scopes every list to their tenants.
 TENANT_ADMIN_GROUP = "Saga tenant admins"
 
 
-def _tenant_admin_group() -> Any:
+def _tenant_admin_group() -> Group:
     group, _ = Group.objects.get_or_create(name=TENANT_ADMIN_GROUP)
     wanted = Permission.objects.filter(
         content_type__app_label__in=["ledger", "recovery"], codename__startswith="view_"
@@ -33,7 +35,7 @@ def _tenant_admin_group() -> Any:
 
 
 @transaction.atomic
-def membership_set(*, user: Any, tenant: Tenant, role: str, actor: Actor) -> Membership:
+def membership_set(*, user: User, tenant: Tenant, role: str, actor: Actor) -> Membership:
     """Give ``user`` exactly ``role`` in ``tenant`` (one role per tenant), and Django admin access
     exactly while they are an admin somewhere."""
     if role not in Membership.Role.values:
@@ -61,7 +63,7 @@ def membership_set(*, user: Any, tenant: Tenant, role: str, actor: Actor) -> Mem
     return membership
 
 
-def _sync_staff_access(user: Any) -> None:
+def _sync_staff_access(user: User) -> None:
     is_admin = Membership.objects.filter(user=user, role=Membership.Role.ADMIN).exists()
     group = _tenant_admin_group()
     if is_admin:
@@ -93,7 +95,7 @@ def membership_remove(*, membership: Membership, actor: Actor) -> None:
 
 @dataclass(frozen=True)
 class StaffResult:
-    user: Any
+    user: User
     membership: Membership
     user_created: bool
 

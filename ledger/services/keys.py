@@ -15,7 +15,6 @@ from ledger.audit import Actor, audit_record
 from ledger.hashing import sha256_hex
 from ledger.models import AgentKey, Tenant
 
-
 KEY_PREFIX = "sk"
 
 

@@ -5,7 +5,7 @@ and typed; each is a compare-and-set with its audit event in the same transactio
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 from django.db import transaction
 from django.utils import timezone
@@ -16,6 +16,22 @@ from ledger.models import Action, Run, Tenant
 from ledger.policies import policy_stamp_subquery
 from ledger.rules import reason_required
 from ledger.transitions import RUN_TRANSITIONS, transition
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+
+class PolicyStampAnnotation(TypedDict):
+    """What ``run_lock(..., policy_stamp=True)`` annotates the run with: the PolicyStamp version
+    read in the same statement (None if the stamp row were missing)."""
+
+    policy_stamp: int | None
+
+
+@overload
+def run_lock(run: Run, *, policy_stamp: Literal[True]) -> WithAnnotations[Run, PolicyStampAnnotation]: ...
+@overload
+def run_lock(run: Run, *, policy_stamp: Literal[False] = ...) -> Run: ...
 
 
 def run_lock(run: Run, *, policy_stamp: bool = False) -> Run:

@@ -4,8 +4,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import errors, services
+from ledger import errors
 from ledger.audit import Actor
+from ledger.services import keys
 
 
 class Command(BaseCommand):
@@ -21,8 +22,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, tenant: str, name: str, scopes: str, **options: Any) -> None:
         scope_list = [part.strip() for part in scopes.split(",") if part.strip()]
         try:
-            owner = services.tenant_get_or_create(slug=tenant)
-            issued = services.agent_key_create(
+            owner = keys.tenant_get_or_create(slug=tenant)
+            issued = keys.agent_key_create(
                 tenant=owner, name=name, scopes=scope_list, actor=Actor.system("create_agent_key")
             )
         except errors.SagaError as exc:

@@ -4,9 +4,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import errors, services
+from ledger import errors, staff
 from ledger.audit import Actor
 from ledger.models import Membership
+from ledger.services import keys
 
 
 class Command(BaseCommand):
@@ -26,8 +27,8 @@ class Command(BaseCommand):
         self, *args: Any, username: str, password: str, tenant: str, role: str, email: str, **options: Any
     ) -> None:
         try:
-            owner = services.tenant_get_or_create(slug=tenant)
-            result = services.staff_set(
+            owner = keys.tenant_get_or_create(slug=tenant)
+            result = staff.staff_set(
                 username=username,
                 password=password,
                 tenant=owner,

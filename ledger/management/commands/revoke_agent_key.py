@@ -4,9 +4,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import errors, services
+from ledger import errors
 from ledger.audit import Actor
 from ledger.models import AgentKey
+from ledger.services import keys
 
 
 class Command(BaseCommand):
@@ -20,7 +21,7 @@ class Command(BaseCommand):
         if key is None:
             raise CommandError(f"No key has the prefix {prefix!r}.")
         try:
-            services.agent_key_revoke(key=key, actor=Actor.system("revoke_agent_key"))
+            keys.agent_key_revoke(key=key, actor=Actor.system("revoke_agent_key"))
         except errors.InvalidTransition:
             raise CommandError(
                 f"Key {key.prefix} ({key.name}) was already revoked at {key.revoked_at:%Y-%m-%d %H:%M} UTC."
