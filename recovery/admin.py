@@ -30,10 +30,24 @@ class RecoveryItemAdmin(BigTableAdmin):
     raw_id_fields = ["run", "failed_action", "assignee", "claimed_by", "resolved_by"]
 
 
-class UnwindStepInline(admin.TabularInline):
+# Shown and read-only alike; a tuple types as both (see ledger.admin's ActionInline).
+_STEP_INLINE_FIELDS = (
+    "position",
+    "action",
+    "tool",
+    "strategy",
+    "status",
+    "attempts",
+    "requires_approval",
+    "error",
+)
+
+
+# Not subscriptable at runtime without django_stubs_ext.monkeypatch() (see ledger.admin).
+class UnwindStepInline(admin.TabularInline):  # type: ignore[type-arg]
     model = UnwindStep
-    fields = ["position", "action", "tool", "strategy", "status", "attempts", "requires_approval", "error"]
-    readonly_fields = fields
+    fields = _STEP_INLINE_FIELDS
+    readonly_fields = _STEP_INLINE_FIELDS
     can_delete = False
     show_change_link = True
     extra = 0

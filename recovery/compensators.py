@@ -28,12 +28,12 @@ from typing import Any
 
 import httpx
 import structlog
-from django.conf import settings
 from django.db.models import Q
 from django.utils.module_loading import import_string
 
+from ledger.conf import saga
 from ledger.models import CompensationStrategy, Compensator
-from saga_admin.client.signing import signed_headers
+from saga_client.signing import signed_headers
 
 log = structlog.get_logger("saga_admin.compensators")
 
@@ -297,7 +297,7 @@ def _excerpt(response: httpx.Response) -> str:
 def call_timeout_s(*, step_timeout_s: float | None = None) -> float:
     """How long one compensator call may take: the webhook timeout, shortened by the policy's
     ``unwind.step_timeout_s`` when that is smaller."""
-    timeout = float(settings.SAGA["WEBHOOK_TIMEOUT_S"])
+    timeout = saga().webhook_timeout_s
     if step_timeout_s:
         timeout = min(timeout, float(step_timeout_s))
     return timeout

@@ -6,11 +6,10 @@ by the ticker in ``recovery.scheduling`` that the ``saga_worker`` command runs.
 
 from __future__ import annotations
 
-import importlib.util
-
 import structlog
 
-from recovery import services, unwinds
+from ledger.services import idempotency
+from recovery import commands, services, sweeper, unwinds
 
 log = structlog.get_logger("saga_admin.jobs")
 
@@ -28,7 +27,7 @@ def step_run(*, step_id: str) -> str | None:
 
 
 def sweep() -> dict[str, int]:
-    report = unwinds.steps_sweep()
+    report = sweeper.steps_sweep()
     if report.leases_expired or report.reenqueued:
         log.info("jobs.sweep", **vars(report))
     return vars(report)
@@ -43,17 +42,8 @@ def agents_detect_lost() -> int:
 
 
 def commands_redeliver() -> int:
-    return services.commands_redeliver_due()
+    return commands.commands_redeliver_due()
 
 
-def idempotency_prune() -> int | None:
-    """Prune expired Idempotency-Key records when the API layer provides the pruner (it lives in
-    the agent API's module; the engine runs it on the same schedule as everything else)."""
-    if importlib.util.find_spec("saga_admin.idempotency") is None:
-        return None
-    from saga_admin import idempotency  # type: ignore[attr-defined]
-
-    pruner = getattr(idempotency, "prune_idempotency_records", None)
-    if pruner is None:
-        return None
-    return pruner()
+def idempotency_prune() -> int:
+    return idempotency.idempotency_records_prune()

@@ -1,6 +1,7 @@
 """The decisions: recovery items, approvals, unwinds and their steps, agent commands.
 
-State fields here are written only by ``recovery.services``.
+State fields here are written only through ``ledger.transitions.compare_and_set``, with the
+tables at the end of this module, by the recovery modules (items, approvals, commands, unwinds).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ class RecoveryItem(models.Model):
         OPEN = "open", "Open"
         CLAIMED = "claimed", "Claimed"
         RESOLVED = "resolved", "Resolved"
+
+    # What the queue shows by default, and what "the run's item" means: at most one per run.
+    UNRESOLVED = (Status.OPEN, Status.CLAIMED)
 
     class Reason(models.TextChoices):
         FAILED = "failed", "Run failed"
@@ -329,3 +333,38 @@ class AgentCommand(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.kind} ({self.status})"
+
+
+# --- State machines (moved only by ledger.transitions.compare_and_set) -----------------------
+
+ITEM_TRANSITIONS: dict[str, set[str]] = {
+    # Resume and close resolve an open item; an unwind claims it first and resolves it when done,
+    # or hands it back (open) naming what is left.
+    RecoveryItem.Status.OPEN: {RecoveryItem.Status.CLAIMED, RecoveryItem.Status.RESOLVED},
+    RecoveryItem.Status.CLAIMED: {RecoveryItem.Status.RESOLVED, RecoveryItem.Status.OPEN},
+    RecoveryItem.Status.RESOLVED: set(),
+}
+
+UNWIND_TRANSITIONS: dict[str, set[str]] = {
+    Unwind.Status.RUNNING: {Unwind.Status.PAUSED, Unwind.Status.COMPLETED, Unwind.Status.FAILED},
+    Unwind.Status.PAUSED: {Unwind.Status.RUNNING},
+    # An operator's retry or skip of a failed step picks a finished-with-failures unwind up again.
+    Unwind.Status.FAILED: {Unwind.Status.RUNNING},
+    Unwind.Status.COMPLETED: set(),
+    Unwind.Status.CANCELLED: set(),
+}
+
+_Step = UnwindStep.Status
+STEP_TRANSITIONS: dict[str, set[str]] = {
+    # A step is queued for a job of its own, or claimed straight from pending by the worker that
+    # advanced the unwind; one that needs a person waits for its approval first.
+    _Step.PENDING: {_Step.AWAITING_APPROVAL, _Step.QUEUED, _Step.RUNNING},
+    _Step.AWAITING_APPROVAL: {_Step.QUEUED, _Step.FAILED},
+    _Step.QUEUED: {_Step.RUNNING},
+    # Back to queued: a retry after a transient failure, or a lease that expired.
+    _Step.RUNNING: {_Step.QUEUED, _Step.DONE, _Step.FAILED, _Step.DRIFTED},
+    _Step.FAILED: {_Step.PENDING, _Step.SKIPPED},
+    _Step.DRIFTED: {_Step.PENDING, _Step.SKIPPED},
+    _Step.DONE: set(),
+    _Step.SKIPPED: set(),
+}

@@ -10,6 +10,7 @@ sweeper (``delivered_at`` stays NULL until the agent's endpoint accepted it).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import django_rq
@@ -19,12 +20,14 @@ from django.conf import settings
 from django.core.mail import send_mail
 from django.utils import timezone
 
-from saga_admin.client.signing import signed_headers
+from ledger.conf import saga
+from recovery.models import AgentCommand, Approval, RecoveryItem
+from saga_client.signing import signed_headers
 
 log = structlog.get_logger("saga_admin.notifications")
 
 
-def _enqueue(func: Any, **kwargs: Any) -> None:
+def _enqueue(func: Callable[..., object], **kwargs: Any) -> None:
     try:
         django_rq.get_queue("notifications").enqueue(func, **kwargs)
     except Exception:  # noqa: BLE001 - Redis down must not turn a committed decision into a 500
@@ -48,17 +51,17 @@ def _post_signed(url: str, payload: dict[str, Any], *, secret: str, idempotency_
     headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key}
     if secret:
         headers.update(signed_headers(secret, body))
-    return httpx.post(url, content=body, headers=headers, timeout=settings.SAGA["WEBHOOK_TIMEOUT_S"])
+    return httpx.post(url, content=body, headers=headers, timeout=saga().webhook_timeout_s)
 
 
 def _broadcast(*, subject: str, text: str, payload: dict[str, Any], idempotency_key: str) -> None:
-    config = settings.SAGA
-    if config["NOTIFY_EMAILS"]:
-        send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, config["NOTIFY_EMAILS"], fail_silently=False)
-    for url in config["NOTIFY_WEBHOOKS"]:
+    config = saga()
+    if config.notify_emails:
+        send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, list(config.notify_emails), fail_silently=False)
+    for url in config.notify_webhooks:
         try:
             response = _post_signed(
-                url, payload, secret=config["NOTIFY_WEBHOOK_SECRET"], idempotency_key=idempotency_key
+                url, payload, secret=config.notify_webhook_secret, idempotency_key=idempotency_key
             )
             response.raise_for_status()
         except httpx.HTTPError as exc:
@@ -66,8 +69,6 @@ def _broadcast(*, subject: str, text: str, payload: dict[str, Any], idempotency_
 
 
 def send_item_opened(*, item_id: str) -> None:
-    from recovery.models import RecoveryItem
-
     item = RecoveryItem.objects.select_related("run", "tenant", "failed_action").filter(pk=item_id).first()
     if item is None:
         return
@@ -94,8 +95,6 @@ def send_item_opened(*, item_id: str) -> None:
 
 
 def send_approval_requested(*, approval_id: str) -> None:
-    from recovery.models import Approval
-
     approval = Approval.objects.select_related("run", "tenant").filter(pk=approval_id).first()
     if approval is None:
         return
@@ -119,8 +118,6 @@ def send_approval_requested(*, approval_id: str) -> None:
 def deliver_command(*, command_id: str) -> bool:
     """POST a resume/cancel command to the run's resume_url, signed like compensator webhooks.
     Returns True when delivered (or nothing to do). A failure is recorded; the sweeper retries."""
-    from recovery.models import AgentCommand
-
     command = AgentCommand.objects.select_related("run", "tenant", "checkpoint").filter(pk=command_id).first()
     if command is None or command.delivered_at is not None or not command.run.resume_url:
         return True
@@ -139,7 +136,7 @@ def deliver_command(*, command_id: str) -> bool:
         response = _post_signed(
             command.run.resume_url,
             payload,
-            secret=settings.SAGA["RESUME_WEBHOOK_SECRET"],
+            secret=saga().resume_webhook_secret,
             idempotency_key=command.pk,
         )
         response.raise_for_status()

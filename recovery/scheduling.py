@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import django_rq
 import structlog
-from django.conf import settings
 from redis.exceptions import RedisError
 
+from ledger.conf import saga
 from recovery import queueing
 
 log = structlog.get_logger("saga_admin.scheduling")
@@ -33,7 +33,7 @@ class Periodic:
 
 
 def periodic_jobs() -> list[Periodic]:
-    interval = float(settings.SAGA["SWEEP_INTERVAL_S"])
+    interval = saga().sweep_interval_s
     return [
         Periodic("recovery.jobs.sweep", interval),
         Periodic("recovery.jobs.approvals_expire", interval),

@@ -1,54 +1,124 @@
-"""Reads shared by the operator API and the dashboard. Every lookup is tenant-scoped: another
-tenant's object is simply not found (404, never 403, so existence does not leak)."""
+"""Reads shared by the operator API and the dashboard: the recovery queue (one filter, one
+search), the approval inbox (one rule for "pending"), items, unwinds and steps, a run's pending
+commands and the resume preview. Every lookup is tenant-scoped: another tenant's object is simply
+not found (404, never 403, so existence does not leak)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, Generic, TypeVar
+from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Model, QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from ledger import errors
-from ledger.models import Tenant
-from ledger.selectors import get_for_tenants
-from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from ledger.models import Action, ActionClass, Checkpoint, Risk, Run, Tenant
+from ledger.pagination import Page, keyset_page
+from ledger.selectors import checkpoint_latest, get_for_tenants
+from recovery.approvals import pending_q
+from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 
-M = TypeVar("M", bound=Model)
 Tenants = Tenant | Iterable[Tenant] | Iterable[int]
 
-UNRESOLVED = (RecoveryItem.Status.OPEN, RecoveryItem.Status.CLAIMED)
+# What the queue's status filter accepts besides the item states.
+QUEUE_STATUSES = ("unresolved", *RecoveryItem.Status.values, "all")
+# Newest first by id: ids are time-ordered ULIDs.
+_BY_ID_DESC = (("id", True),)
 
 
 def _tenant_ids(tenants: Tenants) -> list[int]:
-    return [tenants.pk] if isinstance(tenants, Tenant) else [getattr(t, "pk", t) for t in tenants]
-
-
-@dataclass(frozen=True)
-class Page(Generic[M]):
-    items: list[M]
-    next_cursor: str | None
-
-
-def _keyset(queryset: QuerySet[M], *, cursor: str | None, limit: int) -> Page[M]:
-    """Newest first by id: ids are time-ordered ULIDs, so the cursor is simply the last id seen
-    (no OFFSET, no COUNT over a big table)."""
-    if cursor:
-        queryset = queryset.filter(pk__lt=cursor)
-    rows = list(queryset.order_by("-pk")[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return Page(items=rows, next_cursor=rows[-1].pk if more and rows else None)
-
-
-def item_get(*, tenants: Tenants, item_id: str) -> RecoveryItem:
-    return get_for_tenants(
-        RecoveryItem.objects.select_related("run", "run__tenant", "failed_action", "assignee", "claimed_by"),
-        pk=item_id,
-        tenants=tenants,
+    return (
+        [tenants.pk]
+        if isinstance(tenants, Tenant)
+        else [t.pk if isinstance(t, Tenant) else t for t in tenants]
     )
+
+
+def _choice(name: str, value: str | None, choices: Iterable[str]) -> str | None:
+    if value and value not in choices:
+        raise errors.ValidationFailed(f"Unknown {name} {value!r}.", details={name: value})
+    return value or None
+
+
+# --- The recovery queue ------------------------------------------------------------------------
+
+
+def queue_items(
+    *,
+    tenants: Tenants,
+    status: str | None = None,
+    reason: str | None = None,
+    risk: str | None = None,
+    older_than: timedelta | None = None,
+    run_id: str | None = None,
+    tenant_slug: str | None = None,
+    signature: str | None = None,
+    search: str | None = None,
+    now: datetime | None = None,
+) -> QuerySet[RecoveryItem]:
+    """The queue's one filter, for the API and the dashboard. ``status`` defaults to unresolved
+    (open and claimed); ``all`` is every item. ``older_than``: opened strictly before that long
+    ago. An unknown status, reason or risk is a ``ValidationFailed``, never silently ignored."""
+    tenant_ids = _tenant_ids(tenants)
+    queryset = RecoveryItem.objects.filter(tenant_id__in=tenant_ids)
+    status = _choice("status", status, QUEUE_STATUSES) or "unresolved"
+    if status == "unresolved":
+        queryset = queryset.filter(status__in=RecoveryItem.UNRESOLVED)
+    elif status != "all":
+        queryset = queryset.filter(status=status)
+    if _choice("reason", reason, RecoveryItem.Reason.values):
+        queryset = queryset.filter(reason=reason)
+    if _choice("risk", risk, Risk.values):
+        queryset = queryset.filter(risk=risk)
+    if older_than is not None:
+        queryset = queryset.filter(opened_at__lt=(now or timezone.now()) - older_than)
+    if run_id:
+        queryset = queryset.filter(run_id=run_id)
+    if tenant_slug:
+        queryset = queryset.filter(tenant__slug=tenant_slug)
+    if signature:
+        queryset = queryset.filter(signature=signature)
+    term = (search or "").strip()
+    if term:
+        queryset = _search(queryset, term, tenant_ids=tenant_ids)
+    return queryset
+
+
+def _search(qs: QuerySet[RecoveryItem], term: str, *, tenant_ids: list[int]) -> QuerySet[RecoveryItem]:
+    """Exact ids first: an item, run, external or target id, each found through its own index.
+    Only when none of them matches, part of the failing tool's name or of the run's request.
+
+    One OR across the joined tables (as this once was) is served by no index: PostgreSQL read
+    every unresolved item with its run (a sequential scan of all runs) for any term.
+    """
+    exact_ids = (
+        RecoveryItem.objects.filter(pk=term)
+        .values("pk")
+        .order_by()
+        .union(
+            RecoveryItem.objects.filter(
+                run_id__in=Run.objects.filter(
+                    Q(pk=term) | Q(tenant_id__in=tenant_ids, external_id=term)
+                ).values("pk")
+            )
+            .values("pk")
+            .order_by(),
+            RecoveryItem.objects.filter(
+                failed_action_id__in=Action.objects.filter(tenant_id__in=tenant_ids, target_id=term).values(
+                    "pk"
+                )
+            )
+            .values("pk")
+            .order_by(),
+        )
+    )
+    exact = qs.filter(pk__in=exact_ids)
+    if exact.exists():
+        return exact
+    # Served by the trigram index over unresolved items' search text (recovery/0003).
+    return qs.filter(search_text__contains=term.lower())
 
 
 def items_list(
@@ -62,30 +132,33 @@ def items_list(
     cursor: str | None = None,
     limit: int = 50,
 ) -> Page[RecoveryItem]:
-    """The recovery queue. ``status`` defaults to unresolved (open and claimed); ``all`` lists
-    every item."""
-    queryset = RecoveryItem.objects.filter(tenant_id__in=_tenant_ids(tenants)).select_related(
-        "run", "failed_action", "assignee", "claimed_by"
+    """A page of the recovery queue, newest first (the operator API)."""
+    queryset = queue_items(
+        tenants=tenants,
+        status=status,
+        reason=reason,
+        risk=risk,
+        older_than=timedelta(minutes=older_than_minutes) if older_than_minutes is not None else None,
+        run_id=run_id,
+    ).select_related("run", "failed_action", "assignee", "claimed_by")
+    return keyset_page(queryset, keys=_BY_ID_DESC, cursor=cursor, limit=limit)
+
+
+def item_get(*, tenants: Tenants, item_id: str) -> RecoveryItem:
+    return get_for_tenants(
+        RecoveryItem.objects.select_related("run", "run__tenant", "failed_action", "assignee", "claimed_by"),
+        pk=item_id,
+        tenants=tenants,
     )
-    if status in (None, "", "unresolved"):
-        queryset = queryset.filter(status__in=UNRESOLVED)
-    elif status != "all":
-        if status not in RecoveryItem.Status.values:
-            raise errors.ValidationFailed(f"Unknown status {status!r}.", details={"status": status})
-        queryset = queryset.filter(status=status)
-    for name, value, choices in (
-        ("reason", reason, RecoveryItem.Reason.values),
-        ("risk", risk, ["low", "medium", "high", "critical"]),
-    ):
-        if value:
-            if value not in choices:
-                raise errors.ValidationFailed(f"Unknown {name} {value!r}.", details={name: value})
-            queryset = queryset.filter(**{name: value})
-    if older_than_minutes is not None:
-        queryset = queryset.filter(opened_at__lt=timezone.now() - timedelta(minutes=older_than_minutes))
-    if run_id:
-        queryset = queryset.filter(run_id=run_id)
-    return _keyset(queryset, cursor=cursor, limit=limit)
+
+
+def item_age_seconds(item: RecoveryItem, *, now: datetime | None = None) -> int:
+    """How long the item has been (or was) in the queue; never negative, whatever the clocks."""
+    end = item.resolved_at or now or timezone.now()
+    return max(0, int((end - item.opened_at).total_seconds()))
+
+
+# --- Unwinds and steps -----------------------------------------------------------------------
 
 
 def unwind_get(*, tenants: Tenants, unwind_id: str) -> Unwind:
@@ -111,12 +184,21 @@ def step_get(*, tenants: Tenants, step_id: str) -> UnwindStep:
     return step
 
 
+# --- Approvals ---------------------------------------------------------------------------------
+
+
 def approval_get(*, tenants: Tenants, approval_id: str) -> Approval:
     return get_for_tenants(
         Approval.objects.select_related("run", "run__tenant", "action", "step"),
         pk=approval_id,
         tenants=tenants,
     )
+
+
+def approvals_pending(*, tenants: Tenants, now: datetime | None = None) -> QuerySet[Approval]:
+    """Approvals waiting for a decision (``recovery.approvals.pending_q``: not past their expiry),
+    the inbox's and the badge's one definition."""
+    return Approval.objects.filter(pending_q(now=now), tenant_id__in=_tenant_ids(tenants))
 
 
 def approvals_list(
@@ -127,20 +209,142 @@ def approvals_list(
     cursor: str | None = None,
     limit: int = 50,
 ) -> Page[Approval]:
-    queryset = Approval.objects.filter(tenant_id__in=_tenant_ids(tenants)).select_related(
-        "run", "action", "step"
-    )
-    if status and status != "all":
-        if status not in Approval.Status.values:
-            raise errors.ValidationFailed(f"Unknown status {status!r}.", details={"status": status})
-        queryset = queryset.filter(status=status)
-    if kind:
-        if kind not in Approval.Kind.values:
-            raise errors.ValidationFailed(f"Unknown kind {kind!r}.", details={"kind": kind})
+    """The approval inbox for automation, newest first. ``pending`` means still decidable (not
+    past its expiry); ``all`` is every approval."""
+    if status == Approval.Status.PENDING:
+        queryset = approvals_pending(tenants=tenants)
+    else:
+        queryset = Approval.objects.filter(tenant_id__in=_tenant_ids(tenants))
+        if status and status != "all":
+            _choice("status", status, Approval.Status.values)
+            queryset = queryset.filter(status=status)
+    if _choice("kind", kind, Approval.Kind.values):
         queryset = queryset.filter(kind=kind)
-    return _keyset(queryset, cursor=cursor, limit=limit)
+    return keyset_page(
+        queryset.select_related("run", "action", "step"), keys=_BY_ID_DESC, cursor=cursor, limit=limit
+    )
 
 
-def item_age_seconds(item: RecoveryItem, *, now: Any = None) -> int:
-    end = item.resolved_at or now or timezone.now()
-    return max(0, int((end - item.opened_at).total_seconds()))
+# --- Agent commands ----------------------------------------------------------------------------
+
+
+def commands_pending(*, run: Run) -> QuerySet[AgentCommand]:
+    return AgentCommand.objects.filter(run=run, status=AgentCommand.Status.PENDING).select_related(
+        "checkpoint"
+    )
+
+
+# --- Resume preview ----------------------------------------------------------------------------
+
+
+@dataclass
+class ResumePreview:
+    run: Run
+    checkpoint: Checkpoint | None
+    succeeded_after: list[Action]
+    repeats: list[Action]
+    unknown: list[Action]
+    warnings: list[dict[str, Any]]
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.succeeded_after)
+
+    def as_dict(self) -> dict[str, Any]:
+        def brief(action: Action) -> dict[str, Any]:
+            return {
+                "id": action.pk,
+                "tool": action.tool,
+                "seq": action.seq,
+                "status": action.status,
+                "action_class": action.action_class,
+                "completion_seq": action.completion_seq,
+            }
+
+        return {
+            "run_id": self.run.pk,
+            "checkpoint_id": getattr(self.checkpoint, "pk", None),
+            "checkpoint_name": getattr(self.checkpoint, "name", None),
+            "stale": self.stale,
+            "succeeded_after": [brief(a) for a in self.succeeded_after],
+            "repeats": [brief(a) for a in self.repeats],
+            "unknown": [brief(a) for a in self.unknown],
+            "warnings": self.warnings,
+        }
+
+
+def _checkpoint_for(run: Run, checkpoint: Checkpoint | None) -> Checkpoint | None:
+    if checkpoint is None:
+        return checkpoint_latest(run=run)
+    if checkpoint.run_id != run.pk:
+        raise errors.ValidationFailed(
+            "The checkpoint does not belong to this run.", details={"checkpoint_id": checkpoint.pk}
+        )
+    return checkpoint
+
+
+def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) -> ResumePreview:
+    """What a resume from ``checkpoint`` (default: the latest) would mean. A checkpoint is stale
+    when actions succeeded after it was written (its ``completion_mark``): the agent, restarting
+    there, would do them again; the irreversible ones among them would happen twice."""
+    run = item.run
+    chosen = _checkpoint_for(run, checkpoint)
+    actions = list(Action.objects.filter(run=run).order_by("seq"))
+    mark = chosen.completion_mark if chosen is not None else 0
+    after = sorted(
+        (a for a in actions if a.completion_seq is not None and a.completion_seq > mark),
+        key=lambda a: a.completion_seq or 0,
+    )
+    repeats = [a for a in after if a.action_class == ActionClass.EXTERNAL_IRREVERSIBLE]
+    unknown = [a for a in actions if a.status == Action.Status.UNKNOWN]
+    warnings: list[dict[str, Any]] = []
+    if chosen is None:
+        warnings.append(
+            {
+                "code": "no_checkpoint",
+                "message": "The run wrote no checkpoint: a resume restarts it from the beginning.",
+            }
+        )
+    if after:
+        warnings.append(
+            {
+                "code": "stale_checkpoint",
+                "message": (
+                    f"{len(after)} action(s) succeeded after checkpoint "
+                    f"{getattr(chosen, 'name', '(start)')!s}: "
+                    + ", ".join(a.tool for a in after)
+                    + ". Resuming there repeats them."
+                ),
+                "action_ids": [a.pk for a in after],
+            }
+        )
+    if repeats:
+        warnings.append(
+            {
+                "code": "repeats_non_idempotent",
+                "message": "A resume would repeat irreversible actions: "
+                + ", ".join(a.tool for a in repeats)
+                + ".",
+                "action_ids": [a.pk for a in repeats],
+            }
+        )
+    if unknown:
+        warnings.append(
+            {
+                "code": "outcome_unknown",
+                "message": "Reconcile unknown outcomes before resuming: "
+                + ", ".join(a.tool for a in unknown)
+                + ".",
+                "action_ids": [a.pk for a in unknown],
+            }
+        )
+    if chosen is not None and chosen.recovery_mode == Checkpoint.RecoveryMode.COMPENSATE_ONLY:
+        warnings.append(
+            {
+                "code": "resume_not_allowed",
+                "message": f"Checkpoint {chosen.name} says compensate only: the agent cannot resume here.",
+            }
+        )
+    return ResumePreview(
+        run=run, checkpoint=chosen, succeeded_after=after, repeats=repeats, unknown=unknown, warnings=warnings
+    )

@@ -6,6 +6,7 @@ it decides nothing.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.urls import reverse
@@ -50,7 +51,7 @@ def _describe(action: Action) -> str:
     return f"{action.tool} on {target}" if target else action.tool
 
 
-def _entry(action: Action, *, at: Any, how: str = "", reason: str = "") -> dict[str, Any]:
+def _entry(action: Action, *, at: datetime | None, how: str = "", reason: str = "") -> dict[str, Any]:
     return {
         "action_id": action.pk,
         "seq": action.seq,

@@ -16,7 +16,7 @@ Mechanics (docs/RECOVERY.md tells the whole story):
   for up to a batch of a couple of seconds; then the next step is queued with a ``step_run`` job
   at the back of the queue, so concurrent unwinds take turns. A crash mid-batch leaves one
   ``running`` step whose lease expires.
-- ``steps_sweep`` (periodic) re-queues steps whose lease expired (worker killed), re-enqueues
+- ``recovery.sweeper.steps_sweep`` (periodic) re-queues steps whose lease expired (worker killed), re-enqueues
   queued steps whose job vanished (Redis restarted), and advances running unwinds with nothing in
   flight (an advance job that never reached Redis).
 - When no step is left the unwind finishes: run → ``compensated`` and the item resolved, or run →
@@ -30,25 +30,33 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
 import structlog
-from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Case, When
 from django.utils import timezone
 
 from ledger import errors, ids
-from ledger import services as ledger
 from ledger.audit import Actor, audit_record
-from ledger.hashing import sha256_hex
+from ledger.conf import saga
 from ledger.models import Action, Run
 from ledger.policies import policy_settings_for
-from recovery import compensators, queueing
+from ledger.rules import reason_required
+from ledger.services import actions, runs
+from ledger.transitions import transition
+from recovery import approvals, compensators, items, queueing
 from recovery.compensators import CompensationRequest, Outcome
-from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.models import (
+    STEP_TRANSITIONS,
+    UNWIND_TRANSITIONS,
+    Approval,
+    RecoveryItem,
+    Unwind,
+    UnwindStep,
+)
 from recovery.planner import Plan
 
 log = structlog.get_logger("saga_admin.unwinds")
@@ -61,38 +69,21 @@ PROBLEMS = (UnwindStep.Status.FAILED, UnwindStep.Status.DRIFTED)
 # --- Settings that shape a step's life ---------------------------------------------------------
 
 
-def _unwind_settings(run: Run) -> dict[str, Any]:
-    """The policy file's unwind block, normalised (``ALERT_AND_CONTINUE`` and ``"30s"`` accepted)."""
-    raw = policy_settings_for(run.tenant).unwind
-    on_failure = str(raw.get("on_compensation_failure") or raw.get("onCompensationFailure") or "")
-    on_failure = on_failure.strip().lower()
-    if on_failure not in Unwind.OnFailure.values:
-        on_failure = Unwind.OnFailure.ALERT_AND_CONTINUE
-    timeout = raw.get("step_timeout_s") or raw.get("timeout") or 0
-    try:
-        step_timeout_s = float(str(timeout).rstrip("s") or 0)
-    except ValueError:
-        step_timeout_s = 0.0
-    try:
-        max_attempts = int(raw.get("max_attempts") or settings.SAGA["DEFAULT_MAX_ATTEMPTS"])
-    except (TypeError, ValueError):
-        max_attempts = int(settings.SAGA["DEFAULT_MAX_ATTEMPTS"])
-    return {"on_failure": on_failure, "step_timeout_s": step_timeout_s, "max_attempts": max(1, max_attempts)}
-
-
 def step_lease_seconds(*, step_timeout_s: float | None = None) -> int:
     """A step's lease outlives one compensator call, so a live worker never loses its lease to the
     sweeper mid-call; a dead worker's step is taken back within the lease plus a sweep."""
     call = compensators.call_timeout_s(step_timeout_s=step_timeout_s)
-    return max(int(settings.SAGA["STEP_LEASE_S"]), math.ceil(call) + 1)
+    return max(saga().step_lease_s, math.ceil(call) + 1)
 
 
 def retry_backoff_seconds(attempt: int) -> float:
-    base = float(settings.SAGA["RETRY_BACKOFF_BASE_S"])
-    return min(float(settings.SAGA["RETRY_BACKOFF_MAX_S"]), base * (2 ** max(0, attempt - 1)))
+    base = saga().retry_backoff_base_s
+    factor: int = 2 ** max(0, attempt - 1)  # typeshed types int ** int as Any (negative powers)
+    return min(saga().retry_backoff_max_s, base * factor)
 
 
-def _step_timeout(unwind: Unwind) -> float:
+def step_timeout_of(unwind: Unwind) -> float:
+    """The step timeout frozen into the unwind's plan when it started."""
     return float((unwind.plan or {}).get("settings", {}).get("step_timeout_s") or 0)
 
 
@@ -111,7 +102,7 @@ def _enqueue_advance(unwind_id: str) -> None:
     )
 
 
-def _enqueue_step(step_id: str, *, step_timeout_s: float, delay_s: float | None = None) -> None:
+def enqueue_step(step_id: str, *, step_timeout_s: float, delay_s: float | None = None) -> None:
     def push() -> None:
         job_id = queueing.enqueue(
             "recovery.jobs.step_run",
@@ -135,15 +126,15 @@ def unwind_create(
 ) -> Unwind:
     """Freeze ``plan`` into an unwind and its steps (caller holds the transaction and has moved
     the run to ``compensating``)."""
-    knobs = _unwind_settings(run)
-    frozen = {**plan.as_dict(), "settings": knobs}
+    knobs = policy_settings_for(run.tenant).unwind_settings
+    frozen = {**plan.as_dict(), "settings": asdict(knobs)}
     try:
         with transaction.atomic():
             unwind = Unwind.objects.create(
                 tenant_id=run.tenant_id,
                 run=run,
                 item=item,
-                on_failure=knobs["on_failure"],
+                on_failure=knobs.on_failure,
                 automatic=automatic,
                 requested_by=actor.user,
                 requested_by_key=actor.key,
@@ -173,7 +164,7 @@ def unwind_create(
             strategy=planned.strategy,
             requires_approval=planned.requires_approval,
             status=UnwindStep.Status.PENDING if planned.can_undo else UnwindStep.Status.SKIPPED,
-            max_attempts=knobs["max_attempts"],
+            max_attempts=knobs.max_attempts,
             # Stable for the step's whole life: every retry and re-enqueue sends the same key.
             idempotency_key=step_id,
             error="" if planned.can_undo else planned.note,
@@ -190,7 +181,7 @@ def unwind_create(
         data={
             "steps": len(plan.steps),
             "automatic": automatic,
-            "on_failure": knobs["on_failure"],
+            "on_failure": knobs.on_failure,
             "tools": [s.tool for s in plan.steps],
         },
     )
@@ -201,7 +192,7 @@ def unwind_create(
 # --- Advancing -------------------------------------------------------------------------------
 
 
-def _step_transition(
+def step_transition(
     step: UnwindStep,
     *,
     to: str,
@@ -211,49 +202,51 @@ def _step_transition(
     reason: str = "",
     updates: dict[str, Any] | None = None,
     data: dict[str, Any] | None = None,
-    extra_filter: dict[str, Any] | None = None,
-) -> bool:
-    """Compare-and-set one step; audit it. False when another process changed it first."""
-    fields = {"status": to, "updated_at": timezone.now(), **(updates or {})}
-    matched = UnwindStep.objects.filter(pk=step.pk, status__in=allowed_from, **(extra_filter or {})).update(
-        **fields
-    )
-    if matched != 1:
-        return False
-    previous = step.status
-    for name, value in fields.items():
-        setattr(step, name, value)
-    run = step.unwind.run
-    audit_record(
-        tenant=run.tenant,
-        run=run,
+    where: dict[str, Any] | None = None,
+) -> None:
+    """Compare-and-set one step from the status the caller holds (``step.status``, read in this
+    transaction) and audit it; ``InvalidTransition`` when another process changed it first."""
+    transition(
+        step,
+        table=STEP_TRANSITIONS,
+        to=to,
+        run=step.unwind.run,
         actor=actor,
         kind=kind,
-        subject=step,
-        from_state=previous,
-        to_state=to,
         reason=reason,
+        updates=updates,
         data={"unwind_id": step.unwind_id, "action_id": step.action_id, "tool": step.tool, **(data or {})},
+        allowed_from=allowed_from,
+        current=step.status,
+        where=where,
     )
-    return True
 
 
-def _unwind_set_status(
+def unwind_set_status(
     unwind: Unwind,
     *,
     to: str,
-    allowed_from: tuple[str, ...],
     actor: Actor,
     kind: str,
     reason: str = "",
     data: dict[str, Any] | None = None,
-) -> bool:
+) -> None:
+    """Compare-and-set the unwind (whose row the caller holds locked) and audit it."""
     now = timezone.now()
     finished = to in (Unwind.Status.COMPLETED, Unwind.Status.FAILED, Unwind.Status.CANCELLED)
     try:
         with transaction.atomic():
-            matched = Unwind.objects.filter(pk=unwind.pk, status__in=allowed_from).update(
-                status=to, updated_at=now, finished_at=now if finished else None
+            transition(
+                unwind,
+                table=UNWIND_TRANSITIONS,
+                to=to,
+                run=unwind.run,
+                actor=actor,
+                kind=kind,
+                reason=reason,
+                updates={"finished_at": now if finished else None},
+                data=data,
+                current=unwind.status,
             )
     except IntegrityError as exc:
         # Reactivating an old unwind while a newer one runs: one active unwind per run.
@@ -263,22 +256,6 @@ def _unwind_set_status(
             current=unwind.status,
             message=f"Run {unwind.run_id} already has another unwind in progress.",
         ) from exc
-    if matched != 1:
-        return False
-    previous = unwind.status
-    unwind.status, unwind.finished_at = to, (now if finished else None)
-    audit_record(
-        tenant=unwind.run.tenant,
-        run=unwind.run,
-        actor=actor,
-        kind=kind,
-        subject=unwind,
-        from_state=previous,
-        to_state=to,
-        reason=reason,
-        data=data,
-    )
-    return True
 
 
 def _lock_unwind(unwind_id: str) -> Unwind | None:
@@ -360,16 +337,19 @@ def _step_queue(
     updates: dict[str, Any] | None = None,
 ) -> None:
     now = timezone.now()
-    if _step_transition(
-        step,
-        to=UnwindStep.Status.QUEUED,
-        allowed_from=allowed_from,
-        actor=actor,
-        kind=kind,
-        reason=reason,
-        updates={"next_attempt_at": now, "job_id": "", **(updates or {})},
-    ):
-        _enqueue_step(step.pk, step_timeout_s=_step_timeout(unwind))
+    try:
+        step_transition(
+            step,
+            to=UnwindStep.Status.QUEUED,
+            allowed_from=allowed_from,
+            actor=actor,
+            kind=kind,
+            reason=reason,
+            updates={"next_attempt_at": now, "job_id": "", **(updates or {})},
+        )
+    except errors.InvalidTransition:
+        return  # another process moved the step first: its own job (or the sweeper) carries it on
+    enqueue_step(step.pk, step_timeout_s=step_timeout_of(unwind))
 
 
 def _planned_risk(unwind: Unwind, step: UnwindStep) -> str:
@@ -380,8 +360,6 @@ def _planned_risk(unwind: Unwind, step: UnwindStep) -> str:
 
 
 def _step_request_approval(*, unwind: Unwind, step: UnwindStep, approval: Approval | None) -> None:
-    from recovery import services
-
     if approval is not None and approval.status != Approval.Status.PENDING:
         # OneToOne: a step gets one approval. A refused one was already turned into a failed
         # step; reaching here would mean a retry slipped past step_retry's check.
@@ -390,52 +368,32 @@ def _step_request_approval(*, unwind: Unwind, step: UnwindStep, approval: Approv
             details={"step_id": step.pk, "approval_id": approval.pk},
             code="approval_not_granted",
         )
-    _step_transition(
+    step_transition(
         step,
         to=UnwindStep.Status.AWAITING_APPROVAL,
         allowed_from=(UnwindStep.Status.PENDING,),
         actor=ENGINE,
         kind="step.awaiting_approval",
     )
-    _unwind_set_status(
+    unwind_set_status(
         unwind,
         to=Unwind.Status.PAUSED,
-        allowed_from=(Unwind.Status.RUNNING,),
         actor=ENGINE,
         kind="unwind.paused",
         data={"waiting_for_step": step.pk},
     )
     if approval is None:
-        run = unwind.run
-        approval = Approval.objects.create(
-            tenant_id=run.tenant_id,
-            run=run,
-            kind=Approval.Kind.COMPENSATION,
+        approvals.approval_request(
+            run=unwind.run,
             action=step.action,
             step=step,
-            risk=_planned_risk(unwind, step),
             tool=step.tool,
             args=step.args,
-            args_hash=sha256_hex(step.args),
+            risk=_planned_risk(unwind, step),
+            actor=ENGINE,
             requested_by=unwind.requested_by,
             requested_by_key=unwind.requested_by_key,
-            expires_at=services.approval_expiry_from(),
         )
-        audit_record(
-            tenant=run.tenant,
-            run=run,
-            actor=ENGINE,
-            kind="approval.requested",
-            subject=approval,
-            to_state=approval.status,
-            data={
-                "tool": step.tool,
-                "risk": approval.risk,
-                "step_id": step.pk,
-                "args_hash": approval.args_hash,
-            },
-        )
-        services.notify_approval_requested(approval)
 
 
 @transaction.atomic
@@ -454,10 +412,9 @@ def step_approval_decided(*, approval: Approval, actor: Actor) -> UnwindStep:
             current=step.status,
             message=f"Step {step.pk} is {step.status}; it is not waiting for approval.",
         )
-    _unwind_set_status(
+    unwind_set_status(
         unwind,
         to=Unwind.Status.RUNNING,
-        allowed_from=(Unwind.Status.PAUSED,),
         actor=actor,
         kind="unwind.resumed",
         data={"approval_id": approval.pk, "decision": approval.status},
@@ -475,7 +432,7 @@ def step_approval_decided(*, approval: Approval, actor: Actor) -> UnwindStep:
         )
         return step
     verdict = "expired without a decision" if approval.status == Approval.Status.EXPIRED else "was rejected"
-    _step_transition(
+    step_transition(
         step,
         to=UnwindStep.Status.FAILED,
         allowed_from=(UnwindStep.Status.AWAITING_APPROVAL,),
@@ -533,26 +490,28 @@ def _step_start(
     now = timezone.now()
     token = step.lease_token + 1
     attempt = step.attempts + 1
-    lease_s = step_lease_seconds(step_timeout_s=_step_timeout(step.unwind))
+    lease_s = step_lease_seconds(step_timeout_s=step_timeout_of(step.unwind))
     override = bool((step.result or {}).get("override_drift")) if isinstance(step.result, dict) else False
-    if not _step_transition(
-        step,
-        to=UnwindStep.Status.RUNNING,
-        allowed_from=allowed_from,
-        actor=ENGINE,
-        kind="step.started",
-        updates={
-            "lease_token": token,
-            "attempts": attempt,
-            "lease_expires_at": now + timedelta(seconds=lease_s),
-            "started_at": step.started_at or now,
-        },
-        data={"attempt": attempt, "lease_token": token},
-    ):
-        return None
+    try:
+        step_transition(
+            step,
+            to=UnwindStep.Status.RUNNING,
+            allowed_from=allowed_from,
+            actor=ENGINE,
+            kind="step.started",
+            updates={
+                "lease_token": token,
+                "attempts": attempt,
+                "lease_expires_at": now + timedelta(seconds=lease_s),
+                "started_at": step.started_at or now,
+            },
+            data={"attempt": attempt, "lease_token": token},
+        )
+    except errors.InvalidTransition:
+        return None  # another worker took it first
     action = step.action
     if action.status in (Action.Status.SUCCEEDED, Action.Status.COMPENSATION_FAILED):
-        ledger.action_compensation_started(action=action, actor=ENGINE, step_id=step.pk)
+        actions.action_compensation_started(action=action, actor=ENGINE, step_id=step.pk)
     run = step.unwind.run
     request = CompensationRequest(
         step_id=step.pk,
@@ -569,7 +528,7 @@ def _step_start(
         idempotency_key=step.idempotency_key,
         strategy=step.strategy,
         override_drift=override,
-        timeout_s=compensators.call_timeout_s(step_timeout_s=_step_timeout(step.unwind)),
+        timeout_s=compensators.call_timeout_s(step_timeout_s=step_timeout_of(step.unwind)),
     )
     return Claim(
         step_id=step.pk, unwind_id=step.unwind_id, token=token, tenant_id=run.tenant_id, request=request
@@ -579,7 +538,7 @@ def _step_start(
 def batch_seconds() -> float:
     """How long one job keeps running an unwind's steps back to back before it hands the unwind
     to a fresh job at the back of the queue (so concurrent unwinds take turns)."""
-    return float(settings.SAGA["UNWIND_BATCH_S"])
+    return saga().unwind_batch_s
 
 
 def drive_job_timeout(*, step_timeout_s: float | None = None) -> int:
@@ -662,14 +621,14 @@ def _step_record(
     base = {"lease_expires_at": None}
     if outcome.kind == compensators.RETRY and step.attempts < step.max_attempts:
         delay = retry_backoff_seconds(step.attempts)
-        _step_transition(
+        step_transition(
             step,
             to=UnwindStep.Status.QUEUED,
             allowed_from=(UnwindStep.Status.RUNNING,),
             actor=ENGINE,
             kind="step.retry_scheduled",
             reason=outcome.error,
-            extra_filter=fence,
+            where=fence,
             updates={
                 **base,
                 "error": outcome.error,
@@ -678,7 +637,7 @@ def _step_record(
             },
             data={**data, "retry_in_s": delay},
         )
-        _enqueue_step(step.pk, step_timeout_s=_step_timeout(step.unwind), delay_s=delay)
+        enqueue_step(step.pk, step_timeout_s=step_timeout_of(step.unwind), delay_s=delay)
         return step, None
     if outcome.kind == compensators.DONE:
         to, action_outcome, error = UnwindStep.Status.DONE, "done", ""
@@ -691,18 +650,18 @@ def _step_record(
             if outcome.kind == compensators.FAILED
             else (f"Gave up after {step.attempts} attempts: {outcome.error}")
         )
-    _step_transition(
+    step_transition(
         step,
         to=to,
         allowed_from=(UnwindStep.Status.RUNNING,),
         actor=ENGINE,
         kind=f"step.{to}",
         reason=error,
-        extra_filter=fence,
+        where=fence,
         updates={**base, "error": error, "result": outcome.state, "finished_at": now},
         data=data,
     )
-    ledger.action_compensation_finished(
+    actions.action_compensation_finished(
         action=step.action,
         actor=ENGINE,
         outcome=action_outcome,
@@ -744,8 +703,6 @@ def _left_over(steps: list[UnwindStep]) -> list[dict[str, Any]]:
 def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
     """No step left to run (or halted): settle the run and the recovery item. Caller holds the
     unwind's row lock inside a transaction."""
-    from recovery import services
-
     left = _left_over(steps)
     complete = not left
     not_undone = [
@@ -760,18 +717,17 @@ def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
         else f"{len(left)} of {len(steps)} steps not compensated: "
         + ", ".join(f"{entry['tool']} ({entry['status']})" for entry in left)
     )
-    _unwind_set_status(
+    unwind_set_status(
         unwind,
         to=Unwind.Status.COMPLETED if complete else Unwind.Status.FAILED,
-        allowed_from=(Unwind.Status.RUNNING,),
         actor=ENGINE,
         kind="unwind.completed" if complete else "unwind.failed",
         reason=summary,
         data={"left": left, "not_undone": not_undone},
     )
-    ledger.run_compensation_finished(run=run, actor=ENGINE, complete=complete, reason=summary)
+    runs.run_compensation_finished(run=run, actor=ENGINE, complete=complete, reason=summary)
     if complete:
-        services.item_resolve_compensated(unwind=unwind, not_undone=not_undone)
+        items.item_resolve_compensated(unwind=unwind, not_undone=not_undone)
     else:
         drift_only = all(
             entry["status"] == UnwindStep.Status.DRIFTED for entry in left if entry["status"] in PROBLEMS
@@ -782,40 +738,33 @@ def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
             if has_problem and drift_only
             else RecoveryItem.Reason.COMPENSATION_FAILED
         )
-        services.item_reopen_after_unwind(unwind=unwind, run=run, reason=reason, error=summary, left=left)
+        items.item_reopen_after_unwind(unwind=unwind, run=run, reason=reason, error=summary, left=left)
     return unwind
 
 
 # --- Operator decisions on a step ------------------------------------------------------------
 
 
-def _require_reason(reason: str) -> None:
-    if not reason.strip():
-        raise errors.ValidationFailed("A reason is required.", details={"reason": "required"})
-
-
 def _unwind_reactivate(*, unwind: Unwind, actor: Actor, reason: str) -> None:
     """A finished-with-failures unwind picks up again after an operator's retry or skip: the run
     goes back to compensating and the reopened item is claimed again."""
-    from recovery import services
-
     if unwind.status in (Unwind.Status.RUNNING, Unwind.Status.PAUSED):
         return
     if unwind.status != Unwind.Status.FAILED:
         raise errors.InvalidTransition(unwind, to=Unwind.Status.RUNNING, current=unwind.status)
     run = Run.objects.select_for_update().select_related("tenant").get(pk=unwind.run_id)
-    ledger.run_compensation_started(run=run, actor=actor, reason=reason)
-    _unwind_set_status(
+    runs.run_compensation_started(run=run, actor=actor, reason=reason)
+    unwind_set_status(
         unwind,
         to=Unwind.Status.RUNNING,
-        allowed_from=(Unwind.Status.FAILED,),
         actor=actor,
         kind="unwind.reactivated",
         reason=reason,
     )
-    item = RecoveryItem.objects.filter(run=run).exclude(status=RecoveryItem.Status.RESOLVED).first()
+    item = RecoveryItem.objects.filter(run=run, status__in=RecoveryItem.UNRESOLVED).first()
     if item is not None:
-        services.item_claim(item=item, actor=actor, reason=reason)
+        item.run = run
+        items.item_claim(item=item, actor=actor, reason=reason)
         if unwind.item_id != item.pk:
             Unwind.objects.filter(pk=unwind.pk).update(item=item)
             unwind.item = item
@@ -834,7 +783,7 @@ def _lock_step_for_decision(step: UnwindStep) -> tuple[Unwind, UnwindStep]:
 def step_retry(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
     """A failed or drifted step runs again (an operator's "retry anyway": for a drifted snapshot
     restore the reader's drift check is skipped this time). The unwind continues after it."""
-    _require_reason(reason)
+    reason = reason_required(reason)
     unwind, current = _lock_step_for_decision(step)
     if current.status not in PROBLEMS:
         raise errors.InvalidTransition(current, to=UnwindStep.Status.PENDING, current=current.status)
@@ -847,7 +796,7 @@ def step_retry(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
         )
     override = current.status == UnwindStep.Status.DRIFTED
     _unwind_reactivate(unwind=unwind, actor=actor, reason=reason)
-    _step_transition(
+    step_transition(
         current,
         to=UnwindStep.Status.PENDING,
         allowed_from=PROBLEMS,
@@ -871,12 +820,12 @@ def step_retry(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
 def step_skip(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
     """The operator leaves a failed or drifted step undone; the unwind continues. The action keeps
     ``compensation_failed``: its effect is still in the world, and the trail says so."""
-    _require_reason(reason)
+    reason = reason_required(reason)
     unwind, current = _lock_step_for_decision(step)
     if current.status not in PROBLEMS:
         raise errors.InvalidTransition(current, to=UnwindStep.Status.SKIPPED, current=current.status)
     _unwind_reactivate(unwind=unwind, actor=actor, reason=reason)
-    _step_transition(
+    step_transition(
         current,
         to=UnwindStep.Status.SKIPPED,
         allowed_from=PROBLEMS,
@@ -888,97 +837,3 @@ def step_skip(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
     )
     _enqueue_advance(unwind.pk)
     return current
-
-
-# --- The sweeper -----------------------------------------------------------------------------
-
-
-@dataclass
-class SweepReport:
-    leases_expired: int = 0
-    reenqueued: int = 0
-    advanced: int = 0
-
-
-def steps_sweep(*, now: Any = None) -> SweepReport:
-    """Find committed work that nobody is carrying out and hand it to a worker again."""
-    now = now or timezone.now()
-    report = SweepReport()
-    interval = float(settings.SAGA["SWEEP_INTERVAL_S"])
-
-    # 1. A running step whose lease expired: its worker died (or was SIGKILLed with its horse).
-    for step_id in UnwindStep.objects.filter(
-        status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now
-    ).values_list("pk", flat=True):
-        if _step_lease_expired(step_id=step_id, now=now):
-            report.leases_expired += 1
-
-    # 2. A queued step that is due but whose job is gone (Redis restarted or was down when it
-    # was enqueued), or has waited implausibly long (a job stuck "started" by a dead worker).
-    for step in UnwindStep.objects.filter(
-        status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING
-    ).select_related("unwind"):
-        due_at = step.next_attempt_at or step.updated_at
-        if due_at > now:
-            continue
-        waited = (now - max(due_at, step.updated_at)).total_seconds()
-        state = queueing.job_state(step.job_id, queue="compensations")
-        if state is None:
-            break  # Redis is down: nothing can be enqueued now; the next sweep tries again
-        stale = waited > max(3 * interval, step_lease_seconds(step_timeout_s=_step_timeout(step.unwind)))
-        if queueing.job_is_alive(state) and not stale:
-            continue
-        job_id = queueing.enqueue(
-            "recovery.jobs.step_run",
-            queue="compensations",
-            step_id=step.pk,
-            job_timeout=drive_job_timeout(step_timeout_s=_step_timeout(step.unwind)),
-        )
-        if job_id:
-            UnwindStep.objects.filter(pk=step.pk, status=UnwindStep.Status.QUEUED).update(
-                job_id=job_id, updated_at=timezone.now()
-            )
-            report.reenqueued += 1
-            log.info("unwinds.step_reenqueued", step_id=step.pk, previous_job=step.job_id, job_state=state)
-
-    # 3. A running unwind with nothing in flight: its advance job never ran.
-    for unwind_id in (
-        Unwind.objects.filter(status=Unwind.Status.RUNNING)
-        .exclude(steps__status__in=IN_FLIGHT)
-        .values_list("pk", flat=True)
-    ):
-        unwind_advance(unwind_id=unwind_id)
-        report.advanced += 1
-    return report
-
-
-@transaction.atomic
-def _step_lease_expired(*, step_id: str, now: Any) -> bool:
-    step = (
-        UnwindStep.objects.select_for_update(skip_locked=True, of=("self",))
-        .select_related("unwind__run__tenant", "action")
-        .filter(pk=step_id, status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now)
-        .first()
-    )
-    if step is None:
-        return False
-    message = f"Lease expired after attempt {step.attempts}: the worker running the step was lost."
-    if step.attempts >= step.max_attempts:
-        # The token is left as is: the lost worker (if it ever wakes) is fenced by the status.
-        step_record_outcome(
-            step_id=step.pk, token=step.lease_token, outcome=Outcome.retry(message + " No attempts left.")
-        )
-        return True
-    _step_transition(
-        step,
-        to=UnwindStep.Status.QUEUED,
-        allowed_from=(UnwindStep.Status.RUNNING,),
-        actor=ENGINE,
-        kind="step.lease_expired",
-        reason=message,
-        extra_filter={"lease_token": step.lease_token},
-        updates={"lease_expires_at": None, "next_attempt_at": now, "error": message, "job_id": ""},
-        data={"attempt": step.attempts, "lease_token": step.lease_token},
-    )
-    _enqueue_step(step.pk, step_timeout_s=_step_timeout(step.unwind))
-    return True

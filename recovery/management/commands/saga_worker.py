@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 from django_rq.utils import reset_db_connections
 from django_rq.workers import get_worker
 from redis.exceptions import RedisError
@@ -31,7 +31,7 @@ class SagaWorker(Worker):
 class Command(BaseCommand):
     help = "Run an RQ worker on every Saga Admin queue, with the scheduler and the periodic jobs."
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("queues", nargs="*", default=list(QUEUES))
         parser.add_argument("--name", default=None)
         parser.add_argument("--burst", action="store_true", help="Process what is queued, then exit.")

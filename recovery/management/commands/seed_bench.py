@@ -22,21 +22,23 @@ from __future__ import annotations
 
 import json
 import random
-import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection, transaction
 from django.utils import timezone
 
 from ledger.hashing import sha256_hex
-from ledger.ids import _ALPHABET
-from ledger.services import action_payload_hash
-from recovery.services import search_text_for
+from ledger.ids import new_id
+from ledger.services.actions import action_payload_hash
+from recovery.items import search_text_for
+
+if TYPE_CHECKING:
+    import psycopg
 
 # Tenants of unequal size: one big customer dominates, as in most multi-tenant installs.
 TENANTS = [("acme", "Acme Corp", 0.6), ("globex", "Globex", 0.3), ("initech", "Initech", 0.1)]
@@ -220,16 +222,15 @@ APPROVAL_COLUMNS = [
 
 def ulid_at(prefix: str, when: datetime) -> str:
     """An id in ``ledger.ids``' format whose time part is ``when``: seeded ids sort like real ones."""
-    value = (int(when.timestamp() * 1000) << 80) | secrets.randbits(80)
-    chars = []
-    for _ in range(26):
-        chars.append(_ALPHABET[value & 31])
-        value >>= 5
-    return f"{prefix}_{''.join(reversed(chars))}"
+    return new_id(prefix, at=when)
 
 
 def dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
+    return None if value is None else _json(value)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 @dataclass
@@ -352,7 +353,7 @@ class _Seeder:
         self.action_copy: Any = None
         self._policy_json: dict[tuple[str, bool], str] = {}
 
-    def copy_all(self, cursor: Any) -> None:
+    def copy_all(self, cursor: psycopg.Cursor[Any]) -> None:
         from psycopg.copy import QueuedLibpqWriter
 
         fates = self.plan.fates(self.rng)
@@ -370,7 +371,9 @@ class _Seeder:
         self._copy(cursor, "recovery_approval", APPROVAL_COLUMNS, self.approvals)
 
     @staticmethod
-    def _copy(cursor: Any, table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+    def _copy(
+        cursor: psycopg.Cursor[Any], table: str, columns: list[str], rows: list[tuple[Any, ...]]
+    ) -> None:
         if not rows:
             return
         sql = f"COPY {table} ({', '.join(columns)}) FROM STDIN"  # noqa: S608 - fixed identifiers
@@ -538,7 +541,7 @@ class _Seeder:
     def _policy(self, tool: str, risk: str, action_class: str, manual: bool) -> str:
         key = (tool, manual)
         if key not in self._policy_json:
-            self._policy_json[key] = dumps(
+            self._policy_json[key] = _json(
                 {
                     "tool": tool,
                     "pattern": tool,

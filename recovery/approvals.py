@@ -1,0 +1,144 @@
+"""Approvals: a person's go-ahead for a risky action or compensation step, bound to a hash of the
+exact arguments shown. Asked for by ``recovery.services`` (an action whose policy needs a human)
+and by the unwind engine (a compensation step); decided by an approver, or expired by the sweeper.
+
+Whoever asked — the agent key that recorded the action, the operator who decided the compensation
+— never grants it at critical risk (four eyes). What a decision then means for the action or the
+step is ``recovery.services``'s business: this module only asks, decides and expires.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from ledger import errors
+from ledger.audit import Actor, audit_record
+from ledger.conf import saga
+from ledger.hashing import sha256_hex
+from ledger.models import Action, AgentKey, Run
+from ledger.rules import reason_required
+from recovery import notifications
+from recovery.models import Approval, UnwindStep
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+
+def approval_expiry_from(now: datetime | None = None) -> datetime:
+    return (now or timezone.now()) + timedelta(hours=saga().approval_expiry_h)
+
+
+def pending_q(*, now: datetime | None = None, prefix: str = "") -> Q:
+    """The one rule for "waiting for a decision": pending and not past its expiry. An approval
+    past its deadline is refused when decided (``ApprovalExpired``) and swept to ``expired`` within
+    a sweep interval; nothing in between shows it as one a person can still grant. ``prefix``:
+    the path to the approval from another model (``"approvals__"``)."""
+    return Q(**{f"{prefix}status": Approval.Status.PENDING, f"{prefix}expires_at__gt": now or timezone.now()})
+
+
+def approval_request(
+    *,
+    run: Run,
+    action: Action,
+    tool: str,
+    args: Any,
+    risk: str,
+    actor: Actor,
+    requested_by: User | None = None,
+    requested_by_key: AgentKey | None = None,
+    step: UnwindStep | None = None,
+) -> Approval:
+    """Open an approval for ``action`` (or, with ``step``, for its compensation) bound to ``args``,
+    audit it, and tell approvers after commit. The caller holds the transaction."""
+    approval = Approval.objects.create(
+        tenant_id=run.tenant_id,
+        run=run,
+        kind=Approval.Kind.COMPENSATION if step is not None else Approval.Kind.ACTION,
+        action=action,
+        step=step,
+        risk=risk,
+        tool=tool,
+        args=args,
+        args_hash=sha256_hex(args),
+        requested_by=requested_by,
+        requested_by_key=requested_by_key,
+        expires_at=approval_expiry_from(),
+    )
+    data: dict[str, Any] = {"tool": tool, "risk": risk}
+    if step is not None:
+        data["step_id"] = step.pk
+    data["args_hash"] = approval.args_hash
+    audit_record(
+        tenant=run.tenant,
+        run=run,
+        actor=actor,
+        kind="approval.requested",
+        subject=approval,
+        to_state=approval.status,
+        data=data,
+    )
+    transaction.on_commit(lambda: notifications.enqueue_approval_requested(approval_id=approval.pk))
+    return approval
+
+
+def is_requester(approval: Approval, actor: Actor) -> bool:
+    if actor.user is not None and approval.requested_by_id == actor.user.pk:
+        return True
+    return actor.key is not None and approval.requested_by_key_id == actor.key.pk
+
+
+def approval_decide(
+    approval: Approval, *, to: str, actor: Actor, reason: str, updates: dict[str, Any]
+) -> Approval:
+    """pending → approved | rejected under the approval's row lock, refusing an expired approval
+    and a critical one granted by whoever asked for it. Returns the decided row; the caller holds
+    the transaction and hands the decision on."""
+    reason = reason_required(reason)
+    current = Approval.objects.select_for_update().get(pk=approval.pk)
+    if current.status != Approval.Status.PENDING:
+        raise errors.InvalidTransition(current, to=to, current=current.status)
+    if current.expires_at <= timezone.now():
+        raise errors.ApprovalExpired(
+            f"Approval {approval.pk} expired at {current.expires_at.isoformat()}.",
+            details={"approval_id": approval.pk, "current": Approval.Status.EXPIRED},
+        )
+    if to == Approval.Status.APPROVED and current.risk == "critical" and is_requester(current, actor):
+        raise errors.FourEyesRequired(
+            "Critical-risk approvals need a second person: whoever asked for this cannot approve it.",
+            details={"approval_id": approval.pk},
+        )
+    fields = {
+        "status": to,
+        "decided_at": timezone.now(),
+        "reason": reason,
+        "decided_by": actor.user,
+        "decided_by_key": actor.key,
+        **updates,
+    }
+    for name, value in fields.items():
+        setattr(current, name, value)
+    current.save(update_fields=list(fields))
+    return current
+
+
+def approval_expire(*, approval_id: str, now: datetime) -> Approval | None:
+    """pending → expired for one approval past its deadline (None: decided meanwhile, or another
+    sweeper has it). The caller holds the transaction and hands the expiry on."""
+    approval = (
+        Approval.objects.select_for_update(skip_locked=True)
+        .filter(pk=approval_id, status=Approval.Status.PENDING, expires_at__lte=now)
+        .select_related("run__tenant", "action")
+        .first()
+    )
+    if approval is None:
+        return None
+    approval.status = Approval.Status.EXPIRED
+    approval.decided_at = now
+    approval.reason = "expired without a decision"
+    approval.save(update_fields=["status", "decided_at", "reason"])
+    return approval

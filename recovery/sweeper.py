@@ -1,0 +1,116 @@
+"""The sweeper: finds committed work that nobody is carrying out and hands it to a worker again.
+
+PostgreSQL is the source of truth and Redis only carries work, so a lost job (Redis restarted, a
+worker SIGKILLed with its work horse, an enqueue while Redis was down) leaves a trace in the
+database: a running step whose lease expired, a queued step whose job is gone, a running unwind
+with nothing in flight. The worker's ticker runs ``steps_sweep`` every SAGA_SWEEP_INTERVAL_S.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import structlog
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.conf import saga
+from recovery import queueing, unwinds
+from recovery.compensators import Outcome
+from recovery.models import Unwind, UnwindStep
+
+log = structlog.get_logger("saga_admin.sweeper")
+
+
+@dataclass
+class SweepReport:
+    leases_expired: int = 0
+    reenqueued: int = 0
+    advanced: int = 0
+
+
+def steps_sweep(*, now: datetime | None = None) -> SweepReport:
+    """Find committed work that nobody is carrying out and hand it to a worker again."""
+    now = now or timezone.now()
+    report = SweepReport()
+    interval = saga().sweep_interval_s
+
+    # 1. A running step whose lease expired: its worker died (or was SIGKILLed with its horse).
+    for step_id in UnwindStep.objects.filter(
+        status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now
+    ).values_list("pk", flat=True):
+        if _step_lease_expired(step_id=step_id, now=now):
+            report.leases_expired += 1
+
+    # 2. A queued step that is due but whose job is gone (Redis restarted or was down when it
+    # was enqueued), or has waited implausibly long (a job stuck "started" by a dead worker).
+    for step in UnwindStep.objects.filter(
+        status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING
+    ).select_related("unwind"):
+        due_at = step.next_attempt_at or step.updated_at
+        if due_at > now:
+            continue
+        waited = (now - max(due_at, step.updated_at)).total_seconds()
+        state = queueing.job_state(step.job_id, queue="compensations")
+        if state is None:
+            break  # Redis is down: nothing can be enqueued now; the next sweep tries again
+        stale = waited > max(
+            3 * interval, unwinds.step_lease_seconds(step_timeout_s=unwinds.step_timeout_of(step.unwind))
+        )
+        if queueing.job_is_alive(state) and not stale:
+            continue
+        job_id = queueing.enqueue(
+            "recovery.jobs.step_run",
+            queue="compensations",
+            step_id=step.pk,
+            job_timeout=unwinds.drive_job_timeout(step_timeout_s=unwinds.step_timeout_of(step.unwind)),
+        )
+        if job_id:
+            UnwindStep.objects.filter(pk=step.pk, status=UnwindStep.Status.QUEUED).update(
+                job_id=job_id, updated_at=timezone.now()
+            )
+            report.reenqueued += 1
+            log.info("unwinds.step_reenqueued", step_id=step.pk, previous_job=step.job_id, job_state=state)
+
+    # 3. A running unwind with nothing in flight: its advance job never ran.
+    for unwind_id in (
+        Unwind.objects.filter(status=Unwind.Status.RUNNING)
+        .exclude(steps__status__in=unwinds.IN_FLIGHT)
+        .values_list("pk", flat=True)
+    ):
+        unwinds.unwind_advance(unwind_id=unwind_id)
+        report.advanced += 1
+    return report
+
+
+@transaction.atomic
+def _step_lease_expired(*, step_id: str, now: datetime) -> bool:
+    step = (
+        UnwindStep.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("unwind__run__tenant", "action")
+        .filter(pk=step_id, status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now)
+        .first()
+    )
+    if step is None:
+        return False
+    message = f"Lease expired after attempt {step.attempts}: the worker running the step was lost."
+    if step.attempts >= step.max_attempts:
+        # The token is left as is: the lost worker (if it ever wakes) is fenced by the status.
+        unwinds.step_record_outcome(
+            step_id=step.pk, token=step.lease_token, outcome=Outcome.retry(message + " No attempts left.")
+        )
+        return True
+    unwinds.step_transition(
+        step,
+        to=UnwindStep.Status.QUEUED,
+        allowed_from=(UnwindStep.Status.RUNNING,),
+        actor=unwinds.ENGINE,
+        kind="step.lease_expired",
+        reason=message,
+        where={"lease_token": step.lease_token},
+        updates={"lease_expires_at": None, "next_attempt_at": now, "error": message, "job_id": ""},
+        data={"attempt": step.attempts, "lease_token": step.lease_token},
+    )
+    unwinds.enqueue_step(step.pk, step_timeout_s=unwinds.step_timeout_of(step.unwind))
+    return True
