@@ -4,14 +4,14 @@ middleware and the services (structlog contextvars)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
 
 _SECRET_KEYS = {"authorization", "api_key", "key", "secret", "password", "token", "x-saga-signature"}
 
 
-def _redact(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _redact(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
     """Never let a secret reach a log line, whoever passed it."""
     for field in list(event_dict):
         if field.lower() in _SECRET_KEYS:
@@ -19,7 +19,7 @@ def _redact(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, A
     return event_dict
 
 
-_SHARED = [
+_SHARED: list[Processor] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,
     structlog.stdlib.add_logger_name,

@@ -73,7 +73,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "saga_admin.middleware.RequestIdMiddleware",
     # API bodies: size (413), content type (415), JSON well-formedness and depth, before any view.
-    "saga_admin.limits.ApiBodyLimitsMiddleware",
+    "saga_admin.api.limits.ApiBodyLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from saga_admin.api import api
+from saga_admin.api.app import api
 from saga_admin.health import healthz
 
 urlpatterns = [

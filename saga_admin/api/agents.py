@@ -9,23 +9,33 @@ it lives in ``saga_admin/`` beside the NinjaAPI: ``ledger/`` never imports ``rec
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-from datetime import datetime
 from typing import Any
 
-from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from ninja import Header, Query, Router
 
-from ledger import errors, selectors
-from ledger import services as ledger
+from ledger import errors
+from ledger import selectors as ledger_selectors
 from ledger.audit import Actor
 from ledger.ids import looks_like_id
 from ledger.models import Action, AgentKey, Checkpoint, Run, Tenant
+from ledger.pagination import NEWEST_FIRST, keyset_page
 from ledger.policies import policies_in_force, policy_settings_for
-from ledger.schemas import (
+from ledger.services import actions, checkpoints, runs
+from recovery import commands
+from recovery import selectors as recovery_selectors
+from recovery import services as recovery
+from recovery.models import AgentCommand, Approval, RecoveryItem
+from recovery.trail import run_trail
+from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, agent_auth
+from saga_admin.api.idempotency import (
+    HEADER,
+    KEY_PATTERN,
+    REPLAYED_HEADER,
+    idempotent_response,
+    json_response,
+)
+from saga_admin.api.schemas import (
     ActionFailIn,
     ActionIn,
     ActionOut,
@@ -57,11 +67,6 @@ from ledger.schemas import (
     recovery_item_out,
     run_out,
 )
-from recovery import services as recovery
-from recovery.models import AgentCommand, Approval, RecoveryItem
-from recovery.trail import run_trail
-from saga_admin.apicore import AUTH_ERRORS, ErrorOut, agent_auth
-from saga_admin.idempotency import HEADER, KEY_PATTERN, REPLAYED_HEADER, idempotent_response, json_response
 
 router = Router(tags=["agents"], auth=agent_auth)
 
@@ -82,7 +87,8 @@ def _idempotency_header() -> Any:
 
 
 def _key(request: HttpRequest) -> AgentKey:
-    return request.auth  # type: ignore[attr-defined, no-any-return]
+    # django-ninja sets request.auth to what the router's auth returned: the agent key.
+    return request.auth  # type: ignore[attr-defined]
 
 
 def _tenant(request: HttpRequest) -> Tenant:
@@ -100,12 +106,12 @@ def _check_id(kind: str, pk: str) -> None:
 
 def _run(request: HttpRequest, run_id: str) -> Run:
     _check_id("Run", run_id)
-    return selectors.run_get(tenant=_tenant(request), run_id=run_id)
+    return ledger_selectors.run_get(tenant=_tenant(request), run_id=run_id)
 
 
 def _action(request: HttpRequest, action_id: str) -> Action:
     _check_id("Action", action_id)
-    return selectors.action_get(tenant=_tenant(request), action_id=action_id)
+    return ledger_selectors.action_get(tenant=_tenant(request), action_id=action_id)
 
 
 def _latest_approval(action: Action) -> Approval | None:
@@ -127,42 +133,7 @@ def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
 
 
 def _open_item(run: Run) -> RecoveryItem | None:
-    return RecoveryItem.objects.filter(run=run).exclude(status=RecoveryItem.Status.RESOLVED).first()
-
-
-# --- Cursor pagination ------------------------------------------------------------------------
-# Keyset on (created_at, id), newest first. The cursor is opaque to clients: base64 of the last
-# row's position, so pages stay stable while new rows arrive and no OFFSET scan is needed.
-
-
-def _encode_cursor(created_at: datetime, pk: str) -> str:
-    raw = json.dumps([created_at.isoformat(), pk], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created, pk = json.loads(raw)
-        if not looks_like_id(pk):
-            raise ValueError("bad id")
-        return datetime.fromisoformat(created), pk
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
-        raise errors.ValidationFailed(
-            "The cursor is not one this API handed out.", details={"cursor": "invalid"}
-        ) from None
-
-
-def _page(queryset: QuerySet[Any], *, cursor: str | None, limit: int) -> tuple[list[Any], str | None]:
-    queryset = queryset.order_by("-created_at", "-id")
-    if cursor:
-        created_at, pk = _decode_cursor(cursor)
-        queryset = queryset.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=pk))
-    rows = list(queryset[: limit + 1])
-    next_cursor = (
-        _encode_cursor(rows[limit - 1].created_at, rows[limit - 1].pk) if len(rows) > limit else None
-    )
-    return rows[:limit], next_cursor
+    return RecoveryItem.objects.filter(run=run, status__in=RecoveryItem.UNRESOLVED).first()
 
 
 # --- Runs ---------------------------------------------------------------------------------------
@@ -173,7 +144,7 @@ def run_create(
     request: HttpRequest, payload: RunIn, idempotency_key: str | None = _idempotency_header()
 ) -> HttpResponse:
     def produce() -> tuple[int, Any]:
-        run = ledger.run_create(tenant=_tenant(request), actor=_actor(request), **payload.model_dump())
+        run = runs.run_create(tenant=_tenant(request), actor=_actor(request), **payload.model_dump())
         return 201, run_out(run)
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
@@ -190,24 +161,24 @@ def run_list(request: HttpRequest, filters: Query[RunListQuery]) -> dict[str, An
                     f"{field} may not contain NUL characters.", details={"field": field}
                 )
             queryset = queryset.filter(**{field: value})
-    rows, next_cursor = _page(queryset, cursor=filters.cursor, limit=filters.limit)
-    return {"items": [run_out(run) for run in rows], "next_cursor": next_cursor}
+    page = keyset_page(queryset, keys=NEWEST_FIRST, cursor=filters.cursor, limit=filters.limit)
+    return {"items": [run_out(run) for run in page.items], "next_cursor": page.next_cursor}
 
 
 @router.get("/runs/{run_id}", response={200: RunDetailOut, **AUTH_ERRORS}, summary="A run with its actions")
 def run_detail(request: HttpRequest, run_id: str) -> dict[str, Any]:
     run = _run(request, run_id)
-    actions = list(run.actions.order_by("seq"))
+    ledger_rows = list(run.actions.order_by("seq"))
     approvals: dict[str, Approval] = {}
     for approval in Approval.objects.filter(run=run, kind=Approval.Kind.ACTION).order_by("created_at", "id"):
         approvals[approval.action_id] = approval  # the latest one per action wins
-    checkpoint = selectors.checkpoint_latest(run=run)
+    checkpoint = ledger_selectors.checkpoint_latest(run=run)
     return {
         **run_out(run),
-        "actions": [action_out(action, approval=approvals.get(action.pk)) for action in actions],
+        "actions": [action_out(action, approval=approvals.get(action.pk)) for action in ledger_rows],
         "latest_checkpoint": checkpoint_out(checkpoint) if checkpoint else None,
         "recovery_item": recovery_item_out(_open_item(run)),
-        "warnings": selectors.run_warnings(run=run, actions=actions),
+        "warnings": ledger_selectors.run_warnings(run=run, actions=ledger_rows),
     }
 
 
@@ -218,12 +189,12 @@ def run_detail(request: HttpRequest, run_id: str) -> dict[str, Any]:
 )
 def run_heartbeat(request: HttpRequest, run_id: str, payload: HeartbeatIn | None = None) -> dict[str, Any]:
     run = _run(request, run_id)
-    ledger.run_heartbeat(run=run, note=payload.note if payload else "")
+    runs.run_heartbeat(run=run, note=payload.note if payload else "")
     return {
         "run_id": run.pk,
         "status": run.status,
         "last_heartbeat_at": run.last_heartbeat_at,
-        "commands": [command_out(command) for command in recovery.commands_pending(run=run)],
+        "commands": [command_out(command) for command in recovery_selectors.commands_pending(run=run)],
     }
 
 
@@ -237,7 +208,7 @@ def run_complete(
     run = _run(request, run_id)
 
     def produce() -> tuple[int, Any]:
-        ledger.run_complete(run=run, actor=_actor(request), summary=payload.summary if payload else "")
+        runs.run_complete(run=run, actor=_actor(request), summary=payload.summary if payload else "")
         return 200, run_out(run)
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
@@ -295,7 +266,7 @@ def run_trail_view(request: HttpRequest, run_id: str) -> dict[str, Any]:
 )
 def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
     run = _run(request, run_id)
-    return {"commands": [command_out(command) for command in recovery.commands_pending(run=run)]}
+    return {"commands": [command_out(command) for command in recovery_selectors.commands_pending(run=run)]}
 
 
 @router.post(
@@ -305,12 +276,12 @@ def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
 )
 def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
     _check_id("Command", command_id)
-    command = selectors.get_for_tenants(
+    command = ledger_selectors.get_for_tenants(
         AgentCommand.objects.select_related("run__tenant", "checkpoint"),
         pk=command_id,
         tenants=_tenant(request),
     )
-    return command_out(recovery.command_ack(command=command, actor=_actor(request)))
+    return command_out(commands.command_ack(command=command, actor=_actor(request)))
 
 
 # --- Actions (the ledger) -----------------------------------------------------------------------
@@ -379,7 +350,7 @@ def action_start(
     action = _action(request, action_id)
 
     def produce() -> tuple[int, Any]:
-        ledger.action_start(action=action, actor=_actor(request))
+        actions.action_start(action=action, actor=_actor(request))
         return 200, _action_body(action, fresh=True)
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
@@ -398,7 +369,7 @@ def action_succeed(
     payload = payload or ActionSucceedIn()
 
     def produce() -> tuple[int, Any]:
-        ledger.action_succeed(
+        actions.action_succeed(
             action=action, actor=_actor(request), result=payload.result, after_snapshot=payload.after_snapshot
         )
         return 200, _action_body(action, fresh=True)
@@ -474,7 +445,7 @@ def action_reconcile(
     action = _action(request, action_id)
 
     def produce() -> tuple[int, Any]:
-        ledger.action_reconcile(
+        actions.action_reconcile(
             action=action,
             actor=_actor(request),
             happened=payload.happened,
@@ -502,7 +473,7 @@ def checkpoint_create(
     run = _run(request, run_id)
 
     def produce() -> tuple[int, Any]:
-        checkpoint = ledger.checkpoint_write(run=run, actor=_actor(request), **payload.model_dump())
+        checkpoint = checkpoints.checkpoint_write(run=run, actor=_actor(request), **payload.model_dump())
         return 201, checkpoint_out(checkpoint)
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
@@ -515,8 +486,13 @@ def checkpoint_create(
 )
 def checkpoint_list(request: HttpRequest, run_id: str, page: Query[PageQuery]) -> dict[str, Any]:
     run = _run(request, run_id)
-    rows, next_cursor = _page(Checkpoint.objects.filter(run=run), cursor=page.cursor, limit=page.limit)
-    return {"items": [checkpoint_out(checkpoint) for checkpoint in rows], "next_cursor": next_cursor}
+    rows = keyset_page(
+        Checkpoint.objects.filter(run=run), keys=NEWEST_FIRST, cursor=page.cursor, limit=page.limit
+    )
+    return {
+        "items": [checkpoint_out(checkpoint) for checkpoint in rows.items],
+        "next_cursor": rows.next_cursor,
+    }
 
 
 @router.get(
@@ -525,7 +501,7 @@ def checkpoint_list(request: HttpRequest, run_id: str, page: Query[PageQuery]) -
     summary="A run's latest checkpoint (404 when it has none)",
 )
 def checkpoint_latest(request: HttpRequest, run_id: str) -> dict[str, Any]:
-    checkpoint = selectors.checkpoint_latest(run=_run(request, run_id))
+    checkpoint = ledger_selectors.checkpoint_latest(run=_run(request, run_id))
     if checkpoint is None:
         raise errors.NotFound(f"Run {run_id} has no checkpoint yet.", details={"run_id": run_id})
     return checkpoint_out(checkpoint)

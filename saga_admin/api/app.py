@@ -17,7 +17,10 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Throttled, ValidationError
 
 from ledger import errors
-from saga_admin.limits import BodyRejected, CheckedJSONParser, KeyRateThrottle
+from ledger.conf import saga
+from saga_admin.api.agents import router as agent_router
+from saga_admin.api.limits import BodyRejected, CheckedJSONParser, KeyRateThrottle
+from saga_admin.api.operator import router as operator_router
 
 log = structlog.get_logger("saga_admin.api")
 
@@ -47,7 +50,7 @@ api = NinjaAPI(
     openapi_url="/openapi.json",
     docs_url="/docs",
     parser=CheckedJSONParser(),
-    # Runs after authentication, so the count is per API key (see saga_admin.limits).
+    # Runs after authentication, so the count is per API key (see saga_admin.api.limits).
     throttle=[KeyRateThrottle()],
 )
 
@@ -116,7 +119,7 @@ def _throttled(request: HttpRequest, exc: Throttled) -> HttpResponse:
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
     # Normally the body-limits middleware answers first; this covers a request that skipped it.
-    limit = settings.SAGA["MAX_BODY_BYTES"]
+    limit = saga().max_body_bytes
     return error_response(
         api,
         request,
@@ -168,9 +171,5 @@ def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     )
 
 
-# Routers are mounted last: they import the shared pieces from saga_admin.apicore, not from here.
-from recovery.api import router as recovery_router  # noqa: E402
-from saga_admin.agent_api import router as agent_router  # noqa: E402
-
 api.add_router("", agent_router)
-api.add_router("", recovery_router)
+api.add_router("", operator_router)

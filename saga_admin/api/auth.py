@@ -12,7 +12,7 @@ from ninja.security import HttpBearer
 
 from ledger import errors
 from ledger.models import AgentKey
-from ledger.services import agent_key_authenticate
+from ledger.services.keys import agent_key_authenticate
 
 
 class ErrorBody(Schema):
@@ -26,7 +26,7 @@ class ErrorOut(Schema):
 
 
 # The error responses every authenticated operation may return; operations add their own (409).
-# 400/413/415 come from the body checks in saga_admin.limits, 429 from the throttle, and 500 is
+# 400/413/415 come from the body checks in saga_admin.api.limits, 429 from the throttle, and 500 is
 # documented because a generated client should know its shape (it carries the request id).
 AUTH_ERRORS: dict[int, type[Schema]] = {
     400: ErrorOut,

@@ -2,7 +2,8 @@
 
 Same key + same request → the original response, replayed with ``Idempotent-Replayed: true``;
 same key + another request → 422 ``idempotency_key_reused``; same key while the first request is
-still running → 409 ``idempotency_key_in_flight``. Keys are per tenant and kept at least 24 h.
+still running → 409 ``idempotency_key_in_flight``. Keys are per tenant and kept at least 24 h
+(``ledger.services.idempotency`` prunes older records).
 
 The record is claimed, the operation runs and the response is stored in ONE transaction. So the
 record and what the request created commit together or not at all: a crash in between leaves
@@ -16,17 +17,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils import timezone
 
 from ledger import errors
 from ledger.hashing import sha256_hex
 from ledger.models import IdempotencyRecord, Tenant
-from saga_admin.limits import parsed_body, saga_setting
+from saga_admin.api.limits import parsed_body
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -35,7 +34,6 @@ KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
 _KEY_RE = re.compile(KEY_PATTERN)
 # How long a duplicate waits for the first request before answering 409 in flight.
 IN_FLIGHT_WAIT_MS = 2000
-MIN_TTL_H = 24
 
 Produce = Callable[[], tuple[int, Any]]
 
@@ -116,20 +114,3 @@ def _claim(request: HttpRequest, *, tenant: Tenant, key: str, fingerprint: str) 
             details={"idempotency_key": key, "method": existing.method, "path": existing.path},
         )
     return json_response(existing.response_status or 200, existing.response_body, replayed=True)
-
-
-def prune_idempotency_records(*, now: datetime | None = None, batch_size: int = 5000) -> int:
-    """Delete records older than the TTL (never less than 24 h). A periodic job; safe to run
-    concurrently and repeatedly. Deletes in batches so a large backlog does not hold one huge
-    transaction."""
-    ttl_h = max(int(saga_setting("IDEMPOTENCY_KEY_TTL_H")), MIN_TTL_H)
-    cutoff = (now or timezone.now()) - timedelta(hours=ttl_h)
-    deleted = 0
-    while True:
-        batch = list(
-            IdempotencyRecord.objects.filter(created_at__lt=cutoff).values_list("pk", flat=True)[:batch_size]
-        )
-        if not batch:
-            return deleted
-        count, _ = IdempotencyRecord.objects.filter(pk__in=batch).delete()
-        deleted += count

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from django.conf import settings
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import RequestDataTooBig
@@ -29,7 +28,9 @@ from ninja.parser import Parser
 from ninja.throttling import BaseThrottle
 from redis.exceptions import RedisError
 
-log = structlog.get_logger("saga_admin.limits")
+from ledger.conf import saga
+
+log = structlog.get_logger("saga_admin.api.limits")
 
 API_PREFIX = "/api/"
 _BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -41,11 +42,6 @@ class BodyRejected(Exception):
     def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.details = status, code, message, details or {}
-
-
-def saga_setting(name: str) -> Any:
-    """One of the SAGA knobs (a mixed-type dict in settings), read per call so overrides apply."""
-    return settings.SAGA[name]
 
 
 def error_json(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> JsonResponse:
@@ -164,7 +160,7 @@ class ApiBodyLimitsMiddleware:
         return self.get_response(request)
 
     def _check(self, request: HttpRequest) -> None:
-        limit = int(saga_setting("MAX_BODY_BYTES"))
+        limit = saga().max_body_bytes
         too_big = BodyRejected(
             413, "payload_too_large", f"The request body is larger than {limit} bytes.", {"max_bytes": limit}
         )
@@ -190,7 +186,7 @@ class ApiBodyLimitsMiddleware:
                 "Request bodies must be JSON (Content-Type: application/json).",
                 {"content_type": (request.content_type or "")[:100]},
             )
-        setattr(request, _PARSED_ATTR, parse_json_body(body, max_depth=int(saga_setting("MAX_JSON_DEPTH"))))
+        setattr(request, _PARSED_ATTR, parse_json_body(body, max_depth=saga().max_json_depth))
 
 
 def parsed_body(request: HttpRequest) -> Any:
@@ -205,7 +201,7 @@ class CheckedJSONParser(Parser):
     def parse_body(self, request: HttpRequest) -> Any:
         if hasattr(request, _PARSED_ATTR):
             return getattr(request, _PARSED_ATTR)
-        return parse_json_body(request.body, max_depth=int(saga_setting("MAX_JSON_DEPTH")))
+        return parse_json_body(request.body, max_depth=saga().max_json_depth)
 
 
 # --- Throttling ---------------------------------------------------------------------------------
@@ -254,7 +250,7 @@ class KeyRateThrottle(BaseThrottle):
         key = getattr(request, "auth", None)
         if key is None:
             return True
-        limit, period = parse_rate(str(saga_setting("THROTTLE_RATE")))
+        limit, period = parse_rate(saga().throttle_rate)
         now = time.time()
         window = int(now // period)
         self._local.retry_after = (window + 1) * period - now

@@ -11,14 +11,16 @@ from typing import Any
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
-from pydantic import ConfigDict
 
 from ledger.audit import Actor
 from ledger.models import AgentKey, Checkpoint
+from ledger.rules import REASON_MAX_LENGTH
 from ledger.selectors import get_for_tenants
 from recovery import selectors, services
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
-from saga_admin.apicore import AUTH_ERRORS, ErrorOut, operator_auth
+from recovery.planner import compensation_plan
+from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, operator_auth
+from saga_admin.api.schemas import StrictIn
 
 router = Router(tags=["recovery"], auth=operator_auth)
 
@@ -28,12 +30,10 @@ DECISION_ERRORS: dict[int, type[Schema]] = {**AUTH_ERRORS, 409: ErrorOut}
 # --- Input -----------------------------------------------------------------------------------
 
 
-class StrictIn(Schema):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
 class ReasonIn(StrictIn):
-    reason: str = Field(..., min_length=1, max_length=4000, description="Why; kept in the audit log.")
+    reason: str = Field(
+        ..., min_length=1, max_length=REASON_MAX_LENGTH, description="Why; kept in the audit log."
+    )
 
 
 class ResumeIn(ReasonIn):
@@ -373,8 +373,8 @@ def recovery_detail(request: HttpRequest, item_id: str) -> Any:
     item = selectors.item_get(tenants=_key(request).tenant, item_id=item_id)
     return {
         **_item_out(item),
-        "plan": services.compensation_plan(run=item.run).as_dict(),
-        "resume_preview": services.resume_preview(item=item).as_dict(),
+        "plan": compensation_plan(run=item.run).as_dict(),
+        "resume_preview": selectors.resume_preview(item=item).as_dict(),
         "unwinds": [u.pk for u in selectors.unwinds_for_run(run_id=item.run_id)],
     }
 

@@ -17,9 +17,11 @@ from ninja import Schema
 from pydantic import AfterValidator, ConfigDict, Field
 
 from ledger.models import Action, Checkpoint, Run
+from ledger.rules import REASON_MAX_LENGTH
+from recovery.models import AgentCommand, Approval, RecoveryItem
 
 # Free-form JSON the ledger stores as-is (args, snapshots, results, state). Its size and depth are
-# bounded by the body limits in saga_admin.limits.
+# bounded by the body limits in saga_admin.api.limits.
 JSONValue = Any
 JSONObject = dict[str, Any]
 
@@ -134,12 +136,12 @@ class ActionVerifyIn(StrictIn):
     ok: bool
     expected: JSONValue = None
     actual: JSONValue = None
-    reason: str = Field("", max_length=5000)
+    reason: str = Field("", max_length=REASON_MAX_LENGTH)
 
 
 class ActionReconcileIn(StrictIn):
     happened: bool = Field(description="True: the timed-out call did take effect; False: it did not.")
-    reason: str = Field(min_length=1, max_length=5000)
+    reason: str = Field(min_length=1, max_length=REASON_MAX_LENGTH)
     result: JSONValue = None
     after_snapshot: JSONValue = None
 
@@ -394,7 +396,7 @@ def run_out(run: Run) -> dict[str, Any]:
     ).model_dump(mode="json")
 
 
-def action_out(action: Action, *, approval: Any = None) -> dict[str, Any]:
+def action_out(action: Action, *, approval: Approval | None = None) -> dict[str, Any]:
     compensation = None
     if action.compensation_tool or action.compensation_strategy != "none":
         compensation = {
@@ -431,7 +433,7 @@ def checkpoint_out(checkpoint: Checkpoint) -> dict[str, Any]:
     ).model_dump(mode="json")
 
 
-def recovery_item_out(item: Any) -> dict[str, Any] | None:
+def recovery_item_out(item: RecoveryItem | None) -> dict[str, Any] | None:
     if item is None:
         return None
     return RecoveryItemOut.model_validate(
@@ -439,12 +441,12 @@ def recovery_item_out(item: Any) -> dict[str, Any] | None:
     ).model_dump(mode="json")
 
 
-def command_out(command: Any) -> dict[str, Any]:
+def command_out(command: AgentCommand) -> dict[str, Any]:
     return AgentCommandOut.model_validate(
         {
             **_fields(command, AgentCommandOut),
             "run_id": command.run_id,
-            "checkpoint": checkpoint_out(command.checkpoint) if command.checkpoint_id else None,
+            "checkpoint": checkpoint_out(command.checkpoint) if command.checkpoint is not None else None,
         }
     ).model_dump(mode="json")
 
