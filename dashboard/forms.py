@@ -8,6 +8,7 @@ from django import forms
 
 from dashboard.selectors import AGE_CHOICES, SORTS, STATUS_CHOICES, QueueFilters
 from ledger.models import Risk
+from ledger.rules import REASON_MAX_LENGTH, REASON_REQUIRED
 from recovery.models import RecoveryItem
 
 _REASON_HELP = "Recorded in the audit log with your name."
@@ -16,16 +17,16 @@ _REASON_HELP = "Recorded in the audit log with your name."
 class ReasonForm(forms.Form):
     reason = forms.CharField(
         label="Reason",
-        max_length=2000,
+        max_length=REASON_MAX_LENGTH,
         help_text=_REASON_HELP,
-        error_messages={"required": "A reason is required."},
+        error_messages={"required": REASON_REQUIRED},
         widget=forms.TextInput(attrs={"autocomplete": "off", "required": True}),
     )
 
     def clean_reason(self) -> str:
         reason = self.cleaned_data["reason"].strip()
         if not reason:
-            raise forms.ValidationError("A reason is required.")
+            raise forms.ValidationError(REASON_REQUIRED)
         return reason
 
 

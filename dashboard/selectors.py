@@ -7,12 +7,9 @@ the only counts are over small, indexed sets (pending approvals, new queue items
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.db.models import (
     Aggregate,
@@ -35,25 +32,28 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.fields.tuple_lookups import Tuple, TupleGreaterThan, TupleLessThan
-from django.db.models.lookups import Lookup
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from dashboard import permissions
+from ledger.conf import saga
 from ledger.ids import looks_like_id
 from ledger.models import Action, Checkpoint, Compensator, Event, Risk, Run, Tenant, ToolPolicy
+from ledger.pagination import OLDEST_FIRST, Key, keyset_page
 from ledger.policies import policies_in_force, policy_settings_for
-from ledger.selectors import run_warnings
+from ledger.selectors import checkpoints_for_run, run_warnings
+from recovery import selectors as recovery_selectors
+from recovery.approvals import pending_q
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.selectors import QUEUE_STATUSES
 from recovery.trail import run_trail
-from saga_admin.limits import saga_setting
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 APPROVAL_BADGE_CAP = 99
 NEW_ITEMS_CAP = 100
 GROUPS_SHOWN = 8
 
-UNRESOLVED = (RecoveryItem.Status.OPEN, RecoveryItem.Status.CLAIMED)
 AGE_CHOICES = {
     "15m": timedelta(minutes=15),
     "1h": timedelta(hours=1),
@@ -62,7 +62,7 @@ AGE_CHOICES = {
     "7d": timedelta(days=7),
 }
 SORTS = ("newest", "oldest", "risk")
-STATUS_CHOICES = ("unresolved", "open", "claimed", "resolved", "all")
+STATUS_CHOICES = QUEUE_STATUSES
 
 _RISK_RANK = Case(
     *[
@@ -75,7 +75,7 @@ _RISK_RANK = Case(
 
 # (field, descending) per sort; the last field is always the unique id, so the order is total
 # and a keyset cursor never skips or repeats a row.
-_SORT_KEYS: dict[str, list[tuple[str, bool]]] = {
+_SORT_KEYS: dict[str, list[Key]] = {
     "newest": [("opened_at", True), ("id", True)],
     "oldest": [("opened_at", False), ("id", False)],
     "risk": [("risk_rank", True), ("opened_at", False), ("id", False)],
@@ -104,154 +104,52 @@ class QueueFilters:
         }
 
 
+class QueueRowAnnotations(TypedDict):
+    """What ``queue_page`` annotates each item with (the template reads ``approval_pending``)."""
+
+    risk_rank: int
+    approval_pending: bool
+
+
 @dataclass
 class QueuePage:
-    items: list[RecoveryItem]
+    items: list[WithAnnotations[RecoveryItem, QueueRowAnnotations]]
     next_cursor: str = ""
     # When the page was read: the auto-refresh counts items opened after it, whatever the sort.
     read_at: datetime | None = None
 
 
-def _encode_cursor(values: list[Any]) -> str:
-    raw = json.dumps([v.isoformat() if isinstance(v, datetime) else v for v in values])
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str, keys: list[tuple[str, bool]]) -> list[Any] | None:
-    """The cursor's values, or None when it is not one we handed out (then the first page is
-    shown): anything else a client can put in it, an impossible date or a NUL in an id included,
-    must not reach the database."""
-    try:
-        values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(values, list) or len(values) != len(keys):
-        return None
-    decoded: list[Any] = []
-    for (name, _desc), value in zip(keys, values, strict=True):
-        if name.endswith("_at"):
-            try:
-                parsed = parse_datetime(value) if isinstance(value, str) else None
-            except ValueError:  # well-formed but impossible: month 13, offset +99:00
-                parsed = None
-            if parsed is None:
-                return None
-            decoded.append(parsed)
-        elif name == "risk_rank":
-            if not isinstance(value, int) or isinstance(value, bool):
-                return None
-            decoded.append(value)
-        elif name == "id":
-            if not looks_like_id(value):
-                return None
-            decoded.append(value)
-        else:
-            return None
-    return decoded
-
-
-def _after_cursor(keys: list[tuple[str, bool]], values: list[Any]) -> Q | Lookup:
-    """Rows strictly after ``values`` in the order ``keys``."""
-    if len({descending for _name, descending in keys}) == 1:
-        # One direction: a row comparison `(opened_at, id) < (…, …)`, which PostgreSQL answers
-        # with one range scan of an index on those columns; the OR of comparisons below it reads
-        # as a filter over every row before the cursor.
-        lookup = TupleLessThan if keys[0][1] else TupleGreaterThan
-        return lookup(Tuple(*(F(name) for name, _desc in keys)), tuple(values))
-    condition = Q()
-    for i, (name, descending) in enumerate(keys):
-        step = Q(**{f"{name}__{'lt' if descending else 'gt'}": values[i]})
-        for j in range(i):
-            step &= Q(**{keys[j][0]: values[j]})
-        condition = step if i == 0 else condition | step
-    return condition
-
-
 def _filtered_items(*, user: Any, filters: QueueFilters, now: datetime) -> QuerySet[RecoveryItem]:
-    tenant_ids = permissions.tenant_ids_for(user)
-    qs = RecoveryItem.objects.filter(tenant_id__in=tenant_ids)
-    if filters.status == "unresolved":
-        qs = qs.filter(status__in=UNRESOLVED)
-    elif filters.status in ("open", "claimed", "resolved"):
-        qs = qs.filter(status=filters.status)
-    if filters.tenant:
-        qs = qs.filter(tenant__slug=filters.tenant)
-    if filters.risk:
-        qs = qs.filter(risk=filters.risk)
-    if filters.reason:
-        qs = qs.filter(reason=filters.reason)
-    if filters.age in AGE_CHOICES:
-        qs = qs.filter(opened_at__lte=now - AGE_CHOICES[filters.age])
-    if filters.signature:
-        qs = qs.filter(signature=filters.signature)
-    term = filters.q.strip()
-    if term:
-        qs = _search(qs, term, tenant_ids=tenant_ids)
-    return qs
-
-
-def _search(qs: QuerySet[RecoveryItem], term: str, *, tenant_ids: list[int]) -> QuerySet[RecoveryItem]:
-    """Exact ids first: an item, run, external or target id, each found through its own index.
-    Only when none of them matches, part of the failing tool's name or of the run's request.
-
-    One OR across the joined tables (as this once was) is served by no index: PostgreSQL read
-    every unresolved item with its run (a sequential scan of all runs) for any term.
-    """
-    exact_ids = (
-        RecoveryItem.objects.filter(pk=term)
-        .values("pk")
-        .order_by()
-        .union(
-            RecoveryItem.objects.filter(
-                run_id__in=Run.objects.filter(
-                    Q(pk=term) | Q(tenant_id__in=tenant_ids, external_id=term)
-                ).values("pk")
-            )
-            .values("pk")
-            .order_by(),
-            RecoveryItem.objects.filter(
-                failed_action_id__in=Action.objects.filter(tenant_id__in=tenant_ids, target_id=term).values(
-                    "pk"
-                )
-            )
-            .values("pk")
-            .order_by(),
-        )
+    """The queue's one filter (``recovery.selectors.queue_items``) over the user's tenants."""
+    return recovery_selectors.queue_items(
+        tenants=permissions.tenant_ids_for(user),
+        status=filters.status,
+        reason=filters.reason,
+        risk=filters.risk,
+        older_than=AGE_CHOICES.get(filters.age),
+        tenant_slug=filters.tenant,
+        signature=filters.signature,
+        search=filters.q,
+        now=now,
     )
-    exact = qs.filter(pk__in=exact_ids)
-    if exact.exists():
-        return exact
-    # Served by the trigram index over unresolved items' search text (recovery/0003).
-    return qs.filter(search_text__contains=term.lower())
 
 
 def queue_page(
     *, user: Any, filters: QueueFilters, cursor: str = "", page_size: int | None = None
 ) -> QueuePage:
     now = timezone.now()
-    size = page_size or int(saga_setting("PAGE_SIZE"))
+    size = page_size or saga().page_size
     keys = _SORT_KEYS.get(filters.sort, _SORT_KEYS["newest"])
     qs = (
         _filtered_items(user=user, filters=filters, now=now)
         .select_related("run", "tenant", "failed_action", "assignee", "claimed_by")
         .annotate(
             risk_rank=_RISK_RANK,
-            approval_pending=Exists(
-                Approval.objects.filter(run_id=OuterRef("run_id"), status=Approval.Status.PENDING)
-            ),
+            approval_pending=Exists(Approval.objects.filter(pending_q(now=now), run_id=OuterRef("run_id"))),
         )
-        .order_by(*[f"-{name}" if desc else name for name, desc in keys])
     )
-    values = _decode_cursor(cursor, keys) if cursor else None
-    if values is not None:
-        qs = qs.filter(_after_cursor(keys, values))
-    rows: list[RecoveryItem] = list(qs[: size + 1])
-    next_cursor = ""
-    if len(rows) > size:
-        rows = rows[:size]
-        last = rows[-1]
-        next_cursor = _encode_cursor([getattr(last, name) for name, _ in keys])
-    return QueuePage(items=rows, next_cursor=next_cursor, read_at=now)
+    page = keyset_page(qs, keys=keys, cursor=cursor, limit=size, strict=False)
+    return QueuePage(items=page.items, next_cursor=page.next_cursor or "", read_at=now)
 
 
 def queue_new_count(*, user: Any, filters: QueueFilters, since: datetime) -> int:
@@ -369,12 +267,14 @@ def run_actions(*, run: Run) -> list[Action]:
 
 def run_page(*, run: Run) -> RunPage:
     actions = run_actions(run=run)
-    checkpoints = list(Checkpoint.objects.filter(run=run).order_by("-created_at", "-id"))
+    checkpoints = list(checkpoints_for_run(run=run))
     events = list(Event.objects.filter(run=run).order_by("id"))
     item = (
         RecoveryItem.objects.filter(run=run)
         .select_related("assignee", "claimed_by", "resolved_by", "failed_action")
-        .order_by(Case(When(status__in=UNRESOLVED, then=Value(0)), default=Value(1)), "-opened_at")
+        .order_by(
+            Case(When(status__in=RecoveryItem.UNRESOLVED, then=Value(0)), default=Value(1)), "-opened_at"
+        )
         .first()
     )
     latest_unwind = (
@@ -382,9 +282,7 @@ def run_page(*, run: Run) -> RunPage:
     )
     unwind = unwind_with_steps(unwind_id=latest_unwind, tenant_ids=[run.tenant_id]) if latest_unwind else None
     approvals = list(
-        Approval.objects.filter(run=run, status=Approval.Status.PENDING)
-        .select_related("action")
-        .order_by("created_at")
+        Approval.objects.filter(pending_q(), run=run).select_related("action").order_by("created_at")
     )
     return RunPage(
         run=run,
@@ -403,7 +301,6 @@ def run_page(*, run: Run) -> RunPage:
 
 
 APPROVALS_PAGE = 50
-_APPROVAL_KEYS = [("created_at", False), ("id", False)]
 
 
 @dataclass
@@ -416,30 +313,15 @@ def approvals_pending(*, user: Any, cursor: str = "", page_size: int | None = No
     """Pending approvals, oldest (closest to expiring) first, one keyset page at a time: each card
     carries two forms and pretty-printed JSON, so a page of hundreds took longer to render than
     an approver reads."""
-    qs = (
-        Approval.objects.filter(
-            status=Approval.Status.PENDING, tenant_id__in=permissions.tenant_ids_for(user)
-        )
-        .select_related("action", "run", "tenant", "step", "requested_by", "requested_by_key")
-        .order_by("created_at", "id")
+    qs = recovery_selectors.approvals_pending(tenants=permissions.tenant_ids_for(user)).select_related(
+        "action", "run", "tenant", "step", "requested_by", "requested_by_key"
     )
-    page_size = page_size or APPROVALS_PAGE
-    values = _decode_cursor(cursor, _APPROVAL_KEYS) if cursor else None
-    if values is not None:
-        qs = qs.filter(_after_cursor(_APPROVAL_KEYS, values))
-    rows = list(qs[: page_size + 1])
-    if len(rows) <= page_size:
-        return ApprovalPage(approvals=rows)
-    rows = rows[:page_size]
-    return ApprovalPage(approvals=rows, next_cursor=_encode_cursor([rows[-1].created_at, rows[-1].pk]))
+    page = keyset_page(qs, keys=OLDEST_FIRST, cursor=cursor, limit=page_size or APPROVALS_PAGE, strict=False)
+    return ApprovalPage(approvals=page.items, next_cursor=page.next_cursor or "")
 
 
 def approvals_pending_count(*, user: Any) -> int:
-    qs = Approval.objects.filter(
-        status=Approval.Status.PENDING,
-        expires_at__gt=timezone.now(),
-        tenant_id__in=permissions.tenant_ids_for(user),
-    )
+    qs = recovery_selectors.approvals_pending(tenants=permissions.tenant_ids_for(user))
     return len(qs.order_by().values_list("pk", flat=True)[: APPROVAL_BADGE_CAP + 1])
 
 
@@ -504,7 +386,7 @@ def metrics(*, user: Any, window: str, tenant: str = "") -> Metrics:
     by_risk: dict[str, int] = {}
     by_reason: dict[str, int] = {}
     for risk, reason, n in (
-        RecoveryItem.objects.filter(tenant_id__in=tenant_ids, status__in=UNRESOLVED)
+        RecoveryItem.objects.filter(tenant_id__in=tenant_ids, status__in=RecoveryItem.UNRESOLVED)
         .order_by()
         .values_list("risk", "reason")
         .annotate(n=Count("id"))

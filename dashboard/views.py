@@ -21,18 +21,21 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HTMX_STOP_POLLING, HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
-from dashboard import selectors
+from dashboard import charts, selectors
 from dashboard.forms import ApproveForm, BulkForm, QueueFilterForm, ReasonForm, ReconcileForm, ResumeForm
 from dashboard.permissions import Capability, TenantPermissions, can, require, tenant_ids_for, tenant_ids_with
 from dashboard.templatetags.dashboard import pretty_json
-from ledger import services as ledger_services
 from ledger.audit import Actor
+from ledger.conf import saga
 from ledger.errors import SagaError
-from ledger.models import Action, Checkpoint, Risk, Tenant
+from ledger.models import Action, Risk, Tenant
+from ledger.selectors import checkpoints_for_run
+from ledger.services import actions as ledger_actions
+from recovery import items as recovery_items
 from recovery import planner
+from recovery import selectors as recovery_selectors
 from recovery import services as recovery_services
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
-from saga_admin.limits import saga_setting
 
 M = TypeVar("M", bound=Model)
 
@@ -146,8 +149,8 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "page": page,
         "groups": selectors.queue_groups(user=request.user, filters=filters) if show_groups else [],
         "operable_tenant_ids": operable,
-        "bulk_max": saga_setting("BULK_MAX_ITEMS"),
-        "sla_minutes": saga_setting("QUEUE_SLA_MINUTES"),
+        "bulk_max": saga().bulk_max_items,
+        "sla_minutes": saga().queue_sla_minutes,
         "since": page.read_at.isoformat() if page.read_at else "",
         "paged": bool(request.GET.get("cursor")),
         "polling": True,
@@ -263,7 +266,7 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             "earlier_count": len(earlier),
             "earlier_unknown": sum(1 for a in earlier if a.status == Action.Status.UNKNOWN),
             "allowed": TenantPermissions(request.user, run.tenant_id),
-            "item_open": page.item is not None and page.item.status in selectors.UNRESOLVED,
+            "item_open": page.item is not None and page.item.status in RecoveryItem.UNRESOLVED,
             "latest_checkpoint_id": page.checkpoints[0].pk if page.checkpoints else None,
             "reconcile_form": ReconcileForm(),
             "reason_form": ReasonForm(),
@@ -302,7 +305,7 @@ def item_compensate(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
 @login_required
 def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     item = _get_item_for_user(request, item_id, Capability.OPERATE)
-    checkpoints = list(Checkpoint.objects.filter(run=item.run).order_by("-created_at", "-id"))
+    checkpoints = list(checkpoints_for_run(run=item.run))
     form = ResumeForm(request.POST or None, checkpoints=checkpoints)
     chosen_id = (request.POST or request.GET).get("checkpoint") or ""
     checkpoint = next((c for c in checkpoints if c.pk == chosen_id), None)
@@ -316,7 +319,7 @@ def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
         messages.success(request, "Resume command issued; the agent picks it up on its next heartbeat.")
         return _done(request, _run_url(item.run_id))
     try:
-        preview = recovery_services.resume_preview(item=item, checkpoint=checkpoint)
+        preview = recovery_selectors.resume_preview(item=item, checkpoint=checkpoint)
     except SagaError as exc:
         return _refused(request, exc, _run_url(item.run_id))
     return _render_preview(
@@ -355,9 +358,9 @@ def item_assign(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     item = _get_item_for_user(request, item_id, Capability.OPERATE)
     unassign = request.POST.get("assignee") == "none"
     try:
-        recovery_services.item_assign(
-            item=item, actor=_actor(request), assignee=None if unassign else request.user
-        )
+        actor = _actor(request)
+        # actor.user is request.user, known to be signed in once _actor has checked it.
+        recovery_items.item_assign(item=item, actor=actor, assignee=None if unassign else actor.user)
     except SagaError as exc:
         return _refused(request, exc, _run_url(item.run_id))
     messages.success(request, "Unassigned." if unassign else "Assigned to you.")
@@ -428,7 +431,7 @@ def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
         messages.error(request, _form_errors(form))
         return _done(request, back)
     try:
-        ledger_services.action_reconcile(
+        ledger_actions.action_reconcile(
             action=action,
             actor=_actor(request),
             happened=form.cleaned_data["happened"],
@@ -536,8 +539,6 @@ def approval_reject(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
 @require_GET
 @login_required
 def metrics(request: HtmxHttpRequest) -> HttpResponse:
-    from dashboard import charts
-
     window = request.GET.get("window", "7d")
     tenants = selectors.visible_tenants(user=request.user)
     tenant = request.GET.get("tenant", "")

@@ -12,7 +12,7 @@ from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 
-from saga_admin.limits import saga_setting
+from ledger.conf import saga
 
 register = template.Library()
 
@@ -160,7 +160,7 @@ def age_badge(since: datetime) -> str:
     """Time since an item opened, marked past the queue SLA in words as well as colour."""
     age = timezone.now() - since
     text = _duration_text(age)
-    if age > timedelta(minutes=float(saga_setting("QUEUE_SLA_MINUTES"))):
+    if age > timedelta(minutes=saga().queue_sla_minutes):
         return format_html(
             '<time class="age age-late" datetime="{}">{}<span class="sla-flag"> · past SLA</span></time>',
             since.isoformat(),
