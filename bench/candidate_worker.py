@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     class SimpleSagaWorker(SimpleWorker):
         max_connection_wait_time = SagaWorker.max_connection_wait_time
 
-    worker = get_worker(*args.queues, worker_class=SimpleSagaWorker)
+    # django_rq annotates worker_class as type[Worker], but rq's SimpleWorker is a BaseWorker and
+    # not a Worker subclass; get_worker only instantiates the class it is given.
+    worker = get_worker(*args.queues, worker_class=SimpleSagaWorker)  # type: ignore[arg-type]
     # As saga_worker does (harmless without work horses: the connection reopens on first use).
     reset_db_connections()
     # The periodic jobs run too, as under saga_worker, so both sides carry the same background load.

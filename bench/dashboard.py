@@ -53,7 +53,7 @@ def operator() -> Any:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from ledger.services import tenant_get_or_create
+    from ledger.services.keys import tenant_get_or_create
 
     for slug in TENANTS:
         tenant_get_or_create(slug=slug)

@@ -35,7 +35,7 @@ def load_bench_policies(log_dir: Path) -> None:
 def agent_keys(*, tenant_slug: str, count: int) -> list[tuple[str, str]]:
     """One key per client, as each agent has its own: (key id, raw secret)."""
     from ledger.audit import Actor
-    from ledger.services import agent_key_create, tenant_get_or_create
+    from ledger.services.keys import agent_key_create, tenant_get_or_create
 
     tenant = tenant_get_or_create(slug=tenant_slug, name="Benchmark agents")
     out = []
@@ -51,7 +51,7 @@ def fresh_runs(*, keys: list[tuple[str, str]], per_client: int) -> list[list[str
     """``per_client`` new running runs for each key's client, created as its agent would."""
     from ledger.audit import Actor
     from ledger.models import AgentKey
-    from ledger.services import run_create
+    from ledger.services.runs import run_create
 
     out = []
     for key_id, _ in keys:

@@ -7,7 +7,10 @@ import platform
 import subprocess
 import sys
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 def loadavg() -> list[float]:
@@ -41,14 +44,20 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def _show(conn: psycopg.Connection[Any], name: str) -> str:
+    row = conn.execute(f"SHOW {name}").fetchone()  # noqa: S608 - fixed names
+    assert row is not None, "SHOW always returns one row"
+    return row[0]
+
+
 def describe(database_url: str, redis_url: str) -> dict[str, Any]:
     import psycopg
     from redis import Redis
 
     with psycopg.connect(database_url) as conn:
-        pg_version = conn.execute("SHOW server_version").fetchone()[0]
+        pg_version = _show(conn, "server_version")
         pg_settings = {
-            name: conn.execute(f"SHOW {name}").fetchone()[0]  # noqa: S608 - fixed names
+            name: _show(conn, name)
             for name in ("synchronous_commit", "shared_buffers", "max_connections", "fsync")
         }
     redis_version = Redis.from_url(redis_url).info("server").get("redis_version", "?")

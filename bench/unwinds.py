@@ -12,14 +12,16 @@ TENANT = "bench"
 
 def _failed_run(*, steps: int, index: int) -> Any:
     """A run with ``steps`` succeeded actions, failed and in the recovery queue: (run, item)."""
-    from ledger import services as ledger
     from ledger.audit import Actor
     from ledger.models import AgentKey
+    from ledger.services import actions, runs
     from recovery import services as recovery
 
     key = AgentKey.objects.select_related("tenant").filter(tenant__slug=TENANT).first()
+    if key is None:
+        raise RuntimeError(f"No agent key in tenant {TENANT!r}; measure() creates one before any run.")
     actor = Actor.for_key(key)
-    run = ledger.run_create(
+    run = runs.run_create(
         tenant=key.tenant, actor=actor, agent="bench-unwind", request=f"unwind bench {index}"
     )
     for n in range(steps):
@@ -33,19 +35,16 @@ def _failed_run(*, steps: int, index: int) -> Any:
             args={"n": n},
             compensation={"tool": "bench.undo", "args": {"n": n}},
         ).action
-        ledger.action_start(action=action, actor=actor)
-        ledger.action_succeed(action=action, actor=actor, result={"ok": True})
+        actions.action_start(action=action, actor=actor)
+        actions.action_succeed(action=action, actor=actor, result={"ok": True})
     outcome = recovery.run_fail_and_queue(run=run, actor=actor, error="benchmark failure")
     return run, outcome.item
 
 
 def _start(item: Any, user: Any) -> Any:
     from ledger.audit import Actor
+    from recovery.services import unwind_start
 
-    try:
-        from recovery.unwinds import unwind_start
-    except ImportError:  # the engine may keep its entry point in services
-        from recovery.services import unwind_start  # type: ignore[attr-defined,no-redef]
     return unwind_start(item=item, actor=Actor.for_user(user), reason="benchmark")
 
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from saga_admin.client.client import RunContext, SagaClient, SagaError
-from saga_admin.client.signing import signed_headers
+from saga_client.client import RunContext, SagaClient, SagaError
+from saga_client.signing import signed_headers
 
 # --- The demo world, as the agents' tools see it ----------------------------------------------
 

@@ -15,6 +15,7 @@ from django.db import close_old_connections, transaction
 from demo import services as world
 from ledger.audit import Actor
 from recovery import services as recovery
+from recovery.approvals import pending_q
 from recovery.models import Approval
 
 
@@ -29,7 +30,7 @@ def approve_when_asked(
             approver = get_user_model().objects.get(username=username)
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
-                approval = Approval.objects.filter(run_id=run_id, status=Approval.Status.PENDING).first()
+                approval = Approval.objects.filter(pending_q(), run_id=run_id).first()
                 if approval is not None:
                     recovery.approval_approve(
                         approval=approval, actor=Actor.for_user(approver), reason=reason

@@ -15,10 +15,11 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from demo.models import AgentCredential, CrmContact, CrmTicket, HrUser, Payment, WorkspaceLicense
-from ledger import services as ledger
+from ledger import staff
 from ledger.audit import Actor
 from ledger.models import AgentKey, Membership, Tenant
 from ledger.policy_loader import LoadReport, policy_file_load, policy_file_parse, policy_file_read
+from ledger.services import keys
 
 POLICY_DIR = Path(__file__).resolve().parent / "policies"
 # The origin the policy files are written for (make run's default port). seed_demo rewrites it to
@@ -90,7 +91,7 @@ def policies_load_demo(*, base_url: str) -> list[LoadReport]:
 
 
 def tenants_ensure() -> dict[str, Tenant]:
-    return {slug: ledger.tenant_get_or_create(slug=slug, name=name) for slug, name in TENANTS.items()}
+    return {slug: keys.tenant_get_or_create(slug=slug, name=name) for slug, name in TENANTS.items()}
 
 
 def logins_ensure(tenants: dict[str, Tenant]) -> None:
@@ -105,7 +106,7 @@ def logins_ensure(tenants: dict[str, Tenant]) -> None:
                 user=user, tenant=tenants[login.tenant], role=login.role
             ).exists()
         ):
-            user = ledger.staff_set(
+            user = staff.staff_set(
                 username=login.username,
                 password=DEMO_PASSWORD,
                 tenant=tenants[login.tenant],
@@ -117,7 +118,7 @@ def logins_ensure(tenants: dict[str, Tenant]) -> None:
             # The one login that sees every demo tenant and every admin page (RQ's included).
             for slug, tenant in tenants.items():
                 if slug != login.tenant:
-                    ledger.membership_set(user=user, tenant=tenant, role="admin", actor=SEEDER)
+                    staff.membership_set(user=user, tenant=tenant, role="admin", actor=SEEDER)
             if not user.is_superuser:
                 user.is_superuser = True
                 user.is_staff = True
@@ -134,8 +135,8 @@ def agent_secret(name: str) -> str:
     )
     if stored is not None and AgentKey.objects.filter(pk=stored.key_id, revoked_at__isnull=True).exists():
         return stored.secret
-    tenant = ledger.tenant_get_or_create(slug=tenant_slug, name=TENANTS.get(tenant_slug, ""))
-    issued = ledger.agent_key_create(tenant=tenant, name=key_name, scopes=scopes, actor=SEEDER)
+    tenant = keys.tenant_get_or_create(slug=tenant_slug, name=TENANTS.get(tenant_slug, ""))
+    issued = keys.agent_key_create(tenant=tenant, name=key_name, scopes=scopes, actor=SEEDER)
     AgentCredential.objects.update_or_create(
         tenant_slug=tenant_slug, name=key_name, defaults={"key_id": issued.key.pk, "secret": issued.secret}
     )

@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from demo import services
 from demo.models import CrmContact, CrmTicket, HrUser, OutboxEmail, Payment, WorkspaceLicense
 from demo.services import WorldResult
-from saga_admin.client.signing import verify_signature
+from saga_client.signing import verify_signature
 
 SECRET_ENV = "SAGA_DEMO_WORLD_SECRET"
 
@@ -106,6 +106,11 @@ def _field(data: Any, name: str, kind: type | tuple[type, ...] = str, *, require
 def _webhook_args(payload: dict[str, Any]) -> dict[str, Any]:
     args = payload.get("args")
     return args if isinstance(args, dict) else {}
+
+
+def _after_snapshot(payload: dict[str, Any]) -> dict[str, Any]:
+    after = payload.get("after_snapshot")
+    return after if isinstance(after, dict) else {}
 
 
 # --- Forward operations (what the agents call) ------------------------------------------------
@@ -206,13 +211,16 @@ def saga_cancel_license(request: HttpRequest, payload: dict[str, Any]) -> Handle
 @world_endpoint("email.send_correction")
 def saga_send_correction(request: HttpRequest, payload: dict[str, Any]) -> Handler:
     args = _webhook_args(payload)
-    after = payload.get("after_snapshot") if isinstance(payload.get("after_snapshot"), dict) else {}
+    after = _after_snapshot(payload)
     message_id = args.get("message_id") or after.get("message_id")
     if not isinstance(message_id, int):
         raise BadRequest(
             "args.message_id (or after_snapshot.message_id) is required.", field="args.message_id"
         )
-    body = args.get("body") if isinstance(args.get("body"), str) else ""
+    # No body (or not a string): the world writes its standard correction text.
+    body = args.get("body")
+    if not isinstance(body, str):
+        body = ""
     return lambda: services.email_send_correction(message_id=message_id, body=body)
 
 
@@ -233,14 +241,16 @@ def saga_restore_ticket(request: HttpRequest, payload: dict[str, Any]) -> Handle
 @world_endpoint("payments.refund_charge")
 def saga_refund(request: HttpRequest, payload: dict[str, Any]) -> Handler:
     args = _webhook_args(payload)
-    after = payload.get("after_snapshot") if isinstance(payload.get("after_snapshot"), dict) else {}
+    after = _after_snapshot(payload)
     # The agent cannot know the payment id when it records the charge; the after snapshot does.
     payment_id = args.get("payment_id") or after.get("payment_id")
     if not isinstance(payment_id, str) or not payment_id:
         raise BadRequest(
             "args.payment_id (or after_snapshot.payment_id) is required.", field="args.payment_id"
         )
-    reason = args.get("reason") if isinstance(args.get("reason"), str) else "saga compensation"
+    reason = args.get("reason")
+    if not isinstance(reason, str):
+        reason = "saga compensation"
     return lambda: services.payment_refund(payment_id=payment_id, reason=reason)
 
 

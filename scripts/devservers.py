@@ -21,6 +21,7 @@ import urllib.parse
 import urllib.request
 import warnings
 from pathlib import Path
+from typing import Any
 
 
 def _quiet_pgserver() -> None:
@@ -46,7 +47,8 @@ def pg_start(datadir: Path, dbname: str) -> str:
     server = pgserver.get_server(datadir.resolve(), cleanup_mode=None)
     info = server.get_postmaster_info()
     host = str(info.socket_dir) if info.socket_dir else f"{info.hostname}:{info.port}"
-    conninfo = {
+    # Any: these become psycopg.connect's keyword arguments, each of its own type.
+    conninfo: dict[str, Any] = {
         "host": str(info.socket_dir) if info.socket_dir else info.hostname,
         "user": "postgres",
         "dbname": "postgres",
@@ -65,7 +67,8 @@ def pg_start(datadir: Path, dbname: str) -> str:
 
 def pg_stop(datadir: Path) -> None:
     _quiet_pgserver()
-    from pgserver import pg_ctl
+    # pgserver makes one function per bundled binary (pg_ctl, initdb, …) when it is imported.
+    from pgserver import pg_ctl  # type: ignore[attr-defined]
 
     if not (datadir / "postmaster.pid").exists():
         return
