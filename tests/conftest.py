@@ -1,10 +1,17 @@
-"""Shared personas and fixtures. Tests run against the machine's real PostgreSQL and Redis."""
+"""Shared personas and fixtures. Tests run against the machine's real PostgreSQL and Redis; the
+engine, recovery and reliability tests also against a throwaway Redis and real worker processes.
+Data builders are in tests/factories.py, everything else shared in tests/support/."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.support.processes import RedisServer, Worker, rq_pointed_at, spawn_worker
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
@@ -36,7 +43,7 @@ def other_tenant(db):
 def agent_key(tenant):
     """The onboarding agent's key: (AgentKey, raw secret)."""
     from ledger.audit import Actor
-    from ledger.services import agent_key_create
+    from ledger.services.keys import agent_key_create
 
     issued = agent_key_create(
         tenant=tenant, name="onboarding-agent", scopes=["agent"], actor=Actor.system("tests")
@@ -47,7 +54,7 @@ def agent_key(tenant):
 @pytest.fixture
 def operator_key(tenant):
     from ledger.audit import Actor
-    from ledger.services import agent_key_create
+    from ledger.services.keys import agent_key_create
 
     issued = agent_key_create(
         tenant=tenant, name="supervisor", scopes=["agent", "operator"], actor=Actor.system("tests")
@@ -58,7 +65,7 @@ def operator_key(tenant):
 @pytest.fixture
 def outsider_key(other_tenant):
     from ledger.audit import Actor
-    from ledger.services import agent_key_create
+    from ledger.services.keys import agent_key_create
 
     issued = agent_key_create(
         tenant=other_tenant, name="globex-agent", scopes=["agent", "operator"], actor=Actor.system("tests")
@@ -112,3 +119,93 @@ def dave(tenant):
 def mallory(other_tenant):
     """Mallory is an operator at Globex, an outsider to Acme."""
     return _user("mallory", other_tenant, "operator")
+
+
+# --- Policies ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def onboarding_policies(db):
+    """The onboarding scenario's tool policies (``tests.factories.load_onboarding_policies``)."""
+    from tests.factories import load_onboarding_policies
+
+    return load_onboarding_policies()
+
+
+# --- A Redis of our own, and real worker processes -------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server(django_db_setup: Any) -> Iterator[RedisServer]:
+    """A redis-server of the suite's own, never the machine's shared one, so a test may stop or
+    flush it. From its first use to the end of the session, RQ's queues point at it."""
+    server = RedisServer()
+    server.start()
+    try:
+        with rq_pointed_at(server):
+            yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_redis(redis_server: RedisServer) -> Iterator[RedisServer]:
+    """The throwaway Redis, empty, and started again if a test stopped it."""
+    if redis_server.process is None:
+        redis_server.start()
+    redis_server.flush()
+    yield redis_server
+    if redis_server.process is None:
+        redis_server.start()
+
+
+@pytest.fixture
+def workers(transactional_db: Any, redis_server: RedisServer) -> Iterator[list[Worker]]:
+    """Every worker a test started (``start_worker`` appends), stopped at the end."""
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def worker_env() -> dict[str, str]:
+    """Environment every worker ``start_worker`` spawns gets on top of the engine's fast clocks; a
+    directory's conftest may override it."""
+    return {}
+
+
+@pytest.fixture
+def start_worker(
+    workers: list[Worker], worker_env: dict[str, str], redis_server: RedisServer, tmp_path: Path
+) -> Callable[..., Worker]:
+    """``start_worker(**env)``: a real ``saga_worker`` process on this test's database and the
+    throwaway Redis."""
+
+    def start(**extra_env: str) -> Worker:
+        worker = spawn_worker(
+            redis_url=redis_server.url,
+            log_path=tmp_path / f"worker-{len(workers)}.log",
+            env={**worker_env, **extra_env},
+        )
+        workers.append(worker)
+        return worker
+
+    return start
+
+
+# --- Calling the WSGI application directly ---------------------------------------------------
+
+
+@pytest.fixture
+def keep_test_connection() -> Iterator[None]:
+    """schemathesis calls the WSGI app directly, whose request signals would close the test's
+    database connection mid-transaction (django.test.Client detaches them the same way)."""
+    from django.core.signals import request_finished, request_started
+    from django.db import close_old_connections
+
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)

@@ -1,39 +1,181 @@
+"""The layering (DESIGN.md, README "Where things are"), read from the code's own imports.
+
+Dependencies point down: ``saga_client`` (no server code at all) ← ``ledger`` (the record) ←
+``recovery`` (the decisions) ← ``saga_admin.api`` and ``dashboard`` (HTTP and pages, peers that do
+not import each other) ← the project shell (``saga_admin`` settings and urls) and ``demo``.
+Inside ``recovery`` the decisions module sits on top: nothing below it imports it.
+
+Every import counts, function-level ones included (an import inside a function is still a
+dependency; moving it there only hides a cycle), and so does ``importlib`` reaching a module by
+its name.
+"""
+
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("saga_client", "ledger", "recovery", "saga_admin", "dashboard", "demo")
+SERVER_AND_FRAMEWORKS = {"django", "ninja", "ledger", "recovery", "saga_admin", "dashboard", "demo", "rq"}
 
 
-def _imports(path: Path) -> set[str]:
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _sources() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            modules[_module_name(path)] = path
+    return modules
+
+
+MODULES = _sources()
+
+
+def _raw_imports(path: Path, module: str) -> Iterator[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
-    names: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            # ``from recovery import services`` depends on the module recovery.services.
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            if name in {"import_module", "find_spec", "__import__"} and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    yield first.value
 
 
-def test_it_keeps_the_record_independent_of_the_decisions():
-    """DESIGN.md: recovery/ uses ledger/, never the other way round (the record does not know what
-    is decided about it). The agent API composes both from saga_admin/."""
-    offenders = {
-        str(path.relative_to(ROOT)): sorted(
-            n for n in _imports(path) if n.split(".")[0] in {"recovery", "dashboard"}
+def imports_of(module: str) -> set[str]:
+    """The project modules ``module`` imports (resolved to modules that exist), and the names of
+    the outside packages it imports (their top level)."""
+    found: set[str] = set()
+    for name in _raw_imports(MODULES[module], module):
+        if name in MODULES:
+            found.add(name)
+        elif name.split(".")[0] not in PACKAGES:
+            found.add(name.split(".")[0])
+        elif name.rpartition(".")[0] in MODULES and name.rpartition(".")[0] != module:
+            # ``from ledger.models import Run``: the module is ledger.models.
+            found.add(name.rpartition(".")[0])
+    return found - {module}
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[0]
+    if top == "saga_client":
+        return 0
+    if top == "ledger":
+        return 1
+    if top == "recovery":
+        return 2
+    if top == "dashboard" or module == "saga_admin.api" or module.startswith("saga_admin.api."):
+        return 3
+    return 4  # the project shell (settings, urls, health) and the demo
+
+
+def _app(module: str) -> str:
+    return "saga_admin.api" if module.startswith("saga_admin.api") else module.split(".")[0]
+
+
+def test_it_finds_the_modules_it_checks():
+    # A test that read no imports would pass vacuously.
+    assert {"ledger.models", "recovery.services", "saga_admin.api.app", "dashboard.views"} <= set(MODULES)
+    assert "recovery.items" in imports_of("recovery.services")
+    assert "ledger.services.runs" in imports_of("recovery.services")
+
+
+def test_it_keeps_every_import_pointing_down():
+    upward = {
+        module: sorted(
+            target for target in imports_of(module) if target in MODULES and _layer(target) > _layer(module)
         )
-        for path in (ROOT / "ledger").rglob("*.py")
+        for module in MODULES
     }
-    assert {path: names for path, names in offenders.items() if names} == {}
+    assert {module: targets for module, targets in upward.items() if targets} == {}
 
 
-def test_it_keeps_the_client_free_of_django():
-    offenders = {
-        str(path.relative_to(ROOT)): sorted(
-            n for n in _imports(path) if n.split(".")[0] in {"django", "ledger", "recovery", "ninja"}
+def test_it_keeps_the_api_and_the_dashboard_apart():
+    crossing = {
+        module: sorted(
+            t for t in imports_of(module) if t in MODULES and _layer(t) == 3 and _app(t) != _app(module)
         )
-        for path in (ROOT / "saga_admin" / "client").rglob("*.py")
+        for module in MODULES
+        if _layer(module) == 3
     }
-    assert {path: names for path, names in offenders.items() if names} == {}
+    assert {module: targets for module, targets in crossing.items() if targets} == {}
+
+
+def test_it_keeps_the_decisions_module_on_top_of_recovery():
+    """recovery.services calls items, approvals, commands, the engine and the sweeper; none of
+    them (nor anything else in recovery but the jobs the worker runs) calls it back."""
+    callers = sorted(
+        module
+        for module in MODULES
+        if module.startswith("recovery.") and "recovery.services" in imports_of(module)
+    )
+    assert callers == ["recovery.jobs"]
+
+
+def test_it_has_no_import_cycles():
+    graph = {module: {t for t in imports_of(module) if t in MODULES} for module in MODULES}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    assert cycles == []
+
+
+def test_it_keeps_the_client_free_of_the_server():
+    offenders = {
+        module: sorted(imports_of(module) & SERVER_AND_FRAMEWORKS)
+        for module in MODULES
+        if module.startswith("saga_client")
+    }
+    assert {module: names for module, names in offenders.items() if names} == {}
+
+
+def test_it_catches_a_hidden_upward_import(tmp_path, monkeypatch):
+    """The checks above can fail: a ledger module importing recovery inside a function, or by
+    name through importlib, is an upward import all the same."""
+    rogue = tmp_path / "rogue.py"
+    rogue.write_text(
+        "import importlib\n"
+        "def f():\n    from recovery import services\n"
+        "def g():\n    return importlib.import_module('saga_admin.api.app')\n"
+    )
+    monkeypatch.setitem(MODULES, "ledger.rogue", rogue)
+    assert {"recovery.services", "saga_admin.api.app"} <= imports_of("ledger.rogue")
+    assert all(
+        _layer(target) > _layer("ledger.rogue") for target in ("recovery.services", "saga_admin.api.app")
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.helpers import Api, create_onboarding_policies
+from tests.support.api import Api
 
 
 @pytest.fixture
@@ -17,8 +17,3 @@ def api(agent_key) -> Api:
 def outsider_api(outsider_key) -> Api:
     """Globex's key: valid, but every Acme object must look nonexistent to it."""
     return Api(outsider_key[1])
-
-
-@pytest.fixture
-def onboarding_policies(db):
-    return create_onboarding_policies()

@@ -6,7 +6,8 @@ from ledger.audit import Actor
 from ledger.models import Action, Run
 from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
-from tests.api.helpers import error_of, new_action, new_run
+from tests.factories import new_action, new_run
+from tests.support.api import error_of
 
 pytestmark = pytest.mark.django_db
 
@@ -19,7 +20,7 @@ def run(api, onboarding_policies):
 def test_it_records_a_planned_action_with_its_policy(api, run):
     action = new_action(api, run["id"], intent={"reasoning": "HR asked for it", "confidence": 0.82})
     assert action["id"].startswith("act_") and action["status"] == "planned"
-    assert action["risk"] == "medium" and action["action_class"] == "external_reversible"
+    assert action["risk"] == "medium" and action["action_class"] == "internal_update"
     assert action["requires_approval"] is False and action["approval"] is None
     assert action["policy"]["pattern"] == "hr.create_user"
     assert action["compensation"] == {

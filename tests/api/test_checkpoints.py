@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.helpers import error_of, new_action, new_run
+from tests.factories import new_action, new_run
+from tests.support.api import error_of
 
 pytestmark = pytest.mark.django_db
 

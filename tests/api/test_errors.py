@@ -7,8 +7,9 @@ import json
 import pytest
 
 from ledger.audit import Actor
-from ledger.services import agent_key_create, agent_key_revoke
-from tests.api.helpers import Api, error_of, new_action, new_run
+from ledger.services.keys import agent_key_create, agent_key_revoke
+from tests.factories import new_action, new_run
+from tests.support.api import Api, error_of
 
 pytestmark = pytest.mark.django_db
 
@@ -221,12 +222,12 @@ def test_a_nul_in_a_query_filter_is_refused(api):
 
 
 def test_an_unexpected_error_is_a_500_with_a_request_id_and_no_traceback(api, monkeypatch):
-    from ledger import services
+    from ledger.services import runs
 
     def explode(**kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(services, "run_create", explode)
+    monkeypatch.setattr(runs, "run_create", explode)
     response = api.post("/runs", {"agent": "a", "request": "r"}, headers={"X-Request-Id": "req-42"})
     assert response.status_code == 500
     error = error_of(response)

@@ -10,8 +10,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ledger.models import Checkpoint, IdempotencyRecord, Run
-from saga_admin import idempotency
-from tests.api.helpers import error_of, new_run
+from ledger.services.idempotency import idempotency_records_prune
+from saga_admin.api import idempotency
+from tests.factories import new_run
+from tests.support.api import error_of
 
 pytestmark = pytest.mark.django_db
 
@@ -103,14 +105,14 @@ def test_prune_keeps_records_for_the_ttl_and_at_least_24_hours(api, settings):
     IdempotencyRecord.objects.filter(key="recent").update(created_at=now - timedelta(hours=47))
 
     settings.SAGA = {**settings.SAGA, "IDEMPOTENCY_KEY_TTL_H": 48}
-    assert idempotency.prune_idempotency_records() == 1
+    assert idempotency_records_prune() == 1
     assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["recent"]
 
     # A TTL configured below the contract's 24 h is raised to 24 h.
     settings.SAGA = {**settings.SAGA, "IDEMPOTENCY_KEY_TTL_H": 1}
     IdempotencyRecord.objects.filter(key="recent").update(created_at=now - timedelta(hours=23))
-    assert idempotency.prune_idempotency_records() == 0
-    assert idempotency.prune_idempotency_records(now=now + timedelta(hours=2)) == 1
+    assert idempotency_records_prune() == 0
+    assert idempotency_records_prune(now=now + timedelta(hours=2)) == 1
 
 
 @pytest.mark.django_db(transaction=True)

@@ -4,12 +4,13 @@ import json
 
 import pytest
 
-from ledger import services
 from ledger.audit import Actor
 from ledger.models import Run
-from recovery import services as recovery
+from ledger.services import runs
+from recovery import commands as recovery_commands
 from recovery.models import RecoveryItem
-from tests.api.helpers import error_of, new_action, new_run
+from tests.factories import new_action, new_run
+from tests.support.api import error_of
 
 pytestmark = pytest.mark.django_db
 
@@ -71,7 +72,7 @@ def test_it_pages_runs_newest_first_with_an_opaque_cursor(api):
 def test_it_filters_runs_by_status_agent_and_external_id(api, agent):
     first = new_run(api, external_id="job-1")
     new_run(api, agent="billing", external_id="job-2")
-    services.run_complete(run=Run.objects.get(pk=first["id"]), actor=agent)
+    runs.run_complete(run=Run.objects.get(pk=first["id"]), actor=agent)
 
     assert [r["id"] for r in api.get("/runs", {"status": "succeeded"}).json()["items"]] == [first["id"]]
     assert [r["agent"] for r in api.get("/runs", {"agent": "billing"}).json()["items"]] == ["billing"]
@@ -92,7 +93,7 @@ def test_it_lists_only_the_keys_tenant(api, outsider_api):
 
 def test_heartbeat_returns_pending_commands_and_ack_removes_them(api, alice):
     run = new_run(api)
-    command = recovery.command_issue(
+    command = recovery_commands.command_issue(
         run=Run.objects.get(pk=run["id"]),
         kind="resume",
         actor=Actor.for_user(alice),
@@ -115,7 +116,7 @@ def test_heartbeat_returns_pending_commands_and_ack_removes_them(api, alice):
 
 def test_another_tenants_command_is_not_found(api, outsider_api, alice):
     run = new_run(api)
-    command = recovery.command_issue(
+    command = recovery_commands.command_issue(
         run=Run.objects.get(pk=run["id"]),
         kind="cancel",
         actor=Actor.for_user(alice),
@@ -164,10 +165,10 @@ def test_a_cancelled_or_closed_run_refuses_new_actions(api, agent, status_change
     run = new_run(api)
     model = Run.objects.get(pk=run["id"])
     if status_change == "cancel":
-        services.run_cancel(run=model, actor=agent, reason="user withdrew the request")
+        runs.run_cancel(run=model, actor=agent, reason="user withdrew the request")
     else:
-        services.run_fail(run=model, actor=agent, error="x")
-        services.run_close(run=model, actor=agent, reason="nothing to undo")
+        runs.run_fail(run=model, actor=agent, error="x")
+        runs.run_close(run=model, actor=agent, reason="nothing to undo")
     response = api.post(
         f"/runs/{run['id']}/actions", {"tool": "hr.create_user", "idempotency_key": "late-job"}
     )
@@ -207,11 +208,11 @@ def test_commands_are_pushed_to_the_resume_url_signed_for_the_receiver(api, alic
     import httpx
 
     from recovery import notifications
-    from saga_admin.client import verify_signature
+    from saga_client import verify_signature
 
     settings.SAGA = {**settings.SAGA, "RESUME_WEBHOOK_SECRET": "agent-secret"}
     run = new_run(api, resume_url="https://agent.internal/saga/commands")
-    command = recovery.command_issue(
+    command = recovery_commands.command_issue(
         run=Run.objects.get(pk=run["id"]), kind="resume", actor=Actor.for_user(alice), reason="gateway fixed"
     )
     received = []

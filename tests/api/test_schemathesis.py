@@ -17,6 +17,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from recovery import commands as recovery_commands
 from saga_admin.wsgi import application
 
 # Module level, not a fixture: schemathesis.pytest.from_fixture breaks under pytest 9.
@@ -27,30 +28,14 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture
-def keep_test_connection():
-    """schemathesis calls the WSGI app directly, whose request signals would close the test's
-    database connection mid-transaction (django.test.Client detaches them the same way)."""
-    from django.core.signals import request_finished, request_started
-    from django.db import close_old_connections
-
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    yield
-    request_started.connect(close_old_connections)
-    request_finished.connect(close_old_connections)
-
-
-@pytest.fixture
 def world(keep_test_connection, agent_key, onboarding_policies):
     """Real objects for the generated requests to hit, so the handlers behind the 404s run too."""
-    from ledger import services
     from ledger.audit import Actor
+    from ledger.services import checkpoints, runs
     from recovery import services as recovery
 
     actor = Actor.for_key(agent_key[0])
-    run = services.run_create(
-        tenant=agent_key[0].tenant, actor=actor, agent="onboarding", request="Onboard Ashu"
-    )
+    run = runs.run_create(tenant=agent_key[0].tenant, actor=actor, agent="onboarding", request="Onboard Ashu")
     action = recovery.action_record_gated(
         run=run,
         actor=actor,
@@ -58,8 +43,10 @@ def world(keep_test_connection, agent_key, onboarding_policies):
         idempotency_key="st-1",
         args={"email": "ashu@company.com"},
     ).action
-    services.checkpoint_write(run=run, actor=actor, name="start")
-    command = recovery.command_issue(run=run, kind="resume", actor=Actor.system("tests"), reason="go on")
+    checkpoints.checkpoint_write(run=run, actor=actor, name="start")
+    command = recovery_commands.command_issue(
+        run=run, kind="resume", actor=Actor.system("tests"), reason="go on"
+    )
     return {"run_id": run.pk, "action_id": action.pk, "command_id": command.pk}
 
 

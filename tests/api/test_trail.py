@@ -3,12 +3,12 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from ledger import services
 from ledger.audit import Actor
 from ledger.models import Action, Run
+from ledger.services import actions, runs
 from recovery import services as recovery
 from recovery.models import Approval, Unwind, UnwindStep
-from tests.api.helpers import new_action, new_run
+from tests.factories import new_action, new_run
 
 pytestmark = pytest.mark.django_db
 
@@ -61,17 +61,17 @@ def test_the_trail_tells_what_changed_was_restored_and_could_not_be_undone(
 
     # What the unwind did, as the engine records it: the user was deleted, the license cancel failed.
     model = Run.objects.get(pk=run["id"])
-    services.run_compensation_started(run=model, actor=Actor.for_user(alice), reason="undo the onboarding")
+    runs.run_compensation_started(run=model, actor=Actor.for_user(alice), reason="undo the onboarding")
     unwind = Unwind.objects.create(tenant=model.tenant, run=model, reason="undo the onboarding")
     for position, (action, outcome, error) in enumerate(
         [(license_, "failed", "license API 500"), (user, "done", "")]
     ):
         step = _step(unwind, action, position, outcome, error)
-        services.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id=step.pk)
-        services.action_compensation_finished(
+        actions.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id=step.pk)
+        actions.action_compensation_finished(
             action=action, actor=Actor.system("unwind"), outcome=outcome, step_id=step.pk
         )
-    services.run_compensation_finished(run=model, actor=Actor.system("unwind"), complete=False)
+    runs.run_compensation_finished(run=model, actor=Actor.system("unwind"), complete=False)
 
     response = api.get(f"/runs/{run['id']}/trail")
     assert response.status_code == 200

@@ -8,22 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench.report import SECTIONS
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.support.processes import ROOT, free_port
 
 
 @pytest.mark.timeout(600)
@@ -41,7 +32,7 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path):
             "--database-url",
             f"postgres://postgres@127.0.0.1:5432/saga_bench_smoke_{os.getpid()}",
             "--port",
-            str(_free_port()),
+            str(free_port()),
             "--out",
             str(out),
             "--log-dir",

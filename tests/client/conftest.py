@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from saga_admin.client import Saga
-from tests.api.helpers import create_onboarding_policies
-
-
-@pytest.fixture
-def onboarding_policies(transactional_db):
-    return create_onboarding_policies()
+from saga_client import Saga
 
 
 @pytest.fixture

@@ -11,9 +11,10 @@ from django.db import connection
 
 from ledger.audit import Actor
 from ledger.models import Action, Run, ToolPolicy
+from recovery import commands as recovery_commands
 from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
-from saga_admin.client import ApprovalRejected, ApprovalTimeout
+from saga_client import ApprovalRejected, ApprovalTimeout
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -239,7 +240,7 @@ def test_an_unknown_tool_is_gated_by_the_default_policy(saga):
 def test_heartbeat_returns_commands_and_ack_clears_them(saga, alice):
     with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
         assert run.heartbeat() == []
-        recovery.command_issue(
+        recovery_commands.command_issue(
             run=Run.objects.get(pk=run.id),
             kind="cancel",
             actor=Actor.for_user(alice),

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dashboard.factories import gated_run, onboarding_run
+from tests.factories import gated_run, onboarding_run
 
 
 @pytest.fixture
@@ -13,15 +13,6 @@ def failed_run(tenant, agent):
 @pytest.fixture
 def approval(tenant, agent):
     return gated_run(tenant, agent)[2]
-
-
-@pytest.fixture
-def login(client):
-    def _login(user):
-        client.force_login(user)
-        return client
-
-    return _login
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from ledger.models import Action
 from recovery import services as recovery
 from recovery import unwinds
 from recovery.models import Approval
-from tests.dashboard.factories import gated_run, onboarding_run
+from tests.factories import gated_run, onboarding_run
 
 pytestmark = pytest.mark.django_db
 

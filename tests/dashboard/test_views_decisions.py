@@ -9,10 +9,11 @@ from django.urls import reverse
 
 from ledger.audit import Actor
 from ledger.models import Action, Run
+from ledger.services import runs
 from recovery import services as recovery
 from recovery import unwinds
 from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
-from tests.dashboard.factories import _do, load_policies, onboarding_run
+from tests.factories import load_onboarding_policies, onboarding_run, perform_action
 
 pytestmark = pytest.mark.django_db
 
@@ -99,7 +100,7 @@ def test_a_second_compensate_is_a_clear_message_not_a_500(client, failed_run, al
     client.force_login(dave)
     response = client.post(reverse("dashboard:item-compensate", args=[item.pk]), {"reason": "second"})
     assert response.status_code == 303
-    assert any("cannot become claimed" in m or "claimed" in m for m in _messages(response))
+    assert any(f"{item.pk} is claimed; it cannot become claimed." in m for m in _messages(response))
 
 
 def test_the_htmx_decision_redirects_on_the_client(client, failed_run, alice):
@@ -233,11 +234,11 @@ def test_the_progress_poll_stops_when_the_unwind_is_finished(client, failed_run,
 
 
 def test_an_operator_reconciles_an_unknown_outcome(client, tenant, agent, alice, carol, mallory):
-    load_policies()
-    from ledger import services as ledger
+    load_onboarding_policies()
+    from ledger.services import runs
 
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the owner")
-    action = _do(
+    run = runs.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the owner")
+    action = perform_action(
         run,
         agent,
         "crm.update_contact",
@@ -263,11 +264,12 @@ def test_reconciling_an_action_older_than_the_page_shows_goes_back_to_every_acti
     client, tenant, agent, alice, monkeypatch
 ):
     from dashboard import views
-    from ledger import services as ledger
 
-    load_policies()
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the owner")
-    action = _do(run, agent, "crm.update_contact", target_id="c-1", args={"owner": "x"}, unknown=True)
+    load_onboarding_policies()
+    run = runs.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the owner")
+    action = perform_action(
+        run, agent, "crm.update_contact", target_id="c-1", args={"owner": "x"}, unknown=True
+    )
     monkeypatch.setattr(views, "ACTIONS_SHOWN", 0)  # the page shows none of the run's actions
     client.force_login(alice)
     response = client.post(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.urls import reverse
 
 from ledger.audit import Actor
 from ledger.models import Compensator, ToolPolicy
 from recovery import services as recovery
-from tests.dashboard.factories import onboarding_run
+from tests.factories import gated_run, onboarding_run
 
 pytestmark = pytest.mark.django_db
 
@@ -37,7 +39,6 @@ def test_metrics_are_scoped_to_the_users_tenants(client, tenant, agent, mallory)
 
 def test_percentiles_come_from_postgres(tenant, agent, alice, bob):
     from dashboard import selectors
-    from tests.dashboard.factories import gated_run
 
     for amount in (1, 2, 3):
         approval = gated_run(tenant, agent, amount=amount)[2]
@@ -57,9 +58,17 @@ def test_policies_page_lists_policies_and_compensators_with_their_source(client,
     )
     client.force_login(carol)
     body = client.get(reverse("dashboard:policies")).content.decode()
-    assert "hr.create_user" in body and "crm.update_*" in body and "tests" in body
+    # One row per policy in force: its tool, scope and source.
+    policy_rows = re.findall(
+        r"<tr><td><code>([^<]+)</code></td>(?:<td>[^<]*</td>){3}<td>.*?</td>"
+        r'<td>(global|tenant)</td><td class="small">([^<]*)</td></tr>',
+        body,
+    )
+    assert sorted(policy_rows) == sorted(
+        (tool, "global", "tests") for tool in ToolPolicy.objects.values_list("tool", flat=True)
+    )
+    assert "hr.create_user" in body and "crm.update_*" in body
     assert "https://hr.example.com/undo" in body and "policies/acme.json" in body
-    assert ToolPolicy.objects.count() > 0
 
 
 def test_admin_links_only_for_admins(client, tenant, alice, dave):

@@ -6,8 +6,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from recovery import items as recovery_items
 from recovery.models import RecoveryItem
-from tests.dashboard.factories import onboarding_run
+from tests.factories import onboarding_run
 
 pytestmark = pytest.mark.django_db
 
@@ -176,7 +177,6 @@ def test_the_search_finds_items_by_the_text_kept_on_them_as_their_failure_change
     client, tenant, agent, alice
 ):
     from ledger.audit import Actor
-    from recovery import services as recovery
 
     run, item = onboarding_run(tenant, agent, name="Cleo Park", email="cleo@company.com")
     assert item.search_text == "email.send_welcome\nonboard new hire cleo park (cleo@company.com)"
@@ -185,7 +185,9 @@ def test_the_search_finds_items_by_the_text_kept_on_them_as_their_failure_change
     assert "Cleo Park" in client.get(QUEUE, {"q": "new hire cleo"}).content.decode()
     # The run fails again at another action: the item (and what it is found by) follows.
     other = run.actions.exclude(pk=item.failed_action_id).order_by("seq").first()
-    recovery.item_open_or_update(run=run, reason="failed", actor=Actor.for_user(alice), failed_action=other)
+    recovery_items.item_open_or_update(
+        run=run, reason="failed", actor=Actor.for_user(alice), failed_action=other
+    )
     item.refresh_from_db()
     assert item.search_text.startswith(other.tool.lower() + "\n")
     assert "Cleo Park" in client.get(QUEUE, {"q": other.tool}).content.decode()

@@ -5,9 +5,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from ledger import services as ledger
+from ledger.services import runs
 from recovery import services as recovery
-from tests.dashboard.factories import onboarding_run
+from tests.factories import load_onboarding_policies, onboarding_run, perform_action
 
 pytestmark = pytest.mark.django_db
 
@@ -66,11 +66,9 @@ def test_an_outsider_gets_404(client, failed_run, mallory):
 
 
 def test_it_warns_about_unknown_outcomes_and_offers_reconcile(client, tenant, agent, alice):
-    from tests.dashboard.factories import _do, load_policies
-
-    load_policies()
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the contact owner")
-    action = _do(
+    load_onboarding_policies()
+    run = runs.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the contact owner")
+    action = perform_action(
         run,
         agent,
         "crm.update_contact",

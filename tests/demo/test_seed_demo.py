@@ -10,8 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +18,12 @@ import pytest
 from django.core.management import call_command
 
 from demo import agents
+from tests.support.processes import ROOT, database_url_for_subprocesses, descendants, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = "seed-test-world-secret-0123456789"
 # Short enough to see the lost agent within seconds; long enough that no healthy run (each takes
 # about a second here) is mistaken for a lost one.
 HEARTBEAT_TIMEOUT_S = "8"
-
-
-def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
@@ -50,14 +39,12 @@ def saga_worker(live_server: Any, world_secret: str, tmp_path: Path) -> Iterator
     import redis
     from django.conf import settings
 
-    redis_url = settings.RQ_QUEUES["default"]["URL"]
+    redis_url = str(settings.RQ_QUEUES["default"]["URL"])
     # Our own Redis db: leftovers of an earlier, interrupted run must not leak into this one.
     redis.Redis.from_url(redis_url).flushdb()
-    db = settings.DATABASES["default"]
-    host = f"{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
-    env = {
+    env: dict[str, str] = {
         **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}@{host}/{db['NAME']}",
+        "DATABASE_URL": database_url_for_subprocesses(),
         "REDIS_URL": redis_url,
         "SAGA_DEMO_WORLD_SECRET": world_secret,
         "SAGA_HEARTBEAT_TIMEOUT_S": HEARTBEAT_TIMEOUT_S,
@@ -76,29 +63,12 @@ def saga_worker(live_server: Any, world_secret: str, tmp_path: Path) -> Iterator
     yield process
     # rq's work horses call setpgrp, so killing the worker's group misses them: find them first,
     # so none outlives the test and touches the next one.
-    victims = _descendants(process.pid)
+    victims = descendants(process.pid)
     process.kill()
     process.wait(timeout=10)
     for pid in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
 
 
 def _keep_waiting_agents_alive(demo: agents.Demo, stop: threading.Event) -> None:
@@ -151,6 +121,7 @@ def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
         wait_for(
             lambda: _open_reasons() == expected,
             timeout=60,
+            interval=0.25,
             what=f"the queue to hold exactly {expected} (it holds {_open_reasons()})",
         )
     finally:
@@ -197,6 +168,7 @@ def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
     wait_for(
         lambda: Run.objects.get(pk=onboarding.pk).status == Run.Status.COMPENSATED,
         timeout=60,
+        interval=0.25,
         what="the onboarding run to be compensated",
     )
     assert not HrUser.objects.filter(email="ashu@acme.example").exists()

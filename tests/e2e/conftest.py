@@ -13,18 +13,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
 
-from saga_admin.client.signing import verify_signature
-
-ROOT = Path(__file__).resolve().parents[2]
-SCREENSHOTS = ROOT / "artifacts" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-WEBHOOK_SECRET = "e2e-webhook-secret"
+from saga_client.signing import verify_signature
+from tests.support.browser import CHROMIUM, WEBHOOK_SECRET
+from tests.support.processes import ROOT, database_url_for_subprocesses
 
 
 @dataclass
@@ -93,13 +89,11 @@ def rq_worker(transactional_db) -> Iterator[subprocess.Popen]:
 
     # The worker must listen where this process (the live server) enqueues: RQ's own setting,
     # which a test elsewhere in the session may have pointed at another Redis.
-    redis_url = settings.RQ_QUEUES["default"]["URL"]
+    redis_url = str(settings.RQ_QUEUES["default"]["URL"])
     django_rq.get_connection("default").flushdb()  # only this suite's Redis database: stale jobs
-    db = settings.DATABASES["default"]
-    database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env = {
+    env: dict[str, str] = {
         **os.environ,
-        "DATABASE_URL": database_url,
+        "DATABASE_URL": database_url_for_subprocesses(),
         "REDIS_URL": redis_url,
         "DJANGO_SETTINGS_MODULE": "saga_admin.settings",
         "DB_CONN_MAX_AGE": "0",
@@ -159,27 +153,12 @@ def browser():
 def page(browser, live_server):
     context = browser.new_context(base_url=live_server.url, viewport={"width": 1440, "height": 900})
     page = context.new_page()
-    page.csp_violations = []  # type: ignore[attr-defined]
+    page.csp_violations = []
 
     def on_console(message: Any) -> None:
         if "Content Security Policy" in message.text or "Refused to" in message.text:
-            page.csp_violations.append(message.text)  # type: ignore[attr-defined]
+            page.csp_violations.append(message.text)
 
     page.on("console", on_console)
     yield page
     context.close()
-
-
-def login(page: Any, username: str, password: str = "correct-horse-battery") -> None:
-    page.goto("/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(password)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url("**/")
-
-
-def screenshot(page: Any, name: str) -> Path:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    return path

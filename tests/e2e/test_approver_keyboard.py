@@ -8,8 +8,8 @@ from playwright.sync_api import expect
 
 from ledger.models import Action
 from recovery.models import Approval
-from tests.dashboard.factories import gated_run
-from tests.e2e.conftest import login, screenshot
+from tests.factories import gated_run
+from tests.support.browser import login, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,26 +10,26 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from ledger import services as ledger
 from ledger.models import Compensator
+from ledger.services import runs
 from recovery.models import RecoveryItem, Unwind, UnwindStep
-from tests.dashboard.factories import _do, gated_run, load_policies, onboarding_run
-from tests.e2e.conftest import WEBHOOK_SECRET, login, screenshot
+from tests.factories import gated_run, load_onboarding_policies, onboarding_run, perform_action
+from tests.support.browser import WEBHOOK_SECRET, login, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _other_work(tenant, agent):
     """A realistic queue around the onboarding run: other reasons, risks and ages."""
-    load_policies()
-    crm = ledger.run_create(
+    load_onboarding_policies()
+    crm = runs.run_create(
         tenant=tenant,
         actor=agent,
         agent="crm-agent",
         request="Move Globex deal to stage 3",
         external_id="deal-88",
     )
-    _do(
+    perform_action(
         crm,
         agent,
         "crm.update_deal",

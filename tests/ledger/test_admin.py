@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from ledger.models import AgentKey, Event, Run
 from recovery.models import RecoveryItem
-from tests.ledger.helpers import make_run, record
+from tests.factories import make_run, record
 
 BIG_TABLES = [
     "run",
@@ -100,7 +100,7 @@ def test_it_never_shows_a_keys_hash_and_never_creates_keys(root_client, agent_ke
 
 
 def test_it_revokes_selected_keys_through_the_service(root_client, agent_key, operator_key):
-    from ledger.services import agent_key_authenticate
+    from ledger.services.keys import agent_key_authenticate
 
     keys = [agent_key, operator_key]
     response = root_client.post(
@@ -127,7 +127,7 @@ def test_it_shows_a_tenant_admin_only_their_tenants(
     client, tenant, other_tenant, agent, outsider_key, acme_run
 ):
     from ledger.audit import Actor
-    from ledger.services import staff_set
+    from ledger.staff import staff_set
 
     theirs = make_run(other_tenant, Actor.for_key(outsider_key[0]))
     dave = staff_set(

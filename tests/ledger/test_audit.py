@@ -10,17 +10,17 @@ import pytest
 from django.core.management import CommandError, call_command, execute_from_command_line
 from django.db import DatabaseError, connection, transaction
 
-from ledger import services
 from ledger.audit import Actor, audit_record, audit_verify
 from ledger.models import Event, Run
-from tests.ledger.helpers import make_run, record
+from ledger.services import runs
+from tests.factories import make_run, record
 
 
 @pytest.fixture
 def run(tenant, agent):
     run = make_run(tenant, agent)
     record(run, agent, "k1")
-    services.run_fail(run=run, actor=agent, error="boom")
+    runs.run_fail(run=run, actor=agent, error="boom")
     return run
 
 

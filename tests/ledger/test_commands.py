@@ -7,16 +7,14 @@ import secrets
 import subprocess
 import sys
 from io import StringIO
-from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from ledger import services
 from ledger.models import AgentKey, Event, Membership, Tenant
-
-ROOT = Path(__file__).resolve().parents[2]
+from ledger.services import keys
+from tests.support.processes import ROOT
 
 
 def run_command(*args: str) -> str:
@@ -31,7 +29,7 @@ def test_it_creates_a_key_and_the_tenant_and_prints_the_key_alone_on_the_last_li
     )
     raw = out.rstrip("\n").splitlines()[-1]
     assert raw == raw.strip() and " " not in raw
-    key = services.agent_key_authenticate(raw_key=raw)
+    key = keys.agent_key_authenticate(raw_key=raw)
     assert key is not None
     assert (key.tenant.slug, key.name, key.scopes) == ("initech", "billing-agent", ["agent", "operator"])
     # Stored hashed: the secret part appears nowhere in the row.
@@ -54,10 +52,10 @@ def test_it_refuses_an_unknown_scope(db):
 
 def test_it_revokes_a_key_which_then_no_longer_authenticates(agent_key):
     key, raw = agent_key
-    assert services.agent_key_authenticate(raw_key=raw) == key
+    assert keys.agent_key_authenticate(raw_key=raw) == key
     out = run_command("revoke_agent_key", "--prefix", key.prefix)
     assert f"Revoked key {key.prefix}" in out
-    assert services.agent_key_authenticate(raw_key=raw) is None
+    assert keys.agent_key_authenticate(raw_key=raw) is None
     assert Event.objects.filter(kind="agent_key.revoked", subject_id=key.pk).count() == 1
     with pytest.raises(CommandError, match="already revoked"):
         run_command("revoke_agent_key", "--prefix", key.prefix)
@@ -70,12 +68,12 @@ def test_it_refuses_to_revoke_an_unknown_prefix(db):
 
 @pytest.mark.parametrize("raw", ["", "sk_abc", "nope", "sk__x", "sk_abc_wrong-secret"])
 def test_it_does_not_authenticate_malformed_or_wrong_keys(agent_key, raw):
-    assert services.agent_key_authenticate(raw_key=raw) is None
+    assert keys.agent_key_authenticate(raw_key=raw) is None
 
 
 def test_it_does_not_authenticate_a_right_prefix_with_a_wrong_secret(agent_key):
     key, raw = agent_key
-    assert services.agent_key_authenticate(raw_key=f"{key.prefix}_{'x' * 43}") is None
+    assert keys.agent_key_authenticate(raw_key=f"{key.prefix}_{'x' * 43}") is None
 
 
 def test_it_creates_staff_with_a_role(db):

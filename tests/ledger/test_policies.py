@@ -7,7 +7,7 @@ from django.test.utils import CaptureQueriesContext
 
 from ledger.models import PolicySet, ToolPolicy
 from ledger.policies import policies_in_force, policy_resolve, policy_settings_for
-from tests.ledger.helpers import auto_policy, make_run, record
+from tests.factories import auto_policy, make_run, record
 
 
 def _policy(tool, *, tenant=None, risk="low", approval="auto", action_class="internal_update", **fields):

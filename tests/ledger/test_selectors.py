@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ledger import errors, selectors, services
+from ledger import errors, selectors
 from ledger.audit import Actor
 from ledger.models import Action, Run
-from tests.ledger.helpers import make_run, record
+from ledger.services import keys
+from tests.factories import auto_policy, make_run, record
 
 
 @pytest.fixture
@@ -54,8 +55,6 @@ def test_it_records_actions_in_the_runs_tenant_whoever_asks(tenant, other_tenant
 
 
 def test_it_resolves_policies_per_tenant(tenant, other_tenant, agent, outsider):
-    from tests.ledger.helpers import auto_policy
-
     auto_policy("hr.*", tenant=other_tenant)
     ours = record(make_run(tenant, agent), agent, "k")
     theirs = record(make_run(other_tenant, outsider), outsider, "k")
@@ -63,5 +62,5 @@ def test_it_resolves_policies_per_tenant(tenant, other_tenant, agent, outsider):
 
 
 def test_it_scopes_key_authentication_to_the_keys_tenant(agent_key, outsider_key):
-    assert services.agent_key_authenticate(raw_key=agent_key[1]).tenant.slug == "acme"
-    assert services.agent_key_authenticate(raw_key=outsider_key[1]).tenant.slug == "globex"
+    assert keys.agent_key_authenticate(raw_key=agent_key[1]).tenant.slug == "acme"
+    assert keys.agent_key_authenticate(raw_key=outsider_key[1]).tenant.slug == "globex"

@@ -3,12 +3,15 @@ order; checkpoints."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
-from ledger import errors, selectors, services
+from ledger import errors, selectors
 from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, Run
-from tests.ledger.helpers import auto_policy, force_status, make_run, record, refused
+from ledger.services import actions, checkpoints
+from tests.factories import auto_policy, force_status, make_run, record, refused
 
 ALL_ACTION_STATES = list(Action.Status.values)
 
@@ -30,13 +33,11 @@ def _last_event(action: Action) -> tuple[str, str, str]:
 def test_it_runs_an_action_from_planned_to_succeeded(run, agent):
     action = record(run, agent, "k1", before_snapshot={"exists": False})
     assert (action.status, action.requires_approval, action.risk) == ("planned", False, "low")
-    services.action_start(action=action, actor=agent)
+    actions.action_start(action=action, actor=agent)
     action.refresh_from_db()
     assert (action.status, action.attempts) == ("running", 1)
     assert action.started_at is not None
-    services.action_succeed(
-        action=action, actor=agent, result={"user_id": 7}, after_snapshot={"exists": True}
-    )
+    actions.action_succeed(action=action, actor=agent, result={"user_id": 7}, after_snapshot={"exists": True})
     action.refresh_from_db()
     assert (action.status, action.result, action.after_snapshot, action.completion_seq) == (
         "succeeded",
@@ -52,17 +53,17 @@ def test_it_numbers_completions_in_the_order_actions_finish(run, agent):
     # LIFO compensation follows completion order, not recording order.
     first, second = record(run, agent, "a"), record(run, agent, "b")
     for action in (first, second):
-        services.action_start(action=action, actor=agent)
-    services.action_succeed(action=second, actor=agent)
-    services.action_succeed(action=first, actor=agent)
+        actions.action_start(action=action, actor=agent)
+    actions.action_succeed(action=second, actor=agent)
+    actions.action_succeed(action=first, actor=agent)
     assert Action.objects.get(pk=second.pk).completion_seq == 1
     assert Action.objects.get(pk=first.pk).completion_seq == 2
 
 
 def test_it_fails_a_running_action_and_retries_it_with_the_same_key(run, agent):
     action = record(run, agent, "k1")
-    services.action_start(action=action, actor=agent)
-    services.action_fail(action=action, actor=agent, error="503 from HR", retryable=True, layer="tool")
+    actions.action_start(action=action, actor=agent)
+    actions.action_fail(action=action, actor=agent, error="503 from HR", retryable=True, layer="tool")
     action.refresh_from_db()
     assert (action.status, action.error, action.retryable, action.error_layer) == (
         "failed",
@@ -71,7 +72,7 @@ def test_it_fails_a_running_action_and_retries_it_with_the_same_key(run, agent):
         "tool",
     )
     assert _last_event(action) == ("action.failed", "running", "failed")
-    services.action_start(action=action, actor=agent)
+    actions.action_start(action=action, actor=agent)
     action.refresh_from_db()
     assert (action.status, action.attempts, action.error) == ("running", 2, "")
 
@@ -79,16 +80,16 @@ def test_it_fails_a_running_action_and_retries_it_with_the_same_key(run, agent):
 def test_it_marks_a_timed_out_action_unknown_and_reconciles_it_either_way(run, agent, alice):
     happened, did_not = record(run, agent, "a"), record(run, agent, "b")
     for action in (happened, did_not):
-        services.action_start(action=action, actor=agent)
-        services.action_fail(
+        actions.action_start(action=action, actor=agent)
+        actions.action_fail(
             action=action, actor=agent, error="timeout", retryable=True, layer="tool", outcome_unknown=True
         )
         assert Action.objects.get(pk=action.pk).status == "unknown"
     operator = Actor.for_user(alice)
-    services.action_reconcile(
+    actions.action_reconcile(
         action=happened, actor=operator, happened=True, reason="user exists in HR", result={"user_id": 9}
     )
-    services.action_reconcile(action=did_not, actor=operator, happened=False, reason="no such user in HR")
+    actions.action_reconcile(action=did_not, actor=operator, happened=False, reason="no such user in HR")
     happened.refresh_from_db()
     did_not.refresh_from_db()
     assert (happened.status, happened.result, happened.completion_seq) == ("succeeded", {"user_id": 9}, 1)
@@ -100,7 +101,7 @@ def test_it_marks_a_timed_out_action_unknown_and_reconciles_it_either_way(run, a
 def test_it_refuses_to_reconcile_without_a_reason(run, agent):
     action = force_status(record(run, agent, "k1"), "unknown")
     with refused(action, current="unknown", error=errors.ValidationFailed):
-        services.action_reconcile(action=action, actor=agent, happened=True, reason=" ")
+        actions.action_reconcile(action=action, actor=agent, happened=True, reason=" ")
 
 
 def test_it_takes_a_gated_action_through_approval(tenant, agent, bob):
@@ -108,33 +109,33 @@ def test_it_takes_a_gated_action_through_approval(tenant, agent, bob):
     action = record(run, agent, "k1", tool="payments.charge")  # unknown tool: built-in default
     assert action.requires_approval and action.risk == "high"
     with refused(action, current="planned", error=errors.ApprovalPending):
-        services.action_start(action=action, actor=agent)
-    services.action_await_approval(action=action, actor=agent)
+        actions.action_start(action=action, actor=agent)
+    actions.action_await_approval(action=action, actor=agent)
     with refused(action, current="awaiting_approval", error=errors.ApprovalPending):
-        services.action_start(action=action, actor=agent)
-    services.action_approve(action=action, actor=Actor.for_user(bob), reason="ok", args={"amount": 10})
+        actions.action_start(action=action, actor=agent)
+    actions.action_approve(action=action, actor=Actor.for_user(bob), reason="ok", args={"amount": 10})
     action.refresh_from_db()
     assert (action.status, action.args) == ("approved", {"amount": 10})
-    services.action_start(action=action, actor=agent)
+    actions.action_start(action=action, actor=agent)
     assert Action.objects.get(pk=action.pk).status == "running"
 
 
 def test_it_rejects_a_gated_action_and_refuses_to_start_it(tenant, agent, bob):
     run = make_run(tenant, agent)
     action = record(run, agent, "k1", tool="payments.charge")
-    services.action_await_approval(action=action, actor=agent)
-    services.action_reject(action=action, actor=Actor.for_user(bob), reason="wrong amount")
+    actions.action_await_approval(action=action, actor=agent)
+    actions.action_reject(action=action, actor=Actor.for_user(bob), reason="wrong amount")
     action.refresh_from_db()
     assert (action.status, action.error) == ("rejected", "wrong amount")
     with refused(action, current="rejected", error=errors.ApprovalRejected):
-        services.action_start(action=action, actor=agent)
+        actions.action_start(action=action, actor=agent)
 
 
 def test_it_compensates_a_succeeded_action(run, agent):
     action = force_status(record(run, agent, "k1"), "succeeded")
-    services.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id="stp_1")
+    actions.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id="stp_1")
     assert Action.objects.get(pk=action.pk).status == "compensating"
-    services.action_compensation_finished(
+    actions.action_compensation_finished(
         action=action, actor=Actor.system("unwind"), outcome="done", step_id="stp_1", state={"exists": False}
     )
     assert Action.objects.get(pk=action.pk).status == "compensated"
@@ -151,7 +152,7 @@ def test_it_compensates_a_succeeded_action(run, agent):
 )
 def test_it_finishes_a_compensation_with_each_outcome(run, agent, outcome, expected):
     action = force_status(record(run, agent, "k1"), "compensating")
-    services.action_compensation_finished(
+    actions.action_compensation_finished(
         action=action, actor=Actor.system("unwind"), outcome=outcome, step_id="s"
     )
     assert Action.objects.get(pk=action.pk).status == expected
@@ -159,66 +160,68 @@ def test_it_finishes_a_compensation_with_each_outcome(run, agent, outcome, expec
 
 def test_it_retries_a_failed_compensation(run, agent):
     action = force_status(record(run, agent, "k1"), "compensation_failed")
-    services.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id="stp_2")
+    actions.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id="stp_2")
     assert Action.objects.get(pk=action.pk).status == "compensating"
 
 
 def test_it_refuses_an_unknown_compensation_outcome(run, agent):
     action = force_status(record(run, agent, "k1"), "compensating")
     with refused(action, current="compensating", error=errors.ValidationFailed):
-        services.action_compensation_finished(action=action, actor=agent, outcome="exploded", step_id="s")
+        actions.action_compensation_finished(action=action, actor=agent, outcome="exploded", step_id="s")
 
 
 def test_it_refuses_an_unknown_error_layer(run, agent):
     action = force_status(record(run, agent, "k1"), "running")
     with refused(action, current="running", error=errors.ValidationFailed):
-        services.action_fail(action=action, actor=agent, error="x", retryable=False, layer="network")
+        actions.action_fail(action=action, actor=agent, error="x", retryable=False, layer="network")
 
 
 def _start(action, actor):
-    return services.action_start(action=action, actor=actor)
+    return actions.action_start(action=action, actor=actor)
+
+
+def _compensation_finished(a: Action, actor: Actor, *, outcome: str) -> Action:
+    return actions.action_compensation_finished(action=a, actor=actor, outcome=outcome, step_id="s")
 
 
 ACTION_SERVICES = {
-    "await_approval": (lambda a, actor: services.action_await_approval(action=a, actor=actor), {"planned"}),
+    "await_approval": (lambda a, actor: actions.action_await_approval(action=a, actor=actor), {"planned"}),
     "approve": (
-        lambda a, actor: services.action_approve(action=a, actor=actor, reason="x"),
+        lambda a, actor: actions.action_approve(action=a, actor=actor, reason="x"),
         {"awaiting_approval"},
     ),
     "reject": (
-        lambda a, actor: services.action_reject(action=a, actor=actor, reason="x"),
+        lambda a, actor: actions.action_reject(action=a, actor=actor, reason="x"),
         {"awaiting_approval"},
     ),
     # awaiting_approval and rejected are refused with their own, more helpful errors (above).
     "start": (_start, {"planned", "approved", "failed", "awaiting_approval", "rejected"}),
-    "succeed": (lambda a, actor: services.action_succeed(action=a, actor=actor, result={}), {"running"}),
+    "succeed": (lambda a, actor: actions.action_succeed(action=a, actor=actor, result={}), {"running"}),
     "fail": (
-        lambda a, actor: services.action_fail(action=a, actor=actor, error="x", retryable=True, layer="tool"),
+        lambda a, actor: actions.action_fail(action=a, actor=actor, error="x", retryable=True, layer="tool"),
         {"running"},
     ),
     "outcome_unknown": (
-        lambda a, actor: services.action_fail(
+        lambda a, actor: actions.action_fail(
             action=a, actor=actor, error="x", retryable=True, layer="tool", outcome_unknown=True
         ),
         {"running"},
     ),
     "reconcile_happened": (
-        lambda a, actor: services.action_reconcile(action=a, actor=actor, happened=True, reason="checked"),
+        lambda a, actor: actions.action_reconcile(action=a, actor=actor, happened=True, reason="checked"),
         {"unknown"},
     ),
     "reconcile_did_not_happen": (
-        lambda a, actor: services.action_reconcile(action=a, actor=actor, happened=False, reason="checked"),
+        lambda a, actor: actions.action_reconcile(action=a, actor=actor, happened=False, reason="checked"),
         {"unknown"},
     ),
     "compensation_started": (
-        lambda a, actor: services.action_compensation_started(action=a, actor=actor, step_id="s"),
+        lambda a, actor: actions.action_compensation_started(action=a, actor=actor, step_id="s"),
         {"succeeded", "compensation_failed"},
     ),
     **{
         f"compensation_{outcome}": (
-            lambda a, actor, outcome=outcome: services.action_compensation_finished(
-                action=a, actor=actor, outcome=outcome, step_id="s"
-            ),
+            functools.partial(_compensation_finished, outcome=outcome),
             {"compensating"},
         )
         for outcome in ("done", "failed", "drifted", "skipped")
@@ -258,7 +261,7 @@ def test_it_allows_each_action_transition_from_each_allowed_state(run, agent, tr
 
 def test_it_verifies_a_completed_action_and_records_a_mismatch(run, agent):
     action = force_status(record(run, agent, "k1"), "succeeded")
-    services.action_verify(
+    actions.action_verify(
         action=action, actor=agent, ok=False, expected={"seats": 1}, actual={"seats": 2}, reason="two seats"
     )
     action.refresh_from_db()
@@ -271,20 +274,20 @@ def test_it_refuses_to_verify_from_the_rows_state_not_a_stale_copy(run, agent):
     stale = Action.objects.get(pk=action.pk)
     force_status(action, "compensated")
     with refused(stale, current="compensated"):
-        services.action_verify(action=stale, actor=agent, ok=True)
+        actions.action_verify(action=stale, actor=agent, ok=True)
 
 
 @pytest.mark.parametrize("closed", ["cancelled", "compensating", "compensated", "closed"])
 def test_it_refuses_new_actions_on_a_run_that_no_longer_accepts_them(run, agent, closed):
     planned = record(run, agent, "before")
     force_status(run, closed)
-    actions = Action.objects.count()
+    recorded = Action.objects.count()
     with refused(run, current=closed, error=errors.RunNotAcceptingActions):
         record(run, agent, "late")
     # The error names the run's state, which is what refuses the start.
     with refused(planned, current=closed, error=errors.RunNotAcceptingActions):
-        services.action_start(action=planned, actor=agent)
-    assert Action.objects.count() == actions
+        actions.action_start(action=planned, actor=agent)
+    assert Action.objects.count() == recorded
 
 
 def test_it_still_accepts_actions_on_a_failed_run_being_retried(run, agent):
@@ -308,8 +311,8 @@ def test_it_does_not_count_a_rejected_pivot(tenant, agent, bob):
     auto_policy("hr.*")
     run = make_run(tenant, agent)
     pivot = record(run, agent, "b", tool="payments.charge")  # unknown → irreversible by default
-    services.action_await_approval(action=pivot, actor=agent)
-    services.action_reject(action=pivot, actor=Actor.for_user(bob), reason="no")
+    actions.action_await_approval(action=pivot, actor=agent)
+    actions.action_reject(action=pivot, actor=Actor.for_user(bob), reason="no")
     assert record(run, agent, "c", tool="hr.update_user").warnings == []
     assert selectors.run_warnings(run=run) == []
 
@@ -322,9 +325,9 @@ def test_it_warns_about_an_irreversible_action_without_a_correction(tenant, agen
 
 def test_it_writes_a_checkpoint_referencing_the_runs_actions(run, agent):
     done, todo = record(run, agent, "a"), record(run, agent, "b")
-    services.action_start(action=done, actor=agent)
-    services.action_succeed(action=done, actor=agent)
-    checkpoint = services.checkpoint_write(
+    actions.action_start(action=done, actor=agent)
+    actions.action_succeed(action=done, actor=agent)
+    checkpoint = checkpoints.checkpoint_write(
         run=run,
         actor=agent,
         name="after-hr",
@@ -344,7 +347,7 @@ def test_it_refuses_a_checkpoint_naming_unknown_actions(tenant, run, agent):
     foreign = record(other_run, agent, "foreign")
     events = Event.objects.count()
     with pytest.raises(errors.ValidationFailed) as excinfo:
-        services.checkpoint_write(
+        checkpoints.checkpoint_write(
             run=run, actor=agent, name="cp", completed_action_ids=["act_nope", foreign.pk]
         )
     assert excinfo.value.status == 422
@@ -354,7 +357,7 @@ def test_it_refuses_a_checkpoint_naming_unknown_actions(tenant, run, agent):
 
 def test_it_refuses_a_checkpoint_with_an_unknown_recovery_mode(run, agent):
     with pytest.raises(errors.ValidationFailed):
-        services.checkpoint_write(run=run, actor=agent, name="cp", recovery_mode="yolo")
+        checkpoints.checkpoint_write(run=run, actor=agent, name="cp", recovery_mode="yolo")
     assert Checkpoint.objects.count() == 0
 
 
@@ -362,4 +365,4 @@ def test_it_refuses_a_checkpoint_with_an_unknown_recovery_mode(run, agent):
 def test_it_refuses_checkpoints_on_a_finished_run(run, agent, closed):
     force_status(run, closed)
     with refused(run, current=closed, error=errors.RunNotAcceptingActions):
-        services.checkpoint_write(run=run, actor=agent, name="cp")
+        checkpoints.checkpoint_write(run=run, actor=agent, name="cp")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ledger import errors, services
+from ledger import errors
 from ledger.audit import Actor
 from ledger.models import Event, Run
-from tests.ledger.helpers import force_status, make_run, record, refused
+from ledger.services import runs
+from tests.factories import force_status, make_run, record, refused
 
 ALL_RUN_STATES = list(Run.Status.values)
 
@@ -27,7 +28,7 @@ def test_it_creates_a_running_run_with_an_audit_event(tenant, agent):
 
 def test_it_completes_a_running_run(tenant, agent):
     run = make_run(tenant, agent)
-    services.run_complete(run=run, actor=agent, summary="Ashu is onboarded")
+    runs.run_complete(run=run, actor=agent, summary="Ashu is onboarded")
     run.refresh_from_db()
     assert (run.status, run.summary) == ("succeeded", "Ashu is onboarded")
     assert run.finished_at is not None
@@ -37,7 +38,7 @@ def test_it_completes_a_running_run(tenant, agent):
 def test_it_fails_a_running_run_naming_the_failed_action(tenant, agent):
     run = make_run(tenant, agent)
     action = record(run, agent, "k1")
-    services.run_fail(run=run, actor=agent, error="license API down", failed_action=action)
+    runs.run_fail(run=run, actor=agent, error="license API down", failed_action=action)
     run.refresh_from_db()
     assert (run.status, run.error, run.failure_reason, run.failed_action_id) == (
         "failed",
@@ -50,8 +51,8 @@ def test_it_fails_a_running_run_naming_the_failed_action(tenant, agent):
 
 def test_it_fails_a_succeeded_run_when_verification_comes_back_late(tenant, agent):
     run = make_run(tenant, agent)
-    services.run_complete(run=run, actor=agent)
-    services.run_fail(run=run, actor=agent, error="mismatch", reason="verification_failed")
+    runs.run_complete(run=run, actor=agent)
+    runs.run_fail(run=run, actor=agent, error="mismatch", reason="verification_failed")
     assert Run.objects.get(pk=run.pk).status == "failed"
 
 
@@ -59,12 +60,12 @@ def test_it_refuses_a_failed_action_from_another_run(tenant, agent):
     run, other = make_run(tenant, agent), make_run(tenant, agent)
     foreign = record(other, agent, "k-other")
     with refused(run, current="running", error=errors.ValidationFailed):
-        services.run_fail(run=run, actor=agent, error="x", failed_action=foreign)
+        runs.run_fail(run=run, actor=agent, error="x", failed_action=foreign)
 
 
 def test_it_cancels_a_running_run(tenant, agent):
     run = make_run(tenant, agent)
-    services.run_cancel(run=run, actor=agent, reason="user changed their mind")
+    runs.run_cancel(run=run, actor=agent, reason="user changed their mind")
     assert Run.objects.get(pk=run.pk).status == "cancelled"
     assert _events(run)[-1] == ("run.cancelled", "running", "cancelled")
 
@@ -73,16 +74,16 @@ def test_it_cancels_a_running_run(tenant, agent):
 def test_it_compensates_a_failed_or_cancelled_run(tenant, agent, alice, start):
     run = force_status(make_run(tenant, agent), start)
     operator = Actor.for_user(alice)
-    services.run_compensation_started(run=run, actor=operator, reason="undo it")
+    runs.run_compensation_started(run=run, actor=operator, reason="undo it")
     assert Run.objects.get(pk=run.pk).status == "compensating"
-    services.run_compensation_finished(run=run, actor=operator, complete=True)
+    runs.run_compensation_finished(run=run, actor=operator, complete=True)
     assert Run.objects.get(pk=run.pk).status == "compensated"
     assert [e[0] for e in _events(run)[-2:]] == ["run.compensating", "run.compensated"]
 
 
 def test_it_returns_a_run_to_failed_when_its_compensation_fails(tenant, agent, alice):
     run = force_status(make_run(tenant, agent), "compensating")
-    services.run_compensation_finished(
+    runs.run_compensation_finished(
         run=run, actor=Actor.for_user(alice), complete=False, reason="1 step failed"
     )
     run.refresh_from_db()
@@ -92,8 +93,8 @@ def test_it_returns_a_run_to_failed_when_its_compensation_fails(tenant, agent, a
 
 def test_it_resumes_a_failed_run(tenant, agent, alice):
     run = make_run(tenant, agent)
-    services.run_fail(run=run, actor=agent, error="boom")
-    services.run_resume(run=run, actor=Actor.for_user(alice), reason="API is back")
+    runs.run_fail(run=run, actor=agent, error="boom")
+    runs.run_resume(run=run, actor=Actor.for_user(alice), reason="API is back")
     run.refresh_from_db()
     assert run.status == "running" and run.finished_at is None
     assert _events(run)[-1] == ("run.resumed", "failed", "running")
@@ -102,36 +103,36 @@ def test_it_resumes_a_failed_run(tenant, agent, alice):
 @pytest.mark.parametrize("start", ["failed", "cancelled"])
 def test_it_closes_a_failed_or_cancelled_run_with_a_reason(tenant, agent, alice, start):
     run = force_status(make_run(tenant, agent), start)
-    services.run_close(run=run, actor=Actor.for_user(alice), reason="handled by hand")
+    runs.run_close(run=run, actor=Actor.for_user(alice), reason="handled by hand")
     assert Run.objects.get(pk=run.pk).status == "closed"
 
 
 def test_it_refuses_to_close_without_a_reason(tenant, agent, alice):
     run = force_status(make_run(tenant, agent), "failed")
     with refused(run, current="failed", error=errors.ValidationFailed):
-        services.run_close(run=run, actor=Actor.for_user(alice), reason="  ")
+        runs.run_close(run=run, actor=Actor.for_user(alice), reason="  ")
 
 
 # Each service with the states it may start from; every other state must be refused.
 RUN_SERVICES = {
-    "complete": (lambda run, actor: services.run_complete(run=run, actor=actor), {"running"}),
-    "fail": (lambda run, actor: services.run_fail(run=run, actor=actor, error="x"), {"running", "succeeded"}),
-    "cancel": (lambda run, actor: services.run_cancel(run=run, actor=actor, reason="x"), {"running"}),
+    "complete": (lambda run, actor: runs.run_complete(run=run, actor=actor), {"running"}),
+    "fail": (lambda run, actor: runs.run_fail(run=run, actor=actor, error="x"), {"running", "succeeded"}),
+    "cancel": (lambda run, actor: runs.run_cancel(run=run, actor=actor, reason="x"), {"running"}),
     "compensation_started": (
-        lambda run, actor: services.run_compensation_started(run=run, actor=actor, reason="x"),
+        lambda run, actor: runs.run_compensation_started(run=run, actor=actor, reason="x"),
         {"failed", "cancelled"},
     ),
     "compensated": (
-        lambda run, actor: services.run_compensation_finished(run=run, actor=actor, complete=True),
+        lambda run, actor: runs.run_compensation_finished(run=run, actor=actor, complete=True),
         {"compensating"},
     ),
     "compensation_failed": (
-        lambda run, actor: services.run_compensation_finished(run=run, actor=actor, complete=False),
+        lambda run, actor: runs.run_compensation_finished(run=run, actor=actor, complete=False),
         {"compensating"},
     ),
-    "resume": (lambda run, actor: services.run_resume(run=run, actor=actor, reason="x"), {"failed"}),
+    "resume": (lambda run, actor: runs.run_resume(run=run, actor=actor, reason="x"), {"failed"}),
     "close": (
-        lambda run, actor: services.run_close(run=run, actor=actor, reason="x"),
+        lambda run, actor: runs.run_close(run=run, actor=actor, reason="x"),
         {"failed", "cancelled"},
     ),
 }
@@ -166,15 +167,15 @@ def test_it_lets_only_one_of_two_racing_transitions_win(tenant, agent):
     # A stale copy of the run (read before another process completed it) must lose cleanly.
     run = make_run(tenant, agent)
     stale = Run.objects.get(pk=run.pk)
-    services.run_complete(run=run, actor=agent)
+    runs.run_complete(run=run, actor=agent)
     with refused(stale, current="succeeded"):
-        services.run_cancel(run=stale, actor=agent, reason="too late")
+        runs.run_cancel(run=stale, actor=agent, reason="too late")
 
 
 def test_it_records_a_heartbeat_without_an_audit_event(tenant, agent):
     run = make_run(tenant, agent)
     before = Run.objects.get(pk=run.pk).last_heartbeat_at
     events = Event.objects.count()
-    services.run_heartbeat(run=run)
+    runs.run_heartbeat(run=run)
     assert Run.objects.get(pk=run.pk).last_heartbeat_at > before
     assert Event.objects.count() == events

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-from ledger import services
 from ledger.models import Action, Run
+from ledger.services import actions, runs
 
 
 def test_it_records_runs_and_actions_through_the_state_machine(tenant, agent):
-    run = services.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu Kumar")
-    recorded = services.action_record(
+    run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu Kumar")
+    recorded = actions.action_record(
         run=run,
         actor=agent,
         tool="hr.create_user",
@@ -21,7 +21,7 @@ def test_it_records_runs_and_actions_through_the_state_machine(tenant, agent):
     # The built-in default policy is conservative: an unknown tool needs approval.
     assert action.requires_approval and action.risk == "high"
     assert (
-        services.action_record(
+        actions.action_record(
             run=run,
             actor=agent,
             tool="hr.create_user",
@@ -41,7 +41,7 @@ def test_it_gates_a_risky_action_behind_an_approval_bound_to_its_args(tenant, ag
     from ledger.audit import Actor
     from recovery import services as recovery
 
-    run = services.run_create(tenant=tenant, actor=agent, agent="payments", request="Refund order 7")
+    run = runs.run_create(tenant=tenant, actor=agent, agent="payments", request="Refund order 7")
     recorded = recovery.action_record_gated(
         run=run, actor=agent, tool="payments.charge", idempotency_key="p1", args={"amount": 10}
     )

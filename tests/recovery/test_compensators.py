@@ -4,17 +4,19 @@ the drift check before a snapshot restore."""
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import pytest
 
 from recovery import compensators
 from recovery.compensators import CompensationRequest, Outcome
-from saga_admin.client.signing import compute_signature
-from tests.recovery.conftest import HR_PATH, Reply
+from saga_client.signing import compute_signature
+from tests.factories import HR_PATH, HR_SECRET
+from tests.support.processes import Reply
 
 
 def _request(**overrides) -> CompensationRequest:
-    fields = dict(
+    fields: dict[str, Any] = dict(
         step_id="stp_1",
         action_id="act_1",
         run_id="run_1",
@@ -37,7 +39,7 @@ def _call(webhooks, reply: Reply | None = None, **overrides) -> Outcome:
     if reply is not None:
         webhooks.script[HR_PATH] = [reply]
     return compensators.webhook_call(
-        url=webhooks.url(HR_PATH), secret="hr-secret", request=_request(**overrides)
+        url=webhooks.url(HR_PATH), secret=HR_SECRET, request=_request(**overrides)
     )
 
 
@@ -47,7 +49,7 @@ def test_it_signs_the_body_with_timestamp_and_sends_a_stable_idempotency_key(web
     first, second = webhooks.calls
     assert first.signature_ok and second.signature_ok
     timestamp = first.headers["X-Saga-Timestamp"]
-    assert first.headers["X-Saga-Signature"] == compute_signature("hr-secret", timestamp, first.raw)
+    assert first.headers["X-Saga-Signature"] == compute_signature(HR_SECRET, timestamp, first.raw)
     assert first.headers["Idempotency-Key"] == second.headers["Idempotency-Key"] == "stp_1"
     assert first.headers["Content-Type"] == "application/json"
     assert set(first.body) == {
@@ -170,6 +172,6 @@ def test_a_webhook_secret_may_come_from_the_environment(db, tenant, webhooks, mo
         tool="hr.delete_user", kind="webhook", url=webhooks.url(HR_PATH), secret_env="HR_SAGA_SECRET"
     )
     assert compensators.execute(_request(), tenant_id=tenant.pk).kind == "failed"  # unset: refuse unsigned
-    monkeypatch.setenv("HR_SAGA_SECRET", "hr-secret")
+    monkeypatch.setenv("HR_SAGA_SECRET", HR_SECRET)
     assert compensators.execute(_request(), tenant_id=tenant.pk).kind == "done"
     assert webhooks.calls[-1].signature_ok

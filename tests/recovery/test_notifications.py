@@ -11,10 +11,10 @@ import pytest
 from django.core import mail
 from rq import SimpleWorker
 
-from ledger import services as ledger
 from ledger.models import ToolPolicy
+from ledger.services import runs
 from recovery import services as recovery
-from saga_admin.client.signing import verify_signature
+from saga_client.signing import verify_signature
 
 SECRET = "notify-secret"
 
@@ -66,7 +66,7 @@ def _work_notifications() -> None:
 def test_a_new_recovery_item_is_mailed_and_posted_signed(
     tenant, agent, notify_to, django_capture_on_commit_callbacks
 ):
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu Kumar")
+    run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu Kumar")
     with django_capture_on_commit_callbacks(execute=True):
         item = recovery.run_fail_and_queue(run=run, actor=agent, error="mail gateway 429").item
     # Nothing was sent inside the request: only a job was queued.
@@ -93,7 +93,7 @@ def test_an_approval_request_is_mailed_and_posted_signed(
         action_class="external_irreversible",
         compensation="correction",
     )
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="billing", request="Pay invoice 7")
+    run = runs.run_create(tenant=tenant, actor=agent, agent="billing", request="Pay invoice 7")
     with django_capture_on_commit_callbacks(execute=True):
         action = recovery.action_record_gated(
             run=run, actor=agent, tool="payments.charge", idempotency_key="pay-7", args={"amount": 48200}

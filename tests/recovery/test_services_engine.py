@@ -11,12 +11,12 @@ from django.db import connection
 from django.utils import timezone
 
 from ledger import errors
-from ledger import services as ledger
 from ledger.audit import Actor
 from ledger.models import Action, Event, Run
-from recovery import compensators, planner, services, unwinds
+from ledger.services import actions, checkpoints, runs
+from recovery import commands, compensators, planner, selectors, services, sweeper, unwinds
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
-from tests.recovery.conftest import load_onboarding_policies, onboarding_saga
+from tests.factories import load_onboarding_policies, onboarding_saga
 
 
 def test_the_plan_is_lifo_by_completion_and_flags_what_needs_a_human(tenant, agent):
@@ -40,7 +40,7 @@ def test_the_plan_is_lifo_by_completion_and_flags_what_needs_a_human(tenant, age
 
 def test_the_plan_follows_completion_order_not_recording_order_and_warns(tenant, agent):
     load_onboarding_policies()
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="a", request="r")
+    run = runs.run_create(tenant=tenant, actor=agent, agent="a", request="r")
     first = services.action_record_gated(
         run=run,
         actor=agent,
@@ -66,12 +66,12 @@ def test_the_plan_follows_completion_order_not_recording_order_and_warns(tenant,
         compensation={"tool": "hr.delete_user", "args": {}},
     ).action
     for action in (first, second, irreversible, unknown):
-        ledger.action_start(action=action, actor=agent)
+        actions.action_start(action=action, actor=agent)
     # Recorded 1, 2, 3; completed 2, 3, 1: LIFO follows completion.
-    ledger.action_succeed(action=second, actor=agent)
-    ledger.action_succeed(action=irreversible, actor=agent)
-    ledger.action_succeed(action=first, actor=agent)
-    ledger.action_fail(
+    actions.action_succeed(action=second, actor=agent)
+    actions.action_succeed(action=irreversible, actor=agent)
+    actions.action_succeed(action=first, actor=agent)
+    actions.action_fail(
         action=unknown, actor=agent, error="timeout", retryable=True, layer="tool", outcome_unknown=True
     )
 
@@ -93,7 +93,7 @@ def test_compensate_is_refused_while_an_outcome_is_unknown(tenant, agent, alice)
         idempotency_key="u1",
         compensation={"tool": "hr.delete_user", "args": {}},
     ).action
-    ledger.action_start(action=action, actor=agent)
+    actions.action_start(action=action, actor=agent)
     services.action_fail_and_queue(
         action=action, actor=agent, error="timeout", retryable=True, layer="tool", outcome_unknown=True
     )
@@ -152,7 +152,7 @@ def test_a_worker_that_lost_its_lease_cannot_record_an_outcome(tenant, agent, al
     assert unwinds.step_claim(step_id=step.pk) is None
 
     UnwindStep.objects.filter(pk=step.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    report = unwinds.steps_sweep()
+    report = sweeper.steps_sweep()
     assert report.leases_expired == 1
     step.refresh_from_db()
     assert step.status == UnwindStep.Status.QUEUED and "Lease expired" in step.error
@@ -217,7 +217,9 @@ def test_halt_stops_the_unwind_at_the_first_failure(tenant, agent, alice):
     load_onboarding_policies()
     from ledger.models import PolicySet
 
-    PolicySet.objects.filter(tenant=None).update(unwind={"on_compensation_failure": "HALT"})
+    # As load_policies stores it: the loader normalises the file's "HALT" (tested there), and
+    # the engine reads the stored value as it is.
+    PolicySet.objects.filter(tenant=None).update(unwind={"on_compensation_failure": "halt"})
     saga = onboarding_saga(tenant, agent)
     unwind, step, claim = _claimed_first_step(saga, alice)
     assert unwind.on_failure == Unwind.OnFailure.HALT
@@ -281,23 +283,23 @@ def test_a_rejected_compensation_step_is_left_and_reported(tenant, agent, alice,
 
 def test_resume_from_a_stale_checkpoint_shows_the_warning_then_issues_the_command(tenant, agent, alice):
     load_onboarding_policies()
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard")
+    run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard")
     user = services.action_record_gated(
         run=run, actor=agent, tool="hr.create_user", idempotency_key="s1"
     ).action
-    ledger.action_start(action=user, actor=agent)
-    ledger.action_succeed(action=user, actor=agent)
-    checkpoint = ledger.checkpoint_write(
+    actions.action_start(action=user, actor=agent)
+    actions.action_succeed(action=user, actor=agent)
+    checkpoint = checkpoints.checkpoint_write(
         run=run, actor=agent, name="user-created", completed_action_ids=[user.pk]
     )
     welcome = services.action_record_gated(
         run=run, actor=agent, tool="email.send_welcome", idempotency_key="s2"
     ).action
-    ledger.action_start(action=welcome, actor=agent)
-    ledger.action_succeed(action=welcome, actor=agent)
+    actions.action_start(action=welcome, actor=agent)
+    actions.action_succeed(action=welcome, actor=agent)
     item = services.run_fail_and_queue(run=run, actor=agent, error="crashed after the e-mail").item
 
-    preview = services.resume_preview(item=item)
+    preview = selectors.resume_preview(item=item)
     assert preview.checkpoint == checkpoint and preview.stale
     assert [a.pk for a in preview.succeeded_after] == [welcome.pk]
     assert [a.pk for a in preview.repeats] == [welcome.pk]  # the e-mail would be sent twice
@@ -310,7 +312,7 @@ def test_resume_from_a_stale_checkpoint_shows_the_warning_then_issues_the_comman
     item.refresh_from_db()
     assert (item.status, item.resolution) == ("resolved", "resumed")
     assert Run.objects.get(pk=run.pk).status == Run.Status.RUNNING
-    assert list(services.commands_pending(run=run)) == [command]
+    assert list(selectors.commands_pending(run=run)) == [command]
 
 
 def test_close_requires_a_reason_and_closes_the_failed_run(tenant, agent, alice):
@@ -329,7 +331,7 @@ def test_close_requires_a_reason_and_closes_the_failed_run(tenant, agent, alice)
 def test_bulk_close_handles_low_risk_items_only_and_caps_the_selection(tenant, agent, alice, settings):
     items = []
     for n in range(3):
-        run = ledger.run_create(tenant=tenant, actor=agent, agent="a", request=f"r{n}")
+        run = runs.run_create(tenant=tenant, actor=agent, agent="a", request=f"r{n}")
         items.append(services.run_fail_and_queue(run=run, actor=agent, error="boom").item)
     RecoveryItem.objects.filter(pk=items[2].pk).update(risk="high")
     items[2].refresh_from_db()
@@ -344,9 +346,9 @@ def test_bulk_close_handles_low_risk_items_only_and_caps_the_selection(tenant, a
 
 
 def test_a_run_without_heartbeats_is_failed_as_agent_lost(tenant, agent, settings):
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="a", request="r")
+    run = runs.run_create(tenant=tenant, actor=agent, agent="a", request="r")
     Run.objects.filter(pk=run.pk).update(last_heartbeat_at=timezone.now() - timedelta(minutes=10))
-    alive = ledger.run_create(tenant=tenant, actor=agent, agent="a", request="still here")
+    alive = runs.run_create(tenant=tenant, actor=agent, agent="a", request="still here")
 
     assert services.runs_fail_lost_agents() == 1
     run.refresh_from_db()
@@ -359,7 +361,7 @@ def test_a_run_without_heartbeats_is_failed_as_agent_lost(tenant, agent, setting
 def test_an_undelivered_resume_command_is_pushed_again(
     tenant, agent, alice, django_capture_on_commit_callbacks
 ):
-    run = ledger.run_create(
+    run = runs.run_create(
         tenant=tenant, actor=agent, agent="a", request="r", resume_url="http://127.0.0.1:9/x"
     )
     item = services.run_fail_and_queue(run=run, actor=agent, error="boom").item
@@ -368,7 +370,7 @@ def test_an_undelivered_resume_command_is_pushed_again(
     import django_rq
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.commands_redeliver_due() == 1
+        assert commands.commands_redeliver_due() == 1
     queued = django_rq.get_queue("notifications").jobs
     assert [job.kwargs for job in queued] == [{"command_id": command.pk}]
 

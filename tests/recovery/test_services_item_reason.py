@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from ledger import services as ledger
 from ledger.models import ToolPolicy
+from ledger.services import actions, runs
+from recovery import items as recovery_items
 from recovery import services as recovery
 from recovery.models import RecoveryItem
 
@@ -16,11 +17,11 @@ def test_it_keeps_the_specific_reason_when_the_agent_then_fails_the_run(tenant, 
         action_class="external_irreversible",
         compensation="none",
     )
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu")
-    action = ledger.action_record(
+    run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu")
+    action = actions.action_record(
         run=run, actor=agent, tool="email.send_welcome", idempotency_key="e1"
     ).action
-    ledger.action_start(action=action, actor=agent)
+    actions.action_start(action=action, actor=agent)
     recovery.action_fail_and_queue(
         action=action, actor=agent, error="timed out", retryable=True, layer="tool", outcome_unknown=True
     )
@@ -33,9 +34,9 @@ def test_it_keeps_the_specific_reason_when_the_agent_then_fails_the_run(tenant, 
 
 
 def test_it_takes_the_more_specific_reason_over_a_generic_failure(tenant, agent):
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="crm", request="Raise ticket priority")
+    run = runs.run_create(tenant=tenant, actor=agent, agent="crm", request="Raise ticket priority")
     recovery.run_fail_and_queue(run=run, actor=agent, error="tool error")
-    item = recovery.item_open_or_update(
+    item = recovery_items.item_open_or_update(
         run=run, reason=RecoveryItem.Reason.STATE_DRIFT, actor=agent, error="someone edited the ticket"
     )
     assert item.reason == RecoveryItem.Reason.STATE_DRIFT

@@ -17,10 +17,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ledger import errors
-from ledger import services as ledger
 from ledger.audit import Actor, audit_verify
 from ledger.models import Action, Event
-from recovery import compensators, jobs, services, unwinds
+from ledger.services import actions, runs
+from recovery import compensators, jobs, services, sweeper, unwinds
 from recovery.models import Unwind, UnwindStep
 
 TOOL = "tests.batch_undo"
@@ -63,7 +63,7 @@ def _fresh_script(db, tmp_path):
 
 
 def _unwind(tenant, agent, alice, *, steps: int) -> Unwind:
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="batches", request="change things")
+    run = runs.run_create(tenant=tenant, actor=agent, agent="batches", request="change things")
     for n in range(steps):
         action = services.action_record_gated(
             run=run,
@@ -73,9 +73,10 @@ def _unwind(tenant, agent, alice, *, steps: int) -> Unwind:
             args={"n": n},
             compensation={"tool": TOOL, "args": {"n": n}},
         ).action
-        ledger.action_start(action=action, actor=agent)
-        ledger.action_succeed(action=action, actor=agent)
+        actions.action_start(action=action, actor=agent)
+        actions.action_succeed(action=action, actor=agent)
     item = services.run_fail_and_queue(run=run, actor=agent, error="boom").item
+    assert item is not None
     return services.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
 
 
@@ -121,7 +122,7 @@ def test_a_spent_batch_queues_the_next_step_at_the_back_of_the_queue(
     # The sweeper sees a queued step with a live job (not an idle unwind to advance again).
     assert following.job_id == queued[0].id
     assert queued[0].timeout == unwinds.drive_job_timeout()
-    assert unwinds.steps_sweep().reenqueued == 0 and _statuses(unwind)[1] == "queued"
+    assert sweeper.steps_sweep().reenqueued == 0 and _statuses(unwind)[1] == "queued"
 
     jobs.step_run(step_id=following.pk)
     assert calls == [2, 1, 0] and _statuses(unwind) == ["done", "done", "done"]
@@ -156,7 +157,7 @@ def test_a_worker_dying_mid_batch_leaves_one_leased_step_that_the_sweeper_takes_
     assert unwinds.unwind_advance_and_claim(unwind_id=unwind.pk) is None
 
     UnwindStep.objects.filter(pk=lost.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    report = unwinds.steps_sweep()
+    report = sweeper.steps_sweep()
     assert report.leases_expired == 1
     jobs.step_run(step_id=lost.pk)
 

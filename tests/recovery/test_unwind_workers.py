@@ -12,15 +12,8 @@ from ledger.audit import Actor
 from ledger.models import Action, Event, Run
 from recovery import services
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
-from tests.recovery.conftest import (
-    HR_PATH,
-    WS_PATH,
-    Reply,
-    dump_worker_logs,
-    load_onboarding_policies,
-    onboarding_saga,
-    wait_for,
-)
+from tests.factories import HR_PATH, WS_PATH, load_onboarding_policies, onboarding_saga
+from tests.support.processes import Reply, dump_worker_logs, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -64,7 +57,7 @@ def test_it_compensates_the_onboarding_saga_in_lifo_order_through_signed_webhook
         "args": {"email": "ashu@company.com"},
         "target_type": "user",
         "target_id": "ashu@company.com",
-        "before_snapshot": None,
+        "before_snapshot": {"license": None},
         "after_snapshot": {"license": "business-standard"},
         "attempt": 1,
     }

@@ -18,7 +18,7 @@ from ledger.models import Action, Checkpoint, Event, IdempotencyRecord, Run
 from recovery.models import AgentCommand, RecoveryItem, Unwind
 from saga_admin.logs import json_formatter
 from saga_admin.wsgi import application
-from tests.api.helpers import Api
+from tests.support.api import Api
 
 # Module level, not a fixture: schemathesis.pytest.from_fixture breaks under pytest 9.
 schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", application)
@@ -33,28 +33,14 @@ def _counts() -> dict[str, int]:
 
 
 @pytest.fixture
-def keep_test_connection():
-    """schemathesis calls the WSGI app directly, whose request signals would close the test's
-    database connection mid-transaction (django.test.Client detaches them the same way)."""
-    from django.core.signals import request_finished, request_started
-    from django.db import close_old_connections
-
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    yield
-    request_started.connect(close_old_connections)
-    request_finished.connect(close_old_connections)
-
-
-@pytest.fixture
 def world(keep_test_connection, operator_key):
     """A failed run with an open item, so operator endpoints reach their handlers too."""
-    from ledger import services as ledger
     from ledger.audit import Actor
+    from ledger.services import runs
     from recovery import services
 
     actor = Actor.for_key(operator_key[0])
-    run = ledger.run_create(tenant=operator_key[0].tenant, actor=actor, agent="fuzz", request="fuzz me")
+    run = runs.run_create(tenant=operator_key[0].tenant, actor=actor, agent="fuzz", request="fuzz me")
     action = services.action_record_gated(
         run=run, actor=actor, tool="fuzz.tool", idempotency_key="fz-1"
     ).action

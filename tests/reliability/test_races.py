@@ -14,13 +14,14 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from ledger import services as ledger
 from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, IdempotencyRecord, Run
+from ledger.services import actions, checkpoints, runs
 from recovery import services
 from recovery.models import AgentCommand, RecoveryItem, Unwind
-from tests.api.helpers import Api
-from tests.reliability.conftest import failed_saga, load_policies
+from tests.factories import failed_saga, load_reliability_policies
+from tests.support.api import Api
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,13 +78,15 @@ def test_scenario_5_fifty_identical_requests_one_key(live_server, agent_key, out
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    runs = _race([lambda: post(agent_key[1], "/runs", body, "race-key-1") for _ in range(RACERS)])
-    assert not [r for r in runs if isinstance(r, Exception)], runs
-    statuses = [r.status_code for r in runs]
+    run_answers = _race([lambda: post(agent_key[1], "/runs", body, "race-key-1") for _ in range(RACERS)])
+    assert not [r for r in run_answers if isinstance(r, Exception)], run_answers
+    statuses = [r.status_code for r in run_answers]
     assert set(statuses) <= {201, 409}, statuses
-    created = {r.json()["id"] for r in runs if r.status_code == 201}
+    created = {r.json()["id"] for r in run_answers if r.status_code == 201}
     assert len(created) == 1
-    replays = [r for r in runs if r.status_code == 201 and r.headers.get("Idempotent-Replayed") == "true"]
+    replays = [
+        r for r in run_answers if r.status_code == 201 and r.headers.get("Idempotent-Replayed") == "true"
+    ]
     assert len(replays) == statuses.count(201) - 1
     assert Run.objects.filter(agent="racer").count() == 1
     run_id = created.pop()
@@ -94,9 +97,11 @@ def test_scenario_5_fifty_identical_requests_one_key(live_server, agent_key, out
         "target_id": "ashu",
         "args": {"n": 1},
     }
-    actions = _race([lambda: post(agent_key[1], f"/runs/{run_id}/actions", action) for _ in range(RACERS)])
-    assert not [r for r in actions if isinstance(r, Exception)], actions
-    action_statuses = [r.status_code for r in actions]
+    action_answers = _race(
+        [lambda: post(agent_key[1], f"/runs/{run_id}/actions", action) for _ in range(RACERS)]
+    )
+    assert not [r for r in action_answers if isinstance(r, Exception)], action_answers
+    action_statuses = [r.status_code for r in action_answers]
     assert set(action_statuses) <= {200, 201, 409}, action_statuses
     assert action_statuses.count(201) == 1
     assert Action.objects.filter(run_id=run_id).count() == 1
@@ -142,7 +147,7 @@ def test_scenario_6_two_operators_and_a_stale_tab(
     409 invalid_transition naming it, the dashboard a message saying what the item is now); each
     refused attempt is in the audit log as decision.refused; at most one unwind exists and, when
     a compensation won, exactly one ran to completion; nothing is a 5xx."""
-    load_policies(hooks=hooks)
+    load_reliability_policies(hooks=hooks)
     saga = failed_saga(tenant, agent, steps=2)
     item = saga.item
     start_worker()
@@ -194,8 +199,6 @@ def test_scenario_6_two_operators_and_a_stale_tab(
     assert refused.count() == 4, list(refused.values_list("actor_label", "to_state", "reason"))
     assert {e.from_state for e in refused} <= {"claimed", "resolved"}
     if compensated:
-        from tests.support.processes import wait_for
-
         wait_for(
             lambda: Unwind.objects.get(pk=unwinds[0].pk).status == Unwind.Status.COMPLETED,
             timeout=60,
@@ -223,18 +226,18 @@ def test_scenario_7_stale_resume_and_writes_after_cancel_or_close(
     (API preview and dashboard preview name the actions that would repeat); after a run is
     cancelled or closed, every agent write (new action, start, succeed, fail, checkpoint, complete,
     fail the run) is refused with 409 and changes nothing (row counts, statuses, audit events)."""
-    load_policies()
+    load_reliability_policies()
     # A stale checkpoint: written after the first action, before the second succeeded.
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="reliability", request="two steps")
+    run = runs.run_create(tenant=tenant, actor=agent, agent="reliability", request="two steps")
     first = services.action_record_gated(run=run, actor=agent, tool="rel.do_1", idempotency_key="s7-1").action
-    ledger.action_start(action=first, actor=agent)
-    ledger.action_succeed(action=first, actor=agent, result={"ok": 1})
-    ledger.checkpoint_write(run=run, actor=agent, name="after step 1", completed_action_ids=[first.pk])
+    actions.action_start(action=first, actor=agent)
+    actions.action_succeed(action=first, actor=agent, result={"ok": 1})
+    checkpoints.checkpoint_write(run=run, actor=agent, name="after step 1", completed_action_ids=[first.pk])
     second = services.action_record_gated(
         run=run, actor=agent, tool="rel.do_2", idempotency_key="s7-2"
     ).action
-    ledger.action_start(action=second, actor=agent)
-    ledger.action_succeed(action=second, actor=agent, result={"ok": 2})
+    actions.action_start(action=second, actor=agent)
+    actions.action_succeed(action=second, actor=agent, result={"ok": 2})
     item = services.run_fail_and_queue(run=run, actor=agent, error="step 3 failed").item
 
     detail = Api(operator_key[1]).get(f"/recovery/{item.pk}").json()
@@ -248,16 +251,16 @@ def test_scenario_7_stale_resume_and_writes_after_cancel_or_close(
     api = Api(agent_key[1])
     refusals = 0
     for ending in ("cancel", "close"):
-        victim = ledger.run_create(tenant=tenant, actor=agent, agent="late", request=f"{ending} me")
+        victim = runs.run_create(tenant=tenant, actor=agent, agent="late", request=f"{ending} me")
         planned = services.action_record_gated(
             run=victim, actor=agent, tool="rel.do_1", idempotency_key=f"{ending}-planned"
         ).action
         running = services.action_record_gated(
             run=victim, actor=agent, tool="rel.do_2", idempotency_key=f"{ending}-running"
         ).action
-        ledger.action_start(action=running, actor=agent)
+        actions.action_start(action=running, actor=agent)
         if ending == "cancel":
-            ledger.run_cancel(run=victim, actor=agent, reason="the user withdrew")
+            runs.run_cancel(run=victim, actor=agent, reason="the user withdrew")
         else:
             victim_item = services.run_fail_and_queue(run=victim, actor=agent, error="gave up").item
             services.item_close(item=victim_item, actor=Actor.for_user(alice), reason="nothing to undo")

@@ -7,9 +7,9 @@ from django.test import Client
 from django.urls import reverse
 
 from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
-from saga_admin.client.signing import verify_signature
-from tests.api.helpers import Api
-from tests.reliability.conftest import RESUME_PATH, RESUME_SECRET, UNDO_PATH, failed_saga, load_policies
+from saga_client.signing import verify_signature
+from tests.factories import RESUME_PATH, RESUME_SECRET, UNDO_PATH, failed_saga, load_reliability_policies
+from tests.support.api import Api
 from tests.support.processes import Reply, dump_worker_logs, wait_for
 
 pytestmark = pytest.mark.timeout(150)
@@ -48,8 +48,8 @@ def test_scenario_3_decisions_while_redis_is_down(
     close (dashboard and API) each answer without a 5xx and commit their decision in PostgreSQL;
     nothing reaches the tools while Redis is down; once Redis is back (empty) the two unwinds
     complete in LIFO order with one effect per action, and the resume command is pushed, signed
-    so the receiver verifies it with saga_admin.client.signing.verify_signature."""
-    load_policies(hooks=hooks)
+    so the receiver verifies it with saga_client.signing.verify_signature."""
+    load_reliability_policies(hooks=hooks)
     api_comp, ui_comp, api_resume, ui_close, api_close = (
         failed_saga(tenant, agent, steps=2, resume_url=hooks.url(RESUME_PATH) if n == 2 else "")
         for n in range(5)
@@ -123,7 +123,7 @@ def test_scenario_3_redis_restarted_empty_mid_unwind(
     """Pass: the newest step's first call fails (503) so its retry waits in Redis as a scheduled
     job; Redis is restarted with its data flushed; the sweeper finds the queued step whose job is
     gone, enqueues it again from PostgreSQL, and the unwind completes, LIFO, one effect per action."""
-    load_policies(hooks=hooks)
+    load_reliability_policies(hooks=hooks)
     hooks.script[UNDO_PATH] = [Reply(503, {"error": "busy"})]
     saga = failed_saga(tenant, agent, steps=3)
     start_worker(SAGA_RETRY_BACKOFF_BASE_S="3", SAGA_RETRY_BACKOFF_MAX_S="3")
@@ -151,8 +151,10 @@ def test_scenario_3_redis_restarted_empty_mid_unwind(
     step.refresh_from_db()
     assert step.status == "done" and step.attempts == 2
     assert step.job_id != scheduled_job  # the sweeper's job, not the one Redis lost
-    done = [c.body["action_id"] for c in hooks.calls_to(UNDO_PATH) if c.body["attempt"] >= 1]
-    assert list(dict.fromkeys(done)) == [a.pk for a in reversed(saga.actions)]
+    newest, middle, oldest = reversed(saga.actions)
+    # LIFO: the newest step's refused call and its retry (the sweeper's job), then each older once.
+    calls = [(c.body["action_id"], c.body["attempt"]) for c in hooks.calls_to(UNDO_PATH)]
+    assert calls == [(newest.pk, 1), (newest.pk, 2), (middle.pk, 1), (oldest.pk, 1)]
     assert dict(hooks.effects) == {a.pk: 1 for a in saga.actions}
     results.record(
         "3b-redis-flushed-mid-unwind",

@@ -13,7 +13,7 @@ from ledger.audit import Actor
 from ledger.models import Event
 from recovery import services
 from recovery.models import RecoveryItem, Unwind, UnwindStep
-from tests.reliability.conftest import UNDO_PATH, failed_saga, load_policies
+from tests.factories import UNDO_PATH, failed_saga, load_reliability_policies
 from tests.reliability.history import Acknowledged, check_events, check_history
 from tests.support.processes import FAST_ENGINE, Reply, dump_worker_logs, wait_for
 
@@ -65,7 +65,7 @@ def test_scenario_1_sigkill_mid_compensator_call(tenant, agent, alice, hooks, st
     sweep interval of whichever comes later, the lease expiring or the new worker being up (plus
     2 s for the job and the call); the tool saw the same Idempotency-Key on both attempts; each
     action's effect happened exactly once; steps completed newest action first."""
-    load_policies(hooks=hooks)
+    load_reliability_policies(hooks=hooks)
     held = threading.Event()
     hooks.script[UNDO_PATH] = [Reply(200, {"state": "too late"}, block=held)]
     saga = failed_saga(tenant, agent, steps=3)
@@ -125,7 +125,7 @@ def test_scenario_2_crash_between_effect_and_commit(
     LIFO order."""
     effects_dir = tmp_path / "effects"
     effects_dir.mkdir()
-    load_policies(python_undo="tests.reliability.compensators.crash_after_effect")
+    load_reliability_policies(python_undo="tests.reliability.compensators.crash_after_effect")
     saga = failed_saga(tenant, agent, steps=2)
     start_worker(SAGA_RELIABILITY_EFFECTS_DIR=str(effects_dir))
 
@@ -164,7 +164,7 @@ def test_scenario_4_and_9_worker_restart_loop_then_history_check(
     for a human); the tool never saw two overlapping calls with one key (no step ran twice
     concurrently); every action's effect happened once; and the history checker finds no
     duplicate, no out-of-order compensation, no acknowledged write missing and an intact chain."""
-    load_policies(hooks=hooks, max_attempts=10)
+    load_reliability_policies(hooks=hooks, max_attempts=10)
     hooks.default_delay_s = 0.3  # long enough that kills land mid-call, shorter than the lease
     sagas = [failed_saga(tenant, agent, steps=3) for _ in range(3)]
     acknowledged = [Acknowledged("run.created", s.run.pk) for s in sagas]
@@ -259,9 +259,9 @@ def test_the_history_checker_sees_a_broken_chain(tenant, agent):
     """Pass: an event edited behind the append-only trigger's back is reported as a chain break."""
     import pgtrigger
 
-    from ledger import services as ledger
+    from ledger.services import runs
 
-    run = ledger.run_create(tenant=tenant, actor=agent, agent="x", request="y")
+    run = runs.run_create(tenant=tenant, actor=agent, agent="x", request="y")
     with pgtrigger.ignore("ledger.Event:event_append_only"):
         Event.objects.filter(run=run).update(reason="forged")
     assert any(v.startswith("chain:") for v in check_history().violations)

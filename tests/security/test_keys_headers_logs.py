@@ -19,11 +19,13 @@ from django.urls import reverse
 from ledger.audit import Actor
 from ledger.hashing import sha256_hex
 from ledger.models import AgentKey
-from ledger.services import agent_key_create, agent_key_revoke
-from saga_admin.client.signing import signed_headers, verify_signature
+from ledger.services.keys import agent_key_create, agent_key_revoke
 from saga_admin.logs import json_formatter
-from tests.api.helpers import Api
+from saga_client.signing import signed_headers, verify_signature
+from tests.factories import onboarding_run
+from tests.support.api import Api
 from tests.support.processes import ROOT
+from tests.support.routes import dashboard_patterns, fill_route
 
 
 @pytest.mark.django_db
@@ -104,8 +106,6 @@ def test_every_dashboard_response_carries_the_csp(tenant, agent, alice, carol, m
     """Pass: every dashboard URL (from the resolver), its GET and POST answers alike, including
     redirects, 403s, 404s and the login page, carries a CSP with frame-ancestors 'none' and no
     'unsafe-inline' or 'unsafe-eval'."""
-    from tests.security.test_object_authorization import _dashboard_patterns, _fill
-
     world = {
         name: "x_0" for name in ("run_id", "item_id", "unwind_id", "step_id", "action_id", "approval_id")
     }
@@ -114,8 +114,8 @@ def test_every_dashboard_response_carries_the_csp(tenant, agent, alice, carol, m
         client = Client()
         if user is not None:
             client.force_login(user)
-        for route, name in _dashboard_patterns():
-            url = _fill(route, world)
+        for route, name in dashboard_patterns():
+            url = fill_route(route, world)
             for method in ("get", "post"):
                 response = getattr(client, method)(url)
                 assert _csp_ok(response), (
@@ -146,9 +146,10 @@ def test_logs_carry_request_tenant_and_run_but_never_a_key(tenant, agent, operat
     """Pass: a refused decision through the API logs a JSON line carrying the request id, the
     tenant and the run id; no log line contains the raw API key or its secret part (sent in the
     Authorization header, valid or not)."""
+    from ledger.services import runs
     from recovery import services
 
-    run = services.ledger.run_create(tenant=tenant, actor=agent, agent="x", request="y")
+    run = runs.run_create(tenant=tenant, actor=agent, agent="x", request="y")
     item = services.run_fail_and_queue(run=run, actor=agent, error="boom").item
     api = Api(operator_key[1])
     assert api.post(f"/recovery/{item.pk}/close", {"reason": "done"}).status_code == 200
@@ -173,8 +174,6 @@ def test_failed_logins_lock_out_and_refusals_are_recorded(
     limit even with the right password; a viewer's refused decision (403) is logged as a JSON line
     with its request id."""
     from axes.models import AccessAttempt
-
-    from tests.dashboard.factories import onboarding_run
 
     settings.AXES_FAILURE_LIMIT = 3
     for _ in range(3):

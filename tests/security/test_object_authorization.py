@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 from django.test import Client
-from django.urls import URLPattern, URLResolver, get_resolver
 
-from ledger import services as ledger
 from ledger.audit import Actor
-from recovery import services
+from ledger.services import actions, checkpoints, runs
+from recovery import commands, services
 from recovery.models import Approval
-from tests.api.helpers import Api
-from tests.dashboard.factories import gated_run
+from tests.factories import gated_run
+from tests.support.api import Api
+from tests.support.routes import dashboard_patterns, fill_route
 
 # Pages whose view takes no object: tenant scoping there is about what they list, tested by the
 # dashboard's own tests. Everything else below must be named in OBJECT_PARAMS.
@@ -29,7 +29,7 @@ def acme_world(tenant, agent, bob):
     """One of every object in Acme: a failed run with an open item and an unwind with a step, an
     action, an approval, a command, a checkpoint."""
     run, _action, approval = gated_run(tenant, agent)
-    failed = ledger.run_create(tenant=tenant, actor=agent, agent="x", request="y")
+    failed = runs.run_create(tenant=tenant, actor=agent, agent="x", request="y")
     step_action = services.action_record_gated(
         run=failed,
         actor=agent,
@@ -37,11 +37,11 @@ def acme_world(tenant, agent, bob):
         idempotency_key="w-1",
         compensation={"tool": "hr.delete_user", "args": {}},
     ).action
-    ledger.action_start(action=step_action, actor=agent)
-    ledger.action_succeed(action=step_action, actor=agent, result={})
-    checkpoint = ledger.checkpoint_write(run=failed, actor=agent, name="cp")
+    actions.action_start(action=step_action, actor=agent)
+    actions.action_succeed(action=step_action, actor=agent, result={})
+    checkpoint = checkpoints.checkpoint_write(run=failed, actor=agent, name="cp")
     item = services.run_fail_and_queue(run=failed, actor=agent, error="boom").item
-    other = ledger.run_create(tenant=tenant, actor=agent, agent="x", request="z")
+    other = runs.run_create(tenant=tenant, actor=agent, agent="x", request="z")
     undone = services.action_record_gated(
         run=other,
         actor=agent,
@@ -49,11 +49,11 @@ def acme_world(tenant, agent, bob):
         idempotency_key="w-2",
         compensation={"tool": "hr.delete_user", "args": {}},
     ).action
-    ledger.action_start(action=undone, actor=agent)
-    ledger.action_succeed(action=undone, actor=agent, result={})
+    actions.action_start(action=undone, actor=agent)
+    actions.action_succeed(action=undone, actor=agent, result={})
     other_item = services.run_fail_and_queue(run=other, actor=agent, error="boom").item
     unwind = services.unwind_start(item=other_item, actor=Actor.system("tests"), reason="undo")
-    command = services.command_issue(run=failed, kind="resume", actor=Actor.system("tests"), reason="go")
+    command = commands.command_issue(run=failed, kind="resume", actor=Actor.system("tests"), reason="go")
     return {
         "run_id": failed.pk,
         "item_id": item.pk,
@@ -67,32 +67,8 @@ def acme_world(tenant, agent, bob):
     }
 
 
-def _dashboard_patterns() -> list[tuple[str, str]]:
-    """(route, name) of every dashboard URL, from the resolver."""
-    found = []
-
-    def walk(patterns: list[Any], prefix: str, namespace: str) -> None:
-        for entry in patterns:
-            if isinstance(entry, URLResolver):
-                walk(entry.url_patterns, prefix + str(entry.pattern), entry.namespace or namespace)
-            elif isinstance(entry, URLPattern) and namespace == "dashboard":
-                found.append((prefix + str(entry.pattern), f"{namespace}:{entry.name}"))
-
-    walk(get_resolver().url_patterns, "/", "")
-    return found
-
-
-def _fill(route: str, world: dict[str, str]) -> str:
-    def value(match: re.Match[str]) -> str:
-        name = match.group(1)
-        assert name in world, f"{route}: no object for <{name}>; add one to acme_world"
-        return world[name]
-
-    return re.sub(r"<(?:\w+:)?(\w+)>", value, route)
-
-
 def test_the_enumeration_finds_the_dashboard_and_its_decisions():
-    names = {name for _route, name in _dashboard_patterns()}
+    names = {name for _route, name in dashboard_patterns()}
     assert {
         "dashboard:item-compensate",
         "dashboard:item-close",
@@ -108,10 +84,10 @@ def test_an_outsider_gets_404_on_every_dashboard_url_with_an_object(acme_world, 
     client = Client()
     client.force_login(mallory)
     checked = 0
-    for route, name in _dashboard_patterns():
+    for route, name in dashboard_patterns():
         if "<" not in route:
             continue
-        url = _fill(route, acme_world)
+        url = fill_route(route, acme_world)
         for method in ("get", "post"):
             response = getattr(client, method)(url, {"reason": "mine now"})
             if response.status_code == 405:
@@ -131,10 +107,10 @@ def test_a_viewer_gets_403_on_every_dashboard_decision(acme_world, carol):
     client.force_login(carol)
     unwinds, resolved = Unwind.objects.count(), RecoveryItem.objects.filter(status="resolved").count()
     checked = 0
-    for route, name in _dashboard_patterns():
+    for route, name in dashboard_patterns():
         if "<" not in route:
             continue
-        response = client.post(_fill(route, acme_world), {"reason": "viewer tries"})
+        response = client.post(fill_route(route, acme_world), {"reason": "viewer tries"})
         if response.status_code == 405:
             continue
         assert response.status_code == 403, (name, response.status_code)
@@ -147,7 +123,7 @@ def test_a_viewer_gets_403_on_every_dashboard_decision(acme_world, carol):
 
 
 def _api_operations() -> list[tuple[str, str, dict[str, Any]]]:
-    from saga_admin.api import api
+    from saga_admin.api.app import api
 
     document = api.get_openapi_schema()
     return [

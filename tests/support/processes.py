@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from saga_admin.client.signing import verify_signature
+from saga_client.signing import verify_signature
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -250,7 +250,7 @@ def serve_webhooks(secrets: dict[str, str], **options: Any) -> Iterator[WebhookS
 # --- Real worker processes -------------------------------------------------------------------
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (rq's work horses call setpgrp, so a process-group kill misses
     them; a crashed machine would not)."""
     children: dict[int, list[int]] = {}
@@ -258,10 +258,9 @@ def _descendants(pid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the process went away while we looked
         children.setdefault(ppid, []).append(int(entry.name))
     found, stack = [], [pid]
     while stack:
@@ -278,7 +277,7 @@ class Worker:
 
     def kill_hard(self) -> None:
         """SIGKILL the worker's whole process group and its work horses: a crashed host."""
-        victims = _descendants(self.process.pid)
+        victims = descendants(self.process.pid)
         with suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         for pid in victims:
@@ -288,7 +287,7 @@ class Worker:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            victims = _descendants(self.process.pid)
+            victims = descendants(self.process.pid)
             os.killpg(self.process.pid, signal.SIGTERM)
             with suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=2)
@@ -306,7 +305,7 @@ def database_url_for_subprocesses() -> str:
     from django.conf import settings
 
     db = settings.DATABASES["default"]
-    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 def spawn_worker(*, redis_url: str, log_path: Path, env: dict[str, str] | None = None) -> Worker:
