@@ -24,17 +24,19 @@ services:
 browser:
 	bash scripts/ensure-chromium.sh
 
-test: install services browser
-	$(VENV)/bin/ruff check .
+# Lint first: a type error or an unformatted file fails fast, before the five-minute suite.
+test: lint services browser
 	$(PY) manage.py collectstatic --noinput -v0
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 run: install
 	bash scripts/run.sh
 
+# The same tools as .pre-commit-config.yaml: ruff (lint + format) and mypy (with django-stubs).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
 
 # Benchmarks against this machine's own limits (docs/BENCHMARKS.md); not part of `make test`,
 # which runs a smoke-sized harness run instead (tests/bench). Uses its own database and Redis db.
