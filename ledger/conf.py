@@ -30,7 +30,7 @@ class SagaSettings:
     default_max_attempts: int
     unwind_batch_s: float
     # Dashboard
-    queue_sla_minutes: float
+    queue_sla_minutes: int
     bulk_max_items: int
     page_size: int
     # Notifications and commands
@@ -56,7 +56,7 @@ def saga() -> SagaSettings:
         retry_backoff_max_s=float(raw["RETRY_BACKOFF_MAX_S"]),
         default_max_attempts=int(raw["DEFAULT_MAX_ATTEMPTS"]),
         unwind_batch_s=float(raw["UNWIND_BATCH_S"]),
-        queue_sla_minutes=float(raw["QUEUE_SLA_MINUTES"]),
+        queue_sla_minutes=int(raw["QUEUE_SLA_MINUTES"]),
         bulk_max_items=int(raw["BULK_MAX_ITEMS"]),
         page_size=int(raw["PAGE_SIZE"]),
         notify_emails=tuple(raw["NOTIFY_EMAILS"]),

@@ -62,6 +62,8 @@ def test_it_marks_items_past_the_sla_in_words(client, failed_run, alice, setting
     client.force_login(alice)
     body = client.get(QUEUE).content.decode()
     assert "past SLA" in body
+    # The threshold in words, as the setting says it (SAGA_QUEUE_SLA_MINUTES, whole minutes).
+    assert f"Items older than {settings.SAGA['QUEUE_SLA_MINUTES']} minutes are marked" in body
     assert client.get(QUEUE, {"age": "1h"}).content.decode().count("Ashu Kumar") == 1
     assert "Nothing needs a decision" in client.get(QUEUE, {"age": "4h"}).content.decode()
 
