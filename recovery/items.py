@@ -24,6 +24,8 @@ from recovery.models import ITEM_TRANSITIONS, RecoveryItem, Unwind
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
+# The unwind engine, as the audit log names it: it resolves and reopens the items of the runs it
+# compensates (recovery.unwinds acts under the same name).
 ENGINE = Actor.system("unwind-engine")
 
 

@@ -61,7 +61,7 @@ from recovery.planner import Plan
 
 log = structlog.get_logger("saga_admin.unwinds")
 
-ENGINE = Actor.system("unwind-engine")
+ENGINE = items.ENGINE
 IN_FLIGHT = (UnwindStep.Status.QUEUED, UnwindStep.Status.RUNNING, UnwindStep.Status.AWAITING_APPROVAL)
 PROBLEMS = (UnwindStep.Status.FAILED, UnwindStep.Status.DRIFTED)
 
@@ -226,12 +226,14 @@ def unwind_set_status(
     unwind: Unwind,
     *,
     to: str,
+    allowed_from: tuple[str, ...],
     actor: Actor,
     kind: str,
     reason: str = "",
     data: dict[str, Any] | None = None,
 ) -> None:
-    """Compare-and-set the unwind (whose row the caller holds locked) and audit it."""
+    """Compare-and-set the unwind (whose row the caller holds locked) from one of
+    ``allowed_from`` (each caller's own move, narrower than the table) and audit it."""
     now = timezone.now()
     finished = to in (Unwind.Status.COMPLETED, Unwind.Status.FAILED, Unwind.Status.CANCELLED)
     try:
@@ -246,6 +248,7 @@ def unwind_set_status(
                 reason=reason,
                 updates={"finished_at": now if finished else None},
                 data=data,
+                allowed_from=allowed_from,
                 current=unwind.status,
             )
     except IntegrityError as exc:
@@ -378,6 +381,7 @@ def _step_request_approval(*, unwind: Unwind, step: UnwindStep, approval: Approv
     unwind_set_status(
         unwind,
         to=Unwind.Status.PAUSED,
+        allowed_from=(Unwind.Status.RUNNING,),
         actor=ENGINE,
         kind="unwind.paused",
         data={"waiting_for_step": step.pk},
@@ -415,6 +419,7 @@ def step_approval_decided(*, approval: Approval, actor: Actor) -> UnwindStep:
     unwind_set_status(
         unwind,
         to=Unwind.Status.RUNNING,
+        allowed_from=(Unwind.Status.PAUSED,),
         actor=actor,
         kind="unwind.resumed",
         data={"approval_id": approval.pk, "decision": approval.status},
@@ -720,6 +725,7 @@ def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
     unwind_set_status(
         unwind,
         to=Unwind.Status.COMPLETED if complete else Unwind.Status.FAILED,
+        allowed_from=(Unwind.Status.RUNNING,),
         actor=ENGINE,
         kind="unwind.completed" if complete else "unwind.failed",
         reason=summary,
@@ -757,6 +763,7 @@ def _unwind_reactivate(*, unwind: Unwind, actor: Actor, reason: str) -> None:
     unwind_set_status(
         unwind,
         to=Unwind.Status.RUNNING,
+        allowed_from=(Unwind.Status.FAILED,),
         actor=actor,
         kind="unwind.reactivated",
         reason=reason,
