@@ -133,6 +133,65 @@ def test_it_keeps_the_decisions_module_on_top_of_recovery():
     assert callers == ["recovery.jobs"]
 
 
+# Inside recovery, each module's floor: a module imports only recovery modules on lower floors.
+# A new module must be given its floor here, which is where its place in the layering is decided.
+RECOVERY_FLOORS = {
+    # What everything stands on: the models and the plumbing (queues, compensator calls, mail).
+    "recovery": 0,
+    "recovery.models": 0,
+    "recovery.queueing": 0,
+    "recovery.compensators": 0,
+    "recovery.notifications": 1,
+    "recovery.planner": 1,
+    "recovery.trail": 1,
+    "recovery.scheduling": 1,
+    "recovery.admin": 1,
+    # Each object's own transitions.
+    "recovery.items": 2,
+    "recovery.approvals": 2,
+    "recovery.commands": 2,
+    # The reads, and the engine over the objects it moves.
+    "recovery.selectors": 3,
+    "recovery.unwinds": 3,
+    "recovery.sweeper": 4,
+    # The decisions the UI and the API call, then what the worker runs.
+    "recovery.services": 5,
+    "recovery.jobs": 6,
+}
+
+
+def _recovery_floor(module: str) -> int:
+    if module.startswith(("recovery.migrations", "recovery.management")):
+        return 7 if module.startswith("recovery.management") else 0
+    return RECOVERY_FLOORS[module]
+
+
+def test_it_gives_every_recovery_module_a_floor():
+    unplaced = sorted(
+        m
+        for m in MODULES
+        if m.split(".")[0] == "recovery"
+        and m not in RECOVERY_FLOORS
+        and not m.startswith(("recovery.migrations", "recovery.management"))
+    )
+    assert unplaced == []
+
+
+def test_it_keeps_recovery_layered_items_engine_decisions():
+    upward = {
+        module: sorted(
+            t
+            for t in imports_of(module)
+            if t.split(".")[0] == "recovery"
+            and t in MODULES
+            and _recovery_floor(t) >= _recovery_floor(module)
+        )
+        for module in MODULES
+        if module.split(".")[0] == "recovery" and module in RECOVERY_FLOORS
+    }
+    assert {module: targets for module, targets in upward.items() if targets} == {}
+
+
 def test_it_has_no_import_cycles():
     graph = {module: {t for t in imports_of(module) if t in MODULES} for module in MODULES}
     cycles: list[list[str]] = []
