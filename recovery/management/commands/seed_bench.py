@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from ledger.hashing import sha256_hex
 from ledger.ids import new_id
+from ledger.models import Tenant
 from ledger.services.actions import action_payload_hash
 from recovery.items import search_text_for
 
@@ -327,8 +328,6 @@ class Command(BaseCommand):
         )
 
     def _tenants(self) -> list[tuple[int, float]]:
-        from ledger.models import Tenant
-
         out = []
         for slug, name, share in TENANTS:
             tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
