@@ -9,8 +9,9 @@ membership in is not found (404), never forbidden, so its existence does not lea
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TypeAlias
 
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied
 
 from ledger.models import Membership
@@ -36,36 +37,39 @@ ROLE_CAPABILITIES: dict[str, frozenset[Capability]] = {
 
 _CACHE_ATTR = "_saga_roles"
 
+# Who is asking: ``request.user``. Anonymous users have no role anywhere.
+Someone: TypeAlias = User | AnonymousUser
 
-def roles_for(user: Any) -> dict[int, str]:
+
+def roles_for(user: Someone) -> dict[int, str]:
     """tenant id → role for this user, read once per request (cached on the user object)."""
-    if not getattr(user, "is_authenticated", False):
+    if not user.is_authenticated or not isinstance(user, User):  # (the second narrows the type)
         return {}
-    cached = getattr(user, _CACHE_ATTR, None)
+    cached: dict[int, str] | None = getattr(user, _CACHE_ATTR, None)
     if cached is None:
         cached = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
         setattr(user, _CACHE_ATTR, cached)
     return cached
 
 
-def tenant_ids_for(user: Any) -> list[int]:
+def tenant_ids_for(user: Someone) -> list[int]:
     return sorted(roles_for(user))
 
 
-def can(user: Any, capability: Capability, tenant_id: int) -> bool:
+def can(user: Someone, capability: Capability, tenant_id: int) -> bool:
     role = roles_for(user).get(tenant_id)
     return role is not None and capability in ROLE_CAPABILITIES[role]
 
 
-def can_anywhere(user: Any, capability: Capability) -> bool:
+def can_anywhere(user: Someone, capability: Capability) -> bool:
     return any(capability in ROLE_CAPABILITIES[role] for role in roles_for(user).values())
 
 
-def tenant_ids_with(user: Any, capability: Capability) -> list[int]:
+def tenant_ids_with(user: Someone, capability: Capability) -> list[int]:
     return sorted(tid for tid, role in roles_for(user).items() if capability in ROLE_CAPABILITIES[role])
 
 
-def require(user: Any, capability: Capability, tenant_id: int) -> None:
+def require(user: Someone, capability: Capability, tenant_id: int) -> None:
     if not can(user, capability, tenant_id):
         raise PermissionDenied(f"Your role does not allow this ({capability}).")
 
@@ -73,7 +77,7 @@ def require(user: Any, capability: Capability, tenant_id: int) -> None:
 class TenantPermissions:
     """What the current user may do in one tenant, for templates: ``perms.operate``."""
 
-    def __init__(self, user: Any, tenant_id: int) -> None:
+    def __init__(self, user: Someone, tenant_id: int) -> None:
         self.user = user
         self.tenant_id = tenant_id
 

@@ -35,6 +35,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from dashboard import permissions
+from dashboard.permissions import Someone
 from ledger.conf import saga
 from ledger.ids import looks_like_id
 from ledger.models import Action, Checkpoint, Compensator, Event, Risk, Run, Tenant, ToolPolicy
@@ -119,7 +120,7 @@ class QueuePage:
     read_at: datetime | None = None
 
 
-def _filtered_items(*, user: Any, filters: QueueFilters, now: datetime) -> QuerySet[RecoveryItem]:
+def _filtered_items(*, user: Someone, filters: QueueFilters, now: datetime) -> QuerySet[RecoveryItem]:
     """The queue's one filter (``recovery.selectors.queue_items``) over the user's tenants."""
     return recovery_selectors.queue_items(
         tenants=permissions.tenant_ids_for(user),
@@ -135,7 +136,7 @@ def _filtered_items(*, user: Any, filters: QueueFilters, now: datetime) -> Query
 
 
 def queue_page(
-    *, user: Any, filters: QueueFilters, cursor: str = "", page_size: int | None = None
+    *, user: Someone, filters: QueueFilters, cursor: str = "", page_size: int | None = None
 ) -> QueuePage:
     now = timezone.now()
     size = page_size or saga().page_size
@@ -152,7 +153,7 @@ def queue_page(
     return QueuePage(items=page.items, next_cursor=page.next_cursor or "", read_at=now)
 
 
-def queue_new_count(*, user: Any, filters: QueueFilters, since: datetime) -> int:
+def queue_new_count(*, user: Someone, filters: QueueFilters, since: datetime) -> int:
     """Items matching the filters opened after ``since``, counted up to NEW_ITEMS_CAP + 1."""
     qs = _filtered_items(user=user, filters=filters, now=timezone.now()).filter(opened_at__gt=since)
     return len(qs.order_by().values_list("pk", flat=True)[: NEW_ITEMS_CAP + 1])
@@ -168,7 +169,7 @@ class FailureGroup:
     max_risk_rank: int
 
 
-def queue_groups(*, user: Any, filters: QueueFilters) -> list[FailureGroup]:
+def queue_groups(*, user: Someone, filters: QueueFilters) -> list[FailureGroup]:
     """Similar unresolved failures (same tool + normalised error) with how many there are."""
     base = _filtered_items(
         user=user, filters=QueueFilters(**{**filters.__dict__, "signature": ""}), now=timezone.now()
@@ -210,11 +211,11 @@ def queue_groups(*, user: Any, filters: QueueFilters) -> list[FailureGroup]:
     ]
 
 
-def visible_tenants(*, user: Any) -> list[Tenant]:
+def visible_tenants(*, user: Someone) -> list[Tenant]:
     return list(Tenant.objects.filter(pk__in=permissions.tenant_ids_for(user)).order_by("slug"))
 
 
-def items_for_user(*, user: Any, ids: list[str]) -> list[RecoveryItem]:
+def items_for_user(*, user: Someone, ids: list[str]) -> list[RecoveryItem]:
     """The items among ``ids`` (a form's, so anything) that exist in the user's tenants."""
     return list(
         RecoveryItem.objects.filter(
@@ -239,7 +240,7 @@ class RunPage:
     trail: Any = None
 
 
-def run_for_user(*, user: Any, run_id: str) -> Run | None:
+def run_for_user(*, user: Someone, run_id: str) -> Run | None:
     return (
         Run.objects.select_related("tenant", "failed_action")
         .filter(pk=run_id, tenant_id__in=permissions.tenant_ids_for(user))
@@ -309,7 +310,7 @@ class ApprovalPage:
     next_cursor: str = ""
 
 
-def approvals_pending(*, user: Any, cursor: str = "", page_size: int | None = None) -> ApprovalPage:
+def approvals_pending(*, user: Someone, cursor: str = "", page_size: int | None = None) -> ApprovalPage:
     """Pending approvals, oldest (closest to expiring) first, one keyset page at a time: each card
     carries two forms and pretty-printed JSON, so a page of hundreds took longer to render than
     an approver reads."""
@@ -320,7 +321,7 @@ def approvals_pending(*, user: Any, cursor: str = "", page_size: int | None = No
     return ApprovalPage(approvals=page.items, next_cursor=page.next_cursor or "")
 
 
-def approvals_pending_count(*, user: Any) -> int:
+def approvals_pending_count(*, user: Someone) -> int:
     qs = recovery_selectors.approvals_pending(tenants=permissions.tenant_ids_for(user))
     return len(qs.order_by().values_list("pk", flat=True)[: APPROVAL_BADGE_CAP + 1])
 
@@ -374,7 +375,7 @@ class Metrics:
         return self.unwinds_completed / finished if finished else None
 
 
-def metrics(*, user: Any, window: str, tenant: str = "") -> Metrics:
+def metrics(*, user: Someone, window: str, tenant: str = "") -> Metrics:
     span = METRIC_WINDOWS.get(window, METRIC_WINDOWS["7d"])
     window = window if window in METRIC_WINDOWS else "7d"
     since = timezone.now() - span
