@@ -13,7 +13,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import django_rq
 import httpx
 import structlog
 from django.conf import settings
@@ -21,6 +20,7 @@ from django.core.mail import send_mail
 from django.utils import timezone
 
 from ledger.conf import saga
+from recovery import queueing
 from recovery.models import AgentCommand, Approval, RecoveryItem
 from saga_client.signing import signed_headers
 
@@ -28,10 +28,9 @@ log = structlog.get_logger("saga_admin.notifications")
 
 
 def _enqueue(func: Callable[..., object], **kwargs: Any) -> None:
-    try:
-        django_rq.get_queue("notifications").enqueue(func, **kwargs)
-    except Exception:  # noqa: BLE001 - Redis down must not turn a committed decision into a 500
-        log.warning("notifications.enqueue_failed", job=func.__name__, **kwargs)
+    # The one way work reaches Redis (recovery.queueing): after commit, and a Redis outage is
+    # logged there rather than turning a committed decision into a 500.
+    queueing.enqueue(f"{__name__}.{func.__name__}", queue="notifications", **kwargs)
 
 
 def enqueue_item_opened(*, item_id: str) -> None:
