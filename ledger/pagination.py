@@ -35,13 +35,17 @@ NEWEST_FIRST: tuple[Key, ...] = (("created_at", True), ("id", True))
 OLDEST_FIRST: tuple[Key, ...] = (("created_at", False), ("id", False))
 
 
+# Longer than any cursor we hand out (a few keys: a date and an id), short enough to decode cheaply.
+MAX_CURSOR_LENGTH = 300
+
+
 @dataclass(frozen=True)
 class Page(Generic[M]):
     items: list[M]
     next_cursor: str | None
 
 
-def encode_cursor(values: Sequence[Any]) -> str:
+def _encode_cursor(values: Sequence[Any]) -> str:
     raw = json.dumps([v.isoformat() if isinstance(v, datetime) else v for v in values], separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
@@ -58,11 +62,14 @@ def _decode_value(name: str, value: Any) -> tuple[bool, Any]:
     return isinstance(value, int) and not isinstance(value, bool), value
 
 
-def decode_cursor(cursor: str, keys: Sequence[Key]) -> list[Any] | None:
+def _decode_cursor(cursor: str, keys: Sequence[Key]) -> list[Any] | None:
     """The cursor's values, or None when it is not one we handed out for ``keys``."""
+    if len(cursor) > MAX_CURSOR_LENGTH:
+        return None
     try:
         values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
+        # RecursionError: "[[[[…" nested deeper than the JSON parser's stack, from a client.
         return None
     if not isinstance(values, list) or len(values) != len(keys):
         return None
@@ -75,7 +82,7 @@ def decode_cursor(cursor: str, keys: Sequence[Key]) -> list[Any] | None:
     return decoded
 
 
-def after_cursor(keys: Sequence[Key], values: Sequence[Any]) -> Q | Lookup:
+def _after_cursor(keys: Sequence[Key], values: Sequence[Any]) -> Q | Lookup:
     """Rows strictly after ``values`` in the order ``keys``."""
     if len({descending for _name, descending in keys}) == 1:
         # One direction: a row comparison `(opened_at, id) < (…, …)`, which PostgreSQL answers
@@ -100,16 +107,16 @@ def keyset_page(
     dashboard, whose links a person may have edited)."""
     queryset = queryset.order_by(*[f"-{name}" if descending else name for name, descending in keys])
     if cursor:
-        values = decode_cursor(cursor, keys)
+        values = _decode_cursor(cursor, keys)
         if values is None:
             if strict:
                 raise errors.ValidationFailed(
                     "The cursor is not one this API handed out.", details={"cursor": "invalid"}
                 )
         else:
-            queryset = queryset.filter(after_cursor(keys, values))
+            queryset = queryset.filter(_after_cursor(keys, values))
     rows = list(queryset[: limit + 1])
     if len(rows) <= limit:
         return Page(items=rows, next_cursor=None)
     rows = rows[:limit]
-    return Page(items=rows, next_cursor=encode_cursor([getattr(rows[-1], name) for name, _ in keys]))
+    return Page(items=rows, next_cursor=_encode_cursor([getattr(rows[-1], name) for name, _ in keys]))

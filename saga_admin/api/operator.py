@@ -14,6 +14,7 @@ from ninja import Field, Query, Router, Schema, Status
 
 from ledger.audit import Actor
 from ledger.models import AgentKey, Checkpoint
+from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.rules import REASON_MAX_LENGTH
 from ledger.selectors import get_for_tenants
 from recovery import selectors, services
@@ -56,7 +57,9 @@ class ItemFilters(Schema):  # query strings: lax on purpose ("50" is a number he
         None, ge=0, le=5_256_000, description="Only items opened more than this many minutes ago."
     )
     run: str | None = Field(None, description="Only this run's items.")
-    cursor: str | None = None
+    cursor: str | None = Field(
+        None, max_length=MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."
+    )
     limit: int = Field(50, ge=1, le=200)
 
 
@@ -65,7 +68,9 @@ class ApprovalFilters(Schema):
         "pending", description="pending (default) | approved | rejected | expired | all"
     )
     kind: str | None = Field(None, description="action | compensation")
-    cursor: str | None = None
+    cursor: str | None = Field(
+        None, max_length=MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."
+    )
     limit: int = Field(50, ge=1, le=200)
 
 

@@ -17,6 +17,7 @@ from ninja import Schema
 from pydantic import AfterValidator, ConfigDict, Field
 
 from ledger.models import Action, Checkpoint, Run
+from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.rules import REASON_MAX_LENGTH
 from recovery.models import AgentCommand, Approval, RecoveryItem
 
@@ -69,7 +70,9 @@ class RunListQuery(Schema):
     status: RunStatus | None = None
     agent: str | None = Field(None, max_length=200)
     external_id: str | None = Field(None, max_length=200)
-    cursor: str | None = Field(None, max_length=300, description="The next_cursor of the previous page.")
+    cursor: str | None = Field(
+        None, max_length=MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."
+    )
     limit: int = Field(50, ge=1, le=200)
 
 
@@ -159,7 +162,7 @@ class CheckpointIn(StrictIn):
 
 
 class PageQuery(Schema):
-    cursor: str | None = Field(None, max_length=300)
+    cursor: str | None = Field(None, max_length=MAX_CURSOR_LENGTH)
     limit: int = Field(50, ge=1, le=200)
 
 

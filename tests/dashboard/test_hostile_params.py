@@ -38,6 +38,8 @@ HOSTILE += [
     _cursor(["2026-11-22T00:00:00+00:00", 7]),
     _cursor([True, "2026-11-22T00:00:00+00:00", "rec_01m80000000000000000000000"]),
     _cursor([3, "2026-11-22T00:00:00", "x" * 5000]),
+    # JSON nested deeper than the parser's stack: a RecursionError, not a ValueError.
+    base64.urlsafe_b64encode(b"[" * 5000).decode(),
 ]
 
 PARAMS = {

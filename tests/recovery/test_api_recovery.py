@@ -3,6 +3,7 @@ and the decisions (compensate, resume, close, approvals)."""
 
 from __future__ import annotations
 
+import base64
 from datetime import timedelta
 
 import pytest
@@ -161,3 +162,14 @@ def test_the_openapi_document_declares_the_operator_endpoints_and_their_errors(a
     compensate = schema["paths"]["/api/v1/recovery/{item_id}/compensate"]["post"]
     assert {"202", "401", "403", "404", "409", "422"} <= set(compensate["responses"])
     assert "/api/v1/approvals/{approval_id}/approve" in schema["paths"]
+
+
+@pytest.mark.parametrize("path", ["/api/v1/recovery", "/api/v1/approvals"])
+def test_a_forged_or_oversized_cursor_is_a_422_not_a_500(api, path):
+    nested = base64.urlsafe_b64encode(b"[" * 200).decode()  # within the length, not one of ours
+    response = api.get(path, {"cursor": nested})
+    assert response.status_code == 422
+    assert response.json()["error"]["details"] == {"cursor": "invalid"}
+    oversized = base64.urlsafe_b64encode(b"[" * 5000).decode()  # json's stack would overflow
+    response = api.get(path, {"cursor": oversized})
+    assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_request"
