@@ -6,10 +6,12 @@ from typing import Any
 
 from django import forms
 
-from dashboard.selectors import AGE_CHOICES, SORTS, STATUS_CHOICES, QueueFilters
+from dashboard.selectors import AGE_CHOICES, SORTS, QueueFilters
+from ledger.errors import SagaError
 from ledger.models import Risk
-from ledger.rules import REASON_MAX_LENGTH, REASON_REQUIRED
+from ledger.rules import REASON_MAX_LENGTH, REASON_REQUIRED, reason_required
 from recovery.models import RecoveryItem
+from recovery.selectors import QUEUE_STATUSES
 
 _REASON_HELP = "Recorded in the audit log with your name."
 
@@ -24,10 +26,11 @@ class ReasonForm(forms.Form):
     )
 
     def clean_reason(self) -> str:
-        reason = self.cleaned_data["reason"].strip()
-        if not reason:
-            raise forms.ValidationError(REASON_REQUIRED)
-        return reason
+        # The services' own rule, so the page says what the API would.
+        try:
+            return reason_required(self.cleaned_data["reason"])
+        except SagaError as exc:
+            raise forms.ValidationError(exc.message) from None
 
 
 class ResumeForm(ReasonForm):
@@ -97,7 +100,7 @@ class QueueFilterForm(forms.Form):
         label="Reason", required=False, choices=[("", "Any reason"), *RecoveryItem.Reason.choices]
     )
     status = forms.ChoiceField(
-        label="Status", required=False, choices=[(s, s.capitalize()) for s in STATUS_CHOICES]
+        label="Status", required=False, choices=[(s, s.capitalize()) for s in QUEUE_STATUSES]
     )
     age = forms.ChoiceField(
         label="Older than", required=False, choices=[("", "Any age"), *[(k, k) for k in AGE_CHOICES]]

@@ -45,7 +45,6 @@ from ledger.selectors import checkpoints_for_run, run_warnings
 from recovery import selectors as recovery_selectors
 from recovery.approvals import pending_q
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
-from recovery.selectors import QUEUE_STATUSES
 from recovery.trail import run_trail
 
 if TYPE_CHECKING:
@@ -63,7 +62,6 @@ AGE_CHOICES = {
     "7d": timedelta(days=7),
 }
 SORTS = ("newest", "oldest", "risk")
-STATUS_CHOICES = QUEUE_STATUSES
 
 _RISK_RANK = Case(
     *[

@@ -13,7 +13,7 @@ same compare-and-set.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db.models import Model
 from django.utils import timezone
@@ -23,6 +23,7 @@ from ledger.audit import Actor, audit_record
 from ledger.models import Action, Run
 
 Table = Mapping[str, Iterable[str]]
+M = TypeVar("M", bound=Model)
 
 RUN_TRANSITIONS: dict[str, set[str]] = {
     Run.Status.RUNNING: {Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.CANCELLED},
@@ -54,7 +55,7 @@ ACTION_TRANSITIONS: dict[str, set[str]] = {
 }
 
 
-def sources_for(table: Table, to: str) -> list[str]:
+def _sources_for(table: Table, to: str) -> list[str]:
     """Every state the table lets ``to`` follow."""
     return [state for state, targets in table.items() if to in targets]
 
@@ -86,7 +87,7 @@ def compare_and_set(
     possible source and no ``current``, that source is assumed and the UPDATE checks it, which
     saves a statement per transition. ``where``: more columns the row must still have (a lease's
     fencing token)."""
-    sources = list(allowed_from) if allowed_from is not None else sources_for(table, to)
+    sources = list(allowed_from) if allowed_from is not None else _sources_for(table, to)
     model = type(obj)
     if current is None and len(sources) == 1:
         current = sources[0]
@@ -104,7 +105,7 @@ def compare_and_set(
 
 
 def transition(
-    obj: Model,
+    obj: M,
     *,
     table: Table,
     to: str,
@@ -118,9 +119,9 @@ def transition(
     current: str | None = None,
     where: Mapping[str, Any] | None = None,
     run_updates: dict[str, Any] | None = None,
-) -> str:
+) -> M:
     """``compare_and_set`` and its audit event (on ``run``'s chain), in the caller's transaction.
-    Returns the state it moved from."""
+    Returns ``obj``, moved."""
     previous = compare_and_set(
         obj,
         table=table,
@@ -142,4 +143,4 @@ def transition(
         data=data,
         run_updates=run_updates,
     )
-    return previous
+    return obj

@@ -187,20 +187,22 @@ def item_open_or_update(
 # --- Transitions ------------------------------------------------------------------------------
 
 
+def _item_transition(item: RecoveryItem, **fields: Any) -> RecoveryItem:
+    """``ledger.transitions.transition`` on the item table, on its run's audit chain."""
+    return transition(item, table=ITEM_TRANSITIONS, run=item.run, **fields)
+
+
 def item_claim(*, item: RecoveryItem, actor: Actor, reason: str = "") -> RecoveryItem:
     """open → claimed (compare-and-set): a second click, tab or operator loses cleanly. The caller
     holds the transaction."""
-    transition(
+    return _item_transition(
         item,
-        table=ITEM_TRANSITIONS,
         to=RecoveryItem.Status.CLAIMED,
-        run=item.run,
         actor=actor,
         kind="recovery.claimed",
         reason=reason,
         updates={"claimed_by": actor.user, "claimed_at": timezone.now()},
     )
-    return item
 
 
 def item_resolve(
@@ -224,11 +226,9 @@ def item_resolve(
     }
     if details is not None:
         updates["details"] = {**item.details, **details}
-    transition(
+    return _item_transition(
         item,
-        table=ITEM_TRANSITIONS,
         to=RecoveryItem.Status.RESOLVED,
-        run=item.run,
         actor=actor,
         kind="recovery.resolved",
         reason=note,
@@ -236,7 +236,6 @@ def item_resolve(
         data={"resolution": resolution},
         allowed_from=allowed_from,
     )
-    return item
 
 
 def item_resolve_compensated(*, unwind: Unwind, not_undone: list[dict[str, Any]]) -> RecoveryItem | None:
@@ -274,11 +273,9 @@ def item_reopen_after_unwind(
     )
     if item is not None and item.status == RecoveryItem.Status.CLAIMED:
         item.run = run
-        transition(
+        _item_transition(
             item,
-            table=ITEM_TRANSITIONS,
             to=RecoveryItem.Status.OPEN,
-            run=run,
             actor=ENGINE,
             kind="recovery.reopened",
             reason=error,

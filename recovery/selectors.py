@@ -250,6 +250,14 @@ class ResumePreview:
     def stale(self) -> bool:
         return bool(self.succeeded_after)
 
+    @property
+    def compensate_only(self) -> bool:
+        """The checkpoint forbids resuming there (the preview warns; resuming is refused)."""
+        return (
+            self.checkpoint is not None
+            and self.checkpoint.recovery_mode == Checkpoint.RecoveryMode.COMPENSATE_ONLY
+        )
+
     def as_dict(self) -> dict[str, Any]:
         def brief(action: Action) -> dict[str, Any]:
             return {
@@ -338,13 +346,15 @@ def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) 
                 "action_ids": [a.pk for a in unknown],
             }
         )
-    if chosen is not None and chosen.recovery_mode == Checkpoint.RecoveryMode.COMPENSATE_ONLY:
+    preview = ResumePreview(
+        run=run, checkpoint=chosen, succeeded_after=after, repeats=repeats, unknown=unknown, warnings=warnings
+    )
+    if preview.compensate_only:
         warnings.append(
             {
                 "code": "resume_not_allowed",
-                "message": f"Checkpoint {chosen.name} says compensate only: the agent cannot resume here.",
+                "message": f"Checkpoint {getattr(chosen, 'name', '')} says compensate only: "
+                "the agent cannot resume here.",
             }
         )
-    return ResumePreview(
-        run=run, checkpoint=chosen, succeeded_after=after, repeats=repeats, unknown=unknown, warnings=warnings
-    )
+    return preview

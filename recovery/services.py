@@ -189,11 +189,11 @@ def action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAct
     recorded = actions.action_record(run=run, actor=actor, **fields)
     action = recorded.action
     if recorded.created and action.requires_approval:
-        # The run as the ledger just locked and read it. The caller's may be a bare reference by
-        # id, whose empty audit chain head would send every approval event down the audit's
-        # re-read-and-relink path (correct, but three statements instead of one).
         actions.action_await_approval(action=action, actor=actor)
         approvals.approval_request(
+            # The run as the ledger just locked and read it. The caller's may be a bare reference
+            # by id, whose empty audit chain head would send every approval event down the
+            # audit's re-read-and-relink path (correct, but three statements instead of one).
             run=action.run,
             action=action,
             tool=action.tool,
@@ -377,10 +377,7 @@ def item_resume(
     item = RecoveryItem.objects.select_related("run__tenant").get(pk=item.pk)
     preview = selectors.resume_preview(item=item, checkpoint=checkpoint)
     _refuse_unknown_outcomes(preview.unknown, doing="resume")
-    if (
-        preview.checkpoint is not None
-        and preview.checkpoint.recovery_mode == Checkpoint.RecoveryMode.COMPENSATE_ONLY
-    ):
+    if preview.compensate_only and preview.checkpoint is not None:
         raise errors.Conflict(
             f"Checkpoint {preview.checkpoint.name} allows compensation only.",
             details={"checkpoint_id": preview.checkpoint.pk},
@@ -458,11 +455,12 @@ def _bulk(
     *,
     reason: str,
     what: str,
-    apply: Callable[[RecoveryItem], object],
+    apply: Callable[[RecoveryItem, str], object],
 ) -> list[BulkOutcome]:
-    """One decision per item, each in its own transaction: one refusal does not undo the others.
-    Only low-risk items qualify: anything riskier deserves a look of its own."""
-    reason_required(reason)
+    """One decision per item (``apply(item, reason)``), each in its own transaction: one refusal
+    does not undo the others. Only low-risk items qualify: anything riskier deserves a look of its
+    own."""
+    reason = reason_required(reason)
     chosen = list(chosen_items)
     cap = saga().bulk_max_items
     if len(chosen) > cap:
@@ -484,14 +482,12 @@ def _bulk(
             continue
         try:
             with transaction.atomic():
-                result = apply(item)
+                result = apply(item, reason)
         except errors.SagaError as exc:
             outcomes.append(BulkOutcome(item.pk, False, exc.code, exc.message))
             continue
         outcomes.append(
-            BulkOutcome(
-                item.pk, True, unwind_id=getattr(result, "pk", None) if isinstance(result, Unwind) else None
-            )
+            BulkOutcome(item.pk, True, unwind_id=result.pk if isinstance(result, Unwind) else None)
         )
     return outcomes
 
@@ -501,7 +497,7 @@ def items_bulk_close(*, items: Iterable[RecoveryItem], actor: Actor, reason: str
         items,
         reason=reason,
         what="close",
-        apply=lambda item: item_close(item=item, actor=actor, reason=reason),
+        apply=lambda item, reason: item_close(item=item, actor=actor, reason=reason),
     )
 
 
@@ -510,7 +506,7 @@ def items_bulk_compensate(*, items: Iterable[RecoveryItem], actor: Actor, reason
         items,
         reason=reason,
         what="compensate",
-        apply=lambda item: unwind_start(item=item, actor=actor, reason=reason),
+        apply=lambda item, reason: unwind_start(item=item, actor=actor, reason=reason),
     )
 
 

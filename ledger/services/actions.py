@@ -5,7 +5,6 @@ in the same transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,40 +255,15 @@ def _action_insert(
     return action
 
 
-def _action_transition(
-    *,
-    action: Action,
-    to: str,
-    actor: Actor,
-    kind: str,
-    reason: str = "",
-    updates: dict[str, Any] | None = None,
-    data: dict[str, Any] | None = None,
-    allowed_from: Iterable[str] | None = None,
-    current: str | None = None,
-    run_updates: dict[str, Any] | None = None,
-) -> Action:
-    transition(
-        action,
-        table=ACTION_TRANSITIONS,
-        to=to,
-        run=action.run,
-        actor=actor,
-        kind=kind,
-        reason=reason,
-        updates=updates,
-        data=data,
-        allowed_from=allowed_from,
-        current=current,
-        run_updates=run_updates,
-    )
-    return action
+def _action_transition(action: Action, **fields: Any) -> Action:
+    """``ledger.transitions.transition`` on the action table, on its run's audit chain."""
+    return transition(action, table=ACTION_TRANSITIONS, run=action.run, **fields)
 
 
 @transaction.atomic
 def action_await_approval(*, action: Action, actor: Actor) -> Action:
     return _action_transition(
-        action=action, to=Action.Status.AWAITING_APPROVAL, actor=actor, kind="action.awaiting_approval"
+        action, to=Action.Status.AWAITING_APPROVAL, actor=actor, kind="action.awaiting_approval"
     )
 
 
@@ -301,7 +275,7 @@ def action_approve(*, action: Action, actor: Actor, reason: str, args: Any = Non
     if args is not None:
         updates["args"] = args
     return _action_transition(
-        action=action,
+        action,
         to=Action.Status.APPROVED,
         actor=actor,
         kind="action.approved",
@@ -313,7 +287,7 @@ def action_approve(*, action: Action, actor: Actor, reason: str, args: Any = Non
 @transaction.atomic
 def action_reject(*, action: Action, actor: Actor, reason: str) -> Action:
     return _action_transition(
-        action=action,
+        action,
         to=Action.Status.REJECTED,
         actor=actor,
         kind="action.rejected",
@@ -345,7 +319,7 @@ def action_start(*, action: Action, actor: Actor) -> Action:
         )
     attempts += 1
     return _action_transition(
-        action=action,
+        action,
         to=Action.Status.RUNNING,
         actor=actor,
         kind="action.started",
@@ -380,7 +354,7 @@ def action_succeed(
     if after_snapshot is not None:
         updates["after_snapshot"] = after_snapshot
     _action_transition(
-        action=action,
+        action,
         to=Action.Status.SUCCEEDED,
         actor=actor,
         kind="action.reconciled" if reconciled else "action.succeeded",
@@ -406,7 +380,7 @@ def action_fail(
     run_assert_accepts_writes(action.run)
     to = Action.Status.UNKNOWN if outcome_unknown else Action.Status.FAILED
     return _action_transition(
-        action=action,
+        action,
         to=to,
         actor=actor,
         kind="action.outcome_unknown" if outcome_unknown else "action.failed",
@@ -444,7 +418,7 @@ def action_reconcile(
             reason=reason,
         )
     return _action_transition(
-        action=action,
+        action,
         to=Action.Status.FAILED,
         actor=actor,
         kind="action.reconciled",
@@ -498,7 +472,7 @@ def action_verify(
 @transaction.atomic
 def action_compensation_started(*, action: Action, actor: Actor, step_id: str) -> Action:
     return _action_transition(
-        action=action,
+        action,
         to=Action.Status.COMPENSATING,
         actor=actor,
         kind="action.compensating",
@@ -525,7 +499,7 @@ def action_compensation_finished(
     # Only from compensating: "succeeded" is also reachable from running and unknown, and a
     # skipped step must not complete an action that never finished its forward call.
     return _action_transition(
-        action=action,
+        action,
         to=targets[outcome],
         actor=actor,
         kind=f"action.compensation_{outcome}",

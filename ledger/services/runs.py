@@ -4,7 +4,6 @@ and typed; each is a compare-and-set with its audit event in the same transactio
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 from django.db import transaction
@@ -98,36 +97,15 @@ def run_heartbeat(*, run: Run, note: str = "") -> Run:
     return run
 
 
-def _run_transition(
-    *,
-    run: Run,
-    to: str,
-    actor: Actor,
-    kind: str,
-    reason: str = "",
-    updates: dict[str, Any] | None = None,
-    data: dict[str, Any] | None = None,
-    allowed_from: Iterable[str] | None = None,
-) -> Run:
-    transition(
-        run,
-        table=RUN_TRANSITIONS,
-        to=to,
-        run=run,
-        actor=actor,
-        kind=kind,
-        reason=reason,
-        updates=updates,
-        data=data,
-        allowed_from=allowed_from,
-    )
-    return run
+def _run_transition(run: Run, **fields: Any) -> Run:
+    """``ledger.transitions.transition`` on the run table, on the run's own audit chain."""
+    return transition(run, table=RUN_TRANSITIONS, run=run, **fields)
 
 
 @transaction.atomic
 def run_complete(*, run: Run, actor: Actor, summary: str = "") -> Run:
     return _run_transition(
-        run=run,
+        run,
         to=Run.Status.SUCCEEDED,
         actor=actor,
         kind="run.completed",
@@ -150,7 +128,7 @@ def run_fail(
     # Not from compensating: that run's unwind owns its outcome (run_compensation_finished), and
     # an agent's late "fail" must not knock it out from under the unwind.
     return _run_transition(
-        run=run,
+        run,
         to=Run.Status.FAILED,
         actor=actor,
         kind="run.failed",
@@ -164,7 +142,7 @@ def run_fail(
 @transaction.atomic
 def run_cancel(*, run: Run, actor: Actor, reason: str) -> Run:
     return _run_transition(
-        run=run,
+        run,
         to=Run.Status.CANCELLED,
         actor=actor,
         kind="run.cancelled",
@@ -176,7 +154,7 @@ def run_cancel(*, run: Run, actor: Actor, reason: str) -> Run:
 @transaction.atomic
 def run_compensation_started(*, run: Run, actor: Actor, reason: str) -> Run:
     return _run_transition(
-        run=run, to=Run.Status.COMPENSATING, actor=actor, kind="run.compensating", reason=reason
+        run, to=Run.Status.COMPENSATING, actor=actor, kind="run.compensating", reason=reason
     )
 
 
@@ -190,7 +168,7 @@ def run_compensation_finished(*, run: Run, actor: Actor, complete: bool, reason:
     # Both outcomes only from compensating: "failed" is reachable from running too, and a run that
     # never compensated must not be marked compensation_failed.
     return _run_transition(
-        run=run,
+        run,
         to=to,
         actor=actor,
         kind="run.compensated" if complete else "run.compensation_failed",
@@ -204,7 +182,7 @@ def run_compensation_finished(*, run: Run, actor: Actor, complete: bool, reason:
 def run_resume(*, run: Run, actor: Actor, reason: str) -> Run:
     now = timezone.now()
     return _run_transition(
-        run=run,
+        run,
         to=Run.Status.RUNNING,
         actor=actor,
         kind="run.resumed",
@@ -217,7 +195,7 @@ def run_resume(*, run: Run, actor: Actor, reason: str) -> Run:
 def run_close(*, run: Run, actor: Actor, reason: str) -> Run:
     reason = reason_required(reason)
     return _run_transition(
-        run=run,
+        run,
         to=Run.Status.CLOSED,
         actor=actor,
         kind="run.closed",

@@ -4,7 +4,7 @@ Views are authentication + typed parsing + one service call. Every state change 
 ``ledger.services`` or, where one request spans the record and a decision about it (a failure
 that opens a recovery item, an action that needs an approval), through the ``recovery.services``
 function that wraps the ledger's in the same transaction. This module composes the two apps, so
-it lives in ``saga_admin/`` beside the NinjaAPI: ``ledger/`` never imports ``recovery/``.
+it lives above both, in ``saga_admin/api/``: ``ledger/`` never imports ``recovery/``.
 """
 
 from __future__ import annotations
