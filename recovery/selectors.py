@@ -144,6 +144,11 @@ def items_list(
     return keyset_page(queryset, keys=_BY_ID_DESC, cursor=cursor, limit=limit)
 
 
+def item_unresolved(*, run: Run) -> RecoveryItem | None:
+    """The run's item in the queue, if it has one (at most one is unresolved)."""
+    return RecoveryItem.objects.filter(run=run, status__in=RecoveryItem.UNRESOLVED).first()
+
+
 def item_get(*, tenants: Tenants, item_id: str) -> RecoveryItem:
     return get_for_tenants(
         RecoveryItem.objects.select_related("run", "run__tenant", "failed_action", "assignee", "claimed_by"),
@@ -185,6 +190,15 @@ def step_get(*, tenants: Tenants, step_id: str) -> UnwindStep:
 
 
 # --- Approvals ---------------------------------------------------------------------------------
+
+
+def latest_action_approvals(*, run_id: str, action_id: str | None = None) -> dict[str, Approval]:
+    """The newest approval of each of a run's actions (or of ``action_id`` alone), by action id:
+    an action asked again after an expiry has several, and it shows the newest."""
+    queryset = Approval.objects.filter(run_id=run_id, kind=Approval.Kind.ACTION)
+    if action_id is not None:
+        queryset = queryset.filter(action_id=action_id)
+    return {approval.action_id: approval for approval in queryset.order_by("created_at", "id")}
 
 
 def approval_get(*, tenants: Tenants, approval_id: str) -> Approval:

@@ -25,7 +25,7 @@ from ledger.services import actions, checkpoints, runs
 from recovery import commands
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery
-from recovery.models import AgentCommand, Approval, RecoveryItem
+from recovery.models import AgentCommand
 from recovery.trail import run_trail
 from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, agent_auth
 from saga_admin.api.idempotency import (
@@ -114,14 +114,6 @@ def _action(request: HttpRequest, action_id: str) -> Action:
     return ledger_selectors.action_get(tenant=_tenant(request), action_id=action_id)
 
 
-def _latest_approval(action: Action) -> Approval | None:
-    return (
-        Approval.objects.filter(action=action, kind=Approval.Kind.ACTION)
-        .order_by("-created_at", "-id")
-        .first()
-    )
-
-
 def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
     """The action as the API shows it. ``fresh``: the instance already holds what this request
     read and wrote in its transaction (a service's compare-and-set sets the fields it updates), so
@@ -129,11 +121,12 @@ def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
     are opened by ``action_record_gated`` for exactly those)."""
     if not fresh:
         action.refresh_from_db()
-    return action_out(action, approval=_latest_approval(action) if action.requires_approval else None)
-
-
-def _open_item(run: Run) -> RecoveryItem | None:
-    return RecoveryItem.objects.filter(run=run, status__in=RecoveryItem.UNRESOLVED).first()
+    approval = (
+        recovery_selectors.latest_action_approvals(run_id=action.run_id, action_id=action.pk).get(action.pk)
+        if action.requires_approval
+        else None
+    )
+    return action_out(action, approval=approval)
 
 
 # --- Runs ---------------------------------------------------------------------------------------
@@ -169,15 +162,13 @@ def run_list(request: HttpRequest, filters: Query[RunListQuery]) -> dict[str, An
 def run_detail(request: HttpRequest, run_id: str) -> dict[str, Any]:
     run = _run(request, run_id)
     ledger_rows = list(run.actions.order_by("seq"))
-    approvals: dict[str, Approval] = {}
-    for approval in Approval.objects.filter(run=run, kind=Approval.Kind.ACTION).order_by("created_at", "id"):
-        approvals[approval.action_id] = approval  # the latest one per action wins
+    approvals = recovery_selectors.latest_action_approvals(run_id=run.pk)
     checkpoint = ledger_selectors.checkpoint_latest(run=run)
     return {
         **run_out(run),
         "actions": [action_out(action, approval=approvals.get(action.pk)) for action in ledger_rows],
         "latest_checkpoint": checkpoint_out(checkpoint) if checkpoint else None,
-        "recovery_item": recovery_item_out(_open_item(run)),
+        "recovery_item": recovery_item_out(recovery_selectors.item_unresolved(run=run)),
         "warnings": ledger_selectors.run_warnings(run=run, actions=ledger_rows),
     }
 
