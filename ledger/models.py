@@ -93,6 +93,7 @@ class AgentKey(models.Model):
     class Scope(models.TextChoices):
         AGENT = "agent", "Agent"
         OPERATOR = "operator", "Operator"
+        APPROVER = "approver", "Approver"
 
     id = models.CharField(primary_key=True, max_length=40, default=ids.new_key_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agent_keys")
@@ -109,7 +110,12 @@ class AgentKey(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(
-                condition=Q(scopes__contained_by=["agent", "operator"]), name="agentkey_scopes_valid"
+                condition=Q(scopes__contained_by=["agent", "operator", "approver"]),
+                name="agentkey_scopes_valid",
+            ),
+            # An agent must never approve what it asked for: no key holds both.
+            models.CheckConstraint(
+                condition=~Q(scopes__contains=["agent", "approver"]), name="agentkey_agent_not_approver"
             ),
         ]
 
@@ -152,6 +158,9 @@ class Run(models.Model):
         "Action", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_by_key = models.ForeignKey(AgentKey, null=True, blank=True, on_delete=models.SET_NULL)
+    # The agent that owns the run: the name of the key that created it (every key issued with that
+    # name is the same agent). An agent-scope key reaches only the runs its agent owns.
+    owner = models.CharField(max_length=200, blank=True, default="", db_default="")
     # Counters owned by the run row (updated under its row lock): action sequence numbers and
     # the completion order that LIFO compensation follows.
     action_count = models.PositiveIntegerField(default=0)
@@ -187,6 +196,7 @@ class Run(models.Model):
             models.Index(fields=["tenant", "-created_at"], name="run_tenant_created"),
             models.Index(fields=["tenant", "status", "-created_at"], name="run_tenant_status"),
             models.Index(fields=["tenant", "agent", "-created_at"], name="run_tenant_agent"),
+            models.Index(fields=["tenant", "owner", "-created_at"], name="run_tenant_owner"),
             models.Index(fields=["tenant", "external_id"], name="run_tenant_external"),
             models.Index(
                 fields=["last_heartbeat_at"], name="run_running_heartbeat", condition=Q(status="running")
@@ -409,6 +419,9 @@ class ToolPolicy(models.Model):
         max_length=16, choices=CompensationStrategy.choices, default=CompensationStrategy.CUSTOM
     )
     compensation_tool = models.CharField(max_length=200, blank=True, default="")
+    # Templates for the compensating tool's args ("$args.<path>", "$result.<path>", "$target_id",
+    # "$target_type"), filled from the forward action; None: the forward action's args as they are.
+    compensation_args = models.JSONField(null=True, blank=True)
     source = models.CharField(max_length=500, blank=True, default="")
     loaded_at = models.DateTimeField(auto_now=True)
 
@@ -546,6 +559,14 @@ class Event(models.Model):
         ]
         triggers = [
             pgtrigger.Protect(name="event_append_only", operation=pgtrigger.Update | pgtrigger.Delete),
+            # Row triggers do not see TRUNCATE; a statement trigger refuses it.
+            pgtrigger.Trigger(
+                name="event_no_truncate",
+                operation=pgtrigger.Truncate,
+                when=pgtrigger.Before,
+                level=pgtrigger.Statement,
+                func="RAISE EXCEPTION 'The audit log is append-only: TRUNCATE of % is refused', TG_TABLE_NAME;",
+            ),
         ]
 
     def __str__(self) -> str:
