@@ -93,3 +93,24 @@ class FourEyesRequired(Forbidden):
 class ServiceUnavailable(SagaError):
     status = 503
     code = "service_unavailable"
+
+
+class SelfApproval(Forbidden):
+    """Whoever asked for an approval (the recording agent key, the operator who decided the
+    compensation) can never grant it, whatever the risk."""
+
+    code = "self_approval"
+
+
+class UnknownCompensator(ValidationFailed):
+    code = "unknown_compensator"
+
+
+class CompensationNotAllowed(ValidationFailed):
+    code = "compensation_not_allowed"
+
+
+class UrlNotAllowed(ValidationFailed):
+    """An outbound URL a tenant or agent chose points where the installation does not allow."""
+
+    code = "url_not_allowed"
