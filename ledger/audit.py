@@ -192,6 +192,15 @@ def _roundtrip(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class TruncatedChain:
+    """A run whose chain no longer ends where the run's head says: its newest events are gone."""
+
+    run_id: str
+    head: str  # the hash the run row says its newest event has
+    last_event_id: int | None  # the newest event still there (None: none left)
+
+
+@dataclass(frozen=True)
 class BrokenLink:
     chain: str
     event_id: int
@@ -229,3 +238,32 @@ def audit_verify(*, chain: str | None = None) -> tuple[int, BrokenLink | None]:
             first_broken = broken
         skipping = True
     return checked, first_broken
+
+
+_TRUNCATED_CHAINS_SQL = """
+    SELECT r.id, r.audit_head, latest.id
+    FROM ledger_run r
+    LEFT JOIN LATERAL (
+        SELECT e.id, e.hash FROM ledger_event e
+        WHERE e.chain = 'run:' || r.id ORDER BY e.id DESC LIMIT 1
+    ) latest ON TRUE
+    WHERE r.audit_head IS DISTINCT FROM COALESCE(latest.hash, '') {only_run}
+    ORDER BY r.id
+    LIMIT %s
+"""
+
+
+def audit_heads_verify(*, run_id: str | None = None, limit: int = 100) -> list[TruncatedChain]:
+    """Runs whose newest audit events were deleted (at most ``limit``, by run id).
+
+    A deleted event in the middle of a chain breaks the next event's link (``audit_verify``), but
+    deleting a chain's newest events leaves a shorter chain that links up perfectly. The run row
+    keeps its chain's head (``Run.audit_head``, moved in the same transaction as every event), so
+    the chain must end at exactly that hash. One index probe (``event_chain_latest``) per run.
+    """
+    only_run = "AND r.id = %s" if run_id else ""
+    params: list[Any] = [run_id] if run_id else []
+    with connection.cursor() as cursor:
+        # The SQL is a constant; only the optional run filter is spliced in, also a constant.
+        cursor.execute(_TRUNCATED_CHAINS_SQL.format(only_run=only_run), [*params, limit])
+        return [TruncatedChain(run_id=row[0], head=row[1], last_event_id=row[2]) for row in cursor.fetchall()]

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command, execute_from_command_line
 from django.db import DatabaseError, connection, transaction
 
-from ledger.audit import Actor, audit_record, audit_verify
+from ledger.audit import Actor, audit_heads_verify, audit_record, audit_verify
 from ledger.models import Event, Run
 from ledger.services import runs
 from tests.factories import make_run, record
@@ -114,6 +114,45 @@ def test_it_detects_a_deleted_event_by_its_broken_link(run):
         after.pk,
         "prev_hash does not match the previous event's hash",
     )
+
+
+def test_deleting_a_runs_newest_event_makes_verify_audit_exit_1_naming_the_run(run, capsys):
+    # The shorter chain still links up perfectly; only the run's recorded head gives it away.
+    newest = Event.objects.filter(run=run).order_by("-id").first()
+    with pgtrigger.ignore("ledger.Event:event_append_only"):
+        Event.objects.filter(pk=newest.pk).delete()
+    assert audit_verify()[1] is None
+    with pytest.raises(SystemExit) as excinfo:
+        execute_from_command_line(["manage.py", "verify_audit"])
+    assert excinfo.value.code == 1
+    err = capsys.readouterr().err
+    assert f"the newest events of run {run.pk} were deleted" in err
+    assert f"Run {run.pk}: its newest audit events are missing" in err
+
+
+def test_deleting_every_event_of_a_run_is_detected(run):
+    with pgtrigger.ignore("ledger.Event:event_append_only"):
+        Event.objects.filter(run=run).delete()
+    [gap] = audit_heads_verify()
+    assert (gap.run_id, gap.last_event_id) == (run.pk, None)
+    assert audit_heads_verify(run_id=run.pk) == [gap]
+
+
+def test_a_run_without_events_and_an_intact_run_are_not_reported(run, tenant, agent):
+    Run.objects.create(tenant=tenant, agent="bulk-loaded", request="no events yet")
+    assert audit_heads_verify() == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("statement", ["TRUNCATE ledger_event", "TRUNCATE ledger_event CASCADE"])
+def test_truncate_of_the_audit_log_is_refused(tenant, agent, statement):
+    # Committed first: PostgreSQL refuses TRUNCATE of a table with pending trigger events for an
+    # unrelated reason, which would make this test pass without the trigger.
+    make_run(tenant, agent)
+    count = Event.objects.count()
+    with pytest.raises(DatabaseError, match="append-only: TRUNCATE"), connection.cursor() as cursor:
+        cursor.execute(statement)
+    assert Event.objects.count() == count > 0
 
 
 def test_it_detects_a_rehashed_event_whose_successor_no_longer_links(run):

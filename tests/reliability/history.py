@@ -4,7 +4,8 @@
 - per run, effective compensations in reverse order of the forward actions' completion (LIFO,
   from the ``completion_seq`` each ``action.succeeded`` event recorded);
 - every write the test saw acknowledged (a 2xx) has its event: no acknowledged write is missing;
-- the hash chain is intact (``ledger.audit.audit_verify``).
+- the hash chain is intact and every run's chain ends at its recorded head
+  (``ledger.audit.audit_verify``, ``audit_heads_verify``).
 """
 
 from __future__ import annotations
@@ -76,11 +77,15 @@ def check_events(events: Iterable[Any], *, acknowledged: Iterable[Acknowledged] 
 
 def check_history(*, acknowledged: Iterable[Acknowledged] = ()) -> HistoryReport:
     """Check the whole audit log of the test database, hash chain included."""
-    from ledger.audit import audit_verify
+    from ledger.audit import audit_heads_verify, audit_verify
     from ledger.models import Event
 
     report = check_events(Event.objects.order_by("id").iterator(), acknowledged=acknowledged)
     _checked, broken = audit_verify()
     if broken is not None:
         report.violations.append(f"chain: {broken.chain} breaks at event {broken.event_id}: {broken.problem}")
+    for gap in audit_heads_verify():
+        report.violations.append(
+            f"chain: run {gap.run_id} lost its newest events (ends at {gap.last_event_id})"
+        )
     return report

@@ -4,11 +4,15 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger.audit import audit_verify
+from ledger.audit import audit_heads_verify, audit_verify
 
 
 class Command(BaseCommand):
-    help = "Check the audit log's hash chains; report the first broken link (exit 1) or confirm it is intact."
+    help = (
+        "Check the audit log: every hash chain links up, every event matches its hash, and every "
+        "run's chain ends at the head its run row records (its newest events were not deleted). "
+        "Exit 1 naming the first problem, else confirm the log is intact."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--chain", help="Check one chain only (run:<id> or tenant:<pk>).")
@@ -22,4 +26,21 @@ class Command(BaseCommand):
                 f"Audit chain broken: chain {broken.chain}, event {broken.event_id}: {broken.problem}.",
                 returncode=1,
             )
-        self.stdout.write("Audit log intact: every chain links up and every event matches its hash.")
+        run_id = chain.removeprefix("run:") if chain and chain.startswith("run:") else None
+        truncated = [] if chain and run_id is None else audit_heads_verify(run_id=run_id)
+        if truncated:
+            for gap in truncated:
+                ends = f"event {gap.last_event_id}" if gap.last_event_id else "no event at all"
+                self.stderr.write(
+                    f"Run {gap.run_id}: its newest audit events are missing (the chain ends at {ends}, "
+                    f"but the run's head is {gap.head[:16]}…)."
+                )
+            names = ", ".join(gap.run_id for gap in truncated[:5])
+            more = f" and {len(truncated) - 5} more" if len(truncated) > 5 else ""
+            raise CommandError(
+                f"Audit chain truncated: the newest events of run {names}{more} were deleted.", returncode=1
+            )
+        self.stdout.write(
+            "Audit log intact: every chain links up, every event matches its hash and every run's "
+            "chain ends at its recorded head."
+        )
