@@ -225,6 +225,12 @@ def items_for_user(*, user: Someone, ids: list[str]) -> list[RecoveryItem]:
 # --- Run page ---------------------------------------------------------------------------------
 
 
+# A run page shows the newest checkpoints and audit events and says how many older ones there are:
+# an agent that checkpoints in a loop must not make the operator's page unbounded.
+RUN_PAGE_CHECKPOINTS = 20
+RUN_PAGE_EVENTS = 200
+
+
 @dataclass
 class RunPage:
     run: Run
@@ -236,6 +242,15 @@ class RunPage:
     unwind: Unwind | None
     approvals: list[Approval] = field(default_factory=list)
     trail: Any = None
+    older_checkpoints: int = 0  # not shown: older than the newest RUN_PAGE_CHECKPOINTS
+    older_events: int = 0  # not shown: older than the newest RUN_PAGE_EVENTS
+
+
+def newest_checkpoints(*, run: Run, limit: int = RUN_PAGE_CHECKPOINTS) -> tuple[list[Checkpoint], int]:
+    """The newest ``limit`` checkpoints (newest first) and how many older ones are not in it."""
+    checkpoints = list(checkpoints_for_run(run=run)[:limit])
+    older = checkpoints_for_run(run=run).count() - limit if len(checkpoints) == limit else 0
+    return checkpoints, older
 
 
 def run_for_user(*, user: Someone, run_id: str) -> Run | None:
@@ -266,8 +281,11 @@ def run_actions(*, run: Run) -> list[Action]:
 
 def run_page(*, run: Run) -> RunPage:
     actions = run_actions(run=run)
-    checkpoints = list(checkpoints_for_run(run=run))
-    events = list(Event.objects.filter(run=run).order_by("id"))
+    checkpoints, older_checkpoints = newest_checkpoints(run=run)
+    events = list(Event.objects.filter(run=run).order_by("-id")[:RUN_PAGE_EVENTS])[::-1]
+    older_events = (
+        Event.objects.filter(run=run).count() - RUN_PAGE_EVENTS if len(events) == RUN_PAGE_EVENTS else 0
+    )
     item = (
         RecoveryItem.objects.filter(run=run)
         .select_related("assignee", "claimed_by", "resolved_by", "failed_action")
@@ -293,6 +311,8 @@ def run_page(*, run: Run) -> RunPage:
         unwind=unwind,
         approvals=approvals,
         trail=run_trail(run=run),
+        older_checkpoints=older_checkpoints,
+        older_events=older_events,
     )
 
 

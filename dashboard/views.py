@@ -305,10 +305,15 @@ def item_compensate(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
 @login_required
 def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     item = _get_item_for_user(request, item_id, Capability.OPERATE)
-    checkpoints = list(checkpoints_for_run(run=item.run))
-    form = ResumeForm(request.POST or None, checkpoints=checkpoints)
+    checkpoints, _older = selectors.newest_checkpoints(run=item.run)
     chosen_id = (request.POST or request.GET).get("checkpoint") or ""
     checkpoint = next((c for c in checkpoints if c.pk == chosen_id), None)
+    if checkpoint is None and chosen_id:
+        # An older checkpoint than the form lists, named in the link or form: still this run's.
+        checkpoint = checkpoints_for_run(run=item.run).filter(pk=chosen_id[:40]).first()
+        if checkpoint is not None:
+            checkpoints.append(checkpoint)
+    form = ResumeForm(request.POST or None, checkpoints=checkpoints)
     if request.method == "POST" and form.is_valid():
         try:
             recovery_services.item_resume(

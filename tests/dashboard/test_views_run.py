@@ -149,3 +149,29 @@ def test_a_long_ledger_shows_its_newest_actions_and_the_rest_on_demand(
     # Without JavaScript, the link shows the whole ledger.
     everything = client.get(_url(run), {"actions": "all"}).content.decode()
     assert shown(everything) == seqs and "earlier action" not in everything
+
+
+def test_a_run_that_checkpoints_in_a_loop_keeps_a_bounded_page(client, tenant, agent, alice):
+    """An agent writing hundreds of checkpoints (and events) must not make the page unbounded:
+    the newest are shown and the rest counted, and the resume form offers the newest only."""
+    from dashboard.selectors import RUN_PAGE_CHECKPOINTS, RUN_PAGE_EVENTS
+    from ledger.models import Checkpoint, Event
+    from ledger.services.checkpoints import checkpoint_write
+
+    run = runs.run_create(tenant=tenant, actor=agent, agent="looping-agent", request="loop")
+    for n in range(RUN_PAGE_EVENTS + 5):
+        checkpoint_write(run=run, actor=agent, name=f"step-{n:03d}")
+    item = recovery.run_fail_and_queue(run=run, actor=agent, error="looped").item
+    total_events = Event.objects.filter(run=run).count()
+    client.force_login(alice)
+    body = client.get(_url(run)).content.decode()
+    assert body.count('<li class="checkpoint') == RUN_PAGE_CHECKPOINTS
+    assert f"step-{RUN_PAGE_EVENTS + 4:03d}" in body and "step-000" not in body
+    assert f"{RUN_PAGE_EVENTS + 5 - RUN_PAGE_CHECKPOINTS} older checkpoints not shown" in body
+    assert f"{total_events - RUN_PAGE_EVENTS} older events not shown" in body
+    form = client.get(reverse("dashboard:item-resume", args=[item.pk])).content.decode()
+    assert form.count("<option") == RUN_PAGE_CHECKPOINTS + 1  # + "Latest checkpoint"
+    # An older checkpoint named in the link is still this run's and can be chosen.
+    oldest = Checkpoint.objects.get(run=run, name="step-000")
+    chosen = client.get(reverse("dashboard:item-resume", args=[item.pk]), {"checkpoint": oldest.pk})
+    assert "step-000" in chosen.content.decode()
