@@ -150,6 +150,9 @@ def audit_record(
         _advance_run_head(run, event, run_updates or {})
     elif run_updates:
         raise ValueError("run_updates needs a run")
+    else:
+        # Under the chain's advisory lock: the tenant row records where its chain ends.
+        Tenant.objects.filter(pk=tenant.pk).update(audit_head=event.hash)
     event.save(force_insert=True)
     return event
 
@@ -193,11 +196,16 @@ def _roundtrip(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class TruncatedChain:
-    """A run whose chain no longer ends where the run's head says: its newest events are gone."""
+    """A chain that no longer ends where its owner row (run or tenant) says: its newest events
+    are gone."""
 
-    run_id: str
-    head: str  # the hash the run row says its newest event has
+    chain: str  # run:<id> or tenant:<pk>
+    head: str  # the hash the owner row says the chain's newest event has
     last_event_id: int | None  # the newest event still there (None: none left)
+
+    @property
+    def run_id(self) -> str | None:
+        return self.chain.removeprefix("run:") if self.chain.startswith("run:") else None
 
 
 @dataclass(frozen=True)
@@ -240,30 +248,41 @@ def audit_verify(*, chain: str | None = None) -> tuple[int, BrokenLink | None]:
     return checked, first_broken
 
 
+# Each chain's owner row (a run, or a tenant for its run-less events) records the hash its chain
+# ends at; a chain whose newest event is not that hash lost its newest events.
 _TRUNCATED_CHAINS_SQL = """
-    SELECT r.id, r.audit_head, latest.id
-    FROM ledger_run r
+    SELECT owner.chain, owner.audit_head, latest.id
+    FROM (
+        SELECT 'run:' || r.id AS chain, r.audit_head FROM ledger_run r {only_run}
+        UNION ALL
+        SELECT 'tenant:' || t.id, t.audit_head FROM ledger_tenant t {only_tenant}
+    ) owner
     LEFT JOIN LATERAL (
         SELECT e.id, e.hash FROM ledger_event e
-        WHERE e.chain = 'run:' || r.id ORDER BY e.id DESC LIMIT 1
+        WHERE e.chain = owner.chain ORDER BY e.id DESC LIMIT 1
     ) latest ON TRUE
-    WHERE r.audit_head IS DISTINCT FROM COALESCE(latest.hash, '') {only_run}
-    ORDER BY r.id
+    WHERE owner.audit_head IS DISTINCT FROM COALESCE(latest.hash, '')
+    ORDER BY owner.chain
     LIMIT %s
 """
 
 
-def audit_heads_verify(*, run_id: str | None = None, limit: int = 100) -> list[TruncatedChain]:
-    """Runs whose newest audit events were deleted (at most ``limit``, by run id).
+def audit_heads_verify(*, chain: str | None = None, limit: int = 100) -> list[TruncatedChain]:
+    """Chains whose newest audit events were deleted (at most ``limit``, by chain name).
 
     A deleted event in the middle of a chain breaks the next event's link (``audit_verify``), but
-    deleting a chain's newest events leaves a shorter chain that links up perfectly. The run row
-    keeps its chain's head (``Run.audit_head``, moved in the same transaction as every event), so
-    the chain must end at exactly that hash. One index probe (``event_chain_latest``) per run.
+    deleting a chain's newest events leaves a shorter chain that links up perfectly. The chain's
+    owner row keeps its head (``Run.audit_head``, ``Tenant.audit_head``, moved in the same
+    transaction as every event), so the chain must end at exactly that hash. One index probe
+    (``event_chain_latest``) per run and tenant.
     """
-    only_run = "AND r.id = %s" if run_id else ""
-    params: list[Any] = [run_id] if run_id else []
+    kind, _, ident = (chain or "").partition(":")
+    only_run = "WHERE r.id = %s" if kind == "run" else ("WHERE FALSE" if chain else "")
+    only_tenant = "WHERE t.id::text = %s" if kind == "tenant" else ("WHERE FALSE" if chain else "")
     with connection.cursor() as cursor:
-        # The SQL is a constant; only the optional run filter is spliced in, also a constant.
-        cursor.execute(_TRUNCATED_CHAINS_SQL.format(only_run=only_run), [*params, limit])
-        return [TruncatedChain(run_id=row[0], head=row[1], last_event_id=row[2]) for row in cursor.fetchall()]
+        # The SQL is constant text: only the filters above (constants too) are spliced in.
+        cursor.execute(
+            _TRUNCATED_CHAINS_SQL.format(only_run=only_run, only_tenant=only_tenant),
+            [*([ident] if chain else []), limit],
+        )
+        return [TruncatedChain(chain=row[0], head=row[1], last_event_id=row[2]) for row in cursor.fetchall()]

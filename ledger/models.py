@@ -54,6 +54,9 @@ class Tenant(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The hash of the newest event on the tenant's run-less audit chain ("" before the first), so
+    # deleting that chain's newest events is detectable (ledger.audit.audit_heads_verify).
+    audit_head = models.CharField(max_length=64, blank=True, default="", db_default="", editable=False)
 
     class Meta:
         ordering = ["slug"]

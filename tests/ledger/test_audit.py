@@ -135,7 +135,21 @@ def test_deleting_every_event_of_a_run_is_detected(run):
         Event.objects.filter(run=run).delete()
     [gap] = audit_heads_verify()
     assert (gap.run_id, gap.last_event_id) == (run.pk, None)
-    assert audit_heads_verify(run_id=run.pk) == [gap]
+    assert audit_heads_verify(chain=f"run:{run.pk}") == [gap]
+    assert audit_heads_verify(chain=f"tenant:{run.tenant_id}") == []
+
+
+def test_deleting_a_tenants_newest_run_less_event_is_detected(tenant, agent_key):
+    # Key creation is on the tenant's own chain; its row records the head too.
+    tenant.refresh_from_db()
+    newest = Event.objects.filter(chain=f"tenant:{tenant.pk}").order_by("-id").first()
+    assert tenant.audit_head == newest.hash
+    with pgtrigger.ignore("ledger.Event:event_append_only"):
+        Event.objects.filter(pk=newest.pk).delete()
+    [gap] = audit_heads_verify()
+    assert (gap.chain, gap.run_id) == (f"tenant:{tenant.pk}", None)
+    with pytest.raises(CommandError, match=f"the newest events of tenant:{tenant.pk} were deleted"):
+        call_command("verify_audit", stdout=StringIO(), stderr=StringIO())
 
 
 def test_a_run_without_events_and_an_intact_run_are_not_reported(run, tenant, agent):

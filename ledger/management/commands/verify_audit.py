@@ -26,19 +26,19 @@ class Command(BaseCommand):
                 f"Audit chain broken: chain {broken.chain}, event {broken.event_id}: {broken.problem}.",
                 returncode=1,
             )
-        run_id = chain.removeprefix("run:") if chain and chain.startswith("run:") else None
-        truncated = [] if chain and run_id is None else audit_heads_verify(run_id=run_id)
+        truncated = audit_heads_verify(chain=chain)
         if truncated:
             for gap in truncated:
                 ends = f"event {gap.last_event_id}" if gap.last_event_id else "no event at all"
+                owner = f"Run {gap.run_id}" if gap.run_id else f"Chain {gap.chain}"
                 self.stderr.write(
-                    f"Run {gap.run_id}: its newest audit events are missing (the chain ends at {ends}, "
-                    f"but the run's head is {gap.head[:16]}…)."
+                    f"{owner}: its newest audit events are missing (the chain ends at {ends}, "
+                    f"but its recorded head is {gap.head[:16]}…)."
                 )
-            names = ", ".join(gap.run_id for gap in truncated[:5])
+            names = ", ".join(f"run {gap.run_id}" if gap.run_id else gap.chain for gap in truncated[:5])
             more = f" and {len(truncated) - 5} more" if len(truncated) > 5 else ""
             raise CommandError(
-                f"Audit chain truncated: the newest events of run {names}{more} were deleted.", returncode=1
+                f"Audit chain truncated: the newest events of {names}{more} were deleted.", returncode=1
             )
         self.stdout.write(
             "Audit log intact: every chain links up, every event matches its hash and every run's "
