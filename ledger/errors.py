@@ -86,10 +86,6 @@ class ApprovalExpired(Conflict):
     code = "approval_expired"
 
 
-class FourEyesRequired(Forbidden):
-    code = "four_eyes_required"
-
-
 class ServiceUnavailable(SagaError):
     status = 503
     code = "service_unavailable"
@@ -114,3 +110,4 @@ class UrlNotAllowed(ValidationFailed):
     """An outbound URL a tenant or agent chose points where the installation does not allow."""
 
     code = "url_not_allowed"
+    resolved_address: str = ""  # the refused address a name resolved to: for the audit log only

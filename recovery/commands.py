@@ -16,7 +16,7 @@ from ledger.models import Checkpoint, Run
 from recovery import notifications
 from recovery.models import AgentCommand
 
-MAX_COMMAND_DELIVERY_ATTEMPTS = 10
+MAX_COMMAND_DELIVERY_ATTEMPTS = notifications.MAX_DELIVERY_ATTEMPTS
 
 
 @transaction.atomic
@@ -73,7 +73,8 @@ def command_ack(*, command: AgentCommand, actor: Actor) -> AgentCommand:
 def commands_redeliver_due(*, now: datetime | None = None) -> int:
     """Commands for runs with a resume_url that their endpoint has not accepted yet (the first
     push failed, or Redis was down when it was to be sent) are pushed again, a bounded number of
-    times; agents can always pull them regardless."""
+    times; agents can always pull them regardless. A command whose URL was refused counts as out
+    of attempts and is not pushed again."""
     now = now or timezone.now()
     settle = timedelta(seconds=saga().sweep_interval_s)
     due = (

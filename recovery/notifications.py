@@ -4,7 +4,9 @@ request that caused it.
 
 Enqueueing happens after commit. If Redis is down at that moment the decision is already safe in
 PostgreSQL; notifications are best-effort and logged, while command delivery is retried by the
-sweeper (``delivered_at`` stays NULL until the agent's endpoint accepted it).
+sweeper (``delivered_at`` stays NULL until the agent's endpoint accepted it). A resume_url is a URL
+an agent chose: it goes through ``ledger.outbound`` (checked, pinned, no redirects); the
+operator's own notification webhooks do not.
 """
 
 from __future__ import annotations
@@ -17,14 +19,22 @@ import httpx
 import structlog
 from django.conf import settings
 from django.core.mail import send_mail
+from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
+from ledger import errors, outbound
+from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from recovery import queueing
 from recovery.models import AgentCommand, Approval, RecoveryItem
 from saga_client.signing import signed_headers
 
 log = structlog.get_logger("saga_admin.notifications")
+
+# Pushes of one command to its resume_url; then the agent has to pull it. A refused URL is marked
+# out of attempts at once.
+MAX_DELIVERY_ATTEMPTS = 10
 
 
 def _enqueue(func: Callable[..., object], **kwargs: Any) -> None:
@@ -115,11 +125,20 @@ def send_approval_requested(*, approval_id: str) -> None:
 
 
 def deliver_command(*, command_id: str) -> bool:
-    """POST a resume/cancel command to the run's resume_url, signed like compensator webhooks.
-    Returns True when delivered (or nothing to do). A failure is recorded; the sweeper retries."""
+    """POST a resume/cancel command to the run's resume_url, signed with the tenant's own resume
+    secret (``ledger.outbound.resume_secret``). Returns True when delivered (or nothing to do).
+
+    The URL is checked again here, and the request goes to the address this check approved
+    (``ledger.outbound.post``): a name that resolved to a public address when the run was created
+    and to an internal one now is refused. A refusal is final — recorded on the command, audited on
+    the run, never retried (the agent can still pull the command). A failure that may pass (the
+    endpoint is down or answered non-2xx, a redirect included, or the name does not resolve right
+    now) is recorded and the sweeper retries, a bounded number of times."""
     command = AgentCommand.objects.select_related("run", "tenant", "checkpoint").filter(pk=command_id).first()
     if command is None or command.delivered_at is not None or not command.run.resume_url:
         return True
+    if command.delivery_attempts >= MAX_DELIVERY_ATTEMPTS:
+        return False  # refused, or out of attempts: a stray job changes nothing
     payload = {
         "command_id": command.pk,
         "kind": command.kind,
@@ -130,18 +149,65 @@ def deliver_command(*, command_id: str) -> bool:
         "reason": command.reason,
         "created_at": command.created_at.isoformat(),
     }
-    AgentCommand.objects.filter(pk=command.pk).update(delivery_attempts=command.delivery_attempts + 1)
+    target: outbound.CheckedUrl | None = None
     try:
-        response = _post_signed(
-            command.run.resume_url,
-            payload,
-            secret=saga().resume_webhook_secret,
-            idempotency_key=command.pk,
-        )
-        response.raise_for_status()
+        target = outbound.check_url(command.run.resume_url, field="resume_url")
+    except errors.UrlNotAllowed as exc:
+        if exc.details.get("reason") != outbound.UNRESOLVABLE:
+            _delivery_refused(command, exc)
+            return False
+        unresolved = exc.message
+    AgentCommand.objects.filter(pk=command.pk).update(delivery_attempts=F("delivery_attempts") + 1)
+    if target is None:
+        return _delivery_failed(command, unresolved)
+    body = json.dumps(payload, sort_keys=True, default=str).encode()
+    headers = {"Content-Type": "application/json", "Idempotency-Key": command.pk}
+    secret = outbound.resume_secret(command.tenant)
+    if secret:
+        headers.update(signed_headers(secret, body))
+    try:
+        response = outbound.post(target, content=body, headers=headers, timeout=saga().webhook_timeout_s)
     except httpx.HTTPError as exc:
-        AgentCommand.objects.filter(pk=command.pk).update(delivery_error=str(exc)[:2000])
-        log.warning("commands.delivery_failed", command_id=command.pk, error=str(exc))
-        return False
+        return _delivery_failed(command, f"{type(exc).__name__}: {exc}")
+    if response.is_redirect:
+        # Redirects are never followed: the agent's URL is where commands go, not where it points.
+        location = response.headers.get("Location", "")
+        return _delivery_failed(
+            command, f"resume_url answered {response.status_code} (redirect to {location!r}, not followed)"
+        )
+    if not response.is_success:
+        return _delivery_failed(command, f"resume_url answered {response.status_code}")
     AgentCommand.objects.filter(pk=command.pk).update(delivered_at=timezone.now(), delivery_error="")
     return True
+
+
+def _delivery_failed(command: AgentCommand, error: str) -> bool:
+    AgentCommand.objects.filter(pk=command.pk).update(delivery_error=error[:2000])
+    log.warning("commands.delivery_failed", command_id=command.pk, error=error[:500])
+    return False
+
+
+def _delivery_refused(command: AgentCommand, refusal: errors.UrlNotAllowed) -> None:
+    """The run's resume_url may not be reached: no more attempts (the sweeper skips a command out
+    of attempts), the reason on the command, and a ``command.delivery_refused`` event on the run."""
+    with transaction.atomic():
+        refused = AgentCommand.objects.filter(
+            pk=command.pk, delivered_at__isnull=True, delivery_attempts__lt=MAX_DELIVERY_ATTEMPTS
+        ).update(delivery_attempts=MAX_DELIVERY_ATTEMPTS, delivery_error=f"Refused: {refusal.message}"[:2000])
+        if refused != 1:
+            return  # another job got there first
+        audit_record(
+            tenant=command.tenant,
+            run=command.run,
+            actor=Actor.system("notifications"),
+            kind="command.delivery_refused",
+            subject=command,
+            reason=refusal.message,
+            data={"code": refusal.code, **refusal.details, "address": refusal.resolved_address},
+        )
+    log.warning(
+        "commands.delivery_refused",
+        command_id=command.pk,
+        run_id=command.run_id,
+        reason=refusal.details.get("reason", ""),
+    )

@@ -3,6 +3,10 @@ receivers (your services). Pure Python: no Django needed to verify a request.
 
     X-Saga-Timestamp: <unix seconds>
     X-Saga-Signature: sha256=<hex HMAC-SHA256(secret, timestamp + "." + raw body)>
+
+Commands pushed to an agent's ``resume_url`` are signed with its tenant's own secret,
+``derive_secret(SAGA_RESUME_WEBHOOK_SECRET, "resume:" + tenant slug)`` (``manage.py resume_secret
+--tenant SLUG`` prints it), so one tenant's secret verifies no other tenant's commands.
 """
 
 from __future__ import annotations
@@ -20,6 +24,12 @@ DEFAULT_TOLERANCE_S = 300
 def compute_signature(secret: str, timestamp: str | int, body: bytes) -> str:
     message = str(timestamp).encode() + b"." + body
     return "sha256=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def derive_secret(master: str, context: str) -> str:
+    """A secret of its own for ``context`` (e.g. ``"resume:acme"``): hex HMAC-SHA256(master,
+    context). Knowing one derived secret tells nothing about the master or any other context's."""
+    return hmac.new(master.encode(), context.encode(), hashlib.sha256).hexdigest()
 
 
 def signed_headers(secret: str, body: bytes, *, timestamp: int | None = None) -> dict[str, str]:

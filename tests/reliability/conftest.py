@@ -12,10 +12,14 @@ from typing import Any
 
 import pytest
 
+from saga_client.signing import derive_secret
 from tests.factories import RESUME_PATH, RESUME_SECRET, UNDO_PATH, UNDO_SECRET
 from tests.support.processes import ROOT, WebhookServer, serve_webhooks
 
 RESULTS_PATH = ROOT / "artifacts" / "reliability.json"
+# What `manage.py resume_secret --tenant acme` prints under SAGA_RESUME_WEBHOOK_SECRET=RESUME_SECRET
+# (the ``tenant`` fixture is acme).
+RESUME_TENANT_SECRET = derive_secret(RESUME_SECRET, "resume:acme")
 
 
 # --- Measured results ------------------------------------------------------------------------
@@ -60,13 +64,17 @@ def _every_test_on_the_throwaway_redis(own_redis):
 
 
 @pytest.fixture
-def hooks() -> Iterator[WebhookServer]:
-    """The ``rel.undo`` compensator and the agent's resume URL."""
-    with serve_webhooks({UNDO_PATH: UNDO_SECRET, RESUME_PATH: RESUME_SECRET}) as server:
+def hooks(settings: Any) -> Iterator[WebhookServer]:
+    """The ``rel.undo`` compensator and the agent's resume URL: a local address, so the operator
+    allows it (``SAGA_OUTBOUND_ALLOWED_HOSTS``); the agent verifies pushes with the ``tenant``
+    fixture's own resume secret."""
+    with serve_webhooks({UNDO_PATH: UNDO_SECRET, RESUME_PATH: RESUME_TENANT_SECRET}) as server:
+        settings.SAGA = {**settings.SAGA, "OUTBOUND_ALLOWED_HOSTS": [f"127.0.0.1:{server.port}"]}
         yield server
 
 
 @pytest.fixture
 def worker_env() -> dict[str, str]:
-    """Workers sign the resume commands they push, for the agent (``hooks``) to verify."""
-    return {"SAGA_RESUME_WEBHOOK_SECRET": RESUME_SECRET}
+    """Workers sign the resume commands they push, for the agent (``hooks``) to verify, and may
+    push them to the local webhook server."""
+    return {"SAGA_RESUME_WEBHOOK_SECRET": RESUME_SECRET, "SAGA_OUTBOUND_ALLOWED_HOSTS": "127.0.0.1"}

@@ -1,0 +1,314 @@
+"""Outbound requests to URLs that a tenant or an agent chose (a run's ``resume_url`` today, a
+tenant's notification channels tomorrow): where they may go, how they are sent, how they are
+signed. URLs the operator of the installation configures (compensator webhooks in the policy file,
+``SAGA_NOTIFY_WEBHOOKS``) are trusted and do not come through here.
+
+- ``check_url`` is the one guard. The URL must be http(s) with a host, and the host — a literal
+  address, or every address the system resolver gives for the name (IPv4 and IPv6; decimal, octal
+  and hex IPv4 forms read as the resolver reads them; IPv4 inside IPv6) — must be a public
+  address: not loopback, private (RFC 1918, CGNAT, ULA), link-local (169.254.169.254 included),
+  multicast, reserved or unspecified. ``SAGA_OUTBOUND_ALLOWED_HOSTS`` names the internal hosts an
+  operator allows (``host`` or ``host:port``, matched against the URL as written, not resolved).
+  A name that does not resolve is refused (reason ``unresolvable``): what cannot be checked does
+  not pass.
+- ``post`` sends to the addresses that ``check_url`` checked, not to a fresh DNS answer, so a name
+  that resolved to a public address when it was checked cannot be re-pointed at an internal one
+  between the check and the connection (DNS rebinding). It never follows redirects.
+- ``resume_secret`` is a tenant's own key for signing the commands pushed to its agents.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import httpx
+from django.core.exceptions import ImproperlyConfigured
+
+from ledger import errors
+from ledger.conf import saga
+from saga_client.signing import derive_secret
+
+if TYPE_CHECKING:
+    from ledger.models import Tenant
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# Why a URL was refused: ``UrlNotAllowed.details["reason"]``. Only ``unresolvable`` may change by
+# itself (a DNS outage); every other reason is final for the URL as it stands.
+INVALID = "invalid"
+SCHEME = "scheme"
+NO_HOST = "no_host"
+UNRESOLVABLE = "unresolvable"
+UNSPECIFIED = "unspecified"
+LOOPBACK = "loopback"
+LINK_LOCAL = "link_local"
+MULTICAST = "multicast"
+PRIVATE = "private"
+RESERVED = "reserved"
+
+_DESCRIPTIONS = {
+    UNSPECIFIED: "an unspecified address",
+    LOOPBACK: "a loopback address",
+    LINK_LOCAL: "a link-local address (cloud metadata services live there)",
+    MULTICAST: "a multicast address",
+    PRIVATE: "a private address",
+    RESERVED: "a reserved or non-public address",
+}
+
+# Private ranges named as such in the message; everything else that is not globally routable is
+# "reserved" (documentation, benchmarking, 240/4, broadcast, deprecated IPv4-compatible IPv6, …).
+_PRIVATE_NETWORKS = tuple(
+    ipaddress.ip_network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+)
+# NAT64's well-known prefix carries an IPv4 address in its last 32 bits; judge that address.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+# Name resolution runs on a few threads of its own so that a name whose DNS server never answers
+# costs a request at most the configured timeout, and a flood of such names cannot tie up more than
+# these threads (work still queued when its caller gives up is cancelled).
+_RESOLVER_THREADS = 4
+_resolver: tuple[int, ThreadPoolExecutor] | None = None
+_resolver_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CheckedUrl:
+    """A URL that passed ``check_url``. ``addresses``: the public addresses its host resolved to,
+    which ``post`` connects to (empty when the host is allowed by ``SAGA_OUTBOUND_ALLOWED_HOSTS``
+    and is reached by name)."""
+
+    url: str
+    scheme: str
+    host: str
+    port: int
+    addresses: tuple[str, ...]
+    allowed_by_setting: bool
+
+
+def check_url(url: str, *, field: str = "url") -> CheckedUrl:
+    """The guard for every outbound URL a tenant or agent chose. Raises ``errors.UrlNotAllowed``
+    (422 ``url_not_allowed``) saying why, with ``details`` naming the field, url, host, address
+    and ``reason`` (one of this module's reason constants)."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        # Not parsed, so credentials cannot be cut out: everything up to an "@" is left out.
+        shown = url.rpartition("@")[2] if isinstance(url, str) else ""
+        raise _refusal(f"{field} is not a valid URL: {exc}", field=field, url=shown, reason=INVALID) from exc
+    shown = _without_userinfo(parsed)
+    if parsed.scheme not in ("http", "https"):
+        raise _refusal(
+            f"{field} must be an http(s) URL, not {parsed.scheme or 'a relative URL'}.",
+            field=field,
+            url=shown,
+            reason=SCHEME,
+        )
+    host = parsed.raw_host.decode("ascii").lower().rstrip(".")
+    if not host:
+        raise _refusal(f"{field} has no host.", field=field, url=shown, reason=NO_HOST)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    if _allowed_by_setting(host, port):
+        return CheckedUrl(
+            url=url, scheme=parsed.scheme, host=host, port=port, addresses=(), allowed_by_setting=True
+        )
+    literal = _ip(host)
+    addresses = (str(literal),) if literal is not None else resolve(host, port, field=field, url=shown)
+    for address in addresses:
+        reason = address_refusal(address)
+        if reason is not None:
+            # What a name resolves to inside stays out of what the client sees (no DNS oracle for
+            # the internal network); the operator's audit event gets it from ``resolved_address``.
+            how = "is" if literal is not None else "resolves to"
+            refusal = _refusal(
+                f"{field} host {host} {how} {_DESCRIPTIONS[reason]}; outbound requests go only to "
+                "public addresses or to hosts the operator allows in SAGA_OUTBOUND_ALLOWED_HOSTS.",
+                field=field,
+                url=shown,
+                host=host,
+                reason=reason,
+                **({"address": address} if literal is not None else {}),
+            )
+            refusal.resolved_address = address
+            raise refusal
+    return CheckedUrl(
+        url=url, scheme=parsed.scheme, host=host, port=port, addresses=addresses, allowed_by_setting=False
+    )
+
+
+def address_refusal(address: str) -> str | None:
+    """Why an address may not be reached (a reason constant), or None for a public address."""
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address):
+        # IPv4-mapped and NAT64 addresses are connections to the IPv4 address they carry; a 6to4
+        # address is refused when the IPv4 address it routes to would be.
+        if ip.ipv4_mapped is not None:
+            return address_refusal(str(ip.ipv4_mapped))
+        if ip in _NAT64:
+            return address_refusal(str(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)))
+        if ip.sixtofour is not None and address_refusal(str(ip.sixtofour)) is not None:
+            return address_refusal(str(ip.sixtofour))
+    if ip.is_unspecified:
+        return UNSPECIFIED
+    if ip.is_loopback:
+        return LOOPBACK
+    if ip.is_link_local:
+        return LINK_LOCAL
+    if ip.is_multicast:
+        return MULTICAST
+    if any(ip in network for network in _PRIVATE_NETWORKS):
+        return PRIVATE
+    if ip.is_private or ip.is_reserved or not ip.is_global:
+        return RESERVED
+    return None
+
+
+def resolve(host: str, port: int, *, field: str = "url", url: str = "") -> tuple[str, ...]:
+    """Every address the system resolver gives for ``host`` (IPv4 and IPv6, resolver order, no
+    duplicates), within ``SAGA_OUTBOUND_RESOLVE_TIMEOUT_S``. A name that does not resolve (or not
+    in time) raises ``UrlNotAllowed`` with reason ``unresolvable``."""
+    timeout = saga().outbound_resolve_timeout_s
+    future = _resolver_pool().submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    try:
+        infos = future.result(timeout=timeout)
+    except FutureTimeout:
+        future.cancel()
+        problem = f"did not resolve within {timeout:g} s"
+    except (OSError, UnicodeError) as exc:
+        problem = f"does not resolve ({exc})"
+    else:
+        addresses = tuple(dict.fromkeys(str(info[4][0]) for info in infos))
+        if addresses:
+            return addresses
+        problem = "does not resolve (no addresses)"
+    raise _refusal(
+        f"{field} host {host} {problem}; it must name a host with a public address, or one the "
+        "operator allows in SAGA_OUTBOUND_ALLOWED_HOSTS.",
+        field=field,
+        url=url,
+        host=host,
+        reason=UNRESOLVABLE,
+    )
+
+
+def post(
+    checked: CheckedUrl, *, content: bytes, headers: Mapping[str, str], timeout: float
+) -> httpx.Response:
+    """POST to a checked URL: to the addresses ``check_url`` approved (the URL's own Host header,
+    and its name for TLS SNI and certificate checks), trying the next one only when a connection
+    is refused; never following a redirect (a 3xx is the answer)."""
+    url = httpx.URL(checked.url)
+    request_headers = dict(headers)
+    extensions: dict[str, str] = {}
+    targets = [url]
+    if checked.addresses and _ip(checked.host) is None:
+        request_headers["Host"] = url.netloc.decode("ascii")
+        if checked.scheme == "https":
+            extensions["sni_hostname"] = checked.host
+        targets = [url.copy_with(host=address) for address in checked.addresses]
+    with httpx.Client(follow_redirects=False, timeout=timeout) as client:
+        for target in targets[:-1]:
+            try:
+                return client.post(
+                    target,
+                    content=content,
+                    headers=request_headers,
+                    extensions=extensions,
+                    follow_redirects=False,
+                )
+            except httpx.ConnectError:
+                continue
+        return client.post(
+            targets[-1],
+            content=content,
+            headers=request_headers,
+            extensions=extensions,
+            follow_redirects=False,
+        )
+
+
+def resume_secret(tenant: Tenant) -> str:
+    """The key that signs the commands pushed to ``tenant``'s agents: HMAC-SHA256 of the tenant's
+    slug under ``SAGA_RESUME_WEBHOOK_SECRET``, so each tenant verifies with a secret of its own and
+    cannot sign a command another tenant's agent would accept. Empty when no master is set
+    (commands are then pushed unsigned)."""
+    master = saga().resume_webhook_secret
+    return derive_secret(master, f"resume:{tenant.slug}") if master else ""
+
+
+# --- Helpers ---------------------------------------------------------------------------------
+
+
+def _refusal(message: str, **details: str) -> errors.UrlNotAllowed:
+    return errors.UrlNotAllowed(message, details=details)
+
+
+def _without_userinfo(url: httpx.URL) -> str:
+    # Credentials in a URL stay out of error messages, logs and the audit log.
+    return str(url.copy_with(userinfo=b"")) if url.userinfo else str(url)
+
+
+def _ip(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _allowed_by_setting(host: str, port: int) -> bool:
+    return any(
+        host == allowed_host and allowed_port in (None, port)
+        for allowed_host, allowed_port in allowed_hosts()
+    )
+
+
+def allowed_hosts() -> list[tuple[str, int | None]]:
+    """``SAGA_OUTBOUND_ALLOWED_HOSTS`` as (host, port or None) pairs. Entries are a host name or an
+    IP address, optionally with ``:port`` (``[IPv6]:port``); a malformed one is a configuration
+    error, reported when a URL is first checked."""
+    return [_allowed_entry(entry) for entry in saga().outbound_allowed_hosts]
+
+
+def _allowed_entry(entry: str) -> tuple[str, int | None]:
+    text = entry.strip().lower()
+    host, port = text, ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            if not rest.startswith(":"):
+                raise ImproperlyConfigured(f"SAGA_OUTBOUND_ALLOWED_HOSTS: {entry!r} is not host[:port].")
+            port = rest[1:]
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ImproperlyConfigured(f"SAGA_OUTBOUND_ALLOWED_HOSTS: {entry!r} has no valid port.")
+    try:
+        # The same normalisation as a URL's host: lower case, IDNA for names, brackets for IPv6.
+        parsed = httpx.URL(f"http://[{host}]/" if ":" in host else f"http://{host}/")
+    except httpx.InvalidURL as exc:
+        raise ImproperlyConfigured(f"SAGA_OUTBOUND_ALLOWED_HOSTS: {entry!r} is not a host: {exc}") from exc
+    normalised = parsed.raw_host.decode("ascii").rstrip(".")
+    if not normalised or parsed.userinfo or parsed.path != "/" or parsed.port is not None:
+        raise ImproperlyConfigured(f"SAGA_OUTBOUND_ALLOWED_HOSTS: {entry!r} is not host[:port].")
+    return normalised, int(port) if port else None
+
+
+def _resolver_pool() -> ThreadPoolExecutor:
+    # One pool per process: a pool inherited across fork (gunicorn, RQ's work horses) has no
+    # threads behind it.
+    global _resolver
+    with _resolver_lock:
+        if _resolver is None or _resolver[0] != os.getpid():
+            _resolver = (
+                os.getpid(),
+                ThreadPoolExecutor(max_workers=_RESOLVER_THREADS, thread_name_prefix="saga-resolve"),
+            )
+        return _resolver[1]

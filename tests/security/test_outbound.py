@@ -1,0 +1,473 @@
+"""Outbound requests go only where an operator allowed (issue 14, point 2), and each tenant signs
+its pushed commands with a secret of its own (point 8).
+
+Over real HTTP: runs are created through a live server, commands are pushed by the real RQ job to
+a real local receiver. Made-up names are answered by a stand-in for the system resolver (``dns``),
+so DNS rebinding can be staged: public when the run is created, loopback when the command is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from io import StringIO
+from typing import Any
+
+import django_rq
+import httpx
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+from rq import SimpleWorker
+
+from ledger import errors, outbound
+from ledger.audit import Actor
+from ledger.models import Event, IdempotencyRecord, Run
+from ledger.services import runs
+from ledger.services.keys import agent_key_create
+from recovery import commands, notifications
+from recovery.models import AgentCommand
+from saga_client.signing import derive_secret, signed_headers, verify_signature
+from tests.support.api import Api, error_of
+
+pytestmark = pytest.mark.django_db
+
+PUBLIC = "93.184.216.34"  # a public address; nothing here ever connects to it
+REAL_GETADDRINFO = socket.getaddrinfo
+
+
+# --- A resolver we can stage, and an agent's endpoint ------------------------------------------
+
+
+@dataclass
+class Dns:
+    """Answers for made-up names (an empty list: the name does not resolve); every other name goes
+    to the real resolver. ``lookups`` records each made-up name asked for."""
+
+    answers: dict[str, list[str]] = field(default_factory=dict)
+    lookups: list[str] = field(default_factory=list)
+    delay_s: float = 0.0
+
+
+@pytest.fixture
+def dns(monkeypatch: pytest.MonkeyPatch) -> Dns:
+    staged = Dns()
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        if name not in staged.answers:
+            return REAL_GETADDRINFO(host, port, *args, **kwargs)
+        staged.lookups.append(name)
+        time.sleep(staged.delay_s)
+        if not staged.answers[name]:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", (a, int(port or 0), 0, 0))
+            if ":" in a
+            else (socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, int(port or 0)))
+            for a in staged.answers[name]
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return staged
+
+
+@dataclass
+class Receiver:
+    """An agent's resume endpoint on 127.0.0.1: records every request; ``replies`` maps a path to
+    (status, headers), 200 otherwise."""
+
+    port: int = 0
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    replies: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
+
+    def url(self, path: str, host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    state = Receiver()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            state.calls.append({"path": self.path, "headers": dict(self.headers.items()), "raw": raw})
+            status, headers = state.replies.get(self.path, (200, {}))
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test output
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    state.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def api(agent_key: Any) -> Api:
+    return Api(agent_key[1])
+
+
+def _allow(settings: Any, *hosts: str, **more: Any) -> None:
+    settings.SAGA = {**settings.SAGA, "OUTBOUND_ALLOWED_HOSTS": list(hosts), **more}
+
+
+def _http(live_server: Any, secret: str) -> httpx.Client:
+    return httpx.Client(base_url=f"{live_server.url}/api/v1", headers={"Authorization": f"Bearer {secret}"})
+
+
+def _deliver_queued_commands() -> None:
+    """What the worker does: run the queued push jobs (the real RQ job, in this process)."""
+    queue = django_rq.get_queue("notifications")
+    SimpleWorker([queue], connection=queue.connection).work(burst=True)
+
+
+def _failed_and_resumed(http: httpx.Client, operator: httpx.Client, *, resume_url: str) -> tuple[str, str]:
+    """A run with ``resume_url``, failed by its agent and resumed by an operator, all over HTTP:
+    (run id, resume command id)."""
+    created = http.post(
+        "/runs", json={"agent": "onboarding", "request": "Onboard Ashu", "resume_url": resume_url}
+    )
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    failed = http.post(f"/runs/{run_id}/fail", json={"error": "mail gateway 429"})
+    assert failed.status_code == 200, failed.text
+    item_id = failed.json()["recovery_item"]["id"]
+    resumed = operator.post(f"/recovery/{item_id}/resume", json={"reason": "gateway fixed"})
+    assert resumed.status_code == 202, resumed.text
+    return run_id, resumed.json()["id"]
+
+
+# --- Run creation: the guard -------------------------------------------------------------------
+
+HEADLINE_REFUSALS = [
+    ("http://169.254.169.254/latest", "link_local"),
+    ("http://127.0.0.1:6379/", "loopback"),
+    ("http://[::1]/", "loopback"),
+    ("http://10.0.0.1/", "private"),
+    ("ftp://x", "scheme"),
+    ("http://localhost/", "loopback"),
+    ("http://resume.attacker.example/", "loopback"),  # a name that resolves to 127.0.0.1
+]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_resume_urls_that_reach_inside_over_http(live_server, agent_key, dns):
+    dns.answers["resume.attacker.example"] = ["127.0.0.1"]
+    with _http(live_server, agent_key[1]) as http:
+        for url, reason in HEADLINE_REFUSALS:
+            response = http.post(
+                "/runs",
+                json={"agent": "onboarding", "request": "Onboard Ashu", "resume_url": url},
+                headers={"Idempotency-Key": f"run-{reason}-{len(url)}"},
+            )
+            assert response.status_code == 422, (url, response.text)
+            error = response.json()["error"]
+            assert error["code"] == "url_not_allowed", url
+            assert error["details"]["reason"] == reason, (url, error)
+            assert error["details"]["field"] == "resume_url"
+            assert "resume_url" in error["message"]
+            if "attacker" in url:
+                # What an internal name resolves to is not told to the agent (no DNS oracle).
+                assert "127.0.0.1" not in response.text and "address" not in error["details"]
+    # Nothing was created: no run, no audit event, no stored idempotent response.
+    assert Run.objects.count() == 0
+    assert Event.objects.filter(kind="run.created").count() == 0
+    assert IdempotencyRecord.objects.count() == 0
+    assert dns.lookups == ["resume.attacker.example"]
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://2130706433/", "loopback"),  # decimal 127.0.0.1, as the resolver reads it
+        ("http://0x7f.1/", "loopback"),  # hex and short forms
+        ("http://127.1:8000/", "loopback"),
+        ("http://0177.0.0.1/", "invalid"),  # octal: the HTTP client refuses to parse it at all
+        ("http://[::ffff:127.0.0.1]/", "loopback"),  # IPv4-mapped IPv6
+        ("http://[::ffff:169.254.169.254]/", "link_local"),
+        ("http://[2002:a9fe:a9fe::]/", "link_local"),  # 6to4 around 169.254.169.254
+        ("http://[64:ff9b::a00:1]/", "private"),  # NAT64 around 10.0.0.1
+        ("http://0/", "unspecified"),
+        ("http://[::]/", "unspecified"),
+        ("http://224.0.0.1/", "multicast"),
+        ("http://[ff02::1]/", "multicast"),
+        ("https://172.16.5.4/", "private"),
+        ("http://192.168.1.10:8080/admin", "private"),
+        ("http://100.64.0.1/", "private"),
+        ("http://[fd12:3456::1]/", "private"),
+        ("http://[fe80::1]/", "link_local"),
+        ("http://240.0.0.1/", "reserved"),
+        ("http://192.0.2.1/", "reserved"),
+        ("http://mixed.attacker.example/", "private"),  # one public and one private answer
+        ("http://gone.attacker.example/", "unresolvable"),
+        ("javascript:alert(1)", "scheme"),
+        ("http:///no-host", "no_host"),
+        ("https://user:hunter2@127.0.0.1/", "loopback"),
+    ],
+)
+def test_it_refuses_every_way_of_spelling_an_inside_address(api, dns, url, reason):
+    dns.answers["mixed.attacker.example"] = [PUBLIC, "10.1.2.3"]
+    dns.answers["gone.attacker.example"] = []
+    response = api.post("/runs", {"agent": "a", "request": "r", "resume_url": url})
+    assert response.status_code == 422, response.content
+    error = error_of(response)
+    assert (error["code"], error["details"]["reason"]) == ("url_not_allowed", reason)
+    assert "hunter2" not in response.content.decode()  # credentials in a URL are never echoed
+    assert not Run.objects.exists()
+
+
+def test_a_name_is_refused_when_it_does_not_resolve_in_time(api, dns, settings):
+    settings.SAGA = {**settings.SAGA, "OUTBOUND_RESOLVE_TIMEOUT_S": 0.2}
+    dns.answers["slow.attacker.example"] = [PUBLIC]
+    dns.delay_s = 2.0
+    started = time.monotonic()
+    response = api.post(
+        "/runs", {"agent": "a", "request": "r", "resume_url": "http://slow.attacker.example/"}
+    )
+    assert time.monotonic() - started < 1.5
+    error = error_of(response)
+    assert response.status_code == 422 and error["details"]["reason"] == "unresolvable"
+    assert "did not resolve within 0.2 s" in error["message"]
+    assert not Run.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_public_hosts_and_hosts_the_operator_allows_are_accepted(live_server, agent_key, dns, settings):
+    dns.answers["agent.example"] = [PUBLIC, "2606:2800:220:1:248:1893:25c8:1946"]
+    _allow(settings, f"127.0.0.1:{live_server.thread.port}", "agents.internal")
+    urls = [
+        "https://agent.example/saga/commands",  # public by what it resolves to
+        f"http://127.0.0.1:{live_server.thread.port}/demo-world/agent",  # allowed host:port
+        "http://Agents.Internal./resume",  # allowed by name, any port, whatever it resolves to
+    ]
+    with _http(live_server, agent_key[1]) as http:
+        for url in urls:
+            response = http.post("/runs", json={"agent": "a", "request": "r", "resume_url": url})
+            assert response.status_code == 201, (url, response.text)
+            assert response.json()["resume_url"] == url
+        # The same host on another port is not what the operator allowed.
+        refused = http.post(
+            "/runs", json={"agent": "a", "request": "r", "resume_url": "http://127.0.0.1:6379/"}
+        )
+    assert refused.status_code == 422 and refused.json()["error"]["details"]["reason"] == "loopback"
+    assert Run.objects.count() == 3
+
+
+def test_the_allowed_hosts_setting_reads_names_addresses_and_ports(settings):
+    _allow(settings, "Agent.Internal.", "127.0.0.1:8000", "[::1]:9000", "::1", "bücher.example")
+    assert outbound.allowed_hosts() == [
+        ("agent.internal", None),
+        ("127.0.0.1", 8000),
+        ("::1", 9000),
+        ("::1", None),
+        ("xn--bcher-kva.example", None),
+    ]
+    for bad in ("http://agent.internal", "agent.internal:http", "user@agent.internal", "[::1]x"):
+        _allow(settings, bad)
+        with pytest.raises(ImproperlyConfigured, match="SAGA_OUTBOUND_ALLOWED_HOSTS"):
+            outbound.check_url("http://agent.internal/")
+
+
+# --- Send time: checked again, pinned, no redirects ---------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dns_answer_that_changed_since_creation_is_refused_at_send_time(
+    live_server, agent_key, operator_key, dns, receiver, own_redis
+):
+    """DNS rebinding: public when the run is created, 127.0.0.1 when the command is pushed. The
+    push is refused, the command says why, the run's audit log records it, and it is never tried
+    again; the agent can still pull the command."""
+    dns.answers["agent.attacker.example"] = [PUBLIC]
+    resume_url = receiver.url("/resume", host="agent.attacker.example")
+    with _http(live_server, agent_key[1]) as http, _http(live_server, operator_key[1]) as operator:
+        run_id, command_id = _failed_and_resumed(http, operator, resume_url=resume_url)
+        dns.answers["agent.attacker.example"] = ["127.0.0.1"]  # the attacker re-points the name
+
+        _deliver_queued_commands()
+
+        assert receiver.calls == []
+        command = AgentCommand.objects.get(pk=command_id)
+        assert command.delivered_at is None
+        assert command.delivery_error.startswith("Refused: resume_url host agent.attacker.example resolves")
+        # The agent learns that it was refused and why, not what the name resolves to inside.
+        assert "127.0.0.1" not in command.delivery_error and "loopback" in command.delivery_error
+        [event] = Event.objects.filter(run_id=run_id, kind="command.delivery_refused")
+        assert event.subject_id == command_id and "loopback" in event.reason
+        assert event.data["reason"] == "loopback" and event.data["address"] == "127.0.0.1"
+
+        # Shown to the agent with the pending command it can still pull.
+        [pulled] = http.get(f"/runs/{run_id}/commands").json()["commands"]
+        assert pulled["id"] == command_id and pulled["delivery_error"] == command.delivery_error
+        assert pulled["delivered_at"] is None
+
+    # No retry storm: the sweeper does not queue it again, a stray job changes nothing.
+    assert commands.commands_redeliver_due(now=timezone.now() + timedelta(hours=1)) == 0
+    assert notifications.deliver_command(command_id=command_id) is False
+    assert receiver.calls == []
+    assert Event.objects.filter(run_id=run_id, kind="command.delivery_refused").count() == 1
+
+
+def test_a_name_that_does_not_resolve_at_send_time_is_retried_not_refused(
+    tenant, agent, alice, dns, settings
+):
+    dns.answers["agent.example"] = [PUBLIC]
+    run = runs.run_create(
+        tenant=tenant, actor=agent, agent="a", request="r", resume_url="https://agent.example/resume"
+    )
+    command = commands.command_issue(run=run, kind="resume", actor=Actor.for_user(alice), reason="go on")
+    dns.answers["agent.example"] = []  # a DNS outage, not a refusal
+
+    assert notifications.deliver_command(command_id=command.pk) is False
+
+    command.refresh_from_db()
+    assert command.delivery_attempts == 1 and "does not resolve" in command.delivery_error
+    assert not command.delivery_error.startswith("Refused")
+    assert not Event.objects.filter(kind="command.delivery_refused").exists()
+    AgentCommand.objects.filter(pk=command.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    assert commands.commands_redeliver_due() == 1
+
+
+def test_the_request_goes_to_the_checked_address_not_a_fresh_answer(dns, receiver, settings):
+    """``post`` connects to the address the guard approved (with the URL's Host header): whatever
+    the name resolves to by then is never asked."""
+    dns.answers["agent.example"] = ["10.66.66.66"]
+    checked = outbound.CheckedUrl(
+        url=receiver.url("/resume", host="agent.example"),
+        scheme="http",
+        host="agent.example",
+        port=receiver.port,
+        addresses=("127.0.0.1",),
+        allowed_by_setting=False,
+    )
+    response = outbound.post(checked, content=b"{}", headers={"Content-Type": "application/json"}, timeout=5)
+
+    assert response.status_code == 200
+    [call] = receiver.calls
+    assert call["path"] == "/resume" and call["headers"]["Host"] == f"agent.example:{receiver.port}"
+    assert dns.lookups == []
+
+
+def test_https_keeps_the_name_for_tls_while_connecting_to_the_checked_address(monkeypatch):
+    sent: list[httpx.Request] = []
+
+    def send(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        assert kwargs.get("follow_redirects") is False
+        sent.append(request)
+        return httpx.Response(200, request=request)
+
+    monkeypatch.setattr(httpx.Client, "send", send)
+    checked = outbound.CheckedUrl(
+        url="https://agent.example/saga/commands",
+        scheme="https",
+        host="agent.example",
+        port=443,
+        addresses=(PUBLIC,),
+        allowed_by_setting=False,
+    )
+    outbound.post(checked, content=b"{}", headers={}, timeout=5)
+
+    [request] = sent
+    assert str(request.url) == f"https://{PUBLIC}/saga/commands"
+    assert request.headers["Host"] == "agent.example"
+    assert request.extensions["sni_hostname"] == "agent.example"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_redirect_from_the_resume_url_is_not_followed(
+    live_server, agent_key, operator_key, receiver, settings, own_redis
+):
+    _allow(settings, f"127.0.0.1:{receiver.port}")
+    receiver.replies["/resume"] = (302, {"Location": receiver.url("/inside")})
+    with _http(live_server, agent_key[1]) as http, _http(live_server, operator_key[1]) as operator:
+        _run_id, command_id = _failed_and_resumed(http, operator, resume_url=receiver.url("/resume"))
+        _deliver_queued_commands()
+
+    assert [c["path"] for c in receiver.calls] == ["/resume"]
+    command = AgentCommand.objects.get(pk=command_id)
+    assert command.delivered_at is None and command.delivery_attempts == 1
+    assert "302" in command.delivery_error and "not followed" in command.delivery_error
+
+
+# --- Per-tenant resume secrets -----------------------------------------------------------------
+
+
+def _resume_secret(slug: str) -> str:
+    out = StringIO()
+    call_command("resume_secret", tenant=slug, stdout=out)
+    return out.getvalue().strip().splitlines()[-1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_tenant_verifies_only_its_own_commands(
+    live_server, tenant, other_tenant, agent_key, operator_key, receiver, settings, own_redis
+):
+    _allow(settings, f"127.0.0.1:{receiver.port}", RESUME_WEBHOOK_SECRET="the-installation-master")
+    acme_secret, globex_secret = _resume_secret("acme"), _resume_secret("globex")
+    assert len({acme_secret, globex_secret, "the-installation-master"}) == 3
+    assert len(acme_secret) == 64 and acme_secret == derive_secret("the-installation-master", "resume:acme")
+
+    with _http(live_server, agent_key[1]) as http, _http(live_server, operator_key[1]) as operator:
+        _failed_and_resumed(http, operator, resume_url=receiver.url("/acme"))
+    globex_key = agent_key_create(
+        tenant=other_tenant, name="globex-bot", scopes=["agent"], actor=Actor.system("t")
+    )
+    globex_run = runs.run_create(
+        tenant=other_tenant,
+        actor=Actor.for_key(globex_key.key),
+        agent="b",
+        request="r",
+        resume_url=receiver.url("/globex"),
+    )
+    commands.command_issue(run=globex_run, kind="resume", actor=Actor.system("t"), reason="go on")
+    _deliver_queued_commands()
+
+    pushed = {c["path"]: c for c in receiver.calls}
+    assert set(pushed) == {"/acme", "/globex"}
+    acme, globex = pushed["/acme"], pushed["/globex"]
+    assert verify_signature(acme_secret, acme["headers"], acme["raw"])
+    assert not verify_signature(globex_secret, acme["headers"], acme["raw"])
+    assert verify_signature(globex_secret, globex["headers"], globex["raw"])
+    assert not verify_signature(acme_secret, globex["headers"], globex["raw"])
+    # Acme's agent knows its own secret; a command it forges for Globex's agent does not verify.
+    forged = json.dumps({**json.loads(globex["raw"]), "kind": "cancel"}).encode()
+    assert not verify_signature(globex_secret, signed_headers(acme_secret, forged), forged)
+
+
+def test_the_resume_secret_command_names_what_is_missing(tenant, settings):
+    with pytest.raises(CommandError, match="No tenant"):
+        _resume_secret("nobody")
+    settings.SAGA = {**settings.SAGA, "RESUME_WEBHOOK_SECRET": ""}
+    with pytest.raises(CommandError, match="SAGA_RESUME_WEBHOOK_SECRET"):
+        _resume_secret("acme")
+
+
+def test_the_guard_is_one_reusable_function():
+    with pytest.raises(errors.UrlNotAllowed) as refused:
+        outbound.check_url("http://169.254.169.254/latest/meta-data/", field="webhook_url")
+    assert refused.value.status == 422 and refused.value.code == "url_not_allowed"
+    assert refused.value.details == {
+        "field": "webhook_url",
+        "url": "http://169.254.169.254/latest/meta-data/",
+        "host": "169.254.169.254",
+        "address": "169.254.169.254",
+        "reason": "link_local",
+    }
