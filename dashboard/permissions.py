@@ -22,7 +22,7 @@ class Capability(enum.StrEnum):
     # Resume, compensate, close, retry/skip steps, reconcile unknown outcomes, bulk actions, assign.
     OPERATE = "operate"
     APPROVE = "approve"
-    # Links to the Django admin and the django-rq dashboard.
+    # The link to the Django admin (which scopes every list to the admin's tenants).
     ADMINISTER = "administer"
 
 
@@ -67,6 +67,13 @@ def can_anywhere(user: Someone, capability: Capability) -> bool:
 
 def tenant_ids_with(user: Someone, capability: Capability) -> list[int]:
     return sorted(tid for tid, role in roles_for(user).items() if capability in ROLE_CAPABILITIES[role])
+
+
+def can_see_workers(user: Someone) -> bool:
+    """The RQ dashboard (``/django-rq/``) shows every tenant's jobs with their arguments and can
+    delete or requeue them: superusers only. A tenant admin is staff (for their tenants' slice of
+    the Django admin), which is all django-rq itself would ask for."""
+    return user.is_authenticated and user.is_active and user.is_superuser
 
 
 def require(user: Someone, capability: Capability, tenant_id: int) -> None:

@@ -31,6 +31,7 @@ from ledger.errors import SagaError
 from ledger.models import Action, Risk, Tenant
 from ledger.selectors import checkpoints_for_run
 from ledger.services import actions as ledger_actions
+from recovery import approvals as recovery_approvals
 from recovery import items as recovery_items
 from recovery import planner
 from recovery import selectors as recovery_selectors
@@ -63,7 +64,7 @@ def _done(request: HtmxHttpRequest, url: str) -> HttpResponse:
 
 
 def _refused(request: HtmxHttpRequest, exc: SagaError, url: str) -> HttpResponse:
-    """A domain error (conflict, invalid transition, four eyes …) is a message, never a 500."""
+    """A domain error (conflict, invalid transition, self-approval …) is a message, never a 500."""
     messages.error(request, exc.message)
     return _done(request, url)
 
@@ -465,6 +466,8 @@ def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -
         ),
         "reject_form": extra.pop("reject_form", None) or ReasonForm(prefix=f"{approval.pk}-reject"),
         "can_decide": can(request.user, Capability.APPROVE, approval.tenant_id),
+        # Whoever asked may reject but never grant (the service refuses: self_approval).
+        "own_request": recovery_approvals.is_requester(approval, _actor(request)),
         **extra,
     }
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from django.db.models import Model, QuerySet
+from django.db.models import Model, Q, QuerySet
 
 from ledger import errors
-from ledger.models import Action, Checkpoint, Run, Tenant
+from ledger.models import Action, AgentKey, Checkpoint, Run, Tenant
 from ledger.rules import COMPENSATABLE_CLASSES, is_pivot, pivot_order_warning
 
 M = TypeVar("M", bound=Model)
@@ -31,6 +31,52 @@ def run_get(*, tenant: Tenant, run_id: str) -> Run:
 
 def action_get(*, tenant: Tenant, action_id: str) -> Action:
     return get_for_tenants(Action.objects.select_related("run", "run__tenant"), pk=action_id, tenants=tenant)
+
+
+# --- What an API key reaches ------------------------------------------------------------------
+
+
+def run_reach(key: AgentKey, *, write: bool = False, path: str = "") -> Q:
+    """The one rule for which of its tenant's runs an API key reaches, as a filter on a run
+    (``path=""``) or on an object through its run (``path="run__"``).
+
+    A run belongs to the agent that created it: the name of the creating key (``Run.owner``).
+    Every key issued with that name is the same agent, so a rotated key keeps access and older
+    keys keep it until revoked. An ``agent`` key reaches only its agent's runs; a key with the
+    ``operator`` scope *reads* every run of its tenant, but writes as an agent (actions,
+    checkpoints, heartbeats, complete, fail, command acks) reach its own agent's runs only. A run
+    out of reach is not found, exactly like another tenant's."""
+    if write or AgentKey.Scope.OPERATOR not in key.scopes:
+        return Q(**{f"{path}owner": key.name})
+    return Q()
+
+
+def run_get_for_key(*, key: AgentKey, run_id: str, write: bool = False) -> Run:
+    return get_for_tenants(
+        Run.objects.select_related("tenant").filter(run_reach(key, write=write)),
+        pk=run_id,
+        tenants=key.tenant,
+    )
+
+
+def action_get_for_key(*, key: AgentKey, action_id: str, write: bool = False) -> Action:
+    return get_for_tenants(
+        Action.objects.select_related("run", "run__tenant").filter(run_reach(key, write=write, path="run__")),
+        pk=action_id,
+        tenants=key.tenant,
+    )
+
+
+def runs_for_key(key: AgentKey) -> QuerySet[Run]:
+    """The runs ``key`` may list (newest first is the caller's ordering)."""
+    return Run.objects.filter(run_reach(key), tenant_id=key.tenant_id)
+
+
+def run_reference_for_write(*, key: AgentKey, run_id: str) -> Run:
+    """A reference (not a read) to the run ``key`` writes to as its agent, for a service that locks
+    the row itself: ``ledger.services.runs.run_lock`` scopes the lock to the reference's tenant and
+    owner, so another tenant's or another agent's run is not found there."""
+    return Run(pk=run_id, tenant=key.tenant, owner=key.name)
 
 
 def checkpoints_for_run(*, run: Run) -> QuerySet[Checkpoint]:

@@ -3,8 +3,9 @@ exact arguments shown. Asked for by ``recovery.services`` (an action whose polic
 and by the unwind engine (a compensation step); decided by an approver, or expired by the sweeper.
 
 Whoever asked — the agent key that recorded the action, the operator who decided the compensation
-— never grants it at critical risk (four eyes). What a decision then means for the action or the
-step is ``recovery.services``'s business: this module only asks, decides and expires.
+— never grants it, whatever the risk (``is_requester``: 403 ``self_approval``). What a decision
+then means for the action or the step is ``recovery.services``'s business: this module only asks,
+decides and expires.
 """
 
 from __future__ import annotations
@@ -86,20 +87,56 @@ def approval_request(
     return approval
 
 
+def requester_match(approval: Approval, actor: Actor) -> str:
+    """How ``actor`` asked for ``approval`` (a sentence's subject), or "" when it did not. Whoever
+    asked may never grant it, at any risk:
+
+    - the person who asked: the operator who decided the compensation whose step this is;
+    - the key that asked — the agent key that recorded the action, the operator key that decided
+      the compensation — or any key with the same name: keys issued under one name are one agent
+      or automation (that is how keys rotate), so another key of that name is the same requester;
+    - a key named after the run's owner: the agent whose run it is asked for what is approved on
+      it, its compensations included (an automatic compensation has no other requester).
+
+    Reads ``approval.requested_by_key`` and ``approval.run`` for a key actor only (select them
+    with the approval to save the queries)."""
+    if actor.user is not None:
+        return "you asked for it" if approval.requested_by_id == actor.user.pk else ""
+    if actor.key is None:
+        return ""
+    name = actor.key.name
+    if approval.requested_by_key_id == actor.key.pk:
+        return "this key asked for it"
+    requester_key = approval.requested_by_key if approval.requested_by_key_id is not None else None
+    if requester_key is not None and requester_key.name == name:
+        return f"a key of the same name ({name}) asked for it"
+    if approval.run.owner == name:
+        return f"the run belongs to agent {name}, whose keys this one shares a name with"
+    return ""
+
+
 def is_requester(approval: Approval, actor: Actor) -> bool:
-    if actor.user is not None and approval.requested_by_id == actor.user.pk:
-        return True
-    return actor.key is not None and approval.requested_by_key_id == actor.key.pk
+    return bool(requester_match(approval, actor))
 
 
 def approval_decide(
     approval: Approval, *, to: str, actor: Actor, reason: str, updates: dict[str, Any]
 ) -> Approval:
-    """pending → approved | rejected under the approval's row lock, refusing an expired approval
-    and a critical one granted by whoever asked for it. Returns the decided row; the caller holds
+    """pending → approved | rejected under the approval's row lock, refusing a key without the
+    approver scope, an expired approval and a grant by whoever asked for it (any risk; refusing
+    one's own request stays allowed: it grants nothing). Returns the decided row; the caller holds
     the transaction and hands the decision on."""
     reason = reason_required(reason)
-    current = Approval.objects.select_for_update().get(pk=approval.pk)
+    if actor.key is not None and AgentKey.Scope.APPROVER not in actor.key.scopes:
+        # The API refuses such a key before it gets here; this keeps every other caller honest.
+        raise errors.Forbidden(
+            "This API key lacks the 'approver' scope.", details={"scope": AgentKey.Scope.APPROVER.value}
+        )
+    current = (
+        Approval.objects.select_for_update(of=("self",))
+        .select_related("requested_by_key", "run")
+        .get(pk=approval.pk)
+    )
     if current.status != Approval.Status.PENDING:
         raise errors.InvalidTransition(current, to=to, current=current.status)
     if current.expires_at <= timezone.now():
@@ -107,10 +144,11 @@ def approval_decide(
             f"Approval {approval.pk} expired at {current.expires_at.isoformat()}.",
             details={"approval_id": approval.pk, "current": Approval.Status.EXPIRED},
         )
-    if to == Approval.Status.APPROVED and current.risk == "critical" and is_requester(current, actor):
-        raise errors.FourEyesRequired(
-            "Critical-risk approvals need a second person: whoever asked for this cannot approve it.",
-            details={"approval_id": approval.pk},
+    if to == Approval.Status.APPROVED and (how := requester_match(current, actor)):
+        raise errors.SelfApproval(
+            f"You cannot grant approval {approval.pk}: {how}. A second person (or another "
+            "approver's key) must approve it; you may still reject it.",
+            details={"approval_id": approval.pk, "risk": current.risk},
         )
     fields = {
         "status": to,

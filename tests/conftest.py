@@ -29,13 +29,13 @@ def pytest_configure(config: pytest.Config) -> None:
     import pgtrigger
     from django.test import TransactionTestCase
 
-    teardown = TransactionTestCase._fixture_teardown
+    teardown = TransactionTestCase._fixture_teardown  # type: ignore[attr-defined]
 
     def _fixture_teardown(self: TransactionTestCase) -> None:
         with pgtrigger.ignore("ledger.Event:event_no_truncate"):
             teardown(self)
 
-    TransactionTestCase._fixture_teardown = _fixture_teardown  # type: ignore[method-assign]
+    TransactionTestCase._fixture_teardown = _fixture_teardown  # type: ignore[attr-defined]
 
 
 @pytest.fixture
@@ -66,11 +66,25 @@ def agent_key(tenant):
 
 @pytest.fixture
 def operator_key(tenant):
+    """Acme's recovery automation: the operator scope only (reads every Acme run, decides recovery,
+    approves nothing)."""
     from ledger.audit import Actor
     from ledger.services.keys import agent_key_create
 
     issued = agent_key_create(
-        tenant=tenant, name="supervisor", scopes=["agent", "operator"], actor=Actor.system("tests")
+        tenant=tenant, name="supervisor", scopes=["operator"], actor=Actor.system("tests")
+    )
+    return issued.key, issued.secret
+
+
+@pytest.fixture
+def approver_key(tenant):
+    """Acme's approval automation: the approver scope only."""
+    from ledger.audit import Actor
+    from ledger.services.keys import agent_key_create
+
+    issued = agent_key_create(
+        tenant=tenant, name="approval-bot", scopes=["approver"], actor=Actor.system("tests")
     )
     return issued.key, issued.secret
 

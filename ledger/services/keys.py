@@ -41,12 +41,27 @@ def _split_key(raw: str) -> tuple[str, str] | None:
 def agent_key_create(
     *, tenant: Tenant, name: str, scopes: Iterable[str] = ("agent",), actor: Actor
 ) -> IssuedKey:
+    """Issue a key. ``name`` is the agent (or automation) it is for: every key issued with the same
+    name is the same agent — it owns the runs created under that name — so rotating a key is
+    issuing a new one with the same name and revoking the old one when nothing uses it."""
+    name = name.strip()
+    if not name:
+        raise errors.ValidationFailed(
+            "A key needs a name: the agent or automation it is for.", details={"name": "required"}
+        )
     scope_list = sorted(set(scopes))
     unknown = set(scope_list) - set(AgentKey.Scope.values)
     if not scope_list or unknown:
         raise errors.ValidationFailed(
             f"Scopes must be a non-empty subset of {', '.join(AgentKey.Scope.values)}.",
             details={"scopes": sorted(unknown)},
+        )
+    # The database refuses the pair too (a check constraint); this says why, before it does.
+    if {AgentKey.Scope.AGENT, AgentKey.Scope.APPROVER} <= set(scope_list):
+        raise errors.ValidationFailed(
+            "A key cannot hold both the 'agent' and the 'approver' scope: an agent must never approve "
+            "what it asked for. Issue the approver its own key (--scopes approver).",
+            details={"scopes": scope_list, "conflict": ["agent", "approver"]},
         )
     prefix = f"{KEY_PREFIX}_{secrets.token_hex(6)}"
     secret_part = secrets.token_urlsafe(32).replace("_", "-")

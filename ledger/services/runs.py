@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from ledger import errors
+from ledger import errors, outbound
 from ledger.audit import Actor, audit_record
 from ledger.models import Action, Run, Tenant
 from ledger.policies import policy_stamp_subquery
@@ -27,6 +28,14 @@ class PolicyStampAnnotation(TypedDict):
     policy_stamp: int | None
 
 
+def run_scope(run: Run) -> QuerySet[Run]:
+    """The row ``run`` names: its id within ``run.tenant_id`` and, when the instance carries an
+    owner (a reference built for an agent's key, ``ledger.selectors.run_reference_for_write``),
+    that agent's. Another tenant's or another agent's run is then simply not there."""
+    runs = Run.objects.filter(pk=run.pk, tenant_id=run.tenant_id)
+    return runs.filter(owner=run.owner) if run.owner else runs
+
+
 @overload
 def run_lock(run: Run, *, policy_stamp: Literal[True]) -> WithAnnotations[Run, PolicyStampAnnotation]: ...
 @overload
@@ -34,11 +43,12 @@ def run_lock(run: Run, *, policy_stamp: Literal[False] = ...) -> Run: ...
 
 
 def run_lock(run: Run, *, policy_stamp: bool = False) -> Run:
-    """The run's row, locked for this transaction and read fresh. Scoped to ``run.tenant_id``, so
-    a reference built from a client's run id (``Run(pk=…, tenant=…)``) finds only its tenant's
-    run. The tenant is taken over from ``run`` when it is loaded (it cannot change), not re-read.
+    """The run's row, locked for this transaction and read fresh. Scoped by ``run_scope``, so a
+    reference built from a client's run id (``Run(pk=…, tenant=…, owner=…)``) finds only its
+    tenant's (and agent's) run. The tenant is taken over from ``run`` when it is loaded (it cannot
+    change), not re-read.
     ``policy_stamp``: also read the tool-policy stamp in the same statement (``.policy_stamp``)."""
-    runs = Run.objects.select_for_update(of=("self",)).filter(pk=run.pk, tenant_id=run.tenant_id)
+    runs = run_scope(run).select_for_update(of=("self",))
     if policy_stamp:
         runs = runs.annotate(policy_stamp=policy_stamp_subquery())
     locked = runs.first()
@@ -63,6 +73,13 @@ def run_create(
     resume_url: str = "",
     metadata: dict[str, Any] | None = None,
 ) -> Run:
+    """A new running run. A ``resume_url`` must pass the outbound guard (``ledger.outbound``:
+    http(s), a public host or one the operator allows) or nothing is created (422
+    ``url_not_allowed``); it is checked again whenever a command is pushed there."""
+    if resume_url:
+        # First, before any statement: a refusal changes nothing (and resolving a name holds no
+        # transaction open: Django begins one lazily, at the first query).
+        outbound.check_url(resume_url, field="resume_url")
     now = timezone.now()
     run = Run.objects.create(
         tenant=tenant,
@@ -75,6 +92,8 @@ def run_create(
         resume_url=resume_url,
         metadata=metadata or {},
         created_by_key=actor.key,
+        # The run belongs to the agent whose key created it (ledger.selectors.run_reach).
+        owner=actor.key.name if actor.key is not None else "",
         last_heartbeat_at=now,
     )
     audit_record(

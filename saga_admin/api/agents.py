@@ -27,7 +27,7 @@ from recovery import selectors as recovery_selectors
 from recovery import services as recovery
 from recovery.models import AgentCommand
 from recovery.trail import run_trail
-from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, agent_auth
+from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, agent_auth, reader_auth
 from saga_admin.api.idempotency import (
     HEADER,
     KEY_PATTERN,
@@ -68,6 +68,9 @@ from saga_admin.api.schemas import (
     run_out,
 )
 
+# Every operation writes as an agent (the ``agent`` scope) unless it says ``auth=reader_auth``:
+# reads also serve keys with the ``operator`` scope. Which runs a key reaches is
+# ``ledger.selectors.run_reach``: an agent its own runs, an operator key every run for reading.
 router = Router(tags=["agents"], auth=agent_auth)
 
 # Errors of operations that change state: 409 for a transition the state machine refuses, a run
@@ -104,14 +107,16 @@ def _check_id(kind: str, pk: str) -> None:
         raise errors.NotFound(f"{kind} {pk[:60]} not found.", details={"id": pk[:60]})
 
 
-def _run(request: HttpRequest, run_id: str) -> Run:
+def _run(request: HttpRequest, run_id: str, *, write: bool = False) -> Run:
+    """The run, if the key reaches it (reading or, with ``write``, writing as its agent); else the
+    same 404 as an unknown id or another tenant's run."""
     _check_id("Run", run_id)
-    return ledger_selectors.run_get(tenant=_tenant(request), run_id=run_id)
+    return ledger_selectors.run_get_for_key(key=_key(request), run_id=run_id, write=write)
 
 
-def _action(request: HttpRequest, action_id: str) -> Action:
+def _action(request: HttpRequest, action_id: str, *, write: bool = False) -> Action:
     _check_id("Action", action_id)
-    return ledger_selectors.action_get(tenant=_tenant(request), action_id=action_id)
+    return ledger_selectors.action_get_for_key(key=_key(request), action_id=action_id, write=write)
 
 
 def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
@@ -143,9 +148,14 @@ def run_create(
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 
 
-@router.get("/runs", response={200: RunPageOut, **AUTH_ERRORS}, summary="List runs (newest first)")
+@router.get(
+    "/runs",
+    response={200: RunPageOut, **AUTH_ERRORS},
+    auth=reader_auth,
+    summary="List runs (newest first): an agent's own, or every run of the tenant for an operator key",
+)
 def run_list(request: HttpRequest, filters: Query[RunListQuery]) -> dict[str, Any]:
-    queryset = Run.objects.filter(tenant=_tenant(request))
+    queryset = ledger_selectors.runs_for_key(_key(request))
     for field in ("status", "agent", "external_id"):
         value = getattr(filters, field)
         if value is not None:
@@ -158,7 +168,12 @@ def run_list(request: HttpRequest, filters: Query[RunListQuery]) -> dict[str, An
     return {"items": [run_out(run) for run in page.items], "next_cursor": page.next_cursor}
 
 
-@router.get("/runs/{run_id}", response={200: RunDetailOut, **AUTH_ERRORS}, summary="A run with its actions")
+@router.get(
+    "/runs/{run_id}",
+    response={200: RunDetailOut, **AUTH_ERRORS},
+    auth=reader_auth,
+    summary="A run with its actions",
+)
 def run_detail(request: HttpRequest, run_id: str) -> dict[str, Any]:
     run = _run(request, run_id)
     ledger_rows = list(run.actions.order_by("seq"))
@@ -179,7 +194,7 @@ def run_detail(request: HttpRequest, run_id: str) -> dict[str, Any]:
     summary="Prove the agent is alive; returns pending commands",
 )
 def run_heartbeat(request: HttpRequest, run_id: str, payload: HeartbeatIn | None = None) -> dict[str, Any]:
-    run = _run(request, run_id)
+    run = _run(request, run_id, write=True)
     runs.run_heartbeat(run=run, note=payload.note if payload else "")
     return {
         "run_id": run.pk,
@@ -196,7 +211,7 @@ def run_complete(
     payload: RunCompleteIn | None = None,
     idempotency_key: str | None = _idempotency_header(),
 ) -> HttpResponse:
-    run = _run(request, run_id)
+    run = _run(request, run_id, write=True)
 
     def produce() -> tuple[int, Any]:
         runs.run_complete(run=run, actor=_actor(request), summary=payload.summary if payload else "")
@@ -213,8 +228,10 @@ def run_complete(
 def run_fail(
     request: HttpRequest, run_id: str, payload: RunFailIn, idempotency_key: str | None = _idempotency_header()
 ) -> HttpResponse:
-    run = _run(request, run_id)
-    failed_action = _action(request, payload.failed_action_id) if payload.failed_action_id else None
+    run = _run(request, run_id, write=True)
+    failed_action = (
+        _action(request, payload.failed_action_id, write=True) if payload.failed_action_id else None
+    )
 
     def produce() -> tuple[int, Any]:
         outcome = recovery.run_fail_and_queue(
@@ -239,6 +256,7 @@ def run_fail(
 @router.get(
     "/runs/{run_id}/trail",
     response={200: TrailOut, **AUTH_ERRORS},
+    auth=reader_auth,
     summary="The correction trail: what changed, what was restored, what could not be undone",
 )
 def run_trail_view(request: HttpRequest, run_id: str) -> dict[str, Any]:
@@ -253,6 +271,7 @@ def run_trail_view(request: HttpRequest, run_id: str) -> dict[str, Any]:
 @router.get(
     "/runs/{run_id}/commands",
     response={200: AgentCommandsOut, **AUTH_ERRORS},
+    auth=reader_auth,
     summary="Pending resume/cancel commands for the agent",
 )
 def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
@@ -268,7 +287,9 @@ def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
 def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
     _check_id("Command", command_id)
     command = ledger_selectors.get_for_tenants(
-        AgentCommand.objects.select_related("run__tenant", "checkpoint"),
+        AgentCommand.objects.select_related("run__tenant", "checkpoint").filter(
+            ledger_selectors.run_reach(_key(request), write=True, path="run__")
+        ),
         pk=command_id,
         tenants=_tenant(request),
     )
@@ -289,9 +310,10 @@ def action_record(
     request: HttpRequest, run_id: str, payload: ActionIn, idempotency_key: str | None = _idempotency_header()
 ) -> HttpResponse:
     _check_id("Run", run_id)
-    # A reference, not a read: the service locks the run's row scoped to this tenant (404 for
-    # an unknown or another tenant's run) and reads it fresh there, so it is read once.
-    run = Run(pk=run_id, tenant=_tenant(request))
+    # A reference, not a read: the service locks the run's row scoped to this tenant and this
+    # agent (404 for an unknown, another tenant's or another agent's run) and reads it fresh
+    # there, so it is read once.
+    run = ledger_selectors.run_reference_for_write(key=_key(request), run_id=run_id)
     key = payload.idempotency_key or idempotency_key
     if key is None:
         raise errors.ValidationFailed(
@@ -324,6 +346,7 @@ def action_record(
 @router.get(
     "/actions/{action_id}",
     response={200: ActionOut, **AUTH_ERRORS},
+    auth=reader_auth,
     summary="An action with its approval decision (poll this while awaiting_approval)",
 )
 def action_detail(request: HttpRequest, action_id: str) -> dict[str, Any]:
@@ -338,7 +361,7 @@ def action_detail(request: HttpRequest, action_id: str) -> dict[str, Any]:
 def action_start(
     request: HttpRequest, action_id: str, idempotency_key: str | None = _idempotency_header()
 ) -> HttpResponse:
-    action = _action(request, action_id)
+    action = _action(request, action_id, write=True)
 
     def produce() -> tuple[int, Any]:
         actions.action_start(action=action, actor=_actor(request))
@@ -356,7 +379,7 @@ def action_succeed(
     payload: ActionSucceedIn | None = None,
     idempotency_key: str | None = _idempotency_header(),
 ) -> HttpResponse:
-    action = _action(request, action_id)
+    action = _action(request, action_id, write=True)
     payload = payload or ActionSucceedIn()
 
     def produce() -> tuple[int, Any]:
@@ -379,7 +402,7 @@ def action_fail(
     payload: ActionFailIn,
     idempotency_key: str | None = _idempotency_header(),
 ) -> HttpResponse:
-    action = _action(request, action_id)
+    action = _action(request, action_id, write=True)
 
     def produce() -> tuple[int, Any]:
         recovery.action_fail_and_queue(
@@ -406,7 +429,7 @@ def action_verify(
     payload: ActionVerifyIn,
     idempotency_key: str | None = _idempotency_header(),
 ) -> HttpResponse:
-    action = _action(request, action_id)
+    action = _action(request, action_id, write=True)
 
     def produce() -> tuple[int, Any]:
         _, item = recovery.action_verify_and_queue(
@@ -433,7 +456,7 @@ def action_reconcile(
     payload: ActionReconcileIn,
     idempotency_key: str | None = _idempotency_header(),
 ) -> HttpResponse:
-    action = _action(request, action_id)
+    action = _action(request, action_id, write=True)
 
     def produce() -> tuple[int, Any]:
         actions.action_reconcile(
@@ -461,7 +484,7 @@ def checkpoint_create(
     payload: CheckpointIn,
     idempotency_key: str | None = _idempotency_header(),
 ) -> HttpResponse:
-    run = _run(request, run_id)
+    run = _run(request, run_id, write=True)
 
     def produce() -> tuple[int, Any]:
         checkpoint = checkpoints.checkpoint_write(run=run, actor=_actor(request), **payload.model_dump())
@@ -473,6 +496,7 @@ def checkpoint_create(
 @router.get(
     "/runs/{run_id}/checkpoints",
     response={200: CheckpointPageOut, **AUTH_ERRORS},
+    auth=reader_auth,
     summary="A run's checkpoints, newest first",
 )
 def checkpoint_list(request: HttpRequest, run_id: str, page: Query[PageQuery]) -> dict[str, Any]:
@@ -489,6 +513,7 @@ def checkpoint_list(request: HttpRequest, run_id: str, page: Query[PageQuery]) -
 @router.get(
     "/runs/{run_id}/checkpoints/latest",
     response={200: CheckpointOut, **AUTH_ERRORS},
+    auth=reader_auth,
     summary="A run's latest checkpoint (404 when it has none)",
 )
 def checkpoint_latest(request: HttpRequest, run_id: str) -> dict[str, Any]:
@@ -501,7 +526,12 @@ def checkpoint_latest(request: HttpRequest, run_id: str) -> dict[str, Any]:
 # --- Policies -----------------------------------------------------------------------------------
 
 
-@router.get("/policies", response={200: PoliciesOut, **AUTH_ERRORS}, summary="The tool policies in force")
+@router.get(
+    "/policies",
+    response={200: PoliciesOut, **AUTH_ERRORS},
+    auth=reader_auth,
+    summary="The tool policies in force",
+)
 def policy_list(request: HttpRequest) -> dict[str, Any]:
     tenant = _tenant(request)
     settings_ = policy_settings_for(tenant)
@@ -514,6 +544,7 @@ def policy_list(request: HttpRequest) -> dict[str, Any]:
                 "action_class": p.action_class,
                 "compensation": p.compensation,
                 "compensation_tool": p.compensation_tool,
+                "compensation_args": p.compensation_args,
                 "scope": "tenant" if p.tenant_id else "global",
                 "source": p.source,
             }

@@ -47,10 +47,13 @@ def validate_key(key: str) -> str:
 
 
 def request_fingerprint(request: HttpRequest) -> str:
-    """What makes two requests "the same": method, path and the body's JSON value (so key order
-    and whitespace do not matter)."""
+    """What makes two requests "the same": method, path, the body's JSON value (so key order and
+    whitespace do not matter) and who sent it — the authenticated key's agent name, so one agent
+    reusing another's key of the same tenant is refused (422) instead of handed the other agent's
+    stored response (e.g. its new run)."""
     body = parsed_body(request)
-    return sha256_hex({"method": request.method, "path": request.path, "body": body})
+    agent = getattr(getattr(request, "auth", None), "name", "")
+    return sha256_hex({"method": request.method, "path": request.path, "body": body, "agent": agent})
 
 
 def json_response(status: int, body: Any, *, replayed: bool = False) -> HttpResponse:

@@ -1,7 +1,8 @@
 """The operator REST API (/recovery, /unwinds, /approvals): auth, strict parsing, one service call.
 
-Operator scope is required (401 without a valid key, 403 without the scope); another tenant's
-object is a 404. Every decision carries a required reason and is audited with the key as actor.
+The operator scope is required for the recovery queue, unwinds and steps, the approver scope for
+the approvals (401 without a valid key, 403 without the scope); another tenant's object is a
+404. Every decision carries a required reason and is audited with the key as actor.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ledger.selectors import get_for_tenants
 from recovery import selectors, services
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import compensation_plan
-from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, operator_auth
+from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, approver_auth, operator_auth
 from saga_admin.api.schemas import StrictIn
 
 router = Router(tags=["recovery"], auth=operator_auth)
@@ -120,6 +121,15 @@ class ItemPageOut(Schema):
     next_cursor: str | None
 
 
+class GoverningPolicyOut(Schema):
+    tool: str
+    pattern: str
+    scope: str = Field(description="tenant | global | default")
+    risk: str
+    approval: str
+    source: str
+
+
 class PlanStepOut(Schema):
     action_id: str
     action_tool: str
@@ -136,6 +146,12 @@ class PlanStepOut(Schema):
     risk: str
     compensator: str
     note: str
+    policy: GoverningPolicyOut | None = Field(
+        None, description="The compensating tool's policy that governs the step (null: nothing to undo)."
+    )
+    args_error: str = Field(
+        "", description="Why the args cannot be filled from the action (the step will fail)."
+    )
 
 
 class PlanOut(Schema):
@@ -458,9 +474,17 @@ def step_skip(request: HttpRequest, step_id: str, body: ReasonIn) -> Any:
 
 
 # --- Approvals -------------------------------------------------------------------------------
+# Only approver keys decide (an operator key does not: an automation holding one key would
+# approve its own requests), and never what their own agent or automation asked for
+# (403 self_approval, recovery.approvals.is_requester).
 
 
-@router.get("/approvals", response={200: ApprovalPageOut, **AUTH_ERRORS}, summary="The approval inbox")
+@router.get(
+    "/approvals",
+    response={200: ApprovalPageOut, **AUTH_ERRORS},
+    auth=approver_auth,
+    summary="The approval inbox (approver scope)",
+)
 def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> Any:
     page = selectors.approvals_list(
         tenants=_key(request).tenant,
@@ -475,7 +499,8 @@ def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> Any
 @router.post(
     "/approvals/{approval_id}/approve",
     response={200: ApprovalOut, **DECISION_ERRORS},
-    summary="Approve (optionally with edited args)",
+    auth=approver_auth,
+    summary="Approve (optionally with edited args; approver scope, never your own request)",
 )
 def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) -> Any:
     key = _key(request)
@@ -493,7 +518,8 @@ def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) ->
 @router.post(
     "/approvals/{approval_id}/reject",
     response={200: ApprovalOut, **DECISION_ERRORS},
-    summary="Reject with a reason",
+    auth=approver_auth,
+    summary="Reject with a reason (approver scope)",
 )
 def approval_reject(request: HttpRequest, approval_id: str, body: ReasonIn) -> Any:
     key = _key(request)

@@ -150,22 +150,30 @@ def test_deciding_twice_is_a_message(client, approval, bob, dave):
     assert any("rejected" in str(m) for m in get_messages(response.wsgi_request))
 
 
-def test_four_eyes_is_shown_clearly(client, tenant, agent, dave, settings):
-    """Dave asked for the compensation of a critical action; he cannot approve its step."""
-    from ledger.models import ToolPolicy
+def test_whoever_asked_cannot_grant_it_and_is_told_so(client, tenant, agent, dave, settings):
+    """Dave (admin) decided the compensation of a low-risk action; he cannot approve its step,
+    whatever the risk: the inbox shows him why instead of an approve form, and a hand-made POST is
+    refused with that message (and audited). He may still reject it."""
+    from ledger.models import Event, ToolPolicy
 
     run, item = onboarding_run(tenant, agent)
-    ToolPolicy.objects.filter(tool="workspace.cancel_license").update(risk="critical", approval="manual")
+    ToolPolicy.objects.filter(tool="workspace.cancel_license").update(risk="low", approval="manual")
     unwind = recovery.unwind_start(item=item, actor=Actor.for_user(dave), reason="undo")
     unwinds.unwind_advance(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
-    assert approval.risk == "critical"
     client.force_login(dave)
-    assert "Compensation step" in client.get(INBOX).content.decode()
+    page = client.get(INBOX).content.decode()
+    assert "Compensation step" in page and "You asked for this, so a second person must approve it" in page
+    assert reverse("dashboard:approval-approve", args=[approval.pk]) not in page
+    assert reverse("dashboard:approval-reject", args=[approval.pk]) in page
     response = _post(client, approval, "approve", _approve_data(approval))
     assert any("second person" in str(m) for m in get_messages(response.wsgi_request))
     approval.refresh_from_db()
     assert approval.status == Approval.Status.PENDING
+    assert Event.objects.filter(run=run, kind="decision.refused", data__code="self_approval").count() == 1
+    _post(client, approval, "reject", {f"{approval.pk}-reject-reason": "wrong licence"})
+    approval.refresh_from_db()
+    assert approval.status == Approval.Status.REJECTED
 
 
 def test_the_inbox_query_count_is_flat(client, tenant, agent, bob, django_assert_max_num_queries):

@@ -133,7 +133,26 @@ def test_resume_issues_a_command_and_close_resolves(api, tenant, agent, saga):
     assert closed.status_code == 200 and closed.json()["resolution"] == "closed"
 
 
-def test_approvals_can_be_listed_approved_and_rejected(api, tenant, agent, alice):
+def test_approvals_are_for_approver_keys_only(api, tenant, agent, alice, approver_key):
+    """The operator key (recovery automation) neither lists nor decides approvals: 403 naming the
+    approver scope, and the approval stays pending."""
+    load_onboarding_policies(license_risk="high")
+    saga = onboarding_saga(tenant, agent)
+    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwinds.unwind_advance(unwind_id=unwind.pk)
+    approval = Approval.objects.get(step__unwind=unwind)
+    for response in (
+        api.get("/api/v1/approvals"),
+        _post(api, f"/approvals/{approval.pk}/approve", {"reason": "ok"}),
+        _post(api, f"/approvals/{approval.pk}/reject", {"reason": "no"}),
+    ):
+        assert response.status_code == 403
+        assert response.json()["error"]["details"] == {"scope": "approver"}
+    assert Approval.objects.get(pk=approval.pk).status == Approval.Status.PENDING
+
+
+def test_approvals_can_be_listed_approved_and_rejected(approver_key, tenant, agent, alice):
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {approver_key[1]}")
     load_onboarding_policies(license_risk="high")
     saga = onboarding_saga(tenant, agent)
     unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
@@ -165,7 +184,9 @@ def test_the_openapi_document_declares_the_operator_endpoints_and_their_errors(a
 
 
 @pytest.mark.parametrize("path", ["/api/v1/recovery", "/api/v1/approvals"])
-def test_a_forged_or_oversized_cursor_is_a_422_not_a_500(api, path):
+def test_a_forged_or_oversized_cursor_is_a_422_not_a_500(operator_key, approver_key, path):
+    key = approver_key if "approvals" in path else operator_key
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {key[1]}")
     nested = base64.urlsafe_b64encode(b"[" * 200).decode()  # within the length, not one of ours
     response = api.get(path, {"cursor": nested})
     assert response.status_code == 422

@@ -189,7 +189,7 @@ def test_an_unwind_requested_while_redis_is_down_is_committed_and_completes_when
 def test_an_approval_gated_step_pauses_the_unwind_until_a_second_person_approves(
     tenant, agent, alice, bob, webhooks, start_worker
 ):
-    # A critical license: undoing it needs an approval, and four eyes.
+    # A critical license: undoing it needs an approval, from someone other than who asked.
     load_onboarding_policies(webhooks=webhooks, license_risk="critical")
     saga = onboarding_saga(tenant, agent)
     worker = start_worker()
@@ -213,7 +213,7 @@ def test_an_approval_gated_step_pauses_the_unwind_until_a_second_person_approves
 
     from ledger import errors
 
-    with pytest.raises(errors.FourEyesRequired):
+    with pytest.raises(errors.SelfApproval):
         services.approval_approve(approval=approval, actor=Actor.for_user(alice), reason="my own request")
     services.approval_approve(
         approval=approval,

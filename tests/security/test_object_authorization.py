@@ -147,19 +147,29 @@ def _api_path(path: str, world: dict[str, str]) -> str:
 
 
 @pytest.mark.django_db
-def test_another_tenants_key_gets_404_on_every_api_operation_with_an_object(acme_world, outsider_key):
-    """Pass: Globex's key (both scopes), on every operation of the OpenAPI document that names an
-    Acme object, gets exactly the answer a nonexistent id gets (404, or the same 422 when the body
-    is checked first), so nothing tells it the object exists; GETs are 404; Acme's objects appear
-    in none of the list operations."""
+def test_another_tenants_key_gets_404_on_every_api_operation_with_an_object(
+    acme_world, outsider_key, other_tenant
+):
+    """Pass: Globex's keys (agent + operator, and an approver key for the approvals), on every
+    operation of the OpenAPI document that names an Acme object, get exactly the answer a
+    nonexistent id gets (404, or the same 422 when the body is checked first), so nothing tells
+    them the object exists; GETs are 404; Acme's objects appear in none of the list operations."""
+    from ledger.services.keys import agent_key_create
+
     outsider = Api(outsider_key[1])
+    outsider_approver = Api(
+        agent_key_create(
+            tenant=other_tenant, name="globex-approver", scopes=["approver"], actor=Actor.system("tests")
+        ).secret
+    )
     missing = {name: f"{value[:4]}{'0' * 26}" for name, value in acme_world.items()}
     not_found = 0
     for method, path, _operation in _api_operations():
 
         def call(world: dict[str, str], path: str = path, method: str = method) -> Any:
             url = _api_path(path, world)
-            return outsider.get(url) if method == "get" else outsider.post(url, {"reason": "x"})
+            client = outsider_approver if url.startswith("/approvals") else outsider
+            return client.get(url) if method == "get" else client.post(url, {"reason": "x"})
 
         response = call(acme_world)
         if "{" in path:
@@ -181,7 +191,8 @@ def test_another_tenants_key_gets_404_on_every_api_operation_with_an_object(acme
 
 @pytest.mark.django_db
 def test_an_agent_only_key_gets_403_on_every_operator_operation(acme_world, agent_key):
-    """Pass: a key without the operator scope gets 403 on every operation tagged recovery."""
+    """Pass: a key without the operator scope (nor the approver's) gets 403 on every operation
+    tagged recovery."""
     agent_only = Api(agent_key[1])
     checked = 0
     for method, path, operation in _api_operations():
@@ -192,6 +203,22 @@ def test_an_agent_only_key_gets_403_on_every_operator_operation(acme_world, agen
         assert response.status_code == 403, (method, path, response.status_code)
         checked += 1
     assert checked >= 9
+
+
+@pytest.mark.django_db
+def test_an_operator_key_gets_403_on_every_approval_operation(acme_world, operator_key):
+    """Pass: the operator scope does not decide approvals (only ``approver`` keys do)."""
+    operator = Api(operator_key[1])
+    checked = 0
+    for method, path, _operation in _api_operations():
+        if not path.startswith("/api/v1/approvals"):
+            continue
+        url = _api_path(path, acme_world)
+        response = operator.get(url) if method == "get" else operator.post(url, {"reason": "x"})
+        assert response.status_code == 403, (method, path, response.status_code)
+        checked += 1
+    assert checked == 3
+    assert Approval.objects.get(pk=acme_world["approval_id"]).status == "pending"
 
 
 @pytest.mark.django_db

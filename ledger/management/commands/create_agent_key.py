@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
 
 from ledger import errors
 from ledger.audit import Actor
@@ -14,18 +15,30 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", required=True, metavar="SLUG")
-        parser.add_argument("--name", required=True, help="What the key is for, e.g. onboarding-agent.")
         parser.add_argument(
-            "--scopes", default="agent", help="Comma-separated: agent, operator (default: agent)."
+            "--name",
+            required=True,
+            help="The agent or automation the key is for, e.g. onboarding-agent. Keys with the same "
+            "name are the same agent: a new key keeps access to the runs the old one created.",
+        )
+        parser.add_argument(
+            "--scopes",
+            default="agent",
+            help="Comma-separated: agent (records runs and actions), operator (recovery, and reads "
+            "every run of the tenant), approver (approves and rejects). Default: agent. A key never "
+            "holds both agent and approver.",
         )
 
     def handle(self, *args: Any, tenant: str, name: str, scopes: str, **options: Any) -> None:
         scope_list = [part.strip() for part in scopes.split(",") if part.strip()]
         try:
-            owner = keys.tenant_get_or_create(slug=tenant)
-            issued = keys.agent_key_create(
-                tenant=owner, name=name, scopes=scope_list, actor=Actor.system("create_agent_key")
-            )
+            # One transaction: a refused key (unknown scopes, agent with approver) leaves no new
+            # tenant behind either.
+            with transaction.atomic():
+                owner = keys.tenant_get_or_create(slug=tenant)
+                issued = keys.agent_key_create(
+                    tenant=owner, name=name, scopes=scope_list, actor=Actor.system("create_agent_key")
+                )
         except errors.SagaError as exc:
             raise CommandError(exc.message) from None
         self.stdout.write(
