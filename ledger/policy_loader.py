@@ -47,6 +47,7 @@ from ledger.models import (
     Tenant,
     ToolPolicy,
 )
+from ledger.policies import compensation_args_problems
 
 logger = structlog.get_logger("ledger.policies")
 
@@ -196,12 +197,47 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def _check_compensation_args(value: Any) -> Any:
+    if not isinstance(value, dict | str):
+        raise PydanticCustomError(
+            "compensation_args", 'must be an object (or one template string such as "$args")'
+        )
+    return value
+
+
+# Templates for the compensating tool's args (ledger.policies.compensation_args_fill).
+CompensationArgs = Annotated[Any, AfterValidator(_check_compensation_args)]
+
+
+def _compensation_args_coherent(policy: DefaultPolicyIn | PolicyIn) -> None:
+    if policy.compensation_args is None:
+        return
+    if not policy.compensation_tool:
+        raise PydanticCustomError(
+            "policy", "compensation_args: needs compensation_tool (the tool these args are for)"
+        )
+    if policy.compensation == CompensationStrategy.SNAPSHOT:
+        raise PydanticCustomError(
+            "policy", "compensation_args: a snapshot restore is sent the before_snapshot, not templated args"
+        )
+    problems = compensation_args_problems(policy.compensation_args)
+    if problems:
+        # Each problem names its key ("compensation_args.email: …").
+        raise PydanticCustomError("policy", "{problems}", {"problems": "; ".join(problems)})
+
+
 class DefaultPolicyIn(_Strict):
     risk: RiskValue | None = None
     approval: ApprovalValue | None = None
     action_class: ActionClassValue | None = None
     compensation: CompensationValue | None = None
     compensation_tool: ExactTool | None = None
+    compensation_args: CompensationArgs | None = None
+
+    @model_validator(mode="after")
+    def _coherent(self) -> DefaultPolicyIn:
+        _compensation_args_coherent(self)
+        return self
 
 
 class PolicyIn(_Strict):
@@ -211,6 +247,7 @@ class PolicyIn(_Strict):
     action_class: ActionClassValue
     compensation: CompensationValue | None = None
     compensation_tool: ExactTool | None = None
+    compensation_args: CompensationArgs | None = None
 
     @model_validator(mode="after")
     def _coherent(self) -> PolicyIn:
@@ -231,6 +268,7 @@ class PolicyIn(_Strict):
             )
         if self.compensation == CompensationStrategy.NONE and self.compensation_tool:
             raise PydanticCustomError("policy", "compensation_tool: makes no sense with compensation none")
+        _compensation_args_coherent(self)
         return self
 
     def effective_compensation(self) -> str:
@@ -603,6 +641,7 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
             "action_class": p.action_class,
             "compensation": p.effective_compensation(),
             "compensation_tool": p.compensation_tool or "",
+            "compensation_args": p.compensation_args,
         }
         for p in parsed.policies
     ]

@@ -148,6 +148,16 @@ def compensator_row(*, tenant_id: int, tool: str) -> Compensator | None:
     return rows[0] if rows else None
 
 
+def compensator_registered(*, tenant_id: int, tool: str) -> bool:
+    """Whether ``tool`` is a registered compensator for the tenant (a policy-file row, the tenant's
+    or the global one, or a Python compensator registered in code): the only tools an agent may
+    name as an action's compensation on its own."""
+    return (
+        tool in _REGISTRY
+        or Compensator.objects.filter(Q(tenant_id=tenant_id) | Q(tenant__isnull=True), tool=tool).exists()
+    )
+
+
 def compensator_describe(*, tenant_id: int, tool: str) -> str:
     """Where a tool's compensation would go, for the plan preview ("" when nothing serves it)."""
     row = compensator_row(tenant_id=tenant_id, tool=tool)

@@ -357,8 +357,9 @@ UNWIND_TRANSITIONS: dict[str, set[str]] = {
 _Step = UnwindStep.Status
 STEP_TRANSITIONS: dict[str, set[str]] = {
     # A step is queued for a job of its own, or claimed straight from pending by the worker that
-    # advanced the unwind; one that needs a person waits for its approval first.
-    _Step.PENDING: {_Step.AWAITING_APPROVAL, _Step.QUEUED, _Step.RUNNING},
+    # advanced the unwind; one that needs a person waits for its approval first. One whose args
+    # the policy's templates cannot fill from the forward action fails without running.
+    _Step.PENDING: {_Step.AWAITING_APPROVAL, _Step.QUEUED, _Step.RUNNING, _Step.FAILED},
     _Step.AWAITING_APPROVAL: {_Step.QUEUED, _Step.FAILED},
     _Step.QUEUED: {_Step.RUNNING},
     # Back to queued: a retry after a transient failure, or a lease that expired.

@@ -32,7 +32,7 @@ from ledger.policies import policy_settings_for
 from ledger.rules import reason_required
 from ledger.services import actions, runs
 from ledger.services.actions import RecordedAction
-from recovery import approvals, commands, items, selectors, unwinds
+from recovery import approvals, commands, compensators, items, selectors, unwinds
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import Plan, compensation_plan
 
@@ -182,11 +182,59 @@ def action_verify_and_queue(
 # --- Approvals ---------------------------------------------------------------------------------
 
 
-@transaction.atomic
 def action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAction:
     """Record an action (ledger.action_record, idempotent) and, when its policy demands a human,
-    move it to awaiting_approval and open the approval bound to the exact args."""
-    recorded = actions.action_record(run=run, actor=actor, **fields)
+    move it to awaiting_approval and open the approval bound to the exact args.
+
+    The agent's compensation is governed: a tool its policy does not allow, or one that is not a
+    registered compensator, is refused (422) and nothing is recorded; the refusal is audited on
+    the run."""
+    try:
+        return _action_record_gated(run=run, actor=actor, **fields)
+    except (errors.UnknownCompensator, errors.CompensationNotAllowed) as exc:
+        _record_action_refusal(run=run, actor=actor, exc=exc, fields=fields)
+        raise
+
+
+def _record_action_refusal(*, run: Run, actor: Actor, exc: errors.SagaError, fields: dict[str, Any]) -> None:
+    """The refused record rolled back; its audit event gets a transaction of its own."""
+    compensation = fields.get("compensation") or {}
+    log.info("action.refused", code=exc.code, run_id=run.pk, tool=fields.get("tool"), actor=actor.label)
+    try:
+        with transaction.atomic():
+            locked = (
+                Run.objects.select_for_update()
+                .select_related("tenant")
+                .get(pk=run.pk, tenant_id=run.tenant_id)
+            )
+            audit_record(
+                tenant=locked.tenant,
+                run=locked,
+                actor=actor,
+                kind="action.refused",
+                subject=locked,
+                reason=exc.message,
+                data={
+                    "code": exc.code,
+                    "tool": fields.get("tool"),
+                    "idempotency_key": fields.get("idempotency_key"),
+                    "compensation": {"tool": compensation.get("tool"), "args": compensation.get("args")},
+                    "details": exc.details,
+                },
+            )
+    except DatabaseError:
+        log.warning("action.refusal_not_audited", run_id=run.pk, exc_info=True)
+
+
+@transaction.atomic
+def _action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAction:
+    tenant_id = run.tenant_id
+    recorded = actions.action_record(
+        run=run,
+        actor=actor,
+        is_compensator=lambda tool: compensators.compensator_registered(tenant_id=tenant_id, tool=tool),
+        **fields,
+    )
     action = recorded.action
     if recorded.created and action.requires_approval:
         actions.action_await_approval(action=action, actor=actor)
@@ -345,8 +393,10 @@ def unwind_start(*, item: RecoveryItem, actor: Actor, reason: str, automatic: bo
 
 
 def _auto_compensate(*, run: Run, item: RecoveryItem) -> Unwind | None:
-    """Unwind without a human when every live action is at or under the policy's
-    ``auto_compensate.max_risk`` and there is something to undo (and nothing unknown)."""
+    """Unwind without a human when every live action, and every compensating tool that would undo
+    one (by its own policy, the default one when it has none), is at or under the policy's
+    ``auto_compensate.max_risk``, and there is something to undo (and nothing unknown). A step
+    whose policy still wants an approver waits for one even then."""
     max_allowed = policy_settings_for(run.tenant).auto_compensate_max_risk
     if max_allowed is None:
         return None
@@ -356,13 +406,16 @@ def _auto_compensate(*, run: Run, item: RecoveryItem) -> Unwind | None:
         return None
     if any(RISK_ORDER[Risk(a.risk)] > threshold for a in live):
         return None
-    if not any(step.can_undo for step in compensation_plan(run=run).steps):
+    undoable = [step for step in compensation_plan(run=run).steps if step.can_undo]
+    if not undoable:
+        return None
+    if any(step.policy and RISK_ORDER[Risk(step.policy["risk"])] > threshold for step in undoable):
         return None
     return unwind_start(
         item=item,
         actor=AUTO_COMPENSATOR,
         automatic=True,
-        reason=f"auto-compensation: every action is at or under {max_allowed} risk",
+        reason=f"auto-compensation: every action and compensating tool is at or under {max_allowed} risk",
     )
 
 

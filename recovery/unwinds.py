@@ -283,21 +283,36 @@ def _advance_locked(unwind: Unwind, *, claim: bool) -> Claim | None:
     than loading every step with its action on every advance."""
     if unwind.status != Unwind.Status.RUNNING:
         return None
-    step = (
-        unwind.steps.filter(status__in=(*IN_FLIGHT, UnwindStep.Status.PENDING))
-        .select_related("action")
-        .order_by(Case(When(status=UnwindStep.Status.PENDING, then=1), default=0), "position")
-        .first()
-    )
-    if step is not None and step.status != UnwindStep.Status.PENDING:
-        return None  # one step at a time; its own job (or the sweeper) moves it on
-    if step is None or (
-        unwind.on_failure == Unwind.OnFailure.HALT and unwind.steps.filter(status__in=PROBLEMS).exists()
-    ):
-        unwind_finish(unwind=unwind, steps=_all_steps(unwind))
-        return None
-    step.unwind = unwind
-    step.action.run = unwind.run
+    while True:
+        step = (
+            unwind.steps.filter(status__in=(*IN_FLIGHT, UnwindStep.Status.PENDING))
+            .select_related("action")
+            .order_by(Case(When(status=UnwindStep.Status.PENDING, then=1), default=0), "position")
+            .first()
+        )
+        if step is not None and step.status != UnwindStep.Status.PENDING:
+            return None  # one step at a time; its own job (or the sweeper) moves it on
+        if step is None or (
+            unwind.on_failure == Unwind.OnFailure.HALT and unwind.steps.filter(status__in=PROBLEMS).exists()
+        ):
+            unwind_finish(unwind=unwind, steps=_all_steps(unwind))
+            return None
+        step.unwind = unwind
+        step.action.run = unwind.run
+        args_error = _planned(unwind, step).get("args_error")
+        if not args_error:
+            break
+        # Nothing to run and nothing an approver could approve: the step fails, naming the path
+        # its args lack, and the unwind goes on with the next one (or halts).
+        step_transition(
+            step,
+            to=UnwindStep.Status.FAILED,
+            allowed_from=(UnwindStep.Status.PENDING,),
+            actor=ENGINE,
+            kind="step.failed",
+            reason=args_error,
+            updates={"error": args_error, "finished_at": timezone.now()},
+        )
     if step.requires_approval:
         approval = Approval.objects.filter(step=step).first()
         if approval is None or approval.status != Approval.Status.APPROVED:
@@ -355,11 +370,17 @@ def _step_queue(
     enqueue_step(step.pk, step_timeout_s=step_timeout_of(unwind))
 
 
+def _planned(unwind: Unwind, step: UnwindStep) -> dict[str, Any]:
+    """The step as the plan froze it when the unwind started ({} for an unwind without one)."""
+    planned_steps = (unwind.plan or {}).get("steps", [])
+    # Steps were created in plan order, so the position is the index; checked, not assumed.
+    if step.position < len(planned_steps) and planned_steps[step.position].get("action_id") == step.action_id:
+        return dict(planned_steps[step.position])
+    return next((dict(p) for p in planned_steps if p.get("action_id") == step.action_id), {})
+
+
 def _planned_risk(unwind: Unwind, step: UnwindStep) -> str:
-    for planned in (unwind.plan or {}).get("steps", []):
-        if planned.get("action_id") == step.action_id and planned.get("risk"):
-            return str(planned["risk"])
-    return step.action.risk
+    return str(_planned(unwind, step).get("risk") or step.action.risk)
 
 
 def _step_request_approval(*, unwind: Unwind, step: UnwindStep, approval: Approval | None) -> None:

@@ -50,24 +50,33 @@ def load_onboarding_policies(
     auto_compensate: str | None = None,
 ) -> list[ToolPolicy]:
     """The onboarding scenario's global policies: creating the HR user and provisioning the
-    licence run without approval and can be undone; the welcome e-mail is irreversible but
-    auto-approved; the compensating tools are explicit and automatic (their risk is the forward
-    action's); CRM updates restore a snapshot; money needs a human.
+    licence run without approval and can be undone, each by the compensating tool its policy
+    names; the welcome e-mail is irreversible but auto-approved; the compensating tools have
+    explicit, automatic, low-risk policies of their own (a compensating tool without one would be
+    governed by the default policy and wait for a human); CRM updates restore a snapshot (the
+    ``crm.update_*`` glob also governs their ``….restore`` tools); money needs a human.
 
     ``license_risk``/``license_approval`` make undoing the licence need an approval;
     ``webhooks`` registers the two compensating tools as signed webhooks on that server;
     ``auto_compensate`` is the highest risk compensated without a human (never, by default).
     Idempotent: a builder may load them again before every run it makes."""
     rows = [
-        # tool, risk, approval, action class, compensation
-        ("hr.create_user", "medium", "auto", "internal_update", "custom"),
-        ("workspace.provision_license", license_risk, license_approval, "external_reversible", "custom"),
-        ("email.send_welcome", "low", "auto", "external_irreversible", "none"),
-        ("hr.delete_user", "low", "auto", "internal_update", "none"),
-        ("workspace.cancel_license", "low", "auto", "internal_update", "none"),
-        ("crm.update_*", "low", "auto", "internal_update", "snapshot"),
-        ("payments.charge", "critical", "manual", "external_irreversible", "correction"),
-        ("payments.refund", "high", "manual", "external_irreversible", "none"),
+        # tool, risk, approval, action class, compensation, compensating tool
+        ("hr.create_user", "medium", "auto", "internal_update", "custom", "hr.delete_user"),
+        (
+            "workspace.provision_license",
+            license_risk,
+            license_approval,
+            "external_reversible",
+            "custom",
+            "workspace.cancel_license",
+        ),
+        ("email.send_welcome", "low", "auto", "external_irreversible", "none", ""),
+        ("hr.delete_user", "low", "auto", "internal_update", "none", ""),
+        ("workspace.cancel_license", "low", "auto", "internal_update", "none", ""),
+        ("crm.update_*", "low", "auto", "internal_update", "snapshot", ""),
+        ("payments.charge", "critical", "manual", "external_irreversible", "correction", ""),
+        ("payments.refund", "high", "manual", "external_irreversible", "none", ""),
     ]
     policies = [
         ToolPolicy.objects.update_or_create(
@@ -78,10 +87,12 @@ def load_onboarding_policies(
                 "approval": approval,
                 "action_class": action_class,
                 "compensation": compensation,
+                "compensation_tool": compensation_tool,
+                "compensation_args": None,
                 "source": "tests",
             },
         )[0]
-        for tool, risk, approval, action_class, compensation in rows
+        for tool, risk, approval, action_class, compensation, compensation_tool in rows
     ]
     if webhooks is not None:
         for tool, path, secret in (
@@ -108,14 +119,16 @@ def load_onboarding_policies(
 def load_reliability_policies(
     *, hooks: WebhookServer | None = None, max_attempts: int = 10, python_undo: str = ""
 ) -> None:
-    """``rel.do_*`` tools are low-risk and undone by ``rel.undo`` (the webhook on ``hooks``, or a
-    Python compensator when ``python_undo`` names one)."""
+    """``rel.do_*`` tools are low-risk and undone by ``rel.undo`` (their policy names it; the
+    webhook on ``hooks``, or a Python compensator when ``python_undo`` names one), whose own policy
+    is low-risk and automatic."""
     ToolPolicy.objects.create(
         tool="rel.do_*",
         risk="low",
         approval="auto",
         action_class="external_reversible",
         compensation="custom",
+        compensation_tool="rel.undo",
     )
     ToolPolicy.objects.create(
         tool="rel.undo", risk="low", approval="auto", action_class="internal_update", compensation="none"

@@ -5,6 +5,7 @@ in the same transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +17,9 @@ from ledger.audit import Actor, audit_record
 from ledger.hashing import sha256_hex
 from ledger.ids import new_action_id
 from ledger.models import Action, ActionClass, CompensationStrategy, Run
-from ledger.policies import ResolvedPolicy, policy_resolve
+from ledger.policies import ResolvedPolicy, TemplateUnfillable, compensation_args_fill, policy_resolve
 from ledger.rules import COMPENSATABLE_CLASSES, NOT_A_PIVOT, pivot_order_warning, reason_required
-from ledger.services.runs import run_assert_accepts_writes, run_lock
+from ledger.services.runs import run_assert_accepts_writes, run_lock, run_scope
 from ledger.transitions import ACTION_TRANSITIONS, transition
 
 
@@ -39,24 +40,110 @@ def action_payload_hash(
     )
 
 
-def _compensation_for(
-    policy: ResolvedPolicy, *, tool: str, args: Any, compensation: dict[str, Any] | None
-) -> tuple[str, str, Any]:
-    """(strategy, compensating tool, its args) for a newly recorded action."""
+# "Is this tool a registered compensator for the tenant?": the registry has rows here (the policy
+# file's compensators) and Python compensators registered in code in the recovery layer, which
+# hands the whole question down as this predicate.
+CompensatorCheck = Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class _Compensation:
+    strategy: str
+    tool: str
+    args: Any  # literal args, or the template they are filled from
+    template: Any  # the template the step's args are filled from at plan time; None: literal
+    warnings: list[dict[str, Any]]
+
+
+def _mandated_tool(policy: ResolvedPolicy, *, tool: str) -> str:
+    """The compensating tool the forward tool's policy names ("" when it leaves it to the agent)."""
     if policy.action_class == ActionClass.READ_ONLY:
-        return CompensationStrategy.NONE, "", None
+        return ""
     if policy.compensation == CompensationStrategy.SNAPSHOT:
-        return CompensationStrategy.SNAPSHOT, policy.compensation_tool or f"{tool}.restore", None
-    if compensation:
-        strategy = (
-            CompensationStrategy.CORRECTION
-            if policy.action_class == ActionClass.EXTERNAL_IRREVERSIBLE
-            else CompensationStrategy.CUSTOM
-        )
-        return strategy, compensation["tool"], compensation.get("args", {})
+        return policy.compensation_tool or f"{tool}.restore"
     if policy.compensation_tool and policy.compensation != CompensationStrategy.NONE:
-        return policy.compensation, policy.compensation_tool, args
-    return CompensationStrategy.NONE, "", None
+        return policy.compensation_tool
+    return ""
+
+
+def _agent_strategy(policy: ResolvedPolicy) -> str:
+    """A compensation the agent chose: a correction for an irreversible tool, else a custom undo."""
+    if policy.action_class == ActionClass.EXTERNAL_IRREVERSIBLE:
+        return CompensationStrategy.CORRECTION
+    return CompensationStrategy.CUSTOM
+
+
+def _compensation_for(
+    policy: ResolvedPolicy,
+    *,
+    tool: str,
+    target_type: str,
+    target_id: str,
+    args: Any,
+    compensation: dict[str, Any] | None,
+    is_compensator: CompensatorCheck | None,
+) -> _Compensation:
+    """What undoes a newly recorded action. The agent's compensation is a request: where the
+    policy names the compensating tool, any other is refused (``CompensationNotAllowed``); a tool
+    it names on its own must be a registered compensator (``UnknownCompensator``, when the caller
+    can tell). The policy's templates, not the agent's args, build a policy-named tool's args."""
+    mandated = _mandated_tool(policy, tool=tool)
+    named = str(compensation["tool"]) if compensation else ""
+    if named and mandated and named != mandated:
+        raise errors.CompensationNotAllowed(
+            f"The policy for {tool} ({policy.pattern}) names {mandated} as its compensation; "
+            f"{named} is not allowed.",
+            details={"tool": named, "allowed": mandated, "policy": policy.pattern},
+        )
+    if named and not mandated and is_compensator is not None and not is_compensator(named):
+        raise errors.UnknownCompensator(
+            f"{named} is not a registered compensator; an action can only be undone by a tool "
+            "registered in the policy file (or in code).",
+            details={"tool": named},
+        )
+    if policy.action_class == ActionClass.READ_ONLY:
+        return _Compensation(CompensationStrategy.NONE, "", None, None, [])
+    if policy.compensation == CompensationStrategy.SNAPSHOT:
+        return _Compensation(CompensationStrategy.SNAPSHOT, mandated, None, None, [])
+    warnings: list[dict[str, Any]] = []
+    if named and not (mandated and policy.compensation_args is not None):
+        # The agent's own args: for a tool it chose (a registered compensator, which its own
+        # policy governs when the step runs), or for the policy's tool when the policy does not
+        # say how to build them.
+        return _Compensation(
+            policy.compensation if mandated else _agent_strategy(policy),
+            named,
+            (compensation or {}).get("args", {}),
+            None,
+            [],
+        )
+    if not mandated:
+        return _Compensation(CompensationStrategy.NONE, "", None, None, [])
+    # The policy's compensation: its templates, or the forward args as they are ("$args"), filled
+    # when the unwind is planned, from the args as they are then (an approver's edit included).
+    template = policy.compensation_args if policy.compensation_args is not None else "$args"
+    filled: Any = None
+    try:
+        filled = compensation_args_fill(template, args=args, target_id=target_id, target_type=target_type)
+    except TemplateUnfillable as exc:
+        warnings.append(
+            {
+                "code": "compensation_args_unfillable",
+                "message": f"The compensation args of {mandated} cannot be filled from this action "
+                f"({exc}); undoing it will fail unless an approver's edit supplies it.",
+                "path": exc.path,
+            }
+        )
+    sent = (compensation or {}).get("args")
+    if named and sent and sent != filled:
+        warnings.append(
+            {
+                "code": "compensation_args_from_policy",
+                "message": f"The policy builds {mandated}'s args from this action; the args sent with "
+                "the compensation are not used.",
+            }
+        )
+    return _Compensation(policy.compensation, mandated, template, template, warnings)
 
 
 def pivot_warnings_for_new(
@@ -106,6 +193,7 @@ def action_record(
     intent: dict[str, Any] | None = None,
     before_snapshot: Any = None,
     compensation: dict[str, Any] | None = None,
+    is_compensator: CompensatorCheck | None = None,
     lock_timeout_ms: int = 5000,
 ) -> RecordedAction:
     """Record a planned action, idempotently per (tenant, idempotency key).
@@ -114,6 +202,10 @@ def action_record(
     → ``IdempotencyKeyReused``. Concurrent duplicates serialise on an advisory lock for the key:
     the first inserts, the rest then see its row; one that waits longer than ``lock_timeout_ms``
     for a stuck first request gets ``IdempotencyKeyInFlight``.
+
+    A new action's compensation is checked against its policy (``_compensation_for``) and, with
+    ``is_compensator``, the agent-named tool against the registered compensators; a replay is not
+    checked again (it returns what was accepted).
     """
     args = {} if args is None else args
     payload_hash = action_payload_hash(
@@ -149,6 +241,7 @@ def action_record(
                     intent=intent or {},
                     before_snapshot=before_snapshot,
                     compensation=compensation,
+                    is_compensator=is_compensator,
                     payload_hash=payload_hash,
                 ),
                 created=True,
@@ -171,9 +264,10 @@ def action_record(
 
 
 def _replay(existing: Action, *, run: Run, payload_hash: str) -> Action:
-    if existing.run_id != run.pk and not Run.objects.filter(pk=run.pk, tenant_id=run.tenant_id).exists():
+    if (existing.run_id != run.pk or run.owner) and not run_scope(run).exists():
         # ``run`` may be a reference built from the client's run id: an unknown (or another
-        # tenant's) run is a 404 whatever the key, as it was before the key was looked at.
+        # tenant's, or another agent's) run is a 404 whatever the key, as it was before the key
+        # was looked at — a replay never hands over an action of a run the caller does not reach.
         raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
     if existing.run_id != run.pk or existing.payload_hash != payload_hash:
         raise errors.IdempotencyKeyReused(
@@ -198,20 +292,31 @@ def _action_insert(
     intent: dict[str, Any],
     before_snapshot: Any,
     compensation: dict[str, Any] | None,
+    is_compensator: CompensatorCheck | None,
     payload_hash: str,
 ) -> Action:
     locked = run_lock(run, policy_stamp=True)
     run_assert_accepts_writes(locked)
     policy = policy_resolve(tenant=locked.tenant, tool=tool, stamp=locked.policy_stamp)
-    strategy, comp_tool, comp_args = _compensation_for(
-        policy, tool=tool, args=args, compensation=compensation
+    undo = _compensation_for(
+        policy,
+        tool=tool,
+        target_type=target_type,
+        target_id=target_id,
+        args=args,
+        compensation=compensation,
+        is_compensator=is_compensator,
     )
     seq = locked.action_count + 1
     action_id = new_action_id()
     warnings = pivot_warnings_for_new(
         run=locked, action_class=policy.action_class, tool=tool, action_id=action_id, seq=seq
     )
-    if strategy == CompensationStrategy.NONE and policy.action_class == ActionClass.EXTERNAL_IRREVERSIBLE:
+    warnings.extend(undo.warnings)
+    if (
+        undo.strategy == CompensationStrategy.NONE
+        and policy.action_class == ActionClass.EXTERNAL_IRREVERSIBLE
+    ):
         warnings.append(
             {
                 "code": "irreversible_without_correction",
@@ -235,10 +340,12 @@ def _action_insert(
         action_class=policy.action_class,
         approval_mode=policy.approval,
         requires_approval=policy.requires_approval,
-        policy=policy.as_dict(),
-        compensation_strategy=strategy,
-        compensation_tool=comp_tool,
-        compensation_args=comp_args,
+        # As it applied, frozen: ``compensation_args`` is the template this action's compensation
+        # args are filled from when an unwind is planned (None: its compensation args are literal).
+        policy={**policy.as_dict(), "compensation_args": undo.template},
+        compensation_strategy=undo.strategy,
+        compensation_tool=undo.tool,
+        compensation_args=undo.args,
         warnings=warnings,
     )
     audit_record(

@@ -61,7 +61,14 @@ class RunIn(StrictIn):
     user_id: str = Field("", max_length=200)
     goal: str = Field("", max_length=5000)
     trace_url: HttpUrlStr = ""
-    resume_url: HttpUrlStr = Field("", description="Webhook that receives signed resume/cancel commands.")
+    # Checked by the run_create service (ledger.outbound), not here: http(s) and a public or
+    # operator-allowed host, else 422 url_not_allowed.
+    resume_url: str = Field(
+        "",
+        max_length=2000,
+        description="Webhook that receives signed resume/cancel commands: an http(s) URL whose host is "
+        "public or allowed by SAGA_OUTBOUND_ALLOWED_HOSTS (else 422 url_not_allowed).",
+    )
     metadata: JSONObject = Field(default_factory=dict)
 
 
@@ -319,6 +326,11 @@ class AgentCommandOut(Schema):
     checkpoint: CheckpointOut | None = None
     created_at: datetime
     acked_at: datetime | None = None
+    # Pushes to the run's resume_url: when one got through, how many were tried, and why the last
+    # one failed ("Refused: …" when the URL may not be reached; then it is not tried again).
+    delivered_at: datetime | None = None
+    delivery_attempts: int = 0
+    delivery_error: str = ""
 
 
 class AgentCommandsOut(Schema):
@@ -343,6 +355,9 @@ class ToolPolicyOut(Schema):
     action_class: str
     compensation: str
     compensation_tool: str
+    compensation_args: JSONValue = Field(
+        None, description="Templates for the compensating tool's args ($args.<path>, $result.<path>, …)."
+    )
     scope: Literal["tenant", "global"]
     source: str
 

@@ -15,7 +15,9 @@ from tests.support.api import error_of
 pytestmark = pytest.mark.django_db
 
 
-def test_it_creates_a_run(api, agent_key):
+def test_it_creates_a_run(api, agent_key, settings):
+    # An internal name the operator allows (it need not resolve: allowed by name, not address).
+    settings.SAGA = {**settings.SAGA, "OUTBOUND_ALLOWED_HOSTS": ["agent.internal"]}
     response = api.post(
         "/runs",
         {
@@ -37,13 +39,14 @@ def test_it_creates_a_run(api, agent_key):
 def test_it_refuses_a_resume_url_that_is_not_http(api):
     response = api.post("/runs", {"agent": "a", "request": "r", "resume_url": "javascript:alert(1)"})
     assert response.status_code == 422
-    assert error_of(response)["code"] == "invalid_request"
+    assert error_of(response)["code"] == "url_not_allowed"
+    assert not Run.objects.exists()
 
 
 def test_it_shows_a_run_with_its_actions_checkpoint_item_and_warnings(api, onboarding_policies):
     run = new_run(api)
     email = new_action(api, run["id"], key="mail", tool="email.send_welcome", compensation=None)
-    license_ = new_action(api, run["id"], key="lic", tool="workspace.provision_license")
+    license_ = new_action(api, run["id"], key="lic", tool="workspace.provision_license", compensation=None)
     api.post(f"/runs/{run['id']}/checkpoints", {"name": "after-license", "state": {"step": 2}})
     api.post(f"/runs/{run['id']}/fail", {"error": "boom", "failed_action_id": license_["id"]})
 
@@ -207,25 +210,33 @@ def test_policies_lists_what_applies_to_the_tenant(api, tenant, other_tenant, on
 def test_commands_are_pushed_to_the_resume_url_signed_for_the_receiver(api, alice, settings, monkeypatch):
     import httpx
 
+    from ledger import outbound
     from recovery import notifications
     from saga_client import verify_signature
 
-    settings.SAGA = {**settings.SAGA, "RESUME_WEBHOOK_SECRET": "agent-secret"}
+    settings.SAGA = {
+        **settings.SAGA,
+        "RESUME_WEBHOOK_SECRET": "master-secret",
+        "OUTBOUND_ALLOWED_HOSTS": ["agent.internal"],
+    }
     run = new_run(api, resume_url="https://agent.internal/saga/commands")
     command = recovery_commands.command_issue(
         run=Run.objects.get(pk=run["id"]), kind="resume", actor=Actor.for_user(alice), reason="gateway fixed"
     )
     received = []
 
-    def fake_post(url, *, content, headers, timeout):
-        received.append((url, content, headers))
-        return httpx.Response(200, request=httpx.Request("POST", url))
+    def fake_post(target, *, content, headers, timeout):
+        received.append((target.url, content, headers))
+        return httpx.Response(200, request=httpx.Request("POST", target.url))
 
-    monkeypatch.setattr(notifications.httpx, "post", fake_post)
+    monkeypatch.setattr(outbound, "post", fake_post)
     assert notifications.deliver_command(command_id=command.pk)
 
     [(url, content, headers)] = received
     assert url == "https://agent.internal/saga/commands"
-    assert verify_signature("agent-secret", headers, content)
+    # Signed with the tenant's own secret (manage.py resume_secret), not the master.
+    tenant_secret = outbound.resume_secret(Run.objects.get(pk=run["id"]).tenant)
+    assert verify_signature(tenant_secret, headers, content)
+    assert not verify_signature("master-secret", headers, content)
     assert headers["Idempotency-Key"] == command.pk
     assert json.loads(content)["kind"] == "resume"

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 
 from ledger.audit import Actor
-from ledger.models import Action, Run, ToolPolicy
+from ledger.models import Action, Compensator, Run, ToolPolicy
 from recovery import commands as recovery_commands
 from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
@@ -180,6 +180,11 @@ def _approve_when_asked(decide, *, timeout_s: float = 10.0) -> threading.Thread:
 
 
 def test_an_approval_gated_step_waits_and_proceeds_with_the_approved_args(saga, bob):
+    # The refund the agent names as its compensation must be a registered compensator (it is
+    # never called here: nothing is undone).
+    Compensator.objects.create(
+        tool="payments.refund", kind="python", python_path="payments_service.saga.refund"
+    )
     charged: list[dict] = []
     approver = _approve_when_asked(
         lambda approval: recovery.approval_approve(

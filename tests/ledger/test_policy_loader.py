@@ -293,6 +293,7 @@ def test_it_accepts_agent_safety_values_in_any_case_and_camel_case_keys():
             "action_class": "draft_only",
             "compensation": "snapshot",
             "compensation_tool": "",
+            "compensation_args": None,
         }
     ]
     assert document.auto_compensate == {"max_risk": "low"}

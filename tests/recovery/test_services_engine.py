@@ -264,9 +264,9 @@ def test_an_unanswered_compensation_approval_expires_and_the_step_fails(tenant, 
         services.step_retry(step=step, actor=Actor.for_user(alice), reason="try again")
 
 
-def test_four_eyes_the_requester_cannot_approve_a_critical_compensation(tenant, agent, alice, bob):
+def test_the_requester_cannot_approve_a_compensation_step(tenant, agent, alice, bob):
     saga, unwind, approval = _gated_unwind(tenant, agent, alice)
-    with pytest.raises(errors.FourEyesRequired):
+    with pytest.raises(errors.SelfApproval):
         services.approval_approve(approval=approval, actor=Actor.for_user(alice), reason="mine")
     services.approval_approve(approval=approval, actor=Actor.for_user(bob), reason="ok")
     step = UnwindStep.objects.get(pk=approval.step_id)
@@ -359,8 +359,9 @@ def test_a_run_without_heartbeats_is_failed_as_agent_lost(tenant, agent, setting
 
 
 def test_an_undelivered_resume_command_is_pushed_again(
-    tenant, agent, alice, django_capture_on_commit_callbacks
+    tenant, agent, alice, django_capture_on_commit_callbacks, settings
 ):
+    settings.SAGA = {**settings.SAGA, "OUTBOUND_ALLOWED_HOSTS": ["127.0.0.1:9"]}
     run = runs.run_create(
         tenant=tenant, actor=agent, agent="a", request="r", resume_url="http://127.0.0.1:9/x"
     )

@@ -31,7 +31,12 @@ def test_it_freezes_the_loaded_duration_and_failure_mode_into_the_unwind(tenant,
         {
             "agentSafety": {
                 "policies": {
-                    "hr.create_user": {"risk": "MEDIUM", "approval": "AUTO", "compensation": "CUSTOM"}
+                    "hr.create_user": {
+                        "risk": "MEDIUM",
+                        "approval": "AUTO",
+                        "compensation": "CUSTOM",
+                        "compensationTool": "hr.delete_user",
+                    }
                 },
                 "unwind": {"strategy": "LIFO", "onCompensationFailure": "HALT", "timeout": "2m"},
             }
