@@ -6,7 +6,8 @@
 Phases, in order (each figure is measured in this run; nothing is carried over from another):
   1. baselines — L1 raw psycopg INSERTs, L2 a no-op WSGI app under the Procfile's gunicorn
      settings, L3 raw RQ no-op jobs on the Procfile's worker;
-  2. ledger append over HTTP (gunicorn as in the Procfile), 1 and 16 clients;
+  2. ledger append over HTTP (gunicorn as in the Procfile), 1 and 16 clients; then refusals:
+     what a POST without a valid key costs, tiny and 1 MiB (refused before the body is read);
   3. dashboard at scale after ``seed_bench``: timings over HTTP, query counts at two data sizes,
      EXPLAIN (ANALYZE) of every query the pages run;
   4. unwind throughput with no-op Python compensators on the Procfile's worker.
@@ -180,6 +181,7 @@ def child_env(*, database_url: str, redis_url: str, port: int, settings_module: 
             # The limiter stays on (its cost is measured) with a ceiling the benchmark cannot hit:
             # the question is what the ledger can take, not where the default limit sits.
             "SAGA_THROTTLE_RATE": "10000000/m",
+            "SAGA_UNAUTHENTICATED_RATE": "10000000/m",
             # seed_bench writes running runs with fresh heartbeats; a sweeper must not turn them
             # into agent_lost items (and burn CPU doing it) while other figures are measured.
             "SAGA_HEARTBEAT_TIMEOUT_S": "86400",
@@ -201,6 +203,7 @@ def setup_django(env: dict[str, str]) -> None:
         "SESSION_COOKIE_SECURE",
         "CSRF_COOKIE_SECURE",
         "SAGA_THROTTLE_RATE",
+        "SAGA_UNAUTHENTICATED_RATE",
         "SAGA_HEARTBEAT_TIMEOUT_S",
     ):
         os.environ[key] = env[key]
@@ -448,6 +451,38 @@ class Harness:
         finally:
             web.stop()
 
+    def unauthenticated(self) -> None:
+        """POSTs without a valid key, tiny and 1 MiB, against the Procfile's gunicorn: the gate
+        refuses them from the headers, so the megabyte must cost about what the tiny one does. The
+        same megabyte with a valid key (read, parsed and checked, then a 422) is measured beside
+        them: it is what every unauthenticated megabyte cost before the key came first."""
+        from bench import fixtures
+
+        s = self.section("unauthenticated")
+        (_, secret), *_ = fixtures.agent_keys(tenant_slug="bench-refusals", count=1)
+        unknown = "sk_0123456789ab_" + "x" * 43
+        cases = [
+            ("tiny_no_key", "tiny", {}, 401),
+            ("megabyte_no_key", "megabyte", {}, 401),
+            ("tiny_unknown_key", "tiny", {"Authorization": f"Bearer {unknown}"}, 401),
+            ("megabyte_unknown_key", "megabyte", {"Authorization": f"Bearer {unknown}"}, 401),
+            ("megabyte_valid_key", "megabyte", {"Authorization": f"Bearer {secret}"}, 422),
+        ]
+        web = self.start_web("web-unauthenticated")
+        try:
+            for name, body, headers, expected in cases:
+                log(f"refusals: {name}, 1 client")
+                params = {
+                    "op": name,
+                    "path": "/api/v1/runs",
+                    "body": body,
+                    "headers": headers,
+                    "expected": expected,
+                }
+                s[name] = summarize(self.load("post_raw", 1, params, web=web), name)
+        finally:
+            web.stop()
+
     # Phase 3 ----------------------------------------------------------------------------------
 
     def dashboard(self) -> None:
@@ -564,6 +599,7 @@ class Harness:
         phases = [
             ("baselines", self.baselines),
             ("append", self.append),
+            ("unauthenticated", self.unauthenticated),
             ("dashboard", self.dashboard),
             ("unwind", self.unwinds),
         ]
@@ -615,7 +651,9 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-db", action="store_true", help="do not drop the benchmark database at the end"
     )
     parser.add_argument(
-        "--only", default="", help="comma-separated phases: baselines,append,dashboard,unwind"
+        "--only",
+        default="",
+        help="comma-separated phases: baselines,append,unauthenticated,dashboard,unwind",
     )
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--actions-per-run", type=int, default=None)

@@ -1,16 +1,21 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 
-from saga_admin.api.app import api
+from dashboard import workers
+from saga_admin.api.app import api, unrouted
 from saga_admin.health import healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("api/v1/", api.urls),
+    # Any other path under /api/ is the API's JSON 404 (never the dashboard's page, never an
+    # APPEND_SLASH redirect).
+    re_path(r"^api/(?P<rest>.*)$", unrouted, name="api-unrouted"),
     path("admin/", admin.site.urls),
-    path("django-rq/", include("django_rq.urls")),
+    # Superusers only (django-rq's own check lets any staff user in, tenant admins included).
+    path("django-rq/", include((workers.urlpatterns(), "django_rq"))),
     path("demo-world/", include("demo.urls")),
     path("", include("dashboard.auth_urls")),
     path("", include("dashboard.urls")),

@@ -13,13 +13,21 @@ import structlog
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Throttled, ValidationError
 
 from ledger import errors
 from ledger.conf import saga
 from saga_admin.api.agents import router as agent_router
-from saga_admin.api.limits import BodyRejected, CheckedJSONParser, KeyRateThrottle
+from saga_admin.api.limits import (
+    BodyRejected,
+    CheckedJSONParser,
+    KeyRateThrottle,
+    error_json,
+    internal_error,
+    unauthorized_response,
+)
 from saga_admin.api.operator import router as operator_router
 
 log = structlog.get_logger("saga_admin.api")
@@ -89,15 +97,9 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
 
 @api.exception_handler(AuthenticationError)
 def _authentication_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
-    response = error_response(
-        api,
-        request,
-        status=401,
-        code="unauthorized",
-        message="A valid API key is required: Authorization: Bearer <key>.",
-    )
-    response["WWW-Authenticate"] = 'Bearer realm="saga-admin"'
-    return response
+    # Normally the API gate answers first, before the body is read; the same answer here covers a
+    # request that reached an operation without it.
+    return unauthorized_response()
 
 
 @api.exception_handler(AuthorizationError)
@@ -157,19 +159,19 @@ def _not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
 
 @api.exception_handler(Exception)
 def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
-    request_id = getattr(request, "request_id", "")
     log.exception("api.unexpected_error", path=request.path, method=request.method)
     if settings.DEBUG and getattr(settings, "SAGA_RAISE_API_ERRORS", False):
         raise exc
-    return error_response(
-        api,
-        request,
-        status=500,
-        code="internal_error",
-        message=f"Something went wrong on our side; quote request id {request_id}.",
-        details={"request_id": request_id},
-    )
+    return internal_error(request)
 
 
 api.add_router("", agent_router)
 api.add_router("", operator_router)
+
+
+@csrf_exempt  # an API path: key-authenticated, never a browser form
+def unrouted(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """Every path under /api/ that no operation serves (a typo, another version): a JSON 404 in
+    the one error shape, not the dashboard's page. It sits after the API in saga_admin/urls.py, so
+    the gate has already asked for a key: without one the answer is 401, as for any API path."""
+    return error_json(404, "not_found", "No API operation at this path; see /api/v1/docs.")

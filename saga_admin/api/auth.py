@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import structlog
@@ -12,7 +11,7 @@ from ninja.security import HttpBearer
 
 from ledger import errors
 from ledger.models import AgentKey
-from ledger.services.keys import agent_key_authenticate
+from saga_admin.api.limits import request_key
 
 
 class ErrorBody(Schema):
@@ -40,32 +39,36 @@ AUTH_ERRORS: dict[int, type[Schema]] = {
     500: ErrorOut,
 }
 
-# A bearer token we would even look up: the key format is ``sk_<hex>_<urlsafe>``. Anything else
-# (too long, NUL bytes, non-ASCII) is a 401 without touching the database.
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_\-]{1,200}$")
-
 
 class KeyAuth(HttpBearer):
-    """Bearer API key with a required scope. A missing, unknown or revoked key is a 401; a valid
-    key without the scope is a 403."""
+    """Bearer API key holding at least one of ``scopes``. A missing, unknown or revoked key is a
+    401; a valid key without any of them is a 403 naming what it lacks."""
 
-    def __init__(self, scope: str) -> None:
+    def __init__(self, *scopes: str) -> None:
         super().__init__()
-        self.scope = scope
+        self.scopes = tuple(str(scope) for scope in scopes)
 
     def authenticate(self, request: HttpRequest, token: str) -> AgentKey | None:
-        if not _TOKEN_RE.match(token.strip()):
-            return None
-        key = agent_key_authenticate(raw_key=token)
+        # The API gate (saga_admin.api.limits) authenticated the key before reading the body;
+        # this is its answer, not a second lookup.
+        key = request_key(request)
         if key is None:
             return None
-        if self.scope not in key.scopes:
+        if not set(self.scopes) & set(key.scopes):
+            wanted = " or ".join(f"'{scope}'" for scope in self.scopes)
             raise errors.Forbidden(
-                f"This API key lacks the '{self.scope}' scope.", details={"scope": self.scope}
+                f"This API key lacks the {wanted} scope.", details={"scope": " or ".join(self.scopes)}
             )
         structlog.contextvars.bind_contextvars(tenant=key.tenant.slug, key=key.prefix)
         return key
 
 
-agent_auth = KeyAuth("agent")
-operator_auth = KeyAuth("operator")
+# Writes as an agent: starting runs, recording actions, reporting on them (owner's runs only).
+agent_auth = KeyAuth(AgentKey.Scope.AGENT)
+# Reading runs, actions, checkpoints, commands, trail and policies: the agent reads its own runs,
+# a key with the operator scope every run of its tenant (ledger.selectors.run_reach).
+reader_auth = KeyAuth(AgentKey.Scope.AGENT, AgentKey.Scope.OPERATOR)
+# The recovery queue, unwinds and steps.
+operator_auth = KeyAuth(AgentKey.Scope.OPERATOR)
+# Deciding approvals (never held together with the agent scope).
+approver_auth = KeyAuth(AgentKey.Scope.APPROVER)

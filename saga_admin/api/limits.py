@@ -1,34 +1,53 @@
-"""What the API refuses before any view runs, and how fast a key may call it.
+"""What the API refuses before any view runs, and how fast a caller may call it.
 
-``ApiBodyLimitsMiddleware`` guards every request body under ``/api/``: the size limit (413), the
-content type (415), well-formed UTF-8 JSON (400), and values PostgreSQL would choke on later —
-NUL characters, lone surrogates, NaN/Infinity — or nesting deeper than the configured depth
-(422). Doing it here, once, means no view or service ever sees such a body, so nothing a client
-sends can surface as a 500 from deep inside the database driver.
+``ApiGateMiddleware`` stands in front of every request under ``/api/``, in this order:
+
+1. A NUL in the URL (the whole site): 404 in the path, 422/400 in the query string.
+2. The public paths (the API root, the OpenAPI document, the docs page): ``GET``/``HEAD`` only.
+3. **Authentication, before a byte of the body is read.** ``request_key`` looks the bearer key up
+   from the headers alone (the one place a key is authenticated: ninja's ``KeyAuth`` reuses its
+   answer). No valid key → 401, or 429 once the client's address has had more refusals than
+   ``SAGA_UNAUTHENTICATED_RATE`` in the current window. Either way the body stays unread, so a
+   megabyte without a key costs what a bare ``GET`` does.
+4. For an authenticated request, the body: the size limit (413), the content type (415),
+   well-formed UTF-8 JSON (400), and values PostgreSQL would choke on later — NUL characters, lone
+   surrogates, NaN/Infinity — or nesting deeper than the configured depth (422). Doing it here,
+   once, means no view or service ever sees such a body, so nothing a client sends can surface as
+   a 500 from deep inside the database driver.
+5. On the way out, the framework's own refusals that do not come from the API's handlers — a
+   method the path does not serve (405) — are put in the one error shape.
 
 ``KeyRateThrottle`` is ninja's throttle hook with a fixed-window counter in Django's cache
-(Redis in production), keyed by API key, so every web process shares one count.
+(Redis in production), keyed by API key, so every web process shares one count. The per-address
+count of refused requests is the same counter (``_count_in_window``), keyed by address.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from django.conf import settings
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotFound, JsonResponse
+from django.urls import Resolver404, resolve
 from ninja.parser import Parser
 from ninja.throttling import BaseThrottle
 from redis.exceptions import RedisError
 
 from ledger.conf import saga
+from ledger.models import AgentKey
+from ledger.services.keys import agent_key_authenticate
 
 log = structlog.get_logger("saga_admin.api.limits")
 
@@ -36,6 +55,18 @@ API_PREFIX = "/api/"
 _BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 # The parsed body is kept on the request so ninja's parser does not decode it a second time.
 _PARSED_ATTR = "_saga_parsed_json"
+# The authenticated key (or None) is kept on the request so ninja's KeyAuth does not look it up again.
+_KEY_ATTR = "_saga_api_key"
+# Served without a key (ninja's URL names in the API's namespace): the root, the OpenAPI document
+# and the interactive docs. They read no body, so they answer GET and HEAD only.
+API_NAMESPACE = "api-v1"
+_PUBLIC_URL_NAMES = {"api-root", "openapi-json", "openapi-view"}
+_PUBLIC_METHODS = ("GET", "HEAD")
+# A bearer token we would even look up: the key format is ``sk_<hex>_<urlsafe>``. Anything else
+# (too long, NUL bytes, non-ASCII) is a 401 without touching the database.
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_\-]{1,200}$")
+UNAUTHORIZED_MESSAGE = "A valid API key is required: Authorization: Bearer <key>."
+WWW_AUTHENTICATE = 'Bearer realm="saga-admin"'
 
 
 class BodyRejected(Exception):
@@ -45,9 +76,14 @@ class BodyRejected(Exception):
 
 
 def error_json(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> JsonResponse:
-    return JsonResponse(
+    response = JsonResponse(
         {"error": {"code": code, "message": message, "details": details or {}}}, status=status
     )
+    # The gate answers before CommonMiddleware would add it; without it a client could only know
+    # the answer is complete when the connection closes, and the server may keep it open while it
+    # discards the unread body.
+    response["Content-Length"] = str(len(response.content))
+    return response
 
 
 def _reject_constant(name: str) -> Any:
@@ -144,7 +180,130 @@ def _refuse_nul_in_url(request: HttpRequest) -> HttpResponse | None:
     return HttpResponseNotFound("Not found.") if in_path else HttpResponseBadRequest("Bad request.")
 
 
-class ApiBodyLimitsMiddleware:
+# --- Authentication -----------------------------------------------------------------------------
+
+
+def bearer_token(request: HttpRequest) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (ninja's HttpBearer parsing)."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+def request_key(request: HttpRequest) -> AgentKey | None:
+    """The request's active API key, or None: the one place the API authenticates a key, once per
+    request. The gate calls it before the body is read; ninja's ``KeyAuth`` gets the same answer
+    (and a request that reached a view without the gate, a test calling it directly, is
+    authenticated here then)."""
+    if hasattr(request, _KEY_ATTR):
+        known: AgentKey | None = getattr(request, _KEY_ATTR)
+        return known
+    token = bearer_token(request)
+    key = agent_key_authenticate(raw_key=token) if token and _TOKEN_RE.match(token) else None
+    setattr(request, _KEY_ATTR, key)
+    return key
+
+
+def internal_error(request: HttpRequest) -> JsonResponse:
+    """The 500 in the error shape: the request id to quote, never a traceback (that is logged)."""
+    request_id = getattr(request, "request_id", "")
+    return error_json(
+        500,
+        "internal_error",
+        f"Something went wrong on our side; quote request id {request_id}.",
+        {"request_id": request_id},
+    )
+
+
+def unauthorized_response() -> JsonResponse:
+    response = error_json(401, "unauthorized", UNAUTHORIZED_MESSAGE)
+    response["WWW-Authenticate"] = WWW_AUTHENTICATE
+    return response
+
+
+def client_address(request: HttpRequest) -> str:
+    """Who to count a refusal against. ``REMOTE_ADDR``, unless ``SAGA_TRUSTED_PROXY_HOPS`` says
+    that many proxies of ours stand in front: then the address the outermost of them saw, which is
+    that many entries from the right of ``X-Forwarded-For`` (entries further left are whatever the
+    client wrote, so they are never believed). An IPv6 client is counted by its /64, since one
+    host commonly holds a whole /64 and could otherwise change address per request."""
+    raw = request.META.get("REMOTE_ADDR", "")
+    hops = saga().trusted_proxy_hops
+    if hops > 0:
+        forwarded = [part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+        forwarded = [part for part in forwarded if part]
+        if forwarded:
+            raw = forwarded[-min(hops, len(forwarded))]
+    try:
+        address = ipaddress.ip_address(raw.strip("[]"))
+    except ValueError:
+        return "unknown"
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network(f"{address}/64", strict=False))
+    return str(address)
+
+
+def _refuse_unauthenticated(request: HttpRequest) -> HttpResponse:
+    """401, or 429 once this address has been refused more often than the unauthenticated rate
+    allows in the current window. Only refusals are counted: a valid key is never slowed by what
+    others behind the same address send."""
+    address = client_address(request)
+    window = fixed_window(f"unauthenticated:{address}", saga().unauthenticated_rate)
+    if window is None or window.allowed:
+        return unauthorized_response()
+    if window.count == window.limit + 1:  # once per window and address, not once per request
+        log.warning("api.unauthenticated_throttled", address=address, limit=saga().unauthenticated_rate)
+    response = error_json(
+        429,
+        "rate_limited",
+        "Too many requests without a valid API key from this address; retry after the Retry-After delay.",
+    )
+    response["Retry-After"] = str(max(1, math.ceil(window.retry_after)))
+    # Logged once above when the address crosses the limit, not once per request by Django: a flood
+    # must not turn into a flood of log lines.
+    setattr(response, "_has_been_logged", True)  # noqa: B010 - Django's own flag
+    return response
+
+
+# --- The gate ----------------------------------------------------------------------------------
+
+
+def _public_path(request: HttpRequest) -> bool:
+    try:
+        match = resolve(request.path_info)
+    except Resolver404:
+        return False
+    return match.url_name in _PUBLIC_URL_NAMES and API_NAMESPACE in match.namespaces
+
+
+def _method_not_allowed(request: HttpRequest, allowed: list[str]) -> JsonResponse:
+    response = error_json(
+        405,
+        "method_not_allowed",
+        f"{str(request.method)[:20]} is not allowed here; allowed: {', '.join(allowed)}.",
+        {"allowed": allowed},
+    )
+    response["Allow"] = ", ".join(allowed)
+    return response
+
+
+def _in_error_shape(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    """Ninja answers a method an existing path does not serve with a plain-text 405 before any
+    handler of ours runs; every answer under /api/ is in the one error shape, so it is rewritten
+    here, keeping its ``Allow``."""
+    if response.status_code != 405 or response.get("Content-Type", "").startswith("application/json"):
+        return response
+    allowed = sorted({m.strip().upper() for m in response.get("Allow", "").split(",") if m.strip()})
+    return _method_not_allowed(request, allowed)
+
+
+class ApiGateMiddleware:
+    """See the module docstring: NUL in the URL, public paths, authentication before the body,
+    the body checks, the error shape on the way out."""
+
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
@@ -152,12 +311,38 @@ class ApiBodyLimitsMiddleware:
         refused = _refuse_nul_in_url(request)
         if refused is not None:
             return refused
-        if request.path.startswith(API_PREFIX) and request.method in _BODY_METHODS:
+        if not request.path.startswith(API_PREFIX):
+            return self.get_response(request)
+        if _public_path(request):
+            if request.method not in _PUBLIC_METHODS:
+                return _method_not_allowed(request, list(_PUBLIC_METHODS))
+            return self.get_response(request)
+        refused = self._refuse(request)
+        if refused is not None:
+            return refused
+        return _in_error_shape(request, self.get_response(request))
+
+    def _refuse(self, request: HttpRequest) -> HttpResponse | None:
+        try:
+            key = request_key(request)
+        except Exception:
+            # Outside the API's exception handlers (the database down, say): the same JSON 500
+            # an operation would give, rather than the site's HTML page.
+            log.exception("api.unexpected_error", path=request.path, method=request.method)
+            if settings.DEBUG and getattr(settings, "SAGA_RAISE_API_ERRORS", False):
+                raise
+            return internal_error(request)
+        if key is None:
+            # Nothing of the body has been read, and nothing will be: the server discards it (the
+            # Procfile's gunicorn closes the connection after every response, reading at most
+            # 64 KiB of what is left).
+            return _refuse_unauthenticated(request)
+        if request.method in _BODY_METHODS:
             try:
                 self._check(request)
             except BodyRejected as exc:
                 return error_json(exc.status, exc.code, exc.message, exc.details)
-        return self.get_response(request)
+        return None
 
     def _check(self, request: HttpRequest) -> None:
         limit = saga().max_body_bytes
@@ -235,6 +420,32 @@ def _count_in_window(cache_key: str, *, ttl: int) -> int:
     return int(cache.incr(cache_key))
 
 
+@dataclass(frozen=True)
+class Window:
+    count: int  # this request's place in the window, counting it
+    limit: int
+    retry_after: float  # seconds until the window ends
+
+    @property
+    def allowed(self) -> bool:
+        return self.count <= self.limit
+
+
+def fixed_window(name: str, rate: str) -> Window | None:
+    """Count one request against ``name`` in the current window of ``rate`` ("60/m"). None when
+    the cache cannot be reached: a rate limit must not take the API down, so the caller lets the
+    request through (and it is logged)."""
+    limit, period = parse_rate(rate)
+    now = time.time()
+    window = int(now // period)
+    try:
+        count = _count_in_window(f"saga:throttle:{name}:{period}:{window}", ttl=period + 5)
+    except (RedisError, OSError):  # Redis unreachable or failing: fail open (see above)
+        log.warning("throttle.cache_unavailable", exc_info=True)
+        return None
+    return Window(count=count, limit=limit, retry_after=(window + 1) * period - now)
+
+
 class KeyRateThrottle(BaseThrottle):
     """Fixed window per API key: an atomic counter in Redis (see ``_count_in_window``), so the
     count is right across processes without storing a history list per request (what ninja's
@@ -250,17 +461,11 @@ class KeyRateThrottle(BaseThrottle):
         key = getattr(request, "auth", None)
         if key is None:
             return True
-        limit, period = parse_rate(saga().throttle_rate)
-        now = time.time()
-        window = int(now // period)
-        self._local.retry_after = (window + 1) * period - now
-        cache_key = f"saga:throttle:{key.pk}:{period}:{window}"
-        try:
-            count = _count_in_window(cache_key, ttl=period + 5)
-        except (RedisError, OSError):  # Redis unreachable or failing: fail open (class docstring)
-            log.warning("throttle.cache_unavailable", exc_info=True)
+        window = fixed_window(str(key.pk), saga().throttle_rate)
+        if window is None:
             return True
-        return count <= limit
+        self._local.retry_after = window.retry_after
+        return window.allowed
 
     def wait(self) -> float | None:
         return max(getattr(self._local, "retry_after", 1.0), 1.0)

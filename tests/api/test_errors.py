@@ -36,12 +36,17 @@ def test_a_revoked_key_is_401(api, agent_key):
     assert response.status_code == 401 and error_of(response)["code"] == "unauthorized"
 
 
-def test_a_key_without_the_agent_scope_is_403(tenant):
+def test_a_key_without_the_endpoints_scope_is_403(tenant):
     issued = agent_key_create(tenant=tenant, name="ops-bot", scopes=["operator"], actor=Actor.system("tests"))
-    response = Api(issued.secret).get("/runs")
+    response = Api(issued.secret).post("/runs", {"agent": "a", "request": "b"})
     assert response.status_code == 403
     error = error_of(response)
     assert error["code"] == "forbidden" and error["details"] == {"scope": "agent"}
+    issued = agent_key_create(
+        tenant=tenant, name="approval-bot", scopes=["approver"], actor=Actor.system("tests")
+    )
+    error = error_of(Api(issued.secret).get("/runs"))
+    assert error["code"] == "forbidden" and error["details"] == {"scope": "agent or operator"}
 
 
 def test_another_tenants_objects_are_404_everywhere(api, outsider_api, onboarding_policies):

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from saga_admin.api.limits import parse_rate
-from tests.support.api import error_of
+from tests.support.api import Api, error_of
 
 pytestmark = pytest.mark.django_db
 
@@ -35,3 +35,19 @@ def test_a_key_over_its_rate_gets_429_with_retry_after(api, outsider_api, settin
 )
 def test_rates_parse(rate, expected):
     assert parse_rate(rate) == expected
+
+
+def test_with_the_cache_down_a_refusal_is_still_401_and_a_key_is_still_served(api, settings):
+    """Both counters fail open: a rate limit must not take the API down (nor turn a 401 into a
+    500) when Redis is unreachable."""
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",  # nothing listens on port 1
+        }
+    }
+    settings.SAGA = {**settings.SAGA, "THROTTLE_RATE": "1/d", "UNAUTHENTICATED_RATE": "1/d"}
+    for _ in range(2):
+        response = Api(None).get("/runs")
+        assert response.status_code == 401 and error_of(response)["code"] == "unauthorized"
+        assert api.get("/runs").status_code == 200

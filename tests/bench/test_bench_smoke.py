@@ -62,6 +62,17 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path):
         sections["append"]
     )
     assert sections["append"]["record_action_16"]["record_action"]["count"] > 0
+    # Requests without a key are refused (401) from their headers, a megabyte body or not; the same
+    # megabyte with a valid key is read and judged (422).
+    refusals = sections["unauthenticated"]
+    assert set(refusals) == {
+        "tiny_no_key",
+        "megabyte_no_key",
+        "tiny_unknown_key",
+        "megabyte_unknown_key",
+        "megabyte_valid_key",
+    }
+    assert all(r["count"] > 0 and r["errors"] == 0 for r in refusals.values()), refusals
     assert set(sections["dashboard"]["timings"]) == set(sections["dashboard"]["explain"])
     assert all(t["count"] > 0 and t["errors"] == 0 for t in sections["dashboard"]["timings"].values())
     assert sections["unwind"]["single"]["unwind_statuses"] == ["completed"]
