@@ -27,6 +27,10 @@ class Nav:
     def can_administer(self) -> bool:
         return permissions.can_anywhere(self.user, permissions.Capability.ADMINISTER)
 
+    @property
+    def can_see_workers(self) -> bool:
+        return permissions.can_see_workers(self.user)
+
 
 def nav(request: HttpRequest) -> dict[str, Any]:
     if not getattr(request, "user", None) or not request.user.is_authenticated:

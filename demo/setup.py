@@ -51,10 +51,12 @@ LOGINS = (
     DemoLogin("mallory", "operator", "globex", "an operator at another tenant: sees none of Acme's runs"),
 )
 
-# Which key each demo agent uses: (tenant, key name, scopes).
+# Which key each demo agent uses: (tenant, key name, scopes). The demo's agents share one agent
+# name per tenant, so each reaches every demo run of its tenant; the supervisor is recovery
+# automation (it reads every run, writes none). The demo's approver is a person: bob, in the inbox.
 AGENT_KEYS = {
     "acme-agents": ("acme", "demo-agents", ["agent"]),
-    "acme-supervisor": ("acme", "demo-supervisor", ["agent", "operator"]),
+    "acme-supervisor": ("acme", "demo-supervisor", ["operator"]),
     "globex-agents": ("globex", "demo-agents", ["agent"]),
 }
 

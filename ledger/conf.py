@@ -19,6 +19,8 @@ class SagaSettings:
     max_json_depth: int
     idempotency_key_ttl_h: int
     throttle_rate: str
+    unauthenticated_rate: str
+    trusted_proxy_hops: int
     # Recovery engine
     step_lease_s: int
     sweep_interval_s: float
@@ -38,6 +40,9 @@ class SagaSettings:
     notify_webhooks: tuple[str, ...]
     notify_webhook_secret: str
     resume_webhook_secret: str
+    # Outbound requests to URLs tenants or agents chose (ledger.outbound)
+    outbound_allowed_hosts: tuple[str, ...]
+    outbound_resolve_timeout_s: float
 
 
 def saga() -> SagaSettings:
@@ -47,6 +52,8 @@ def saga() -> SagaSettings:
         max_json_depth=int(raw["MAX_JSON_DEPTH"]),
         idempotency_key_ttl_h=int(raw["IDEMPOTENCY_KEY_TTL_H"]),
         throttle_rate=str(raw["THROTTLE_RATE"]),
+        unauthenticated_rate=str(raw["UNAUTHENTICATED_RATE"]),
+        trusted_proxy_hops=int(raw["TRUSTED_PROXY_HOPS"]),
         step_lease_s=int(raw["STEP_LEASE_S"]),
         sweep_interval_s=float(raw["SWEEP_INTERVAL_S"]),
         heartbeat_timeout_s=int(raw["HEARTBEAT_TIMEOUT_S"]),
@@ -63,4 +70,6 @@ def saga() -> SagaSettings:
         notify_webhooks=tuple(raw["NOTIFY_WEBHOOKS"]),
         notify_webhook_secret=str(raw["NOTIFY_WEBHOOK_SECRET"]),
         resume_webhook_secret=str(raw["RESUME_WEBHOOK_SECRET"]),
+        outbound_allowed_hosts=tuple(raw["OUTBOUND_ALLOWED_HOSTS"]),
+        outbound_resolve_timeout_s=float(raw["OUTBOUND_RESOLVE_TIMEOUT_S"]),
     )

@@ -1,8 +1,9 @@
 """Saga Admin settings.
 
-Everything comes from the environment (the Procfile processes read nothing else); the defaults
-are for development on one machine. Production: DEBUG=0 with a real SECRET_KEY passes
-``manage.py check --deploy``.
+Everything comes from the environment (the Procfile processes read nothing else). The settings
+fail closed: DEBUG is off unless set, and without a SECRET_KEY nothing starts unless DEBUG=1 (a
+development machine: `make run` and the test suite say so). Production: a real SECRET_KEY and
+ALLOWED_HOSTS pass ``manage.py check --deploy``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import dj_database_url
 from csp.constants import NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -41,9 +43,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
-DEBUG = env_bool("DEBUG", True)
-# A development key is only acceptable while DEBUG is on; `check --deploy` flags it otherwise.
-SECRET_KEY = os.environ.get("SECRET_KEY") or "django-insecure-dev-only-saga-admin-key-change-me"
+# Fail closed: a deploy that forgets an environment variable must not run with debug pages or
+# forgeable sessions. DEBUG is off unless set; with it off, no SECRET_KEY means no start at all:
+# every management command and the web process load these settings first (manage.py and
+# saga_admin/wsgi.py turn this error into one line).
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = os.environ.get("SECRET_KEY", "").strip()
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set. Set SECRET_KEY to a long random value (for example the output of "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`), the same for every "
+            "process of a deployment; or set DEBUG=1 on a development machine."
+        )
+    # Development only (DEBUG=1): a fixed, public key; `manage.py check --deploy` flags it.
+    SECRET_KEY = "django-insecure-dev-only-saga-admin-key-change-me"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -72,8 +86,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "saga_admin.middleware.RequestIdMiddleware",
-    # API bodies: size (413), content type (415), JSON well-formedness and depth, before any view.
-    "saga_admin.api.limits.ApiBodyLimitsMiddleware",
+    # /api/: the key is checked before the body is read (401/429 unread), then the body's size
+    # (413), content type (415), JSON well-formedness and depth, before any view.
+    "saga_admin.api.limits.ApiGateMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -139,10 +154,19 @@ RQ_QUEUES = {
 # Our own code enqueues with transaction.on_commit explicitly; django-rq's default
 # (on_db_commit) would silently defer any other enqueue too, which is what we want.
 RQ = {"COMMIT_MODE": "on_db_commit"}
+# django-rq's pages show every tenant's jobs: only at /django-rq/, for superusers (dashboard/workers.py),
+# not also inside the Django admin, where any staff user (a tenant admin) would reach them.
+RQ_SHOW_ADMIN_LINK = False
 
+# Staff passwords (create_staff, the Django admin, changepassword): Django's full standard set.
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
@@ -209,7 +233,11 @@ CONTENT_SECURITY_POLICY = {
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = env_float("AXES_COOLOFF_HOURS", 0.25)
 AXES_RESET_ON_SUCCESS = True
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# Lock the (username, address) pair: guesses at alice's password from one address lock alice out
+# from that address only, not every user behind the same office NAT, and not alice elsewhere.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# The login page again, saying for how long (429, Retry-After).
+AXES_LOCKOUT_CALLABLE = "dashboard.login.locked_out"
 AXES_VERBOSE = False
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SAGA_MAX_BODY_BYTES", 1024 * 1024)
@@ -224,6 +252,11 @@ SAGA: dict[str, Any] = {
     "MAX_JSON_DEPTH": env_int("SAGA_MAX_JSON_DEPTH", 20),
     "IDEMPOTENCY_KEY_TTL_H": env_int("SAGA_IDEMPOTENCY_KEY_TTL_H", 48),
     "THROTTLE_RATE": os.environ.get("SAGA_THROTTLE_RATE", "6000/m"),
+    # Requests under /api/ refused for want of a valid key, per client address (REMOTE_ADDR; the
+    # address X-Forwarded-For gives only with this many trusted proxies in front, e.g. 1 behind
+    # one nginx): over the rate, 429 instead of 401.
+    "UNAUTHENTICATED_RATE": os.environ.get("SAGA_UNAUTHENTICATED_RATE", "60/m"),
+    "TRUSTED_PROXY_HOPS": env_int("SAGA_TRUSTED_PROXY_HOPS", 0),
     # Recovery engine
     "STEP_LEASE_S": env_int("SAGA_STEP_LEASE_S", 45),
     "SWEEP_INTERVAL_S": env_int("SAGA_SWEEP_INTERVAL_S", 15),
@@ -244,7 +277,13 @@ SAGA: dict[str, Any] = {
     "NOTIFY_EMAILS": env_list("SAGA_NOTIFY_EMAILS", []),
     "NOTIFY_WEBHOOKS": env_list("SAGA_NOTIFY_WEBHOOKS", []),
     "NOTIFY_WEBHOOK_SECRET": os.environ.get("SAGA_NOTIFY_WEBHOOK_SECRET", ""),
+    # The master of the per-tenant secrets that sign commands pushed to agents' resume_urls
+    # (`manage.py resume_secret --tenant SLUG` prints a tenant's); unset: pushed unsigned.
     "RESUME_WEBHOOK_SECRET": os.environ.get("SAGA_RESUME_WEBHOOK_SECRET", ""),
+    # URLs a tenant or agent chose (resume_url) reach only public addresses, except these internal
+    # hosts (comma-separated `host` or `host:port`); resolving a name may take this long.
+    "OUTBOUND_ALLOWED_HOSTS": env_list("SAGA_OUTBOUND_ALLOWED_HOSTS", []),
+    "OUTBOUND_RESOLVE_TIMEOUT_S": env_float("SAGA_OUTBOUND_RESOLVE_TIMEOUT_S", 5.0),
 }
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
@@ -258,6 +297,10 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        # Outbound HTTP: httpx logs every request URL at INFO (a chat webhook's URL is its secret)
+        # and httpcore every response's headers at DEBUG (cookies). Callers log what matters.
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
         "rq.worker": {"level": os.environ.get("RQ_LOG_LEVEL", "INFO")},
     },
 }

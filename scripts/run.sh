@@ -9,7 +9,9 @@
 # reverse order. Logs: .data/logs/.
 #
 # Knobs: PORT (exact port for the web; default 8000 or the next free one), DATABASE_URL,
-# REDIS_URL, SAGA_DEMO_TRAFFIC=0 (no live demo traffic), SAGA_DEMO_WORLD_SECRET.
+# REDIS_URL, SAGA_DEMO_TRAFFIC=0 (no live demo traffic), SAGA_DEMO_WORLD_SECRET, DEBUG (default 1
+# here), SECRET_KEY (default: one generated once and kept in .data/secret-key),
+# SAGA_OUTBOUND_ALLOWED_HOSTS (default: the demo world's host:port), SAGA_RESUME_WEBHOOK_SECRET.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -92,6 +94,18 @@ if [ -z "${SAGA_DEMO_WORLD_SECRET:-}" ]; then
   SAGA_DEMO_WORLD_SECRET=$(cat "$DATA/demo-world-secret")
 fi
 
+# Development mode, said out loud: the settings fail closed (DEBUG off and no SECRET_KEY: nothing
+# starts). The playground runs with DEBUG=1 on plain HTTP (no HTTPS redirect, no secure-only
+# cookies, also when DEBUG=0 is asked for) and a key of its own, generated once and kept in .data
+# so that sessions survive restarts.
+export DEBUG="${DEBUG:-1}" SECURE_SSL_REDIRECT="${SECURE_SSL_REDIRECT:-0}"
+export SESSION_COOKIE_SECURE="${SESSION_COOKIE_SECURE:-0}" CSRF_COOKIE_SECURE="${CSRF_COOKIE_SECURE:-0}"
+if [ -z "${SECRET_KEY:-}" ]; then
+  [ -s "$DATA/secret-key" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(50))' >"$DATA/secret-key")
+  SECRET_KEY=$(cat "$DATA/secret-key")
+fi
+export SECRET_KEY
+
 # An explicit PORT is a promise to whoever set it: use it or fail. Otherwise 8000 or the next free.
 if [ -n "${PORT:-}" ]; then
   "$PY" - "$PORT" <<'EOF' || { echo "PORT=$PORT is in use; pick another or unset PORT." >&2; exit 1; }
@@ -108,6 +122,17 @@ BASE_URL="http://127.0.0.1:$PORT"
 export DATABASE_URL REDIS_URL SAGA_DEMO_WORLD_SECRET PORT WEB_CONCURRENCY="${WEB_CONCURRENCY:-2}"
 # The demo's lost agent should be noticed within a minute, not after production's five.
 export SAGA_HEARTBEAT_TIMEOUT_S="${SAGA_HEARTBEAT_TIMEOUT_S:-45}"
+# A resume_url must reach a public address unless the operator allows its host. The demo world is
+# served by this web process, so agents here may point resume_url at it: that port on this machine
+# is allowed, and nothing else on it (not Redis, not PostgreSQL).
+export SAGA_OUTBOUND_ALLOWED_HOSTS="${SAGA_OUTBOUND_ALLOWED_HOSTS:-127.0.0.1:$PORT,localhost:$PORT}"
+# Commands pushed to resume URLs are signed with per-tenant secrets derived from this master
+# (`python manage.py resume_secret --tenant acme` prints Acme's); kept in .data like the others.
+if [ -z "${SAGA_RESUME_WEBHOOK_SECRET:-}" ]; then
+  [ -s "$DATA/resume-secret" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$DATA/resume-secret")
+  SAGA_RESUME_WEBHOOK_SECRET=$(cat "$DATA/resume-secret")
+fi
+export SAGA_RESUME_WEBHOOK_SECRET
 
 say "Preparing the database"
 "$PY" manage.py migrate --noinput >"$LOGS/migrate.log" 2>&1 || { tail -n 30 "$LOGS/migrate.log"; exit 1; }
