@@ -72,3 +72,7 @@ def new_unwind_id() -> str:
 
 def new_step_id() -> str:
     return new_id("stp")
+
+
+def new_pause_id() -> str:
+    return new_id("pau")

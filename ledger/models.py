@@ -460,6 +460,49 @@ class ToolPolicy(models.Model):
         return any(ch in self.tool for ch in "*?[")
 
 
+class Pause(models.Model):
+    """A kill switch: while active (not lifted), new runs of a matching agent and new actions of a
+    matching tool are refused (409 ``paused``). ``agent`` and ``tool`` are exact names or globs;
+    at least one is set. Matching and the hot-path check live in ``ledger.services.pauses``."""
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_pause_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="pauses")
+    agent = models.CharField(max_length=200, blank=True, default="")
+    tool = models.CharField(max_length=200, blank=True, default="")
+    reason = models.TextField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by_key = models.ForeignKey(
+        AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    lifted_at = models.DateTimeField(null=True, blank=True)
+    lifted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    lifted_by_key = models.ForeignKey(
+        AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    lift_reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=~Q(agent="", tool=""), name="pause_names_agent_or_tool"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant"], name="pause_active", condition=Q(lifted_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} (agent={self.agent or '*'}, tool={self.tool or '*'})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.lifted_at is None
+
+
 class Compensator(models.Model):
     class Kind(models.TextChoices):
         WEBHOOK = "webhook", "HTTP webhook"

@@ -31,6 +31,7 @@ class RecoveryItem(models.Model):
         COMPENSATION_FAILED = "compensation_failed", "Compensation failed"
         STATE_DRIFT = "state_drift", "State drift"
         MANUAL = "manual", "Manual"
+        CANCELLED = "cancelled", "Run cancelled"
 
     class Resolution(models.TextChoices):
         RESUMED = "resumed", "Resumed"
@@ -272,6 +273,10 @@ class Approval(models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True, default="")
     expires_at = models.DateTimeField()
+    # An approval asked again after this one expired or was rejected (the new one links back).
+    previous = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="asked_again"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
