@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install run test services browser lint bench bench-smoke clean
+.PHONY: install run manage stop test services browser lint bench bench-smoke clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,8 +31,20 @@ test: lint services browser
 	DEBUG=0 SECRET_KEY=collectstatic-signs-nothing $(PY) manage.py collectstatic --noinput -v0
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The playground, in the foreground until Ctrl-C. One per data directory (.data, or SAGA_RUN_DATA):
+# a second start refuses and says how to reach or stop the first (scripts/run.sh).
 run: install
 	bash scripts/run.sh
+
+# manage.py against the running playground, with the environment it wrote to .data/env:
+#   make manage ARGS="create_agent_key --tenant acme --name my-agent"
+# (scripts/manage.sh takes arguments with spaces). Refuses when no playground is running.
+manage:
+	bash scripts/manage.sh $(ARGS)
+
+# Stop the running playground (as Ctrl-C in its terminal does), or what a killed one left behind.
+stop:
+	$(PY) scripts/devservers.py stop "$${SAGA_RUN_DATA:-.data}"
 
 # The same tools as .pre-commit-config.yaml: ruff (lint + format) and mypy (with django-stubs,
 # whose plugin loads the settings: development mode, as they fail closed without a SECRET_KEY).

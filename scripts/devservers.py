@@ -1,18 +1,35 @@
-"""Helpers for ``scripts/run.sh``: the embedded PostgreSQL under ``.data/pg``, free ports, waiting
-for a URL. Standard library plus the ``pgserver`` wheel (the ``local`` extra), so it runs from
-the venv before Django is configured.
+"""Helpers for ``scripts/run.sh`` and ``scripts/manage.sh``: the embedded PostgreSQL under
+``.data/pg``, free ports, waiting for a URL, and the one-playground-per-data-directory rule.
+Standard library plus the ``pgserver`` wheel (the ``local`` extra), so it runs from the venv
+before Django is configured.
 
     python scripts/devservers.py pg-start .data/pg saga_admin   # prints the DATABASE_URL
     python scripts/devservers.py pg-stop .data/pg
     python scripts/devservers.py free-port 8000                 # prints 8000 or the next free one
+    python scripts/devservers.py port-free 8000                 # exit 0 when 8000 is free
     python scripts/devservers.py wait-url http://127.0.0.1:8000/healthz 60
+    python scripts/devservers.py status .data                   # the running playground, or exit 1
+    python scripts/devservers.py already-running .data          # run.sh's refusal (lock held)
+    python scripts/devservers.py check-leftovers .data          # run.sh, once it holds the lock
+    python scripts/devservers.py stop .data                     # `make stop`
+
+One playground per data directory. ``run.sh`` holds an exclusive ``flock`` on ``DATA/run.lock``
+for as long as it lives (the kernel drops it when the process dies, however it dies, so a lock is
+never stale) and keeps beside it ``run.info`` (its pid and URL), ``run.procs`` (every process it
+started: name, pid, start time) and ``env`` (the environment for management commands). A start
+that finds the lock held refuses; one that finds files of a dead ``run.sh`` cleans them up, unless
+something that run started is still alive (its processes, or a PostgreSQL on ``DATA/pg``): then it
+refuses too, naming them, because it never stops or shares a server it did not start.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import pwd
+import signal
 import socket
 import sys
 import time
@@ -116,6 +133,195 @@ def wait_url(url: str, timeout_s: float) -> None:
     raise SystemExit(f"{url} did not answer 200 within {timeout_s:.0f}s (last: {last})")
 
 
+# --- One playground per data directory -----------------------------------------------------
+
+LOCK = "run.lock"
+INFO = "run.info"
+PROCS = "run.procs"
+ENV = "env"
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat), or None when there is no
+    such process (or only its zombie). A pid and its start time name one process: a pid reused
+    later does not match."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    # A zombie has exited: it only waits for its parent to read its status.
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def _postmaster_pid(pgdata: Path) -> int | None:
+    """The pid of a PostgreSQL running on ``pgdata`` (its postmaster.pid names a live postgres)."""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    return pid if comm in {"postgres", "postmaster"} else None
+
+
+def _locked(data: Path) -> bool:
+    """True while a ``run.sh`` holds the lock on ``data`` (a playground is starting or running)."""
+    path = data / LOCK
+    if not path.exists():
+        return False
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def _info(data: Path) -> dict[str, str]:
+    try:
+        lines = (data / INFO).read_text().splitlines()
+    except OSError:
+        return {}
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def _leftovers(data: Path) -> list[tuple[str, int]]:
+    """What a dead ``run.sh`` started that is still alive: (name, pid), in start order."""
+    alive: list[tuple[str, int]] = []
+    with contextlib.suppress(OSError):
+        for line in (data / PROCS).read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[1].isdigit() and _start_time(int(parts[1])) == parts[2]:
+                alive.append((parts[0], int(parts[1])))
+    pg = _postmaster_pid(data / "pg")
+    if pg is not None:
+        alive.insert(0, ("postgres", pg))
+    return alive
+
+
+def _make(data: Path, target: str) -> str:
+    """How to say ``make TARGET`` for this data directory."""
+    default = (Path(__file__).resolve().parent.parent / ".data").resolve()
+    prefix = "" if data.resolve() == default else f"SAGA_RUN_DATA={data} "
+    return f"{prefix}make {target}"
+
+
+def already_running(data: Path) -> str:
+    info = _info(data)
+    pid = info.get("pid", "?")
+    url = info.get("url")
+    where = f"at {url}/" if url else "(still starting; no URL yet)"
+    return "\n".join(
+        [
+            f"Saga Admin is already running from {data} {where} (make run, pid {pid}).",
+            "Nothing was started and nothing was stopped.",
+            f'  Use it:    {_make(data, "manage")} ARGS="create_agent_key --tenant acme --name my-agent"',
+            f"  Stop it:   Ctrl-C in its terminal, or {_make(data, 'stop')}",
+            "  A second one beside it: a separate clone, or its own data directory and port, e.g.",
+            "             SAGA_RUN_DATA=/tmp/saga-2 PORT=8100 make run",
+            "             (or your own servers: DATABASE_URL=… REDIS_URL=… SAGA_RUN_DATA=… make run)",
+        ]
+    )
+
+
+def check_leftovers(data: Path) -> int:
+    """Called by run.sh once it holds the lock. Refuse (1) when a previous run's servers are still
+    alive; otherwise clean up a dead run's files (0)."""
+    alive = _leftovers(data)
+    if alive:
+        names = ", ".join(f"{name} (pid {pid})" for name, pid in alive)
+        print(
+            f"An earlier make run on {data} is gone, but what it started is still running: {names}.\n"
+            "Nothing was started and nothing was stopped: this start would share or fight over them.\n"
+            f"  Stop them:  {_make(data, 'stop')}",
+            file=sys.stderr,
+        )
+        return 1
+    stale = _info(data).get("pid")
+    for name in (INFO, PROCS, ENV):
+        (data / name).unlink(missing_ok=True)
+    if stale:
+        print(f"    (cleaned up after an earlier make run, pid {stale}, that is no longer running)")
+    return 0
+
+
+def playground_status(data: Path) -> int:
+    if _locked(data) and (data / ENV).exists():
+        print(_info(data).get("url", ""))
+        return 0
+    if _locked(data):
+        print(f"The playground on {data} is still starting; try again in a few seconds.", file=sys.stderr)
+        return 1
+    alive = _leftovers(data)
+    if alive:
+        names = ", ".join(f"{name} (pid {pid})" for name, pid in alive)
+        print(
+            f"The make run on {data} is gone; what it started is still running ({names}). "
+            f"Stop it with `{_make(data, 'stop')}`, then start again with `{_make(data, 'run')}`.",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"No make run playground is running on {data}. Start one with `make run` in another terminal "
+        "(one started with SAGA_RUN_DATA=DIR is reached with the same SAGA_RUN_DATA=DIR here).",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _wait_gone(pid: int, start: str | None, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _start_time(pid) != start:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def playground_stop(data: Path) -> int:
+    """``make stop``: ask the running ``run.sh`` to stop (it stops everything it started, in
+    reverse order), or stop what a dead one left behind."""
+    if _locked(data):
+        pid = int(_info(data).get("pid", "0"))
+        if not pid:
+            print(
+                f"The playground on {data} is starting and has not said its pid yet; try again.",
+                file=sys.stderr,
+            )
+            return 1
+        start = _start_time(pid)
+        print(f"Stopping the make run on {data} (pid {pid})")
+        os.kill(pid, signal.SIGTERM)
+        if not _wait_gone(pid, start, 90):
+            print(f"pid {pid} has not stopped within 90 s; see {data}/logs/", file=sys.stderr)
+            return 1
+        print("Stopped.")
+        return 0
+    alive = _leftovers(data)
+    if not alive:
+        print(f"No make run playground is running on {data}; nothing to stop.")
+        return 0
+    for name, pid in reversed(alive):
+        if name == "postgres":
+            pg_stop(data / "pg")
+        else:
+            start = _start_time(pid)
+            # Each was started as the leader of its own process group (setsid).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+            if not _wait_gone(pid, start, 10):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        print(f"    stopped {name} (pid {pid}), left behind by an earlier make run")
+    for name in (INFO, PROCS, ENV):
+        (data / name).unlink(missing_ok=True)
+    return 0
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -128,9 +334,12 @@ def main(argv: list[str]) -> None:
     stop.add_argument("datadir", type=Path)
     port = sub.add_parser("free-port")
     port.add_argument("start", type=int)
+    sub.add_parser("port-free").add_argument("port", type=int)
     wait = sub.add_parser("wait-url")
     wait.add_argument("url")
     wait.add_argument("timeout", type=float)
+    for name in ("status", "already-running", "check-leftovers", "stop"):
+        sub.add_parser(name).add_argument("data", type=Path)
     args = parser.parse_args(argv)
 
     if args.command == "pg-start":
@@ -139,8 +348,18 @@ def main(argv: list[str]) -> None:
         pg_stop(args.datadir)
     elif args.command == "free-port":
         print(free_port(args.start))
+    elif args.command == "port-free":
+        sys.exit(0 if _port_free(args.port) else 1)
     elif args.command == "wait-url":
         wait_url(args.url, args.timeout)
+    elif args.command == "status":
+        sys.exit(playground_status(args.data))
+    elif args.command == "already-running":
+        print(already_running(args.data), file=sys.stderr)
+    elif args.command == "check-leftovers":
+        sys.exit(check_leftovers(args.data))
+    elif args.command == "stop":
+        sys.exit(playground_stop(args.data))
 
 
 if __name__ == "__main__":

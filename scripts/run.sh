@@ -5,35 +5,68 @@
 # socket inside that directory); without REDIS_URL a real redis-server kept in .data/redis on a
 # free port. Then it migrates, collects static files, loads the demo policies and logins, starts
 # the Procfile's web and worker lines, seeds the demo runs through the real API, starts the demo
-# agents' live traffic and prints the URL and logins. Ctrl-C stops everything it started, in
-# reverse order. Logs: .data/logs/.
+# agents' live traffic and prints the URL and logins. Ctrl-C (or TERM, or `make stop`) stops
+# everything it started, in reverse order. Logs: .data/logs/.
+#
+# One playground per data directory, checked before anything starts: while a make run holds
+# .data/run.lock (an flock the kernel drops when this script dies, however it dies), a second
+# start refuses, says where the first one is and how to stop it or run a second one beside it
+# (another clone, or SAGA_RUN_DATA + PORT), and starts and stops nothing. A start that finds the
+# files of a dead run cleans them up, unless what that run started is still alive (then it refuses
+# and `make stop` stops it). An explicit PORT in use refuses before PostgreSQL or Redis start. It
+# never stops a server it did not start.
+#
+# Management commands: it writes the environment its web and worker run with to .data/env (mode
+# 600; the secrets as references to their files) and `make manage ARGS="…"` (scripts/manage.sh)
+# runs manage.py with it. The file goes away when this script stops.
 #
 # Knobs: PORT (exact port for the web; default 8000 or the next free one), DATABASE_URL,
-# REDIS_URL, SAGA_DEMO_TRAFFIC=0 (no live demo traffic), SAGA_DEMO_WORLD_SECRET, DEBUG (default 1
-# here), SECRET_KEY (default: one generated once and kept in .data/secret-key),
-# SAGA_OUTBOUND_ALLOWED_HOSTS (default: the demo world's host:port), SAGA_RESUME_WEBHOOK_SECRET.
+# REDIS_URL, SAGA_RUN_DATA (the data directory; default .data), SAGA_DEMO_TRAFFIC=0 (no live
+# demo traffic), SAGA_DEMO_WORLD_SECRET, DEBUG (default 1 here), SECRET_KEY (default: one
+# generated once and kept in .data/secret-key), SAGA_OUTBOUND_ALLOWED_HOSTS (default: the demo
+# world's host:port), SAGA_RESUME_WEBHOOK_SECRET.
 set -euo pipefail
+CALLER_DIR=$(pwd)
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 export PATH="$ROOT/.venv/bin:$PATH"
 PY="$ROOT/.venv/bin/python"
-DATA="$ROOT/.data"
+DATA=${SAGA_RUN_DATA:-$ROOT/.data}
+[[ $DATA == /* ]] || DATA="$CALLER_DIR/$DATA"
+mkdir -p "$DATA"
+DATA=$(cd "$DATA" && pwd)
 LOGS="$DATA/logs"
-mkdir -p "$LOGS" "$DATA/redis"
 
 say() { printf '\033[1m==> %s\033[0m \033[2m(%ss)\033[0m\n' "$*" "$SECONDS"; }
+
+# --- Checks first: nothing below starts a process until both pass. ---------------------------
+
+# One playground per data directory. fd 9 holds the lock until this script exits. The servers,
+# web, worker and the foreground loop's sleep get the descriptor closed (9>&-), so what outlives a
+# killed run.sh never keeps it "running" (a startup step such as migrate holds it until it ends).
+exec 9>>"$DATA/run.lock"
+if ! flock -n 9; then
+  "$PY" scripts/devservers.py already-running "$DATA"
+  exit 1
+fi
+"$PY" scripts/devservers.py check-leftovers "$DATA" 9>&- || exit 1
+printf 'pid=%s\n' "$$" >"$DATA/run.info"
+: >"$DATA/run.procs"
 
 # name:pid of every background process we started, in start order.
 procs=()
 started_pg=""
+pg_pid=""
 stopping=""
 
 stop_all() {
   [ -n "$stopping" ] && return
   stopping=1
-  trap '' INT TERM
-  echo
-  say "Stopping"
+  trap '' INT TERM HUP
+  if [ ${#procs[@]} -gt 0 ] || [ -n "$started_pg" ]; then
+    echo
+    say "Stopping"
+  fi
   local i entry name pid
   for ((i = ${#procs[@]} - 1; i >= 0; i--)); do
     entry=${procs[$i]}
@@ -51,19 +84,47 @@ stop_all() {
       echo "    stopped $name"
     fi
   done
+  # Only a PostgreSQL this script started: check-leftovers refused to start beside a running one.
   if [ -n "$started_pg" ]; then
-    "$PY" scripts/devservers.py pg-stop "$DATA/pg" >/dev/null 2>&1 && echo "    stopped postgres" || true
+    if "$PY" scripts/devservers.py pg-stop "$DATA/pg" >/dev/null 2>&1 9>&-; then echo "    stopped postgres"; fi
   fi
+  rm -f "$DATA/env" "$DATA/run.procs" "$DATA/run.info"
 }
-trap 'stop_all; exit 130' INT TERM
+trap 'stop_all; exit 130' INT TERM HUP
 trap 'stop_all' EXIT
+
+# An explicit PORT is a promise to whoever set it: use it or fail. Otherwise 8000 or the next free.
+if [ -n "${PORT:-}" ]; then
+  if ! "$PY" scripts/devservers.py port-free "$PORT"; then
+    echo "PORT=$PORT is in use by another program (not a make run on $DATA); nothing was started." >&2
+    echo "Pick another port, or unset PORT to take 8000 or the next free one." >&2
+    exit 1
+  fi
+else
+  PORT=$("$PY" scripts/devservers.py free-port 8000)
+fi
+BASE_URL="http://127.0.0.1:$PORT"
+printf 'url=%s\n' "$BASE_URL" >>"$DATA/run.info"
+
+# --- Start. ------------------------------------------------------------------------------------
+mkdir -p "$LOGS" "$DATA/redis"
+
+# The kernel's start time of a pid (field 22 of /proc/PID/stat): with the pid, it names one
+# process, so `make stop` after a crash never signals a stranger that reused the pid.
+proc_start() {
+  local stat fields
+  stat=$(<"/proc/$1/stat") || return 0
+  read -ra fields <<<"${stat##*) }"
+  echo "${fields[19]}"
+}
 
 # start NAME COMMAND...: run COMMAND in its own session, output to .data/logs/NAME.log.
 start() {
   local name=$1
   shift
-  setsid bash -c 'exec "$@"' "$name" "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  setsid bash -c 'exec "$@"' "$name" "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
   procs+=("$name:$!")
+  echo "$name $! $(proc_start $!)" >>"$DATA/run.procs"
 }
 
 # The command of a Procfile line, so `make run` starts exactly what a deployment starts.
@@ -71,15 +132,19 @@ procfile_cmd() {
   sed -n "s/^$1:[[:space:]]*//p" Procfile
 }
 
+# Secrets the environment file names by their file rather than by value: NAME=FILE.
+declare -A secret_files=()
+
 if [ -z "${DATABASE_URL:-}" ]; then
-  say "Starting PostgreSQL in .data/pg"
-  DATABASE_URL=$("$PY" scripts/devservers.py pg-start "$DATA/pg" saga_admin)
+  say "Starting PostgreSQL in $DATA/pg"
   started_pg=1
+  DATABASE_URL=$("$PY" scripts/devservers.py pg-start "$DATA/pg" saga_admin 9>&-)
+  pg_pid=$(head -n1 "$DATA/pg/postmaster.pid")
 fi
 
 if [ -z "${REDIS_URL:-}" ]; then
   redis_port=$("$PY" scripts/devservers.py free-port 6380)
-  say "Starting Redis in .data/redis on port $redis_port"
+  say "Starting Redis in $DATA/redis on port $redis_port"
   start redis redis-server --bind 127.0.0.1 --port "$redis_port" --dir "$DATA/redis" \
     --appendonly yes --save 60 1 --protected-mode yes
   for _ in $(seq 1 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
@@ -92,6 +157,7 @@ fi
 if [ -z "${SAGA_DEMO_WORLD_SECRET:-}" ]; then
   [ -s "$DATA/demo-world-secret" ] || "$PY" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$DATA/demo-world-secret"
   SAGA_DEMO_WORLD_SECRET=$(cat "$DATA/demo-world-secret")
+  secret_files[SAGA_DEMO_WORLD_SECRET]="$DATA/demo-world-secret"
 fi
 
 # Development mode, said out loud: the settings fail closed (DEBUG off and no SECRET_KEY: nothing
@@ -103,21 +169,10 @@ export SESSION_COOKIE_SECURE="${SESSION_COOKIE_SECURE:-0}" CSRF_COOKIE_SECURE="$
 if [ -z "${SECRET_KEY:-}" ]; then
   [ -s "$DATA/secret-key" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(50))' >"$DATA/secret-key")
   SECRET_KEY=$(cat "$DATA/secret-key")
+  secret_files[SECRET_KEY]="$DATA/secret-key"
 fi
 export SECRET_KEY
 
-# An explicit PORT is a promise to whoever set it: use it or fail. Otherwise 8000 or the next free.
-if [ -n "${PORT:-}" ]; then
-  "$PY" - "$PORT" <<'EOF' || { echo "PORT=$PORT is in use; pick another or unset PORT." >&2; exit 1; }
-import sys
-sys.path.insert(0, "scripts")
-from devservers import _port_free
-sys.exit(0 if _port_free(int(sys.argv[1])) else 1)
-EOF
-else
-  PORT=$("$PY" scripts/devservers.py free-port 8000)
-fi
-BASE_URL="http://127.0.0.1:$PORT"
 # Fewer gunicorn workers than production by default: a laptop, not a server.
 export DATABASE_URL REDIS_URL SAGA_DEMO_WORLD_SECRET PORT WEB_CONCURRENCY="${WEB_CONCURRENCY:-2}"
 # The demo's lost agent should be noticed within a minute, not after production's five.
@@ -131,10 +186,44 @@ export SAGA_OUTBOUND_ALLOWED_HOSTS="${SAGA_OUTBOUND_ALLOWED_HOSTS:-127.0.0.1:$PO
 if [ -z "${SAGA_RESUME_WEBHOOK_SECRET:-}" ]; then
   [ -s "$DATA/resume-secret" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$DATA/resume-secret")
   SAGA_RESUME_WEBHOOK_SECRET=$(cat "$DATA/resume-secret")
+  secret_files[SAGA_RESUME_WEBHOOK_SECRET]="$DATA/resume-secret"
 fi
 export SAGA_RESUME_WEBHOOK_SECRET
 
+# The environment for management commands, exactly as the web and worker get it: what this script
+# set, every SAGA_* setting and the other settings' variables you set. Secrets from .data files
+# appear as references to those files; a secret you passed in yourself is not written down.
+shq() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
+write_env() {
+  local name names
+  names=(DEBUG SECURE_SSL_REDIRECT SESSION_COOKIE_SECURE CSRF_COOKIE_SECURE SECRET_KEY DATABASE_URL REDIS_URL)
+  for name in ALLOWED_HOSTS CSRF_TRUSTED_ORIGINS DB_CONN_MAX_AGE LOG_LEVEL RQ_LOG_LEVEL EMAIL_BACKEND \
+    DEFAULT_FROM_EMAIL $(compgen -e | grep '^SAGA_' | grep -vx 'SAGA_RUN_DATA\|SAGA_DEMO_TRAFFIC' | sort); do
+    if [ -n "${!name+set}" ]; then names+=("$name"); fi
+  done
+  (
+    umask 077
+    {
+      echo "# The environment of the make run on $DATA ($BASE_URL/, pid $$),"
+      echo "# for management commands. Removed when that make run stops. Use it with"
+      echo "#   make manage ARGS=\"create_agent_key --tenant acme --name my-agent\""
+      echo "# or, in a shell: set -a; . $(shq "$DATA/env"); set +a; python manage.py ..."
+      for name in "${names[@]}"; do
+        if [ -n "${secret_files[$name]:-}" ]; then
+          echo "export $name=\"\$(cat $(shq "${secret_files[$name]}"))\""
+        elif [[ $name == *SECRET* ]]; then
+          echo "# $name: you passed it to make run; it is not written here. Export it yourself."
+        else
+          echo "export $name=$(shq "${!name}")"
+        fi
+      done
+    } >"$DATA/env.tmp"
+  )
+  mv "$DATA/env.tmp" "$DATA/env"
+}
+
 say "Preparing the database"
+write_env
 "$PY" manage.py migrate --noinput >"$LOGS/migrate.log" 2>&1 || { tail -n 30 "$LOGS/migrate.log"; exit 1; }
 "$PY" manage.py collectstatic --noinput >"$LOGS/collectstatic.log" 2>&1 || { tail -n 30 "$LOGS/collectstatic.log"; exit 1; }
 
@@ -153,12 +242,15 @@ if [ "${SAGA_DEMO_TRAFFIC:-1}" != "0" ]; then
   start demo-agents "$PY" manage.py seed_demo --url "$BASE_URL" --continuous
 fi
 
+manage="make manage"
+[ "$DATA" = "$ROOT/.data" ] || manage="SAGA_RUN_DATA=$DATA make manage"
 cat <<EOF
 
   Saga Admin is running:   $BASE_URL/
   Demo world (the systems the agents change):  $BASE_URL/demo-world/
   API docs:                $BASE_URL/api/v1/docs
-  Logs:                    .data/logs/ (web, worker, demo-agents, redis)
+  Logs:                    $LOGS/ (web, worker, demo-agents, redis)
+  Management commands:     $manage ARGS="create_agent_key --tenant acme --name my-agent" (env: $DATA/env)
 
   Press Ctrl-C to stop.
 
@@ -170,10 +262,15 @@ while true; do
     name=${entry%%:*}
     pid=${entry##*:}
     if ! kill -0 "$pid" 2>/dev/null; then
-      echo "$name exited unexpectedly; last lines of .data/logs/$name.log:" >&2
+      echo "$name exited unexpectedly; last lines of $LOGS/$name.log:" >&2
       tail -n 30 "$LOGS/$name.log" >&2
       exit 1
     fi
   done
-  sleep 2
+  if [ -n "$pg_pid" ] && ! kill -0 "$pg_pid" 2>/dev/null; then
+    echo "PostgreSQL (pid $pg_pid) exited unexpectedly; last lines of $DATA/pg/log:" >&2
+    tail -n 30 "$DATA/pg/log" >&2 || true
+    exit 1
+  fi
+  sleep 2 9>&-
 done

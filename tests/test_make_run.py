@@ -1,0 +1,279 @@
+"""`make run` is safe to run twice, and `make manage` reaches the playground's database (issue 20,
+points 1 and 2).
+
+Real processes, no mocks: ``scripts/run.sh`` in this working tree with a throwaway data directory
+(``SAGA_RUN_DATA``: its own PostgreSQL, Redis, keys and logs), no live demo traffic and a free
+port; a second start against the same data directory; ``make manage``; SIGTERM. The child gets
+none of the suite's DATABASE_URL / REDIS_URL / SECRET_KEY: it must find its own servers, and
+``make manage`` must reach them even from a shell whose DATABASE_URL points elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import suppress
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import ROOT, free_port, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+RUN = [shutil.which("bash") or "/bin/bash", str(ROOT / "scripts" / "run.sh")]
+DEVSERVERS = [sys.executable, str(ROOT / "scripts" / "devservers.py")]
+MAKE = shutil.which("make") or "make"
+
+
+def child_env(data: Path, **extra: str) -> dict[str, str]:
+    """The environment of a newcomer's shell: none of this suite's servers or keys."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE", "PORT"}
+        and not key.startswith("SAGA_")
+    }
+    env.update({"SAGA_RUN_DATA": str(data), "SAGA_DEMO_TRAFFIC": "0", **extra})
+    return env
+
+
+def start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+
+def alive(pid: int, started: str | None = None) -> bool:
+    now = start_time(pid)
+    return now is not None and (started is None or now == started)
+
+
+def postmaster_pid(data: Path) -> int | None:
+    with suppress(OSError, ValueError, IndexError):
+        return int((data / "pg" / "postmaster.pid").read_text().splitlines()[0])
+    return None
+
+
+def recorded(data: Path) -> list[tuple[str, int, str]]:
+    """run.sh's record of what it started: (name, pid, start time)."""
+    with suppress(OSError):
+        return [
+            (name, int(pid), started)
+            for name, pid, started in (line.split() for line in (data / "run.procs").read_text().splitlines())
+        ]
+    return []
+
+
+def get(url: str, token: str | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def port_listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """A data directory under /tmp (pgserver, running as its own user under root, must reach it),
+    and whatever a failing test left running on it stopped afterwards."""
+    data = Path(tempfile.mkdtemp(prefix="saga-run-", dir="/tmp"))
+    data.chmod(0o755)
+    try:
+        yield data
+    finally:
+        subprocess.run([*DEVSERVERS, "stop", str(data)], capture_output=True, timeout=120, check=False)
+        for _name, pid, started in recorded(data):
+            if alive(pid, started):
+                with suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        if postmaster_pid(data) and alive(postmaster_pid(data) or 0):
+            subprocess.run(
+                [*DEVSERVERS, "pg-stop", str(data / "pg")], capture_output=True, timeout=60, check=False
+            )
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_a_second_make_run_refuses_and_make_manage_reaches_the_first(data_dir: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = child_env(data_dir, PORT=str(port))
+    # A lock left by a run that died: its process is gone, so the start cleans it up and proceeds.
+    (data_dir / "run.info").write_text(f"pid={dead_pid()}\nurl=http://127.0.0.1:1\n")
+    (data_dir / "run.procs").write_text(f"redis {dead_pid()} 1\n")
+
+    out_path = data_dir.parent / f"{data_dir.name}.out"
+    with out_path.open("wb") as out:
+        first = subprocess.Popen(
+            RUN, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    output = lambda: out_path.read_text(errors="replace")  # noqa: E731
+    try:
+
+        def up() -> bool:
+            assert first.poll() is None, f"make run exited {first.returncode}:\n{output()[-4000:]}"
+            return "Press Ctrl-C to stop." in output()
+
+        wait_for(up, timeout=200, interval=0.5, what="the first make run to be up")
+        assert "cleaned up after an earlier make run" in output()
+        assert get(f"{url}/healthz")[0] == 200
+        assert "make manage" in output() and str(data_dir / "env") in output()
+        procs = recorded(data_dir)
+        pg = postmaster_pid(data_dir)
+        assert {name for name, _, _ in procs} == {"redis", "worker", "web"} and pg
+        redis_port = int((data_dir / "env").read_text().split("redis://127.0.0.1:", 1)[1].split("/", 1)[0])
+
+        # A second start on the same data directory — the same PORT, or none — starts nothing,
+        # stops nothing, and says where the first one is and how to stop it.
+        for second_env in (env, child_env(data_dir)):
+            second = subprocess.run(RUN, cwd=ROOT, env=second_env, capture_output=True, text=True, timeout=90)
+            said = second.stdout + second.stderr
+            assert second.returncode != 0, said
+            assert f"already running from {data_dir} at {url}/" in said, said
+            assert "make stop" in said and "SAGA_RUN_DATA=" in said, said
+            assert "==> Starting" not in said and "==> Stopping" not in said, said
+        assert get(f"{url}/healthz")[0] == 200
+        assert all(alive(pid, started) for _, pid, started in procs) and alive(pg)
+        assert first.poll() is None
+
+        # The environment file: mode 600, the playground's socket and Redis, secrets by reference.
+        env_file = data_dir / "env"
+        assert env_file.stat().st_mode & 0o777 == 0o600
+        text = env_file.read_text()
+        assert "DATABASE_URL='postgres://postgres@" + str(data_dir / "pg").replace("/", "%2F") in text
+        assert (data_dir / "secret-key").read_text().strip() not in text
+
+        # make manage from a shell whose DATABASE_URL/REDIS_URL point at the suite's servers: it
+        # reaches the playground's database, and the key it prints works against its API.
+        manage_env = {**os.environ, "SAGA_RUN_DATA": str(data_dir)}
+        args = "ARGS=create_agent_key --tenant acme --name make-run-test --scopes operator"
+        made = subprocess.run(
+            [MAKE, "-s", "manage", args],
+            cwd=ROOT,
+            env=manage_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert made.returncode == 0, made.stdout + made.stderr
+        key = made.stdout.strip().splitlines()[-1]
+        assert key.startswith("sk_"), made.stdout
+        status, body = get(f"{url}/api/v1/runs?limit=50", token=key)
+        assert status == 200, body
+        assert any(run["external_id"].startswith("demo:") for run in json.loads(body)["items"])
+        assert get(f"{url}/api/v1/runs", token=key + "x")[0] == 401
+
+        # SIGTERM: everything it started stops, in reverse order, and its files go away.
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=120)
+        said = output()
+        stops = [line.strip() for line in said.splitlines() if line.strip().startswith("stopped ")]
+        assert stops == ["stopped web", "stopped worker", "stopped redis", "stopped postgres"], said[-3000:]
+        assert not any(alive(pid, started) for _, pid, started in procs)
+        wait_for(lambda: not alive(pg), timeout=30, what="postgres to be gone")
+        assert not port_listening(port) and not port_listening(redis_port)
+        assert not any((data_dir / name).exists() for name in ("env", "run.info", "run.procs"))
+
+        # And with nothing running, make manage says so instead of reaching some other database.
+        after = subprocess.run(
+            [MAKE, "-s", "manage", args], cwd=ROOT, env=manage_env, capture_output=True, text=True, timeout=60
+        )
+        assert after.returncode != 0
+        assert "No make run playground is running" in after.stderr and "Traceback" not in after.stderr
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGTERM)
+            with suppress(subprocess.TimeoutExpired):
+                first.wait(timeout=60)
+        out_path.unlink(missing_ok=True)
+
+
+def test_a_port_in_use_is_refused_before_anything_starts(data_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        run = subprocess.run(
+            RUN, cwd=ROOT, env=child_env(data_dir, PORT=str(port)), capture_output=True, text=True, timeout=60
+        )
+    said = run.stdout + run.stderr
+    assert run.returncode != 0, said
+    assert f"PORT={port} is in use" in said and "nothing was started" in said, said
+    assert "==> Starting" not in said and "==> Stopping" not in said and "    stopped" not in said, said
+    assert not (data_dir / "pg").exists() and not (data_dir / "redis").exists()
+    assert not (data_dir / "run.procs").exists() and not (data_dir / "env").exists()
+    assert time.monotonic() - started < 30
+
+
+def test_what_a_killed_run_left_behind_is_named_not_shared_and_make_stop_stops_it(data_dir: Path) -> None:
+    # A killed make run (kill -9) whose redis outlived it: here a stand-in process, recorded as
+    # run.sh records what it starts (its own session, pid and start time).
+    leftover = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        (data_dir / "run.info").write_text(f"pid={dead_pid()}\nurl=http://127.0.0.1:1\n")
+        (data_dir / "run.procs").write_text(f"redis {leftover.pid} {start_time(leftover.pid)}\n")
+        run = subprocess.run(
+            RUN,
+            cwd=ROOT,
+            env=child_env(data_dir, PORT=str(free_port())),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        said = run.stdout + run.stderr
+        assert run.returncode != 0, said
+        assert f"redis (pid {leftover.pid})" in said and "make stop" in said, said
+        assert "==> Starting" not in said and not (data_dir / "pg").exists(), said
+        assert leftover.poll() is None
+
+        manage = subprocess.run(
+            [MAKE, "-s", "manage", "ARGS=check"],
+            cwd=ROOT,
+            env={**os.environ, "SAGA_RUN_DATA": str(data_dir)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert manage.returncode != 0 and "is gone" in manage.stderr, manage.stderr
+
+        stop = subprocess.run(
+            [MAKE, "-s", "stop"],
+            cwd=ROOT,
+            env={**os.environ, "SAGA_RUN_DATA": str(data_dir)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert f"stopped redis (pid {leftover.pid})" in stop.stdout
+        assert leftover.wait(timeout=10) == -signal.SIGTERM
+        assert not (data_dir / "run.procs").exists()
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+            leftover.wait()
