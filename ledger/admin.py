@@ -29,6 +29,7 @@ from ledger.models import (
     Event,
     IdempotencyRecord,
     Membership,
+    Pause,
     PolicySet,
     PolicyStamp,
     Run,
@@ -304,6 +305,17 @@ class PolicyStampAdmin(ReadOnlyAdmin):
 
     def has_view_permission(self, request: HttpRequest, obj: PolicyStamp | None = None) -> bool:
         return bool(request.user.is_superuser)
+
+
+@admin.register(Pause)
+class PauseAdmin(ReadOnlyAdmin):
+    """Read-only: pausing and lifting go through ``ledger.services.pauses`` (the dashboard's Pauses
+    page, the API), which audits who and why."""
+
+    list_display = ["id", "tenant", "agent", "tool", "reason", "created_at", "lifted_at"]
+    list_filter = [tenant_filter("tenant")]
+    search_fields = ["agent", "tool", "reason"]
+    list_select_related = ["tenant"]
 
 
 @admin.register(ToolPolicy)
