@@ -28,8 +28,8 @@ def checkpoint_write(
     trace_links: list[Any] | None = None,
 ) -> Checkpoint:
     locked = run_lock(run)
-    # A cancelled run is over for its agent too: a late job's checkpoint would become the one a
-    # resume preview offers (and a compensating run's plan must hold still).
+    # The same rule as recording an action: a late job's checkpoint on a failed or cancelled run
+    # would become the one a resume preview offers, and a compensating run's plan must hold still.
     run_assert_accepts_writes(locked)
     referenced = set(completed_action_ids or []) | set(pending_action_ids or [])
     if referenced:
