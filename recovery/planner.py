@@ -14,14 +14,41 @@ A compensation whose args the policy templates (``ledger.policies.compensation_a
 filled here, from the forward action as it is now: its args (the approved ones when an approver
 edited them) and its result. A path the action does not have makes the step fail when its turn
 comes, naming the path (``args_error``); the preview says so.
+
+**Partial compensation.** The operator may undo only some of the plan: chosen ``action_ids``, or
+``to_checkpoint`` (what completed after a checkpoint). The steps keep the plan's order (newest
+first); the plan's other undoable steps are ``kept`` (their actions stay as they are). After a
+checkpoint means: completed after the checkpoint was written, by the run's own completion counter
+(``Action.completion_seq > Checkpoint.completion_mark``, both set under the run's row lock) — the
+rule the resume preview uses to call a checkpoint stale, so "undo back to X" undoes exactly what
+"resume from X" would repeat. The checkpoint's ``completed_action_ids`` are the agent's claim and
+play no part.
+
+``plan_hash`` fingerprints the whole plan as the preview shows it (every step, in order: its
+action, compensating tool, args, strategy, whether it can be undone and whether it needs an
+approval), whatever the selection. The operator sends back the hash they read; a different plan
+now (a late action, edited args, a policy that now wants an approver) refuses the compensation
+with ``plan_changed`` rather than running what nobody read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.models import Action, ActionClass, ApprovalMode, CompensationStrategy, Risk, Run, max_risk
+from ledger import errors
+from ledger.hashing import sha256_hex
+from ledger.models import (
+    Action,
+    ActionClass,
+    ApprovalMode,
+    Checkpoint,
+    CompensationStrategy,
+    Risk,
+    Run,
+    max_risk,
+)
 from ledger.policies import ResolvedPolicy, TemplateUnfillable, compensation_args_fill, policy_resolve
 from ledger.selectors import run_warnings
 from recovery import compensators
@@ -47,6 +74,17 @@ class PlanStep:
     # Why the step's args cannot be filled from the forward action ("" when they can).
     args_error: str = ""
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What ``plan_hash`` covers of the step: what would run, and who must agree to it."""
+        return {
+            "action_id": self.action.pk,
+            "tool": self.tool,
+            "args": self.args,
+            "strategy": self.strategy,
+            "can_undo": self.can_undo,
+            "requires_approval": self.requires_approval,
+        }
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "action_id": self.action.pk,
@@ -69,11 +107,34 @@ class PlanStep:
         }
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Which part of the plan an operator chose to undo (``all`` when they did not choose)."""
+
+    mode: str = "all"  # all | action_ids | to_checkpoint
+    action_ids: tuple[str, ...] = ()
+    checkpoint_id: str | None = None
+    checkpoint_name: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "action_ids": list(self.action_ids),
+            "checkpoint_id": self.checkpoint_id,
+            "checkpoint_name": self.checkpoint_name,
+        }
+
+
 @dataclass
 class Plan:
     run: Run
     steps: list[PlanStep] = field(default_factory=list)
     warnings: list[dict[str, Any]] = field(default_factory=list)
+    # Undoable steps the selection leaves out: their actions stay as they are.
+    kept: list[PlanStep] = field(default_factory=list)
+    selection: Selection = field(default_factory=Selection)
+    # The whole plan's fingerprint (every step, kept or not), as the preview showed it.
+    plan_hash: str = ""
 
     @property
     def unknown_actions(self) -> list[str]:
@@ -82,11 +143,19 @@ class Plan:
     def as_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run.pk,
+            "plan_hash": self.plan_hash,
             "steps": [step.as_dict() for step in self.steps],
+            "kept": [step.as_dict() for step in self.kept],
+            "selection": self.selection.as_dict(),
             "warnings": self.warnings,
             "needs_approval": sum(1 for s in self.steps if s.requires_approval),
             "cannot_undo": sum(1 for s in self.steps if not s.can_undo),
         }
+
+
+def plan_hash_of(steps: list[PlanStep]) -> str:
+    """The fingerprint of an ordered list of steps (see the module's docstring)."""
+    return sha256_hex([step.fingerprint() for step in steps])
 
 
 def governing_policy(policy: ResolvedPolicy) -> dict[str, Any]:
@@ -175,8 +244,20 @@ def _step_for(action: Action, resolve: dict[str, ResolvedPolicy]) -> PlanStep:
     )
 
 
-def compensation_plan(*, run: Run) -> Plan:
-    """The dry run. Pure read: safe to call from a page render or an API GET."""
+def compensation_plan(
+    *, run: Run, action_ids: list[str] | None = None, to_checkpoint: str | None = None
+) -> Plan:
+    """The dry run. Pure read: safe to call from a page render or an API GET.
+
+    With ``action_ids`` or ``to_checkpoint`` (not both: 422) only that part of the plan runs, and
+    the rest of its undoable steps are ``kept``. A chosen id that is not an undoable step of this
+    plan (another run's action, an unknown id, a read-only or not-succeeded action, one that cannot
+    be undone), or a checkpoint that is not this run's, is a 422 naming it."""
+    if action_ids is not None and to_checkpoint is not None:
+        raise errors.ValidationFailed(
+            "Choose the actions to undo or a checkpoint to undo back to, not both.",
+            details={"action_ids": action_ids, "to_checkpoint": to_checkpoint},
+        )
     actions = list(run.actions.select_related("run__tenant").order_by("seq"))
     plannable = [
         a for a in actions if a.status in PLANNABLE_STATUSES and a.action_class != ActionClass.READ_ONLY
@@ -200,4 +281,77 @@ def compensation_plan(*, run: Run) -> Plan:
                     "message": f"{step.action.tool} (#{step.action.seq}) {step.note}.",
                 }
             )
+    plan.plan_hash = plan_hash_of(plan.steps)
+    if action_ids is not None:
+        _select_actions(plan, actions, action_ids)
+    elif to_checkpoint is not None:
+        _select_after_checkpoint(plan, to_checkpoint)
     return plan
+
+
+def _select_actions(plan: Plan, actions: list[Action], action_ids: list[str]) -> None:
+    chosen = list(dict.fromkeys(str(a) for a in action_ids))  # de-duplicated, in the order given
+    if not chosen:
+        raise errors.ValidationFailed("Choose at least one action to undo.", details={"action_ids": []})
+    by_id = {step.action.pk: step for step in plan.steps}
+    of_run = {a.pk: a for a in actions}
+    refused: dict[str, str] = {}
+    for action_id in chosen:
+        step = by_id.get(action_id)
+        action = of_run.get(action_id)
+        if action is None:
+            # Another run's action and an id that exists nowhere read the same: nothing leaks.
+            refused[action_id] = "is not an action of this run"
+        elif step is None:
+            why = (
+                "read-only: it changed nothing"
+                if action.action_class == ActionClass.READ_ONLY
+                else f"{action.status}: only a succeeded action can be undone"
+            )
+            refused[action_id] = f"({action.tool} #{action.seq}) is not undoable: it is {why}"
+        elif not step.can_undo:
+            refused[action_id] = f"({action.tool} #{action.seq}) {step.note}"
+    if refused:
+        raise errors.ValidationFailed(
+            "Cannot undo " + "; ".join(f"{aid} {why}" for aid, why in refused.items()) + ".",
+            details={"action_ids": list(refused), "reasons": refused},
+        )
+    picked = set(chosen)
+    _partition(plan, lambda step: step.action.pk in picked)
+    plan.selection = Selection(mode="action_ids", action_ids=tuple(s.action.pk for s in plan.steps))
+
+
+def _select_after_checkpoint(plan: Plan, checkpoint_id: str) -> None:
+    if not checkpoint_id:
+        raise errors.ValidationFailed("Choose the checkpoint to undo back to.", details={"to_checkpoint": ""})
+    checkpoint = Checkpoint.objects.filter(pk=str(checkpoint_id)[:40], run_id=plan.run.pk).first()
+    if checkpoint is None:
+        raise errors.ValidationFailed(
+            f"Checkpoint {checkpoint_id} is not a checkpoint of this run.",
+            details={"to_checkpoint": checkpoint_id},
+        )
+    _partition(plan, lambda step: (step.action.completion_seq or 0) > checkpoint.completion_mark)
+    if not plan.steps:
+        raise errors.ValidationFailed(
+            f"Nothing to undo: no action that changed something completed after checkpoint "
+            f"{checkpoint.name} ({checkpoint.pk}).",
+            details={"to_checkpoint": checkpoint.pk},
+        )
+    plan.selection = Selection(
+        mode="to_checkpoint",
+        action_ids=tuple(s.action.pk for s in plan.steps),
+        checkpoint_id=checkpoint.pk,
+        checkpoint_name=checkpoint.name,
+    )
+
+
+def _partition(plan: Plan, chosen: Callable[[PlanStep], bool]) -> None:
+    """Keep the chosen steps (in plan order); the other undoable ones are kept as they are. A step
+    that cannot be undone and was not chosen is neither: the trail lists it as not undone."""
+    steps, kept = [], []
+    for step in plan.steps:
+        if chosen(step):
+            steps.append(step)
+        elif step.can_undo:
+            kept.append(step)
+    plan.steps, plan.kept = steps, kept

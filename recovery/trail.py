@@ -12,7 +12,7 @@ from typing import Any
 from django.urls import reverse
 
 from ledger.models import Action, ActionClass, CompensationStrategy, Event, Run
-from recovery.models import Approval, UnwindStep
+from recovery.models import Approval, Unwind, UnwindStep
 
 # Actions whose effect is (or may be) out in the world.
 _TOOK_EFFECT = {
@@ -36,6 +36,7 @@ _DECISION_KINDS = {
     "run.resumed": "resumed the run",
     "run.closed": "closed the run",
     "run.cancelled": "cancelled the run",
+    "run.flagged": "flagged the run for review",
     "action.reconciled": "reconciled an unknown outcome",
 }
 
@@ -87,6 +88,31 @@ def _why_not_undone(action: Action, step: UnwindStep | None, run: Run) -> str:
     return "no compensation has run for it yet"
 
 
+# A kept action is still in effect: it was left as it stood when the partial unwind started.
+_KEPT_STATUSES = (Action.Status.SUCCEEDED, Action.Status.COMPENSATION_FAILED)
+
+
+def _partial(run: Run) -> tuple[Unwind | None, set[str]]:
+    """The run's latest unwind and the actions its operator chose to keep (a partial compensation
+    keeps the rest of its plan on purpose: those actions are "kept", not "not undone")."""
+    latest = (
+        Unwind.objects.filter(run=run)
+        .select_related("requested_by", "requested_by_key")
+        .order_by("-created_at", "-id")
+        .first()
+    )
+    kept = (latest.plan or {}).get("kept", []) if latest is not None else []
+    return latest, {entry["action_id"] for entry in kept}
+
+
+def kept_action_ids(*, run: Run) -> set[str]:
+    """The actions the run's latest (partial) compensation kept and that are still in effect."""
+    _latest, kept = _partial(run)
+    if not kept:
+        return set()
+    return set(run.actions.filter(pk__in=kept, status__in=_KEPT_STATUSES).values_list("pk", flat=True))
+
+
 def run_trail(*, run: Run) -> dict[str, Any]:
     """The trail as a JSON-ready dict (``audit_url`` is a site-relative link to the run's page)."""
     actions = [
@@ -99,12 +125,23 @@ def run_trail(*, run: Run) -> dict[str, Any]:
     for unwind_step in UnwindStep.objects.filter(unwind__run=run).order_by("created_at", "id"):
         latest_step[unwind_step.action_id] = unwind_step
 
+    latest_unwind, kept_ids = _partial(run)
     changed = [_entry(a, at=a.completed_at) for a in actions]
     restored: list[dict[str, Any]] = []
     not_undone: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
     for action in actions:
         step = latest_step.get(action.pk)
-        if action.status == Action.Status.COMPENSATED:
+        if action.pk in kept_ids and action.status in _KEPT_STATUSES:
+            who = _requester(latest_unwind)
+            kept.append(
+                _entry(
+                    action,
+                    at=action.completed_at,
+                    reason=f"{who} chose to keep it when compensating the run (partial compensation)",
+                )
+            )
+        elif action.status == Action.Status.COMPENSATED:
             how = step.tool if step is not None and step.tool else action.compensation_tool
             verb = (
                 "corrected by"
@@ -130,10 +167,21 @@ def run_trail(*, run: Run) -> dict[str, Any]:
         "changed": changed,
         "restored": restored,
         "not_undone": not_undone,
+        "kept": kept,
         "reviewed_by": reviewed_by,
-        "summary": _summary(run, changed, restored, not_undone, reviewed_by),
+        "summary": _summary(run, changed, restored, not_undone, reviewed_by, kept),
         "audit_url": reverse("dashboard:run-detail", kwargs={"run_id": run.pk}) + "#audit",
     }
+
+
+def _requester(unwind: Unwind | None) -> str:
+    if unwind is None:
+        return "the operator"
+    if unwind.requested_by is not None:
+        return unwind.requested_by.get_username()
+    if unwind.requested_by_key is not None:
+        return unwind.requested_by_key.name
+    return "the operator"
 
 
 def _reviewers(run: Run) -> list[dict[str, Any]]:
@@ -174,6 +222,7 @@ def _reviewers(run: Run) -> list[dict[str, Any]]:
             "run.compensating",
             "run.resumed",
             "run.closed",
+            "run.flagged",
         ):
             continue
         reviewers.append(
@@ -200,6 +249,7 @@ def _summary(
     restored: list[dict[str, Any]],
     not_undone: list[dict[str, Any]],
     reviewed_by: list[dict[str, Any]],
+    kept: list[dict[str, Any]],
 ) -> str:
     sentences = [
         f'The agent "{run.agent}" handled the request "{run.request[:200]}" and the run is {run.status}.'
@@ -211,6 +261,11 @@ def _summary(
         sentences.append(f"It made {len(changed)} {noun}: {_listing(changed)}.")
     if restored:
         sentences.append(f"Put back: {_listing(restored)}.")
+    if kept:
+        sentences.append(
+            f"Partially compensated: {len(restored)} put back, {len(kept)} kept as the operator chose: "
+            f"{_listing(kept)}."
+        )
     for entry in not_undone:
         sentences.append(f"Not undone: {entry['description']}, because {entry['reason']}.")
     if run.status == Run.Status.SUCCEEDED and changed and not restored:
