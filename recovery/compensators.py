@@ -42,6 +42,10 @@ DRIFTED = "drifted"
 FAILED = "failed"
 RETRY = "retry"
 
+# Outcome.code of a step whose compensating tool nothing serves any more (removed from the policy
+# file, or its Python code gone): a permanent failure the engine words for the operator.
+COMPENSATOR_MISSING = "compensator_missing"
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -49,6 +53,7 @@ class Outcome:
     state: Any = None  # the post-compensation snapshot, when the compensator returned one
     error: str = ""
     status_code: int | None = None
+    code: str = ""  # a machine-readable cause, when the engine words the error itself
 
     @classmethod
     def done(cls, state: Any = None, *, status_code: int | None = None) -> Outcome:
@@ -59,8 +64,8 @@ class Outcome:
         return cls(DRIFTED, state=state, error=error, status_code=status_code)
 
     @classmethod
-    def failed(cls, error: str, *, status_code: int | None = None) -> Outcome:
-        return cls(FAILED, error=error, status_code=status_code)
+    def failed(cls, error: str, *, status_code: int | None = None, code: str = "") -> Outcome:
+        return cls(FAILED, error=error, status_code=status_code, code=code)
 
     @classmethod
     def retry(cls, error: str, *, status_code: int | None = None) -> Outcome:
@@ -201,11 +206,17 @@ def execute(
         try:
             fn = import_string(row.python_path)
         except ImportError as exc:
-            return Outcome.failed(f"Cannot import compensator {row.python_path}: {exc}")
+            return Outcome.failed(
+                f"The compensator for {request.tool} cannot be imported: {row.python_path} ({exc}).",
+                code=COMPENSATOR_MISSING,
+            )
         return python_call(fn, request)
     if request.tool in _REGISTRY:
         return python_call(_REGISTRY[request.tool], request)
-    return Outcome.failed(f"No compensator is registered for {request.tool}.")
+    return Outcome.failed(
+        f"No compensator is registered for {request.tool}: neither the policy file nor the code registers it.",
+        code=COMPENSATOR_MISSING,
+    )
 
 
 def _secret_for(row: Compensator) -> str:

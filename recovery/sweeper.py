@@ -86,19 +86,37 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
 
 @transaction.atomic
 def _step_lease_expired(*, step_id: str, now: datetime) -> bool:
+    # The unwind before the step, the order every other writer takes them in (unwind_stop locks
+    # the unwind, then its steps); a locked unwind is busy, so the next sweep looks again.
+    unwind_id = UnwindStep.objects.filter(pk=step_id).values_list("unwind_id", flat=True).first()
+    unwind = (
+        Unwind.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("run__tenant")
+        .filter(pk=unwind_id)
+        .first()
+    )
+    if unwind is None:
+        return False
     step = (
         UnwindStep.objects.select_for_update(skip_locked=True, of=("self",))
-        .select_related("unwind__run__tenant", "action")
+        .select_related("action")
         .filter(pk=step_id, status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now)
         .first()
     )
     if step is None:
         return False
+    step.unwind = unwind
     message = f"Lease expired after attempt {step.attempts}: the worker running the step was lost."
-    if step.attempts >= step.max_attempts:
+    if step.attempts >= step.max_attempts or unwind.status == Unwind.Status.CANCELLED:
+        # Out of attempts, or its unwind was stopped (nothing is retried after a stop): the step
+        # fails, naming why (recovery.unwinds records a stopped unwind's step as not retried).
         # The token is left as is: the lost worker (if it ever wakes) is fenced by the status.
         unwinds.step_record_outcome(
-            step_id=step.pk, token=step.lease_token, outcome=Outcome.retry(message + " No attempts left.")
+            step_id=step.pk,
+            token=step.lease_token,
+            outcome=Outcome.retry(
+                message if unwind.status == Unwind.Status.CANCELLED else message + " No attempts left."
+            ),
         )
         return True
     unwinds.step_transition(

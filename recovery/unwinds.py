@@ -29,13 +29,14 @@ in the same transaction; enqueues happen on commit.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
 import structlog
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Case, When
 from django.utils import timezone
 
@@ -70,8 +71,9 @@ PROBLEMS = (UnwindStep.Status.FAILED, UnwindStep.Status.DRIFTED)
 
 
 def step_lease_seconds(*, step_timeout_s: float | None = None) -> int:
-    """A step's lease outlives one compensator call, so a live worker never loses its lease to the
-    sweeper mid-call; a dead worker's step is taken back within the lease plus a sweep."""
+    """A step's lease outlives one webhook call, and the worker renews it while a longer call
+    (a slow Python compensator) runs (``_LeaseRenewal``), so a live worker never loses its lease
+    to the sweeper mid-call; a dead worker's step is taken back within the lease plus a sweep."""
     call = compensators.call_timeout_s(step_timeout_s=step_timeout_s)
     return max(saga().step_lease_s, math.ceil(call) + 1)
 
@@ -485,6 +487,7 @@ class Claim:
     token: int
     tenant_id: int
     request: CompensationRequest
+    lease_s: int = 0
 
 
 @transaction.atomic
@@ -557,8 +560,67 @@ def _step_start(
         timeout_s=compensators.call_timeout_s(step_timeout_s=step_timeout_of(step.unwind)),
     )
     return Claim(
-        step_id=step.pk, unwind_id=step.unwind_id, token=token, tenant_id=run.tenant_id, request=request
+        step_id=step.pk,
+        unwind_id=step.unwind_id,
+        token=token,
+        tenant_id=run.tenant_id,
+        request=request,
+        lease_s=lease_s,
     )
+
+
+def step_lease_renew(*, step_id: str, token: int, lease_s: int) -> bool:
+    """Push the lease of a step this worker still holds ``lease_s`` seconds out (fenced: the same
+    token, still running). Not a state change, so not audited. False when the lease is lost (the
+    sweeper took the step back, or the outcome is recorded)."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            # Never wait long behind a lock: a renewal that cannot be written now is tried again.
+            cursor.execute("SET LOCAL lock_timeout = '2s'")
+        renewed = UnwindStep.objects.filter(
+            pk=step_id, status=UnwindStep.Status.RUNNING, lease_token=token
+        ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease_s))
+    return renewed == 1
+
+
+class _LeaseRenewal:
+    """While this worker calls a step's compensator, a thread of its own renews the step's lease
+    every third of it, so a call that runs longer than the lease (a slow Python compensator) is not
+    taken over by the sweeper while its worker is alive. A worker that dies takes the thread with
+    it and loses the lease as before; a call past ``step_max_seconds`` stops being renewed (and
+    RQ's job timeout stops the job)."""
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._renew, name=f"lease-{claim.step_id}", daemon=True)
+
+    def __enter__(self) -> _LeaseRenewal:
+        if self.claim.lease_s > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stopped.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+
+    def _renew(self) -> None:
+        claim = self.claim
+        interval = max(claim.lease_s / 3, 0.2)
+        deadline = time.monotonic() + step_max_seconds()
+        try:
+            while not self.stopped.wait(interval):
+                if time.monotonic() > deadline:
+                    log.warning("unwinds.lease_not_renewed", step_id=claim.step_id, max_s=step_max_seconds())
+                    return
+                try:
+                    if not step_lease_renew(step_id=claim.step_id, token=claim.token, lease_s=claim.lease_s):
+                        return  # fenced: whatever this call returns will not be recorded
+                except DatabaseError:
+                    log.warning("unwinds.lease_renewal_failed", step_id=claim.step_id, exc_info=True)
+        finally:
+            connection.close()  # this thread's own connection
 
 
 def batch_seconds() -> float:
@@ -567,10 +629,19 @@ def batch_seconds() -> float:
     return saga().unwind_batch_s
 
 
+def step_max_seconds() -> int:
+    """The longest one compensator call may run while its worker renews the lease (SAGA
+    STEP_MAX_S): past it the lease is no longer renewed and the job is stopped, so a call that
+    hangs in a live worker is retried like one whose worker died."""
+    return max(saga().step_max_s, 1)
+
+
 def drive_job_timeout(*, step_timeout_s: float | None = None) -> int:
-    """RQ's timeout for a job that runs steps back to back: the batch, then one more step's lease
-    (a step is only started while the batch lasts, and its call is bounded by the lease)."""
-    return step_lease_seconds(step_timeout_s=step_timeout_s) + math.ceil(batch_seconds()) + 5
+    """RQ's timeout for a job that runs steps back to back: the batch, then one more step's call
+    (a step is only started while the batch lasts, and its call is bounded by the lease, renewed
+    for up to ``step_max_seconds``)."""
+    longest = max(step_lease_seconds(step_timeout_s=step_timeout_s), step_max_seconds())
+    return longest + math.ceil(batch_seconds()) + 5
 
 
 def _carry_out(claim: Claim | None, *, batch_s: float) -> Outcome | None:
@@ -582,7 +653,8 @@ def _carry_out(claim: Claim | None, *, batch_s: float) -> Outcome | None:
     first: Outcome | None = None
     rows: dict[tuple[int, str], Any] = {}
     while claim is not None:
-        outcome = compensators.execute(claim.request, tenant_id=claim.tenant_id, rows=rows)
+        with _LeaseRenewal(claim):
+            outcome = compensators.execute(claim.request, tenant_id=claim.tenant_id, rows=rows)
         if first is None:
             first = outcome
         claim = _step_record(
@@ -623,13 +695,15 @@ def _step_record(
     (``claim_next``), or, when the caller's batch is spent, queued with a job of its own at the
     back of the queue. Either way the next step is in flight when this commits, so the sweeper
     sees a queued step with a live job, not an unwind with nothing in flight."""
-    # The unwind is locked before the step, the order unwind_advance and the operator's decisions
-    # take them in.
-    unwind = _lock_unwind(next_of) if next_of is not None else None
-    related = ("action",) if unwind is not None else ("unwind__run__tenant", "action")
-    step = UnwindStep.objects.select_for_update(of=("self",)).select_related(*related).get(pk=step_id)
-    if unwind is not None:
-        step.unwind = unwind
+    # The unwind is locked before the step, the order unwind_advance, unwind_stop and the
+    # operator's decisions take them in; read under its lock, its status is current (a stop that
+    # committed a moment ago is seen).
+    unwind_id = next_of or UnwindStep.objects.filter(pk=step_id).values_list("unwind_id", flat=True).first()
+    unwind = _lock_unwind(unwind_id) if unwind_id else None
+    if unwind is None:
+        return None, None
+    step = UnwindStep.objects.select_for_update(of=("self",)).select_related("action").get(pk=step_id)
+    step.unwind = unwind
     if step.status != UnwindStep.Status.RUNNING or step.lease_token != token:
         log.warning(
             "unwinds.outcome_fenced",
@@ -643,9 +717,13 @@ def _step_record(
     step.action.run = step.unwind.run
     now = timezone.now()
     fence = {"lease_token": token}
-    data = {"attempt": step.attempts, "status_code": outcome.status_code}
+    data: dict[str, Any] = {"attempt": step.attempts, "status_code": outcome.status_code}
     base = {"lease_expires_at": None}
-    if outcome.kind == compensators.RETRY and step.attempts < step.max_attempts:
+    stopped = unwind.status == Unwind.Status.CANCELLED
+    if outcome.code == compensators.COMPENSATOR_MISSING:
+        outcome = Outcome.failed(_missing_compensator_error(unwind, step, outcome), code=outcome.code)
+        data["code"] = outcome.code
+    if outcome.kind == compensators.RETRY and step.attempts < step.max_attempts and not stopped:
         delay = retry_backoff_seconds(step.attempts)
         step_transition(
             step,
@@ -671,11 +749,12 @@ def _step_record(
         to, action_outcome, error = UnwindStep.Status.DRIFTED, "drifted", outcome.error
     else:
         to, action_outcome = UnwindStep.Status.FAILED, "failed"
-        error = (
-            outcome.error
-            if outcome.kind == compensators.FAILED
-            else (f"Gave up after {step.attempts} attempts: {outcome.error}")
-        )
+        if outcome.kind == compensators.FAILED:
+            error = outcome.error
+        elif stopped:
+            error = f"Not retried: the unwind was stopped. Attempt {step.attempts} failed: {outcome.error}"
+        else:
+            error = f"Gave up after {step.attempts} attempts: {outcome.error}"
     step_transition(
         step,
         to=to,
@@ -695,7 +774,10 @@ def _step_record(
         reason=error,
         state=outcome.state,
     )
-    if unwind is not None:
+    if stopped:
+        _stopped_item_refresh(unwind)
+        return step, None
+    if next_of is not None:
         try:
             # A savepoint: the outcome just recorded is the compensator's real effect and must
             # commit even when moving the unwind on refuses (a run that left compensating, an
@@ -736,6 +818,11 @@ def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
         for s in steps
         if s.status == UnwindStep.Status.SKIPPED
     ]
+    # A partial unwind: the plan's undoable actions the operator chose to keep (recovery.planner).
+    kept = [
+        {"action_id": entry["action_id"], "action_tool": entry["action_tool"]}
+        for entry in (unwind.plan or {}).get("kept", [])
+    ]
     run = Run.objects.select_for_update().select_related("tenant").get(pk=unwind.run_id)
     summary = (
         f"all {len(steps)} steps settled"
@@ -743,6 +830,8 @@ def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
         else f"{len(left)} of {len(steps)} steps not compensated: "
         + ", ".join(f"{entry['tool']} ({entry['status']})" for entry in left)
     )
+    if kept:
+        summary += "; kept as the operator chose: " + ", ".join(entry["action_tool"] for entry in kept)
     unwind_set_status(
         unwind,
         to=Unwind.Status.COMPLETED if complete else Unwind.Status.FAILED,
@@ -750,11 +839,13 @@ def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
         actor=ENGINE,
         kind="unwind.completed" if complete else "unwind.failed",
         reason=summary,
-        data={"left": left, "not_undone": not_undone},
+        data={"left": left, "not_undone": not_undone, "kept": kept},
     )
-    runs.run_compensation_finished(run=run, actor=ENGINE, complete=complete, reason=summary)
+    runs.run_compensation_finished(
+        run=run, actor=ENGINE, complete=complete, reason=summary, partial=bool(kept)
+    )
     if complete:
-        items.item_resolve_compensated(unwind=unwind, not_undone=not_undone)
+        items.item_resolve_compensated(unwind=unwind, not_undone=not_undone, kept=kept)
     else:
         drift_only = all(
             entry["status"] == UnwindStep.Status.DRIFTED for entry in left if entry["status"] in PROBLEMS
@@ -818,7 +909,8 @@ def step_retry(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
     approval = Approval.objects.filter(step=current).first()
     if approval is not None and approval.status in (Approval.Status.REJECTED, Approval.Status.EXPIRED):
         raise errors.Conflict(
-            f"Step {current.pk}'s approval was {approval.status}; start a new compensation to ask again.",
+            f"Step {current.pk}'s approval {approval.status}: retrying would run it unapproved. Ask for "
+            f"the approval again instead (request-again on approval {approval.pk}).",
             details={"step_id": current.pk, "approval_id": approval.pk, "current": approval.status},
             code="approval_not_granted",
         )
@@ -865,3 +957,243 @@ def step_skip(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
     )
     _enqueue_advance(unwind.pk)
     return current
+
+
+# --- A compensator that no longer exists -------------------------------------------------------
+
+
+def _missing_compensator_error(unwind: Unwind, step: UnwindStep, outcome: Outcome) -> str:
+    """The operator's sentence for a step whose compensating tool nothing serves: named, and
+    saying whether it was registered when the unwind was planned (then it was removed since)."""
+    was = str(_planned(unwind, step).get("compensator") or "")
+    if was:
+        return (
+            f"Compensator {step.tool} is no longer registered: it was a {was} compensator when this "
+            f"unwind was planned and has since been removed from the policy file (or its code). "
+            f"{outcome.error} Register it again and retry this step, or skip it."
+        )
+    return f"{outcome.error} Register a compensator for {step.tool} and retry this step, or skip it."
+
+
+# --- Stopping an unwind ----------------------------------------------------------------------
+
+STOPPABLE = (Unwind.Status.RUNNING, Unwind.Status.PAUSED)
+
+
+def _step_entry(step: UnwindStep) -> dict[str, Any]:
+    return {
+        "step_id": step.pk,
+        "action_id": step.action_id,
+        "action_seq": step.action.seq,
+        "tool": step.tool,
+        "action_tool": step.action.tool,
+        "status": step.status,
+        "error": step.error,
+    }
+
+
+def _stop_report(steps: list[UnwindStep], *, by: str, reason: str, at: str) -> tuple[str, dict[str, Any]]:
+    """What a stopped unwind undid and did not (a sentence for the item, the details for the
+    queue, the run page and the API)."""
+    undone = [_step_entry(s) for s in steps if s.status == UnwindStep.Status.DONE]
+    running = [_step_entry(s) for s in steps if s.status == UnwindStep.Status.RUNNING]
+    not_undone = [
+        _step_entry(s) for s in steps if s.status not in (UnwindStep.Status.DONE, UnwindStep.Status.RUNNING)
+    ]
+
+    def names(entries: list[dict[str, Any]], *, status: bool = False) -> str:
+        return ", ".join(
+            f"{e['action_tool']} (#{e['action_seq']}{', ' + e['status'] if status else ''})" for e in entries
+        )
+
+    summary = f"Compensation stopped by {by}: {reason}. Undone: {names(undone) or 'nothing'}."
+    if not_undone:
+        summary += f" Not undone: {names(not_undone, status=True)}."
+    if running:
+        summary += (
+            f" Still running when stopped: {names(running)} (its outcome is recorded when the call returns)."
+        )
+    details = {
+        "by": by,
+        "reason": reason,
+        "at": at,
+        "undone": undone,
+        "not_undone": not_undone,
+        "running": running,
+    }
+    return summary, details
+
+
+def _step_stopped(step: UnwindStep, *, actor: Actor, reason: str) -> None:
+    """A step in flight when its unwind stops (the caller holds the unwind's and the step's rows):
+    one waiting for its approval or its first attempt goes back to pending (never started, its
+    action still stands; a pending approval is withdrawn); one waiting to be retried fails (an
+    earlier attempt may have acted: the action is compensation_failed, for a person to check); a
+    running one is left to finish (its outcome is recorded, and nothing starts after it)."""
+    note = f"the unwind was stopped: {reason}"
+    if step.status == UnwindStep.Status.AWAITING_APPROVAL:
+        approval = Approval.objects.filter(step=step, status=Approval.Status.PENDING).first()
+        if approval is not None:
+            approvals.approval_withdraw(approval=approval, actor=actor, reason=note)
+    if step.status == UnwindStep.Status.AWAITING_APPROVAL or (
+        step.status == UnwindStep.Status.QUEUED and not step.attempts
+    ):
+        step_transition(
+            step,
+            to=UnwindStep.Status.PENDING,
+            allowed_from=(step.status,),
+            actor=actor,
+            kind="step.stopped",
+            reason=reason,
+            updates={"next_attempt_at": None, "job_id": ""},
+        )
+    elif step.status == UnwindStep.Status.QUEUED:
+        error = f"Not retried: the unwind was stopped. Attempt {step.attempts} failed: {step.error}"
+        step_transition(
+            step,
+            to=UnwindStep.Status.FAILED,
+            allowed_from=(UnwindStep.Status.QUEUED,),
+            actor=actor,
+            kind="step.stopped",
+            reason=reason,
+            updates={"error": error, "next_attempt_at": None, "job_id": "", "finished_at": timezone.now()},
+        )
+        actions.action_compensation_finished(
+            action=step.action, actor=actor, outcome="failed", step_id=step.pk, reason=error
+        )
+
+
+@transaction.atomic
+def unwind_stop(*, unwind: Unwind, actor: Actor, reason: str) -> Unwind:
+    """Stop a running (or paused) unwind between steps: no step starts after this commits; a step
+    whose compensator call is in flight finishes and its outcome is recorded. The unwind becomes
+    ``cancelled`` ("Stopped"), the run leaves ``compensating`` (back to ``failed``), and the
+    recovery item goes back to the queue (open), naming what was undone and what was not, so a
+    person decides again (compensate what is left, resume or close). A finished unwind → 409."""
+    reason = reason_required(reason)
+    locked = _lock_unwind(unwind.pk)
+    if locked is None:
+        raise errors.NotFound(f"Unwind {unwind.pk} not found.", details={"id": unwind.pk})
+    if locked.status not in STOPPABLE:
+        raise errors.InvalidTransition(
+            locked,
+            to=Unwind.Status.CANCELLED,
+            current=locked.status,
+            message=f"Unwind {locked.pk} is {locked.status}; only a running or paused unwind can be stopped.",
+        )
+    in_flight = list(
+        UnwindStep.objects.select_for_update(of=("self",))
+        .select_related("action")
+        .filter(unwind=locked, status__in=IN_FLIGHT)
+        .order_by("position")
+    )
+    for step in in_flight:
+        step.unwind = locked
+        step.action.run = locked.run
+        _step_stopped(step, actor=actor, reason=reason)
+    steps = _all_steps(locked)
+    summary, details = _stop_report(steps, by=actor.label, reason=reason, at=timezone.now().isoformat())
+    unwind_set_status(
+        locked,
+        to=Unwind.Status.CANCELLED,
+        allowed_from=STOPPABLE,
+        actor=actor,
+        kind="unwind.stopped",
+        reason=reason,
+        data=details,
+    )
+    run = Run.objects.select_for_update().select_related("tenant").get(pk=locked.run_id)
+    runs.run_compensation_finished(run=run, actor=actor, complete=False, reason=summary)
+    item = RecoveryItem.objects.filter(run=run, status__in=RecoveryItem.UNRESOLVED).first()
+    items.item_reopen_after_unwind(
+        unwind=locked,
+        run=run,
+        reason=item.reason if item is not None else RecoveryItem.Reason.MANUAL,
+        error=summary,
+        left=details["not_undone"] + details["running"],
+        details={"stopped": details},
+    )
+    return locked
+
+
+def _stopped_item_refresh(unwind: Unwind) -> None:
+    """The step that was running when its unwind stopped has finished: its item (if it still
+    waits for a decision about this unwind) says what happened to it."""
+    item = (
+        RecoveryItem.objects.select_for_update()
+        .filter(run_id=unwind.run_id, status__in=RecoveryItem.UNRESOLVED)
+        .first()
+    )
+    stopped = (item.details or {}).get("stopped") if item is not None else None
+    if item is None or not isinstance(stopped, dict) or item.details.get("unwind_id") != unwind.pk:
+        return
+    summary, details = _stop_report(
+        _all_steps(unwind),
+        by=str(stopped.get("by", "")),
+        reason=str(stopped.get("reason", "")),
+        at=str(stopped.get("at", "")),
+    )
+    items.item_open_or_update(
+        run=unwind.run,
+        reason=item.reason,
+        actor=ENGINE,
+        error=summary,
+        details={"left": details["not_undone"] + details["running"], "stopped": details},
+    )
+
+
+# --- Asking again for a step's approval --------------------------------------------------------
+
+
+@transaction.atomic
+def step_approval_ask_again(*, approval: Approval, actor: Actor, reason: str) -> Approval:
+    """The step whose approval expired or was rejected (so it failed without running) waits for a
+    new approval of the same tool and args, linked to the old one. Only once its unwind has
+    finished its other steps (``failed``: it stopped with this step left): the unwind picks up
+    again, paused on this step, and the run goes back to compensating. ``approval`` is locked
+    and checked by ``approvals.approval_lock_for_asking_again``."""
+    if approval.step_id is None:
+        raise errors.InvalidTransition(
+            approval,
+            to=Approval.Status.PENDING,
+            current=approval.status,
+            message=f"Approval {approval.pk} no longer belongs to a step; it was asked again already.",
+        )
+    unwind, step = _lock_step_for_decision(UnwindStep(pk=approval.step_id))
+    step.action.run = unwind.run
+    if step.status != UnwindStep.Status.FAILED:
+        raise errors.InvalidTransition(
+            step,
+            to=UnwindStep.Status.AWAITING_APPROVAL,
+            current=step.status,
+            message=f"Step {step.pk} is {step.status}; only a step that failed for want of approval can ask again.",
+        )
+    if unwind.status != Unwind.Status.FAILED:
+        why = (
+            "was stopped; start a new compensation to undo what is left"
+            if unwind.status == Unwind.Status.CANCELLED
+            else f"is still {unwind.status}; ask again once it has finished its other steps"
+        )
+        raise errors.InvalidTransition(
+            unwind, to=Unwind.Status.RUNNING, current=unwind.status, message=f"Unwind {unwind.pk} {why}."
+        )
+    _unwind_reactivate(unwind=unwind, actor=actor, reason=reason)
+    step_transition(
+        step,
+        to=UnwindStep.Status.AWAITING_APPROVAL,
+        allowed_from=(UnwindStep.Status.FAILED,),
+        actor=actor,
+        kind="step.approval_requested_again",
+        reason=reason,
+        updates={"error": "", "finished_at": None},
+        data={"previous_approval_id": approval.pk, "previous_error": step.error},
+    )
+    unwind_set_status(
+        unwind,
+        to=Unwind.Status.PAUSED,
+        allowed_from=(Unwind.Status.RUNNING,),
+        actor=ENGINE,
+        kind="unwind.paused",
+        data={"waiting_for_step": step.pk},
+    )
+    return approvals.approval_ask_again(previous=approval, actor=actor, reason=reason, step=step)
