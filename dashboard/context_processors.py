@@ -24,6 +24,10 @@ class Nav:
         return permissions.can_anywhere(self.user, permissions.Capability.APPROVE)
 
     @cached_property
+    def can_operate(self) -> bool:
+        return permissions.can_anywhere(self.user, permissions.Capability.OPERATE)
+
+    @cached_property
     def can_administer(self) -> bool:
         return permissions.can_anywhere(self.user, permissions.Capability.ADMINISTER)
 

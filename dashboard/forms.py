@@ -10,6 +10,7 @@ from dashboard.selectors import AGE_CHOICES, SORTS, QueueFilters
 from ledger.errors import SagaError
 from ledger.models import Risk
 from ledger.rules import REASON_MAX_LENGTH, REASON_REQUIRED, reason_required
+from ledger.services.pauses import pause_patterns
 from recovery.models import RecoveryItem
 from recovery.selectors import QUEUE_STATUSES
 
@@ -136,3 +137,59 @@ class QueueFilterForm(forms.Form):
             sort=sort if sort in SORTS else "newest",
             signature=data.get("signature") or "",
         )
+
+
+class CompensateForm(ReasonForm):
+    """The compensate decision: what to undo (the ticked plan steps, read with
+    ``request.POST.getlist("action_ids")``, or everything after a checkpoint), the plan_hash of the
+    plan the operator read, and the stage (choosing, or confirming a reviewed selection). Which
+    choices are valid is the planner's rule, not the form's."""
+
+    scope = forms.ChoiceField(
+        choices=[("actions", "The ticked actions"), ("checkpoint", "Everything after a checkpoint")],
+        required=False,
+    )
+    to_checkpoint = forms.CharField(required=False, max_length=40)
+    plan_hash = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
+    stage = forms.ChoiceField(choices=[("choose", "choose"), ("confirm", "confirm")], required=False)
+
+
+class PauseForm(ReasonForm):
+    """A pause (kill switch): an agent and/or a tool, in one of the tenants the user operates."""
+
+    tenant = forms.TypedChoiceField(label="Tenant", coerce=int)
+    agent = forms.CharField(
+        label="Agent",
+        required=False,
+        max_length=200,
+        help_text="Exact name or glob (onboarding-*): the key's name or the agent a run declares.",
+        widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
+    )
+    tool = forms.CharField(
+        label="Tool",
+        required=False,
+        max_length=200,
+        help_text="Exact name or glob (payments.*).",
+        widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
+    )
+
+    def __init__(self, *args: Any, tenants: Sequence[Any] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["tenant"]
+        assert isinstance(field, forms.TypedChoiceField)
+        field.choices = [(t.pk, t.name) for t in tenants]
+        if len(tenants) == 1:
+            # One tenant to choose from: the form need not ask.
+            field.initial, field.required = tenants[0].pk, False
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if cleaned.get("tenant") in (None, ""):
+            cleaned["tenant"] = self.fields["tenant"].initial
+        try:
+            cleaned["agent"], cleaned["tool"] = pause_patterns(
+                agent=cleaned.get("agent", ""), tool=cleaned.get("tool", "")
+            )
+        except SagaError as exc:
+            raise forms.ValidationError(exc.message) from None
+        return cleaned

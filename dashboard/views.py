@@ -14,6 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from django.utils.http import urlencode
@@ -22,13 +23,21 @@ from django_htmx.http import HTMX_STOP_POLLING, HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from dashboard import charts, selectors
-from dashboard.forms import ApproveForm, BulkForm, QueueFilterForm, ReasonForm, ReconcileForm, ResumeForm
+from dashboard.forms import (
+    ApproveForm,
+    BulkForm,
+    CompensateForm,
+    QueueFilterForm,
+    ReasonForm,
+    ReconcileForm,
+    ResumeForm,
+)
 from dashboard.permissions import Capability, TenantPermissions, can, require, tenant_ids_for, tenant_ids_with
 from dashboard.templatetags.dashboard import pretty_json
 from ledger.audit import Actor
 from ledger.conf import saga
-from ledger.errors import SagaError
-from ledger.models import Action, Risk, Tenant
+from ledger.errors import PlanChanged, SagaError
+from ledger.models import Action, Risk, Run, Tenant
 from ledger.selectors import checkpoints_for_run
 from ledger.services import actions as ledger_actions
 from recovery import approvals as recovery_approvals
@@ -36,6 +45,7 @@ from recovery import items as recovery_items
 from recovery import planner
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery_services
+from recovery import trail as recovery_trail
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
 
 M = TypeVar("M", bound=Model)
@@ -251,6 +261,7 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
                 "run": run,
                 "actions": _earlier(actions),
                 "allowed": TenantPermissions(request.user, run.tenant_id),
+                **_partial_marks(actions, recovery_trail.kept_action_ids(run=run)),
             },
         )
     page = selectors.run_page(run=run)
@@ -271,8 +282,15 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             "latest_checkpoint_id": page.checkpoints[0].pk if page.checkpoints else None,
             "reconcile_form": ReconcileForm(),
             "reason_form": ReasonForm(),
+            **_partial_marks(page.actions, {e["action_id"] for e in page.trail["kept"]}),
         },
     )
+
+
+def _partial_marks(actions: list[Action], kept_ids: set[str]) -> dict[str, set[str]]:
+    """After a partial compensation, each action of its plan is marked "kept" or "undone"."""
+    undone = {a.pk for a in actions if a.status == Action.Status.COMPENSATED} if kept_ids else set()
+    return {"kept_ids": kept_ids, "undone_ids": undone}
 
 
 def _render_preview(request: HtmxHttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
@@ -280,25 +298,157 @@ def _render_preview(request: HtmxHttpRequest, template: str, context: dict[str, 
     return render(request, partial, context, status=422 if context["form"].errors else 200)
 
 
+PLAN_CHANGED_NOTICE = (
+    "The plan changed since you opened it (an action finished, or its arguments or policy changed). "
+    "Nothing was started: this is the plan now; review it and confirm again."
+)
+
+
+def _compensate_page(
+    request: HtmxHttpRequest,
+    item: RecoveryItem,
+    *,
+    plan: planner.Plan,
+    form: CompensateForm,
+    stage: str = "choose",
+    chosen: set[str] | None = None,
+    scope: str = "actions",
+    to_checkpoint: str = "",
+    notice: str = "",
+    selection_error: str = "",
+    status: int = 200,
+) -> HttpResponse:
+    checkpoints, _older = selectors.newest_checkpoints(run=item.run)
+    context = {
+        "item": item,
+        "run": item.run,
+        "plan": plan,
+        "form": form,
+        "stage": stage,
+        # Every undoable step is ticked until the operator unticks it.
+        "chosen": chosen if chosen is not None else {s.action.pk for s in plan.steps if s.can_undo},
+        "scope": scope,
+        "to_checkpoint": to_checkpoint,
+        "checkpoints": checkpoints,
+        "notice": notice,
+        "selection_error": selection_error,
+    }
+    template = "dashboard/item_compensate.html"
+    partial = f"{template}#preview" if request.htmx and not request.htmx.boosted else template
+    return render(request, partial, context, status=status)
+
+
 @require_http_methods(["GET", "POST"])
 @login_required
 def item_compensate(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
+    """Compensate all or part of the plan. The page shows the plan with a ticked box per step and
+    a "to checkpoint" choice; everything ticked runs on confirming, as shown. A partial choice is
+    shown back first (exactly the steps that run and those kept) and runs only when confirmed
+    there. The plan_hash the page carried must still be the plan's: otherwise the new plan is
+    shown instead of running anything. Which choices are valid is the planner's rule."""
     item = _get_item_for_user(request, item_id, Capability.OPERATE)
+    run = item.run
+    if request.method != "POST":
+        return _compensate_page(request, item, plan=planner.compensation_plan(run=run), form=CompensateForm())
+    form = CompensateForm(request.POST)
+    chosen = request.POST.getlist("action_ids")
+    valid = form.is_valid()
+    data = form.cleaned_data
+    scope = data.get("scope") or ""
+    to_checkpoint = (data.get("to_checkpoint") or "") if scope == "checkpoint" else ""
+    full = planner.compensation_plan(run=run)
+    if not valid:
+        return _compensate_page(
+            request, item, plan=full, form=form, chosen=set(chosen), scope=scope or "actions", status=422
+        )
+    # No scope (a plain POST with a reason, as before partial compensation): the whole plan.
+    action_ids: list[str] | None = None
+    if scope == "actions" and set(chosen) != {s.action.pk for s in full.steps if s.can_undo}:
+        action_ids = chosen
+    shown_hash = data.get("plan_hash") or None
+    partial = action_ids is not None or scope == "checkpoint"
+    try:
+        plan = planner.compensation_plan(
+            run=run, action_ids=action_ids, to_checkpoint=to_checkpoint if scope == "checkpoint" else None
+        )
+    except SagaError as exc:
+        return _compensate_page(
+            request,
+            item,
+            plan=full,
+            form=form,
+            chosen=set(chosen),
+            scope=scope,
+            to_checkpoint=to_checkpoint,
+            selection_error=exc.message,
+            status=422,
+        )
+    if shown_hash is not None and shown_hash != plan.plan_hash:
+        return _compensate_page(request, item, plan=full, form=form, notice=PLAN_CHANGED_NOTICE, status=409)
+    if partial and data.get("stage") != "confirm" and item.status == RecoveryItem.Status.OPEN:
+        return _compensate_page(
+            request, item, plan=plan, form=form, stage="review", scope=scope, to_checkpoint=to_checkpoint
+        )
+    try:
+        unwind = recovery_services.unwind_start(
+            item=item,
+            actor=_actor(request),
+            reason=data["reason"],
+            action_ids=action_ids,
+            to_checkpoint=to_checkpoint or None,
+            plan_hash=shown_hash,
+        )
+    except PlanChanged:
+        return _compensate_page(
+            request,
+            item,
+            plan=planner.compensation_plan(run=run),
+            form=form,
+            notice=PLAN_CHANGED_NOTICE,
+            status=409,
+        )
+    except SagaError as exc:
+        return _refused(request, exc, _run_url(item.run_id))
+    said = f"Compensation started: {unwind.steps.count()} step(s), newest action first."
+    if plan.kept:
+        said += (
+            " Kept as they are: " + ", ".join(f"{s.action.tool} (#{s.action.seq})" for s in plan.kept) + "."
+        )
+    messages.success(request, said)
+    return _done(request, _run_url(item.run_id, "unwind"))
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def run_flag(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Flag a run for review (any run, also a succeeded one): GET shows what will happen, POST
+    puts it in the recovery queue, where it is compensated, resumed or closed like a failed run."""
+    run = _visible(Run.objects.select_related("tenant"), run_id, request)
+    require(request.user, Capability.OPERATE, run.tenant_id)
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            unwind = recovery_services.unwind_start(
-                item=item, actor=_actor(request), reason=form.cleaned_data["reason"]
+            item = recovery_services.run_flag(
+                run=run, actor=_actor(request), reason=form.cleaned_data["reason"]
             )
         except SagaError as exc:
-            return _refused(request, exc, _run_url(item.run_id))
+            return _refused(request, exc, _run_url(run.pk))
         messages.success(
-            request, f"Compensation started: {unwind.steps.count()} step(s), newest action first."
+            request,
+            f"Flagged for review: the run is in the recovery queue ({item.get_reason_display().lower()}); "
+            "nothing was undone. Decide below: compensate (all or some actions), resume or close.",
         )
-        return _done(request, _run_url(item.run_id, "unwind"))
-    plan = planner.compensation_plan(run=item.run)
+        return _done(request, _run_url(run.pk))
+    open_item = RecoveryItem.objects.filter(run=run, status__in=RecoveryItem.UNRESOLVED).first()
     return _render_preview(
-        request, "dashboard/item_compensate.html", {"item": item, "run": item.run, "plan": plan, "form": form}
+        request,
+        "dashboard/run_flag.html",
+        {
+            "run": run,
+            "form": form,
+            "open_item": open_item,
+            "undoable": planner.compensation_plan(run=run).steps,
+        },
     )
 
 
@@ -358,6 +508,38 @@ def item_close(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     )
 
 
+@require_http_methods(["GET", "POST"])
+@login_required
+def run_cancel(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Cancel a run: GET shows exactly what will happen (the confirmation), POST does it."""
+    run = _visible(Run.objects.select_related("tenant"), run_id, request)
+    require(request.user, Capability.OPERATE, run.tenant_id)
+    form = ReasonForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            outcome = recovery_services.run_cancel(
+                run=run, actor=_actor(request), reason=form.cleaned_data["reason"]
+            )
+        except SagaError as exc:
+            return _refused(request, exc, _run_url(run.pk))
+        said = ["Run cancelled: its agent can write no more and is told to stop."]
+        if outcome.unknown:
+            count = len(outcome.unknown)
+            said.append(
+                f"{count} action{pluralize(count)} it had running now ha{pluralize(count, 's,ve')} an "
+                "unknown outcome: confirm whether each happened."
+            )
+        if outcome.item is not None:
+            said.append("The run is in the recovery queue for a decision about what it changed.")
+        messages.success(request, " ".join(said))
+        return _done(request, _run_url(run.pk))
+    return _render_preview(
+        request,
+        "dashboard/run_cancel.html",
+        {"run": run, "preview": recovery_selectors.cancel_preview(run=run), "form": form},
+    )
+
+
 @require_POST
 @login_required
 def item_assign(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
@@ -388,6 +570,66 @@ def unwind_progress(request: HtmxHttpRequest, unwind_id: str) -> HttpResponse:
     if unwind.status not in (Unwind.Status.RUNNING, Unwind.Status.PAUSED):
         response.status_code = HTMX_STOP_POLLING
     return response
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def unwind_stop(request: HtmxHttpRequest, unwind_id: str) -> HttpResponse:
+    """Stop a running compensation between steps: GET shows exactly what will happen to each step
+    (the confirmation), POST does it."""
+    unwind = selectors.unwind_with_steps(unwind_id=unwind_id, tenant_ids=tenant_ids_for(request.user))
+    if unwind is None:
+        raise Http404("No such unwind.")
+    require(request.user, Capability.OPERATE, unwind.tenant_id)
+    back = _run_url(unwind.run_id, "unwind")
+    form = ReasonForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            stopped = recovery_services.unwind_stop(
+                unwind=unwind, actor=_actor(request), reason=form.cleaned_data["reason"]
+            )
+        except SagaError as exc:
+            return _refused(request, exc, back)
+        running = stopped.steps.filter(status=UnwindStep.Status.RUNNING).exists()
+        messages.success(
+            request,
+            "Compensation stopped: no further step starts"
+            + (" (the step in flight finishes and its outcome is recorded)" if running else "")
+            + ". The run is back in the recovery queue with what was undone and what was not.",
+        )
+        return _done(request, back)
+    return _render_preview(
+        request, "dashboard/unwind_stop.html", {"unwind": unwind, "run": unwind.run, "form": form}
+    )
+
+
+@require_POST
+@login_required
+def step_ask_again(request: HtmxHttpRequest, step_id: str) -> HttpResponse:
+    """A step whose approval expired or was rejected: ask the approvers again (same tool, same
+    args); the compensation waits on the step until they decide."""
+    step = _get_step_for_user(request, step_id, Capability.OPERATE)
+    back = _run_url(step.unwind.run_id, "unwind")
+    form = ReasonForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _form_errors(form))
+        return _done(request, back)
+    approval = Approval.objects.filter(step=step).first()
+    if approval is None:
+        messages.error(request, "This step has no approval to ask again for.")
+        return _done(request, back)
+    try:
+        recovery_services.approval_request_again(
+            approval=approval, actor=_actor(request), reason=form.cleaned_data["reason"]
+        )
+    except SagaError as exc:
+        return _refused(request, exc, back)
+    messages.success(
+        request,
+        f"Approval asked again for step #{step.position + 1} ({step.tool}): it waits in the approval "
+        "inbox, and the compensation goes on once it is decided.",
+    )
+    return _done(request, back)
 
 
 def _step_decision(request: HtmxHttpRequest, step_id: str, *, skip: bool) -> HttpResponse:

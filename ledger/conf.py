@@ -23,6 +23,7 @@ class SagaSettings:
     trusted_proxy_hops: int
     # Recovery engine
     step_lease_s: int
+    step_max_s: int
     sweep_interval_s: float
     heartbeat_timeout_s: int
     approval_expiry_h: float
@@ -55,6 +56,7 @@ def saga() -> SagaSettings:
         unauthenticated_rate=str(raw["UNAUTHENTICATED_RATE"]),
         trusted_proxy_hops=int(raw["TRUSTED_PROXY_HOPS"]),
         step_lease_s=int(raw["STEP_LEASE_S"]),
+        step_max_s=int(raw["STEP_MAX_S"]),
         sweep_interval_s=float(raw["SWEEP_INTERVAL_S"]),
         heartbeat_timeout_s=int(raw["HEARTBEAT_TIMEOUT_S"]),
         approval_expiry_h=float(raw["APPROVAL_EXPIRY_H"]),

@@ -111,3 +111,17 @@ class UrlNotAllowed(ValidationFailed):
 
     code = "url_not_allowed"
     resolved_address: str = ""  # the refused address a name resolved to: for the audit log only
+
+
+class PlanChanged(Conflict):
+    """The compensation plan is not the one the operator confirmed (``plan_hash``): a late action,
+    edited args or a policy change. ``details.plan_hash`` is the plan's hash now."""
+
+    code = "plan_changed"
+
+
+class Paused(Conflict):
+    """An operator's pause (a kill switch, ``ledger.models.Pause``) covers this new run or action.
+    ``details``: the pause's ``pause_id``, ``agent`` and ``tool`` patterns."""
+
+    code = "paused"

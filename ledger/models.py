@@ -140,8 +140,21 @@ class Run(models.Model):
         COMPENSATED = "compensated", "Compensated"
         CLOSED = "closed", "Closed"
 
-    # A run in one of these refuses new actions: a late background job cannot write.
-    CLOSED_TO_WRITES = (Status.CANCELLED, Status.COMPENSATING, Status.COMPENSATED, Status.CLOSED)
+    # A run in one of these refuses new actions, action starts and checkpoints (API.md): a late
+    # background job cannot write, a failed run waits for a decision (a resume reopens it), and the
+    # plan an operator reads holds still. ``ledger.services.runs.run_assert_accepts_writes``.
+    CLOSED_TO_WRITES = (
+        Status.FAILED,
+        Status.CANCELLED,
+        Status.COMPENSATING,
+        Status.COMPENSATED,
+        Status.CLOSED,
+    )
+    # Of those, the ones that also refuse the agent's report of how an action it already had
+    # running ended. A failed run still takes that report: it is the truth arriving late, and a
+    # resume or an unwind decided afterwards must work from it. A cancelled or compensating run
+    # has turned those actions into ``unknown`` for a person to reconcile.
+    CLOSED_TO_REPORTS = (Status.CANCELLED, Status.COMPENSATING, Status.COMPENSATED, Status.CLOSED)
 
     id = models.CharField(primary_key=True, max_length=40, default=ids.new_run_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
@@ -212,6 +225,11 @@ class Run(models.Model):
     @property
     def accepts_actions(self) -> bool:
         return self.status not in self.CLOSED_TO_WRITES
+
+    @property
+    def accepts_reports(self) -> bool:
+        """Whether the agent may still report the outcome of an action it had running."""
+        return self.status not in self.CLOSED_TO_REPORTS
 
 
 class Action(models.Model):

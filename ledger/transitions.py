@@ -27,20 +27,24 @@ M = TypeVar("M", bound=Model)
 
 RUN_TRANSITIONS: dict[str, set[str]] = {
     Run.Status.RUNNING: {Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.CANCELLED},
-    # A verification that fails after the agent reported success reopens the run.
-    Run.Status.SUCCEEDED: {Run.Status.FAILED},
+    # A verification that fails after the agent reported success reopens the run. A run flagged
+    # for review (recovery.services.run_flag) is compensated or resumed like a failed one.
+    Run.Status.SUCCEEDED: {Run.Status.FAILED, Run.Status.COMPENSATING, Run.Status.RUNNING},
     Run.Status.FAILED: {Run.Status.COMPENSATING, Run.Status.RUNNING, Run.Status.CLOSED},
     Run.Status.CANCELLED: {Run.Status.COMPENSATING, Run.Status.CLOSED},
-    Run.Status.COMPENSATING: {Run.Status.COMPENSATED, Run.Status.FAILED},
-    Run.Status.COMPENSATED: set(),
-    Run.Status.CLOSED: set(),
+    # closed: a partial unwind finished, and the actions the operator kept stand.
+    Run.Status.COMPENSATING: {Run.Status.COMPENSATED, Run.Status.FAILED, Run.Status.CLOSED},
+    # A flagged run's leftovers (kept, skipped) can still be undone.
+    Run.Status.COMPENSATED: {Run.Status.COMPENSATING},
+    Run.Status.CLOSED: {Run.Status.COMPENSATING},
 }
 
 ACTION_TRANSITIONS: dict[str, set[str]] = {
     Action.Status.PLANNED: {Action.Status.AWAITING_APPROVAL, Action.Status.RUNNING},
     Action.Status.AWAITING_APPROVAL: {Action.Status.APPROVED, Action.Status.REJECTED},
     Action.Status.APPROVED: {Action.Status.RUNNING},
-    Action.Status.REJECTED: set(),
+    # Asked again after its approval expired or was rejected (recovery.services.approval_request_again).
+    Action.Status.REJECTED: {Action.Status.AWAITING_APPROVAL},
     Action.Status.RUNNING: {Action.Status.SUCCEEDED, Action.Status.FAILED, Action.Status.UNKNOWN},
     Action.Status.UNKNOWN: {Action.Status.SUCCEEDED, Action.Status.FAILED},
     Action.Status.FAILED: {Action.Status.RUNNING},

@@ -53,9 +53,12 @@ def approval_request(
     requested_by: User | None = None,
     requested_by_key: AgentKey | None = None,
     step: UnwindStep | None = None,
+    previous: Approval | None = None,
+    reason: str = "",
 ) -> Approval:
     """Open an approval for ``action`` (or, with ``step``, for its compensation) bound to ``args``,
-    audit it, and tell approvers after commit. The caller holds the transaction."""
+    audit it, and tell approvers after commit. ``previous``: the expired or rejected approval this
+    one asks again (``approval_ask_again``). The caller holds the transaction."""
     approval = Approval.objects.create(
         tenant_id=run.tenant_id,
         run=run,
@@ -69,18 +72,23 @@ def approval_request(
         requested_by=requested_by,
         requested_by_key=requested_by_key,
         expires_at=approval_expiry_from(),
+        previous=previous,
     )
     data: dict[str, Any] = {"tool": tool, "risk": risk}
     if step is not None:
         data["step_id"] = step.pk
     data["args_hash"] = approval.args_hash
+    if previous is not None:
+        data["previous_id"] = previous.pk
+        data["previous_status"] = previous.status
     audit_record(
         tenant=run.tenant,
         run=run,
         actor=actor,
-        kind="approval.requested",
+        kind="approval.requested" if previous is None else "approval.requested_again",
         subject=approval,
         to_state=approval.status,
+        reason=reason,
         data=data,
     )
     transaction.on_commit(lambda: notifications.enqueue_approval_requested(approval_id=approval.pk))
@@ -98,8 +106,28 @@ def requester_match(approval: Approval, actor: Actor) -> str:
     - a key named after the run's owner: the agent whose run it is asked for what is approved on
       it, its compensations included (an automatic compensation has no other requester).
 
+    An approval asked again (``previous``) has every requester of the approvals before it too:
+    asking again never hands the first requester a grant of their own request.
+
     Reads ``approval.requested_by_key`` and ``approval.run`` for a key actor only (select them
     with the approval to save the queries)."""
+    how = _requester_match_one(approval, actor)
+    seen = {approval.pk}
+    earlier = approval
+    while not how and earlier.previous_id is not None and earlier.previous_id not in seen:
+        seen.add(earlier.previous_id)
+        found = (
+            Approval.objects.select_related("requested_by_key", "run").filter(pk=earlier.previous_id).first()
+        )
+        if found is None:
+            break
+        earlier = found
+        if how := _requester_match_one(earlier, actor):
+            how = f"{how} (approval {earlier.pk}, which this one asks again)"
+    return how
+
+
+def _requester_match_one(approval: Approval, actor: Actor) -> str:
     if actor.user is not None:
         return "you asked for it" if approval.requested_by_id == actor.user.pk else ""
     if actor.key is None:
@@ -164,6 +192,79 @@ def approval_decide(
     return current
 
 
+def approval_lock_for_asking_again(approval: Approval, *, actor: Actor) -> Approval:
+    """The approval, locked and checked for ``approval_ask_again``: only an ``expired`` or
+    ``rejected`` one that was not asked again already (409 otherwise), asked again by whom it
+    concerns (403 otherwise): for a forward action, the agent that owns the run (a key with the
+    ``agent`` scope and the run's owner's name) — it is the one waiting for it; for a compensation
+    step, an operator (a person the caller checked, or a key with the ``operator`` scope).
+    Approvers decide; they never ask. The caller holds the transaction."""
+    current = (
+        Approval.objects.select_for_update(of=("self",))
+        .select_related("run__tenant", "action", "requested_by_key")
+        .get(pk=approval.pk)
+    )
+    if current.kind == Approval.Kind.ACTION:
+        key = actor.key
+        if key is None or AgentKey.Scope.AGENT not in key.scopes or current.run.owner != key.name:
+            raise errors.Forbidden(
+                f"Only the agent that owns run {current.run_id} ({current.run.owner or 'unknown'}) asks "
+                f"again for its action's approval, with its own key.",
+                details={"approval_id": current.pk, "kind": current.kind},
+            )
+    elif actor.key is not None and AgentKey.Scope.OPERATOR not in actor.key.scopes:
+        raise errors.Forbidden(
+            "Only an operator asks again for a compensation step's approval (a key with the "
+            "'operator' scope, or a person with the operator role).",
+            details={"approval_id": current.pk, "kind": current.kind, "scope": AgentKey.Scope.OPERATOR.value},
+        )
+    if current.status not in (Approval.Status.EXPIRED, Approval.Status.REJECTED):
+        state = (
+            "is still pending: it can be decided, not asked again"
+            if current.status == (Approval.Status.PENDING)
+            else "was approved: there is nothing to ask again"
+        )
+        raise errors.InvalidTransition(
+            current,
+            to=Approval.Status.PENDING,
+            current=current.status,
+            message=f"Approval {current.pk} {state}.",
+        )
+    newer = Approval.objects.filter(previous=current).values_list("pk", flat=True).first()
+    if newer is not None:
+        raise errors.Conflict(
+            f"Approval {current.pk} was already asked again as {newer}.",
+            details={"approval_id": current.pk, "asked_again_id": newer, "current": current.status},
+            code="already_asked_again",
+        )
+    return current
+
+
+def approval_ask_again(
+    *, previous: Approval, actor: Actor, reason: str, step: UnwindStep | None = None
+) -> Approval:
+    """A new pending approval for the same tool and args as ``previous`` (locked and checked by
+    ``approval_lock_for_asking_again``), linked to it, with a fresh expiry; a compensation step's
+    approval moves to the new one (a step has one approval at a time; the old one stays linked
+    through ``previous``). The caller moves the action or step back to awaiting approval."""
+    if step is not None:
+        # Not a state change: the step's one-to-one approval link moves to the new approval.
+        Approval.objects.filter(pk=previous.pk).update(step=None)
+    return approval_request(
+        run=previous.run,
+        action=previous.action,
+        step=step,
+        tool=previous.tool,
+        args=previous.args,
+        risk=previous.risk,
+        actor=actor,
+        requested_by=actor.user,
+        requested_by_key=actor.key,
+        previous=previous,
+        reason=reason,
+    )
+
+
 def approval_expire(*, approval_id: str, now: datetime) -> Approval | None:
     """pending → expired for one approval past its deadline (None: decided meanwhile, or another
     sweeper has it). The caller holds the transaction and hands the expiry on."""
@@ -180,3 +281,30 @@ def approval_expire(*, approval_id: str, now: datetime) -> Approval | None:
     approval.reason = "expired without a decision"
     approval.save(update_fields=["status", "decided_at", "reason"])
     return approval
+
+
+def approval_withdraw(*, approval: Approval, actor: Actor, reason: str) -> Approval | None:
+    """pending → expired for an approval nobody needs any more (the unwind that asked for it was
+    stopped): it leaves the inbox, and a late decision on it is refused. Audited as withdrawn, with
+    who and why. None when it was decided meanwhile. The caller holds the transaction."""
+    current = (
+        Approval.objects.select_for_update(of=("self",)).select_related("run__tenant").get(pk=approval.pk)
+    )
+    if current.status != Approval.Status.PENDING:
+        return None
+    current.status = Approval.Status.EXPIRED
+    current.decided_at = timezone.now()
+    current.reason = f"withdrawn: {reason}"
+    current.save(update_fields=["status", "decided_at", "reason"])
+    audit_record(
+        tenant=current.run.tenant,
+        run=current.run,
+        actor=actor,
+        kind="approval.withdrawn",
+        subject=current,
+        from_state=Approval.Status.PENDING,
+        to_state=current.status,
+        reason=reason,
+        data={"step_id": current.step_id, "tool": current.tool},
+    )
+    return current

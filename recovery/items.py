@@ -238,8 +238,12 @@ def item_resolve(
     )
 
 
-def item_resolve_compensated(*, unwind: Unwind, not_undone: list[dict[str, Any]]) -> RecoveryItem | None:
-    """The unwind settled every step: resolve its item as compensated (or auto_compensated)."""
+def item_resolve_compensated(
+    *, unwind: Unwind, not_undone: list[dict[str, Any]], kept: list[dict[str, Any]] | None = None
+) -> RecoveryItem | None:
+    """The unwind settled every step: resolve its item as compensated (or auto_compensated). A
+    partial unwind resolves it too (the operator's decision was carried out), naming what it
+    ``kept``."""
     item = (
         RecoveryItem.objects.filter(run_id=unwind.run_id, status__in=RecoveryItem.UNRESOLVED)
         .select_related("run__tenant")
@@ -253,21 +257,30 @@ def item_resolve_compensated(*, unwind: Unwind, not_undone: list[dict[str, Any]]
     note = unwind.reason
     if not_undone:
         note += " (left as is: " + ", ".join(entry["action_tool"] for entry in not_undone) + ")"
+    if kept:
+        note += " (partial: kept " + ", ".join(entry["action_tool"] for entry in kept) + ")"
     return item_resolve(
         item=item,
         actor=ENGINE,
         resolution=resolution,
         note=note,
         allowed_from=RecoveryItem.UNRESOLVED,
-        details={"unwind_id": unwind.pk, "left": [], "not_undone": not_undone},
+        details={"unwind_id": unwind.pk, "left": [], "not_undone": not_undone, "kept": kept or []},
         resolved_by=unwind.requested_by,
     )
 
 
 def item_reopen_after_unwind(
-    *, unwind: Unwind, run: Run, reason: str, error: str, left: list[dict[str, Any]]
+    *,
+    unwind: Unwind,
+    run: Run,
+    reason: str,
+    error: str,
+    left: list[dict[str, Any]],
+    details: dict[str, Any] | None = None,
 ) -> RecoveryItem:
-    """The unwind ended with steps left: the item goes back to the queue (open), naming them."""
+    """The unwind ended with steps left (or was stopped): the item goes back to the queue (open),
+    naming them; ``details`` adds to what it records (a stop's report)."""
     item = (
         RecoveryItem.objects.select_for_update().filter(run=run, status__in=RecoveryItem.UNRESOLVED).first()
     )
@@ -285,7 +298,11 @@ def item_reopen_after_unwind(
         )
         _on_item_opened(item)
     return item_open_or_update(
-        run=run, reason=reason, actor=ENGINE, error=error, details={"unwind_id": unwind.pk, "left": left}
+        run=run,
+        reason=reason,
+        actor=ENGINE,
+        error=error,
+        details={"unwind_id": unwind.pk, "left": left, **(details or {})},
     )
 
 

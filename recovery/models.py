@@ -351,8 +351,14 @@ ITEM_TRANSITIONS: dict[str, set[str]] = {
 }
 
 UNWIND_TRANSITIONS: dict[str, set[str]] = {
-    Unwind.Status.RUNNING: {Unwind.Status.PAUSED, Unwind.Status.COMPLETED, Unwind.Status.FAILED},
-    Unwind.Status.PAUSED: {Unwind.Status.RUNNING},
+    # cancelled: an operator stopped it between steps (recovery.unwinds.unwind_stop).
+    Unwind.Status.RUNNING: {
+        Unwind.Status.PAUSED,
+        Unwind.Status.COMPLETED,
+        Unwind.Status.FAILED,
+        Unwind.Status.CANCELLED,
+    },
+    Unwind.Status.PAUSED: {Unwind.Status.RUNNING, Unwind.Status.CANCELLED},
     # An operator's retry or skip of a failed step picks a finished-with-failures unwind up again.
     Unwind.Status.FAILED: {Unwind.Status.RUNNING},
     Unwind.Status.COMPLETED: set(),
@@ -364,12 +370,15 @@ STEP_TRANSITIONS: dict[str, set[str]] = {
     # A step is queued for a job of its own, or claimed straight from pending by the worker that
     # advanced the unwind; one that needs a person waits for its approval first. One whose args
     # the policy's templates cannot fill from the forward action fails without running.
+    # A stopped unwind puts the steps it had not started back to pending (an approval asked for is
+    # withdrawn) and fails one that was waiting to be retried (its compensator may have acted).
     _Step.PENDING: {_Step.AWAITING_APPROVAL, _Step.QUEUED, _Step.RUNNING, _Step.FAILED},
-    _Step.AWAITING_APPROVAL: {_Step.QUEUED, _Step.FAILED},
-    _Step.QUEUED: {_Step.RUNNING},
+    _Step.AWAITING_APPROVAL: {_Step.QUEUED, _Step.FAILED, _Step.PENDING},
+    _Step.QUEUED: {_Step.RUNNING, _Step.PENDING, _Step.FAILED},
     # Back to queued: a retry after a transient failure, or a lease that expired.
     _Step.RUNNING: {_Step.QUEUED, _Step.DONE, _Step.FAILED, _Step.DRIFTED},
-    _Step.FAILED: {_Step.PENDING, _Step.SKIPPED},
+    # Awaiting approval again: its approval expired or was rejected and was asked again.
+    _Step.FAILED: {_Step.PENDING, _Step.SKIPPED, _Step.AWAITING_APPROVAL},
     _Step.DRIFTED: {_Step.PENDING, _Step.SKIPPED},
     _Step.DONE: set(),
     _Step.SKIPPED: set(),

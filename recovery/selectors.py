@@ -17,8 +17,10 @@ from ledger import errors
 from ledger.models import Action, ActionClass, Checkpoint, Risk, Run, Tenant
 from ledger.pagination import Page, keyset_page
 from ledger.selectors import checkpoint_latest, get_for_tenants
+from ledger.services.runs import CANCELLABLE
 from recovery.approvals import pending_q
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.planner import PLANNABLE_STATUSES
 
 Tenants = Tenant | Iterable[Tenant] | Iterable[int]
 
@@ -372,3 +374,42 @@ def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) 
             }
         )
     return preview
+
+
+# --- Cancel preview ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CancelPreview:
+    """What cancelling ``run`` does, as the operator's confirmation shows it (and as
+    ``recovery.services.run_cancel`` then does it, in one transaction)."""
+
+    run: Run
+    running: list[Action]  # become ``unknown``: someone confirms whether each happened
+    unknown: list[Action]  # already ``unknown``
+    changed: list[Action]  # succeeded and not read-only: stay as they are until someone decides
+    item: RecoveryItem | None  # the run's unresolved item (updated, not duplicated)
+    agent_told_by_push: bool  # a resume_url gets the signed cancel command too
+
+    @property
+    def cancellable(self) -> bool:
+        return self.run.status in CANCELLABLE
+
+    @property
+    def queues(self) -> bool:
+        """Whether the run lands in (or stays in) the recovery queue, reason ``cancelled``."""
+        return bool(self.running or self.unknown or self.changed) or self.item is not None
+
+
+def cancel_preview(*, run: Run) -> CancelPreview:
+    actions = list(run.actions.order_by("seq"))
+    return CancelPreview(
+        run=run,
+        running=[a for a in actions if a.status == Action.Status.RUNNING],
+        unknown=[a for a in actions if a.status == Action.Status.UNKNOWN],
+        changed=[
+            a for a in actions if a.status in PLANNABLE_STATUSES and a.action_class != ActionClass.READ_ONLY
+        ],
+        item=item_unresolved(run=run),
+        agent_told_by_push=bool(run.resume_url),
+    )

@@ -68,10 +68,21 @@ def _audits_refusals(decision: str) -> Callable[[Decision], Decision]:
 def _record_refusal(
     *, decision: str, exc: errors.SagaError, actor: Actor, reason: str = "", **kwargs: Any
 ) -> None:
-    subject = kwargs.get("item") or kwargs.get("approval") or kwargs.get("step")
+    subject = (
+        kwargs.get("item")
+        or kwargs.get("approval")
+        or kwargs.get("step")
+        or kwargs.get("unwind")
+        or kwargs.get("run")
+    )
     if subject is None:
         return
-    run_id = getattr(subject, "run_id", None) or subject.unwind.run_id
+    # A run is its own subject; the others name their run (a step through its unwind).
+    run_id = (
+        subject.pk
+        if isinstance(subject, Run)
+        else (getattr(subject, "run_id", None) or subject.unwind.run_id)
+    )
     current = str(exc.details.get("current", "")) if isinstance(exc.details, dict) else ""
     log.info(
         "decision.refused",
@@ -99,6 +110,14 @@ def _record_refusal(
     except DatabaseError:
         # The refusal itself must still reach the operator; the log line above keeps the trace.
         log.warning("decision.refusal_not_audited", decision=decision, run_id=run_id, exc_info=True)
+
+
+def refusal_record(
+    *, decision: str, exc: errors.SagaError, actor: Actor, reason: str = "", **subject: Any
+) -> None:
+    """Audit a refused decision whose own event was rolled back by a caller's transaction (an API
+    request made with an Idempotency-Key runs in one, and stores only successes)."""
+    _record_refusal(decision=decision, exc=exc, actor=actor, reason=reason, **subject)
 
 
 @dataclass(frozen=True)
@@ -187,11 +206,11 @@ def action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAct
     move it to awaiting_approval and open the approval bound to the exact args.
 
     The agent's compensation is governed: a tool its policy does not allow, or one that is not a
-    registered compensator, is refused (422) and nothing is recorded; the refusal is audited on
-    the run."""
+    registered compensator, is refused (422) and nothing is recorded; so is an action an operator's
+    pause covers (409 ``paused``). Each refusal is audited on the run."""
     try:
         return _action_record_gated(run=run, actor=actor, **fields)
-    except (errors.UnknownCompensator, errors.CompensationNotAllowed) as exc:
+    except (errors.UnknownCompensator, errors.CompensationNotAllowed, errors.Paused) as exc:
         _record_action_refusal(run=run, actor=actor, exc=exc, fields=fields)
         raise
 
@@ -336,6 +355,26 @@ def approval_reject(*, approval: Approval, actor: Actor, reason: str) -> Approva
     return decided
 
 
+@_audits_refusals("request_approval_again")
+@transaction.atomic
+def approval_request_again(*, approval: Approval, actor: Actor, reason: str) -> Approval:
+    """Ask again for an ``expired`` or ``rejected`` approval: a new pending approval of the same
+    tool and args, linked to the old one (``previous``), audited with who and why. A forward
+    action goes back to ``awaiting_approval`` (asked by the agent that owns the run, while the run
+    still takes writes); a compensation step goes back to awaiting its approval and its finished
+    unwind picks up again (asked by an operator). Pending or approved → 409; someone it does not
+    concern → 403 (``approvals.approval_lock_for_asking_again``)."""
+    reason = reason_required(reason)
+    previous = approvals.approval_lock_for_asking_again(approval, actor=actor)
+    if previous.kind == Approval.Kind.COMPENSATION:
+        return unwinds.step_approval_ask_again(approval=previous, actor=actor, reason=reason)
+    action = previous.action
+    action.run = previous.run
+    actions.action_await_approval_again(action=action, actor=actor, reason=reason)
+    previous.run = action.run  # as the ledger just locked it, with its audit chain head
+    return approvals.approval_ask_again(previous=previous, actor=actor, reason=reason)
+
+
 def approvals_expire_due(*, now: datetime | None = None) -> int:
     """Expire pending approvals past their deadline (a periodic job). The gated action becomes
     rejected, so an agent polling it sees ``expired`` and start() refuses; a gated compensation
@@ -374,18 +413,72 @@ def _refuse_unknown_outcomes(plan_or_actions: Plan | list[Action], *, doing: str
         )
 
 
+def _refuse_running_actions(run: Run, *, doing: str) -> None:
+    """An action still ``running`` on a run that is no longer running: its agent may yet report
+    how it ended, and if it happened it is the first thing an unwind must undo (newest first). So
+    it is treated like an unknown outcome; cancelling the run turns it into one, to reconcile
+    (``ledger.services.runs.run_cancel``). Nothing stays ``running`` under an unwind."""
+    running = list(
+        Action.objects.filter(run_id=run.pk, status=Action.Status.RUNNING)
+        .order_by("seq")
+        .values_list("pk", "tool", "seq")
+    )
+    if not running:
+        return
+    named = ", ".join(f"{tool} (#{seq})" for _, tool, seq in running)
+    way_out = (
+        " or cancel the run: its running actions then get an unknown outcome, which you reconcile"
+        if run.status in runs.CANCELLABLE
+        else ""
+    )
+    raise errors.Conflict(
+        f"Cannot {doing}: {named} {'is' if len(running) == 1 else 'are'} still running, so whether "
+        f"it happened is not known yet. Wait for the agent to report it,{way_out}.",
+        details={"unknown_action_ids": [pk for pk, _, _ in running], "running": True},
+        code="outcome_unknown",
+    )
+
+
 @_audits_refusals("compensate")
 @transaction.atomic
-def unwind_start(*, item: RecoveryItem, actor: Actor, reason: str, automatic: bool = False) -> Unwind:
+def unwind_start(
+    *,
+    item: RecoveryItem,
+    actor: Actor,
+    reason: str,
+    automatic: bool = False,
+    action_ids: list[str] | None = None,
+    to_checkpoint: str | None = None,
+    plan_hash: str | None = None,
+) -> Unwind:
     """Compensate the item's run: claim the item, move the run to compensating, freeze the plan
     into persisted steps and, after commit, hand the first step to a worker. Two concurrent calls
-    produce one unwind; the loser gets InvalidTransition with the item's current state."""
+    produce one unwind; the loser gets InvalidTransition with the item's current state.
+
+    ``action_ids`` or ``to_checkpoint``: undo only that part of the plan (``recovery.planner``;
+    a bad choice is a 422 naming it); the plan's other undoable actions are kept, and the frozen
+    plan records them. ``plan_hash``: the plan the operator read; a different plan now is 409
+    ``plan_changed`` (``details.plan_hash``: the plan's hash now) and nothing starts."""
     reason = reason_required(reason)
     item = RecoveryItem.objects.select_related("run__tenant").get(pk=item.pk)
     items.item_claim(item=item, actor=actor, reason=reason)
     run = Run.objects.select_for_update().select_related("tenant").get(pk=item.run_id)
-    plan = compensation_plan(run=run)
+    if run.status == Run.Status.RUNNING:
+        raise errors.InvalidTransition(
+            run,
+            to=Run.Status.COMPENSATING,
+            current=run.status,
+            message=f"Run {run.pk} is still running: cancel it first, so its agent stops, then compensate.",
+        )
+    plan = compensation_plan(run=run, action_ids=action_ids, to_checkpoint=to_checkpoint)
     _refuse_unknown_outcomes(plan, doing="compensate")
+    _refuse_running_actions(run, doing="compensate")
+    if plan_hash is not None and plan_hash != plan.plan_hash:
+        raise errors.PlanChanged(
+            "The compensation plan changed since you read it (an action finished, or its arguments "
+            "or policy changed). Nothing was started; review the new plan.",
+            details={"plan_hash": plan.plan_hash, "shown_plan_hash": plan_hash, "run_id": run.pk},
+        )
     runs.run_compensation_started(run=run, actor=actor, reason=reason)
     return unwinds.unwind_create(
         run=run, item=item, plan=plan, actor=actor, reason=reason, automatic=automatic
@@ -402,7 +495,9 @@ def _auto_compensate(*, run: Run, item: RecoveryItem) -> Unwind | None:
         return None
     threshold = RISK_ORDER[Risk(max_allowed)]
     live = list(Action.objects.filter(run=run, status__in=items.LIVE_ACTION_STATUSES))
-    if not live or any(a.status == Action.Status.UNKNOWN for a in live):
+    # An action still running may yet be reported (the run is failed, not cancelled): a person
+    # waits for it or cancels the run, as with an unknown outcome (unwind_start refuses it too).
+    if not live or any(a.status in (Action.Status.UNKNOWN, Action.Status.RUNNING) for a in live):
         return None
     if any(RISK_ORDER[Risk(a.risk)] > threshold for a in live):
         return None
@@ -475,6 +570,53 @@ def item_close(*, item: RecoveryItem, actor: Actor, reason: str) -> RecoveryItem
     return item
 
 
+@_audits_refusals("flag")
+@transaction.atomic
+def run_flag(*, run: Run, actor: Actor, reason: str) -> RecoveryItem:
+    """Put a run in front of a person (a recovery item, reason ``manual``), whatever its status: a
+    ``succeeded`` run whose outcome must be undone after all (HR cancelled the hire), or any run
+    someone wants reviewed. It can then be compensated (or partly), resumed or closed like a
+    failed run. A run already in the queue keeps its item and its more specific reason; the flag
+    is added to the item's ``details.flags``. A run being compensated is 409: its unwind decides.
+    Closing a flagged run's item leaves a succeeded (or running) run as it is."""
+    reason = reason_required(reason)
+    # The item before the run: the order unwind_start takes them in (claim, then the run's lock).
+    existing = (
+        RecoveryItem.objects.select_for_update()
+        .filter(run_id=run.pk, status__in=RecoveryItem.UNRESOLVED)
+        .first()
+    )
+    run = Run.objects.select_for_update().select_related("tenant").get(pk=run.pk)
+    if run.status == Run.Status.COMPENSATING:
+        raise errors.InvalidTransition(
+            run,
+            to="flagged",
+            current=run.status,
+            message=f"Run {run.pk} is being compensated; its unwind decides what happens next. "
+            "Flag it once the unwind has finished.",
+        )
+    flag = {"by": actor.label, "reason": reason, "at": timezone.now().isoformat(), "run_status": run.status}
+    item = items.item_open_or_update(
+        run=run,
+        reason=existing.reason if existing is not None else RecoveryItem.Reason.MANUAL,
+        actor=actor,
+        error="" if existing is not None else f"Flagged for review by {actor.label}: {reason}",
+        details={"flags": [*(existing.details.get("flags", []) if existing is not None else []), flag]},
+    )
+    audit_record(
+        tenant=run.tenant,
+        run=run,
+        actor=actor,
+        kind="run.flagged",
+        subject=run,
+        from_state=run.status,
+        to_state=run.status,
+        reason=reason,
+        data={"item_id": item.pk, "item_reason": item.reason, "updated": existing is not None},
+    )
+    return item
+
+
 @_audits_refusals("retry_step")
 def step_retry(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
     return unwinds.step_retry(step=step, actor=actor, reason=reason)
@@ -483,6 +625,13 @@ def step_retry(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
 @_audits_refusals("skip_step")
 def step_skip(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
     return unwinds.step_skip(step=step, actor=actor, reason=reason)
+
+
+@_audits_refusals("stop_unwind")
+def unwind_stop(*, unwind: Unwind, actor: Actor, reason: str) -> Unwind:
+    """Stop a running unwind between steps; its item goes back to the queue
+    (``recovery.unwinds.unwind_stop``)."""
+    return unwinds.unwind_stop(unwind=unwind, actor=actor, reason=reason)
 
 
 @dataclass(frozen=True)
@@ -561,6 +710,63 @@ def items_bulk_compensate(*, items: Iterable[RecoveryItem], actor: Actor, reason
         what="compensate",
         apply=lambda item, reason: unwind_start(item=item, actor=actor, reason=reason),
     )
+
+
+# --- Cancel ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    run: Run
+    command: AgentCommand
+    unknown: list[Action]  # the actions that were running and now have an unknown outcome
+    item: RecoveryItem | None  # None: the run changed nothing, so there is nothing to decide
+
+
+@_audits_refusals("cancel")
+@transaction.atomic
+def run_cancel(*, run: Run, actor: Actor, reason: str) -> CancelOutcome:
+    """An operator cancels a run (the user withdrew the request, the agent misbehaves): running or
+    failed → cancelled, in one transaction with everything that follows from it.
+
+    - The actions it still had ``running`` become ``unknown`` (the agent can no longer report
+      them): someone confirms whether each happened before anything is undone.
+    - The agent's next write is refused (409 ``run_not_accepting_actions``) and a ``cancel``
+      command waits for it (heartbeat, GET commands; pushed signed to its ``resume_url``).
+    - When the run changed something (succeeded or unknown actions) it goes to the recovery queue
+      with reason ``cancelled``, so a person decides whether to undo it; an unresolved item of the
+      run is updated rather than duplicated (and so is one without anything to decide).
+
+    A run that is not running or failed is refused (409 ``invalid_transition`` with its state)."""
+    reason = reason_required(reason)
+    # The item before the run: the order the other decisions take them in (unwind_start, close,
+    # flag), so a cancel racing one of them waits for it instead of deadlocking.
+    list(RecoveryItem.objects.select_for_update().filter(run_id=run.pk, status__in=RecoveryItem.UNRESOLVED))
+    run = runs.run_lock(run)
+    # What the confirmation showed, read again under the run's lock: neither the agent nor another
+    # operator can start or finish an action of the run until this transaction ends.
+    preview = selectors.cancel_preview(run=run)
+    runs.run_cancel(run=run, actor=actor, reason=reason)
+    moved = list(Action.objects.filter(pk__in=[a.pk for a in preview.running]).order_by("seq"))
+    item = None
+    if preview.queues:
+        item = items.item_open_or_update(
+            run=run,
+            reason=RecoveryItem.Reason.CANCELLED,
+            actor=actor,
+            failed_action=moved[-1] if moved else None,
+            error=f"Cancelled by {actor.label}: {reason}",
+            details={
+                "cancel": {
+                    "by": actor.label,
+                    "reason": reason,
+                    "unknown_action_ids": [a.pk for a in [*preview.unknown, *moved]],
+                    "changed_action_ids": [a.pk for a in preview.changed],
+                }
+            },
+        )
+    command = commands.command_issue(run=run, kind=AgentCommand.Kind.CANCEL, actor=actor, reason=reason)
+    return CancelOutcome(run=run, command=command, unknown=moved, item=item)
 
 
 # --- Periodic duties -------------------------------------------------------------------------

@@ -259,6 +259,9 @@ SAGA: dict[str, Any] = {
     "TRUSTED_PROXY_HOPS": env_int("SAGA_TRUSTED_PROXY_HOPS", 0),
     # Recovery engine
     "STEP_LEASE_S": env_int("SAGA_STEP_LEASE_S", 45),
+    # The longest one compensator call may run: its worker renews the step's lease meanwhile, and
+    # past this the job is stopped (its lease then expires and the step is retried).
+    "STEP_MAX_S": env_int("SAGA_STEP_MAX_S", 900),
     "SWEEP_INTERVAL_S": env_int("SAGA_SWEEP_INTERVAL_S", 15),
     "HEARTBEAT_TIMEOUT_S": env_int("SAGA_HEARTBEAT_TIMEOUT_S", 300),
     "APPROVAL_EXPIRY_H": env_float("SAGA_APPROVAL_EXPIRY_H", 24),

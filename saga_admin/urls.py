@@ -5,10 +5,13 @@ from django.urls import include, path, re_path
 
 from dashboard import workers
 from saga_admin.api.app import api, unrouted
-from saga_admin.health import healthz
+from saga_admin.health import favicon, healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    # Browsers ask every site for /favicon.ico (the Django admin's pages and the API docs name no
+    # icon); the dashboard's pages link theirs.
+    path("favicon.ico", favicon, name="favicon"),
     path("api/v1/", api.urls),
     # Any other path under /api/ is the API's JSON 404 (never the dashboard's page, never an
     # APPEND_SLASH redirect).

@@ -19,6 +19,7 @@ from ledger.ids import new_action_id
 from ledger.models import Action, ActionClass, CompensationStrategy, Run
 from ledger.policies import ResolvedPolicy, TemplateUnfillable, compensation_args_fill, policy_resolve
 from ledger.rules import COMPENSATABLE_CLASSES, NOT_A_PIVOT, pivot_order_warning, reason_required
+from ledger.services import pauses
 from ledger.services.runs import run_assert_accepts_writes, run_lock, run_scope
 from ledger.transitions import ACTION_TRANSITIONS, transition
 
@@ -297,6 +298,8 @@ def _action_insert(
 ) -> Action:
     locked = run_lock(run, policy_stamp=True)
     run_assert_accepts_writes(locked)
+    # An operator's pause (kill switch) of this tool or agent: 409 paused, nothing recorded.
+    pauses.pause_check_action(run=locked, tool=tool, active=locked.active_pauses)
     policy = policy_resolve(tenant=locked.tenant, tool=tool, stamp=locked.policy_stamp)
     undo = _compensation_for(
         policy,
@@ -370,7 +373,29 @@ def _action_transition(action: Action, **fields: Any) -> Action:
 @transaction.atomic
 def action_await_approval(*, action: Action, actor: Actor) -> Action:
     return _action_transition(
-        action, to=Action.Status.AWAITING_APPROVAL, actor=actor, kind="action.awaiting_approval"
+        action,
+        to=Action.Status.AWAITING_APPROVAL,
+        actor=actor,
+        kind="action.awaiting_approval",
+        allowed_from=[Action.Status.PLANNED],
+    )
+
+
+@transaction.atomic
+def action_await_approval_again(*, action: Action, actor: Actor, reason: str) -> Action:
+    """rejected → awaiting_approval: its approval expired or was rejected and is asked again. Only
+    while the run still takes writes (the agent is waiting for it); the caller opens the approval."""
+    action.run = run = run_lock(action.run)  # fresh, with its audit chain head
+    run_assert_accepts_writes(run)
+    return _action_transition(
+        action,
+        to=Action.Status.AWAITING_APPROVAL,
+        actor=actor,
+        kind="action.awaiting_approval",
+        reason=reason,
+        updates={"error": ""},
+        allowed_from=[Action.Status.REJECTED],
+        data={"asked_again": True},
     )
 
 
@@ -451,8 +476,9 @@ def action_succeed(
     action.run = run = run_lock(action.run)  # fresh, with its audit chain head
     if not reconciled:
         # A background job that finishes after the run was cancelled, closed or handed to an unwind
-        # cannot write (API.md); an operator reconciling an unknown outcome still may.
-        run_assert_accepts_writes(run)
+        # cannot write (API.md); a failed run still takes the late report of an action that was
+        # running, and an operator reconciling an unknown outcome always may.
+        run_assert_accepts_writes(run, report=True)
     completion_seq = run.completion_count + 1
     allowed = [Action.Status.UNKNOWN] if reconciled else [Action.Status.RUNNING]
     updates: dict[str, Any] = {"completion_seq": completion_seq, "completed_at": timezone.now()}
@@ -484,7 +510,8 @@ def action_fail(
             f"layer must be one of {', '.join(Action.ErrorLayer.values)}.", details={"layer": layer}
         )
     action.run = run_lock(action.run)  # fresh, with its audit chain head
-    run_assert_accepts_writes(action.run)
+    # The late report of a running action: a failed run takes it (run_assert_accepts_writes).
+    run_assert_accepts_writes(action.run, report=True)
     to = Action.Status.UNKNOWN if outcome_unknown else Action.Status.FAILED
     return _action_transition(
         action,

@@ -15,17 +15,20 @@ from ledger.audit import Actor, audit_record
 from ledger.models import Action, Run, Tenant
 from ledger.policies import policy_stamp_subquery
 from ledger.rules import reason_required
-from ledger.transitions import RUN_TRANSITIONS, transition
+from ledger.services import pauses
+from ledger.transitions import ACTION_TRANSITIONS, RUN_TRANSITIONS, transition
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
 
 
 class PolicyStampAnnotation(TypedDict):
-    """What ``run_lock(..., policy_stamp=True)`` annotates the run with: the PolicyStamp version
-    read in the same statement (None if the stamp row were missing)."""
+    """What ``run_lock(..., policy_stamp=True)`` annotates the run with: what governs a new action,
+    read in the same statement — the PolicyStamp version (None if the stamp row were missing) and
+    the tenant's active pauses as ``[[id, agent, tool], …]`` (``ledger.services.pauses``)."""
 
     policy_stamp: int | None
+    active_pauses: list[list[str]]
 
 
 def run_scope(run: Run) -> QuerySet[Run]:
@@ -47,10 +50,13 @@ def run_lock(run: Run, *, policy_stamp: bool = False) -> Run:
     reference built from a client's run id (``Run(pk=…, tenant=…, owner=…)``) finds only its
     tenant's (and agent's) run. The tenant is taken over from ``run`` when it is loaded (it cannot
     change), not re-read.
-    ``policy_stamp``: also read the tool-policy stamp in the same statement (``.policy_stamp``)."""
+    ``policy_stamp``: also read, in the same statement, the tool-policy stamp (``.policy_stamp``)
+    and the tenant's active pauses (``.active_pauses``)."""
     runs = run_scope(run).select_for_update(of=("self",))
     if policy_stamp:
-        runs = runs.annotate(policy_stamp=policy_stamp_subquery())
+        runs = runs.annotate(
+            policy_stamp=policy_stamp_subquery(), active_pauses=pauses.active_pauses_subquery()
+        )
     locked = runs.first()
     if locked is None:
         raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
@@ -59,6 +65,7 @@ def run_lock(run: Run, *, policy_stamp: bool = False) -> Run:
     return locked
 
 
+@pauses.audits_run_refusals
 @transaction.atomic
 def run_create(
     *,
@@ -75,11 +82,14 @@ def run_create(
 ) -> Run:
     """A new running run. A ``resume_url`` must pass the outbound guard (``ledger.outbound``:
     http(s), a public host or one the operator allows) or nothing is created (422
-    ``url_not_allowed``); it is checked again whenever a command is pushed there."""
+    ``url_not_allowed``); it is checked again whenever a command is pushed there. An active pause
+    covering the agent refuses the run (409 ``paused``; audited on the tenant's chain)."""
     if resume_url:
         # First, before any statement: a refusal changes nothing (and resolving a name holds no
         # transaction open: Django begins one lazily, at the first query).
         outbound.check_url(resume_url, field="resume_url")
+    owner = actor.key.name if actor.key is not None else ""
+    pauses.pause_check_run(tenant=tenant, agent=agent, owner=owner)
     now = timezone.now()
     run = Run.objects.create(
         tenant=tenant,
@@ -93,7 +103,7 @@ def run_create(
         metadata=metadata or {},
         created_by_key=actor.key,
         # The run belongs to the agent whose key created it (ledger.selectors.run_reach).
-        owner=actor.key.name if actor.key is not None else "",
+        owner=owner,
         last_heartbeat_at=now,
     )
     audit_record(
@@ -158,29 +168,87 @@ def run_fail(
     )
 
 
+# The states a run may be cancelled from: a running run, and a failed one (its agent may still be
+# at work on an action, or waiting to be resumed; cancelling ends it for good).
+CANCELLABLE = (Run.Status.RUNNING, Run.Status.FAILED)
+
+UNKNOWN_WHEN_CANCELLED = "run cancelled while the action was running"
+UNKNOWN_WHEN_COMPENSATING = "run started compensating while the action was running"
+
+
+def _running_actions_to_unknown(run: Run, *, actor: Actor, reason: str) -> list[Action]:
+    """The run's actions still ``running`` become ``unknown``, each audited, in the caller's
+    transaction. Called right after the run left the agent's hands (cancelled, compensating): the
+    agent can no longer report how they ended, so a person must confirm whether each happened
+    (reconcile) before anything resumes or undoes the run. The caller has moved the run first (its
+    UPDATE holds the row lock that the agent's own action writes take), so no action can start or
+    finish in between."""
+    moved = list(Action.objects.filter(run_id=run.pk, status=Action.Status.RUNNING).order_by("seq"))
+    for action in moved:
+        action.run = run
+        transition(
+            action,
+            table=ACTION_TRANSITIONS,
+            run=run,
+            to=Action.Status.UNKNOWN,
+            actor=actor,
+            kind="action.outcome_unknown",
+            reason=reason,
+            updates={"error": f"Outcome unknown: {reason}; confirm whether it happened."},
+            allowed_from=[Action.Status.RUNNING],
+            data={"run_status": run.status},
+        )
+    return moved
+
+
 @transaction.atomic
 def run_cancel(*, run: Run, actor: Actor, reason: str) -> Run:
-    return _run_transition(
-        run,
-        to=Run.Status.CANCELLED,
-        actor=actor,
-        kind="run.cancelled",
-        reason=reason,
-        updates={"finished_at": timezone.now()},
-    )
+    """running or failed → cancelled; the actions it still had ``running`` become ``unknown`` in
+    the same transaction. The run then refuses every write of its agent (``CLOSED_TO_REPORTS``)."""
+    reason = reason_required(reason)
+    try:
+        _run_transition(
+            run,
+            to=Run.Status.CANCELLED,
+            actor=actor,
+            kind="run.cancelled",
+            reason=reason,
+            updates={"finished_at": timezone.now()},
+            allowed_from=CANCELLABLE,
+        )
+    except errors.InvalidTransition as exc:
+        raise errors.InvalidTransition(
+            run,
+            to=Run.Status.CANCELLED,
+            current=exc.current,
+            message=f"Run {run.pk} is {exc.current}; only a running or failed run can be cancelled.",
+        ) from None
+    _running_actions_to_unknown(run, actor=actor, reason=UNKNOWN_WHEN_CANCELLED)
+    return run
 
 
 @transaction.atomic
 def run_compensation_started(*, run: Run, actor: Actor, reason: str) -> Run:
-    return _run_transition(
-        run, to=Run.Status.COMPENSATING, actor=actor, kind="run.compensating", reason=reason
-    )
+    """→ compensating. An action still ``running`` becomes ``unknown`` in the same transaction
+    (the agent can no longer report it). ``recovery.services.unwind_start`` refuses a run with
+    running actions before it gets here; this keeps any other path from leaving one running
+    forever."""
+    _run_transition(run, to=Run.Status.COMPENSATING, actor=actor, kind="run.compensating", reason=reason)
+    _running_actions_to_unknown(run, actor=actor, reason=UNKNOWN_WHEN_COMPENSATING)
+    return run
 
 
 @transaction.atomic
-def run_compensation_finished(*, run: Run, actor: Actor, complete: bool, reason: str = "") -> Run:
-    """compensating → compensated, or back to failed when steps are left undone."""
+def run_compensation_finished(
+    *, run: Run, actor: Actor, complete: bool, reason: str = "", partial: bool = False
+) -> Run:
+    """compensating → compensated, or back to failed when steps are left undone. ``partial``: the
+    operator chose to keep some undoable actions; every chosen step settled, so the run is
+    ``closed`` (decided, with those actions standing), not ``compensated``."""
     to = Run.Status.COMPENSATED if complete else Run.Status.FAILED
+    kind = "run.compensated" if complete else "run.compensation_failed"
+    if complete and partial:
+        to, kind = Run.Status.CLOSED, "run.partially_compensated"
     updates: dict[str, Any] = {"finished_at": timezone.now()}
     if not complete:
         updates["failure_reason"] = "compensation_failed"
@@ -190,7 +258,7 @@ def run_compensation_finished(*, run: Run, actor: Actor, complete: bool, reason:
         run,
         to=to,
         actor=actor,
-        kind="run.compensated" if complete else "run.compensation_failed",
+        kind=kind,
         reason=reason,
         updates=updates,
         allowed_from=[Run.Status.COMPENSATING],
@@ -220,15 +288,25 @@ def run_close(*, run: Run, actor: Actor, reason: str) -> Run:
         kind="run.closed",
         reason=reason,
         updates={"finished_at": timezone.now()},
+        # Not from compensating: a partial unwind closes its run itself (run_compensation_finished).
+        allowed_from=[Run.Status.FAILED, Run.Status.CANCELLED],
     )
 
 
-def run_assert_accepts_writes(run: Run) -> None:
-    """A run that is cancelled, compensating, compensated or closed takes no more actions or
-    checkpoints: a background job that finishes after the user cancelled cannot write, and the
-    plan an operator reads holds still."""
-    if not run.accepts_actions:
+def run_assert_accepts_writes(run: Run, *, report: bool = False) -> None:
+    """The one closed-to-writes rule (API.md), for every write of an agent: a run that is failed
+    (until it is resumed), cancelled, compensating, compensated or closed takes no new actions, no
+    action starts and no checkpoints (``Run.CLOSED_TO_WRITES``). A background job that finishes
+    after the user cancelled cannot write, and the plan an operator reads holds still.
+
+    ``report``: the agent reporting how an action it already had ``running`` ended (succeed,
+    fail). A failed run still takes that (the truth arriving late); a cancelled, compensating,
+    compensated or closed one does not (``Run.CLOSED_TO_REPORTS``: its running actions became
+    ``unknown`` when it got there). ``run`` must have been read under its row lock."""
+    closed = Run.CLOSED_TO_REPORTS if report else Run.CLOSED_TO_WRITES
+    if run.status in closed:
+        until = " until it is resumed" if run.status == Run.Status.FAILED else ""
         raise errors.RunNotAcceptingActions(
-            f"Run {run.pk} is {run.status}; it accepts no more actions or checkpoints.",
+            f"Run {run.pk} is {run.status}; it accepts no more actions or checkpoints{until}.",
             details={"run_id": run.pk, "current": run.status},
         )

@@ -21,7 +21,7 @@ from ledger.ids import looks_like_id
 from ledger.models import Action, AgentKey, Checkpoint, Run, Tenant
 from ledger.pagination import NEWEST_FIRST, keyset_page
 from ledger.policies import policies_in_force, policy_settings_for
-from ledger.services import actions, checkpoints, runs
+from ledger.services import actions, checkpoints, pauses, runs
 from recovery import commands
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery
@@ -137,7 +137,13 @@ def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
 # --- Runs ---------------------------------------------------------------------------------------
 
 
-@router.post("/runs", response={201: RunOut, **WRITE_ERRORS}, summary="Start a run")
+@router.post(
+    "/runs",
+    response={201: RunOut, **WRITE_ERRORS},
+    summary="Start a run",
+    description="409 `paused` when an operator's active pause covers the agent (the key's name or the "
+    "`agent` sent); `details` name the pause (`pause_id`, `agent`, `tool`).",
+)
 def run_create(
     request: HttpRequest, payload: RunIn, idempotency_key: str | None = _idempotency_header()
 ) -> HttpResponse:
@@ -145,7 +151,19 @@ def run_create(
         run = runs.run_create(tenant=_tenant(request), actor=_actor(request), **payload.model_dump())
         return 201, run_out(run)
 
-    return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
+    try:
+        return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
+    except errors.Paused as exc:
+        if idempotency_key is not None:
+            # The service audited the refusal inside the key's claim, which rolled back with it.
+            pauses.run_refusal_record(
+                exc=exc,
+                tenant=_tenant(request),
+                actor=_actor(request),
+                agent=payload.agent,
+                external_id=payload.external_id,
+            )
+        raise
 
 
 @router.get(
@@ -304,7 +322,9 @@ def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
     response={200: ActionOut, 201: ActionOut, **WRITE_ERRORS},
     summary="Record a planned action (idempotent on its key)",
     description="201 when recorded; 200 with `Idempotent-Replayed: true` when the key was seen before "
-    "with the same payload (the action as it is now, with its result once succeeded).",
+    "with the same payload (the action as it is now, with its result once succeeded). 409 `paused` "
+    "when an operator's active pause covers the tool or the run's agent (nothing is recorded; "
+    "`details` name the pause).",
 )
 def action_record(
     request: HttpRequest, run_id: str, payload: ActionIn, idempotency_key: str | None = _idempotency_header()

@@ -1,4 +1,5 @@
-"""The operator REST API (/recovery, /unwinds, /approvals): auth, strict parsing, one service call.
+"""The operator REST API (/recovery, /unwinds, /approvals, /pauses): auth, strict parsing, one
+service call.
 
 The operator scope is required for the recovery queue, unwinds and steps, the approver scope for
 the approvals (401 without a valid key, 403 without the scope); another tenant's object is a
@@ -8,21 +9,34 @@ the approvals (401 without a valid key, 403 without the scope); another tenant's
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from django.http import HttpRequest
-from ninja import Field, Query, Router, Schema, Status
+from django.http import HttpRequest, HttpResponse
+from ninja import Field, Header, Query, Router, Schema, Status
+from pydantic import StringConstraints
 
 from ledger.audit import Actor
-from ledger.models import AgentKey, Checkpoint
+from ledger.errors import SagaError
+from ledger.models import AgentKey, Checkpoint, Pause
 from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.rules import REASON_MAX_LENGTH
-from ledger.selectors import get_for_tenants
+from ledger.selectors import get_for_tenants, run_get, run_reach
+from ledger.services import pauses as ledger_pauses
 from recovery import selectors, services
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import compensation_plan
-from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, approver_auth, operator_auth
-from saga_admin.api.schemas import StrictIn
+from saga_admin.api.agents import IDEMPOTENCY_DOC
+from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, approver_auth, operator_auth, reader_auth
+from saga_admin.api.idempotency import HEADER, KEY_PATTERN, idempotent_response
+from saga_admin.api.schemas import (
+    AgentCommandOut,
+    RecoveryItemOut,
+    RunOut,
+    StrictIn,
+    command_out,
+    recovery_item_out,
+    run_out,
+)
 
 router = Router(tags=["recovery"], auth=operator_auth)
 
@@ -40,6 +54,34 @@ class ReasonIn(StrictIn):
 
 class ResumeIn(ReasonIn):
     checkpoint_id: str | None = Field(None, description="Resume from this checkpoint (default: the latest).")
+
+
+ACTION_IDS_DOC = (
+    "Undo only these actions (still newest first); the plan's other undoable actions are kept. "
+    "Each must be an undoable step of the plan, else 422 naming it."
+)
+TO_CHECKPOINT_DOC = (
+    "Undo only what completed after this checkpoint of the run (completion_seq > its completion_mark); "
+    "the rest is kept. Not together with action_ids."
+)
+
+
+class CompensateIn(ReasonIn):
+    action_ids: list[Annotated[str, StringConstraints(min_length=1, max_length=40)]] | None = Field(
+        None, max_length=1000, description=ACTION_IDS_DOC
+    )
+    to_checkpoint: str | None = Field(None, min_length=1, max_length=40, description=TO_CHECKPOINT_DOC)
+    plan_hash: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="The plan_hash you were shown; a different plan now is 409 plan_changed (nothing starts).",
+    )
+
+
+class PlanQuery(Schema):  # query strings: ?action_ids=a&action_ids=b or ?to_checkpoint=c
+    action_ids: list[str] | None = Field(None, max_length=500, description=ACTION_IDS_DOC)
+    to_checkpoint: str | None = Field(None, max_length=40, description=TO_CHECKPOINT_DOC)
 
 
 class ApproveIn(ReasonIn):
@@ -154,9 +196,22 @@ class PlanStepOut(Schema):
     )
 
 
+class SelectionOut(Schema):
+    mode: str = Field(description="all | action_ids | to_checkpoint")
+    action_ids: list[str] = Field(description="The actions whose steps run (all: every step).")
+    checkpoint_id: str | None
+    checkpoint_name: str
+
+
 class PlanOut(Schema):
     run_id: str
-    steps: list[PlanStepOut]
+    plan_hash: str = Field(
+        description="The whole plan's fingerprint (every step in order: action, tool, args, strategy, "
+        "can_undo, requires_approval); send it back with compensate."
+    )
+    steps: list[PlanStepOut] = Field(description="What would run, newest action first.")
+    kept: list[PlanStepOut] = Field(description="Undoable steps the selection leaves out: kept as they are.")
+    selection: SelectionOut
     warnings: list[dict[str, Any]]
     needs_approval: int
     cannot_undo: int
@@ -237,6 +292,9 @@ class ApprovalOut(Schema):
     expires_at: datetime
     created_at: datetime
     decided_at: datetime | None
+    previous_id: str | None = Field(
+        None, description="The expired or rejected approval this one asks again (request-again)."
+    )
 
 
 class ApprovalPageOut(Schema):
@@ -358,6 +416,7 @@ def _approval_out(approval: Approval) -> dict[str, Any]:
         "expires_at": approval.expires_at,
         "created_at": approval.created_at,
         "decided_at": approval.decided_at,
+        "previous_id": approval.previous_id,
     }
 
 
@@ -390,11 +449,14 @@ def recovery_list(request: HttpRequest, filters: Query[ItemFilters]) -> Any:
     response={200: ItemDetailOut, **AUTH_ERRORS},
     summary="A recovery item with its compensation plan and resume preview",
 )
-def recovery_detail(request: HttpRequest, item_id: str) -> Any:
+def recovery_detail(request: HttpRequest, item_id: str, selection: Query[PlanQuery]) -> Any:
     item = selectors.item_get(tenants=_key(request).tenant, item_id=item_id)
+    plan = compensation_plan(
+        run=item.run, action_ids=selection.action_ids, to_checkpoint=selection.to_checkpoint
+    )
     return {
         **_item_out(item),
-        "plan": compensation_plan(run=item.run).as_dict(),
+        "plan": plan.as_dict(),
         "resume_preview": selectors.resume_preview(item=item).as_dict(),
         "unwinds": [u.pk for u in selectors.unwinds_for_run(run_id=item.run_id)],
     }
@@ -405,10 +467,17 @@ def recovery_detail(request: HttpRequest, item_id: str) -> Any:
     response={202: UnwindOut, **DECISION_ERRORS},
     summary="Compensate the run (LIFO unwind on the workers)",
 )
-def recovery_compensate(request: HttpRequest, item_id: str, body: ReasonIn) -> Any:
+def recovery_compensate(request: HttpRequest, item_id: str, body: CompensateIn) -> Any:
     key = _key(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
-    unwind = services.unwind_start(item=item, actor=Actor.for_key(key), reason=body.reason)
+    unwind = services.unwind_start(
+        item=item,
+        actor=Actor.for_key(key),
+        reason=body.reason,
+        action_ids=body.action_ids,
+        to_checkpoint=body.to_checkpoint,
+        plan_hash=body.plan_hash,
+    )
     return Status(202, _unwind_out(unwind))
 
 
@@ -437,6 +506,18 @@ def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Any:
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
     services.item_close(item=item, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, _item_out(selectors.item_get(tenants=key.tenant, item_id=item_id)))
+
+
+@router.post(
+    "/runs/{run_id}/flag",
+    response={201: ItemOut, **DECISION_ERRORS},
+    summary="Flag any run (also a succeeded one) for review: its recovery item (reason manual)",
+)
+def run_flag(request: HttpRequest, run_id: str, body: ReasonIn) -> Any:
+    key = _key(request)
+    run = run_get(tenant=key.tenant, run_id=run_id)
+    item = services.run_flag(run=run, actor=Actor.for_key(key), reason=body.reason)
+    return Status(201, _item_out(selectors.item_get(tenants=key.tenant, item_id=item.pk)))
 
 
 # --- Unwinds ---------------------------------------------------------------------------------
@@ -526,3 +607,186 @@ def approval_reject(request: HttpRequest, approval_id: str, body: ReasonIn) -> A
     approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
     decided = services.approval_reject(approval=approval, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, _approval_out(decided))
+
+
+# --- Cancel a run ----------------------------------------------------------------------------
+
+
+class RunCancelOut(RunOut):
+    command: AgentCommandOut = Field(description="The cancel command the agent is given.")
+    unknown_action_ids: list[str] = Field(
+        description="The actions that were running: their outcome is now unknown (reconcile them)."
+    )
+    recovery_item: RecoveryItemOut | None = Field(
+        None, description="The run's item (reason cancelled) when it changed something; else null."
+    )
+
+
+@router.post(
+    "/runs/{run_id}/cancel",
+    response={200: RunCancelOut, **DECISION_ERRORS},
+    summary="Cancel a running (or failed) run: the agent is told to stop and can write no more",
+)
+def run_cancel(
+    request: HttpRequest,
+    run_id: str,
+    body: ReasonIn,
+    idempotency_key: str | None = Header(
+        None, alias=HEADER, description=IDEMPOTENCY_DOC, max_length=255, pattern=KEY_PATTERN
+    ),
+) -> HttpResponse:
+    key = _key(request)
+    run = run_get(tenant=key.tenant, run_id=run_id)
+    actor = Actor.for_key(key)
+
+    def produce() -> tuple[int, Any]:
+        outcome = services.run_cancel(run=run, actor=actor, reason=body.reason)
+        return 200, {
+            **run_out(outcome.run),
+            "command": command_out(outcome.command),
+            "unknown_action_ids": [a.pk for a in outcome.unknown],
+            "recovery_item": recovery_item_out(outcome.item),
+        }
+
+    try:
+        return idempotent_response(request, tenant=key.tenant, key=idempotency_key, produce=produce)
+    except SagaError as exc:
+        if idempotency_key is not None:
+            # The refusal's audit event rolled back with the key's record (only successes are
+            # stored); record it on its own, as it is without a key.
+            services.refusal_record(decision="cancel", exc=exc, actor=actor, run=run, reason=body.reason)
+        raise
+
+
+# --- Pauses (kill switches) ------------------------------------------------------------------
+# While a pause is active, new runs of a matching agent and new actions it covers are refused with
+# 409 ``paused`` (ledger.services.pauses); pausing and lifting are audited with the key as actor.
+
+
+class PauseIn(StrictIn):
+    agent: str = Field(
+        "",
+        max_length=ledger_pauses.NAME_MAX_LENGTH,
+        description="Agent name or glob: matches the agent that owns a run (its key's name) or the "
+        "agent the run declares. New runs of it, and new actions in its runs, are refused.",
+    )
+    tool: str = Field(
+        "",
+        max_length=ledger_pauses.NAME_MAX_LENGTH,
+        description="Tool name or glob (payments.*): new actions of it are refused (with agent: only "
+        "in that agent's runs). At least one of agent and tool.",
+    )
+    reason: str = Field(
+        ..., min_length=1, max_length=REASON_MAX_LENGTH, description="Why; kept in the audit log."
+    )
+
+
+class PauseFilters(Schema):
+    status: str | None = Field("active", description="active (default) | lifted | all")
+    cursor: str | None = Field(
+        None, max_length=MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."
+    )
+    limit: int = Field(50, ge=1, le=200)
+
+
+class PauseOut(Schema):
+    id: str
+    agent: str
+    tool: str
+    status: str = Field(description="active | lifted")
+    reason: str
+    created_by: str
+    created_at: datetime
+    lifted_by: str | None
+    lifted_at: datetime | None
+    lift_reason: str
+
+
+class PausePageOut(Schema):
+    items: list[PauseOut]
+    next_cursor: str | None
+
+
+def _pause_out(pause: Pause) -> dict[str, Any]:
+    return {
+        "id": pause.pk,
+        "agent": pause.agent,
+        "tool": pause.tool,
+        "status": "active" if pause.is_active else "lifted",
+        "reason": pause.reason,
+        "created_by": ledger_pauses.created_by_label(pause),
+        "created_at": pause.created_at,
+        "lifted_by": None if pause.is_active else ledger_pauses.lifted_by_label(pause),
+        "lifted_at": pause.lifted_at,
+        "lift_reason": pause.lift_reason,
+    }
+
+
+@router.post(
+    "/pauses",
+    response={201: PauseOut, **AUTH_ERRORS},
+    summary="Pause an agent and/or a tool (new runs and actions it covers get 409 paused)",
+)
+def pause_create(request: HttpRequest, body: PauseIn) -> Any:
+    key = _key(request)
+    pause = ledger_pauses.pause_create(
+        tenant=key.tenant, actor=Actor.for_key(key), agent=body.agent, tool=body.tool, reason=body.reason
+    )
+    return Status(201, _pause_out(pause))
+
+
+@router.get("/pauses", response={200: PausePageOut, **AUTH_ERRORS}, summary="Pauses, newest first")
+def pause_list(request: HttpRequest, filters: Query[PauseFilters]) -> Any:
+    page = ledger_pauses.pauses_list(
+        tenant_ids=[_key(request).tenant_id],
+        status=filters.status,
+        cursor=filters.cursor,
+        limit=filters.limit,
+    )
+    return {"items": [_pause_out(p) for p in page.items], "next_cursor": page.next_cursor}
+
+
+@router.post(
+    "/pauses/{pause_id}/lift",
+    response={200: PauseOut, **DECISION_ERRORS},
+    summary="Lift a pause (409 invalid_transition when it was already lifted)",
+)
+def pause_lift(request: HttpRequest, pause_id: str, body: ReasonIn) -> Any:
+    key = _key(request)
+    pause = ledger_pauses.pause_get(tenant_ids=[key.tenant_id], pause_id=pause_id)
+    lifted = ledger_pauses.pause_lift(pause=pause, actor=Actor.for_key(key), reason=body.reason)
+    return Status(200, _pause_out(lifted))
+
+
+# --- Stopping an unwind, asking again for an approval ----------------------------------------
+
+
+@router.post(
+    "/unwinds/{unwind_id}/stop",
+    response={200: UnwindOut, **DECISION_ERRORS},
+    summary="Stop a running unwind between steps; its item goes back to the queue",
+)
+def unwind_stop(request: HttpRequest, unwind_id: str, body: ReasonIn) -> Any:
+    key = _key(request)
+    unwind = selectors.unwind_get(tenants=key.tenant, unwind_id=unwind_id)
+    services.unwind_stop(unwind=unwind, actor=Actor.for_key(key), reason=body.reason)
+    return Status(200, _unwind_out(selectors.unwind_get(tenants=key.tenant, unwind_id=unwind_id)))
+
+
+@router.post(
+    "/approvals/{approval_id}/request-again",
+    response={201: ApprovalOut, **DECISION_ERRORS},
+    auth=reader_auth,
+    summary="Ask again for an expired or rejected approval (the owning agent for its action; an operator for a step)",
+)
+def approval_request_again(request: HttpRequest, approval_id: str, body: ReasonIn) -> Any:
+    key = _key(request)
+    # An agent key reaches only its own runs' approvals (another agent's is a 404, like another
+    # tenant's); who may ask again for which kind is the service's rule.
+    approval = get_for_tenants(
+        Approval.objects.select_related("run__tenant", "action", "step").filter(run_reach(key, path="run__")),
+        pk=approval_id,
+        tenants=key.tenant,
+    )
+    asked = services.approval_request_again(approval=approval, actor=Actor.for_key(key), reason=body.reason)
+    return Status(201, _approval_out(asked))

@@ -400,6 +400,9 @@ class TrailOut(Schema):
     changed: list[TrailEntryOut]
     restored: list[TrailEntryOut]
     not_undone: list[TrailEntryOut]
+    kept: list[TrailEntryOut] = Field(
+        description="Actions a partial compensation left as they are, because the operator chose to keep them."
+    )
     reviewed_by: list[ReviewerOut]
     summary: str
     audit_url: str

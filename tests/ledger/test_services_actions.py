@@ -10,7 +10,7 @@ import pytest
 from ledger import errors, selectors
 from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, Run
-from ledger.services import actions, checkpoints
+from ledger.services import actions, checkpoints, runs
 from tests.factories import auto_policy, force_status, make_run, record, refused
 
 ALL_ACTION_STATES = list(Action.Status.values)
@@ -277,7 +277,7 @@ def test_it_refuses_to_verify_from_the_rows_state_not_a_stale_copy(run, agent):
         actions.action_verify(action=stale, actor=agent, ok=True)
 
 
-@pytest.mark.parametrize("closed", ["cancelled", "compensating", "compensated", "closed"])
+@pytest.mark.parametrize("closed", ["failed", "cancelled", "compensating", "compensated", "closed"])
 def test_it_refuses_new_actions_on_a_run_that_no_longer_accepts_them(run, agent, closed):
     planned = record(run, agent, "before")
     force_status(run, closed)
@@ -290,9 +290,35 @@ def test_it_refuses_new_actions_on_a_run_that_no_longer_accepts_them(run, agent,
     assert Action.objects.count() == recorded
 
 
-def test_it_still_accepts_actions_on_a_failed_run_being_retried(run, agent):
+def test_it_accepts_actions_again_once_a_failed_run_is_resumed(run, agent, alice):
     force_status(run, "failed")
+    runs.run_resume(run=run, actor=Actor.for_user(alice), reason="the tool is fixed")
     assert record(run, agent, "retry-step").status == "planned"
+
+
+@pytest.mark.parametrize("outcome", ["succeed", "fail"])
+def test_it_takes_the_late_report_of_an_action_that_was_running_when_its_run_failed(run, agent, outcome):
+    # The truth arriving late: the run failed (its agent gave up, or was presumed lost) while the
+    # call was under way; how that call ended is still recorded, for the decision that follows.
+    action = record(run, agent, "slow-call")
+    actions.action_start(action=action, actor=agent)
+    force_status(run, "failed")
+    if outcome == "succeed":
+        actions.action_succeed(action=action, actor=agent, result={"ok": True})
+    else:
+        actions.action_fail(action=action, actor=agent, error="boom", retryable=False, layer="tool")
+    assert Action.objects.get(pk=action.pk).status == ("succeeded" if outcome == "succeed" else "failed")
+
+
+@pytest.mark.parametrize("closed", ["cancelled", "compensating", "compensated", "closed"])
+def test_it_refuses_the_late_report_once_the_run_left_the_agents_hands(run, agent, closed):
+    action = record(run, agent, "slow-call")
+    actions.action_start(action=action, actor=agent)
+    force_status(run, closed)
+    with refused(action, current=closed, error=errors.RunNotAcceptingActions):
+        actions.action_succeed(action=action, actor=agent, result={"ok": True})
+    with refused(action, current=closed, error=errors.RunNotAcceptingActions):
+        actions.action_fail(action=action, actor=agent, error="boom", retryable=False, layer="tool")
 
 
 def test_it_warns_when_a_compensatable_action_follows_the_irreversible_pivot(tenant, agent):
@@ -361,8 +387,9 @@ def test_it_refuses_a_checkpoint_with_an_unknown_recovery_mode(run, agent):
     assert Checkpoint.objects.count() == 0
 
 
-@pytest.mark.parametrize("closed", ["compensated", "closed"])
-def test_it_refuses_checkpoints_on_a_finished_run(run, agent, closed):
+# The same rule as recording an action (Run.CLOSED_TO_WRITES): compensating included.
+@pytest.mark.parametrize("closed", ["failed", "cancelled", "compensating", "compensated", "closed"])
+def test_it_refuses_checkpoints_on_a_run_closed_to_writes(run, agent, closed):
     force_status(run, closed)
     with refused(run, current=closed, error=errors.RunNotAcceptingActions):
         checkpoints.checkpoint_write(run=run, actor=agent, name="cp")

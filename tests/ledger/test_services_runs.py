@@ -117,10 +117,11 @@ def test_it_refuses_to_close_without_a_reason(tenant, agent, alice):
 RUN_SERVICES = {
     "complete": (lambda run, actor: runs.run_complete(run=run, actor=actor), {"running"}),
     "fail": (lambda run, actor: runs.run_fail(run=run, actor=actor, error="x"), {"running", "succeeded"}),
-    "cancel": (lambda run, actor: runs.run_cancel(run=run, actor=actor, reason="x"), {"running"}),
+    "cancel": (lambda run, actor: runs.run_cancel(run=run, actor=actor, reason="x"), {"running", "failed"}),
     "compensation_started": (
         lambda run, actor: runs.run_compensation_started(run=run, actor=actor, reason="x"),
-        {"failed", "cancelled"},
+        # succeeded, closed, compensated: a run flagged for review (recovery.services.run_flag).
+        {"failed", "cancelled", "succeeded", "closed", "compensated"},
     ),
     "compensated": (
         lambda run, actor: runs.run_compensation_finished(run=run, actor=actor, complete=True),
@@ -130,7 +131,11 @@ RUN_SERVICES = {
         lambda run, actor: runs.run_compensation_finished(run=run, actor=actor, complete=False),
         {"compensating"},
     ),
-    "resume": (lambda run, actor: runs.run_resume(run=run, actor=actor, reason="x"), {"failed"}),
+    "partially_compensated": (
+        lambda run, actor: runs.run_compensation_finished(run=run, actor=actor, complete=True, partial=True),
+        {"compensating"},
+    ),
+    "resume": (lambda run, actor: runs.run_resume(run=run, actor=actor, reason="x"), {"failed", "succeeded"}),
     "close": (
         lambda run, actor: runs.run_close(run=run, actor=actor, reason="x"),
         {"failed", "cancelled"},

@@ -107,7 +107,8 @@ def test_every_dashboard_response_carries_the_csp(tenant, agent, alice, carol, m
     redirects, 403s, 404s and the login page, carries a CSP with frame-ancestors 'none' and no
     'unsafe-inline' or 'unsafe-eval'."""
     world = {
-        name: "x_0" for name in ("run_id", "item_id", "unwind_id", "step_id", "action_id", "approval_id")
+        name: "x_0"
+        for name in ("run_id", "item_id", "unwind_id", "step_id", "action_id", "approval_id", "pause_id")
     }
     checked = 0
     for user in (alice, carol, mallory, None):
