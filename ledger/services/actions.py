@@ -431,8 +431,12 @@ def action_reject(*, action: Action, actor: Actor, reason: str) -> Action:
 @transaction.atomic
 def action_start(*, action: Action, actor: Actor) -> Action:
     """planned/approved/failed → running, attempts + 1. Gated actions explain why they may not."""
-    action.run = run = run_lock(action.run)  # fresh, with its audit chain head
+    action.run = run = run_lock(action.run, policy_stamp=True)  # fresh, with its chain head and pauses
     run_assert_accepts_writes(run)
+    # A pause of this tool or agent stops the call even though it was recorded before the pause.
+    pauses.pause_check_action(
+        run=run, tool=action.tool, active=run.active_pauses, outcome="the action was not started"
+    )
     current, attempts = Action.objects.filter(pk=action.pk).values_list("status", "attempts").get()
     if current == Action.Status.AWAITING_APPROVAL:
         raise errors.ApprovalPending(

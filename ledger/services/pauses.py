@@ -10,9 +10,10 @@ declares (``Run.agent``): a looping agent is stopped whichever name it gives its
 - a pause by tool only: no new actions of that tool, in any run;
 - a pause by both: no new actions of that tool in that agent's runs (its runs still start).
 
-What was recorded before the pause stands (an idempotent replay of it is still answered), and so
-does what the agent reports on actions it already had: the switch stops new work, it does not
-tear down work in flight (cancel the run for that).
+What was recorded before the pause stands (an idempotent replay of it is still answered), but it
+does not start while the pause covers it; what the agent reports on actions already running goes
+through: the switch stops calls that have not happened, it does not tear down work in flight
+(cancel the run for that).
 
 The hot path: recording an action reads the tenant's active pauses in the statement that locks
 the run (``run_lock(..., policy_stamp=True).active_pauses``, through the partial index
@@ -142,10 +143,18 @@ def pause_check_run(*, tenant: Tenant, agent: str, owner: str) -> None:
             raise _refusal(pause_id, what=f"Agent {agent}", outcome="no run was started")
 
 
-def pause_check_action(*, run: Run, tool: str, active: Sequence[ActivePause] | None = None) -> None:
-    """Refuse (``Paused``) a new ``tool`` action in ``run`` that an active pause covers.
-    ``active``: the tenant's active pauses as the run's lock read them (``active_pauses_subquery``);
-    without them they are read here (one query on ``pause_active``)."""
+def pause_check_action(
+    *,
+    run: Run,
+    tool: str,
+    active: Sequence[ActivePause] | None = None,
+    outcome: str = "the action was not recorded",
+) -> None:
+    """Refuse (``Paused``) a new ``tool`` action in ``run`` that an active pause covers — recorded
+    now, or recorded earlier and about to start (a kill switch stops a call that has not happened
+    yet, whenever it was planned). ``active``: the tenant's active pauses as the run's lock read
+    them (``active_pauses_subquery``); without them they are read here (one query on
+    ``pause_active``)."""
     if active is None:
         active = list(
             Pause.objects.filter(tenant_id=run.tenant_id, lifted_at__isnull=True)
@@ -158,7 +167,7 @@ def pause_check_action(*, run: Run, tool: str, active: Sequence[ActivePause] | N
     for pause_id, agent, pattern in active:
         if covers_action(agent=agent, tool=pattern, names=names, action_tool=tool):
             what = f"{tool}" if pattern else f"Agent {run.agent}"
-            raise _refusal(pause_id, what=what, outcome="the action was not recorded")
+            raise _refusal(pause_id, what=what, outcome=outcome)
 
 
 def run_refusal_record(

@@ -192,6 +192,22 @@ def test_a_replay_of_an_action_recorded_before_the_pause_is_still_answered(tenan
     assert record(run, agent, "k1").pk == first.pk
 
 
+def test_an_action_recorded_before_the_pause_does_not_start_until_it_is_lifted(tenant, agent, alice_actor):
+    from ledger.services.actions import action_start
+    from tests.factories import load_onboarding_policies
+
+    load_onboarding_policies()  # hr.create_user: automatic approval, so only the pause can stop it
+    run = make_run(tenant, agent)
+    planned = record(run, agent, "k1")
+    pause = _pause(tenant, alice_actor, tool="hr.*")
+    with pytest.raises(errors.Paused, match="the action was not started"):
+        action_start(action=Action.objects.get(pk=planned.pk), actor=agent)
+    assert Action.objects.get(pk=planned.pk).status == Action.Status.PLANNED
+    pauses.pause_lift(pause=pause, actor=alice_actor, reason="fixed")
+    started = action_start(action=Action.objects.get(pk=planned.pk), actor=agent)
+    assert started.status == Action.Status.RUNNING
+
+
 def test_after_the_lift_new_work_is_accepted_again(tenant, agent, alice_actor):
     pause = _pause(tenant, alice_actor, agent="onboarding")
     with pytest.raises(errors.Paused):
