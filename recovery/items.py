@@ -193,15 +193,19 @@ def _item_transition(item: RecoveryItem, **fields: Any) -> RecoveryItem:
 
 
 def item_claim(*, item: RecoveryItem, actor: Actor, reason: str = "") -> RecoveryItem:
-    """open → claimed (compare-and-set): a second click, tab or operator loses cleanly. The caller
-    holds the transaction."""
+    """open → claimed (compare-and-set): a second click, tab or operator loses cleanly. A person
+    who claims an unassigned item becomes its assignee ("claimed" beside "unassigned" read as a
+    contradiction). The caller holds the transaction."""
+    updates: dict[str, Any] = {"claimed_by": actor.user, "claimed_at": timezone.now()}
+    if actor.user is not None and item.assignee_id is None:
+        updates["assignee"] = actor.user
     return _item_transition(
         item,
         to=RecoveryItem.Status.CLAIMED,
         actor=actor,
         kind="recovery.claimed",
         reason=reason,
-        updates={"claimed_by": actor.user, "claimed_at": timezone.now()},
+        updates=updates,
     )
 
 

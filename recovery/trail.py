@@ -88,6 +88,33 @@ def _why_not_undone(action: Action, step: UnwindStep | None, run: Run) -> str:
     return "no compensation has run for it yet"
 
 
+# Steps an unwind still has ahead of it (or is running): their actions are on their way back.
+_STEPS_AHEAD = (
+    UnwindStep.Status.PENDING,
+    UnwindStep.Status.QUEUED,
+    UnwindStep.Status.RUNNING,
+    UnwindStep.Status.AWAITING_APPROVAL,
+)
+
+
+def _still_to_undo(action: Action, step: UnwindStep | None) -> bool:
+    return (
+        step is not None
+        and step.status in _STEPS_AHEAD
+        and step.unwind.status in (Unwind.Status.RUNNING, Unwind.Status.PAUSED)
+    )
+
+
+def _why_still_to_undo(action: Action, step: UnwindStep | None) -> str:
+    if step is not None and step.status == UnwindStep.Status.AWAITING_APPROVAL:
+        return f"{step.tool} is waiting for an approver"
+    if action.status == Action.Status.COMPENSATING or (
+        step is not None and step.status == UnwindStep.Status.RUNNING
+    ):
+        return "its compensation is running"
+    return "its compensation is queued (newest first)"
+
+
 # A kept action is still in effect: it was left as it stood when the partial unwind started.
 _KEPT_STATUSES = (Action.Status.SUCCEEDED, Action.Status.COMPENSATION_FAILED)
 
@@ -122,13 +149,16 @@ def run_trail(*, run: Run) -> dict[str, Any]:
     ]
     # The latest unwind step per action tells how (and whether) it was put back.
     latest_step: dict[str, UnwindStep] = {}
-    for unwind_step in UnwindStep.objects.filter(unwind__run=run).order_by("created_at", "id"):
+    for unwind_step in (
+        UnwindStep.objects.filter(unwind__run=run).select_related("unwind").order_by("created_at", "id")
+    ):
         latest_step[unwind_step.action_id] = unwind_step
 
     latest_unwind, kept_ids = _partial(run)
     changed = [_entry(a, at=a.completed_at) for a in actions]
     restored: list[dict[str, Any]] = []
     not_undone: list[dict[str, Any]] = []
+    to_undo: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
     for action in actions:
         step = latest_step.get(action.pk)
@@ -155,6 +185,9 @@ def run_trail(*, run: Run) -> dict[str, Any]:
                     how=f"{verb} {how}" if how else verb.split()[0],
                 )
             )
+        elif _still_to_undo(action, step):
+            # An unwind in progress will get to it: not yet undone is not "could not be undone".
+            to_undo.append(_entry(action, at=action.completed_at, reason=_why_still_to_undo(action, step)))
         elif run.status in _UNDO_EXPECTED or step is not None:
             not_undone.append(
                 _entry(action, at=action.completed_at, reason=_why_not_undone(action, step, run))
@@ -167,9 +200,10 @@ def run_trail(*, run: Run) -> dict[str, Any]:
         "changed": changed,
         "restored": restored,
         "not_undone": not_undone,
+        "to_undo": to_undo,
         "kept": kept,
         "reviewed_by": reviewed_by,
-        "summary": _summary(run, changed, restored, not_undone, reviewed_by, kept),
+        "summary": _summary(run, changed, restored, not_undone, reviewed_by, kept, to_undo),
         "audit_url": reverse("dashboard:run-detail", kwargs={"run_id": run.pk}) + "#audit",
     }
 
@@ -250,6 +284,7 @@ def _summary(
     not_undone: list[dict[str, Any]],
     reviewed_by: list[dict[str, Any]],
     kept: list[dict[str, Any]],
+    to_undo: list[dict[str, Any]],
 ) -> str:
     sentences = [
         f'The agent "{run.agent}" handled the request "{run.request[:200]}" and the run is {run.status}.'
@@ -266,6 +301,8 @@ def _summary(
             f"Partially compensated: {len(restored)} put back, {len(kept)} kept as the operator chose: "
             f"{_listing(kept)}."
         )
+    if to_undo:
+        sentences.append(f"Being undone now: {_listing(to_undo)}.")
     for entry in not_undone:
         sentences.append(f"Not undone: {entry['description']}, because {entry['reason']}.")
     if run.status == Run.Status.SUCCEEDED and changed and not restored:

@@ -400,6 +400,10 @@ class TrailOut(Schema):
     changed: list[TrailEntryOut]
     restored: list[TrailEntryOut]
     not_undone: list[TrailEntryOut]
+    to_undo: list[TrailEntryOut] = Field(
+        default_factory=list,
+        description="Actions an unwind in progress has still ahead of it (queued, running or awaiting approval).",
+    )
     kept: list[TrailEntryOut] = Field(
         description="Actions a partial compensation left as they are, because the operator chose to keep them."
     )

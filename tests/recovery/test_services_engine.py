@@ -14,7 +14,7 @@ from ledger import errors
 from ledger.audit import Actor
 from ledger.models import Action, Event, Run
 from ledger.services import actions, checkpoints, runs
-from recovery import commands, compensators, planner, selectors, services, sweeper, unwinds
+from recovery import commands, compensators, items, planner, selectors, services, sweeper, unwinds
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from tests.factories import load_onboarding_policies, onboarding_saga
 
@@ -389,3 +389,38 @@ def test_every_engine_transition_is_audited(tenant, agent, alice):
         "step.started",
         "action.compensating",
     } <= set(kinds)
+
+
+def test_whoever_claims_an_unassigned_item_becomes_its_assignee_and_an_assignee_stays(
+    tenant, agent, alice, bob
+):
+    load_onboarding_policies()
+    saga = onboarding_saga(tenant, agent)
+    services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    item = RecoveryItem.objects.get(pk=saga.item.pk)
+    assert (item.status, item.claimed_by, item.assignee) == (RecoveryItem.Status.CLAIMED, alice, alice)
+
+    # Assigned to bob first: alice's claim leaves bob as the assignee.
+    other = onboarding_saga(tenant, agent, name="Lee Wong", email="lee@company.com")
+    items.item_assign(item=other.item, actor=Actor.for_user(alice), assignee=bob)
+    services.unwind_start(item=other.item, actor=Actor.for_user(alice), reason="undo")
+    item = RecoveryItem.objects.get(pk=other.item.pk)
+    assert (item.claimed_by, item.assignee) == (alice, bob)
+
+
+def test_the_trail_lists_what_an_unwind_in_progress_will_still_undo_apart_from_what_it_could_not(
+    tenant, agent, alice
+):
+    from recovery.trail import run_trail
+
+    load_onboarding_policies()
+    saga = onboarding_saga(tenant, agent)
+    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    trail = run_trail(run=Run.objects.get(pk=saga.run.pk))
+    assert trail["not_undone"] == []
+    assert [e["tool"] for e in trail["to_undo"]] == ["hr.create_user", "workspace.provision_license"]
+    assert "Being undone now" in trail["summary"] and "Not undone" not in trail["summary"]
+    # Once the unwind has stopped short, what is left is reported as not undone, with why.
+    services.unwind_stop(unwind=unwind, actor=Actor.for_user(alice), reason="wrong run")
+    trail = run_trail(run=Run.objects.get(pk=saga.run.pk))
+    assert trail["to_undo"] == [] and len(trail["not_undone"]) == 2
