@@ -22,7 +22,7 @@
 #
 # Knobs: PORT (exact port for the web; default 8000 or the next free one), DATABASE_URL,
 # REDIS_URL, SAGA_RUN_DATA (the data directory; default .data), SAGA_DEMO_TRAFFIC=0 (no live
-# demo traffic), SAGA_DEMO_WORLD_SECRET, DEBUG (default 1 here), SECRET_KEY (default: one
+# demo traffic), SAGA_DEMO_WORLD_SECRET, DEBUG (default 0: the app's own error pages), SECRET_KEY (default: one
 # generated once and kept in .data/secret-key), SAGA_OUTBOUND_ALLOWED_HOSTS (default: the demo
 # world's host:port), SAGA_RESUME_WEBHOOK_SECRET.
 set -euo pipefail
@@ -160,11 +160,11 @@ if [ -z "${SAGA_DEMO_WORLD_SECRET:-}" ]; then
   secret_files[SAGA_DEMO_WORLD_SECRET]="$DATA/demo-world-secret"
 fi
 
-# Development mode, said out loud: the settings fail closed (DEBUG off and no SECRET_KEY: nothing
-# starts). The playground runs with DEBUG=1 on plain HTTP (no HTTPS redirect, no secure-only
-# cookies, also when DEBUG=0 is asked for) and a key of its own, generated once and kept in .data
-# so that sessions survive restarts.
-export DEBUG="${DEBUG:-1}" SECURE_SSL_REDIRECT="${SECURE_SSL_REDIRECT:-0}"
+# The playground runs as a deployment does (DEBUG off: the app's own 404 and 500 pages, hashed
+# static files), on plain HTTP (no HTTPS redirect, no HSTS, no secure-only cookies) and with a key
+# of its own, generated once and kept in .data so that sessions survive restarts. DEBUG=1 make run
+# gives Django's debug pages instead.
+export DEBUG="${DEBUG:-0}" SECURE_SSL_REDIRECT="${SECURE_SSL_REDIRECT:-0}" SECURE_HSTS_SECONDS="${SECURE_HSTS_SECONDS:-0}"
 export SESSION_COOKIE_SECURE="${SESSION_COOKIE_SECURE:-0}" CSRF_COOKIE_SECURE="${CSRF_COOKIE_SECURE:-0}"
 if [ -z "${SECRET_KEY:-}" ]; then
   [ -s "$DATA/secret-key" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(50))' >"$DATA/secret-key")
@@ -177,6 +177,8 @@ export SECRET_KEY
 export DATABASE_URL REDIS_URL SAGA_DEMO_WORLD_SECRET PORT WEB_CONCURRENCY="${WEB_CONCURRENCY:-2}"
 # The demo's lost agent should be noticed within a minute, not after production's five.
 export SAGA_HEARTBEAT_TIMEOUT_S="${SAGA_HEARTBEAT_TIMEOUT_S:-45}"
+# ...and a resume its agent does not pick up is announced before that (production: 180 s).
+export SAGA_RESUME_ACK_TIMEOUT_S="${SAGA_RESUME_ACK_TIMEOUT_S:-30}"
 # A resume_url must reach a public address unless the operator allows its host. The demo world is
 # served by this web process, so agents here may point resume_url at it: that port on this machine
 # is allowed, and nothing else on it (not Redis, not PostgreSQL).
@@ -196,7 +198,7 @@ export SAGA_RESUME_WEBHOOK_SECRET
 shq() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
 write_env() {
   local name names
-  names=(DEBUG SECURE_SSL_REDIRECT SESSION_COOKIE_SECURE CSRF_COOKIE_SECURE SECRET_KEY DATABASE_URL REDIS_URL)
+  names=(DEBUG SECURE_SSL_REDIRECT SECURE_HSTS_SECONDS SESSION_COOKIE_SECURE CSRF_COOKIE_SECURE SECRET_KEY DATABASE_URL REDIS_URL)
   for name in ALLOWED_HOSTS CSRF_TRUSTED_ORIGINS DB_CONN_MAX_AGE LOG_LEVEL RQ_LOG_LEVEL EMAIL_BACKEND \
     DEFAULT_FROM_EMAIL $(compgen -e | grep '^SAGA_' | grep -vx 'SAGA_RUN_DATA\|SAGA_DEMO_TRAFFIC' | sort); do
     if [ -n "${!name+set}" ]; then names+=("$name"); fi

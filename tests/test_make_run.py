@@ -41,7 +41,7 @@ def child_env(data: Path, **extra: str) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE", "PORT"}
+        if key not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG", "DJANGO_SETTINGS_MODULE", "PORT"}
         and not key.startswith("SAGA_")
     }
     env.update({"SAGA_RUN_DATA": str(data), "SAGA_DEMO_TRAFFIC": "0", **extra})
@@ -141,6 +141,10 @@ def test_a_second_make_run_refuses_and_make_manage_reaches_the_first(data_dir: P
         wait_for(up, timeout=200, interval=0.5, what="the first make run to be up")
         assert "cleaned up after an earlier make run" in output()
         assert get(f"{url}/healthz")[0] == 200
+        # The app's own pages, as in a deployment: not Django's technical 404 (issue 20, point 8).
+        status, body = get(f"{url}/no-such-page/")
+        assert status == 404 and b"There is nothing here" in body and b"URLconf" not in body
+        assert get(f"{url}/static/favicon.svg")[0] == 200  # hashed static files served with DEBUG off
         assert "make manage" in output() and str(data_dir / "env") in output()
         procs = recorded(data_dir)
         pg = postmaster_pid(data_dir)
