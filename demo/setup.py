@@ -41,10 +41,17 @@ class DemoLogin:
     role: str
     tenant: str
     what: str
+    also: tuple[str, ...] = ()  # further tenants the login is a member of, with the same role
+
+    @property
+    def tenants(self) -> str:
+        return ", ".join((self.tenant, *self.also))
 
 
 LOGINS = (
-    DemoLogin("admin", "admin", "acme", "everything, incl. the Django admin and RQ dashboards"),
+    DemoLogin(
+        "admin", "admin", "acme", "everything, incl. the Django admin and RQ dashboards", also=("globex",)
+    ),
     DemoLogin("alice", "operator", "acme", "resumes, compensates and closes runs in the recovery queue"),
     DemoLogin("bob", "approver", "acme", "approves or rejects risky actions and compensations"),
     DemoLogin("carol", "viewer", "acme", "can look, not touch"),
@@ -118,9 +125,8 @@ def logins_ensure(tenants: dict[str, Tenant]) -> None:
             ).user
         if login.username == "admin":
             # The one login that sees every demo tenant and every admin page (RQ's included).
-            for slug, tenant in tenants.items():
-                if slug != login.tenant:
-                    staff.membership_set(user=user, tenant=tenant, role="admin", actor=SEEDER)
+            for slug in login.also:
+                staff.membership_set(user=user, tenant=tenants[slug], role="admin", actor=SEEDER)
             if not user.is_superuser:
                 user.is_superuser = True
                 user.is_staff = True
@@ -242,10 +248,13 @@ def policy_summary(reports: list[LoadReport]) -> str:
 
 def logins_table() -> str:
     width = max(len(login.username) for login in LOGINS)
-    lines = [f"  {'login'.ljust(width)}  password         role      tenant  what they can do"]
+    tenants = max(len(login.tenants) for login in LOGINS)
+    lines = [
+        f"  {'login'.ljust(width)}  password         role      {'tenants'.ljust(tenants)}  what they can do"
+    ]
     for login in LOGINS:
         lines.append(
             f"  {login.username.ljust(width)}  {DEMO_PASSWORD}   {login.role.ljust(8)}  "
-            f"{login.tenant.ljust(6)}  {login.what}"
+            f"{login.tenants.ljust(tenants)}  {login.what}"
         )
     return "\n".join(lines)

@@ -252,6 +252,7 @@ cat <<EOF
   Demo world (the systems the agents change):  $BASE_URL/demo-world/
   API docs:                $BASE_URL/api/v1/docs
   Logs:                    $LOGS/ (web, worker, demo-agents, redis)
+$(if [ "${SAGA_DEMO_TRAFFIC:-1}" != "0" ]; then echo "  Live demo traffic:       a new run every 20 s; about 1 in 5 fails into the recovery queue (SAGA_DEMO_TRAFFIC=0 make run: none)"; fi)
   Management commands:     $manage ARGS="create_agent_key --tenant acme --name my-agent" (env: $DATA/env)
 
   Press Ctrl-C to stop.

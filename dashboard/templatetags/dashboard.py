@@ -10,9 +10,10 @@ from typing import Any
 
 from django import template
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from ledger.conf import saga
+from recovery import decisions
 
 register = template.Library()
 
@@ -76,25 +77,33 @@ def snapshot_diff_rows(before: Any, after: Any) -> list[DiffRow]:
 
 
 @register.inclusion_tag("dashboard/_snapshot_diff.html")
-def snapshot_diff(before: Any, after: Any) -> dict[str, Any]:
+def snapshot_diff(
+    before: Any, after: Any, before_label: str = "Before", after_label: str = "After"
+) -> dict[str, Any]:
     rows = snapshot_diff_rows(before, after)
     return {
         "rows": rows,
         "changed": sum(1 for r in rows if r.change != "same"),
         "empty": before is None and after is None,
+        "before_label": before_label,
+        "after_label": after_label,
     }
 
 
-_RISK_SYMBOLS = {"low": "▁", "medium": "▃", "high": "▆", "critical": "█"}
+# A four-bar meter, filled up to the risk's level: read at a glance, and never a glyph that looks
+# like a character ("▁" read as "_"). The word beside it carries the meaning for everyone.
+_RISK_LEVELS = {"low": 1, "medium": 2, "high": 3, "critical": 4}
 
 
 @register.simple_tag
 def risk_badge(risk: str) -> str:
     label = str(risk or "low")
+    level = _RISK_LEVELS.get(label, 1)
+    bars = format_html_join("", '<i class="{}"></i>', (("on" if n <= level else "",) for n in range(1, 5)))
     return format_html(
-        '<span class="badge risk risk-{}"><span class="badge-icon" aria-hidden="true">{}</span>{}</span>',
+        '<span class="badge risk risk-{}"><span class="risk-meter" aria-hidden="true">{}</span>{}</span>',
         label,
-        _RISK_SYMBOLS.get(label, "•"),
+        bars,
         label.capitalize(),
     )
 
@@ -195,3 +204,10 @@ def confidence(intent: Any) -> str:
         return f"{float(intent['confidence']) * 100:.0f}%"
     except (TypeError, ValueError):
         return str(intent["confidence"])
+
+
+@register.simple_tag
+def step_decisions(step: Any, unwind: Any) -> Any:
+    """``{% step_decisions step unwind as d %}``: what an operator may decide about a step now
+    (``recovery.decisions.step_decisions``, the rule the services enforce)."""
+    return decisions.step_decisions(step=step, unwind=unwind)

@@ -92,5 +92,8 @@ class Command(BaseCommand):
         # SIGTERM (make run's Ctrl-C, a process manager) ends the loop between two runs.
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-        self.stdout.write(f"Live demo traffic: a run every {every:g}s; Ctrl-C to stop.")
+        self.stdout.write(
+            f"Live demo traffic: a run every {every:g}s, about 1 in 5 of them failing into the recovery "
+            "queue (a failed onboarding or a caught wrong-record update); Ctrl-C to stop."
+        )
         agents.continuous(demo, every_s=every, stop=stop, log=lambda line: self.stdout.write(f"  {line}"))
