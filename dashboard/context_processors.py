@@ -5,7 +5,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from dashboard import permissions, selectors
+from dashboard import live, permissions
 
 
 class Nav:
@@ -16,8 +16,7 @@ class Nav:
 
     @cached_property
     def pending_approvals(self) -> str:
-        count = selectors.approvals_pending_count(user=self.user)
-        return f"{selectors.APPROVAL_BADGE_CAP}+" if count > selectors.APPROVAL_BADGE_CAP else str(count)
+        return live.nav_badge(user=self.user)
 
     @cached_property
     def can_approve(self) -> bool:

@@ -11,6 +11,7 @@ urlpatterns = [
     path("queue/new", views.queue_new, name="queue-new"),
     path("queue/bulk", views.queue_bulk, name="queue-bulk"),
     path("runs/<str:run_id>/", views.run_detail, name="run-detail"),
+    path("runs/<str:run_id>/live", views.run_live, name="run-live"),
     path("runs/<str:run_id>/flag", views.run_flag, name="run-flag"),
     path("runs/<str:run_id>/cancel", views.run_cancel, name="run-cancel"),
     path("items/<str:item_id>/compensate", views.item_compensate, name="item-compensate"),

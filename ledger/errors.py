@@ -59,6 +59,11 @@ class InvalidTransition(Conflict):
             details={"subject": getattr(subject, "pk", None), "current": current_state, "to": to},
         )
         self.current = current_state
+        self.to = to
+        # What a person is shown instead of the machine message (recovery.decisions.refusal_sentence)
+        # reads these: which kind of object, and whether the raiser already worded it for people.
+        self.subject_type = type(subject).__name__
+        self.worded = message is not None
 
 
 class RunNotAcceptingActions(Conflict):

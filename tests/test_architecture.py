@@ -154,6 +154,8 @@ RECOVERY_FLOORS = {
     "recovery.selectors": 3,
     "recovery.unwinds": 3,
     "recovery.sweeper": 4,
+    # Which decisions are possible now, and refusals in words (over the engine's state sets).
+    "recovery.decisions": 4,
     # The decisions the UI and the API call, then what the worker runs.
     "recovery.services": 5,
     "recovery.jobs": 6,

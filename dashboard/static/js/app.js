@@ -117,11 +117,16 @@
     });
   });
 
-  // --- Copy buttons only make sense with the clipboard API; reveal them when it exists. ---
-  document.addEventListener("DOMContentLoaded", function () {
+  // --- Copy buttons only make sense with the clipboard API; reveal them when it exists (also in
+  // what the run page's live poll swaps in, such as the correction trail). ---
+  function revealCopyButtons() {
     if (navigator.clipboard) {
       document.querySelectorAll("[data-copy-target][hidden]").forEach(function (b) { b.hidden = false; });
     }
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    revealCopyButtons();
     tick();
   });
+  document.addEventListener("htmx:afterSettle", revealCopyButtons);
 })();
