@@ -4,7 +4,10 @@ that did not get through are retried by the sweeper a bounded number of times.""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.db import transaction
 from django.utils import timezone
@@ -17,6 +20,7 @@ from recovery import notifications
 from recovery.models import AgentCommand
 
 MAX_COMMAND_DELIVERY_ATTEMPTS = notifications.MAX_DELIVERY_ATTEMPTS
+COMMAND_MONITOR = Actor.system("command-monitor")
 
 
 @transaction.atomic
@@ -92,3 +96,145 @@ def commands_redeliver_due(*, now: datetime | None = None) -> int:
         notifications.enqueue_command_delivery(command_id=command_id)
         count += 1
     return count
+
+
+@transaction.atomic
+def commands_cancel_pending(
+    *, run: Run, actor: Actor, reason: str, kinds: Iterable[str] = (AgentCommand.Kind.RESUME,)
+) -> list[AgentCommand]:
+    """pending → cancelled for the run's commands of ``kinds`` its agent has not acknowledged:
+    the run ended, was cancelled or failed again, so the order no longer stands. Each is audited
+    (``command.cancelled``); an agent pulls only pending commands, and acknowledging a cancelled
+    one changes nothing. The caller holds the run's row lock. Returns the commands cancelled."""
+    now = timezone.now()
+    cancelled = []
+    for command in AgentCommand.objects.filter(
+        run_id=run.pk, status=AgentCommand.Status.PENDING, kind__in=list(kinds)
+    ).order_by("created_at"):
+        # Compare-and-set: an acknowledgement that got there first wins (the agent has it).
+        if (
+            AgentCommand.objects.filter(pk=command.pk, status=AgentCommand.Status.PENDING).update(
+                status=AgentCommand.Status.CANCELLED, cancelled_at=now
+            )
+            != 1
+        ):
+            continue
+        command.status, command.cancelled_at = AgentCommand.Status.CANCELLED, now
+        audit_record(
+            tenant=run.tenant,
+            run=run,
+            actor=actor,
+            kind="command.cancelled",
+            subject=command,
+            from_state=AgentCommand.Status.PENDING,
+            to_state=AgentCommand.Status.CANCELLED,
+            reason=reason,
+            data={"command_kind": command.kind, "issued_at": command.created_at.isoformat()},
+        )
+        cancelled.append(command)
+    return cancelled
+
+
+def overdue_before(now: datetime) -> datetime:
+    """A resume command issued before this and still not acknowledged is overdue (the one rule
+    for the sweeper, the dashboard and the notification)."""
+    return now - timedelta(seconds=saga().resume_ack_timeout_s)
+
+
+@dataclass(frozen=True)
+class AgentPulse:
+    """When a run's agent was last heard from: its last heartbeat (the run's start when it has
+    sent none), and whether that is longer ago than the heartbeat timeout."""
+
+    heard_at: datetime
+    silent_s: int
+    timeout_s: int
+
+    @property
+    def silent(self) -> bool:
+        return self.silent_s > self.timeout_s
+
+
+def agent_pulse(*, run: Run, now: datetime | None = None) -> AgentPulse:
+    now = now or timezone.now()
+    heard_at = run.last_heartbeat_at or run.created_at
+    return AgentPulse(
+        heard_at=heard_at,
+        silent_s=max(0, int((now - heard_at).total_seconds())),
+        timeout_s=saga().heartbeat_timeout_s,
+    )
+
+
+@dataclass(frozen=True)
+class ResumeWait:
+    """A resume command the run's agent has not acknowledged yet."""
+
+    command: AgentCommand
+    issued_by: str
+    waited_s: int
+    overdue: bool
+    # The agent sent a heartbeat after the command was issued: it was handed the command (a
+    # heartbeat answers with the pending commands) but has not acknowledged it.
+    heard_since: bool
+
+
+def resume_waiting(*, run: Run, now: datetime | None = None) -> ResumeWait | None:
+    """The run's oldest pending resume command, with how long it has waited."""
+    now = now or timezone.now()
+    command = (
+        AgentCommand.objects.filter(
+            run_id=run.pk, kind=AgentCommand.Kind.RESUME, status=AgentCommand.Status.PENDING
+        )
+        .select_related("created_by")
+        .order_by("created_at")
+        .first()
+    )
+    if command is None:
+        return None
+    return ResumeWait(
+        command=command,
+        issued_by=command.issued_by(),
+        waited_s=max(0, int((now - command.created_at).total_seconds())),
+        overdue=command.created_at < overdue_before(now),
+        heard_since=run.last_heartbeat_at is not None and run.last_heartbeat_at > command.created_at,
+    )
+
+
+def commands_flag_overdue(*, now: datetime | None = None) -> int:
+    """Resume commands their agent has not acknowledged within SAGA RESUME_ACK_TIMEOUT_S: each is
+    audited on its run (``command.overdue``) and announced (e-mail, webhooks) once — marked by
+    ``overdue_notified_at`` in the same transaction, so two sweepers announce it once. The command
+    stays pending: the agent may still come back and pick it up."""
+    now = now or timezone.now()
+    due = AgentCommand.objects.filter(
+        kind=AgentCommand.Kind.RESUME,
+        status=AgentCommand.Status.PENDING,
+        overdue_notified_at__isnull=True,
+        created_at__lt=overdue_before(now),
+    ).values_list("pk", flat=True)
+    flagged = 0
+    for command_id in list(due):
+        with transaction.atomic():
+            if (
+                AgentCommand.objects.filter(
+                    pk=command_id, status=AgentCommand.Status.PENDING, overdue_notified_at__isnull=True
+                ).update(overdue_notified_at=now)
+                != 1
+            ):
+                continue  # acknowledged or cancelled meanwhile, or another sweeper has it
+            command = AgentCommand.objects.select_related("run__tenant").get(pk=command_id)
+            waited_min = max(1, round((now - command.created_at).total_seconds() / 60))
+            audit_record(
+                tenant=command.run.tenant,
+                run=command.run,
+                actor=COMMAND_MONITOR,
+                kind="command.overdue",
+                subject=command,
+                from_state=command.status,
+                to_state=command.status,
+                reason=f"The agent has not acknowledged the resume command {waited_min} min after it was issued.",
+                data={"issued_at": command.created_at.isoformat(), "timeout_s": saga().resume_ack_timeout_s},
+            )
+            transaction.on_commit(partial(notifications.enqueue_command_overdue, command_id=command_id))
+            flagged += 1
+    return flagged

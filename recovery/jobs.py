@@ -45,5 +45,9 @@ def commands_redeliver() -> int:
     return commands.commands_redeliver_due()
 
 
+def commands_flag_overdue() -> int:
+    return commands.commands_flag_overdue()
+
+
 def idempotency_prune() -> int:
     return idempotency.idempotency_records_prune()

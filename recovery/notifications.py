@@ -55,6 +55,10 @@ def enqueue_command_delivery(*, command_id: str) -> None:
     _enqueue(deliver_command, command_id=command_id)
 
 
+def enqueue_command_overdue(*, command_id: str) -> None:
+    _enqueue(send_command_overdue, command_id=command_id)
+
+
 def _post_signed(url: str, payload: dict[str, Any], *, secret: str, idempotency_key: str) -> httpx.Response:
     body = json.dumps(payload, sort_keys=True, default=str).encode()
     headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key}
@@ -124,6 +128,43 @@ def send_approval_requested(*, approval_id: str) -> None:
     _broadcast(subject=subject, text=text, payload=payload, idempotency_key=f"notify-{approval.pk}")
 
 
+def send_command_overdue(*, command_id: str) -> None:
+    """A resume command its agent has not acknowledged in time (``commands.commands_flag_overdue``
+    enqueues this once per command). Nothing is sent when it was picked up or withdrawn since."""
+    command = AgentCommand.objects.select_related("run", "tenant", "created_by").filter(pk=command_id).first()
+    if command is None or command.status != AgentCommand.Status.PENDING:
+        return
+    run = command.run
+    waited_min = max(1, round((timezone.now() - command.created_at).total_seconds() / 60))
+    issued_by = command.issued_by()
+    heard_at = run.last_heartbeat_at or run.created_at
+    heard_since = heard_at > command.created_at
+    subject = f"[Saga Admin] resume of run {run.pk} not picked up after {waited_min} min"
+    text = (
+        f"Run {run.pk} of agent {run.agent} ({command.tenant.slug}) was resumed by {issued_by} at "
+        f"{command.created_at:%Y-%m-%d %H:%M} UTC and its agent has not acknowledged the command.\n"
+        f"Request: {run.request}\n"
+        + (
+            f"The agent is alive (last heartbeat {heard_at:%H:%M:%S} UTC) and was handed the command.\n"
+            if heard_since
+            else f"The agent has not been heard from since {heard_at:%Y-%m-%d %H:%M:%S} UTC.\n"
+        )
+        + f"If it stays silent for {saga().heartbeat_timeout_s} s the run comes back to the recovery "
+        "queue as agent lost and waits for a person (it is not compensated automatically).\n"
+    )
+    payload = {
+        "event": "command.overdue",
+        "command_id": command.pk,
+        "kind": command.kind,
+        "run_id": run.pk,
+        "tenant": command.tenant.slug,
+        "issued_by": issued_by,
+        "issued_at": command.created_at.isoformat(),
+        "last_heartbeat_at": heard_at.isoformat(),
+    }
+    _broadcast(subject=subject, text=text, payload=payload, idempotency_key=f"notify-{command.pk}-overdue")
+
+
 def deliver_command(*, command_id: str) -> bool:
     """POST a resume/cancel command to the run's resume_url, signed with the tenant's own resume
     secret (``ledger.outbound.resume_secret``). Returns True when delivered (or nothing to do).
@@ -137,6 +178,8 @@ def deliver_command(*, command_id: str) -> bool:
     command = AgentCommand.objects.select_related("run", "tenant", "checkpoint").filter(pk=command_id).first()
     if command is None or command.delivered_at is not None or not command.run.resume_url:
         return True
+    if command.status == AgentCommand.Status.CANCELLED:
+        return True  # withdrawn before it got there: the agent must not act on it
     if command.delivery_attempts >= MAX_DELIVERY_ATTEMPTS:
         return False  # refused, or out of attempts: a stray job changes nothing
     payload = {

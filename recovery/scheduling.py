@@ -39,6 +39,7 @@ def periodic_jobs() -> list[Periodic]:
         Periodic("recovery.jobs.approvals_expire", interval),
         Periodic("recovery.jobs.agents_detect_lost", max(interval, 5.0)),
         Periodic("recovery.jobs.commands_redeliver", max(interval, 5.0)),
+        Periodic("recovery.jobs.commands_flag_overdue", max(interval, 5.0)),
         Periodic("recovery.jobs.idempotency_prune", 3600.0),
     ]
 
