@@ -7,6 +7,7 @@ the only counts are over small, indexed sets (pending approvals, new queue items
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -29,6 +30,7 @@ from django.db.models import (
     Prefetch,
     Q,
     QuerySet,
+    Subquery,
     Value,
     When,
 )
@@ -36,16 +38,31 @@ from django.utils import timezone
 
 from dashboard import permissions
 from dashboard.permissions import Someone
+from dashboard.templatetags.dashboard import confidence
 from ledger.conf import saga
 from ledger.ids import looks_like_id
-from ledger.models import Action, Checkpoint, Compensator, Event, Risk, Run, Tenant, ToolPolicy
+from ledger.models import (
+    Action,
+    ApprovalMode,
+    Checkpoint,
+    CompensationStrategy,
+    Compensator,
+    Event,
+    Risk,
+    Run,
+    Tenant,
+    ToolPolicy,
+)
 from ledger.pagination import OLDEST_FIRST, Key, keyset_page
 from ledger.policies import policies_in_force, policy_settings_for
 from ledger.selectors import checkpoints_for_run, run_warnings
 from recovery import selectors as recovery_selectors
 from recovery.approvals import pending_q
-from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.commands import overdue_before
+from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.planner import APPROVAL_RISKS
 from recovery.trail import run_trail
+from recovery.unwinds import planned_step
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -108,6 +125,7 @@ class QueueRowAnnotations(TypedDict):
 
     risk_rank: int
     approval_pending: bool
+    resume_overdue_since: datetime | None
 
 
 @dataclass
@@ -145,6 +163,17 @@ def queue_page(
         .annotate(
             risk_rank=_RISK_RANK,
             approval_pending=Exists(Approval.objects.filter(pending_q(now=now), run_id=OuterRef("run_id"))),
+            # "Resume sent n min ago, not picked up": the run's oldest overdue resume command.
+            resume_overdue_since=Subquery(
+                AgentCommand.objects.filter(
+                    run_id=OuterRef("run_id"),
+                    kind=AgentCommand.Kind.RESUME,
+                    status=AgentCommand.Status.PENDING,
+                    created_at__lt=overdue_before(now),
+                )
+                .order_by("created_at")
+                .values("created_at")[:1]
+            ),
         )
     )
     page = keyset_page(qs, keys=keys, cursor=cursor, limit=size, strict=False)
@@ -279,14 +308,9 @@ def run_actions(*, run: Run) -> list[Action]:
     return list(Action.objects.filter(run=run).order_by("seq"))
 
 
-def run_page(*, run: Run) -> RunPage:
-    actions = run_actions(run=run)
-    checkpoints, older_checkpoints = newest_checkpoints(run=run)
-    events = list(Event.objects.filter(run=run).order_by("-id")[:RUN_PAGE_EVENTS])[::-1]
-    older_events = (
-        Event.objects.filter(run=run).count() - RUN_PAGE_EVENTS if len(events) == RUN_PAGE_EVENTS else 0
-    )
-    item = (
+def run_item(*, run: Run) -> RecoveryItem | None:
+    """The run's item the page shows: the unresolved one, else the newest resolved one."""
+    return (
         RecoveryItem.objects.filter(run=run)
         .select_related("assignee", "claimed_by", "resolved_by", "failed_action")
         .order_by(
@@ -294,22 +318,37 @@ def run_page(*, run: Run) -> RunPage:
         )
         .first()
     )
-    latest_unwind = (
-        Unwind.objects.filter(run=run).order_by("-created_at").values_list("pk", flat=True).first()
-    )
-    unwind = unwind_with_steps(unwind_id=latest_unwind, tenant_ids=[run.tenant_id]) if latest_unwind else None
-    approvals = list(
-        Approval.objects.filter(pending_q(), run=run).select_related("action").order_by("created_at")
-    )
+
+
+def run_latest_unwind(*, run: Run) -> Unwind | None:
+    latest = Unwind.objects.filter(run=run).order_by("-created_at").values_list("pk", flat=True).first()
+    return unwind_with_steps(unwind_id=latest, tenant_ids=[run.tenant_id]) if latest else None
+
+
+def run_pending_approvals(*, run: Run) -> list[Approval]:
+    return list(Approval.objects.filter(pending_q(), run=run).select_related("action").order_by("created_at"))
+
+
+def run_events(*, run: Run) -> tuple[list[Event], int]:
+    """The newest ``RUN_PAGE_EVENTS`` audit events, oldest first, and how many older ones."""
+    events = list(Event.objects.filter(run=run).order_by("-id")[:RUN_PAGE_EVENTS])[::-1]
+    older = Event.objects.filter(run=run).count() - RUN_PAGE_EVENTS if len(events) == RUN_PAGE_EVENTS else 0
+    return events, older
+
+
+def run_page(*, run: Run) -> RunPage:
+    actions = run_actions(run=run)
+    checkpoints, older_checkpoints = newest_checkpoints(run=run)
+    events, older_events = run_events(run=run)
     return RunPage(
         run=run,
         actions=actions,
         warnings=run_warnings(run=run, actions=actions),
         checkpoints=checkpoints,
         events=events,
-        item=item,
-        unwind=unwind,
-        approvals=approvals,
+        item=run_item(run=run),
+        unwind=run_latest_unwind(run=run),
+        approvals=run_pending_approvals(run=run),
         trail=run_trail(run=run),
         older_checkpoints=older_checkpoints,
         older_events=older_events,
@@ -320,6 +359,17 @@ def run_page(*, run: Run) -> RunPage:
 
 
 APPROVALS_PAGE = 50
+# What a card reads (``approval_card_content``), fetched with the approval in one query.
+APPROVAL_CARD_RELATED = (
+    "action",
+    "run",
+    "tenant",
+    "step__unwind__requested_by",
+    "step__unwind__requested_by_key",
+    "requested_by",
+    "requested_by_key",
+    "decided_by",
+)
 
 
 @dataclass
@@ -333,7 +383,7 @@ def approvals_pending(*, user: Someone, cursor: str = "", page_size: int | None 
     carries two forms and pretty-printed JSON, so a page of hundreds took longer to render than
     an approver reads."""
     qs = recovery_selectors.approvals_pending(tenants=permissions.tenant_ids_for(user)).select_related(
-        "action", "run", "tenant", "step", "requested_by", "requested_by_key"
+        *APPROVAL_CARD_RELATED
     )
     page = keyset_page(qs, keys=OLDEST_FIRST, cursor=cursor, limit=page_size or APPROVALS_PAGE, strict=False)
     return ApprovalPage(approvals=page.items, next_cursor=page.next_cursor or "")
@@ -342,6 +392,306 @@ def approvals_pending(*, user: Someone, cursor: str = "", page_size: int | None 
 def approvals_pending_count(*, user: Someone) -> int:
     qs = recovery_selectors.approvals_pending(tenants=permissions.tenant_ids_for(user))
     return len(qs.order_by().values_list("pk", flat=True)[: APPROVAL_BADGE_CAP + 1])
+
+
+# --- Approval cards ---------------------------------------------------------------------------
+#
+# What an approval card says will happen, computed here once; the templates only render it. A
+# forward action's card shows the action the agent asks to run. A compensation's card shows the
+# compensating tool and the exact args that will run, the target's state as the forward action
+# left it (its after-state: that is what the compensation starts from), a predicted change only
+# where one can be computed (a snapshot restore), and who decided the compensation and why; the
+# forward action's own reasoning is shown labelled as the forward action's.
+
+
+@dataclass(frozen=True)
+class CardFact:
+    """One labelled line of a card; ``data`` (shown as JSON) when ``has_data``."""
+
+    label: str
+    text: str = ""
+    data: Any = None
+    has_data: bool = False
+
+    @property
+    def wide(self) -> bool:
+        return len(self.text) > 40
+
+
+@dataclass(frozen=True)
+class CardPrediction:
+    """What approving will change. ``diff``: a field-by-field table from ``diff_from`` (labelled
+    ``from_label``) to ``diff_to``; otherwise only ``sentence``, which says plainly what is known,
+    and ``given``, what the compensator is handed to decide with."""
+
+    sentence: str
+    diff: bool = False
+    diff_from: Any = None
+    diff_to: Any = None
+    from_label: str = ""
+    to_label: str = ""
+    given: tuple[CardFact, ...] = ()
+
+
+@dataclass(frozen=True)
+class ApprovalCardContent:
+    approval: Approval
+    compensation: bool
+    # Who asked for the approval: the agent (forward action), whoever decided the compensation.
+    asked_by: str
+    # One sentence: what approving runs (compensations; "" for a forward action).
+    summary: str
+    facts: tuple[CardFact, ...]
+    args: Any
+    args_heading: str
+    # Where the args come from (a compensation: its template, or the agent's, or the snapshot).
+    args_source: str
+    args_note: str
+    state: Any
+    state_heading: str
+    # Said instead of the state when none was recorded.
+    state_missing: str
+    prediction: CardPrediction | None
+    # The agent's reasoning: this action's, or (compensation) the forward action's, so labelled.
+    reasoning: str
+    reasoning_label: str
+    confidence: str
+
+
+def _target(action: Action) -> str:
+    if not action.target_id:
+        return ""
+    return f"{action.target_type}:{action.target_id}" if action.target_type else action.target_id
+
+
+def _policy_line(policy: dict[str, Any] | None) -> str:
+    if not policy:
+        return ""
+    return (
+        f"{policy.get('pattern') or policy.get('tool')} ({policy.get('scope') or 'global'} policy) · "
+        f"{policy.get('risk')} risk · {policy.get('approval')} approval"
+    )
+
+
+def _reasoning(intent: Any) -> str:
+    return str(intent.get("reasoning") or "") if isinstance(intent, dict) else ""
+
+
+def _shown_args(approval: Approval) -> tuple[Any, str]:
+    """The args that run: the approved ones once an approver edited them, else those shown."""
+    if (
+        approval.status == Approval.Status.APPROVED
+        and approval.approved_args_hash
+        and approval.approved_args_hash != approval.args_hash
+    ):
+        return approval.approved_args, "Approved with edited arguments (the ones asked for were different)."
+    return approval.args, ""
+
+
+def approval_card_content(approval: Approval) -> ApprovalCardContent:
+    """The card of ``approval``. Reads only what ``approvals_pending`` selects with it (for a
+    compensation: its step, the step's unwind and who requested it), so the inbox stays one
+    query per page."""
+    if approval.kind == Approval.Kind.COMPENSATION and approval.step is not None:
+        return _compensation_card(approval, approval.step)
+    action = approval.action
+    args, args_note = _shown_args(approval)
+    facts = []
+    if policy := _policy_line(action.policy):
+        facts.append(CardFact("Policy", policy))
+    if approval.requested_by_key is not None:
+        asked_by = f"agent key {approval.requested_by_key.name}"
+    else:
+        asked_by = approval.requested_by.get_username() if approval.requested_by is not None else ""
+    return ApprovalCardContent(
+        approval=approval,
+        compensation=False,
+        asked_by=asked_by,
+        summary="",
+        facts=tuple(facts),
+        args=args,
+        args_heading="Arguments",
+        args_source="",
+        args_note=args_note,
+        state=action.before_snapshot,
+        state_heading="Before (current state as recorded)",
+        state_missing="Not recorded: the agent sent no before-state with this action.",
+        prediction=None,
+        reasoning=_reasoning(action.intent),
+        reasoning_label="Agent’s reasoning",
+        confidence=confidence(action.intent),
+    )
+
+
+def _decider(unwind: Unwind) -> str:
+    """Who or what decided the compensation this step belongs to."""
+    if unwind.automatic:
+        return "automatic compensation"
+    if unwind.requested_by is not None:
+        return unwind.requested_by.get_username()
+    if unwind.requested_by_key is not None:
+        return f"operator key {unwind.requested_by_key.name}"
+    return ""
+
+
+def _decided_by(unwind: Unwind) -> CardFact:
+    """Who or what decided the compensation, and their reason: the rationale of the step."""
+    who = _decider(unwind)
+    if unwind.automatic:
+        who = "Automatic compensation: no person decided it"
+    elif unwind.requested_by is not None:
+        who = f"{who} (operator)"
+    reason = unwind.reason.strip()
+    who = who or "not recorded"
+    return CardFact("Compensation decided by", f"{who} — “{reason}”" if reason else who)
+
+
+def _why_a_person(planned: dict[str, Any], action: Action) -> str:
+    """The planner's rule (``planner._step_for``) in words: the compensating tool's policy asks
+    for a person, or the action it undoes is high or critical risk."""
+    reasons = []
+    policy = planned.get("policy") or {}
+    if policy.get("approval") and policy["approval"] != ApprovalMode.AUTO:
+        reasons.append(f"the compensating tool’s policy asks for a person ({policy['approval']} approval)")
+    if action.risk in APPROVAL_RISKS:
+        reasons.append(
+            f"it undoes a {action.risk}-risk action, and undoing a high or critical one always does"
+        )
+    return "; ".join(reasons)
+
+
+def _args_source(action: Action, strategy: str, forward: str) -> str:
+    """Where a compensation step's args came from (``planner.step_args``: filled at plan time)."""
+    if strategy == CompensationStrategy.SNAPSHOT:
+        return f"Built from the before-state recorded by {forward}."
+    template = (action.policy or {}).get("compensation_args")
+    if template is None:
+        return f"As the agent gave them with {forward}’s compensation."
+    if template == "$args":
+        return (
+            f"Filled when planned from {forward}’s own arguments (the approved ones, if an approver "
+            "edited them)."
+        )
+    return f"Filled from the policy’s template {json.dumps(template, ensure_ascii=False, sort_keys=True)}."
+
+
+def _compensation_card(approval: Approval, step: UnwindStep) -> ApprovalCardContent:
+    action = approval.action
+    unwind = step.unwind
+    planned = planned_step(unwind, step)
+    strategy = step.strategy or action.compensation_strategy
+    args, args_note = _shown_args(approval)
+    target = _target(action) or "its target"
+    forward = f"#{action.seq} {action.tool}"
+    served = str(planned.get("compensator") or "")
+
+    if strategy == CompensationStrategy.SNAPSHOT:
+        summary = f"Runs {approval.tool} to restore {target} to the state recorded before {forward}."
+        args_heading = f"Arguments it will run with (the state to restore, recorded before {forward})"
+    elif strategy == CompensationStrategy.CORRECTION:
+        summary = (
+            f"Runs {approval.tool} to correct {forward} on {target}. {forward} cannot be undone: a "
+            "correcting action is issued and the original effect stays visible."
+        )
+        args_heading = "Arguments it will run with"
+    else:
+        summary = f"Runs {approval.tool} to undo {forward} on {target}."
+        args_heading = "Arguments it will run with"
+    if served:
+        summary += f" Served by a {served} compensator."
+    if args is None and not args_note:
+        args_note = "None: the compensator works from the target and the recorded states."
+
+    facts = [_decided_by(unwind)]
+    selection = (unwind.plan or {}).get("selection") or {}
+    steps = len((unwind.plan or {}).get("steps") or []) or None
+    where = f"Step {step.position + 1}" + (f" of {steps}" if steps else "")
+    if selection.get("mode") == "action_ids":
+        where += " of a partial compensation (only the chosen actions are undone)"
+    elif selection.get("mode") == "to_checkpoint":
+        where += f" of a compensation back to checkpoint {selection.get('checkpoint_name') or ''}".rstrip()
+    facts.append(CardFact("Place in the compensation", where + "."))
+    if policy := _policy_line(planned.get("policy")):
+        facts.append(CardFact("Policy that governs it", policy))
+    if why := _why_a_person(planned, action):
+        facts.append(CardFact("Why a person approves it", why[0].upper() + why[1:] + "."))
+    if args_error := str(planned.get("args_error") or ""):
+        facts.append(CardFact("Warning", f"{args_error[0].upper()}{args_error[1:]}: the step will fail."))
+    if planned and not served:
+        facts.append(
+            CardFact("Warning", f"No compensator is registered for {approval.tool}: the step will fail.")
+        )
+
+    return ApprovalCardContent(
+        approval=approval,
+        compensation=True,
+        asked_by=_decider(unwind),
+        summary=summary,
+        facts=tuple(facts),
+        args=args,
+        args_heading=args_heading,
+        args_source=_args_source(action, strategy, forward),
+        args_note=args_note,
+        state=action.after_snapshot,
+        state_heading=f"Current state (as recorded after {forward})",
+        state_missing=f"Not recorded: {forward} reported no after-state, so the current state is not known here.",
+        prediction=_prediction(approval, step, strategy, args=args, forward=forward, target=target),
+        reasoning=_reasoning(action.intent),
+        reasoning_label=f"The agent’s reasoning for {forward} (the action being undone, not this compensation)",
+        confidence=confidence(action.intent),
+    )
+
+
+def _prediction(
+    approval: Approval, step: UnwindStep, strategy: str, *, args: Any, forward: str, target: str
+) -> CardPrediction:
+    action = approval.action
+    before, after = action.before_snapshot, action.after_snapshot
+    if strategy == CompensationStrategy.SNAPSHOT:
+        if after is None:
+            return CardPrediction(
+                f"No prediction: {forward} recorded no after-state to compare with. The restore sets "
+                f"{target} to the arguments shown."
+            )
+        return CardPrediction(
+            f"Field by field, from {target} as {forward} left it to the state the restore writes.",
+            diff=True,
+            diff_from=after,
+            diff_to=args,
+            from_label="Now",
+            to_label="After the restore",
+        )
+    if strategy == CompensationStrategy.CORRECTION:
+        known = (
+            f"A correction restores nothing: {forward}’s effect stays, and {approval.tool} acts on top of it."
+        )
+    elif before is None:
+        known = (
+            f"{approval.tool} undoes what {forward} did to {target}. {forward} recorded no "
+            f"before-state: what {target} was before it is not known here (nothing, if {forward} "
+            "created it)."
+        )
+    else:
+        known = (
+            f"{approval.tool} is to bring {target} back from the state {forward} left to the one "
+            "recorded before it."
+        )
+    none_recorded = "none recorded"
+    given = (
+        CardFact("Arguments", "the arguments shown" if args is not None else "none"),
+        CardFact("Target", _target(action) or none_recorded),
+        CardFact(
+            f"After-state of {forward}", "the current state shown" if after is not None else none_recorded
+        ),
+        CardFact(
+            f"Before-state of {forward}", none_recorded if before is None else "", before, before is not None
+        ),
+        CardFact("Idempotency key", f"{step.idempotency_key} (the same on every attempt)"),
+    )
+    return CardPrediction(
+        f"{known} No prediction of the change: the compensator decides what it does. It is given:",
+        given=given,
+    )
 
 
 # --- Metrics ----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.defaultfilters import pluralize
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from django.utils.http import urlencode
@@ -22,7 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HTMX_STOP_POLLING, HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
-from dashboard import charts, selectors
+from dashboard import charts, live, selectors
 from dashboard.forms import (
     ApproveForm,
     BulkForm,
@@ -41,6 +42,8 @@ from ledger.models import Action, Risk, Run, Tenant
 from ledger.selectors import checkpoints_for_run
 from ledger.services import actions as ledger_actions
 from recovery import approvals as recovery_approvals
+from recovery import commands as recovery_commands
+from recovery import decisions as recovery_decisions
 from recovery import items as recovery_items
 from recovery import planner
 from recovery import selectors as recovery_selectors
@@ -74,9 +77,33 @@ def _done(request: HtmxHttpRequest, url: str) -> HttpResponse:
 
 
 def _refused(request: HtmxHttpRequest, exc: SagaError, url: str) -> HttpResponse:
-    """A domain error (conflict, invalid transition, self-approval …) is a message, never a 500."""
-    messages.error(request, exc.message)
+    """A domain error (conflict, invalid transition, self-approval …) is a message, never a 500,
+    and a sentence, never the exception's text (``recovery.decisions.refusal_sentence``)."""
+    messages.error(request, recovery_decisions.refusal_sentence(exc))
     return _done(request, url)
+
+
+def _not_offered(request: HtmxHttpRequest, item: RecoveryItem, decision: str) -> HttpResponse | None:
+    """A decision the run page does not offer now (``recovery.decisions``: the item is claimed by
+    a compensation, already decided, the run cannot take it …) is refused with the page's own
+    sentence, before any form or plan is shown or compared. A stale tab's POST is audited like any
+    refused decision."""
+    offered = recovery_decisions.decisions_for(
+        run=item.run, item=item, unwind=selectors.run_latest_unwind(run=item.run)
+    )
+    verdict = getattr(offered, decision)
+    if verdict:
+        return None
+    if request.method == "POST":
+        recovery_services.refusal_record(
+            decision=decision,
+            exc=SagaError(verdict.why, details={"current": item.status}, code="decision_not_offered"),
+            actor=_actor(request),
+            reason=request.POST.get("reason", ""),
+            item=item,
+        )
+    messages.error(request, verdict.why)
+    return _done(request, _run_url(item.run_id))
 
 
 def _form_errors(form: Any) -> str:
@@ -123,7 +150,7 @@ def _get_action_for_user(request: HttpRequest, action_id: str, capability: Capab
 
 def _get_approval_for_user(request: HttpRequest, approval_id: str, capability: Capability) -> Approval:
     approval = _visible(
-        Approval.objects.select_related("run__tenant", "action", "tenant", "step"), approval_id, request
+        Approval.objects.select_related("run__tenant", *selectors.APPROVAL_CARD_RELATED), approval_id, request
     )
     require(request.user, capability, approval.tenant_id)
     return approval
@@ -231,7 +258,7 @@ def queue_bulk(request: HtmxHttpRequest) -> HttpResponse:
         messages.success(request, f"{verb} {len(done)} item{'s' if len(done) != 1 else ''}.")
     for outcome in outcomes:
         if not outcome.ok:
-            messages.error(request, f"{outcome.item_id}: {outcome.message}")
+            messages.error(request, f"{outcome.item_id}: {outcome.sentence or outcome.message}")
     return _done(request, back)
 
 
@@ -282,9 +309,80 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             "latest_checkpoint_id": page.checkpoints[0].pk if page.checkpoints else None,
             "reconcile_form": ReconcileForm(),
             "reason_form": ReasonForm(),
+            "live": live.live_state(
+                run=run,
+                item=page.item,
+                unwind=page.unwind,
+                approvals=page.approvals,
+                user=request.user,
+                upto=page.actions[-1].seq if page.actions else 0,
+            ),
             **_partial_marks(page.actions, {e["action_id"] for e in page.trail["kept"]}),
         },
     )
+
+
+@require_GET
+@login_required
+def run_live(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """The run page's poll (``dashboard.live``): 204 when nothing it shows changed; otherwise the
+    new poller and an out-of-band swap of each changed region. 286 stops polling once the run
+    is settled."""
+    run = selectors.run_for_user(user=request.user, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    try:
+        upto = max(0, int(request.GET.get("upto", "0")))
+    except ValueError:
+        upto = 0
+    item = selectors.run_item(run=run)
+    unwind = selectors.run_latest_unwind(run=run)
+    approvals = selectors.run_pending_approvals(run=run)
+    state = live.live_state(
+        run=run, item=item, unwind=unwind, approvals=approvals, user=request.user, upto=upto
+    )
+    changed = live.changed_regions(state, {r: request.GET.get(r, "") for r in live.REGIONS})
+    stop = not state.interval
+    if not changed:
+        return HttpResponse(status=HTMX_STOP_POLLING if stop else 204)
+    page = selectors.RunPage(
+        run=run,
+        actions=[],
+        warnings=[],
+        checkpoints=[],
+        events=[],
+        item=item,
+        unwind=unwind,
+        approvals=approvals,
+    )
+    context: dict[str, Any] = {
+        "p": page,
+        "run": run,
+        "live": state,
+        "changed": changed,
+        "allowed": TenantPermissions(request.user, run.tenant_id),
+        "item_open": item is not None and item.status in RecoveryItem.UNRESOLVED,
+        "item_replaced": (item.pk if item is not None else "") != request.GET.get("item_id", ""),
+        "reason_form": ReasonForm(),
+    }
+    if "actions" in changed or "unwind" in changed:
+        # The shown window of the ledger (its statuses and kept/undone marks), what arrived since
+        # the page was loaded, and the correction trail, which follows the unwind.
+        shown = list(
+            Action.objects.filter(run=run, seq__gt=upto - ACTIONS_SHOWN, seq__lte=upto).order_by("seq")
+        )
+        context.update(
+            actions=shown,
+            newer_actions=Action.objects.filter(run=run, seq__gt=upto).count(),
+            trail=recovery_trail.run_trail(run=run),
+            **_partial_marks(shown, recovery_trail.kept_action_ids(run=run)),
+        )
+    if "audit" in changed:
+        page.events, page.older_events = selectors.run_events(run=run)
+    response = render(request, "dashboard/run_detail.html#live", context)
+    if stop:
+        response.status_code = HTMX_STOP_POLLING
+    return response
 
 
 def _partial_marks(actions: list[Action], kept_ids: set[str]) -> dict[str, set[str]]:
@@ -347,6 +445,8 @@ def item_compensate(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     there. The plan_hash the page carried must still be the plan's: otherwise the new plan is
     shown instead of running anything. Which choices are valid is the planner's rule."""
     item = _get_item_for_user(request, item_id, Capability.OPERATE)
+    if (refused := _not_offered(request, item, "compensate")) is not None:
+        return refused
     run = item.run
     if request.method != "POST":
         return _compensate_page(request, item, plan=planner.compensation_plan(run=run), form=CompensateForm())
@@ -456,6 +556,8 @@ def run_flag(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
 @login_required
 def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     item = _get_item_for_user(request, item_id, Capability.OPERATE)
+    if (refused := _not_offered(request, item, "resume")) is not None:
+        return refused
     checkpoints, _older = selectors.newest_checkpoints(run=item.run)
     chosen_id = (request.POST or request.GET).get("checkpoint") or ""
     checkpoint = next((c for c in checkpoints if c.pk == chosen_id), None)
@@ -487,6 +589,9 @@ def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
             "preview": preview,
             "form": form,
             "checkpoint": checkpoint,
+            # Whether anyone is there to pick the resume up (recovery.commands: the one rule).
+            "pulse": recovery_commands.agent_pulse(run=item.run),
+            "ack_timeout_s": saga().resume_ack_timeout_s,
         },
     )
 
@@ -495,6 +600,8 @@ def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
 @login_required
 def item_close(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     item = _get_item_for_user(request, item_id, Capability.OPERATE)
+    if (refused := _not_offered(request, item, "close")) is not None:
+        return refused
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -698,6 +805,8 @@ def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
 def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -> dict[str, Any]:
     return {
         "approval": approval,
+        # What the card says will happen: computed in one place, the template only renders it.
+        "content": selectors.approval_card_content(approval),
         "approve_form": extra.pop("approve_form", None)
         or ApproveForm(
             initial={
@@ -752,7 +861,7 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
                     approval=approval, actor=_actor(request), reason=form.cleaned_data["reason"]
                 )
         except SagaError as exc:
-            error = exc.message
+            error = recovery_decisions.refusal_sentence(exc)
     else:
         error = _form_errors(form)
     if not request.htmx:
@@ -768,7 +877,16 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
     approval.refresh_from_db()
     forms = {"approve_form": form} if approve else {"reject_form": form}
     context = _approval_card(request, approval, error=error, **forms)
-    return render(request, "dashboard/approvals.html#approval-card", context, status=409 if error else 200)
+    response = render(
+        request, "dashboard/approvals.html#approval-card", context, status=409 if error else 200
+    )
+    # The nav's Approvals badge counts what is still pending: it drops with the decision.
+    response.content += render_to_string(
+        "dashboard/_nav_approvals_badge.html",
+        {"badge": live.nav_badge(user=request.user), "oob": True},
+        request=request,
+    ).encode()
+    return response
 
 
 @require_POST

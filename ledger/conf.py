@@ -26,6 +26,7 @@ class SagaSettings:
     step_max_s: int
     sweep_interval_s: float
     heartbeat_timeout_s: int
+    resume_ack_timeout_s: int
     approval_expiry_h: float
     webhook_timeout_s: float
     retry_backoff_base_s: float
@@ -59,6 +60,7 @@ def saga() -> SagaSettings:
         step_max_s=int(raw["STEP_MAX_S"]),
         sweep_interval_s=float(raw["SWEEP_INTERVAL_S"]),
         heartbeat_timeout_s=int(raw["HEARTBEAT_TIMEOUT_S"]),
+        resume_ack_timeout_s=int(raw["RESUME_ACK_TIMEOUT_S"]),
         approval_expiry_h=float(raw["APPROVAL_EXPIRY_H"]),
         webhook_timeout_s=float(raw["WEBHOOK_TIMEOUT_S"]),
         retry_backoff_base_s=float(raw["RETRY_BACKOFF_BASE_S"]),

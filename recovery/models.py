@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 from ledger import ids
-from ledger.models import Action, AgentKey, Checkpoint, Risk, Run, Tenant
+from ledger.models import Action, AgentKey, Checkpoint, Event, Risk, Run, Tenant
 
 
 class RecoveryItem(models.Model):
@@ -309,6 +309,9 @@ class AgentCommand(models.Model):
     class Status(models.TextChoices):
         PENDING = "pending", "Pending"
         ACKED = "acked", "Acknowledged"
+        # Withdrawn before the agent acknowledged it: the run ended, was cancelled or failed again
+        # (recovery.commands.commands_cancel_pending). An agent pulls only pending commands.
+        CANCELLED = "cancelled", "Cancelled"
 
     id = models.CharField(primary_key=True, max_length=40, default=ids.new_command_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agent_commands")
@@ -324,6 +327,9 @@ class AgentCommand(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     acked_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    # When the sweeper told people that the agent had not acknowledged it in time (once per command).
+    overdue_notified_at = models.DateTimeField(null=True, blank=True)
     # Push delivery to the run's resume_url (when set); pull delivery works regardless.
     delivered_at = models.DateTimeField(null=True, blank=True)
     delivery_attempts = models.PositiveIntegerField(default=0)
@@ -333,11 +339,22 @@ class AgentCommand(models.Model):
         ordering = ["created_at"]
         indexes = [models.Index(fields=["run", "status"], name="command_run_status")]
         constraints = [
-            models.CheckConstraint(condition=Q(status__in=["pending", "acked"]), name="command_status_valid"),
+            models.CheckConstraint(
+                condition=Q(status__in=["pending", "acked", "cancelled"]), name="command_status_valid"
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.id} {self.kind} ({self.status})"
+
+    def issued_by(self) -> str:
+        """Who issued it, as the audit log names them (a user, or an operator's API key)."""
+        label = (
+            Event.objects.filter(run_id=self.run_id, kind=f"command.{self.kind}", subject_id=self.pk)
+            .values_list("actor_label", flat=True)
+            .first()
+        )
+        return label or (self.created_by.get_username() if self.created_by else "an operator")
 
 
 # --- State machines (moved only by ledger.transitions.compare_and_set) -----------------------

@@ -323,13 +323,21 @@ def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) 
     unknown = [a for a in actions if a.status == Action.Status.UNKNOWN]
     warnings: list[dict[str, Any]] = []
     if chosen is None:
+        # One warning, not "no checkpoint" and "stale checkpoint" side by side: without a
+        # checkpoint, what succeeded so far is what a restart from the beginning repeats.
+        repeated = (
+            f", repeating the {len(after)} action(s) that already succeeded: " + ", ".join(a.tool for a in after)
+            if after
+            else ""
+        )
         warnings.append(
             {
                 "code": "no_checkpoint",
-                "message": "The run wrote no checkpoint: a resume restarts it from the beginning.",
+                "message": f"The run wrote no checkpoint: a resume restarts it from the beginning{repeated}.",
+                "action_ids": [a.pk for a in after],
             }
         )
-    if after:
+    elif after:
         warnings.append(
             {
                 "code": "stale_checkpoint",

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import structlog
 from django.db import DatabaseError, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from ledger import errors
@@ -32,7 +32,7 @@ from ledger.policies import policy_settings_for
 from ledger.rules import reason_required
 from ledger.services import actions, runs
 from ledger.services.actions import RecordedAction
-from recovery import approvals, commands, compensators, items, selectors, unwinds
+from recovery import approvals, commands, compensators, decisions, items, selectors, unwinds
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import Plan, compensation_plan
 
@@ -134,13 +134,81 @@ def run_fail_and_queue(
     """The agent reports its run failed: record it and put the run in the recovery queue."""
     item_reason = reason if reason in RecoveryItem.Reason.values else RecoveryItem.Reason.FAILED
     runs.run_fail(run=run, actor=actor, error=error, reason=item_reason, failed_action=failed_action)
+    resumed = _resume_failed_again(run=run, actor=actor)
     item = items.item_open_or_update(
-        run=run, reason=item_reason, actor=actor, failed_action=failed_action, error=error
+        run=run,
+        reason=item_reason,
+        actor=actor,
+        failed_action=failed_action,
+        error=f"{error} {resumed.note}" if resumed else error,
+        details={"resumed": resumed.details} if resumed else None,
     )
+    if resumed:
+        # A person decided this run should go on: whether to undo it now is theirs to decide too.
+        _withhold_auto_compensation(run=run, item=item, note=resumed.note)
+        return FailOutcome(run=run, item=item)
     unwind = _auto_compensate(run=run, item=item)
     if unwind is not None:
         item.refresh_from_db()
     return FailOutcome(run=run, item=item, unwind=unwind)
+
+
+@dataclass(frozen=True)
+class _Resumed:
+    note: str
+    details: dict[str, Any]
+
+
+def _resume_failed_again(*, run: Run, actor: Actor) -> _Resumed | None:
+    """The run failed after someone resumed it. A resume its agent never acknowledged no longer
+    stands: it is cancelled (so the agent, if it comes back, does not act on it). Returns what
+    the recovery item says about it, or None when the run was never resumed."""
+    latest = (
+        AgentCommand.objects.filter(run_id=run.pk, kind=AgentCommand.Kind.RESUME)
+        .select_related("created_by")
+        .order_by("-created_at")
+        .first()
+    )
+    if latest is None:
+        return None
+    cancelled = commands.commands_cancel_pending(
+        run=run, actor=actor, reason="The run failed again before its agent acknowledged the resume."
+    )
+    picked_up = latest.status == AgentCommand.Status.ACKED
+    by, at = latest.issued_by(), f"{latest.created_at:%Y-%m-%d %H:%M} UTC"
+    note = (
+        f"Resumed by {by} at {at}; the agent picked it up at {latest.acked_at:%H:%M} UTC and the run "
+        "failed again. Not compensated automatically: a person decides."
+        if picked_up and latest.acked_at
+        else f"Resumed by {by} at {at}; the agent never picked the resume up. Not compensated "
+        "automatically: a person decides."
+    )
+    return _Resumed(
+        note=note,
+        details={
+            "command_id": latest.pk,
+            "by": by,
+            "at": latest.created_at.isoformat(),
+            "picked_up": picked_up,
+            "cancelled_command_ids": [c.pk for c in cancelled],
+        },
+    )
+
+
+def _withhold_auto_compensation(*, run: Run, item: RecoveryItem, note: str) -> None:
+    """Audit that the policy would have compensated the run without a person, and did not."""
+    max_allowed = _auto_compensable(run)
+    if max_allowed is None:
+        return
+    audit_record(
+        tenant=run.tenant,
+        run=run,
+        actor=AUTO_COMPENSATOR,
+        kind="recovery.auto_compensation_withheld",
+        subject=item,
+        reason=note,
+        data={"max_risk": max_allowed},
+    )
 
 
 @transaction.atomic
@@ -186,6 +254,9 @@ def action_verify_and_queue(
             error=message,
             reason=RecoveryItem.Reason.VERIFICATION_FAILED,
             failed_action=action,
+        )
+        commands.commands_cancel_pending(
+            run=run, actor=actor, reason="The run failed again before its agent acknowledged the resume."
         )
     item = items.item_open_or_update(
         run=run,
@@ -480,16 +551,30 @@ def unwind_start(
             details={"plan_hash": plan.plan_hash, "shown_plan_hash": plan_hash, "run_id": run.pk},
         )
     runs.run_compensation_started(run=run, actor=actor, reason=reason)
+    commands.commands_cancel_pending(run=run, actor=actor, reason="The run is being compensated.")
     return unwinds.unwind_create(
         run=run, item=item, plan=plan, actor=actor, reason=reason, automatic=automatic
     )
 
 
 def _auto_compensate(*, run: Run, item: RecoveryItem) -> Unwind | None:
-    """Unwind without a human when every live action, and every compensating tool that would undo
-    one (by its own policy, the default one when it has none), is at or under the policy's
-    ``auto_compensate.max_risk``, and there is something to undo (and nothing unknown). A step
-    whose policy still wants an approver waits for one even then."""
+    """Unwind without a human when the run qualifies (``_auto_compensable``). A step whose policy
+    still wants an approver waits for one even then."""
+    max_allowed = _auto_compensable(run)
+    if max_allowed is None:
+        return None
+    return unwind_start(
+        item=item,
+        actor=AUTO_COMPENSATOR,
+        automatic=True,
+        reason=f"auto-compensation: every action and compensating tool is at or under {max_allowed} risk",
+    )
+
+
+def _auto_compensable(run: Run) -> str | None:
+    """The policy's ``auto_compensate.max_risk`` when every live action, and every compensating
+    tool that would undo one (by its own policy, the default one when it has none), is at or under
+    it, and there is something to undo (and nothing unknown); otherwise None."""
     max_allowed = policy_settings_for(run.tenant).auto_compensate_max_risk
     if max_allowed is None:
         return None
@@ -506,12 +591,7 @@ def _auto_compensate(*, run: Run, item: RecoveryItem) -> Unwind | None:
         return None
     if any(step.policy and RISK_ORDER[Risk(step.policy["risk"])] > threshold for step in undoable):
         return None
-    return unwind_start(
-        item=item,
-        actor=AUTO_COMPENSATOR,
-        automatic=True,
-        reason=f"auto-compensation: every action and compensating tool is at or under {max_allowed} risk",
-    )
+    return str(max_allowed)
 
 
 @_audits_refusals("resume")
@@ -536,7 +616,7 @@ def item_resume(
         actor=actor,
         resolution=RecoveryItem.Resolution.RESUMED,
         note=reason,
-        allowed_from=(RecoveryItem.Status.OPEN,),
+        allowed_from=decisions.DECIDABLE_ITEM,
         details={
             "resume": {
                 "checkpoint_id": getattr(preview.checkpoint, "pk", None),
@@ -562,11 +642,12 @@ def item_close(*, item: RecoveryItem, actor: Actor, reason: str) -> RecoveryItem
         actor=actor,
         resolution=RecoveryItem.Resolution.CLOSED,
         note=reason,
-        allowed_from=(RecoveryItem.Status.OPEN,),
+        allowed_from=decisions.DECIDABLE_ITEM,
     )
     run = Run.objects.select_for_update().select_related("tenant").get(pk=item.run_id)
     if run.status in (Run.Status.FAILED, Run.Status.CANCELLED):
         runs.run_close(run=run, actor=actor, reason=reason)
+        commands.commands_cancel_pending(run=run, actor=actor, reason="The run was closed.")
     return item
 
 
@@ -641,6 +722,7 @@ class BulkOutcome:
     code: str = ""
     message: str = ""
     unwind_id: str | None = None
+    sentence: str = ""  # the refusal as a person reads it (recovery.decisions); not in as_dict
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -686,7 +768,9 @@ def _bulk(
             with transaction.atomic():
                 result = apply(item, reason)
         except errors.SagaError as exc:
-            outcomes.append(BulkOutcome(item.pk, False, exc.code, exc.message))
+            outcomes.append(
+                BulkOutcome(item.pk, False, exc.code, exc.message, sentence=decisions.refusal_sentence(exc))
+            )
             continue
         outcomes.append(
             BulkOutcome(item.pk, True, unwind_id=result.pk if isinstance(result, Unwind) else None)
@@ -765,6 +849,8 @@ def run_cancel(*, run: Run, actor: Actor, reason: str) -> CancelOutcome:
                 }
             },
         )
+    # The cancel supersedes a resume the agent has not acknowledged yet: it gets only the cancel.
+    commands.commands_cancel_pending(run=run, actor=actor, reason="The run was cancelled.")
     command = commands.command_issue(run=run, kind=AgentCommand.Kind.CANCEL, actor=actor, reason=reason)
     return CancelOutcome(run=run, command=command, unknown=moved, item=item)
 
@@ -774,10 +860,19 @@ def run_cancel(*, run: Run, actor: Actor, reason: str) -> CancelOutcome:
 
 def runs_fail_lost_agents(*, now: datetime | None = None) -> int:
     """Runs still ``running`` with no heartbeat for SAGA HEARTBEAT_TIMEOUT_S: the agent is gone.
-    Each fails into the recovery queue as ``agent_lost`` (in its own transaction)."""
+    Each fails into the recovery queue as ``agent_lost`` (in its own transaction). A resumed run
+    counts its silence from the resume; one whose resume the agent never picked up is not
+    compensated automatically (``run_fail_and_queue``): its item says so and waits for a person."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=saga().heartbeat_timeout_s)
-    lost = Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff)
+    resumed_since = Exists(
+        AgentCommand.objects.filter(
+            run_id=OuterRef("pk"), kind=AgentCommand.Kind.RESUME, created_at__gte=cutoff
+        )
+    )
+    lost = (Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff)) & ~Q(
+        resumed_since
+    )
     failed = 0
     for run_id in Run.objects.filter(lost, status=Run.Status.RUNNING).values_list("pk", flat=True):
         with transaction.atomic():
@@ -788,12 +883,21 @@ def runs_fail_lost_agents(*, now: datetime | None = None) -> int:
             )
             if run is None:
                 continue  # it heart-beat meanwhile, or another sweeper has it
-            silent_s = int((now - (run.last_heartbeat_at or run.created_at)).total_seconds())
+            resumed_at = (
+                AgentCommand.objects.filter(run_id=run.pk, kind=AgentCommand.Kind.RESUME)
+                .order_by("-created_at")
+                .values_list("created_at", flat=True)
+                .first()
+            )
+            heard_at = run.last_heartbeat_at or run.created_at
+            since = f"{int((now - heard_at).total_seconds())}s"
+            if resumed_at is not None and resumed_at > heard_at:
+                since += f", {int((now - resumed_at).total_seconds())}s since the resume"
             run_fail_and_queue(
                 run=run,
                 actor=Actor.system("heartbeat-monitor"),
                 reason="agent_lost",
-                error=f"No heartbeat for {silent_s}s (threshold "
+                error=f"No heartbeat for {since} (threshold "
                 f"{saga().heartbeat_timeout_s}s): the agent is presumed lost.",
             )
             failed += 1

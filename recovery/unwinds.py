@@ -301,7 +301,7 @@ def _advance_locked(unwind: Unwind, *, claim: bool) -> Claim | None:
             return None
         step.unwind = unwind
         step.action.run = unwind.run
-        args_error = _planned(unwind, step).get("args_error")
+        args_error = planned_step(unwind, step).get("args_error")
         if not args_error:
             break
         # Nothing to run and nothing an approver could approve: the step fails, naming the path
@@ -372,8 +372,9 @@ def _step_queue(
     enqueue_step(step.pk, step_timeout_s=step_timeout_of(unwind))
 
 
-def _planned(unwind: Unwind, step: UnwindStep) -> dict[str, Any]:
-    """The step as the plan froze it when the unwind started ({} for an unwind without one)."""
+def planned_step(unwind: Unwind, step: UnwindStep) -> dict[str, Any]:
+    """The step as the plan froze it when the unwind started ({} for an unwind without one),
+    as its approval card shows it: the governing policy, the compensator, the plan's notes."""
     planned_steps = (unwind.plan or {}).get("steps", [])
     # Steps were created in plan order, so the position is the index; checked, not assumed.
     if step.position < len(planned_steps) and planned_steps[step.position].get("action_id") == step.action_id:
@@ -382,7 +383,7 @@ def _planned(unwind: Unwind, step: UnwindStep) -> dict[str, Any]:
 
 
 def _planned_risk(unwind: Unwind, step: UnwindStep) -> str:
-    return str(_planned(unwind, step).get("risk") or step.action.risk)
+    return str(planned_step(unwind, step).get("risk") or step.action.risk)
 
 
 def _step_request_approval(*, unwind: Unwind, step: UnwindStep, approval: Approval | None) -> None:
@@ -965,7 +966,7 @@ def step_skip(*, step: UnwindStep, actor: Actor, reason: str) -> UnwindStep:
 def _missing_compensator_error(unwind: Unwind, step: UnwindStep, outcome: Outcome) -> str:
     """The operator's sentence for a step whose compensating tool nothing serves: named, and
     saying whether it was registered when the unwind was planned (then it was removed since)."""
-    was = str(_planned(unwind, step).get("compensator") or "")
+    was = str(planned_step(unwind, step).get("compensator") or "")
     if was:
         return (
             f"Compensator {step.tool} is no longer registered: it was a {was} compensator when this "

@@ -264,6 +264,9 @@ SAGA: dict[str, Any] = {
     "STEP_MAX_S": env_int("SAGA_STEP_MAX_S", 900),
     "SWEEP_INTERVAL_S": env_int("SAGA_SWEEP_INTERVAL_S", 15),
     "HEARTBEAT_TIMEOUT_S": env_int("SAGA_HEARTBEAT_TIMEOUT_S", 300),
+    # A resume command its agent has not acknowledged this long after it was issued is shown as
+    # "not picked up" on the run and announced (e-mail, webhooks), once per command.
+    "RESUME_ACK_TIMEOUT_S": env_int("SAGA_RESUME_ACK_TIMEOUT_S", 180),
     "APPROVAL_EXPIRY_H": env_float("SAGA_APPROVAL_EXPIRY_H", 24),
     "WEBHOOK_TIMEOUT_S": env_float("SAGA_WEBHOOK_TIMEOUT_S", 10),
     "RETRY_BACKOFF_BASE_S": env_float("SAGA_RETRY_BACKOFF_BASE_S", 1.0),

@@ -267,14 +267,16 @@ def run_compensation_finished(
 
 @transaction.atomic
 def run_resume(*, run: Run, actor: Actor, reason: str) -> Run:
-    now = timezone.now()
+    # ``last_heartbeat_at`` stays the agent's own: the resume form and the lost-agent monitor must
+    # not mistake an operator's click for a sign of life (the monitor counts the silence from the
+    # resume command instead, recovery.services.runs_fail_lost_agents).
     return _run_transition(
         run,
         to=Run.Status.RUNNING,
         actor=actor,
         kind="run.resumed",
         reason=reason,
-        updates={"finished_at": None, "last_heartbeat_at": now},
+        updates={"finished_at": None},
     )
 
 

@@ -321,11 +321,13 @@ class AgentCommandOut(Schema):
     id: str
     run_id: str
     kind: Literal["resume", "cancel"]
-    status: Literal["pending", "acked"]
+    status: Literal["pending", "acked", "cancelled"]
     reason: str
     checkpoint: CheckpointOut | None = None
     created_at: datetime
     acked_at: datetime | None = None
+    # Withdrawn before the agent acknowledged it (the run ended, was cancelled or failed again).
+    cancelled_at: datetime | None = None
     # Pushes to the run's resume_url: when one got through, how many were tried, and why the last
     # one failed ("Refused: …" when the URL may not be reached; then it is not tried again).
     delivered_at: datetime | None = None

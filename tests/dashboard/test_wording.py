@@ -37,3 +37,26 @@ def test_an_action_with_no_compensating_tool_says_it_cannot_be_undone(client, te
     body = client.get(reverse("dashboard:run-detail", args=[run.pk])).content.decode()
     assert "Registered compensating tool" not in body
     assert "Cannot be undone" in body
+
+
+@pytest.mark.django_db
+def test_a_resume_without_any_checkpoint_says_so_once_and_offers_no_checkpoint_to_pick(
+    client, tenant, agent, alice
+):
+    from django.urls import reverse
+
+    from ledger.services import runs
+    from recovery import services as recovery
+    from tests.factories import load_onboarding_policies, perform_action
+
+    load_onboarding_policies()
+    run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="x")
+    perform_action(
+        run, agent, "hr.create_user", target_id="ashu@company.com", args={"email": "ashu@company.com"}
+    )
+    item = recovery.run_fail_and_queue(run=run, actor=agent, error="boom").item
+    client.force_login(alice)
+    body = client.get(reverse("dashboard:item-resume", args=[item.pk])).content.decode()
+    assert body.count("No checkpoint") == 1 and "Stale checkpoint" not in body
+    assert "repeating the 1 action(s) that already succeeded: hr.create_user" in body
+    assert 'name="checkpoint"' not in body and "Latest checkpoint" not in body
