@@ -326,7 +326,8 @@ def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) 
         # One warning, not "no checkpoint" and "stale checkpoint" side by side: without a
         # checkpoint, what succeeded so far is what a restart from the beginning repeats.
         repeated = (
-            f", repeating the {len(after)} action(s) that already succeeded: " + ", ".join(a.tool for a in after)
+            f", repeating the {len(after)} action(s) that already succeeded: "
+            + ", ".join(a.tool for a in after)
             if after
             else ""
         )
