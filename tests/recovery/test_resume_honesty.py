@@ -277,8 +277,11 @@ def test_the_worker_announces_the_unpicked_resume_then_leaves_the_lost_run_to_a_
     transactional_db, tenant, agent, alice, hooks, start_worker
 ):
     run, item = _onboarding_failed(tenant, agent, hooks)
+    # Both checks tick every 5 s: with the ack timeout at 2 s and the lost-agent timeout at 12 s,
+    # the overdue tick (at most 5 s after the resume) always comes before the lost one (10 s or
+    # later), however loaded the machine is; 6 s let both fall due in the same tick.
     worker = start_worker(
-        SAGA_HEARTBEAT_TIMEOUT_S="6",
+        SAGA_HEARTBEAT_TIMEOUT_S="12",
         SAGA_RESUME_ACK_TIMEOUT_S="2",
         SAGA_NOTIFY_WEBHOOKS=hooks.url(NOTIFY_PATH),
         SAGA_NOTIFY_WEBHOOK_SECRET=NOTIFY_SECRET,
