@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 from django.db.models import Model, Q, QuerySet
 
 from ledger import errors
-from ledger.models import Action, AgentKey, Checkpoint, Run, Tenant
+from ledger.models import Action, ActionClass, AgentKey, Checkpoint, Run, Tenant
+from ledger.pagination import Key, Page, keyset_page
 from ledger.rules import COMPENSATABLE_CLASSES, is_pivot, pivot_order_warning
 
 M = TypeVar("M", bound=Model)
@@ -88,9 +89,42 @@ def checkpoint_latest(*, run: Run) -> Checkpoint | None:
     return checkpoints_for_run(run=run).first()
 
 
+# A run's actions in the order they were recorded (``seq`` is unique per run; the id breaks no tie
+# but keeps the paginator's rule that the last key is the unique id).
+ACTIONS_IN_ORDER: tuple[Key, ...] = (("seq", False), ("id", False))
+# How many actions a run's detail shows: its newest, the rest are paged (``run_actions_page``).
+RUN_DETAIL_ACTIONS = 100
+
+
+def run_actions_newest(*, run: Run, limit: int = RUN_DETAIL_ACTIONS) -> tuple[list[Action], bool]:
+    """The run's newest ``limit`` actions in ``seq`` order, and whether it has older ones. One
+    query (one row more than shown), whatever the run's length."""
+    rows = list(Action.objects.filter(run=run).order_by("-seq")[: limit + 1])
+    return rows[:limit][::-1], len(rows) > limit
+
+
+def run_actions_page(*, run: Run, cursor: str | None, limit: int) -> Page[Action]:
+    """A page of the run's actions, oldest first, after ``cursor`` (a forged one: 422)."""
+    return keyset_page(Action.objects.filter(run=run), keys=ACTIONS_IN_ORDER, cursor=cursor, limit=limit)
+
+
 def run_warnings(*, run: Run, actions: Iterable[Action] | None = None) -> list[dict[str, Any]]:
-    """Pivot-order (``ledger.rules``) and unknown-outcome warnings for a run, from its actions."""
-    ordered = sorted(actions if actions is not None else run.actions.all(), key=lambda a: a.seq)
+    """Pivot-order (``ledger.rules``) and unknown-outcome warnings for a run, from its actions.
+    Without ``actions``, reads the few columns of only the actions a warning can concern (a pivot,
+    a compensatable action, an unknown outcome), so a long run is not loaded whole."""
+    if actions is None:
+        actions = (
+            # Not ``run.actions``: the related manager would read each row's deferred run_id.
+            Action.objects.filter(run_id=run.pk)
+            .filter(
+                Q(action_class__in=[*COMPENSATABLE_CLASSES, ActionClass.EXTERNAL_IRREVERSIBLE])
+                | Q(status=Action.Status.UNKNOWN)
+            )
+            .exclude(status=Action.Status.REJECTED)
+            .only("id", "seq", "tool", "status", "action_class")
+            .order_by("seq")
+        )
+    ordered = sorted(actions, key=lambda a: a.seq)
     warnings: list[dict[str, Any]] = []
     pivot: Action | None = None
     for action in ordered:

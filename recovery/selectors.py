@@ -194,12 +194,17 @@ def step_get(*, tenants: Tenants, step_id: str) -> UnwindStep:
 # --- Approvals ---------------------------------------------------------------------------------
 
 
-def latest_action_approvals(*, run_id: str, action_id: str | None = None) -> dict[str, Approval]:
-    """The newest approval of each of a run's actions (or of ``action_id`` alone), by action id:
-    an action asked again after an expiry has several, and it shows the newest."""
+def latest_action_approvals(
+    *, run_id: str, action_id: str | None = None, action_ids: Iterable[str] | None = None
+) -> dict[str, Approval]:
+    """The newest approval of each of a run's actions (or of ``action_id`` alone, or of those in
+    ``action_ids``: a page of them), by action id: an action asked again after an expiry has
+    several, and it shows the newest."""
     queryset = Approval.objects.filter(run_id=run_id, kind=Approval.Kind.ACTION)
     if action_id is not None:
         queryset = queryset.filter(action_id=action_id)
+    if action_ids is not None:
+        queryset = queryset.filter(action_id__in=list(action_ids))
     return {approval.action_id: approval for approval in queryset.order_by("created_at", "id")}
 
 

@@ -274,7 +274,9 @@ def action_verify_and_queue(
 
 def action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAction:
     """Record an action (ledger.action_record, idempotent) and, when its policy demands a human,
-    move it to awaiting_approval and open the approval bound to the exact args.
+    move it to awaiting_approval and open the approval bound to the exact args. With ``start=True``
+    (passed through to the ledger, which owns the rule) an action that needs no approval is
+    returned running; one that needs approval is gated here as without it.
 
     The agent's compensation is governed: a tool its policy does not allow, or one that is not a
     registered compensator, is refused (422) and nothing is recorded; so is an action an operator's

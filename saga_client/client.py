@@ -253,7 +253,19 @@ class SagaClient:
         )
 
     def get_run(self, run_id: str) -> dict:
+        """The run with its newest actions (at most 100; ``actions_next`` is set when it has more:
+        ``list_actions`` reads them all)."""
         return self.request("GET", f"/runs/{run_id}")
+
+    def list_actions(self, run_id: str, *, page_size: int = 500) -> Iterator[dict]:
+        """Every action of the run, oldest first, following the cursor (``page_size`` ≤ 500)."""
+        params: dict[str, Any] = {"limit": page_size}
+        while True:
+            page = self.request("GET", f"/runs/{run_id}/actions", params=params)
+            yield from page["items"]
+            if not page["next_cursor"]:
+                return
+            params["cursor"] = page["next_cursor"]
 
     def list_runs(self, **filters: Any) -> Iterator[dict]:
         """Every run matching the filters, newest first, following the cursor."""
@@ -310,6 +322,8 @@ class SagaClient:
     # Actions --------------------------------------------------------------------------------
 
     def record_action(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> dict:
+        """Record an action; ``start=True`` also starts it when it needs no approval (it comes back
+        ``running``; a replay comes back as the action is now)."""
         return self.request(
             "POST",
             f"/runs/{run_id}/actions",

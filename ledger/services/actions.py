@@ -196,6 +196,7 @@ def action_record(
     compensation: dict[str, Any] | None = None,
     is_compensator: CompensatorCheck | None = None,
     lock_timeout_ms: int = 5000,
+    start: bool = False,
 ) -> RecordedAction:
     """Record a planned action, idempotently per (tenant, idempotency key).
 
@@ -207,6 +208,11 @@ def action_record(
     A new action's compensation is checked against its policy (``_compensation_for``) and, with
     ``is_compensator``, the agent-named tool against the registered compensators; a replay is not
     checked again (it returns what was accepted).
+
+    ``start``: a new action that needs no approval is also started (``action_start``: running,
+    attempt 1, audited as ``action.started``) in the same transaction; one that needs approval is
+    left planned for its gate. ``start`` is not part of the payload: a replay, with or without
+    it, returns the action as it is now and changes nothing.
     """
     args = {} if args is None else args
     payload_hash = action_payload_hash(
@@ -230,23 +236,23 @@ def action_record(
             )
             if existing is not None:
                 return RecordedAction(_replay(existing, run=run, payload_hash=payload_hash), created=False)
-            return RecordedAction(
-                _action_insert(
-                    run=run,
-                    actor=actor,
-                    tool=tool,
-                    idempotency_key=idempotency_key,
-                    target_type=target_type,
-                    target_id=target_id,
-                    args=args,
-                    intent=intent or {},
-                    before_snapshot=before_snapshot,
-                    compensation=compensation,
-                    is_compensator=is_compensator,
-                    payload_hash=payload_hash,
-                ),
-                created=True,
+            action = _action_insert(
+                run=run,
+                actor=actor,
+                tool=tool,
+                idempotency_key=idempotency_key,
+                target_type=target_type,
+                target_id=target_id,
+                args=args,
+                intent=intent or {},
+                before_snapshot=before_snapshot,
+                compensation=compensation,
+                is_compensator=is_compensator,
+                payload_hash=payload_hash,
             )
+            if start and not action.requires_approval:
+                action_start(action=action, actor=actor)
+            return RecordedAction(action, created=True)
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
             raise errors.IdempotencyKeyInFlight(

@@ -39,6 +39,8 @@ from saga_admin.api.schemas import (
     ActionFailIn,
     ActionIn,
     ActionOut,
+    ActionPageOut,
+    ActionPageQuery,
     ActionReconcileIn,
     ActionSucceedIn,
     ActionVerifyIn,
@@ -186,24 +188,45 @@ def run_list(request: HttpRequest, filters: Query[RunListQuery]) -> dict[str, An
     return {"items": [run_out(run) for run in page.items], "next_cursor": page.next_cursor}
 
 
+def _actions_out(run: Run, rows: list[Action]) -> list[dict[str, Any]]:
+    """Actions as the API shows them, with their approvals read in one query for all of them."""
+    gated = [action.pk for action in rows if action.requires_approval]
+    approvals = recovery_selectors.latest_action_approvals(run_id=run.pk, action_ids=gated) if gated else {}
+    return [action_out(action, approval=approvals.get(action.pk)) for action in rows]
+
+
 @router.get(
     "/runs/{run_id}",
     response={200: RunDetailOut, **AUTH_ERRORS},
     auth=reader_auth,
-    summary="A run with its actions",
+    summary="A run with its newest actions (at most 100; `actions_next` pages them all)",
 )
 def run_detail(request: HttpRequest, run_id: str) -> dict[str, Any]:
     run = _run(request, run_id)
-    ledger_rows = list(run.actions.order_by("seq"))
-    approvals = recovery_selectors.latest_action_approvals(run_id=run.pk)
+    newest, more = ledger_selectors.run_actions_newest(run=run)
     checkpoint = ledger_selectors.checkpoint_latest(run=run)
     return {
         **run_out(run),
-        "actions": [action_out(action, approval=approvals.get(action.pk)) for action in ledger_rows],
+        "actions": _actions_out(run, newest),
+        # The whole list from its start (request.path is this run's path, under any prefix).
+        "actions_next": f"{request.path}/actions" if more else None,
         "latest_checkpoint": checkpoint_out(checkpoint) if checkpoint else None,
         "recovery_item": recovery_item_out(recovery_selectors.item_unresolved(run=run)),
-        "warnings": ledger_selectors.run_warnings(run=run, actions=ledger_rows),
+        # Over the whole run, not only the actions shown (reads only what a warning can concern).
+        "warnings": ledger_selectors.run_warnings(run=run),
     }
+
+
+@router.get(
+    "/runs/{run_id}/actions",
+    response={200: ActionPageOut, **AUTH_ERRORS},
+    auth=reader_auth,
+    summary="A run's actions, oldest first (cursor pagination, limit ≤ 500)",
+)
+def run_actions(request: HttpRequest, run_id: str, page: Query[ActionPageQuery]) -> dict[str, Any]:
+    run = _run(request, run_id)
+    rows = ledger_selectors.run_actions_page(run=run, cursor=page.cursor, limit=page.limit)
+    return {"items": _actions_out(run, rows.items), "next_cursor": rows.next_cursor}
 
 
 @router.post(
@@ -324,7 +347,8 @@ def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
     description="201 when recorded; 200 with `Idempotent-Replayed: true` when the key was seen before "
     "with the same payload (the action as it is now, with its result once succeeded). 409 `paused` "
     "when an operator's active pause covers the tool or the run's agent (nothing is recorded; "
-    "`details` name the pause).",
+    "`details` name the pause). With `start: true` an action that needs no approval is returned "
+    "`running` (attempt 1, in the same transaction); a replay never starts anything.",
 )
 def action_record(
     request: HttpRequest, run_id: str, payload: ActionIn, idempotency_key: str | None = _idempotency_header()
@@ -356,6 +380,7 @@ def action_record(
         intent=payload.intent.model_dump(exclude_unset=True) if payload.intent else {},
         before_snapshot=payload.before_snapshot,
         compensation=payload.compensation.model_dump() if payload.compensation else None,
+        start=payload.start,
     )
     # A new action is built from the row just inserted (and its approval, when one was opened);
     # a replay was read from the database by the service.

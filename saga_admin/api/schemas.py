@@ -128,6 +128,12 @@ class ActionIn(StrictIn):
     intent: IntentIn | None = Field(None, description="Why the agent does this, as it knew it then.")
     before_snapshot: JSONValue = None
     compensation: CompensationIn | None = None
+    start: bool = Field(
+        False,
+        description="Also start it: an action that needs no approval is returned `running` (attempt 1, "
+        "as if /start had been called); one that needs approval is returned `awaiting_approval` as "
+        "usual. Not part of the idempotency fingerprint: a replay returns the action as it is now.",
+    )
 
 
 class ActionSucceedIn(StrictIn):
@@ -171,6 +177,13 @@ class CheckpointIn(StrictIn):
 class PageQuery(Schema):
     cursor: str | None = Field(None, max_length=MAX_CURSOR_LENGTH)
     limit: int = Field(50, ge=1, le=200)
+
+
+class ActionPageQuery(Schema):
+    cursor: str | None = Field(
+        None, max_length=MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."
+    )
+    limit: int = Field(100, ge=1, le=500)
 
 
 # --- Outputs -----------------------------------------------------------------------------------
@@ -290,7 +303,12 @@ class RunOut(Schema):
 
 
 class RunDetailOut(RunOut):
-    actions: list[ActionOut]
+    actions: list[ActionOut] = Field(description="The run's newest actions (at most 100), in `seq` order.")
+    actions_next: str | None = Field(
+        None,
+        description="When the run has more actions than shown: the path of the first page of "
+        "`GET /runs/{id}/actions` (every action, oldest first); null when all are shown.",
+    )
     latest_checkpoint: CheckpointOut | None = None
     recovery_item: RecoveryItemOut | None = Field(
         None, description="The run's unresolved recovery item, if any."
@@ -307,6 +325,13 @@ class RunFailOut(RunOut):
 
 class RunPageOut(Schema):
     items: list[RunOut]
+    next_cursor: str | None = Field(
+        None, description="Pass as ?cursor= for the next page; null on the last one."
+    )
+
+
+class ActionPageOut(Schema):
+    items: list[ActionOut]
     next_cursor: str | None = Field(
         None, description="Pass as ?cursor= for the next page; null on the last one."
     )

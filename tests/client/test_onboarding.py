@@ -255,3 +255,23 @@ def test_heartbeat_returns_commands_and_ack_clears_them(saga, alice):
         assert [c["kind"] for c in commands] == ["cancel"]
         run.ack(commands[0]["id"])
         assert run.commands() == []
+
+
+def test_the_client_records_with_start_and_reads_every_action_of_a_long_run(saga):
+    run = saga.create_run(agent="onboarding", request="Onboard 120 people")
+    recorded = [
+        saga.record_action(
+            run["id"],
+            tool="hr.create_user",
+            idempotency_key=f"{run['id']}:{i}",
+            target_id=f"u{i}@company.com",
+            args={"email": f"u{i}@company.com", "name": f"User {i}"},
+            start=True,
+        )
+        for i in range(120)
+    ]
+    assert {(a["status"], a["attempts"]) for a in recorded} == {("running", 1)}
+    detail = saga.get_run(run["id"])
+    assert [a["id"] for a in detail["actions"]] == [a["id"] for a in recorded[-100:]]
+    assert detail["actions_next"] == f"/api/v1/runs/{run['id']}/actions"
+    assert [a["id"] for a in saga.list_actions(run["id"], page_size=50)] == [a["id"] for a in recorded]
