@@ -7,7 +7,7 @@ import time
 
 import pytest
 from redis import Redis
-from rq import Worker
+from rq import Queue, Worker
 
 from tests.support.processes import spawn_worker, wait_for
 
@@ -18,10 +18,14 @@ def test_it_stops_an_idle_worker_on_sigterm(tmp_path):
     starting a fresh RQ worker loop (rq only flags the stop when a job is running)."""
     from django.conf import settings
 
+    # Idle means idle: jobs that earlier tests left on the shared Redis (a slow compensator step, a
+    # push to an address that no longer answers) would keep this worker busy past the deadline.
+    connection = Redis.from_url(settings.REDIS_URL)
+    for name in ("default", "compensations", "notifications"):
+        Queue(name, connection=connection).empty()
     worker = spawn_worker(redis_url=settings.REDIS_URL, log_path=tmp_path / "worker.log")
     try:
         # Signal only once rq's own handlers are installed: the worker has registered in Redis.
-        connection = Redis.from_url(settings.REDIS_URL)
         wait_for(
             lambda: (
                 worker.process.poll() is not None
