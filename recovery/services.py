@@ -115,8 +115,8 @@ def _record_refusal(
 def refusal_record(
     *, decision: str, exc: errors.SagaError, actor: Actor, reason: str = "", **subject: Any
 ) -> None:
-    """Audit a refused decision whose own event was rolled back by a caller's transaction (an API
-    request made with an Idempotency-Key runs in one, and stores only successes)."""
+    """Audit a decision refused before any service ran (the dashboard refusing a stale tab's POST
+    for a decision ``recovery.decisions`` no longer offers), like the services' own refusals."""
     _record_refusal(decision=decision, exc=exc, actor=actor, reason=reason, **subject)
 
 
@@ -670,7 +670,7 @@ def run_flag(*, run: Run, actor: Actor, reason: str) -> RecoveryItem:
         .first()
     )
     run = Run.objects.select_for_update().select_related("tenant").get(pk=run.pk)
-    if run.status == Run.Status.COMPENSATING:
+    if run.status in decisions.NOT_FLAGGABLE:
         raise errors.InvalidTransition(
             run,
             to="flagged",

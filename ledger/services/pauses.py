@@ -174,8 +174,8 @@ def run_refusal_record(
     *, exc: errors.Paused, tenant: Tenant, actor: Actor, agent: str, external_id: str = ""
 ) -> None:
     """Audit a refused run start on the tenant's chain, in a transaction of its own (the refused
-    create rolled back). A caller that ran the create inside its own transaction (the API's
-    Idempotency-Key claim) calls this again once that has rolled back."""
+    create rolled back). Inside a caller's transaction (the API's Idempotency-Key claim) it is a
+    savepoint that the caller keeps: only the claim is released on a refusal."""
     log.info("run.refused", code=exc.code, pause_id=exc.details.get("pause_id"), agent=agent)
     try:
         with transaction.atomic():

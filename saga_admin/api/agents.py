@@ -21,7 +21,7 @@ from ledger.ids import looks_like_id
 from ledger.models import Action, AgentKey, Checkpoint, Run, Tenant
 from ledger.pagination import NEWEST_FIRST, keyset_page
 from ledger.policies import policies_in_force, policy_settings_for
-from ledger.services import actions, checkpoints, pauses, runs
+from ledger.services import actions, checkpoints, runs
 from recovery import commands
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery
@@ -153,19 +153,7 @@ def run_create(
         run = runs.run_create(tenant=_tenant(request), actor=_actor(request), **payload.model_dump())
         return 201, run_out(run)
 
-    try:
-        return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
-    except errors.Paused as exc:
-        if idempotency_key is not None:
-            # The service audited the refusal inside the key's claim, which rolled back with it.
-            pauses.run_refusal_record(
-                exc=exc,
-                tenant=_tenant(request),
-                actor=_actor(request),
-                agent=payload.agent,
-                external_id=payload.external_id,
-            )
-        raise
+    return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 
 
 @router.get(

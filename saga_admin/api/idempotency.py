@@ -73,14 +73,26 @@ def idempotent_response(
         return json_response(status, body)
     validate_key(key)
     fingerprint = request_fingerprint(request)
+    refusal: errors.SagaError | None = None
     with transaction.atomic():
         replay = _claim(request, tenant=tenant, key=key, fingerprint=fingerprint)
         if replay is not None:
             return replay
-        status, body = produce()
-        IdempotencyRecord.objects.filter(tenant=tenant, key=key).update(
-            state=IdempotencyRecord.State.COMPLETED, response_status=status, response_body=body
-        )
+        try:
+            status, body = produce()
+        except errors.SagaError as exc:
+            # Only successes are stored: the key is released for a corrected retry. What the refusal
+            # left behind stays, exactly as without a key: the services roll their own work back
+            # (each runs in its own transaction) and then audit the refusal, and that event must
+            # not roll back with the claim.
+            IdempotencyRecord.objects.filter(tenant=tenant, key=key).delete()
+            refusal = exc
+        else:
+            IdempotencyRecord.objects.filter(tenant=tenant, key=key).update(
+                state=IdempotencyRecord.State.COMPLETED, response_status=status, response_body=body
+            )
+    if refusal is not None:
+        raise refusal
     return json_response(status, body)
 
 

@@ -16,7 +16,6 @@ from ninja import Field, Header, Query, Router, Schema, Status
 from pydantic import StringConstraints
 
 from ledger.audit import Actor
-from ledger.errors import SagaError
 from ledger.models import AgentKey, Checkpoint, Pause
 from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.rules import REASON_MAX_LENGTH
@@ -648,14 +647,7 @@ def run_cancel(
             "recovery_item": recovery_item_out(outcome.item),
         }
 
-    try:
-        return idempotent_response(request, tenant=key.tenant, key=idempotency_key, produce=produce)
-    except SagaError as exc:
-        if idempotency_key is not None:
-            # The refusal's audit event rolled back with the key's record (only successes are
-            # stored); record it on its own, as it is without a key.
-            services.refusal_record(decision="cancel", exc=exc, actor=actor, run=run, reason=body.reason)
-        raise
+    return idempotent_response(request, tenant=key.tenant, key=idempotency_key, produce=produce)
 
 
 # --- Pauses (kill switches) ------------------------------------------------------------------
