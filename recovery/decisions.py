@@ -26,6 +26,8 @@ from recovery.unwinds import PROBLEMS, STOPPABLE
 # Resume and close resolve an item that waits for a decision; an item an unwind has claimed is
 # that unwind's to resolve (recovery.services.item_resume / item_close use this as allowed_from).
 DECIDABLE_ITEM = (RecoveryItem.Status.OPEN,)
+# A run being compensated is not flagged: its unwind decides what happens next (run_flag).
+NOT_FLAGGABLE = (Run.Status.COMPENSATING,)
 
 UNDER_WAY = "A compensation is already under way for this run"
 UNDER_WAY_NEXT = "Stop it, or wait for it to finish, before deciding again."
@@ -160,7 +162,7 @@ def decisions_for(*, run: Run, item: RecoveryItem | None, unwind: Unwind | None 
         if run.status in CANCELLABLE
         else Decision(False, transition_sentence("Run", run.status, Run.Status.CANCELLED))
     )
-    if run.status == Run.Status.COMPENSATING:
+    if run.status in NOT_FLAGGABLE:
         flag = Decision(False, f"{UNDER_WAY}; flag the run once it has finished.")
     elif item is not None and item.status in RecoveryItem.UNRESOLVED:
         flag = Decision(False, "The run is already in the recovery queue.")
