@@ -7,10 +7,12 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: install run manage stop test services browser lint bench bench-smoke clean
 
-$(VENV)/.installed: pyproject.toml
+# The client is its own distribution (clients/python); the server, the demo and the tests use it
+# as an integrator does, installed editable beside the server.
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,local]'
+	$(PY) -m pip install -q -e ./clients/python -e '.[dev,local]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
-
 from saga_client.client import RunContext, SagaClient, SagaError
 from saga_client.signing import signed_headers
 

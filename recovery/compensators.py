@@ -30,10 +30,10 @@ import httpx
 import structlog
 from django.db.models import Q
 from django.utils.module_loading import import_string
+from saga_client.signing import signed_headers
 
 from ledger.conf import saga
 from ledger.models import CompensationStrategy, Compensator
-from saga_client.signing import signed_headers
 
 log = structlog.get_logger("saga_admin.compensators")
 

@@ -22,13 +22,13 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from saga_client.signing import signed_headers
 
 from ledger import errors, outbound
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from recovery import queueing
 from recovery.models import AgentCommand, Approval, RecoveryItem
-from saga_client.signing import signed_headers
 
 log = structlog.get_logger("saga_admin.notifications")
 

@@ -21,8 +21,12 @@ PACKAGES = ("saga_client", "ledger", "recovery", "saga_admin", "dashboard", "dem
 SERVER_AND_FRAMEWORKS = {"django", "ninja", "ledger", "recovery", "saga_admin", "dashboard", "demo", "rq"}
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+# The client is its own distribution (clients/python); its package sits under that folder.
+PACKAGE_ROOTS = {"saga_client": ROOT / "clients" / "python"}
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -31,8 +35,9 @@ def _module_name(path: Path) -> str:
 def _sources() -> dict[str, Path]:
     modules = {}
     for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            modules[_module_name(path)] = path
+        root = PACKAGE_ROOTS.get(package, ROOT)
+        for path in (root / package).rglob("*.py"):
+            modules[_module_name(path, root)] = path
     return modules
 
 

@@ -209,10 +209,10 @@ def test_policies_lists_what_applies_to_the_tenant(api, tenant, other_tenant, on
 
 def test_commands_are_pushed_to_the_resume_url_signed_for_the_receiver(api, alice, settings, monkeypatch):
     import httpx
+    from saga_client import verify_signature
 
     from ledger import outbound
     from recovery import notifications
-    from saga_client import verify_signature
 
     settings.SAGA = {
         **settings.SAGA,

@@ -8,7 +8,6 @@ import sys
 
 import httpx
 import pytest
-
 from saga_client import (
     Conflict,
     InvalidRequest,

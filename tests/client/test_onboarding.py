@@ -8,13 +8,13 @@ import time
 
 import pytest
 from django.db import connection
+from saga_client import ApprovalRejected, ApprovalTimeout
 
 from ledger.audit import Actor
 from ledger.models import Action, Compensator, Run, ToolPolicy
 from recovery import commands as recovery_commands
 from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
-from saga_client import ApprovalRejected, ApprovalTimeout
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 from django.urls import reverse
+from saga_client.signing import signed_headers
 
 from demo import compensators
 from demo.models import CrmTicket, HrUser, OutboxEmail, Payment, WorkspaceLicense
 from recovery.compensators import CompensationDrifted, CompensationFailed
-from saga_client.signing import signed_headers
 
 SECRET = "world-secret-for-tests-0123456789"
 

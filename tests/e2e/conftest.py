@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-
 from saga_client.signing import verify_signature
+
 from tests.support.browser import CHROMIUM, WEBHOOK_SECRET
 from tests.support.processes import ROOT, database_url_for_subprocesses
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import expect
+from saga_client.signing import verify_signature
 
 from ledger.audit import Actor
 from ledger.models import Compensator
 from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem, Unwind
-from saga_client.signing import verify_signature
 from tests.factories import gated_run, onboarding_run
 from tests.support.browser import WEBHOOK_SECRET, login, screenshot
 

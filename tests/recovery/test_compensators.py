@@ -7,10 +7,10 @@ import socket
 from typing import Any
 
 import pytest
+from saga_client.signing import compute_signature
 
 from recovery import compensators
 from recovery.compensators import CompensationRequest, Outcome
-from saga_client.signing import compute_signature
 from tests.factories import HR_PATH, HR_SECRET
 from tests.support.processes import Reply
 

@@ -10,11 +10,11 @@ import django_rq
 import pytest
 from django.core import mail
 from rq import SimpleWorker
+from saga_client.signing import verify_signature
 
 from ledger.models import ToolPolicy
 from ledger.services import runs
 from recovery import services as recovery
-from saga_client.signing import verify_signature
 
 SECRET = "notify-secret"
 

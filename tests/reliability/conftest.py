@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-
 from saga_client.signing import derive_secret
+
 from tests.factories import RESUME_PATH, RESUME_SECRET, UNDO_PATH, UNDO_SECRET
 from tests.support.processes import ROOT, WebhookServer, serve_webhooks
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 from django.urls import reverse
+from saga_client.signing import verify_signature
 
 from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
-from saga_client.signing import verify_signature
 from tests.factories import RESUME_PATH, RESUME_SECRET, UNDO_PATH, failed_saga, load_reliability_policies
 from tests.reliability.conftest import RESUME_TENANT_SECRET
 from tests.support.api import Api

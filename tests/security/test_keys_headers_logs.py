@@ -15,13 +15,13 @@ import pytest
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
+from saga_client.signing import signed_headers, verify_signature
 
 from ledger.audit import Actor
 from ledger.hashing import sha256_hex
 from ledger.models import AgentKey
 from ledger.services.keys import agent_key_create, agent_key_revoke
 from saga_admin.logs import json_formatter
-from saga_client.signing import signed_headers, verify_signature
 from tests.factories import onboarding_run
 from tests.support.api import Api
 from tests.support.processes import ROOT

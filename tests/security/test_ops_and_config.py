@@ -25,11 +25,11 @@ from django.contrib.auth.models import User
 from django.contrib.auth.password_validation import validate_password
 from django.core.management import CommandError, call_command
 from django.test import Client
+from saga_client.signing import derive_secret
 
 from ledger.audit import Actor
 from ledger.models import Compensator, Event, Membership
 from saga_admin.logs import json_formatter
-from saga_client.signing import derive_secret
 from tests.factories import HR_PATH, RESUME_PATH, WS_PATH, load_onboarding_policies
 from tests.support.processes import (
     ROOT,

@@ -26,6 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 from rq import SimpleWorker
+from saga_client.signing import derive_secret, signed_headers, verify_signature
 
 from ledger import errors, outbound
 from ledger.audit import Actor
@@ -34,7 +35,6 @@ from ledger.services import runs
 from ledger.services.keys import agent_key_create
 from recovery import commands, notifications
 from recovery.models import AgentCommand
-from saga_client.signing import derive_secret, signed_headers, verify_signature
 from tests.support.api import Api, error_of
 
 pytestmark = pytest.mark.django_db
