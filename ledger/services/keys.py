@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import hmac
 import secrets
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -12,6 +15,7 @@ from django.utils import timezone
 
 from ledger import errors
 from ledger.audit import Actor, audit_record
+from ledger.conf import saga
 from ledger.hashing import sha256_hex
 from ledger.models import AgentKey, Tenant
 
@@ -78,8 +82,50 @@ def agent_key_create(
     return IssuedKey(key=key, secret=f"{prefix}_{secret_part}")
 
 
+# Keys this process has looked up: {sha256 of the presented key: (monotonic time, key)}. An entry
+# answers for ``SAGA_KEY_CACHE_S`` seconds (the bound on how long a key revoked by another process
+# keeps working here); a revocation in this process drops every entry at once. Only keys that
+# authenticated are kept: an unknown or revoked key is looked up every time (the gate's
+# per-address throttle is what bounds those). Bounded in size, so a flood of valid keys cannot
+# grow it without limit.
+_KEY_CACHE: dict[str, tuple[float, AgentKey]] = {}
+_KEY_CACHE_LOCK = threading.Lock()
+_KEY_CACHE_MAX = 10_000
+
+
+def key_cache_clear() -> None:
+    with _KEY_CACHE_LOCK:
+        _KEY_CACHE.clear()
+
+
+def _detached(key: AgentKey) -> AgentKey:
+    """A copy for one request: callers may set attributes on the key or its tenant without
+    touching the cached instance other threads read."""
+    twin = copy.copy(key)
+    twin.tenant = copy.copy(key.tenant)
+    return twin
+
+
 def agent_key_authenticate(*, raw_key: str) -> AgentKey | None:
-    """The active key for a presented secret, or None. Constant-time on the secret part."""
+    """The active key for a presented secret, or None. Constant-time on the secret part. Served
+    from this process's cache for up to ``SAGA_KEY_CACHE_S`` seconds after a lookup."""
+    ttl = saga().key_cache_s
+    digest = sha256_hex(raw_key.strip())
+    now = time.monotonic()
+    if ttl > 0:
+        hit = _KEY_CACHE.get(digest)
+        if hit is not None and now - hit[0] < ttl:
+            return _detached(hit[1])
+    key = _agent_key_lookup(raw_key)
+    if key is not None and ttl > 0:
+        with _KEY_CACHE_LOCK:
+            if len(_KEY_CACHE) >= _KEY_CACHE_MAX:
+                _KEY_CACHE.clear()
+            _KEY_CACHE[digest] = (now, _detached(key))
+    return key
+
+
+def _agent_key_lookup(raw_key: str) -> AgentKey | None:
     split = _split_key(raw_key.strip())
     if split is None:
         return None
@@ -101,6 +147,10 @@ def agent_key_authenticate(*, raw_key: str) -> AgentKey | None:
 def agent_key_revoke(*, key: AgentKey, actor: Actor) -> AgentKey:
     if AgentKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) != 1:
         raise errors.InvalidTransition(key, to="revoked", current="revoked")
+    # Effective at once in this process (dropped now, and again once committed, in case a request
+    # looked it up in between); other processes drop it within SAGA_KEY_CACHE_S.
+    key_cache_clear()
+    transaction.on_commit(key_cache_clear)
     key.refresh_from_db()
     audit_record(tenant=key.tenant, actor=actor, kind="agent_key.revoked", subject=key)
     return key

@@ -29,6 +29,7 @@ from saga_admin.api.limits import (
     unauthorized_response,
 )
 from saga_admin.api.operator import router as operator_router
+from saga_admin.api.renderers import ORJSONRenderer
 
 log = structlog.get_logger("saga_admin.api")
 
@@ -58,6 +59,7 @@ api = NinjaAPI(
     openapi_url="/openapi.json",
     docs_url="/docs",
     parser=CheckedJSONParser(),
+    renderer=ORJSONRenderer(),
     # Runs after authentication, so the count is per API key (see saga_admin.api.limits).
     throttle=[KeyRateThrottle()],
 )
