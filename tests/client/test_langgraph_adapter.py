@@ -1,0 +1,186 @@
+"""The LangGraph adapter against the real server and real LangGraph: a scripted chat model (no
+network) drives a graph whose ToolNode runs Saga-wrapped tools. A gated tool pauses the graph with
+``interrupt()``; Bob's approval bot decides over the API; ``Command(resume=…)`` continues it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("langgraph")
+
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel  # noqa: E402
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
+from langchain_core.tools import tool  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
+from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
+from langgraph.types import Command  # noqa: E402
+from saga_client.langgraph import ToolRejected, saga_tool, saga_tools  # noqa: E402
+
+from ledger.models import Action, Run  # noqa: E402
+from recovery.models import Approval  # noqa: E402
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EMAIL = "ashu@company.com"
+
+
+class Payments:
+    """The payment provider the agent charges, in memory: it counts every real charge."""
+
+    def __init__(self) -> None:
+        self.charges: list[dict[str, Any]] = []
+
+    def charge(self, customer: str, amount: int, currency: str = "EUR") -> str:
+        self.charges.append({"customer": customer, "amount": amount, "currency": currency})
+        return f"charged {amount} {currency} to {customer}"
+
+
+def scripted_agent(tools: list, *calls: dict[str, Any]):
+    """A real LangGraph agent loop (model → tools → model …) whose chat model is scripted: it asks
+    for the given tool calls, one message each, then answers "done"."""
+    replies = [AIMessage("", tool_calls=[{**call, "id": f"call_{n}"}]) for n, call in enumerate(calls)]
+    model = GenericFakeChatModel(messages=iter([*replies, AIMessage("done")]))
+
+    def agent(state: MessagesState) -> dict:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode(tools))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+@pytest.fixture
+def approvals_api(live_server, approver_key):
+    """Bob's approval bot: an approver-scope key talking to the API over HTTP."""
+    with httpx.Client(
+        base_url=f"{live_server.url}/api/v1", headers={"Authorization": f"Bearer {approver_key[1]}"}
+    ) as client:
+        yield client
+
+
+def charge_tool(payments: Payments, **options: Any):
+    @tool("payments_charge")
+    def charge(customer: str, amount: int, currency: str = "EUR") -> str:
+        """Charge a customer."""
+        return payments.charge(customer, amount, currency)
+
+    return saga_tool(
+        charge, name="payments.charge", target=lambda customer: ("customer", customer), **options
+    )
+
+
+CONFIG = {"configurable": {"thread_id": "onboarding-1"}}
+CHARGE = {"name": "payments_charge", "args": {"customer": "c-9", "amount": 300}}
+
+
+def test_a_gated_tool_pauses_the_graph_and_runs_once_after_bob_approves_over_the_api(saga, approvals_api):
+    payments = Payments()
+    graph = scripted_agent([charge_tool(payments)], CHARGE)
+    with saga.run(agent="onboarding", request="Charge the first month") as run:
+        state = graph.invoke({"messages": [HumanMessage("Charge c-9 for the first month")]}, CONFIG)
+        [paused] = state["__interrupt__"]
+        approval = Approval.objects.get(status="pending")
+        assert paused.value == {
+            "saga": "approval_pending",
+            "approval_id": approval.pk,
+            "action_id": approval.action_id,
+            "run_id": run.id,
+            "tool": "payments.charge",
+            "args": {"customer": "c-9", "amount": 300, "currency": "EUR"},
+            "risk": "critical",
+            "link": f"{saga.api_url.removesuffix('/api/v1')}/approvals/",
+        }
+        assert payments.charges == []
+
+        answer = approvals_api.post(f"/approvals/{approval.pk}/approve", json={"reason": "first month"})
+        assert answer.status_code == 200, answer.text
+        state = graph.invoke(Command(resume={"approval_id": approval.pk}), CONFIG)
+
+    assert "__interrupt__" not in state
+    tool_message = next(m for m in state["messages"] if isinstance(m, ToolMessage))
+    assert tool_message.content == "charged 300 EUR to c-9" and tool_message.status == "success"
+    assert state["messages"][-1].content == "done"
+    assert payments.charges == [{"customer": "c-9", "amount": 300, "currency": "EUR"}]
+    action = Action.objects.get(run_id=run.id)
+    assert (action.tool, action.status, action.attempts) == ("payments.charge", "succeeded", 1)
+    assert (action.target_type, action.target_id) == ("customer", "c-9")
+    assert action.result == "charged 300 EUR to c-9"
+    assert Run.objects.get(pk=run.id).status == "succeeded"
+
+
+def test_resuming_before_anyone_decided_pauses_the_graph_again(saga, approvals_api):
+    """The host cannot approve by resuming: Saga's approver decides."""
+    payments = Payments()
+    graph = scripted_agent([charge_tool(payments)], CHARGE)
+    with saga.run(agent="onboarding", request="Charge the first month"):
+        graph.invoke({"messages": [HumanMessage("Charge c-9")]}, CONFIG)
+        state = graph.invoke(Command(resume={"approved": True}), CONFIG)
+        assert [i.value["tool"] for i in state["__interrupt__"]] == ["payments.charge"]
+        assert payments.charges == []
+
+        approval = Approval.objects.get(status="pending")
+        approvals_api.post(f"/approvals/{approval.pk}/approve", json={"reason": "ok"}).raise_for_status()
+        state = graph.invoke(Command(resume=True), CONFIG)
+    assert "__interrupt__" not in state
+    assert len(payments.charges) == 1
+    assert Action.objects.get(pk=approval.action_id).status == "succeeded"
+
+
+def test_a_rejection_is_a_tool_error_the_model_reads_and_nothing_is_charged(saga, approvals_api):
+    payments = Payments()
+    graph = scripted_agent([charge_tool(payments)], CHARGE)
+    with saga.run(agent="onboarding", request="Charge the first month") as run:
+        graph.invoke({"messages": [HumanMessage("Charge c-9")]}, CONFIG)
+        approval = Approval.objects.get(status="pending")
+        answer = approvals_api.post(
+            f"/approvals/{approval.pk}/reject", json={"reason": "not before the trial"}
+        )
+        assert answer.status_code == 200, answer.text
+        state = graph.invoke(Command(resume=True), CONFIG)
+
+    tool_message = next(m for m in state["messages"] if isinstance(m, ToolMessage))
+    assert tool_message.status == "error"
+    assert "rejected" in tool_message.content and "not before the trial" in tool_message.content
+    assert state["messages"][-1].content == "done"  # the model read the refusal and went on
+    assert payments.charges == []
+    assert Action.objects.get(run_id=run.id).status == "rejected"
+
+
+def test_a_rejection_can_be_raised_instead_as_a_typed_exception(saga, approvals_api):
+    payments = Payments()
+    graph = scripted_agent([charge_tool(payments, raise_on_reject=True)], CHARGE)
+    with pytest.raises(ToolRejected) as raised, saga.run(agent="onboarding", request="Charge") as run:
+        graph.invoke({"messages": [HumanMessage("Charge c-9")]}, CONFIG)
+        approval = Approval.objects.get(status="pending")
+        approvals_api.post(f"/approvals/{approval.pk}/reject", json={"reason": "no"}).raise_for_status()
+        graph.invoke(Command(resume=True), CONFIG)
+    assert raised.value.action_id == approval.action_id and raised.value.reason == "no"
+    assert payments.charges == []
+    assert Run.objects.get(pk=run.id).status == "failed"
+
+
+def test_a_tool_that_needs_no_approval_is_a_step_with_its_args_by_name(saga):
+    users: list[str] = []
+
+    def create_user(email: str, name: str) -> dict:
+        """Create the HR user."""
+        users.append(email)
+        return {"user_id": 7}
+
+    [create] = saga_tools([create_user], names={"create_user": "hr.create_user"})
+    graph = scripted_agent([create], {"name": "create_user", "args": {"email": EMAIL, "name": "Ashu Kumar"}})
+    with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
+        state = graph.invoke({"messages": [HumanMessage("Onboard Ashu")]}, CONFIG)
+    assert "__interrupt__" not in state and users == [EMAIL]
+    action = Action.objects.get(run_id=run.id)
+    assert action.tool == "hr.create_user" and action.status == "succeeded"
+    assert action.args == {"email": EMAIL, "name": "Ashu Kumar"}
+    assert action.result == {"user_id": 7}
