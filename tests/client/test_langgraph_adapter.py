@@ -4,6 +4,11 @@ network) drives a graph whose ToolNode runs Saga-wrapped tools. A gated tool pau
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -18,10 +23,12 @@ from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 from langgraph.types import Command  # noqa: E402
-from saga_client.langgraph import ToolRejected, saga_tool, saga_tools  # noqa: E402
+from saga_client import AsyncSaga  # noqa: E402
+from saga_client.langgraph import ToolRejected, resume_when_decided, saga_tool, saga_tools  # noqa: E402
 
 from ledger.models import Action, Run  # noqa: E402
 from recovery.models import Approval  # noqa: E402
+from tests.client.examples import run_example  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -184,3 +191,95 @@ def test_a_tool_that_needs_no_approval_is_a_step_with_its_args_by_name(saga):
     assert action.tool == "hr.create_user" and action.status == "succeeded"
     assert action.args == {"email": EMAIL, "name": "Ashu Kumar"}
     assert action.result == {"user_id": 7}
+
+
+def test_a_paused_run_stays_open_and_another_process_resumes_it_by_attaching(saga, approvals_api):
+    """The usual shape: the host ends its request while the approval waits; later (another
+    request, another process: the graph's checkpointer and the run id are all it needs) it
+    attaches to the run and resumes the graph."""
+    payments = Payments()
+    graph = scripted_agent([charge_tool(payments)], CHARGE)
+    with saga.run(agent="onboarding", request="Charge the first month") as run:
+        state = graph.invoke({"messages": [HumanMessage("Charge c-9")]}, CONFIG)
+    [paused] = state["__interrupt__"]
+    assert Run.objects.get(pk=run.id).status == "running"  # left open, not completed
+
+    approvals_api.post(
+        f"/approvals/{paused.value['approval_id']}/approve", json={"reason": "ok"}
+    ).raise_for_status()
+    with saga.attach(paused.value["run_id"]):
+        state = graph.invoke(Command(resume=True), CONFIG)
+    assert state["messages"][-1].content == "done" and len(payments.charges) == 1
+    assert Action.objects.get(run_id=run.id).status == "succeeded"
+    assert Run.objects.get(pk=run.id).status == "succeeded"
+
+
+def test_resume_when_decided_waits_for_the_approver_and_resumes_with_the_decision(saga, approvals_api):
+    payments = Payments()
+    graph = scripted_agent([charge_tool(payments)], CHARGE)
+
+    def bob_approves_soon() -> None:
+        time.sleep(0.3)
+        approval = Approval.objects.get(status="pending")
+        approvals_api.post(f"/approvals/{approval.pk}/approve", json={"reason": "ok"}).raise_for_status()
+
+    with saga.run(agent="onboarding", request="Charge the first month"):
+        state = graph.invoke({"messages": [HumanMessage("Charge c-9")]}, CONFIG)
+        bob = threading.Thread(target=bob_approves_soon)
+        bob.start()
+        command = resume_when_decided(state, timeout_s=10)
+        bob.join()
+        [(interrupt_id, decision)] = command.resume.items()
+        assert interrupt_id == state["__interrupt__"][0].id
+        assert decision == {
+            "approval_id": state["__interrupt__"][0].value["approval_id"],
+            "action_id": state["__interrupt__"][0].value["action_id"],
+            "status": "approved",
+        }
+        state = graph.invoke(command, CONFIG)
+    assert state["messages"][-1].content == "done" and len(payments.charges) == 1
+
+
+def test_an_async_graph_with_the_async_client(live_server, agent_key, onboarding_policies, approvals_api):
+    payments = Payments()
+    graph = scripted_agent([charge_tool(payments)], CHARGE)
+
+    async def main() -> str:
+        async with (
+            AsyncSaga(live_server.url, agent_key[1], poll_interval_s=0.05) as saga,
+            saga.run(agent="onboarding", request="Charge the first month") as run,
+        ):
+            state = await graph.ainvoke({"messages": [HumanMessage("Charge c-9")]}, CONFIG)
+            [paused] = state["__interrupt__"]
+            assert paused.value["tool"] == "payments.charge" and payments.charges == []
+            answer = await asyncio.to_thread(
+                approvals_api.post, f"/approvals/{paused.value['approval_id']}/approve", json={"reason": "ok"}
+            )
+            assert answer.status_code == 200, answer.text
+            state = await graph.ainvoke(Command(resume=True), CONFIG)
+            assert state["messages"][-1].content == "done"
+            return run.id
+
+    run_id = asyncio.run(main())
+    assert len(payments.charges) == 1
+    action = Action.objects.get(run_id=run_id)
+    assert (action.status, action.attempts) == ("succeeded", 1)
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+
+
+def test_the_client_imports_without_langgraph():
+    code = "import sys, saga_client; assert not {'langgraph', 'langchain_core'} & set(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_example_runs_against_the_server(live_server, agent_key, onboarding_policies, approvals_api):
+    out = run_example(
+        "langgraph_agent.py", url=live_server.url, key=agent_key[1], approvals_api=approvals_api
+    )
+    assert "waiting for approval of payments.charge" in out
+    assert "Ashu is set up and the first month is charged." in out
+    run_id = out.strip().splitlines()[-1].removeprefix("run ")
+    assert sorted(Action.objects.filter(run_id=run_id).values_list("tool", "status")) == [
+        ("hr.create_user", "succeeded"),
+        ("payments.charge", "succeeded"),
+    ]

@@ -6,6 +6,8 @@ SDK's run state."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -20,6 +22,7 @@ from saga_client.openai_agents import saga_decisions, saga_function_tool  # noqa
 
 from ledger.models import Action, Run  # noqa: E402
 from recovery.models import Approval  # noqa: E402
+from tests.client.examples import run_example  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -182,3 +185,21 @@ def test_a_tool_that_needs_no_approval_is_a_step_with_its_args_by_name(saga):
     assert action.args == {"email": EMAIL, "name": "Ashu"}
     assert action.result == {"user_id": 7, "email": EMAIL}
     assert Run.objects.get(pk=run.id).status == "succeeded"
+
+
+def test_the_client_imports_without_the_agents_sdk():
+    code = "import sys, saga_client; assert not {'agents', 'openai'} & set(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_example_runs_against_the_server(live_server, agent_key, onboarding_policies, approvals_api):
+    out = run_example(
+        "openai_agents_agent.py", url=live_server.url, key=agent_key[1], approvals_api=approvals_api
+    )
+    assert "waiting for Saga Admin's approver: charge" in out
+    assert "Ashu is set up and the first month is charged." in out
+    run_id = out.strip().splitlines()[-1].removeprefix("run ")
+    assert sorted(Action.objects.filter(run_id=run_id).values_list("tool", "status")) == [
+        ("hr.create_user", "succeeded"),
+        ("payments.charge", "succeeded"),
+    ]
