@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
-from saga_client.client import RunContext, SagaClient, SagaError
+from saga_client import ApprovalPending, ApprovalRejected, Run, Saga, SagaError
 from saga_client.signing import signed_headers
 
 # --- The demo world, as the agents' tools see it ----------------------------------------------
@@ -83,7 +83,7 @@ class World:
 
 
 def world_step(
-    run: RunContext,
+    run: Run,
     world: World,
     tool: str,
     *,
@@ -94,9 +94,11 @@ def world_step(
     compensate: tuple[str, dict[str, Any]] | None = None,
     before: Any = None,
     intent: dict[str, Any] | None = None,
+    wait: bool = True,
 ) -> dict[str, Any]:
     """One recorded tool call against the demo world. The world call reuses the action's
-    idempotency key, so a replayed step and a retried HTTP call both land once."""
+    idempotency key, so a replayed step and a retried HTTP call both land once. ``wait=False``: a
+    step that needs approval raises ``ApprovalPending`` instead of waiting for the decision."""
     key = run.step_key(tool, target, args)
     return run.step(
         tool,
@@ -110,16 +112,15 @@ def world_step(
             "POST", path, body(effective) if body else effective, key=f"fwd:{key}"
         ),
         after=lambda result: result.get("state") if isinstance(result, dict) else None,
+        wait=wait,
     )
 
 
-def open_run(saga: SagaClient, **fields: Any) -> RunContext:
+def open_run(saga: Saga, **fields: Any) -> Run:
     """Create the run now. For stories that end without completing or failing it themselves (a
     verification the server turns into a failure, an agent that dies mid-run), where the
     context manager's automatic complete/fail on exit would be wrong."""
-    run = saga.run(**fields)
-    run.__enter__()
-    return run
+    return saga.run(**fields).open()
 
 
 # --- The harness ------------------------------------------------------------------------------
@@ -134,11 +135,11 @@ class Demo:
     world: World
     people: Any  # demo.people module (or a stand-in with the same functions)
     poll_interval_s: float = 0.5
-    _clients: dict[str, SagaClient] = field(default_factory=dict)
+    _clients: dict[str, Saga] = field(default_factory=dict)
 
-    def saga(self, tenant: str = "acme") -> SagaClient:
+    def saga(self, tenant: str = "acme") -> Saga:
         if tenant not in self._clients:
-            self._clients[tenant] = SagaClient(
+            self._clients[tenant] = Saga(
                 self.base_url, self.keys[tenant], poll_interval_s=self.poll_interval_s, approval_timeout_s=120
             )
         return self._clients[tenant]
@@ -205,7 +206,7 @@ def onboard(demo: Demo, external_id: str, hire: Hire, *, tenant: str = "acme", c
         onboarding_steps(demo, run, hire, company=company)
 
 
-def onboarding_steps(demo: Demo, run: RunContext, hire: Hire, *, company: str) -> None:
+def onboarding_steps(demo: Demo, run: Run, hire: Hire, *, company: str) -> None:
     """The saga's steps. On a resumed run the steps that already succeeded replay their recorded
     results (same idempotency keys) and only what is left runs."""
     world_step(
@@ -363,7 +364,7 @@ def onboard_failing_welcome(demo: Demo, external_id: str) -> None:
 
 def ticket_update(
     demo: Demo,
-    run: RunContext,
+    run: Run,
     ticket_id: str,
     changes: dict[str, Any],
     *,
@@ -641,24 +642,28 @@ def vendor_payment_requested(demo: Demo, external_id: str) -> None:
         external_id=external_id,
         metadata={"demo": True},
     )
-    key = run.step_key("payments.charge", ("invoice", "NW-2231"), VENDOR_PAYMENT)
-    action = saga.record_action(
-        run.id,
-        tool="payments.charge",
-        idempotency_key=key,
-        target_type="invoice",
-        target_id="NW-2231",
-        args=VENDOR_PAYMENT,
-        intent={"reasoning": "Invoice is due in 3 days and matches PO-5512.", "confidence": 0.91},
-    )
-    run.checkpoint(
-        "awaiting-payment-approval",
-        state={"invoice": "NW-2231"},
-        pending_action_ids=[action["id"]],
-        completed_action_ids=[],
-        requires_user_approval=True,
-        summary="Waiting for an approver to release the $48,200.00 payment.",
-    )
+    try:
+        world_step(
+            run,
+            demo.world,
+            "payments.charge",
+            path="/payments/charges",
+            target=("invoice", "NW-2231"),
+            args=dict(VENDOR_PAYMENT),
+            intent={"reasoning": "Invoice is due in 3 days and matches PO-5512.", "confidence": 0.91},
+            wait=False,
+        )
+    except ApprovalPending as pending:
+        run.checkpoint(
+            "awaiting-payment-approval",
+            state={"invoice": "NW-2231"},
+            pending_action_ids=[pending.action_id],
+            completed_action_ids=[],
+            requires_user_approval=True,
+            summary="Waiting for an approver to release the $48,200.00 payment.",
+        )
+        return
+    run.complete("Northwind Logistics paid without waiting for an approval.")
 
 
 def vendor_payment_continue(demo: Demo, run_id: str) -> str:
@@ -667,23 +672,24 @@ def vendor_payment_continue(demo: Demo, run_id: str) -> str:
     saga = demo.saga("acme")
     run = saga.attach(run_id)
     run.heartbeat("waiting for payment approval")
-    pending = [a for a in run.run.get("actions", []) if a["tool"] == "payments.charge"]
-    if not pending:
-        return run.run["status"]
-    status = saga.get_action(pending[0]["id"])["status"]
-    if status == "awaiting_approval":
+    if not any(a["tool"] == "payments.charge" for a in run.run.get("actions", [])):
+        return str(run.run["status"])
+    # The same step again (the same idempotency key): it runs once approved.
+    try:
+        world_step(
+            run,
+            demo.world,
+            "payments.charge",
+            path="/payments/charges",
+            target=("invoice", "NW-2231"),
+            args=dict(VENDOR_PAYMENT),
+            wait=False,
+        )
+    except ApprovalPending:
         return "waiting"
-    if status == "rejected":
+    except ApprovalRejected:
         run.complete("The approver rejected the payment; nothing was charged.")
         return "succeeded"
-    world_step(
-        run,
-        demo.world,
-        "payments.charge",
-        path="/payments/charges",
-        target=("invoice", "NW-2231"),
-        args=dict(VENDOR_PAYMENT),
-    )
     run.complete("Northwind Logistics paid after approval.")
     return "succeeded"
 

@@ -119,7 +119,7 @@ class Api:
         if retry_after and retry_after.isdigit():
             return min(float(retry_after), s.max_backoff_s * 4)
         delay = min(s.backoff_s * 2 ** (attempt - 1), s.max_backoff_s)
-        return delay * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not security
+        return float(delay) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not security
 
     def request(
         self,
@@ -179,7 +179,7 @@ class Api:
 
     def create_run(
         self, *, agent: str, request: str, idempotency_key: str | None = None, **fields: Any
-    ) -> Flow[Any]:
+    ) -> Flow[dict[str, Any]]:
         return self.call(
             "POST",
             "/runs",
@@ -187,13 +187,13 @@ class Api:
             idempotency_key=idempotency_key or f"run-{uuid.uuid4()}",
         )
 
-    def get_run(self, run_id: str) -> Flow[Any]:
+    def get_run(self, run_id: str) -> Flow[dict[str, Any]]:
         return self.call("GET", f"/runs/{run_id}")
 
-    def actions_page(self, run_id: str, params: Mapping[str, Any]) -> Flow[Any]:
+    def actions_page(self, run_id: str, params: Mapping[str, Any]) -> Flow[dict[str, Any]]:
         return self.call("GET", f"/runs/{run_id}/actions", params=params)
 
-    def runs_page(self, params: Mapping[str, Any]) -> Flow[Any]:
+    def runs_page(self, params: Mapping[str, Any]) -> Flow[dict[str, Any]]:
         return self.call("GET", "/runs", params=params)
 
     def heartbeat(self, run_id: str, note: str = "") -> Flow[list[dict[str, Any]]]:
@@ -205,7 +205,7 @@ class Api:
 
     def complete_run(
         self, run_id: str, summary: str = "", *, idempotency_key: str | None = None
-    ) -> Flow[Any]:
+    ) -> Flow[dict[str, Any]]:
         return self.call(
             "POST",
             f"/runs/{run_id}/complete",
@@ -221,7 +221,7 @@ class Api:
         failed_action_id: str | None = None,
         reason: str = "failed",
         idempotency_key: str | None = None,
-    ) -> Flow[Any]:
+    ) -> Flow[dict[str, Any]]:
         body: dict[str, Any] = {"error": error[:_MAX_ERROR] or "failed", "reason": reason}
         if failed_action_id:
             body["failed_action_id"] = failed_action_id
@@ -236,13 +236,13 @@ class Api:
         data = yield from self.call("GET", f"/runs/{run_id}/commands")
         return list(data["commands"])
 
-    def ack_command(self, command_id: str) -> Flow[Any]:
+    def ack_command(self, command_id: str) -> Flow[dict[str, Any]]:
         return self.call("POST", f"/commands/{command_id}/ack", idempotency_key=f"ack-{command_id}")
 
-    def trail(self, run_id: str) -> Flow[Any]:
+    def trail(self, run_id: str) -> Flow[dict[str, Any]]:
         return self.call("GET", f"/runs/{run_id}/trail")
 
-    def policies(self) -> Flow[Any]:
+    def policies(self) -> Flow[dict[str, Any]]:
         return self.call("GET", "/policies")
 
     # Actions --------------------------------------------------------------------------------
@@ -254,17 +254,17 @@ class Api:
             json_body={"tool": tool, "idempotency_key": idempotency_key, **fields},
         )
 
-    def get_action(self, action_id: str) -> Flow[Any]:
+    def get_action(self, action_id: str) -> Flow[dict[str, Any]]:
         return self.call("GET", f"/actions/{action_id}")
 
-    def start_action(self, action: Mapping[str, Any]) -> Flow[Any]:
+    def start_action(self, action: Mapping[str, Any]) -> Flow[dict[str, Any]]:
         # One key per attempt: a retried start of this attempt replays, a later attempt is new.
         key = f"{action['idempotency_key']}:start:{action['attempts'] + 1}"
         return self.call("POST", f"/actions/{action['id']}/start", idempotency_key=key)
 
     def succeed_action(
         self, action: Mapping[str, Any], *, result: Any = None, after_snapshot: Any = None
-    ) -> Flow[Any]:
+    ) -> Flow[dict[str, Any]]:
         return self.call(
             "POST",
             f"/actions/{action['id']}/succeed",
@@ -280,7 +280,7 @@ class Api:
         retryable: bool = False,
         layer: str = "tool",
         outcome_unknown: bool = False,
-    ) -> Flow[Any]:
+    ) -> Flow[dict[str, Any]]:
         return self.call(
             "POST",
             f"/actions/{action['id']}/fail",
@@ -295,7 +295,7 @@ class Api:
 
     def verify_action(
         self, action_id: str, *, ok: bool, expected: Any = None, actual: Any = None, reason: str = ""
-    ) -> Flow[Any]:
+    ) -> Flow[dict[str, Any]]:
         return self.call(
             "POST",
             f"/actions/{action_id}/verify",
@@ -305,7 +305,7 @@ class Api:
 
     def reconcile_action(
         self, action_id: str, *, happened: bool, reason: str, result: Any = None, after_snapshot: Any = None
-    ) -> Flow[Any]:
+    ) -> Flow[dict[str, Any]]:
         return self.call(
             "POST",
             f"/actions/{action_id}/reconcile",
@@ -343,7 +343,7 @@ class Api:
 
     def write_checkpoint(
         self, run_id: str, *, name: str, idempotency_key: str | None = None, **fields: Any
-    ) -> Flow[Any]:
+    ) -> Flow[dict[str, Any]]:
         return self.call(
             "POST",
             f"/runs/{run_id}/checkpoints",
@@ -351,11 +351,12 @@ class Api:
             idempotency_key=idempotency_key or f"checkpoint-{uuid.uuid4()}",
         )
 
-    def latest_checkpoint(self, run_id: str) -> Flow[Any]:
+    def latest_checkpoint(self, run_id: str) -> Flow[dict[str, Any] | None]:
         try:
-            return (yield from self.call("GET", f"/runs/{run_id}/checkpoints/latest"))
+            checkpoint: dict[str, Any] = yield from self.call("GET", f"/runs/{run_id}/checkpoints/latest")
         except NotFound:
             return None
+        return checkpoint
 
 
 def rejection(action: Mapping[str, Any]) -> ApprovalRejected:

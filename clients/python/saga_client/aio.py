@@ -54,7 +54,8 @@ async def drive(flow: Flow[T], perform: Callable[[Effect], Awaitable[Any]]) -> T
         try:
             effect = flow.throw(error) if error is not None else flow.send(outcome)
         except StopIteration as done:
-            return done.value
+            value: T = done.value
+            return value
         outcome, error = None, None
         try:
             outcome = await perform(effect)
@@ -179,15 +180,15 @@ class AsyncSaga:
 
     async def create_run(
         self, *, agent: str, request: str, idempotency_key: str | None = None, **fields: Any
-    ) -> dict:
+    ) -> dict[str, Any]:
         return await self._drive(
             self.api.create_run(agent=agent, request=request, idempotency_key=idempotency_key, **fields)
         )
 
-    async def get_run(self, run_id: str) -> dict:
+    async def get_run(self, run_id: str) -> dict[str, Any]:
         return await self._drive(self.api.get_run(run_id))
 
-    async def list_actions(self, run_id: str, *, page_size: int = 500) -> AsyncIterator[dict]:
+    async def list_actions(self, run_id: str, *, page_size: int = 500) -> AsyncIterator[dict[str, Any]]:
         params: dict[str, Any] = {"limit": page_size}
         while True:
             page = await self._drive(self.api.actions_page(run_id, params))
@@ -197,7 +198,7 @@ class AsyncSaga:
                 return
             params["cursor"] = page["next_cursor"]
 
-    async def list_runs(self, **filters: Any) -> AsyncIterator[dict]:
+    async def list_runs(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
         params = {k: v for k, v in filters.items() if v is not None}
         while True:
             page = await self._drive(self.api.runs_page(params))
@@ -207,12 +208,12 @@ class AsyncSaga:
                 return
             params["cursor"] = page["next_cursor"]
 
-    async def heartbeat(self, run_id: str, note: str = "") -> list[dict]:
+    async def heartbeat(self, run_id: str, note: str = "") -> list[dict[str, Any]]:
         return await self._drive(self.api.heartbeat(run_id, note))
 
     async def complete_run(
         self, run_id: str, summary: str = "", *, idempotency_key: str | None = None
-    ) -> dict:
+    ) -> dict[str, Any]:
         return await self._drive(self.api.complete_run(run_id, summary, idempotency_key=idempotency_key))
 
     async def fail_run(
@@ -223,7 +224,7 @@ class AsyncSaga:
         failed_action_id: str | None = None,
         reason: str = "failed",
         idempotency_key: str | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         return await self._drive(
             self.api.fail_run(
                 run_id,
@@ -234,35 +235,38 @@ class AsyncSaga:
             )
         )
 
-    async def commands(self, run_id: str) -> list[dict]:
+    async def commands(self, run_id: str) -> list[dict[str, Any]]:
         return await self._drive(self.api.commands(run_id))
 
-    async def ack_command(self, command_id: str) -> dict:
+    async def ack_command(self, command_id: str) -> dict[str, Any]:
         return await self._drive(self.api.ack_command(command_id))
 
-    async def trail(self, run_id: str) -> dict:
+    async def trail(self, run_id: str) -> dict[str, Any]:
         return await self._drive(self.api.trail(run_id))
 
-    async def policies(self) -> dict:
+    async def policies(self) -> dict[str, Any]:
         return await self._drive(self.api.policies())
 
     # Actions --------------------------------------------------------------------------------
 
-    async def record_action(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> dict:
+    async def record_action(
+        self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any
+    ) -> dict[str, Any]:
         reply = await self._drive(
             self.api.record_action(run_id, tool=tool, idempotency_key=idempotency_key, **fields)
         )
-        return reply.data
+        action: dict[str, Any] = reply.data
+        return action
 
-    async def get_action(self, action_id: str) -> dict:
+    async def get_action(self, action_id: str) -> dict[str, Any]:
         return await self._drive(self.api.get_action(action_id))
 
-    async def start_action(self, action: Mapping[str, Any]) -> dict:
+    async def start_action(self, action: Mapping[str, Any]) -> dict[str, Any]:
         return await self._drive(self.api.start_action(action))
 
     async def succeed_action(
         self, action: Mapping[str, Any], *, result: Any = None, after_snapshot: Any = None
-    ) -> dict:
+    ) -> dict[str, Any]:
         return await self._drive(
             self.api.succeed_action(action, result=result, after_snapshot=after_snapshot)
         )
@@ -275,7 +279,7 @@ class AsyncSaga:
         retryable: bool = False,
         layer: str = "tool",
         outcome_unknown: bool = False,
-    ) -> dict:
+    ) -> dict[str, Any]:
         return await self._drive(
             self.api.fail_action(
                 action, error=error, retryable=retryable, layer=layer, outcome_unknown=outcome_unknown
@@ -284,33 +288,35 @@ class AsyncSaga:
 
     async def verify_action(
         self, action_id: str, *, ok: bool, expected: Any = None, actual: Any = None, reason: str = ""
-    ) -> dict:
+    ) -> dict[str, Any]:
         return await self._drive(
             self.api.verify_action(action_id, ok=ok, expected=expected, actual=actual, reason=reason)
         )
 
     async def reconcile_action(
         self, action_id: str, *, happened: bool, reason: str, result: Any = None, after_snapshot: Any = None
-    ) -> dict:
+    ) -> dict[str, Any]:
         return await self._drive(
             self.api.reconcile_action(
                 action_id, happened=happened, reason=reason, result=result, after_snapshot=after_snapshot
             )
         )
 
-    async def wait_for_approval(self, action: Mapping[str, Any], *, timeout_s: float | None = None) -> dict:
+    async def wait_for_approval(
+        self, action: Mapping[str, Any], *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
         return await self._drive(self.api.wait_for_approval(action, timeout_s=timeout_s))
 
     # Checkpoints ----------------------------------------------------------------------------
 
     async def write_checkpoint(
         self, run_id: str, *, name: str, idempotency_key: str | None = None, **fields: Any
-    ) -> dict:
+    ) -> dict[str, Any]:
         return await self._drive(
             self.api.write_checkpoint(run_id, name=name, idempotency_key=idempotency_key, **fields)
         )
 
-    async def latest_checkpoint(self, run_id: str) -> dict | None:
+    async def latest_checkpoint(self, run_id: str) -> dict[str, Any] | None:
         return await self._drive(self.api.latest_checkpoint(run_id))
 
 
@@ -374,10 +380,12 @@ class AsyncRun(RunCore):
         await self.client._drive(self._exit(exc))
         return False
 
-    async def complete(self, summary: str = "") -> dict:
+    async def complete(self, summary: str = "") -> dict[str, Any]:
         return await self.client._drive(self._complete(summary))
 
-    async def fail(self, error: str, *, failed_action_id: str | None = None, reason: str = "failed") -> dict:
+    async def fail(
+        self, error: str, *, failed_action_id: str | None = None, reason: str = "failed"
+    ) -> dict[str, Any]:
         return await self.client._drive(self._fail(error, failed_action_id=failed_action_id, reason=reason))
 
     async def record(
@@ -448,7 +456,7 @@ class AsyncRun(RunCore):
         pending_action_ids: list[str] | None = None,
         requires_user_approval: bool = False,
         trace_links: list[Any] | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         return await self.client._drive(
             self._checkpoint(
                 name,
@@ -463,14 +471,14 @@ class AsyncRun(RunCore):
             )
         )
 
-    async def heartbeat(self, note: str = "") -> list[dict]:
+    async def heartbeat(self, note: str = "") -> list[dict[str, Any]]:
         return await self.client.heartbeat(self.id, note)
 
-    async def commands(self) -> list[dict]:
+    async def commands(self) -> list[dict[str, Any]]:
         return await self.client.commands(self.id)
 
-    async def ack(self, command_id: str) -> dict:
+    async def ack(self, command_id: str) -> dict[str, Any]:
         return await self.client.ack_command(command_id)
 
-    async def trail(self) -> dict:
+    async def trail(self) -> dict[str, Any]:
         return await self.client.trail(self.id)

@@ -57,7 +57,8 @@ def drive(flow: Flow[T], perform: Callable[[Effect], Any]) -> T:
         try:
             effect = flow.throw(error) if error is not None else flow.send(outcome)
         except StopIteration as done:
-            return done.value
+            value: T = done.value
+            return value
         outcome, error = None, None
         try:
             outcome = perform(effect)
@@ -208,17 +209,17 @@ class Saga:
 
     def create_run(
         self, *, agent: str, request: str, idempotency_key: str | None = None, **fields: Any
-    ) -> dict:
+    ) -> dict[str, Any]:
         return self._drive(
             self.api.create_run(agent=agent, request=request, idempotency_key=idempotency_key, **fields)
         )
 
-    def get_run(self, run_id: str) -> dict:
+    def get_run(self, run_id: str) -> dict[str, Any]:
         """The run with its newest actions (at most 100; ``actions_next`` is set when it has more:
         ``list_actions`` reads them all)."""
         return self._drive(self.api.get_run(run_id))
 
-    def list_actions(self, run_id: str, *, page_size: int = 500) -> Iterator[dict]:
+    def list_actions(self, run_id: str, *, page_size: int = 500) -> Iterator[dict[str, Any]]:
         """Every action of the run, oldest first, following the cursor (``page_size`` ≤ 500)."""
         params: dict[str, Any] = {"limit": page_size}
         while True:
@@ -228,7 +229,7 @@ class Saga:
                 return
             params["cursor"] = page["next_cursor"]
 
-    def list_runs(self, **filters: Any) -> Iterator[dict]:
+    def list_runs(self, **filters: Any) -> Iterator[dict[str, Any]]:
         """Every run matching the filters (``status``, ``agent``, ``external_id``), newest first."""
         params = {k: v for k, v in filters.items() if v is not None}
         while True:
@@ -238,10 +239,12 @@ class Saga:
                 return
             params["cursor"] = page["next_cursor"]
 
-    def heartbeat(self, run_id: str, note: str = "") -> list[dict]:
+    def heartbeat(self, run_id: str, note: str = "") -> list[dict[str, Any]]:
         return self._drive(self.api.heartbeat(run_id, note))
 
-    def complete_run(self, run_id: str, summary: str = "", *, idempotency_key: str | None = None) -> dict:
+    def complete_run(
+        self, run_id: str, summary: str = "", *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
         return self._drive(self.api.complete_run(run_id, summary, idempotency_key=idempotency_key))
 
     def fail_run(
@@ -252,7 +255,7 @@ class Saga:
         failed_action_id: str | None = None,
         reason: str = "failed",
         idempotency_key: str | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         return self._drive(
             self.api.fail_run(
                 run_id,
@@ -263,36 +266,38 @@ class Saga:
             )
         )
 
-    def commands(self, run_id: str) -> list[dict]:
+    def commands(self, run_id: str) -> list[dict[str, Any]]:
         return self._drive(self.api.commands(run_id))
 
-    def ack_command(self, command_id: str) -> dict:
+    def ack_command(self, command_id: str) -> dict[str, Any]:
         return self._drive(self.api.ack_command(command_id))
 
-    def trail(self, run_id: str) -> dict:
+    def trail(self, run_id: str) -> dict[str, Any]:
         return self._drive(self.api.trail(run_id))
 
-    def policies(self) -> dict:
+    def policies(self) -> dict[str, Any]:
         return self._drive(self.api.policies())
 
     # Actions --------------------------------------------------------------------------------
 
-    def record_action(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> dict:
+    def record_action(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> dict[str, Any]:
         """Record an action; ``start=True`` also starts it when it needs no approval (it comes back
         ``running``; a replay comes back as the action is now)."""
-        return self._drive(
+        reply = self._drive(
             self.api.record_action(run_id, tool=tool, idempotency_key=idempotency_key, **fields)
-        ).data
+        )
+        action: dict[str, Any] = reply.data
+        return action
 
-    def get_action(self, action_id: str) -> dict:
+    def get_action(self, action_id: str) -> dict[str, Any]:
         return self._drive(self.api.get_action(action_id))
 
-    def start_action(self, action: Mapping[str, Any]) -> dict:
+    def start_action(self, action: Mapping[str, Any]) -> dict[str, Any]:
         return self._drive(self.api.start_action(action))
 
     def succeed_action(
         self, action: Mapping[str, Any], *, result: Any = None, after_snapshot: Any = None
-    ) -> dict:
+    ) -> dict[str, Any]:
         return self._drive(self.api.succeed_action(action, result=result, after_snapshot=after_snapshot))
 
     def fail_action(
@@ -303,7 +308,7 @@ class Saga:
         retryable: bool = False,
         layer: str = "tool",
         outcome_unknown: bool = False,
-    ) -> dict:
+    ) -> dict[str, Any]:
         return self._drive(
             self.api.fail_action(
                 action, error=error, retryable=retryable, layer=layer, outcome_unknown=outcome_unknown
@@ -312,21 +317,23 @@ class Saga:
 
     def verify_action(
         self, action_id: str, *, ok: bool, expected: Any = None, actual: Any = None, reason: str = ""
-    ) -> dict:
+    ) -> dict[str, Any]:
         return self._drive(
             self.api.verify_action(action_id, ok=ok, expected=expected, actual=actual, reason=reason)
         )
 
     def reconcile_action(
         self, action_id: str, *, happened: bool, reason: str, result: Any = None, after_snapshot: Any = None
-    ) -> dict:
+    ) -> dict[str, Any]:
         return self._drive(
             self.api.reconcile_action(
                 action_id, happened=happened, reason=reason, result=result, after_snapshot=after_snapshot
             )
         )
 
-    def wait_for_approval(self, action: Mapping[str, Any], *, timeout_s: float | None = None) -> dict:
+    def wait_for_approval(
+        self, action: Mapping[str, Any], *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """Poll the action (with backoff) until a person decided. Returns it once approved; raises
         ``ApprovalRejected`` (rejected or expired) or ``ApprovalTimeout``."""
         return self._drive(self.api.wait_for_approval(action, timeout_s=timeout_s))
@@ -335,12 +342,12 @@ class Saga:
 
     def write_checkpoint(
         self, run_id: str, *, name: str, idempotency_key: str | None = None, **fields: Any
-    ) -> dict:
+    ) -> dict[str, Any]:
         return self._drive(
             self.api.write_checkpoint(run_id, name=name, idempotency_key=idempotency_key, **fields)
         )
 
-    def latest_checkpoint(self, run_id: str) -> dict | None:
+    def latest_checkpoint(self, run_id: str) -> dict[str, Any] | None:
         return self._drive(self.api.latest_checkpoint(run_id))
 
 
@@ -380,10 +387,12 @@ class Run(RunCore):
         self.client._drive(self._exit(exc))
         return False  # re-raise
 
-    def complete(self, summary: str = "") -> dict:
+    def complete(self, summary: str = "") -> dict[str, Any]:
         return self.client._drive(self._complete(summary))
 
-    def fail(self, error: str, *, failed_action_id: str | None = None, reason: str = "failed") -> dict:
+    def fail(
+        self, error: str, *, failed_action_id: str | None = None, reason: str = "failed"
+    ) -> dict[str, Any]:
         return self.client._drive(self._fail(error, failed_action_id=failed_action_id, reason=reason))
 
     def record(
@@ -464,7 +473,7 @@ class Run(RunCore):
         pending_action_ids: list[str] | None = None,
         requires_user_approval: bool = False,
         trace_links: list[Any] | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Write a safe pause point. By default the completed actions are this run's steps so far."""
         return self.client._drive(
             self._checkpoint(
@@ -480,17 +489,17 @@ class Run(RunCore):
             )
         )
 
-    def heartbeat(self, note: str = "") -> list[dict]:
+    def heartbeat(self, note: str = "") -> list[dict[str, Any]]:
         """Tell Saga Admin the agent is alive; returns pending resume/cancel commands."""
         return self.client.heartbeat(self.id, note)
 
-    def commands(self) -> list[dict]:
+    def commands(self) -> list[dict[str, Any]]:
         return self.client.commands(self.id)
 
-    def ack(self, command_id: str) -> dict:
+    def ack(self, command_id: str) -> dict[str, Any]:
         return self.client.ack_command(command_id)
 
-    def trail(self) -> dict:
+    def trail(self) -> dict[str, Any]:
         return self.client.trail(self.id)
 
 
