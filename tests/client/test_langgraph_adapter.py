@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import pytest
@@ -21,7 +21,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa
 from langchain_core.tools import tool  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
-from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
+from langgraph.prebuilt import InjectedState, ToolNode, tools_condition  # noqa: E402
 from langgraph.types import Command  # noqa: E402
 from saga_client import AsyncSaga  # noqa: E402
 from saga_client.langgraph import ToolRejected, resume_when_decided, saga_tool, saga_tools  # noqa: E402
@@ -283,3 +283,19 @@ def test_the_example_runs_against_the_server(live_server, agent_key, onboarding_
         ("hr.create_user", "succeeded"),
         ("payments.charge", "succeeded"),
     ]
+
+
+def test_injected_graph_state_reaches_the_tool_but_is_not_recorded(saga):
+    @tool
+    def create_user(email: str, state: Annotated[dict, InjectedState]) -> str:
+        """Create the HR user."""
+        return f"created {email} after {len(state['messages'])} messages"
+
+    graph = scripted_agent(
+        [saga_tool(create_user, name="hr.create_user")], {"name": "create_user", "args": {"email": EMAIL}}
+    )
+    with saga.run(agent="onboarding", request="Onboard Ashu") as run:
+        state = graph.invoke({"messages": [HumanMessage("Onboard Ashu")]}, CONFIG)
+    assert state["messages"][2].content == f"created {EMAIL} after 2 messages"
+    action = Action.objects.get(run_id=run.id)
+    assert action.args == {"email": EMAIL} and action.status == "succeeded"

@@ -14,6 +14,7 @@ import os
 
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
@@ -68,9 +69,10 @@ graph = builder.compile(checkpointer=InMemorySaver())  # interrupt() needs a che
 
 if __name__ == "__main__":
     saga = Saga(os.environ["SAGA_URL"], os.environ["SAGA_API_KEY"], poll_interval_s=0.5)
-    config = {"configurable": {"thread_id": "onboard-ashu"}}
+    config: RunnableConfig = {"configurable": {"thread_id": "onboard-ashu"}}
+    request: MessagesState = {"messages": [HumanMessage("Onboard Ashu, charge c-9 30 EUR")]}
     with saga.run(agent="onboarding", request="Onboard Ashu and charge the first month") as run:
-        state = graph.invoke({"messages": [HumanMessage("Onboard Ashu, charge c-9 30 EUR")]}, config)
+        state = graph.invoke(request, config)
         while state.get("__interrupt__"):
             for paused in state["__interrupt__"]:
                 print(

@@ -397,7 +397,7 @@ class AsyncRun(RunCore):
         compensate: Compensation | None = None,
         intent: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Record a step without starting it (the key and body ``step`` would send), e.g. so that
         it is approved before it runs; returns the action (as it is now, when recorded already).
         ``step`` with the same tool, target and args later runs it — once approved."""

@@ -1,19 +1,11 @@
-"""LangGraph adapter (``pip install 'saga-admin-client[langgraph]'``): each call of a wrapped tool is a
-step of the Saga run active in the context; a step waiting for approval pauses the graph with
-``interrupt()``, and ``Command(resume=…)`` continues it.
+"""LangGraph adapter (extra ``langgraph``): each call of a wrapped tool is a step of the Saga run
+active in the context; a call waiting for approval pauses the graph with ``interrupt()``.
 
-    tools = saga_tools([create_user, charge], names={"charge": "payments.charge"})
-    graph = builder.compile(checkpointer=InMemorySaver())      # interrupt() needs a checkpointer
-    with saga.run(agent="billing", request="Charge the first month") as run:
-        state = graph.invoke({"messages": [...]}, config)
-        while state.get("__interrupt__"):                     # a gated call is waiting for a person
-            state = graph.invoke(resume_when_decided(state), config)
-
-Saga Admin's approver decides, not the resume value: on resume the tool asks Saga again, so an
-approved call runs (once, with the approver's args if edited), a rejected one becomes an error
-``ToolMessage`` the model reads (or ``ToolRejected`` with ``raise_on_reject=True``), and one still
-undecided pauses the graph again. The run stays open while a step waits (a ``with`` block that
-ends then leaves it running): resume in another process inside ``with saga.attach(run_id):``.
+Saga Admin's approver decides, not the resume value: on ``Command(resume=…)`` the tool asks Saga
+again, so an approved call runs (once, with the approver's args if edited), a rejected one is an
+error ``ToolMessage`` for the model (``ToolRejected`` with ``raise_on_reject=True``), and one still
+undecided pauses the graph again. The run stays open while a call waits; another process resumes
+the graph inside ``with saga.attach(run_id):``. See clients/python/README.md, "LangGraph".
 """
 
 from __future__ import annotations
@@ -132,7 +124,7 @@ def saga_tools(
     return wrapped
 
 
-def resume_when_decided(state: Mapping[str, Any], *, timeout_s: float | None = None) -> Command:
+def resume_when_decided(state: Mapping[str, Any], *, timeout_s: float | None = None) -> Command[Any]:
     """Wait (in the active blocking run) until Saga Admin's approver decided every approval the
     graph paused for, then the ``Command`` that resumes it; each interrupt's resume value is the
     decision ``{"approval_id", "action_id", "status"}`` (informational: the tool asks Saga again).
@@ -150,11 +142,8 @@ def resume_when_decided(state: Mapping[str, Any], *, timeout_s: float | None = N
             status = action["status"]
         except ApprovalRejected:
             status = "rejected"
-        decisions[paused.id] = {
-            "approval_id": value["approval_id"],
-            "action_id": value["action_id"],
-            "status": status,
-        }
+        decisions[paused.id] = {"approval_id": value["approval_id"], "action_id": value["action_id"]}
+        decisions[paused.id]["status"] = status
     return Command(resume=decisions)
 
 

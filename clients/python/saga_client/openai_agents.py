@@ -1,24 +1,12 @@
-"""OpenAI Agents SDK adapter (``pip install 'saga-admin-client[openai-agents]'``): function tools
-whose every call is a step of the Saga run active in the context, and whose approval is Saga
-Admin's.
+"""OpenAI Agents SDK adapter (extra ``openai-agents``): function tools whose every call is a step of
+the Saga run active in the context, and whose approval is Saga Admin's.
 
-    @saga_function_tool(name="payments.charge", target=lambda customer: ("customer", customer))
-    def charge(customer: str, amount: int) -> str: ...
-
-    async with saga.run(agent="billing", request="Charge the first month"):
-        result = await Runner.run(agent, "Charge c-9 for the first month")
-        while result.interruptions:                          # a call waits for Saga's approver
-            result = await Runner.run(agent, await saga_decisions(result))
-
-How the two approvals relate: Saga Admin's decision is the one that counts, and the SDK's
-tool-approval flow carries it. The tool's ``needs_approval`` records the call in Saga (without
-starting it) and answers True while Saga's approver has not approved it, so the run returns with
-``interruptions``. ``saga_decisions`` waits for Saga's decisions and writes them into the run
-state: approved → ``state.approve``; rejected → ``state.reject`` with the approver's reason as the
-message the model reads. When the SDK then invokes the tool, the step asks Saga again: only a
-call Saga approved runs (once, with the approver's args if edited); a host that approves in the
-SDK alone gets a tool error, and nothing runs. The run stays open while a call waits: resume in
-another process inside ``async with saga.attach(run_id):``.
+Saga's decision counts; the SDK's tool-approval flow carries it. ``needs_approval`` records the call
+in Saga (``run.record``, not started) and is True until Saga's approver approved it (or Saga needs
+no approval), so the run returns with ``interruptions``; ``saga_decisions`` waits for Saga's
+decisions and writes them into the run state (approve, or reject with the approver's reason). When
+the SDK runs the call, the step asks Saga again: only a call Saga approved runs, once; an approval
+given in the SDK alone is a tool error. See clients/python/README.md, "OpenAI Agents SDK".
 """
 
 from __future__ import annotations
@@ -160,4 +148,5 @@ async def _record(spec: ToolSpec, params: Mapping[str, Any]) -> dict[str, Any]:
     recorded already comes back as it is now."""
     step = spec.step_arguments((), params)
     fields = {k: step[k] for k in ("args", "target", "compensate", "intent")}
-    return await _call(_active_run(spec.name).record, spec.name, **fields)
+    action: dict[str, Any] = await _call(_active_run(spec.name).record, spec.name, **fields)
+    return action
