@@ -500,6 +500,47 @@ class RunCore:
         digest = hashlib.sha256(canonical([self.id, tool, list(target) if target else None, args]).encode())
         return f"{self.id}:{digest.hexdigest()[:40]}"
 
+    def _action_request(
+        self,
+        tool: str,
+        target: Target | None,
+        args: dict[str, Any],
+        compensate: Compensation | None,
+        intent: Mapping[str, Any] | None,
+        idempotency_key: str | None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The idempotency key and body that record a step: one place, so that a step recorded
+        ahead (``record``) and the same step run later are one action."""
+        key = idempotency_key or self.step_key(tool, target, args)
+        body: dict[str, Any] = {"args": args}
+        if target is not None:
+            body["target_type"], body["target_id"] = str(target[0]), str(target[1])
+        if compensate is not None:
+            body["compensation"] = {"tool": compensate[0], "args": dict(compensate[1])}
+        if intent is not None:
+            body["intent"] = dict(intent)
+        return key, body
+
+    def _record(
+        self,
+        tool: str,
+        *,
+        target: Target | None,
+        args: Mapping[str, Any] | None,
+        compensate: Compensation | None,
+        intent: Mapping[str, Any] | None,
+        idempotency_key: str | None,
+    ) -> Flow[dict[str, Any]]:
+        if not self.id:
+            raise SagaError(
+                "The run is not open yet: use it as a context manager (or open it) first.",
+                code="run_not_open",
+            )
+        key, body = self._action_request(tool, target, dict(args or {}), compensate, intent, idempotency_key)
+        reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
+        action: dict[str, Any] = reply.data
+        return action
+
     def _step(
         self,
         tool: str,
@@ -521,14 +562,8 @@ class RunCore:
                 code="run_not_open",
             )
         call_args = dict(args or {})
-        key = idempotency_key or self.step_key(tool, target, call_args)
-        body: dict[str, Any] = {"args": call_args, "start": True}
-        if target is not None:
-            body["target_type"], body["target_id"] = str(target[0]), str(target[1])
-        if compensate is not None:
-            body["compensation"] = {"tool": compensate[0], "args": dict(compensate[1])}
-        if intent is not None:
-            body["intent"] = dict(intent)
+        key, body = self._action_request(tool, target, call_args, compensate, intent, idempotency_key)
+        body["start"] = True
         snapshot = (yield Invoke(before)) if callable(before) else before
         if snapshot is not None:
             body["before_snapshot"] = snapshot

@@ -92,6 +92,8 @@ class AsyncSaga:
                 approval_timeout_s=approval_timeout_s,
             )
         )
+        # The API root this client talks to (links to the dashboard are made from it).
+        self.api_url = api_root(base_url)
         self._http = httpx.AsyncClient(
             base_url=api_root(base_url),
             timeout=timeout,
@@ -385,6 +387,30 @@ class AsyncRun(RunCore):
         self, error: str, *, failed_action_id: str | None = None, reason: str = "failed"
     ) -> dict[str, Any]:
         return await self.client._drive(self._fail(error, failed_action_id=failed_action_id, reason=reason))
+
+    async def record(
+        self,
+        tool: str,
+        *,
+        target: Target | None = None,
+        args: Mapping[str, Any] | None = None,
+        compensate: Compensation | None = None,
+        intent: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Record a step without starting it (the key and body ``step`` would send), e.g. so that
+        it is approved before it runs; returns the action (as it is now, when recorded already).
+        ``step`` with the same tool, target and args later runs it — once approved."""
+        return await self.client._drive(
+            self._record(
+                tool,
+                target=target,
+                args=args,
+                compensate=compensate,
+                intent=intent,
+                idempotency_key=idempotency_key,
+            )
+        )
 
     async def step(
         self,
