@@ -103,7 +103,8 @@ class ApprovalPending(SagaError):
         self.action_id: str = self.action["id"]
         self.run_id: str = self.action.get("run_id", "")
         self.tool: str = self.action.get("tool", "")
-        self.args: Any = self.action.get("args")
+        # ``args`` is the exception's own (its message), as for every exception: the step's are these.
+        self.step_args: Any = self.action.get("args")
         self.idempotency_key: str = self.action.get("idempotency_key", "")
         self.approval: dict[str, Any] = dict(self.action.get("approval") or {})
         self.approval_id: str = self.approval.get("id", "")

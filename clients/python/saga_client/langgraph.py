@@ -155,7 +155,7 @@ def _payload(pending: ApprovalPending, run: Run | AsyncRun) -> dict[str, Any]:
         "action_id": pending.action_id,
         "run_id": run.id,
         "tool": pending.tool,
-        "args": pending.action.get("args"),  # not pending.args: BaseException.args
+        "args": pending.step_args,
         "risk": pending.action.get("risk"),
         "link": run.client.api_url.removesuffix("/api/v1") + "/approvals/",  # the dashboard's inbox
     }

@@ -247,3 +247,12 @@ def test_wait_false_raises_approval_pending_and_leaves_the_run_running():
     assert pending.idempotency_key == "k1" and run.pending_approvals.keys() == {"act_1"}
     # Neither completed nor failed: the run waits for the decision.
     assert script.paths() == ["POST /runs", "POST /runs/run_1/actions"]
+
+
+def test_approval_pending_keeps_the_step_args_apart_from_the_exceptions_own():
+    from saga_client import ApprovalPending
+
+    pending = ApprovalPending({"id": "act_1", "tool": "payments.charge", "args": {"amount": 40}})
+    assert pending.step_args == {"amount": 40}
+    assert pending.args == (str(pending),)
+    assert "act_1" in str(pending)
