@@ -2,50 +2,70 @@
 
     from saga_client import Saga
     saga = Saga("https://saga.example.com", "sk_…")
-    with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
-        run.step("hr.create_user", target=("user", email), args={...}, do=create_user,
-                 compensate=("hr.delete_user", {"email": email}))
 
-Receivers of Saga Admin's webhooks (compensators, resume_url) check requests with
-``verify_signature``.
+    @saga.tool("hr.create_user", target=lambda email: ("user", email),
+               compensate=lambda email: ("hr.delete_user", {"email": email}))
+    def create_user(email: str, name: str) -> dict: ...
+
+    with saga.run(agent="onboarding", request="Onboard Ashu Kumar"):
+        create_user("ashu@company.com", "Ashu Kumar")
+
+``AsyncSaga`` is the same client for asyncio. Receivers of Saga Admin's webhooks (compensators,
+``resume_url``) check requests with ``verify_signature``.
 """
 
 from __future__ import annotations
 
-from saga_client.client import (
+from saga_client.aio import AsyncRun, AsyncSaga, current_async_run
+from saga_client.client import Run, RunContext, Saga, SagaClient, current_run
+from saga_client.errors import (
+    ApprovalPending,
     ApprovalRejected,
     ApprovalTimeout,
     AuthenticationFailed,
     Conflict,
     InvalidRequest,
+    NoActiveRun,
     NotFound,
+    Paused,
+    PolicyDenied,
     RateLimited,
-    RunContext,
-    Saga,
     SagaAPIError,
-    SagaClient,
+    SagaAuthError,
     SagaError,
+    SagaUnavailable,
     ServerError,
     StepInDoubt,
 )
 from saga_client.signing import compute_signature, signed_headers, verify_signature
 
 __all__ = [
+    "ApprovalPending",
     "ApprovalRejected",
     "ApprovalTimeout",
+    "AsyncRun",
+    "AsyncSaga",
     "AuthenticationFailed",
     "Conflict",
     "InvalidRequest",
+    "NoActiveRun",
     "NotFound",
+    "Paused",
+    "PolicyDenied",
     "RateLimited",
+    "Run",
     "RunContext",
     "Saga",
     "SagaAPIError",
+    "SagaAuthError",
     "SagaClient",
     "SagaError",
+    "SagaUnavailable",
     "ServerError",
     "StepInDoubt",
     "compute_signature",
+    "current_async_run",
+    "current_run",
     "signed_headers",
     "verify_signature",
 ]

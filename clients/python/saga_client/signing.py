@@ -40,19 +40,25 @@ def signed_headers(secret: str, body: bytes, *, timestamp: int | None = None) ->
 def verify_signature(
     secret: str,
     headers: Mapping[str, str],
-    body: bytes,
+    raw_body: bytes | str,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
     *,
-    tolerance_s: int = DEFAULT_TOLERANCE_S,
     now: float | None = None,
 ) -> bool:
-    """True when the request was signed with ``secret`` within ``tolerance_s`` seconds (replays of
-    an old request are refused). ``headers`` may be any case-insensitive or plain mapping."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    timestamp = lowered.get(TIMESTAMP_HEADER.lower(), "")
-    signature = lowered.get(SIGNATURE_HEADER.lower(), "")
-    if not timestamp.isdigit() or not signature:
+    """True when the request was signed with ``secret`` within ``tolerance_s`` seconds of now
+    (either way: a replay of an old request, or a timestamp from the future, is refused).
+
+    ``headers``: any mapping of the request's headers (``X-Saga-Timestamp``, ``X-Saga-Signature``)
+    whatever the case of their names — Django's ``request.headers``, a plain dict, httpx's or
+    Starlette's headers. ``raw_body``: the exact bytes received, before any JSON parsing (a ``str``
+    is taken as UTF-8). The signature is compared in constant time."""
+    lowered = {str(k).lower(): v for k, v in headers.items()}
+    timestamp = str(lowered.get(TIMESTAMP_HEADER.lower(), "")).strip()
+    signature = str(lowered.get(SIGNATURE_HEADER.lower(), "")).strip()
+    if not (timestamp.isascii() and timestamp.isdigit()) or not signature:
         return False
     current = time.time() if now is None else now
     if abs(current - int(timestamp)) > tolerance_s:
         return False
-    return hmac.compare_digest(compute_signature(secret, timestamp, body), signature)
+    body = raw_body.encode() if isinstance(raw_body, str) else bytes(raw_body)
+    return hmac.compare_digest(compute_signature(secret, timestamp, body).encode(), signature.encode())

@@ -1,0 +1,450 @@
+"""The asyncio client: ``AsyncSaga`` and its ``AsyncRun``, the twins of ``Saga`` and ``Run``.
+
+    saga = AsyncSaga("https://saga.example.com", api_key)
+    async with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
+        user = await run.step("hr.create_user", target=("user", email), args={"email": email},
+                              do=hr.create_user,          # sync or async: awaited when async
+                              compensate=("hr.delete_user", {"email": email}))
+
+Same methods, same requests, same errors: both drive the flows of ``saga_client._core``; this
+module only performs their effects with ``await``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Mapping
+from contextvars import Token
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+
+import httpx
+
+from saga_client._core import (
+    Api,
+    Compensation,
+    Effect,
+    Flow,
+    Invoke,
+    RunCore,
+    Send,
+    Settings,
+    Sleep,
+    Target,
+    api_root,
+    default_headers,
+)
+from saga_client.tools import ToolSpec, async_run, require_run
+
+if TYPE_CHECKING:
+    from typing_extensions import ParamSpec
+
+    P = ParamSpec("P")
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def drive(flow: Flow[T], perform: Callable[[Effect], Awaitable[Any]]) -> T:
+    """``client.drive`` with ``await``: the same loop over the same flows."""
+    outcome: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = flow.throw(error) if error is not None else flow.send(outcome)
+        except StopIteration as done:
+            return done.value
+        outcome, error = None, None
+        try:
+            outcome = await perform(effect)
+        except BaseException as exc:  # the flow decides; it re-raises what it does not handle
+            error = exc
+        finally:
+            del effect
+
+
+class AsyncSaga:
+    """``Saga`` for asyncio: every method that talks to the server is a coroutine."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 10.0,
+        retries: int = 4,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+        poll_interval_s: float = 2.0,
+        max_poll_interval_s: float = 30.0,
+        approval_timeout_s: float = 3600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.api = Api(
+            Settings(
+                retries=retries,
+                backoff_s=backoff_s,
+                max_backoff_s=max_backoff_s,
+                poll_interval_s=poll_interval_s,
+                max_poll_interval_s=max_poll_interval_s,
+                approval_timeout_s=approval_timeout_s,
+            )
+        )
+        self._http = httpx.AsyncClient(
+            base_url=api_root(base_url),
+            timeout=timeout,
+            transport=transport,
+            headers=default_headers(api_key),
+        )
+
+    # Plumbing -------------------------------------------------------------------------------
+
+    async def _perform(self, effect: Effect) -> Any:
+        if isinstance(effect, Send):
+            return await self._http.request(
+                effect.method, effect.path, json=effect.json, params=effect.params, headers=effect.headers
+            )
+        if isinstance(effect, Sleep):
+            await asyncio.sleep(effect.seconds)
+            return None
+        if isinstance(effect, Invoke):
+            result = effect.func(*effect.args)
+            # An async `do` (or one returning an awaitable) is awaited: never recorded as done
+            # while its coroutine has not run.
+            return await result if inspect.isawaitable(result) else result
+        raise AssertionError(f"unknown effect {effect!r}")
+
+    async def _drive(self, flow: Flow[T]) -> T:
+        return await drive(flow, self._perform)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncSaga:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Any:
+        return await self._drive(
+            self.api.call(method, path, json_body=json_body, params=params, idempotency_key=idempotency_key)
+        )
+
+    # High level -----------------------------------------------------------------------------
+
+    def run(self, *, agent: str, request: str, **fields: Any) -> AsyncRun:
+        """``async with saga.run(...) as run:`` creates the run, completes it on a clean exit and
+        fails it (into the recovery queue) when the block raises. ``await saga.run(...)`` only
+        creates it."""
+        return AsyncRun(self, agent=agent, request=request, fields=fields)
+
+    def attach(self, run_id: str) -> AsyncRun:
+        """An existing run: ``run = await saga.attach(run_id)`` or ``async with saga.attach(run_id)
+        as run:``. Steps already done replay their recorded results instead of running again."""
+        return AsyncRun(self, agent="", request="", fields={}, run_id=run_id)
+
+    def tool(
+        self,
+        name: str,
+        *,
+        target: Target | Callable[..., Target] | None = None,
+        compensate: Compensation | Callable[..., Compensation | None] | None = None,
+        intent: Mapping[str, Any] | None = None,
+        approval_timeout_s: float | None = None,
+    ) -> _AsyncTool:
+        """``Saga.tool`` for async runs. The decorated function (sync or async) becomes a coroutine
+        function: each call, awaited, is a step of the async run active in this context."""
+        return _AsyncTool(
+            self,
+            name,
+            target=target,
+            compensate=compensate,
+            intent=intent,
+            approval_timeout_s=approval_timeout_s,
+        )
+
+    # Runs -----------------------------------------------------------------------------------
+
+    async def create_run(
+        self, *, agent: str, request: str, idempotency_key: str | None = None, **fields: Any
+    ) -> dict:
+        return await self._drive(
+            self.api.create_run(agent=agent, request=request, idempotency_key=idempotency_key, **fields)
+        )
+
+    async def get_run(self, run_id: str) -> dict:
+        return await self._drive(self.api.get_run(run_id))
+
+    async def list_actions(self, run_id: str, *, page_size: int = 500) -> AsyncIterator[dict]:
+        params: dict[str, Any] = {"limit": page_size}
+        while True:
+            page = await self._drive(self.api.actions_page(run_id, params))
+            for item in page["items"]:
+                yield item
+            if not page["next_cursor"]:
+                return
+            params["cursor"] = page["next_cursor"]
+
+    async def list_runs(self, **filters: Any) -> AsyncIterator[dict]:
+        params = {k: v for k, v in filters.items() if v is not None}
+        while True:
+            page = await self._drive(self.api.runs_page(params))
+            for item in page["items"]:
+                yield item
+            if not page["next_cursor"]:
+                return
+            params["cursor"] = page["next_cursor"]
+
+    async def heartbeat(self, run_id: str, note: str = "") -> list[dict]:
+        return await self._drive(self.api.heartbeat(run_id, note))
+
+    async def complete_run(
+        self, run_id: str, summary: str = "", *, idempotency_key: str | None = None
+    ) -> dict:
+        return await self._drive(self.api.complete_run(run_id, summary, idempotency_key=idempotency_key))
+
+    async def fail_run(
+        self,
+        run_id: str,
+        error: str,
+        *,
+        failed_action_id: str | None = None,
+        reason: str = "failed",
+        idempotency_key: str | None = None,
+    ) -> dict:
+        return await self._drive(
+            self.api.fail_run(
+                run_id,
+                error,
+                failed_action_id=failed_action_id,
+                reason=reason,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    async def commands(self, run_id: str) -> list[dict]:
+        return await self._drive(self.api.commands(run_id))
+
+    async def ack_command(self, command_id: str) -> dict:
+        return await self._drive(self.api.ack_command(command_id))
+
+    async def trail(self, run_id: str) -> dict:
+        return await self._drive(self.api.trail(run_id))
+
+    async def policies(self) -> dict:
+        return await self._drive(self.api.policies())
+
+    # Actions --------------------------------------------------------------------------------
+
+    async def record_action(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> dict:
+        reply = await self._drive(
+            self.api.record_action(run_id, tool=tool, idempotency_key=idempotency_key, **fields)
+        )
+        return reply.data
+
+    async def get_action(self, action_id: str) -> dict:
+        return await self._drive(self.api.get_action(action_id))
+
+    async def start_action(self, action: Mapping[str, Any]) -> dict:
+        return await self._drive(self.api.start_action(action))
+
+    async def succeed_action(
+        self, action: Mapping[str, Any], *, result: Any = None, after_snapshot: Any = None
+    ) -> dict:
+        return await self._drive(
+            self.api.succeed_action(action, result=result, after_snapshot=after_snapshot)
+        )
+
+    async def fail_action(
+        self,
+        action: Mapping[str, Any],
+        *,
+        error: str,
+        retryable: bool = False,
+        layer: str = "tool",
+        outcome_unknown: bool = False,
+    ) -> dict:
+        return await self._drive(
+            self.api.fail_action(
+                action, error=error, retryable=retryable, layer=layer, outcome_unknown=outcome_unknown
+            )
+        )
+
+    async def verify_action(
+        self, action_id: str, *, ok: bool, expected: Any = None, actual: Any = None, reason: str = ""
+    ) -> dict:
+        return await self._drive(
+            self.api.verify_action(action_id, ok=ok, expected=expected, actual=actual, reason=reason)
+        )
+
+    async def reconcile_action(
+        self, action_id: str, *, happened: bool, reason: str, result: Any = None, after_snapshot: Any = None
+    ) -> dict:
+        return await self._drive(
+            self.api.reconcile_action(
+                action_id, happened=happened, reason=reason, result=result, after_snapshot=after_snapshot
+            )
+        )
+
+    async def wait_for_approval(self, action: Mapping[str, Any], *, timeout_s: float | None = None) -> dict:
+        return await self._drive(self.api.wait_for_approval(action, timeout_s=timeout_s))
+
+    # Checkpoints ----------------------------------------------------------------------------
+
+    async def write_checkpoint(
+        self, run_id: str, *, name: str, idempotency_key: str | None = None, **fields: Any
+    ) -> dict:
+        return await self._drive(
+            self.api.write_checkpoint(run_id, name=name, idempotency_key=idempotency_key, **fields)
+        )
+
+    async def latest_checkpoint(self, run_id: str) -> dict | None:
+        return await self._drive(self.api.latest_checkpoint(run_id))
+
+
+class _AsyncTool:
+    """The decorator ``AsyncSaga.tool(...)`` returns."""
+
+    def __init__(self, saga: AsyncSaga, name: str, **options: Any) -> None:
+        self.saga, self.name, self.options = saga, name, options
+
+    @overload
+    def __call__(self, func: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+    @overload
+    def __call__(self, func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+    def __call__(self, func: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:
+        spec = ToolSpec(func, self.name, **self.options)
+        name = self.name
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            run: AsyncRun = require_run(async_run, name, client="AsyncSaga")
+            return await run.step(name, **spec.step_arguments(args, kwargs))
+
+        return spec.wraps(call)
+
+
+def current_async_run() -> AsyncRun | None:
+    """The run of the innermost ``async with saga.run(...)`` block this code runs in, if any."""
+    run: AsyncRun | None = async_run.get()
+    return run
+
+
+class AsyncRun(RunCore):
+    """``Run`` for asyncio: ``async with``, and ``await`` on every method that talks to the server."""
+
+    def __init__(
+        self, saga: AsyncSaga, *, agent: str, request: str, fields: Mapping[str, Any], run_id: str = ""
+    ) -> None:
+        super().__init__(saga.api, agent=agent, request=request, fields=fields, run_id=run_id)
+        self.client = saga
+        self._tokens: list[Token[Any]] = []
+
+    async def open(self) -> AsyncRun:
+        """Create the run (or load an attached one) without the context manager."""
+        await self.client._drive(self._open())
+        return self
+
+    def __await__(self) -> Generator[Any, None, AsyncRun]:
+        return self.open().__await__()
+
+    async def __aenter__(self) -> AsyncRun:
+        await self.open()
+        self._tokens.append(async_run.set(self))
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
+        if self._tokens:
+            async_run.reset(self._tokens.pop())
+        await self.client._drive(self._exit(exc))
+        return False
+
+    async def complete(self, summary: str = "") -> dict:
+        return await self.client._drive(self._complete(summary))
+
+    async def fail(self, error: str, *, failed_action_id: str | None = None, reason: str = "failed") -> dict:
+        return await self.client._drive(self._fail(error, failed_action_id=failed_action_id, reason=reason))
+
+    async def step(
+        self,
+        tool: str,
+        *,
+        do: Callable[..., Any],
+        target: Target | None = None,
+        args: Mapping[str, Any] | None = None,
+        compensate: Compensation | None = None,
+        before: Any = None,
+        after: Any = None,
+        intent: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        approval_timeout_s: float | None = None,
+        wait: bool = True,
+    ) -> Any:
+        """``Run.step``, awaited. ``do``, ``before`` and ``after`` may be sync or async functions."""
+        return await self.client._drive(
+            self._step(
+                tool,
+                do=do,
+                target=target,
+                args=args,
+                compensate=compensate,
+                before=before,
+                after=after,
+                intent=intent,
+                idempotency_key=idempotency_key,
+                approval_timeout_s=approval_timeout_s,
+                wait=wait,
+            )
+        )
+
+    async def checkpoint(
+        self,
+        name: str,
+        *,
+        state: Mapping[str, Any] | None = None,
+        summary: str = "",
+        recovery_mode: str = "resume_or_compensate",
+        recovery_instructions: str = "",
+        completed_action_ids: list[str] | None = None,
+        pending_action_ids: list[str] | None = None,
+        requires_user_approval: bool = False,
+        trace_links: list[Any] | None = None,
+    ) -> dict:
+        return await self.client._drive(
+            self._checkpoint(
+                name,
+                state=state,
+                summary=summary,
+                recovery_mode=recovery_mode,
+                recovery_instructions=recovery_instructions,
+                completed_action_ids=completed_action_ids,
+                pending_action_ids=pending_action_ids,
+                requires_user_approval=requires_user_approval,
+                trace_links=trace_links,
+            )
+        )
+
+    async def heartbeat(self, note: str = "") -> list[dict]:
+        return await self.client.heartbeat(self.id, note)
+
+    async def commands(self) -> list[dict]:
+        return await self.client.commands(self.id)
+
+    async def ack(self, command_id: str) -> dict:
+        return await self.client.ack_command(command_id)
+
+    async def trail(self) -> dict:
+        return await self.client.trail(self.id)

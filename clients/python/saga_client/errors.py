@@ -1,0 +1,187 @@
+"""What the client raises on purpose. Every class carries ``code``: the API's stable machine code
+for an error the server answered, or the client's own for what it found out itself
+(``unavailable``, ``approval_pending``, ``approval_timeout``, ``step_in_doubt``, …)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+
+class SagaError(Exception):
+    """Base class of everything this client raises on purpose."""
+
+    code: str = "saga_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class SagaUnavailable(SagaError):
+    """The server could not be reached (connection refused, DNS, timeouts) after the client's own
+    retries. The transport error is the ``__cause__``."""
+
+    code = "unavailable"
+
+    def __init__(self, message: str, *, attempts: int) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class SagaAPIError(SagaError):
+    """The API answered with an error: ``status``, the stable machine ``code``, ``details``."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: Mapping[str, Any] | None = None,
+        request_id: str = "",
+    ) -> None:
+        super().__init__(message, code=code)
+        self.status = status
+        self.details = dict(details or {})
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code}: {self.message}"
+
+
+class SagaAuthError(SagaAPIError):
+    """401/403: the key is missing, wrong, revoked, or lacks a scope. The message is the server's."""
+
+
+class NotFound(SagaAPIError):
+    """404 (including another tenant's object, or another agent's run)."""
+
+
+class Conflict(SagaAPIError):
+    """409: a state change the state machine refused, a gated action, a closed run, …"""
+
+
+class Paused(Conflict):
+    """409 ``paused``: an operator paused this agent or tool (``details`` names the pause)."""
+
+
+class PolicyDenied(SagaAPIError):
+    """403 ``policy_denied``: a policy rule or limit refuses this call (``details`` name it)."""
+
+
+class InvalidRequest(SagaAPIError):
+    """400/413/415/422: fix the request; retrying it unchanged will not help."""
+
+
+class RateLimited(SagaAPIError):
+    """429 after the client's own retries."""
+
+
+class ServerError(SagaAPIError):
+    """5xx after the client's own retries."""
+
+
+# The names this client had before it grew typed twins; kept so existing code keeps working.
+AuthenticationFailed = SagaAuthError
+
+
+class ApprovalPending(SagaError):
+    """A gated step was recorded and is waiting for a person (raised by ``step(..., wait=False)``).
+
+    Nothing ran. Call the same step again (same tool, target and args: the same idempotency key)
+    once it is decided: approved → it runs, with the approver's args if they edited them;
+    rejected → ``ApprovalRejected``; still undecided → ``ApprovalPending`` again."""
+
+    code = "approval_pending"
+
+    def __init__(self, action: Mapping[str, Any]) -> None:
+        self.action = dict(action)
+        self.action_id: str = self.action["id"]
+        self.run_id: str = self.action.get("run_id", "")
+        self.tool: str = self.action.get("tool", "")
+        self.args: Any = self.action.get("args")
+        self.idempotency_key: str = self.action.get("idempotency_key", "")
+        self.approval: dict[str, Any] = dict(self.action.get("approval") or {})
+        self.approval_id: str = self.approval.get("id", "")
+        super().__init__(
+            f"Action {self.action_id} ({self.tool}) is waiting for approval"
+            f"{' ' + self.approval_id if self.approval_id else ''}; "
+            "call the same step again once it is decided."
+        )
+
+
+class ApprovalRejected(SagaError):
+    """A person rejected the step (or its approval expired). Nothing ran."""
+
+    code = "approval_rejected"
+
+    def __init__(self, action_id: str, reason: str = "", *, action: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"Action {action_id} was rejected{': ' + reason if reason else ''}.")
+        self.action_id, self.reason = action_id, reason
+        self.action = dict(action or {})
+
+
+class ApprovalTimeout(SagaError):
+    """Nobody decided within the approval timeout. The action stays ``awaiting_approval``."""
+
+    code = "approval_timeout"
+
+    def __init__(self, action_id: str, waited_s: float) -> None:
+        super().__init__(f"Action {action_id} was still awaiting approval after {waited_s:.0f}s.")
+        self.action_id, self.waited_s = action_id, waited_s
+
+
+class StepInDoubt(SagaError):
+    """A step's earlier attempt started but never reported an outcome (or timed out). Running it
+    again could do it twice: find out whether it happened and reconcile it first."""
+
+    code = "step_in_doubt"
+
+    def __init__(self, action: Mapping[str, Any]) -> None:
+        super().__init__(
+            f"Action {action['id']} ({action['tool']}) is {action['status']} from an earlier attempt; "
+            "reconcile it (POST /actions/{id}/reconcile) before running it again."
+        )
+        self.action = dict(action)
+
+
+class NoActiveRun(SagaError):
+    """A ``@saga.tool`` function was called outside ``with saga.run(...)`` (or ``async with``)."""
+
+    code = "no_active_run"
+
+
+_BY_CODE: dict[str, type[SagaAPIError]] = {"paused": Paused, "policy_denied": PolicyDenied}
+
+
+def _class_for(status: int, code: str) -> type[SagaAPIError]:
+    if code in _BY_CODE:
+        return _BY_CODE[code]
+    if status in (401, 403):
+        return SagaAuthError
+    if status == 404:
+        return NotFound
+    if status == 409:
+        return Conflict
+    if status == 429:
+        return RateLimited
+    if status >= 500:
+        return ServerError
+    return InvalidRequest
+
+
+def error_from_response(response: httpx.Response) -> SagaAPIError:
+    """The typed exception for an error answer: the API's ``{"error": {code, message, details}}``,
+    or (from a proxy in front, say) the status and the start of the body."""
+    try:
+        body = response.json()["error"]
+        code, message, details = str(body["code"]), str(body["message"]), body.get("details") or {}
+    except (ValueError, KeyError, TypeError):
+        code, message, details = "http_error", response.text[:500] or response.reason_phrase, {}
+    return _class_for(response.status_code, code)(
+        response.status_code, code, message, details, request_id=response.headers.get("X-Request-Id", "")
+    )
