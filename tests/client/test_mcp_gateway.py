@@ -171,10 +171,7 @@ def assert_failed_session_recorded(results: list[Any], upstream_tools: list[str]
     assert actions[0].result["email"] == "ashu@company.com"  # the upstream's structuredContent
     assert "Unknown SKU" in actions[2].error
     # The policy named the compensations: MCP calls carry none of their own.
-    assert (actions[0].compensation_tool, actions[0].compensation_args) == (
-        "hr.delete_user",
-        {"email": "ashu@company.com"},
-    )
+    assert [a.compensation_tool for a in actions[:2]] == ["hr.delete_user", "hr.revoke_license"]
     item = RecoveryItem.objects.get(run=run)
     assert item.failed_action_id == actions[2].pk
     return run

@@ -45,8 +45,10 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
+import httpx2
 import mcp_types as types
 from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
@@ -91,6 +93,7 @@ class Options:
     approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S
     call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    upstream_headers: tuple[tuple[str, str], ...] = ()
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     poll_interval_s: float = 1.0
 
@@ -121,6 +124,15 @@ def _namespace(text: str) -> str:
             f"must be a tool-name prefix such as 'hr' (letters, digits, _ - .), got {text!r}"
         )
     return text.rstrip(".")
+
+
+def _header_from_env(text: str) -> tuple[str, str]:
+    name, sep, env = text.partition("=")
+    if not sep or not name.strip() or not env.strip() or " " in name.strip():
+        raise argparse.ArgumentTypeError(
+            f"must be NAME=ENVVAR (e.g. Authorization=HR_MCP_AUTH), got {text!r}"
+        )
+    return name.strip(), env.strip()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -170,6 +182,14 @@ def parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_IDLE_TIMEOUT_S:g})",
     )
     p.add_argument(
+        "--upstream-header",
+        action="append",
+        default=[],
+        type=_header_from_env,
+        metavar="NAME=ENVVAR",
+        help="send header NAME to an HTTP upstream, its value read from environment variable ENVVAR (repeatable)",
+    )
+    p.add_argument(
         "--heartbeat-interval", type=_positive, default=DEFAULT_HEARTBEAT_S, help=argparse.SUPPRESS
     )
     p.add_argument("--poll-interval", type=_positive, default=1.0, help=argparse.SUPPRESS)
@@ -184,6 +204,11 @@ def options_from(argv: list[str] | None, environ: Mapping[str, str]) -> Options:
             "saga-mcp: SAGA_API_KEY is not set. The gateway reads its Saga Admin key from that environment "
             "variable only (never a flag: command lines are visible to every user of the machine)."
         )
+    missing = [env for _, env in args.upstream_header if not environ.get(env)]
+    if missing:
+        raise GatewayError(
+            f"saga-mcp: --upstream-header reads {', '.join(missing)} from the environment, but it is not set."
+        )
     url = urlsplit(args.saga_url)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise GatewayError(f"saga-mcp: --saga-url must be an http(s) URL, got {args.saga_url!r}.")
@@ -197,16 +222,20 @@ def options_from(argv: list[str] | None, environ: Mapping[str, str]) -> Options:
         approval_timeout_s=args.approval_timeout,
         call_timeout_s=args.call_timeout,
         idle_timeout_s=args.idle_timeout,
+        upstream_headers=tuple(args.upstream_header),
         heartbeat_s=args.heartbeat_interval,
         poll_interval_s=args.poll_interval,
     )
 
 
-def upstream_target(upstream: str, environ: Mapping[str, str]) -> str | StdioServerParameters:
-    """A URL, or the command line to start over stdio. The child gets the gateway's environment
-    minus the Saga Admin key: the upstream has no business with it."""
-    if upstream.startswith(("http://", "https://")):
-        return upstream
+def upstream_target(
+    upstream: str, environ: Mapping[str, str], http_client: httpx2.AsyncClient | None = None
+) -> Any:
+    """A Streamable HTTP transport (over ``http_client`` when headers must be sent), or the
+    command line to start over stdio. The child gets the gateway's environment minus the Saga
+    Admin key: the upstream has no business with it."""
+    if is_url(upstream):
+        return upstream if http_client is None else streamable_http_client(upstream, http_client=http_client)
     words = shlex.split(upstream)
     if not words:
         raise GatewayError(
@@ -214,6 +243,10 @@ def upstream_target(upstream: str, environ: Mapping[str, str]) -> str | StdioSer
         )
     env = {key: value for key, value in environ.items() if key != "SAGA_API_KEY"}
     return StdioServerParameters(command=words[0], args=words[1:], env=env)
+
+
+def is_url(upstream: str) -> bool:
+    return upstream.startswith(("http://", "https://"))
 
 
 def describe_upstream(upstream: str) -> str:
@@ -708,7 +741,6 @@ class _SessionTracker:
 
 
 async def serve(options: Options, environ: Mapping[str, str]) -> None:
-    target = upstream_target(options.upstream, environ)
     label = describe_upstream(options.upstream)
     gateway_ref: list[Gateway] = []
 
@@ -717,11 +749,20 @@ async def serve(options: Options, environ: Mapping[str, str]) -> None:
             await gateway_ref[0].forward_list_changes()
 
     async with AsyncExitStack() as stack:
+        http_client = None
+        if options.upstream_headers and is_url(options.upstream):
+            headers = {name: environ[env] for name, env in options.upstream_headers}
+            http_client = await stack.enter_async_context(
+                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
+            )
+        target = upstream_target(options.upstream, environ, http_client)
         upstream = Client(target, mode="legacy", message_handler=on_message, cache=None)
         try:
+            # No deadline around entering: the client's task group must outlive the scope it
+            # is entered in (anyio refuses otherwise). A dead upstream fails fast on its own.
+            await stack.enter_async_context(upstream)
             with anyio.fail_after(30):
-                await stack.enter_async_context(upstream)
-            await upstream.list_tools(cache_mode="bypass")
+                await upstream.list_tools(cache_mode="bypass")
         except Exception as exc:  # noqa: BLE001 - whatever stops the upstream from answering, said once
             raise GatewayError(
                 f"saga-mcp: the upstream MCP server {label} did not answer ({_describe(exc)}). "
