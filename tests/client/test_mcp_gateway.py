@@ -238,7 +238,7 @@ def test_a_failed_http_session_is_compensated_through_the_upstreams_undo_tools_i
 # --- Approval, pause, outage -----------------------------------------------------------------
 
 
-def test_a_gated_call_waits_for_an_approvers_decision_and_reaches_the_upstream_once(
+def test_a_gated_call_waits_for_an_approvers_decision_and_reaches_the_upstream_once_with_the_approved_args(
     live_server, tenant, agent_key, approver_key, tmp_path
 ):
     approver = api(live_server, approver_key[1])
@@ -256,9 +256,16 @@ def test_a_gated_call_waits_for_an_approvers_decision_and_reaches_the_upstream_o
                 )
                 if pending:
                     [approval] = pending
+                    # The approver fixes the subject: the upstream gets the approved args.
+                    edited = {**approval["args"], "subject": "Welcome to Acme"}
                     answer = await asyncio.to_thread(
                         lambda: approver.post(
-                            f"/approvals/{approval['id']}/approve", json={"reason": "welcome mail ok"}
+                            f"/approvals/{approval['id']}/approve",
+                            json={
+                                "reason": "welcome mail ok",
+                                "args": edited,
+                                "args_hash": approval["args_hash"],
+                            },
                         )
                     )
                     assert answer.status_code == 200, answer.text
@@ -281,7 +288,8 @@ def test_a_gated_call_waits_for_an_approvers_decision_and_reaches_the_upstream_o
             result, progress = asyncio.run(scenario(gateway_url))
         assert not result.is_error, text_of(result)
         assert result.structured_content["to"] == "ashu@company.com"
-        assert upstream.tools_called() == ["send_email"]
+        [call] = upstream.calls()
+        assert (call["tool"], call["args"]["subject"]) == ("send_email", "Welcome to Acme")
         assert any("approve hr.send_email" in message for message in progress), progress
         action = Action.objects.get(tool="hr.send_email")
         assert action.status == Action.Status.SUCCEEDED
@@ -303,7 +311,7 @@ def test_a_rejected_or_undecided_call_is_a_tool_error_and_never_reaches_the_upst
                     pending = await asyncio.to_thread(
                         lambda: approver.get("/approvals", params={"status": "pending"}).json()["items"]
                     )
-                    fresh = [a for a in pending if a["action"]["args"].get("to") == "b@company.com"]
+                    fresh = [a for a in pending if a["args"].get("to") == "b@company.com"]
                     if fresh:
                         await asyncio.to_thread(
                             lambda: approver.post(
