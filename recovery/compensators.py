@@ -27,7 +27,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx
@@ -38,7 +38,7 @@ from django.utils.module_loading import import_string
 from mcp import Client as McpClient
 from mcp import MCPError
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND, CallToolResult, TextContent
+from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND, CallToolResult, RequestParamsMeta, TextContent
 from saga_client.signing import signed_headers
 
 from ledger.conf import saga
@@ -397,7 +397,7 @@ async def _mcp_call_tool(
         async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(timeout_s)) as http:
             transport = streamable_http_client(url, http_client=http)
             async with McpClient(transport, read_timeout_seconds=timeout_s, cache=None) as client:
-                return await client.call_tool(tool, args, meta=meta)
+                return await client.call_tool(tool, args, meta=cast(RequestParamsMeta, meta))
 
 
 def _run_async(coroutine: Any) -> Any:

@@ -13,12 +13,13 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 from django.core.management import call_command
 from mcp import Client, StdioServerParameters
+from mcp_types import RequestParamsMeta
 
 from ledger.models import Action, Run
 from recovery.models import RecoveryItem
@@ -125,6 +126,10 @@ def api(live_server, key: str) -> httpx.Client:
     return httpx.Client(
         base_url=f"{live_server.url}/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=10
     )
+
+
+def run_of(result) -> str:
+    return (result.meta or {})["saga/run"]
 
 
 def text_of(result) -> str:
@@ -244,10 +249,10 @@ def test_a_gated_call_waits_for_an_approvers_decision_and_reaches_the_upstream_o
     approver = api(live_server, approver_key[1])
 
     async def scenario(gateway_url: str) -> tuple[Any, list[str]]:
-        progress: list[str] = []
+        reports: list[str] = []
 
-        async def on_progress(value: float, total: float | None, message: str | None) -> None:
-            progress.append(message or "")
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            reports.append(message or "")
 
         async def approve_when_asked() -> None:
             while True:
@@ -280,7 +285,7 @@ def test_a_gated_call_waits_for_an_approvers_decision_and_reaches_the_upstream_o
                 progress_callback=on_progress,
             )
             await approving
-        return result, progress
+        return result, reports
 
     with http_upstream(tmp_path) as upstream:
         load_example_policies(tenant, tmp_path, upstream.url)
@@ -390,10 +395,12 @@ def test_a_stateless_client_gets_a_run_per_call_unless_it_passes_the_run_back(
             joined = await client.call_tool(
                 "assign_license",
                 {"email": "lee@company.com", "sku": "business-starter"},
-                meta={"saga/run": first.meta["saga/run"]},
+                meta=cast(RequestParamsMeta, {"saga/run": run_of(first)}),
             )
             separate = await client.call_tool("list_users", {})
-            forged = await client.call_tool("list_users", {}, meta={"saga/run": "run_somebody_elses"})
+            forged = await client.call_tool(
+                "list_users", {}, meta=cast(RequestParamsMeta, {"saga/run": "run_somebody_elses"})
+            )
         return [first, joined, separate, forged]
 
     with http_upstream(tmp_path) as upstream:

@@ -80,7 +80,9 @@ def http_upstream(tmp_path: Path, **env: str) -> Iterator[Upstream]:
         start_new_session=True,
     )
     try:
-        wait_for(lambda: _answers(upstream.url), timeout=30, what=f"the upstream MCP server at {upstream.url}")
+        wait_for(
+            lambda: _answers(upstream.url), timeout=30, what=f"the upstream MCP server at {upstream.url}"
+        )
         yield upstream
     finally:
         upstream.stop()

@@ -424,7 +424,8 @@ class Gateway:
             return _tool_error(_refusal(exc), run_id=run_id, action_id=action_id)
         # From here the call is recorded and started: forward the args as recorded (an approver's
         # edit included), never what the client sent if the two differ.
-        forwarded_args = action.get("args") if isinstance(action.get("args"), dict) else arguments
+        recorded_args = action.get("args")
+        forwarded_args: dict[str, Any] = recorded_args if isinstance(recorded_args, dict) else arguments
         return await self._forward(session, recorded_tool, params.name, forwarded_args, action)
 
     async def _forward(
@@ -541,12 +542,12 @@ class Gateway:
             )
         headers = getattr(ctx.request, "headers", None)
         key = (headers.get("mcp-session-id") if headers is not None else None) or "stdio"
-        session = self.sessions.get(key)
-        if session is None or session.ended:
-            if not create:
-                return None
-            session = self._new_session(key, ctx, stateless=False)
-        return session
+        found = self.sessions.get(key)
+        if found is not None and not found.ended:
+            return found
+        if not create:
+            return None
+        return self._new_session(key, ctx, stateless=False)
 
     def _new_session(self, key: str, ctx: ServerRequestContext[Any], *, stateless: bool) -> Session:
         info = ctx.session.client_params.client_info if ctx.session.client_params else None
