@@ -340,7 +340,17 @@ class ToolPolicyAdmin(ReadOnlyAdmin):
 @admin.register(Compensator)
 class CompensatorAdmin(ReadOnlyAdmin):
     include_global = True
-    list_display = ["tool", "tenant", "kind", "url", "python_path", "secret_status", "source", "loaded_at"]
+    list_display = [
+        "tool",
+        "tenant",
+        "kind",
+        "url",
+        "mcp_tool",
+        "python_path",
+        "secret_status",
+        "source",
+        "loaded_at",
+    ]
     list_filter = ["kind", tenant_filter("tenant")]
     search_fields = ["tool"]
     list_select_related = ["tenant"]
@@ -350,6 +360,8 @@ class CompensatorAdmin(ReadOnlyAdmin):
 
     @admin.display(description="secret")
     def secret_status(self, obj: Compensator) -> str:
+        if obj.headers_env:
+            return "headers from " + ", ".join(f"${env}" for env in obj.headers_env.values())
         if obj.secret_env:
             return f"from ${obj.secret_env}"
         return "set (hidden)" if obj.secret else "—"

@@ -525,6 +525,7 @@ class Compensator(models.Model):
     class Kind(models.TextChoices):
         WEBHOOK = "webhook", "HTTP webhook"
         PYTHON = "python", "Python callable"
+        MCP = "mcp", "MCP tool"
 
     tenant = models.ForeignKey(
         Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="compensators"
@@ -537,6 +538,11 @@ class Compensator(models.Model):
     secret = models.CharField(max_length=500, blank=True, default="")
     secret_env = models.CharField(max_length=200, blank=True, default="")
     python_path = models.CharField(max_length=500, blank=True, default="")
+    # An MCP compensator: the tool called on the server at ``url`` (Streamable HTTP), and the
+    # headers it is sent with, as header name → the environment variable holding the value (the
+    # values never touch the database).
+    mcp_tool = models.CharField(max_length=200, blank=True, default="")
+    headers_env = models.JSONField(blank=True, default=dict)
     # Optional reader that returns the target's current state, for drift checks.
     reader_path = models.CharField(max_length=500, blank=True, default="")
     source = models.CharField(max_length=500, blank=True, default="")
@@ -549,12 +555,16 @@ class Compensator(models.Model):
                 fields=["tenant", "tool"], name="compensator_unique_tool", nulls_distinct=False
             ),
             models.CheckConstraint(
-                condition=(Q(kind="webhook") & ~Q(url="")) | (Q(kind="python") & ~Q(python_path="")),
+                condition=(Q(kind="webhook") & ~Q(url=""))
+                | (Q(kind="python") & ~Q(python_path=""))
+                | (Q(kind="mcp") & ~Q(url="") & ~Q(mcp_tool="")),
                 name="compensator_target_present",
             ),
         ]
 
     def __str__(self) -> str:
+        if self.kind == self.Kind.MCP:
+            return f"{self.tool} → {self.mcp_tool} at {self.url}"
         return f"{self.tool} → {self.url or self.python_path}"
 
 

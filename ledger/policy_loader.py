@@ -171,6 +171,55 @@ def _check_env_name(value: str) -> str:
 
 EnvName = Annotated[str, AfterValidator(_check_env_name)]
 
+# An HTTP header name is an RFC 9110 token.
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}$")
+# Headers the MCP transport sets itself: a policy file that set them would break the protocol or
+# smuggle a second request, so they are refused by name.
+_TRANSPORT_HEADERS = frozenset(
+    {
+        "accept",
+        "connection",
+        "content-length",
+        "content-type",
+        "host",
+        "mcp-protocol-version",
+        "mcp-session-id",
+        "last-event-id",
+        "te",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+def _check_header_name(value: str) -> str:
+    if not _HEADER_NAME.match(value):
+        raise PydanticCustomError("header", "must be an HTTP header name, got '{value}'", {"value": value})
+    if value.lower() in _TRANSPORT_HEADERS:
+        raise PydanticCustomError(
+            "header",
+            "'{value}' is set by the MCP transport itself and cannot be configured",
+            {"value": value},
+        )
+    return value
+
+
+HeaderName = Annotated[str, AfterValidator(_check_header_name)]
+
+
+def _check_mcp_tool_name(value: str) -> str:
+    # MCP tool names (spec 2025-11-25, "Tool names"): 1-128 characters of A-Z a-z 0-9 _ - . /
+    if not re.match(r"^[A-Za-z0-9_\-./]{1,128}$", value):
+        raise PydanticCustomError(
+            "mcp_tool",
+            "must be an MCP tool name (1-128 letters, digits, _ - . /), got '{value}'",
+            {"value": value},
+        )
+    return value
+
+
+McpToolName = Annotated[str, AfterValidator(_check_mcp_tool_name)]
+
 
 def _check_seconds(value: Any) -> int | float:
     # One check instead of an int | float union, whose errors would be reported once per branch.
@@ -288,19 +337,44 @@ class CompensatorIn(_Strict):
     secret: str | None = Field(default=None, min_length=16, max_length=500)
     secret_env: EnvName | None = None
     python: DottedPath | None = None
+    # An MCP compensator: the server's Streamable HTTP URL, the tool to call there, and the
+    # headers to send, each taken from an environment variable (never written in the file).
+    mcp: HttpUrl | None = None
+    tool: McpToolName | None = None
+    headers_env: dict[HeaderName, EnvName] | None = Field(default=None, max_length=20)
     reader: DottedPath | None = None
 
     @model_validator(mode="after")
     def _one_target(self) -> CompensatorIn:
-        if (self.webhook is None) == (self.python is None):
-            raise PydanticCustomError("compensator", "must have exactly one of webhook or python")
+        if sum(kind is not None for kind in (self.webhook, self.python, self.mcp)) != 1:
+            raise PydanticCustomError("compensator", "must have exactly one of webhook, python or mcp")
         if self.webhook is not None and (self.secret is None) == (self.secret_env is None):
             raise PydanticCustomError(
                 "compensator", "a webhook needs exactly one of secret or secret_env (to sign its requests)"
             )
-        if self.python is not None and (self.secret is not None or self.secret_env is not None):
+        if self.webhook is None and (self.secret is not None or self.secret_env is not None):
             raise PydanticCustomError("compensator", "secret and secret_env apply to webhooks only")
+        if self.mcp is not None and self.tool is None:
+            raise PydanticCustomError(
+                "compensator", 'an mcp compensator needs the tool to call on that server ("tool": "name")'
+            )
+        if self.mcp is None and (self.tool is not None or self.headers_env is not None):
+            raise PydanticCustomError("compensator", "tool and headers_env apply to mcp compensators only")
+        if self.headers_env is not None:
+            lowered = [name.lower() for name in self.headers_env]
+            if len(set(lowered)) != len(lowered):
+                raise PydanticCustomError(
+                    "compensator", "headers_env names a header twice (header names ignore case)"
+                )
         return self
+
+    @property
+    def kind(self) -> str:
+        if self.webhook is not None:
+            return Compensator.Kind.WEBHOOK
+        if self.mcp is not None:
+            return Compensator.Kind.MCP
+        return Compensator.Kind.PYTHON
 
 
 class UnwindIn(_Strict):
@@ -588,6 +662,9 @@ def _where(loc: tuple[Any, ...], data: Any, prefix: str) -> tuple[str, list[str]
         # A bad dict key is reported as "[key]" by pydantic; the entry is the same either way.
         if rest and rest[0] == "[key]":
             rest = ["tool"]
+        elif len(rest) >= 2 and rest[-1] == "[key]":
+            # A bad key inside the entry (a header name in headers_env): the message names it.
+            rest = rest[:-2]
         return f'{prefix}compensators["{tool}"]', [str(p) for p in rest]
     return f"{prefix}{head}", [str(p) for p in rest]
 
@@ -647,11 +724,13 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
     ]
     compensators = {
         tool: {
-            "kind": Compensator.Kind.WEBHOOK if spec.webhook else Compensator.Kind.PYTHON,
-            "url": spec.webhook or "",
+            "kind": spec.kind,
+            "url": spec.webhook or spec.mcp or "",
             "secret": spec.secret or "",
             "secret_env": spec.secret_env or "",
             "python_path": spec.python or "",
+            "mcp_tool": spec.tool or "",
+            "headers_env": dict(spec.headers_env or {}),
             "reader_path": spec.reader or "",
         }
         for tool, spec in parsed.compensators.items()

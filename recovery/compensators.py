@@ -3,7 +3,8 @@
 A compensating tool is served by one of:
 
 - a ``ledger.models.Compensator`` row loaded from the policy file (tenant's own beats global):
-  ``webhook`` (the signed HTTP protocol of API.md) or ``python`` (a dotted path);
+  ``webhook`` (the signed HTTP protocol of API.md), ``python`` (a dotted path) or ``mcp`` (a tool
+  on an MCP server, called over Streamable HTTP with the step's args as its arguments);
 - a Python callable registered in code with ``@compensator("tool")``.
 
 Every compensator gets the same fields (those of the webhook body plus ``idempotency_key``) and
@@ -20,16 +21,24 @@ still equal the action's after snapshot, or the step is ``drifted`` and a human 
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+import anyio
 import httpx
+import httpx2
 import structlog
 from django.db.models import Q
 from django.utils.module_loading import import_string
+from mcp import Client as McpClient
+from mcp import MCPError
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND, CallToolResult, RequestParamsMeta, TextContent
 from saga_client.signing import signed_headers
 
 from ledger.conf import saga
@@ -202,6 +211,8 @@ def execute(
                 "policy file or the environment); refusing to send an unsigned request."
             )
         return webhook_call(url=row.url, secret=secret, request=request)
+    if row is not None and row.kind == Compensator.Kind.MCP:
+        return mcp_call(url=row.url, tool=row.mcp_tool, headers_env=row.headers_env or {}, request=request)
     if row is not None:
         try:
             fn = import_string(row.python_path)
@@ -313,6 +324,129 @@ def _state_from(response: httpx.Response) -> Any:
 
 def _excerpt(response: httpx.Response) -> str:
     return response.text[:500]
+
+
+# --- MCP compensators ------------------------------------------------------------------------
+
+# JSON-RPC errors that say the call itself is wrong (no such tool or method, arguments the server
+# refuses): retrying the same call cannot help. Any other error is the server's trouble: retried.
+_PERMANENT_MCP_ERRORS = frozenset({METHOD_NOT_FOUND, INVALID_PARAMS})
+
+
+def mcp_call(*, url: str, tool: str, headers_env: dict[str, str], request: CompensationRequest) -> Outcome:
+    """Call ``tool`` on the MCP server at ``url`` (Streamable HTTP) with the step's args.
+
+    The webhook protocol's other fields travel where MCP has room for them: the idempotency key
+    as the ``Idempotency-Key`` header and, with the step's ids, in the request's ``_meta``
+    (``saga/…`` keys). A result with ``isError`` is a permanent failure whose message is kept; a
+    transport error, a time-out or a server-side JSON-RPC error is retried with the usual backoff.
+    Header values come from the environment only; they are never logged or recorded."""
+    where = _display_url(url)
+    missing = sorted({env for env in headers_env.values() if not os.environ.get(env)})
+    if missing:
+        return Outcome.failed(
+            f"The MCP compensator for {request.tool} sends headers from the environment, but "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set in the worker's environment; "
+            f"{tool} at {where} was not called. Set {'it' if len(missing) == 1 else 'them'} and retry this step."
+        )
+    if not isinstance(request.args, dict):
+        return Outcome.failed(
+            f"{tool} at {where} takes its arguments as an object, but this step's args are "
+            f"{type(request.args).__name__}; nothing was called."
+        )
+    headers = {name: os.environ[env] for name, env in headers_env.items()}
+    headers["Idempotency-Key"] = request.idempotency_key
+    headers["User-Agent"] = "saga-admin-compensator/1"
+    meta = {
+        "saga/idempotency_key": request.idempotency_key,
+        "saga/step_id": request.step_id,
+        "saga/action_id": request.action_id,
+        "saga/run_id": request.run_id,
+        "saga/tenant": request.tenant,
+        "saga/attempt": request.attempt,
+    }
+    try:
+        result = _run_async(
+            _mcp_call_tool(
+                url=url, tool=tool, args=request.args, headers=headers, meta=meta, timeout_s=request.timeout_s
+            )
+        )
+    except TimeoutError:
+        return Outcome.retry(f"Timed out after {request.timeout_s:g}s calling {tool} at {where}.")
+    except Exception as exc:  # noqa: BLE001 - anything the server's side causes is the step's to record
+        return _mcp_error_outcome(exc, tool=tool, where=where, timeout_s=request.timeout_s)
+    if result.is_error:
+        return Outcome.failed(
+            f"{tool} at {where} answered with an error: {_result_text(result) or '(no message)'}"
+        )
+    state = result.structured_content if result.structured_content is not None else _result_text(result)
+    return Outcome.done(state if state != "" else None)
+
+
+async def _mcp_call_tool(
+    *,
+    url: str,
+    tool: str,
+    args: dict[str, Any],
+    headers: dict[str, str],
+    meta: dict[str, Any],
+    timeout_s: float,
+) -> CallToolResult:
+    # One deadline for the whole exchange (connect, negotiate, call, close), as a webhook call has.
+    with anyio.fail_after(timeout_s):
+        async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(timeout_s)) as http:
+            transport = streamable_http_client(url, http_client=http)
+            async with McpClient(transport, read_timeout_seconds=timeout_s, cache=None) as client:
+                return await client.call_tool(tool, args, meta=cast(RequestParamsMeta, meta))
+
+
+def _run_async(coroutine: Any) -> Any:
+    """Run a coroutine to completion from sync code: the RQ worker has no event loop, but a caller
+    that already runs one (an async test, a web thread) gets a thread of its own for it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The errors inside (nested) exception groups: anyio's task groups wrap what a transport raises."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _mcp_error_outcome(exc: Exception, *, tool: str, where: str, timeout_s: float) -> Outcome:
+    leaves = _leaves(exc)
+    if any(isinstance(leaf, TimeoutError | httpx2.TimeoutException) for leaf in leaves):
+        return Outcome.retry(f"Timed out after {timeout_s:g}s calling {tool} at {where}.")
+    for leaf in leaves:
+        if isinstance(leaf, MCPError):
+            if leaf.code in _PERMANENT_MCP_ERRORS:
+                return Outcome.failed(
+                    f"{where} refused the call to {tool}: {leaf.message} (JSON-RPC {leaf.code})."
+                )
+            return Outcome.retry(
+                f"{where} answered the call to {tool} with JSON-RPC error {leaf.code}: {leaf.message}"
+            )
+    for leaf in leaves:
+        if isinstance(leaf, httpx2.TransportError | OSError):
+            return Outcome.retry(f"Could not reach {where} to call {tool}: {type(leaf).__name__}: {leaf}")
+    first = leaves[0]
+    return Outcome.retry(f"Calling {tool} at {where} failed: {type(first).__name__}: {first}")
+
+
+def _result_text(result: CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))[:2000]
+
+
+def _display_url(url: str) -> str:
+    """The URL as it may appear in a step's error and the logs: without credentials or query."""
+    parts = httpx.URL(url)
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.host}{port}{parts.path}"
 
 
 def call_timeout_s(*, step_timeout_s: float | None = None) -> float:

@@ -224,9 +224,9 @@ def _policy(**fields):
                     "hr.delete_user": {"webhook": "https://hr/x", "python": "a.b", "secret_env": "S"}
                 }
             },
-            'compensators["hr.delete_user"]: must have exactly one of webhook or python',
+            'compensators["hr.delete_user"]: must have exactly one of webhook, python or mcp',
         ),
-        ({"compensators": {"hr.delete_user": {}}}, "must have exactly one of webhook or python"),
+        ({"compensators": {"hr.delete_user": {}}}, "must have exactly one of webhook, python or mcp"),
         (
             {"compensators": {"hr.delete_user": {"webhook": "https://hr/x"}}},
             "needs exactly one of secret or secret_env",

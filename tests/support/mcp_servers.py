@@ -1,0 +1,94 @@
+"""Real MCP servers for the gateway and MCP compensator tests: the demo HR + workspace upstream
+(``clients/python/examples/hr_workspace_mcp.py``, the SDK's own server) in a subprocess, over
+Streamable HTTP or as the command line a gateway starts over stdio, with its journal of the calls
+that reached it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.processes import ROOT, free_port, wait_for
+
+UPSTREAM = ROOT / "clients" / "python" / "examples" / "hr_workspace_mcp.py"
+
+
+@dataclass
+class Upstream:
+    journal_path: Path
+    url: str = ""
+    process: subprocess.Popen[bytes] | None = None
+
+    def calls(self) -> list[dict[str, Any]]:
+        """Every call that reached a tool, oldest first."""
+        if not self.journal_path.exists():
+            return []
+        return [json.loads(line) for line in self.journal_path.read_text().splitlines() if line.strip()]
+
+    def tools_called(self) -> list[str]:
+        return [call["tool"] for call in self.calls()]
+
+    def command(self) -> list[str]:
+        """The command line that starts this upstream over stdio (what a gateway is given)."""
+        return [sys.executable, str(UPSTREAM)]
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def upstream_env(journal_path: Path, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("SAGA_", "DJANGO_"))}
+    return {**env, "HR_MCP_JOURNAL": str(journal_path), "PYTHONUNBUFFERED": "1", **extra}
+
+
+def _answers(url: str) -> bool:
+    try:
+        # A GET without a session is refused by the MCP endpoint, but it answers: the server is up.
+        httpx.get(url, timeout=1.0)
+    except httpx.TransportError:
+        return False
+    return True
+
+
+@contextmanager
+def http_upstream(tmp_path: Path, **env: str) -> Iterator[Upstream]:
+    """The demo upstream serving Streamable HTTP on a free port."""
+    port = free_port()
+    upstream = Upstream(journal_path=tmp_path / f"journal-{port}.jsonl", url=f"http://127.0.0.1:{port}/mcp")
+    log = (tmp_path / f"upstream-{port}.log").open("wb")
+    upstream.process = subprocess.Popen(
+        [*upstream.command(), "--http", f"127.0.0.1:{port}"],
+        env=upstream_env(upstream.journal_path, **env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_for(
+            lambda: _answers(upstream.url), timeout=30, what=f"the upstream MCP server at {upstream.url}"
+        )
+        yield upstream
+    finally:
+        upstream.stop()
+        log.close()
+
+
+def stdio_upstream(tmp_path: Path) -> Upstream:
+    """The demo upstream as a command line, for a gateway to start over stdio."""
+    return Upstream(journal_path=tmp_path / f"journal-stdio-{time.monotonic_ns()}.jsonl")
