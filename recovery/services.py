@@ -861,7 +861,8 @@ def run_cancel(*, run: Run, actor: Actor, reason: str) -> CancelOutcome:
 
 
 def runs_fail_lost_agents(*, now: datetime | None = None) -> int:
-    """Runs still ``running`` with no heartbeat for SAGA HEARTBEAT_TIMEOUT_S: the agent is gone.
+    """Runs still ``running`` with no heartbeat for SAGA HEARTBEAT_TIMEOUT_S, and no approval of
+    theirs open or decided within it: the agent is gone.
     Each fails into the recovery queue as ``agent_lost`` (in its own transaction). A resumed run
     counts its silence from the resume; one whose resume the agent never picked up is not
     compensated automatically (``run_fail_and_queue``): its item says so and waits for a person."""
@@ -872,8 +873,18 @@ def runs_fail_lost_agents(*, now: datetime | None = None) -> int:
             run_id=OuterRef("pk"), kind=AgentCommand.Kind.RESUME, created_at__gte=cutoff
         )
     )
-    lost = (Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff)) & ~Q(
-        resumed_since
+    # An agent waiting for a person is not lost: its run is quiet while an approval of one of its
+    # actions is open (or closed, decided or expired, within the timeout: the silence counts
+    # from then). A framework's human-in-the-loop pause sends no heartbeats.
+    waiting_for_a_person = Exists(
+        Approval.objects.filter(run_id=OuterRef("pk"), kind=Approval.Kind.ACTION).filter(
+            Q(status=Approval.Status.PENDING, expires_at__gte=cutoff) | Q(decided_at__gte=cutoff)
+        )
+    )
+    lost = (
+        (Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff))
+        & ~Q(resumed_since)
+        & ~Q(waiting_for_a_person)
     )
     failed = 0
     for run_id in Run.objects.filter(lost, status=Run.Status.RUNNING).values_list("pk", flat=True):

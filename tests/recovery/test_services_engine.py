@@ -424,3 +424,25 @@ def test_the_trail_lists_what_an_unwind_in_progress_will_still_undo_apart_from_w
     services.unwind_stop(unwind=unwind, actor=Actor.for_user(alice), reason="wrong run")
     trail = run_trail(run=Run.objects.get(pk=saga.run.pk))
     assert trail["to_undo"] == [] and len(trail["not_undone"]) == 2
+
+
+def test_a_run_waiting_for_an_approval_is_not_lost_and_its_silence_counts_from_the_decision(
+    tenant, agent, bob, settings
+):
+    """A framework's human-in-the-loop pause (LangGraph interrupt, the OpenAI Agents SDK's tool
+    approval) sends no heartbeats while a person decides: that is waiting, not a lost agent."""
+    from tests.factories import gated_run
+
+    run, action, approval = gated_run(tenant, agent)
+    long_ago = timezone.now() - timedelta(minutes=10)
+    Run.objects.filter(pk=run.pk).update(last_heartbeat_at=long_ago, created_at=long_ago)
+    assert services.runs_fail_lost_agents() == 0
+
+    # Decided just now: the agent has the timeout from the decision to come back.
+    Approval.objects.filter(pk=approval.pk).update(status="approved", decided_at=timezone.now())
+    assert services.runs_fail_lost_agents() == 0
+
+    # Decided long ago and silent since: lost.
+    Approval.objects.filter(pk=approval.pk).update(decided_at=long_ago)
+    assert services.runs_fail_lost_agents() == 1
+    assert Run.objects.get(pk=run.pk).status == Run.Status.FAILED
