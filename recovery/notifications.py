@@ -150,7 +150,12 @@ def notify(
         return rows
     Notification.objects.bulk_create(rows)
     ids = [row.pk for row in rows]
-    transaction.on_commit(lambda: [enqueue_delivery(notification_id=pk) for pk in ids])
+
+    def hand_over() -> None:
+        for pk in ids:
+            enqueue_delivery(notification_id=pk)
+
+    transaction.on_commit(hand_over)
     return rows
 
 
@@ -436,13 +441,15 @@ def _send(row: Notification) -> Attempt:
 
 
 def _no_longer_relevant(row: Notification) -> str:
-    if row.event == Event.COMMAND_OVERDUE and not AgentCommand.objects.filter(
-        pk=row.subject_id, status=AgentCommand.Status.PENDING
-    ).exists():
+    if (
+        row.event == Event.COMMAND_OVERDUE
+        and not AgentCommand.objects.filter(pk=row.subject_id, status=AgentCommand.Status.PENDING).exists()
+    ):
         return "Not sent: the agent picked the resume up (or it was withdrawn) before this went out."
-    if row.event == Event.APPROVAL_REMINDER and not Approval.objects.filter(
-        pk=row.subject_id, status=Approval.Status.PENDING
-    ).exists():
+    if (
+        row.event == Event.APPROVAL_REMINDER
+        and not Approval.objects.filter(pk=row.subject_id, status=Approval.Status.PENDING).exists()
+    ):
         return "Not sent: the approval was decided (or expired) before the reminder went out."
     return ""
 
