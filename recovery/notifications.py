@@ -356,11 +356,12 @@ def notification_deliver(*, notification_id: str) -> str:
     except Exception as exc:  # a bug or an unforeseen library error: retried, never lost
         log.exception("notifications.send_crashed", notification_id=row.pk)
         attempt = Attempt("retry", f"{type(exc).__name__}: {exc}")
-    _record(row, attempt)
-    return attempt.outcome
+    return _record(row, attempt)
 
 
-def _record(row: Notification, attempt: Attempt) -> None:
+def _record(row: Notification, attempt: Attempt) -> str:
+    """Store the attempt (fenced by the claim's token) and return what became of the row:
+    ``delivered``, ``retry``, ``failed`` or ``dropped`` (``fenced`` when the claim was lost)."""
     now = timezone.now()
     history = [
         *row.history[-(HISTORY_KEPT - 1) :],
@@ -392,6 +393,7 @@ def _record(row: Notification, attempt: Attempt) -> None:
     else:
         if attempt.outcome == "retry":
             updates["last_error"] = f"Gave up after {row.attempts} attempts: {attempt.error}"[:2000]
+            attempt = Attempt("failed", attempt.error, attempt.status_code)
         updates.update(status=Notification.Status.FAILED, next_attempt_at=None)
     # Fenced: a worker whose lease expired (and was replaced) records nothing.
     recorded = Notification.objects.filter(
@@ -399,7 +401,7 @@ def _record(row: Notification, attempt: Attempt) -> None:
     ).update(**updates)
     if recorded != 1:
         log.warning("notifications.outcome_fenced", notification_id=row.pk, outcome=attempt.outcome)
-        return
+        return "fenced"
     log_method = log.info if attempt.outcome == "delivered" else log.warning
     log_method(
         f"notifications.{attempt.outcome}",
@@ -411,6 +413,7 @@ def _record(row: Notification, attempt: Attempt) -> None:
     )
     if delay is not None:
         enqueue_delivery(notification_id=row.pk, delay_s=delay)
+    return attempt.outcome
 
 
 def _send(row: Notification) -> Attempt:
