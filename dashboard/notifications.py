@@ -64,9 +64,12 @@ def _administered(request: HtmxHttpRequest) -> list[Tenant]:
 
 
 def _tenant_for_admin(request: HtmxHttpRequest, slug: str) -> Tenant:
-    tenant = next((t for t in _administered(request) if t.slug == slug), None)
+    # A tenant the user is no member of is not found (its existence does not leak); one they see
+    # but do not administer is forbidden.
+    tenant = Tenant.objects.filter(slug=slug, pk__in=tenant_ids_with(request.user, Capability.VIEW)).first()
     if tenant is None:
-        raise Http404("No such tenant among those you administer.")
+        raise Http404("No such tenant.")
+    require(request.user, Capability.ADMINISTER, tenant.pk)
     return tenant
 
 

@@ -171,7 +171,9 @@ def test_an_operator_cannot_post_settings(client, tenant, alice, dave, allowed):
     )
     client.force_login(alice)
     assert client.post(f"/notifications/channels/{saved.channel.pk}/test").status_code == 403
-    assert client.post("/notifications/settings/acme/channels", _channel(name="x")).status_code == 404
+    assert client.post("/notifications/settings/acme/channels", _channel(name="x")).status_code == 403
+    assert client.post("/notifications/settings/acme/slack", {"signing_secret": "s" * 32}).status_code == 403
+    assert not SlackApp.objects.exists() and NotificationChannel.objects.count() == 1
 
 
 def test_an_admin_connects_slack_and_maps_slack_users(client, tenant, dave, bob):
