@@ -11,7 +11,7 @@ from ledger.errors import SagaError
 from ledger.models import Risk
 from ledger.rules import REASON_MAX_LENGTH, REASON_REQUIRED, reason_required
 from ledger.services.pauses import pause_patterns
-from recovery.models import RecoveryItem
+from recovery.models import CHANNEL_EVENTS, NotificationChannel, NotificationEvent, RecoveryItem
 from recovery.selectors import QUEUE_STATUSES
 
 _REASON_HELP = "Recorded in the audit log with your name."
@@ -193,3 +193,62 @@ class PauseForm(ReasonForm):
         except SagaError as exc:
             raise forms.ValidationError(exc.message) from None
         return cleaned
+
+
+# --- Notification settings ---------------------------------------------------------------------
+
+
+class ChannelForm(forms.Form):
+    """A notification channel. The destination is checked by the service (the model's rule: e-mail
+    addresses, or a URL the outbound guard accepts); its refusal comes back as this form's error."""
+
+    name = forms.CharField(label="Name", max_length=100)
+    kind = forms.ChoiceField(label="Kind", choices=NotificationChannel.Kind.choices)
+    target = forms.CharField(
+        label="Send to",
+        max_length=2000,
+        help_text="E-mail: addresses, comma-separated. Webhook and Slack: the URL.",
+        widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
+    )
+    secret = forms.CharField(
+        label="Webhook secret",
+        required=False,
+        max_length=500,
+        help_text="Webhooks only. Leave blank to generate one (shown once) or keep the current one.",
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+    )
+    events = forms.MultipleChoiceField(
+        label="Events",
+        required=False,
+        choices=[(e, NotificationEvent(e).label) for e in CHANNEL_EVENTS],
+        widget=forms.CheckboxSelectMultiple,
+        help_text="None ticked: every event.",
+    )
+    min_risk = forms.ChoiceField(label="Minimum risk", choices=Risk.choices, initial=Risk.LOW)
+    enabled = forms.BooleanField(label="Enabled", required=False, initial=True)
+
+    def settings(self) -> dict[str, Any]:
+        data = dict(self.cleaned_data)
+        data["events"] = list(data.get("events") or [])
+        return data
+
+
+class SlackAppForm(forms.Form):
+    signing_secret = forms.CharField(
+        label="Signing secret",
+        max_length=200,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+        help_text="Your Slack app's Signing Secret (Basic Information → App Credentials).",
+    )
+
+
+class SlackUserLinkForm(forms.Form):
+    team_id = forms.CharField(label="Slack team id", max_length=32, help_text="The workspace, like T0123ABC.")
+    slack_user_id = forms.CharField(label="Slack user id", max_length=32, help_text="Like U0456DEF.")
+    user = forms.ChoiceField(label="Dashboard user")
+
+    def __init__(self, *args: Any, users: Sequence[Any] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["user"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(str(u.pk), u.get_username()) for u in users]

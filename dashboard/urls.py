@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard import pauses, views
+from dashboard import notifications, pauses, views
 
 app_name = "dashboard"
 
@@ -31,4 +31,21 @@ urlpatterns = [
     path("policies/", views.policies, name="policies"),
     path("pauses/", pauses.pauses, name="pauses"),
     path("pauses/<str:pause_id>/lift", pauses.pause_lift, name="pause-lift"),
+    path("notifications/", notifications.outbox, name="notifications"),
+    path("notifications/settings/", notifications.settings_page, name="notification-settings"),
+    path("notifications/settings/<slug:slug>/channels", notifications.channel_create, name="channel-create"),
+    path("notifications/settings/<slug:slug>/slack", notifications.slack_app, name="slack-app"),
+    path(
+        "notifications/settings/<slug:slug>/slack-users", notifications.slack_user_add, name="slack-user-add"
+    ),
+    path("notifications/channels/<str:channel_id>/edit", notifications.channel_edit, name="channel-edit"),
+    path(
+        "notifications/channels/<str:channel_id>/delete", notifications.channel_delete, name="channel-delete"
+    ),
+    path("notifications/channels/<str:channel_id>/test", notifications.channel_test, name="channel-test"),
+    path(
+        "notifications/slack-users/<int:link_id>/remove",
+        notifications.slack_user_remove,
+        name="slack-user-remove",
+    ),
 ]

@@ -20,6 +20,8 @@ from ledger.audit import Actor
 from ledger.models import AgentKey, Membership, Tenant
 from ledger.policy_loader import LoadReport, policy_file_load, policy_file_parse, policy_file_read
 from ledger.services import keys
+from recovery import channels
+from recovery.models import NotificationChannel
 
 POLICY_DIR = Path(__file__).resolve().parent / "policies"
 # The origin the policy files are written for (make run's default port). seed_demo rewrites it to
@@ -226,6 +228,19 @@ def world_seed() -> None:
         )
 
 
+# Acme's on-call address: under `make run` the console e-mail backend prints each notification to
+# the worker's log (.data/logs/worker.log).
+DEMO_ONCALL = "oncall@acme.demo.saga.local"
+
+
+def notification_channels_ensure(tenants: dict[str, Tenant]) -> None:
+    """Acme's on-call e-mail channel: every event, any risk."""
+    if not NotificationChannel.objects.filter(tenant=tenants["acme"], name="On-call e-mail").exists():
+        channels.channel_create(
+            tenant=tenants["acme"], actor=SEEDER, name="On-call e-mail", kind="email", target=DEMO_ONCALL
+        )
+
+
 @dataclass(frozen=True)
 class DemoSetup:
     tenants: dict[str, Tenant]
@@ -239,6 +254,7 @@ def demo_setup(*, base_url: str) -> DemoSetup:
     for name in AGENT_KEYS:
         agent_secret(name)
     world_seed()
+    notification_channels_ensure(tenants)
     return DemoSetup(tenants=tenants, policy_reports=reports)
 
 

@@ -42,6 +42,8 @@ class SagaSettings:
     notify_emails: tuple[str, ...]
     notify_webhooks: tuple[str, ...]
     notify_webhook_secret: str
+    notify_max_attempts: int
+    public_url: str
     resume_webhook_secret: str
     # Outbound requests to URLs tenants or agents chose (ledger.outbound)
     outbound_allowed_hosts: tuple[str, ...]
@@ -75,6 +77,8 @@ def saga() -> SagaSettings:
         notify_emails=tuple(raw["NOTIFY_EMAILS"]),
         notify_webhooks=tuple(raw["NOTIFY_WEBHOOKS"]),
         notify_webhook_secret=str(raw["NOTIFY_WEBHOOK_SECRET"]),
+        notify_max_attempts=int(raw.get("NOTIFY_MAX_ATTEMPTS", 10)),
+        public_url=str(raw.get("PUBLIC_URL", "http://localhost:8000")).rstrip("/"),
         resume_webhook_secret=str(raw["RESUME_WEBHOOK_SECRET"]),
         outbound_allowed_hosts=tuple(raw["OUTBOUND_ALLOWED_HOSTS"]),
         outbound_resolve_timeout_s=float(raw["OUTBOUND_RESOLVE_TIMEOUT_S"]),

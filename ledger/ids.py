@@ -76,3 +76,11 @@ def new_step_id() -> str:
 
 def new_pause_id() -> str:
     return new_id("pau")
+
+
+def new_notification_id() -> str:
+    return new_id("ntf")
+
+
+def new_channel_id() -> str:
+    return new_id("nch")

@@ -1,13 +1,40 @@
-"""Django admin for the decisions: read-only windows onto recovery items, unwinds, approvals and
-agent commands. Decisions are taken in the dashboard or the operator API, whose services audit
-them and enqueue the work; an edit here would do neither, so there is none."""
+"""Django admin for the decisions: read-only windows onto recovery items, unwinds, approvals,
+agent commands and notifications. Decisions are taken in the dashboard or the operator API, whose
+services audit them and enqueue the work; an edit here would do neither, so there is none.
+
+Notification channels, the Slack app and Slack user mappings are settings, not decisions: tenant
+admins manage them here as in the dashboard, through the same services (``recovery.channels``)."""
 
 from __future__ import annotations
 
-from django.contrib import admin
+from typing import Any
 
-from ledger.admin import BigTableAdmin, ReadOnlyAdmin, tenant_filter
-from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from ledger.admin import (
+    BigTableAdmin,
+    ReadOnlyAdmin,
+    TenantScopedAdmin,
+    admin_tenant_ids,
+    admin_user,
+    tenant_filter,
+)
+from ledger.audit import Actor
+from ledger.models import Tenant
+from recovery import channels
+from recovery.models import (
+    AgentCommand,
+    Approval,
+    Notification,
+    NotificationChannel,
+    RecoveryItem,
+    SlackApp,
+    SlackUserLink,
+    Unwind,
+    UnwindStep,
+)
 
 
 @admin.register(RecoveryItem)
@@ -119,3 +146,103 @@ class AgentCommandAdmin(ReadOnlyAdmin):
     search_fields = ["=id", "=run__id"]
     list_select_related = ["tenant"]
     raw_id_fields = ["run", "checkpoint", "created_by"]
+
+
+# --- Notifications: channels and the Slack app are the tenant admins' to manage ------------------
+
+
+class _TenantChoiceMixin:
+    """A tenant admin may only pick a tenant they administer."""
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "tenant" and not request.user.is_superuser:
+            kwargs["queryset"] = Tenant.objects.filter(pk__in=admin_tenant_ids(request))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)  # type: ignore[misc]
+
+
+@admin.register(NotificationChannel)
+class NotificationChannelAdmin(_TenantChoiceMixin, TenantScopedAdmin):
+    """Saved through ``recovery.channels`` (audited); the model's ``clean`` checks the destination
+    (e-mail addresses, or a URL the outbound guard accepts) and the form shows its refusal."""
+
+    list_display = ["name", "tenant", "kind", "min_risk", "enabled", "updated_at"]
+    list_filter = ["kind", "enabled", tenant_filter("tenant")]
+    search_fields = ["name"]
+    list_select_related = ["tenant"]
+    fields = ["tenant", "name", "kind", "target", "secret", "events", "min_risk", "enabled"]
+
+    def save_model(self, request: HttpRequest, obj: NotificationChannel, form: Any, change: bool) -> None:
+        actor = Actor.for_user(admin_user(request))
+        settings = {name: getattr(obj, name) for name in channels.EDITABLE}
+        if change:
+            saved = channels.channel_update(channel=obj, actor=actor, **settings)
+        else:
+            saved = channels.channel_create(tenant=obj.tenant, actor=actor, **settings)
+        obj.pk = saved.channel.pk
+        if saved.generated_secret:
+            messages.info(request, f"Generated webhook secret (shown once): {saved.generated_secret}")
+
+    def delete_model(self, request: HttpRequest, obj: NotificationChannel) -> None:
+        channels.channel_delete(channel=obj, actor=Actor.for_user(admin_user(request)))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[NotificationChannel]) -> None:
+        for channel in queryset.select_related("tenant"):
+            channels.channel_delete(channel=channel, actor=Actor.for_user(admin_user(request)))
+
+
+@admin.register(Notification)
+class NotificationAdmin(BigTableAdmin):
+    list_display = [
+        "id",
+        "tenant",
+        "event",
+        "channel_name",
+        "status",
+        "attempts",
+        "created_at",
+        "delivered_at",
+    ]
+    list_filter = ["status", "event", tenant_filter("tenant")]
+    search_fields = ["=id", "=subject_id", "=run_id"]
+    list_select_related = ["tenant"]
+    raw_id_fields = ["channel"]
+
+
+@admin.register(SlackApp)
+class SlackAppAdmin(_TenantChoiceMixin, TenantScopedAdmin):
+    list_display = ["tenant", "updated_at"]
+    fields = ["tenant", "signing_secret"]
+
+    def save_model(self, request: HttpRequest, obj: SlackApp, form: Any, change: bool) -> None:
+        saved = channels.slack_app_set(
+            tenant=obj.tenant, actor=Actor.for_user(admin_user(request)), signing_secret=obj.signing_secret
+        )
+        obj.pk = saved.pk
+
+
+@admin.register(SlackUserLink)
+class SlackUserLinkAdmin(_TenantChoiceMixin, TenantScopedAdmin):
+    list_display = ["team_id", "slack_user_id", "user", "tenant", "created_at"]
+    list_filter = [tenant_filter("tenant")]
+    list_select_related = ["tenant", "user"]
+    raw_id_fields = ["user"]
+
+    def has_change_permission(self, request: HttpRequest, obj: SlackUserLink | None = None) -> bool:
+        return False  # remove and add again: each is audited
+
+    def save_model(self, request: HttpRequest, obj: SlackUserLink, form: Any, change: bool) -> None:
+        saved = channels.slack_user_link_add(
+            tenant=obj.tenant,
+            actor=Actor.for_user(admin_user(request)),
+            team_id=obj.team_id,
+            slack_user_id=obj.slack_user_id,
+            user=obj.user,
+        )
+        obj.pk = saved.pk
+
+    def delete_model(self, request: HttpRequest, obj: SlackUserLink) -> None:
+        channels.slack_user_link_remove(link=obj, actor=Actor.for_user(admin_user(request)))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[SlackUserLink]) -> None:
+        for link in queryset.select_related("tenant", "user"):
+            channels.slack_user_link_remove(link=link, actor=Actor.for_user(admin_user(request)))

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import DurationField, ExpressionWrapper, F, Q
 from django.utils import timezone
 
 from ledger import errors
@@ -91,7 +91,8 @@ def approval_request(
         reason=reason,
         data=data,
     )
-    transaction.on_commit(lambda: notifications.enqueue_approval_requested(approval_id=approval.pk))
+    approval.tenant = run.tenant
+    notifications.notify_approval_requested(approval)
     return approval
 
 
@@ -308,3 +309,35 @@ def approval_withdraw(*, approval: Approval, actor: Actor, reason: str) -> Appro
         data={"step_id": current.step_id, "tool": current.tool},
     )
     return current
+
+
+def reminder_due_q(*, now: datetime) -> Q:
+    """Pending, not reminded yet, and past half its time: ``created_at + (expires_at -
+    created_at) / 2 <= now`` (and not expired: an expired one is swept, not reminded)."""
+    return Q(status=Approval.Status.PENDING, reminded_at__isnull=True, expires_at__gt=now, remind_at__lte=now)
+
+
+def approvals_due_for_reminder(*, now: datetime) -> list[str]:
+    half = ExpressionWrapper((F("expires_at") - F("created_at")) / 2, output_field=DurationField())
+    return list(
+        Approval.objects.annotate(remind_at=F("created_at") + half)
+        .filter(reminder_due_q(now=now))
+        .values_list("pk", flat=True)
+    )
+
+
+@transaction.atomic
+def approval_remind(*, approval_id: str, now: datetime) -> Approval | None:
+    """Remind approvers of a pending approval at half its expiry, once: ``reminded_at`` is set by
+    compare-and-set in the transaction that writes the reminder's outbox rows, so of two sweepers
+    one reminds and the other finds it done (None)."""
+    if (
+        Approval.objects.filter(
+            pk=approval_id, status=Approval.Status.PENDING, reminded_at__isnull=True, expires_at__gt=now
+        ).update(reminded_at=now)
+        != 1
+    ):
+        return None
+    approval = Approval.objects.select_related("tenant", "run").get(pk=approval_id)
+    notifications.notify_approval_reminder(approval)
+    return approval

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import partial
 
 from django.db import transaction
 from django.utils import timezone
@@ -235,6 +234,6 @@ def commands_flag_overdue(*, now: datetime | None = None) -> int:
                 reason=f"The agent has not acknowledged the resume command {waited_min} min after it was issued.",
                 data={"issued_at": command.created_at.isoformat(), "timeout_s": saga().resume_ack_timeout_s},
             )
-            transaction.on_commit(partial(notifications.enqueue_command_overdue, command_id=command_id))
+            notifications.notify_command_overdue(command)
             flagged += 1
     return flagged

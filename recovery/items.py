@@ -89,8 +89,8 @@ def suggest_resolution(*, run: Run, failed_action: Action | None = None) -> str:
 
 
 def _on_item_opened(item: RecoveryItem) -> None:
-    """After commit: tell people. Notifications are sent by a job, never inside the request."""
-    transaction.on_commit(lambda: notifications.enqueue_item_opened(item_id=item.pk))
+    """Tell people: the outbox rows are written in this transaction, sent by a job after it."""
+    notifications.notify_item_opened(item)
 
 
 @transaction.atomic

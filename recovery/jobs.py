@@ -6,10 +6,12 @@ by the ticker in ``recovery.scheduling`` that the ``saga_worker`` command runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
 
 from ledger.services import idempotency
-from recovery import commands, services, sweeper, unwinds
+from recovery import commands, notifications, services, sweeper, unwinds
 
 log = structlog.get_logger("saga_admin.jobs")
 
@@ -51,3 +53,18 @@ def commands_flag_overdue() -> int:
 
 def idempotency_prune() -> int:
     return idempotency.idempotency_records_prune()
+
+
+def notification_deliver(*, notification_id: str) -> str:
+    return notifications.notification_deliver(notification_id=notification_id)
+
+
+def notifications_sweep() -> dict[str, int]:
+    report = sweeper.notifications_sweep()
+    if report.reenqueued or report.given_up or report.reminders:
+        log.info("jobs.notifications_sweep", **vars(report))
+    return vars(report)
+
+
+def slack_respond(*, response_url: str, message: dict[str, Any]) -> bool:
+    return notifications.slack_respond(response_url=response_url, message=message)

@@ -7,11 +7,13 @@ tables at the end of this module, by the recovery modules (items, approvals, com
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import models
 from django.db.models import Q
 
-from ledger import ids
-from ledger.models import Action, AgentKey, Checkpoint, Event, Risk, Run, Tenant
+from ledger import errors, ids, outbound
+from ledger.models import RISK_ORDER, Action, AgentKey, Checkpoint, Event, Risk, Run, Tenant
 
 
 class RecoveryItem(models.Model):
@@ -277,6 +279,9 @@ class Approval(models.Model):
     previous = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="asked_again"
     )
+    # When approvers were reminded of it (half its expiry, once: set by a compare-and-set in
+    # recovery.approvals.approval_remind, whichever sweeper gets there first).
+    reminded_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -355,6 +360,199 @@ class AgentCommand(models.Model):
             .first()
         )
         return label or (self.created_by.get_username() if self.created_by else "an operator")
+
+
+# --- Notifications: channels per tenant, the outbox, the Slack app --------------------------
+
+
+class NotificationEvent(models.TextChoices):
+    APPROVAL_REQUESTED = "approval.requested", "Approval requested"
+    APPROVAL_REMINDER = "approval.reminder", "Approval reminder (half its expiry)"
+    RECOVERY_OPENED = "recovery.opened", "Run in the recovery queue"
+    STEP_FAILED = "step.failed", "Compensation step failed"
+    UNWIND_FINISHED = "unwind.finished", "Unwind finished"
+    COMMAND_OVERDUE = "command.overdue", "Resume not picked up"
+    TEST = "notification.test", "Test notification"
+
+
+# What a channel chooses from (a test is sent whatever it chose).
+CHANNEL_EVENTS = [e for e in NotificationEvent.values if e != NotificationEvent.TEST]
+
+
+class NotificationChannel(models.Model):
+    """Where a tenant's notifications go. ``target``: comma-separated e-mail addresses, or the
+    webhook / Slack incoming-webhook URL (checked by ``ledger.outbound.check_url`` when saved and
+    again before each send). ``secret`` signs webhook bodies (the compensator scheme)."""
+
+    class Kind(models.TextChoices):
+        EMAIL = "email", "E-mail"
+        WEBHOOK = "webhook", "Signed webhook"
+        SLACK = "slack", "Slack incoming webhook"
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_channel_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="notification_channels")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    target = models.CharField(max_length=2000)
+    secret = models.CharField(max_length=500, blank=True, default="")
+    events = models.JSONField(default=list, blank=True)
+    min_risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.LOW)
+    enabled = models.BooleanField(default=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="channel_name_per_tenant"),
+            models.CheckConstraint(
+                condition=Q(kind__in=["email", "webhook", "slack"]), name="channel_kind_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+    def clean(self) -> None:
+        # The one check of a channel's destination, for the dashboard's form, the Django admin and
+        # the services alike (they call full_clean).
+        if self.kind == self.Kind.EMAIL:
+            addresses = [a.strip() for a in self.target.split(",") if a.strip()]
+            if not addresses:
+                raise ValidationError({"target": "Give at least one e-mail address."})
+            for address in addresses:
+                try:
+                    validate_email(address)
+                except ValidationError:
+                    raise ValidationError({"target": f"{address!r} is not an e-mail address."}) from None
+            self.target = ", ".join(addresses)
+        elif self.kind in (self.Kind.WEBHOOK, self.Kind.SLACK):
+            try:
+                outbound.check_url(self.target.strip(), field="URL")
+            except errors.UrlNotAllowed as exc:
+                raise ValidationError({"target": exc.message}) from None
+            self.target = self.target.strip()
+        unknown = (
+            [e for e in self.events if e not in CHANNEL_EVENTS] if isinstance(self.events, list) else [1]
+        )
+        if unknown:
+            raise ValidationError({"events": f"Unknown events: {unknown}."})
+
+    def wants(self, event: str, risk: str) -> bool:
+        """Whether this channel takes ``event`` at ``risk`` (a test always goes through)."""
+        if event == NotificationEvent.TEST:
+            return True
+        chosen = event in self.events if self.events else True
+        return chosen and RISK_ORDER[Risk(risk or Risk.LOW)] >= RISK_ORDER[Risk(self.min_risk)]
+
+
+class Notification(models.Model):
+    """The outbox: one row per (event, channel), written in the transaction of the event that
+    causes it; delivered by a worker job with retries (``recovery.notifications``), re-enqueued by
+    the sweeper while undelivered. ``channel`` is None for an environment channel (``env_target``:
+    ``email`` or the webhook URL from SAGA_NOTIFY_WEBHOOKS)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENDING = "sending", "Sending"
+        DELIVERED = "delivered", "Delivered"
+        FAILED = "failed", "Failed"
+        # Not sent: what it announced was over before it went out (an overdue resume picked up,
+        # an approval decided before its reminder).
+        DROPPED = "dropped", "Dropped (no longer relevant)"
+
+    id = models.CharField(primary_key=True, max_length=40, default=ids.new_notification_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="notifications")
+    channel = models.ForeignKey(
+        NotificationChannel, null=True, blank=True, on_delete=models.SET_NULL, related_name="notifications"
+    )
+    channel_name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=NotificationChannel.Kind.choices)
+    env_target = models.CharField(max_length=2000, blank=True, default="")
+    event = models.CharField(max_length=32, choices=NotificationEvent.choices)
+    subject_id = models.CharField(max_length=40)
+    run_id = models.CharField(max_length=40, blank=True, default="")
+    risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.LOW)
+    # The webhook body, exactly as sent ({event, tenant, id, run_id, summary, url, created_at}).
+    body = models.JSONField(default=dict)
+    # What e-mail and Slack messages say besides the body (tool, reason, expiry, approval id).
+    context = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=10)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # Claimed by one worker at a time: status sending, a fencing token and a lease.
+    lease_token = models.PositiveIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    job_id = models.CharField(max_length=100, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    # Every attempt: [{"at", "outcome", "error", "status_code"}], the last few kept.
+    history = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=["pending", "sending", "delivered", "failed", "dropped"]),
+                name="notification_status_valid",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"], name="notification_tenant_recent"),
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(status__in=["pending", "sending"]),
+                name="notification_undelivered",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.event} → {self.channel_name} ({self.status})"
+
+
+class SlackApp(models.Model):
+    """A tenant's Slack app: its signing secret verifies the interactions Slack sends (Approve /
+    Reject buttons). With one connected, approval messages to the tenant's Slack channels carry
+    the buttons."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="slack_app")
+    signing_secret = models.CharField(max_length=200)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"Slack app of {self.tenant_id}"
+
+
+class SlackUserLink(models.Model):
+    """A Slack user (workspace team id + user id) who is a dashboard user of the tenant: whose
+    button presses count as that user's decisions."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="slack_user_links")
+    team_id = models.CharField(max_length=32)
+    slack_user_id = models.CharField(max_length=32)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant", "team_id", "slack_user_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "team_id", "slack_user_id"], name="slack_user_once_per_tenant"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}/{self.slack_user_id} → {self.user_id}"
 
 
 # --- State machines (moved only by ledger.transitions.compare_and_set) -----------------------

@@ -1,18 +1,26 @@
-"""Telling people and agents: new recovery items and approvals (e-mail and signed webhooks), and
-resume/cancel commands pushed to a run's resume_url. Always from an RQ job, never inside the
-request that caused it.
+"""Telling people and agents: notifications through an outbox, and resume/cancel commands pushed
+to a run's resume_url. Never sent inside the request that caused them.
 
-Enqueueing happens after commit. If Redis is down at that moment the decision is already safe in
-PostgreSQL; notifications are best-effort and logged, while command delivery is retried by the
-sweeper (``delivered_at`` stays NULL until the agent's endpoint accepted it). A resume_url is a URL
-an agent chose: it goes through ``ledger.outbound`` (checked, pinned, no redirects); the
-operator's own notification webhooks do not.
+Notifications: ``notify`` writes one ``Notification`` row per channel that takes the event (the
+tenant's channels, by their choice of events and minimum risk, and the environment's) in the same
+transaction as the event; after commit a worker job (``notification_deliver``) claims the row by
+compare-and-set, sends it (e-mail, signed webhook, Slack) and records the attempt; a failure that
+may pass is retried with exponential backoff, and the sweeper re-enqueues rows whose job was lost
+(Redis down when it was enqueued, a worker killed). So Redis or a channel being down delays a
+notification and loses nothing.
+
+Commands: ``delivered_at`` stays NULL until the agent's endpoint accepted one; the sweeper retries.
+URLs a tenant or an agent chose (channels, resume_url) go through ``ledger.outbound`` (checked,
+pinned, no redirects); the operator's own SAGA_NOTIFY_WEBHOOKS do not.
 """
 
 from __future__ import annotations
 
 import json
+import smtplib
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -20,15 +28,27 @@ import structlog
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
+from django.urls import reverse
 from django.utils import timezone
 from saga_client.signing import signed_headers
 
 from ledger import errors, outbound
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
-from recovery import queueing
-from recovery.models import AgentCommand, Approval, RecoveryItem
+from ledger.models import Risk, Run, Tenant
+from recovery import queueing, slack
+from recovery.models import (
+    AgentCommand,
+    Approval,
+    Notification,
+    NotificationChannel,
+    NotificationEvent,
+    RecoveryItem,
+    SlackApp,
+    Unwind,
+    UnwindStep,
+)
 
 log = structlog.get_logger("saga_admin.notifications")
 
@@ -43,126 +63,519 @@ def _enqueue(func: Callable[..., object], **kwargs: Any) -> None:
     queueing.enqueue(f"{__name__}.{func.__name__}", queue="notifications", **kwargs)
 
 
-def enqueue_item_opened(*, item_id: str) -> None:
-    _enqueue(send_item_opened, item_id=item_id)
-
-
-def enqueue_approval_requested(*, approval_id: str) -> None:
-    _enqueue(send_approval_requested, approval_id=approval_id)
-
-
 def enqueue_command_delivery(*, command_id: str) -> None:
     _enqueue(deliver_command, command_id=command_id)
 
 
-def enqueue_command_overdue(*, command_id: str) -> None:
-    _enqueue(send_command_overdue, command_id=command_id)
+# --- The outbox: raising a notification ------------------------------------------------------
+
+Event = NotificationEvent
+Kind = NotificationChannel.Kind
+# How many attempts a row remembers (the dashboard's Notifications page shows them).
+HISTORY_KEPT = 10
 
 
-def _post_signed(url: str, payload: dict[str, Any], *, secret: str, idempotency_key: str) -> httpx.Response:
-    body = json.dumps(payload, sort_keys=True, default=str).encode()
-    headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key}
-    if secret:
-        headers.update(signed_headers(secret, body))
-    return httpx.post(url, content=body, headers=headers, timeout=saga().webhook_timeout_s)
+def public_url(path: str) -> str:
+    """The link to a dashboard page in a notification: SAGA_PUBLIC_URL + the page's path."""
+    return f"{saga().public_url}{path}"
 
 
-def _broadcast(*, subject: str, text: str, payload: dict[str, Any], idempotency_key: str) -> None:
-    config = saga()
-    if config.notify_emails:
-        send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, list(config.notify_emails), fail_silently=False)
-    for url in config.notify_webhooks:
-        try:
-            response = _post_signed(
-                url, payload, secret=config.notify_webhook_secret, idempotency_key=idempotency_key
+def notify(
+    *,
+    tenant: Tenant,
+    event: str,
+    subject_id: str,
+    run_id: str,
+    summary: str,
+    path: str,
+    risk: str,
+    lines: list[str] | None = None,
+    approval_id: str = "",
+    channels: list[NotificationChannel] | None = None,
+) -> list[Notification]:
+    """Write one outbox row per channel that takes ``event`` at ``risk`` — the tenant's enabled
+    channels (their choice of events and minimum risk) and the environment's (every event) — in
+    the caller's transaction, and enqueue their delivery after it commits. ``channels``: exactly
+    these channels and no environment ones (a test notification).
+
+    The webhook body is fixed here, once for all its channels: ``{event, tenant, id, run_id,
+    summary, url, created_at}`` with ``id`` the subject's (approval, item, step, unwind, command)."""
+    now = timezone.now()
+    body = {
+        "event": event,
+        "tenant": tenant.slug,
+        "id": subject_id,
+        "run_id": run_id,
+        "summary": summary,
+        "url": public_url(path),
+        "created_at": now.isoformat(),
+    }
+    context = {"lines": lines or [], "approval_id": approval_id}
+    common = {
+        "tenant": tenant,
+        "event": event,
+        "subject_id": subject_id,
+        "run_id": run_id,
+        "risk": risk or Risk.LOW,
+        "body": body,
+        "context": context,
+        "next_attempt_at": now,
+        "max_attempts": saga().notify_max_attempts,
+    }
+    rows: list[Notification] = []
+    chosen = (
+        channels
+        if channels is not None
+        else list(NotificationChannel.objects.filter(tenant=tenant, enabled=True).order_by("name"))
+    )
+    for channel in chosen:
+        if channels is not None or channel.wants(event, risk):
+            rows.append(Notification(channel=channel, channel_name=channel.name, kind=channel.kind, **common))
+    if channels is None:
+        config = saga()
+        if config.notify_emails:
+            rows.append(
+                Notification(channel_name="SAGA_NOTIFY_EMAILS", kind=Kind.EMAIL, env_target="email", **common)
             )
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
-            log.warning("notifications.webhook_failed", url=url, error=str(exc))
+        for url in config.notify_webhooks:
+            rows.append(
+                Notification(
+                    channel_name=f"SAGA_NOTIFY_WEBHOOKS {httpx.URL(url).host}",
+                    kind=Kind.WEBHOOK,
+                    env_target=url,
+                    **common,
+                )
+            )
+    if not rows:
+        return rows
+    Notification.objects.bulk_create(rows)
+    ids = [row.pk for row in rows]
+
+    def hand_over() -> None:
+        for pk in ids:
+            enqueue_delivery(notification_id=pk)
+
+    transaction.on_commit(hand_over)
+    return rows
 
 
-def send_item_opened(*, item_id: str) -> None:
-    item = RecoveryItem.objects.select_related("run", "tenant", "failed_action").filter(pk=item_id).first()
-    if item is None:
-        return
-    tool = item.failed_action.tool if item.failed_action else "(no action)"
-    subject = (
-        f"[Saga Admin] {item.get_risk_display()} risk: run {item.run_id} needs a decision ({item.reason})"
+def enqueue_delivery(*, notification_id: str, delay_s: float | None = None) -> None:
+    """Hand one row to a worker (after commit). Redis down: logged, and the sweeper hands it again
+    (``recovery.sweeper.notifications_sweep``); a second job for a row finds nothing to claim."""
+    job_id = queueing.enqueue(
+        "recovery.jobs.notification_deliver",
+        queue="notifications",
+        delay_s=delay_s,
+        notification_id=notification_id,
     )
-    text = (
-        f"Run {item.run_id} of agent {item.run.agent} ({item.tenant.slug}) landed in the recovery queue.\n"
-        f"Request: {item.run.request}\nReason: {item.get_reason_display()}\nFailed action: {tool}\n"
-        f"Error: {item.error}\nSuggested: {item.get_suggested_resolution_display()}\n"
+    if job_id:
+        # Not a state change: remembers which job carries the row, for the sweeper.
+        Notification.objects.filter(
+            pk=notification_id, status__in=(Notification.Status.PENDING, Notification.Status.SENDING)
+        ).update(job_id=job_id)
+
+
+def notify_item_opened(item: RecoveryItem) -> list[Notification]:
+    run = item.run
+    tool = item.failed_action.tool if item.failed_action else ""
+    lines = [
+        f"Agent: {run.agent}",
+        f"Request: {run.request}",
+        f"Reason: {item.get_reason_display()}",
+        f"Failed action: {tool or '(none)'}",
+        f"Error: {item.error or '(none)'}",
+        f"Suggested: {item.get_suggested_resolution_display()}",
+    ]
+    return notify(
+        tenant=item.tenant,
+        event=Event.RECOVERY_OPENED,
+        subject_id=item.pk,
+        run_id=run.pk,
+        summary=f"{item.get_risk_display()} risk: run {run.pk} needs a decision ({item.get_reason_display()})",
+        path=reverse("dashboard:run-detail", args=[run.pk]),
+        risk=item.risk,
+        lines=lines,
     )
-    payload = {
-        "event": "recovery_item.opened",
-        "item_id": item.pk,
-        "run_id": item.run_id,
-        "tenant": item.tenant.slug,
-        "reason": item.reason,
-        "risk": item.risk,
-        "tool": tool,
-        "error": item.error,
-    }
-    _broadcast(subject=subject, text=text, payload=payload, idempotency_key=f"notify-{item.pk}")
 
 
-def send_approval_requested(*, approval_id: str) -> None:
-    approval = Approval.objects.select_related("run", "tenant").filter(pk=approval_id).first()
-    if approval is None:
-        return
-    subject = f"[Saga Admin] approval needed: {approval.tool} ({approval.risk})"
-    text = (
-        f"{approval.get_kind_display()} {approval.tool} on run {approval.run_id} ({approval.tenant.slug}) needs "
-        f"approval before {approval.expires_at:%Y-%m-%d %H:%M} UTC.\nArgs: {json.dumps(approval.args, indent=2)}\n"
+def _approval_lines(approval: Approval) -> list[str]:
+    return [
+        f"{approval.get_kind_display()}: {approval.tool}",
+        f"Expires: {approval.expires_at:%Y-%m-%d %H:%M} UTC",
+        f"Args: {json.dumps(approval.args, indent=2, sort_keys=True, default=str)}",
+    ]
+
+
+def notify_approval_requested(approval: Approval) -> list[Notification]:
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_REQUESTED,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=f"Approval needed: {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
+        path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
+        risk=approval.risk,
+        lines=_approval_lines(approval),
+        approval_id=approval.pk,
     )
-    payload = {
-        "event": "approval.requested",
-        "approval_id": approval.pk,
-        "run_id": approval.run_id,
-        "tenant": approval.tenant.slug,
-        "tool": approval.tool,
-        "risk": approval.risk,
-        "expires_at": approval.expires_at.isoformat(),
-    }
-    _broadcast(subject=subject, text=text, payload=payload, idempotency_key=f"notify-{approval.pk}")
 
 
-def send_command_overdue(*, command_id: str) -> None:
-    """A resume command its agent has not acknowledged in time (``commands.commands_flag_overdue``
-    enqueues this once per command). Nothing is sent when it was picked up or withdrawn since."""
-    command = AgentCommand.objects.select_related("run", "tenant", "created_by").filter(pk=command_id).first()
-    if command is None or command.status != AgentCommand.Status.PENDING:
-        return
+def notify_approval_reminder(approval: Approval) -> list[Notification]:
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_REMINDER,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=(
+            f"Reminder: approval of {approval.tool} ({approval.risk} risk) on run {approval.run_id} "
+            f"expires at {approval.expires_at:%Y-%m-%d %H:%M} UTC"
+        ),
+        path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
+        risk=approval.risk,
+        lines=_approval_lines(approval),
+        approval_id=approval.pk,
+    )
+
+
+def notify_step_failed(step: UnwindStep, *, run: Run, risk: str) -> list[Notification]:
+    return notify(
+        tenant=run.tenant,
+        event=Event.STEP_FAILED,
+        subject_id=step.pk,
+        run_id=run.pk,
+        summary=f"Compensation step {step.tool or step.action.tool} {step.status} on run {run.pk}",
+        path=f"{reverse('dashboard:run-detail', args=[run.pk])}#unwind",
+        risk=risk,
+        lines=[
+            f"Undoing: {step.action.tool} (action {step.action_id})",
+            f"Attempts: {step.attempts}",
+            f"Error: {step.error or '(none)'}",
+        ],
+    )
+
+
+def notify_unwind_finished(unwind: Unwind, *, run: Run, summary: str, risk: str) -> list[Notification]:
+    outcome = "compensated" if unwind.status == Unwind.Status.COMPLETED else "finished with steps left"
+    return notify(
+        tenant=run.tenant,
+        event=Event.UNWIND_FINISHED,
+        subject_id=unwind.pk,
+        run_id=run.pk,
+        summary=f"Run {run.pk} {outcome}",
+        path=f"{reverse('dashboard:run-detail', args=[run.pk])}#unwind",
+        risk=risk,
+        lines=[f"Agent: {run.agent}", f"Request: {run.request}", f"Unwind: {summary}"],
+    )
+
+
+def notify_command_overdue(command: AgentCommand) -> list[Notification]:
     run = command.run
-    waited_min = max(1, round((timezone.now() - command.created_at).total_seconds() / 60))
-    issued_by = command.issued_by()
+    now = timezone.now()
+    waited_min = max(1, round((now - command.created_at).total_seconds() / 60))
     heard_at = run.last_heartbeat_at or run.created_at
-    heard_since = heard_at > command.created_at
-    subject = f"[Saga Admin] resume of run {run.pk} not picked up after {waited_min} min"
-    text = (
-        f"Run {run.pk} of agent {run.agent} ({command.tenant.slug}) was resumed by {issued_by} at "
-        f"{command.created_at:%Y-%m-%d %H:%M} UTC and its agent has not acknowledged the command.\n"
-        f"Request: {run.request}\n"
-        + (
-            f"The agent is alive (last heartbeat {heard_at:%H:%M:%S} UTC) and was handed the command.\n"
-            if heard_since
-            else f"The agent has not been heard from since {heard_at:%Y-%m-%d %H:%M:%S} UTC.\n"
-        )
-        + f"If it stays silent for {saga().heartbeat_timeout_s} s the run comes back to the recovery "
-        "queue as agent lost and waits for a person (it is not compensated automatically).\n"
+    alive = (
+        f"The agent is alive (last heartbeat {heard_at:%H:%M:%S} UTC) and was handed the command."
+        if heard_at > command.created_at
+        else f"The agent has not been heard from since {heard_at:%Y-%m-%d %H:%M:%S} UTC."
     )
-    payload = {
-        "event": "command.overdue",
-        "command_id": command.pk,
-        "kind": command.kind,
-        "run_id": run.pk,
-        "tenant": command.tenant.slug,
-        "issued_by": issued_by,
-        "issued_at": command.created_at.isoformat(),
-        "last_heartbeat_at": heard_at.isoformat(),
+    return notify(
+        tenant=run.tenant,
+        event=Event.COMMAND_OVERDUE,
+        subject_id=command.pk,
+        run_id=run.pk,
+        summary=f"Resume of run {run.pk} not picked up after {waited_min} min",
+        path=reverse("dashboard:run-detail", args=[run.pk]),
+        risk=Risk.LOW,
+        lines=[
+            f"Run {run.pk} of agent {run.agent} was resumed by {command.issued_by()} at "
+            f"{command.created_at:%Y-%m-%d %H:%M} UTC and its agent has not acknowledged the command.",
+            f"Request: {run.request}",
+            alive,
+            f"If it stays silent for {saga().heartbeat_timeout_s} s the run comes back to the recovery "
+            "queue as agent lost and waits for a person (it is not compensated automatically).",
+        ],
+    )
+
+
+# --- The outbox: delivering one row ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt's outcome: ``delivered``, ``retry`` (may pass: a timeout, a 5xx, a 429) or
+    ``failed`` (will not pass by itself: a 4xx, a refused URL, a deleted channel)."""
+
+    outcome: str
+    error: str = ""
+    status_code: int | None = None
+
+
+def notification_backoff_s(attempt: int) -> float:
+    config = saga()
+    factor: int = 2 ** max(0, attempt - 1)
+    return float(min(config.retry_backoff_max_s * 10, config.retry_backoff_base_s * factor))
+
+
+def _lease_s() -> float:
+    return saga().webhook_timeout_s * 2 + 30
+
+
+def notification_claim(*, notification_id: str) -> Notification | None:
+    """pending (due) → sending, or sending with an expired lease (its worker died) → sending again,
+    by compare-and-set: of two workers holding jobs for one row, one sends and the other finds
+    nothing. Counts the attempt and takes a new fencing token."""
+    now = timezone.now()
+    claimed = (
+        Notification.objects.filter(pk=notification_id, attempts__lt=F("max_attempts"))
+        .filter(
+            Q(status=Notification.Status.PENDING, next_attempt_at__lte=now)
+            | Q(status=Notification.Status.SENDING, lease_expires_at__lt=now)
+        )
+        .update(
+            status=Notification.Status.SENDING,
+            attempts=F("attempts") + 1,
+            lease_token=F("lease_token") + 1,
+            lease_expires_at=now + timedelta(seconds=_lease_s()),
+            updated_at=now,
+        )
+    )
+    if claimed != 1:
+        return None
+    return Notification.objects.select_related("tenant", "channel").get(pk=notification_id)
+
+
+def notification_deliver(*, notification_id: str) -> str:
+    """Claim the row, send it, record the attempt (a worker job; safe to run twice). Returns the
+    outcome, or ``skipped`` when there was nothing to claim (delivered, not due, or another
+    worker has it)."""
+    row = notification_claim(notification_id=notification_id)
+    if row is None:
+        return "skipped"
+    try:
+        attempt = _send(row)
+    except Exception as exc:  # a bug or an unforeseen library error: retried, never lost
+        log.exception("notifications.send_crashed", notification_id=row.pk)
+        attempt = Attempt("retry", f"{type(exc).__name__}: {exc}")
+    return _record(row, attempt)
+
+
+def _record(row: Notification, attempt: Attempt) -> str:
+    """Store the attempt (fenced by the claim's token) and return what became of the row:
+    ``delivered``, ``retry``, ``failed`` or ``dropped`` (``fenced`` when the claim was lost)."""
+    now = timezone.now()
+    history = [
+        *row.history[-(HISTORY_KEPT - 1) :],
+        {
+            "attempt": row.attempts,
+            "at": now.isoformat(),
+            "outcome": attempt.outcome,
+            "error": attempt.error[:500],
+            "status_code": attempt.status_code,
+        },
+    ]
+    updates: dict[str, Any] = {
+        "lease_expires_at": None,
+        "last_error": attempt.error[:2000],
+        "last_status_code": attempt.status_code,
+        "history": history,
+        "updated_at": now,
     }
-    _broadcast(subject=subject, text=text, payload=payload, idempotency_key=f"notify-{command.pk}-overdue")
+    delay: float | None = None
+    if attempt.outcome == "delivered":
+        updates.update(status=Notification.Status.DELIVERED, delivered_at=now, next_attempt_at=None)
+    elif attempt.outcome == "dropped":
+        updates.update(status=Notification.Status.DROPPED, next_attempt_at=None)
+    elif attempt.outcome == "retry" and row.attempts < row.max_attempts:
+        delay = notification_backoff_s(row.attempts)
+        updates.update(
+            status=Notification.Status.PENDING, next_attempt_at=now + timedelta(seconds=delay), job_id=""
+        )
+    else:
+        if attempt.outcome == "retry":
+            updates["last_error"] = f"Gave up after {row.attempts} attempts: {attempt.error}"[:2000]
+            attempt = Attempt("failed", attempt.error, attempt.status_code)
+        updates.update(status=Notification.Status.FAILED, next_attempt_at=None)
+    # Fenced: a worker whose lease expired (and was replaced) records nothing.
+    recorded = Notification.objects.filter(
+        pk=row.pk, status=Notification.Status.SENDING, lease_token=row.lease_token
+    ).update(**updates)
+    if recorded != 1:
+        log.warning("notifications.outcome_fenced", notification_id=row.pk, outcome=attempt.outcome)
+        return "fenced"
+    log_method = log.info if attempt.outcome == "delivered" else log.warning
+    log_method(
+        f"notifications.{attempt.outcome}",
+        notification_id=row.pk,
+        notification_event=row.event,
+        channel=row.channel_name,
+        attempt=row.attempts,
+        error=attempt.error[:300],
+    )
+    if delay is not None:
+        enqueue_delivery(notification_id=row.pk, delay_s=delay)
+    return attempt.outcome
+
+
+def _send(row: Notification) -> Attempt:
+    channel = row.channel
+    if channel is None and not row.env_target:
+        return Attempt("failed", "The channel was deleted before the notification was sent.")
+    if channel is not None and not channel.enabled and row.event != Event.TEST:
+        return Attempt("failed", "The channel was disabled before the notification was sent.")
+    if over := _no_longer_relevant(row):
+        return Attempt("dropped", over)
+    if row.kind == Kind.EMAIL:
+        recipients = (
+            [a.strip() for a in channel.target.split(",") if a.strip()]
+            if channel is not None
+            else list(saga().notify_emails)
+        )
+        return _send_email(row, recipients)
+    if row.kind == Kind.SLACK:
+        assert channel is not None  # environment channels are e-mail and webhooks
+        return _post_checked(row, channel.target, _slack_body(row), headers={})
+    content = json.dumps(row.body, sort_keys=True).encode()
+    secret = channel.secret if channel is not None else saga().notify_webhook_secret
+    headers = dict(signed_headers(secret, content)) if secret else {}
+    if channel is None:
+        # An operator's own SAGA_NOTIFY_WEBHOOKS entry: trusted, like compensator webhooks.
+        return _post_trusted(row, row.env_target, content, headers)
+    return _post_checked(row, channel.target, content, headers=headers)
+
+
+def _no_longer_relevant(row: Notification) -> str:
+    if (
+        row.event == Event.COMMAND_OVERDUE
+        and not AgentCommand.objects.filter(pk=row.subject_id, status=AgentCommand.Status.PENDING).exists()
+    ):
+        return "Not sent: the agent picked the resume up (or it was withdrawn) before this went out."
+    if (
+        row.event == Event.APPROVAL_REMINDER
+        and not Approval.objects.filter(pk=row.subject_id, status=Approval.Status.PENDING).exists()
+    ):
+        return "Not sent: the approval was decided (or expired) before the reminder went out."
+    return ""
+
+
+def _email_text(row: Notification) -> tuple[str, str]:
+    body = row.body
+    lines = row.context.get("lines") or []
+    subject = f"[Saga Admin] {body.get('summary', row.event)}"[:250]
+    text = "\n".join(
+        [str(body.get("summary", "")), "", *map(str, lines), "", f"Open: {body.get('url', '')}", ""]
+    )
+    return subject.replace("\n", " "), text
+
+
+def _send_email(row: Notification, recipients: list[str]) -> Attempt:
+    if not recipients:
+        return Attempt("failed", "No e-mail address to send to.")
+    subject, text = _email_text(row)
+    try:
+        send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, recipients, fail_silently=False)
+    except (OSError, smtplib.SMTPException) as exc:
+        if isinstance(exc, smtplib.SMTPRecipientsRefused):
+            return Attempt("failed", f"Recipients refused: {exc}")
+        return Attempt("retry", f"{type(exc).__name__}: {exc}")
+    return Attempt("delivered")
+
+
+def _slack_body(row: Notification) -> bytes:
+    approval_id = str(row.context.get("approval_id") or "")
+    buttons = bool(approval_id) and _slack_buttons_wanted(row, approval_id)
+    message = slack.message(
+        summary=str(row.body.get("summary", "")),
+        url=str(row.body.get("url", "")),
+        risk=row.risk,
+        run_id=row.run_id,
+        lines=[str(line) for line in row.context.get("lines") or []],
+        tenant_slug=row.tenant.slug,
+        approval_id=approval_id if buttons else "",
+    )
+    return json.dumps(message).encode()
+
+
+def _slack_buttons_wanted(row: Notification, approval_id: str) -> bool:
+    # Buttons only where a press can be verified (the tenant connected a Slack app) and can still
+    # decide something (the approval is pending).
+    return (
+        SlackApp.objects.filter(tenant_id=row.tenant_id).exists()
+        and Approval.objects.filter(
+            pk=approval_id, tenant_id=row.tenant_id, status=Approval.Status.PENDING
+        ).exists()
+    )
+
+
+def _answer(response: httpx.Response, *, what: str) -> Attempt:
+    code = response.status_code
+    if response.is_success:
+        return Attempt("delivered", status_code=code)
+    if response.is_redirect:
+        location = response.headers.get("Location", "")
+        return Attempt("failed", f"{what} answered {code} (redirect to {location!r}, not followed)", code)
+    detail = response.text[:200].strip()
+    error = f"{what} answered {code}" + (f": {detail}" if detail else "")
+    # 4xx is the receiver saying no (a revoked Slack hook answers 404 or 410, a bad payload 400):
+    # asking again changes nothing. 408 and 429 say "later"; 5xx may pass.
+    if 400 <= code < 500 and code not in (408, 429):
+        return Attempt("failed", error, code)
+    return Attempt("retry", error, code)
+
+
+def _post_checked(row: Notification, url: str, content: bytes, *, headers: dict[str, str]) -> Attempt:
+    """A URL a tenant chose: checked again now (it may resolve elsewhere than when it was saved)
+    and sent to the address the check approved, never following a redirect."""
+    try:
+        target = outbound.check_url(url, field="URL")
+    except errors.UrlNotAllowed as exc:
+        outcome = "retry" if exc.details.get("reason") == outbound.UNRESOLVABLE else "failed"
+        return Attempt(outcome, f"Refused: {exc.message}")
+    all_headers = {"Content-Type": "application/json", "Idempotency-Key": row.pk, **headers}
+    try:
+        response = outbound.post(
+            target, content=content, headers=all_headers, timeout=saga().webhook_timeout_s
+        )
+    except httpx.HTTPError as exc:
+        return Attempt("retry", f"{type(exc).__name__}: {exc}")
+    return _answer(response, what="Slack" if row.kind == Kind.SLACK else "The webhook")
+
+
+def _post_trusted(row: Notification, url: str, content: bytes, headers: dict[str, str]) -> Attempt:
+    all_headers = {"Content-Type": "application/json", "Idempotency-Key": row.pk, **headers}
+    try:
+        response = httpx.post(url, content=content, headers=all_headers, timeout=saga().webhook_timeout_s)
+    except httpx.HTTPError as exc:
+        return Attempt("retry", f"{type(exc).__name__}: {exc}")
+    return _answer(response, what="The webhook")
+
+
+# --- Answering a Slack interaction -----------------------------------------------------------
+
+
+def slack_respond(*, response_url: str, message: dict[str, Any]) -> bool:
+    """POST an answer to an interaction's ``response_url`` (a worker job): the approval's message
+    replaced with the decision, or a refusal only the presser sees. The URL came in a request whose
+    signature checked out, and goes through the outbound guard all the same."""
+    try:
+        target = outbound.check_url(response_url, field="response_url")
+        response = outbound.post(
+            target,
+            content=json.dumps(message).encode(),
+            headers={"Content-Type": "application/json"},
+            timeout=saga().webhook_timeout_s,
+        )
+    except (errors.UrlNotAllowed, httpx.HTTPError) as exc:
+        log.warning("slack.respond_failed", error=str(exc))
+        return False
+    if not response.is_success:
+        log.warning("slack.respond_failed", status=response.status_code)
+    return response.is_success
+
+
+def enqueue_slack_respond(*, response_url: str, message: dict[str, Any]) -> None:
+    queueing.enqueue(
+        "recovery.jobs.slack_respond", queue="notifications", response_url=response_url, message=message
+    )
 
 
 def deliver_command(*, command_id: str) -> bool:

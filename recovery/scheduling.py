@@ -37,6 +37,7 @@ def periodic_jobs() -> list[Periodic]:
     return [
         Periodic("recovery.jobs.sweep", interval),
         Periodic("recovery.jobs.approvals_expire", interval),
+        Periodic("recovery.jobs.notifications_sweep", interval),
         Periodic("recovery.jobs.agents_detect_lost", max(interval, 5.0)),
         Periodic("recovery.jobs.commands_redeliver", max(interval, 5.0)),
         Periodic("recovery.jobs.commands_flag_overdue", max(interval, 5.0)),

@@ -13,12 +13,13 @@ from datetime import datetime
 
 import structlog
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from ledger.conf import saga
-from recovery import queueing, unwinds
+from recovery import approvals, notifications, queueing, unwinds
 from recovery.compensators import Outcome
-from recovery.models import Unwind, UnwindStep
+from recovery.models import Notification, Unwind, UnwindStep
 
 log = structlog.get_logger("saga_admin.sweeper")
 
@@ -132,3 +133,52 @@ def _step_lease_expired(*, step_id: str, now: datetime) -> bool:
     )
     unwinds.enqueue_step(step.pk, step_timeout_s=unwinds.step_timeout_of(step.unwind))
     return True
+
+
+# --- Notifications ---------------------------------------------------------------------------
+
+
+@dataclass
+class NotificationSweepReport:
+    reenqueued: int = 0
+    given_up: int = 0
+    reminders: int = 0
+
+
+def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepReport:
+    """Hand undelivered outbox rows to a worker again: a pending row that is due but whose job is
+    gone (Redis was down when it was enqueued, or restarted empty) or has waited implausibly long,
+    and a sending row whose lease expired (its worker died mid-send). Then remind approvers of the
+    approvals at half their expiry. A second job for a row is harmless: one claim wins."""
+    now = now or timezone.now()
+    report = NotificationSweepReport()
+    stale_s = max(3 * saga().sweep_interval_s, saga().webhook_timeout_s * 2 + 30)
+    # A sending row out of attempts whose worker died will not be claimed again: it failed.
+    report.given_up = Notification.objects.filter(
+        status=Notification.Status.SENDING, lease_expires_at__lt=now, attempts__gte=F("max_attempts")
+    ).update(
+        status=Notification.Status.FAILED,
+        lease_expires_at=None,
+        last_error="The worker sending it was lost, and no attempts are left.",
+        updated_at=now,
+    )
+    due = (
+        Notification.objects.filter(
+            Q(status=Notification.Status.PENDING, next_attempt_at__lte=now)
+            | Q(status=Notification.Status.SENDING, lease_expires_at__lt=now)
+        )
+        .order_by("next_attempt_at")
+        .values_list("pk", "job_id", "updated_at")[:500]
+    )
+    for notification_id, job_id, updated_at in due:
+        state = queueing.job_state(job_id, queue="notifications")
+        if state is None:
+            break  # Redis is down: the next sweep tries again
+        if queueing.job_is_alive(state) and (now - updated_at).total_seconds() < stale_s:
+            continue
+        notifications.enqueue_delivery(notification_id=notification_id)
+        report.reenqueued += 1
+    for approval_id in approvals.approvals_due_for_reminder(now=now):
+        if approvals.approval_remind(approval_id=approval_id, now=now) is not None:
+            report.reminders += 1
+    return report

@@ -43,12 +43,12 @@ from django.utils import timezone
 from ledger import errors, ids
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
-from ledger.models import Action, Run
+from ledger.models import Action, Risk, Run, max_risk
 from ledger.policies import policy_settings_for
 from ledger.rules import reason_required
 from ledger.services import actions, runs
 from ledger.transitions import transition
-from recovery import approvals, compensators, items, queueing
+from recovery import approvals, compensators, items, notifications, queueing
 from recovery.compensators import CompensationRequest, Outcome
 from recovery.models import (
     STEP_TRANSITIONS,
@@ -767,6 +767,9 @@ def _step_record(
         updates={**base, "error": error, "result": outcome.state, "finished_at": now},
         data=data,
     )
+    if to != UnwindStep.Status.DONE:
+        step.status, step.error = to, error
+        notifications.notify_step_failed(step, run=unwind.run, risk=step.action.risk)
     actions.action_compensation_finished(
         action=step.action,
         actor=ENGINE,
@@ -858,6 +861,12 @@ def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
             else RecoveryItem.Reason.COMPENSATION_FAILED
         )
         items.item_reopen_after_unwind(unwind=unwind, run=run, reason=reason, error=summary, left=left)
+    notifications.notify_unwind_finished(
+        unwind,
+        run=run,
+        summary=summary,
+        risk=max_risk(*(s.action.risk for s in steps)) if steps else Risk.LOW,
+    )
     return unwind
 
 

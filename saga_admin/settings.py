@@ -291,6 +291,11 @@ SAGA: dict[str, Any] = {
     "NOTIFY_EMAILS": env_list("SAGA_NOTIFY_EMAILS", []),
     "NOTIFY_WEBHOOKS": env_list("SAGA_NOTIFY_WEBHOOKS", []),
     "NOTIFY_WEBHOOK_SECRET": os.environ.get("SAGA_NOTIFY_WEBHOOK_SECRET", ""),
+    # Attempts per notification (backoff as compensators: SAGA_RETRY_BACKOFF_BASE_S doubling up
+    # to 10x SAGA_RETRY_BACKOFF_MAX_S), then it is marked failed.
+    "NOTIFY_MAX_ATTEMPTS": env_int("SAGA_NOTIFY_MAX_ATTEMPTS", 10),
+    # Where people reach this dashboard: the links in notifications point here.
+    "PUBLIC_URL": os.environ.get("SAGA_PUBLIC_URL", "http://localhost:8000").rstrip("/"),
     # The master of the per-tenant secrets that sign commands pushed to agents' resume_urls
     # (`manage.py resume_secret --tenant SLUG` prints a tenant's); unset: pushed unsigned.
     "RESUME_WEBHOOK_SECRET": os.environ.get("SAGA_RESUME_WEBHOOK_SECRET", ""),

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path, re_path
 
-from dashboard import workers
+from dashboard import slack, workers
 from saga_admin.api.app import api, unrouted
 from saga_admin.health import favicon, healthz
 
@@ -20,6 +20,8 @@ urlpatterns = [
     # Superusers only (django-rq's own check lets any staff user in, tenant admins included).
     path("django-rq/", include((workers.urlpatterns(), "django_rq"))),
     path("demo-world/", include("demo.urls")),
+    # Slack's interactivity requests (Approve / Reject buttons), verified by signature, not session.
+    path("integrations/slack/interactions", slack.interactions, name="slack-interactions"),
     path("", include("dashboard.auth_urls")),
     path("", include("dashboard.urls")),
 ]

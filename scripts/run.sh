@@ -173,6 +173,8 @@ if [ -z "${SECRET_KEY:-}" ]; then
 fi
 export SECRET_KEY
 
+# Links in notifications (the demo's console e-mails in .data/logs/worker.log) point here.
+export SAGA_PUBLIC_URL="${SAGA_PUBLIC_URL:-$BASE_URL}"
 # Fewer gunicorn workers than production by default: a laptop, not a server.
 export DATABASE_URL REDIS_URL SAGA_DEMO_WORLD_SECRET PORT WEB_CONCURRENCY="${WEB_CONCURRENCY:-2}"
 # The demo's lost agent should be noticed within a minute, not after production's five.
@@ -252,6 +254,7 @@ cat <<EOF
   Demo world (the systems the agents change):  $BASE_URL/demo-world/
   API docs:                $BASE_URL/api/v1/docs
   Logs:                    $LOGS/ (web, worker, demo-agents, redis)
+  Notifications:           Acme's on-call e-mails are printed to $LOGS/worker.log (console e-mail backend)
 $(if [ "${SAGA_DEMO_TRAFFIC:-1}" != "0" ]; then echo "  Live demo traffic:       a new run every 20 s; about 1 in 5 fails into the recovery queue (SAGA_DEMO_TRAFFIC=0 make run: none)"; fi)
   Management commands:     $manage ARGS="create_agent_key --tenant acme --name my-agent" (env: $DATA/env)
 

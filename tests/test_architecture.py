@@ -146,15 +146,17 @@ RECOVERY_FLOORS = {
     "recovery.models": 0,
     "recovery.queueing": 0,
     "recovery.compensators": 0,
+    "recovery.slack": 0,
     "recovery.notifications": 1,
     "recovery.planner": 1,
     "recovery.trail": 1,
     "recovery.scheduling": 1,
-    "recovery.admin": 1,
+    "recovery.admin": 3,
     # Each object's own transitions.
     "recovery.items": 2,
     "recovery.approvals": 2,
     "recovery.commands": 2,
+    "recovery.channels": 2,
     # The reads, and the engine over the objects it moves.
     "recovery.selectors": 3,
     "recovery.unwinds": 3,

@@ -116,6 +116,8 @@ _STATUS_TONES = {
     "approved": "ok",
     "resolved": "ok",
     "acked": "ok",
+    "delivered": "ok",
+    "sending": "info",
     "failed": "bad",
     "compensation_failed": "bad",
     "drifted": "bad",

@@ -89,7 +89,7 @@ def _open_reasons() -> dict[str, str]:
 
 
 def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
-    live_server: Any, saga_worker: subprocess.Popen[bytes], world_secret: str
+    live_server: Any, saga_worker: subprocess.Popen[bytes], world_secret: str, tmp_path: Path
 ) -> None:
     from django.contrib.auth import get_user_model
 
@@ -179,6 +179,18 @@ def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
         ("email.send_welcome", Action.Status.FAILED),
     }
     assert RecoveryItem.objects.get(pk=item.pk).resolution == RecoveryItem.Resolution.COMPENSATED
+
+    # Acme's on-call channel heard about it: make run's console e-mail backend prints the mails
+    # to the worker's log, each with the link to the run's page.
+    worker_log = tmp_path / "worker.log"
+    wait_for(
+        lambda: f"/runs/{onboarding.pk}/" in worker_log.read_text(errors="replace"),
+        timeout=30,
+        what="the on-call e-mail about the onboarding run in the worker's log",
+    )
+    log_text = worker_log.read_text(errors="replace")
+    assert "To: oncall@acme.demo.saga.local" in log_text
+    assert "Subject: [Saga Admin]" in log_text
 
 
 def test_a_resumed_onboarding_run_sends_the_corrected_welcome_email_and_succeeds(

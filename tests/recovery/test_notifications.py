@@ -1,4 +1,5 @@
-"""New recovery items and approvals tell people by e-mail and signed webhook, from an RQ job."""
+"""New recovery items and approvals tell people by e-mail and signed webhook (the environment's
+channels), from an RQ job after the transaction that wrote their outbox rows."""
 
 from __future__ import annotations
 
@@ -78,8 +79,8 @@ def test_a_new_recovery_item_is_mailed_and_posted_signed(
     message = mail.outbox[0]
     assert run.pk in message.subject and message.to == ["oncall@acme.test"]
     assert "mail gateway 429" in message.body
-    assert [(r["payload"]["event"], r["payload"]["item_id"], r["signed"]) for r in notify_to] == [
-        ("recovery_item.opened", item.pk, True)
+    assert [(r["payload"]["event"], r["payload"]["id"], r["signed"]) for r in notify_to] == [
+        ("recovery.opened", item.pk, True)
     ]
 
 
@@ -104,6 +105,6 @@ def test_an_approval_request_is_mailed_and_posted_signed(
     approval = action.approvals.get()
     assert len(mail.outbox) == 1 and "payments.charge" in mail.outbox[0].subject
     assert '"amount": 48200' in mail.outbox[0].body
-    assert [(r["payload"]["event"], r["payload"]["approval_id"], r["signed"]) for r in notify_to] == [
+    assert [(r["payload"]["event"], r["payload"]["id"], r["signed"]) for r in notify_to] == [
         ("approval.requested", approval.pk, True)
     ]

@@ -18,7 +18,7 @@ from ledger.audit import Actor
 from ledger.models import Event, Run
 from ledger.services import runs
 from recovery import commands, jobs, notifications, scheduling, services
-from recovery.models import AgentCommand, RecoveryItem, Unwind
+from recovery.models import AgentCommand, Notification, RecoveryItem, Unwind
 from tests.factories import HR_PATH, HR_SECRET, WS_PATH, WS_SECRET, load_onboarding_policies, perform_action
 from tests.support.api import Api
 from tests.support.processes import WebhookServer, dump_worker_logs, serve_webhooks
@@ -100,13 +100,14 @@ def test_a_resume_not_acknowledged_in_time_is_announced_once(
 
     assert len(mail.outbox) == 1
     message = mail.outbox[0]
-    assert message.subject == f"[Saga Admin] resume of run {run.pk} not picked up after 3 min"
+    assert message.subject == f"[Saga Admin] Resume of run {run.pk} not picked up after 3 min"
     assert "resumed by alice" in message.body and "not compensated automatically" in message.body
     posted = notify.calls_to(NOTIFY_PATH)
-    assert [(c.body["event"], c.body["command_id"], c.signature_ok) for c in posted] == [
+    assert [(c.body["event"], c.body["id"], c.signature_ok) for c in posted] == [
         ("command.overdue", command.pk, True)
     ]
-    assert posted[0].headers["Idempotency-Key"] == f"notify-{command.pk}-overdue"
+    row = Notification.objects.get(event="command.overdue", kind="webhook")
+    assert posted[0].headers["Idempotency-Key"] == row.pk and row.status == "delivered"
     [event] = Event.objects.filter(run=run, kind="command.overdue")
     assert event.subject_id == command.pk and "3 min" in event.reason
     # Still pending: the agent may yet come back for it.
@@ -133,13 +134,21 @@ def test_the_sweeper_looks_for_overdue_resumes():
     assert jobs.commands_flag_overdue.__module__ == "recovery.jobs"
 
 
-def test_the_announcement_is_dropped_when_the_resume_was_picked_up_meanwhile(tenant, agent, alice, notify):
+def test_the_announcement_is_dropped_when_the_resume_was_picked_up_meanwhile(
+    tenant, agent, alice, notify, django_capture_on_commit_callbacks
+):
     _run, item = _onboarding_failed(tenant, agent, notify)
     command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
+    _age(command, 181)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert commands.commands_flag_overdue() == 1
+    # Picked up between the sweep that flagged it and the worker that would send it.
     commands.command_ack(command=command, actor=agent)
     mail.outbox.clear()
-    notifications.send_command_overdue(command_id=command.pk)
-    assert mail.outbox == []
+    _work_notifications()
+    assert mail.outbox == [] and notify.calls_to(NOTIFY_PATH) == []
+    rows = Notification.objects.filter(event="command.overdue")
+    assert {(r.status, "picked the resume up" in r.last_error) for r in rows} == {("dropped", True)}
 
 
 # --- Lost after a resume: waits for a person -------------------------------------------------
@@ -301,5 +310,5 @@ def test_the_worker_announces_the_unpicked_resume_then_leaves_the_lost_run_to_a_
     assert Run.objects.get(pk=run.pk).status == Run.Status.FAILED
     assert AgentCommand.objects.get(pk=command.pk).status == AgentCommand.Status.CANCELLED
     overdue = [c.body for c in hooks.calls_to(NOTIFY_PATH) if c.body.get("event") == "command.overdue"]
-    assert [b["command_id"] for b in overdue] == [command.pk], dump_worker_logs([worker])
+    assert [b["id"] for b in overdue] == [command.pk], dump_worker_logs([worker])
     assert hooks.calls_to(HR_PATH) == [] and hooks.calls_to(WS_PATH) == []

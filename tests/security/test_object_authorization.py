@@ -13,7 +13,7 @@ from django.test import Client
 
 from ledger.audit import Actor
 from ledger.services import actions, checkpoints, pauses, runs
-from recovery import commands, services
+from recovery import channels, commands, services
 from recovery.models import Approval
 from tests.factories import gated_run
 from tests.support.api import Api
@@ -56,6 +56,12 @@ def acme_world(tenant, agent, bob):
     command = commands.command_issue(run=failed, kind="resume", actor=Actor.system("tests"), reason="go")
     # A pause of a tool nothing here calls: it exists, and stops nothing the world needs.
     pause = pauses.pause_create(tenant=tenant, actor=Actor.system("tests"), tool="never.called", reason="x")
+    channel = channels.channel_create(
+        tenant=tenant, actor=Actor.system("tests"), name="on-call", kind="email", target="oncall@acme.test"
+    ).channel
+    link = channels.slack_user_link_add(
+        tenant=tenant, actor=Actor.system("tests"), team_id="T1", slack_user_id="U1", user=bob
+    )
     return {
         "run_id": failed.pk,
         "item_id": item.pk,
@@ -67,6 +73,9 @@ def acme_world(tenant, agent, bob):
         "checkpoint_id": checkpoint.pk,
         "gated_run_id": run.pk,
         "pause_id": pause.pk,
+        "slug": tenant.slug,
+        "channel_id": channel.pk,
+        "link_id": str(link.pk),
     }
 
 

@@ -1,0 +1,79 @@
+"""A local HTTP endpoint that keeps every request it gets and answers from a script: stands in for a
+tenant's webhook receiver, a Slack incoming webhook or a Slack ``response_url`` in the
+notification tests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    raw: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.raw)
+
+
+@dataclass
+class Receiver:
+    port: int = 0
+    received: list[Received] = field(default_factory=list)
+    # Status codes to answer with, in order; then 200.
+    script: list[int] = field(default_factory=list)
+    delay_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def next_status(self) -> int:
+        with self.lock:
+            return self.script.pop(0) if self.script else 200
+
+
+@contextmanager
+def serve_receiver(**options: Any) -> Iterator[Receiver]:
+    receiver = Receiver(**options)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with receiver.lock:
+                receiver.received.append(Received(self.path, dict(self.headers.items()), raw))
+            if receiver.delay_s:
+                time.sleep(receiver.delay_s)
+            status = receiver.next_status()
+            body = b"ok" if status < 400 else b"no_service"
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test output
+            return
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    receiver.port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
