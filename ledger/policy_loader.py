@@ -720,9 +720,11 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
             "compensation": p.effective_compensation(),
             "compensation_tool": p.compensation_tool or "",
             "compensation_args": p.compensation_args,
-            "approvers": p.approvers or 1,
-            "rules": p.rules or [],
-            "limits": p.limits or [],
+            # Only when the file sets them (the content hash of a file without them is unchanged);
+            # the loader stores the defaults for the others (POLICY_DEFAULTS).
+            **({"approvers": p.approvers} if p.approvers is not None else {}),
+            **({"rules": p.rules} if p.rules else {}),
+            **({"limits": p.limits} if p.limits else {}),
         }
         for p in parsed.policies
     ]
@@ -801,6 +803,10 @@ class LoadReport:
         }
 
 
+# What a tool policy row holds for what its entry in the file does not set.
+POLICY_DEFAULTS: dict[str, Any] = {"approvers": 1, "rules": [], "limits": []}
+
+
 def _upsert(model: type[Any], *, lookup: dict[str, Any], values: dict[str, Any]) -> str:
     """Create or update one row; return "created", "updated" or "unchanged". An unchanged row is
     not saved at all, so its ``loaded_at`` stays put and a repeat load changes nothing."""
@@ -846,7 +852,8 @@ def policy_file_load(
     getattr(report, outcome).append("policy set")
 
     for policy in document.policies:
-        values = {k: v for k, v in policy.items() if k != "tool"}
+        # A policy the file lists without rules has none, whatever it had before.
+        values = {**POLICY_DEFAULTS, **{k: v for k, v in policy.items() if k != "tool"}}
         outcome = _upsert(
             ToolPolicy, lookup={"tenant": tenant, "tool": policy["tool"]}, values={**values, "source": source}
         )
