@@ -55,6 +55,7 @@ from ledger.models import (
 )
 from ledger.pagination import OLDEST_FIRST, Key, keyset_page
 from ledger.policies import policies_in_force, policy_settings_for
+from ledger.policy_rules import compile_rules
 from ledger.selectors import checkpoints_for_run, run_warnings
 from recovery import selectors as recovery_selectors
 from recovery.approvals import pending_q
@@ -864,9 +865,30 @@ def metrics(*, user: Someone, window: str, tenant: str = "") -> Metrics:
 
 
 @dataclass
+class PolicyRow:
+    """A tool policy and its rules, limits and approvers in plain words."""
+
+    policy: ToolPolicy
+    rules: list[str]
+    limits: list[str]
+    approvers: int
+
+
+def _policy_row(policy: ToolPolicy) -> PolicyRow:
+    compiled = compile_rules(policy.rules, policy.limits)
+    problems = [f"Cannot be applied, every call is refused: {p}" for p in compiled.problems]
+    return PolicyRow(
+        policy=policy,
+        rules=problems or [f"{rule.index}. {rule.description}" for rule in compiled.rules],
+        limits=[limit.description[0].upper() + limit.description[1:] for limit in compiled.limits],
+        approvers=policy.approvers,
+    )
+
+
+@dataclass
 class TenantPolicies:
     tenant: Tenant
-    policies: list[ToolPolicy]
+    policies: list[PolicyRow]
     compensators: list[Compensator]
     settings_source: str
     default_policy: dict[str, Any]
@@ -885,7 +907,7 @@ def policies_for(*, tenant: Tenant) -> TenantPolicies:
     policy_settings = policy_settings_for(tenant)
     return TenantPolicies(
         tenant=tenant,
-        policies=policies_in_force(tenant=tenant),
+        policies=[_policy_row(policy) for policy in policies_in_force(tenant=tenant)],
         compensators=sorted(own + shared, key=lambda c: c.tool),
         settings_source=policy_settings.source,
         default_policy=policy_settings.default_policy,
