@@ -395,6 +395,13 @@ class ToolPolicyOut(Schema):
     compensation_args: JSONValue = Field(
         None, description="Templates for the compensating tool's args ($args.<path>, $result.<path>, …)."
     )
+    approvers: int = Field(1, description="How many distinct people must grant an approval it asks for.")
+    rules: list[JSONObject] = Field(
+        default_factory=list, description="Rules on the call's args, first match wins."
+    )
+    limits: list[JSONObject] = Field(
+        default_factory=list, description="Count and sum limits over a sliding window."
+    )
     scope: Literal["tenant", "global"]
     source: str
 

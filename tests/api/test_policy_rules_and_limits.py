@@ -275,3 +275,10 @@ def test_it_replays_an_action_without_counting_it_again(db, api):
     replay = _charge(api, run["id"], "same")
     assert (first.status_code, replay.status_code) == (201, 200)
     assert replay.json()["status"] == "planned"
+
+
+def test_it_lists_rules_limits_and_approvers_with_the_policies(db, api):
+    limits = [{"window": "1h", "per": "agent", "max_count": 20}]
+    load_policy_file({"policies": [charge_policy(rules=RULES, limits=limits, approval="manual", approvers=2)]})
+    [policy] = api.get("/policies").json()["policies"]
+    assert (policy["rules"], policy["limits"], policy["approvers"]) == (RULES, limits, 2)
