@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from ledger.admin import BigTableAdmin, ReadOnlyAdmin, tenant_filter
-from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.models import AgentCommand, Approval, ApprovalGrant, RecoveryItem, Unwind, UnwindStep
 
 
 @admin.register(RecoveryItem)
@@ -93,6 +93,7 @@ class ApprovalAdmin(BigTableAdmin):
         "tenant",
         "risk",
         "status",
+        "approvers_required",
         "created_at",
         "expires_at",
         "decided_at",
@@ -109,6 +110,16 @@ class ApprovalAdmin(BigTableAdmin):
         "decided_by",
         "decided_by_key",
     ]
+
+
+@admin.register(ApprovalGrant)
+class ApprovalGrantAdmin(ReadOnlyAdmin):
+    tenant_field = "approval__tenant"
+    show_full_result_count = False
+    list_display = ["approval", "label", "created_at"]
+    search_fields = ["=approval__id"]
+    list_select_related = ["approval"]
+    raw_id_fields = ["approval", "user", "key"]
 
 
 @admin.register(AgentCommand)
