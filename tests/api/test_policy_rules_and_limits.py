@@ -279,6 +279,8 @@ def test_it_replays_an_action_without_counting_it_again(db, api):
 
 def test_it_lists_rules_limits_and_approvers_with_the_policies(db, api):
     limits = [{"window": "1h", "per": "agent", "max_count": 20}]
-    load_policy_file({"policies": [charge_policy(rules=RULES, limits=limits, approval="manual", approvers=2)]})
+    load_policy_file(
+        {"policies": [charge_policy(rules=RULES, limits=limits, approval="manual", approvers=2)]}
+    )
     [policy] = api.get("/policies").json()["policies"]
     assert (policy["rules"], policy["limits"], policy["approvers"]) == (RULES, limits, 2)

@@ -3,6 +3,8 @@ type rule of ``ledger.policy_rules``), the validation messages, and the plain wo
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ledger.policy_rules import compile_rules, describe_limit, describe_rule, limits_problems, rules_problems
@@ -50,7 +52,7 @@ def _matches(condition: dict, args: dict) -> bool:
 
 
 # The expected result of each operator for each hostile value: the documented type rule.
-EXPECTED = [
+EXPECTED: list[tuple[str, Any, set[str]]] = [
     # gt 10000: only numbers (not booleans, not NaN) greater than it.
     ("gt", 10000, {"float", "huge_int", "inf"}),
     ("gte", 0, {"zero", "float", "huge_int", "inf"}),
