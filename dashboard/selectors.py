@@ -55,6 +55,7 @@ from ledger.models import (
 )
 from ledger.pagination import OLDEST_FIRST, Key, keyset_page
 from ledger.policies import policies_in_force, policy_settings_for
+from ledger.policy_rules import compile_rules
 from ledger.selectors import checkpoints_for_run, run_warnings
 from recovery import selectors as recovery_selectors
 from recovery.approvals import pending_q
@@ -326,7 +327,12 @@ def run_latest_unwind(*, run: Run) -> Unwind | None:
 
 
 def run_pending_approvals(*, run: Run) -> list[Approval]:
-    return list(Approval.objects.filter(pending_q(), run=run).select_related("action").order_by("created_at"))
+    return list(
+        Approval.objects.filter(pending_q(), run=run)
+        .select_related("action")
+        .prefetch_related("grants")
+        .order_by("created_at")
+    )
 
 
 def run_events(*, run: Run) -> tuple[list[Event], int]:
@@ -382,8 +388,10 @@ def approvals_pending(*, user: Someone, cursor: str = "", page_size: int | None 
     """Pending approvals, oldest (closest to expiring) first, one keyset page at a time: each card
     carries two forms and pretty-printed JSON, so a page of hundreds took longer to render than
     an approver reads."""
-    qs = recovery_selectors.approvals_pending(tenants=permissions.tenant_ids_for(user)).select_related(
-        *APPROVAL_CARD_RELATED
+    qs = (
+        recovery_selectors.approvals_pending(tenants=permissions.tenant_ids_for(user))
+        .select_related(*APPROVAL_CARD_RELATED)
+        .prefetch_related("grants")
     )
     page = keyset_page(qs, keys=OLDEST_FIRST, cursor=cursor, limit=page_size or APPROVALS_PAGE, strict=False)
     return ApprovalPage(approvals=page.items, next_cursor=page.next_cursor or "")
@@ -473,6 +481,34 @@ def _policy_line(policy: dict[str, Any] | None) -> str:
     )
 
 
+def grants_line(approval: Approval) -> str:
+    """ "1 of 2 approvers (alice)" for an approval that needs several people; "" for one."""
+    if approval.approvers_required <= 1:
+        return ""
+    grants = list(approval.grants.all())
+    who = f" ({', '.join(g.label or g.approver for g in grants)})" if grants else ""
+    return f"{len(grants)} of {approval.approvers_required} approvers{who}"
+
+
+def policy_decision_facts(policy: dict[str, Any] | None) -> list[CardFact]:
+    """The rule and the limit that decided an action's risk and approval, in words."""
+    facts = []
+    policy = policy or {}
+    rule = policy.get("rule")
+    if isinstance(rule, dict):
+        facts.append(CardFact("Rule that applied", f"Rule {rule.get('index')}: {rule.get('description')}"))
+    limit = policy.get("limit")
+    if isinstance(limit, dict):
+        facts.append(
+            CardFact(
+                "Limit reached",
+                f"Limit {limit.get('index')}: {limit.get('description')} "
+                f"(already {limit.get('used')} in the window).",
+            )
+        )
+    return facts
+
+
 def _reasoning(intent: Any) -> str:
     return str(intent.get("reasoning") or "") if isinstance(intent, dict) else ""
 
@@ -499,6 +535,11 @@ def approval_card_content(approval: Approval) -> ApprovalCardContent:
     facts = []
     if policy := _policy_line(action.policy):
         facts.append(CardFact("Policy", policy))
+    facts.extend(policy_decision_facts(action.policy))
+    if grants := grants_line(approval):
+        facts.append(
+            CardFact("Approvers", f"{grants}: it needs {approval.approvers_required} different people.")
+        )
     if approval.requested_by_key is not None:
         asked_by = f"agent key {approval.requested_by_key.name}"
     else:
@@ -824,9 +865,30 @@ def metrics(*, user: Someone, window: str, tenant: str = "") -> Metrics:
 
 
 @dataclass
+class PolicyRow:
+    """A tool policy and its rules, limits and approvers in plain words."""
+
+    policy: ToolPolicy
+    rules: list[str]
+    limits: list[str]
+    approvers: int
+
+
+def _policy_row(policy: ToolPolicy) -> PolicyRow:
+    compiled = compile_rules(policy.rules, policy.limits)
+    problems = [f"Cannot be applied, every call is refused: {p}" for p in compiled.problems]
+    return PolicyRow(
+        policy=policy,
+        rules=problems or [f"{rule.index}. {rule.description}" for rule in compiled.rules],
+        limits=[limit.description[0].upper() + limit.description[1:] for limit in compiled.limits],
+        approvers=policy.approvers,
+    )
+
+
+@dataclass
 class TenantPolicies:
     tenant: Tenant
-    policies: list[ToolPolicy]
+    policies: list[PolicyRow]
     compensators: list[Compensator]
     settings_source: str
     default_policy: dict[str, Any]
@@ -845,7 +907,7 @@ def policies_for(*, tenant: Tenant) -> TenantPolicies:
     policy_settings = policy_settings_for(tenant)
     return TenantPolicies(
         tenant=tenant,
-        policies=policies_in_force(tenant=tenant),
+        policies=[_policy_row(policy) for policy in policies_in_force(tenant=tenant)],
         compensators=sorted(own + shared, key=lambda c: c.tool),
         settings_source=policy_settings.source,
         default_policy=policy_settings.default_policy,

@@ -846,16 +846,22 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
     else:
         form = ReasonForm(request.POST, prefix=f"{approval.pk}-reject")
     error = ""
+    granted = ""
     if form.is_valid():
         try:
             if approve:
-                recovery_services.approval_approve(
+                decided = recovery_services.approval_approve(
                     approval=approval,
                     actor=_actor(request),
                     reason=form.cleaned_data["reason"],
                     args=form.cleaned_data["args"],
                     shown_args_hash=form.cleaned_data["shown_args_hash"],
                 )
+                if decided.status == Approval.Status.PENDING:
+                    granted = (
+                        f"Your grant is recorded ({selectors.grants_line(decided)}); "
+                        "another approver must grant it too."
+                    )
             else:
                 recovery_services.approval_reject(
                     approval=approval, actor=_actor(request), reason=form.cleaned_data["reason"]
@@ -867,6 +873,8 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
     if not request.htmx:
         if error:
             messages.error(request, f"{approval.tool}: {error}")
+        elif granted:
+            messages.success(request, f"{approval.tool}: {granted}")
         else:
             messages.success(
                 request,
@@ -876,7 +884,7 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
         return HttpResponseRedirect(back, status=303)
     approval.refresh_from_db()
     forms = {"approve_form": form} if approve else {"reject_form": form}
-    context = _approval_card(request, approval, error=error, **forms)
+    context = _approval_card(request, approval, error=error, granted=granted, **forms)
     response = render(
         request, "dashboard/approvals.html#approval-card", context, status=409 if error else 200
     )

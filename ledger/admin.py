@@ -329,6 +329,7 @@ class ToolPolicyAdmin(ReadOnlyAdmin):
         "action_class",
         "compensation",
         "compensation_tool",
+        "approvers",
         "source",
         "loaded_at",
     ]

@@ -130,3 +130,18 @@ class Paused(Conflict):
     ``details``: the pause's ``pause_id``, ``agent`` and ``tool`` patterns."""
 
     code = "paused"
+
+
+class PolicyDenied(Forbidden):
+    """A tool policy refuses this call: a rule on its args with ``effect: deny``, or a limit with
+    ``on_exceed: deny`` that it would exceed. ``details`` name the policy and the rule or limit
+    (index and plain words). Nothing is recorded."""
+
+    code = "policy_denied"
+
+
+class AlreadyGranted(Conflict):
+    """The same person (a user, or approver keys of one name) granted an approval that needs
+    several people once already: a second grant by them counts for nothing."""
+
+    code = "already_granted"

@@ -260,6 +260,9 @@ class Action(models.Model):
     target_id = models.CharField(max_length=500, blank=True, default="")
     args = models.JSONField(default=dict, blank=True)
     idempotency_key = models.CharField(max_length=255)
+    # The authenticated agent that recorded it: the recording key's name (keys of one name are one
+    # agent), never the name a run declares. ``per: agent`` limits count by it.
+    owner = models.CharField(max_length=200, blank=True, default="", db_default="")
     # SHA-256 of the canonical recorded payload: a replay with another payload is refused.
     payload_hash = models.CharField(max_length=64)
     intent = models.JSONField(default=dict, blank=True)
@@ -340,6 +343,13 @@ class Action(models.Model):
             models.Index(fields=["tenant", "target_id"], name="action_tenant_target"),
             models.Index(fields=["run", "-completion_seq"], name="action_run_completion"),
             models.Index(fields=["tenant", "status"], name="action_tenant_status"),
+            # ``per: agent`` limits: the agent's recorded, not rejected actions of a tool in a window
+            # (``per: tenant`` ones use action_tenant_tool).
+            models.Index(
+                fields=["tenant", "tool", "owner", "created_at"],
+                name="action_limit_owner",
+                condition=~Q(status="rejected"),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -443,6 +453,12 @@ class ToolPolicy(models.Model):
     # Templates for the compensating tool's args ("$args.<path>", "$result.<path>", "$target_id",
     # "$target_type"), filled from the forward action; None: the forward action's args as they are.
     compensation_args = models.JSONField(null=True, blank=True)
+    # Rules on the call's args (first match wins) and rate/sum limits, as the loader validated
+    # them; compiled once per policy-table version (ledger.policy_rules, ledger.policies).
+    rules = models.JSONField(default=list, blank=True)
+    limits = models.JSONField(default=list, blank=True)
+    # How many distinct people must grant an approval this policy asks for (a rule may raise it).
+    approvers = models.PositiveSmallIntegerField(default=1)
     source = models.CharField(max_length=500, blank=True, default="")
     loaded_at = models.DateTimeField(auto_now=True)
 
@@ -467,6 +483,9 @@ class ToolPolicy(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(approval__in=["auto", "manual"]), name="toolpolicy_approval_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(approvers__gte=1, approvers__lte=10), name="toolpolicy_approvers_valid"
             ),
         ]
 

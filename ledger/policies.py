@@ -11,12 +11,13 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
+from ledger import errors
 from ledger.conf import saga
 from ledger.models import (
     ActionClass,
@@ -27,6 +28,7 @@ from ledger.models import (
     Tenant,
     ToolPolicy,
 )
+from ledger.policy_rules import NO_RULES, CompiledRules, Limit, Rule, compile_rules
 
 BUILTIN_DEFAULT_POLICY: dict[str, str] = {
     "risk": Risk.HIGH,
@@ -63,15 +65,53 @@ class ResolvedPolicy:
     compensation_args: Any = None
     scope: str = "global"  # "tenant", "global" or "default"
     source: str = ""
+    approvers: int = 1
+    # The policy's rules and limits, compiled (``ledger.policy_rules``); not part of ``as_dict``.
+    compiled: CompiledRules = field(default=NO_RULES, compare=False, repr=False)
 
     @property
     def requires_approval(self) -> bool:
         return self.approval == ApprovalMode.MANUAL
 
+    @property
+    def limits(self) -> tuple[Limit, ...]:
+        return self.compiled.limits
+
     def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "compiled"}
         data["requires_approval"] = self.requires_approval
         return data
+
+    def with_args(self, args: Any) -> tuple[ResolvedPolicy, Rule | None]:
+        """The policy as it applies to a call with ``args``: the first rule that matches sets risk,
+        approval and approvers (``approvers`` above 1 means manual approval). A rule with ``effect:
+        deny`` → ``PolicyDenied`` naming it; so does a policy whose stored rules do not compile
+        (fail closed: a broken rule must not quietly allow what it was written to stop)."""
+        if self.compiled.problems:
+            raise errors.PolicyDenied(
+                f"The policy for {self.tool} ({self.pattern}) has rules that cannot be applied "
+                f"({'; '.join(self.compiled.problems[:3])}); the call is refused until they are fixed.",
+                details={"policy": self.pattern, "problems": list(self.compiled.problems[:10])},
+            )
+        rule = self.compiled.first_match(args)
+        if rule is None:
+            return self, None
+        if rule.denies:
+            raise errors.PolicyDenied(
+                f"The policy for {self.tool} ({self.pattern}) refuses this call: rule {rule.index} "
+                f"({rule.description}). Nothing was recorded.",
+                details={"policy": self.pattern, "rule": rule.index, "description": rule.description},
+            )
+        then = rule.then
+        approval = str(then.get("approval", self.approval))
+        # A rule that lifts the approval (auto) lifts the policy's approvers with it.
+        approvers = int(then.get("approvers", self.approvers if approval == ApprovalMode.MANUAL else 1))
+        if approvers > 1:
+            approval = ApprovalMode.MANUAL
+        return (
+            replace(self, risk=str(then.get("risk", self.risk)), approval=approval, approvers=approvers),
+            rule,
+        )
 
 
 @dataclass(frozen=True)
@@ -143,7 +183,7 @@ def policy_settings_for(tenant: Tenant | None) -> PolicySettings:
 # entry serves only a caller that has just read the same stamp (see PolicyStamp): any write to the
 # policies, committed or in the caller's own transaction, changes the stamp, so a tightened policy
 # applies from the very next request in every process; there is no time-based staleness.
-_TOOL_POLICIES: dict[int, tuple[int, list[ToolPolicy]]] = {}
+_TOOL_POLICIES: dict[int, tuple[int, list[tuple[ToolPolicy, CompiledRules]]]] = {}
 _TOOL_POLICIES_MAX_TENANTS = 1000
 
 
@@ -154,13 +194,18 @@ def policy_stamp_subquery() -> RawSQL:
     return RawSQL("SELECT version FROM ledger_policystamp WHERE id = 1", ())  # noqa: S611
 
 
-def _tool_policies(tenant: Tenant, stamp: int | None) -> list[ToolPolicy]:
+def _tool_policies(tenant: Tenant, stamp: int | None) -> list[tuple[ToolPolicy, CompiledRules]]:
+    """The tenant's and the global tool policies, each with its rules and limits compiled: once per
+    stamp and process when the caller has the stamp, else for this call."""
     if stamp is not None:
         cached = _TOOL_POLICIES.get(tenant.pk)
         if cached is not None and cached[0] == stamp:
             return cached[1]
     # Read after the stamp: what is kept can only be newer than the stamp says, never older.
-    policies = list(ToolPolicy.objects.filter(Q(tenant=tenant) | Q(tenant__isnull=True)))
+    policies = [
+        (p, compile_rules(p.rules, p.limits))
+        for p in ToolPolicy.objects.filter(Q(tenant=tenant) | Q(tenant__isnull=True))
+    ]
     if stamp is not None:
         if len(_TOOL_POLICIES) >= _TOOL_POLICIES_MAX_TENANTS:
             _TOOL_POLICIES.clear()
@@ -173,12 +218,12 @@ def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> Re
     transaction (``policy_stamp_subquery``); with it, the tool-policy table may come from this
     process's cache. Without it, the table is read."""
     candidates = [
-        p
-        for p in _tool_policies(tenant, stamp)
+        (p, compiled)
+        for p, compiled in _tool_policies(tenant, stamp)
         if p.tool == tool or (p.is_glob and fnmatch.fnmatchcase(tool, p.tool))
     ]
     if candidates:
-        best = max(candidates, key=_rank)
+        best, compiled = max(candidates, key=lambda candidate: _rank(candidate[0]))
         return ResolvedPolicy(
             tool=tool,
             pattern=best.tool,
@@ -190,6 +235,8 @@ def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> Re
             compensation_args=best.compensation_args,
             scope="tenant" if best.tenant_id else "global",
             source=best.source,
+            approvers=best.approvers,
+            compiled=compiled,
         )
     settings_ = policy_settings_for(tenant)
     default = settings_.default_policy

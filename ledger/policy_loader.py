@@ -48,6 +48,7 @@ from ledger.models import (
     ToolPolicy,
 )
 from ledger.policies import compensation_args_problems
+from ledger.policy_rules import MAX_APPROVERS, limits_problems, rules_problems
 
 logger = structlog.get_logger("ledger.policies")
 
@@ -297,9 +298,18 @@ class PolicyIn(_Strict):
     compensation: CompensationValue | None = None
     compensation_tool: ExactTool | None = None
     compensation_args: CompensationArgs | None = None
+    approvers: Annotated[int, Field(ge=1, le=MAX_APPROVERS)] | None = None
+    # Validated by ledger.policy_rules (policy_file_parse), whose messages name the exact place
+    # ("rules[1].if.gt: expected a number") and list every problem at once.
+    rules: Any = None
+    limits: Any = None
 
     @model_validator(mode="after")
     def _coherent(self) -> PolicyIn:
+        if self.approvers is not None and self.approvers > 1 and self.approval == ApprovalMode.AUTO:
+            raise PydanticCustomError(
+                "policy", "approvers: {n} approvers need approval manual, not auto", {"n": self.approvers}
+            )
         if self.action_class == ActionClass.READ_ONLY and self.compensation not in (
             None,
             CompensationStrategy.NONE,
@@ -538,9 +548,27 @@ def _translate_policy(
 ) -> dict[str, Any]:
     policy: dict[str, Any] = {} if tool is None else {"tool": tool}
     for key, value in raw.items():
-        policy[_snake(key)] = (
-            _lower(value) if _snake(key) in {"risk", "approval", "action_class", "compensation"} else value
-        )
+        name = _snake(key)
+        if name == "rules":
+            policy[name] = [_translate_rule(rule) for rule in value] if isinstance(value, list) else value
+        elif name == "limits":
+            policy[name] = (
+                [
+                    {
+                        _snake(k): (_lower(v) if _snake(k) in ("per", "on_exceed") else v)
+                        for k, v in limit.items()
+                    }
+                    if isinstance(limit, dict)
+                    else limit
+                    for limit in value
+                ]
+                if isinstance(value, list)
+                else value
+            )
+        else:
+            policy[name] = (
+                _lower(value) if name in {"risk", "approval", "action_class", "compensation"} else value
+            )
     compensation = policy.get("compensation")
     if isinstance(compensation, str):
         if compensation not in _AGENT_SAFETY_COMPENSATION:
@@ -553,6 +581,36 @@ def _translate_policy(
         if tool is not None:
             policy.setdefault("action_class", implied_class.value)
     return policy
+
+
+def _translate_condition(raw: Any) -> Any:
+    """camelCase condition keys (``notIn``) in the native spelling; operands are kept as written."""
+    if not isinstance(raw, dict):
+        return raw
+    condition: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = _snake(key)
+        condition[name] = (
+            [_translate_condition(c) for c in value]
+            if name in ("all", "any") and isinstance(value, list)
+            else value
+        )
+    return condition
+
+
+def _translate_rule(raw: Any) -> Any:
+    """An agentSafety rule: condition keys as above, ``then`` values case-insensitive."""
+    if not isinstance(raw, dict):
+        return raw
+    rule: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "if":
+            rule[key] = _translate_condition(value)
+        elif key == "then" and isinstance(value, dict):
+            rule[key] = {_snake(k): (_lower(v) if _snake(k) != "approvers" else v) for k, v in value.items()}
+        else:
+            rule[key] = value
+    return rule
 
 
 def _translate_unwind(raw: Any, problems: _Problems) -> Any:
@@ -685,6 +743,25 @@ def _format_errors(exc: ValidationError, data: Any, prefix: str) -> list[str]:
     return problems
 
 
+def _rules_and_limits_problems(native: Any, prefix: str) -> list[str]:
+    """Every problem of the policies' ``rules`` and ``limits``, each naming its policy, the rule or
+    limit index and the field: ``policies[2] (tool "payments.charge"): rules[1].if.gt: expected a
+    number, got '10000'``."""
+    policies = native.get("policies") if isinstance(native, dict) else None
+    if not isinstance(policies, list):
+        return []
+    problems: list[str] = []
+    for index, policy in enumerate(policies):
+        if not isinstance(policy, dict):
+            continue
+        entry, _ = _where(("policies", index), native, prefix)
+        if policy.get("rules") is not None:
+            problems.extend(f"{entry}: {p}" for p in rules_problems(policy["rules"]))
+        if policy.get("limits") is not None:
+            problems.extend(f"{entry}: {p}" for p in limits_problems(policy["limits"]))
+    return problems
+
+
 def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocument:
     """Validate a decoded policy file in either layout; raise ``PolicyFileError`` listing every
     problem."""
@@ -707,6 +784,7 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
     except ValidationError as exc:
         problems.items.extend(_format_errors(exc, native, prefix))
         parsed = None
+    problems.items.extend(_rules_and_limits_problems(native, prefix))
     if problems.items or parsed is None:
         raise PolicyFileError(source, problems.items)
 
@@ -719,6 +797,11 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
             "compensation": p.effective_compensation(),
             "compensation_tool": p.compensation_tool or "",
             "compensation_args": p.compensation_args,
+            # Only when the file sets them (the content hash of a file without them is unchanged);
+            # the loader stores the defaults for the others (POLICY_DEFAULTS).
+            **({"approvers": p.approvers} if p.approvers is not None else {}),
+            **({"rules": p.rules} if p.rules else {}),
+            **({"limits": p.limits} if p.limits else {}),
         }
         for p in parsed.policies
     ]
@@ -799,6 +882,10 @@ class LoadReport:
         }
 
 
+# What a tool policy row holds for what its entry in the file does not set.
+POLICY_DEFAULTS: dict[str, Any] = {"approvers": 1, "rules": [], "limits": []}
+
+
 def _upsert(model: type[Any], *, lookup: dict[str, Any], values: dict[str, Any]) -> str:
     """Create or update one row; return "created", "updated" or "unchanged". An unchanged row is
     not saved at all, so its ``loaded_at`` stays put and a repeat load changes nothing."""
@@ -844,7 +931,8 @@ def policy_file_load(
     getattr(report, outcome).append("policy set")
 
     for policy in document.policies:
-        values = {k: v for k, v in policy.items() if k != "tool"}
+        # A policy the file lists without rules has none, whatever it had before.
+        values = {**POLICY_DEFAULTS, **{k: v for k, v in policy.items() if k != "tool"}}
         outcome = _upsert(
             ToolPolicy, lookup={"tenant": tenant, "tool": policy["tool"]}, values={**values, "source": source}
         )

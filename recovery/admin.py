@@ -27,6 +27,7 @@ from recovery import channels
 from recovery.models import (
     AgentCommand,
     Approval,
+    ApprovalGrant,
     Notification,
     NotificationChannel,
     RecoveryItem,
@@ -120,6 +121,7 @@ class ApprovalAdmin(BigTableAdmin):
         "tenant",
         "risk",
         "status",
+        "approvers_required",
         "created_at",
         "expires_at",
         "decided_at",
@@ -136,6 +138,16 @@ class ApprovalAdmin(BigTableAdmin):
         "decided_by",
         "decided_by_key",
     ]
+
+
+@admin.register(ApprovalGrant)
+class ApprovalGrantAdmin(ReadOnlyAdmin):
+    tenant_field = "approval__tenant"
+    show_full_result_count = False
+    list_display = ["approval", "label", "created_at"]
+    search_fields = ["=approval__id"]
+    list_select_related = ["approval"]
+    raw_id_fields = ["approval", "user", "key"]
 
 
 @admin.register(AgentCommand)

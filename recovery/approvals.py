@@ -24,7 +24,7 @@ from ledger.hashing import sha256_hex
 from ledger.models import Action, AgentKey, Run
 from ledger.rules import reason_required
 from recovery import notifications
-from recovery.models import Approval, UnwindStep
+from recovery.models import Approval, ApprovalGrant, UnwindStep
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -55,10 +55,12 @@ def approval_request(
     step: UnwindStep | None = None,
     previous: Approval | None = None,
     reason: str = "",
+    approvers: int = 1,
 ) -> Approval:
     """Open an approval for ``action`` (or, with ``step``, for its compensation) bound to ``args``,
     audit it, and tell approvers after commit. ``previous``: the expired or rejected approval this
-    one asks again (``approval_ask_again``). The caller holds the transaction."""
+    one asks again (``approval_ask_again``). ``approvers``: how many distinct people must grant it.
+    The caller holds the transaction."""
     approval = Approval.objects.create(
         tenant_id=run.tenant_id,
         run=run,
@@ -73,8 +75,11 @@ def approval_request(
         requested_by_key=requested_by_key,
         expires_at=approval_expiry_from(),
         previous=previous,
+        approvers_required=max(1, approvers),
     )
     data: dict[str, Any] = {"tool": tool, "risk": risk}
+    if approval.approvers_required > 1:
+        data["approvers_required"] = approval.approvers_required
     if step is not None:
         data["step_id"] = step.pk
     data["args_hash"] = approval.args_hash
@@ -148,13 +153,73 @@ def is_requester(approval: Approval, actor: Actor) -> bool:
     return bool(requester_match(approval, actor))
 
 
+def approver_identity(actor: Actor) -> tuple[str, str]:
+    """(identity, label) of a person deciding: a dashboard user by id, an approver key by its name
+    (keys issued under one name are one approver, as they are one requester)."""
+    if actor.user is not None:
+        return f"user:{actor.user.pk}", actor.user.get_username()
+    if actor.key is not None:
+        return f"key:{actor.key.name}", f"approver key {actor.key.name}"
+    return f"system:{actor.label}", actor.label
+
+
+def _grant(current: Approval, *, actor: Actor, reason: str, updates: dict[str, Any]) -> bool:
+    """Record ``actor``'s grant of an approval that needs several people; True when it is the
+    last one needed (the approval is then decided), False when it stays pending. The same person
+    twice → ``AlreadyGranted``. Under the approval's row lock."""
+    if updates.get("approved_args_hash", current.args_hash) != current.args_hash:
+        # Each person grants exactly what was asked; an edit would leave the others' grants
+        # approving args they never saw.
+        raise errors.ValidationFailed(
+            f"Approval {current.pk} needs {current.approvers_required} people, so its args cannot "
+            "be edited: approve them as asked, or reject it and let the agent ask again.",
+            details={"approval_id": current.pk, "args": "edit_not_allowed"},
+        )
+    identity, label = approver_identity(actor)
+    granted = list(current.grants.values_list("approver", flat=True))
+    if identity in granted:
+        raise errors.AlreadyGranted(
+            f"You already granted approval {current.pk}; it needs {current.approvers_required} "
+            f"different people ({len(granted)} so far). Another approver must grant it.",
+            details={
+                "approval_id": current.pk,
+                "approvers_required": current.approvers_required,
+                "grants": len(granted),
+            },
+        )
+    ApprovalGrant.objects.create(
+        approval=current, approver=identity, user=actor.user, key=actor.key, label=label, reason=reason
+    )
+    count = len(granted) + 1
+    if count >= current.approvers_required:
+        return True
+    audit_record(
+        tenant=current.run.tenant,
+        run=current.run,
+        actor=actor,
+        kind="approval.granted",
+        subject=current,
+        from_state=Approval.Status.PENDING,
+        to_state=Approval.Status.PENDING,
+        reason=reason,
+        data={"grants": count, "approvers_required": current.approvers_required, "approver": label},
+    )
+    return False
+
+
 def approval_decide(
     approval: Approval, *, to: str, actor: Actor, reason: str, updates: dict[str, Any]
 ) -> Approval:
     """pending → approved | rejected under the approval's row lock, refusing a key without the
     approver scope, an expired approval and a grant by whoever asked for it (any risk; refusing
     one's own request stays allowed: it grants nothing). Returns the decided row; the caller holds
-    the transaction and hands the decision on."""
+    the transaction and hands the decision on.
+
+    An approval that needs several people (``approvers_required`` N > 1): each grant is an
+    ``ApprovalGrant`` of a distinct person (``approver_identity``; the same person again →
+    ``AlreadyGranted``, the requester never counts); the first N-1 are audited
+    ``approval.granted`` and the row comes back still ``pending`` (check its status); the N-th
+    approves. A rejection by any approver rejects it."""
     reason = reason_required(reason)
     if actor.key is not None and AgentKey.Scope.APPROVER not in actor.key.scopes:
         # The API refuses such a key before it gets here; this keeps every other caller honest.
@@ -179,6 +244,12 @@ def approval_decide(
             "approver's key) must approve it; you may still reject it.",
             details={"approval_id": approval.pk, "risk": current.risk},
         )
+    if (
+        to == Approval.Status.APPROVED
+        and current.approvers_required > 1
+        and not _grant(current, actor=actor, reason=reason, updates=updates)
+    ):
+        return current
     fields = {
         "status": to,
         "decided_at": timezone.now(),
@@ -263,6 +334,7 @@ def approval_ask_again(
         requested_by_key=actor.key,
         previous=previous,
         reason=reason,
+        approvers=previous.approvers_required,
     )
 
 

@@ -275,6 +275,9 @@ class Approval(models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True, default="")
     expires_at = models.DateTimeField()
+    # How many distinct people must grant it (the policy's or rule's ``approvers``); the first
+    # N-1 grants are ApprovalGrant rows and leave it pending (recovery.approvals.approval_decide).
+    approvers_required = models.PositiveSmallIntegerField(default=1, db_default=1)
     # An approval asked again after this one expired or was rejected (the new one links back).
     previous = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="asked_again"
@@ -304,6 +307,32 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.tool} ({self.status})"
+
+
+class ApprovalGrant(models.Model):
+    """One person's grant of an approval that needs several (``Approval.approvers_required``).
+    ``approver`` identifies the person: ``user:<id>`` for a dashboard user, ``key:<name>`` for an
+    approver key (keys of one name are one approver), so the same person granting twice is one
+    grant (a unique constraint, whatever races)."""
+
+    approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="grants")
+    approver = models.CharField(max_length=220)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    key = models.ForeignKey(AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    label = models.CharField(max_length=200, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["approval", "approver"], name="approvalgrant_once_per_person"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.approval_id} granted by {self.label or self.approver}"
 
 
 class AgentCommand(models.Model):

@@ -280,10 +280,16 @@ def action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAct
 
     The agent's compensation is governed: a tool its policy does not allow, or one that is not a
     registered compensator, is refused (422) and nothing is recorded; so is an action an operator's
-    pause covers (409 ``paused``). Each refusal is audited on the run."""
+    pause covers (409 ``paused``), and one a policy rule or limit denies (403 ``policy_denied``).
+    Each refusal is audited on the run."""
     try:
         return _action_record_gated(run=run, actor=actor, **fields)
-    except (errors.UnknownCompensator, errors.CompensationNotAllowed, errors.Paused) as exc:
+    except (
+        errors.UnknownCompensator,
+        errors.CompensationNotAllowed,
+        errors.Paused,
+        errors.PolicyDenied,
+    ) as exc:
         _record_action_refusal(run=run, actor=actor, exc=exc, fields=fields)
         raise
 
@@ -342,6 +348,7 @@ def _action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAc
             actor=actor,
             requested_by=actor.user,
             requested_by_key=actor.key,
+            approvers=int((action.policy or {}).get("approvers") or 1),
         )
     return recorded
 
@@ -402,6 +409,8 @@ def approval_approve(
     decided = approvals.approval_decide(
         approval, to=Approval.Status.APPROVED, actor=actor, reason=reason, updates=updates
     )
+    if decided.status == Approval.Status.PENDING:
+        return decided  # a grant of several needed, audited as approval.granted: not decided yet
     _settle(
         decided,
         actor=actor,

@@ -19,6 +19,7 @@ import pytest
 from ledger import errors
 from ledger.audit import Actor
 from ledger.models import Action, Compensator, Event, PolicySet, Run, Tenant, ToolPolicy
+from ledger.policy_loader import LoadReport, policy_file_load, policy_file_parse
 from ledger.services import actions, checkpoints, runs
 from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
@@ -159,6 +160,30 @@ def auto_policy(
         **fields,
     }
     return ToolPolicy.objects.create(tenant=tenant, tool=tool, **values)
+
+
+def load_policy_file(data: dict[str, Any], *, tenant: Tenant | None = None) -> LoadReport:
+    """Load a policy file's content through the loader (validated as ``load_policies`` does)."""
+    document = policy_file_parse(data, source="tests.json")
+    return policy_file_load(
+        document=document, source="tests.json", tenant=tenant, actor=Actor.system("tests")
+    )
+
+
+def charge_policy(
+    *, rules: list[Any] | None = None, limits: list[Any] | None = None, **fields: Any
+) -> dict[str, Any]:
+    """``payments.charge``: medium risk, no approval, irreversible, with these rules and limits."""
+    return {
+        "tool": "payments.charge",
+        "risk": "medium",
+        "approval": "auto",
+        "action_class": "external_irreversible",
+        "compensation": "none",
+        **({"rules": rules} if rules is not None else {}),
+        **({"limits": limits} if limits is not None else {}),
+        **fields,
+    }
 
 
 # --- Runs and actions ----------------------------------------------------------------------------

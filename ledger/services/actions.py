@@ -6,7 +6,7 @@ in the same transaction."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, connection, transaction
@@ -16,10 +16,10 @@ from ledger import errors
 from ledger.audit import Actor, audit_record
 from ledger.hashing import sha256_hex
 from ledger.ids import new_action_id
-from ledger.models import Action, ActionClass, CompensationStrategy, Run
+from ledger.models import Action, ActionClass, ApprovalMode, CompensationStrategy, Run
 from ledger.policies import ResolvedPolicy, TemplateUnfillable, compensation_args_fill, policy_resolve
 from ledger.rules import COMPENSATABLE_CLASSES, NOT_A_PIVOT, pivot_order_warning, reason_required
-from ledger.services import pauses
+from ledger.services import limits, pauses
 from ledger.services.runs import run_assert_accepts_writes, run_lock, run_scope
 from ledger.transitions import ACTION_TRANSITIONS, transition
 
@@ -306,7 +306,16 @@ def _action_insert(
     run_assert_accepts_writes(locked)
     # An operator's pause (kill switch) of this tool or agent: 409 paused, nothing recorded.
     pauses.pause_check_action(run=locked, tool=tool, active=locked.active_pauses)
-    policy = policy_resolve(tenant=locked.tenant, tool=tool, stamp=locked.policy_stamp)
+    base_policy = policy_resolve(tenant=locked.tenant, tool=tool, stamp=locked.policy_stamp)
+    # The policy's rules on the args (first match wins; a deny rule → 403, nothing recorded), then
+    # its limits, counted under a lock per limit scope (``ledger.services.limits``).
+    policy, rule = base_policy.with_args(args)
+    owner = actor.key.name if actor.key is not None else locked.owner
+    exceeded = limits.limits_check(
+        policy=policy, tenant_id=locked.tenant_id, tool=tool, owner=owner, args=args, now=timezone.now()
+    )
+    if exceeded is not None and not policy.requires_approval:
+        policy = replace(policy, approval=ApprovalMode.MANUAL)
     undo = _compensation_for(
         policy,
         tool=tool,
@@ -342,6 +351,7 @@ def _action_insert(
         target_id=target_id,
         args=args,
         idempotency_key=idempotency_key,
+        owner=owner,
         payload_hash=payload_hash,
         intent=intent,
         before_snapshot=before_snapshot,
@@ -351,7 +361,14 @@ def _action_insert(
         requires_approval=policy.requires_approval,
         # As it applied, frozen: ``compensation_args`` is the template this action's compensation
         # args are filled from when an unwind is planned (None: its compensation args are literal).
-        policy={**policy.as_dict(), "compensation_args": undo.template},
+        # ``risk``/``approval``/``approvers`` as they applied to this call; ``rule``: the rule that
+        # set them (null: none matched); ``limit``: the limit it would exceed (null: none).
+        policy={
+            **policy.as_dict(),
+            "compensation_args": undo.template,
+            "rule": rule.stamp() if rule is not None else None,
+            "limit": exceeded.stamp() if exceeded is not None else None,
+        },
         compensation_strategy=undo.strategy,
         compensation_tool=undo.tool,
         compensation_args=undo.args,
@@ -364,7 +381,14 @@ def _action_insert(
         kind="action.recorded",
         subject=action,
         to_state=action.status,
-        data={"tool": tool, "target_id": target_id, "risk": policy.risk, "idempotency_key": idempotency_key},
+        data={
+            "tool": tool,
+            "target_id": target_id,
+            "risk": policy.risk,
+            "idempotency_key": idempotency_key,
+            **({"rule": rule.stamp()} if rule is not None else {}),
+            **({"limit": exceeded.stamp()} if exceeded is not None else {}),
+        },
         # The sequence number moves with the chain head, under the run's row lock.
         run_updates={"action_count": seq},
     )

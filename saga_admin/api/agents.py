@@ -578,6 +578,9 @@ def policy_list(request: HttpRequest) -> dict[str, Any]:
                 "compensation": p.compensation,
                 "compensation_tool": p.compensation_tool,
                 "compensation_args": p.compensation_args,
+                "approvers": p.approvers,
+                "rules": p.rules,
+                "limits": p.limits,
                 "scope": "tenant" if p.tenant_id else "global",
                 "source": p.source,
             }

@@ -33,6 +33,7 @@ from saga_admin.api.schemas import (
     RunOut,
     StrictIn,
     command_out,
+    grants_out,
     recovery_item_out,
     run_out,
 )
@@ -275,6 +276,12 @@ class CommandOut(Schema):
     created_at: datetime
 
 
+class ApprovalGrantOut(Schema):
+    by: str = Field(description="The person: a dashboard user's name, or `approver key <name>`.")
+    reason: str
+    at: datetime
+
+
 class ApprovalOut(Schema):
     id: str
     kind: str
@@ -293,6 +300,13 @@ class ApprovalOut(Schema):
     decided_at: datetime | None
     previous_id: str | None = Field(
         None, description="The expired or rejected approval this one asks again (request-again)."
+    )
+    approvers_required: int = Field(
+        1, description="How many distinct people must grant it; the requester never counts."
+    )
+    grants: list[ApprovalGrantOut] = Field(
+        default_factory=list,
+        description="The grants so far of an approval that needs several people (it stays pending until the last).",
     )
 
 
@@ -416,6 +430,8 @@ def _approval_out(approval: Approval) -> dict[str, Any]:
         "created_at": approval.created_at,
         "decided_at": approval.decided_at,
         "previous_id": approval.previous_id,
+        "approvers_required": approval.approvers_required,
+        "grants": grants_out(approval),
     }
 
 

@@ -196,6 +196,12 @@ class WarningOut(Schema):
     pivot_action_id: str | None = None
 
 
+class GrantOut(Schema):
+    by: str
+    reason: str
+    at: datetime
+
+
 class ApprovalSummaryOut(Schema):
     id: str
     status: Literal["pending", "approved", "rejected", "expired"]
@@ -207,6 +213,10 @@ class ApprovalSummaryOut(Schema):
     approved_args: JSONValue = None
     approved_args_hash: str = ""
     edited: bool = Field(False, description="The approver changed the args; the action now carries them.")
+    approvers_required: int = Field(1, description="How many distinct people must grant it.")
+    grants: list[GrantOut] = Field(
+        default_factory=list, description="Grants so far (an approval needing several people stays pending)."
+    )
 
 
 class CompensationOut(Schema):
@@ -385,6 +395,13 @@ class ToolPolicyOut(Schema):
     compensation_args: JSONValue = Field(
         None, description="Templates for the compensating tool's args ($args.<path>, $result.<path>, …)."
     )
+    approvers: int = Field(1, description="How many distinct people must grant an approval it asks for.")
+    rules: list[JSONObject] = Field(
+        default_factory=list, description="Rules on the call's args, first match wins."
+    )
+    limits: list[JSONObject] = Field(
+        default_factory=list, description="Count and sum limits over a sliding window."
+    )
     scope: Literal["tenant", "global"]
     source: str
 
@@ -469,6 +486,8 @@ def action_out(action: Action, *, approval: Approval | None = None) -> dict[str,
             "approved_args": approval.approved_args,
             "approved_args_hash": approval.approved_args_hash,
             "edited": bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash,
+            "approvers_required": approval.approvers_required,
+            "grants": grants_out(approval),
         }
     data = {
         **_fields(action, ActionOut),
@@ -477,6 +496,16 @@ def action_out(action: Action, *, approval: Approval | None = None) -> dict[str,
         "compensation": compensation,
     }
     return ActionOut.model_validate(data).model_dump(mode="json")
+
+
+def grants_out(approval: Approval) -> list[dict[str, Any]]:
+    """The grants of an approval that needs several people (none read for one that needs one)."""
+    if approval.approvers_required <= 1:
+        return []
+    return [
+        {"by": grant.label or grant.approver, "reason": grant.reason, "at": grant.created_at}
+        for grant in approval.grants.all()
+    ]
 
 
 def checkpoint_out(checkpoint: Checkpoint) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from django.urls import reverse
 from ledger.audit import Actor
 from ledger.models import Compensator, ToolPolicy
 from recovery import services as recovery
-from tests.factories import gated_run, onboarding_run
+from tests.factories import charge_policy, gated_run, load_policy_file, onboarding_run
 
 pytestmark = pytest.mark.django_db
 
@@ -60,15 +60,53 @@ def test_policies_page_lists_policies_and_compensators_with_their_source(client,
     body = client.get(reverse("dashboard:policies")).content.decode()
     # One row per policy in force: its tool, scope and source.
     policy_rows = re.findall(
-        r"<tr><td><code>([^<]+)</code></td>(?:<td>[^<]*</td>){3}<td>.*?</td>"
-        r'<td>(global|tenant)</td><td class="small">([^<]*)</td></tr>',
+        r'<tr data-policy="[^"]+"><td><code>([^<]+)</code></td>(?:<td>[^<]*</td>){3}<td>.*?</td>\s*'
+        r'<td class="small policy-rules">.*?</td>\s*<td>(global|tenant)</td><td class="small">([^<]*)</td></tr>',
         body,
+        re.S,
     )
     assert sorted(policy_rows) == sorted(
         (tool, "global", "tests") for tool in ToolPolicy.objects.values_list("tool", flat=True)
     )
     assert "hr.create_user" in body and "crm.update_*" in body
     assert "https://hr.example.com/undo" in body and "policies/acme.json" in body
+
+
+def test_policies_page_says_rules_and_limits_in_plain_words(client, tenant, carol):
+    load_policy_file(
+        {
+            "policies": [
+                charge_policy(
+                    approvers=1,
+                    rules=[
+                        {"if": {"arg": "currency", "not_in": ["usd", "eur"]}, "then": {"effect": "deny"}},
+                        {
+                            "if": {"arg": "amount", "gt": 10000},
+                            "then": {"risk": "critical", "approval": "manual"},
+                        },
+                    ],
+                    limits=[
+                        {"window": "1h", "per": "agent", "max_count": 20},
+                        {
+                            "window": "24h",
+                            "per": "tenant",
+                            "sum_arg": "amount",
+                            "max_sum": 100000,
+                            "on_exceed": "deny",
+                        },
+                    ],
+                ),
+                charge_policy(tool="payments.refund", approval="manual", approvers=2),
+            ]
+        }
+    )
+    client.force_login(carol)
+    body = client.get(reverse("dashboard:policies")).content.decode()
+    assert "amount &gt; 10,000 → critical, manual approval" in body
+    assert "currency is not one of &quot;usd&quot;, &quot;eur&quot; → refused" in body
+    assert "At most 20 per agent per hour, then manual approval" in body
+    assert "Amount summing to at most 100,000 per tenant per 24 hours, then refused" in body
+    assert "Manual approval by 2 people" in body
 
 
 def test_admin_links_only_for_admins(client, tenant, alice, dave):

@@ -1,0 +1,561 @@
+"""Rules and limits of a tool policy: validated when a policy file is loaded, compiled once per
+policy-table version (``ledger.policies`` caches them with the tool policies), evaluated on every
+record of an action.
+
+A rule reads the call's ``args``::
+
+    {"if": {"arg": "amount", "gt": 10000}, "then": {"risk": "critical", "approval": "manual"}}
+
+``if`` is a condition: ``{"arg": <dotted path into args>, <operator>: <operand>}`` with one of
+``eq ne gt gte lt lte in not_in matches``, or ``{"all": [conditions]}`` / ``{"any": [conditions]}``.
+``then`` sets ``risk``, ``approval``, ``approvers`` (how many distinct people must approve) and
+``effect`` (``allow``, the default, or ``deny``). The first rule whose condition matches applies.
+
+**The one type rule.** The agent is hostile: its args may hold anything JSON can say. So a
+condition never coerces and never fails:
+
+- a path segment names an object key (a segment of digits also indexes a list); a path the args do
+  not have is *missing*;
+- ``eq`` is true when the value is present and is the same JSON value as the operand: same kind
+  (number, string, boolean, null, list, object — ``true`` is not ``1``, ``"5"`` is not ``5``) and
+  equal (``1`` equals ``1.0``; lists and objects compare element by element);
+- ``in`` is true when the value ``eq``-equals one element of the list;
+- ``ne`` and ``not_in`` are exactly the negation of ``eq`` and ``in``: they are true for a missing
+  path and for a value of another kind;
+- ``gt gte lt lte`` are true only when the value is a number (not a boolean) and compares so with
+  the operand (a number, checked at load); a string such as ``"20000"`` or ``"NaN"``, a boolean, a
+  list, an object, null, NaN or a missing path is not greater, nor less;
+- ``matches`` (an ``fnmatch`` glob, case-sensitive) is true only when the value is a string that
+  the whole pattern matches.
+
+A limit counts recent actions::
+
+    {"window": "1h", "per": "agent", "max_count": 20, "on_exceed": "approve"}
+    {"window": "24h", "per": "tenant", "sum_arg": "amount", "max_sum": 100000, "on_exceed": "deny"}
+
+(counting is ``ledger.services.limits``; a ``sum_arg`` value that is not a finite number exceeds
+the limit, since it cannot be shown to stay within it, and a negative one counts as 0).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
+
+from ledger.models import ApprovalMode, Risk
+
+COMPARISONS = ("gt", "gte", "lt", "lte")
+OPERATORS = ("eq", "ne", *COMPARISONS, "in", "not_in", "matches")
+COMBINATORS = ("all", "any")
+EFFECTS = ("allow", "deny")
+PER_VALUES = ("agent", "tenant")
+ON_EXCEED_VALUES = ("approve", "deny")
+
+MAX_RULES = 100
+MAX_LIMITS = 10
+MAX_DEPTH = 6  # nesting of all/any
+MAX_BRANCHES = 50  # conditions in one all/any
+MAX_LIST = 1000  # elements of an in/not_in list
+MAX_PATH_SEGMENTS = 20
+MAX_PATH_LENGTH = 200
+MAX_APPROVERS = 10
+MAX_WINDOW_S = 31 * 24 * 3600
+MAX_DESCRIPTION = 200
+
+_WINDOW = re.compile(r"^([1-9][0-9]{0,6})(s|m|h|d)$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_UNIT_WORD = {"s": "second", "m": "minute", "h": "hour", "d": "day"}
+_SEGMENT = re.compile(r"^[^.\s]{1,100}$")
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+# --- Values: the type rule ---------------------------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return "other"
+
+
+def is_number(value: Any) -> bool:
+    """A JSON number: int or float, not a boolean, not NaN (infinities compare as numbers do)."""
+    return _kind(value) == "number" and not (isinstance(value, float) and math.isnan(value))
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """JSON equality without coercion: same kind, equal value (``eq``). Recursion is bounded by
+    the operand, which comes from the policy file: a mismatch stops the walk."""
+    kind = _kind(a)
+    if kind != _kind(b) or kind == "other":
+        return False
+    if kind == "list":
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if kind == "object":
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def value_at(args: Any, segments: Sequence[str]) -> Any:
+    """The value at a dotted path (already split), or ``MISSING``. Bounded by the path's length."""
+    value = args
+    for segment in segments:
+        if isinstance(value, Mapping):
+            if segment not in value:
+                return MISSING
+            value = value[segment]
+        elif isinstance(value, list) and segment.isdigit() and int(segment) < len(value):
+            value = value[int(segment)]
+        else:
+            return MISSING
+    return value
+
+
+# --- Compiled forms ------------------------------------------------------------------------------
+
+Test = Callable[[Any], bool]
+
+
+def _test(op: str, operand: Any) -> Test:
+    """The predicate on a value (possibly ``MISSING``) for one operator."""
+    if op == "eq":
+        return lambda v: v is not MISSING and same_value(v, operand)
+    if op == "ne":
+        return lambda v: v is MISSING or not same_value(v, operand)
+    if op == "in":
+        return lambda v: v is not MISSING and any(same_value(v, o) for o in operand)
+    if op == "not_in":
+        return lambda v: v is MISSING or not any(same_value(v, o) for o in operand)
+    if op == "matches":
+        pattern = re.compile(fnmatch.translate(operand), re.DOTALL)
+        return lambda v: isinstance(v, str) and pattern.match(v) is not None
+    compare: dict[str, Callable[[Any, Any], bool]] = {
+        "gt": lambda v, o: bool(v > o),
+        "gte": lambda v, o: bool(v >= o),
+        "lt": lambda v, o: bool(v < o),
+        "lte": lambda v, o: bool(v <= o),
+    }
+    check = compare[op]
+    return lambda v: is_number(v) and check(v, operand)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A compiled condition: a leaf (``path`` + ``test``) or a combination (``children``)."""
+
+    combinator: str  # "", "all" or "any"
+    path: tuple[str, ...] = ()
+    test: Test | None = None
+    children: tuple[Condition, ...] = ()
+
+    def matches(self, args: Any) -> bool:
+        if self.combinator == "all":
+            return all(child.matches(args) for child in self.children)
+        if self.combinator == "any":
+            return any(child.matches(args) for child in self.children)
+        assert self.test is not None
+        return self.test(value_at(args, self.path))
+
+
+@dataclass(frozen=True)
+class Rule:
+    index: int
+    condition: Condition
+    then: dict[str, Any]
+    description: str
+
+    @property
+    def denies(self) -> bool:
+        return self.then.get("effect") == "deny"
+
+    def stamp(self) -> dict[str, Any]:
+        """What an action records about the rule that applied to it (``policy.rule``)."""
+        return {"index": self.index, "description": self.description, "then": dict(self.then)}
+
+
+@dataclass(frozen=True)
+class Limit:
+    index: int
+    window: str
+    window_s: int
+    per: str
+    on_exceed: str
+    max_count: int | None = None
+    sum_arg: tuple[str, ...] = ()
+    max_sum: int | float | None = None
+    description: str = ""
+
+    def stamp(self) -> dict[str, Any]:
+        return {"index": self.index, "description": self.description}
+
+
+@dataclass(frozen=True)
+class CompiledRules:
+    """A tool policy's rules and limits, compiled. ``problems``: what a row written past the
+    loader (the admin, a shell) got wrong; such a policy refuses every record (fail closed)."""
+
+    rules: tuple[Rule, ...] = ()
+    limits: tuple[Limit, ...] = ()
+    problems: tuple[str, ...] = field(default=())
+
+    def first_match(self, args: Any) -> Rule | None:
+        for rule in self.rules:
+            if rule.condition.matches(args):
+                return rule
+        return None
+
+
+NO_RULES = CompiledRules()
+
+
+def _compile_condition(raw: dict[str, Any]) -> Condition:
+    for combinator in COMBINATORS:
+        if combinator in raw:
+            return Condition(combinator, children=tuple(_compile_condition(c) for c in raw[combinator]))
+    op = next(op for op in OPERATORS if op in raw)
+    return Condition("", path=tuple(str(raw["arg"]).split(".")), test=_test(op, raw[op]))
+
+
+def compile_rules(rules: Any, limits: Any) -> CompiledRules:
+    """Compile a policy's stored ``rules`` and ``limits`` (validated again first: a stored row
+    may not have come through the loader)."""
+    if not rules and not limits:
+        return NO_RULES
+    problems = rules_problems(rules or []) + limits_problems(limits or [])
+    if problems:
+        return CompiledRules(problems=tuple(problems))
+    return CompiledRules(
+        rules=tuple(
+            Rule(
+                index=index,
+                condition=_compile_condition(raw["if"]),
+                then=dict(raw["then"]),
+                description=describe_rule(raw),
+            )
+            for index, raw in enumerate(rules or [])
+        ),
+        limits=tuple(_compile_limit(index, raw) for index, raw in enumerate(limits or [])),
+    )
+
+
+def _compile_limit(index: int, raw: dict[str, Any]) -> Limit:
+    match = _WINDOW.match(raw["window"])
+    assert match is not None
+    return Limit(
+        index=index,
+        window=raw["window"],
+        window_s=int(match.group(1)) * _UNIT_S[match.group(2)],
+        per=raw["per"],
+        on_exceed=raw.get("on_exceed", "approve"),
+        max_count=raw.get("max_count"),
+        sum_arg=tuple(raw["sum_arg"].split(".")) if "sum_arg" in raw else (),
+        max_sum=raw.get("max_sum"),
+        description=describe_limit(raw),
+    )
+
+
+# --- Validation (the loader's, and compile's) -------------------------------------------------
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value: Any) -> bool:
+    return is_number(value) and math.isfinite(value)
+
+
+def _path_problem(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        return "expected a dotted path into args (a non-empty string such as customer.country)"
+    if len(value) > MAX_PATH_LENGTH:
+        return f"a path is at most {MAX_PATH_LENGTH} characters"
+    segments = value.split(".")
+    if len(segments) > MAX_PATH_SEGMENTS:
+        return f"a path has at most {MAX_PATH_SEGMENTS} segments"
+    if not all(_SEGMENT.match(s) for s in segments):
+        return f"'{value}' is not a dotted path (empty segment or whitespace)"
+    return ""
+
+
+def _condition_problems(raw: Any, where: str, depth: int) -> list[str]:
+    if not isinstance(raw, dict):
+        return [f'{where}: expected an object such as {{"arg": "amount", "gt": 100}}']
+    combinators = [c for c in COMBINATORS if c in raw]
+    if combinators:
+        if len(raw) != 1:
+            return [f"{where}: {combinators[0]} stands alone (no other keys beside it)"]
+        name = combinators[0]
+        children = raw[name]
+        if not isinstance(children, list) or not children:
+            return [f"{where}.{name}: expected a non-empty list of conditions"]
+        if len(children) > MAX_BRANCHES:
+            return [f"{where}.{name}: at most {MAX_BRANCHES} conditions"]
+        if depth >= MAX_DEPTH:
+            return [f"{where}.{name}: all/any nest at most {MAX_DEPTH} deep"]
+        return [
+            problem
+            for index, child in enumerate(children)
+            for problem in _condition_problems(child, f"{where}.{name}[{index}]", depth + 1)
+        ]
+    problems: list[str] = []
+    unknown = sorted(k for k in raw if k != "arg" and k not in OPERATORS)
+    for key in unknown:
+        problems.append(
+            f"{where}.{key}: unknown operator; use one of {', '.join(OPERATORS)} (with arg), or all/any"
+        )
+    if "arg" not in raw:
+        problems.append(f"{where}.arg: required (the dotted path into args the condition reads)")
+    elif problem := _path_problem(raw["arg"]):
+        problems.append(f"{where}.arg: {problem}")
+    ops = [op for op in OPERATORS if op in raw]
+    if not ops and not unknown:
+        problems.append(f"{where}: needs one operator ({', '.join(OPERATORS)})")
+    if len(ops) > 1:
+        problems.append(f"{where}: one operator per condition, got {', '.join(ops)} (combine them with all)")
+    for op in ops:
+        operand = raw[op]
+        if op in COMPARISONS and not _is_finite_number(operand):
+            problems.append(f"{where}.{op}: expected a number, got {_shown(operand)}")
+        elif op in ("in", "not_in"):
+            if not isinstance(operand, list) or not operand:
+                problems.append(f"{where}.{op}: expected a non-empty list, got {_shown(operand)}")
+            elif len(operand) > MAX_LIST:
+                problems.append(f"{where}.{op}: at most {MAX_LIST} values")
+        elif op == "matches" and (not isinstance(operand, str) or not operand):
+            problems.append(
+                f"{where}.{op}: expected a glob pattern (a non-empty string), got {_shown(operand)}"
+            )
+    return problems
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else f"'{value}'"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def then_problems(raw: Any, where: str) -> list[str]:
+    """Problems of a rule's ``then`` (also a policy's own ``approvers``, which shares the rule)."""
+    if not isinstance(raw, dict) or not raw:
+        return [f"{where}: expected an object setting risk, approval, approvers or effect"]
+    problems = [
+        f"{where}.{key}: unknown key; use risk, approval, approvers or effect"
+        for key in sorted(raw)
+        if key not in ("risk", "approval", "approvers", "effect")
+    ]
+    if "risk" in raw and raw["risk"] not in Risk.values:
+        problems.append(f"{where}.risk: must be one of {', '.join(Risk.values)}, got {_shown(raw['risk'])}")
+    if "approval" in raw and raw["approval"] not in ApprovalMode.values:
+        problems.append(
+            f"{where}.approval: must be one of {', '.join(ApprovalMode.values)}, got {_shown(raw['approval'])}"
+        )
+    if "approvers" in raw:
+        problems.extend(approvers_problems(raw["approvers"], f"{where}.approvers"))
+    if "effect" in raw and raw["effect"] not in EFFECTS:
+        problems.append(f"{where}.effect: must be one of {', '.join(EFFECTS)}, got {_shown(raw['effect'])}")
+    if raw.get("effect") == "deny" and len(raw) > 1:
+        problems.append(f"{where}.effect: deny refuses the call; it sets nothing else")
+    if raw.get("approval") == ApprovalMode.AUTO and _is_int(raw.get("approvers")) and raw["approvers"] > 1:
+        problems.append(f"{where}.approvers: {raw['approvers']} approvers need approval manual, not auto")
+    return problems
+
+
+def approvers_problems(value: Any, where: str) -> list[str]:
+    if not _is_int(value) or not 1 <= value <= MAX_APPROVERS:
+        return [f"{where}: expected a whole number from 1 to {MAX_APPROVERS}, got {_shown(value)}"]
+    return []
+
+
+def rules_problems(rules: Any, where: str = "rules") -> list[str]:
+    """Every problem of a ``rules`` list, each naming its place (``rules[1].if.gt: …``)."""
+    if not isinstance(rules, list):
+        return [f"{where}: expected a list of rules"]
+    if len(rules) > MAX_RULES:
+        return [f"{where}: at most {MAX_RULES} rules"]
+    problems: list[str] = []
+    for index, rule in enumerate(rules):
+        at = f"{where}[{index}]"
+        if not isinstance(rule, dict):
+            problems.append(f'{at}: expected an object {{"if": …, "then": …}}')
+            continue
+        problems.extend(
+            f"{at}.{key}: unknown key; a rule has if, then and an optional description"
+            for key in sorted(rule)
+            if key not in ("if", "then", "description")
+        )
+        if "if" not in rule:
+            problems.append(f"{at}.if: required")
+        else:
+            problems.extend(_condition_problems(rule["if"], f"{at}.if", 0))
+        if "then" not in rule:
+            problems.append(f"{at}.then: required")
+        else:
+            problems.extend(then_problems(rule["then"], f"{at}.then"))
+        description = rule.get("description")
+        if description is not None and (
+            not isinstance(description, str) or len(description) > MAX_DESCRIPTION
+        ):
+            problems.append(f"{at}.description: expected a string of at most {MAX_DESCRIPTION} characters")
+    return problems
+
+
+def limits_problems(limits: Any, where: str = "limits") -> list[str]:
+    """Every problem of a ``limits`` list, each naming its place (``limits[0].window: …``)."""
+    if not isinstance(limits, list):
+        return [f"{where}: expected a list of limits"]
+    if len(limits) > MAX_LIMITS:
+        return [f"{where}: at most {MAX_LIMITS} limits"]
+    problems: list[str] = []
+    for index, limit in enumerate(limits):
+        at = f"{where}[{index}]"
+        if not isinstance(limit, dict):
+            problems.append(f"{at}: expected an object")
+            continue
+        known = ("window", "per", "max_count", "sum_arg", "max_sum", "on_exceed")
+        problems.extend(
+            f"{at}.{key}: unknown key; use {', '.join(known)}" for key in sorted(limit) if key not in known
+        )
+        window = limit.get("window")
+        match = _WINDOW.match(window) if isinstance(window, str) else None
+        if "window" not in limit:
+            problems.append(f"{at}.window: required (a duration such as 30s, 15m, 1h, 24h or 7d)")
+        elif match is None:
+            problems.append(
+                f"{at}.window: expected a duration such as 30s, 15m, 1h, 24h or 7d, got {_shown(window)}"
+            )
+        elif int(match.group(1)) * _UNIT_S[match.group(2)] > MAX_WINDOW_S:
+            problems.append(f"{at}.window: at most 31 days, got {_shown(window)}")
+        if "per" not in limit:
+            problems.append(f"{at}.per: required (agent or tenant)")
+        elif limit["per"] not in PER_VALUES:
+            problems.append(f"{at}.per: must be one of agent, tenant, got {_shown(limit['per'])}")
+        if "on_exceed" in limit and limit["on_exceed"] not in ON_EXCEED_VALUES:
+            problems.append(f"{at}.on_exceed: must be one of approve, deny, got {_shown(limit['on_exceed'])}")
+        counting, summing = "max_count" in limit, ("sum_arg" in limit or "max_sum" in limit)
+        if counting == summing:
+            problems.append(f"{at}: needs either max_count, or sum_arg with max_sum")
+        elif counting:
+            value = limit["max_count"]
+            if not _is_int(value) or not 1 <= value <= 1_000_000:
+                problems.append(
+                    f"{at}.max_count: expected a whole number from 1 to 1000000, got {_shown(value)}"
+                )
+        else:
+            if "sum_arg" not in limit:
+                problems.append(
+                    f"{at}.sum_arg: required with max_sum (the dotted path of the amount in args)"
+                )
+            elif problem := _path_problem(limit["sum_arg"]):
+                problems.append(f"{at}.sum_arg: {problem}")
+            if "max_sum" not in limit:
+                problems.append(f"{at}.max_sum: required with sum_arg")
+            elif not _is_finite_number(limit["max_sum"]) or limit["max_sum"] <= 0:
+                problems.append(f"{at}.max_sum: expected a number above 0, got {_shown(limit['max_sum'])}")
+    return problems
+
+
+# --- Plain words -------------------------------------------------------------------------------
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        value = int(value)
+    return f"{value:,}" if isinstance(value, int | float) else str(value)
+
+
+def _literal(value: Any) -> str:
+    if is_number(value):
+        return _number(value)
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+_SYMBOL = {"eq": "=", "ne": "≠", "gt": ">", "gte": "≥", "lt": "<", "lte": "≤"}
+
+
+def describe_condition(raw: dict[str, Any]) -> str:
+    for combinator, joiner in (("all", " and "), ("any", " or ")):
+        if combinator in raw:
+            parts = [describe_condition(c) for c in raw[combinator]]
+            nested = [f"({p})" if len(parts) > 1 and (" and " in p or " or " in p) else p for p in parts]
+            return joiner.join(nested)
+    op = next(op for op in OPERATORS if op in raw)
+    arg, operand = raw["arg"], raw[op]
+    if op in _SYMBOL:
+        return f"{arg} {_SYMBOL[op]} {_literal(operand)}"
+    if op == "in":
+        return f"{arg} is one of {', '.join(_literal(o) for o in operand)}"
+    if op == "not_in":
+        return f"{arg} is not one of {', '.join(_literal(o) for o in operand)}"
+    return f"{arg} matches {_literal(operand)}"
+
+
+def describe_outcome(then: Mapping[str, Any]) -> str:
+    if then.get("effect") == "deny":
+        return "refused"
+    parts: list[str] = []
+    if "risk" in then:
+        parts.append(str(then["risk"]))
+    raw = then.get("approvers")
+    approvers = raw if _is_int(raw) else 1
+    if then.get("approval") == ApprovalMode.MANUAL or approvers > 1:
+        parts.append("manual approval")
+    elif then.get("approval") == ApprovalMode.AUTO:
+        parts.append("no approval")
+    if approvers > 1:
+        parts.append(f"{approvers} approvers")
+    return ", ".join(parts) or "allowed"
+
+
+def describe_rule(raw: Mapping[str, Any]) -> str:
+    """``amount > 10,000 → critical, manual approval`` (and the file's own description, if any)."""
+    words = f"{describe_condition(raw['if'])} → {describe_outcome(raw['then'])}"
+    description = raw.get("description")
+    return f"{words} ({description})" if description else words
+
+
+def describe_window(window: str) -> str:
+    match = _WINDOW.match(window)
+    if match is None:
+        return window
+    count, unit = int(match.group(1)), _UNIT_WORD[match.group(2)]
+    return f"per {unit}" if count == 1 else f"per {count} {unit}s"
+
+
+def describe_limit(raw: Mapping[str, Any]) -> str:
+    """``at most 20 per agent per hour, then manual approval``."""
+    then = "then refused" if raw.get("on_exceed") == "deny" else "then manual approval"
+    who = f"per {raw['per']}"
+    if "max_count" in raw:
+        return f"at most {_number(raw['max_count'])} {who} {describe_window(raw['window'])}, {then}"
+    return (
+        f"{raw['sum_arg']} summing to at most {_number(raw['max_sum'])} {who} "
+        f"{describe_window(raw['window'])}, {then}"
+    )

@@ -1,0 +1,241 @@
+"""The rules of a tool policy as pure functions: every operator against hostile values (the one
+type rule of ``ledger.policy_rules``), the validation messages, and the plain words."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ledger.policy_rules import compile_rules, describe_limit, describe_rule, limits_problems, rules_problems
+
+HUGE = 10**400
+DEEP: dict = {}
+_node = DEEP
+for _ in range(2000):
+    _node["a"] = {}
+    _node = _node["a"]
+
+# Values an agent may send at the path a condition reads (``args.v``).
+HOSTILE = {
+    "missing": None,  # the path is absent
+    "null": "__null__",
+    "true": True,
+    "false": False,
+    "zero": 0,
+    "float": 10000.5,
+    "huge_int": HUGE,
+    "neg_huge": -HUGE,
+    "inf": float("inf"),
+    "nan": float("nan"),
+    "numeric_string": "20000",
+    "nan_string": "NaN",
+    "empty_string": "",
+    "long_string": "x" * 100_000,
+    "list": [20000],
+    "dict": {"gt": 1},
+    "deep": DEEP,
+}
+
+
+def _args(name: str) -> dict:
+    value = HOSTILE[name]
+    if name == "missing":
+        return {"other": 1}
+    return {"v": None if value == "__null__" else value}
+
+
+def _matches(condition: dict, args: dict) -> bool:
+    compiled = compile_rules([{"if": condition, "then": {"risk": "high"}}], [])
+    assert not compiled.problems, compiled.problems
+    return compiled.first_match(args) is not None
+
+
+# The expected result of each operator for each hostile value: the documented type rule.
+EXPECTED: list[tuple[str, Any, set[str]]] = [
+    # gt 10000: only numbers (not booleans, not NaN) greater than it.
+    ("gt", 10000, {"float", "huge_int", "inf"}),
+    ("gte", 0, {"zero", "float", "huge_int", "inf"}),
+    ("lt", 0, {"neg_huge"}),
+    ("lte", 0, {"zero", "neg_huge"}),
+    # eq: present, same kind, equal. 0 is not false; "20000" is not 20000.
+    ("eq", 0, {"zero"}),
+    ("eq", False, {"false"}),
+    ("eq", None, {"null"}),
+    ("eq", "20000", {"numeric_string"}),
+    ("eq", [20000], {"list"}),
+    ("eq", {"gt": 1}, {"dict"}),
+    ("in", [0, "NaN", None], {"zero", "nan_string", "null"}),
+]
+
+
+@pytest.mark.parametrize(("op", "operand", "expected"), EXPECTED)
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_it_decides_every_comparison_by_the_one_type_rule(op, operand, expected, name):
+    assert _matches({"arg": "v", op: operand}, _args(name)) is (name in expected)
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_it_makes_ne_and_not_in_the_exact_negations_of_eq_and_in(name):
+    args = _args(name)
+    for operand in (0, False, None, "20000", [20000], {"gt": 1}):
+        assert _matches({"arg": "v", "ne": operand}, args) is not _matches({"arg": "v", "eq": operand}, args)
+    values = [0, "20000", None]
+    assert _matches({"arg": "v", "not_in": values}, args) is not _matches({"arg": "v", "in": values}, args)
+    # A missing path is never equal and never in, so it is always ne and not_in.
+    assert _matches({"arg": "v", "ne": 1}, {}) and _matches({"arg": "v", "not_in": [1]}, {})
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_it_globs_strings_only(name):
+    expected = name in ("numeric_string", "nan_string", "empty_string", "long_string")
+    assert _matches({"arg": "v", "matches": "*"}, _args(name)) is expected
+    assert _matches({"arg": "v", "matches": "2*0"}, _args(name)) is (name == "numeric_string")
+
+
+def test_it_reads_deep_paths_and_list_indexes_and_misses_the_rest():
+    args = {"customer": {"address": {"country": "FR"}}, "items": [{"sku": "A"}, {"sku": "B"}]}
+    assert _matches({"arg": "customer.address.country", "eq": "FR"}, args)
+    assert _matches({"arg": "items.1.sku", "eq": "B"}, args)
+    assert not _matches({"arg": "items.2.sku", "eq": "B"}, args)
+    assert not _matches({"arg": "items.x.sku", "eq": "B"}, args)
+    assert not _matches({"arg": "customer.address.country.code", "eq": "FR"}, args)
+    assert not _matches({"arg": "customer", "gt": 1}, args)
+    # A path runs only as deep as it is written, whatever the agent nests.
+    assert _matches({"arg": "v.a.a.a", "eq": {"a": {}}}, {"v": DEEP}) is False
+    assert _matches({"arg": "v.a.a", "ne": 1}, {"v": DEEP})
+    # Not an object at the root either: a list of args or a string.
+    compiled = compile_rules([{"if": {"arg": "0", "eq": 1}, "then": {"risk": "high"}}], [])
+    assert compiled.first_match([1]) is not None
+    assert compiled.first_match("1") is None
+
+
+def test_it_combines_with_all_and_any_and_takes_the_first_match():
+    compiled = compile_rules(
+        [
+            {"if": {"arg": "currency", "not_in": ["usd", "eur"]}, "then": {"effect": "deny"}},
+            {
+                "if": {
+                    "all": [
+                        {"arg": "amount", "gt": 100},
+                        {"any": [{"arg": "vip", "eq": True}, {"arg": "n", "lt": 0}]},
+                    ]
+                },
+                "then": {"risk": "critical", "approval": "manual", "approvers": 2},
+            },
+            {"if": {"arg": "amount", "gt": 100}, "then": {"risk": "high"}},
+        ],
+        [],
+    )
+    assert compiled.first_match({"currency": "gbp", "amount": 5}).index == 0
+    assert compiled.first_match({"currency": "usd", "amount": 500, "vip": True}).index == 1
+    assert compiled.first_match({"currency": "usd", "amount": 500, "vip": 1}).index == 2
+    assert compiled.first_match({"currency": "usd", "amount": 50}) is None
+
+
+def test_it_names_every_bad_place_in_rules():
+    problems = rules_problems(
+        [
+            {"if": {"arg": "amount", "gt": "10000"}, "then": {"risk": "critical"}},
+            {"if": {"arg": "amount", "gt": 1, "lt": 5}, "then": {"approval": "sometimes"}},
+            {"if": {"any": []}, "then": {"effect": "deny", "risk": "low"}},
+            {"if": {"arg": "a..b", "in": "usd"}, "then": {"approvers": True}},
+            {"if": {"all": [{"arg": "x", "between": [1, 2]}]}, "then": {"approval": "auto", "approvers": 3}},
+            {"when": {}, "then": {"risk": "low"}},
+            {"if": {"arg": "amount", "gt": float("nan")}, "then": {"risk": "low"}},
+            "deny",
+        ]
+    )
+    assert problems == [
+        "rules[0].if.gt: expected a number, got '10000'",
+        "rules[1].if: one operator per condition, got gt, lt (combine them with all)",
+        "rules[1].then.approval: must be one of auto, manual, got 'sometimes'",
+        "rules[2].if.any: expected a non-empty list of conditions",
+        "rules[2].then.effect: deny refuses the call; it sets nothing else",
+        "rules[3].if.arg: 'a..b' is not a dotted path (empty segment or whitespace)",
+        "rules[3].if.in: expected a non-empty list, got 'usd'",
+        "rules[3].then.approvers: expected a whole number from 1 to 10, got True",
+        "rules[4].if.all[0].between: unknown operator; use one of eq, ne, gt, gte, lt, lte, in, not_in, "
+        "matches (with arg), or all/any",
+        "rules[4].then.approvers: 3 approvers need approval manual, not auto",
+        "rules[5].when: unknown key; a rule has if, then and an optional description",
+        "rules[5].if: required",
+        "rules[6].if.gt: expected a number, got nan",
+        'rules[7]: expected an object {"if": …, "then": …}',
+    ]
+
+
+def test_it_refuses_conditions_nested_too_deep():
+    condition: dict = {"arg": "a", "eq": 1}
+    for _ in range(8):
+        condition = {"all": [condition]}
+    [problem] = rules_problems([{"if": condition, "then": {"risk": "low"}}])
+    assert "nest at most 6 deep" in problem
+
+
+def test_it_names_every_bad_place_in_limits():
+    assert limits_problems(
+        [
+            {"window": "1y", "per": "agent", "max_count": 20},
+            {"window": "32d", "per": "team", "max_count": 0},
+            {"window": "1h", "per": "tenant", "sum_arg": "amount"},
+            {"window": "1h", "per": "tenant", "max_count": 5, "max_sum": 5, "on_exceed": "warn"},
+            {"per": "agent", "max_count": 1.5},
+        ]
+    ) == [
+        "limits[0].window: expected a duration such as 30s, 15m, 1h, 24h or 7d, got '1y'",
+        "limits[1].window: at most 31 days, got '32d'",
+        "limits[1].per: must be one of agent, tenant, got 'team'",
+        "limits[1].max_count: expected a whole number from 1 to 1000000, got 0",
+        "limits[2].max_sum: required with sum_arg",
+        "limits[3].on_exceed: must be one of approve, deny, got 'warn'",
+        "limits[3]: needs either max_count, or sum_arg with max_sum",
+        "limits[4].window: required (a duration such as 30s, 15m, 1h, 24h or 7d)",
+        "limits[4].max_count: expected a whole number from 1 to 1000000, got 1.5",
+    ]
+
+
+def test_it_fails_closed_on_stored_rules_the_loader_never_saw():
+    compiled = compile_rules([{"if": {"arg": "amount", "gt": "big"}, "then": {"risk": "low"}}], [])
+    assert compiled.problems == ("rules[0].if.gt: expected a number, got 'big'",)
+
+
+def test_it_says_rules_and_limits_in_plain_words():
+    assert (
+        describe_rule(
+            {"if": {"arg": "amount", "gt": 10000}, "then": {"risk": "critical", "approval": "manual"}}
+        )
+        == "amount > 10,000 → critical, manual approval"
+    )
+    assert (
+        describe_rule({"if": {"arg": "currency", "not_in": ["usd", "eur"]}, "then": {"effect": "deny"}})
+        == 'currency is not one of "usd", "eur" → refused'
+    )
+    assert (
+        describe_rule(
+            {
+                "if": {
+                    "any": [
+                        {"all": [{"arg": "a", "gte": 1}, {"arg": "b", "eq": True}]},
+                        {"arg": "c", "matches": "x*"},
+                    ]
+                },
+                "then": {"approvers": 2},
+                "description": "two people for VIPs",
+            }
+        )
+        == '(a ≥ 1 and b = true) or c matches "x*" → manual approval, 2 approvers (two people for VIPs)'
+    )
+    assert (
+        describe_limit({"window": "1h", "per": "agent", "max_count": 20})
+        == "at most 20 per agent per hour, then manual approval"
+    )
+    assert (
+        describe_limit(
+            {"window": "24h", "per": "tenant", "sum_arg": "amount", "max_sum": 100000, "on_exceed": "deny"}
+        )
+        == "amount summing to at most 100,000 per tenant per 24 hours, then refused"
+    )
+    assert describe_limit({"window": "30s", "per": "agent", "max_count": 1}).startswith(
+        "at most 1 per agent per 30 seconds"
+    )
