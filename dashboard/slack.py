@@ -107,6 +107,29 @@ def interactions(request: HttpRequest) -> HttpResponse:
     except SagaError as exc:
         return _refuse(interaction, f"Not decided: {refusal_sentence(exc)}", why=exc.code)
     summary = f"{decided.tool} ({decided.risk} risk) on run {decided.run_id}"
+    if interaction.approve and decided.status == Approval.Status.PENDING:
+        # One grant of several (``approvers``): the message keeps its buttons for the others.
+        granted_by = [grant.label or grant.approver for grant in decided.grants.all()]
+        notifications.enqueue_slack_respond(
+            response_url=interaction.response_url,
+            message={
+                "replace_original": True,
+                **slack.message(
+                    summary=summary,
+                    url=notifications.public_url(f"/runs/{decided.run_id}/"),
+                    risk=decided.risk,
+                    run_id=decided.run_id,
+                    lines=[
+                        f"{len(granted_by)} of {decided.approvers_required} approvers so far "
+                        f"({', '.join(granted_by)}): it needs "
+                        f"{decided.approvers_required - len(granted_by)} more, and nobody counts twice."
+                    ],
+                    tenant_slug=tenant.slug,
+                    approval_id=decided.pk,
+                ),
+            },
+        )
+        return HttpResponse(status=200)
     notifications.enqueue_slack_respond(
         response_url=interaction.response_url,
         message=slack.decided_message(

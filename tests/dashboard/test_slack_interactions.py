@@ -120,6 +120,32 @@ def test_a_signed_press_by_a_mapped_approver_approves_and_updates_the_message(te
     assert not any(b["type"] == "actions" for b in answer["blocks"])  # the buttons are gone
 
 
+def test_one_press_of_two_needed_keeps_the_buttons_for_the_second_approver(
+    tenant, agent, bob, dave, slack_acme
+):
+    _run, action, approval = gated_run(tenant, agent)
+    Approval.objects.filter(pk=approval.pk).update(approvers_required=2)
+    channels.slack_user_link_add(
+        tenant=tenant, actor=Actor.for_user(dave), team_id=TEAM, slack_user_id="UDAVE", user=dave
+    )
+    assert _press(_payload(approval, response_url=slack_acme.url())).status_code == 200
+    approval.refresh_from_db()
+    assert approval.status == Approval.Status.PENDING and approval.grants.count() == 1
+    [answer] = _answers(slack_acme)
+    assert answer["replace_original"] is True
+    assert "1 of 2 approvers so far" in json.dumps(answer["blocks"])
+    [buttons] = [b for b in answer["blocks"] if b["type"] == "actions"]
+    assert {e.get("action_id") for e in buttons["elements"]} >= {"saga_approve", "saga_reject"}
+
+    # Bob again counts once; Dave is the second person.
+    assert _press(_payload(approval, response_url=slack_acme.url())).status_code == 200
+    assert Approval.objects.get(pk=approval.pk).status == Approval.Status.PENDING
+    assert _press(_payload(approval, user="UDAVE", response_url=slack_acme.url())).status_code == 200
+    approval.refresh_from_db()
+    assert approval.status == Approval.Status.APPROVED
+    assert Action.objects.get(pk=action.pk).status == Action.Status.APPROVED
+
+
 def test_reject_in_slack_rejects(tenant, agent, bob, slack_acme):
     _run, action, approval = gated_run(tenant, agent)
     assert _press(_payload(approval, action="saga_reject", response_url=slack_acme.url())).status_code == 200
