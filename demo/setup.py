@@ -27,6 +27,10 @@ POLICY_DIR = Path(__file__).resolve().parent / "policies"
 # The origin the policy files are written for (make run's default port). seed_demo rewrites it to
 # the server's real URL, since the webhook compensators must reach the demo world where it runs.
 POLICY_FILE_ORIGIN = "http://127.0.0.1:8000"
+# The URL the policy file's MCP compensators (the people.* tools) are written for: the demo MCP
+# server's default address. make run picks a free port for that server and hands its URL to
+# seed_demo (SAGA_DEMO_MCP_URL), which rewrites this one to it.
+MCP_FILE_URL = "http://127.0.0.1:8765/mcp"
 
 SEEDER = Actor.system("seed_demo")
 
@@ -63,8 +67,10 @@ LOGINS = (
 # Which key each demo agent uses: (tenant, key name, scopes). The demo's agents share one agent
 # name per tenant, so each reaches every demo run of its tenant; the supervisor is recovery
 # automation (it reads every run, writes none). The demo's approver is a person: bob, in the inbox.
+# make run's saga-mcp gateway is an agent of its own (its runs are the MCP sessions through it).
 AGENT_KEYS = {
     "acme-agents": ("acme", "demo-agents", ["agent"]),
+    "acme-mcp-gateway": ("acme", "demo-mcp-gateway", ["agent"]),
     "acme-supervisor": ("acme", "demo-supervisor", ["operator"]),
     "globex-agents": ("globex", "demo-agents", ["agent"]),
 }
@@ -73,23 +79,30 @@ AGENT_KEYS = {
 # --- Policies --------------------------------------------------------------------------------
 
 
-def _rewrite_origin(value: Any, origin: str) -> Any:
+def _rewrite_origin(value: Any, origin: str, mcp_url: str) -> Any:
+    if isinstance(value, str) and value == MCP_FILE_URL:
+        return mcp_url
     if isinstance(value, str) and value.startswith(POLICY_FILE_ORIGIN + "/"):
         return origin.rstrip("/") + value[len(POLICY_FILE_ORIGIN) :]
     if isinstance(value, dict):
-        return {key: _rewrite_origin(item, origin) for key, item in value.items()}
+        return {key: _rewrite_origin(item, origin, mcp_url) for key, item in value.items()}
     if isinstance(value, list):
-        return [_rewrite_origin(item, origin) for item in value]
+        return [_rewrite_origin(item, origin, mcp_url) for item in value]
     return value
 
 
-def policies_load_demo(*, base_url: str) -> list[LoadReport]:
+def policies_load_demo(*, base_url: str, mcp_url: str = "") -> list[LoadReport]:
     """The native-layout file is the global policy set; the agentSafety one is Acme's own (its CRM
-    tools), layered on top, so both layouts are in force at once."""
+    tools), layered on top, so both layouts are in force at once.
+
+    The MCP demo's policies (the ``people.*`` tools of make run's gateway, undone by MCP
+    compensators) are part of the global file rather than a third one: a policy file is the whole
+    truth for its scope, so a file of their own loaded for Acme would remove Acme's CRM policies.
+    ``mcp_url`` is where the demo MCP server answers (default: the address the file names)."""
     reports = []
     for name, tenant_slug in (("native.json", None), ("agent_safety.json", "acme")):
         path = POLICY_DIR / name
-        data = _rewrite_origin(policy_file_read(path), base_url)
+        data = _rewrite_origin(policy_file_read(path), base_url, mcp_url or MCP_FILE_URL)
         document = policy_file_parse(data, source=f"demo/policies/{name}")
         tenant = Tenant.objects.get(slug=tenant_slug) if tenant_slug else None
         reports.append(
@@ -247,9 +260,9 @@ class DemoSetup:
     policy_reports: list[LoadReport]
 
 
-def demo_setup(*, base_url: str) -> DemoSetup:
+def demo_setup(*, base_url: str, mcp_url: str = "") -> DemoSetup:
     tenants = tenants_ensure()
-    reports = policies_load_demo(base_url=base_url)
+    reports = policies_load_demo(base_url=base_url, mcp_url=mcp_url)
     logins_ensure(tenants)
     for name in AGENT_KEYS:
         agent_secret(name)

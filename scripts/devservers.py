@@ -6,8 +6,10 @@ before Django is configured.
     python scripts/devservers.py pg-start .data/pg saga_admin   # prints the DATABASE_URL
     python scripts/devservers.py pg-stop .data/pg
     python scripts/devservers.py free-port 8000                 # prints 8000 or the next free one
+    python scripts/devservers.py free-port 8765 --except 8000   # ... skipping ports taken by us
     python scripts/devservers.py port-free 8000                 # exit 0 when 8000 is free
     python scripts/devservers.py wait-url http://127.0.0.1:8000/healthz 60
+    python scripts/devservers.py wait-url http://127.0.0.1:8765/mcp 30 --any-status
     python scripts/devservers.py status .data                   # the running playground, or exit 1
     python scripts/devservers.py already-running .data          # run.sh's refusal (lock held)
     python scripts/devservers.py check-leftovers .data          # run.sh, once it holds the lock
@@ -109,28 +111,35 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
         return probe.connect_ex((host, port)) != 0
 
 
-def free_port(start: int, tries: int = 200) -> int:
+def free_port(start: int, tries: int = 200, *, taken: frozenset[int] = frozenset()) -> int:
+    """The first free port from ``start``, skipping ``taken`` (ports chosen for servers that are
+    not listening yet)."""
     for port in range(start, start + tries):
-        if _port_free(port):
+        if port not in taken and _port_free(port):
             return port
     raise SystemExit(f"no free port in {start}..{start + tries - 1}")
 
 
-def wait_url(url: str, timeout_s: float) -> None:
+def wait_url(url: str, timeout_s: float, *, any_status: bool = False) -> None:
+    """Wait until ``url`` answers 200 (with ``any_status``: answers at all, as an MCP endpoint does
+    a bare GET, with a 4xx)."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - a local URL we built
-                if response.status == 200:
+                if response.status == 200 or any_status:
                     return
                 last = f"HTTP {response.status}"
         except urllib.error.HTTPError as exc:
+            if any_status:
+                return
             last = f"HTTP {exc.code}"
         except OSError as exc:
             last = str(exc)
         time.sleep(0.3)
-    raise SystemExit(f"{url} did not answer 200 within {timeout_s:.0f}s (last: {last})")
+    wanted = "at all" if any_status else "200"
+    raise SystemExit(f"{url} did not answer {wanted} within {timeout_s:.0f}s (last: {last})")
 
 
 # --- One playground per data directory -----------------------------------------------------
@@ -334,10 +343,12 @@ def main(argv: list[str]) -> None:
     stop.add_argument("datadir", type=Path)
     port = sub.add_parser("free-port")
     port.add_argument("start", type=int)
+    port.add_argument("--except", dest="taken", type=int, nargs="*", default=[], metavar="PORT")
     sub.add_parser("port-free").add_argument("port", type=int)
     wait = sub.add_parser("wait-url")
     wait.add_argument("url")
     wait.add_argument("timeout", type=float)
+    wait.add_argument("--any-status", action="store_true")
     for name in ("status", "already-running", "check-leftovers", "stop"):
         sub.add_parser(name).add_argument("data", type=Path)
     args = parser.parse_args(argv)
@@ -347,11 +358,11 @@ def main(argv: list[str]) -> None:
     elif args.command == "pg-stop":
         pg_stop(args.datadir)
     elif args.command == "free-port":
-        print(free_port(args.start))
+        print(free_port(args.start, taken=frozenset(args.taken)))
     elif args.command == "port-free":
         sys.exit(0 if _port_free(args.port) else 1)
     elif args.command == "wait-url":
-        wait_url(args.url, args.timeout)
+        wait_url(args.url, args.timeout, any_status=args.any_status)
     elif args.command == "status":
         sys.exit(playground_status(args.data))
     elif args.command == "already-running":

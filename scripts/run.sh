@@ -4,8 +4,9 @@
 # Without DATABASE_URL it starts a real PostgreSQL kept in .data/pg (the pgserver wheel, on a unix
 # socket inside that directory); without REDIS_URL a real redis-server kept in .data/redis on a
 # free port. Then it migrates, collects static files, loads the demo policies and logins, starts
-# the Procfile's web and worker lines, seeds the demo runs through the real API, starts the demo
-# agents' live traffic and prints the URL and logins. Ctrl-C (or TERM, or `make stop`) stops
+# the Procfile's web and worker lines, then the demo MCP server and a saga-mcp gateway in front of
+# it, seeds the demo runs through the real API (one of them an MCP session through that gateway),
+# starts the demo agents' live traffic and prints the URLs and logins. Ctrl-C (or TERM, or `make stop`) stops
 # everything it started, in reverse order. Logs: .data/logs/.
 #
 # One playground per data directory, checked before anything starts: while a make run holds
@@ -24,7 +25,8 @@
 # REDIS_URL, SAGA_RUN_DATA (the data directory; default .data), SAGA_DEMO_TRAFFIC=0 (no live
 # demo traffic), SAGA_DEMO_WORLD_SECRET, DEBUG (default 0: the app's own error pages), SECRET_KEY (default: one
 # generated once and kept in .data/secret-key), SAGA_OUTBOUND_ALLOWED_HOSTS (default: the demo
-# world's host:port), SAGA_RESUME_WEBHOOK_SECRET.
+# world's host:port), SAGA_RESUME_WEBHOOK_SECRET. The demo MCP server takes 8765 or the next free
+# port, its gateway the next free one after it (SAGA_DEMO_MCP_URL is set to the server's URL).
 set -euo pipefail
 CALLER_DIR=$(pwd)
 cd "$(dirname "$0")/.."
@@ -152,6 +154,15 @@ if [ -z "${REDIS_URL:-}" ]; then
   REDIS_URL="redis://127.0.0.1:$redis_port/0"
 fi
 
+# The demo MCP server and the saga-mcp gateway in front of it start once the web is up; their ports
+# are chosen now, so that the policies the setup loads send the people.* tools' MCP compensators
+# to the server's real URL (seed_demo reads SAGA_DEMO_MCP_URL, as `make manage` does from .data/env).
+mcp_port=$("$PY" scripts/devservers.py free-port 8765 --except "$PORT")
+gateway_port=$("$PY" scripts/devservers.py free-port $((mcp_port + 1)) --except "$PORT")
+export SAGA_DEMO_MCP_URL="http://127.0.0.1:$mcp_port/mcp"
+MCP_GATEWAY_URL="http://127.0.0.1:$gateway_port/mcp"
+MCP_JOURNAL="$LOGS/mcp-upstream-journal.jsonl"
+
 # The demo world's webhook secret: the web (receiver) and the worker (sender) must share it, and
 # it must survive restarts because the loaded policies name it. Kept out of the repository.
 if [ -z "${SAGA_DEMO_WORLD_SECRET:-}" ]; then
@@ -239,8 +250,25 @@ start worker bash -c "$(procfile_cmd worker)"
 start web bash -c "$(procfile_cmd web)"
 "$PY" scripts/devservers.py wait-url "$BASE_URL/healthz" 60 || { tail -n 30 "$LOGS/web.log"; exit 1; }
 
+# The MCP demo: the in-memory HR + workspace MCP server (Streamable HTTP), and saga-mcp in front of
+# it recording every call as the agent "mcp-agent". Neither is a part of Saga Admin, so neither
+# gets its secrets or its database; the gateway gets its own agent key in its environment only
+# (a key on a command line is readable by every user of the machine). Both serve with uvicorn, which
+# would take the web's WEB_CONCURRENCY as a number of workers: they do not get it either.
+no_server_env=(env -u SECRET_KEY -u SAGA_DEMO_WORLD_SECRET -u SAGA_RESUME_WEBHOOK_SECRET -u DATABASE_URL
+  -u REDIS_URL -u WEB_CONCURRENCY -u PORT)
+say "Starting the demo MCP server ($SAGA_DEMO_MCP_URL) and the saga-mcp gateway ($MCP_GATEWAY_URL)"
+HR_MCP_JOURNAL="$MCP_JOURNAL" start mcp-upstream "${no_server_env[@]}" "$PY" clients/python/examples/hr_workspace_mcp.py \
+  --http "127.0.0.1:$mcp_port"
+"$PY" scripts/devservers.py wait-url "$SAGA_DEMO_MCP_URL" 30 --any-status || { tail -n 30 "$LOGS/mcp-upstream.log"; exit 1; }
+mcp_key=$("$PY" manage.py seed_demo --print-key acme-mcp-gateway)
+SAGA_API_KEY="$mcp_key" start mcp-gateway "${no_server_env[@]}" saga-mcp --saga-url "$BASE_URL" \
+  --upstream "$SAGA_DEMO_MCP_URL" --listen "127.0.0.1:$gateway_port" --namespace people --agent mcp-agent
+mcp_key=""
+"$PY" scripts/devservers.py wait-url "$MCP_GATEWAY_URL" 60 --any-status || { tail -n 30 "$LOGS/mcp-gateway.log"; exit 1; }
+
 say "Seeding demo runs through the API (the first time; later starts find them in place)"
-"$PY" manage.py seed_demo --url "$BASE_URL" 2>&1 | tee -a "$LOGS/seed.log"
+"$PY" manage.py seed_demo --url "$BASE_URL" --mcp-gateway "$MCP_GATEWAY_URL" 2>&1 | tee -a "$LOGS/seed.log"
 
 if [ "${SAGA_DEMO_TRAFFIC:-1}" != "0" ]; then
   start demo-agents "$PY" manage.py seed_demo --url "$BASE_URL" --continuous
@@ -253,7 +281,10 @@ cat <<EOF
   Saga Admin is running:   $BASE_URL/
   Demo world (the systems the agents change):  $BASE_URL/demo-world/
   API docs:                $BASE_URL/api/v1/docs
-  Logs:                    $LOGS/ (web, worker, demo-agents, redis)
+  MCP gateway (saga-mcp):  $MCP_GATEWAY_URL  (Streamable HTTP: point an MCP host or mcp.Client at it;
+                           its calls are the tools people.*, its sessions runs of mcp-agent; README, "The MCP demo")
+  Demo MCP server:         $SAGA_DEMO_MCP_URL  (what reached it: $MCP_JOURNAL)
+  Logs:                    $LOGS/ (web, worker, demo-agents, mcp-upstream, mcp-gateway, redis)
   Notifications:           Acme's on-call e-mails are printed to $LOGS/worker.log (console e-mail backend)
 $(if [ "${SAGA_DEMO_TRAFFIC:-1}" != "0" ]; then echo "  Live demo traffic:       a new run every 20 s; about 1 in 5 fails into the recovery queue (SAGA_DEMO_TRAFFIC=0 make run: none)"; fi)
   Management commands:     $manage ARGS="create_agent_key --tenant acme --name my-agent" (env: $DATA/env)

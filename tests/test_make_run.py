@@ -1,5 +1,6 @@
 """`make run` is safe to run twice, and `make manage` reaches the playground's database (issue 20,
-points 1 and 2).
+points 1 and 2); its MCP demo gateway answers and its MCP session is in the queue (issue 18,
+point 4).
 
 Real processes, no mocks: ``scripts/run.sh`` in this working tree with a throwaway data directory
 (``SAGA_RUN_DATA``: its own PostgreSQL, Redis, keys and logs), no live demo traffic and a free
@@ -10,8 +11,10 @@ none of the suite's DATABASE_URL / REDIS_URL / SECRET_KEY: it must find its own 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +29,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import pytest
+from mcp import Client
 
 from tests.support.processes import ROOT, free_port, wait_for
 
@@ -97,6 +101,11 @@ def dead_pid() -> int:
     return process.pid
 
 
+async def mcp_tool_names(url: str) -> list[str]:
+    async with Client(url, mode="legacy") as client:
+        return [tool.name for tool in (await client.list_tools()).tools]
+
+
 @pytest.fixture
 def data_dir() -> Iterator[Path]:
     """A data directory under /tmp (pgserver, running as its own user under root, must reach it),
@@ -148,7 +157,16 @@ def test_a_second_make_run_refuses_and_make_manage_reaches_the_first(data_dir: P
         assert "make manage" in output() and str(data_dir / "env") in output()
         procs = recorded(data_dir)
         pg = postmaster_pid(data_dir)
-        assert {name for name, _, _ in procs} == {"redis", "worker", "web"} and pg
+        assert {name for name, _, _ in procs} == {"redis", "worker", "web", "mcp-upstream", "mcp-gateway"}
+        assert pg
+        # The MCP demo: the gateway it printed serves the demo server's tools over Streamable HTTP.
+        found = re.search(r"MCP gateway \(saga-mcp\):\s+(http://127\.0\.0\.1:\d+/mcp)", output())
+        assert found, output()[-3000:]
+        gateway_url = found.group(1)
+        assert "create_user" in asyncio.run(mcp_tool_names(gateway_url))
+        gateway_pid = next(pid for name, pid, _ in procs if name == "mcp-gateway")
+        # Its key is in its environment only, never on its command line.
+        assert "sk_" not in Path(f"/proc/{gateway_pid}/cmdline").read_text()
         redis_port = int((data_dir / "env").read_text().split("redis://127.0.0.1:", 1)[1].split("/", 1)[0])
 
         # A second start on the same data directory — the same PORT, or none — starts nothing,
@@ -189,6 +207,12 @@ def test_a_second_make_run_refuses_and_make_manage_reaches_the_first(data_dir: P
         status, body = get(f"{url}/api/v1/runs?limit=50", token=key)
         assert status == 200, body
         assert any(run["external_id"].startswith("demo:") for run in json.loads(body)["items"])
+        # The demo MCP agent's session through that gateway failed into the recovery queue.
+        status, body = get(f"{url}/api/v1/recovery?limit=50", token=key)
+        assert status == 200, body
+        queued = [item for item in json.loads(body)["items"] if item["run"]["agent"] == "mcp-agent"]
+        assert [item["reason"] for item in queued] == ["failed"], body
+        assert "sofia.marino@@outlook.example" in queued[0]["run"]["error"]
         assert get(f"{url}/api/v1/runs", token=key + "x")[0] == 401
 
         # SIGTERM: everything it started stops, in reverse order, and its files go away.
@@ -196,10 +220,18 @@ def test_a_second_make_run_refuses_and_make_manage_reaches_the_first(data_dir: P
         first.wait(timeout=120)
         said = output()
         stops = [line.strip() for line in said.splitlines() if line.strip().startswith("stopped ")]
-        assert stops == ["stopped web", "stopped worker", "stopped redis", "stopped postgres"], said[-3000:]
+        assert stops == [
+            "stopped mcp-gateway",
+            "stopped mcp-upstream",
+            "stopped web",
+            "stopped worker",
+            "stopped redis",
+            "stopped postgres",
+        ], said[-3000:]
         assert not any(alive(pid, started) for _, pid, started in procs)
         wait_for(lambda: not alive(pg), timeout=30, what="postgres to be gone")
         assert not port_listening(port) and not port_listening(redis_port)
+        assert not port_listening(int(gateway_url.rsplit(":", 1)[1].split("/", 1)[0]))
         assert not any((data_dir / name).exists() for name in ("env", "run.info", "run.procs"))
 
         # And with nothing running, make manage says so instead of reaching some other database.

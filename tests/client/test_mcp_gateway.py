@@ -9,9 +9,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,7 +20,14 @@ from mcp_types import RequestParamsMeta
 
 from ledger.models import Action, Run
 from recovery.models import RecoveryItem
-from tests.support.mcp_servers import Upstream, http_upstream, stdio_upstream, upstream_env
+from tests.support.mcp_servers import (
+    Upstream,
+    gateway_command,
+    gateway_env,
+    http_gateway,
+    http_upstream,
+    stdio_upstream,
+)
 from tests.support.processes import ROOT, dump_worker_logs, free_port, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -49,70 +53,6 @@ def load_example_policies(tenant, tmp_path: Path, upstream_url: str) -> None:
     path = tmp_path / "hr_workspace_policies.json"
     path.write_text(json.dumps(data))
     call_command("load_policies", str(path), tenant=tenant.slug)
-
-
-def gateway_command(saga_url: str, upstream: str, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "saga_client.mcp_gateway",
-        "--saga-url",
-        saga_url,
-        "--upstream",
-        upstream,
-        "--namespace",
-        "hr",
-        "--poll-interval",
-        "0.2",
-        "--heartbeat-interval",
-        "1",
-        *extra,
-    ]
-
-
-def gateway_env(journal: Path, key: str | None) -> dict[str, str]:
-    env = upstream_env(journal)
-    if key is not None:
-        env["SAGA_API_KEY"] = key
-    return env
-
-
-@contextmanager
-def http_gateway(
-    saga_url: str, upstream: str, key: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
-) -> Iterator[str]:
-    port = free_port()
-    log_path = tmp_path / f"gateway-{port}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            gateway_command(saga_url, upstream, "--listen", f"127.0.0.1:{port}", *extra),
-            env={**gateway_env(tmp_path / "journal-unused.jsonl", key), **(env or {})},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{port}/mcp"
-        try:
-            wait_for(
-                lambda: _answers(url) or process.poll() is not None, timeout=30, what="the gateway to listen"
-            )
-            assert process.poll() is None, log_path.read_text()
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _answers(url: str) -> bool:
-    try:
-        httpx.get(url, timeout=1.0)
-    except httpx.TransportError:
-        return False
-    return True
 
 
 def stdio_gateway(saga_url: str, upstream: Upstream, key: str) -> StdioServerParameters:

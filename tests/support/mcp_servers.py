@@ -1,7 +1,7 @@
-"""Real MCP servers for the gateway and MCP compensator tests: the demo HR + workspace upstream
-(``clients/python/examples/hr_workspace_mcp.py``, the SDK's own server) in a subprocess, over
-Streamable HTTP or as the command line a gateway starts over stdio, with its journal of the calls
-that reached it."""
+"""Real MCP servers for the gateway, MCP compensator and MCP demo tests: the demo HR + workspace
+upstream (``clients/python/examples/hr_workspace_mcp.py``, the SDK's own server) in a subprocess,
+over Streamable HTTP or as the command line a gateway starts over stdio, with its journal of the
+calls that reached it; and the ``saga-mcp`` gateway as a real process in front of it."""
 
 from __future__ import annotations
 
@@ -92,3 +92,69 @@ def http_upstream(tmp_path: Path, **env: str) -> Iterator[Upstream]:
 def stdio_upstream(tmp_path: Path) -> Upstream:
     """The demo upstream as a command line, for a gateway to start over stdio."""
     return Upstream(journal_path=tmp_path / f"journal-stdio-{time.monotonic_ns()}.jsonl")
+
+
+# --- The saga-mcp gateway ----------------------------------------------------------------------
+
+
+def gateway_command(saga_url: str, upstream: str, *extra: str, namespace: str = "hr") -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "saga_client.mcp_gateway",
+        "--saga-url",
+        saga_url,
+        "--upstream",
+        upstream,
+        "--namespace",
+        namespace,
+        "--poll-interval",
+        "0.2",
+        "--heartbeat-interval",
+        "1",
+        *extra,
+    ]
+
+
+def gateway_env(journal: Path, key: str | None) -> dict[str, str]:
+    env = upstream_env(journal)
+    if key is not None:
+        env["SAGA_API_KEY"] = key
+    return env
+
+
+@contextmanager
+def http_gateway(
+    saga_url: str,
+    upstream: str,
+    key: str,
+    tmp_path: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    namespace: str = "hr",
+) -> Iterator[str]:
+    """``saga-mcp --listen`` on a free port in front of ``upstream``; yields its MCP URL."""
+    port = free_port()
+    log_path = tmp_path / f"gateway-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            gateway_command(saga_url, upstream, "--listen", f"127.0.0.1:{port}", *extra, namespace=namespace),
+            env={**gateway_env(tmp_path / "journal-unused.jsonl", key), **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        url = f"http://127.0.0.1:{port}/mcp"
+        try:
+            wait_for(
+                lambda: _answers(url) or process.poll() is not None, timeout=30, what="the gateway to listen"
+            )
+            assert process.poll() is None, log_path.read_text()
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

@@ -19,8 +19,9 @@ it. With ``HR_MCP_TOKEN`` set, the HTTP endpoint answers 401 unless a request ca
 
 Failures are tool errors (``isError``, raised as ``ToolError`` so the message reaches the caller), as
 a real server's would be: creating a user that exists,
-licensing a user that does not, mailing an address at ``.invalid`` (RFC 2606's never-resolving
-domain) or an unknown SKU. The undo tools are idempotent: undoing what is already undone succeeds
+licensing a user that does not, an unknown SKU, or mailing an address that is not one (a doubled
+``@``, as a model copying a personal address may write) or is at ``.invalid`` (RFC 2606's
+never-resolving domain). The undo tools are idempotent: undoing what is already undone succeeds
 and says so, because a compensation may be retried.
 """
 
@@ -125,7 +126,9 @@ def send_email(
 ) -> dict[str, Any]:
     """Send an email. It cannot be unsent: its compensation is a correction."""
     _journal(ctx, "send_email", {"to": to, "subject": subject, "body": body})
-    domain = to.rpartition("@")[2]
+    local, at, domain = to.partition("@")
+    if not local or not at or "@" in domain:
+        raise ToolError(f"Mail to {to} bounced: {to} is not an email address (one @, a name before it).")
     if not domain or domain.endswith(".invalid") or "." not in domain:
         raise ToolError(f"Mail to {to} bounced: the domain {domain or '(none)'} does not accept mail.")
     message = {"message_id": f"msg_{_new_id('message')}", "to": to, "subject": subject}

@@ -8,9 +8,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from demo import agents, people
+from demo import agents, mcp_agent, people
 from demo.setup import AGENT_KEYS, agent_secret, demo_setup, logins_table, policy_summary
 from demo.views import SECRET_ENV
+from ledger.policy_loader import PolicyFileError
 
 
 class Command(BaseCommand):
@@ -42,6 +43,29 @@ class Command(BaseCommand):
             action="store_true",
             help="Only tenants, policies, logins, keys and world data; no agent runs.",
         )
+        parser.add_argument(
+            "--mcp-url",
+            default=os.environ.get("SAGA_DEMO_MCP_URL", ""),
+            metavar="URL",
+            help="Where the demo MCP server (clients/python/examples/hr_workspace_mcp.py) answers: the "
+            "people.* tools' MCP compensators call it (default: $SAGA_DEMO_MCP_URL, else the address "
+            "demo/policies/native.json names).",
+        )
+        parser.add_argument(
+            "--mcp-gateway",
+            default="",
+            metavar="URL",
+            help="A saga-mcp gateway in front of that server (--namespace people, --agent "
+            f"{mcp_agent.AGENT}, the demo-mcp-gateway key): the demo's MCP agent plays its session "
+            "through it.",
+        )
+        parser.add_argument(
+            "--print-key",
+            choices=sorted(AGENT_KEYS),
+            metavar="AGENT",
+            help="Print the API key of one demo agent (minting it if needed) and exit: make run hands "
+            "the MCP gateway its key through the environment this way. One of: %(choices)s.",
+        )
         parser.add_argument("--print-logins", action="store_true", help="Print the demo logins and exit.")
 
     def handle(
@@ -51,16 +75,27 @@ class Command(BaseCommand):
         continuous: bool,
         every: float,
         setup_only: bool,
+        mcp_url: str,
+        mcp_gateway: str,
+        print_key: str | None,
         print_logins: bool,
         **options: Any,
     ) -> None:
         if print_logins:
             self._print_logins()
             return
-        # The agents' HTTP client logs every request at INFO; the seed's own lines tell the story.
+        if print_key:
+            self.stdout.write(agent_secret(print_key))
+            return
+        # The agents' HTTP clients log every request at INFO; the seed's own lines tell the story.
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
+        logging.getLogger("mcp").setLevel(logging.WARNING)
         url = url.rstrip("/")
-        setup = demo_setup(base_url=url)
+        try:
+            setup = demo_setup(base_url=url, mcp_url=mcp_url)
+        except PolicyFileError as exc:
+            raise CommandError(f"{exc} (is --mcp-url / SAGA_DEMO_MCP_URL an http(s) URL?)") from None
         self.stdout.write(f"Demo policies: {policy_summary(setup.policy_reports)}")
         if setup_only:
             return
@@ -76,6 +111,15 @@ class Command(BaseCommand):
         try:
             report = agents.seed(demo, log=self.stdout.write)
             self.stdout.write(f"Demo runs: {len(report.played)} played, {len(report.skipped)} already there.")
+            if mcp_gateway:
+                played = mcp_agent.seed_session(
+                    base_url=url,
+                    key=agent_secret("acme-mcp-gateway"),
+                    gateway_url=mcp_gateway,
+                    log=self.stdout.write,
+                )
+                if played is None:
+                    self.stdout.write("Demo MCP session: already there.")
             if not continuous:
                 self._print_logins()
             if continuous:
