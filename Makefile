@@ -26,12 +26,17 @@ services:
 browser:
 	bash scripts/ensure-chromium.sh
 
-# Lint first: a type error or an unformatted file fails fast, before the five-minute suite.
+# Lint first: a type error or an unformatted file fails fast, before the suite.
 # Static files are collected as production serves them (hashed, with the manifest DEBUG=0 pages
 # need); collectstatic signs nothing, but the settings refuse to load without a SECRET_KEY.
+# The suite runs in TEST_WORKERS parallel pytest-xdist workers (tests/support/parallel.py): each
+# its own test database and Redis database (REDIS_URL's and the next ones). 3 measured fastest on
+# a 2-core machine: the tests mostly wait on worker processes, browsers and the network.
+# TEST_WORKERS=0 runs serially; PYTEST_ARGS adds to (or overrides) the command line.
+TEST_WORKERS ?= 3
 test: lint services browser
 	DEBUG=0 SECRET_KEY=collectstatic-signs-nothing $(PY) manage.py collectstatic --noinput -v0
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The playground, in the foreground until Ctrl-C. One per data directory (.data, or SAGA_RUN_DATA):
 # a second start refuses and says how to reach or stop the first (scripts/run.sh).

@@ -5,18 +5,47 @@ Data builders are in tests/factories.py, everything else shared in tests/support
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import parallel
 from tests.support.processes import RedisServer, Worker, rq_pointed_at, spawn_worker
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """In the controller of a parallel run (``pytest -n N``), before any worker starts: each worker
+    gets its own Redis database in its environment (execnet sets it before the worker imports
+    anything), so its settings read it exactly as a serial run reads REDIS_URL — too late in
+    pytest_configure, by which time pytest-django has loaded the settings."""
+    from django.conf import settings
+
+    try:
+        urls = parallel.worker_redis_urls(settings.REDIS_URL, len(specs))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    for spec, url in zip(specs, urls, strict=True):
+        spec.env["REDIS_URL"] = url
+        spec.env[parallel.WORKER_REDIS_MARK] = url
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if parallel.worker_id():
+        # A worker that shared a Redis database with another would flush and fill its queues.
+        from django.conf import settings
+
+        own = os.environ.get(parallel.WORKER_REDIS_MARK)
+        if not own or own != settings.REDIS_URL or own != os.environ.get("REDIS_URL"):
+            raise pytest.UsageError(
+                f"xdist worker {parallel.worker_id()} has no Redis database of its own "
+                f"(REDIS_URL={settings.REDIS_URL}); tests/conftest.py's pytest_xdist_setupnodes gives one"
+            )
+
     # The live server's listen backlog is Django's 10; tests that race 24 connections at it (the
     # idempotency races) then lose one to "connection reset by peer" whenever the machine is busy.
     # Deep enough for every race in the suite; set before the session-wide live server starts.
@@ -36,6 +65,16 @@ def pytest_configure(config: pytest.Config) -> None:
             teardown(self)
 
     TransactionTestCase._fixture_teardown = _fixture_teardown  # type: ignore[attr-defined]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test needs an id of its own: pytest-xdist hands tests out by id and runs one test of
+    those sharing it, silently (schemathesis's generated tests under pytest 9.2 did)."""
+    shared = sorted(nodeid for nodeid, count in Counter(item.nodeid for item in items).items() if count > 1)
+    if shared:
+        raise pytest.UsageError(
+            "tests that share a node id (a parallel run would skip them): " + ", ".join(shared)
+        )
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from django.conf import settings
 from saga_client.signing import verify_signature
 
 from tests.support.browser import CHROMIUM, WEBHOOK_SECRET
+from tests.support.parallel import per_worker
 from tests.support.processes import ROOT, database_url_for_subprocesses
 
 
@@ -98,7 +99,7 @@ def rq_worker(transactional_db) -> Iterator[subprocess.Popen]:
         "DJANGO_SETTINGS_MODULE": "saga_admin.settings",
         "DB_CONN_MAX_AGE": "0",
     }
-    log_path = ROOT / "artifacts" / "e2e-worker.log"
+    log_path = per_worker(ROOT / "artifacts" / "e2e-worker.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("w")
     command = [

@@ -14,6 +14,7 @@ import pytest
 from saga_client.signing import derive_secret
 
 from tests.factories import RESUME_PATH, RESUME_SECRET, UNDO_PATH, UNDO_SECRET
+from tests.support.parallel import locked
 from tests.support.processes import ROOT, WebhookServer, serve_webhooks
 
 RESULTS_PATH = ROOT / "artifacts" / "reliability.json"
@@ -39,20 +40,21 @@ class Results:
 @pytest.fixture(scope="session")
 def results() -> Iterator[Results]:
     """Each scenario records what it measured; the file keeps the other scenarios' last results,
-    so running one test refreshes only its own row."""
+    so running one test refreshes only its own row. In a parallel run every worker merges its own
+    scenarios in, one worker at a time."""
     collected = Results()
     yield collected
     if not collected.scenarios:
         return
-    previous: dict[str, Any] = {}
-    if RESULTS_PATH.exists():
-        try:
-            previous = json.loads(RESULTS_PATH.read_text())
-        except ValueError:
-            previous = {}
-    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-    merged = {**previous.get("scenarios", {}), **collected.scenarios}
-    RESULTS_PATH.write_text(json.dumps({"scenarios": dict(sorted(merged.items()))}, indent=2) + "\n")
+    with locked(RESULTS_PATH):
+        previous: dict[str, Any] = {}
+        if RESULTS_PATH.exists():
+            try:
+                previous = json.loads(RESULTS_PATH.read_text())
+            except ValueError:
+                previous = {}
+        merged = {**previous.get("scenarios", {}), **collected.scenarios}
+        RESULTS_PATH.write_text(json.dumps({"scenarios": dict(sorted(merged.items()))}, indent=2) + "\n")
 
 
 # --- Redis, webhooks, workers ----------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -17,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def quiet_port() -> int:
+    """A free port below the kernel's ephemeral range: no ``bind(0)`` and no outgoing connection
+    will take it, so a server may stop and start again on it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low <= 21000:
+        return free_port()  # an unusual kernel setting: no room below the range
+    for _ in range(200):
+        port = random.randrange(20000, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in 20000-{low - 1}")
+
+
 def wait_for(
     predicate: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.1, what: str = ""
 ) -> Any:
@@ -58,11 +77,16 @@ def wait_for(
 
 class RedisServer:
     """redis-server on a free port, without persistence: stopping it loses every job, like a
-    crashed Redis. Never the machine's shared instance."""
+    crashed Redis. Never the machine's shared instance.
+
+    A test may stop it and start it again on the same port, so the port is one the kernel never
+    hands out by itself (below the ephemeral range, which every outgoing connection and every
+    ``bind(0)`` of a parallel run's other workers draw from): nothing else takes it meanwhile."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        self.port = quiet_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.started_once = False
 
     @property
     def url(self) -> str:
@@ -71,16 +95,38 @@ class RedisServer:
     def start(self) -> None:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is needed for the engine tests"
-        self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        for _attempt in range(5):
+            process = subprocess.Popen(
+                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            import redis
+
+            client = redis.Redis.from_url(self.url)
+            # Ours answers, not one that another worker started on the same port a moment earlier
+            # (then ours exits: the port is taken).
+            wait_for(partial(self._settled, client, process), timeout=10, what="redis-server to start")
+            if process.poll() is None:
+                self.process = process
+                self.started_once = True
+                return
+            assert not self.started_once, f"port {self.port} was taken while this Redis was stopped"
+            self.port = quiet_port()
+        raise AssertionError("redis-server did not start on any of 5 free ports")
+
+    @classmethod
+    def _settled(cls, client: Any, process: subprocess.Popen[bytes]) -> bool:
+        """Exited, or up and answering as itself."""
         import redis
 
-        client = redis.Redis.from_url(self.url)
-        wait_for(lambda: self._ping(client), timeout=10, what="redis-server to start")
+        if process.poll() is not None:
+            return True
+        try:
+            return cls._ping(client) and client.info("server").get("process_id") == process.pid
+        except redis.RedisError:
+            return False
 
     @staticmethod
     def _ping(client: Any) -> bool:
