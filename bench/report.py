@@ -527,7 +527,7 @@ def _markdown(
         "same columns, indexes and checks, no foreign keys) per transaction, autocommit, "
         "`synchronous_commit` as configured; one connection per client thread.",
         "- **L2**: `bench/noop_wsgi.py` (reads the body, answers 201 with a small JSON) under the Procfile's "
-        "gunicorn settings, driven by the load generator above.",
+        "web line (its server and settings), driven by the load generator above.",
         "- **L3**: raw RQ no-op jobs on the Procfile's worker command. *Batch*: N jobs enqueued at once, time until "
         "all finished. *Chained*: each job enqueues the next, so jobs run strictly one after another, as unwind "
         "steps do; its per-job time is what unwind steps are compared with.",
@@ -544,7 +544,7 @@ def _markdown(
         "",
         "## Ledger append",
         "",
-        "Gunicorn as in the Procfile serving the product's own settings (DEBUG off). Each client is an agent "
+        "The Procfile's web line (see Machine) serving the product's own settings (DEBUG off). Each client is an agent "
         "with its own API key recording actions (`POST /api/v1/runs/{id}/actions`) for fresh runs, ten "
         "actions per run; the sequence figure is record → start → succeed for one action, timed end to end. "
         "Ratios are to min(L1, L2) at the same client count (a sequence is three requests, so its ratio is to "
@@ -562,11 +562,13 @@ def _markdown(
         "",
         "## Unauthenticated requests",
         "",
-        "The Procfile's gunicorn serving the product's settings; one client POSTs to `/api/v1/runs` over a "
+        "The Procfile's web line serving the product's settings; one client POSTs to `/api/v1/runs` over a "
         "fresh connection per request, sending the body while watching for an early answer (as curl does), "
         "and stops sending once the whole response is in. The 1 MiB body is ~95,000 small objects, the "
         "costliest megabyte to parse and check. Without a valid key the API answers 401 from the headers, "
-        "before reading the body (gunicorn then discards at most 64 KiB of it while closing); the same "
+        "before reading the body (gunicorn's sync worker then discards at most 64 KiB of it while closing "
+        "the connection; its gthread worker keeps the connection and reads and drops the rest, unparsed, "
+        "before the next request); the same "
         "megabyte with a valid key is read, parsed and checked, then refused (422): the work every "
         "unauthenticated megabyte caused before the key was checked first (the findings below give the "
         "figure measured on that code). The per-address limit on "
@@ -678,7 +680,7 @@ def _markdown(
         "",
         "## Reproduce",
         "",
-        "    make bench          # full size; about 10 minutes on 2 cores",
+        "    make bench          # full size; about 20 minutes on 2 cores (longer on a busy machine)",
         "    make bench-smoke    # tiny sizes, to check the harness",
         "",
     ]

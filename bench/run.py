@@ -4,9 +4,9 @@
     python -m bench.run --smoke         # tiny sizes, seconds: what `make test` runs
 
 Phases, in order (each figure is measured in this run; nothing is carried over from another):
-  1. baselines — L1 raw psycopg INSERTs, L2 a no-op WSGI app under the Procfile's gunicorn
-     settings, L3 raw RQ no-op jobs on the Procfile's worker;
-  2. ledger append over HTTP (gunicorn as in the Procfile), 1 and 16 clients; then refusals:
+  1. baselines — L1 raw psycopg INSERTs, L2 a no-op WSGI app under the Procfile's web line, L3
+     raw RQ no-op jobs on the Procfile's worker;
+  2. ledger append over HTTP (the Procfile's web line), 1 and 16 clients; then refusals:
      what a POST without a valid key costs, tiny and 1 MiB (refused before the body is read);
   3. dashboard at scale after ``seed_bench``: timings over HTTP, query counts at two data sizes,
      EXPLAIN (ANALYZE) of every query the pages run;
@@ -437,7 +437,7 @@ class Harness:
         web = self.start_web("l2-noop", app="bench.noop_wsgi:application", ready_path="/")
         try:
             for n in CLIENT_COUNTS:
-                log(f"L2 no-op WSGI app under gunicorn, {n} client(s)")
+                log(f"L2 no-op WSGI app under the Procfile's web line, {n} client(s)")
                 result = self.load("post_json", n, {"path": "/api/v1/noop", "body": body}, web=web)
                 s[f"L2_{n}"] = summarize(result)
         finally:
@@ -498,7 +498,7 @@ class Harness:
             web.stop()
 
     def unauthenticated(self) -> None:
-        """POSTs without a valid key, tiny and 1 MiB, against the Procfile's gunicorn: the gate
+        """POSTs without a valid key, tiny and 1 MiB, against the Procfile's web line: the gate
         refuses them from the headers, so the megabyte must cost about what the tiny one does. The
         same megabyte with a valid key (read, parsed and checked, then a 422) is measured beside
         them: it is what every unauthenticated megabyte cost before the key came first."""

@@ -173,7 +173,7 @@ if [ -z "${SECRET_KEY:-}" ]; then
 fi
 export SECRET_KEY
 
-# Fewer gunicorn workers than production by default: a laptop, not a server.
+# Two gunicorn worker processes (the Procfile's default too; WEB_THREADS threads each): a laptop.
 export DATABASE_URL REDIS_URL SAGA_DEMO_WORLD_SECRET PORT WEB_CONCURRENCY="${WEB_CONCURRENCY:-2}"
 # The demo's lost agent should be noticed within a minute, not after production's five.
 export SAGA_HEARTBEAT_TIMEOUT_S="${SAGA_HEARTBEAT_TIMEOUT_S:-45}"
