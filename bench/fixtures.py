@@ -6,10 +6,11 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 # The benchmark's tools: low risk, automatic approval, with a Python no-op compensator, so the
 # append path is the common one (no approval gate) and unwinds exercise only the engine.
-BENCH_POLICIES = {
+BENCH_POLICIES: dict[str, Any] = {
     "policies": [
         {
             "tool": "bench.*",
@@ -23,12 +24,15 @@ BENCH_POLICIES = {
 }
 
 
-def load_bench_policies(log_dir: Path) -> None:
+def load_bench_policies(log_dir: Path, *, compensators: dict[str, Any] | None = None) -> None:
+    """Load the benchmark's policy file, with ``compensators`` beside ``bench.undo`` (e.g. the
+    worker scale-out section's webhook: compensator URLs are the operator's configuration)."""
     from django.core.management import call_command
 
+    policies = {**BENCH_POLICIES, "compensators": {**BENCH_POLICIES["compensators"], **(compensators or {})}}
     path = log_dir / "bench-policies.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(BENCH_POLICIES, indent=2))
+    path.write_text(json.dumps(policies, indent=2))
     call_command("load_policies", str(path), verbosity=0, stdout=io.StringIO())
 
 
@@ -65,4 +69,22 @@ def fresh_runs(*, keys: list[tuple[str, str]], per_client: int) -> list[list[str
                 for i in range(per_client)
             ]
         )
+    return out
+
+
+def runs_with_checkpoint(*, keys: list[tuple[str, str]]) -> list[list[str]]:
+    """One running run for each key's client, with one checkpoint: what the framework-floor GET
+    (a run's checkpoints) and the heartbeat figures use."""
+    from ledger.audit import Actor
+    from ledger.models import AgentKey
+    from ledger.services.checkpoints import checkpoint_write
+    from ledger.services.runs import run_create
+
+    out = []
+    for key_id, _ in keys:
+        key = AgentKey.objects.select_related("tenant").get(pk=key_id)
+        actor = Actor.for_key(key)
+        run = run_create(tenant=key.tenant, actor=actor, agent="bench-agent", request="benchmark floor")
+        checkpoint_write(run=run, actor=actor, name="planned", state={"step": 1}, summary="benchmark")
+        out.append([run.pk])
     return out

@@ -199,6 +199,65 @@ def scenario_action_lifecycle(
             return
 
 
+def scenario_get_checkpoints(
+    client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
+) -> None:
+    """The framework floor: GET /api/v1/runs/{id}/checkpoints, the project's cheapest
+    authenticated request (the key, the run's ownership, one small page), on the client's run."""
+    path = f"/api/v1/runs/{_runs_for(index, params)[0]}/checkpoints"
+    while True:
+        t = time.perf_counter()
+        status, _, _ = client.request("GET", path)
+        if not record("checkpoints", t, status, 200):
+            return
+
+
+def scenario_heartbeat(
+    client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
+) -> None:
+    """POST /api/v1/runs/{id}/heartbeat on the client's run, as a live agent does all the time."""
+    path = f"/api/v1/runs/{_runs_for(index, params)[0]}/heartbeat"
+    while True:
+        t = time.perf_counter()
+        status, _, _ = client.request("POST", path, b"{}")
+        if not record("heartbeat", t, status, 200):
+            return
+
+
+def scenario_full_step(
+    client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
+) -> None:
+    """One tool call as the client records it: record with ``start: true`` (201, running) →
+    succeed (200); also times the pair as ``step``, the cost of a tool call to the agent."""
+    runs = _runs_for(index, params)
+    per_run = params["per_run"]
+    n = 0
+    while True:
+        run_id = runs[min(n // per_run, len(runs) - 1)]
+        t0 = time.perf_counter()
+        body = {**_action_body(run_id, n), "start": True}
+        status, data, _ = client.request("POST", f"/api/v1/runs/{run_id}/actions", body)
+        n += 1
+        running = status == 201 and json.loads(data).get("status") == "running"
+        keep = record("record_start", t0, status if running or status != 201 else 0, 201)
+        if not running:
+            if not keep:
+                return
+            continue
+        action_id = json.loads(data)["id"]
+        t1 = time.perf_counter()
+        status, _, _ = client.request(
+            "POST",
+            f"/api/v1/actions/{action_id}/succeed",
+            {"result": {"ok": True}, "after_snapshot": {"status": "active"}},
+        )
+        keep = record("succeed", t1, status, 200)
+        if status == 200:
+            record("step", t0, 200, 200)
+        if not keep:
+            return
+
+
 def scenario_get_pages(
     client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
 ) -> None:
@@ -293,6 +352,9 @@ SCENARIOS: dict[str, Callable[..., None]] = {
     "record_action": scenario_record_action,
     "action_lifecycle": scenario_action_lifecycle,
     "get_pages": scenario_get_pages,
+    "get_checkpoints": scenario_get_checkpoints,
+    "heartbeat": scenario_heartbeat,
+    "full_step": scenario_full_step,
 }
 
 
@@ -327,7 +389,7 @@ def _client_thread(
                 with lock:
                     key = f"{op}:{status}"
                     errors[key] = errors.get(key, 0) + 1
-        if op != "sequence":  # a pseudo-op timing three requests, not a request itself
+        if op not in ("sequence", "step"):  # pseudo-ops timing several requests, not requests
             made += 1
         if max_requests is not None and made >= max_requests:
             return False

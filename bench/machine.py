@@ -84,6 +84,7 @@ def describe(database_url: str, redis_url: str) -> dict[str, Any]:
         "rq": _version("rq"),
         "django_rq": _version("django-rq"),
         "gunicorn": _version("gunicorn"),
+        "granian": _version("granian"),
         "psycopg": _version("psycopg"),
         "git_commit": git,
         "load_before": loadavg(),

@@ -70,6 +70,15 @@ def worker_class_name(env: dict[str, str]) -> str:
     return "rq.worker.Worker"
 
 
+def expand(command: str, env: dict[str, str]) -> list[str]:
+    """The argument list bash makes of a command line in ``env`` (``${PORT:-8000}`` and the like
+    expanded, quotes removed): how two web lines are compared."""
+    done = subprocess.run(
+        ["bash", "-c", f"printf '%s\\0' {command}"], env=env, capture_output=True, check=True
+    )
+    return done.stdout.decode().split("\0")[:-1]
+
+
 def gunicorn_settings() -> str:
     """The server settings part of the web line (what L2 shares with the app), for the report."""
     parts = shlex.split(procfile_lines()["web"])

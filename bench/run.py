@@ -4,13 +4,17 @@
     python -m bench.run --smoke         # tiny sizes, seconds: what `make test` runs
 
 Phases, in order (each figure is measured in this run; nothing is carried over from another):
-  1. baselines — L1 raw psycopg INSERTs, L2 a no-op WSGI app under the Procfile's gunicorn
-     settings, L3 raw RQ no-op jobs on the Procfile's worker;
-  2. ledger append over HTTP (gunicorn as in the Procfile), 1 and 16 clients; then refusals:
+  1. baselines — L1 raw psycopg INSERTs, L2 a no-op WSGI app under the Procfile's web line, L3
+     raw RQ no-op jobs on the Procfile's worker;
+  2. ledger append over HTTP (the Procfile's web line), 1 and 16 clients; then refusals:
      what a POST without a valid key costs, tiny and 1 MiB (refused before the body is read);
   3. dashboard at scale after ``seed_bench``: timings over HTTP, query counts at two data sizes,
      EXPLAIN (ANALYZE) of every query the pages run;
-  4. unwind throughput with no-op Python compensators on the Procfile's worker.
+  4. unwind throughput with no-op Python compensators on the Procfile's worker;
+  5. servers: the hot path (append, the framework floor, heartbeat, the full step; 16 clients) on
+     the Procfile's web line and on each candidate server configuration (gunicorn sync/gthread,
+     granian), one after another; the restated targets come from the Procfile's line;
+  6. workers: 200 I/O-bound compensations (a 200 ms webhook) by 1, then 4 Procfile workers.
 It prints one table and writes docs/BENCHMARKS.md (``--out``).
 """
 
@@ -50,6 +54,8 @@ class Sizes:
     deep_pages: int
     unwind_steps: int
     concurrent_unwinds: int
+    scale_steps: int
+    server_candidates: int | None
 
 
 FULL = Sizes(
@@ -68,6 +74,8 @@ FULL = Sizes(
     deep_pages=40,
     unwind_steps=50,
     concurrent_unwinds=20,
+    scale_steps=200,
+    server_candidates=None,
 )
 SMOKE = Sizes(
     window_s=1.0,
@@ -85,6 +93,9 @@ SMOKE = Sizes(
     deep_pages=2,
     unwind_steps=5,
     concurrent_unwinds=3,
+    scale_steps=8,
+    # One gthread and one granian line beside the Procfile's: proof that each server starts.
+    server_candidates=2,
 )
 
 CLIENT_COUNTS = (1, 16)
@@ -95,6 +106,40 @@ CANDIDATES = {
     "simple": "python -m bench.candidate_worker",
 }
 CLIENT_PROCESSES = 4
+
+# Web server configurations compared on the hot path (issue 19): whole web lines as the Procfile
+# would carry them, each a sensible choice for this 2-core machine. A line equal to the Procfile's
+# (after bash's expansion, in the same environment) is measured once, as the Procfile's.
+# Neither keeps X-Forwarded-For as the client address: REMOTE_ADDR stays the peer, and the API
+# believes forwarded addresses only as far as SAGA_TRUSTED_PROXY_HOPS says; the scheme comes from
+# X-Forwarded-Proto through Django's SECURE_PROXY_SSL_HEADER whichever server runs.
+
+
+def _gunicorn(options: str) -> str:
+    return (
+        f"gunicorn saga_admin.wsgi --bind 0.0.0.0:${{PORT:-8000}} {options} --access-logfile - "
+        "--forwarded-allow-ips '*'"
+    )
+
+
+def _granian(options: str) -> str:
+    return (
+        f"granian --interface wsgi --host 0.0.0.0 --port ${{PORT:-8000}} {options} --access-log --no-ws "
+        "saga_admin.wsgi:application"
+    )
+
+
+SERVERS: dict[str, str] = {
+    "gunicorn sync, 3 workers": _gunicorn("--workers 3"),
+    "gunicorn sync, 5 workers": _gunicorn("--workers 5"),
+    "gunicorn gthread, 2 workers x 4 threads": _gunicorn("--workers 2 --worker-class gthread --threads 4"),
+    "gunicorn gthread, 4 workers x 4 threads": _gunicorn("--workers 4 --worker-class gthread --threads 4"),
+    "granian, 2 workers x 4 blocking threads": _granian("--workers 2 --blocking-threads 4"),
+    "granian, 4 workers x 2 blocking threads": _granian("--workers 4 --blocking-threads 2"),
+}
+# Worker processes compared in the scale-out section, and the downstream delay of each call.
+SCALE_WORKERS = (1, 4)
+SCALE_DELAY_S = 0.2
 
 
 def log(message: str) -> None:
@@ -256,12 +301,13 @@ class Harness:
         name: str,
         *,
         app: str | None = None,
+        command: str | None = None,
         settings_module: str = "saga_admin.settings",
         ready_path: str = "/healthz",
         extra_env: dict[str, str] | None = None,
     ) -> procs.Proc:
         env = {**self.env_for(settings_module), **(extra_env or {})}
-        proc = procs.start(name, procs.web_command(app=app), env, self.log_dir)
+        proc = procs.start(name, command or procs.web_command(app=app), env, self.log_dir)
         procs.wait_http(self.port, ready_path, proc)
         return proc
 
@@ -274,18 +320,39 @@ class Harness:
         return proc
 
     def _wait_worker_registered(self, proc: procs.Proc, timeout: float = 60) -> None:
+        self._wait_workers_registered([proc], timeout)
+
+    def _wait_workers_registered(self, started: list[procs.Proc], timeout: float = 60) -> None:
         from redis import Redis
         from rq import Worker
 
         redis = Redis.from_url(self.redis_url)
+        pids = {p.popen.pid for p in started}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if proc.popen.poll() is not None:
-                raise RuntimeError(f"worker exited with {proc.popen.returncode}; see {proc.log.name}")
-            if any(w.name and w.state in ("idle", "busy") for w in Worker.all(connection=redis)):
+            for proc in started:
+                if proc.popen.poll() is not None:
+                    raise RuntimeError(f"worker exited with {proc.popen.returncode}; see {proc.log.name}")
+            # bash execs the worker command, so the registered worker's pid is the one started.
+            ready = {w.pid for w in Worker.all(connection=redis) if w.state in ("idle", "busy")}
+            if pids <= ready:
                 return
             time.sleep(0.2)
-        raise RuntimeError("the RQ worker did not register within 60 s")
+        raise RuntimeError(f"{len(started)} RQ worker(s) did not all register within {timeout:.0f} s")
+
+    def start_workers(self, count: int) -> list[procs.Proc]:
+        """``count`` processes of the Procfile's worker line, returned once all are registered."""
+        started = [
+            procs.start(f"worker-scale{count}-{i}", procs.worker_command(), self.env_for(), self.log_dir)
+            for i in range(count)
+        ]
+        try:
+            self._wait_workers_registered(started, timeout=120)
+        except Exception:
+            for proc in started:
+                proc.stop()
+            raise
+        return started
 
     def load(
         self,
@@ -370,7 +437,7 @@ class Harness:
         web = self.start_web("l2-noop", app="bench.noop_wsgi:application", ready_path="/")
         try:
             for n in CLIENT_COUNTS:
-                log(f"L2 no-op WSGI app under gunicorn, {n} client(s)")
+                log(f"L2 no-op WSGI app under the Procfile's web line, {n} client(s)")
                 result = self.load("post_json", n, {"path": "/api/v1/noop", "body": body}, web=web)
                 s[f"L2_{n}"] = summarize(result)
         finally:
@@ -429,30 +496,9 @@ class Harness:
                     s[f"{scenario}_{n}"] = entry
         finally:
             web.stop()
-        if self.args.smoke:
-            return
-        # Candidate: the same Procfile line with more sync workers (WEB_CONCURRENCY is the
-        # operator's knob), so requests waiting on PostgreSQL overlap more. A comparison only.
-        workers = "6"
-        log(f"ledger append candidate: WEB_CONCURRENCY={workers}, record_action, {max_clients} clients")
-        web = self.start_web("web-append-candidate", extra_env={"WEB_CONCURRENCY": workers})
-        try:
-            runs = fixtures.fresh_runs(keys=keys, per_client=runs_needed)
-            params = {
-                "runs": runs,
-                "per_run": per_run,
-                "headers_per_client": {
-                    i: {"Authorization": f"Bearer {keys[i][1]}"} for i in range(max_clients)
-                },
-            }
-            result = self.load("record_action", max_clients, params, web=web)
-            entry = {op: summarize(result, op) for op in result.ops()}
-            s[f"candidate_web_concurrency_{workers}"] = entry
-        finally:
-            web.stop()
 
     def unauthenticated(self) -> None:
-        """POSTs without a valid key, tiny and 1 MiB, against the Procfile's gunicorn: the gate
+        """POSTs without a valid key, tiny and 1 MiB, against the Procfile's web line: the gate
         refuses them from the headers, so the megabyte must cost about what the tiny one does. The
         same megabyte with a valid key (read, parsed and checked, then a 422) is measured beside
         them: it is what every unauthenticated megabyte cost before the key came first."""
@@ -589,6 +635,81 @@ class Harness:
             else:
                 s.update(measured)
 
+    # Phase 5 ----------------------------------------------------------------------------------
+
+    def hot_path(self, web: procs.Proc, keys: list[tuple[str, str]]) -> dict[str, Any]:
+        """The four figures of issue 19 at 16 clients on one running web server: append (record
+        an action), the framework floor (GET a run's checkpoints), heartbeat, the full step
+        (record with ``start: true`` → succeed)."""
+        from bench import fixtures
+
+        n = len(keys)
+        per_run = 10
+        headers = {i: {"Authorization": f"Bearer {keys[i][1]}"} for i in range(n)}
+        # Fresh runs for up to 800 appends/s (a client that runs out records into its last run).
+        runs_needed = int(800 * (self.sizes.warmup_s + self.sizes.window_s) / per_run / n) + 2
+        out: dict[str, Any] = {}
+        runs = fixtures.fresh_runs(keys=keys, per_client=runs_needed)
+        params = {"runs": runs, "per_run": per_run, "headers_per_client": headers}
+        out["append"] = summarize(self.load("record_action", n, params, web=web), "record_action")
+        floor_runs = fixtures.runs_with_checkpoint(keys=keys)
+        params = {"runs": floor_runs, "headers_per_client": headers}
+        out["floor"] = summarize(self.load("get_checkpoints", n, params, web=web), "checkpoints")
+        out["heartbeat"] = summarize(self.load("heartbeat", n, params, web=web), "heartbeat")
+        runs = fixtures.fresh_runs(keys=keys, per_client=runs_needed)
+        params = {"runs": runs, "per_run": per_run, "headers_per_client": headers}
+        result = self.load("full_step", n, params, web=web)
+        out["full_step"] = {op: summarize(result, op) for op in ("step", "record_start", "succeed")}
+        return out
+
+    def servers(self) -> None:
+        from bench import fixtures
+
+        s = self.section("servers")
+        keys = fixtures.agent_keys(tenant_slug="bench-servers", count=max(CLIENT_COUNTS))
+        fixtures.load_bench_policies(self.log_dir)
+        env = self.env_for()
+        procfile = procs.web_command()
+        procfile_argv = procs.expand(procfile, env)
+        configs: list[tuple[str, str]] = [("Procfile", procfile)]
+        for name, command in SERVERS.items():
+            if procs.expand(command, env) == procfile_argv:
+                s["procfile_is"] = name
+            else:
+                configs.append((name, command))
+        if self.sizes.server_candidates is not None:
+            gthread = [c for c in configs[1:] if "gthread" in c[1]][:1]
+            granian = [c for c in configs[1:] if c[1].startswith("granian")][:1]
+            configs = [configs[0], *gthread, *granian][: 1 + self.sizes.server_candidates]
+        s["procfile"] = procfile
+        measured = s.setdefault("configs", {})
+        for i, (name, command) in enumerate(configs):
+            log(f"servers: {name}: append, floor, heartbeat, full step; {len(keys)} clients")
+            web = self.start_web(f"web-server-{i}", command=command)
+            try:
+                measured[name] = {"command": command, **self.hot_path(web, keys)}
+            finally:
+                web.stop()
+
+    # Phase 6 ----------------------------------------------------------------------------------
+
+    def workers(self) -> None:
+        from bench import scale
+
+        log(
+            f"workers: {self.sizes.scale_steps} webhook compensations of {SCALE_DELAY_S * 1000:.0f} ms "
+            f"by {' then '.join(map(str, SCALE_WORKERS))} Procfile worker process(es)"
+        )
+        self.section("workers").update(
+            scale.measure(
+                steps=self.sizes.scale_steps,
+                worker_counts=SCALE_WORKERS,
+                delay_s=SCALE_DELAY_S,
+                log_dir=self.log_dir,
+                start_workers=self.start_workers,
+            )
+        )
+
     # Driver -----------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -602,6 +723,8 @@ class Harness:
             ("unauthenticated", self.unauthenticated),
             ("dashboard", self.dashboard),
             ("unwind", self.unwinds),
+            ("servers", self.servers),
+            ("workers", self.workers),
         ]
         only = set(self.args.only.split(",")) if self.args.only else None
         for name, phase in phases:
@@ -617,6 +740,8 @@ class Harness:
                 )
         self.results["elapsed_s"] = time.monotonic() - started
         self.results["smoke"] = self.args.smoke
+        # The lines measured, kept with the figures (the Procfile may change after a run).
+        self.results["procfile"] = procs.procfile_lines()
         from bench import report
 
         self.results["load_after"] = machine.loadavg()
@@ -653,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated phases: baselines,append,unauthenticated,dashboard,unwind",
+        help="comma-separated phases: baselines,append,unauthenticated,dashboard,unwind,servers,workers",
     )
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--actions-per-run", type=int, default=None)

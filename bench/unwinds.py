@@ -10,8 +10,9 @@ from typing import Any
 TENANT = "bench"
 
 
-def _failed_run(*, steps: int, index: int) -> Any:
-    """A run with ``steps`` succeeded actions, failed and in the recovery queue: (run, item)."""
+def _failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo", label: str = "") -> Any:
+    """A run with ``steps`` succeeded actions, each registering ``compensation_tool``, failed and
+    in the recovery queue: (run, item)."""
     from ledger.audit import Actor
     from ledger.models import AgentKey
     from ledger.services import actions, runs
@@ -22,7 +23,7 @@ def _failed_run(*, steps: int, index: int) -> Any:
         raise RuntimeError(f"No agent key in tenant {TENANT!r}; measure() creates one before any run.")
     actor = Actor.for_key(key)
     run = runs.run_create(
-        tenant=key.tenant, actor=actor, agent="bench-unwind", request=f"unwind bench {index}"
+        tenant=key.tenant, actor=actor, agent="bench-unwind", request=f"unwind bench {label}{index}"
     )
     for n in range(steps):
         action = recovery.action_record_gated(
@@ -33,7 +34,7 @@ def _failed_run(*, steps: int, index: int) -> Any:
             target_type="record",
             target_id=f"{run.pk}-{n}",
             args={"n": n},
-            compensation={"tool": "bench.undo", "args": {"n": n}},
+            compensation={"tool": compensation_tool, "args": {"n": n}},
         ).action
         actions.action_start(action=action, actor=actor)
         actions.action_succeed(action=action, actor=actor, result={"ok": True})

@@ -186,7 +186,7 @@ export SECRET_KEY
 
 # Links in notifications (the demo's console e-mails in .data/logs/worker.log) point here.
 export SAGA_PUBLIC_URL="${SAGA_PUBLIC_URL:-$BASE_URL}"
-# Fewer gunicorn workers than production by default: a laptop, not a server.
+# Two gunicorn worker processes (the Procfile's default too; WEB_THREADS threads each): a laptop.
 export DATABASE_URL REDIS_URL SAGA_DEMO_WORLD_SECRET PORT WEB_CONCURRENCY="${WEB_CONCURRENCY:-2}"
 # The demo's lost agent should be noticed within a minute, not after production's five.
 export SAGA_HEARTBEAT_TIMEOUT_S="${SAGA_HEARTBEAT_TIMEOUT_S:-45}"

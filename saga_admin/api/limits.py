@@ -333,9 +333,9 @@ class ApiGateMiddleware:
                 raise
             return internal_error(request)
         if key is None:
-            # Nothing of the body has been read, and nothing will be: the server discards it (the
-            # Procfile's gunicorn closes the connection after every response, reading at most
-            # 64 KiB of what is left).
+            # Nothing of the body has been read or parsed here: the server discards it (the
+            # Procfile's gunicorn gthread worker reads and drops the rest before the connection's
+            # next request; its sync worker closed the connection, reading at most 64 KiB).
             return _refuse_unauthenticated(request)
         if request.method in _BODY_METHODS:
             try:

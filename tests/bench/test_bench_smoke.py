@@ -85,5 +85,23 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
     assert candidates and all(c["single"]["unwind_statuses"] == ["completed"] for c in candidates)
     dashboard = sections["dashboard"]
     assert set(dashboard["explain_without_bench_indexes"]) == set(dashboard["explain"])
+    # Servers: the Procfile's web line and a gunicorn gthread and a granian candidate each served
+    # the whole hot path (append, floor, heartbeat, full step) without an error.
+    servers = sections["servers"]["configs"]
+    assert "Procfile" in servers and len(servers) == 3, servers.keys()
+    commands = [c["command"] for c in servers.values()]
+    assert any("gthread" in c for c in commands) and any(c.startswith("granian") for c in commands)
+    for name, config in servers.items():
+        for figure in ("append", "floor", "heartbeat"):
+            assert config[figure]["count"] > 0 and config[figure]["errors"] == 0, (name, figure, config)
+        step = config["full_step"]["step"]
+        assert step["count"] > 0 and step["errors"] == 0, (name, config["full_step"])
+    # Workers: every webhook step was carried out (signed, answered) by 1 and by 4 processes.
+    trials = sections["workers"]["trials"]
+    assert set(trials) == {"1", "4"}
+    for trial in trials.values():
+        assert trial["unwind_statuses"] == ["completed"] and trial["receiver_refused"] == 0, trial
+        assert trial["receiver_calls"] == trial["steps"] == sections["workers"]["steps"], trial
+    assert trials["4"]["receiver_max_concurrent"] > 1, trials
     # The table printed to the terminal is the same one the report carries.
     assert "figure" in completed.stdout and "Targets:" in completed.stdout
