@@ -414,11 +414,16 @@ def _process_main(
     headers: dict[str, str],
     indexes: list[int],
     params: dict[str, Any],
-    start_at_wall: float,
+    start: Any,
     warmup_s: float,
     window_s: float,
     queue: Any,
 ) -> None:
+    # Ready (the interpreter and its imports are up): wait for the shared start time, which the
+    # parent sets once every process is ready — a busy machine can take seconds to spawn one.
+    queue.put("ready")
+    start.ready.wait(timeout=300)
+    start_at_wall = start.at.value
     # perf_counter is per-process; convert the shared wall-clock start into it once.
     start_at = time.perf_counter() + (start_at_wall - time.time())
     out: list[Any] = []
@@ -440,6 +445,14 @@ def _process_main(
     queue.put((out, errors, usage.ru_utime + usage.ru_stime))
 
 
+@dataclass
+class _Start:
+    """When the client processes start: ``at`` (wall clock), valid once ``ready`` is set."""
+
+    ready: Any
+    at: Any
+
+
 def run_load(
     *,
     scenario: str,
@@ -455,8 +468,8 @@ def run_load(
     processes = max(1, min(processes, clients))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    # Spawning takes a moment (interpreter start); every process starts its clients at once.
-    start_at_wall = time.time() + 1.5
+    # Every process starts its clients at once, at a time set when all of them are ready.
+    start = _Start(ready=ctx.Event(), at=ctx.Value("d", 0.0))
     groups = [list(range(p, clients, processes)) for p in range(processes)]
     procs = [
         ctx.Process(
@@ -468,7 +481,7 @@ def run_load(
                 headers or {},
                 group,
                 params,
-                start_at_wall,
+                start,
                 warmup_s,
                 window_s,
                 queue,
@@ -478,6 +491,11 @@ def run_load(
     ]
     for p in procs:
         p.start()
+    for _ in procs:
+        if queue.get(timeout=300) != "ready":
+            raise RuntimeError("a load generator process answered before it was ready")
+    start.at.value = time.time() + 0.2
+    start.ready.set()
     result = LoadResult(clients=clients, processes=processes, window_s=window_s)
     for _ in procs:
         out, errors, cpu = queue.get(timeout=warmup_s + window_s + 120)

@@ -130,8 +130,11 @@ def rq_worker(transactional_db) -> Iterator[subprocess.Popen]:
     log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Chromium for one test module. Not for the session: Playwright's sync API keeps an asyncio
+    loop running in this thread while it is open, and a parallel worker that runs an e2e module
+    and then an async test (asyncio.run) of another would find that loop still running."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
