@@ -19,6 +19,20 @@ BENCH_POLICIES: dict[str, Any] = {
             "action_class": "internal_update",
             "compensation": "custom",
         },
+        # The same, with two limits every record checks (issue 16: limits on the hot path): a count
+        # per agent and a sum per tenant, both far out of reach, so each record pays the locks and
+        # the count over its window and is never held back by them.
+        {
+            "tool": "bench.limited_*",
+            "risk": "low",
+            "approval": "auto",
+            "action_class": "internal_update",
+            "compensation": "custom",
+            "limits": [
+                {"window": "1h", "per": "agent", "max_count": 1000000},
+                {"window": "1h", "per": "tenant", "sum_arg": "n", "max_sum": 1000000000000},
+            ],
+        },
     ],
     "compensators": {"bench.undo": {"python": "bench.jobs.noop_compensator"}},
 }

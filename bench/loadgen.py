@@ -124,9 +124,9 @@ def scenario_post_json(
             return
 
 
-def _action_body(run_id: str, n: int) -> dict[str, Any]:
+def _action_body(run_id: str, n: int, tool: str = "bench.update_record") -> dict[str, Any]:
     return {
-        "tool": "bench.update_record",
+        "tool": tool,
         "target_type": "record",
         "target_id": f"{run_id}-{n}",
         "args": {"field": "status", "value": "active", "n": n},
@@ -149,7 +149,7 @@ def scenario_record_action(
     n = 0
     while True:
         run_id = runs[min(n // per_run, len(runs) - 1)]
-        body = json.dumps(_action_body(run_id, n)).encode()
+        body = json.dumps(_action_body(run_id, n, params.get("tool", "bench.update_record"))).encode()
         t = time.perf_counter()
         status, _, _ = client.request("POST", f"/api/v1/runs/{run_id}/actions", body)
         n += 1

@@ -107,6 +107,9 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
                     life.get(op),
                     limit * 1 / 3 if op == "sequence" and limit else limit,
                 )
+    limited = append.get("record_action_limited_16", {}).get("record_action")
+    if limited:
+        load_row("append: record action, tool with 2 limits (16 clients)", limited, _limit(base, 16))
     for key, entry in append.items():
         if key.startswith("candidate_web_concurrency_"):
             workers = key.rsplit("_", 1)[1]

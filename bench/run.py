@@ -494,6 +494,22 @@ class Harness:
                     for op_summary in entry.values():
                         op_summary["errors"] = result.error_count()
                     s[f"{scenario}_{n}"] = entry
+            # The same append where the tool's policy has two limits (a count per agent, a sum
+            # per tenant): what limits add to a record.
+            n = max_clients
+            log(f"ledger append over HTTP: record_action with two limits, {n} clients")
+            runs = fixtures.fresh_runs(keys=keys[:n], per_client=runs_needed)
+            params = {
+                "runs": runs,
+                "per_run": per_run,
+                "tool": "bench.limited_update",
+                "headers_per_client": {i: {"Authorization": f"Bearer {keys[i][1]}"} for i in range(n)},
+            }
+            result = self.load("record_action", n, params, web=web)
+            entry = {op: summarize(result, op) for op in result.ops()}
+            for op_summary in entry.values():
+                op_summary["errors"] = result.error_count()
+            s[f"record_action_limited_{n}"] = entry
         finally:
             web.stop()
 

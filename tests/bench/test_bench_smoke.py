@@ -66,6 +66,10 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
         sections["append"]
     )
     assert sections["append"]["record_action_16"]["record_action"]["count"] > 0
+    # The same append on a tool whose policy has two limits (issue 16), counted and error-free.
+    limited = sections["append"]["record_action_limited_16"]["record_action"]
+    assert limited["count"] > 0 and limited["errors"] == 0
+    assert "tool with 2 limits" in report
     # Requests without a key are refused (401) from their headers, a megabyte body or not; the same
     # megabyte with a valid key is read and judged (422).
     refusals = sections["unauthenticated"]
