@@ -12,6 +12,7 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,20 @@ def start(name: str, command: str, env: dict[str, str], log_dir: Path) -> Proc:
         start_new_session=True,
     )
     return Proc(name=name, popen=popen, log=log)
+
+
+def warm_http(port: int, path: str, proc: Proc, *, connections: int, timeout: float = 60) -> None:
+    """``connections`` concurrent GETs of ``path`` on fresh connections, each until it is answered:
+    every worker process the server has gets a first request before anything is timed."""
+
+    def one() -> None:
+        wait_http(port, path, proc, timeout=timeout)
+
+    threads = [threading.Thread(target=one) for _ in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def wait_http(port: int, path: str, proc: Proc, timeout: float = 60) -> None:

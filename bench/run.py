@@ -309,6 +309,10 @@ class Harness:
         env = {**self.env_for(settings_module), **(extra_env or {})}
         proc = procs.start(name, command or procs.web_command(app=app), env, self.log_dir)
         procs.wait_http(self.port, ready_path, proc)
+        # Django imports the URLconf and the API on each worker process's first request; on a busy
+        # machine that took longer than a smoke run's whole window, and the first load measured
+        # nothing. Concurrent requests on fresh connections reach every worker before the clock.
+        procs.warm_http(self.port, "/api/v1/policies", proc, connections=8)
         return proc
 
     def start_worker(self, candidate: str | None = None) -> procs.Proc:
