@@ -23,6 +23,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from dashboard.permissions import Capability, can
+from dashboard.selectors import grants_line
 from ledger.audit import Actor
 from ledger.errors import SagaError
 from ledger.ids import looks_like_id
@@ -109,7 +110,6 @@ def interactions(request: HttpRequest) -> HttpResponse:
     summary = f"{decided.tool} ({decided.risk} risk) on run {decided.run_id}"
     if interaction.approve and decided.status == Approval.Status.PENDING:
         # One grant of several (``approvers``): the message keeps its buttons for the others.
-        granted_by = [grant.label or grant.approver for grant in decided.grants.all()]
         notifications.enqueue_slack_respond(
             response_url=interaction.response_url,
             message={
@@ -119,11 +119,7 @@ def interactions(request: HttpRequest) -> HttpResponse:
                     url=notifications.public_url(f"/runs/{decided.run_id}/"),
                     risk=decided.risk,
                     run_id=decided.run_id,
-                    lines=[
-                        f"{len(granted_by)} of {decided.approvers_required} approvers so far "
-                        f"({', '.join(granted_by)}): it needs "
-                        f"{decided.approvers_required - len(granted_by)} more, and nobody counts twice."
-                    ],
+                    lines=[f"{grants_line(decided)} so far: nobody counts twice."],
                     tenant_slug=tenant.slug,
                     approval_id=decided.pk,
                 ),

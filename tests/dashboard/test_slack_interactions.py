@@ -133,7 +133,7 @@ def test_one_press_of_two_needed_keeps_the_buttons_for_the_second_approver(
     assert approval.status == Approval.Status.PENDING and approval.grants.count() == 1
     [answer] = _answers(slack_acme)
     assert answer["replace_original"] is True
-    assert "1 of 2 approvers so far" in json.dumps(answer["blocks"])
+    assert "1 of 2 approvers (bob) so far" in json.dumps(answer["blocks"])
     [buttons] = [b for b in answer["blocks"] if b["type"] == "actions"]
     assert {e.get("action_id") for e in buttons["elements"]} >= {"saga_approve", "saga_reject"}
 
