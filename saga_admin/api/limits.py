@@ -38,7 +38,7 @@ import structlog
 from django.conf import settings
 from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotFound, JsonResponse
 from django.urls import Resolver404, resolve
 from ninja.parser import Parser
@@ -168,9 +168,19 @@ def _refuse_nul_in_url(request: HttpRequest) -> HttpResponse | None:
     the whole site refuses it here: an object named that way cannot exist (404), a filter with it
     is invalid (422 for the API, 400 for pages)."""
     in_path = "\x00" in request.path
-    in_query = not in_path and any(
-        "\x00" in part for key, values in request.GET.lists() for part in (key, *values)
-    )
+    try:
+        in_query = not in_path and any(
+            "\x00" in part for key, values in request.GET.lists() for part in (key, *values)
+        )
+    except TooManyFieldsSent:
+        # More query parameters than DATA_UPLOAD_MAX_NUMBER_FIELDS: no endpoint takes that many.
+        if request.path.startswith(API_PREFIX):
+            return error_json(
+                422,
+                "invalid_request",
+                f"Too many query parameters (at most {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS}).",
+            )
+        return HttpResponseBadRequest("Bad request.")
     if not (in_path or in_query):
         return None
     if request.path.startswith(API_PREFIX):
