@@ -157,6 +157,112 @@ def audit_record(
     return event
 
 
+# --- Events written by the database (ledger/0013: the hot path's one call per write) -----------
+
+# A value only the database knows when the event is built (the state an action left, its attempt
+# or completion number, the run of an action it moves): a ``Slot`` in the event's fields. The
+# canonical text is rendered around it, in the same order and spelling as ``canonical_json``, and
+# handed over in parts; the database joins them with its values (``saga_event_insert``). Content is
+# never searched for a slot, so no content can fake one.
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str  # "from", "attempt", "completion_seq", "run", "chain"
+
+
+def slot(name: str) -> Slot:
+    """A placeholder for the database's value ``name``."""
+    return Slot(name)
+
+
+def _render(value: Any) -> list[str | Slot]:
+    """``canonical_json(value)`` as pieces, with every ``Slot`` left in place."""
+    if isinstance(value, Slot):
+        return [value]
+    if isinstance(value, dict) and _has_slot(value):
+        pieces: list[str | Slot] = ["{"]
+        for n, key in enumerate(sorted(value)):
+            pieces.append(("," if n else "") + canonical_json(key) + ":")
+            pieces.extend(_render(value[key]))
+        pieces.append("}")
+        return pieces
+    return [canonical_json(value)]
+
+
+def _has_slot(value: Any) -> bool:
+    if isinstance(value, Slot):
+        return True
+    return isinstance(value, dict) and any(_has_slot(v) for v in value.values())
+
+
+def _split(value: Any) -> tuple[list[str], list[str | None]]:
+    parts: list[str] = []
+    slots: list[str | None] = []
+    current = ""
+    for piece in _render(value):
+        if isinstance(piece, Slot):
+            parts.append(current)
+            slots.append(piece.name)
+            current = ""
+        else:
+            current += piece
+    parts.append(current)
+    slots.append(None)
+    return parts, slots
+
+
+def event_template(
+    *,
+    tenant_id: int,
+    run_id: str | None,
+    actor: Actor,
+    kind: str,
+    subject_type: str,
+    subject_id: str,
+    to_state: str,
+    from_state: str | Slot = "",
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+    created_at: datetime | None = None,
+) -> dict[str, Any]:
+    """One event of a run's chain for a ledger write function to insert: its columns, and its
+    canonical text (exactly what ``_hashed_fields`` gives when the event is read back) in parts
+    around its slots; the database links it to its chain's head and hashes it. ``from_state`` and
+    ``data``'s values may be slots; ``run_id`` None: the run is the database's (slots "run" and
+    "chain": the run of the action it moves)."""
+    event_data = {k: v if isinstance(v, Slot) else _roundtrip(v) for k, v in (data or {}).items()}
+    fields: dict[str, Any] = {
+        "tenant": tenant_id,
+        "run": run_id if run_id is not None else Slot("run"),
+        "chain": f"run:{run_id}" if run_id is not None else Slot("chain"),
+        "kind": kind,
+        "subject_type": subject_type,
+        "subject_id": subject_id,
+        "from_state": from_state,
+        "to_state": to_state,
+        "actor_type": actor.type,
+        "actor_id": actor.id,
+        "actor_label": actor.label[:200],
+        "reason": reason or "",
+        "data": event_data,
+        "created_at": (created_at or timezone.now()).isoformat(),
+    }
+    parts, slots = _split(fields)
+    data_parts, data_slots = _split(event_data)
+    columns = {
+        name: value for name, value in fields.items() if name != "data" and not isinstance(value, Slot)
+    }
+    return {
+        **columns,
+        "parts": parts,
+        "slots": slots,
+        "data_parts": data_parts,
+        "data_slots": data_slots,
+        "from_slot": from_state.name if isinstance(from_state, Slot) else None,
+    }
+
+
 def _advance_run_head(run: Run, event: Event, run_updates: dict[str, Any]) -> None:
     """Move the run's chain head from ``event.prev_hash`` to ``event.hash``; when the head was
     elsewhere (the instance was stale), link ``event`` to the actual head, read under the row lock."""

@@ -395,6 +395,13 @@ class Checkpoint(models.Model):
         return f"{self.id} {self.name}"
 
 
+# Statement level: a load that writes fifty policies moves the stamp once per statement, not per row.
+_BUMP_POLICY_STAMP = (
+    "INSERT INTO ledger_policystamp (id, version) VALUES (1, nextval('ledger_policystamp_version_seq')) "
+    "ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version; RETURN NULL;"
+)
+
+
 class PolicySet(models.Model):
     """What a policy file says beyond per-tool policies: the default policy, unwind behaviour and
     auto-compensation, globally (tenant NULL) or for one tenant."""
@@ -411,6 +418,17 @@ class PolicySet(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["tenant"], name="policyset_one_per_scope", nulls_distinct=False),
+        ]
+        # The default policy lives here: a process keeps it beside the tool policies, under the
+        # same stamp (ledger.policies), so a write here moves the stamp too.
+        triggers = [
+            pgtrigger.Trigger(
+                name="policyset_stamp",
+                operation=pgtrigger.Insert | pgtrigger.Update | pgtrigger.Delete | pgtrigger.Truncate,
+                when=pgtrigger.After,
+                level=pgtrigger.Statement,
+                func=_BUMP_POLICY_STAMP,
+            )
         ]
 
     def __str__(self) -> str:
@@ -429,13 +447,6 @@ class PolicyStamp(models.Model):
 
     def __str__(self) -> str:
         return f"tool-policy stamp {self.version}"
-
-
-# Statement level: a load that writes fifty policies moves the stamp once per statement, not per row.
-_BUMP_POLICY_STAMP = (
-    "INSERT INTO ledger_policystamp (id, version) VALUES (1, nextval('ledger_policystamp_version_seq')) "
-    "ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version; RETURN NULL;"
-)
 
 
 class ToolPolicy(models.Model):

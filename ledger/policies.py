@@ -194,6 +194,14 @@ def policy_stamp_subquery() -> RawSQL:
     return RawSQL("SELECT version FROM ledger_policystamp WHERE id = 1", ())  # noqa: S611
 
 
+def policy_stamp_cached(tenant_id: int) -> int | None:
+    """The stamp this process's copy of the tenant's policies was read with (None: no copy). A
+    write that relies on the copy hands the stamp to the database, which refuses the write when
+    the current stamp differs (``saga_action_record``)."""
+    cached = _TOOL_POLICIES.get(tenant_id)
+    return cached[0] if cached is not None else None
+
+
 def _tool_policies(tenant: Tenant, stamp: int | None) -> list[tuple[ToolPolicy, CompiledRules]]:
     """The tenant's and the global tool policies, each with its rules and limits compiled: once per
     stamp and process when the caller has the stamp, else for this call."""
@@ -211,6 +219,24 @@ def _tool_policies(tenant: Tenant, stamp: int | None) -> list[tuple[ToolPolicy, 
             _TOOL_POLICIES.clear()
         _TOOL_POLICIES[tenant.pk] = (stamp, policies)
     return policies
+
+
+# The tenant's policy settings (the default policy) per process, under the same stamp: a write to
+# ``ledger_policyset`` moves it too. {tenant id: (stamp, settings)}.
+_SETTINGS: dict[int, tuple[int, PolicySettings]] = {}
+
+
+def _settings_for(tenant: Tenant, stamp: int | None) -> PolicySettings:
+    if stamp is not None:
+        cached = _SETTINGS.get(tenant.pk)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+    settings_ = policy_settings_for(tenant)
+    if stamp is not None:
+        if len(_SETTINGS) >= _TOOL_POLICIES_MAX_TENANTS:
+            _SETTINGS.clear()
+        _SETTINGS[tenant.pk] = (stamp, settings_)
+    return settings_
 
 
 def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> ResolvedPolicy:
@@ -238,7 +264,7 @@ def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> Re
             approvers=best.approvers,
             compiled=compiled,
         )
-    settings_ = policy_settings_for(tenant)
+    settings_ = _settings_for(tenant, stamp)
     default = settings_.default_policy
     return ResolvedPolicy(
         tool=tool,

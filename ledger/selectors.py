@@ -80,6 +80,13 @@ def run_reference_for_write(*, key: AgentKey, run_id: str) -> Run:
     return Run(pk=run_id, tenant=key.tenant, owner=key.name)
 
 
+def action_reference_for_write(*, key: AgentKey, action_id: str) -> Action:
+    """A reference (not a read) to an action ``key`` reports on as its agent, for a service whose
+    write scopes it itself (``ledger.services.actions``: its tenant, and runs whose owner is the
+    reference's ``owner``, the key's agent, ``run_reach``); out of reach, it is not found."""
+    return Action(pk=action_id, tenant=key.tenant, owner=key.name)
+
+
 def checkpoints_for_run(*, run: Run) -> QuerySet[Checkpoint]:
     """A run's checkpoints, newest first: the order every list of them and "the latest" use."""
     return Checkpoint.objects.filter(run=run).order_by("-created_at", "-id")

@@ -211,13 +211,14 @@ def _withhold_auto_compensation(*, run: Run, item: RecoveryItem, note: str) -> N
     )
 
 
-@transaction.atomic
 def action_fail_and_queue(
     *, action: Action, actor: Actor, error: str, retryable: bool, layer: str, outcome_unknown: bool = False
 ) -> Action:
     """An action failed; a timed-out call whose outcome is unknown also queues the run, because a
-    human (or a reader) must confirm whether it happened before anything resumes or undoes it."""
-    actions.action_fail(
+    human (or a reader) must confirm whether it happened before anything resumes or undoes it. A
+    plain failure is the ledger's one write; an unknown outcome opens the item in its transaction."""
+    fail = functools.partial(
+        actions.action_fail,
         action=action,
         actor=actor,
         error=error,
@@ -225,7 +226,10 @@ def action_fail_and_queue(
         layer=layer,
         outcome_unknown=outcome_unknown,
     )
-    if outcome_unknown:
+    if not outcome_unknown:
+        return fail()
+    with transaction.atomic():
+        fail()
         items.item_open_or_update(
             run=action.run,
             reason=RecoveryItem.Reason.OUTCOME_UNKNOWN,
@@ -324,22 +328,14 @@ def _record_action_refusal(*, run: Run, actor: Actor, exc: errors.SagaError, fie
         log.warning("action.refusal_not_audited", run_id=run.pk, exc_info=True)
 
 
-@transaction.atomic
 def _action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAction:
     tenant_id = run.tenant_id
-    recorded = actions.action_record(
-        run=run,
-        actor=actor,
-        is_compensator=lambda tool: compensators.compensator_registered(tenant_id=tenant_id, tool=tool),
-        **fields,
-    )
-    action = recorded.action
-    if recorded.created and action.requires_approval:
+
+    def gate(action: Action) -> None:
+        # In the record's transaction, with the run as the ledger just locked and read it (its
+        # audit chain head current: each event below costs one statement).
         actions.action_await_approval(action=action, actor=actor)
         approvals.approval_request(
-            # The run as the ledger just locked and read it. The caller's may be a bare reference
-            # by id, whose empty audit chain head would send every approval event down the
-            # audit's re-read-and-relink path (correct, but three statements instead of one).
             run=action.run,
             action=action,
             tool=action.tool,
@@ -350,7 +346,14 @@ def _action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAc
             requested_by_key=actor.key,
             approvers=int((action.policy or {}).get("approvers") or 1),
         )
-    return recorded
+
+    return actions.action_record(
+        run=run,
+        actor=actor,
+        is_compensator=lambda tool: compensators.compensator_registered(tenant_id=tenant_id, tool=tool),
+        on_gated=gate,
+        **fields,
+    )
 
 
 def _settle(

@@ -6,20 +6,29 @@ in the same transaction."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from ledger import errors
-from ledger.audit import Actor, audit_record
+from ledger.audit import Actor, audit_record, event_template, slot
 from ledger.hashing import sha256_hex
 from ledger.ids import new_action_id
-from ledger.models import Action, ActionClass, ApprovalMode, CompensationStrategy, Run
-from ledger.policies import ResolvedPolicy, TemplateUnfillable, compensation_args_fill, policy_resolve
+from ledger.models import Action, ActionClass, ApprovalMode, CompensationStrategy, Run, Tenant
+from ledger.policies import (
+    ResolvedPolicy,
+    TemplateUnfillable,
+    compensation_args_fill,
+    policy_resolve,
+    policy_stamp_cached,
+)
+from ledger.policy_rules import Rule
 from ledger.rules import COMPENSATABLE_CLASSES, NOT_A_PIVOT, pivot_order_warning, reason_required
-from ledger.services import limits, pauses
+from ledger.services import limits, pauses, writes
+from ledger.services.limits import LimitExceeded
 from ledger.services.runs import run_assert_accepts_writes, run_lock, run_scope
 from ledger.transitions import ACTION_TRANSITIONS, transition
 
@@ -182,6 +191,11 @@ class RecordedAction:
     created: bool  # False: an idempotent replay of an existing action
 
 
+# A gate a new action that needs approval passes through in the record's own transaction (the
+# recovery layer moves it to awaiting_approval and opens its approval).
+Gate = Callable[[Action], None]
+
+
 def action_record(
     *,
     run: Run,
@@ -197,6 +211,7 @@ def action_record(
     is_compensator: CompensatorCheck | None = None,
     lock_timeout_ms: int = 5000,
     start: bool = False,
+    on_gated: Gate | None = None,
 ) -> RecordedAction:
     """Record a planned action, idempotently per (tenant, idempotency key).
 
@@ -209,50 +224,44 @@ def action_record(
     ``is_compensator``, the agent-named tool against the registered compensators; a replay is not
     checked again (it returns what was accepted).
 
-    ``start``: a new action that needs no approval is also started (``action_start``: running,
-    attempt 1, audited as ``action.started``) in the same transaction; one that needs approval is
-    left planned for its gate. ``start`` is not part of the payload: a replay, with or without
-    it, returns the action as it is now and changes nothing.
+    ``start``: a new action that needs no approval is also started (running, attempt 1, audited
+    as ``action.started``) in the same transaction; one that needs approval is left planned for
+    its gate. ``start`` is not part of the payload: a replay, with or without it, returns the
+    action as it is now and changes nothing. ``on_gated``: called in the record's transaction
+    with a new action that needs approval.
+
+    The write is one call of ``saga_action_record`` (``ledger.services.writes``): with this
+    process's policies for the tenant, an action that needs neither a count of its limits, nor a
+    look at the registered compensators, nor a gate is recorded in that one round trip. The
+    function answers "checks" instead of writing when the policies changed since, a pause is
+    active in the tenant or the run has a pivot; then, and for everything else, the checked path
+    decides in one transaction under the same locks and ends with the same call.
     """
     args = {} if args is None else args
     payload_hash = action_payload_hash(
         tool=tool, target_type=target_type, target_id=target_id, args=args, compensation=compensation
     )
+    call = _Call(
+        run=run,
+        actor=actor,
+        tool=tool,
+        idempotency_key=idempotency_key,
+        target_type=target_type,
+        target_id=target_id,
+        args=args,
+        intent=intent or {},
+        before_snapshot=before_snapshot,
+        compensation=compensation,
+        payload_hash=payload_hash,
+        start=start,
+        lock_timeout_ms=lock_timeout_ms,
+    )
     try:
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                # Three statements, one round trip (the client-side-binding cursor sends them
-                # together, in order): the timeout applies to the key's lock wait only.
-                cursor.execute(
-                    "SET LOCAL lock_timeout = %s;"
-                    " SELECT pg_advisory_xact_lock(hashtextextended(%s, 0));"
-                    " SET LOCAL lock_timeout TO DEFAULT",
-                    [f"{int(lock_timeout_ms)}ms", f"action-key:{run.tenant_id}:{idempotency_key}"],
-                )
-            existing = (
-                Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=idempotency_key)
-                .order_by()
-                .first()
-            )
-            if existing is not None:
-                return RecordedAction(_replay(existing, run=run, payload_hash=payload_hash), created=False)
-            action = _action_insert(
-                run=run,
-                actor=actor,
-                tool=tool,
-                idempotency_key=idempotency_key,
-                target_type=target_type,
-                target_id=target_id,
-                args=args,
-                intent=intent or {},
-                before_snapshot=before_snapshot,
-                compensation=compensation,
-                is_compensator=is_compensator,
-                payload_hash=payload_hash,
-            )
-            if start and not action.requires_approval:
-                action_start(action=action, actor=actor)
-            return RecordedAction(action, created=True)
+        recorded = _record_at_once(call, is_compensator=is_compensator, on_gated=on_gated)
+        if recorded is None:
+            with transaction.atomic():
+                recorded = _record_checked(call, is_compensator=is_compensator, on_gated=on_gated)
+        return recorded
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
             raise errors.IdempotencyKeyInFlight(
@@ -270,67 +279,172 @@ def action_record(
         return RecordedAction(_replay(existing, run=run, payload_hash=payload_hash), created=False)
 
 
-def _replay(existing: Action, *, run: Run, payload_hash: str) -> Action:
-    if (existing.run_id != run.pk or run.owner) and not run_scope(run).exists():
-        # ``run`` may be a reference built from the client's run id: an unknown (or another
-        # tenant's, or another agent's) run is a 404 whatever the key, as it was before the key
-        # was looked at — a replay never hands over an action of a run the caller does not reach.
-        raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
-    if existing.run_id != run.pk or existing.payload_hash != payload_hash:
-        raise errors.IdempotencyKeyReused(
-            "This idempotency key was already used for a different action.",
-            details={
-                "idempotency_key": existing.idempotency_key,
-                "action_id": existing.pk if existing.run_id == run.pk else None,
-            },
+@dataclass(frozen=True)
+class _Call:
+    """One recording request, as the agent sent it."""
+
+    run: Run
+    actor: Actor
+    tool: str
+    idempotency_key: str
+    target_type: str
+    target_id: str
+    args: Any
+    intent: dict[str, Any]
+    before_snapshot: Any
+    compensation: dict[str, Any] | None
+    payload_hash: str
+    start: bool
+    lock_timeout_ms: int
+
+
+def _tenant_of(run: Run) -> Tenant:
+    # A reference to the tenant is all the policies need (its id); loading it would cost a query.
+    return run.tenant if Run.tenant.is_cached(run) else Tenant(pk=run.tenant_id)
+
+
+def _record_at_once(
+    call: _Call, *, is_compensator: CompensatorCheck | None, on_gated: Gate | None
+) -> RecordedAction | None:
+    """The one-round-trip record, or None when the checked path must decide."""
+    stamp = policy_stamp_cached(call.run.tenant_id)
+    if stamp is None:
+        return None
+    try:
+        policy, rule = policy_resolve(tenant=_tenant_of(call.run), tool=call.tool, stamp=stamp).with_args(
+            call.args
         )
-    return existing
+        if policy.limits or (policy.requires_approval and on_gated is not None):
+            return None
+        if call.compensation and is_compensator is not None and not _mandated_tool(policy, tool=call.tool):
+            return None  # the registered compensators are read in the checked path
+        undo = _compensation(policy, call, is_compensator=None)
+    except errors.SagaError:
+        # A refusal (a deny rule, a compensation the policy does not allow) is decided after the
+        # key's replay check, as the checked path does.
+        return None
+    owner = call.actor.key.name if call.actor.key is not None else call.run.owner
+    action, events = _new_action(call, policy=policy, rule=rule, exceeded=None, undo=undo, owner=owner)
+    answer = writes.call(
+        "saga_action_record",
+        {
+            **_record_payload(call, action, events),
+            "stamp": stamp,
+            "pivot_class": ActionClass.EXTERNAL_IRREVERSIBLE
+            if policy.action_class in COMPENSATABLE_CLASSES
+            else None,
+            "not_a_pivot": list(NOT_A_PIVOT),
+        },
+    )
+    outcome = answer["outcome"]
+    if outcome == "checks":
+        return None
+    if outcome == "replay":
+        existing = writes.action_from_row(answer["action"])
+        replayed = _replay(
+            existing, run=call.run, payload_hash=call.payload_hash, reachable=answer["reachable"]
+        )
+        return RecordedAction(replayed, created=False)
+    if outcome == "not_found":
+        raise errors.NotFound(f"Run {call.run.pk} not found.", details={"id": call.run.pk})
+    if outcome == "closed":
+        run_assert_accepts_writes(Run(pk=call.run.pk, status=answer["current"]))
+    if outcome != "created":
+        raise RuntimeError(f"saga_action_record answered {outcome!r}")
+    action.seq = answer["seq"]
+    return RecordedAction(action, created=True)
 
 
-def _action_insert(
-    *,
-    run: Run,
-    actor: Actor,
-    tool: str,
-    idempotency_key: str,
-    target_type: str,
-    target_id: str,
-    args: Any,
-    intent: dict[str, Any],
-    before_snapshot: Any,
-    compensation: dict[str, Any] | None,
-    is_compensator: CompensatorCheck | None,
-    payload_hash: str,
-) -> Action:
+def _record_checked(
+    call: _Call, *, is_compensator: CompensatorCheck | None, on_gated: Gate | None
+) -> RecordedAction:
+    """The record with every check in Python, in the caller's transaction: the key's lock and
+    replay, the run's lock (with the policy stamp and the pauses), pauses, the policy's rules and
+    limits, the compensators, the pivot; then the write, ``saga_action_record`` told the checks
+    are done."""
+    run = call.run
+    with connection.cursor() as cursor:
+        # Three statements, one round trip (the client-side-binding cursor sends them together,
+        # in order): the timeout applies to the key's lock wait only.
+        cursor.execute(
+            "SET LOCAL lock_timeout = %s;"
+            " SELECT pg_advisory_xact_lock(hashtextextended(%s, 0));"
+            " SET LOCAL lock_timeout TO DEFAULT",
+            [f"{int(call.lock_timeout_ms)}ms", f"action-key:{run.tenant_id}:{call.idempotency_key}"],
+        )
+    existing = (
+        Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=call.idempotency_key)
+        .order_by()
+        .first()
+    )
+    if existing is not None:
+        return RecordedAction(_replay(existing, run=run, payload_hash=call.payload_hash), created=False)
     locked = run_lock(run, policy_stamp=True)
     run_assert_accepts_writes(locked)
     # An operator's pause (kill switch) of this tool or agent: 409 paused, nothing recorded.
-    pauses.pause_check_action(run=locked, tool=tool, active=locked.active_pauses)
-    base_policy = policy_resolve(tenant=locked.tenant, tool=tool, stamp=locked.policy_stamp)
+    pauses.pause_check_action(run=locked, tool=call.tool, active=locked.active_pauses)
+    base_policy = policy_resolve(tenant=locked.tenant, tool=call.tool, stamp=locked.policy_stamp)
     # The policy's rules on the args (first match wins; a deny rule → 403, nothing recorded), then
     # its limits, counted under a lock per limit scope (``ledger.services.limits``).
-    policy, rule = base_policy.with_args(args)
-    owner = actor.key.name if actor.key is not None else locked.owner
+    policy, rule = base_policy.with_args(call.args)
+    owner = call.actor.key.name if call.actor.key is not None else locked.owner
     exceeded = limits.limits_check(
-        policy=policy, tenant_id=locked.tenant_id, tool=tool, owner=owner, args=args, now=timezone.now()
+        policy=policy,
+        tenant_id=locked.tenant_id,
+        tool=call.tool,
+        owner=owner,
+        args=call.args,
+        now=timezone.now(),
     )
     if exceeded is not None and not policy.requires_approval:
         policy = replace(policy, approval=ApprovalMode.MANUAL)
-    undo = _compensation_for(
+    undo = _compensation(policy, call, is_compensator=is_compensator)
+    action, events = _new_action(call, policy=policy, rule=rule, exceeded=exceeded, undo=undo, owner=owner)
+    action.warnings[:0] = pivot_warnings_for_new(
+        run=locked,
+        action_class=policy.action_class,
+        tool=call.tool,
+        action_id=action.pk,
+        seq=locked.action_count + 1,
+    )
+    answer = writes.call("saga_action_record", {**_record_payload(call, action, events), "checked": True})
+    if answer["outcome"] != "created":
+        # Under the key's lock and the run's, with the run checked: nothing else can be answered.
+        raise RuntimeError(f"saga_action_record answered {answer['outcome']!r} to a checked record")
+    action.seq = answer["seq"]
+    locked.audit_head, locked.action_count = answer["audit_head"], action.seq
+    action.run = locked
+    if action.requires_approval and on_gated is not None:
+        on_gated(action)
+    return RecordedAction(action, created=True)
+
+
+def _compensation(
+    policy: ResolvedPolicy, call: _Call, *, is_compensator: CompensatorCheck | None
+) -> _Compensation:
+    return _compensation_for(
         policy,
-        tool=tool,
-        target_type=target_type,
-        target_id=target_id,
-        args=args,
-        compensation=compensation,
+        tool=call.tool,
+        target_type=call.target_type,
+        target_id=call.target_id,
+        args=call.args,
+        compensation=call.compensation,
         is_compensator=is_compensator,
     )
-    seq = locked.action_count + 1
-    action_id = new_action_id()
-    warnings = pivot_warnings_for_new(
-        run=locked, action_class=policy.action_class, tool=tool, action_id=action_id, seq=seq
-    )
-    warnings.extend(undo.warnings)
+
+
+def _new_action(
+    call: _Call,
+    *,
+    policy: ResolvedPolicy,
+    rule: Rule | None,
+    exceeded: LimitExceeded | None,
+    undo: _Compensation,
+    owner: str,
+) -> tuple[Action, list[dict[str, Any]]]:
+    """The action row to insert (its ``seq`` is the database's) and its audit events: recorded,
+    and started when ``call.start`` and it needs no approval."""
+    warnings = list(undo.warnings)
     if (
         undo.strategy == CompensationStrategy.NONE
         and policy.action_class == ActionClass.EXTERNAL_IRREVERSIBLE
@@ -338,23 +452,24 @@ def _action_insert(
         warnings.append(
             {
                 "code": "irreversible_without_correction",
-                "message": f"{tool} is irreversible and has no correction registered.",
+                "message": f"{call.tool} is irreversible and has no correction registered.",
             }
         )
-    action = Action.objects.create(
-        id=action_id,
-        tenant_id=locked.tenant_id,
-        run=locked,
-        seq=seq,
-        tool=tool,
-        target_type=target_type,
-        target_id=target_id,
-        args=args,
-        idempotency_key=idempotency_key,
+    now = timezone.now()
+    starts = call.start and not policy.requires_approval
+    action = Action(
+        id=new_action_id(),
+        tenant_id=call.run.tenant_id,
+        run=call.run,
+        tool=call.tool,
+        target_type=call.target_type,
+        target_id=call.target_id,
+        args=call.args,
+        idempotency_key=call.idempotency_key,
         owner=owner,
-        payload_hash=payload_hash,
-        intent=intent,
-        before_snapshot=before_snapshot,
+        payload_hash=call.payload_hash,
+        intent=call.intent,
+        before_snapshot=call.before_snapshot,
         risk=policy.risk,
         action_class=policy.action_class,
         approval_mode=policy.approval,
@@ -373,26 +488,104 @@ def _action_insert(
         compensation_tool=undo.tool,
         compensation_args=undo.args,
         warnings=warnings,
+        status=Action.Status.RUNNING if starts else Action.Status.PLANNED,
+        attempts=1 if starts else 0,
+        started_at=now if starts else None,
+        created_at=now,
+        updated_at=now,
     )
-    audit_record(
-        tenant=locked.tenant,
-        run=locked,
-        actor=actor,
-        kind="action.recorded",
-        subject=action,
-        to_state=action.status,
-        data={
-            "tool": tool,
-            "target_id": target_id,
-            "risk": policy.risk,
-            "idempotency_key": idempotency_key,
-            **({"rule": rule.stamp()} if rule is not None else {}),
-            **({"limit": exceeded.stamp()} if exceeded is not None else {}),
-        },
-        # The sequence number moves with the chain head, under the run's row lock.
-        run_updates={"action_count": seq},
-    )
-    return action
+    action._state.adding = False
+
+    def event(**fields: Any) -> dict[str, Any]:
+        return event_template(
+            tenant_id=call.run.tenant_id,
+            run_id=call.run.pk,
+            actor=call.actor,
+            subject_type="action",
+            subject_id=action.pk,
+            created_at=now,
+            **fields,
+        )
+
+    events = [
+        event(
+            kind="action.recorded",
+            to_state=Action.Status.PLANNED,
+            data={
+                "tool": call.tool,
+                "target_id": call.target_id,
+                "risk": policy.risk,
+                "idempotency_key": call.idempotency_key,
+                **({"rule": rule.stamp()} if rule is not None else {}),
+                **({"limit": exceeded.stamp()} if exceeded is not None else {}),
+            },
+        )
+    ]
+    if starts:
+        events.append(
+            event(
+                kind="action.started",
+                from_state=Action.Status.PLANNED,
+                to_state=Action.Status.RUNNING,
+                data={"attempt": 1},
+            )
+        )
+    return action, events
+
+
+_ROW_FIELDS = [
+    field for field in Action._meta.concrete_fields if field.attname not in ("seq", "run_id", "tenant_id")
+]
+
+
+def _record_payload(call: _Call, action: Action, events: list[dict[str, Any]]) -> dict[str, Any]:
+    row = {}
+    for column in _ROW_FIELDS:
+        value = getattr(action, column.attname)
+        row[column.column] = value.isoformat() if isinstance(value, datetime) else value
+    return {
+        "tenant_id": call.run.tenant_id,
+        "run_id": call.run.pk,
+        "run_owner": call.run.owner or "",
+        "lock_timeout_ms": int(call.lock_timeout_ms),
+        "closed": list(Run.CLOSED_TO_WRITES),
+        "action": row,
+        "events": events,
+    }
+
+
+def _replay(existing: Action, *, run: Run, payload_hash: str, reachable: bool | None = None) -> Action:
+    """The action a key was first used for, when the caller may have it. ``reachable``: whether
+    the caller reaches ``run``, when already known."""
+    if (existing.run_id != run.pk or run.owner) and not (
+        reachable if reachable is not None else run_scope(run).exists()
+    ):
+        # ``run`` may be a reference built from the client's run id: an unknown (or another
+        # tenant's, or another agent's) run is a 404 whatever the key, as it was before the key
+        # was looked at — a replay never hands over an action of a run the caller does not reach.
+        raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
+    if existing.run_id != run.pk or existing.payload_hash != payload_hash:
+        raise errors.IdempotencyKeyReused(
+            "This idempotency key was already used for a different action.",
+            details={
+                "idempotency_key": existing.idempotency_key,
+                "action_id": existing.pk if existing.run_id == run.pk else None,
+            },
+        )
+    return existing
+
+
+def _fill(action: Action, row: Action) -> None:
+    """``action`` (maybe a reference) as ``row``, read under the write's locks."""
+    for name in _ALL_FIELDS:
+        setattr(action, name, getattr(row, name))
+    action._state.adding = False
+    # The run the instance may carry was read before this write moved its chain head and
+    # counters: the next access reads it again.
+    action._state.fields_cache.pop("run", None)
+
+
+_ALL_FIELDS = [f.attname for f in Action._meta.concrete_fields]
 
 
 def _action_transition(action: Action, **fields: Any) -> Action:
@@ -458,44 +651,127 @@ def action_reject(*, action: Action, actor: Actor, reason: str) -> Action:
     )
 
 
-@transaction.atomic
 def action_start(*, action: Action, actor: Actor) -> Action:
-    """planned/approved/failed → running, attempts + 1. Gated actions explain why they may not."""
-    action.run = run = run_lock(action.run, policy_stamp=True)  # fresh, with its chain head and pauses
-    run_assert_accepts_writes(run)
-    # A pause of this tool or agent stops the call even though it was recorded before the pause.
-    pauses.pause_check_action(
-        run=run, tool=action.tool, active=run.active_pauses, outcome="the action was not started"
+    """planned/approved/failed → running, attempts + 1. Gated actions explain why they may not.
+
+    One call of ``saga_action_move``; with a pause active in the tenant, the pause is checked in
+    Python under the run's lock first (a pause of this tool or agent stops the call even though it
+    was recorded before the pause). ``action`` may be a reference (``Action(pk, tenant, owner)``,
+    ``ledger.selectors.action_reference_for_write``): it is filled in from the row."""
+    move = _Move(
+        to=Action.Status.RUNNING,
+        kind="action.started",
+        allowed=[Action.Status.APPROVED, Action.Status.FAILED],
+        allowed_unless_approval=[Action.Status.PLANNED],
+        closed=Run.CLOSED_TO_WRITES,
+        counter="attempts",
+        set={"started_at": timezone.now(), "error": "", "error_layer": ""},
+        data={"attempt": slot("attempt")},
+        pause_check=True,
     )
-    current, attempts = Action.objects.filter(pk=action.pk).values_list("status", "attempts").get()
+    return _action_move(action, actor=actor, move=move, refused=_start_refusal)
+
+
+def _start_refusal(action: Action, current: str) -> errors.SagaError:
     if current == Action.Status.AWAITING_APPROVAL:
-        raise errors.ApprovalPending(
+        return errors.ApprovalPending(
             f"Action {action.pk} is waiting for approval.",
             details={"action_id": action.pk, "current": current},
         )
     if current == Action.Status.REJECTED:
-        raise errors.ApprovalRejected(
+        return errors.ApprovalRejected(
             f"Action {action.pk} was rejected (or its approval expired).",
             details={"action_id": action.pk, "current": current, "error": action.error},
         )
     if current == Action.Status.PLANNED and action.requires_approval:
-        raise errors.ApprovalPending(
+        return errors.ApprovalPending(
             f"Action {action.pk} needs approval before it starts.",
             details={"action_id": action.pk, "current": current},
         )
-    attempts += 1
-    return _action_transition(
-        action,
-        to=Action.Status.RUNNING,
-        actor=actor,
-        kind="action.started",
-        updates={"attempts": attempts, "started_at": timezone.now(), "error": "", "error_layer": ""},
-        data={"attempt": attempts},
-        current=current,
-    )
+    return errors.InvalidTransition(action, to=Action.Status.RUNNING, current=current)
 
 
-@transaction.atomic
+@dataclass(frozen=True)
+class _Move:
+    """An agent's report on its action, for ``saga_action_move``."""
+
+    to: str
+    kind: str
+    allowed: list[str]
+    closed: tuple[str, ...]
+    set: dict[str, Any]
+    data: dict[str, Any]
+    allowed_unless_approval: list[str] = field(default_factory=list)
+    counter: str | None = None
+    reason: str = ""
+    pause_check: bool = False
+
+
+def _action_move(
+    action: Action,
+    *,
+    actor: Actor,
+    move: _Move,
+    refused: Callable[[Action, str], errors.SagaError] | None = None,
+) -> Action:
+    payload = {
+        "tenant_id": action.tenant_id,
+        "run_owner": action.owner or "",
+        "action_id": action.pk,
+        "to": move.to,
+        "allowed": move.allowed,
+        "allowed_unless_approval": move.allowed_unless_approval,
+        "closed": list(move.closed),
+        "counter": move.counter,
+        "set": {
+            name: value.isoformat() if isinstance(value, datetime) else value
+            for name, value in {**move.set, "updated_at": timezone.now()}.items()
+        },
+        "pause_check": move.pause_check,
+        "event": event_template(
+            tenant_id=action.tenant_id,
+            run_id=None,  # the action's, as the database reads it
+            actor=actor,
+            kind=move.kind,
+            subject_type="action",
+            subject_id=action.pk,
+            from_state=slot("from"),
+            to_state=move.to,
+            reason=move.reason,
+            data=move.data,
+        ),
+    }
+    answer = writes.call("saga_action_move", payload)
+    if answer["outcome"] == "checks":
+        # A pause is active in the tenant: its patterns are Python's. Checked under the run's lock,
+        # then the same call in the same transaction.
+        with transaction.atomic():
+            current = writes.action_from_row(answer["action"])
+            run = run_lock(Run(pk=current.run_id, tenant_id=current.tenant_id), policy_stamp=True)
+            pauses.pause_check_action(
+                run=run, tool=current.tool, active=run.active_pauses, outcome="the action was not started"
+            )
+            answer = writes.call("saga_action_move", {**payload, "pause_check": False})
+    outcome = answer["outcome"]
+    if outcome == "not_found":
+        raise errors.NotFound(f"Action {action.pk} not found.", details={"id": action.pk})
+    row = writes.action_from_row(answer["action"])
+    _fill(action, row)
+    if outcome == "closed":
+        report = move.closed == Run.CLOSED_TO_REPORTS
+        run_assert_accepts_writes(Run(pk=row.run_id, status=answer["current"]), report=report)
+    if outcome == "refused":
+        current = answer["current"]
+        raise (
+            refused(action, current)
+            if refused
+            else errors.InvalidTransition(action, to=move.to, current=current)
+        )
+    if outcome != "moved":
+        raise RuntimeError(f"saga_action_move answered {outcome!r}")
+    return action
+
+
 def action_succeed(
     *,
     action: Action,
@@ -506,17 +782,41 @@ def action_succeed(
     reason: str = "",
 ) -> Action:
     """running → succeeded (or unknown → succeeded when ``reconciled``); takes the next place in
-    the run's completion order, which LIFO compensation follows."""
+    the run's completion order, which LIFO compensation follows.
+
+    The agent's report is one call of ``saga_action_move``. A background job that finishes after
+    the run was cancelled, closed or handed to an unwind cannot write (API.md); a failed run still
+    takes the late report of an action that was running, and an operator reconciling an unknown
+    outcome always may."""
+    if reconciled:
+        return _action_reconciled(
+            action=action, actor=actor, result=result, after_snapshot=after_snapshot, reason=reason
+        )
+    updates: dict[str, Any] = {"completed_at": timezone.now(), "result": result}
+    if after_snapshot is not None:
+        updates["after_snapshot"] = after_snapshot
+    move = _Move(
+        to=Action.Status.SUCCEEDED,
+        kind="action.succeeded",
+        allowed=[Action.Status.RUNNING],
+        closed=Run.CLOSED_TO_REPORTS,
+        counter="completion_seq",
+        set=updates,
+        data={"completion_seq": slot("completion_seq")},
+        reason=reason,
+    )
+    return _action_move(action, actor=actor, move=move)
+
+
+@transaction.atomic
+def _action_reconciled(
+    *, action: Action, actor: Actor, result: Any, after_snapshot: Any, reason: str
+) -> Action:
+    """unknown → succeeded: someone checked the target and it happened."""
     action.run = run = run_lock(action.run)  # fresh, with its audit chain head
-    if not reconciled:
-        # A background job that finishes after the run was cancelled, closed or handed to an unwind
-        # cannot write (API.md); a failed run still takes the late report of an action that was
-        # running, and an operator reconciling an unknown outcome always may.
-        run_assert_accepts_writes(run, report=True)
     completion_seq = run.completion_count + 1
-    allowed = [Action.Status.UNKNOWN] if reconciled else [Action.Status.RUNNING]
     updates: dict[str, Any] = {"completion_seq": completion_seq, "completed_at": timezone.now()}
-    if result is not None or not reconciled:
+    if result is not None:
         updates["result"] = result
     if after_snapshot is not None:
         updates["after_snapshot"] = after_snapshot
@@ -524,44 +824,36 @@ def action_succeed(
         action,
         to=Action.Status.SUCCEEDED,
         actor=actor,
-        kind="action.reconciled" if reconciled else "action.succeeded",
+        kind="action.reconciled",
         reason=reason,
         updates=updates,
-        allowed_from=allowed,
+        allowed_from=[Action.Status.UNKNOWN],
         data={"completion_seq": completion_seq},
         run_updates={"completion_count": completion_seq},
     )
     return action
 
 
-@transaction.atomic
 def action_fail(
     *, action: Action, actor: Actor, error: str, retryable: bool, layer: str, outcome_unknown: bool = False
 ) -> Action:
-    """running → failed, or → unknown when the call timed out and may have happened."""
+    """running → failed, or → unknown when the call timed out and may have happened. One call of
+    ``saga_action_move``; the late report of a running action: a failed run takes it
+    (``run_assert_accepts_writes``)."""
     if layer not in Action.ErrorLayer.values:
         raise errors.ValidationFailed(
             f"layer must be one of {', '.join(Action.ErrorLayer.values)}.", details={"layer": layer}
         )
-    action.run = run_lock(action.run)  # fresh, with its audit chain head
-    # The late report of a running action: a failed run takes it (run_assert_accepts_writes).
-    run_assert_accepts_writes(action.run, report=True)
-    to = Action.Status.UNKNOWN if outcome_unknown else Action.Status.FAILED
-    return _action_transition(
-        action,
-        to=to,
-        actor=actor,
+    move = _Move(
+        to=Action.Status.UNKNOWN if outcome_unknown else Action.Status.FAILED,
         kind="action.outcome_unknown" if outcome_unknown else "action.failed",
-        reason=error,
-        updates={
-            "error": error,
-            "retryable": retryable,
-            "error_layer": layer,
-            "completed_at": timezone.now(),
-        },
-        allowed_from=[Action.Status.RUNNING],
+        allowed=[Action.Status.RUNNING],
+        closed=Run.CLOSED_TO_REPORTS,
+        set={"error": error, "retryable": retryable, "error_layer": layer, "completed_at": timezone.now()},
         data={"retryable": retryable, "layer": layer},
+        reason=error,
     )
+    return _action_move(action, actor=actor, move=move)
 
 
 @transaction.atomic
@@ -577,13 +869,8 @@ def action_reconcile(
     """unknown → succeeded (it did happen) or failed (it did not): someone checked the target."""
     reason = reason_required(reason)
     if happened:
-        return action_succeed(
-            action=action,
-            actor=actor,
-            result=result,
-            after_snapshot=after_snapshot,
-            reconciled=True,
-            reason=reason,
+        return _action_reconciled(
+            action=action, actor=actor, result=result, after_snapshot=after_snapshot, reason=reason
         )
     return _action_transition(
         action,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -119,10 +119,20 @@ def run_create(
 
 
 def run_heartbeat(*, run: Run, note: str = "") -> Run:
-    # Not a transition and not audited: a heartbeat only proves the agent is alive.
+    """Not a transition and not audited: a heartbeat only proves the agent is alive. One
+    statement, scoped as ``run_scope`` (a reference built for an agent's key finds only its own
+    run; else 404), answering the run's status."""
     now = timezone.now()
-    Run.objects.filter(pk=run.pk).update(last_heartbeat_at=now)
-    run.last_heartbeat_at = now
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ledger_run SET last_heartbeat_at = %s"
+            " WHERE id = %s AND tenant_id = %s AND (%s = '' OR owner = %s) RETURNING status",
+            [now, run.pk, run.tenant_id, run.owner or "", run.owner or ""],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
+    run.status, run.last_heartbeat_at = row[0], now
     return run
 
 

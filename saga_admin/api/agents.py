@@ -121,6 +121,13 @@ def _action(request: HttpRequest, action_id: str, *, write: bool = False) -> Act
     return ledger_selectors.action_get_for_key(key=_key(request), action_id=action_id, write=write)
 
 
+def _action_reference(request: HttpRequest, action_id: str) -> Action:
+    """A reference to an action the key reports on: the service's one write call scopes it (and
+    fills it in), so it is not read first."""
+    _check_id("Action", action_id)
+    return ledger_selectors.action_reference_for_write(key=_key(request), action_id=action_id)
+
+
 def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
     """The action as the API shows it. ``fresh``: the instance already holds what this request
     read and wrote in its transaction (a service's compare-and-set sets the fields it updates), so
@@ -223,8 +230,11 @@ def run_actions(request: HttpRequest, run_id: str, page: Query[ActionPageQuery])
     summary="Prove the agent is alive; returns pending commands",
 )
 def run_heartbeat(request: HttpRequest, run_id: str, payload: HeartbeatIn | None = None) -> dict[str, Any]:
-    run = _run(request, run_id, write=True)
-    runs.run_heartbeat(run=run, note=payload.note if payload else "")
+    _check_id("Run", run_id)
+    run = runs.run_heartbeat(
+        run=ledger_selectors.run_reference_for_write(key=_key(request), run_id=run_id),
+        note=payload.note if payload else "",
+    )
     return {
         "run_id": run.pk,
         "status": run.status,
@@ -394,7 +404,7 @@ def action_detail(request: HttpRequest, action_id: str) -> dict[str, Any]:
 def action_start(
     request: HttpRequest, action_id: str, idempotency_key: str | None = _idempotency_header()
 ) -> HttpResponse:
-    action = _action(request, action_id, write=True)
+    action = _action_reference(request, action_id)
 
     def produce() -> tuple[int, Any]:
         actions.action_start(action=action, actor=_actor(request))
@@ -412,7 +422,7 @@ def action_succeed(
     payload: ActionSucceedIn | None = None,
     idempotency_key: str | None = _idempotency_header(),
 ) -> HttpResponse:
-    action = _action(request, action_id, write=True)
+    action = _action_reference(request, action_id)
     payload = payload or ActionSucceedIn()
 
     def produce() -> tuple[int, Any]:
@@ -435,7 +445,7 @@ def action_fail(
     payload: ActionFailIn,
     idempotency_key: str | None = _idempotency_header(),
 ) -> HttpResponse:
-    action = _action(request, action_id, write=True)
+    action = _action_reference(request, action_id)
 
     def produce() -> tuple[int, Any]:
         recovery.action_fail_and_queue(
@@ -446,7 +456,7 @@ def action_fail(
             layer=payload.layer,
             outcome_unknown=payload.outcome_unknown,
         )
-        return 200, _action_body(action)
+        return 200, _action_body(action, fresh=True)
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
 

@@ -264,9 +264,13 @@ def test_it_says_which_active_pauses_cover_a_run(tenant, agent, alice_actor):
 # --- The hot path -----------------------------------------------------------------------------
 
 
-def test_the_check_costs_no_statement_of_its_own_when_recording_an_action(tenant, agent, alice_actor):
-    """The tenant's active pauses are read in the statement that locks the run: recording an action
-    takes as many statements with pauses in force (that do not match) as without any."""
+def test_without_pauses_a_record_is_one_statement_and_with_them_the_check_costs_none_per_pause(
+    tenant, agent, alice_actor
+):
+    """No active pause in the tenant: the record is one call (``saga_action_record`` checks that
+    none is active in it). With pauses in force, their patterns are checked in Python under the
+    run's lock, read in the statement that locks the run: as many statements with two pauses (that
+    do not match) as with five."""
     run = make_run(tenant, agent)
     record(run, agent, "warm-up")
 
@@ -275,7 +279,10 @@ def test_the_check_costs_no_statement_of_its_own_when_recording_an_action(tenant
             record(run, agent, key)
         return len(queries.captured_queries)
 
-    without = statements("k1")
+    assert statements("k1") == 1
     _pause(tenant, alice_actor, tool="payments.*")
     _pause(tenant, alice_actor, agent="billing")
-    assert statements("k2") == without
+    with_two = statements("k2")
+    for n in range(3):
+        _pause(tenant, alice_actor, tool=f"other{n}.*")
+    assert statements("k3") == with_two

@@ -1,0 +1,59 @@
+"""The database side of the ledger's hot writes: one call of a server-side function per write
+(``ledger/0013``: ``saga_action_record``, ``saga_action_move``), and the row it answers read back
+into a model instance. The rules stay in ``ledger.services.actions``, which builds what the
+functions insert and passes the sets of states each rule allows; this module only carries it.
+
+Outside a transaction the call is its own: one round trip, committed by the server (autocommit).
+Inside a caller's transaction it is one statement of that transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import connection
+from django.db.models import DateTimeField, JSONField
+from django.utils.dateparse import parse_datetime
+
+from ledger.models import Action
+
+# The functions a write may call: a constant set, never a name from input.
+FUNCTIONS = frozenset({"saga_action_record", "saga_action_move"})
+
+
+def call(function: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """``function(payload)``: its answer (``outcome`` and what goes with it)."""
+    if function not in FUNCTIONS:
+        raise ValueError(f"not a ledger write function: {function}")
+    # Serialised as the model's JSON fields are (json.dumps), so what is stored is what the ORM
+    # would have stored.
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {function}(%s::jsonb)", [text])
+        row = cursor.fetchone()
+    value = row[0] if row else None
+    answer = json.loads(value) if isinstance(value, str | bytes) else value
+    if not isinstance(answer, dict):
+        raise RuntimeError(f"{function} answered {answer!r}")
+    return answer
+
+
+_ACTION_FIELDS = [field for field in Action._meta.concrete_fields]
+
+
+def action_from_row(row: dict[str, Any]) -> Action:
+    """An Action built from a function's ``to_jsonb`` of its row (a jsonb column arrives decoded,
+    a timestamp as ISO text), as if the ORM had read it."""
+    values: dict[str, Any] = {}
+    for field in _ACTION_FIELDS:
+        value = row.get(field.column or field.attname)
+        if isinstance(field, DateTimeField) and isinstance(value, str):
+            value = parse_datetime(value)
+        elif not isinstance(field, JSONField) and value is not None:
+            value = field.to_python(value)
+        values[field.attname] = value
+    action = Action(**values)
+    action._state.adding = False
+    action._state.db = connection.alias
+    return action

@@ -1,0 +1,117 @@
+"""Issue 19, point 1: each of the agent's hot writes is one round trip to PostgreSQL, counted on
+the wire (libpq's protocol trace of the request's connection: every ``ReadyForQuery`` the server
+sends ends one round trip, BEGIN and COMMIT included), not by what Django logs. The guarantees
+those writes keep are the ledger's own tests (idempotency under concurrency, the audit chain,
+closed runs, the pivot), which run against the same code."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection
+
+from ledger.audit import audit_heads_verify, audit_verify
+from ledger.models import Action, Run
+from tests.factories import new_run
+from tests.support.api import Api
+
+# Not wrapped in a test transaction: the requests run as in production, in autocommit.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BODY = {
+    "tool": "hr.create_user",
+    "target_type": "user",
+    "target_id": "ashu@company.com",
+    "args": {"email": "ashu@company.com", "name": "Ashu Kumar"},
+    "compensation": {"tool": "hr.delete_user", "args": {"email": "ashu@company.com"}},
+}
+
+
+class Trips:
+    count = 0
+    messages: list[str]
+
+
+@contextmanager
+def round_trips() -> Iterator[Trips]:
+    """Round trips of this thread's connection while the block runs, from libpq's trace."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    trips = Trips()
+    with tempfile.TemporaryFile(mode="w+") as trace:
+        pgconn.trace(trace.fileno())
+        try:
+            yield trips
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            lines = trace.read().splitlines()
+    trips.messages = [line for line in lines if "\tF\t" in line]
+    trips.count = sum(1 for line in lines if "\tB\t" in line and "ReadyForQuery" in line)
+
+
+@pytest.fixture
+def warm(api: Api, onboarding_policies) -> dict:
+    """A run, and one request of each kind first: the key and the policies are then in this
+    process's caches, as they are for an agent that is already at work."""
+    run = new_run(api)
+    first = api.post(f"/runs/{run['id']}/actions", {**BODY, "idempotency_key": "warm", "start": True})
+    assert first.status_code == 201, first.content
+    assert api.post(f"/actions/{first.json()['id']}/succeed", {"result": {"ok": True}}).status_code == 200
+    assert api.post(f"/runs/{run['id']}/heartbeat", {}).status_code == 200
+    return run
+
+
+def test_recording_an_action_is_one_round_trip(api, warm):
+    with round_trips() as trips:
+        response = api.post(f"/runs/{warm['id']}/actions", {**BODY, "idempotency_key": "k-1"})
+    assert response.status_code == 201, response.content
+    assert trips.count == 1, trips.messages
+    assert response.json()["seq"] == 2
+    assert Action.objects.filter(pk=response.json()["id"], status="planned").exists()
+
+
+def test_a_tool_call_is_two_round_trips_record_with_start_then_succeed(api, warm):
+    with round_trips() as trips:
+        recorded = api.post(f"/runs/{warm['id']}/actions", {**BODY, "idempotency_key": "k-2", "start": True})
+    assert recorded.status_code == 201, recorded.content
+    assert trips.count == 1, trips.messages
+    assert (recorded.json()["status"], recorded.json()["attempts"]) == ("running", 1)
+    with round_trips() as trips:
+        succeeded = api.post(f"/actions/{recorded.json()['id']}/succeed", {"result": {"id": 7}})
+    assert succeeded.status_code == 200, succeeded.content
+    assert trips.count == 1, trips.messages
+    body = succeeded.json()
+    assert (body["status"], body["completion_seq"], body["result"]) == ("succeeded", 2, {"id": 7})
+    # The chain the database extended is the one Python verifies.
+    assert audit_verify(chain=f"run:{warm['id']}")[1] is None
+    assert audit_heads_verify(chain=f"run:{warm['id']}") == []
+
+
+def test_start_and_fail_are_one_round_trip_each(api, warm):
+    recorded = api.post(f"/runs/{warm['id']}/actions", {**BODY, "idempotency_key": "k-3"}).json()
+    with round_trips() as trips:
+        started = api.post(f"/actions/{recorded['id']}/start", {})
+    assert started.status_code == 200, started.content
+    assert trips.count == 1, trips.messages
+    assert (started.json()["status"], started.json()["attempts"]) == ("running", 1)
+    with round_trips() as trips:
+        failed = api.post(
+            f"/actions/{recorded['id']}/fail", {"error": "HR API 503", "retryable": True, "layer": "tool"}
+        )
+    assert failed.status_code == 200, failed.content
+    assert trips.count == 1, trips.messages
+    assert failed.json()["status"] == "failed"
+    assert audit_verify(chain=f"run:{warm['id']}")[1] is None
+
+
+def test_a_heartbeat_is_one_write_and_the_read_of_pending_commands(api, warm):
+    with round_trips() as trips:
+        response = api.post(f"/runs/{warm['id']}/heartbeat", {})
+    assert response.status_code == 200, response.content
+    assert trips.count == 2, trips.messages
+    assert response.json()["status"] == "running"
+    assert Run.objects.get(pk=warm["id"]).last_heartbeat_at is not None
