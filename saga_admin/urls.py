@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.core.exceptions import DisallowedHost
+from django.http import HttpRequest, HttpResponse
 from django.urls import include, path, re_path
+from django.views import defaults
 
 from dashboard import slack, workers
 from saga_admin.api.app import api, unrouted
+from saga_admin.api.limits import API_PREFIX, error_json
 from saga_admin.health import favicon, healthz
 
 urlpatterns = [
@@ -25,3 +29,19 @@ urlpatterns = [
     path("", include("dashboard.auth_urls")),
     path("", include("dashboard.urls")),
 ]
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's 400s raised before any view (a Host header ALLOWED_HOSTS does not list, a
+    malformed request): in the API's error shape under /api/, as every answer there is."""
+    if request.path.startswith(API_PREFIX):
+        message = (
+            "The Host header names a host this server does not serve."
+            if isinstance(exception, DisallowedHost)
+            else "Bad request."
+        )
+        return error_json(400, "bad_request", message)
+    return defaults.bad_request(request, exception)
+
+
+handler400 = bad_request

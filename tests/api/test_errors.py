@@ -95,6 +95,13 @@ def test_more_query_parameters_than_django_parses_is_a_json_422_not_an_html_400(
     assert "Too many query parameters" in error_of(response)["message"]
 
 
+def test_a_host_header_the_server_does_not_serve_is_a_json_400_under_the_api(api):
+    # Found by the schema fuzzer: Django's DisallowedHost answered with its HTML 400 page.
+    response = api.client.get("/api/v1/runs", HTTP_HOST="X2x~", HTTP_AUTHORIZATION=f"Bearer {api.secret}")
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "bad_request"
+
+
 # --- 422 strict validation ------------------------------------------------------------------------
 
 
