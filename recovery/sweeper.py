@@ -74,12 +74,21 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
             report.reenqueued += 1
             log.info("unwinds.step_reenqueued", step_id=step.pk, previous_job=step.job_id, job_state=state)
 
-    # 3. A running unwind with nothing in flight: its advance job never ran.
-    for unwind_id in (
+    # 3. A running unwind with nothing in flight whose advance job will not run: Redis lost it (or
+    # was down when it was enqueued), or its work horse died before claiming a step. One still
+    # waiting in the queue is left to its job: advancing it here would queue its step with a
+    # job of its own and leave the advance job nothing to do, two jobs where one does, which is
+    # what a backlog of unwinds started together (or any queue longer than a sweep) got.
+    for unwind_id, job_id in (
         Unwind.objects.filter(status=Unwind.Status.RUNNING)
         .exclude(steps__status__in=unwinds.IN_FLIGHT)
-        .values_list("pk", flat=True)
+        .values_list("pk", "job_id")
     ):
+        will_run = queueing.job_will_run(job_id, queue="compensations", started_within_s=3 * interval)
+        if will_run is None:
+            break  # Redis is down: nothing can be enqueued now; the next sweep looks again
+        if will_run:
+            continue
         unwinds.unwind_advance(unwind_id=unwind_id)
         report.advanced += 1
     return report

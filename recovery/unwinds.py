@@ -94,14 +94,18 @@ def step_timeout_of(unwind: Unwind) -> float:
 
 def _enqueue_advance(unwind_id: str) -> None:
     # The advance job runs the unwind's steps itself (``unwind_run_steps``) for up to a batch.
-    transaction.on_commit(
-        lambda: queueing.enqueue(
+    def push() -> None:
+        job_id = queueing.enqueue(
             "recovery.jobs.unwind_advance",
             queue="compensations",
             job_timeout=drive_job_timeout(),
             unwind_id=unwind_id,
         )
-    )
+        if job_id:
+            # Not a state change: remembers which job carries the advance, for the sweeper.
+            Unwind.objects.filter(pk=unwind_id).update(job_id=job_id)
+
+    transaction.on_commit(push)
 
 
 def enqueue_step(step_id: str, *, step_timeout_s: float, delay_s: float | None = None) -> None:
