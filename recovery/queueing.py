@@ -9,6 +9,7 @@ Jobs are referenced by dotted path so services never import the job module (no i
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,12 +39,16 @@ def enqueue(
     queue: str = "default",
     delay_s: float | None = None,
     job_timeout: int | None = None,
+    job_id: str | None = None,
     **kwargs: Any,
 ) -> str | None:
-    """Enqueue ``func(**kwargs)``; return the job id, or None when Redis could not take it."""
+    """Enqueue ``func(**kwargs)``; return the job id, or None when Redis could not take it.
+    ``job_id``: one from ``new_job_id``, when the caller recorded it before enqueueing."""
     options: dict[str, Any] = {"kwargs": kwargs}
     if job_timeout is not None:
         options["job_timeout"] = job_timeout
+    if job_id is not None:
+        options["job_id"] = job_id
     try:
         # commit_mode="auto": callers already run after commit (transaction.on_commit), and the
         # job id is wanted now, not when some later transaction commits.
@@ -56,6 +61,11 @@ def enqueue(
         log.warning("queueing.enqueue_failed", job=func, queue=queue, error=str(exc), **kwargs)
         return None
     return job.id
+
+
+def new_job_id() -> str:
+    """A fresh id for a job to be enqueued later (never reused: RQ would overwrite the job)."""
+    return uuid.uuid4().hex
 
 
 def job_state(job_id: str, *, queue: str = "default") -> str | None:

@@ -9,7 +9,7 @@ with nothing in flight. The worker's ticker runs ``steps_sweep`` every SAGA_SWEE
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import structlog
 from django.db import transaction
@@ -78,9 +78,12 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
     # was down when it was enqueued), or its work horse died before claiming a step. One still
     # waiting in the queue is left to its job: advancing it here would queue its step with a
     # job of its own and leave the advance job nothing to do, two jobs where one does, which is
-    # what a backlog of unwinds started together (or any queue longer than a sweep) got.
+    # what a backlog of unwinds started together (or any queue longer than a sweep) got. A job
+    # handed over less than a sweep interval ago may not be in Redis yet (the transaction that
+    # recorded it has committed, and its enqueue follows; after a commit that started hundreds
+    # of unwinds, the last ones follow a second or two later): the next sweep looks again.
     for unwind_id, job_id in (
-        Unwind.objects.filter(status=Unwind.Status.RUNNING)
+        Unwind.objects.filter(status=Unwind.Status.RUNNING, updated_at__lt=now - timedelta(seconds=interval))
         .exclude(steps__status__in=unwinds.IN_FLIGHT)
         .values_list("pk", "job_id")
     ):

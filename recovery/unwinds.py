@@ -93,19 +93,22 @@ def step_timeout_of(unwind: Unwind) -> float:
 
 
 def _enqueue_advance(unwind_id: str) -> None:
-    # The advance job runs the unwind's steps itself (``unwind_run_steps``) for up to a batch.
-    def push() -> None:
-        job_id = queueing.enqueue(
+    """Hand the unwind to an advance job after the caller's transaction commits; the job runs the
+    unwind's steps itself (``unwind_run_steps``) for up to a batch. The job's id is written on the
+    unwind in the caller's transaction, so from the commit on the sweeper knows which job carries
+    the advance (one not in Redis yet gets a sweep interval to arrive: ``recovery.sweeper``)."""
+    job_id = queueing.new_job_id()
+    # Not a state change: which job carries the advance, and since when (for the sweeper).
+    Unwind.objects.filter(pk=unwind_id).update(job_id=job_id, updated_at=timezone.now())
+    transaction.on_commit(
+        lambda: queueing.enqueue(
             "recovery.jobs.unwind_advance",
             queue="compensations",
             job_timeout=drive_job_timeout(),
+            job_id=job_id,
             unwind_id=unwind_id,
         )
-        if job_id:
-            # Not a state change: remembers which job carries the advance, for the sweeper.
-            Unwind.objects.filter(pk=unwind_id).update(job_id=job_id)
-
-    transaction.on_commit(push)
+    )
 
 
 def enqueue_step(step_id: str, *, step_timeout_s: float, delay_s: float | None = None) -> None:

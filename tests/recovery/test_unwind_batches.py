@@ -19,6 +19,7 @@ from rq.job import JobStatus
 
 from ledger import errors
 from ledger.audit import Actor, audit_verify
+from ledger.conf import saga
 from ledger.models import Action, Event
 from ledger.services import actions, runs
 from recovery import compensators, jobs, services, sweeper, unwinds
@@ -237,14 +238,22 @@ def test_the_sweeper_leaves_an_unwind_to_its_advance_job_while_rq_holds_it(
     assert [job.func_name for job in queue.jobs] == ["recovery.jobs.unwind_advance", "recovery.jobs.step_run"]
 
 
-def test_the_sweeper_advances_an_unwind_whose_advance_job_redis_lost(
+def test_an_advance_job_gets_a_sweep_interval_to_reach_redis_then_the_sweeper_advances(
     tenant, agent, alice, django_capture_on_commit_callbacks
 ):
-    with django_capture_on_commit_callbacks(execute=True):
+    with django_capture_on_commit_callbacks(execute=False):
         unwind = _unwind(tenant, agent, alice, steps=2)
+    # Committed with its job's id, the enqueue not done yet (after a commit that started hundreds
+    # of unwinds, the enqueues follow one after another): not a lost job yet.
+    unwind.refresh_from_db()
     queue = django_rq.get_queue("compensations")
-    queue.connection.flushdb()  # Redis restarted empty
+    assert unwind.job_id and queue.jobs == []
+    assert sweeper.steps_sweep().advanced == 0
 
+    # A sweep interval on, the job never arrived (Redis was down, or restarted empty).
+    Unwind.objects.filter(pk=unwind.pk).update(
+        updated_at=timezone.now() - timedelta(seconds=saga().sweep_interval_s + 1)
+    )
     with django_capture_on_commit_callbacks(execute=True):
         assert sweeper.steps_sweep().advanced == 1
 
