@@ -3,7 +3,8 @@
 PostgreSQL is the source of truth and Redis only carries work, so a lost job (Redis restarted, a
 worker SIGKILLed with its work horse, an enqueue while Redis was down) leaves a trace in the
 database: a running step whose lease expired, a queued step whose job is gone, a running unwind
-with nothing in flight. The worker's ticker runs ``steps_sweep`` every SAGA_SWEEP_INTERVAL_S.
+with nothing in flight whose advance job is gone. The worker's ticker runs ``steps_sweep`` every
+SAGA_SWEEP_INTERVAL_S.
 """
 
 from __future__ import annotations
