@@ -25,6 +25,8 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import ssl
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -281,6 +283,47 @@ def python_call(fn: CompensatorFn, request: CompensationRequest) -> Outcome:
     return Outcome.done(result)
 
 
+# One HTTP client per process for compensator webhooks. ``httpx.post`` built a client per call, and
+# with it an SSL context that loads the CA bundle (plus, in a fresh work horse, httpcore's first
+# import): about 80 ms of CPU per step, even for a plain-http URL. The SSL context is built once and
+# may be inherited by forked work horses (it holds configuration, no connection); the client holds
+# pooled connections, so each process makes its own and never uses one inherited across a fork.
+_ssl_context_built: ssl.SSLContext | None = None
+_webhook_client: tuple[int, httpx.Client] | None = None
+_webhook_client_lock = threading.Lock()
+
+
+def _ssl_context() -> ssl.SSLContext:
+    global _ssl_context_built
+    if _ssl_context_built is None:
+        # What httpx.post used: certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR when set.
+        _ssl_context_built = httpx.create_ssl_context()
+    return _ssl_context_built
+
+
+def webhook_client() -> httpx.Client:
+    """This process's client for compensator webhooks (thread-safe). Never follows a redirect: a
+    3xx is the endpoint's answer (retried, then failed, like a 5xx), not a place to send the signed
+    step. Timeouts are per request."""
+    global _webhook_client
+    with _webhook_client_lock:
+        if _webhook_client is None or _webhook_client[0] != os.getpid():
+            # A client inherited across a fork is dropped, not closed: closing it would shut down
+            # connections (TLS sessions included) that belong to the parent.
+            _webhook_client = (
+                os.getpid(),
+                httpx.Client(verify=_ssl_context(), follow_redirects=False, timeout=saga().webhook_timeout_s),
+            )
+        return _webhook_client[1]
+
+
+def webhook_client_warm() -> None:
+    """Called by the worker before it forks work horses: build the SSL context and import httpcore
+    (httpx imports it on a client's first use) once, so no work horse pays for them. No client is
+    kept: connections are never shared across a fork."""
+    httpx.HTTPTransport(verify=_ssl_context()).close()
+
+
 def webhook_call(*, url: str, secret: str, request: CompensationRequest) -> Outcome:
     """POST the step to the tool's endpoint exactly as API.md describes and map the answer."""
     body = json.dumps(request.body(), sort_keys=True, separators=(",", ":"), default=str).encode()
@@ -291,7 +334,9 @@ def webhook_call(*, url: str, secret: str, request: CompensationRequest) -> Outc
         **signed_headers(secret, body),
     }
     try:
-        response = httpx.post(url, content=body, headers=headers, timeout=request.timeout_s)
+        response = webhook_client().post(
+            url, content=body, headers=headers, timeout=request.timeout_s, follow_redirects=False
+        )
     except httpx.TimeoutException as exc:
         return Outcome.retry(f"Timed out after {request.timeout_s:g}s calling {url}: {type(exc).__name__}")
     except httpx.TransportError as exc:

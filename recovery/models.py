@@ -145,6 +145,9 @@ class Unwind(models.Model):
     reason = models.TextField(blank=True, default="")
     # The dry-run plan the operator confirmed, frozen: what was shown is what runs.
     plan = models.JSONField(default=dict, blank=True)
+    # The RQ job carrying the unwind's latest advance. Not a state: the sweeper asks Redis about
+    # it before advancing an unwind that has nothing in flight (recovery.sweeper).
+    job_id = models.CharField(max_length=100, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

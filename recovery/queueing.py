@@ -9,7 +9,8 @@ Jobs are referenced by dotted path so services never import the job module (no i
 
 from __future__ import annotations
 
-from datetime import timedelta
+import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import django_rq
@@ -28,6 +29,8 @@ ALIVE_STATUSES = {
     JobStatus.CREATED,
     JobStatus.READY_TO_ENQUEUE,
 }
+# Held by RQ to be run: a worker will take it (or RQ marks it failed), however long it waits.
+WAITING_STATUSES = ALIVE_STATUSES - {JobStatus.STARTED}
 
 
 def enqueue(
@@ -36,12 +39,16 @@ def enqueue(
     queue: str = "default",
     delay_s: float | None = None,
     job_timeout: int | None = None,
+    job_id: str | None = None,
     **kwargs: Any,
 ) -> str | None:
-    """Enqueue ``func(**kwargs)``; return the job id, or None when Redis could not take it."""
+    """Enqueue ``func(**kwargs)``; return the job id, or None when Redis could not take it.
+    ``job_id``: one from ``new_job_id``, when the caller recorded it before enqueueing."""
     options: dict[str, Any] = {"kwargs": kwargs}
     if job_timeout is not None:
         options["job_timeout"] = job_timeout
+    if job_id is not None:
+        options["job_id"] = job_id
     try:
         # commit_mode="auto": callers already run after commit (transaction.on_commit), and the
         # job id is wanted now, not when some later transaction commits.
@@ -54,6 +61,11 @@ def enqueue(
         log.warning("queueing.enqueue_failed", job=func, queue=queue, error=str(exc), **kwargs)
         return None
     return job.id
+
+
+def new_job_id() -> str:
+    """A fresh id for a job to be enqueued later (never reused: RQ would overwrite the job)."""
+    return uuid.uuid4().hex
 
 
 def job_state(job_id: str, *, queue: str = "default") -> str | None:
@@ -72,3 +84,25 @@ def job_state(job_id: str, *, queue: str = "default") -> str | None:
 
 def job_is_alive(state: str | None) -> bool:
     return state in {status.value for status in ALIVE_STATUSES}
+
+
+def job_will_run(job_id: str, *, queue: str = "default", started_within_s: float) -> bool | None:
+    """Whether the job is still going to carry out its work: waiting in RQ (however long: a queue
+    behind a backlog is not a lost job), or started less than ``started_within_s`` ago (longer, and
+    its work horse is presumed dead: RQ itself notices only at its maintenance pass). False for a
+    finished, failed or unknown job; None when Redis is down."""
+    if not job_id:
+        return False
+    try:
+        job = Job.fetch(job_id, connection=django_rq.get_connection(queue))
+        status = job.get_status(refresh=False)
+    except NoSuchJobError:
+        return False
+    except RedisError:
+        return None
+    if status in WAITING_STATUSES:
+        return True
+    if status != JobStatus.STARTED or job.started_at is None:
+        return False
+    started_at = job.started_at if job.started_at.tzinfo else job.started_at.replace(tzinfo=UTC)
+    return (datetime.now(UTC) - started_at).total_seconds() < started_within_s

@@ -3,13 +3,14 @@
 PostgreSQL is the source of truth and Redis only carries work, so a lost job (Redis restarted, a
 worker SIGKILLed with its work horse, an enqueue while Redis was down) leaves a trace in the
 database: a running step whose lease expired, a queued step whose job is gone, a running unwind
-with nothing in flight. The worker's ticker runs ``steps_sweep`` every SAGA_SWEEP_INTERVAL_S.
+with nothing in flight whose advance job is gone. The worker's ticker runs ``steps_sweep`` every
+SAGA_SWEEP_INTERVAL_S.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import structlog
 from django.db import transaction
@@ -74,12 +75,24 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
             report.reenqueued += 1
             log.info("unwinds.step_reenqueued", step_id=step.pk, previous_job=step.job_id, job_state=state)
 
-    # 3. A running unwind with nothing in flight: its advance job never ran.
-    for unwind_id in (
-        Unwind.objects.filter(status=Unwind.Status.RUNNING)
+    # 3. A running unwind with nothing in flight whose advance job will not run: Redis lost it (or
+    # was down when it was enqueued), or its work horse died before claiming a step. One still
+    # waiting in the queue is left to its job: advancing it here would queue its step with a
+    # job of its own and leave the advance job nothing to do, two jobs where one does, which is
+    # what a backlog of unwinds started together (or any queue longer than a sweep) got. A job
+    # handed over less than a sweep interval ago may not be in Redis yet (the transaction that
+    # recorded it has committed, and its enqueue follows; after a commit that started hundreds
+    # of unwinds, the last ones follow a second or two later): the next sweep looks again.
+    for unwind_id, job_id in (
+        Unwind.objects.filter(status=Unwind.Status.RUNNING, updated_at__lt=now - timedelta(seconds=interval))
         .exclude(steps__status__in=unwinds.IN_FLIGHT)
-        .values_list("pk", flat=True)
+        .values_list("pk", "job_id")
     ):
+        will_run = queueing.job_will_run(job_id, queue="compensations", started_within_s=3 * interval)
+        if will_run is None:
+            break  # Redis is down: nothing can be enqueued now; the next sweep looks again
+        if will_run:
+            continue
         unwinds.unwind_advance(unwind_id=unwind_id)
         report.advanced += 1
     return report

@@ -3,22 +3,26 @@
 Mechanics (docs/RECOVERY.md tells the whole story):
 
 - ``unwind_create`` freezes the plan into steps (position 0 = newest completed action) and, after
-  commit, enqueues ``unwind_advance``.
+  commit, enqueues the ``unwind_advance`` job, whose id it writes on the unwind (``job_id``) in the
+  same transaction.
 - ``unwind_advance`` (under the unwind's row lock) looks at the first unfinished step: a step that
   needs approval opens an Approval and pauses the unwind; otherwise the step becomes ``queued``
-  and ``step_run`` is enqueued. Only one step is ever in flight.
+  and ``step_run`` is enqueued. Only one step is ever in flight. (The sweeper's move; the
+  ``unwind_advance`` job claims the step and runs it itself: ``unwind_run_steps`` below.)
 - ``step_run`` claims the step (``select_for_update(skip_locked=True)``, status ``queued`` →
   ``running``, a new fencing token and a lease), calls the compensator outside any transaction,
   then records the outcome only if it still holds the lease (same token, still ``running``).
 - The worker's jobs do both in a loop (``unwind_run_steps``, ``step_run(batch_s=...)``): the
-  transaction that records a step's outcome also advances the unwind and claims its next step
+  ``unwind_advance`` job claims the unwind's first step (``unwind_advance_and_claim``) and runs it,
+  and the transaction that records a step's outcome also advances the unwind and claims its next step
   (``pending`` → ``running`` directly: it never waits for a worker), and the job goes on with it
   for up to a batch of a couple of seconds; then the next step is queued with a ``step_run`` job
   at the back of the queue, so concurrent unwinds take turns. A crash mid-batch leaves one
   ``running`` step whose lease expires.
 - ``recovery.sweeper.steps_sweep`` (periodic) re-queues steps whose lease expired (worker killed), re-enqueues
   queued steps whose job vanished (Redis restarted), and advances running unwinds with nothing in
-  flight (an advance job that never reached Redis).
+  flight whose advance job RQ will not run (it never reached Redis, or its work horse died); one
+  still waiting in the queue is left to run.
 - When no step is left the unwind finishes: run → ``compensated`` and the item resolved, or run →
   ``failed`` and the item reopened as ``compensation_failed`` / ``state_drift`` listing what is left.
 
@@ -93,12 +97,19 @@ def step_timeout_of(unwind: Unwind) -> float:
 
 
 def _enqueue_advance(unwind_id: str) -> None:
-    # The advance job runs the unwind's steps itself (``unwind_run_steps``) for up to a batch.
+    """Hand the unwind to an advance job after the caller's transaction commits; the job runs the
+    unwind's steps itself (``unwind_run_steps``) for up to a batch. The job's id is written on the
+    unwind in the caller's transaction, so from the commit on the sweeper knows which job carries
+    the advance (one not in Redis yet gets a sweep interval to arrive: ``recovery.sweeper``)."""
+    job_id = queueing.new_job_id()
+    # Not a state change: which job carries the advance, and since when (for the sweeper).
+    Unwind.objects.filter(pk=unwind_id).update(job_id=job_id, updated_at=timezone.now())
     transaction.on_commit(
         lambda: queueing.enqueue(
             "recovery.jobs.unwind_advance",
             queue="compensations",
             job_timeout=drive_job_timeout(),
+            job_id=job_id,
             unwind_id=unwind_id,
         )
     )

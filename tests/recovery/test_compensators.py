@@ -3,7 +3,12 @@ the drift check before a snapshot restore."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -105,6 +110,84 @@ def test_a_wrong_secret_is_rejected_by_the_receiver_as_a_failure(webhooks):
         url=webhooks.url(HR_PATH), secret="not-the-secret", request=_request()
     )
     assert outcome.kind == "failed" and outcome.status_code == 401
+
+
+def test_one_client_serves_every_call_of_a_process(webhooks, monkeypatch):
+    client = compensators.webhook_client()
+    built = []
+    monkeypatch.setattr(compensators.httpx, "Client", lambda *a, **k: built.append(k))
+
+    assert _call(webhooks).kind == "done"
+    assert _call(webhooks, Reply(500)).kind == "retry"
+
+    assert compensators.webhook_client() is client and built == []
+    assert len(webhooks.calls) == 2
+
+
+def test_a_forked_work_horse_makes_its_own_client_and_reuses_the_ssl_context(webhooks):
+    # What saga_worker does before forking work horses.
+    compensators.webhook_client_warm()
+    assert _call(webhooks).kind == "done"
+    parent = compensators.webhook_client()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the work horse
+        try:
+            os.close(read)
+
+            def no_new_context(*_args: object, **_kwargs: object) -> ssl.SSLContext:
+                raise AssertionError("the work horse loaded the CA bundle again")
+
+            ssl.create_default_context = no_new_context
+            child = compensators.webhook_client()
+            report = {
+                "kind": _call(webhooks).kind,
+                "inherited": child is parent,
+                "kept": compensators.webhook_client() is child,
+                "parent_left_open": not parent.is_closed,
+            }
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the test
+            report = {"error": repr(exc)}
+        os.write(write, json.dumps(report).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        report = json.loads(pipe.read() or b"{}")
+    os.waitpid(pid, 0)
+
+    assert report == {"kind": "done", "inherited": False, "kept": True, "parent_left_open": True}
+    # The parent's client is untouched by the child and still its own.
+    assert compensators.webhook_client() is parent and not parent.is_closed
+    assert _call(webhooks).kind == "done"
+    assert [c.signature_ok for c in webhooks.calls] == [True, True, True]
+
+
+def test_a_redirect_is_the_answer_and_the_signed_step_is_not_sent_on(webhooks):
+    target = webhooks.url(HR_PATH)
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(307)
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test output
+            return
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        outcome = compensators.webhook_call(
+            url=f"http://127.0.0.1:{httpd.server_address[1]}/undo", secret=HR_SECRET, request=_request()
+        )
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+    assert (outcome.kind, outcome.status_code) == ("retry", 307)
+    assert webhooks.calls == []
 
 
 def test_python_compensators_receive_the_same_fields_and_map_exceptions():

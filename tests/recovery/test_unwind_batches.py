@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import django_rq
 import pytest
@@ -15,9 +15,11 @@ from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from rq.job import JobStatus
 
 from ledger import errors
 from ledger.audit import Actor, audit_verify
+from ledger.conf import saga
 from ledger.models import Action, Event
 from ledger.services import actions, runs
 from recovery import compensators, jobs, services, sweeper, unwinds
@@ -166,6 +168,97 @@ def test_a_worker_dying_mid_batch_leaves_one_leased_step_that_the_sweeper_takes_
     assert calls == [2, 1, 1, 0]
     lost.refresh_from_db()
     assert (lost.status, lost.attempts, lost.lease_token) == ("done", 2, 2)
+
+
+def test_the_first_step_runs_in_the_advance_job_and_a_crash_in_it_is_retaken_by_the_sweeper(
+    tenant, agent, alice, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        unwind = _unwind(tenant, agent, alice, steps=1)
+    queue = django_rq.get_queue("compensations")
+    [advance] = queue.jobs
+    unwind.refresh_from_db()
+    assert (advance.func_name, unwind.job_id) == ("recovery.jobs.unwind_advance", advance.id)
+    script.append(SystemExit("killed"))
+
+    with pytest.raises(SystemExit):
+        jobs.unwind_advance(unwind_id=unwind.pk)
+
+    # The advance job claimed the step itself (no job of its own was queued for it) and died in
+    # the call: one running step, leased, that nothing else touches while the lease holds.
+    step = unwind.steps.get()
+    assert (step.status, step.attempts, step.lease_token) == ("running", 1, 1)
+    assert sweeper.steps_sweep() == sweeper.SweepReport()
+    UnwindStep.objects.filter(pk=step.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    queue.empty()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        report = sweeper.steps_sweep()
+
+    assert (report.leases_expired, report.advanced) == (1, 0)
+    # The step is handed back with a job of its own (in this test's single transaction the
+    # job id is recorded only at the end, so the same sweep may hand it over twice: harmless).
+    assert {(job.func_name, job.kwargs["step_id"]) for job in queue.jobs} == {
+        ("recovery.jobs.step_run", step.pk)
+    }
+    jobs.step_run(step_id=step.pk)
+    step.refresh_from_db()
+    unwind.refresh_from_db()
+    assert (step.status, step.attempts, step.lease_token) == ("done", 2, 2)
+    assert unwind.status == Unwind.Status.COMPLETED and calls == [0, 0]
+
+
+def test_the_sweeper_leaves_an_unwind_to_its_advance_job_while_rq_holds_it(
+    tenant, agent, alice, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        unwind = _unwind(tenant, agent, alice, steps=2)
+    queue = django_rq.get_queue("compensations")
+    [advance] = queue.jobs
+    # However long the job waits behind other unwinds' jobs, it will run: advancing the unwind
+    # here would only queue its step with a second job and leave the first one nothing to do.
+    Unwind.objects.filter(pk=unwind.pk).update(updated_at=timezone.now() - timedelta(hours=1))
+
+    assert sweeper.steps_sweep().advanced == 0
+    assert [job.id for job in queue.jobs] == [advance.id] and _statuses(unwind) == ["pending", "pending"]
+
+    # A work horse that died before claiming a step leaves its job "started" for good (RQ notices
+    # only at its maintenance pass): past three sweep intervals the sweeper stops waiting for it.
+    advance.set_status(JobStatus.STARTED)
+    advance.started_at = datetime.now(UTC) - timedelta(seconds=1)
+    advance.save()
+    assert sweeper.steps_sweep().advanced == 0
+    advance.started_at = datetime.now(UTC) - timedelta(minutes=5)
+    advance.save()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweeper.steps_sweep().advanced == 1
+
+    assert _statuses(unwind) == ["queued", "pending"]
+    assert [job.func_name for job in queue.jobs] == ["recovery.jobs.unwind_advance", "recovery.jobs.step_run"]
+
+
+def test_an_advance_job_gets_a_sweep_interval_to_reach_redis_then_the_sweeper_advances(
+    tenant, agent, alice, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=False):
+        unwind = _unwind(tenant, agent, alice, steps=2)
+    # Committed with its job's id, the enqueue not done yet (after a commit that started hundreds
+    # of unwinds, the enqueues follow one after another): not a lost job yet.
+    unwind.refresh_from_db()
+    queue = django_rq.get_queue("compensations")
+    assert unwind.job_id and queue.jobs == []
+    assert sweeper.steps_sweep().advanced == 0
+
+    # A sweep interval on, the job never arrived (Redis was down, or restarted empty).
+    Unwind.objects.filter(pk=unwind.pk).update(
+        updated_at=timezone.now() - timedelta(seconds=saga().sweep_interval_s + 1)
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweeper.steps_sweep().advanced == 1
+
+    assert _statuses(unwind) == ["queued", "pending"]
+    assert [job.func_name for job in queue.jobs] == ["recovery.jobs.step_run"]
 
 
 def test_a_refused_advance_keeps_the_outcome_of_the_step_that_ran(

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
+import django_rq
 import pytest
+from django.db import transaction
+from rq.job import Job
 
 from ledger.audit import Actor
 from ledger.models import Action, Event, Run
@@ -73,6 +77,36 @@ def test_it_compensates_the_onboarding_saga_in_lifo_order_through_signed_webhook
         "workspace.provision_license": "compensated",
         "email.send_welcome": "failed",
     }
+
+
+def test_unwinds_started_together_cost_one_job_each_however_long_they_wait(
+    tenant, agent, alice, webhooks, start_worker
+):
+    load_onboarding_policies(webhooks=webhooks)
+    # Four unwinds of two 0.3 s steps on one worker: the last waits behind ~2 s of calls, longer
+    # than the sweep interval (1 s here), so sweeps run while advance jobs are still queued.
+    webhooks.default_delay_s = 0.3
+    sagas = [onboarding_saga(tenant, agent, email=f"hire{i}@company.com") for i in range(4)]
+    worker = start_worker()
+
+    with transaction.atomic():
+        started = [
+            services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="hiring paused")
+            for saga in sagas
+        ]
+    for unwind in started:
+        _wait_finished(unwind, [worker])
+
+    assert {unwind.status for unwind in started} == {Unwind.Status.COMPLETED}
+    assert len(webhooks.calls) == 8 and sum(webhooks.effects.values()) == 8
+    # Each unwind's advance job ran both its steps: the sweeper did not hand a waiting unwind's
+    # step to a second job.
+    queue = django_rq.get_queue("compensations")
+    ran = Counter(
+        Job.fetch(job_id, connection=queue.connection).func_name
+        for job_id in queue.finished_job_registry.get_job_ids()
+    )
+    assert ran == {"recovery.jobs.unwind_advance": 4}
 
 
 def test_it_retries_a_compensator_that_fails_twice_then_succeeds(

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 from rq import Worker
 from rq.logutils import setup_loghandlers
 
+from recovery import compensators
 from recovery.scheduling import Ticker
 
 QUEUES = ("default", "compensations", "notifications")
@@ -41,6 +42,9 @@ class Command(BaseCommand):
         level = {0: "WARNING", 1: "INFO"}.get(options["verbosity"], "DEBUG")
         setup_loghandlers(level)
         queues = options["queues"] or list(QUEUES)
+        # Work horses are forked from this process: what is built here once (the webhooks' SSL
+        # context, httpcore's import) each job would otherwise build again.
+        compensators.webhook_client_warm()
         ticker = None
         if not options["no_periodic"] and not options["burst"]:
             ticker = Ticker()
