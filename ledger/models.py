@@ -580,6 +580,17 @@ class Compensator(models.Model):
 
     class Meta:
         ordering = ["tool"]
+        # The registered compensators are kept per process under the policy stamp
+        # (recovery.compensators): a write here moves it too.
+        triggers = [
+            pgtrigger.Trigger(
+                name="compensator_stamp",
+                operation=pgtrigger.Insert | pgtrigger.Update | pgtrigger.Delete | pgtrigger.Truncate,
+                when=pgtrigger.After,
+                level=pgtrigger.Statement,
+                func=_BUMP_POLICY_STAMP,
+            )
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "tool"], name="compensator_unique_tool", nulls_distinct=False

@@ -164,14 +164,31 @@ def compensator_row(*, tenant_id: int, tool: str) -> Compensator | None:
     return rows[0] if rows else None
 
 
-def compensator_registered(*, tenant_id: int, tool: str) -> bool:
+# The tools registered as compensators for a tenant (its rows and the global ones), per process,
+# under the policy stamp they were read with: a write to ``ledger_compensator`` moves the stamp
+# (``ledger/0014``), like one to the tool policies. {tenant id: (stamp, tools)}.
+_ROWS: dict[int, tuple[int, frozenset[str]]] = {}
+_ROWS_MAX_TENANTS = 1000
+
+
+def compensator_registered(*, tenant_id: int, tool: str, stamp: int | None = None) -> bool:
     """Whether ``tool`` is a registered compensator for the tenant (a policy-file row, the tenant's
     or the global one, or a Python compensator registered in code): the only tools an agent may
-    name as an action's compensation on its own."""
-    return (
-        tool in _REGISTRY
-        or Compensator.objects.filter(Q(tenant_id=tenant_id) | Q(tenant__isnull=True), tool=tool).exists()
-    )
+    name as an action's compensation on its own. ``stamp``: the policy stamp the caller relies on
+    (a ledger write hands it to the database, which refuses the write when it is no longer
+    current); the rows may then come from this process's copy read under it."""
+    if tool in _REGISTRY:
+        return True
+    rows = Compensator.objects.filter(Q(tenant_id=tenant_id) | Q(tenant__isnull=True))
+    if stamp is None:
+        return rows.filter(tool=tool).exists()
+    cached = _ROWS.get(tenant_id)
+    if cached is None or cached[0] != stamp:
+        # Read after the stamp: what is kept can only be newer than the stamp says, never older.
+        if len(_ROWS) >= _ROWS_MAX_TENANTS:
+            _ROWS.clear()
+        cached = _ROWS[tenant_id] = (stamp, frozenset(rows.values_list("tool", flat=True)))
+    return tool in cached[1]
 
 
 def compensator_describe(*, tenant_id: int, tool: str) -> str:

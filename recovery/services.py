@@ -350,7 +350,9 @@ def _action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAc
     return actions.action_record(
         run=run,
         actor=actor,
-        is_compensator=lambda tool: compensators.compensator_registered(tenant_id=tenant_id, tool=tool),
+        is_compensator=lambda tool, stamp: compensators.compensator_registered(
+            tenant_id=tenant_id, tool=tool, stamp=stamp
+        ),
         on_gated=gate,
         **fields,
     )

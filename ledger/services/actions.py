@@ -53,7 +53,9 @@ def action_payload_hash(
 # "Is this tool a registered compensator for the tenant?": the registry has rows here (the policy
 # file's compensators) and Python compensators registered in code in the recovery layer, which
 # hands the whole question down as this predicate.
-CompensatorCheck = Callable[[str], bool]
+# Called with the tool and the policy stamp the record relies on: a registry the caller keeps per
+# process may answer from its copy read under that stamp (the database checks the stamp).
+CompensatorCheck = Callable[[str, int | None], bool]
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ def _compensation_for(
     args: Any,
     compensation: dict[str, Any] | None,
     is_compensator: CompensatorCheck | None,
+    stamp: int | None = None,
 ) -> _Compensation:
     """What undoes a newly recorded action. The agent's compensation is a request: where the
     policy names the compensating tool, any other is refused (``CompensationNotAllowed``); a tool
@@ -105,7 +108,7 @@ def _compensation_for(
             f"{named} is not allowed.",
             details={"tool": named, "allowed": mandated, "policy": policy.pattern},
         )
-    if named and not mandated and is_compensator is not None and not is_compensator(named):
+    if named and not mandated and is_compensator is not None and not is_compensator(named, stamp):
         raise errors.UnknownCompensator(
             f"{named} is not a registered compensator; an action can only be undone by a tool "
             "registered in the policy file (or in code).",
@@ -316,9 +319,7 @@ def _record_at_once(
         )
         if policy.limits or (policy.requires_approval and on_gated is not None):
             return None
-        if call.compensation and is_compensator is not None and not _mandated_tool(policy, tool=call.tool):
-            return None  # the registered compensators are read in the checked path
-        undo = _compensation(policy, call, is_compensator=None)
+        undo = _compensation(policy, call, is_compensator=is_compensator, stamp=stamp)
     except errors.SagaError:
         # A refusal (a deny rule, a compensation the policy does not allow) is decided after the
         # key's replay check, as the checked path does.
@@ -398,7 +399,7 @@ def _record_checked(
     )
     if exceeded is not None and not policy.requires_approval:
         policy = replace(policy, approval=ApprovalMode.MANUAL)
-    undo = _compensation(policy, call, is_compensator=is_compensator)
+    undo = _compensation(policy, call, is_compensator=is_compensator, stamp=locked.policy_stamp)
     action, events = _new_action(call, policy=policy, rule=rule, exceeded=exceeded, undo=undo, owner=owner)
     action.warnings[:0] = pivot_warnings_for_new(
         run=locked,
@@ -420,7 +421,7 @@ def _record_checked(
 
 
 def _compensation(
-    policy: ResolvedPolicy, call: _Call, *, is_compensator: CompensatorCheck | None
+    policy: ResolvedPolicy, call: _Call, *, is_compensator: CompensatorCheck | None, stamp: int | None
 ) -> _Compensation:
     return _compensation_for(
         policy,
@@ -430,6 +431,7 @@ def _compensation(
         args=call.args,
         compensation=call.compensation,
         is_compensator=is_compensator,
+        stamp=stamp,
     )
 
 

@@ -7,11 +7,14 @@ what Python told it (the states a rule allows, the run's closed states)."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from ledger import errors
 from ledger.audit import audit_heads_verify, audit_verify
-from ledger.models import Action, Event, PolicySet, ToolPolicy
+from ledger.models import Action, Compensator, Event, PolicySet, ToolPolicy
 from ledger.services import actions, writes
+from recovery.compensators import compensator_registered
 from tests.factories import auto_policy, force_status, make_run, record
 
 pytestmark = pytest.mark.django_db
@@ -122,3 +125,38 @@ def test_a_late_report_reaches_a_failed_run_but_not_a_cancelled_one(tenant, agen
         actions.action_succeed(action=stuck.action, actor=agent)
     assert Action.objects.get(pk=stuck.action.pk).status == "running"
     _verified(run.pk)
+
+
+def _named(run, agent, key: str, tool: str):
+    return actions.action_record(
+        run=run,
+        actor=agent,
+        tool="crm.update",
+        idempotency_key=key,
+        compensation={"tool": tool, "args": {}},
+        is_compensator=lambda name, stamp: compensator_registered(
+            tenant_id=run.tenant_id, tool=name, stamp=stamp
+        ),
+    )
+
+
+def test_a_compensator_registered_since_this_process_read_them_counts_from_the_next_write(tenant, agent):
+    auto_policy("crm.*", tenant=tenant)
+    run = make_run(tenant, agent)
+    with pytest.raises(errors.UnknownCompensator):
+        _named(run, agent, "warm", "crm.revert")  # this process now holds the registry (empty)
+    with pytest.raises(errors.UnknownCompensator):
+        _named(run, agent, "before", "crm.revert")
+    Compensator.objects.create(tenant=tenant, tool="crm.revert", kind="python", python_path="tests.x.revert")
+    recorded = _named(run, agent, "after", "crm.revert")
+    assert recorded.action.compensation_tool == "crm.revert"
+
+
+def test_an_agent_named_registered_compensator_costs_no_statement_of_its_own(tenant, agent):
+    auto_policy("crm.*", tenant=tenant)
+    Compensator.objects.create(tenant=tenant, tool="crm.revert", kind="python", python_path="tests.x.revert")
+    run = make_run(tenant, agent)
+    _named(run, agent, "warm", "crm.revert")
+    with CaptureQueriesContext(connection) as queries:
+        _named(run, agent, "k", "crm.revert")
+    assert len(queries.captured_queries) == 1
