@@ -232,22 +232,30 @@ def event_template(
     ``data``'s values may be slots; ``run_id`` None: the run is the database's (slots "run" and
     "chain": the run of the action it moves)."""
     event_data = {k: v if isinstance(v, Slot) else _roundtrip(v) for k, v in (data or {}).items()}
-    fields: dict[str, Any] = {
-        "tenant": tenant_id,
-        "run": run_id if run_id is not None else Slot("run"),
-        "chain": f"run:{run_id}" if run_id is not None else Slot("chain"),
-        "kind": kind,
-        "subject_type": subject_type,
-        "subject_id": subject_id,
-        "from_state": from_state,
-        "to_state": to_state,
-        "actor_type": actor.type,
-        "actor_id": actor.id,
-        "actor_label": actor.label[:200],
-        "reason": reason or "",
-        "data": event_data,
-        "created_at": (created_at or timezone.now()).isoformat(),
-    }
+    # The hashed fields are the ones verification reads back (``_hashed_fields``), spelled once;
+    # then the slots take the places of the values only the database knows.
+    fields = _hashed_fields(
+        Event(
+            tenant_id=tenant_id,
+            run_id=run_id or "",
+            chain=f"run:{run_id}" if run_id is not None else "",
+            kind=kind,
+            subject_type=subject_type,
+            subject_id=subject_id,
+            from_state="" if isinstance(from_state, Slot) else from_state,
+            to_state=to_state,
+            actor_type=actor.type,
+            actor_id=actor.id,
+            actor_label=actor.label[:200],
+            reason=reason or "",
+            data=event_data,
+            created_at=created_at or timezone.now(),
+        )
+    )
+    if run_id is None:
+        fields.update(run=Slot("run"), chain=Slot("chain"))
+    if isinstance(from_state, Slot):
+        fields["from_state"] = from_state
     parts, slots = _split(fields)
     data_parts, data_slots = _split(event_data)
     columns = {

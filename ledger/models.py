@@ -402,6 +402,18 @@ _BUMP_POLICY_STAMP = (
 )
 
 
+def _stamp_trigger(name: str) -> pgtrigger.Trigger:
+    """The trigger that moves the policy stamp on every write to a table whose rows a process may
+    keep under the stamp (``ledger.policies.StampCache``)."""
+    return pgtrigger.Trigger(
+        name=name,
+        operation=pgtrigger.Insert | pgtrigger.Update | pgtrigger.Delete | pgtrigger.Truncate,
+        when=pgtrigger.After,
+        level=pgtrigger.Statement,
+        func=_BUMP_POLICY_STAMP,
+    )
+
+
 class PolicySet(models.Model):
     """What a policy file says beyond per-tool policies: the default policy, unwind behaviour and
     auto-compensation, globally (tenant NULL) or for one tenant."""
@@ -421,15 +433,7 @@ class PolicySet(models.Model):
         ]
         # The default policy lives here: a process keeps it beside the tool policies, under the
         # same stamp (ledger.policies), so a write here moves the stamp too.
-        triggers = [
-            pgtrigger.Trigger(
-                name="policyset_stamp",
-                operation=pgtrigger.Insert | pgtrigger.Update | pgtrigger.Delete | pgtrigger.Truncate,
-                when=pgtrigger.After,
-                level=pgtrigger.Statement,
-                func=_BUMP_POLICY_STAMP,
-            )
-        ]
+        triggers = [_stamp_trigger("policyset_stamp")]
 
     def __str__(self) -> str:
         return f"policy set ({self.tenant or 'global'})"
@@ -476,15 +480,7 @@ class ToolPolicy(models.Model):
     class Meta:
         ordering = ["tool"]
         verbose_name_plural = "tool policies"
-        triggers = [
-            pgtrigger.Trigger(
-                name="toolpolicy_stamp",
-                operation=pgtrigger.Insert | pgtrigger.Update | pgtrigger.Delete | pgtrigger.Truncate,
-                when=pgtrigger.After,
-                level=pgtrigger.Statement,
-                func=_BUMP_POLICY_STAMP,
-            )
-        ]
+        triggers = [_stamp_trigger("toolpolicy_stamp")]
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "tool"], name="toolpolicy_unique_pattern", nulls_distinct=False
@@ -582,15 +578,7 @@ class Compensator(models.Model):
         ordering = ["tool"]
         # The registered compensators are kept per process under the policy stamp
         # (recovery.compensators): a write here moves it too.
-        triggers = [
-            pgtrigger.Trigger(
-                name="compensator_stamp",
-                operation=pgtrigger.Insert | pgtrigger.Update | pgtrigger.Delete | pgtrigger.Truncate,
-                when=pgtrigger.After,
-                level=pgtrigger.Statement,
-                func=_BUMP_POLICY_STAMP,
-            )
-        ]
+        triggers = [_stamp_trigger("compensator_stamp")]
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "tool"], name="compensator_unique_tool", nulls_distinct=False

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
@@ -29,6 +29,8 @@ from ledger.models import (
     ToolPolicy,
 )
 from ledger.policy_rules import NO_RULES, CompiledRules, Limit, Rule, compile_rules
+
+T = TypeVar("T")
 
 BUILTIN_DEFAULT_POLICY: dict[str, str] = {
     "risk": Risk.HIGH,
@@ -179,12 +181,40 @@ def policy_settings_for(tenant: Tenant | None) -> PolicySettings:
     )
 
 
-# The tool policies that can apply to a tenant, per process: {tenant id: (stamp, policies)}. An
-# entry serves only a caller that has just read the same stamp (see PolicyStamp): any write to the
-# policies, committed or in the caller's own transaction, changes the stamp, so a tightened policy
-# applies from the very next request in every process; there is no time-based staleness.
-_TOOL_POLICIES: dict[int, tuple[int, list[tuple[ToolPolicy, CompiledRules]]]] = {}
-_TOOL_POLICIES_MAX_TENANTS = 1000
+class StampCache(Generic[T]):
+    """What a process keeps per tenant under the policy stamp it was read with (see PolicyStamp):
+    an entry serves only a caller that holds the same stamp, just read in its transaction or about
+    to be checked by the database in the same statement as the write (``saga_action_record``).
+    Every write to a table the stamp covers (triggers: tool policies, policy sets, compensators),
+    committed or in the caller's own transaction, moves the stamp, so a change applies from the
+    very next request in every process; there is no time-based staleness. ``load`` reads after the
+    stamp was read: what is kept can only be newer than the stamp says, never older."""
+
+    def __init__(self, max_tenants: int = 1000) -> None:
+        self._entries: dict[int, tuple[int, T]] = {}
+        self._max_tenants = max_tenants
+
+    def stamp(self, tenant_id: int) -> int | None:
+        entry = self._entries.get(tenant_id)
+        return entry[0] if entry is not None else None
+
+    def get(self, tenant_id: int, stamp: int | None, load: Callable[[], T]) -> T:
+        """The kept value for ``stamp``, else ``load()`` (kept when there is a stamp)."""
+        entry = self._entries.get(tenant_id)
+        if stamp is not None and entry is not None and entry[0] == stamp:
+            return entry[1]
+        value = load()
+        if stamp is not None:
+            if len(self._entries) >= self._max_tenants:
+                self._entries.clear()
+            self._entries[tenant_id] = (stamp, value)
+        return value
+
+
+# The tool policies that can apply to a tenant (compiled), and its policy settings (the default
+# policy).
+_TOOL_POLICIES: StampCache[list[tuple[ToolPolicy, CompiledRules]]] = StampCache()
+_SETTINGS: StampCache[PolicySettings] = StampCache()
 
 
 def policy_stamp_subquery() -> RawSQL:
@@ -198,45 +228,20 @@ def policy_stamp_cached(tenant_id: int) -> int | None:
     """The stamp this process's copy of the tenant's policies was read with (None: no copy). A
     write that relies on the copy hands the stamp to the database, which refuses the write when
     the current stamp differs (``saga_action_record``)."""
-    cached = _TOOL_POLICIES.get(tenant_id)
-    return cached[0] if cached is not None else None
+    return _TOOL_POLICIES.stamp(tenant_id)
 
 
 def _tool_policies(tenant: Tenant, stamp: int | None) -> list[tuple[ToolPolicy, CompiledRules]]:
     """The tenant's and the global tool policies, each with its rules and limits compiled: once per
     stamp and process when the caller has the stamp, else for this call."""
-    if stamp is not None:
-        cached = _TOOL_POLICIES.get(tenant.pk)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
-    # Read after the stamp: what is kept can only be newer than the stamp says, never older.
-    policies = [
-        (p, compile_rules(p.rules, p.limits))
-        for p in ToolPolicy.objects.filter(Q(tenant=tenant) | Q(tenant__isnull=True))
-    ]
-    if stamp is not None:
-        if len(_TOOL_POLICIES) >= _TOOL_POLICIES_MAX_TENANTS:
-            _TOOL_POLICIES.clear()
-        _TOOL_POLICIES[tenant.pk] = (stamp, policies)
-    return policies
-
-
-# The tenant's policy settings (the default policy) per process, under the same stamp: a write to
-# ``ledger_policyset`` moves it too. {tenant id: (stamp, settings)}.
-_SETTINGS: dict[int, tuple[int, PolicySettings]] = {}
-
-
-def _settings_for(tenant: Tenant, stamp: int | None) -> PolicySettings:
-    if stamp is not None:
-        cached = _SETTINGS.get(tenant.pk)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
-    settings_ = policy_settings_for(tenant)
-    if stamp is not None:
-        if len(_SETTINGS) >= _TOOL_POLICIES_MAX_TENANTS:
-            _SETTINGS.clear()
-        _SETTINGS[tenant.pk] = (stamp, settings_)
-    return settings_
+    return _TOOL_POLICIES.get(
+        tenant.pk,
+        stamp,
+        lambda: [
+            (p, compile_rules(p.rules, p.limits))
+            for p in ToolPolicy.objects.filter(Q(tenant=tenant) | Q(tenant__isnull=True))
+        ],
+    )
 
 
 def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> ResolvedPolicy:
@@ -264,7 +269,7 @@ def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> Re
             approvers=best.approvers,
             compiled=compiled,
         )
-    settings_ = _settings_for(tenant, stamp)
+    settings_ = _SETTINGS.get(tenant.pk, stamp, lambda: policy_settings_for(tenant))
     default = settings_.default_policy
     return ResolvedPolicy(
         tool=tool,

@@ -45,6 +45,7 @@ from saga_client.signing import signed_headers
 
 from ledger.conf import saga
 from ledger.models import CompensationStrategy, Compensator
+from ledger.policies import StampCache
 
 log = structlog.get_logger("saga_admin.compensators")
 
@@ -165,10 +166,8 @@ def compensator_row(*, tenant_id: int, tool: str) -> Compensator | None:
 
 
 # The tools registered as compensators for a tenant (its rows and the global ones), per process,
-# under the policy stamp they were read with: a write to ``ledger_compensator`` moves the stamp
-# (``ledger/0014``), like one to the tool policies. {tenant id: (stamp, tools)}.
-_ROWS: dict[int, tuple[int, frozenset[str]]] = {}
-_ROWS_MAX_TENANTS = 1000
+# under the policy stamp (a write to ``ledger_compensator`` moves it, ``ledger/0014``).
+_ROWS: StampCache[frozenset[str]] = StampCache()
 
 
 def compensator_registered(*, tenant_id: int, tool: str, stamp: int | None = None) -> bool:
@@ -182,13 +181,7 @@ def compensator_registered(*, tenant_id: int, tool: str, stamp: int | None = Non
     rows = Compensator.objects.filter(Q(tenant_id=tenant_id) | Q(tenant__isnull=True))
     if stamp is None:
         return rows.filter(tool=tool).exists()
-    cached = _ROWS.get(tenant_id)
-    if cached is None or cached[0] != stamp:
-        # Read after the stamp: what is kept can only be newer than the stamp says, never older.
-        if len(_ROWS) >= _ROWS_MAX_TENANTS:
-            _ROWS.clear()
-        cached = _ROWS[tenant_id] = (stamp, frozenset(rows.values_list("tool", flat=True)))
-    return tool in cached[1]
+    return tool in _ROWS.get(tenant_id, stamp, lambda: frozenset(rows.values_list("tool", flat=True)))
 
 
 def compensator_describe(*, tenant_id: int, tool: str) -> str:

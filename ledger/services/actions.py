@@ -29,7 +29,7 @@ from ledger.policy_rules import Rule
 from ledger.rules import COMPENSATABLE_CLASSES, NOT_A_PIVOT, pivot_order_warning, reason_required
 from ledger.services import limits, pauses, writes
 from ledger.services.limits import LimitExceeded
-from ledger.services.runs import run_assert_accepts_writes, run_lock, run_scope
+from ledger.services.runs import run_assert_accepts_writes, run_closed_states, run_lock, run_scope
 from ledger.transitions import ACTION_TRANSITIONS, transition
 
 
@@ -306,6 +306,18 @@ def _tenant_of(run: Run) -> Tenant:
     return run.tenant if Run.tenant.is_cached(run) else Tenant(pk=run.tenant_id)
 
 
+def key_lock_name(tenant_id: int, idempotency_key: str) -> str:
+    """The advisory lock an idempotency key's writers serialise on. ``saga_action_record`` builds
+    the same name in SQL (``ledger/0013``); a test holds this one and sees the function wait."""
+    return f"action-key:{tenant_id}:{idempotency_key}"
+
+
+def _recording_agent(call: _Call, run: Run) -> str:
+    """Who the action is counted against (``Action.owner``, limits ``per: agent``): the
+    authenticated key's name, else the run's agent."""
+    return call.actor.key.name if call.actor.key is not None else run.owner
+
+
 def _record_at_once(
     call: _Call, *, is_compensator: CompensatorCheck | None, on_gated: Gate | None
 ) -> RecordedAction | None:
@@ -324,7 +336,7 @@ def _record_at_once(
         # A refusal (a deny rule, a compensation the policy does not allow) is decided after the
         # key's replay check, as the checked path does.
         return None
-    owner = call.actor.key.name if call.actor.key is not None else call.run.owner
+    owner = _recording_agent(call, call.run)
     action, events = _new_action(call, policy=policy, rule=rule, exceeded=None, undo=undo, owner=owner)
     answer = writes.call(
         "saga_action_record",
@@ -371,7 +383,7 @@ def _record_checked(
             "SET LOCAL lock_timeout = %s;"
             " SELECT pg_advisory_xact_lock(hashtextextended(%s, 0));"
             " SET LOCAL lock_timeout TO DEFAULT",
-            [f"{int(call.lock_timeout_ms)}ms", f"action-key:{run.tenant_id}:{call.idempotency_key}"],
+            [f"{int(call.lock_timeout_ms)}ms", key_lock_name(run.tenant_id, call.idempotency_key)],
         )
     existing = (
         Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=call.idempotency_key)
@@ -388,7 +400,7 @@ def _record_checked(
     # The policy's rules on the args (first match wins; a deny rule → 403, nothing recorded), then
     # its limits, counted under a lock per limit scope (``ledger.services.limits``).
     policy, rule = base_policy.with_args(call.args)
-    owner = call.actor.key.name if call.actor.key is not None else locked.owner
+    owner = _recording_agent(call, locked)
     exceeded = limits.limits_check(
         policy=policy,
         tenant_id=locked.tenant_id,
@@ -550,7 +562,7 @@ def _record_payload(call: _Call, action: Action, events: list[dict[str, Any]]) -
         "run_id": call.run.pk,
         "run_owner": call.run.owner or "",
         "lock_timeout_ms": int(call.lock_timeout_ms),
-        "closed": list(Run.CLOSED_TO_WRITES),
+        "closed": list(run_closed_states()),
         "action": row,
         "events": events,
     }
@@ -665,7 +677,7 @@ def action_start(*, action: Action, actor: Actor) -> Action:
         kind="action.started",
         allowed=[Action.Status.APPROVED, Action.Status.FAILED],
         allowed_unless_approval=[Action.Status.PLANNED],
-        closed=Run.CLOSED_TO_WRITES,
+        report=False,
         counter="attempts",
         set={"started_at": timezone.now(), "error": "", "error_layer": ""},
         data={"attempt": slot("attempt")},
@@ -700,7 +712,7 @@ class _Move:
     to: str
     kind: str
     allowed: list[str]
-    closed: tuple[str, ...]
+    report: bool  # the agent reporting how a running action ended (run_closed_states)
     set: dict[str, Any]
     data: dict[str, Any]
     allowed_unless_approval: list[str] = field(default_factory=list)
@@ -723,7 +735,7 @@ def _action_move(
         "to": move.to,
         "allowed": move.allowed,
         "allowed_unless_approval": move.allowed_unless_approval,
-        "closed": list(move.closed),
+        "closed": list(run_closed_states(report=move.report)),
         "counter": move.counter,
         "set": {
             name: value.isoformat() if isinstance(value, datetime) else value
@@ -760,8 +772,7 @@ def _action_move(
     row = writes.action_from_row(answer["action"])
     _fill(action, row)
     if outcome == "closed":
-        report = move.closed == Run.CLOSED_TO_REPORTS
-        run_assert_accepts_writes(Run(pk=row.run_id, status=answer["current"]), report=report)
+        run_assert_accepts_writes(Run(pk=row.run_id, status=answer["current"]), report=move.report)
     if outcome == "refused":
         current = answer["current"]
         raise (
@@ -801,7 +812,7 @@ def action_succeed(
         to=Action.Status.SUCCEEDED,
         kind="action.succeeded",
         allowed=[Action.Status.RUNNING],
-        closed=Run.CLOSED_TO_REPORTS,
+        report=True,
         counter="completion_seq",
         set=updates,
         data={"completion_seq": slot("completion_seq")},
@@ -850,7 +861,7 @@ def action_fail(
         to=Action.Status.UNKNOWN if outcome_unknown else Action.Status.FAILED,
         kind="action.outcome_unknown" if outcome_unknown else "action.failed",
         allowed=[Action.Status.RUNNING],
-        closed=Run.CLOSED_TO_REPORTS,
+        report=True,
         set={"error": error, "retryable": retryable, "error_layer": layer, "completed_at": timezone.now()},
         data={"retryable": retryable, "layer": layer},
         reason=error,

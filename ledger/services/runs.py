@@ -305,6 +305,12 @@ def run_close(*, run: Run, actor: Actor, reason: str) -> Run:
     )
 
 
+def run_closed_states(*, report: bool = False) -> tuple[str, ...]:
+    """The run states that refuse an agent's write (``report``: its report on a running action);
+    ``run_assert_accepts_writes`` applies them, and the ledger's write functions are handed them."""
+    return Run.CLOSED_TO_REPORTS if report else Run.CLOSED_TO_WRITES
+
+
 def run_assert_accepts_writes(run: Run, *, report: bool = False) -> None:
     """The one closed-to-writes rule (API.md), for every write of an agent: a run that is failed
     (until it is resumed), cancelled, compensating, compensated or closed takes no new actions, no
@@ -315,8 +321,7 @@ def run_assert_accepts_writes(run: Run, *, report: bool = False) -> None:
     fail). A failed run still takes that (the truth arriving late); a cancelled, compensating,
     compensated or closed one does not (``Run.CLOSED_TO_REPORTS``: its running actions became
     ``unknown`` when it got there). ``run`` must have been read under its row lock."""
-    closed = Run.CLOSED_TO_REPORTS if report else Run.CLOSED_TO_WRITES
-    if run.status in closed:
+    if run.status in run_closed_states(report=report):
         until = " until it is resumed" if run.status == Run.Status.FAILED else ""
         raise errors.RunNotAcceptingActions(
             f"Run {run.pk} is {run.status}; it accepts no more actions or checkpoints{until}.",

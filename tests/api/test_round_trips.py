@@ -15,19 +15,11 @@ from django.db import connection
 
 from ledger.audit import audit_heads_verify, audit_verify
 from ledger.models import Action, Run
-from tests.factories import new_run
+from tests.factories import new_action, new_run
 from tests.support.api import Api
 
 # Not wrapped in a test transaction: the requests run as in production, in autocommit.
 pytestmark = pytest.mark.django_db(transaction=True)
-
-BODY = {
-    "tool": "hr.create_user",
-    "target_type": "user",
-    "target_id": "ashu@company.com",
-    "args": {"email": "ashu@company.com", "name": "Ashu Kumar"},
-    "compensation": {"tool": "hr.delete_user", "args": {"email": "ashu@company.com"}},
-}
 
 
 class Trips:
@@ -58,30 +50,27 @@ def warm(api: Api, onboarding_policies) -> dict:
     """A run, and one request of each kind first: the key and the policies are then in this
     process's caches, as they are for an agent that is already at work."""
     run = new_run(api)
-    first = api.post(f"/runs/{run['id']}/actions", {**BODY, "idempotency_key": "warm", "start": True})
-    assert first.status_code == 201, first.content
-    assert api.post(f"/actions/{first.json()['id']}/succeed", {"result": {"ok": True}}).status_code == 200
+    first = new_action(api, run["id"], "warm", start=True)
+    assert api.post(f"/actions/{first['id']}/succeed", {"result": {"ok": True}}).status_code == 200
     assert api.post(f"/runs/{run['id']}/heartbeat", {}).status_code == 200
     return run
 
 
 def test_recording_an_action_is_one_round_trip(api, warm):
     with round_trips() as trips:
-        response = api.post(f"/runs/{warm['id']}/actions", {**BODY, "idempotency_key": "k-1"})
-    assert response.status_code == 201, response.content
+        recorded = new_action(api, warm["id"], "k-1")
     assert trips.count == 1, trips.messages
-    assert response.json()["seq"] == 2
-    assert Action.objects.filter(pk=response.json()["id"], status="planned").exists()
+    assert recorded["seq"] == 2
+    assert Action.objects.filter(pk=recorded["id"], status="planned").exists()
 
 
 def test_a_tool_call_is_two_round_trips_record_with_start_then_succeed(api, warm):
     with round_trips() as trips:
-        recorded = api.post(f"/runs/{warm['id']}/actions", {**BODY, "idempotency_key": "k-2", "start": True})
-    assert recorded.status_code == 201, recorded.content
+        recorded = new_action(api, warm["id"], "k-2", start=True)
     assert trips.count == 1, trips.messages
-    assert (recorded.json()["status"], recorded.json()["attempts"]) == ("running", 1)
+    assert (recorded["status"], recorded["attempts"]) == ("running", 1)
     with round_trips() as trips:
-        succeeded = api.post(f"/actions/{recorded.json()['id']}/succeed", {"result": {"id": 7}})
+        succeeded = api.post(f"/actions/{recorded['id']}/succeed", {"result": {"id": 7}})
     assert succeeded.status_code == 200, succeeded.content
     assert trips.count == 1, trips.messages
     body = succeeded.json()
@@ -92,7 +81,7 @@ def test_a_tool_call_is_two_round_trips_record_with_start_then_succeed(api, warm
 
 
 def test_start_and_fail_are_one_round_trip_each(api, warm):
-    recorded = api.post(f"/runs/{warm['id']}/actions", {**BODY, "idempotency_key": "k-3"}).json()
+    recorded = new_action(api, warm["id"], "k-3")
     with round_trips() as trips:
         started = api.post(f"/actions/{recorded['id']}/start", {})
     assert started.status_code == 200, started.content

@@ -6,6 +6,7 @@ what Python told it (the states a rule allows, the run's closed states)."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -160,3 +161,29 @@ def test_an_agent_named_registered_compensator_costs_no_statement_of_its_own(ten
     with CaptureQueriesContext(connection) as queries:
         _named(run, agent, "k", "crm.revert")
     assert len(queries.captured_queries) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_one_call_record_waits_on_the_same_key_lock_as_the_checked_path(tenant, agent):
+    auto_policy(tenant=tenant)
+    run = make_run(tenant, agent)
+    record(run, agent, "warm")  # this process holds the policies: the next record is one call
+    settings = connection.settings_dict
+    other = psycopg.connect(
+        dbname=settings["NAME"],
+        user=settings["USER"],
+        host=settings["HOST"],
+        port=settings["PORT"] or 5432,
+        autocommit=True,
+    )
+    try:
+        other.execute(
+            "SELECT pg_advisory_lock(hashtextextended(%s, 0))", [actions.key_lock_name(tenant.pk, "k")]
+        )
+        with pytest.raises(errors.IdempotencyKeyInFlight):
+            actions.action_record(
+                run=run, actor=agent, tool="hr.create_user", idempotency_key="k", lock_timeout_ms=200
+            )
+    finally:
+        other.close()
+    assert not Action.objects.filter(idempotency_key="k").exists()
