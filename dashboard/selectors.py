@@ -641,6 +641,10 @@ def _compensation_card(approval: Approval, step: UnwindStep) -> ApprovalCardCont
         args_heading = "Arguments it will run with"
     if served:
         summary += f" Served by a {served} compensator."
+    upstream = planned.get("upstream") or {}
+    if upstream and not upstream.get("reaches"):
+        # Why this step waits for a person even when its policy is automatic (recovery.planner).
+        summary += f" Careful — {upstream.get('message', '')}."
     if args is None and not args_note:
         args_note = "None: the compensator works from the target and the recorded states."
 

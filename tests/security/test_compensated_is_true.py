@@ -343,8 +343,11 @@ def test_a_worker_does_not_call_a_compensator_that_stopped_reaching_the_upstream
 
 
 def test_an_approved_mismatched_step_runs_once_a_person_decided(
-    people_policies, agent_key, operator_key, approver_key
+    people_policies, agent_key, operator_key, approver_key, bob
 ):
+    from django.test import Client as Browser
+    from django.urls import reverse
+
     Compensator.objects.filter(tool="people.delete_user").update(
         kind="python", url="", mcp_tool="", python_path=f"{__name__}.delete_user"
     )
@@ -357,6 +360,11 @@ def test_an_approved_mismatched_step_runs_once_a_person_decided(
     unwinds.unwind_run_steps(unwind_id=unwind_id, batch_s=5)
     approval = Approval.objects.get(step__unwind_id=unwind_id)
     assert python_calls == []
+    # The approver is told why this automatic-looking step waits for them.
+    browser = Browser()
+    browser.force_login(bob)
+    card = browser.get(reverse("dashboard:approvals")).content.decode()
+    assert "upstream mismatch" in card and PEOPLE_URL in card
     granted = approver.post(f"/approvals/{approval.pk}/approve", {"reason": "checked: same directory"})
     assert granted.status_code == 200, granted.content
     unwinds.step_run(step_id=approval.step_id, batch_s=5)
