@@ -57,6 +57,7 @@ from ledger.pagination import OLDEST_FIRST, Key, keyset_page
 from ledger.policies import policies_in_force, policy_settings_for
 from ledger.policy_rules import compile_rules
 from ledger.selectors import checkpoints_for_run, run_warnings
+from ledger.upstreams import policy_upstream_mismatches
 from recovery import selectors as recovery_selectors
 from recovery.approvals import pending_q
 from recovery.commands import overdue_before
@@ -640,6 +641,10 @@ def _compensation_card(approval: Approval, step: UnwindStep) -> ApprovalCardCont
         args_heading = "Arguments it will run with"
     if served:
         summary += f" Served by a {served} compensator."
+    upstream = planned.get("upstream") or {}
+    if upstream and not upstream.get("reaches"):
+        # Why this step waits for a person even when its policy is automatic (recovery.planner).
+        summary += f" Careful — {upstream.get('message', '')}."
     if args is None and not args_note:
         args_note = "None: the compensator works from the target and the recorded states."
 
@@ -894,6 +899,9 @@ class TenantPolicies:
     default_policy: dict[str, Any]
     unwind: dict[str, Any]
     auto_compensate: dict[str, Any]
+    # Tool/compensator pairs whose compensator does not reach the upstream the tool was recorded
+    # on (``ledger.upstreams.policy_upstream_mismatches``).
+    upstream_mismatches: list[dict[str, Any]] = field(default_factory=list)
 
 
 def policies_for(*, tenant: Tenant) -> TenantPolicies:
@@ -913,4 +921,5 @@ def policies_for(*, tenant: Tenant) -> TenantPolicies:
         default_policy=policy_settings.default_policy,
         unwind=policy_settings.unwind,
         auto_compensate=policy_settings.auto_compensate,
+        upstream_mismatches=policy_upstream_mismatches(tenant=tenant),
     )

@@ -281,6 +281,10 @@ class Action(models.Model):
     )
     compensation_tool = models.CharField(max_length=200, blank=True, default="")
     compensation_args = models.JSONField(null=True, blank=True)
+    # The gateway that forwarded the call and the upstream that performed it (``{"gateway",
+    # "upstream"}``, null when the agent called the tool itself): an undo must reach that upstream
+    # (``ledger.upstreams``). Written by ``saga_action_record`` with the rest of the row.
+    via = models.JSONField(null=True, blank=True)
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.PLANNED)
     attempts = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True, default="")
@@ -343,6 +347,11 @@ class Action(models.Model):
             models.Index(fields=["tenant", "target_id"], name="action_tenant_target"),
             models.Index(fields=["run", "-completion_seq"], name="action_run_completion"),
             models.Index(fields=["tenant", "status"], name="action_tenant_status"),
+            # The newest gateway-recorded actions of a tenant, for the policy checks of
+            # ``ledger.upstreams`` (a partial index: only the rows that carry a ``via``).
+            models.Index(
+                fields=["tenant", "-created_at"], name="action_via_recent", condition=Q(via__isnull=False)
+            ),
             # ``per: agent`` limits: the agent's recorded, not rejected actions of a tool in a window
             # (``per: tenant`` ones use action_tenant_tool).
             models.Index(

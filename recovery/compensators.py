@@ -43,6 +43,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND, CallToolResult, RequestParamsMeta, TextContent
 from saga_client.signing import signed_headers
 
+from ledger import upstreams
 from ledger.conf import saga
 from ledger.models import CompensationStrategy, Compensator
 from ledger.policies import StampCache
@@ -57,6 +58,9 @@ RETRY = "retry"
 # Outcome.code of a step whose compensating tool nothing serves any more (removed from the policy
 # file, or its Python code gone): a permanent failure the engine words for the operator.
 COMPENSATOR_MISSING = "compensator_missing"
+# Outcome.code of a step not run because its compensator does not reach the upstream that
+# performed the action and no person approved it (``ledger.upstreams``).
+UPSTREAM_MISMATCH = "upstream_mismatch"
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,11 @@ class CompensationRequest:
     override_drift: bool = False
     timeout_s: float = 10.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # The upstream that performed the forward action ("" when it names none), and whether a person
+    # approved this step: without that approval, a compensator that does not reach the upstream
+    # is not called.
+    upstream: str = ""
+    person_approved: bool = False
 
     def body(self) -> dict[str, Any]:
         return {
@@ -159,10 +168,9 @@ def state_reader(tool: str) -> Callable[[ReaderFn], ReaderFn]:
 
 
 def compensator_row(*, tenant_id: int, tool: str) -> Compensator | None:
-    rows = list(Compensator.objects.filter(Q(tenant_id=tenant_id) | Q(tenant__isnull=True), tool=tool))
-    # The tenant's own row beats the global one.
-    rows.sort(key=lambda row: 0 if row.tenant_id else 1)
-    return rows[0] if rows else None
+    """The policy-file row that serves ``tool`` for the tenant (``ledger.upstreams``, which also
+    needs it below the recovery layer)."""
+    return upstreams.compensator_row(tenant_id=tenant_id, tool=tool)
 
 
 # The tools registered as compensators for a tenant (its rows and the global ones), per process,
@@ -211,6 +219,14 @@ def execute(
         row = rows[(tenant_id, request.tool)]
     else:
         row = rows[(tenant_id, request.tool)] = compensator_row(tenant_id=tenant_id, tool=request.tool)
+    if request.upstream and not request.person_approved:
+        # The plan made such a step wait for a person; this holds even when the policy file
+        # changed the compensator after the plan was frozen.
+        reach = upstreams.compensator_reach(
+            via={"upstream": request.upstream}, row=row, in_code=request.tool in _REGISTRY
+        )
+        if reach is not None and not reach.reaches:
+            return Outcome.failed(f"Not run: {reach.mismatch(tool=request.tool)}.", code=UPSTREAM_MISMATCH)
     if request.strategy == CompensationStrategy.SNAPSHOT and not request.override_drift:
         drift = _check_drift(request, row)
         if drift is not None:

@@ -24,6 +24,13 @@ rule the resume preview uses to call a checkpoint stale, so "undo back to X" und
 "resume from X" would repeat. The checkpoint's ``completed_action_ids`` are the agent's claim and
 play no part.
 
+**The upstream.** An action recorded through a gateway names the upstream that performed it
+(``Action.via``). Its step reaches that upstream only through an MCP compensator on the same URL
+(``ledger.upstreams``); with any other compensator the step needs a person whatever its policy
+says, its ``upstream`` shows where the action was performed and where the compensator goes, its
+note and the plan's ``upstream_mismatch`` warning say why, and no automatic compensation starts
+(``recovery.services``). The worker checks again before it calls (``recovery.compensators``).
+
 ``plan_hash`` fingerprints the whole plan as the preview shows it (every step, in order: its
 action, compensating tool, args, strategy, whether it can be undone and whether it needs an
 approval), whatever the selection. The operator sends back the hash they read; a different plan
@@ -37,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger import errors
+from ledger import errors, upstreams
 from ledger.hashing import sha256_hex
 from ledger.models import (
     Action,
@@ -73,6 +80,13 @@ class PlanStep:
     policy: dict[str, Any] | None = None
     # Why the step's args cannot be filled from the forward action ("" when they can).
     args_error: str = ""
+    # Where the forward action was performed and whether the compensator reaches it
+    # (``ledger.upstreams.Reach``); None when the action names no upstream.
+    upstream: dict[str, Any] | None = None
+
+    @property
+    def upstream_mismatch(self) -> bool:
+        return self.upstream is not None and not self.upstream["reaches"]
 
     def fingerprint(self) -> dict[str, Any]:
         """What ``plan_hash`` covers of the step: what would run, and who must agree to it."""
@@ -104,6 +118,7 @@ class PlanStep:
             "note": self.note,
             "policy": self.policy,
             "args_error": self.args_error,
+            "upstream": self.upstream,
         }
 
 
@@ -229,6 +244,18 @@ def _step_for(action: Action, resolve: dict[str, ResolvedPolicy]) -> PlanStep:
     served_by = compensators.compensator_describe(tenant_id=action.tenant_id, tool=tool) if can_undo else ""
     if can_undo and not served_by:
         notes.append(f"no compensator is registered for {tool}: the step will fail")
+    reach = None
+    if can_undo and action.via is not None:
+        reach = upstreams.compensator_reach(
+            via=action.via,
+            row=compensators.compensator_row(tenant_id=action.tenant_id, tool=tool),
+            in_code=served_by == "python",
+        )
+    if reach is not None and not reach.reaches:
+        # Undoing it elsewhere would leave the effect in place and read "compensated": a person
+        # checks, whatever the compensating tool's policy says.
+        requires_approval = True
+        notes.append(reach.mismatch(tool=tool))
     return PlanStep(
         action=action,
         tool=tool,
@@ -241,6 +268,7 @@ def _step_for(action: Action, resolve: dict[str, ResolvedPolicy]) -> PlanStep:
         note="; ".join(notes),
         policy=governing,
         args_error=args_error,
+        upstream={**reach.as_dict(), "message": reach.mismatch(tool=tool)} if reach is not None else None,
     )
 
 
@@ -279,6 +307,16 @@ def compensation_plan(
                     "code": "cannot_undo",
                     "action_id": step.action.pk,
                     "message": f"{step.action.tool} (#{step.action.seq}) {step.note}.",
+                }
+            )
+        elif step.upstream_mismatch:
+            plan.warnings.append(
+                {
+                    "code": "upstream_mismatch",
+                    "action_id": step.action.pk,
+                    "message": f"{step.action.tool} (#{step.action.seq}): "
+                    + str((step.upstream or {}).get("message", ""))
+                    + ".",
                 }
             )
     plan.plan_hash = plan_hash_of(plan.steps)

@@ -590,7 +590,8 @@ def _auto_compensate(*, run: Run, item: RecoveryItem) -> Unwind | None:
 def _auto_compensable(run: Run) -> str | None:
     """The policy's ``auto_compensate.max_risk`` when every live action, and every compensating
     tool that would undo one (by its own policy, the default one when it has none), is at or under
-    it, and there is something to undo (and nothing unknown); otherwise None."""
+    it, there is something to undo (and nothing unknown) and every step's compensator reaches the
+    upstream its action was performed on; otherwise None."""
     max_allowed = policy_settings_for(run.tenant).auto_compensate_max_risk
     if max_allowed is None:
         return None
@@ -606,6 +607,10 @@ def _auto_compensable(run: Run) -> str | None:
     if not undoable:
         return None
     if any(step.policy and RISK_ORDER[Risk(step.policy["risk"])] > threshold for step in undoable):
+        return None
+    # A step whose compensator does not reach the upstream that performed its action is a
+    # person's to decide: the whole run waits in the queue, its plan showing the mismatch.
+    if any(step.upstream_mismatch for step in undoable):
         return None
     return str(max_allowed)
 

@@ -44,7 +44,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Case, When
 from django.utils import timezone
 
-from ledger import errors, ids
+from ledger import errors, ids, upstreams
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from ledger.models import Action, Risk, Run, max_risk
@@ -183,6 +183,9 @@ def unwind_create(
             error="" if planned.can_undo else planned.note,
             finished_at=None if planned.can_undo else now,
         )
+    # Steps that wait for a person because their compensator does not reach the upstream that
+    # performed the action (recovery.planner): the audit says which, and where each was done.
+    mismatched = [{"action_id": s.action.pk, **(s.upstream or {})} for s in plan.steps if s.upstream_mismatch]
     audit_record(
         tenant=run.tenant,
         run=run,
@@ -196,6 +199,7 @@ def unwind_create(
             "automatic": automatic,
             "on_failure": knobs.on_failure,
             "tools": [s.tool for s in plan.steps],
+            **({"upstream_mismatch": mismatched} if mismatched else {}),
         },
     )
     _enqueue_advance(unwind.pk)
@@ -570,6 +574,9 @@ def _step_start(
         strategy=step.strategy,
         override_drift=override,
         timeout_s=compensators.call_timeout_s(step_timeout_s=step_timeout_of(step.unwind)),
+        upstream=upstreams.via_upstream(action.via),
+        # A step that requires approval reaches a worker only once approved (_advance_locked).
+        person_approved=step.requires_approval,
     )
     return Claim(
         step_id=step.pk,

@@ -34,11 +34,19 @@ from ledger.transitions import ACTION_TRANSITIONS, transition
 
 
 def action_payload_hash(
-    *, tool: str, target_type: str, target_id: str, args: Any, compensation: dict[str, Any] | None
+    *,
+    tool: str,
+    target_type: str,
+    target_id: str,
+    args: Any,
+    compensation: dict[str, Any] | None,
+    via: dict[str, str] | None = None,
 ) -> str:
     """What makes two recordings "the same action". Intent and snapshots are left out on purpose:
     an agent retrying after a timeout re-reads its target and rephrases its reasoning, and that
-    must still count as the same call."""
+    must still count as the same call. The upstream that performs it (``via``) is in: the same
+    call to another server is another action. Hashed only when sent, so the hash of an action
+    recorded without it is what it always was."""
     return sha256_hex(
         {
             "tool": tool,
@@ -46,6 +54,7 @@ def action_payload_hash(
             "target_id": target_id,
             "args": args,
             "compensation": compensation,
+            **({"via": via} if via is not None else {}),
         }
     )
 
@@ -67,7 +76,7 @@ class _Compensation:
     warnings: list[dict[str, Any]]
 
 
-def _mandated_tool(policy: ResolvedPolicy, *, tool: str) -> str:
+def mandated_compensation_tool(policy: ResolvedPolicy, *, tool: str) -> str:
     """The compensating tool the forward tool's policy names ("" when it leaves it to the agent)."""
     if policy.action_class == ActionClass.READ_ONLY:
         return ""
@@ -100,7 +109,7 @@ def _compensation_for(
     policy names the compensating tool, any other is refused (``CompensationNotAllowed``); a tool
     it names on its own must be a registered compensator (``UnknownCompensator``, when the caller
     can tell). The policy's templates, not the agent's args, build a policy-named tool's args."""
-    mandated = _mandated_tool(policy, tool=tool)
+    mandated = mandated_compensation_tool(policy, tool=tool)
     named = str(compensation["tool"]) if compensation else ""
     if named and mandated and named != mandated:
         raise errors.CompensationNotAllowed(
@@ -211,6 +220,7 @@ def action_record(
     intent: dict[str, Any] | None = None,
     before_snapshot: Any = None,
     compensation: dict[str, Any] | None = None,
+    via: dict[str, str] | None = None,
     is_compensator: CompensatorCheck | None = None,
     lock_timeout_ms: int = 5000,
     start: bool = False,
@@ -227,6 +237,9 @@ def action_record(
     ``is_compensator``, the agent-named tool against the registered compensators; a replay is not
     checked again (it returns what was accepted).
 
+    ``via``: the gateway that forwards the call and the upstream that performs it
+    (``ledger.upstreams``), stored on the action and part of its payload.
+
     ``start``: a new action that needs no approval is also started (running, attempt 1, audited
     as ``action.started``) in the same transaction; one that needs approval is left planned for
     its gate. ``start`` is not part of the payload: a replay, with or without it, returns the
@@ -242,7 +255,12 @@ def action_record(
     """
     args = {} if args is None else args
     payload_hash = action_payload_hash(
-        tool=tool, target_type=target_type, target_id=target_id, args=args, compensation=compensation
+        tool=tool,
+        target_type=target_type,
+        target_id=target_id,
+        args=args,
+        compensation=compensation,
+        via=via,
     )
     call = _Call(
         run=run,
@@ -255,6 +273,7 @@ def action_record(
         intent=intent or {},
         before_snapshot=before_snapshot,
         compensation=compensation,
+        via=via,
         payload_hash=payload_hash,
         start=start,
         lock_timeout_ms=lock_timeout_ms,
@@ -296,6 +315,7 @@ class _Call:
     intent: dict[str, Any]
     before_snapshot: Any
     compensation: dict[str, Any] | None
+    via: dict[str, str] | None
     payload_hash: str
     start: bool
     lock_timeout_ms: int
@@ -501,6 +521,7 @@ def _new_action(
         compensation_strategy=undo.strategy,
         compensation_tool=undo.tool,
         compensation_args=undo.args,
+        via=call.via,
         warnings=warnings,
         status=Action.Status.RUNNING if starts else Action.Status.PLANNED,
         attempts=1 if starts else 0,
@@ -530,6 +551,7 @@ def _new_action(
                 "target_id": call.target_id,
                 "risk": policy.risk,
                 "idempotency_key": call.idempotency_key,
+                **({"via": call.via} if call.via is not None else {}),
                 **({"rule": rule.stamp()} if rule is not None else {}),
                 **({"limit": exceeded.stamp()} if exceeded is not None else {}),
             },

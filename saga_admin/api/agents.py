@@ -378,6 +378,7 @@ def action_record(
         intent=payload.intent.model_dump(exclude_unset=True) if payload.intent else {},
         before_snapshot=payload.before_snapshot,
         compensation=payload.compensation.model_dump() if payload.compensation else None,
+        via=payload.via.model_dump() if payload.via else None,
         start=payload.start,
     )
     # A new action is built from the row just inserted (and its approval, when one was opened);

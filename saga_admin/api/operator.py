@@ -172,6 +172,19 @@ class GoverningPolicyOut(Schema):
     source: str
 
 
+class PlanUpstreamOut(Schema):
+    performed_on: str = Field(description="The upstream that performed the action (its `via.upstream`).")
+    gateway: str = Field(description="The gateway that recorded it (its `via.gateway`).")
+    compensator: str = Field(
+        description="Where the compensator goes: an MCP server's URL, `webhook`, `python`, or empty (none)."
+    )
+    reaches: bool = Field(
+        description="Whether the compensator reaches that upstream (an MCP compensator on the same URL); "
+        "false: the step needs a person."
+    )
+    message: str = Field(description="Why not, in a sentence (empty when it reaches).")
+
+
 class PlanStepOut(Schema):
     action_id: str
     action_tool: str
@@ -193,6 +206,11 @@ class PlanStepOut(Schema):
     )
     args_error: str = Field(
         "", description="Why the args cannot be filled from the action (the step will fail)."
+    )
+    upstream: PlanUpstreamOut | None = Field(
+        None,
+        description="For an action recorded through a gateway: where it was performed and whether the "
+        "compensator reaches it (null: the action names no upstream).",
     )
 
 

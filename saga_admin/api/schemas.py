@@ -104,6 +104,27 @@ class CompensationIn(StrictIn):
     args: JSONObject = Field(default_factory=dict)
 
 
+# One line of printable text: no control characters (PostgreSQL's jsonb refuses NUL, and a page
+# or a log line must show what was stored).
+PrintableLine = r"^[^\x00-\x1f\x7f]+$"
+
+
+class ViaIn(StrictIn):
+    gateway: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=PrintableLine,
+        description="The gateway that forwards the call (saga-mcp sends `saga-mcp/<version>`).",
+    )
+    upstream: str = Field(
+        min_length=1,
+        max_length=2000,
+        pattern=PrintableLine,
+        description="The upstream that performs it: an MCP server's Streamable HTTP URL, or the command "
+        "the gateway starts over stdio. Compared, never called: an undo must reach this upstream.",
+    )
+
+
 class IntentIn(Schema):
     # Agents add their own notes (plan, model, prompt id), so unknown keys are kept; the two the
     # dashboard shows are typed strictly.
@@ -128,6 +149,12 @@ class ActionIn(StrictIn):
     intent: IntentIn | None = Field(None, description="Why the agent does this, as it knew it then.")
     before_snapshot: JSONValue = None
     compensation: CompensationIn | None = None
+    via: ViaIn | None = Field(
+        None,
+        description="Recorded through a gateway: which gateway forwarded the call and which upstream "
+        "performs it. Part of the idempotency fingerprint. A compensation step whose compensator does "
+        "not reach that upstream (an MCP compensator on the same URL) waits for a person.",
+    )
     start: bool = Field(
         False,
         description="Also start it: an action that needs no approval is returned `running` (attempt 1, "
@@ -225,6 +252,11 @@ class CompensationOut(Schema):
     args: JSONValue = None
 
 
+class ViaOut(Schema):
+    gateway: str
+    upstream: str
+
+
 class ActionOut(Schema):
     id: str
     run_id: str
@@ -241,6 +273,9 @@ class ActionOut(Schema):
     approval: ApprovalSummaryOut | None = None
     policy: JSONObject
     compensation: CompensationOut | None = None
+    via: ViaOut | None = Field(
+        None, description="The gateway and upstream the call went through (null: none)."
+    )
     intent: JSONObject
     before_snapshot: JSONValue = None
     after_snapshot: JSONValue = None

@@ -342,6 +342,9 @@ class Gateway:
         self.upstream_label = upstream_label
         self.sessions: dict[str, Session] = {}
         self.process_key = uuid.uuid4().hex
+        # Sent with every record: Saga Admin undoes a call only through a compensator that reaches
+        # this upstream, and makes any other undo wait for a person.
+        self.via = {"gateway": f"saga-mcp/{_version()}", "upstream": upstream_label[:2000]}
         self.server = _GatewayServer(
             "saga-mcp",
             version=_version(),
@@ -403,6 +406,7 @@ class Gateway:
                 idempotency_key=self._call_key(session, ctx),
                 args=arguments,
                 intent={"reasoning": f"MCP tools/call {params.name} via saga-mcp", "mcp_tool": params.name},
+                via=self.via,
                 start=True,
             )
         except SagaError as exc:

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ledger.audit import Actor
 from ledger.models import Tenant
 from ledger.policy_loader import PolicyFileError, policies_load_file
+from ledger.upstreams import policy_upstream_mismatches
 
 
 class Command(BaseCommand):
@@ -40,3 +41,8 @@ class Command(BaseCommand):
             )
         if not report.changed:
             self.stdout.write("Nothing changed.")
+        # A compensation that cannot reach the upstream its tool was performed on waits for a
+        # person every time: say so now, while the file is in front of whoever loads it.
+        for checked in [scope] if scope is not None else Tenant.objects.order_by("slug"):
+            for mismatch in policy_upstream_mismatches(tenant=checked):
+                self.stderr.write(f"Warning ({checked.slug}): {mismatch['message']}")
