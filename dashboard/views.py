@@ -802,6 +802,16 @@ def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
 # --- Approval inbox ---------------------------------------------------------------------------
 
 
+def _keys_owned(request: HttpRequest) -> recovery_approvals.OwnedKeys:
+    """The keys the signed-in person owns (they asked through them too), read once per request
+    however many cards ask."""
+    owned: recovery_approvals.OwnedKeys | None = getattr(request, "_saga_keys_owned", None)
+    if owned is None:
+        owned = recovery_approvals.keys_owned(recovery_approvals.person_of(_actor(request)))
+        request._saga_keys_owned = owned  # type: ignore[attr-defined]
+    return owned
+
+
 def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -> dict[str, Any]:
     return {
         "approval": approval,
@@ -818,7 +828,7 @@ def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -
         "reject_form": extra.pop("reject_form", None) or ReasonForm(prefix=f"{approval.pk}-reject"),
         "can_decide": can(request.user, Capability.APPROVE, approval.tenant_id),
         # Whoever asked may reject but never grant (the service refuses: self_approval).
-        "own_request": recovery_approvals.is_requester(approval, _actor(request)),
+        "own_request": recovery_approvals.is_requester(approval, _actor(request), owned=_keys_owned(request)),
         **extra,
     }
 

@@ -187,13 +187,25 @@ class MembershipAdmin(TenantScopedAdmin):
 
 @admin.register(AgentKey)
 class AgentKeyAdmin(TenantScopedAdmin):
-    list_display = ["prefix", "name", "tenant", "scopes", "created_at", "last_used_at", "revoked_at"]
+    list_display = ["prefix", "name", "tenant", "scopes", "owner", "created_at", "last_used_at", "revoked_at"]
     list_filter = [tenant_filter("tenant"), ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["=prefix", "name"]
-    list_select_related = ["tenant"]
+    list_select_related = ["tenant", "owner"]
     # The hash never leaves the database through the admin, not even read-only.
     exclude = ["key_hash"]
-    readonly_fields = ["id", "tenant", "name", "prefix", "scopes", "created_at", "last_used_at", "revoked_at"]
+    # The owner too: a key's owner is set once, by the commands (``keys.agent_key_set_owner``),
+    # never by a tenant admin, who may not make a key approve as someone else.
+    readonly_fields = [
+        "id",
+        "tenant",
+        "name",
+        "prefix",
+        "scopes",
+        "owner",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     actions = ["revoke_keys"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -106,6 +106,20 @@ class AgentKey(models.Model):
     prefix = models.CharField(max_length=32, unique=True)
     key_hash = models.CharField(max_length=64)
     scopes = ArrayField(models.CharField(max_length=16), default=list)
+    # The person behind the key. Required for an approver key (``keys.agent_key_create``): people,
+    # not credentials, approve, so a person's login and every key they own are one approver and
+    # none of them grants what that person asked for. Optional for agent and operator keys, where
+    # it names who asks through them. Set once, never changed (``keys.agent_key_set_owner``), so a
+    # grant cannot move from one person to another. Keys issued before owners existed have none:
+    # an approver key without an owner decides nothing until one is set. A deleted user leaves
+    # their keys without an owner (and so, for approver keys, deciding nothing).
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="owned_keys",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

@@ -3,9 +3,12 @@ exact arguments shown. Asked for by ``recovery.services`` (an action whose polic
 and by the unwind engine (a compensation step); decided by an approver, or expired by the sweeper.
 
 Whoever asked — the agent key that recorded the action, the operator who decided the compensation
-— never grants it, whatever the risk (``is_requester``: 403 ``self_approval``). What a decision
-then means for the action or the step is ``recovery.services``'s business: this module only asks,
-decides and expires.
+— never grants it, whatever the risk (``is_requester``: 403 ``self_approval``). People, not
+credentials, approve: a person's login and every key they own (``AgentKey.owner``) are one
+approver, counted once towards ``approvers: N`` and never granting what that person asked for,
+through whichever of their credentials they asked. An approver key without an owner decides
+nothing. What a decision then means for the action or the step is ``recovery.services``'s
+business: this module only asks, decides and expires.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from ledger import errors
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from ledger.hashing import sha256_hex
-from ledger.models import Action, AgentKey, Run
+from ledger.models import Action, AgentKey, Membership, Run
 from ledger.rules import reason_required
+from ledger.services.keys import APPROVER_ROLES
 from recovery import notifications
 from recovery.models import Approval, ApprovalGrant, UnwindStep
 
@@ -101,7 +105,30 @@ def approval_request(
     return approval
 
 
-def requester_match(approval: Approval, actor: Actor) -> str:
+# (tenant id, key name) of the keys one person owns: the agents and automations they stand behind.
+OwnedKeys = frozenset[tuple[int, str]]
+
+
+def person_of(actor: Actor) -> int | None:
+    """The person behind ``actor`` (a user id): a dashboard user, or the owner of the key acting.
+    None for a key without an owner, and for the system."""
+    if actor.user is not None:
+        return int(actor.user.pk)
+    if actor.key is not None:
+        return actor.key.owner_id
+    return None
+
+
+def keys_owned(person: int | None) -> OwnedKeys:
+    """Every key ``person`` owns, revoked ones included (a person who asked through a key they
+    have since revoked still asked). One query; callers checking many approvals for one person
+    pass it to ``requester_match``."""
+    if person is None:
+        return frozenset()
+    return frozenset(AgentKey.objects.filter(owner_id=person).values_list("tenant_id", "name"))
+
+
+def requester_match(approval: Approval, actor: Actor, *, owned: OwnedKeys | None = None) -> str:
     """How ``actor`` asked for ``approval`` (a sentence's subject), or "" when it did not. Whoever
     asked may never grant it, at any risk:
 
@@ -110,14 +137,21 @@ def requester_match(approval: Approval, actor: Actor) -> str:
       the compensation — or any key with the same name: keys issued under one name are one agent
       or automation (that is how keys rotate), so another key of that name is the same requester;
     - a key named after the run's owner: the agent whose run it is asked for what is approved on
-      it, its compensations included (an automatic compensation has no other requester).
+      it, its compensations included (an automatic compensation has no other requester);
+    - the person behind any of those (``person_of``: the user, or the owner of the key acting):
+      the login who asked, the owner of the key that asked, or the owner of any key of the agent
+      or automation that asked — through their login or any key they own.
 
     An approval asked again (``previous``) has every requester of the approvals before it too:
     asking again never hands the first requester a grant of their own request.
 
-    Reads ``approval.requested_by_key`` and ``approval.run`` for a key actor only (select them
-    with the approval to save the queries)."""
-    how = _requester_match_one(approval, actor)
+    ``owned``: ``keys_owned(person_of(actor))``, read here when not given. Reads
+    ``approval.requested_by_key`` and ``approval.run`` (select them with the approval to save the
+    queries)."""
+    person = person_of(actor)
+    if owned is None:
+        owned = keys_owned(person)
+    how = _requester_match_one(approval, actor, person, owned)
     seen = {approval.pk}
     earlier = approval
     while not how and earlier.previous_id is not None and earlier.previous_id not in seen:
@@ -128,39 +162,91 @@ def requester_match(approval: Approval, actor: Actor) -> str:
         if found is None:
             break
         earlier = found
-        if how := _requester_match_one(earlier, actor):
+        if how := _requester_match_one(earlier, actor, person, owned):
             how = f"{how} (approval {earlier.pk}, which this one asks again)"
     return how
 
 
-def _requester_match_one(approval: Approval, actor: Actor) -> str:
-    if actor.user is not None:
-        return "you asked for it" if approval.requested_by_id == actor.user.pk else ""
-    if actor.key is None:
-        return ""
-    name = actor.key.name
-    if approval.requested_by_key_id == actor.key.pk:
-        return "this key asked for it"
+def _requester_match_one(approval: Approval, actor: Actor, person: int | None, owned: OwnedKeys) -> str:
     requester_key = approval.requested_by_key if approval.requested_by_key_id is not None else None
-    if requester_key is not None and requester_key.name == name:
-        return f"a key of the same name ({name}) asked for it"
-    if approval.run.owner == name:
-        return f"the run belongs to agent {name}, whose keys this one shares a name with"
+    if actor.key is not None:
+        name = actor.key.name
+        if approval.requested_by_key_id == actor.key.pk:
+            return "this key asked for it"
+        if requester_key is not None and requester_key.name == name:
+            return f"a key of the same name ({name}) asked for it"
+        if approval.run.owner == name:
+            return f"the run belongs to agent {name}, whose keys this one shares a name with"
+    if person is None:
+        return ""
+    # The person, whichever credential they use now and whichever they asked through.
+    if actor.user is not None:
+        who, owns = "you", "own"
+    else:
+        owner = actor.key.owner if actor.key is not None else None
+        who, owns = f"this key's owner ({owner.get_username() if owner else person})", "owns"
+    if approval.requested_by_id == person:
+        return f"{who} asked for it"
+    if requester_key is not None and (
+        requester_key.owner_id == person or (approval.tenant_id, requester_key.name) in owned
+    ):
+        return f"{who} {owns} a key of {requester_key.name}, which asked for it"
+    # ``owned`` first: a person who owns no key costs no read of the run.
+    if owned and approval.run.owner and (approval.tenant_id, approval.run.owner) in owned:
+        return f"the run belongs to agent {approval.run.owner}, and {who} {owns} one of its keys"
     return ""
 
 
-def is_requester(approval: Approval, actor: Actor) -> bool:
-    return bool(requester_match(approval, actor))
+def is_requester(approval: Approval, actor: Actor, *, owned: OwnedKeys | None = None) -> bool:
+    return bool(requester_match(approval, actor, owned=owned))
 
 
 def approver_identity(actor: Actor) -> tuple[str, str]:
-    """(identity, label) of a person deciding: a dashboard user by id, an approver key by its name
-    (keys issued under one name are one approver, as they are one requester)."""
+    """(identity, label) of a person deciding: the person (``person_of``) by user id, whether
+    they decide through their login or a key they own, so the same person counts once; an
+    approver key without an owner (never deciding: ``key_may_decide``) by its name."""
+    person = person_of(actor)
     if actor.user is not None:
-        return f"user:{actor.user.pk}", actor.user.get_username()
+        return f"user:{person}", actor.user.get_username()
     if actor.key is not None:
+        if person is not None and actor.key.owner is not None:
+            return f"user:{person}", f"{actor.key.owner.get_username()} (approver key {actor.key.name})"
         return f"key:{actor.key.name}", f"approver key {actor.key.name}"
     return f"system:{actor.label}", actor.label
+
+
+def _grant_person(grant: ApprovalGrant) -> str:
+    """The person a recorded grant counts for. A grant made through a key before keys had owners
+    (``key:<name>``) counts for the person who owns that key now, if anyone does."""
+    if grant.approver.startswith("key:") and grant.key is not None and grant.key.owner_id is not None:
+        return f"user:{grant.key.owner_id}"
+    return grant.approver
+
+
+def key_may_decide(key: AgentKey) -> None:
+    """Refuse an approver key that stands for no person who may approve: one without an owner (a
+    key issued before owners existed: nobody can say whose grants it would make), or one whose
+    owner is no longer an active approver or admin of its tenant (a person who lost the role loses
+    it through their keys too). 403, with what to run."""
+    if key.owner_id is None:
+        raise errors.Forbidden(
+            f"Approver key {key.prefix} ({key.name}) belongs to no person, so it decides nothing: "
+            "people, not keys, approve. An installation admin gives it its owner with "
+            f"`manage.py set_key_owner --prefix {key.prefix} --owner USERNAME` (a member of the tenant "
+            "with the approver or admin role), or revokes it and issues a new key with "
+            "`create_agent_key --scopes approver --owner USERNAME`.",
+            details={"key": key.prefix},
+            code="approver_key_unowned",
+        )
+    if not Membership.objects.filter(
+        user_id=key.owner_id, tenant_id=key.tenant_id, role__in=APPROVER_ROLES, user__is_active=True
+    ).exists():
+        raise errors.Forbidden(
+            f"Approver key {key.prefix} ({key.name}) belongs to a person who is no longer an active "
+            "approver or admin of this tenant, so it decides nothing.",
+            details={"key": key.prefix},
+            code="owner_not_approver",
+        )
 
 
 def _grant(current: Approval, *, actor: Actor, reason: str, updates: dict[str, Any]) -> bool:
@@ -176,7 +262,7 @@ def _grant(current: Approval, *, actor: Actor, reason: str, updates: dict[str, A
             details={"approval_id": current.pk, "args": "edit_not_allowed"},
         )
     identity, label = approver_identity(actor)
-    granted = list(current.grants.values_list("approver", flat=True))
+    granted = {_grant_person(grant) for grant in current.grants.select_related("key")}
     if identity in granted:
         raise errors.AlreadyGranted(
             f"You already granted approval {current.pk}; it needs {current.approvers_required} "
@@ -226,6 +312,9 @@ def approval_decide(
         raise errors.Forbidden(
             "This API key lacks the 'approver' scope.", details={"scope": AgentKey.Scope.APPROVER.value}
         )
+    if actor.key is not None:
+        # A rejection too: every decision is some person's, on the record.
+        key_may_decide(actor.key)
     current = (
         Approval.objects.select_for_update(of=("self",))
         .select_related("requested_by_key", "run")

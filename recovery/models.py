@@ -314,9 +314,10 @@ class Approval(models.Model):
 
 class ApprovalGrant(models.Model):
     """One person's grant of an approval that needs several (``Approval.approvers_required``).
-    ``approver`` identifies the person: ``user:<id>`` for a dashboard user, ``key:<name>`` for an
-    approver key (keys of one name are one approver), so the same person granting twice is one
-    grant (a unique constraint, whatever races)."""
+    ``approver`` identifies the person: ``user:<id>`` for a dashboard user, through their login or
+    an approver key they own (``AgentKey.owner``), so the same person granting twice, through
+    any of their credentials, is one grant (a unique constraint, whatever races). ``key:<name>``
+    is a grant made through a key before keys had owners."""
 
     approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="grants")
     approver = models.CharField(max_length=220)

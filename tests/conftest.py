@@ -118,12 +118,17 @@ def operator_key(tenant):
 
 @pytest.fixture
 def approver_key(tenant):
-    """Acme's approval automation: the approver scope only."""
+    """Acme's approval automation: the approver scope only, owned by Trent, an approver at Acme
+    (an approver key belongs to a person) who decides nothing through a login in these tests."""
     from ledger.audit import Actor
     from ledger.services.keys import agent_key_create
 
     issued = agent_key_create(
-        tenant=tenant, name="approval-bot", scopes=["approver"], actor=Actor.system("tests")
+        tenant=tenant,
+        name="approval-bot",
+        scopes=["approver"],
+        actor=Actor.system("tests"),
+        owner=_user("trent", tenant, "approver"),
     )
     return issued.key, issued.secret
 

@@ -186,6 +186,35 @@ def charge_policy(
     }
 
 
+# --- People and their keys -----------------------------------------------------------------------
+
+
+def member(tenant: Tenant, username: str, role: str = "approver") -> Any:
+    """The user ``username`` with ``role`` in ``tenant`` (created, or given that role there)."""
+    from django.contrib.auth import get_user_model
+
+    from ledger.models import Membership
+
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    Membership.objects.update_or_create(user=user, tenant=tenant, defaults={"role": role})
+    return user
+
+
+def issue_key(tenant: Tenant, name: str, *scopes: str, owner: Any = None) -> tuple[Any, str]:
+    """A key of ``scopes`` (default: agent) issued through the ledger, as (AgentKey, secret). An
+    approver key belongs to a person: without ``owner``, a person of its own,
+    ``<name>-owner``, an approver of ``tenant`` (so keys of different names are different people)."""
+    from ledger.services.keys import agent_key_create
+
+    scope_list = list(scopes) or ["agent"]
+    if owner is None and "approver" in scope_list:
+        owner = member(tenant, f"{name}-owner")
+    issued = agent_key_create(
+        tenant=tenant, name=name, scopes=scope_list, actor=Actor.system("tests"), owner=owner
+    )
+    return issued.key, issued.secret
+
+
 # --- Runs and actions ----------------------------------------------------------------------------
 
 

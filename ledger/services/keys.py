@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.utils import timezone
@@ -17,9 +18,15 @@ from ledger import errors
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from ledger.hashing import sha256_hex
-from ledger.models import AgentKey, Tenant
+from ledger.models import AgentKey, Membership, Tenant
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 KEY_PREFIX = "sk"
+
+# The roles that may own an approver key: the same people who approve in the dashboard.
+APPROVER_ROLES = (Membership.Role.APPROVER, Membership.Role.ADMIN)
 
 
 @transaction.atomic
@@ -41,13 +48,52 @@ def _split_key(raw: str) -> tuple[str, str] | None:
     return f"{parts[0]}_{parts[1]}", parts[2]
 
 
+def key_owner_check(*, tenant: Tenant, scopes: Iterable[str], owner: User | None) -> None:
+    """Refuse an owner who may not stand behind a key of ``scopes`` in ``tenant``: an approver key
+    needs one, a member of the tenant with the approver or admin role (the people who approve in
+    the dashboard); any other key may have one, a member of the tenant in any role."""
+    approver = AgentKey.Scope.APPROVER in set(scopes)
+    if owner is None:
+        if approver:
+            raise errors.ValidationFailed(
+                "An approver key belongs to a person: name them with --owner USERNAME (a member of "
+                "the tenant with the approver or admin role). People, not keys, approve: their login "
+                "and every key they own count as one approver.",
+                details={"owner": "required"},
+                code="owner_required",
+            )
+        return
+    username = owner.get_username()
+    membership = Membership.objects.filter(user=owner, tenant=tenant).first()
+    if not owner.is_active or membership is None:
+        raise errors.ValidationFailed(
+            f"{username} is not an active member of tenant {tenant.slug}, so they cannot own its keys. "
+            f"Give them a role first: manage.py create_staff {username} --tenant {tenant.slug} --role ….",
+            details={"owner": username, "tenant": tenant.slug},
+            code="owner_not_member",
+        )
+    if approver and membership.role not in APPROVER_ROLES:
+        raise errors.ValidationFailed(
+            f"{username} is {membership.role} at {tenant.slug}; an approver key's owner must have "
+            "the approver or admin role there.",
+            details={"owner": username, "role": membership.role, "allowed": list(APPROVER_ROLES)},
+            code="owner_not_approver",
+        )
+
+
 @transaction.atomic
 def agent_key_create(
-    *, tenant: Tenant, name: str, scopes: Iterable[str] = ("agent",), actor: Actor
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes: Iterable[str] = ("agent",),
+    actor: Actor,
+    owner: User | None = None,
 ) -> IssuedKey:
     """Issue a key. ``name`` is the agent (or automation) it is for: every key issued with the same
     name is the same agent — it owns the runs created under that name — so rotating a key is
-    issuing a new one with the same name and revoking the old one when nothing uses it."""
+    issuing a new one with the same name and revoking the old one when nothing uses it.
+    ``owner``: the person behind the key (``key_owner_check``; required with ``approver``)."""
     name = name.strip()
     if not name:
         raise errors.ValidationFailed(
@@ -67,19 +113,55 @@ def agent_key_create(
             "what it asked for. Issue the approver its own key (--scopes approver).",
             details={"scopes": scope_list, "conflict": ["agent", "approver"]},
         )
+    key_owner_check(tenant=tenant, scopes=scope_list, owner=owner)
     prefix = f"{KEY_PREFIX}_{secrets.token_hex(6)}"
     secret_part = secrets.token_urlsafe(32).replace("_", "-")
     key = AgentKey.objects.create(
-        tenant=tenant, name=name, prefix=prefix, key_hash=sha256_hex(secret_part), scopes=scope_list
-    )
-    audit_record(
         tenant=tenant,
-        actor=actor,
-        kind="agent_key.created",
-        subject=key,
-        data={"name": name, "scopes": scope_list},
+        name=name,
+        prefix=prefix,
+        key_hash=sha256_hex(secret_part),
+        scopes=scope_list,
+        owner=owner,
     )
+    data: dict[str, object] = {"name": name, "scopes": scope_list}
+    if owner is not None:
+        data["owner"] = owner.get_username()
+    audit_record(tenant=tenant, actor=actor, kind="agent_key.created", subject=key, data=data)
     return IssuedKey(key=key, secret=f"{prefix}_{secret_part}")
+
+
+@transaction.atomic
+def agent_key_set_owner(*, key: AgentKey, owner: User, actor: Actor) -> AgentKey:
+    """Give a key that has none its owner (``key_owner_check``), once: a key issued before owners
+    existed becomes that person's. An owner is never replaced — a grant made through a key must
+    stay the grant of the person who owned it then — so a key that has one, or a revoked key, is
+    refused (409); issue a new key instead."""
+    key_owner_check(tenant=key.tenant, scopes=key.scopes, owner=owner)
+    if (
+        AgentKey.objects.filter(pk=key.pk, owner__isnull=True, revoked_at__isnull=True).update(owner=owner)
+        != 1
+    ):
+        current = AgentKey.objects.select_related("owner").get(pk=key.pk)
+        state = "revoked" if current.revoked_at is not None else f"owned by {current.owner}"
+        raise errors.Conflict(
+            f"Key {key.prefix} is {state}; an owner is set once, on a key that has none. Issue a new "
+            "key with create_agent_key --owner instead.",
+            details={"key": key.prefix, "current": state},
+            code="key_owner_set",
+        )
+    # The new owner counts at once in this process, and within SAGA_KEY_CACHE_S in others.
+    key_cache_clear()
+    transaction.on_commit(key_cache_clear)
+    key.refresh_from_db()
+    audit_record(
+        tenant=key.tenant,
+        actor=actor,
+        kind="agent_key.owner_set",
+        subject=key,
+        data={"name": key.name, "owner": owner.get_username(), "scopes": list(key.scopes)},
+    )
+    return key
 
 
 # Keys this process has looked up: {sha256 of the presented key: (monotonic time, key)}. An entry
@@ -130,7 +212,8 @@ def _agent_key_lookup(raw_key: str) -> AgentKey | None:
     if split is None:
         return None
     prefix, secret_part = split
-    key = AgentKey.objects.select_related("tenant").filter(prefix=prefix).first()
+    # The owner comes along: an approver key's grants are its owner's (recovery.approvals).
+    key = AgentKey.objects.select_related("tenant", "owner").filter(prefix=prefix).first()
     # Compare even when no key matched, so timing does not tell valid prefixes apart.
     stored = key.key_hash if key else "0" * 64
     if not hmac.compare_digest(stored, sha256_hex(secret_part)) or key is None or key.revoked_at is not None:

@@ -295,7 +295,10 @@ class CommandOut(Schema):
 
 
 class ApprovalGrantOut(Schema):
-    by: str = Field(description="The person: a dashboard user's name, or `approver key <name>`.")
+    by: str = Field(
+        description="The person: a dashboard user's name, or `<owner> (approver key <name>)` for a "
+        "grant through a key they own."
+    )
     reason: str
     at: datetime
 

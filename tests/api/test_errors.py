@@ -8,7 +8,7 @@ import pytest
 
 from ledger.audit import Actor
 from ledger.services.keys import agent_key_create, agent_key_revoke
-from tests.factories import new_action, new_run
+from tests.factories import issue_key, new_action, new_run
 from tests.support.api import Api, error_of
 
 pytestmark = pytest.mark.django_db
@@ -42,10 +42,7 @@ def test_a_key_without_the_endpoints_scope_is_403(tenant):
     assert response.status_code == 403
     error = error_of(response)
     assert error["code"] == "forbidden" and error["details"] == {"scope": "agent"}
-    issued = agent_key_create(
-        tenant=tenant, name="approval-bot", scopes=["approver"], actor=Actor.system("tests")
-    )
-    error = error_of(Api(issued.secret).get("/runs"))
+    error = error_of(Api(issue_key(tenant, "approval-bot", "approver")[1]).get("/runs"))
     assert error["code"] == "forbidden" and error["details"] == {"scope": "agent or operator"}
 
 

@@ -7,19 +7,17 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from ledger.audit import Actor
 from ledger.models import Event
-from ledger.services.keys import agent_key_create
 from recovery.models import Approval, ApprovalGrant
-from tests.factories import charge_policy, load_policy_file, new_run
+from tests.factories import charge_policy, issue_key, load_policy_file, new_run
 from tests.support.api import Api, error_of
 
 TWO_FOR_BIG = [{"if": {"arg": "amount", "gt": 10000}, "then": {"risk": "critical", "approvers": 2}}]
 
 
 def _approver(tenant, name: str) -> Api:
-    issued = agent_key_create(tenant=tenant, name=name, scopes=["approver"], actor=Actor.system("tests"))
-    return Api(issued.secret)
+    """An approver key of a person of its own (``<name>-owner``)."""
+    return Api(issue_key(tenant, name, "approver")[1])
 
 
 @pytest.fixture
@@ -47,7 +45,7 @@ def test_it_needs_two_distinct_approvers(tenant, api, approver_key, big_charge):
     body = first.json()
     assert (body["status"], body["approvers_required"]) == ("pending", 2)
     assert [(g["by"], g["reason"]) for g in body["grants"]] == [
-        ("approver key approval-bot", "checked the invoice")
+        ("trent (approver key approval-bot)", "checked the invoice")
     ]
     # One is not enough: the agent still may not start it.
     polled = api.get(f"/actions/{action['id']}").json()
@@ -56,14 +54,18 @@ def test_it_needs_two_distinct_approvers(tenant, api, approver_key, big_charge):
     started = api.post(f"/actions/{action['id']}/start")
     assert (started.status_code, error_of(started)["code"]) == (409, "approval_pending")
     granted = Event.objects.get(subject_id=approval_id, kind="approval.granted")
-    assert granted.data == {"grants": 1, "approvers_required": 2, "approver": "approver key approval-bot"}
+    assert granted.data == {
+        "grants": 1,
+        "approvers_required": 2,
+        "approver": "trent (approver key approval-bot)",
+    }
 
     second = _approve(_approver(tenant, "risk-bot"), approval_id, "second pair of eyes")
     assert second.status_code == 200
     assert second.json()["status"] == "approved"
     assert [g["by"] for g in second.json()["grants"]] == [
-        "approver key approval-bot",
-        "approver key risk-bot",
+        "trent (approver key approval-bot)",
+        "risk-bot-owner (approver key risk-bot)",
     ]
     assert api.get(f"/actions/{action['id']}").json()["status"] == "approved"
     assert api.post(f"/actions/{action['id']}/start").status_code == 200
@@ -79,8 +81,10 @@ def test_it_counts_the_same_approver_once(tenant, approver_key, big_charge):
     error = error_of(again)
     assert error["code"] == "already_granted"
     assert error["details"] == {"approval_id": approval_id, "approvers_required": 2, "grants": 1}
-    # Another key issued under the same name is the same approver.
-    rotated = _approve(_approver(tenant, "approval-bot"), approval_id)
+    # Another key of the same person (here a rotation: the same name) is the same approver.
+    rotated = _approve(
+        Api(issue_key(tenant, "approval-bot", "approver", owner=approver_key[0].owner)[1]), approval_id
+    )
     assert error_of(rotated)["code"] == "already_granted"
     assert Approval.objects.get(pk=approval_id).status == "pending"
     assert ApprovalGrant.objects.filter(approval_id=approval_id).count() == 1

@@ -15,7 +15,7 @@ from ledger.audit import Actor
 from ledger.services import actions, checkpoints, pauses, runs
 from recovery import channels, commands, services
 from recovery.models import Approval
-from tests.factories import gated_run
+from tests.factories import gated_run, issue_key
 from tests.support.api import Api
 from tests.support.routes import dashboard_patterns, fill_route
 
@@ -166,14 +166,9 @@ def test_another_tenants_key_gets_404_on_every_api_operation_with_an_object(
     operation of the OpenAPI document that names an Acme object, get exactly the answer a
     nonexistent id gets (404, or the same 422 when the body is checked first), so nothing tells
     them the object exists; GETs are 404; Acme's objects appear in none of the list operations."""
-    from ledger.services.keys import agent_key_create
 
     outsider = Api(outsider_key[1])
-    outsider_approver = Api(
-        agent_key_create(
-            tenant=other_tenant, name="globex-approver", scopes=["approver"], actor=Actor.system("tests")
-        ).secret
-    )
+    outsider_approver = Api(issue_key(other_tenant, "globex-approver", "approver")[1])
     missing = {name: f"{value[:4]}{'0' * 26}" for name, value in acme_world.items()}
     not_found = 0
     for method, path, _operation in _api_operations():
