@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0014_compensator_stamp'),
+        ('ledger', '0015_action_via'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
