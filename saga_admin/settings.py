@@ -296,8 +296,8 @@ SAGA: dict[str, Any] = {
     "NOTIFY_MAX_ATTEMPTS": env_int("SAGA_NOTIFY_MAX_ATTEMPTS", 10),
     # Where people reach this dashboard: the links in notifications point here.
     "PUBLIC_URL": os.environ.get("SAGA_PUBLIC_URL", "http://localhost:8000").rstrip("/"),
-    # The master of the per-tenant secrets that sign commands pushed to agents' resume_urls
-    # (`manage.py resume_secret --tenant SLUG` prints a tenant's); unset: pushed unsigned.
+    # The master of the per-agent secrets that sign commands pushed to agents' resume_urls
+    # (`manage.py resume_secret --tenant SLUG --agent NAME` prints one); unset: pushed unsigned.
     "RESUME_WEBHOOK_SECRET": os.environ.get("SAGA_RESUME_WEBHOOK_SECRET", ""),
     # URLs a tenant or agent chose (resume_url) reach only public addresses, except these internal
     # hosts (comma-separated `host` or `host:port`); resolving a name may take this long.

@@ -196,8 +196,9 @@ export SAGA_RESUME_ACK_TIMEOUT_S="${SAGA_RESUME_ACK_TIMEOUT_S:-30}"
 # served by this web process, so agents here may point resume_url at it: that port on this machine
 # is allowed, and nothing else on it (not Redis, not PostgreSQL).
 export SAGA_OUTBOUND_ALLOWED_HOSTS="${SAGA_OUTBOUND_ALLOWED_HOSTS:-127.0.0.1:$PORT,localhost:$PORT}"
-# Commands pushed to resume URLs are signed with per-tenant secrets derived from this master
-# (`python manage.py resume_secret --tenant acme` prints Acme's); kept in .data like the others.
+# Commands pushed to resume URLs are signed with per-agent secrets derived from this master
+# (`python manage.py resume_secret --tenant acme --agent demo-agents` prints the Acme demo agents');
+# kept in .data like the others.
 if [ -z "${SAGA_RESUME_WEBHOOK_SECRET:-}" ]; then
   [ -s "$DATA/resume-secret" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$DATA/resume-secret")
   SAGA_RESUME_WEBHOOK_SECRET=$(cat "$DATA/resume-secret")
