@@ -300,9 +300,10 @@ SAGA: dict[str, Any] = {
     # (`manage.py resume_secret --tenant SLUG --agent NAME` prints one); unset: pushed unsigned.
     "RESUME_WEBHOOK_SECRET": os.environ.get("SAGA_RESUME_WEBHOOK_SECRET", ""),
     # URLs a tenant or agent chose (resume_url) reach only public addresses, except these internal
-    # hosts (comma-separated `host` or `host:port`); resolving a name may take this long.
+    # hosts (comma-separated `host` or `host:port`); resolving a name may take this long (short: a
+    # name whose DNS server never answers holds the request or job that checks it this long).
     "OUTBOUND_ALLOWED_HOSTS": env_list("SAGA_OUTBOUND_ALLOWED_HOSTS", []),
-    "OUTBOUND_RESOLVE_TIMEOUT_S": env_float("SAGA_OUTBOUND_RESOLVE_TIMEOUT_S", 5.0),
+    "OUTBOUND_RESOLVE_TIMEOUT_S": env_float("SAGA_OUTBOUND_RESOLVE_TIMEOUT_S", 1.0),
 }
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
