@@ -43,6 +43,10 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+# The demo world (/demo-world/: pretend HR, workspace, email, CRM and payments systems, and their
+# tables) is served only where the demo runs: `make run` sets SAGA_DEMO=1. Off, its paths are 404.
+SAGA_DEMO = env_bool("SAGA_DEMO", False)
+
 # Fail closed: a deploy that forgets an environment variable must not run with debug pages or
 # forgeable sessions. DEBUG is off unless set; with it off, no SECRET_KEY means no start at all:
 # every management command and the web process load these settings first (manage.py and

@@ -188,6 +188,8 @@ export SECRET_KEY
 export SAGA_PUBLIC_URL="${SAGA_PUBLIC_URL:-$BASE_URL}"
 # Two gunicorn worker processes (the Procfile's default too; WEB_THREADS threads each): a laptop.
 export DATABASE_URL REDIS_URL SAGA_DEMO_WORLD_SECRET PORT WEB_CONCURRENCY="${WEB_CONCURRENCY:-2}"
+# The demo world (/demo-world/) is served only when SAGA_DEMO is on; make run is the demo.
+export SAGA_DEMO=1
 # The demo's lost agent should be noticed within a minute, not after production's five.
 export SAGA_HEARTBEAT_TIMEOUT_S="${SAGA_HEARTBEAT_TIMEOUT_S:-45}"
 # ...and a resume its agent does not pick up is announced before that (production: 180 s).
