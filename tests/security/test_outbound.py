@@ -214,6 +214,40 @@ def test_it_refuses_resume_urls_that_reach_inside_over_http(live_server, agent_k
     assert "resolves to a loopback address" in refused.last().reason
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_private_host_and_a_name_that_does_not_resolve_are_refused_alike(live_server, agent_key, dns):
+    """An agent probing the internal network by resume_url learns nothing: a name that resolves
+    inside, a private literal, a link-local one and a name that does not resolve all get the same
+    422, word for word but for the URL it sent back; the operator's audit log says which was which."""
+    dns.answers["db.corp.attacker.example"] = ["10.20.30.40"]
+    dns.answers["nothing.corp.attacker.example"] = []
+    probes = {
+        "http://db.corp.attacker.example:5432/": "private",
+        "http://nothing.corp.attacker.example:5432/": "unresolvable",
+        "http://10.20.30.40:5432/": "private",
+        "http://169.254.169.254/": "link_local",
+    }
+    with _http(live_server, agent_key[1]) as http:
+        answers = {
+            url: http.post("/runs", json={"agent": "a", "request": "r", "resume_url": url}, timeout=30)
+            for url in probes
+        }
+    told = []
+    for url, response in answers.items():
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["details"].pop("url") == url
+        told.append(error)
+    same = {"code": "url_not_allowed", "message": NOT_ALLOWED, "details": {"field": "resume_url"}}
+    assert told == [same] * len(probes)
+    events = Event.objects.filter(kind="run.refused", subject_id="resume_url").order_by("id")
+    assert [(e.data["details"]["url"], e.data["details"]["reason"]) for e in events] == list(probes.items())
+    assert events[0].data["details"]["address"] == "10.20.30.40"
+    assert "resolves to a private address" in events[0].reason
+    assert "did not resolve" in events[1].reason or "does not resolve" in events[1].reason
+    assert not Run.objects.exists()
+
+
 @pytest.mark.parametrize(
     ("url", "reason"),
     [
