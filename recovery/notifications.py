@@ -619,8 +619,10 @@ def deliver_command(*, command_id: str) -> bool:
         if exc.reason != outbound.UNRESOLVABLE:
             _delivery_refused(command, exc)
             return False
-        # The agent reads delivery_error: it is told what any refusal tells it, nothing more.
+        # The agent reads delivery_error: it is told what any refusal tells it, nothing more; the
+        # operator's log line has why.
         unresolved = exc.message
+        log.warning("commands.resume_url_unresolvable", command_id=command.pk, reason=exc.operator_message)
     AgentCommand.objects.filter(pk=command.pk).update(delivery_attempts=F("delivery_attempts") + 1)
     if target is None:
         return _delivery_failed(command, unresolved)

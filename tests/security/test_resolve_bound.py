@@ -5,7 +5,7 @@ refuses the name as unresolvable.
 Nothing here stands in for the guard or the resolver. A real web server (the Procfile's gunicorn)
 and a real worker (``saga_worker``) run in a mount namespace of their own whose /etc/resolv.conf
 names a UDP socket of this test that takes every query and answers none, with the C library's own
-timeout set far above the bound (5 s): the system resolver really asks, really waits, and only the
+timeout set far above the bound (10 s): the system resolver really asks, really waits, and only the
 guard's bound ends the wait. (``unshare`` and binding port 53 need root, which this machine's test
 runs have; without them the test fails rather than passing without having proved anything.)
 """
@@ -39,7 +39,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 NAME = "never-answers.saga-test.example"
 BOUND_S = 1.0  # the setting's default, which these processes run with
-LIBC_TIMEOUT_S = 5  # what the C library alone would wait per query
+# How much longer than the bound a busy machine may take to answer: still less than the old default
+# bound (5 s), which these tests therefore refuse.
+MARGIN_S = 3.0
+LIBC_TIMEOUT_S = 10  # what the C library alone would wait per query
 NOT_ALLOWED = (
     "resume_url is not allowed: outbound requests go only to public hosts or to hosts the operator allows."
 )
@@ -138,7 +141,7 @@ def test_a_resolver_that_never_answers_holds_a_request_no_longer_than_the_bound(
     silent_dns, agent_key, redis_server, tmp_path
 ):
     """Pass: POST /runs with a resume_url whose name the silent server is asked for is answered
-    422 "not allowed" after the 1 s bound (not the C library's 5 s), the server's resolver did ask
+    422 "not allowed" after the 1 s bound (not the C library's 10 s), the server's resolver did ask
     our server, nothing is created, and the operator's audit event says the name did not resolve
     in time."""
     port = free_port()
@@ -183,7 +186,7 @@ def test_a_resolver_that_never_answers_holds_a_request_no_longer_than_the_bound(
     assert refused.status_code == 422, (refused.text, log)
     assert refused.json()["error"]["message"] == NOT_ALLOWED
     assert silent_dns.asked_for(NAME), "the server's resolver never asked the silent DNS server"
-    assert BOUND_S * 0.9 <= took < BOUND_S + 1.5 < LIBC_TIMEOUT_S, took
+    assert BOUND_S * 0.9 <= took < BOUND_S + MARGIN_S, took
     assert Run.objects.count() == 1  # the warm-up's only
     [event] = Event.objects.filter(kind="run.refused", subject_id="resume_url")
     assert event.data["details"]["reason"] == "unresolvable"
@@ -215,7 +218,7 @@ def test_a_resolver_that_never_answers_holds_a_worker_no_longer_than_the_bound(
             )
             settled = wait_for(
                 lambda c=command: AgentCommand.objects.filter(pk=c.pk).exclude(delivery_error="").first(),
-                timeout=LIBC_TIMEOUT_S * 3,
+                timeout=LIBC_TIMEOUT_S * 2,
                 interval=0.05,
                 what="the worker to settle the push",
             )
@@ -227,7 +230,7 @@ def test_a_resolver_that_never_answers_holds_a_worker_no_longer_than_the_bound(
 
     assert silent_dns.asked_for(NAME), "the worker's resolver never asked the silent DNS server"
     # Each push waited for the bound, not for the C library: the worker was free for the next.
-    assert all(BOUND_S * 0.9 <= t < BOUND_S + 2.0 < LIBC_TIMEOUT_S for t in timings), timings
+    assert all(BOUND_S * 0.9 <= t < BOUND_S + MARGIN_S for t in timings), timings
 
 
 def _answers(url: str) -> bool:
