@@ -47,8 +47,8 @@ if TYPE_CHECKING:
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # Why a URL was refused: ``UrlNotAllowed.reason`` (and ``details["reason"]`` for the first three,
-# which say nothing about the network). Only ``unresolvable`` may change by
-# itself (a DNS outage); every other reason is final for the URL as it stands.
+# which say nothing about the network). Only ``unresolvable`` may change by itself (a DNS outage);
+# every other reason is final for the URL as it stands.
 INVALID = "invalid"
 SCHEME = "scheme"
 NO_HOST = "no_host"
