@@ -37,6 +37,9 @@ class WorldError(Exception):
         self.retryable = status >= 500 or status == 429
 
 
+TENANT_HEADER = "X-Demo-Tenant"
+
+
 class World:
     """The demo world's HTTP API. Every call is signed with the world's secret, and writes carry
     an Idempotency-Key so a retried tool call cannot act twice."""
@@ -58,12 +61,22 @@ class World:
         self._http.close()
 
     def call(
-        self, method: str, path: str, body: Mapping[str, Any] | None = None, *, key: str = ""
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        key: str = "",
+        tenant: str = "",
     ) -> dict[str, Any]:
         raw = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", **signed_headers(self._secret, raw)}
         if key:
             headers["Idempotency-Key"] = key
+        if tenant:
+            # Whose agent this is: the world files what it creates under that tenant, and shows
+            # each person only their tenants' rows.
+            headers[TENANT_HEADER] = tenant
         response = self._http.request(method, path, content=raw, headers=headers)
         try:
             data = response.json() if response.content else {}
@@ -95,10 +108,12 @@ def world_step(
     before: Any = None,
     intent: dict[str, Any] | None = None,
     wait: bool = True,
+    tenant: str = "acme",
 ) -> dict[str, Any]:
-    """One recorded tool call against the demo world. The world call reuses the action's
-    idempotency key, so a replayed step and a retried HTTP call both land once. ``wait=False``: a
-    step that needs approval raises ``ApprovalPending`` instead of waiting for the decision."""
+    """One recorded tool call against the demo world, by an agent of ``tenant``. The world call
+    reuses the action's idempotency key, so a replayed step and a retried HTTP call both land once.
+    ``wait=False``: a step that needs approval raises ``ApprovalPending`` instead of waiting for
+    the decision."""
     key = run.step_key(tool, target, args)
     return run.step(
         tool,
@@ -109,7 +124,7 @@ def world_step(
         intent=intent,
         idempotency_key=key,
         do=lambda effective: world.call(
-            "POST", path, body(effective) if body else effective, key=f"fwd:{key}"
+            "POST", path, body(effective) if body else effective, key=f"fwd:{key}", tenant=tenant
         ),
         after=lambda result: result.get("state") if isinstance(result, dict) else None,
         wait=wait,
@@ -203,16 +218,17 @@ def onboard(demo: Demo, external_id: str, hire: Hire, *, tenant: str = "acme", c
         goal="New hire can log in on day one",
         metadata={"demo": True, "department": hire.department, "company": company},
     ) as run:
-        onboarding_steps(demo, run, hire, company=company)
+        onboarding_steps(demo, run, hire, company=company, tenant=tenant)
 
 
-def onboarding_steps(demo: Demo, run: Run, hire: Hire, *, company: str) -> None:
+def onboarding_steps(demo: Demo, run: Run, hire: Hire, *, company: str, tenant: str = "acme") -> None:
     """The saga's steps. On a resumed run the steps that already succeeded replay their recorded
     results (same idempotency keys) and only what is left runs."""
     world_step(
         run,
         demo.world,
         "hr.create_user",
+        tenant=tenant,
         path="/hr/users",
         target=("user", hire.email),
         args={
@@ -233,6 +249,7 @@ def onboarding_steps(demo: Demo, run: Run, hire: Hire, *, company: str) -> None:
         run,
         demo.world,
         "workspace.provision_license",
+        tenant=tenant,
         path="/workspace/licenses",
         target=("user", hire.email),
         args={"email": hire.email, "sku": hire.sku},
@@ -249,6 +266,7 @@ def onboarding_steps(demo: Demo, run: Run, hire: Hire, *, company: str) -> None:
         run,
         demo.world,
         "email.send_welcome",
+        tenant=tenant,
         path="/email/messages",
         target=("email", hire.personal_email),
         args={

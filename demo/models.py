@@ -25,6 +25,10 @@ class HrUser(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    # The tenant whose agent put the row here (the seeded world is Acme's): /demo-world/ shows a
+    # person only their tenants' rows.
+    tenant_slug = models.SlugField(max_length=64, blank=True, default="", db_default="")
+
     class Meta:
         ordering = ["email"]
         verbose_name = "HR user"
@@ -54,6 +58,10 @@ class WorkspaceLicense(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    # The tenant whose agent put the row here (the seeded world is Acme's): /demo-world/ shows a
+    # person only their tenants' rows.
+    tenant_slug = models.SlugField(max_length=64, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["email"]
@@ -90,6 +98,10 @@ class OutboxEmail(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
+    # The tenant whose agent put the row here (the seeded world is Acme's): /demo-world/ shows a
+    # person only their tenants' rows.
+    tenant_slug = models.SlugField(max_length=64, blank=True, default="", db_default="")
+
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
@@ -113,6 +125,10 @@ class CrmContact(models.Model):
     tier = models.CharField(max_length=32, default="standard")
     owner = models.CharField(max_length=200, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
+
+    # The tenant whose agent put the row here (the seeded world is Acme's): /demo-world/ shows a
+    # person only their tenants' rows.
+    tenant_slug = models.SlugField(max_length=64, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["id"]
@@ -145,6 +161,10 @@ class CrmTicket(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     # Who touched it last: an agent, or a person working in the CRM directly.
     updated_by = models.CharField(max_length=200, blank=True, default="")
+
+    # The tenant whose agent put the row here (the seeded world is Acme's): /demo-world/ shows a
+    # person only their tenants' rows.
+    tenant_slug = models.SlugField(max_length=64, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["id"]
@@ -183,6 +203,10 @@ class Payment(models.Model):
     # A customer's chargeback freezes the payment: the processor refuses refunds until it resolves.
     disputed = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    # The tenant whose agent put the row here (the seeded world is Acme's): /demo-world/ shows a
+    # person only their tenants' rows.
+    tenant_slug = models.SlugField(max_length=64, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-created_at", "id"]

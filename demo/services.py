@@ -120,6 +120,7 @@ def hr_user_create(
     title: str = "",
     manager: str = "",
     start_date: str | None = None,
+    tenant: str = "",
 ) -> WorldResult:
     if "@" not in email or not name:
         return _error(422, "invalid_user", "A user needs an email address and a name.", email=email)
@@ -131,7 +132,13 @@ def hr_user_create(
     if existing is not None:
         return _error(409, "user_exists", f"{email} already has an HR record.", state=existing.snapshot())
     user = HrUser.objects.create(
-        email=email, name=name, department=department, title=title, manager=manager, start_date=start
+        email=email,
+        name=name,
+        department=department,
+        title=title,
+        manager=manager,
+        start_date=start,
+        tenant_slug=tenant,
     )
     return WorldResult(201, {"state": user.snapshot()})
 
@@ -160,7 +167,7 @@ def hr_user_edit_by_person(*, email: str, who: str, **changes: Any) -> WorldResu
 # --- Workspace licences ----------------------------------------------------------------------
 
 
-def license_provision(*, email: str, sku: str) -> WorldResult:
+def license_provision(*, email: str, sku: str, tenant: str = "") -> WorldResult:
     if sku not in LICENSE_PRICES_CENTS:
         return _error(422, "unknown_sku", f"Unknown SKU {sku!r}.", allowed=sorted(LICENSE_PRICES_CENTS))
     if not HrUser.objects.filter(email=email).exists():
@@ -171,7 +178,9 @@ def license_provision(*, email: str, sku: str) -> WorldResult:
         .exists()
     ):
         return _error(409, "license_exists", f"{email} already holds an active licence.")
-    lic = WorkspaceLicense.objects.create(email=email, sku=sku, monthly_cost_cents=LICENSE_PRICES_CENTS[sku])
+    lic = WorkspaceLicense.objects.create(
+        email=email, sku=sku, monthly_cost_cents=LICENSE_PRICES_CENTS[sku], tenant_slug=tenant
+    )
     return WorldResult(201, {"state": lic.snapshot()})
 
 
@@ -202,17 +211,21 @@ def _address_ok(address: str) -> bool:
     return bool(local) and "." in domain and "@" not in domain and " " not in address
 
 
-def email_send(*, to: str, subject: str, body: str) -> WorldResult:
+def email_send(*, to: str, subject: str, body: str, tenant: str = "") -> WorldResult:
     if not _address_ok(to):
         return _error(
             422, "invalid_recipient", f"Cannot deliver to {to!r}: not a valid email address.", to=to
         )
-    message = OutboxEmail.objects.create(to=to, subject=subject, body=body, kind=OutboxEmail.Kind.SENT)
+    message = OutboxEmail.objects.create(
+        to=to, subject=subject, body=body, kind=OutboxEmail.Kind.SENT, tenant_slug=tenant
+    )
     return WorldResult(201, {"state": message.snapshot()})
 
 
-def email_draft_create(*, to: str, subject: str, body: str) -> WorldResult:
-    message = OutboxEmail.objects.create(to=to, subject=subject, body=body, kind=OutboxEmail.Kind.DRAFT)
+def email_draft_create(*, to: str, subject: str, body: str, tenant: str = "") -> WorldResult:
+    message = OutboxEmail.objects.create(
+        to=to, subject=subject, body=body, kind=OutboxEmail.Kind.DRAFT, tenant_slug=tenant
+    )
     return WorldResult(201, {"state": message.snapshot()})
 
 
@@ -245,6 +258,7 @@ def email_send_correction(*, message_id: int, body: str = "") -> WorldResult:
         subject=f"Correction: {original.subject}",
         kind=OutboxEmail.Kind.SENT,
         corrects=original,
+        tenant_slug=original.tenant_slug,  # the correction belongs with what it corrects
         body=body
         or (
             f'Please disregard our earlier message "{original.subject}": it was sent in error. '
@@ -370,7 +384,7 @@ def contact_restore(*, contact_id: str, before_snapshot: Any, after_snapshot: An
 
 
 def payment_charge(
-    *, customer: str, amount_cents: int, currency: str = "USD", description: str = ""
+    *, customer: str, amount_cents: int, currency: str = "USD", description: str = "", tenant: str = ""
 ) -> WorldResult:
     if not isinstance(amount_cents, int) or amount_cents <= 0:
         return _error(422, "invalid_amount", "amount_cents must be a positive integer.")
@@ -380,6 +394,7 @@ def payment_charge(
         amount_cents=amount_cents,
         currency=currency,
         description=description,
+        tenant_slug=tenant,
     )
     return WorldResult(201, {"state": payment.snapshot()})
 

@@ -195,13 +195,25 @@ PAYMENTS = [
 ]
 
 
+# Whose the seeded world is (its employees, customers, tickets and payments): Acme's.
+WORLD_OWNER = "acme"
+
+
 @transaction.atomic
 def world_seed() -> None:
     """What the demo world's systems held before the agents started (get-or-create, so a person's
     later edits in the world survive a second seed)."""
     for cid, name, email, company, tier, owner in CONTACTS:
         CrmContact.objects.get_or_create(
-            id=cid, defaults={"name": name, "email": email, "company": company, "tier": tier, "owner": owner}
+            id=cid,
+            defaults={
+                "name": name,
+                "email": email,
+                "company": company,
+                "tier": tier,
+                "owner": owner,
+                "tenant_slug": WORLD_OWNER,
+            },
         )
     for tid, subject, company, contact, priority, status, assignee in TICKETS:
         CrmTicket.objects.get_or_create(
@@ -214,6 +226,7 @@ def world_seed() -> None:
                 "status": status,
                 "assignee": assignee,
                 "updated_by": "seed",
+                "tenant_slug": WORLD_OWNER,
             },
         )
     for email, name, department, title, manager in EMPLOYEES:
@@ -225,10 +238,13 @@ def world_seed() -> None:
                 "title": title,
                 "manager": manager,
                 "start_date": date(2023, 3, 1),
+                "tenant_slug": WORLD_OWNER,
             },
         )
         if created:
-            WorkspaceLicense.objects.create(email=email, sku="business-standard", monthly_cost_cents=1400)
+            WorkspaceLicense.objects.create(
+                email=email, sku="business-standard", monthly_cost_cents=1400, tenant_slug=WORLD_OWNER
+            )
     for pid, customer, amount, description, disputed in PAYMENTS:
         Payment.objects.get_or_create(
             id=pid,
@@ -237,6 +253,7 @@ def world_seed() -> None:
                 "amount_cents": amount,
                 "description": description,
                 "disputed": disputed,
+                "tenant_slug": WORLD_OWNER,
             },
         )
 

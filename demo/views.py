@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from saga_client.signing import verify_signature
 
+from dashboard.selectors import visible_tenants
 from demo import services
 from demo.models import CrmContact, CrmTicket, HrUser, OutboxEmail, Payment, WorkspaceLicense
 from demo.services import WorldResult
@@ -103,6 +105,17 @@ def _field(data: Any, name: str, kind: type | tuple[type, ...] = str, *, require
     return value
 
 
+# The tenant whose agent calls (demo.agents.TENANT_HEADER): what the call creates is filed under it.
+_TENANT = re.compile(r"[-a-zA-Z0-9_]{1,64}")
+
+
+def _tenant(request: HttpRequest) -> str:
+    tenant = request.headers.get("X-Demo-Tenant", "")
+    if tenant and not _TENANT.fullmatch(tenant):
+        raise BadRequest("X-Demo-Tenant must be a tenant's slug.", field="X-Demo-Tenant")
+    return tenant
+
+
 def _webhook_args(payload: dict[str, Any]) -> dict[str, Any]:
     args = payload.get("args")
     return args if isinstance(args, dict) else {}
@@ -123,28 +136,33 @@ def hr_users(request: HttpRequest, payload: dict[str, Any]) -> Handler:
         name: _field(payload, name, required=name in ("email", "name"))
         for name in ("email", "name", "department", "title", "manager", "start_date")
     }
-    return lambda: services.hr_user_create(**{k: v for k, v in fields.items() if v is not None})
+    tenant = _tenant(request)
+    return lambda: services.hr_user_create(
+        **{k: v for k, v in fields.items() if v is not None}, tenant=tenant
+    )
 
 
 @require_POST
 @world_endpoint("workspace.provision_license")
 def workspace_licenses(request: HttpRequest, payload: dict[str, Any]) -> Handler:
-    email, sku = _field(payload, "email"), _field(payload, "sku")
-    return lambda: services.license_provision(email=email, sku=sku)
+    email, sku, tenant = _field(payload, "email"), _field(payload, "sku"), _tenant(request)
+    return lambda: services.license_provision(email=email, sku=sku, tenant=tenant)
 
 
 @require_POST
 @world_endpoint("email.send")
 def email_messages(request: HttpRequest, payload: dict[str, Any]) -> Handler:
     to, subject, body = _field(payload, "to"), _field(payload, "subject"), _field(payload, "body")
-    return lambda: services.email_send(to=to, subject=subject, body=body)
+    tenant = _tenant(request)
+    return lambda: services.email_send(to=to, subject=subject, body=body, tenant=tenant)
 
 
 @require_POST
 @world_endpoint("email.create_draft")
 def email_drafts(request: HttpRequest, payload: dict[str, Any]) -> Handler:
     to, subject, body = _field(payload, "to"), _field(payload, "subject"), _field(payload, "body")
-    return lambda: services.email_draft_create(to=to, subject=subject, body=body)
+    tenant = _tenant(request)
+    return lambda: services.email_draft_create(to=to, subject=subject, body=body, tenant=tenant)
 
 
 @require_http_methods(["GET", "POST"])
@@ -172,8 +190,9 @@ def payments_charges(request: HttpRequest, payload: dict[str, Any]) -> Handler:
     customer, amount = _field(payload, "customer"), _field(payload, "amount_cents", int)
     currency = _field(payload, "currency", required=False) or "USD"
     description = _field(payload, "description", required=False) or ""
+    tenant = _tenant(request)
     return lambda: services.payment_charge(
-        customer=customer, amount_cents=amount, currency=currency, description=description
+        customer=customer, amount_cents=amount, currency=currency, description=description, tenant=tenant
     )
 
 
@@ -260,13 +279,16 @@ def saga_refund(request: HttpRequest, payload: dict[str, Any]) -> Handler:
 @require_GET
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
-    """What the pretend systems hold right now, to watch a compensation put them back."""
+    """What the pretend systems hold right now, to watch a compensation put them back: the rows
+    of the signed-in person's tenants only (their memberships), as on every other page."""
+    tenants = [t.slug for t in visible_tenants(user=request.user)]
+    mine = {"tenant_slug__in": tenants}
     context = {
-        "hr_users": HrUser.objects.order_by("-created_at")[:50],
-        "licenses": WorkspaceLicense.objects.order_by("-created_at")[:50],
-        "emails": OutboxEmail.objects.select_related("corrects")[:50],
-        "tickets": CrmTicket.objects.order_by("id")[:50],
-        "contacts": CrmContact.objects.order_by("id")[:50],
-        "payments": Payment.objects.prefetch_related("refunds")[:50],
+        "hr_users": HrUser.objects.filter(**mine).order_by("-created_at")[:50],
+        "licenses": WorkspaceLicense.objects.filter(**mine).order_by("-created_at")[:50],
+        "emails": OutboxEmail.objects.filter(**mine).select_related("corrects")[:50],
+        "tickets": CrmTicket.objects.filter(**mine).order_by("id")[:50],
+        "contacts": CrmContact.objects.filter(**mine).order_by("id")[:50],
+        "payments": Payment.objects.filter(**mine).prefetch_related("refunds")[:50],
     }
     return render(request, "demo/overview.html", context)

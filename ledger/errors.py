@@ -112,10 +112,26 @@ class CompensationNotAllowed(ValidationFailed):
 
 
 class UrlNotAllowed(ValidationFailed):
-    """An outbound URL a tenant or agent chose points where the installation does not allow."""
+    """An outbound URL a tenant or agent chose points where the installation does not allow.
+
+    ``message`` and ``details`` are what the caller is told. Why the URL was refused is kept apart
+    for the operator's audit log and never sent to the caller: ``reason`` (one of
+    ``ledger.outbound``'s reason constants), ``operator_message`` (the full sentence) and
+    ``resolved_address`` (the refused address a name resolved to)."""
 
     code = "url_not_allowed"
-    resolved_address: str = ""  # the refused address a name resolved to: for the audit log only
+    reason: str = ""
+    operator_message: str = ""
+    resolved_address: str = ""
+
+    def audit_data(self) -> dict[str, str]:
+        """What the operator's audit event records about the refusal."""
+        return {
+            "code": self.code,
+            **{k: str(v) for k, v in self.details.items()},
+            "reason": self.reason,
+            "address": self.resolved_address,
+        }
 
 
 class PlanChanged(Conflict):

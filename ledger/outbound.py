@@ -9,12 +9,17 @@ signed. URLs the operator of the installation configures (compensator webhooks i
   address: not loopback, private (RFC 1918, CGNAT, ULA), link-local (169.254.169.254 included),
   multicast, reserved or unspecified. ``SAGA_OUTBOUND_ALLOWED_HOSTS`` names the internal hosts an
   operator allows (``host`` or ``host:port``, matched against the URL as written, not resolved).
-  A name that does not resolve is refused (reason ``unresolvable``): what cannot be checked does
-  not pass.
+  A name that does not resolve (or not within ``SAGA_OUTBOUND_RESOLVE_TIMEOUT_S``, 1 s by default)
+  is refused (reason ``unresolvable``): what cannot be checked does not pass. A refusal because of
+  where the host is, or whether it resolves, tells the caller only that the URL is not allowed (the
+  same message and details for "private" and "does not resolve": anything more would map the
+  internal network for whoever sends names); the reason and the operator's message ride on the
+  exception (``reason``, ``operator_message``, ``resolved_address``) for the audit log.
 - ``post`` sends to the addresses that ``check_url`` checked, not to a fresh DNS answer, so a name
   that resolved to a public address when it was checked cannot be re-pointed at an internal one
   between the check and the connection (DNS rebinding). It never follows redirects.
-- ``resume_secret`` is a tenant's own key for signing the commands pushed to its agents.
+- ``resume_secret`` is one agent's own key (per tenant and agent name) for signing the commands
+  pushed to it.
 """
 
 from __future__ import annotations
@@ -37,12 +42,13 @@ from ledger import errors
 from ledger.conf import saga
 
 if TYPE_CHECKING:
-    from ledger.models import Tenant
+    from ledger.models import Run, Tenant
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-# Why a URL was refused: ``UrlNotAllowed.details["reason"]``. Only ``unresolvable`` may change by
-# itself (a DNS outage); every other reason is final for the URL as it stands.
+# Why a URL was refused: ``UrlNotAllowed.reason`` (and ``details["reason"]`` for the first three,
+# which say nothing about the network). Only ``unresolvable`` may change by itself (a DNS outage);
+# every other reason is final for the URL as it stands.
 INVALID = "invalid"
 SCHEME = "scheme"
 NO_HOST = "no_host"
@@ -53,6 +59,10 @@ LINK_LOCAL = "link_local"
 MULTICAST = "multicast"
 PRIVATE = "private"
 RESERVED = "reserved"
+
+# Reasons that depend on where the host is (or on whether it resolves): the caller is told none
+# of them apart.
+_NETWORK_REASONS = frozenset({UNRESOLVABLE, UNSPECIFIED, LOOPBACK, LINK_LOCAL, MULTICAST, PRIVATE, RESERVED})
 
 _DESCRIPTIONS = {
     UNSPECIFIED: "an unspecified address",
@@ -96,8 +106,9 @@ class CheckedUrl:
 
 def check_url(url: str, *, field: str = "url") -> CheckedUrl:
     """The guard for every outbound URL a tenant or agent chose. Raises ``errors.UrlNotAllowed``
-    (422 ``url_not_allowed``) saying why, with ``details`` naming the field, url, host, address
-    and ``reason`` (one of this module's reason constants)."""
+    (422 ``url_not_allowed``). A URL that is not http(s) with a host is told so (``details``: field,
+    url, reason); one refused for where its host is or whether it resolves is told only that it is
+    not allowed (``details``: field, url), with the reason on the exception for the audit log."""
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError, ValueError) as exc:
@@ -125,20 +136,15 @@ def check_url(url: str, *, field: str = "url") -> CheckedUrl:
     for address in addresses:
         reason = address_refusal(address)
         if reason is not None:
-            # What a name resolves to inside stays out of what the client sees (no DNS oracle for
-            # the internal network); the operator's audit event gets it from ``resolved_address``.
             how = "is" if literal is not None else "resolves to"
-            refusal = _refusal(
+            raise _refusal(
                 f"{field} host {host} {how} {_DESCRIPTIONS[reason]}; outbound requests go only to "
                 "public addresses or to hosts the operator allows in SAGA_OUTBOUND_ALLOWED_HOSTS.",
                 field=field,
                 url=shown,
-                host=host,
                 reason=reason,
-                **({"address": address} if literal is not None else {}),
+                address=address,
             )
-            refusal.resolved_address = address
-            raise refusal
     return CheckedUrl(
         url=url, scheme=parsed.scheme, host=host, port=port, addresses=addresses, allowed_by_setting=False
     )
@@ -180,6 +186,8 @@ def resolve(host: str, port: int, *, field: str = "url", url: str = "") -> tuple
     try:
         infos = future.result(timeout=timeout)
     except FutureTimeout:
+        # The lookup itself cannot be interrupted: it goes on in its resolver thread (the pool
+        # bounds how many such threads there are); its caller does not wait for it.
         future.cancel()
         problem = f"did not resolve within {timeout:g} s"
     except (OSError, UnicodeError) as exc:
@@ -194,7 +202,6 @@ def resolve(host: str, port: int, *, field: str = "url", url: str = "") -> tuple
         "operator allows in SAGA_OUTBOUND_ALLOWED_HOSTS.",
         field=field,
         url=url,
-        host=host,
         reason=UNRESOLVABLE,
     )
 
@@ -235,20 +242,46 @@ def post(
         )
 
 
-def resume_secret(tenant: Tenant) -> str:
-    """The key that signs the commands pushed to ``tenant``'s agents: HMAC-SHA256 of the tenant's
-    slug under ``SAGA_RESUME_WEBHOOK_SECRET``, so each tenant verifies with a secret of its own and
-    cannot sign a command another tenant's agent would accept. Empty when no master is set
-    (commands are then pushed unsigned)."""
+def resume_secret(tenant: Tenant, agent: str) -> str:
+    """The key that signs the commands pushed to one agent — ``agent`` is the agent's name (the
+    name of the key that created the run) in ``tenant``: HMAC-SHA256 of ``resume:<slug>:<agent>``
+    under ``SAGA_RESUME_WEBHOOK_SECRET``. Each agent verifies with a secret of its own, so no agent
+    can sign a command another agent would accept (of its own tenant or another: a slug has no
+    ``:``, so no two (tenant, agent) pairs share a context). Empty when no master is set (commands
+    are then pushed unsigned)."""
     master = saga().resume_webhook_secret
-    return derive_secret(master, f"resume:{tenant.slug}") if master else ""
+    return derive_secret(master, resume_secret_context(tenant.slug, agent)) if master else ""
+
+
+def resume_secret_context(tenant_slug: str, agent: str) -> str:
+    """The derivation context of one agent's resume secret (see ``resume_secret``)."""
+    return f"resume:{tenant_slug}:{agent}"
+
+
+def run_agent(run: Run) -> str:
+    """The agent a run's commands are for: the authenticated agent that created it (its key's
+    name), or, for a run created without a key, the agent it declared."""
+    return run.owner or run.agent
 
 
 # --- Helpers ---------------------------------------------------------------------------------
 
 
-def _refusal(message: str, **details: str) -> errors.UrlNotAllowed:
-    return errors.UrlNotAllowed(message, details=details)
+def _refusal(message: str, *, field: str, url: str, reason: str, address: str = "") -> errors.UrlNotAllowed:
+    """The refusal as the caller sees it, with why on the side for the operator. Where a host is,
+    or whether its name resolves, is not the caller's to learn: those refusals all read alike."""
+    if reason in _NETWORK_REASONS:
+        told = (
+            f"{field} is not allowed: outbound requests go only to public hosts or to hosts the "
+            "operator allows."
+        )
+        refusal = errors.UrlNotAllowed(told, details={"field": field, "url": url})
+    else:
+        refusal = errors.UrlNotAllowed(message, details={"field": field, "url": url, "reason": reason})
+    refusal.reason = reason
+    refusal.operator_message = message
+    refusal.resolved_address = address
+    return refusal
 
 
 def _without_userinfo(url: httpx.URL) -> str:

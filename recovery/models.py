@@ -466,7 +466,9 @@ class NotificationChannel(models.Model):
             try:
                 outbound.check_url(self.target.strip(), field="URL")
             except errors.UrlNotAllowed as exc:
-                raise ValidationError({"target": exc.message}) from None
+                # The tenant's admin configures the installation's notifications: told why (an
+                # agent choosing a resume_url is told only that it is not allowed).
+                raise ValidationError({"target": exc.operator_message or exc.message}) from None
             self.target = self.target.strip()
         unknown = (
             [e for e in self.events if e not in CHANNEL_EVENTS] if isinstance(self.events, list) else [1]

@@ -528,8 +528,9 @@ def _post_checked(row: Notification, url: str, content: bytes, *, headers: dict[
     try:
         target = outbound.check_url(url, field="URL")
     except errors.UrlNotAllowed as exc:
-        outcome = "retry" if exc.details.get("reason") == outbound.UNRESOLVABLE else "failed"
-        return Attempt(outcome, f"Refused: {exc.message}")
+        outcome = "retry" if exc.reason == outbound.UNRESOLVABLE else "failed"
+        # Shown to the tenant's admins on the channel's deliveries, who chose the URL: why, in full.
+        return Attempt(outcome, f"Refused: {exc.operator_message or exc.message}")
     all_headers = {"Content-Type": "application/json", "Idempotency-Key": row.pk, **headers}
     try:
         response = outbound.post(
@@ -579,8 +580,11 @@ def enqueue_slack_respond(*, response_url: str, message: dict[str, Any]) -> None
 
 
 def deliver_command(*, command_id: str) -> bool:
-    """POST a resume/cancel command to the run's resume_url, signed with the tenant's own resume
-    secret (``ledger.outbound.resume_secret``). Returns True when delivered (or nothing to do).
+    """POST a resume/cancel command to the run's resume_url, signed with the run's agent's own
+    resume secret (``ledger.outbound.resume_secret``: per tenant and agent). The signed body names
+    the tenant, the agent, the run and the destination (``url``), so a receiver that checks them
+    (``saga_client.verify_signature(..., url=...)``) accepts neither another agent's command nor one
+    captured on its way to another URL. Returns True when delivered (or nothing to do).
 
     The URL is checked again here, and the request goes to the address this check approved
     (``ledger.outbound.post``): a name that resolved to a public address when the run was created
@@ -595,11 +599,14 @@ def deliver_command(*, command_id: str) -> bool:
         return True  # withdrawn before it got there: the agent must not act on it
     if command.delivery_attempts >= MAX_DELIVERY_ATTEMPTS:
         return False  # refused, or out of attempts: a stray job changes nothing
+    agent = outbound.run_agent(command.run)
     payload = {
         "command_id": command.pk,
         "kind": command.kind,
         "run_id": command.run_id,
         "tenant": command.tenant.slug,
+        "agent": agent,
+        "url": command.run.resume_url,
         "checkpoint_id": command.checkpoint_id,
         "checkpoint": command.checkpoint.state if command.checkpoint else None,
         "reason": command.reason,
@@ -609,16 +616,19 @@ def deliver_command(*, command_id: str) -> bool:
     try:
         target = outbound.check_url(command.run.resume_url, field="resume_url")
     except errors.UrlNotAllowed as exc:
-        if exc.details.get("reason") != outbound.UNRESOLVABLE:
+        if exc.reason != outbound.UNRESOLVABLE:
             _delivery_refused(command, exc)
             return False
+        # The agent reads delivery_error: it is told what any refusal tells it, nothing more; the
+        # operator's log line has why.
         unresolved = exc.message
+        log.warning("commands.resume_url_unresolvable", command_id=command.pk, reason=exc.operator_message)
     AgentCommand.objects.filter(pk=command.pk).update(delivery_attempts=F("delivery_attempts") + 1)
     if target is None:
         return _delivery_failed(command, unresolved)
     body = json.dumps(payload, sort_keys=True, default=str).encode()
     headers = {"Content-Type": "application/json", "Idempotency-Key": command.pk}
-    secret = outbound.resume_secret(command.tenant)
+    secret = outbound.resume_secret(command.tenant, agent)
     if secret:
         headers.update(signed_headers(secret, body))
     try:
@@ -658,12 +668,13 @@ def _delivery_refused(command: AgentCommand, refusal: errors.UrlNotAllowed) -> N
             actor=Actor.system("notifications"),
             kind="command.delivery_refused",
             subject=command,
-            reason=refusal.message,
-            data={"code": refusal.code, **refusal.details, "address": refusal.resolved_address},
+            # The operator's record says why; the command (which its agent reads) does not.
+            reason=refusal.operator_message,
+            data=refusal.audit_data(),
         )
     log.warning(
         "commands.delivery_refused",
         command_id=command.pk,
         run_id=command.run_id,
-        reason=refusal.details.get("reason", ""),
+        reason=refusal.reason,
     )

@@ -43,6 +43,10 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+# The demo world (/demo-world/: pretend HR, workspace, email, CRM and payments systems, and their
+# tables) is served only where the demo runs: `make run` sets SAGA_DEMO=1. Off, its paths are 404.
+SAGA_DEMO = env_bool("SAGA_DEMO", False)
+
 # Fail closed: a deploy that forgets an environment variable must not run with debug pages or
 # forgeable sessions. DEBUG is off unless set; with it off, no SECRET_KEY means no start at all:
 # every management command and the web process load these settings first (manage.py and
@@ -296,13 +300,14 @@ SAGA: dict[str, Any] = {
     "NOTIFY_MAX_ATTEMPTS": env_int("SAGA_NOTIFY_MAX_ATTEMPTS", 10),
     # Where people reach this dashboard: the links in notifications point here.
     "PUBLIC_URL": os.environ.get("SAGA_PUBLIC_URL", "http://localhost:8000").rstrip("/"),
-    # The master of the per-tenant secrets that sign commands pushed to agents' resume_urls
-    # (`manage.py resume_secret --tenant SLUG` prints a tenant's); unset: pushed unsigned.
+    # The master of the per-agent secrets that sign commands pushed to agents' resume_urls
+    # (`manage.py resume_secret --tenant SLUG --agent NAME` prints one); unset: pushed unsigned.
     "RESUME_WEBHOOK_SECRET": os.environ.get("SAGA_RESUME_WEBHOOK_SECRET", ""),
     # URLs a tenant or agent chose (resume_url) reach only public addresses, except these internal
-    # hosts (comma-separated `host` or `host:port`); resolving a name may take this long.
+    # hosts (comma-separated `host` or `host:port`); resolving a name may take this long (short: a
+    # name whose DNS server never answers holds the request or job that checks it this long).
     "OUTBOUND_ALLOWED_HOSTS": env_list("SAGA_OUTBOUND_ALLOWED_HOSTS", []),
-    "OUTBOUND_RESOLVE_TIMEOUT_S": env_float("SAGA_OUTBOUND_RESOLVE_TIMEOUT_S", 5.0),
+    "OUTBOUND_RESOLVE_TIMEOUT_S": env_float("SAGA_OUTBOUND_RESOLVE_TIMEOUT_S", 1.0),
 }
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
@@ -23,12 +24,16 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     # Superusers only (django-rq's own check lets any staff user in, tenant admins included).
     path("django-rq/", include((workers.urlpatterns(), "django_rq"))),
-    path("demo-world/", include("demo.urls")),
     # Slack's interactivity requests (Approve / Reject buttons), verified by signature, not session.
     path("integrations/slack/interactions", slack.interactions, name="slack-interactions"),
     path("", include("dashboard.auth_urls")),
     path("", include("dashboard.urls")),
 ]
+
+if settings.SAGA_DEMO:
+    # The demo's pretend systems exist only where the demo runs (SAGA_DEMO=1, set by `make run`):
+    # a deployment never serves their endpoints or tables.
+    urlpatterns.append(path("demo-world/", include("demo.urls")))
 
 
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:

@@ -188,6 +188,8 @@ export SECRET_KEY
 export SAGA_PUBLIC_URL="${SAGA_PUBLIC_URL:-$BASE_URL}"
 # Two gunicorn worker processes (the Procfile's default too; WEB_THREADS threads each): a laptop.
 export DATABASE_URL REDIS_URL SAGA_DEMO_WORLD_SECRET PORT WEB_CONCURRENCY="${WEB_CONCURRENCY:-2}"
+# The demo world (/demo-world/) is served only when SAGA_DEMO is on; make run is the demo.
+export SAGA_DEMO=1
 # The demo's lost agent should be noticed within a minute, not after production's five.
 export SAGA_HEARTBEAT_TIMEOUT_S="${SAGA_HEARTBEAT_TIMEOUT_S:-45}"
 # ...and a resume its agent does not pick up is announced before that (production: 180 s).
@@ -196,8 +198,9 @@ export SAGA_RESUME_ACK_TIMEOUT_S="${SAGA_RESUME_ACK_TIMEOUT_S:-30}"
 # served by this web process, so agents here may point resume_url at it: that port on this machine
 # is allowed, and nothing else on it (not Redis, not PostgreSQL).
 export SAGA_OUTBOUND_ALLOWED_HOSTS="${SAGA_OUTBOUND_ALLOWED_HOSTS:-127.0.0.1:$PORT,localhost:$PORT}"
-# Commands pushed to resume URLs are signed with per-tenant secrets derived from this master
-# (`python manage.py resume_secret --tenant acme` prints Acme's); kept in .data like the others.
+# Commands pushed to resume URLs are signed with per-agent secrets derived from this master
+# (`python manage.py resume_secret --tenant acme --agent demo-agents` prints the Acme demo agents');
+# kept in .data like the others.
 if [ -z "${SAGA_RESUME_WEBHOOK_SECRET:-}" ]; then
   [ -s "$DATA/resume-secret" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$DATA/resume-secret")
   SAGA_RESUME_WEBHOOK_SECRET=$(cat "$DATA/resume-secret")

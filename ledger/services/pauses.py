@@ -171,26 +171,36 @@ def pause_check_action(
 
 
 def run_refusal_record(
-    *, exc: errors.Paused, tenant: Tenant, actor: Actor, agent: str, external_id: str = ""
+    *,
+    exc: errors.Paused | errors.UrlNotAllowed,
+    tenant: Tenant,
+    actor: Actor,
+    agent: str,
+    external_id: str = "",
 ) -> None:
     """Audit a refused run start on the tenant's chain, in a transaction of its own (the refused
     create rolled back). Inside a caller's transaction (the API's Idempotency-Key claim) it is a
-    savepoint that the caller keeps: only the claim is released on a refusal."""
-    log.info("run.refused", code=exc.code, pause_id=exc.details.get("pause_id"), agent=agent)
+    savepoint that the caller keeps: only the claim is released on a refusal. A refused
+    ``resume_url`` is recorded with the reason its agent is not told (``UrlNotAllowed.reason``)."""
+    if isinstance(exc, errors.UrlNotAllowed):
+        subject, reason, details = "url:resume_url", exc.operator_message or exc.message, exc.audit_data()
+    else:
+        subject, reason, details = f"pause:{exc.details.get('pause_id', '')}", exc.message, exc.details
+    log.info("run.refused", code=exc.code, subject=subject, agent=agent)
     try:
         with transaction.atomic():
             audit_record(
                 tenant=tenant,
                 actor=actor,
                 kind="run.refused",
-                subject=f"pause:{exc.details.get('pause_id', '')}",
-                reason=exc.message,
+                subject=subject,
+                reason=reason,
                 data={
                     "code": exc.code,
                     "agent": agent,
                     "owner": actor.key.name if actor.key is not None else "",
                     "external_id": external_id,
-                    "details": exc.details,
+                    "details": details,
                 },
             )
     except DatabaseError:
@@ -199,14 +209,14 @@ def run_refusal_record(
 
 
 def audits_run_refusals(create: Callable[P, R]) -> Callable[P, R]:
-    """Around the run-create service: a start refused by a pause is audited (``run_refusal_record``)
-    after the create's own transaction has rolled back."""
+    """Around the run-create service: a start refused by a pause, or for its ``resume_url``, is
+    audited (``run_refusal_record``) after the create's own transaction has rolled back."""
 
     @functools.wraps(create)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return create(*args, **kwargs)
-        except errors.Paused as exc:
+        except (errors.Paused, errors.UrlNotAllowed) as exc:
             tenant, actor = kwargs["tenant"], kwargs["actor"]
             assert isinstance(tenant, Tenant) and isinstance(actor, Actor)
             run_refusal_record(

@@ -234,9 +234,9 @@ def test_commands_are_pushed_to_the_resume_url_signed_for_the_receiver(api, alic
 
     [(url, content, headers)] = received
     assert url == "https://agent.internal/saga/commands"
-    # Signed with the tenant's own secret (manage.py resume_secret), not the master.
-    tenant_secret = outbound.resume_secret(Run.objects.get(pk=run["id"]).tenant)
-    assert verify_signature(tenant_secret, headers, content)
+    # Signed with the agent's own secret (manage.py resume_secret), not the master.
+    agent_secret = outbound.resume_secret(Run.objects.get(pk=run["id"]).tenant, "onboarding-agent")
+    assert verify_signature(agent_secret, headers, content, url="https://agent.internal/saga/commands")
     assert not verify_signature("master-secret", headers, content)
     assert headers["Idempotency-Key"] == command.pk
     assert json.loads(content)["kind"] == "resume"

@@ -18,9 +18,10 @@ from tests.support.parallel import locked
 from tests.support.processes import ROOT, WebhookServer, serve_webhooks
 
 RESULTS_PATH = ROOT / "artifacts" / "reliability.json"
-# What `manage.py resume_secret --tenant acme` prints under SAGA_RESUME_WEBHOOK_SECRET=RESUME_SECRET
-# (the ``tenant`` fixture is acme).
-RESUME_TENANT_SECRET = derive_secret(RESUME_SECRET, "resume:acme")
+# What `manage.py resume_secret --tenant acme --agent onboarding-agent` prints under
+# SAGA_RESUME_WEBHOOK_SECRET=RESUME_SECRET (the ``tenant`` fixture is acme, the ``agent`` fixture's
+# key is onboarding-agent's).
+RESUME_AGENT_SECRET = derive_secret(RESUME_SECRET, "resume:acme:onboarding-agent")
 
 
 # --- Measured results ------------------------------------------------------------------------
@@ -70,7 +71,7 @@ def hooks(settings: Any) -> Iterator[WebhookServer]:
     """The ``rel.undo`` compensator and the agent's resume URL: a local address, so the operator
     allows it (``SAGA_OUTBOUND_ALLOWED_HOSTS``); the agent verifies pushes with the ``tenant``
     fixture's own resume secret."""
-    with serve_webhooks({UNDO_PATH: UNDO_SECRET, RESUME_PATH: RESUME_TENANT_SECRET}) as server:
+    with serve_webhooks({UNDO_PATH: UNDO_SECRET, RESUME_PATH: RESUME_AGENT_SECRET}) as server:
         settings.SAGA = {**settings.SAGA, "OUTBOUND_ALLOWED_HOSTS": [f"127.0.0.1:{server.port}"]}
         yield server
 

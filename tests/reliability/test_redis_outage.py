@@ -9,7 +9,7 @@ from saga_client.signing import verify_signature
 
 from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
 from tests.factories import RESUME_PATH, RESUME_SECRET, UNDO_PATH, failed_saga, load_reliability_policies
-from tests.reliability.conftest import RESUME_TENANT_SECRET
+from tests.reliability.conftest import RESUME_AGENT_SECRET
 from tests.support.api import Api
 from tests.support.processes import Reply, dump_worker_logs, wait_for
 
@@ -102,7 +102,7 @@ def test_scenario_3_decisions_while_redis_is_down(
     undo_effects = {key: count for key, count in hooks.effects.items() if key != RESUME_PATH}
     assert undo_effects == {a.pk: 1 for s in (api_comp, ui_comp) for a in s.actions}
     pushed = hooks.calls_to(RESUME_PATH)
-    assert pushed and all(verify_signature(RESUME_TENANT_SECRET, c.headers, c.raw) for c in pushed)
+    assert pushed and all(verify_signature(RESUME_AGENT_SECRET, c.headers, c.raw) for c in pushed)
     assert not verify_signature(RESUME_SECRET, pushed[0].headers, pushed[0].raw)
     server_errors = sum(1 for s in statuses if s >= 500)
     results.record(

@@ -443,7 +443,7 @@ def test_no_key_secret_or_password_reaches_the_logs_of_a_full_scenario(
 ):
     """Pass: keys created by create_agent_key, actions recorded with them over HTTP, a run undone
     by two signed webhook compensators (one secret from the environment, one from the policy), a
-    run resumed (the command pushed signed with the tenant's resume secret), a notification webhook
+    run resumed (the command pushed signed with the agent's resume secret), a notification webhook
     with its secret, a dashboard login with the right and a wrong password, and failing requests
     (a wrong key, a 404, a 422) — with this process and the worker logging at DEBUG, no line of
     either carries any key, secret, password or session id. (The logs are not empty: they hold
@@ -453,7 +453,8 @@ def test_no_key_secret_or_password_reaches_the_logs_of_a_full_scenario(
     resume_master = "resume-master-" + secrets.token_urlsafe(24)
     notify_secret = "notify-" + secrets.token_urlsafe(24)
     wrong_password = "wrong-" + secrets.token_urlsafe(12)
-    resume_secret = derive_secret(resume_master, f"resume:{tenant.slug}")  # what the worker signs with
+    # What the worker signs with: the secret of the agent whose key creates the resumed run.
+    resume_secret = derive_secret(resume_master, f"resume:{tenant.slug}:onboarding-agent")
 
     keys = {}
     for name, scopes in (("onboarding-agent", "agent"), ("ops-automation", "operator")):
@@ -547,7 +548,7 @@ def test_no_key_secret_or_password_reaches_the_logs_of_a_full_scenario(
             wait_for(
                 lambda: any(call.signature_ok for call in hooks.calls_to(RESUME_PATH)),
                 timeout=60,
-                what="the resume command to be pushed, signed with the tenant's secret",
+                what="the resume command to be pushed, signed with the agent's secret",
             )
         except AssertionError:
             raise AssertionError(dump_worker_logs([worker])) from None
@@ -571,7 +572,7 @@ def test_no_key_secret_or_password_reaches_the_logs_of_a_full_scenario(
             "webhook secret (environment)": hr_secret,
             "webhook secret (policy)": ws_secret,
             "resume secret (master)": resume_master,
-            "resume secret (tenant)": resume_secret,
+            "resume secret (agent)": resume_secret,
             "notification secret": notify_secret,
             "password": PERSONA_PASSWORD,
             "wrong password": wrong_password,

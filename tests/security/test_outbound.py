@@ -1,5 +1,7 @@
-"""Outbound requests go only where an operator allowed (issue 14, point 2), and each tenant signs
-its pushed commands with a secret of its own (point 8).
+"""Outbound requests go only where an operator allowed (issue 14, point 2); a refusal tells the
+agent only "not allowed" and the operator why (issue 26, point 7); each agent's pushed commands
+are signed with a secret of its own and name their destination (issue 26, point 6; issue 14,
+point 8 had it per tenant).
 
 Over real HTTP: runs are created through a live server, commands are pushed by the real RQ job to
 a real local receiver. Made-up names are answered by a stand-in for the system resolver (``dns``),
@@ -82,11 +84,14 @@ def dns(monkeypatch: pytest.MonkeyPatch) -> Dns:
 @dataclass
 class Receiver:
     """An agent's resume endpoint on 127.0.0.1: records every request; ``replies`` maps a path to
-    (status, headers), 200 otherwise."""
+    (status, headers), 200 otherwise. A path in ``secrets`` is an agent that checks what it gets
+    as the Python client tells it to — ``verify_signature(secret, headers, body, url=<its own
+    resume_url>)`` — and answers 401 to what does not verify (``calls[i]["verified"]``)."""
 
     port: int = 0
     calls: list[dict[str, Any]] = field(default_factory=list)
     replies: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict)
 
     def url(self, path: str, host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.port}{path}"
@@ -99,8 +104,13 @@ def receiver() -> Iterator[Receiver]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            state.calls.append({"path": self.path, "headers": dict(self.headers.items()), "raw": raw})
-            status, headers = state.replies.get(self.path, (200, {}))
+            headers_in = dict(self.headers.items())
+            verified = None
+            if self.path in state.secrets:
+                own_url = state.url(self.path)
+                verified = verify_signature(state.secrets[self.path], headers_in, raw, url=own_url)
+            state.calls.append({"path": self.path, "headers": headers_in, "raw": raw, "verified": verified})
+            status, headers = (401, {}) if verified is False else state.replies.get(self.path, (200, {}))
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
@@ -157,6 +167,11 @@ def _failed_and_resumed(http: httpx.Client, operator: httpx.Client, *, resume_ur
 
 # --- Run creation: the guard -------------------------------------------------------------------
 
+# What every refusal for where a host is (or whether it resolves) tells the agent, word for word.
+NOT_ALLOWED = (
+    "resume_url is not allowed: outbound requests go only to public hosts or to hosts the operator allows."
+)
+
 HEADLINE_REFUSALS = [
     ("http://169.254.169.254/latest", "link_local"),
     ("http://127.0.0.1:6379/", "loopback"),
@@ -181,17 +196,56 @@ def test_it_refuses_resume_urls_that_reach_inside_over_http(live_server, agent_k
             assert response.status_code == 422, (url, response.text)
             error = response.json()["error"]
             assert error["code"] == "url_not_allowed", url
-            assert error["details"]["reason"] == reason, (url, error)
             assert error["details"]["field"] == "resume_url"
-            assert "resume_url" in error["message"]
-            if "attacker" in url:
-                # What an internal name resolves to is not told to the agent (no DNS oracle).
-                assert "127.0.0.1" not in response.text and "address" not in error["details"]
-    # Nothing was created: no run, no audit event, no stored idempotent response.
+            if reason == "scheme":
+                assert error["details"]["reason"] == "scheme" and "http(s)" in error["message"]
+            else:
+                # Where the host is stays the operator's to know (no map of the network).
+                assert (error["message"], sorted(error["details"])) == (NOT_ALLOWED, ["field", "url"])
+                assert "127.0.0.1" not in response.text or "127.0.0.1" in url
+    # Nothing was created: no run, no stored idempotent response; the operator's audit log has why.
     assert Run.objects.count() == 0
     assert Event.objects.filter(kind="run.created").count() == 0
     assert IdempotencyRecord.objects.count() == 0
     assert dns.lookups == ["resume.attacker.example"]
+    refused = Event.objects.filter(kind="run.refused", subject_id="resume_url").order_by("id")
+    assert [e.data["details"]["reason"] for e in refused] == [r for _u, r in HEADLINE_REFUSALS]
+    assert refused.last().data["details"]["address"] == "127.0.0.1"
+    assert "resolves to a loopback address" in refused.last().reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_private_host_and_a_name_that_does_not_resolve_are_refused_alike(live_server, agent_key, dns):
+    """An agent probing the internal network by resume_url learns nothing: a name that resolves
+    inside, a private literal, a link-local one and a name that does not resolve all get the same
+    422, word for word but for the URL it sent back; the operator's audit log says which was which."""
+    dns.answers["db.corp.attacker.example"] = ["10.20.30.40"]
+    dns.answers["nothing.corp.attacker.example"] = []
+    probes = {
+        "http://db.corp.attacker.example:5432/": "private",
+        "http://nothing.corp.attacker.example:5432/": "unresolvable",
+        "http://10.20.30.40:5432/": "private",
+        "http://169.254.169.254/": "link_local",
+    }
+    with _http(live_server, agent_key[1]) as http:
+        answers = {
+            url: http.post("/runs", json={"agent": "a", "request": "r", "resume_url": url}, timeout=30)
+            for url in probes
+        }
+    told = []
+    for url, response in answers.items():
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["details"].pop("url") == url
+        told.append(error)
+    same = {"code": "url_not_allowed", "message": NOT_ALLOWED, "details": {"field": "resume_url"}}
+    assert told == [same] * len(probes)
+    events = Event.objects.filter(kind="run.refused", subject_id="resume_url").order_by("id")
+    assert [(e.data["details"]["url"], e.data["details"]["reason"]) for e in events] == list(probes.items())
+    assert events[0].data["details"]["address"] == "10.20.30.40"
+    assert "resolves to a private address" in events[0].reason
+    assert "did not resolve" in events[1].reason or "does not resolve" in events[1].reason
+    assert not Run.objects.exists()
 
 
 @pytest.mark.parametrize(
@@ -229,9 +283,15 @@ def test_it_refuses_every_way_of_spelling_an_inside_address(api, dns, url, reaso
     response = api.post("/runs", {"agent": "a", "request": "r", "resume_url": url})
     assert response.status_code == 422, response.content
     error = error_of(response)
-    assert (error["code"], error["details"]["reason"]) == ("url_not_allowed", reason)
+    assert error["code"] == "url_not_allowed"
+    if reason in ("invalid", "scheme", "no_host"):
+        assert error["details"]["reason"] == reason  # a malformed URL says nothing about the network
+    else:
+        assert error["message"] == NOT_ALLOWED and "reason" not in error["details"]
     assert "hunter2" not in response.content.decode()  # credentials in a URL are never echoed
     assert not Run.objects.exists()
+    [event] = Event.objects.filter(kind="run.refused", subject_id="resume_url")
+    assert event.data["details"]["reason"] == reason and "hunter2" not in json.dumps(event.data)
 
 
 def test_a_name_is_refused_when_it_does_not_resolve_in_time(api, dns, settings):
@@ -244,9 +304,11 @@ def test_a_name_is_refused_when_it_does_not_resolve_in_time(api, dns, settings):
     )
     assert time.monotonic() - started < 1.5
     error = error_of(response)
-    assert response.status_code == 422 and error["details"]["reason"] == "unresolvable"
-    assert "did not resolve within 0.2 s" in error["message"]
+    assert response.status_code == 422 and error["message"] == NOT_ALLOWED
     assert not Run.objects.exists()
+    [event] = Event.objects.filter(kind="run.refused", subject_id="resume_url")
+    assert event.data["details"]["reason"] == "unresolvable"
+    assert "did not resolve within 0.2 s" in event.reason
 
 
 @pytest.mark.django_db(transaction=True)
@@ -267,7 +329,7 @@ def test_public_hosts_and_hosts_the_operator_allows_are_accepted(live_server, ag
         refused = http.post(
             "/runs", json={"agent": "a", "request": "r", "resume_url": "http://127.0.0.1:6379/"}
         )
-    assert refused.status_code == 422 and refused.json()["error"]["details"]["reason"] == "loopback"
+    assert refused.status_code == 422 and refused.json()["error"]["message"] == NOT_ALLOWED
     assert Run.objects.count() == 3
 
 
@@ -307,11 +369,10 @@ def test_a_dns_answer_that_changed_since_creation_is_refused_at_send_time(
         assert receiver.calls == []
         command = AgentCommand.objects.get(pk=command_id)
         assert command.delivered_at is None
-        assert command.delivery_error.startswith("Refused: resume_url host agent.attacker.example resolves")
-        # The agent learns that it was refused and why, not what the name resolves to inside.
-        assert "127.0.0.1" not in command.delivery_error and "loopback" in command.delivery_error
+        # The agent learns that it was refused, not why or what the name resolves to inside.
+        assert command.delivery_error == f"Refused: {NOT_ALLOWED}"
         [event] = Event.objects.filter(run_id=run_id, kind="command.delivery_refused")
-        assert event.subject_id == command_id and "loopback" in event.reason
+        assert event.subject_id == command_id and "resolves to a loopback address" in event.reason
         assert event.data["reason"] == "loopback" and event.data["address"] == "127.0.0.1"
 
         # Shown to the agent with the pending command it can still pull.
@@ -339,7 +400,8 @@ def test_a_name_that_does_not_resolve_at_send_time_is_retried_not_refused(
     assert notifications.deliver_command(command_id=command.pk) is False
 
     command.refresh_from_db()
-    assert command.delivery_attempts == 1 and "does not resolve" in command.delivery_error
+    # Told what any refusal tells the agent, and tried again later (a DNS outage may pass).
+    assert command.delivery_attempts == 1 and command.delivery_error == NOT_ALLOWED
     assert not command.delivery_error.startswith("Refused")
     assert not Event.objects.filter(kind="command.delivery_refused").exists()
     AgentCommand.objects.filter(pk=command.pk).update(created_at=timezone.now() - timedelta(minutes=5))
@@ -407,57 +469,119 @@ def test_a_redirect_from_the_resume_url_is_not_followed(
     assert "302" in command.delivery_error and "not followed" in command.delivery_error
 
 
-# --- Per-tenant resume secrets -----------------------------------------------------------------
+# --- Per-agent resume secrets, and commands that name their destination ----------------------
 
 
-def _resume_secret(slug: str) -> str:
+def _resume_secret(slug: str, agent: str) -> str:
     out = StringIO()
-    call_command("resume_secret", tenant=slug, stdout=out)
+    call_command("resume_secret", tenant=slug, agent=agent, stdout=out, stderr=StringIO())
     return out.getvalue().strip().splitlines()[-1]
 
 
+def _key(tenant: Any, name: str) -> str:
+    return agent_key_create(tenant=tenant, name=name, scopes=["agent"], actor=Actor.system("t")).secret
+
+
 @pytest.mark.django_db(transaction=True)
-def test_each_tenant_verifies_only_its_own_commands(
+def test_each_agent_verifies_only_its_own_commands(
     live_server, tenant, other_tenant, agent_key, operator_key, receiver, settings, own_redis
 ):
+    """Two agents of Acme and one of Globex, each with a run whose resume_url is its own endpoint;
+    commands pushed by the real RQ job over HTTP. Each agent's endpoint accepts its own command
+    with the secret ``resume_secret --agent`` prints for it, and no other agent's secret — of the
+    same tenant or another, nor the old per-tenant one — verifies it; a command one agent signs
+    for another with what it knows is refused."""
     _allow(settings, f"127.0.0.1:{receiver.port}", RESUME_WEBHOOK_SECRET="the-installation-master")
-    acme_secret, globex_secret = _resume_secret("acme"), _resume_secret("globex")
-    assert len({acme_secret, globex_secret, "the-installation-master"}) == 3
-    assert len(acme_secret) == 64 and acme_secret == derive_secret("the-installation-master", "resume:acme")
+    secrets = {
+        "/onboarding": _resume_secret("acme", "onboarding-agent"),
+        "/billing": _resume_secret("acme", "billing-agent"),
+        "/globex": _resume_secret("globex", "globex-bot"),
+    }
+    assert len({*secrets.values(), "the-installation-master"}) == 4
+    assert secrets["/onboarding"] == derive_secret("the-installation-master", "resume:acme:onboarding-agent")
+    receiver.secrets.update(secrets)
 
-    with _http(live_server, agent_key[1]) as http, _http(live_server, operator_key[1]) as operator:
-        _failed_and_resumed(http, operator, resume_url=receiver.url("/acme"))
-    globex_key = agent_key_create(
-        tenant=other_tenant, name="globex-bot", scopes=["agent"], actor=Actor.system("t")
+    billing_key, globex_key = _key(tenant, "billing-agent"), _key(other_tenant, "globex-bot")
+    runs_by_path = {}
+    with _http(live_server, operator_key[1]) as operator:
+        for path, key in (("/onboarding", agent_key[1]), ("/billing", billing_key)):
+            with _http(live_server, key) as http:
+                runs_by_path[path], _command = _failed_and_resumed(
+                    http, operator, resume_url=receiver.url(path)
+                )
+    with _http(live_server, globex_key) as http:
+        created = http.post(
+            "/runs", json={"agent": "b", "request": "r", "resume_url": receiver.url("/globex")}
+        )
+    runs_by_path["/globex"] = created.json()["id"]
+    commands.command_issue(
+        run=Run.objects.get(pk=runs_by_path["/globex"]), kind="cancel", actor=Actor.system("t"), reason="stop"
     )
-    globex_run = runs.run_create(
-        tenant=other_tenant,
-        actor=Actor.for_key(globex_key.key),
-        agent="b",
-        request="r",
-        resume_url=receiver.url("/globex"),
-    )
-    commands.command_issue(run=globex_run, kind="resume", actor=Actor.system("t"), reason="go on")
     _deliver_queued_commands()
 
     pushed = {c["path"]: c for c in receiver.calls}
-    assert set(pushed) == {"/acme", "/globex"}
-    acme, globex = pushed["/acme"], pushed["/globex"]
-    assert verify_signature(acme_secret, acme["headers"], acme["raw"])
-    assert not verify_signature(globex_secret, acme["headers"], acme["raw"])
-    assert verify_signature(globex_secret, globex["headers"], globex["raw"])
-    assert not verify_signature(acme_secret, globex["headers"], globex["raw"])
-    # Acme's agent knows its own secret; a command it forges for Globex's agent does not verify.
-    forged = json.dumps({**json.loads(globex["raw"]), "kind": "cancel"}).encode()
-    assert not verify_signature(globex_secret, signed_headers(acme_secret, forged), forged)
+    assert set(pushed) == set(secrets) and all(c["verified"] for c in pushed.values())
+    assert AgentCommand.objects.filter(delivered_at__isnull=False).count() == 3
+    for path, call in pushed.items():
+        body = json.loads(call["raw"])
+        # The signed body names the run, its agent and where it was sent.
+        assert (body["run_id"], body["url"]) == (runs_by_path[path], receiver.url(path))
+        for other, secret in secrets.items():
+            assert verify_signature(secret, call["headers"], call["raw"]) is (other == path), (path, other)
+        for tenant_wide in ("resume:acme", "resume:globex"):
+            assert not verify_signature(
+                derive_secret("the-installation-master", tenant_wide), call["headers"], call["raw"]
+            )
+    assert {json.loads(c["raw"])["agent"] for c in pushed.values()} == {
+        "onboarding-agent",
+        "billing-agent",
+        "globex-bot",
+    }
+
+    # The onboarding agent forges a cancel for the billing agent's run with the secret it has, and
+    # sends it to the billing agent's endpoint: refused there.
+    forged = json.dumps({**json.loads(pushed["/billing"]["raw"]), "kind": "cancel"}).encode()
+    answer = httpx.post(
+        receiver.url("/billing"), content=forged, headers=signed_headers(secrets["/onboarding"], forged)
+    )
+    assert answer.status_code == 401 and receiver.calls[-1]["verified"] is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_command_captured_on_its_way_to_one_url_is_refused_at_another(
+    live_server, agent_key, operator_key, receiver, settings, own_redis
+):
+    """One agent, two runs, two endpoints (say an old one someone else now holds, and the current
+    one). A command pushed to the first, replayed byte for byte — headers included — at the second
+    within the signature's tolerance, is refused there: its signed body names the first URL."""
+    _allow(settings, f"127.0.0.1:{receiver.port}", RESUME_WEBHOOK_SECRET="the-installation-master")
+    secret = _resume_secret("acme", "onboarding-agent")
+    receiver.secrets.update({"/first": secret, "/second": secret})
+    with _http(live_server, agent_key[1]) as http, _http(live_server, operator_key[1]) as operator:
+        _failed_and_resumed(http, operator, resume_url=receiver.url("/first"))
+        _deliver_queued_commands()
+    [captured] = receiver.calls
+    assert captured["verified"] is True
+
+    replayed = httpx.post(receiver.url("/second"), content=captured["raw"], headers=captured["headers"])
+
+    assert replayed.status_code == 401 and receiver.calls[-1]["verified"] is False
+    # The same bytes still verify where they were sent, and without a destination to check.
+    assert verify_signature(secret, captured["headers"], captured["raw"], url=receiver.url("/first"))
+    assert verify_signature(secret, captured["headers"], captured["raw"])
 
 
 def test_the_resume_secret_command_names_what_is_missing(tenant, settings):
+    settings.SAGA = {**settings.SAGA, "RESUME_WEBHOOK_SECRET": "m"}
     with pytest.raises(CommandError, match="No tenant"):
-        _resume_secret("nobody")
+        _resume_secret("nobody", "onboarding-agent")
+    with pytest.raises(CommandError, match="--agent"):
+        _resume_secret("acme", "  ")
+    with pytest.raises(CommandError, match="--agent"):
+        call_command("resume_secret", tenant="acme", stdout=StringIO())  # the tenant alone is not enough
     settings.SAGA = {**settings.SAGA, "RESUME_WEBHOOK_SECRET": ""}
     with pytest.raises(CommandError, match="SAGA_RESUME_WEBHOOK_SECRET"):
-        _resume_secret("acme")
+        _resume_secret("acme", "onboarding-agent")
 
 
 def test_the_guard_is_one_reusable_function():
@@ -467,7 +591,6 @@ def test_the_guard_is_one_reusable_function():
     assert refused.value.details == {
         "field": "webhook_url",
         "url": "http://169.254.169.254/latest/meta-data/",
-        "host": "169.254.169.254",
-        "address": "169.254.169.254",
-        "reason": "link_local",
     }
+    assert (refused.value.reason, refused.value.resolved_address) == ("link_local", "169.254.169.254")
+    assert "is a link-local address" in refused.value.operator_message

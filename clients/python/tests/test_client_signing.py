@@ -51,3 +51,46 @@ def test_malformed_headers_are_refused_not_raised(headers):
 def test_a_text_body_is_taken_as_utf8():
     text = '{"name": "Zoë"}'
     assert verify_signature("s3cret", signed_headers("s3cret", text.encode()), text)
+
+
+RESUME_URL = "https://agent.example/saga/commands?tenant=acme"
+
+
+def _command(url: object) -> bytes:
+    return json.dumps({"command_id": "cmd_1", "kind": "cancel", "run_id": "run_1", "url": url}).encode()
+
+
+@pytest.mark.parametrize(
+    "named, ok",
+    [
+        (RESUME_URL, True),
+        ("HTTPS://Agent.Example:443/saga/commands?tenant=acme", True),  # the same request
+        ("https://agent.example/saga/commands?tenant=acme#frag", True),  # fragments are not sent
+        ("https://agent.example/saga/commands?tenant=globex", False),
+        ("https://agent.example/saga/other?tenant=acme", False),
+        ("https://other.example/saga/commands?tenant=acme", False),
+        ("http://agent.example/saga/commands?tenant=acme", False),
+        ("https://agent.example:8443/saga/commands?tenant=acme", False),
+        ("", False),
+        (None, False),
+        (["https://agent.example/saga/commands?tenant=acme"], False),
+    ],
+)
+def test_a_command_verifies_only_at_the_destination_its_signed_body_names(named, ok):
+    body = _command(named)
+    headers = signed_headers("s3cret", body)
+    assert verify_signature("s3cret", headers, body, url=RESUME_URL) is ok
+    assert verify_signature("s3cret", headers, body)  # no destination given: the signature alone
+
+
+@pytest.mark.parametrize(
+    "body", [b"not json", b"[1, 2]", b'"https://agent.example/"', json.dumps({}).encode()]
+)
+def test_a_body_that_names_no_destination_is_refused_when_one_is_expected(body):
+    assert verify_signature("s3cret", signed_headers("s3cret", body), body, url=RESUME_URL) is False
+
+
+def test_the_destination_does_not_rescue_a_bad_signature():
+    body = _command(RESUME_URL)
+    assert not verify_signature("other", signed_headers("s3cret", body), body, url=RESUME_URL)
+    assert not verify_signature("s3cret", signed_headers("s3cret", body), body, url="not a url")
