@@ -490,13 +490,28 @@ def grants_line(approval: Approval) -> str:
     return f"{len(grants)} of {approval.approvers_required} approvers{who}"
 
 
+def _rule_words(rule: dict[str, Any]) -> str:
+    """A rule that applied, and why when a value's kind decided it: the approver must know that
+    the agent sent, say, the amount as text, and that the rule applied because of that."""
+    words = f"Rule {rule.get('index')}: {rule.get('description')}"
+    undecided = rule.get("undecided")
+    if isinstance(undecided, list) and undecided:
+        paths = ", ".join(str(path) for path in undecided)
+        words += f" (applied because the value at {paths} is not of the kind the rule compares)"
+    return words
+
+
 def policy_decision_facts(policy: dict[str, Any] | None) -> list[CardFact]:
     """The rule and the limit that decided an action's risk and approval, in words."""
     facts = []
     policy = policy or {}
     rule = policy.get("rule")
     if isinstance(rule, dict):
-        facts.append(CardFact("Rule that applied", f"Rule {rule.get('index')}: {rule.get('description')}"))
+        also = rule.get("also")
+        words = "; ".join(
+            _rule_words(r) for r in [rule, *(also if isinstance(also, list) else [])] if isinstance(r, dict)
+        )
+        facts.append(CardFact("Rule that applied", words))
     limit = policy.get("limit")
     if isinstance(limit, dict):
         facts.append(

@@ -18,7 +18,6 @@ each an index range scan (``action_limit_owner``, ``action_tenant_tool``). A cou
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -51,9 +50,10 @@ class LimitExceeded:
 
 def _amount(args: Any, limit: Limit) -> Decimal | None:
     """This call's amount for a sum limit: a finite number (a negative one counts as 0); None when
-    the value is missing or not a finite number."""
+    the value is missing, malformed (the path runs through another kind) or not a finite number."""
     value = value_at(args, limit.sum_arg)
-    if not is_number(value) or not math.isfinite(value):
+    # ``is_number`` is false for MISSING, MALFORMED, NaN and the infinities as for any non-number.
+    if not is_number(value):
         return None
     amount = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
     return max(amount, Decimal(0))
