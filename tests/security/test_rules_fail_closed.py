@@ -82,7 +82,7 @@ def test_a_numeric_string_against_a_tightening_rule_waits_for_a_person(agent, ap
     assert (small["status"], small["policy"]["rule"]) == ("running", None)
 
 
-def test_a_relaxing_rule_does_not_match_a_numeric_string(agent):
+def test_a_relaxing_rule_does_not_match_a_numeric_string_nor_a_wrapped_country(agent):
     load_policy_file(
         {
             "policies": [
@@ -91,7 +91,19 @@ def test_a_relaxing_rule_does_not_match_a_numeric_string(agent):
                     risk="high",
                     approval="manual",
                     rules=[{"if": {"arg": "amount", "lt": 100}, "then": {"risk": "low", "approval": "auto"}}],
-                )
+                ),
+                # A relaxation by negation: anywhere but the sanctioned countries runs unattended.
+                _policy(
+                    "payments.payout",
+                    risk="high",
+                    approval="manual",
+                    rules=[
+                        {
+                            "if": {"arg": "country", "not_in": ["KP", "IR"]},
+                            "then": {"risk": "low", "approval": "auto"},
+                        }
+                    ],
+                ),
             ]
         }
     )
@@ -107,6 +119,20 @@ def test_a_relaxing_rule_does_not_match_a_numeric_string(agent):
         ), amount
         # The relaxation did not apply, so no rule did.
         assert body["policy"]["rule"] is None, amount
+    france = _record(agent, run["id"], "fr", "payments.payout", {"country": "FR"}).json()
+    assert (france["status"], france["risk"]) == ("planned", "low")
+    for key, country in (
+        ("kp-list", ["KP"]),
+        ("kp-object", {"code": "KP"}),
+        ("kp-number", 408),
+        ("null", None),
+    ):
+        body = _record(agent, run["id"], f"payout-{key}", "payments.payout", {"country": country}).json()
+        assert (body["status"], body["risk"], body["policy"]["rule"]) == (
+            "awaiting_approval",
+            "high",
+            None,
+        ), country
 
 
 def test_a_deny_on_not_in_is_not_escaped_by_a_list_or_an_object(agent):
