@@ -39,6 +39,7 @@ from django.utils import timezone
 from dashboard import permissions
 from dashboard.permissions import Someone
 from dashboard.templatetags.dashboard import confidence
+from ledger.compensation_risks import CompensationWarning, unattended_destructive_compensations
 from ledger.conf import saga
 from ledger.ids import looks_like_id
 from ledger.models import (
@@ -909,6 +910,8 @@ class TenantPolicies:
     default_policy: dict[str, Any]
     unwind: dict[str, Any]
     auto_compensate: dict[str, Any]
+    # Compensating tools that delete or move money and run unattended (the residual risk).
+    compensation_warnings: list[CompensationWarning] = field(default_factory=list)
 
 
 def policies_for(*, tenant: Tenant) -> TenantPolicies:
@@ -928,4 +931,5 @@ def policies_for(*, tenant: Tenant) -> TenantPolicies:
         default_policy=policy_settings.default_policy,
         unwind=policy_settings.unwind,
         auto_compensate=policy_settings.auto_compensate,
+        compensation_warnings=unattended_destructive_compensations(tenant=tenant),
     )

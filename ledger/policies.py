@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Generic, TypeVar
 
@@ -208,6 +208,16 @@ def _rank(policy: ToolPolicy) -> tuple[int, int, int]:
     return (0 if policy.is_glob else 1, 1 if policy.tenant_id else 0, _literal_length(policy.tool))
 
 
+def _governs(policy: ToolPolicy, tool: str) -> bool:
+    return policy.tool == tool or (policy.is_glob and fnmatch.fnmatchcase(tool, policy.tool))
+
+
+def policy_pick(policies: Iterable[ToolPolicy], tool: str) -> ToolPolicy | None:
+    """The most specific of ``policies`` that governs ``tool`` (the precedence above), or None."""
+    candidates = [p for p in policies if _governs(p, tool)]
+    return max(candidates, key=_rank) if candidates else None
+
+
 def policy_settings_for(tenant: Tenant | None) -> PolicySettings:
     sets = {ps.tenant_id: ps for ps in PolicySet.objects.filter(Q(tenant=tenant) | Q(tenant__isnull=True))}
     # Layered, most specific last: built-in ← global file ← tenant file. A tenant file that says
@@ -299,11 +309,7 @@ def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> Re
     """The policy for ``tool``. ``stamp``: the PolicyStamp version the caller read in this
     transaction (``policy_stamp_subquery``); with it, the tool-policy table may come from this
     process's cache. Without it, the table is read."""
-    candidates = [
-        (p, compiled)
-        for p, compiled in _tool_policies(tenant, stamp)
-        if p.tool == tool or (p.is_glob and fnmatch.fnmatchcase(tool, p.tool))
-    ]
+    candidates = [(p, compiled) for p, compiled in _tool_policies(tenant, stamp) if _governs(p, tool)]
     if candidates:
         best, compiled = max(candidates, key=lambda candidate: _rank(candidate[0]))
         return ResolvedPolicy(

@@ -40,3 +40,10 @@ class Command(BaseCommand):
             )
         if not report.changed:
             self.stdout.write("Nothing changed.")
+        self._warn_compensations(report.compensation_warnings)
+
+    def _warn_compensations(self, warnings: list[str]) -> None:
+        # The residual risk of compensations built from what agents report (docs/SECURITY.md):
+        # the file loads, but its author is told which compensating tools run unattended.
+        for warning in warnings:
+            self.stdout.write(self.style.WARNING(f"Warning: {warning}"))
