@@ -48,3 +48,26 @@ def test_the_card_says_the_rule_applied_because_of_the_values_kind(client, agent
     )
     assert "Rule 0: amount > 1,000 → critical, manual approval" in cards[as_number.pk]
     assert "applied because" not in cards[as_number.pk]
+
+
+def test_the_run_page_says_so_too(client, agent_key, alice):
+    rules = [
+        {"if": {"arg": "amount", "gt": 1000}, "then": {"approval": "manual"}},
+        {"if": {"arg": "vip", "eq": True}, "then": {"risk": "high"}},
+    ]
+    load_policy_file({"policies": [charge_policy(rules=rules)]})
+    api = Api(agent_key[1])
+    run = new_run(api)
+    recorded = api.post(
+        f"/runs/{run['id']}/actions",
+        {"tool": "payments.charge", "args": {"amount": ["5000"], "vip": True}, "idempotency_key": "k"},
+    )
+    assert recorded.json()["policy"]["rule"]["also"][0]["index"] == 1, recorded.content
+    client.force_login(alice)
+    body = client.get(reverse("dashboard:run-detail", args=[run["id"]])).content.decode()
+    found = re.search(r"<dd data-rule>(.*?)</dd>", body, re.S)
+    assert found is not None
+    assert _text(found.group(1)) == (
+        "Rule 0: amount > 1,000 → manual approval (applied because the value at amount is not of the "
+        "kind the rule compares); Rule 1: vip = true → high"
+    )
