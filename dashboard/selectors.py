@@ -519,7 +519,11 @@ def policy_decision_facts(policy: dict[str, Any] | None) -> list[CardFact]:
             CardFact(
                 "Limit reached",
                 f"Limit {limit.get('index')}: {limit.get('description')} "
-                f"(already {limit.get('used')} in the window).",
+                + (
+                    f"(already {limit.get('used')} in the window)."
+                    if limit.get("used") is not None
+                    else "(the window holds an amount that is not a number, so no room can be shown)."
+                ),
             )
         )
     return facts

@@ -51,8 +51,8 @@ A limit counts recent actions::
     {"window": "24h", "per": "tenant", "sum_arg": "amount", "max_sum": 100000, "on_exceed": "deny"}
 
 (counting is ``ledger.services.limits``; a ``sum_arg`` value that is missing, malformed or not a
-finite number exceeds the limit, since it cannot be shown to stay within it, and a negative one
-counts as 0).
+finite number exceeds the limit, since it cannot be shown to stay within it — and so does every
+call while the window holds such a value that a person let through; a negative one counts as 0).
 """
 
 from __future__ import annotations

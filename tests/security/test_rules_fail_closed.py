@@ -268,3 +268,23 @@ def test_no_type_buys_a_relaxation_over_http(agent):
             assert denies.status_code == (403 if matched else 201), where
     # Every branch was walked, many times.
     assert checked["undecided"] == 54 and min(checked.values()) >= 8, checked
+
+
+def test_a_sum_limit_is_not_stretched_by_an_approved_amount_sent_as_text(agent, approver_key):
+    """A person approves ``"900"`` (which the payment tool may well read as 900); the window's sum
+    cannot then be shown to leave room, so the next 800 waits for a person too, where counting
+    the text as nothing would have let 1,700 through a 1,000 limit unattended."""
+    policy = _policy("payments.charge", risk="low", approval="auto", rules=[])
+    policy["limits"] = [{"window": "24h", "per": "agent", "sum_arg": "amount", "max_sum": 1000}]
+    load_policy_file({"policies": [policy]})
+    run = new_run(agent)
+    first = _record(agent, run["id"], "num-100", "payments.charge", {"amount": 100}).json()
+    assert (first["status"], first["policy"]["limit"]) == ("planned", None)
+    text = _record(agent, run["id"], "text-900", "payments.charge", {"amount": "900"}).json()
+    assert (text["status"], text["policy"]["limit"]["this"]) == ("awaiting_approval", None)
+    approver = Api(approver_key[1])
+    granted = approver.post(f"/approvals/{text['approval']['id']}/approve", {"reason": "looks right"})
+    assert granted.status_code == 200, granted.content
+    after = _record(agent, run["id"], "num-800", "payments.charge", {"amount": 800}).json()
+    assert after["status"] == "awaiting_approval", after
+    assert (after["policy"]["limit"]["used"], after["policy"]["limit"]["this"]) == (None, 800.0)
