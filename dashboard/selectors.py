@@ -39,6 +39,7 @@ from django.utils import timezone
 from dashboard import permissions
 from dashboard.permissions import Someone
 from dashboard.templatetags.dashboard import confidence
+from ledger.compensation_risks import CompensationWarning, unattended_destructive_compensations
 from ledger.conf import saga
 from ledger.ids import looks_like_id
 from ledger.models import (
@@ -491,20 +492,39 @@ def grants_line(approval: Approval) -> str:
     return f"{len(grants)} of {approval.approvers_required} approvers{who}"
 
 
+def _rule_words(rule: dict[str, Any]) -> str:
+    """A rule that applied, and why when a value's kind decided it: the approver must know that
+    the agent sent, say, the amount as text, and that the rule applied because of that."""
+    words = f"Rule {rule.get('index')}: {rule.get('description')}"
+    undecided = rule.get("undecided")
+    if isinstance(undecided, list) and undecided:
+        paths = ", ".join(str(path) for path in undecided)
+        words += f" (applied because the value at {paths} is not of the kind the rule compares)"
+    return words
+
+
 def policy_decision_facts(policy: dict[str, Any] | None) -> list[CardFact]:
     """The rule and the limit that decided an action's risk and approval, in words."""
     facts = []
     policy = policy or {}
     rule = policy.get("rule")
     if isinstance(rule, dict):
-        facts.append(CardFact("Rule that applied", f"Rule {rule.get('index')}: {rule.get('description')}"))
+        also = rule.get("also")
+        words = "; ".join(
+            _rule_words(r) for r in [rule, *(also if isinstance(also, list) else [])] if isinstance(r, dict)
+        )
+        facts.append(CardFact("Rule that applied", words))
     limit = policy.get("limit")
     if isinstance(limit, dict):
         facts.append(
             CardFact(
                 "Limit reached",
                 f"Limit {limit.get('index')}: {limit.get('description')} "
-                f"(already {limit.get('used')} in the window).",
+                + (
+                    f"(already {limit.get('used')} in the window)."
+                    if limit.get("used") is not None
+                    else "(the window holds an amount that is not a number, so no room can be shown)."
+                ),
             )
         )
     return facts
@@ -902,6 +922,8 @@ class TenantPolicies:
     # Tool/compensator pairs whose compensator does not reach the upstream the tool was recorded
     # on (``ledger.upstreams.policy_upstream_mismatches``).
     upstream_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    # Compensating tools that delete or move money and run unattended (the residual risk).
+    compensation_warnings: list[CompensationWarning] = field(default_factory=list)
 
 
 def policies_for(*, tenant: Tenant) -> TenantPolicies:
@@ -922,4 +944,5 @@ def policies_for(*, tenant: Tenant) -> TenantPolicies:
         unwind=policy_settings.unwind,
         auto_compensate=policy_settings.auto_compensate,
         upstream_mismatches=policy_upstream_mismatches(tenant=tenant),
+        compensation_warnings=unattended_destructive_compensations(tenant=tenant),
     )

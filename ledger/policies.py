@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Generic, TypeVar
 
@@ -20,6 +20,7 @@ from django.db.models.expressions import RawSQL
 from ledger import errors
 from ledger.conf import saga
 from ledger.models import (
+    RISK_ORDER,
     ActionClass,
     ApprovalMode,
     CompensationStrategy,
@@ -28,7 +29,7 @@ from ledger.models import (
     Tenant,
     ToolPolicy,
 )
-from ledger.policy_rules import NO_RULES, CompiledRules, Limit, Rule, compile_rules
+from ledger.policy_rules import NO_RULES, Applied, CompiledRules, Limit, RulesApplied, compile_rules
 
 T = TypeVar("T")
 
@@ -84,35 +85,85 @@ class ResolvedPolicy:
         data["requires_approval"] = self.requires_approval
         return data
 
-    def with_args(self, args: Any) -> tuple[ResolvedPolicy, Rule | None]:
-        """The policy as it applies to a call with ``args``: the first rule that matches sets risk,
-        approval and approvers (``approvers`` above 1 means manual approval). A rule with ``effect:
-        deny`` → ``PolicyDenied`` naming it; so does a policy whose stored rules do not compile
-        (fail closed: a broken rule must not quietly allow what it was written to stop)."""
+    def with_args(self, args: Any) -> tuple[ResolvedPolicy, RulesApplied | None]:
+        """The policy as it applies to a call with ``args``, and the rules that applied (None:
+        none). The first rule whose condition is true sets risk, approval and approvers
+        (``approvers`` above 1 means manual approval). A rule before it whose condition a value's
+        kind left undecided counts as far as it is stricter than that outcome: the call gets the
+        strictest of both answers, on each of effect, risk, approval and approvers — so a rule that
+        tightens applies, one that relaxes does not, and a value's type never buys an unattended
+        call (``ledger.policy_rules``). A deny among the rules that apply → ``PolicyDenied`` naming
+        it; so does a policy whose stored rules do not compile (fail closed: a broken rule must
+        not quietly allow what it was written to stop)."""
         if self.compiled.problems:
             raise errors.PolicyDenied(
                 f"The policy for {self.tool} ({self.pattern}) has rules that cannot be applied "
                 f"({'; '.join(self.compiled.problems[:3])}); the call is refused until they are fixed.",
                 details={"policy": self.pattern, "problems": list(self.compiled.problems[:10])},
             )
-        rule = self.compiled.first_match(args)
-        if rule is None:
+        decision = self.compiled.decide(args)
+        matched = decision.matched
+        if matched is None and not decision.undecided:
             return self, None
-        if rule.denies:
+        # What the call gets if every undecided condition is false: the matched rule, else the policy.
+        result = self._outcome(matched.then) if matched is not None and not matched.denies else self
+        applied = [
+            undecided
+            for undecided in decision.undecided
+            if undecided.rule.denies or self._outcome(undecided.rule.then)._stricter_than(result)
+        ]
+        for undecided in applied:
+            if not undecided.rule.denies:
+                result = result._strictest(self._outcome(undecided.rule.then))
+        if matched is not None:
+            applied.append(Applied(matched))
+        if not applied:
+            return self, None
+        denying = next((a for a in applied if a.rule.denies), None)
+        if denying is not None:
+            rule, why = denying.rule, ""
+            if denying.undecided:
+                why = (
+                    f" The value at {', '.join(denying.undecided)} is not of a kind the rule compares, "
+                    "and rules fail closed on types."
+                )
             raise errors.PolicyDenied(
                 f"The policy for {self.tool} ({self.pattern}) refuses this call: rule {rule.index} "
-                f"({rule.description}). Nothing was recorded.",
-                details={"policy": self.pattern, "rule": rule.index, "description": rule.description},
+                f"({rule.description}).{why} Nothing was recorded.",
+                details={
+                    "policy": self.pattern,
+                    "rule": rule.index,
+                    "description": rule.description,
+                    **({"undecided": list(denying.undecided)} if denying.undecided else {}),
+                },
             )
-        then = rule.then
+        return result, RulesApplied(tuple(applied))
+
+    def _outcome(self, then: Mapping[str, Any]) -> ResolvedPolicy:
+        """This policy with a rule's ``then`` (not a deny) applied."""
         approval = str(then.get("approval", self.approval))
         # A rule that lifts the approval (auto) lifts the policy's approvers with it.
         approvers = int(then.get("approvers", self.approvers if approval == ApprovalMode.MANUAL else 1))
         if approvers > 1:
             approval = ApprovalMode.MANUAL
+        return replace(self, risk=str(then.get("risk", self.risk)), approval=approval, approvers=approvers)
+
+    def _stricter_than(self, other: ResolvedPolicy) -> bool:
+        """Stricter than ``other`` on at least one of risk, approval and approvers."""
         return (
-            replace(self, risk=str(then.get("risk", self.risk)), approval=approval, approvers=approvers),
-            rule,
+            RISK_ORDER[Risk(self.risk)] > RISK_ORDER[Risk(other.risk)]
+            or (self.requires_approval and not other.requires_approval)
+            or self.approvers > other.approvers
+        )
+
+    def _strictest(self, other: ResolvedPolicy) -> ResolvedPolicy:
+        """The stricter of the two on each of risk, approval and approvers."""
+        manual = self.requires_approval or other.requires_approval
+        return replace(
+            self,
+            risk=max(self.risk, other.risk, key=lambda risk: RISK_ORDER[Risk(risk)]),
+            approval=ApprovalMode.MANUAL if manual else ApprovalMode.AUTO,
+            approvers=max(self.approvers, other.approvers),
         )
 
 
@@ -155,6 +206,16 @@ def _literal_length(pattern: str) -> int:
 
 def _rank(policy: ToolPolicy) -> tuple[int, int, int]:
     return (0 if policy.is_glob else 1, 1 if policy.tenant_id else 0, _literal_length(policy.tool))
+
+
+def _governs(policy: ToolPolicy, tool: str) -> bool:
+    return policy.tool == tool or (policy.is_glob and fnmatch.fnmatchcase(tool, policy.tool))
+
+
+def policy_pick(policies: Iterable[ToolPolicy], tool: str) -> ToolPolicy | None:
+    """The most specific of ``policies`` that governs ``tool`` (the precedence above), or None."""
+    candidates = [p for p in policies if _governs(p, tool)]
+    return max(candidates, key=_rank) if candidates else None
 
 
 def policy_settings_for(tenant: Tenant | None) -> PolicySettings:
@@ -248,11 +309,7 @@ def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> Re
     """The policy for ``tool``. ``stamp``: the PolicyStamp version the caller read in this
     transaction (``policy_stamp_subquery``); with it, the tool-policy table may come from this
     process's cache. Without it, the table is read."""
-    candidates = [
-        (p, compiled)
-        for p, compiled in _tool_policies(tenant, stamp)
-        if p.tool == tool or (p.is_glob and fnmatch.fnmatchcase(tool, p.tool))
-    ]
+    candidates = [(p, compiled) for p, compiled in _tool_policies(tenant, stamp) if _governs(p, tool)]
     if candidates:
         best, compiled = max(candidates, key=lambda candidate: _rank(candidate[0]))
         return ResolvedPolicy(

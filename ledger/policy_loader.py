@@ -36,6 +36,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from ledger.audit import Actor, audit_record
+from ledger.compensation_risks import unattended_destructive_compensations
 from ledger.hashing import canonical_json, sha256_hex
 from ledger.models import (
     ActionClass,
@@ -862,6 +863,9 @@ class LoadReport:
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    # Compensating tools that delete or move money and run unattended (ledger.compensation_risks):
+    # what the scope holds after the load, whether or not this load changed it.
+    compensation_warnings: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -969,6 +973,7 @@ def policy_file_load(
             logger.info(
                 "policies.loaded", actor=actor.label, content_hash=document.content_hash, **report.as_dict()
             )
+    report.compensation_warnings = [w.message for w in unattended_destructive_compensations(tenant=tenant)]
     return report
 
 

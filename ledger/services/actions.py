@@ -25,7 +25,7 @@ from ledger.policies import (
     policy_resolve,
     policy_stamp_cached,
 )
-from ledger.policy_rules import Rule
+from ledger.policy_rules import RulesApplied
 from ledger.rules import COMPENSATABLE_CLASSES, NOT_A_PIVOT, pivot_order_warning, reason_required
 from ledger.services import limits, pauses, writes
 from ledger.services.limits import LimitExceeded
@@ -417,8 +417,9 @@ def _record_checked(
     # An operator's pause (kill switch) of this tool or agent: 409 paused, nothing recorded.
     pauses.pause_check_action(run=locked, tool=call.tool, active=locked.active_pauses)
     base_policy = policy_resolve(tenant=locked.tenant, tool=call.tool, stamp=locked.policy_stamp)
-    # The policy's rules on the args (first match wins; a deny rule → 403, nothing recorded), then
-    # its limits, counted under a lock per limit scope (``ledger.services.limits``).
+    # The policy's rules on the args (first match wins, failing closed on types; a deny rule →
+    # 403, nothing recorded), then its limits, counted under a lock per limit scope
+    # (``ledger.services.limits``).
     policy, rule = base_policy.with_args(call.args)
     owner = _recording_agent(call, locked)
     exceeded = limits.limits_check(
@@ -471,7 +472,7 @@ def _new_action(
     call: _Call,
     *,
     policy: ResolvedPolicy,
-    rule: Rule | None,
+    rule: RulesApplied | None,
     exceeded: LimitExceeded | None,
     undo: _Compensation,
     owner: str,
@@ -511,7 +512,8 @@ def _new_action(
         # As it applied, frozen: ``compensation_args`` is the template this action's compensation
         # args are filled from when an unwind is planned (None: its compensation args are literal).
         # ``risk``/``approval``/``approvers`` as they applied to this call; ``rule``: the rule that
-        # set them (null: none matched); ``limit``: the limit it would exceed (null: none).
+        # set them (null: none applied; ``also``: further rules that applied because a value's kind
+        # left them undecided); ``limit``: the limit it would exceed (null: none).
         policy={
             **policy.as_dict(),
             "compensation_args": undo.template,

@@ -18,7 +18,6 @@ each an index range scan (``action_limit_owner``, ``action_tenant_tool``). A cou
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -36,7 +35,7 @@ class LimitExceeded:
     """The limit a call would exceed (and with ``on_exceed: approve`` it then waits for a person)."""
 
     limit: Limit
-    used: Any  # the count, or the sum, in the window before this call
+    used: Any  # the count, or the sum, in the window before this call (None: not a sum of numbers)
     this: Any  # 1, or this call's amount (None: not a finite number)
 
     def stamp(self) -> dict[str, Any]:
@@ -51,29 +50,36 @@ class LimitExceeded:
 
 def _amount(args: Any, limit: Limit) -> Decimal | None:
     """This call's amount for a sum limit: a finite number (a negative one counts as 0); None when
-    the value is missing or not a finite number."""
+    the value is missing, malformed (the path runs through another kind) or not a finite number."""
     value = value_at(args, limit.sum_arg)
-    if not is_number(value) or not math.isfinite(value):
+    # ``is_number`` is false for MISSING, MALFORMED, NaN and the infinities as for any non-number.
+    if not is_number(value):
         return None
     amount = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
     return max(amount, Decimal(0))
 
 
 # Each limit's count as a scalar subquery; every value is a parameter. ``count`` stops at the
-# limit's max_count rows; the sum adds the numeric values at a path (others add nothing).
+# limit's max_count rows. The sum adds the numeric values at a path, and is NULL when the window
+# holds a value that is not a number (missing, malformed, text, …): a person let that call through,
+# and what the tool made of it — "900" may have moved 900 — cannot be shown to leave room. The
+# inner CASE stays: the aggregate runs over every row whatever the outer CASE picks, and a cast of
+# a JSON string to numeric would fail.
 _COUNT = {
     "tenant": "(SELECT count(*) FROM (SELECT 1 FROM ledger_action WHERE tenant_id = %s AND tool = %s"
     " AND created_at >= %s AND status <> 'rejected' LIMIT %s) AS hit)",
     "agent": "(SELECT count(*) FROM (SELECT 1 FROM ledger_action WHERE tenant_id = %s AND tool = %s"
     " AND owner = %s AND created_at >= %s AND status <> 'rejected' LIMIT %s) AS hit)",
 }
+_SUM_OF = (
+    "(SELECT CASE WHEN bool_or(jsonb_typeof(args #> %s) IS DISTINCT FROM 'number') THEN NULL"
+    " ELSE coalesce(sum(CASE WHEN jsonb_typeof(args #> %s) = 'number'"
+    " THEN greatest((args #> %s)::numeric, 0) END), 0) END FROM ledger_action"
+)
 _SUM = {
-    "tenant": "(SELECT coalesce(sum(CASE WHEN jsonb_typeof(args #> %s) = 'number'"
-    " THEN greatest((args #> %s)::numeric, 0) ELSE 0 END), 0) FROM ledger_action"
-    " WHERE tenant_id = %s AND tool = %s AND created_at >= %s AND status <> 'rejected')",
-    "agent": "(SELECT coalesce(sum(CASE WHEN jsonb_typeof(args #> %s) = 'number'"
-    " THEN greatest((args #> %s)::numeric, 0) ELSE 0 END), 0) FROM ledger_action"
-    " WHERE tenant_id = %s AND tool = %s AND owner = %s AND created_at >= %s AND status <> 'rejected')",
+    "tenant": _SUM_OF + " WHERE tenant_id = %s AND tool = %s AND created_at >= %s AND status <> 'rejected')",
+    "agent": _SUM_OF
+    + " WHERE tenant_id = %s AND tool = %s AND owner = %s AND created_at >= %s AND status <> 'rejected')",
 }
 
 
@@ -99,11 +105,9 @@ def limits_check(
             selects.append(_COUNT[limit.per])
             params.extend([*scope, since, limit.max_count])
         else:
-            # A stored value that is not a number adds nothing: it exceeded the limit when it was
-            # recorded (then a person approved it, or it was refused and is not here).
             selects.append(_SUM[limit.per])
             path = list(limit.sum_arg)
-            params.extend([path, path, *scope, since])
+            params.extend([path, path, path, *scope, since])
     with connection.cursor() as cursor:
         # Its own statement: a statement's snapshot is taken when it starts, so the counts must
         # start after the locks are held to see what the previous holder committed.
@@ -119,7 +123,8 @@ def limits_check(
                 exceeded.append(LimitExceeded(limit=limit, used=value, this=1))
             continue
         amount = _amount(args, limit)
-        if amount is None or value + amount > Decimal(repr(limit.max_sum)):
+        # ``value`` None: the window holds an amount that is not a number (see _SUM).
+        if amount is None or value is None or value + amount > Decimal(repr(limit.max_sum)):
             exceeded.append(
                 LimitExceeded(limit=limit, used=value, this=None if amount is None else float(amount))
             )

@@ -1,6 +1,6 @@
 """Policy rules on arguments and limits, through the whole URL stack: a deny rule refuses (403
 ``policy_denied``, nothing recorded, audited), an escalating rule makes a large charge critical and
-gated, hostile args never crash the server, and limits count per agent (by key name) or per
+gated, hostile args never crash the server and fail closed on their type, and limits count per agent (by key name) or per
 tenant, by number or by sum."""
 
 from __future__ import annotations
@@ -96,26 +96,31 @@ def test_it_escalates_a_large_charge_to_critical_with_manual_approval(db, api):
 @pytest.mark.parametrize(
     "amount",
     [
-        "20000",  # a numeric string is not a number
+        "20000",  # a numeric string is not a number: the escalation applies (fail closed)
+        "5",
         "NaN",
         True,
         None,
         [20000],
         {"value": 20000},
         10**300,  # huge, but a number: escalated
-        -(10**300),
+        -(10**300),  # a number, and small: not escalated
         1e308,
+        9999.5,
     ],
 )
-def test_it_never_crashes_on_hostile_args_and_follows_the_type_rule(db, api, amount):
+def test_it_never_crashes_on_hostile_args_and_fails_closed_on_their_type(db, api, amount):
     load_policy_file({"policies": [charge_policy(rules=RULES)]})
     run = new_run(api)
     response = _charge(api, run["id"], "hostile", amount=amount)
     assert response.status_code == 201, response.content
     body = response.json()
-    is_big_number = isinstance(amount, int | float) and not isinstance(amount, bool) and amount > 10000
-    assert body["requires_approval"] is is_big_number
-    assert (body["policy"]["rule"] is not None) is is_big_number
+    is_number = isinstance(amount, int | float) and not isinstance(amount, bool)
+    escalated = amount > 10000 if is_number else True
+    assert body["requires_approval"] is escalated
+    assert (body["policy"]["rule"] is not None) is escalated
+    if not is_number:
+        assert body["policy"]["rule"]["undecided"] == ["amount"]
 
 
 def test_it_reads_nested_paths_and_denies_a_missing_currency(db, api):
@@ -137,8 +142,12 @@ def test_it_reads_nested_paths_and_denies_a_missing_currency(db, api):
     run = new_run(api)
     denied = _charge(api, run["id"], "sanctioned", customer={"address": {"country": "KP"}})
     assert error_of(denied)["details"]["rule"] == 0
+    # A country of another shape is not "not KP": the deny applies (rules fail closed on types).
     deep = {"address": {"country": {"nested": ["KP"] * 1000}}}
-    assert _charge(api, run["id"], "deep", customer=deep).status_code == 201
+    assert error_of(_charge(api, run["id"], "deep", customer=deep))["details"]["undecided"] == [
+        "customer.address.country"
+    ]
+    assert _charge(api, run["id"], "elsewhere", customer={"address": {"country": "FR"}}).status_code == 201
     # A missing path never equals and is never in: not_in matches it, so no currency is refused.
     response = api.post(
         f"/runs/{run['id']}/actions",
@@ -213,7 +222,7 @@ def test_it_sums_an_arg_over_the_window(db, api):
     assert _charge(api, run["id"], "refund-trick", amount=-5000).status_code == 201
     assert _charge(api, run["id"], "d", amount=1).status_code == 403
     # An amount that is not a finite number cannot be shown to stay within the limit.
-    for key, amount in (("s", "1"), ("m", None), ("n", "NaN"), ("l", [1])):
+    for key, amount in (("s", "1"), ("m", None), ("n", "NaN"), ("l", [1]), ("t", True), ("o", {"amount": 1})):
         assert _charge(api, run["id"], key, amount=amount).status_code == 403, amount
 
 
@@ -225,6 +234,9 @@ def test_it_escalates_a_sum_with_a_missing_amount(db, api):
     missing = _charge(api, run["id"], "missing").json()
     assert missing["status"] == "awaiting_approval"
     assert missing["policy"]["limit"]["this"] is None
+    # A path that runs through another shape is no better than a missing one.
+    malformed = _charge(api, run["id"], "malformed", payment=[{"amount": 1}]).json()
+    assert (malformed["status"], malformed["policy"]["limit"]["this"]) == ("awaiting_approval", None)
 
 
 def test_it_counts_per_agent_by_key_name_not_by_declared_agent(db, tenant, api, agent_key):

@@ -1,5 +1,6 @@
-"""The rules of a tool policy as pure functions: every operator against hostile values (the one
-type rule of ``ledger.policy_rules``), the validation messages, and the plain words."""
+"""The rules of a tool policy as pure functions: every operator against hostile values (true,
+false or undecided: the type rule of ``ledger.policy_rules``), the validation messages, and the
+plain words."""
 
 from __future__ import annotations
 
@@ -45,72 +46,127 @@ def _args(name: str) -> dict:
     return {"v": None if value == "__null__" else value}
 
 
-def _matches(condition: dict, args: dict) -> bool:
+def _truth(condition: dict, args: Any) -> bool | None:
+    """The condition's answer: True, False or None (undecided by a value's kind)."""
     compiled = compile_rules([{"if": condition, "then": {"risk": "high"}}], [])
     assert not compiled.problems, compiled.problems
-    return compiled.first_match(args) is not None
+    return compiled.rules[0].condition.truth(args)
 
 
-# The expected result of each operator for each hostile value: the documented type rule.
-EXPECTED: list[tuple[str, Any, set[str]]] = [
-    # gt 10000: only numbers (not booleans, not NaN) greater than it.
-    ("gt", 10000, {"float", "huge_int", "inf"}),
-    ("gte", 0, {"zero", "float", "huge_int", "inf"}),
-    ("lt", 0, {"neg_huge"}),
-    ("lte", 0, {"zero", "neg_huge"}),
-    # eq: present, same kind, equal. 0 is not false; "20000" is not 20000.
-    ("eq", 0, {"zero"}),
-    ("eq", False, {"false"}),
-    ("eq", None, {"null"}),
-    ("eq", "20000", {"numeric_string"}),
-    ("eq", [20000], {"list"}),
-    ("eq", {"gt": 1}, {"dict"}),
-    ("in", [0, "NaN", None], {"zero", "nan_string", "null"}),
+# Each operator against each hostile value: the names it is true for, then false for; it is
+# undecided for every other one (a value of another kind than the comparison needs).
+EXPECTED: list[tuple[str, Any, set[str], set[str]]] = [
+    # gt 10000: only finite numbers (not booleans, not NaN, not infinities) compare.
+    ("gt", 10000, {"float", "huge_int"}, {"missing", "zero", "neg_huge"}),
+    ("gte", 0, {"zero", "float", "huge_int"}, {"missing", "neg_huge"}),
+    ("lt", 0, {"neg_huge"}, {"missing", "zero", "float", "huge_int"}),
+    ("lte", 0, {"zero", "neg_huge"}, {"missing", "float", "huge_int"}),
+    # eq: the same JSON value; another value of the operand's kind is false; 0 is not false and
+    # "20000" is not 20000: undecided.
+    ("eq", 0, {"zero"}, {"missing", "float", "huge_int", "neg_huge"}),
+    ("eq", False, {"false"}, {"missing", "true"}),
+    ("eq", None, {"null"}, {"missing"}),
+    ("eq", "20000", {"numeric_string"}, {"missing", "nan_string", "empty_string", "long_string"}),
+    ("eq", [20000], {"list"}, {"missing"}),
+    ("eq", {"gt": 1}, {"dict"}, {"missing", "deep"}),
+    (
+        "in",
+        [0, "NaN", None],
+        {"zero", "nan_string", "null"},
+        {"missing", "float", "huge_int", "neg_huge", "numeric_string", "empty_string", "long_string"},
+    ),
 ]
 
 
-@pytest.mark.parametrize(("op", "operand", "expected"), EXPECTED)
+@pytest.mark.parametrize(("op", "operand", "true", "false"), EXPECTED)
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_it_decides_every_comparison_by_the_one_type_rule(op, operand, expected, name):
-    assert _matches({"arg": "v", op: operand}, _args(name)) is (name in expected)
+def test_it_decides_every_comparison_by_the_type_rule(op, operand, true, false, name):
+    expected = True if name in true else False if name in false else None
+    assert _truth({"arg": "v", op: operand}, _args(name)) is expected
+
+
+def _not(answer: bool | None) -> bool | None:
+    return None if answer is None else not answer
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_it_makes_ne_and_not_in_the_exact_negations_of_eq_and_in(name):
     args = _args(name)
     for operand in (0, False, None, "20000", [20000], {"gt": 1}):
-        assert _matches({"arg": "v", "ne": operand}, args) is not _matches({"arg": "v", "eq": operand}, args)
+        assert _truth({"arg": "v", "ne": operand}, args) is _not(_truth({"arg": "v", "eq": operand}, args))
     values = [0, "20000", None]
-    assert _matches({"arg": "v", "not_in": values}, args) is not _matches({"arg": "v", "in": values}, args)
+    assert _truth({"arg": "v", "not_in": values}, args) is _not(_truth({"arg": "v", "in": values}, args))
     # A missing path is never equal and never in, so it is always ne and not_in.
-    assert _matches({"arg": "v", "ne": 1}, {}) and _matches({"arg": "v", "not_in": [1]}, {})
+    assert _truth({"arg": "v", "ne": 1}, {}) and _truth({"arg": "v", "not_in": [1]}, {})
+
+
+def test_it_never_lets_a_list_or_an_object_pass_for_a_listed_string():
+    not_listed = {"arg": "currency", "not_in": ["usd", "eur"]}
+    assert _truth(not_listed, {"currency": "gbp"}) is True
+    assert _truth(not_listed, {"currency": "usd"}) is False
+    for hostile in (["gbp"], ["usd"], {"x": 1}, {"currency": "usd"}, 1, True, None, 1.5):
+        assert _truth(not_listed, {"currency": hostile}) is None, hostile
+    # 1, true and "1" are three values of three kinds.
+    for operand, same in ((1, 1.0), (True, True), ("1", "1")):
+        assert _truth({"arg": "v", "eq": operand}, {"v": same}) is True
+        for other in (1, True, "1"):
+            if type(other) is not type(operand):
+                assert _truth({"arg": "v", "eq": operand}, {"v": other}) is None, (operand, other)
+    # Inside lists and objects too: an element of another kind leaves the comparison undecided,
+    # unless another element already tells the values apart.
+    assert _truth({"arg": "v", "eq": ["kp", 1]}, {"v": ["kp", "1"]}) is None
+    assert _truth({"arg": "v", "eq": ["kp", 1]}, {"v": ["us", "1"]}) is False
+    assert _truth({"arg": "v", "eq": {"c": "kp"}}, {"v": {"c": ["kp"]}}) is None
+    assert _truth({"arg": "v", "in": [["a", "b"]]}, {"v": ["a", "c"]}) is False
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_it_globs_strings_only(name):
-    expected = name in ("numeric_string", "nan_string", "empty_string", "long_string")
-    assert _matches({"arg": "v", "matches": "*"}, _args(name)) is expected
-    assert _matches({"arg": "v", "matches": "2*0"}, _args(name)) is (name == "numeric_string")
+    is_string = name in ("numeric_string", "nan_string", "empty_string", "long_string")
+    expected = True if is_string else False if name == "missing" else None
+    assert _truth({"arg": "v", "matches": "*"}, _args(name)) is expected
+    expected_2x0 = (name == "numeric_string") if is_string or name == "missing" else None
+    assert _truth({"arg": "v", "matches": "2*0"}, _args(name)) is expected_2x0
 
 
-def test_it_reads_deep_paths_and_list_indexes_and_misses_the_rest():
+def test_it_reads_deep_paths_and_list_indexes_and_tells_missing_from_malformed():
     args = {"customer": {"address": {"country": "FR"}}, "items": [{"sku": "A"}, {"sku": "B"}]}
-    assert _matches({"arg": "customer.address.country", "eq": "FR"}, args)
-    assert _matches({"arg": "items.1.sku", "eq": "B"}, args)
-    assert not _matches({"arg": "items.2.sku", "eq": "B"}, args)
-    assert not _matches({"arg": "items.x.sku", "eq": "B"}, args)
-    assert not _matches({"arg": "customer.address.country.code", "eq": "FR"}, args)
-    assert not _matches({"arg": "customer", "gt": 1}, args)
+    assert _truth({"arg": "customer.address.country", "eq": "FR"}, args) is True
+    assert _truth({"arg": "items.1.sku", "eq": "B"}, args) is True
+    # Missing: an object without the key, a list index past the end.
+    assert _truth({"arg": "items.2.sku", "eq": "B"}, args) is False
+    assert _truth({"arg": "customer.name", "eq": "B"}, args) is False
+    # Malformed: a list read by a name, a string read as an object; and an object compared as a
+    # number. Each is another shape than the policy reads: undecided, never "absent".
+    assert _truth({"arg": "items.x.sku", "eq": "B"}, args) is None
+    assert _truth({"arg": "customer.address.country.code", "eq": "FR"}, args) is None
+    assert _truth({"arg": "customer", "gt": 1}, args) is None
+    assert _truth({"arg": "customer.address.country", "in": ["KP"]}, {"customer": [{"address": {}}]}) is None
     # A path runs only as deep as it is written, whatever the agent nests.
-    assert _matches({"arg": "v.a.a.a", "eq": {"a": {}}}, {"v": DEEP}) is False
-    assert _matches({"arg": "v.a.a", "ne": 1}, {"v": DEEP})
-    # Not an object at the root either: a list of args or a string.
-    compiled = compile_rules([{"if": {"arg": "0", "eq": 1}, "then": {"risk": "high"}}], [])
-    assert compiled.first_match([1]) is not None
-    assert compiled.first_match("1") is None
+    assert _truth({"arg": "v.a.a.a", "eq": {"a": {}}}, {"v": DEEP}) is False
+    assert _truth({"arg": "v.a.a", "ne": 1}, {"v": DEEP}) is None
+    # Not an object at the root either: a list of args, or a string.
+    assert _truth({"arg": "0", "eq": 1}, [1]) is True
+    assert _truth({"arg": "0", "eq": 1}, "1") is None
 
 
-def test_it_combines_with_all_and_any_and_takes_the_first_match():
+def test_it_combines_three_answers_as_kleene_does():
+    t, f, u = {"arg": "t", "eq": 1}, {"arg": "t", "eq": 2}, {"arg": "u", "eq": 1}
+    args = {"t": 1, "u": "1"}
+    assert [_truth(c, args) for c in (t, f, u)] == [True, False, None]
+    table = [
+        ("all", [t, u], None),
+        ("all", [f, u], False),
+        ("all", [t, t], True),
+        ("any", [f, u], None),
+        ("any", [t, u], True),
+        ("any", [f, f], False),
+    ]
+    for combinator, children, expected in table:
+        assert _truth({combinator: children}, args) is expected, (combinator, children)
+
+
+def test_it_takes_the_first_true_rule_and_keeps_the_undecided_ones_before_it():
     compiled = compile_rules(
         [
             {"if": {"arg": "currency", "not_in": ["usd", "eur"]}, "then": {"effect": "deny"}},
@@ -127,10 +183,16 @@ def test_it_combines_with_all_and_any_and_takes_the_first_match():
         ],
         [],
     )
-    assert compiled.first_match({"currency": "gbp", "amount": 5}).index == 0
-    assert compiled.first_match({"currency": "usd", "amount": 500, "vip": True}).index == 1
-    assert compiled.first_match({"currency": "usd", "amount": 500, "vip": 1}).index == 2
-    assert compiled.first_match({"currency": "usd", "amount": 50}) is None
+    assert compiled.decide({"currency": "gbp", "amount": 5}).matched.index == 0
+    assert compiled.decide({"currency": "usd", "amount": 500, "vip": True}).matched.index == 1
+    decision = compiled.decide({"currency": "usd", "amount": 500, "vip": 1})
+    assert decision.matched.index == 2
+    assert [(a.index, a.undecided) for a in decision.undecided] == [(1, ("vip",))]
+    assert compiled.decide({"currency": "usd", "amount": 50}).matched is None
+    decision = compiled.decide({"currency": ["usd"], "amount": "500"})
+    assert decision.matched is None
+    # Rule 1 is false whatever amount is: neither vip nor n is there.
+    assert [(a.index, a.undecided) for a in decision.undecided] == [(0, ("currency",)), (2, ("amount",))]
 
 
 def test_it_names_every_bad_place_in_rules():
@@ -239,3 +301,19 @@ def test_it_says_rules_and_limits_in_plain_words():
     assert describe_limit({"window": "30s", "per": "agent", "max_count": 1}).startswith(
         "at most 1 per agent per 30 seconds"
     )
+
+
+def test_it_refuses_nan_and_infinities_in_any_operand():
+    # Python's JSON reader takes NaN and Infinity in a policy file; such an operand is never equal
+    # to anything, so a rule on it could never be decided.
+    assert rules_problems(
+        [
+            {"if": {"arg": "a", "eq": float("nan")}, "then": {"risk": "high"}},
+            {"if": {"arg": "a", "not_in": ["usd", [float("inf")]]}, "then": {"effect": "deny"}},
+            {"if": {"arg": "a", "ne": {"x": -float("inf")}}, "then": {"risk": "high"}},
+        ]
+    ) == [
+        "rules[0].if.eq: NaN and infinities compare with nothing; remove them",
+        "rules[1].if.not_in: NaN and infinities compare with nothing; remove them",
+        "rules[2].if.ne: NaN and infinities compare with nothing; remove them",
+    ]

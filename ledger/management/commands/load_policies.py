@@ -46,3 +46,10 @@ class Command(BaseCommand):
         for checked in [scope] if scope is not None else Tenant.objects.order_by("slug"):
             for mismatch in policy_upstream_mismatches(tenant=checked):
                 self.stderr.write(f"Warning ({checked.slug}): {mismatch['message']}")
+        self._warn_compensations(report.compensation_warnings)
+
+    def _warn_compensations(self, warnings: list[str]) -> None:
+        # The residual risk of compensations built from what agents report (docs/SECURITY.md):
+        # the file loads, but its author is told which compensating tools run unattended.
+        for warning in warnings:
+            self.stdout.write(self.style.WARNING(f"Warning: {warning}"))

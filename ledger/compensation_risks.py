@@ -1,0 +1,118 @@
+"""The residual risk of compensations, as a warning a policy file's author sees.
+
+The ledger is what agents report. A compensation built from an agent's ``$args`` can be aimed: an
+agent records ``hr.create_user(email=victim)``, reports success, fails, and hopes the unwind runs
+``hr.delete_user(victim)`` with no one looking. Each compensation step is governed by the
+*compensating* tool's policy, so the lever is there: a compensating tool that deletes or moves money
+should not be ``approval: auto``. This module names the ones that are; ``manage.py load_policies``
+prints them and the dashboard's policies page shows them (docs/SECURITY.md, Residual risk).
+
+"Deletes or moves money" is known two ways, either enough:
+
+- **by name**: a word of the tool's name (split at ``.``, ``_``, ``-``, ``/``, ``:`` and
+  camelCase) is one of ``DESTRUCTIVE_VERBS`` (``hr.delete_user``, ``payments.refund``,
+  ``billing.createTransfer``); a whole word, so ``payments.restore`` is not a payment;
+- **by class**: the compensating tool's own policy says ``external_irreversible`` (what it does
+  cannot be undone in turn).
+
+The compensating tools of a scope are every tool a policy in force names as its
+``compensation_tool`` and every compensator registered in the database (which an agent may name
+for its own actions). Python compensators registered in code are not seen here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from django.db.models import Q
+
+from ledger.models import ActionClass, ApprovalMode, Compensator, Tenant, ToolPolicy
+from ledger.policies import policy_pick, policy_settings_for
+
+DESTRUCTIVE_VERBS = frozenset(
+    {
+        "delete",
+        "remove",
+        "destroy",
+        "purge",
+        "erase",
+        "wipe",
+        "drop",
+        "terminate",
+        "cancel",
+        "void",
+        "refund",
+        "transfer",
+        "pay",
+        "payout",
+        "charge",
+        "withdraw",
+        "disburse",
+    }
+)
+
+_WORD_BREAK = re.compile(r"[._\-/:\s]+|(?<=[a-z0-9])(?=[A-Z])")
+
+
+def destructive_words(tool: str) -> list[str]:
+    """The words of ``tool``'s name that say it deletes or moves money (empty: none)."""
+    words = [word.lower() for word in _WORD_BREAK.split(tool) if word]
+    return [word for word in dict.fromkeys(words) if word in DESTRUCTIVE_VERBS]
+
+
+@dataclass(frozen=True)
+class CompensationWarning:
+    """A compensating tool that deletes or moves money and runs without an approval of its own."""
+
+    tool: str
+    policy: str  # the pattern of the policy that governs it, or "*default*"
+    why: str  # what says it deletes or moves money
+    named_by: tuple[str, ...]  # the forward policies naming it; "a registered compensator"
+
+    @property
+    def message(self) -> str:
+        by = ", ".join(self.named_by)
+        return (
+            f"compensating tool {self.tool} ({by}) {self.why}, and its policy ({self.policy}) "
+            "says approval: auto, so an unwind runs it without anyone approving the step. Its args "
+            "come from what an agent reported: an agent could aim it (record a create for someone "
+            "else's account, report success, fail). Set approval: manual on its policy."
+        )
+
+
+def unattended_destructive_compensations(*, tenant: Tenant | None) -> list[CompensationWarning]:
+    """The compensating tools of a scope (a tenant, with the global policies it inherits; or the
+    global scope alone) that delete or move money and are governed by an ``approval: auto``
+    policy, sorted by tool."""
+    scope = Q(tenant__isnull=True) if tenant is None else Q(tenant__isnull=True) | Q(tenant=tenant)
+    policies = list(ToolPolicy.objects.filter(scope))
+    named_by: dict[str, list[str]] = {}
+    for policy in policies:
+        if policy.compensation_tool:
+            named_by.setdefault(policy.compensation_tool, []).append(f"named by {policy.tool}")
+    for tool in Compensator.objects.filter(scope).values_list("tool", flat=True):
+        named_by.setdefault(tool, []).append("a registered compensator")
+    default = policy_settings_for(tenant).default_policy
+    warnings = []
+    for tool, by in sorted(named_by.items()):
+        governing = policy_pick(policies, tool)
+        if governing is not None:
+            pattern, approval, action_class = governing.tool, governing.approval, governing.action_class
+        else:
+            pattern = "*default*"
+            approval = str(default.get("approval", ApprovalMode.MANUAL))
+            action_class = str(default.get("action_class", ActionClass.EXTERNAL_IRREVERSIBLE))
+        if approval != ApprovalMode.AUTO:
+            continue
+        words = destructive_words(tool)
+        if words:
+            why = f"deletes or moves money (its name says {', '.join(words)})"
+        elif action_class == ActionClass.EXTERNAL_IRREVERSIBLE:
+            why = "cannot be undone in turn (its policy classes it external_irreversible)"
+        else:
+            continue
+        warnings.append(
+            CompensationWarning(tool=tool, policy=pattern, why=why, named_by=tuple(dict.fromkeys(by)))
+        )
+    return warnings
