@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -56,7 +58,9 @@ from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
+from ._core import DONE_STATES
 from .aio import AsyncSaga
 from .errors import Paused, PolicyDenied, SagaAPIError, SagaError, SagaUnavailable
 
@@ -69,6 +73,12 @@ DEFAULT_IDLE_TIMEOUT_S = 1800.0
 DEFAULT_HEARTBEAT_S = 30.0
 RUN_META = "saga/run"
 ACTION_META = "saga/action"
+# The member of a recorded result that keeps what the ledger's ``result`` does not already say of
+# the MCP result (its content blocks, its ``_meta``), so that a replay answers with the same result.
+MCP_RESULT = "saga/mcp"
+TOKEN_ENV = "SAGA_MCP_TOKEN"
+# How long, beyond the call time-out, a repeated request waits for the first one's outcome.
+REPLAY_WAIT_MARGIN_S = 30.0
 
 
 class GatewayError(Exception):
@@ -96,6 +106,8 @@ class Options:
     upstream_headers: tuple[tuple[str, str], ...] = ()
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     poll_interval_s: float = 1.0
+    # The bearer token every HTTP request must carry (``SAGA_MCP_TOKEN``); empty: no token asked.
+    token: str = field(default="", repr=False)
 
     def recorded_name(self, tool: str) -> str:
         return f"{self.namespace}.{tool}" if self.namespace else tool
@@ -116,6 +128,17 @@ def _listen(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"must be HOST:PORT (e.g. 127.0.0.1:8766), got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host``: ``localhost`` or a loopback address. Any
+    other name may resolve to an address others reach, so it counts as open."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _namespace(text: str) -> str:
@@ -157,7 +180,9 @@ def parser() -> argparse.ArgumentParser:
         "--listen",
         type=_listen,
         metavar="HOST:PORT",
-        help="serve Streamable HTTP at http://HOST:PORT/mcp (default: stdio)",
+        help="serve Streamable HTTP at http://HOST:PORT/mcp (default: stdio); on an address other than "
+        f"loopback it refuses to start without {TOKEN_ENV}, and with {TOKEN_ENV} set every request must "
+        "carry it as a bearer token",
     )
     p.add_argument(
         "--approval-timeout",
@@ -212,6 +237,16 @@ def options_from(argv: list[str] | None, environ: Mapping[str, str]) -> Options:
     url = urlsplit(args.saga_url)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise GatewayError(f"saga-mcp: --saga-url must be an http(s) URL, got {args.saga_url!r}.")
+    # The gateway acts with its agent key: a listener others can reach must not hand that key's
+    # power to whoever connects. Checked before anything starts, so nothing is ever served open.
+    token = environ.get(TOKEN_ENV, "").strip()
+    if args.listen is not None and not token and not is_loopback(args.listen[0]):
+        raise GatewayError(
+            f"saga-mcp: --listen {args.listen[0]}:{args.listen[1]} is not a loopback address, and "
+            f"{TOKEN_ENV} is not set. The gateway calls tools with its Saga Admin key, so a listener "
+            f"other machines can reach needs a bearer token: set {TOKEN_ENV} (every HTTP request must "
+            "then send `Authorization: Bearer <token>`), or listen on 127.0.0.1."
+        )
     return Options(
         saga_url=args.saga_url,
         api_key=api_key,
@@ -225,6 +260,7 @@ def options_from(argv: list[str] | None, environ: Mapping[str, str]) -> Options:
         upstream_headers=tuple(args.upstream_header),
         heartbeat_s=args.heartbeat_interval,
         poll_interval_s=args.poll_interval,
+        token=token,
     )
 
 
@@ -233,7 +269,7 @@ def upstream_target(
 ) -> Any:
     """A Streamable HTTP transport (over ``http_client`` when headers must be sent), or the
     command line to start over stdio. The child gets the gateway's environment minus the Saga
-    Admin key: the upstream has no business with it."""
+    Admin key and the listener's token: the upstream has no business with either."""
     if is_url(upstream):
         return upstream if http_client is None else streamable_http_client(upstream, http_client=http_client)
     words = shlex.split(upstream)
@@ -241,7 +277,7 @@ def upstream_target(
         raise GatewayError(
             "saga-mcp: --upstream is empty: give an MCP server's URL or the command that starts it."
         )
-    env = {key: value for key, value in environ.items() if key != "SAGA_API_KEY"}
+    env = {key: value for key, value in environ.items() if key not in ("SAGA_API_KEY", TOKEN_ENV)}
     return StdioServerParameters(command=words[0], args=words[1:], env=env)
 
 
@@ -275,6 +311,9 @@ class Session:
     key: str
     client: str = ""
     stateless: bool = False
+    # Who opened it: a digest of the bearer token its first request carried ("" without one).
+    # Only a request with the same token may use the session or attach to its run.
+    caller: str = ""
     run_id: str = ""
     calls: int = 0
     # The calls that failed and were not since retried successfully, by (tool, arguments).
@@ -312,6 +351,65 @@ def _with_meta(result: types.CallToolResult, *, run_id: str, action_id: str) -> 
 
 def _result_text(result: types.CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+def recorded_result(result: types.CallToolResult) -> Any:
+    """What the ledger keeps as a successful call's ``result``: its ``structuredContent`` (so that
+    ``$result.<path>`` in a policy's compensation finds its members), or its text; plus, under
+    ``"saga/mcp"``, whatever else the MCP result said (its content blocks, its ``_meta``). A
+    repeated request — in this process or another — is answered from this record with the same
+    result, content and all (``result_from_record``)."""
+    envelope: dict[str, Any] = {
+        "content": [
+            block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content
+        ]
+    }
+    if result.meta:
+        envelope["_meta"] = dict(result.meta)
+    structured = result.structured_content
+    if isinstance(structured, dict) and MCP_RESULT not in structured:
+        return {**structured, MCP_RESULT: {**envelope, "structured": True}}
+    text = _result_text(result)
+    if structured is None and envelope == {"content": [{"type": "text", "text": text}]}:
+        return text  # one plain text block: the text says it all
+    if structured is not None:
+        envelope["structuredContent"] = structured
+    return {"text": text, MCP_RESULT: envelope}
+
+
+def result_from_record(recorded: Any) -> types.CallToolResult:
+    """The MCP result a successful call returned, from what ``recorded_result`` kept (or, for a
+    result recorded some other way, the closest one: its text, or its JSON)."""
+    envelope = recorded.get(MCP_RESULT) if isinstance(recorded, dict) else None
+    if isinstance(envelope, dict):
+        data: dict[str, Any] = {"content": envelope.get("content", [])}
+        if envelope.get("structured") is True:
+            data["structuredContent"] = {k: v for k, v in recorded.items() if k != MCP_RESULT}
+        elif "structuredContent" in envelope:
+            data["structuredContent"] = envelope["structuredContent"]
+        if "_meta" in envelope:
+            data["_meta"] = envelope["_meta"]
+        try:
+            return types.CallToolResult.model_validate(data)
+        except ValidationError:
+            # The record was not written by a gateway (the agent key may write any result):
+            # answer with what it says as text rather than fail.
+            pass
+    if isinstance(recorded, str):
+        return types.CallToolResult(content=[types.TextContent(type="text", text=recorded)])
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(recorded, default=str))],
+        structured_content=recorded if isinstance(recorded, dict) else None,
+    )
+
+
+def _caller_of(ctx: ServerRequestContext[Any]) -> str:
+    """A digest of the bearer token the request carried ("" over stdio or without one): enough
+    to tell two callers apart without keeping the token in each session."""
+    headers = getattr(ctx.request, "headers", None)
+    given = (headers.get("authorization") if headers is not None else None) or ""
+    token = given.partition(" ")[2].strip()
+    return hashlib.sha256(token.encode()).hexdigest() if token else ""
 
 
 def _refusal(exc: SagaError) -> str:
@@ -356,7 +454,10 @@ class Gateway:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        session = self._session_for(ctx, create=False)
+        try:
+            session = self._session_for(ctx, create=False)
+        except LookupError:
+            session = None
         if session is not None:
             session.touch()
             session.outbound = ctx.session
@@ -397,7 +498,7 @@ class Gateway:
             )
         try:
             run_id = await self._ensure_run(session, ctx)
-            action = await self.saga.record_action(
+            recorded = await self.saga.record_action_reply(
                 run_id,
                 tool=recorded_tool,
                 idempotency_key=self._call_key(session, ctx),
@@ -407,21 +508,28 @@ class Gateway:
             )
         except SagaError as exc:
             return _tool_error(_refusal(exc), run_id=session.run_id)
+        action: dict[str, Any] = recorded.data
         action_id = action["id"]
+        # Only the request that moved the action to running forwards it. The key is derived
+        # from the session and the JSON-RPC id, so a request sent again (the SDK runs a repeated
+        # id's handler again) finds the first one's action: it must get that call's outcome,
+        # not a second real call that limits and the ledger would never see.
+        started_here = recorded.started_here
         try:
-            if action["status"] == "awaiting_approval":
+            if action["status"] in ("awaiting_approval", "rejected"):
                 decided = await self._wait_for_decision(ctx, action)
                 if isinstance(decided, str):
                     return _tool_error(decided, run_id=run_id, action_id=action_id)
-                action = await self.saga.start_action(decided)
-            if action["status"] != "running":
-                return _tool_error(
-                    f"Saga Admin has {recorded_tool} as {action['status']}, not running; the call was not made.",
-                    run_id=run_id,
-                    action_id=action_id,
-                )
+                action = decided
+            if not started_here and action["status"] in ("planned", "approved"):
+                # Not started yet (approved while we waited): whoever starts it first forwards
+                # it; the start's shared key makes every later start of this attempt a replay.
+                started = await self.saga.start_action_reply(action)
+                action, started_here = started.data, started.started_here
         except SagaError as exc:
             return _tool_error(_refusal(exc), run_id=run_id, action_id=action_id)
+        if not started_here:
+            return await self._first_outcome(recorded_tool, action, run_id=run_id)
         # From here the call is recorded and started: forward the args as recorded (an approver's
         # edit included), never what the client sent if the two differ.
         recorded_args = action.get("args")
@@ -459,12 +567,50 @@ class Gateway:
             await self._settle(action, error=message)
             session.failed[failure_key] = (action_id, message)
         else:
-            recorded = (
-                result.structured_content if result.structured_content is not None else _result_text(result)
-            )
-            await self._settle(action, result=recorded)
+            await self._settle(action, result=recorded_result(result))
             session.failed.pop(failure_key, None)
         return _with_meta(result, run_id=run_id, action_id=action_id)
+
+    async def _first_outcome(self, tool: str, action: dict[str, Any], *, run_id: str) -> types.CallToolResult:
+        """The answer to a request that did not start its action (sent again, or a replay of one
+        already started): the first call's outcome as the ledger has it, waiting while that call
+        still runs — never a second forward."""
+        action_id = action["id"]
+        bound = self.options.call_timeout_s + REPLAY_WAIT_MARGIN_S
+        started, interval = time.monotonic(), self.options.poll_interval_s
+        current = action
+        try:
+            current = await self.saga.get_action(action_id)
+            while current["status"] == "running":
+                waited = time.monotonic() - started
+                if waited >= bound:
+                    return _tool_error(
+                        f"{tool} was already started by an earlier request and has not finished within "
+                        f"{bound:g} s; it was not made again. Its outcome will be recorded in Saga Admin "
+                        f"(action {action_id}).",
+                        run_id=run_id,
+                        action_id=action_id,
+                    )
+                await anyio.sleep(min(interval, max(bound - waited, 0.0)))
+                interval = min(interval * 1.5, 5.0)
+                current = await self.saga.get_action(action_id)
+        except SagaError as exc:
+            return _tool_error(
+                f"{tool} was already started by an earlier request, so it was not made again; its outcome "
+                f"could not be read from Saga Admin: {exc}",
+                run_id=run_id,
+                action_id=action_id,
+            )
+        status = current["status"]
+        if status in DONE_STATES:
+            return _with_meta(result_from_record(current.get("result")), run_id=run_id, action_id=action_id)
+        if status in ("failed", "unknown") and current.get("error"):
+            return _tool_error(current["error"], run_id=run_id, action_id=action_id)
+        return _tool_error(
+            f"Saga Admin has {tool} as {status}, not running; the call was not made.",
+            run_id=run_id,
+            action_id=action_id,
+        )
 
     async def _settle(
         self, action: dict[str, Any], *, result: Any = None, error: str = "", outcome_unknown: bool = False
@@ -533,8 +679,14 @@ class Gateway:
                 return None
             if asked_run is None:
                 return self._new_session(f"stateless:{uuid.uuid4().hex}", ctx, stateless=True)
+            caller = _caller_of(ctx)
             for session in self.sessions.values():
-                if session.stateless and session.run_id == asked_run and not session.ended:
+                if (
+                    session.stateless
+                    and session.run_id == asked_run
+                    and not session.ended
+                    and hmac.compare_digest(session.caller, caller)
+                ):
                     return session
             raise LookupError(
                 f'_meta["{RUN_META}"] names {str(asked_run)[:100]!r}, which is not a run this gateway started or '
@@ -544,6 +696,8 @@ class Gateway:
         key = (headers.get("mcp-session-id") if headers is not None else None) or "stdio"
         found = self.sessions.get(key)
         if found is not None and not found.ended:
+            if not hmac.compare_digest(found.caller, _caller_of(ctx)):
+                raise LookupError("This MCP session belongs to another caller; the call was not made.")
             return found
         if not create:
             return None
@@ -552,7 +706,7 @@ class Gateway:
     def _new_session(self, key: str, ctx: ServerRequestContext[Any], *, stateless: bool) -> Session:
         info = ctx.session.client_params.client_info if ctx.session.client_params else None
         client = f"{info.name} {info.version}".strip() if info is not None else ""
-        session = Session(key=key, client=client, stateless=stateless)
+        session = Session(key=key, client=client, stateless=stateless, caller=_caller_of(ctx))
         self.sessions[key] = session
         return session
 
@@ -741,6 +895,123 @@ class _SessionTracker:
             await self.gateway.end_session(session, why="the client closed it")
 
 
+class _OneRequestPerId:
+    """ASGI middleware: a POST that repeats the JSON-RPC id of a request still open in the same
+    session waits until that request is answered, then goes on (and is answered from the record).
+
+    The SDK's Streamable HTTP transport routes each response to the stream of the request with
+    its id: two open requests with one id would share a slot, and one of them would never get
+    its answer. Held here, the repeated request meets a finished call and gets its outcome."""
+
+    def __init__(self, app: Any, *, wait_s: float) -> None:
+        self.app, self.wait_s = app, wait_s
+        self.open: dict[tuple[str, str], anyio.Event] = {}
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        session_id = dict(scope.get("headers") or []).get(b"mcp-session-id", b"")
+        if scope["type"] != "http" or scope.get("method") != "POST" or not session_id:
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        keys = [(session_id.decode("latin-1"), each) for each in _request_ids(body)]
+        deadline = time.monotonic() + self.wait_s
+        for key in keys:
+            # A loop: a third request with the id may have taken the slot when the first freed it.
+            while (earlier := self.open.get(key)) is not None:
+                log.info("request id %s of session %s is still open: waiting for it", key[1], key[0][:8])
+                with anyio.move_on_after(max(deadline - time.monotonic(), 0.0)):
+                    await earlier.wait()
+                if not earlier.is_set():
+                    await _send_json(send, 409, "request_id_in_flight", f"Request id {key[1]} is still open.")
+                    return
+        mine = {key: anyio.Event() for key in keys}
+        self.open.update(mine)
+        replayed = False
+
+        async def replay() -> Mapping[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            message: Mapping[str, Any] = await receive()
+            return message
+
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            for key, event in mine.items():
+                if self.open.get(key) is event:
+                    del self.open[key]
+                event.set()
+
+
+def _request_ids(body: bytes) -> list[str]:
+    """The ids of the JSON-RPC requests in a POST body (one message or a batch), as text."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return []
+    messages = parsed if isinstance(parsed, list) else [parsed]
+    return [
+        json.dumps(m["id"])
+        for m in messages
+        if isinstance(m, dict) and "method" in m and isinstance(m.get("id"), (str, int))
+    ]
+
+
+async def _send_json(
+    send: Any, status: int, code: str, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    body = json.dumps({"error": {"code": code, "message": message, "details": {}}}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class _RequireToken:
+    """ASGI middleware in front of everything the listener serves: 401 unless the request carries
+    ``Authorization: Bearer <SAGA_MCP_TOKEN>``, before the MCP layer reads it — so a request
+    without the token can neither call a tool nor open, use or end a session."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.expected = token.encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = [value for name, value in scope.get("headers") or [] if name == b"authorization"]
+            scheme, _, credentials = (given[0] if len(given) == 1 else b"").partition(b" ")
+            # Constant time: how much of a guess matched must not show in how long the answer takes.
+            matches = hmac.compare_digest(credentials.strip(), self.expected)
+            if scheme.lower() != b"bearer" or not matches:
+                await _send_json(
+                    send,
+                    401,
+                    "unauthorized",
+                    f"This saga-mcp listener needs `Authorization: Bearer <{TOKEN_ENV}>`.",
+                    ((b"www-authenticate", b'Bearer realm="saga-mcp"'),),
+                )
+                return
+        await self.app(scope, receive, send)
+
+
 async def serve(options: Options, environ: Mapping[str, str]) -> None:
     label = describe_upstream(options.upstream)
     gateway_ref: list[Gateway] = []
@@ -798,10 +1069,17 @@ async def _serve_stdio(gateway: Gateway) -> None:
 async def _serve_http(gateway: Gateway, host: str, port: int) -> None:
     import uvicorn
 
-    app = gateway.server.streamable_http_app(host=host, session_idle_timeout=gateway.options.idle_timeout_s)
-    config = uvicorn.Config(
-        _SessionTracker(app, gateway), host=host, port=port, log_level="warning", lifespan="on"
+    options = gateway.options
+    app: Any = _SessionTracker(
+        _OneRequestPerId(
+            gateway.server.streamable_http_app(host=host, session_idle_timeout=options.idle_timeout_s),
+            wait_s=options.approval_timeout_s + options.call_timeout_s + REPLAY_WAIT_MARGIN_S,
+        ),
+        gateway,
     )
+    if gateway.options.token:
+        app = _RequireToken(app, gateway.options.token)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     print(f"saga-mcp: serving MCP at http://{host}:{port}/mcp", file=sys.stderr, flush=True)
     await server.serve()
