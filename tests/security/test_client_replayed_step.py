@@ -128,6 +128,13 @@ def first_caller(saga: Saga, run_id: str, tool: Tool, name: str = "hr.create_use
 
 
 @pytest.fixture
+def tool() -> Iterator[Tool]:
+    tool = Tool()
+    yield tool
+    tool.release.set()  # a failing test must not leave the first caller holding its call
+
+
+@pytest.fixture
 def direct(live_server, agent_key, onboarding_policies) -> Iterator[Saga]:
     saga = Saga(live_server.url, agent_key[1], poll_interval_s=0.05, backoff_s=0.01)
     yield saga
@@ -135,10 +142,9 @@ def direct(live_server, agent_key, onboarding_policies) -> Iterator[Saga]:
 
 
 def test_a_resent_record_that_finds_the_step_running_does_not_run_it_again_sync(
-    live_server, agent_key, direct
+    live_server, agent_key, direct, tool
 ):
     run = direct.run(agent="onboarding", request="Onboard Ashu").open()
-    tool = Tool()
     first = first_caller(direct, run.id, tool)
     assert tool.entered.wait(timeout=30)
     rule = Rule("POST", rf"/api/v1/runs/{run.id}/actions", "drop")
@@ -159,10 +165,9 @@ def test_a_resent_record_that_finds_the_step_running_does_not_run_it_again_sync(
 
 
 def test_a_resent_record_that_finds_the_step_running_does_not_run_it_again_async(
-    live_server, agent_key, direct
+    live_server, agent_key, direct, tool
 ):
     run = direct.run(agent="onboarding", request="Onboard Ashu").open()
-    tool = Tool()
     first = first_caller(direct, run.id, tool)
     assert tool.entered.wait(timeout=30)
     rule = Rule("POST", rf"/api/v1/runs/{run.id}/actions", "drop")
@@ -189,7 +194,7 @@ def test_a_resent_record_that_finds_the_step_running_does_not_run_it_again_async
 
 
 def test_a_start_that_replays_another_callers_start_does_not_run_the_step(
-    live_server, agent_key, direct, bob
+    live_server, agent_key, direct, bob, tool
 ):
     """Two callers of one gated step both saw it approved; the one whose start comes second gets
     the first one's start replayed (the key is per attempt) and must not run it too."""
@@ -204,7 +209,6 @@ def test_a_start_that_replays_another_callers_start_does_not_run_the_step(
     recovery.approval_approve(
         approval=Approval.objects.get(action_id=action["id"]), actor=Actor.for_user(bob), reason="ok"
     )
-    tool = Tool()
     rule = Rule("POST", rf"/api/v1/actions/{action['id']}/start", "hold")
     with proxy(live_server.url, rule) as url, Saga(url, agent_key[1], backoff_s=0.01) as second:
         outcome: dict[str, Any] = {}

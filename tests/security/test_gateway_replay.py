@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -25,7 +26,10 @@ import pytest
 from django.core.management import call_command
 from django.core.signals import request_started
 
+from ledger.audit import Actor
 from ledger.models import Action
+from recovery import services as recovery
+from recovery.models import Approval
 from tests.support.mcp_servers import gateway_command, gateway_env
 from tests.support.processes import ROOT, free_port, wait_for
 
@@ -73,15 +77,15 @@ def upstream_calls(files: dict[str, Path]) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def action_polls() -> Iterator[list[str]]:
-    """The paths of the live server's ``GET /actions/…`` requests while inside: how the test knows
-    the repeated request is waiting on the first one's action (not yet answered, not forwarded)."""
+def api_requests(method: str, path: str) -> Iterator[list[str]]:
+    """The paths of the live server's requests with ``method`` and a path matching ``path`` while
+    inside: how the test knows where the gateway's requests are (e.g. that the repeated request
+    polls the first one's action: not yet answered, not forwarded)."""
     seen: list[str] = []
 
     def on_request(sender: Any, environ: dict[str, Any], **kwargs: Any) -> None:
-        path = environ.get("PATH_INFO", "")
-        if environ.get("REQUEST_METHOD") == "GET" and path.startswith("/api/v1/actions/"):
-            seen.append(path)
+        if environ.get("REQUEST_METHOD") == method and re.fullmatch(path, environ.get("PATH_INFO", "")):
+            seen.append(environ["PATH_INFO"])
 
     request_started.connect(on_request, weak=False)
     try:
@@ -147,27 +151,33 @@ class StdioPeer:
         self.log.close()
 
 
+def stdio_session(saga_url: str, key: str, files: dict[str, Path], tmp_path: Path) -> StdioPeer:
+    """The gateway over stdio in front of the probe, its session opened (``initialize``)."""
+    command = gateway_command(saga_url, f"{sys.executable} {PROBE}", namespace="probe")
+    peer = StdioPeer(command, probe_env(files, key), tmp_path / "gateway.log")
+    peer.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": PROTOCOL,
+                "capabilities": {},
+                "clientInfo": {"name": "replayer", "version": "1"},
+            },
+        }
+    )
+    assert "result" in peer.answer(1), (tmp_path / "gateway.log").read_text()
+    peer.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return peer
+
+
 def test_a_call_sent_again_over_stdio_reaches_the_upstream_once_and_gets_the_first_result(
     live_server, agent_key, probe_policy, probe_files, tmp_path
 ):
-    command = gateway_command(live_server.url, f"{sys.executable} {PROBE}", namespace="probe")
-    peer = StdioPeer(command, probe_env(probe_files, agent_key[1]), tmp_path / "gateway.log")
+    peer = stdio_session(live_server.url, agent_key[1], probe_files, tmp_path)
     try:
-        peer.send(
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": PROTOCOL,
-                    "capabilities": {},
-                    "clientInfo": {"name": "replayer", "version": "1"},
-                },
-            }
-        )
-        assert "result" in peer.answer(1), (tmp_path / "gateway.log").read_text()
-        peer.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        with action_polls() as polls:
+        with api_requests("GET", r"/api/v1/actions/[^/]+") as polls:
             peer.send(CALL_7)
             wait_for(
                 lambda: upstream_calls(probe_files), timeout=30, what="the first call to reach the upstream"
@@ -183,6 +193,35 @@ def test_a_call_sent_again_over_stdio_reaches_the_upstream_once_and_gets_the_fir
             answers = [peer.answer(7), peer.answer(7)]
         peer.send(CALL_7)  # and once more after it finished
         answers.append(peer.answer(7))
+    finally:
+        peer.close()
+    results = [answer["result"] for answer in answers]
+    assert all(not result.get("isError") for result in results), results
+    assert_one_call_and_the_same_result(results, probe_files)
+
+
+def test_two_requests_with_one_id_waiting_for_one_approval_make_one_call(
+    live_server, tenant, agent_key, bob, probe_files, tmp_path
+):
+    """Both requests wait for the same approval and both see it approved: they race to start
+    it. The start's key is per attempt, so the second one gets the first's start replayed and
+    answers with its outcome instead of forwarding a second time."""
+    path = tmp_path / "gated-policies.json"
+    gated = {"tool": "probe.*", "risk": "high", "approval": "manual", "action_class": "external_irreversible"}
+    path.write_text(json.dumps({"policies": [gated]}))
+    call_command("load_policies", str(path), tenant=tenant.slug)
+    probe_files["release"].touch()  # no hold: the race is at the start
+    peer = stdio_session(live_server.url, agent_key[1], probe_files, tmp_path)
+    try:
+        with api_requests("POST", r"/api/v1/runs/[^/]+/actions") as records:
+            peer.send(CALL_7)
+            peer.send(CALL_7)
+            wait_for(lambda: len(records) >= 2, timeout=30, what="both requests to record the call")
+        approval = wait_for(
+            lambda: Approval.objects.filter(action__tool="probe.hold").first(), what="the approval request"
+        )
+        recovery.approval_approve(approval=approval, actor=Actor.for_user(bob), reason="once")
+        answers = [peer.answer(7), peer.answer(7)]
     finally:
         peer.close()
     results = [answer["result"] for answer in answers]
