@@ -14,6 +14,11 @@ that says why, and the upstream is never called; a call that needs approval wait
 (reporting progress when the client asked for it). Saga Admin unreachable → the call is refused:
 nothing is forwarded that is not recorded.
 
+One approval, one call: only the request that moved its action to ``running`` forwards it. A
+request sent again with the same JSON-RPC id, or any replay of an action already started, is
+answered with the first call's outcome (read back from the ledger, waiting while it still runs),
+never forwarded a second time.
+
 Sessions: over stdio, the process is the session; over Streamable HTTP, an ``initialize``
 handshake opens one (``Mcp-Session-Id``) and a ``DELETE``, an idle time-out or the gateway's
 shutdown ends it. A client on the stateless 2026 protocol has no session: each call starts a run
@@ -22,7 +27,9 @@ in ``_meta["saga/run"]``). When a session ends, its run fails (into the recovery
 call failed and was not retried successfully since, and completes otherwise.
 
 The key comes from ``SAGA_API_KEY`` only: a key on a command line is readable by every user of
-the machine (``ps``). Nothing here imports the server: this is the client distribution.
+the machine (``ps``). Whoever reaches ``--listen`` acts with that key, so a listener beyond
+loopback needs ``SAGA_MCP_TOKEN``, which every HTTP request must then carry as a bearer token.
+Nothing here imports the server: this is the client distribution.
 """
 
 from __future__ import annotations
@@ -58,9 +65,11 @@ from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
 
 from ._core import DONE_STATES
+from ._mcp_listener import TOKEN_ENV, OneRequestPerId, RequireToken
+from ._mcp_results import recorded_result, result_from_record
+from ._mcp_results import result_text as _result_text
 from .aio import AsyncSaga
 from .errors import Paused, PolicyDenied, SagaAPIError, SagaError, SagaUnavailable
 
@@ -73,10 +82,6 @@ DEFAULT_IDLE_TIMEOUT_S = 1800.0
 DEFAULT_HEARTBEAT_S = 30.0
 RUN_META = "saga/run"
 ACTION_META = "saga/action"
-# The member of a recorded result that keeps what the ledger's ``result`` does not already say of
-# the MCP result (its content blocks, its ``_meta``), so that a replay answers with the same result.
-MCP_RESULT = "saga/mcp"
-TOKEN_ENV = "SAGA_MCP_TOKEN"
 # How long, beyond the call time-out, a repeated request waits for the first one's outcome.
 REPLAY_WAIT_MARGIN_S = 30.0
 
@@ -347,60 +352,6 @@ def _with_meta(result: types.CallToolResult, *, run_id: str, action_id: str) -> 
     meta[RUN_META] = run_id
     meta[ACTION_META] = action_id
     return result.model_copy(update={"meta": meta})
-
-
-def _result_text(result: types.CallToolResult) -> str:
-    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
-
-
-def recorded_result(result: types.CallToolResult) -> Any:
-    """What the ledger keeps as a successful call's ``result``: its ``structuredContent`` (so that
-    ``$result.<path>`` in a policy's compensation finds its members), or its text; plus, under
-    ``"saga/mcp"``, whatever else the MCP result said (its content blocks, its ``_meta``). A
-    repeated request — in this process or another — is answered from this record with the same
-    result, content and all (``result_from_record``)."""
-    envelope: dict[str, Any] = {
-        "content": [
-            block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content
-        ]
-    }
-    if result.meta:
-        envelope["_meta"] = dict(result.meta)
-    structured = result.structured_content
-    if isinstance(structured, dict) and MCP_RESULT not in structured:
-        return {**structured, MCP_RESULT: {**envelope, "structured": True}}
-    text = _result_text(result)
-    if structured is None and envelope == {"content": [{"type": "text", "text": text}]}:
-        return text  # one plain text block: the text says it all
-    if structured is not None:
-        envelope["structuredContent"] = structured
-    return {"text": text, MCP_RESULT: envelope}
-
-
-def result_from_record(recorded: Any) -> types.CallToolResult:
-    """The MCP result a successful call returned, from what ``recorded_result`` kept (or, for a
-    result recorded some other way, the closest one: its text, or its JSON)."""
-    envelope = recorded.get(MCP_RESULT) if isinstance(recorded, dict) else None
-    if isinstance(envelope, dict):
-        data: dict[str, Any] = {"content": envelope.get("content", [])}
-        if envelope.get("structured") is True:
-            data["structuredContent"] = {k: v for k, v in recorded.items() if k != MCP_RESULT}
-        elif "structuredContent" in envelope:
-            data["structuredContent"] = envelope["structuredContent"]
-        if "_meta" in envelope:
-            data["_meta"] = envelope["_meta"]
-        try:
-            return types.CallToolResult.model_validate(data)
-        except ValidationError:
-            # The record was not written by a gateway (the agent key may write any result):
-            # answer with what it says as text rather than fail.
-            pass
-    if isinstance(recorded, str):
-        return types.CallToolResult(content=[types.TextContent(type="text", text=recorded)])
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=json.dumps(recorded, default=str))],
-        structured_content=recorded if isinstance(recorded, dict) else None,
-    )
 
 
 def _caller_of(ctx: ServerRequestContext[Any]) -> str:
@@ -895,123 +846,6 @@ class _SessionTracker:
             await self.gateway.end_session(session, why="the client closed it")
 
 
-class _OneRequestPerId:
-    """ASGI middleware: a POST that repeats the JSON-RPC id of a request still open in the same
-    session waits until that request is answered, then goes on (and is answered from the record).
-
-    The SDK's Streamable HTTP transport routes each response to the stream of the request with
-    its id: two open requests with one id would share a slot, and one of them would never get
-    its answer. Held here, the repeated request meets a finished call and gets its outcome."""
-
-    def __init__(self, app: Any, *, wait_s: float) -> None:
-        self.app, self.wait_s = app, wait_s
-        self.open: dict[tuple[str, str], anyio.Event] = {}
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        session_id = dict(scope.get("headers") or []).get(b"mcp-session-id", b"")
-        if scope["type"] != "http" or scope.get("method") != "POST" or not session_id:
-            await self.app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
-        keys = [(session_id.decode("latin-1"), each) for each in _request_ids(body)]
-        deadline = time.monotonic() + self.wait_s
-        for key in keys:
-            # A loop: a third request with the id may have taken the slot when the first freed it.
-            while (earlier := self.open.get(key)) is not None:
-                log.info("request id %s of session %s is still open: waiting for it", key[1], key[0][:8])
-                with anyio.move_on_after(max(deadline - time.monotonic(), 0.0)):
-                    await earlier.wait()
-                if not earlier.is_set():
-                    await _send_json(send, 409, "request_id_in_flight", f"Request id {key[1]} is still open.")
-                    return
-        mine = {key: anyio.Event() for key in keys}
-        self.open.update(mine)
-        replayed = False
-
-        async def replay() -> Mapping[str, Any]:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            message: Mapping[str, Any] = await receive()
-            return message
-
-        try:
-            await self.app(scope, replay, send)
-        finally:
-            for key, event in mine.items():
-                if self.open.get(key) is event:
-                    del self.open[key]
-                event.set()
-
-
-def _request_ids(body: bytes) -> list[str]:
-    """The ids of the JSON-RPC requests in a POST body (one message or a batch), as text."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return []
-    messages = parsed if isinstance(parsed, list) else [parsed]
-    return [
-        json.dumps(m["id"])
-        for m in messages
-        if isinstance(m, dict) and "method" in m and isinstance(m.get("id"), (str, int))
-    ]
-
-
-async def _send_json(
-    send: Any, status: int, code: str, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()
-) -> None:
-    body = json.dumps({"error": {"code": code, "message": message, "details": {}}}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-class _RequireToken:
-    """ASGI middleware in front of everything the listener serves: 401 unless the request carries
-    ``Authorization: Bearer <SAGA_MCP_TOKEN>``, before the MCP layer reads it — so a request
-    without the token can neither call a tool nor open, use or end a session."""
-
-    def __init__(self, app: Any, token: str) -> None:
-        self.app = app
-        self.expected = token.encode()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            given = [value for name, value in scope.get("headers") or [] if name == b"authorization"]
-            scheme, _, credentials = (given[0] if len(given) == 1 else b"").partition(b" ")
-            # Constant time: how much of a guess matched must not show in how long the answer takes.
-            matches = hmac.compare_digest(credentials.strip(), self.expected)
-            if scheme.lower() != b"bearer" or not matches:
-                await _send_json(
-                    send,
-                    401,
-                    "unauthorized",
-                    f"This saga-mcp listener needs `Authorization: Bearer <{TOKEN_ENV}>`.",
-                    ((b"www-authenticate", b'Bearer realm="saga-mcp"'),),
-                )
-                return
-        await self.app(scope, receive, send)
-
-
 async def serve(options: Options, environ: Mapping[str, str]) -> None:
     label = describe_upstream(options.upstream)
     gateway_ref: list[Gateway] = []
@@ -1071,14 +905,14 @@ async def _serve_http(gateway: Gateway, host: str, port: int) -> None:
 
     options = gateway.options
     app: Any = _SessionTracker(
-        _OneRequestPerId(
+        OneRequestPerId(
             gateway.server.streamable_http_app(host=host, session_idle_timeout=options.idle_timeout_s),
             wait_s=options.approval_timeout_s + options.call_timeout_s + REPLAY_WAIT_MARGIN_S,
         ),
         gateway,
     )
     if gateway.options.token:
-        app = _RequireToken(app, gateway.options.token)
+        app = RequireToken(app, gateway.options.token)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     print(f"saga-mcp: serving MCP at http://{host}:{port}/mcp", file=sys.stderr, flush=True)
