@@ -42,6 +42,8 @@ _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 DONE_STATES = frozenset({"succeeded", "compensating", "compensated", "compensation_failed"})
 # What the API keeps of a free-text error.
 _MAX_ERROR = 20000
+# The header with which the server marks an answer replayed from an earlier request's record.
+REPLAYED_HEADER = "Idempotent-Replayed"
 
 
 # --- Effects ------------------------------------------------------------------------------------
@@ -82,6 +84,18 @@ class Reply:
     data: Any
     # The request was sent again after a transport error: its first send may have reached the server.
     resent: bool = False
+    # The server answered from its idempotency record (``Idempotent-Replayed: true``): this
+    # request changed nothing, an earlier one with the same key did.
+    replayed: bool = False
+
+    @property
+    def started_here(self) -> bool:
+        """Whether this very request moved its action to ``running``: a fresh (not replayed)
+        answer that shows it running. A replay never starts anything, and the server cannot tell
+        a resend of ours from another caller's request with the same key, so a replay is never
+        taken as ours, even when our first send may have been the one that started it: running
+        a call twice is worse than leaving one in doubt."""
+        return not self.replayed and isinstance(self.data, dict) and self.data.get("status") == "running"
 
 
 @dataclass(frozen=True)
@@ -160,7 +174,8 @@ class Api:
                 yield Sleep(self.backoff(attempt))
                 continue
             if response.status_code < 400:
-                return Reply(response.status_code, _decoded(response), resent=resent)
+                replayed = response.headers.get(REPLAYED_HEADER, "").lower() == "true"
+                return Reply(response.status_code, _decoded(response), resent=resent, replayed=replayed)
             error = error_from_response(response)
             retry = (
                 response.status_code in _RETRYABLE_STATUS
@@ -258,9 +273,18 @@ class Api:
         return self.call("GET", f"/actions/{action_id}")
 
     def start_action(self, action: Mapping[str, Any]) -> Flow[dict[str, Any]]:
-        # One key per attempt: a retried start of this attempt replays, a later attempt is new.
+        reply = yield from self.start(action)
+        started: dict[str, Any] = reply.data
+        return started
+
+    def start(self, action: Mapping[str, Any]) -> Flow[Reply]:
+        """Start an action; ``Reply.started_here`` says whether this request did it.
+
+        One key per attempt, shared by every caller of the same action: two callers that both
+        saw it approved send the same key, so the second gets the first's answer replayed (and
+        knows it is not the one to run the call) instead of a second attempt."""
         key = f"{action['idempotency_key']}:start:{action['attempts'] + 1}"
-        return self.call("POST", f"/actions/{action['id']}/start", idempotency_key=key)
+        return self.request("POST", f"/actions/{action['id']}/start", idempotency_key=key)
 
     def succeed_action(
         self, action: Mapping[str, Any], *, result: Any = None, after_snapshot: Any = None
@@ -573,11 +597,11 @@ class RunCore:
         if action["status"] in DONE_STATES:
             self._settled(action)
             return action["result"]
-        # Started by this very call (``start: true``): 201, or a replay of our own first send
-        # that reached the server before the connection dropped.
-        started_here = action["status"] == "running" and (
-            reply.status == 201 or (reply.resent and action["attempts"] == 1)
-        )
+        # Started by this very call (``start: true``) only when the answer is not a replay. A
+        # replayed ``running`` may be another caller's start (another process running the same
+        # step, or our own first send whose answer was lost — the server cannot tell which):
+        # running ``do`` on it could make one recorded call two real ones.
+        started_here = reply.started_here
         try:
             value = yield from self._execute(
                 action,
@@ -631,7 +655,15 @@ class RunCore:
                 code="args_edited",
             )
         if not started_here:
-            action = yield from self._start(action, approval_timeout_s=approval_timeout_s, wait=wait)
+            started = yield from self._start(action, approval_timeout_s=approval_timeout_s, wait=wait)
+            action = started.data
+            if not started.started_here:
+                # Another call of this step started it first: its outcome is that call's to
+                # report. A finished one is replayed; one still running is in doubt here.
+                if action["status"] in DONE_STATES:
+                    self._settled(action)
+                    return action["result"]
+                raise StepInDoubt(action)
         self.pending_approvals.pop(action["id"], None)
         try:
             value = yield Invoke(do, (effective_args,) if takes_args else ())
@@ -667,11 +699,9 @@ class RunCore:
         )
         self._settled(done)
 
-    def _start(
-        self, action: dict[str, Any], *, approval_timeout_s: float | None, wait: bool
-    ) -> Flow[dict[str, Any]]:
+    def _start(self, action: dict[str, Any], *, approval_timeout_s: float | None, wait: bool) -> Flow[Reply]:
         try:
-            return (yield from self._api.start_action(action))
+            return (yield from self._api.start(action))
         except Conflict as exc:
             if exc.code == "approval_rejected":
                 raise rejection((yield from self._api.get_action(action["id"]))) from None
@@ -682,7 +712,7 @@ class RunCore:
             if not wait:
                 raise ApprovalPending(current) from None
             approved = yield from self._api.wait_for_approval(current, timeout_s=approval_timeout_s)
-            return (yield from self._api.start_action(approved))
+            return (yield from self._api.start(approved))
 
     def _settled(self, action: dict[str, Any]) -> None:
         self.pending_approvals.pop(action["id"], None)

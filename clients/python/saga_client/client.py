@@ -27,6 +27,7 @@ from saga_client._core import (
     Effect,
     Flow,
     Invoke,
+    Reply,
     RunCore,
     Send,
     Settings,
@@ -288,6 +289,19 @@ class Saga:
         )
         action: dict[str, Any] = reply.data
         return action
+
+    def record_action_reply(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> Reply:
+        """``record_action`` with how the server answered: ``reply.data`` is the action and
+        ``reply.started_here`` is true only when this very request (``start=True``) moved it to
+        ``running`` — never for a replay, which may be another caller's start."""
+        return self._drive(
+            self.api.record_action(run_id, tool=tool, idempotency_key=idempotency_key, **fields)
+        )
+
+    def start_action_reply(self, action: Mapping[str, Any]) -> Reply:
+        """``start_action`` with how the server answered: ``reply.started_here`` is false when
+        another caller started this attempt first (its answer replayed); do not run the call then."""
+        return self._drive(self.api.start(action))
 
     def get_action(self, action_id: str) -> dict[str, Any]:
         return self._drive(self.api.get_action(action_id))

@@ -143,10 +143,20 @@ class StepInDoubt(SagaError):
     code = "step_in_doubt"
 
     def __init__(self, action: Mapping[str, Any]) -> None:
-        super().__init__(
-            f"Action {action['id']} ({action['tool']}) is {action['status']} from an earlier attempt; "
-            "reconcile it (POST /actions/{id}/reconcile) before running it again."
-        )
+        if action["status"] == "running":
+            # Another call of the same step (another process, or an earlier send of this one
+            # whose answer was lost) started it: it was not run here, and must not be run twice.
+            message = (
+                f"Action {action['id']} ({action['tool']}) is running, started by another call of "
+                "the same step; it was not run again here. Read its outcome (GET /actions/{id}) "
+                "once that call reports it, or reconcile it if that call is lost."
+            )
+        else:
+            message = (
+                f"Action {action['id']} ({action['tool']}) is {action['status']} from an earlier "
+                "attempt; reconcile it (POST /actions/{id}/reconcile) before running it again."
+            )
+        super().__init__(message)
         self.action = dict(action)
 
 

@@ -14,6 +14,11 @@ that says why, and the upstream is never called; a call that needs approval wait
 (reporting progress when the client asked for it). Saga Admin unreachable → the call is refused:
 nothing is forwarded that is not recorded.
 
+One approval, one call: only the request that moved its action to ``running`` forwards it. A
+request sent again with the same JSON-RPC id, or any replay of an action already started, is
+answered with the first call's outcome (read back from the ledger, waiting while it still runs),
+never forwarded a second time.
+
 Sessions: over stdio, the process is the session; over Streamable HTTP, an ``initialize``
 handshake opens one (``Mcp-Session-Id``) and a ``DELETE``, an idle time-out or the gateway's
 shutdown ends it. A client on the stateless 2026 protocol has no session: each call starts a run
@@ -22,7 +27,9 @@ in ``_meta["saga/run"]``). When a session ends, its run fails (into the recovery
 call failed and was not retried successfully since, and completes otherwise.
 
 The key comes from ``SAGA_API_KEY`` only: a key on a command line is readable by every user of
-the machine (``ps``). Nothing here imports the server: this is the client distribution.
+the machine (``ps``). Whoever reaches ``--listen`` acts with that key, so a listener beyond
+loopback needs ``SAGA_MCP_TOKEN``, which every HTTP request must then carry as a bearer token.
+Nothing here imports the server: this is the client distribution.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -57,6 +66,10 @@ from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from ._core import DONE_STATES
+from ._mcp_listener import TOKEN_ENV, OneRequestPerId, RequireToken
+from ._mcp_results import recorded_result, result_from_record
+from ._mcp_results import result_text as _result_text
 from .aio import AsyncSaga
 from .errors import Paused, PolicyDenied, SagaAPIError, SagaError, SagaUnavailable
 
@@ -69,6 +82,8 @@ DEFAULT_IDLE_TIMEOUT_S = 1800.0
 DEFAULT_HEARTBEAT_S = 30.0
 RUN_META = "saga/run"
 ACTION_META = "saga/action"
+# How long, beyond the call time-out, a repeated request waits for the first one's outcome.
+REPLAY_WAIT_MARGIN_S = 30.0
 
 
 class GatewayError(Exception):
@@ -96,6 +111,8 @@ class Options:
     upstream_headers: tuple[tuple[str, str], ...] = ()
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     poll_interval_s: float = 1.0
+    # The bearer token every HTTP request must carry (``SAGA_MCP_TOKEN``); empty: no token asked.
+    token: str = field(default="", repr=False)
 
     def recorded_name(self, tool: str) -> str:
         return f"{self.namespace}.{tool}" if self.namespace else tool
@@ -116,6 +133,17 @@ def _listen(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"must be HOST:PORT (e.g. 127.0.0.1:8766), got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host``: ``localhost`` or a loopback address. Any
+    other name may resolve to an address others reach, so it counts as open."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _namespace(text: str) -> str:
@@ -157,7 +185,9 @@ def parser() -> argparse.ArgumentParser:
         "--listen",
         type=_listen,
         metavar="HOST:PORT",
-        help="serve Streamable HTTP at http://HOST:PORT/mcp (default: stdio)",
+        help="serve Streamable HTTP at http://HOST:PORT/mcp (default: stdio); on an address other than "
+        f"loopback it refuses to start without {TOKEN_ENV}, and with {TOKEN_ENV} set every request must "
+        "carry it as a bearer token",
     )
     p.add_argument(
         "--approval-timeout",
@@ -212,6 +242,16 @@ def options_from(argv: list[str] | None, environ: Mapping[str, str]) -> Options:
     url = urlsplit(args.saga_url)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise GatewayError(f"saga-mcp: --saga-url must be an http(s) URL, got {args.saga_url!r}.")
+    # The gateway acts with its agent key: a listener others can reach must not hand that key's
+    # power to whoever connects. Checked before anything starts, so nothing is ever served open.
+    token = environ.get(TOKEN_ENV, "").strip()
+    if args.listen is not None and not token and not is_loopback(args.listen[0]):
+        raise GatewayError(
+            f"saga-mcp: --listen {args.listen[0]}:{args.listen[1]} is not a loopback address, and "
+            f"{TOKEN_ENV} is not set. The gateway calls tools with its Saga Admin key, so a listener "
+            f"other machines can reach needs a bearer token: set {TOKEN_ENV} (every HTTP request must "
+            "then send `Authorization: Bearer <token>`), or listen on 127.0.0.1."
+        )
     return Options(
         saga_url=args.saga_url,
         api_key=api_key,
@@ -225,6 +265,7 @@ def options_from(argv: list[str] | None, environ: Mapping[str, str]) -> Options:
         upstream_headers=tuple(args.upstream_header),
         heartbeat_s=args.heartbeat_interval,
         poll_interval_s=args.poll_interval,
+        token=token,
     )
 
 
@@ -233,7 +274,7 @@ def upstream_target(
 ) -> Any:
     """A Streamable HTTP transport (over ``http_client`` when headers must be sent), or the
     command line to start over stdio. The child gets the gateway's environment minus the Saga
-    Admin key: the upstream has no business with it."""
+    Admin key and the listener's token: the upstream has no business with either."""
     if is_url(upstream):
         return upstream if http_client is None else streamable_http_client(upstream, http_client=http_client)
     words = shlex.split(upstream)
@@ -241,7 +282,7 @@ def upstream_target(
         raise GatewayError(
             "saga-mcp: --upstream is empty: give an MCP server's URL or the command that starts it."
         )
-    env = {key: value for key, value in environ.items() if key != "SAGA_API_KEY"}
+    env = {key: value for key, value in environ.items() if key not in ("SAGA_API_KEY", TOKEN_ENV)}
     return StdioServerParameters(command=words[0], args=words[1:], env=env)
 
 
@@ -275,6 +316,9 @@ class Session:
     key: str
     client: str = ""
     stateless: bool = False
+    # Who opened it: a digest of the bearer token its first request carried ("" without one).
+    # Only a request with the same token may use the session or attach to its run.
+    caller: str = ""
     run_id: str = ""
     calls: int = 0
     # The calls that failed and were not since retried successfully, by (tool, arguments).
@@ -310,8 +354,13 @@ def _with_meta(result: types.CallToolResult, *, run_id: str, action_id: str) -> 
     return result.model_copy(update={"meta": meta})
 
 
-def _result_text(result: types.CallToolResult) -> str:
-    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+def _caller_of(ctx: ServerRequestContext[Any]) -> str:
+    """A digest of the bearer token the request carried ("" over stdio or without one): enough
+    to tell two callers apart without keeping the token in each session."""
+    headers = getattr(ctx.request, "headers", None)
+    given = (headers.get("authorization") if headers is not None else None) or ""
+    token = given.partition(" ")[2].strip()
+    return hashlib.sha256(token.encode()).hexdigest() if token else ""
 
 
 def _refusal(exc: SagaError) -> str:
@@ -359,7 +408,10 @@ class Gateway:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        session = self._session_for(ctx, create=False)
+        try:
+            session = self._session_for(ctx, create=False)
+        except LookupError:
+            session = None
         if session is not None:
             session.touch()
             session.outbound = ctx.session
@@ -400,7 +452,7 @@ class Gateway:
             )
         try:
             run_id = await self._ensure_run(session, ctx)
-            action = await self.saga.record_action(
+            recorded = await self.saga.record_action_reply(
                 run_id,
                 tool=recorded_tool,
                 idempotency_key=self._call_key(session, ctx),
@@ -411,21 +463,28 @@ class Gateway:
             )
         except SagaError as exc:
             return _tool_error(_refusal(exc), run_id=session.run_id)
+        action: dict[str, Any] = recorded.data
         action_id = action["id"]
+        # Only the request that moved the action to running forwards it. The key is derived
+        # from the session and the JSON-RPC id, so a request sent again (the SDK runs a repeated
+        # id's handler again) finds the first one's action: it must get that call's outcome,
+        # not a second real call that limits and the ledger would never see.
+        started_here = recorded.started_here
         try:
-            if action["status"] == "awaiting_approval":
+            if action["status"] in ("awaiting_approval", "rejected"):
                 decided = await self._wait_for_decision(ctx, action)
                 if isinstance(decided, str):
                     return _tool_error(decided, run_id=run_id, action_id=action_id)
-                action = await self.saga.start_action(decided)
-            if action["status"] != "running":
-                return _tool_error(
-                    f"Saga Admin has {recorded_tool} as {action['status']}, not running; the call was not made.",
-                    run_id=run_id,
-                    action_id=action_id,
-                )
+                action = decided
+            if not started_here and action["status"] in ("planned", "approved"):
+                # Not started yet (approved while we waited): whoever starts it first forwards
+                # it; the start's shared key makes every later start of this attempt a replay.
+                started = await self.saga.start_action_reply(action)
+                action, started_here = started.data, started.started_here
         except SagaError as exc:
             return _tool_error(_refusal(exc), run_id=run_id, action_id=action_id)
+        if not started_here:
+            return await self._first_outcome(recorded_tool, action, run_id=run_id)
         # From here the call is recorded and started: forward the args as recorded (an approver's
         # edit included), never what the client sent if the two differ.
         recorded_args = action.get("args")
@@ -463,12 +522,50 @@ class Gateway:
             await self._settle(action, error=message)
             session.failed[failure_key] = (action_id, message)
         else:
-            recorded = (
-                result.structured_content if result.structured_content is not None else _result_text(result)
-            )
-            await self._settle(action, result=recorded)
+            await self._settle(action, result=recorded_result(result))
             session.failed.pop(failure_key, None)
         return _with_meta(result, run_id=run_id, action_id=action_id)
+
+    async def _first_outcome(self, tool: str, action: dict[str, Any], *, run_id: str) -> types.CallToolResult:
+        """The answer to a request that did not start its action (sent again, or a replay of one
+        already started): the first call's outcome as the ledger has it, waiting while that call
+        still runs — never a second forward."""
+        action_id = action["id"]
+        bound = self.options.call_timeout_s + REPLAY_WAIT_MARGIN_S
+        started, interval = time.monotonic(), self.options.poll_interval_s
+        current = action
+        try:
+            current = await self.saga.get_action(action_id)
+            while current["status"] == "running":
+                waited = time.monotonic() - started
+                if waited >= bound:
+                    return _tool_error(
+                        f"{tool} was already started by an earlier request and has not finished within "
+                        f"{bound:g} s; it was not made again. Its outcome will be recorded in Saga Admin "
+                        f"(action {action_id}).",
+                        run_id=run_id,
+                        action_id=action_id,
+                    )
+                await anyio.sleep(min(interval, max(bound - waited, 0.0)))
+                interval = min(interval * 1.5, 5.0)
+                current = await self.saga.get_action(action_id)
+        except SagaError as exc:
+            return _tool_error(
+                f"{tool} was already started by an earlier request, so it was not made again; its outcome "
+                f"could not be read from Saga Admin: {exc}",
+                run_id=run_id,
+                action_id=action_id,
+            )
+        status = current["status"]
+        if status in DONE_STATES:
+            return _with_meta(result_from_record(current.get("result")), run_id=run_id, action_id=action_id)
+        if status in ("failed", "unknown") and current.get("error"):
+            return _tool_error(current["error"], run_id=run_id, action_id=action_id)
+        return _tool_error(
+            f"Saga Admin has {tool} as {status}, not running; the call was not made.",
+            run_id=run_id,
+            action_id=action_id,
+        )
 
     async def _settle(
         self, action: dict[str, Any], *, result: Any = None, error: str = "", outcome_unknown: bool = False
@@ -537,8 +634,14 @@ class Gateway:
                 return None
             if asked_run is None:
                 return self._new_session(f"stateless:{uuid.uuid4().hex}", ctx, stateless=True)
+            caller = _caller_of(ctx)
             for session in self.sessions.values():
-                if session.stateless and session.run_id == asked_run and not session.ended:
+                if (
+                    session.stateless
+                    and session.run_id == asked_run
+                    and not session.ended
+                    and hmac.compare_digest(session.caller, caller)
+                ):
                     return session
             raise LookupError(
                 f'_meta["{RUN_META}"] names {str(asked_run)[:100]!r}, which is not a run this gateway started or '
@@ -548,6 +651,8 @@ class Gateway:
         key = (headers.get("mcp-session-id") if headers is not None else None) or "stdio"
         found = self.sessions.get(key)
         if found is not None and not found.ended:
+            if not hmac.compare_digest(found.caller, _caller_of(ctx)):
+                raise LookupError("This MCP session belongs to another caller; the call was not made.")
             return found
         if not create:
             return None
@@ -556,7 +661,7 @@ class Gateway:
     def _new_session(self, key: str, ctx: ServerRequestContext[Any], *, stateless: bool) -> Session:
         info = ctx.session.client_params.client_info if ctx.session.client_params else None
         client = f"{info.name} {info.version}".strip() if info is not None else ""
-        session = Session(key=key, client=client, stateless=stateless)
+        session = Session(key=key, client=client, stateless=stateless, caller=_caller_of(ctx))
         self.sessions[key] = session
         return session
 
@@ -802,10 +907,17 @@ async def _serve_stdio(gateway: Gateway) -> None:
 async def _serve_http(gateway: Gateway, host: str, port: int) -> None:
     import uvicorn
 
-    app = gateway.server.streamable_http_app(host=host, session_idle_timeout=gateway.options.idle_timeout_s)
-    config = uvicorn.Config(
-        _SessionTracker(app, gateway), host=host, port=port, log_level="warning", lifespan="on"
+    options = gateway.options
+    app: Any = _SessionTracker(
+        OneRequestPerId(
+            gateway.server.streamable_http_app(host=host, session_idle_timeout=options.idle_timeout_s),
+            wait_s=options.approval_timeout_s + options.call_timeout_s + REPLAY_WAIT_MARGIN_S,
+        ),
+        gateway,
     )
+    if gateway.options.token:
+        app = RequireToken(app, gateway.options.token)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     print(f"saga-mcp: serving MCP at http://{host}:{port}/mcp", file=sys.stderr, flush=True)
     await server.serve()

@@ -24,6 +24,7 @@ from saga_client import (
     SagaError,
     SagaUnavailable,
     ServerError,
+    StepInDoubt,
 )
 from saga_client._core import Api, Send, Settings, Sleep
 
@@ -204,31 +205,30 @@ ACTION = {
 }
 
 
-def test_a_record_whose_first_send_got_through_is_not_taken_for_an_earlier_attempt():
+def test_a_record_whose_answer_was_lost_is_in_doubt_and_never_run_on_a_guess():
     """record+start went through but the answer was lost; the retry replays (200, running, attempt
-    1). That is this call's own start, not a step in doubt: ``do`` runs once, nothing restarts."""
+    1). The server cannot tell this call's own first send from another caller's request with the
+    same key (which may be running it right now), so ``do`` is not run on a guess: StepInDoubt,
+    and the run's failure names the action for a person to reconcile."""
     script = Script(
         (201, RUN),
         httpx.ReadError("connection reset after send"),
         (200, ACTION, {"Idempotent-Replayed": "true"}),
-        (200, {**ACTION, "status": "succeeded", "result": {"ok": 1}}),
-        (200, {**RUN, "status": "succeeded"}),
+        (200, {**RUN, "status": "failed"}),
     )
     calls = []
     saga = Saga("http://saga.test", "k", transport=script.transport, backoff_s=0.001)
-    with saga.run(agent="a", request="r") as run:
-        assert run.step(
-            "hr.create_user", args={"email": "a@b.c"}, do=lambda: calls.append(1) or {"ok": 1}
-        ) == {"ok": 1}
-    assert calls == [1]
+    with pytest.raises(StepInDoubt), saga.run(agent="a", request="r") as run:
+        run.step("hr.create_user", args={"email": "a@b.c"}, do=lambda: calls.append(1) or {"ok": 1})
+    assert calls == []
     assert script.paths() == [
         "POST /runs",
         "POST /runs/run_1/actions",
         "POST /runs/run_1/actions",
-        "POST /actions/act_1/succeed",
-        "POST /runs/run_1/complete",
+        "POST /runs/run_1/fail",
     ]
     assert b'"start":true' in script.seen[1].content.replace(b" ", b"")
+    assert b'"failed_action_id":"act_1"' in script.seen[3].content.replace(b" ", b"")
 
 
 def test_wait_false_raises_approval_pending_and_leaves_the_run_running():
