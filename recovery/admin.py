@@ -259,6 +259,12 @@ class SlackAppAdmin(_TenantChoiceMixin, TenantScopedAdmin):
     list_display = ["tenant", "updated_at"]
     fields = ["tenant", "new_signing_secret"]
 
+    def get_fields(self, request: HttpRequest, obj: SlackApp | None = None) -> Any:
+        # Someone who may only view it sees the tenant: the secret field is for entering one.
+        if obj is None or self.has_change_permission(request, obj):
+            return ["tenant", "new_signing_secret"]
+        return ["tenant"]
+
     def get_readonly_fields(self, request: HttpRequest, obj: SlackApp | None = None) -> list[str]:
         return ["tenant"] if obj is not None else []
 

@@ -632,3 +632,18 @@ def test_refusals_are_throttled_per_address_and_presses_per_slack_workspace(
     # The one press that decided was the first verified one; the rest found it decided.
     assert Approval.objects.get(pk=approval.pk).status == Approval.Status.REJECTED
     assert Event.objects.filter(kind="approval.rejected").count() == 1
+
+
+def test_a_view_only_admin_user_sees_the_slack_app_without_its_secret(tenant, dave, client):
+    """Pass: a staff user who may only view Slack apps in the Django admin gets the change page
+    (200) with the tenant and no trace of the secret (a read-only field would print it)."""
+    from django.contrib.auth.models import Permission
+
+    channels.slack_app_set(tenant=tenant, actor=Actor.for_user(dave), signing_secret=SECRET)
+    membership_set(user=dave, tenant=tenant, role="admin", actor=Actor.system("tests"))
+    dave.groups.clear()  # staff of Acme, but only the one permission below
+    dave.user_permissions.set([Permission.objects.get(codename="view_slackapp")])
+    client.force_login(dave)
+    page = client.get(f"/admin/recovery/slackapp/{SlackApp.objects.get().pk}/change/")
+    assert page.status_code == 200 and "acme" in page.content.decode().lower()
+    assert SECRET not in page.content.decode() and "new_signing_secret" not in page.content.decode()
