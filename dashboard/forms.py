@@ -240,15 +240,3 @@ class SlackAppForm(forms.Form):
         widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
         help_text="Your Slack app's Signing Secret (Basic Information → App Credentials).",
     )
-
-
-class SlackUserLinkForm(forms.Form):
-    team_id = forms.CharField(label="Slack team id", max_length=32, help_text="The workspace, like T0123ABC.")
-    slack_user_id = forms.CharField(label="Slack user id", max_length=32, help_text="Like U0456DEF.")
-    user = forms.ChoiceField(label="Dashboard user")
-
-    def __init__(self, *args: Any, users: Sequence[Any] = (), **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        field = self.fields["user"]
-        assert isinstance(field, forms.ChoiceField)
-        field.choices = [(str(u.pk), u.get_username()) for u in users]

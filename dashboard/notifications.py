@@ -1,15 +1,15 @@
 """Notifications in the dashboard: the outbox (every notification and its attempts: status,
 attempts, last error, next attempt) for operators and admins, and a tenant's notification
-settings for its admins — channels (add, edit, delete, send a test), the Slack app and which Slack
-users are which dashboard users. The services are ``recovery.channels``; these views parse, check
-the role and call them."""
+settings for its admins — channels (add, edit, delete, send a test), the Slack app (its signing
+secret: write-only, never shown again) and which Slack users are which dashboard users (listed;
+removed in ``dashboard.slack_account``, never made by an admin). The services are
+``recovery.channels``; these views parse, check the role and call them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse
@@ -17,7 +17,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from dashboard.forms import ChannelForm, SlackAppForm, SlackUserLinkForm
+from dashboard.forms import ChannelForm, SlackAppForm
 from dashboard.permissions import Capability, require, tenant_ids_with
 from dashboard.views import HtmxHttpRequest, _actor, _done
 from ledger.errors import SagaError
@@ -77,22 +77,15 @@ def _settings_url(tenant: Tenant) -> str:
     return f"{reverse('dashboard:notification-settings')}?tenant={tenant.slug}"
 
 
-def _members(tenant: Tenant) -> list[Any]:
-    user_ids = Membership.objects.filter(tenant=tenant).values_list("user_id", flat=True)
-    return list(get_user_model().objects.filter(pk__in=user_ids, is_active=True).order_by("username"))
-
-
 def _settings_page(
     request: HtmxHttpRequest,
     tenant: Tenant,
     *,
     channel_form: ChannelForm | None = None,
     slack_form: SlackAppForm | None = None,
-    link_form: SlackUserLinkForm | None = None,
     new_secret: dict[str, str] | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    members = _members(tenant)
     roles = dict(Membership.objects.filter(tenant=tenant).values_list("user_id", "role"))
     links = list(SlackUserLink.objects.filter(tenant=tenant).select_related("user"))
     context = {
@@ -103,10 +96,10 @@ def _settings_page(
         "slack_app": SlackApp.objects.filter(tenant=tenant).first(),
         "slack_form": slack_form or SlackAppForm(),
         "links": [{"link": link, "role": roles.get(link.user_id, "")} for link in links],
-        "link_form": link_form or SlackUserLinkForm(users=members),
         "new_secret": new_secret,
         "events": NotificationEvent,
         "interactions_url": request.build_absolute_uri(reverse("slack-interactions")),
+        "commands_url": request.build_absolute_uri(reverse("slack-commands")),
     }
     return render(request, "dashboard/notification_settings.html", context, status=status)
 
@@ -255,43 +248,3 @@ def slack_app(request: HtmxHttpRequest, slug: str) -> HttpResponse:
             )
             return _done(request, _settings_url(tenant))
     return _settings_page(request, tenant, slack_form=form, status=422)
-
-
-@require_POST
-@login_required
-def slack_user_add(request: HtmxHttpRequest, slug: str) -> HttpResponse:
-    tenant = _tenant_for_admin(request, slug)
-    members = _members(tenant)
-    form = SlackUserLinkForm(request.POST, users=members)
-    if form.is_valid():
-        user = next(u for u in members if str(u.pk) == form.cleaned_data["user"])
-        try:
-            channels.slack_user_link_add(
-                tenant=tenant,
-                actor=_actor(request),
-                team_id=form.cleaned_data["team_id"],
-                slack_user_id=form.cleaned_data["slack_user_id"],
-                user=user,
-            )
-        except SagaError as exc:
-            _form_refused(form, exc)
-        else:
-            messages.success(request, f"Slack user mapped to {user.get_username()}.")
-            return _done(request, _settings_url(tenant))
-    return _settings_page(request, tenant, link_form=form, status=422)
-
-
-@require_POST
-@login_required
-def slack_user_remove(request: HtmxHttpRequest, link_id: int) -> HttpResponse:
-    link = (
-        SlackUserLink.objects.select_related("tenant", "user")
-        .filter(pk=link_id, tenant_id__in=tenant_ids_with(request.user, Capability.VIEW))
-        .first()
-    )
-    if link is None:
-        raise Http404("No such Slack user mapping.")
-    require(request.user, Capability.ADMINISTER, link.tenant_id)
-    channels.slack_user_link_remove(link=link, actor=_actor(request))
-    messages.success(request, f"Removed the mapping of Slack user {link.team_id}/{link.slack_user_id}.")
-    return _done(request, _settings_url(link.tenant))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard import notifications, pauses, views
+from dashboard import notifications, pauses, slack_account, views
 
 app_name = "dashboard"
 
@@ -35,9 +35,6 @@ urlpatterns = [
     path("notifications/settings/", notifications.settings_page, name="notification-settings"),
     path("notifications/settings/<slug:slug>/channels", notifications.channel_create, name="channel-create"),
     path("notifications/settings/<slug:slug>/slack", notifications.slack_app, name="slack-app"),
-    path(
-        "notifications/settings/<slug:slug>/slack-users", notifications.slack_user_add, name="slack-user-add"
-    ),
     path("notifications/channels/<str:channel_id>/edit", notifications.channel_edit, name="channel-edit"),
     path(
         "notifications/channels/<str:channel_id>/delete", notifications.channel_delete, name="channel-delete"
@@ -45,7 +42,9 @@ urlpatterns = [
     path("notifications/channels/<str:channel_id>/test", notifications.channel_test, name="channel-test"),
     path(
         "notifications/slack-users/<int:link_id>/remove",
-        notifications.slack_user_remove,
+        slack_account.slack_link_remove,
         name="slack-user-remove",
     ),
+    path("account/slack/", slack_account.slack_account, name="slack-account"),
+    path("account/slack/<slug:slug>/code", slack_account.slack_link_code, name="slack-link-code"),
 ]

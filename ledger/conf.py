@@ -21,6 +21,7 @@ class SagaSettings:
     throttle_rate: str
     unauthenticated_rate: str
     trusted_proxy_hops: int
+    slack_rate: str
     key_cache_s: float
     # Recovery engine
     step_lease_s: int
@@ -59,6 +60,7 @@ def saga() -> SagaSettings:
         throttle_rate=str(raw["THROTTLE_RATE"]),
         unauthenticated_rate=str(raw["UNAUTHENTICATED_RATE"]),
         trusted_proxy_hops=int(raw["TRUSTED_PROXY_HOPS"]),
+        slack_rate=str(raw.get("SLACK_RATE", "120/m")),
         key_cache_s=float(raw["KEY_CACHE_S"]),
         step_lease_s=int(raw["STEP_LEASE_S"]),
         step_max_s=int(raw["STEP_MAX_S"]),

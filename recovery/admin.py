@@ -2,17 +2,20 @@
 agent commands and notifications. Decisions are taken in the dashboard or the operator API, whose
 services audit them and enqueue the work; an edit here would do neither, so there is none.
 
-Notification channels, the Slack app and Slack user mappings are settings, not decisions: tenant
-admins manage them here as in the dashboard, through the same services (``recovery.channels``)."""
+Notification channels and the Slack app are settings, not decisions: tenant admins manage them
+here as in the dashboard, through the same services (``recovery.channels``). The Slack app's
+signing secret can be replaced, never read back; Slack user links can be removed, never made."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from ledger import errors
 from ledger.admin import (
     BigTableAdmin,
     ReadOnlyAdmin,
@@ -220,37 +223,83 @@ class NotificationAdmin(BigTableAdmin):
     raw_id_fields = ["channel"]
 
 
+class SlackAppAdminForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The signing secret is write-only: the form has a field to enter a new one, never one that
+    holds (and so renders) the current one."""
+
+    new_signing_secret = forms.CharField(
+        label="New signing secret",
+        required=False,
+        max_length=200,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="The Slack app's Signing Secret (Basic Information → App Credentials). It is never "
+        "shown again; leave blank to keep the current one.",
+    )
+
+    class Meta:
+        model = SlackApp
+        fields = ["tenant"]
+
+    def clean_new_signing_secret(self) -> str:
+        secret: str = self.cleaned_data.get("new_signing_secret", "")
+        if not secret and self.instance.pk is None:
+            raise forms.ValidationError("A new Slack app needs its signing secret.")
+        if secret:
+            try:
+                return channels.slack_signing_secret_checked(secret)
+            except errors.ValidationFailed as exc:
+                raise forms.ValidationError(exc.message) from None
+        return secret
+
+
 @admin.register(SlackApp)
 class SlackAppAdmin(_TenantChoiceMixin, TenantScopedAdmin):
+    form = SlackAppAdminForm
     list_display = ["tenant", "updated_at"]
-    fields = ["tenant", "signing_secret"]
+    fields = ["tenant", "new_signing_secret"]
+
+    def get_fields(self, request: HttpRequest, obj: SlackApp | None = None) -> Any:
+        # Someone who may only view it sees the tenant: the secret field is for entering one.
+        if obj is None or self.has_change_permission(request, obj):
+            return ["tenant", "new_signing_secret"]
+        return ["tenant"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: SlackApp | None = None) -> list[str]:
+        return ["tenant"] if obj is not None else []
 
     def save_model(self, request: HttpRequest, obj: SlackApp, form: Any, change: bool) -> None:
+        secret = form.cleaned_data.get("new_signing_secret", "")
+        if not secret:
+            return  # nothing to change: the current secret stays
         saved = channels.slack_app_set(
-            tenant=obj.tenant, actor=Actor.for_user(admin_user(request)), signing_secret=obj.signing_secret
+            tenant=obj.tenant, actor=Actor.for_user(admin_user(request)), signing_secret=secret
         )
         obj.pk = saved.pk
+
+    def delete_model(self, request: HttpRequest, obj: SlackApp) -> None:
+        channels.slack_app_remove(tenant=obj.tenant, actor=Actor.for_user(admin_user(request)))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[SlackApp]) -> None:
+        for app in queryset.select_related("tenant"):
+            channels.slack_app_remove(tenant=app.tenant, actor=Actor.for_user(admin_user(request)))
 
 
 @admin.register(SlackUserLink)
 class SlackUserLinkAdmin(_TenantChoiceMixin, TenantScopedAdmin):
-    list_display = ["team_id", "slack_user_id", "user", "tenant", "created_at"]
+    """Links are listed and removed here, never made: only the person themself links their Slack
+    account (a one-time code from the dashboard, sent from Slack)."""
+
+    list_display = ["team_id", "slack_user_id", "user", "tenant", "created_at", "confirmed_at"]
     list_filter = [tenant_filter("tenant")]
     list_select_related = ["tenant", "user"]
     raw_id_fields = ["user"]
 
-    def has_change_permission(self, request: HttpRequest, obj: SlackUserLink | None = None) -> bool:
-        return False  # remove and add again: each is audited
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
-    def save_model(self, request: HttpRequest, obj: SlackUserLink, form: Any, change: bool) -> None:
-        saved = channels.slack_user_link_add(
-            tenant=obj.tenant,
-            actor=Actor.for_user(admin_user(request)),
-            team_id=obj.team_id,
-            slack_user_id=obj.slack_user_id,
-            user=obj.user,
-        )
-        obj.pk = saved.pk
+    def has_change_permission(self, request: HttpRequest, obj: SlackUserLink | None = None) -> bool:
+        return False
 
     def delete_model(self, request: HttpRequest, obj: SlackUserLink) -> None:
         channels.slack_user_link_remove(link=obj, actor=Actor.for_user(admin_user(request)))

@@ -1,8 +1,9 @@
 """A tenant's notification settings, as its admins manage them in the dashboard: channels (e-mail,
 signed webhook, Slack incoming webhook) with their choice of events and minimum risk, a test
-notification, the tenant's Slack app (its signing secret) and which Slack users are which
-dashboard users. Each change is audited on the tenant's chain; no secret is ever written to the
-audit log.
+notification, the tenant's Slack app (its signing secret, write-only) and which Slack users are
+which dashboard users — a link each person makes for themself with a one-time code, and that an
+admin may only remove. Each change is audited on the tenant's chain; no secret is ever written to
+the audit log.
 
 The rules for a channel's destination live on the model (``NotificationChannel.clean``: e-mail
 addresses, or a URL ``ledger.outbound.check_url`` accepts), which the Django admin's forms call
@@ -11,13 +12,16 @@ too; these services call ``full_clean`` before saving.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from ledger import errors
 from ledger.audit import Actor, audit_record
@@ -28,6 +32,7 @@ from recovery.models import (
     NotificationChannel,
     NotificationEvent,
     SlackApp,
+    SlackLinkCode,
     SlackUserLink,
 )
 
@@ -195,9 +200,8 @@ def channel_send_test(*, channel: NotificationChannel, actor: Actor) -> Notifica
 # --- The Slack app -----------------------------------------------------------------------------
 
 
-@transaction.atomic
-def slack_app_set(*, tenant: Tenant, actor: Actor, signing_secret: str) -> SlackApp:
-    """Connect (or re-key) the tenant's Slack app: its signing secret verifies button presses."""
+def slack_signing_secret_checked(signing_secret: str) -> str:
+    """The secret as it will be stored, or ``ValidationFailed`` (for the forms that check first)."""
     signing_secret = signing_secret.strip()
     if len(signing_secret) < 16 or len(signing_secret) > 200 or not signing_secret.isprintable():
         raise errors.ValidationFailed(
@@ -205,6 +209,15 @@ def slack_app_set(*, tenant: Tenant, actor: Actor, signing_secret: str) -> Slack
             "Credentials): 16 to 200 printable characters.",
             details={"field": "signing_secret"},
         )
+    return signing_secret
+
+
+@transaction.atomic
+def slack_app_set(*, tenant: Tenant, actor: Actor, signing_secret: str) -> SlackApp:
+    """Connect (or re-key) the tenant's Slack app: its signing secret verifies button presses and
+    link commands. Write-only: nothing ever shows it again (pages, the Django admin, the audit
+    log, the logs)."""
+    signing_secret = slack_signing_secret_checked(signing_secret)
     app, created = SlackApp.objects.update_or_create(
         tenant=tenant, defaults={"signing_secret": signing_secret, "updated_by": actor.user}
     )
@@ -241,34 +254,126 @@ def _slack_id(value: str, *, field: str, what: str) -> str:
     return value
 
 
+# --- Linking a Slack account: only its owner does it ---------------------------------------------
+#
+# An admin who could type "Slack user U123 is Bob" could approve as Bob from their own Slack
+# account. So a link needs both halves proved by the person themself: the dashboard shows the
+# signed-in user a one-time code (proving the dashboard user), and the code comes back in a
+# command Slack signed for the Slack user who typed it (proving the Slack user).
+
+LINK_CODE_TTL = timedelta(minutes=10)
+# Crockford's base32 (no I, L, O, U: nothing to misread when typing it); 16 characters, 80 bits,
+# so guessing one within its ten minutes, through a throttled endpoint, is out of reach.
+_CODE_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_CODE_LENGTH = 16
+
+
+def normalized_link_code(text: str) -> str:
+    """The code as typed, without the grouping dashes or spaces and in upper case."""
+    return "".join(ch for ch in text.upper() if ch not in "- ")
+
+
+def _link_code_hash(code: str) -> str:
+    return hashlib.sha256(normalized_link_code(code).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class IssuedLinkCode:
+    # Shown once, to the user it was issued to; only its hash is stored.
+    code: str
+    expires_at: datetime
+
+
 @transaction.atomic
-def slack_user_link_add(
-    *, tenant: Tenant, actor: Actor, team_id: str, slack_user_id: str, user: User
-) -> SlackUserLink:
-    """Map a Slack user (workspace team id + user id) to a dashboard user of this tenant: their
-    button presses are that user's decisions, under that user's role."""
-    team_id = _slack_id(team_id, field="team_id", what="The Slack team (workspace) id")
-    slack_user_id = _slack_id(slack_user_id, field="slack_user_id", what="The Slack user id")
-    if not Membership.objects.filter(user=user, tenant=tenant).exists():
-        raise errors.ValidationFailed("That user is not a member of this tenant.", details={"field": "user"})
-    try:
-        with transaction.atomic():
-            link = SlackUserLink.objects.create(
-                tenant=tenant, team_id=team_id, slack_user_id=slack_user_id, user=user
-            )
-    except IntegrityError:
-        raise errors.Conflict(
-            f"Slack user {team_id}/{slack_user_id} is already mapped in this tenant; remove that mapping first.",
-            details={"team_id": team_id, "slack_user_id": slack_user_id},
-            code="slack_user_mapped",
-        ) from None
+def slack_link_code_issue(*, tenant: Tenant, user: User) -> IssuedLinkCode:
+    """A fresh one-time code for ``user`` to link their Slack account in ``tenant`` (replacing any
+    earlier one they did not use). Only the user themself may ask: the dashboard calls this for
+    the signed-in user and nobody else."""
+    if not user.is_active or not Membership.objects.filter(user=user, tenant=tenant).exists():
+        raise errors.Forbidden("Only a member of the tenant can link a Slack account to it.")
+    if not SlackApp.objects.filter(tenant=tenant).exists():
+        raise errors.ValidationFailed(
+            f"{tenant.name} has no Slack app connected yet: a tenant admin connects it first.",
+            details={"tenant": tenant.slug},
+        )
+    raw = "".join(secrets.choice(_CODE_ALPHABET) for _ in range(_CODE_LENGTH))
+    code = "-".join(raw[i : i + 4] for i in range(0, _CODE_LENGTH, 4))
+    expires_at = timezone.now() + LINK_CODE_TTL
+    SlackLinkCode.objects.update_or_create(
+        tenant=tenant, user=user, defaults={"code_hash": _link_code_hash(code), "expires_at": expires_at}
+    )
     audit_record(
         tenant=tenant,
-        actor=actor,
-        kind="slack_user.linked",
-        subject=link,
-        data={"team_id": team_id, "slack_user_id": slack_user_id, "user": user.get_username()},
+        actor=Actor.for_user(user),
+        kind="slack_user.link_code_issued",
+        subject=f"user:{user.pk}",
+        data={"user": user.get_username(), "expires_at": expires_at.isoformat()},
     )
+    return IssuedLinkCode(code=code, expires_at=expires_at)
+
+
+@transaction.atomic
+def slack_link_redeem(*, tenant: Tenant, team_id: str, slack_user_id: str, code: str) -> SlackUserLink:
+    """Link the Slack user who sent ``code`` (read from a request Slack signed with ``tenant``'s
+    app secret) to the dashboard user the code was issued to. The code is single-use (deleted
+    under its row lock, so two redemptions cannot both succeed), expires after
+    ``LINK_CODE_TTL`` and works only in the tenant it was issued for. A Slack user linked to
+    someone else stays so: that link is removed first (by its owner or an admin)."""
+    team_id = _slack_id(team_id, field="team_id", what="The Slack team (workspace) id")
+    slack_user_id = _slack_id(slack_user_id, field="slack_user_id", what="The Slack user id")
+    row = (
+        SlackLinkCode.objects.select_for_update()
+        .select_related("user")
+        .filter(tenant=tenant, code_hash=_link_code_hash(code))
+        .first()
+    )
+    if row is None or row.expires_at <= timezone.now():
+        raise errors.ValidationFailed(
+            "That link code is unknown, used or expired: get a new one in Saga Admin (Your Slack "
+            "account) and send it within ten minutes.",
+            details={"field": "code"},
+            code="link_code_invalid",
+        )
+    user = row.user
+    row.delete()
+    if not user.is_active or not Membership.objects.filter(user=user, tenant=tenant).exists():
+        raise errors.Forbidden(f"{user.get_username()} is no longer a member of {tenant.name}.")
+    now = timezone.now()
+    link = (
+        SlackUserLink.objects.select_for_update()
+        .select_related("user")
+        .filter(tenant=tenant, team_id=team_id, slack_user_id=slack_user_id)
+        .first()
+    )
+    data: dict[str, Any] = {"team_id": team_id, "slack_user_id": slack_user_id, "user": user.get_username()}
+    if link is not None and link.confirmed_at is not None:
+        if link.user_id == user.pk:
+            return link  # already theirs: nothing to change
+        raise errors.Conflict(
+            f"Slack user {team_id}/{slack_user_id} is already linked to another Saga Admin user; "
+            "that link must be removed first (by its owner or a tenant admin).",
+            details={"team_id": team_id, "slack_user_id": slack_user_id},
+            code="slack_user_mapped",
+        )
+    if link is not None:
+        # An admin typed this one in before links were self-service; the person now proved both
+        # halves, so it becomes theirs.
+        data["replaces_unconfirmed_link_of"] = link.user.get_username()
+        link.user, link.confirmed_at = user, now
+        link.save(update_fields=["user", "confirmed_at"])
+    else:
+        try:
+            with transaction.atomic():
+                link = SlackUserLink.objects.create(
+                    tenant=tenant, team_id=team_id, slack_user_id=slack_user_id, user=user, confirmed_at=now
+                )
+        except IntegrityError:
+            raise errors.Conflict(
+                f"Slack user {team_id}/{slack_user_id} was linked by another request just now.",
+                details={"team_id": team_id, "slack_user_id": slack_user_id},
+                code="slack_user_mapped",
+            ) from None
+    audit_record(tenant=tenant, actor=Actor.for_user(user), kind="slack_user.linked", subject=link, data=data)
     return link
 
 
@@ -303,9 +408,16 @@ def notifications_of(*, tenant_ids: list[int], status: str = "", limit: int = 10
 
 
 def slack_user_for(*, tenant: Tenant, team_id: str, slack_user_id: str) -> User | None:
+    """The dashboard user a Slack user linked themself to (an unconfirmed link counts for nothing)."""
     link = (
         SlackUserLink.objects.select_related("user")
-        .filter(tenant=tenant, team_id=team_id, slack_user_id=slack_user_id, user__is_active=True)
+        .filter(
+            tenant=tenant,
+            team_id=team_id,
+            slack_user_id=slack_user_id,
+            user__is_active=True,
+            confirmed_at__isnull=False,
+        )
         .first()
     )
     return link.user if link is not None else None

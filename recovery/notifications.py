@@ -91,6 +91,7 @@ def notify(
     risk: str,
     lines: list[str] | None = None,
     approval_id: str = "",
+    args_hash: str = "",
     channels: list[NotificationChannel] | None = None,
 ) -> list[Notification]:
     """Write one outbox row per channel that takes ``event`` at ``risk`` — the tenant's enabled
@@ -110,7 +111,8 @@ def notify(
         "url": public_url(path),
         "created_at": now.isoformat(),
     }
-    context = {"lines": lines or [], "approval_id": approval_id}
+    # ``args_hash``: the hash of the arguments ``lines`` show, which a Slack Approve button carries.
+    context = {"lines": lines or [], "approval_id": approval_id, "args_hash": args_hash}
     common = {
         "tenant": tenant,
         "event": event,
@@ -198,7 +200,9 @@ def notify_item_opened(item: RecoveryItem) -> list[Notification]:
     )
 
 
-def _approval_lines(approval: Approval) -> list[str]:
+def approval_lines(approval: Approval) -> list[str]:
+    """What a notification says of an approval: the args in full (a Slack Approve button is bound
+    to their hash, ``approval.args_hash``)."""
     return [
         f"{approval.get_kind_display()}: {approval.tool}",
         f"Expires: {approval.expires_at:%Y-%m-%d %H:%M} UTC",
@@ -215,8 +219,9 @@ def notify_approval_requested(approval: Approval) -> list[Notification]:
         summary=f"Approval needed: {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
         path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
         risk=approval.risk,
-        lines=_approval_lines(approval),
+        lines=approval_lines(approval),
         approval_id=approval.pk,
+        args_hash=approval.args_hash,
     )
 
 
@@ -232,8 +237,9 @@ def notify_approval_reminder(approval: Approval) -> list[Notification]:
         ),
         path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
         risk=approval.risk,
-        lines=_approval_lines(approval),
+        lines=approval_lines(approval),
         approval_id=approval.pk,
+        args_hash=approval.args_hash,
     )
 
 
@@ -491,6 +497,7 @@ def _slack_body(row: Notification) -> bytes:
         lines=[str(line) for line in row.context.get("lines") or []],
         tenant_slug=row.tenant.slug,
         approval_id=approval_id if buttons else "",
+        args_hash=str(row.context.get("args_hash") or ""),
     )
     return json.dumps(message).encode()
 

@@ -394,13 +394,20 @@ def approval_approve(
     *, approval: Approval, actor: Actor, reason: str, args: Any = None, shown_args_hash: str | None = None
 ) -> Approval:
     """Approve exactly what was shown. ``shown_args_hash`` (what the approver's screen showed)
-    must still match; edited ``args`` replace the action's args and both versions are audited."""
-    if shown_args_hash is not None and shown_args_hash != approval.args_hash:
-        raise errors.Conflict(
-            "The arguments changed since they were shown to you; review them again.",
-            details={"approval_id": approval.pk, "args_hash": approval.args_hash},
-            code="approval_args_changed",
+    must still match — compared with the row as it is now, under its lock, not with the caller's
+    copy; edited ``args`` replace the action's args and both versions are audited."""
+    if shown_args_hash is not None:
+        current_hash = (
+            Approval.objects.select_for_update(of=("self",))
+            .values_list("args_hash", flat=True)
+            .get(pk=approval.pk)
         )
+        if shown_args_hash != current_hash:
+            raise errors.Conflict(
+                "The arguments changed since they were shown to you; review them again.",
+                details={"approval_id": approval.pk, "args_hash": current_hash},
+                code="approval_args_changed",
+            )
     edited = args is not None and sha256_hex(args) != approval.args_hash
     updates: dict[str, Any] = {}
     if edited:

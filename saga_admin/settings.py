@@ -269,6 +269,10 @@ SAGA: dict[str, Any] = {
     # one nginx): over the rate, 429 instead of 401.
     "UNAUTHENTICATED_RATE": os.environ.get("SAGA_UNAUTHENTICATED_RATE", "60/m"),
     "TRUSTED_PROXY_HOPS": env_int("SAGA_TRUSTED_PROXY_HOPS", 0),
+    # Signed requests Slack sends (button presses, the link command), per Slack workspace (team),
+    # across all web processes: over the rate, 429. Refused ones (bad signature, malformed) count
+    # per client address under SAGA_UNAUTHENTICATED_RATE instead.
+    "SLACK_RATE": os.environ.get("SAGA_SLACK_RATE", "120/m"),
     # Recovery engine
     "STEP_LEASE_S": env_int("SAGA_STEP_LEASE_S", 45),
     # The longest one compensator call may run: its worker renews the step's lease meanwhile, and

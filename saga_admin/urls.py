@@ -26,6 +26,8 @@ urlpatterns = [
     path("django-rq/", include((workers.urlpatterns(), "django_rq"))),
     # Slack's interactivity requests (Approve / Reject buttons), verified by signature, not session.
     path("integrations/slack/interactions", slack.interactions, name="slack-interactions"),
+    # Slack's slash command by which a person links their own Slack account (/saga link …).
+    path("integrations/slack/commands", slack.commands, name="slack-commands"),
     path("", include("dashboard.auth_urls")),
     path("", include("dashboard.urls")),
 ]

@@ -23,6 +23,7 @@ from recovery import channels, notifications
 from recovery.models import Approval, Notification
 from tests.factories import gated_run
 from tests.support.receivers import Receiver, serve_receiver
+from tests.support.slack import clear_slack_counters, link_slack_user
 
 URL = "/integrations/slack/interactions"
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
@@ -46,25 +47,31 @@ def slack_acme(tenant, dave, bob, alice, response_url, settings):
     }
     admin = Actor.for_user(dave)
     channels.slack_app_set(tenant=tenant, actor=admin, signing_secret=SIGNING_SECRET)
-    channels.slack_user_link_add(tenant=tenant, actor=admin, team_id=TEAM, slack_user_id="UBOB", user=bob)
-    channels.slack_user_link_add(tenant=tenant, actor=admin, team_id=TEAM, slack_user_id="UALICE", user=alice)
+    link_slack_user(tenant=tenant, user=bob, team_id=TEAM, slack_user_id="UBOB")
+    link_slack_user(tenant=tenant, user=alice, team_id=TEAM, slack_user_id="UALICE")
     queue = django_rq.get_queue("notifications")
     queue.empty()
+    clear_slack_counters()
     yield response_url
     queue.empty()
+    clear_slack_counters()
 
 
 def _payload(
     approval: Approval, *, user: str = "UBOB", action: str = "saga_approve", tenant: str = "acme", **extra
 ):
+    # What the message's buttons carry: Approve is bound to the hash of the arguments shown.
+    value = (
+        f"{tenant}/{approval.pk}/{approval.args_hash}"
+        if action == "saga_approve"
+        else f"{tenant}/{approval.pk}"
+    )
     payload = {
         "type": "block_actions",
         "team": {"id": TEAM, "domain": "acme"},
         "user": {"id": user, "username": user.lower(), "team_id": TEAM},
         "response_url": extra.pop("response_url"),
-        "actions": [
-            {"action_id": action, "type": "button", "value": f"{tenant}/{approval.pk}", "action_ts": "1.2"}
-        ],
+        "actions": [{"action_id": action, "type": "button", "value": value, "action_ts": "1.2"}],
     }
     payload.update(extra)
     return payload
@@ -125,9 +132,7 @@ def test_one_press_of_two_needed_keeps_the_buttons_for_the_second_approver(
 ):
     _run, action, approval = gated_run(tenant, agent)
     Approval.objects.filter(pk=approval.pk).update(approvers_required=2)
-    channels.slack_user_link_add(
-        tenant=tenant, actor=Actor.for_user(dave), team_id=TEAM, slack_user_id="UDAVE", user=dave
-    )
+    link_slack_user(tenant=tenant, user=dave, team_id=TEAM, slack_user_id="UDAVE")
     assert _press(_payload(approval, response_url=slack_acme.url())).status_code == 200
     approval.refresh_from_db()
     assert approval.status == Approval.Status.PENDING and approval.grants.count() == 1
@@ -177,7 +182,8 @@ def test_the_approval_message_carries_buttons_once_a_slack_app_is_connected(
         if b["type"] == "actions"
         for e in b["elements"]
     }
-    assert buttons["saga_approve"]["value"] == f"acme/{approval.pk}" == buttons["saga_reject"]["value"]
+    assert buttons["saga_approve"]["value"] == f"acme/{approval.pk}/{approval.args_hash}"
+    assert buttons["saga_reject"]["value"] == f"acme/{approval.pk}"
     assert buttons["link"]["url"] == f"https://saga.test/approvals/#approval-{approval.pk}"
     assert "To edit them" in json.dumps(message["blocks"])  # args editing stays in the dashboard
     assert Notification.objects.get(event="approval.requested").status == "delivered"

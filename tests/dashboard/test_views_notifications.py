@@ -13,6 +13,7 @@ from ledger.models import Event
 from ledger.staff import membership_set
 from recovery import channels, notifications
 from recovery.models import Notification, NotificationChannel, SlackApp, SlackUserLink
+from tests.support.slack import link_slack_user
 
 pytestmark = pytest.mark.django_db
 
@@ -176,7 +177,7 @@ def test_an_operator_cannot_post_settings(client, tenant, alice, dave, allowed):
     assert not SlackApp.objects.exists() and NotificationChannel.objects.count() == 1
 
 
-def test_an_admin_connects_slack_and_maps_slack_users(client, tenant, dave, bob):
+def test_an_admin_connects_slack_and_removes_slack_links_but_cannot_make_one(client, tenant, dave, bob):
     client.force_login(dave)
     too_short = client.post("/notifications/settings/acme/slack", {"signing_secret": "short"})
     assert too_short.status_code == 422 and not SlackApp.objects.exists()
@@ -184,31 +185,26 @@ def test_an_admin_connects_slack_and_maps_slack_users(client, tenant, dave, bob)
     assert SlackApp.objects.get(tenant=tenant).signing_secret == "s" * 32
     page = client.get(SETTINGS).content.decode()
     assert "s" * 32 not in page and "/integrations/slack/interactions" in page
+    assert "/integrations/slack/commands" in page and "Map Slack user" not in page
 
-    added = client.post(
-        "/notifications/settings/acme/slack-users",
-        {"team_id": "t0acme", "slack_user_id": "ubob", "user": bob.pk},
-    )
-    assert added.status_code == 303
-    link = SlackUserLink.objects.get()
-    assert (link.team_id, link.slack_user_id, link.user) == ("T0ACME", "UBOB", bob)
-    dup = client.post(
+    # The form that let an admin type someone's Slack id is gone: nothing to post to.
+    typed = client.post(
         "/notifications/settings/acme/slack-users",
         {"team_id": "T0ACME", "slack_user_id": "UBOB", "user": bob.pk},
     )
-    assert dup.status_code == 422 and "already mapped" in dup.content.decode()
-    bad = client.post(
-        "/notifications/settings/acme/slack-users",
-        {"team_id": "T0 ACME<", "slack_user_id": "U1", "user": bob.pk},
-    )
-    assert bad.status_code == 422
-    assert client.post(f"/notifications/slack-users/{link.pk}/remove").status_code == 303
+    assert typed.status_code == 404 and not SlackUserLink.objects.exists()
+
+    link = link_slack_user(tenant=tenant, user=bob, team_id="T0ACME", slack_user_id="UBOB")
+    assert "T0ACME/UBOB" in client.get(SETTINGS).content.decode()
+    removed = client.post(f"/notifications/slack-users/{link.pk}/remove", {"next": "settings"})
+    assert removed.status_code == 303 and removed["Location"] == "/notifications/settings/?tenant=acme"
     assert not SlackUserLink.objects.exists()
     assert client.post("/notifications/settings/acme/slack", {"remove": "yes"}).status_code == 303
     assert not SlackApp.objects.exists()
     kinds = set(Event.objects.values_list("kind", flat=True))
     assert {
         "slack_app.connected",
+        "slack_user.link_code_issued",
         "slack_user.linked",
         "slack_user.unlinked",
         "slack_app.disconnected",

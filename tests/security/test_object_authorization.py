@@ -18,6 +18,7 @@ from recovery.models import Approval
 from tests.factories import gated_run, issue_key
 from tests.support.api import Api
 from tests.support.routes import dashboard_patterns, fill_route
+from tests.support.slack import link_slack_user
 
 # Pages whose view takes no object: tenant scoping there is about what they list, tested by the
 # dashboard's own tests. Everything else below must be named in OBJECT_PARAMS.
@@ -59,9 +60,10 @@ def acme_world(tenant, agent, bob):
     channel = channels.channel_create(
         tenant=tenant, actor=Actor.system("tests"), name="on-call", kind="email", target="oncall@acme.test"
     ).channel
-    link = channels.slack_user_link_add(
-        tenant=tenant, actor=Actor.system("tests"), team_id="T1", slack_user_id="U1", user=bob
+    channels.slack_app_set(
+        tenant=tenant, actor=Actor.system("tests"), signing_secret="acme-signing-secret-0000"
     )
+    link = link_slack_user(tenant=tenant, user=bob, team_id="T1", slack_user_id="U1")
     return {
         "run_id": failed.pk,
         "item_id": item.pk,

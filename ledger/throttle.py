@@ -1,0 +1,101 @@
+"""Fixed-window rate limits shared by every HTTP entry point (the API's gate and per-key throttle,
+Slack's signed endpoints): an atomic counter per name and window in Django's cache (Redis in
+production), so every web process shares one count, and the client address a request is counted
+against. It lives in the ledger, below the API and the dashboard, because both count with it and
+neither may import the other.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from dataclasses import dataclass
+
+import structlog
+from django.core.cache import cache, caches
+from django.core.cache.backends.redis import RedisCache
+from django.http import HttpRequest
+from redis.exceptions import RedisError
+
+from ledger.conf import saga
+
+log = structlog.get_logger("saga_admin.throttle")
+
+
+def client_address(request: HttpRequest) -> str:
+    """Who to count a refusal against. ``REMOTE_ADDR``, unless ``SAGA_TRUSTED_PROXY_HOPS`` says
+    that many proxies of ours stand in front: then the address the outermost of them saw, which is
+    that many entries from the right of ``X-Forwarded-For`` (entries further left are whatever the
+    client wrote, so they are never believed). An IPv6 client is counted by its /64, since one
+    host commonly holds a whole /64 and could otherwise change address per request."""
+    raw = request.META.get("REMOTE_ADDR", "")
+    hops = saga().trusted_proxy_hops
+    if hops > 0:
+        forwarded = [part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+        forwarded = [part for part in forwarded if part]
+        if forwarded:
+            raw = forwarded[-min(hops, len(forwarded))]
+    try:
+        address = ipaddress.ip_address(raw.strip("[]"))
+    except ValueError:
+        return "unknown"
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network(f"{address}/64", strict=False))
+    return str(address)
+
+
+_PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """ "6000/m" → (6000, 60); "10/5s" → (10, 5)."""
+    count, _, period = rate.partition("/")
+    digits = "".join(ch for ch in period if ch.isdigit())
+    unit = period[len(digits) :].strip().lower() or "s"
+    if unit not in _PERIODS:
+        raise ValueError(f"Unknown throttle period in {rate!r}")
+    return int(count), (int(digits) if digits else 1) * _PERIODS[unit]
+
+
+def _count_in_window(cache_key: str, *, ttl: int) -> int:
+    """Add one to the window's counter and return it. On Redis: ``SET NX EX`` + ``INCR`` in one
+    pipelined round trip (both atomic; the counter is a plain integer, which is also how Django's
+    Redis cache stores ints, so ``cache.get`` reads it). Any other cache: ``add`` + ``incr``."""
+    backend = caches["default"]  # the backend itself (``cache`` is a proxy to it)
+    if isinstance(backend, RedisCache):
+        full_key = backend.make_and_validate_key(cache_key)
+        client = backend._cache.get_client(full_key, write=True)
+        pipe = client.pipeline(transaction=False)
+        pipe.set(full_key, 0, ex=ttl, nx=True)
+        pipe.incr(full_key)
+        return int(pipe.execute()[1])
+    cache.add(cache_key, 0, timeout=ttl)
+    return int(cache.incr(cache_key))
+
+
+@dataclass(frozen=True)
+class Window:
+    count: int  # this request's place in the window, counting it
+    limit: int
+    retry_after: float  # seconds until the window ends
+
+    @property
+    def allowed(self) -> bool:
+        return self.count <= self.limit
+
+
+def fixed_window(name: str, rate: str) -> Window | None:
+    """Count one request against ``name`` in the current window of ``rate`` ("60/m"). None when
+    the cache cannot be reached: a rate limit must not take the API down, so the caller lets the
+    request through (and it is logged)."""
+    limit, period = parse_rate(rate)
+    now = time.time()
+    window = int(now // period)
+    try:
+        count = _count_in_window(f"saga:throttle:{name}:{period}:{window}", ttl=period + 5)
+    except (RedisError, OSError):  # Redis unreachable or failing: fail open (see above)
+        log.warning("throttle.cache_unavailable", exc_info=True)
+        return None
+    return Window(count=count, limit=limit, retry_after=(window + 1) * period - now)
