@@ -1,18 +1,94 @@
-"""What the login page says when django-axes has locked a (username, address) pair out.
+"""The login lockout (django-axes), through axes' own hooks.
 
-axes calls ``locked_out`` (settings.AXES_LOCKOUT_CALLABLE) instead of answering with its own bare
-text: the person sees the login page again, with a plain sentence saying why and for how long.
+- Who a client is (``client_ip``, settings.AXES_CLIENT_IP_CALLABLE): the address the API's throttle
+  counts too — ``REMOTE_ADDR``, or the address our own proxies saw when ``SAGA_TRUSTED_PROXY_HOPS``
+  says they stand in front — with an IPv6 client counted by its /64. One host commonly holds a
+  whole /64, so counting single IPv6 addresses would let it take a fresh address per guess.
+- What locks (``LockoutHandler``, settings.AXES_HANDLER): the (username, address) pair after
+  ``AXES_FAILURE_LIMIT`` failures, as before, and also the username alone after
+  ``LOGIN_USERNAME_FAILURE_LIMIT`` failures from any number of addresses, so guessing one account's
+  password from many addresses stops too.
+- What the person is told (``locked_out``, settings.AXES_LOCKOUT_CALLABLE): the login page again,
+  with a plain sentence saying why and for how long, instead of axes' own bare text.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import timedelta
 from typing import Any
 
-from axes.helpers import get_client_username, get_cool_off
+from axes.handlers.database import AxesDatabaseHandler
+from axes.helpers import get_client_username, get_cool_off, get_failure_limit
+from axes.models import AccessAttempt
+from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
+from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
+
+from ledger.conf import saga
+
+
+def client_ip(request: HttpRequest) -> str | None:
+    """The address a login attempt is counted against (settings.AXES_CLIENT_IP_CALLABLE).
+
+    ``REMOTE_ADDR``, unless ``SAGA_TRUSTED_PROXY_HOPS`` says that many proxies of ours stand in
+    front: then the address the outermost of them saw, that many entries from the right of
+    ``X-Forwarded-For`` (entries further left are whatever the client wrote, never believed) — the
+    rule the API's per-address throttle follows. An IPv6 client is its /64, written as the
+    network's first address (axes stores an IP address, not a network); an IPv4-mapped IPv6
+    address is the IPv4 address. None when there is no usable address."""
+    raw = request.META.get("REMOTE_ADDR", "")
+    hops = saga().trusted_proxy_hops
+    if hops > 0:
+        forwarded = [part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+        forwarded = [part for part in forwarded if part]
+        if forwarded:
+            raw = forwarded[-min(hops, len(forwarded))]
+    try:
+        address = ipaddress.ip_address(raw.strip().strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network(f"{address}/64", strict=False).network_address)
+    return str(address)
+
+
+def username_failures(request: HttpRequest, credentials: dict[str, Any] | None = None) -> int:
+    """Failed sign-ins for the attempt's username within the cool-off, from every address."""
+    username = get_client_username(request, credentials)
+    if not username:
+        return 0
+    attempts = AccessAttempt.objects.filter(username=username)
+    cool_off = get_cool_off(request)
+    if cool_off is not None:  # the window axes counts the pair's failures in
+        attempts = attempts.filter(attempt_time__gte=timezone.now() - cool_off)
+    return int(attempts.aggregate(total=Sum("failures_since_start"))["total"] or 0)
+
+
+def username_ceiling_reached(request: HttpRequest, credentials: dict[str, Any] | None = None) -> bool:
+    return username_failures(request, credentials) >= settings.LOGIN_USERNAME_FAILURE_LIMIT
+
+
+class LockoutHandler(AxesDatabaseHandler):
+    """axes' database handler with a second, higher ceiling per username.
+
+    axes has one failure limit for all its lockout criteria, and a plain ``"username"`` criterion
+    at that limit would let anyone lock any account out with five guesses. So the criterion stays
+    the (username, address) pair (settings.AXES_LOCKOUT_PARAMETERS), and the failures counted for
+    an attempt are the pair's, or the limit itself once the username has had
+    ``LOGIN_USERNAME_FAILURE_LIMIT`` failures from all addresses together: axes then locks
+    (and refuses the next attempt) exactly as it does for the pair, with the same cool-off."""
+
+    def get_failures(self, request: HttpRequest, credentials: dict[str, Any] | None = None) -> int:
+        pair = super().get_failures(request, credentials)
+        if username_ceiling_reached(request, credentials):
+            return max(pair, int(get_failure_limit(request, credentials)))
+        return int(pair)
 
 
 def duration_text(delta: timedelta) -> str:
@@ -27,17 +103,20 @@ def duration_text(delta: timedelta) -> str:
     return " ".join(parts)
 
 
-def lockout_message(cool_off: timedelta | None) -> str:
+def lockout_message(cool_off: timedelta | None, *, every_address: bool = False) -> str:
+    why = (
+        "Too many failed sign-ins for this account from many addresses."
+        if every_address
+        else "Too many failed sign-ins for this account from your address."
+    )
     if cool_off is None:
-        return (
-            "Too many failed sign-ins for this account from your address. Signing in from here is "
-            "locked until an administrator lifts the lock."
-        )
+        where = "to this account" if every_address else "from here"
+        return f"{why} Signing in {where} is locked until an administrator lifts the lock."
     # Every attempt during the lock starts the cool-off again (axes'
     # AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT), so the full period is what is left now.
     return (
-        "Too many failed sign-ins for this account from your address. Signing in is paused for "
-        f"{duration_text(cool_off)}: try again after that, or ask an administrator to lift the lock."
+        f"{why} Signing in is paused for {duration_text(cool_off)}: try again after that, or ask "
+        "an administrator to lift the lock."
     )
 
 
@@ -49,7 +128,9 @@ def locked_out(
     context = {
         "form": AuthenticationForm(request, initial={"username": username}),
         "next": request.POST.get("next") or request.GET.get("next", ""),
-        "lockout_message": lockout_message(cool_off),
+        "lockout_message": lockout_message(
+            cool_off, every_address=username_ceiling_reached(request, credentials)
+        ),
     }
     response = render(request, "registration/login.html", context, status=429)
     if cool_off is not None:

@@ -28,7 +28,7 @@ class IdleTimeoutMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         user = getattr(request, "user", None)
-        if user is None or not user.is_authenticated or request.path.startswith(_EXEMPT_PREFIXES):
+        if user is None or not user.is_authenticated or request.path_info.startswith(_EXEMPT_PREFIXES):
             return self.get_response(request)
         now = int(time.time())
         last = request.session.get(SESSION_KEY)

@@ -910,11 +910,42 @@ def _policy_row(policy: ToolPolicy) -> PolicyRow:
     )
 
 
+@dataclass(frozen=True)
+class CompensatorRow:
+    """A registered compensator as the policies page shows it. ``target`` (the webhook or MCP URL,
+    or the Python path) and ``reader`` are None for a reader who may not operate the tenant: a
+    viewer sees that a compensator exists and of which kind, not where it points."""
+
+    tool: str
+    kind: str
+    kind_display: str
+    target: str | None
+    mcp_tool: str | None
+    reader: str | None
+    scope: str
+    source: str
+
+
+def _compensator_row(compensator: Compensator, *, show_target: bool) -> CompensatorRow:
+    target = compensator.url or compensator.python_path
+    return CompensatorRow(
+        tool=compensator.tool,
+        kind=compensator.kind,
+        kind_display=compensator.get_kind_display(),
+        target=target if show_target else None,
+        mcp_tool=compensator.mcp_tool if show_target else None,
+        reader=compensator.reader_path if show_target else None,
+        scope="tenant" if compensator.tenant_id else "global",
+        source=compensator.source,
+    )
+
+
 @dataclass
 class TenantPolicies:
     tenant: Tenant
     policies: list[PolicyRow]
-    compensators: list[Compensator]
+    compensators: list[CompensatorRow]
+    show_targets: bool
     settings_source: str
     default_policy: dict[str, Any]
     unwind: dict[str, Any]
@@ -926,7 +957,9 @@ class TenantPolicies:
     compensation_warnings: list[CompensationWarning] = field(default_factory=list)
 
 
-def policies_for(*, tenant: Tenant) -> TenantPolicies:
+def policies_for(*, tenant: Tenant, show_targets: bool) -> TenantPolicies:
+    """The policies page's section for ``tenant``; ``show_targets``: whether the reader may see
+    where compensators point (operators and admins of the tenant)."""
     own = list(Compensator.objects.filter(tenant=tenant).order_by("tool"))
     overridden = {c.tool for c in own}
     shared = [
@@ -938,7 +971,10 @@ def policies_for(*, tenant: Tenant) -> TenantPolicies:
     return TenantPolicies(
         tenant=tenant,
         policies=[_policy_row(policy) for policy in policies_in_force(tenant=tenant)],
-        compensators=sorted(own + shared, key=lambda c: c.tool),
+        compensators=[
+            _compensator_row(c, show_target=show_targets) for c in sorted(own + shared, key=lambda c: c.tool)
+        ],
+        show_targets=show_targets,
         settings_source=policy_settings.source,
         default_policy=policy_settings.default_policy,
         unwind=policy_settings.unwind,

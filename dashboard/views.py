@@ -963,6 +963,14 @@ def policies(request: HtmxHttpRequest) -> HttpResponse:
         request,
         "dashboard/policies.html",
         {
-            "sections": [selectors.policies_for(tenant=tenant) for tenant in tenants],
+            # Where a compensator points (its URL or Python path) is for those who operate the
+            # tenant: operators and admins, not viewers or approvers.
+            "sections": [
+                selectors.policies_for(
+                    tenant=tenant,
+                    show_targets=can(request.user, Capability.OPERATE, tenant.pk),
+                )
+                for tenant in tenants
+            ],
         },
     )

@@ -50,6 +50,7 @@ from ledger.models import (
 )
 from ledger.policies import compensation_args_problems
 from ledger.policy_rules import MAX_APPROVERS, limits_problems, rules_problems
+from ledger.tool_names import TOOL_NAME_MAX_LENGTH, is_tool_glob, is_tool_name
 
 logger = structlog.get_logger("ledger.policies")
 
@@ -89,22 +90,22 @@ ActionClassValue = Annotated[str, _choice(list(ActionClass.values))]
 CompensationValue = Annotated[str, _choice(list(CompensationStrategy.values))]
 OnFailureValue = Annotated[str, _choice(list(ON_FAILURE_VALUES))]
 
-# Tool names are dotted identifiers ("crm.update_contact", "github/repos.delete"); globs add
-# fnmatch's *, ? and [...] classes.
-_TOOL_CHARS = re.compile(r"^[A-Za-z0-9_.:/\-*?\[\]!]+$")
+# Tool names are dotted identifiers ("crm.update_contact", "github/repos.delete"), by the one rule
+# of ledger.tool_names; globs add fnmatch's *, ? and [...] classes.
 _DOTTED_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
 def _check_tool_pattern(value: str) -> str:
     if not value:
         raise PydanticCustomError("tool", "must not be empty")
-    if len(value) > 200:
-        raise PydanticCustomError("tool", "must be at most 200 characters")
-    if not _TOOL_CHARS.match(value):
+    if len(value) > TOOL_NAME_MAX_LENGTH:
+        raise PydanticCustomError("tool", "must be at most {max} characters", {"max": TOOL_NAME_MAX_LENGTH})
+    if not is_tool_glob(value):
         raise PydanticCustomError(
             "tool",
-            "may contain only letters, digits, and . _ - : / (plus * ? [ ] in a glob), got '{value}'",
-            {"value": value},
+            "may contain only letters, digits, and . _ - : / (plus * ? [ ] ! in a glob), got {value}",
+            # repr: a control character in the name is shown escaped, not printed into the message.
+            {"value": repr(value)},
         )
     depth = 0
     for ch in value:
@@ -125,7 +126,7 @@ def _check_tool_pattern(value: str) -> str:
 
 def _check_exact_tool(value: str) -> str:
     _check_tool_pattern(value)
-    if any(ch in value for ch in "*?["):
+    if not is_tool_name(value):
         raise PydanticCustomError(
             "tool", "must be one exact tool name, not a glob '{value}'", {"value": value}
         )
@@ -211,7 +212,8 @@ HeaderName = Annotated[str, AfterValidator(_check_header_name)]
 
 def _check_mcp_tool_name(value: str) -> str:
     # MCP tool names (spec 2025-11-25, "Tool names"): 1-128 characters of A-Z a-z 0-9 _ - . /
-    if not re.match(r"^[A-Za-z0-9_\-./]{1,128}$", value):
+    # fullmatch, not match with "$": "$" also matches before a trailing newline.
+    if not re.fullmatch(r"[A-Za-z0-9_\-./]{1,128}", value):
         raise PydanticCustomError(
             "mcp_tool",
             "must be an MCP tool name (1-128 letters, digits, _ - . /), got '{value}'",

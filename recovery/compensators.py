@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import os
 import ssl
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import anyio
@@ -359,14 +360,19 @@ def webhook_call(*, url: str, secret: str, request: CompensationRequest) -> Outc
         "User-Agent": "saga-admin-compensator/1",
         **signed_headers(secret, body),
     }
+    # A step's error is shown to everyone who may read the run, viewers included, and goes out in
+    # notifications: it names the compensator by its tool, never by the URL it points at (that is
+    # the installation's configuration, shown to operators and admins on the policies page).
+    where = compensator_label("webhook", request.tool)
+    scrub = functools.partial(_without_url, url=url, label=where)
     try:
         response = webhook_client().post(
             url, content=body, headers=headers, timeout=request.timeout_s, follow_redirects=False
         )
     except httpx.TimeoutException as exc:
-        return Outcome.retry(f"Timed out after {request.timeout_s:g}s calling {url}: {type(exc).__name__}")
+        return Outcome.retry(f"Timed out after {request.timeout_s:g}s calling {where}: {type(exc).__name__}")
     except httpx.TransportError as exc:
-        return Outcome.retry(f"Could not reach {url}: {type(exc).__name__}: {exc}")
+        return Outcome.retry(scrub(f"Could not reach {where}: {type(exc).__name__}: {exc}"))
     status = response.status_code
     if 200 <= status < 300:
         return Outcome.done(_state_from(response), status_code=status)
@@ -375,12 +381,18 @@ def webhook_call(*, url: str, secret: str, request: CompensationRequest) -> Outc
         return Outcome.done(_state_from(response), status_code=status)
     if status == 412:
         return Outcome.drifted(
-            f"{url} answered 412: the target drifted from the after snapshot. {_excerpt(response)}".strip(),
+            scrub(
+                f"{where} answered 412: the target drifted from the after snapshot. {_excerpt(response)}"
+            ).strip(),
             status_code=status,
         )
     if 400 <= status < 500:
-        return Outcome.failed(f"{url} answered {status}. {_excerpt(response)}".strip(), status_code=status)
-    return Outcome.retry(f"{url} answered {status}. {_excerpt(response)}".strip(), status_code=status)
+        return Outcome.failed(
+            scrub(f"{where} answered {status}. {_excerpt(response)}").strip(), status_code=status
+        )
+    return Outcome.retry(
+        scrub(f"{where} answered {status}. {_excerpt(response)}").strip(), status_code=status
+    )
 
 
 def _state_from(response: httpx.Response) -> Any:
@@ -412,7 +424,8 @@ def mcp_call(*, url: str, tool: str, headers_env: dict[str, str], request: Compe
     (``saga/…`` keys). A result with ``isError`` is a permanent failure whose message is kept; a
     transport error, a time-out or a server-side JSON-RPC error is retried with the usual backoff.
     Header values come from the environment only; they are never logged or recorded."""
-    where = _display_url(url)
+    # Named by its tool, not its URL, as a webhook compensator is (webhook_call).
+    where = compensator_label("MCP", request.tool)
     missing = sorted({env for env in headers_env.values() if not os.environ.get(env)})
     if missing:
         return Outcome.failed(
@@ -445,10 +458,15 @@ def mcp_call(*, url: str, tool: str, headers_env: dict[str, str], request: Compe
     except TimeoutError:
         return Outcome.retry(f"Timed out after {request.timeout_s:g}s calling {tool} at {where}.")
     except Exception as exc:  # noqa: BLE001 - anything the server's side causes is the step's to record
-        return _mcp_error_outcome(exc, tool=tool, where=where, timeout_s=request.timeout_s)
+        outcome = _mcp_error_outcome(exc, tool=tool, where=where, timeout_s=request.timeout_s)
+        return replace(outcome, error=_without_url(outcome.error, url=url, label=where))
     if result.is_error:
         return Outcome.failed(
-            f"{tool} at {where} answered with an error: {_result_text(result) or '(no message)'}"
+            _without_url(
+                f"{tool} at {where} answered with an error: {_result_text(result) or '(no message)'}",
+                url=url,
+                label=where,
+            )
         )
     state = result.structured_content if result.structured_content is not None else _result_text(result)
     return Outcome.done(state if state != "" else None)
@@ -513,11 +531,24 @@ def _result_text(result: CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, TextContent))[:2000]
 
 
-def _display_url(url: str) -> str:
-    """The URL as it may appear in a step's error and the logs: without credentials or query."""
+def compensator_label(kind: str, tool: str) -> str:
+    """How a step's error names a compensator: by kind and tool ("the webhook compensator of
+    hr.delete_user"), never by where it points."""
+    return f"the {kind} compensator of {tool}"
+
+
+def _without_url(text: str, *, url: str, label: str) -> str:
+    """``text`` with the compensator's URL (and its origin, which transport errors quote) replaced
+    by ``label``: a library's message may quote the address it failed to reach."""
     parts = httpx.URL(url)
     port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{parts.host}{port}{parts.path}"
+    origin = f"{parts.scheme}://{parts.host}{port}"
+    for quoted in sorted(
+        {url, f"{origin}{parts.path}", origin, f"{parts.host}{port}"}, key=len, reverse=True
+    ):
+        if quoted:
+            text = text.replace(quoted, label)
+    return text
 
 
 def call_timeout_s(*, step_timeout_s: float | None = None) -> float:

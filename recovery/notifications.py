@@ -17,6 +17,7 @@ pinned, no redirects); the operator's own SAGA_NOTIFY_WEBHOOKS do not.
 from __future__ import annotations
 
 import json
+import re
 import smtplib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -463,14 +464,23 @@ def _no_longer_relevant(row: Notification) -> str:
     return ""
 
 
+# C0 and C1 control characters, DEL, and the Unicode line and paragraph separators.
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 def _email_text(row: Notification) -> tuple[str, str]:
     body = row.body
     lines = row.context.get("lines") or []
-    subject = f"[Saga Admin] {body.get('summary', row.event)}"[:250]
+    summary = str(body.get("summary", row.event))
+    # A header may not carry a line break (Django refuses "\r" and "\n" with BadHeaderError, which
+    # would fail the job on every retry), and no other control character belongs there either.
+    # Tool names cannot hold one any more (ledger.tool_names), but rows written before that rule,
+    # and other text in a summary, still reach this point.
+    subject = _CONTROL_CHARS.sub(" ", f"[Saga Admin] {summary}")[:250]
     text = "\n".join(
         [str(body.get("summary", "")), "", *map(str, lines), "", f"Open: {body.get('url', '')}", ""]
     )
-    return subject.replace("\n", " "), text
+    return subject, text
 
 
 def _send_email(row: Notification, recipients: list[str]) -> Attempt:

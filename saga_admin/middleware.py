@@ -43,6 +43,8 @@ PAGE_MIDDLEWARE = (
     "django_htmx.middleware.HtmxMiddleware",
     "axes.middleware.AxesMiddleware",
 )
+# The same test as the API gate's (saga_admin.api.limits.is_api_request): path_info, the path
+# within this application, so a SCRIPT_NAME prefix changes nothing.
 API_PREFIX = "/api/"
 
 

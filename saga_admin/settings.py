@@ -241,6 +241,14 @@ AXES_RESET_ON_SUCCESS = True
 # Lock the (username, address) pair: guesses at alice's password from one address lock alice out
 # from that address only, not every user behind the same office NAT, and not alice elsewhere.
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# ... and, with a higher threshold, the username alone: guesses at alice's password from many
+# addresses (a botnet, or one host rotating through its IPv6 /64s) are stopped too
+# (dashboard.login.LockoutHandler).
+AXES_HANDLER = "dashboard.login.LockoutHandler"
+LOGIN_USERNAME_FAILURE_LIMIT = env_int("SAGA_LOGIN_USERNAME_FAILURE_LIMIT", 50)
+# The address is the one the API's throttle counts (SAGA_TRUSTED_PROXY_HOPS), an IPv6 client by
+# its /64.
+AXES_CLIENT_IP_CALLABLE = "dashboard.login.client_ip"
 # The login page again, saying for how long (429, Retry-After).
 AXES_LOCKOUT_CALLABLE = "dashboard.login.locked_out"
 AXES_VERBOSE = False

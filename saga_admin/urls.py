@@ -9,7 +9,7 @@ from django.views import defaults
 
 from dashboard import slack, workers
 from saga_admin.api.app import api, unrouted
-from saga_admin.api.limits import API_PREFIX, error_json
+from saga_admin.api.limits import error_json, is_api_request
 from saga_admin.health import favicon, healthz
 
 urlpatterns = [
@@ -41,7 +41,7 @@ if settings.SAGA_DEMO:
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     """Django's 400s raised before any view (a Host header ALLOWED_HOSTS does not list, a
     malformed request): in the API's error shape under /api/, as every answer there is."""
-    if request.path.startswith(API_PREFIX):
+    if is_api_request(request):
         message = (
             "The Host header names a host this server does not serve."
             if isinstance(exception, DisallowedHost)

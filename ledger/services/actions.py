@@ -30,6 +30,7 @@ from ledger.rules import COMPENSATABLE_CLASSES, NOT_A_PIVOT, pivot_order_warning
 from ledger.services import limits, pauses, writes
 from ledger.services.limits import LimitExceeded
 from ledger.services.runs import run_assert_accepts_writes, run_closed_states, run_lock, run_scope
+from ledger.tool_names import check_tool_name
 from ledger.transitions import ACTION_TRANSITIONS, transition
 
 
@@ -253,6 +254,11 @@ def action_record(
     active in the tenant or the run has a pivot; then, and for everything else, the checked path
     decides in one transaction under the same locks and ends with the same call.
     """
+    # The one tool-name rule (ledger.tool_names), for the tool and an agent-named compensating
+    # tool alike, before anything is read or written: a refused name changes nothing.
+    check_tool_name(tool, field="tool")
+    if compensation is not None:
+        check_tool_name(compensation.get("tool"), field="compensation.tool")
     args = {} if args is None else args
     payload_hash = action_payload_hash(
         tool=tool,

@@ -39,6 +39,7 @@ from ledger.audit import Actor, audit_record
 from ledger.models import Action, Pause, Run, Tenant
 from ledger.pagination import NEWEST_FIRST, Page, keyset_page
 from ledger.rules import reason_required
+from ledger.tool_names import check_tool_name
 
 log = structlog.get_logger("saga_admin.pauses")
 
@@ -248,6 +249,10 @@ def pause_patterns(*, agent: str, tool: str) -> tuple[str, str]:
     """The (agent, tool) patterns a pause would keep, stripped; ``ValidationFailed`` when neither
     is given or one is too long. The service's rule, which the dashboard's form applies too."""
     agent, tool = _pattern(agent, field="agent"), _pattern(tool, field="tool")
+    if tool:
+        # The one tool-name rule (ledger.tool_names), globs allowed: a pattern no tool name can
+        # match would be a kill switch that silently stops nothing.
+        check_tool_name(tool, field="tool", glob=True)
     if not agent and not tool:
         raise errors.ValidationFailed(
             "A pause names an agent, a tool or both (exact names or globs such as payments.*).",

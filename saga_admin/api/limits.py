@@ -52,6 +52,16 @@ from ledger.throttle import parse_rate as parse_rate
 log = structlog.get_logger("saga_admin.api.limits")
 
 API_PREFIX = "/api/"
+
+
+def is_api_request(request: HttpRequest) -> bool:
+    """Whether ``request`` is for the API: its path within this application (``path_info``), not
+    the full ``path``. Mounted under a prefix (``SCRIPT_NAME=/saga``), the full path is
+    ``/saga/api/...`` while the URL resolver still routes ``path_info`` to the API; deciding on
+    ``path`` would let every such request past the gate's refusals to the views."""
+    return request.path_info.startswith(API_PREFIX)
+
+
 _BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 # The parsed body is kept on the request so ninja's parser does not decode it a second time.
 _PARSED_ATTR = "_saga_parsed_json"
@@ -174,7 +184,7 @@ def _refuse_nul_in_url(request: HttpRequest) -> HttpResponse | None:
         )
     except TooManyFieldsSent:
         # More query parameters than DATA_UPLOAD_MAX_NUMBER_FIELDS: no endpoint takes that many.
-        if request.path.startswith(API_PREFIX):
+        if is_api_request(request):
             return error_json(
                 422,
                 "invalid_request",
@@ -183,7 +193,7 @@ def _refuse_nul_in_url(request: HttpRequest) -> HttpResponse | None:
         return HttpResponseBadRequest("Bad request.")
     if not (in_path or in_query):
         return None
-    if request.path.startswith(API_PREFIX):
+    if is_api_request(request):
         if in_path:
             return error_json(404, "not_found", "Not found.")
         return error_json(422, "invalid_request", "Query parameters may not contain NUL (%00) characters.")
@@ -297,7 +307,7 @@ class ApiGateMiddleware:
         refused = _refuse_nul_in_url(request)
         if refused is not None:
             return refused
-        if not request.path.startswith(API_PREFIX):
+        if not is_api_request(request):
             return self.get_response(request)
         if _public_path(request):
             if request.method not in _PUBLIC_METHODS:

@@ -19,6 +19,7 @@ from pydantic import AfterValidator, ConfigDict, Field
 from ledger.models import Action, Checkpoint, Run
 from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.rules import REASON_MAX_LENGTH
+from ledger.tool_names import TOOL_NAME_MAX_LENGTH, TOOL_NAME_PATTERN, TOOL_NAME_RULE
 from recovery.models import AgentCommand, Approval, RecoveryItem
 
 # Free-form JSON the ledger stores as-is (args, snapshots, results, state). Its size and depth are
@@ -37,6 +38,16 @@ def _http_url(value: str) -> str:
 
 HttpUrlStr = Annotated[str, Field(max_length=2000), AfterValidator(_http_url)]
 ActionId = Annotated[str, Field(min_length=1, max_length=40)]
+# The one tool-name rule (ledger.tool_names); the services apply it too, for every other path.
+ToolName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=TOOL_NAME_MAX_LENGTH,
+        pattern=TOOL_NAME_PATTERN,
+        description=f"A tool name: {TOOL_NAME_RULE}.",
+    ),
+]
 
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "compensating", "compensated", "closed"]
 RecoveryMode = Literal["resume_or_compensate", "resume_only", "compensate_only"]
@@ -100,7 +111,7 @@ class RunFailIn(StrictIn):
 
 
 class CompensationIn(StrictIn):
-    tool: str = Field(min_length=1, max_length=200)
+    tool: ToolName
     args: JSONObject = Field(default_factory=dict)
 
 
@@ -135,7 +146,7 @@ class IntentIn(Schema):
 
 
 class ActionIn(StrictIn):
-    tool: str = Field(min_length=1, max_length=200)
+    tool: ToolName
     target_type: str = Field("", max_length=100)
     target_id: str = Field("", max_length=500)
     args: JSONObject = Field(default_factory=dict)

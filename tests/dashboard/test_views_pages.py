@@ -47,7 +47,7 @@ def test_percentiles_come_from_postgres(tenant, agent, alice, bob):
     assert m.approvals_decided == 3 and m.approval_p50_s is not None and m.approval_p95_s >= m.approval_p50_s
 
 
-def test_policies_page_lists_policies_and_compensators_with_their_source(client, tenant, agent, carol):
+def test_policies_page_lists_policies_and_compensators_with_their_source(client, tenant, agent, alice):
     onboarding_run(tenant, agent)  # loads the test policies
     Compensator.objects.create(
         tool="hr.delete_user",
@@ -56,7 +56,7 @@ def test_policies_page_lists_policies_and_compensators_with_their_source(client,
         secret_env="HR_SECRET",
         source="policies/acme.json",
     )
-    client.force_login(carol)
+    client.force_login(alice)  # an operator: sees where compensators point (a viewer does not)
     body = client.get(reverse("dashboard:policies")).content.decode()
     # One row per policy in force: its tool, scope and source.
     policy_rows = re.findall(

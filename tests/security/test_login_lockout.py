@@ -1,0 +1,71 @@
+"""The login lockout cannot be escaped by changing address: an IPv6 client is counted by its /64,
+the address is the one our own proxies saw (``SAGA_TRUSTED_PROXY_HOPS``), and many addresses
+guessing one username are stopped at a higher, per-username ceiling. Through the whole middleware
+and URL stack (axes runs inside the pages' middleware and its authentication backend)."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+pytestmark = pytest.mark.django_db
+
+PASSWORD = "correct-horse-battery"  # tests/conftest.py's _user
+
+
+def _login(username: str, password: str, *, address: str, forwarded: str | None = None):
+    headers = {"X-Forwarded-For": forwarded} if forwarded is not None else {}
+    return Client(REMOTE_ADDR=address).post(
+        "/login/", {"username": username, "password": password}, headers=headers
+    )
+
+
+def _signed_in(response) -> bool:
+    return response.status_code == 302 and response.headers["Location"] == "/"
+
+
+def test_an_ipv6_client_cannot_rotate_addresses_within_its_64_to_keep_guessing(alice, settings):
+    """Pass: five wrong passwords for alice, each from another address of one /64, lock alice out
+    of that whole /64 (429 saying for how long, even with the right password), while alice from
+    another /64 still signs in. Before, each IPv6 address was a fresh counter."""
+    assert settings.AXES_FAILURE_LIMIT == 5
+    answers = [
+        _login("alice", f"guess-{n}", address=f"2001:db8:aa:1:{n:x}:{n:x}:{n:x}:{n:x}").status_code
+        for n in range(1, 6)
+    ]
+    assert answers == [200, 200, 200, 200, 429]
+    same_64 = _login("alice", PASSWORD, address="2001:db8:aa:1:ffff:ffff:ffff:ffff")
+    assert same_64.status_code == 429 and "Signing in is paused for 15 minutes" in same_64.content.decode()
+    assert same_64.headers["Retry-After"] == "900"
+    assert _signed_in(_login("alice", PASSWORD, address="2001:db8:aa:2::1"))
+
+
+def test_many_addresses_guessing_one_username_are_stopped_at_its_ceiling(alice, bob, settings):
+    """Pass: with a per-username ceiling of 8, eight wrong passwords for alice from eight addresses
+    (one each, never reaching the per-address limit) lock alice out everywhere: the eighth guess
+    and then her right password from a ninth address get the login page with 429, saying why and
+    for how long; bob still signs in from that address."""
+    settings.LOGIN_USERNAME_FAILURE_LIMIT = 8
+    answers = [_login("alice", f"guess-{n}", address=f"198.51.100.{n}").status_code for n in range(1, 9)]
+    assert answers == [200] * 7 + [429]
+    elsewhere = _login("alice", PASSWORD, address="203.0.113.9")
+    text = elsewhere.content.decode()
+    assert elsewhere.status_code == 429 and "sessionid" not in elsewhere.cookies
+    assert "from many addresses" in text and "Signing in is paused for 15 minutes" in text
+    assert elsewhere.headers["Retry-After"] == "900"
+    assert _signed_in(_login("bob", PASSWORD, address="203.0.113.9"))
+
+
+def test_behind_our_proxy_each_client_is_counted_by_the_address_the_proxy_saw(alice, settings):
+    """Pass: with one trusted proxy (``SAGA_TRUSTED_PROXY_HOPS=1``) every request comes from the
+    proxy's address; alice's five wrong passwords from one client lock that client out (whatever
+    it writes further left in X-Forwarded-For), and alice from another client still signs in.
+    Before, everyone behind the proxy shared one counter per username."""
+    settings.SAGA = {**settings.SAGA, "TRUSTED_PROXY_HOPS": 1}
+    proxy = "10.0.0.2"
+    for n in range(1, 6):
+        # The client rotates what it claims; the proxy appends what it saw.
+        _login("alice", f"guess-{n}", address=proxy, forwarded=f"192.0.2.{n}, 203.0.113.50")
+    locked = _login("alice", PASSWORD, address=proxy, forwarded="192.0.2.99, 203.0.113.50")
+    assert locked.status_code == 429
+    assert _signed_in(_login("alice", PASSWORD, address=proxy, forwarded="203.0.113.51"))
