@@ -28,34 +28,18 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from ledger.conf import saga
+from ledger.throttle import client_network
 
 
 def client_ip(request: HttpRequest) -> str | None:
-    """The address a login attempt is counted against (settings.AXES_CLIENT_IP_CALLABLE).
-
-    ``REMOTE_ADDR``, unless ``SAGA_TRUSTED_PROXY_HOPS`` says that many proxies of ours stand in
-    front: then the address the outermost of them saw, that many entries from the right of
-    ``X-Forwarded-For`` (entries further left are whatever the client wrote, never believed) — the
-    rule the API's per-address throttle follows. An IPv6 client is its /64, written as the
-    network's first address (axes stores an IP address, not a network); an IPv4-mapped IPv6
-    address is the IPv4 address. None when there is no usable address."""
-    raw = request.META.get("REMOTE_ADDR", "")
-    hops = saga().trusted_proxy_hops
-    if hops > 0:
-        forwarded = [part.strip() for part in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
-        forwarded = [part for part in forwarded if part]
-        if forwarded:
-            raw = forwarded[-min(hops, len(forwarded))]
-    try:
-        address = ipaddress.ip_address(raw.strip().strip("[]"))
-    except ValueError:
-        return None
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network(f"{address}/64", strict=False).network_address)
-    return str(address)
+    """The address a login attempt is counted against (settings.AXES_CLIENT_IP_CALLABLE): the
+    API throttle's rule (``ledger.throttle.client_network``), an IPv6 client's /64 written as the
+    network's first address (axes stores an IP address, not a network). None when there is no
+    usable address."""
+    network = client_network(request)
+    if isinstance(network, ipaddress.IPv6Network):
+        return str(network.network_address)
+    return str(network) if network is not None else None
 
 
 def username_failures(request: HttpRequest, credentials: dict[str, Any] | None = None) -> int:

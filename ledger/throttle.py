@@ -22,12 +22,14 @@ from ledger.conf import saga
 log = structlog.get_logger("saga_admin.throttle")
 
 
-def client_address(request: HttpRequest) -> str:
-    """Who to count a refusal against. ``REMOTE_ADDR``, unless ``SAGA_TRUSTED_PROXY_HOPS`` says
-    that many proxies of ours stand in front: then the address the outermost of them saw, which is
-    that many entries from the right of ``X-Forwarded-For`` (entries further left are whatever the
-    client wrote, so they are never believed). An IPv6 client is counted by its /64, since one
-    host commonly holds a whole /64 and could otherwise change address per request."""
+def client_network(request: HttpRequest) -> ipaddress.IPv4Address | ipaddress.IPv6Network | None:
+    """Who a request is counted against: the one rule the API's per-address throttle and the
+    login lockout share. ``REMOTE_ADDR``, unless ``SAGA_TRUSTED_PROXY_HOPS`` says that many
+    proxies of ours stand in front: then the address the outermost of them saw, which is that many
+    entries from the right of ``X-Forwarded-For`` (entries further left are whatever the client
+    wrote, so they are never believed). An IPv6 client is counted by its /64, since one host
+    commonly holds a whole /64 and could otherwise change address per request; an IPv4-mapped
+    IPv6 address is its IPv4 address. None when there is no usable address."""
     raw = request.META.get("REMOTE_ADDR", "")
     hops = saga().trusted_proxy_hops
     if hops > 0:
@@ -36,14 +38,20 @@ def client_address(request: HttpRequest) -> str:
         if forwarded:
             raw = forwarded[-min(hops, len(forwarded))]
     try:
-        address = ipaddress.ip_address(raw.strip("[]"))
+        address = ipaddress.ip_address(raw.strip().strip("[]"))
     except ValueError:
-        return "unknown"
+        return None
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network(f"{address}/64", strict=False))
-    return str(address)
+            return address.ipv4_mapped
+        return ipaddress.IPv6Network(f"{address}/64", strict=False)
+    return address
+
+
+def client_address(request: HttpRequest) -> str:
+    """``client_network`` as a throttle key ("unknown" when there is no usable address)."""
+    network = client_network(request)
+    return str(network) if network is not None else "unknown"
 
 
 _PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
