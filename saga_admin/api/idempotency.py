@@ -20,12 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, connection, transaction
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 
 from ledger import errors
 from ledger.hashing import sha256_hex
 from ledger.models import IdempotencyRecord, Tenant
 from saga_admin.api.limits import parsed_body
+from saga_admin.api.renderers import render_json
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -57,7 +58,9 @@ def request_fingerprint(request: HttpRequest) -> str:
 
 
 def json_response(status: int, body: Any, *, replayed: bool = False) -> HttpResponse:
-    response = JsonResponse(body, status=status, safe=False)
+    # Rendered as every other API response is (orjson): a megabyte of args echoed back is encoded
+    # in a few milliseconds, not the standard library's tens.
+    response = HttpResponse(render_json(body), status=status, content_type="application/json")
     if replayed:
         response[REPLAYED_HEADER] = "true"
     return response
