@@ -9,7 +9,9 @@
    answer). No valid key → 401, or 429 once the client's address has had more refusals than
    ``SAGA_UNAUTHENTICATED_RATE`` in the current window. Either way the body stays unread, so a
    megabyte without a key costs what a bare ``GET`` does.
-4. For an authenticated request, the body: the size limit (413), the content type (415),
+4. For an authenticated request, the key's limits (429: requests, and body bytes by declared
+   length), then the body: the size limit (413, on the declared length before the limits count
+   it; again on what is read), the content type (415),
    well-formed UTF-8 JSON (400), and values PostgreSQL would choke on later — NUL characters, lone
    surrogates, NaN/Infinity — or nesting deeper than the configured depth (422). Doing it here,
    once, means no view or service ever sees such a body, so nothing a client sends can surface as
@@ -17,9 +19,12 @@
 5. On the way out, the framework's own refusals that do not come from the API's handlers — a
    method the path does not serve (405) — are put in the one error shape.
 
-``KeyRateThrottle`` is ninja's throttle hook with a fixed-window counter in Django's cache
-(Redis in production), keyed by API key, so every web process shares one count. The per-address
-count of refused requests is the same counter (``_count_in_window``), keyed by address.
+The per-key limits are counted here too, from the headers, after authentication and before the
+body is read: requests (``SAGA_THROTTLE_RATE``) and body bytes by declared length
+(``SAGA_THROTTLE_BYTES``), as fixed-window counters in Django's cache (Redis in production), so
+every web process shares one count; both move in one round trip. The per-address count of refused
+requests is the same kind of counter (``fixed_windows``), keyed by address; URL-bearing requests
+(``refuse_over_url_rate``, called by the operations that take a URL) another, keyed by API key.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import ipaddress
 import json
 import math
 import re
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +47,6 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotFound, JsonResponse
 from django.urls import Resolver404, resolve
 from ninja.parser import Parser
-from ninja.throttling import BaseThrottle
 from redis.exceptions import RedisError
 
 from ledger.conf import saga
@@ -419,6 +422,15 @@ class ApiGateMiddleware:
             # Procfile's gunicorn gthread worker reads and drops the rest before the connection's
             # next request; its sync worker closed the connection, reading at most 64 KiB).
             return _refuse_unauthenticated(request)
+        try:
+            declared = _declared_length(request) if request.method in _BODY_METHODS else 0
+        except BodyRejected as exc:
+            return error_json(exc.status, exc.code, exc.message, exc.details)
+        # The key's limits, counted from the headers: a key over its requests or its bytes is
+        # refused before its body is read, let alone parsed.
+        refused = _refuse_over_key_limits(key, body_bytes=declared)
+        if refused is not None:
+            return refused
         if request.method in _BODY_METHODS:
             try:
                 self._check(request)
@@ -431,13 +443,6 @@ class ApiGateMiddleware:
         too_big = BodyRejected(
             413, "payload_too_large", f"The request body is larger than {limit} bytes.", {"max_bytes": limit}
         )
-        try:
-            declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            raise BodyRejected(400, "bad_request", "Content-Length is not a number.") from None
-        # Refuse on the declared length, before reading a byte of it.
-        if declared > limit:
-            raise too_big
         try:
             body = request.body
         except RequestDataTooBig:
@@ -454,6 +459,21 @@ class ApiGateMiddleware:
                 {"content_type": (request.content_type or "")[:100]},
             )
         setattr(request, _PARSED_ATTR, parse_json_body(body, max_depth=saga().max_json_depth))
+
+
+def _declared_length(request: HttpRequest) -> int:
+    """The body's declared length (what Django will read at most), refused when it is not a number
+    (400) or over the size limit (413): before a byte of the body is read."""
+    try:
+        declared = max(int(request.META.get("CONTENT_LENGTH") or 0), 0)
+    except ValueError:
+        raise BodyRejected(400, "bad_request", "Content-Length is not a number.") from None
+    limit = saga().max_body_bytes
+    if declared > limit:
+        raise BodyRejected(
+            413, "payload_too_large", f"The request body is larger than {limit} bytes.", {"max_bytes": limit}
+        )
+    return declared
 
 
 def parsed_body(request: HttpRequest) -> Any:
@@ -476,35 +496,58 @@ class CheckedJSONParser(Parser):
 _PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 
 
+_SIZES = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "kib": 1024,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+
+
 def parse_rate(rate: str) -> tuple[int, int]:
-    """ "6000/m" → (6000, 60); "10/5s" → (10, 5)."""
+    """ "6000/m" → (6000, 60); "10/5s" → (10, 5); a byte rate may name its unit: "10MiB/m" →
+    (10485760, 60)."""
     count, _, period = rate.partition("/")
     digits = "".join(ch for ch in period if ch.isdigit())
     unit = period[len(digits) :].strip().lower() or "s"
     if unit not in _PERIODS:
         raise ValueError(f"Unknown throttle period in {rate!r}")
-    return int(count), (int(digits) if digits else 1) * _PERIODS[unit]
+    number = "".join(ch for ch in count.strip() if ch.isdigit())
+    size = count.strip()[len(number) :].strip().lower()
+    if not number or size not in _SIZES:
+        raise ValueError(f"Unknown throttle count in {rate!r}")
+    return int(number) * _SIZES[size], (int(digits) if digits else 1) * _PERIODS[unit]
 
 
-def _count_in_window(cache_key: str, *, ttl: int) -> int:
-    """Add one to the window's counter and return it. On Redis: ``SET NX EX`` + ``INCR`` in one
-    pipelined round trip (both atomic; the counter is a plain integer, which is also how Django's
-    Redis cache stores ints, so ``cache.get`` reads it). Any other cache: ``add`` + ``incr``."""
+def _count_in_windows(counters: list[tuple[str, int, int]]) -> list[int]:
+    """Add ``amount`` to each ``(cache key, ttl, amount)`` counter and return the new values. On
+    Redis: ``SET NX EX`` + ``INCRBY`` per counter, all in one pipelined round trip (each atomic;
+    a counter is a plain integer, which is also how Django's Redis cache stores ints, so
+    ``cache.get`` reads it). Any other cache: ``add`` + ``incr``."""
     backend = caches["default"]  # the backend itself (``cache`` is a proxy to it)
     if isinstance(backend, RedisCache):
-        full_key = backend.make_and_validate_key(cache_key)
-        client = backend._cache.get_client(full_key, write=True)
+        # Django's Redis cache writes every key to its first server: one client, one pipeline.
+        full_keys = [backend.make_and_validate_key(cache_key) for cache_key, _, _ in counters]
+        client = backend._cache.get_client(full_keys[0], write=True)
         pipe = client.pipeline(transaction=False)
-        pipe.set(full_key, 0, ex=ttl, nx=True)
-        pipe.incr(full_key)
-        return int(pipe.execute()[1])
-    cache.add(cache_key, 0, timeout=ttl)
-    return int(cache.incr(cache_key))
+        for full_key, (_, ttl, amount) in zip(full_keys, counters, strict=True):
+            pipe.set(full_key, 0, ex=ttl, nx=True)
+            pipe.incrby(full_key, amount)
+        return [int(value) for value in pipe.execute()[1::2]]
+    out = []
+    for cache_key, ttl, amount in counters:
+        cache.add(cache_key, 0, timeout=ttl)
+        out.append(int(cache.incr(cache_key, amount)))
+    return out
 
 
 @dataclass(frozen=True)
 class Window:
-    count: int  # this request's place in the window, counting it
+    count: int  # what this window has counted, this request included
     limit: int
     retry_after: float  # seconds until the window ends
 
@@ -513,41 +556,80 @@ class Window:
         return self.count <= self.limit
 
 
-def fixed_window(name: str, rate: str) -> Window | None:
-    """Count one request against ``name`` in the current window of ``rate`` ("60/m"). None when
-    the cache cannot be reached: a rate limit must not take the API down, so the caller lets the
-    request through (and it is logged)."""
-    limit, period = parse_rate(rate)
+def fixed_windows(counts: list[tuple[str, str, int]]) -> list[Window] | None:
+    """Count ``amount`` against each ``(name, rate, amount)`` in the current window of its rate
+    ("60/m"; a byte rate may say "10MiB/m"), in one round trip. None when the cache cannot be
+    reached: a rate limit must not take the API down, so the caller lets the request through
+    (and it is logged)."""
     now = time.time()
-    window = int(now // period)
+    parsed = [(name, *parse_rate(rate), amount) for name, rate, amount in counts]
+    windows = [int(now // period) for _, _, period, _ in parsed]
     try:
-        count = _count_in_window(f"saga:throttle:{name}:{period}:{window}", ttl=period + 5)
+        values = _count_in_windows(
+            [
+                (f"saga:throttle:{name}:{period}:{window}", period + 5, amount)
+                for (name, _, period, amount), window in zip(parsed, windows, strict=True)
+            ]
+        )
     except (RedisError, OSError):  # Redis unreachable or failing: fail open (see above)
         log.warning("throttle.cache_unavailable", exc_info=True)
         return None
-    return Window(count=count, limit=limit, retry_after=(window + 1) * period - now)
+    return [
+        Window(count=value, limit=limit, retry_after=(window + 1) * period - now)
+        for value, (_, limit, period, _), window in zip(values, parsed, windows, strict=True)
+    ]
 
 
-class KeyRateThrottle(BaseThrottle):
-    """Fixed window per API key: an atomic counter in Redis (see ``_count_in_window``), so the
-    count is right across processes without storing a history list per request (what ninja's
-    SimpleRateThrottle does). The rate is read per request so a settings change applies at once.
-    If the cache is down the request is allowed: a rate limit must not take the ledger down."""
+def fixed_window(name: str, rate: str) -> Window | None:
+    """Count one request against ``name`` in the current window of ``rate``."""
+    windows = fixed_windows([(name, rate, 1)])
+    return windows[0] if windows is not None else None
 
-    def __init__(self) -> None:
-        # One instance serves every thread; ninja asks wait() right after a refusal, so the
-        # window's end is remembered per thread.
-        self._local = threading.local()
 
-    def allow_request(self, request: HttpRequest) -> bool:
-        key = getattr(request, "auth", None)
-        if key is None:
-            return True
-        window = fixed_window(str(key.pk), saga().throttle_rate)
-        if window is None:
-            return True
-        self._local.retry_after = window.retry_after
-        return window.allowed
+def _rate_limited(message: str, window: Window, details: dict[str, Any] | None = None) -> JsonResponse:
+    response = error_json(429, "rate_limited", message, details)
+    response["Retry-After"] = str(max(1, math.ceil(window.retry_after)))
+    return response
 
-    def wait(self) -> float | None:
-        return max(getattr(self._local, "retry_after", 1.0), 1.0)
+
+def _refuse_over_key_limits(key: AgentKey, *, body_bytes: int) -> HttpResponse | None:
+    """429 when the key is over its rate of requests (``SAGA_THROTTLE_RATE``) or of body bytes
+    (``SAGA_THROTTLE_BYTES``; the declared length is counted, so a refused body is never read).
+    Both counters move in one round trip; a request without a body counts no bytes."""
+    conf = saga()
+    counts = [(str(key.pk), conf.throttle_rate, 1)]
+    if body_bytes:
+        counts.append((f"bytes:{key.pk}", conf.throttle_bytes, body_bytes))
+    windows = fixed_windows(counts)
+    if windows is None:
+        return None
+    if not windows[0].allowed:
+        return _rate_limited(
+            "Too many requests for this API key; retry after the Retry-After delay.", windows[0]
+        )
+    if len(windows) > 1 and not windows[1].allowed:
+        return _rate_limited(
+            f"This API key has sent more than {windows[1].limit} bytes of request bodies in this "
+            "window; retry after the Retry-After delay.",
+            windows[1],
+            {"limit_bytes": windows[1].limit},
+        )
+    return None
+
+
+def refuse_over_url_rate(request: HttpRequest) -> HttpResponse | None:
+    """429 when the request's key is over its rate of URL-bearing requests (``SAGA_URL_RATE``):
+    requests carrying a URL the server will check — resolving its host — and later call (a run's
+    ``resume_url``). Counted per key, before the URL is looked at, so no key can make the outbound
+    guard resolve names at its own pace."""
+    key = request_key(request)
+    if key is None:
+        return None
+    window = fixed_window(f"urls:{key.pk}", saga().url_rate)
+    if window is None or window.allowed:
+        return None
+    return _rate_limited(
+        "Too many requests carrying a URL for this API key; retry after the Retry-After delay.",
+        window,
+        {"limit": window.limit},
+    )
