@@ -263,10 +263,10 @@ def test_a_near_limit_record_is_parsed_once_and_never_walked_or_spelled_by_the_s
     agent_key, onboarding_policies, monkeypatch
 ):
     """Pass: a record whose args are just under 1 MiB of small objects (the costliest megabyte) is
-        recorded with its body parsed once, no walk over its values, and no standard-library JSON
-        encode or decode of anything larger than 64 KiB (the payload hash, the database write and
-        the response all go through orjson); the stored payload hash is the one the standard
-        library's canonical JSON gives, so hashes stored before still match. (``crm.update_*`` needs
+    recorded with its body parsed once, no walk over its values, and no standard-library JSON
+    encode or decode of anything larger than 64 KiB (the payload hash, the database write and
+    the response all go through orjson); the stored payload hash is the one the standard
+    library's canonical JSON gives, so hashes stored before still match. (``crm.update_*`` needs
     no approval: this pins the record itself, not the approval a gated one also opens.)"""
     api = Api(agent_key[1])
     run_id = api.post("/runs", {"agent": "crm", "request": "r"}).json()["id"]
