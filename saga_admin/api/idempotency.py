@@ -15,6 +15,7 @@ an error changed nothing, so retrying with the same key must be allowed to try a
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from django.http import HttpRequest, HttpResponse
 
 from ledger import errors
-from ledger.hashing import sha256_hex
+from ledger.hashing import canonical_json_bytes
 from ledger.models import IdempotencyRecord, Tenant
 from saga_admin.api.limits import parsed_body
 from saga_admin.api.renderers import render_json
@@ -54,7 +55,10 @@ def request_fingerprint(request: HttpRequest) -> str:
     stored response (e.g. its new run)."""
     body = parsed_body(request)
     agent = getattr(getattr(request, "auth", None), "name", "")
-    return sha256_hex({"method": request.method, "path": request.path, "body": body, "agent": agent})
+    # The canonical bytes as ``sha256_hex`` spells them (stored fingerprints still match), made by
+    # orjson: a megabyte of body costs a few milliseconds here, not tens.
+    fingerprint = {"method": request.method, "path": request.path, "body": body, "agent": agent}
+    return hashlib.sha256(canonical_json_bytes(fingerprint)).hexdigest()
 
 
 def json_response(status: int, body: Any, *, replayed: bool = False) -> HttpResponse:

@@ -302,3 +302,29 @@ def test_a_near_limit_record_is_parsed_once_and_never_walked_or_spelled_by_the_s
             "compensation": None,
         }
     )
+
+
+@pytest.mark.django_db
+def test_an_idempotency_key_fingerprints_a_megabyte_body_without_the_standard_library(agent_key, monkeypatch):
+    """Pass: a run created with an ``Idempotency-Key`` and ~900 KB of metadata is fingerprinted
+    without the standard library's canonical JSON (orjson spells the same bytes), and the same
+    request sent again is still recognised as the same one (replayed, nothing new created)."""
+    from ledger import hashing
+
+    spelled: list[int] = []
+    _spy(
+        monkeypatch,
+        hashing,
+        "canonical_json",
+        spelled,
+        lambda a, result: -1 if result is None else len(result),
+    )
+    api = Api(agent_key[1])
+    body = {"agent": "crm", "request": "r", "metadata": {"items": [{"k": i % 10} for i in range(80_000)]}}
+    headers = {"Idempotency-Key": "megabyte-run"}
+    first = api.post("/runs", body, headers=headers)
+    assert first.status_code == 201, first.content[:300]
+    assert [size for size in spelled if size > 64 * 1024] == []
+    again = api.post("/runs", body, headers=headers)
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"] and Run.objects.count() == 1
