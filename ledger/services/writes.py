@@ -31,7 +31,7 @@ def call(function: str, payload: dict[str, Any]) -> dict[str, Any]:
         cursor.execute(f"SELECT {function}(%s::jsonb)", [_encode(payload)])
         row = cursor.fetchone()
     value = row[0] if row else None
-    answer = json.loads(value) if isinstance(value, str | bytes) else value
+    answer = _decode(value) if isinstance(value, str | bytes) else value
     if not isinstance(answer, dict):
         raise RuntimeError(f"{function} answered {answer!r}")
     return answer
@@ -46,6 +46,21 @@ def _encode(payload: dict[str, Any]) -> str:
         return orjson.dumps(payload).decode()
     except orjson.JSONEncodeError:
         return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=_fragment_value)
+
+
+# An integer orjson would read as a float has at least 19 digits: then the standard library reads
+# the answer, and the action's JSON keeps every integer exactly.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_NINETEEN_DIGITS = b"0" * 19
+
+
+def _decode(value: str | bytes) -> Any:
+    """The function's answer (the action's row, args and all, for a move or a replay), decoded by
+    orjson unless it may hold an integer beyond 64 bits."""
+    raw = value.encode() if isinstance(value, str) else value
+    if _NINETEEN_DIGITS in raw.translate(_DIGITS_AS_ZERO):
+        return json.loads(raw)
+    return orjson.loads(raw)
 
 
 def _fragment_value(value: Any) -> Any:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from django.core.cache import caches
 
@@ -265,9 +266,10 @@ def test_a_near_limit_record_is_parsed_once_and_never_walked_or_spelled_by_the_s
     """Pass: a record whose args are just under 1 MiB of small objects (the costliest megabyte) is
     recorded with its body parsed once, no walk over its values, and no standard-library JSON
     encode or decode of anything larger than 64 KiB (the payload hash, the database write and
-    the response all go through orjson); the stored payload hash is the one the standard
-    library's canonical JSON gives, so hashes stored before still match. (``crm.update_*`` needs
-    no approval: this pins the record itself, not the approval a gated one also opens.)"""
+    the response all go through orjson; so does reading the row back when it is started); the
+    stored payload hash is the one the standard library's canonical JSON gives, so hashes stored
+    before still match. (``crm.update_*`` needs no approval: this pins the record itself, not the
+    approval a gated one also opens.)"""
     api = Api(agent_key[1])
     run_id = api.post("/runs", {"agent": "crm", "request": "r"}).json()["id"]
     args = {"items": [{"k": i % 10, "f": 0.5} for i in range(50_000)], "note": "réunion ☃"}
@@ -284,12 +286,16 @@ def test_a_near_limit_record_is_parsed_once_and_never_walked_or_spelled_by_the_s
     _spy(monkeypatch, json, "loads", decoded, lambda a, _: len(a[0]))
 
     response = api.post(f"/runs/{run_id}/actions", raw=raw)
+    # Its start reads the whole row back from the write function (the response shows the args).
+    started = api.post(f"/actions/{orjson.loads(response.content)['id']}/start")
+    large = [size for size in encoded + decoded if size > 64 * 1024]
+    monkeypatch.undo()
 
     assert response.status_code == 201, response.content[:300]
+    assert started.status_code == 200 and started.json()["status"] == "running", started.content[:300]
     assert parsed == [len(raw)]
     assert walked == []
-    assert [size for size in encoded + decoded if size > 64 * 1024] == []
-    monkeypatch.undo()
+    assert large == []
     assert response.json()["args"] == args
     action = Action.objects.get(run_id=run_id)
     assert action.args == args
