@@ -140,20 +140,32 @@ def _runs_for(index: int, params: dict[str, Any]) -> list[str]:
     return params["runs"][index]
 
 
+def megabyte_args() -> dict[str, Any]:
+    """Args that bring a record just under 1 MiB, as ~95,000 small objects: the costliest megabyte
+    to parse, hash, store and echo back (issue 26, point 8)."""
+    return {"items": [{"k": i % 10} for i in range(94_000)]}
+
+
 def scenario_record_action(
     client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
 ) -> None:
-    """POST /api/v1/runs/{id}/actions, a fresh run every ``per_run`` actions."""
+    """POST /api/v1/runs/{id}/actions, a fresh run every ``per_run`` actions; with
+    ``params["megabyte"]`` each record carries ``megabyte_args`` (built once, in the client)."""
     runs = _runs_for(index, params)
     per_run = params["per_run"]
+    op = params.get("op", "record_action")
+    big = megabyte_args() if params.get("megabyte") else None
     n = 0
     while True:
         run_id = runs[min(n // per_run, len(runs) - 1)]
-        body = json.dumps(_action_body(run_id, n, params.get("tool", "bench.update_record"))).encode()
+        action = _action_body(run_id, n, params.get("tool", "bench.update_record"))
+        if big is not None:
+            action["args"] = {**big, "n": n}
+        body = json.dumps(action).encode()
         t = time.perf_counter()
         status, _, _ = client.request("POST", f"/api/v1/runs/{run_id}/actions", body)
         n += 1
-        if not record("record_action", t, status, 201):
+        if not record(op, t, status, 201):
             return
 
 

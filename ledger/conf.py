@@ -19,6 +19,8 @@ class SagaSettings:
     max_json_depth: int
     idempotency_key_ttl_h: int
     throttle_rate: str
+    throttle_bytes: str
+    url_rate: str
     unauthenticated_rate: str
     trusted_proxy_hops: int
     slack_rate: str
@@ -58,6 +60,8 @@ def saga() -> SagaSettings:
         max_json_depth=int(raw["MAX_JSON_DEPTH"]),
         idempotency_key_ttl_h=int(raw["IDEMPOTENCY_KEY_TTL_H"]),
         throttle_rate=str(raw["THROTTLE_RATE"]),
+        throttle_bytes=str(raw.get("THROTTLE_BYTES", "10MiB/m")),
+        url_rate=str(raw.get("URL_RATE", "60/m")),
         unauthenticated_rate=str(raw["UNAUTHENTICATED_RATE"]),
         trusted_proxy_hops=int(raw["TRUSTED_PROXY_HOPS"]),
         slack_rate=str(raw.get("SLACK_RATE", "120/m")),

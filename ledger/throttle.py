@@ -55,37 +55,58 @@ def client_address(request: HttpRequest) -> str:
 
 
 _PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
+_SIZES = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "kib": 1024,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
 
 
 def parse_rate(rate: str) -> tuple[int, int]:
-    """ "6000/m" → (6000, 60); "10/5s" → (10, 5)."""
+    """ "6000/m" → (6000, 60); "10/5s" → (10, 5); a byte rate may name its unit: "10MiB/m" →
+    (10485760, 60)."""
     count, _, period = rate.partition("/")
     digits = "".join(ch for ch in period if ch.isdigit())
     unit = period[len(digits) :].strip().lower() or "s"
     if unit not in _PERIODS:
         raise ValueError(f"Unknown throttle period in {rate!r}")
-    return int(count), (int(digits) if digits else 1) * _PERIODS[unit]
+    number = "".join(ch for ch in count.strip() if ch.isdigit())
+    size = count.strip()[len(number) :].strip().lower()
+    if not number or size not in _SIZES:
+        raise ValueError(f"Unknown throttle count in {rate!r}")
+    return int(number) * _SIZES[size], (int(digits) if digits else 1) * _PERIODS[unit]
 
 
-def _count_in_window(cache_key: str, *, ttl: int) -> int:
-    """Add one to the window's counter and return it. On Redis: ``SET NX EX`` + ``INCR`` in one
-    pipelined round trip (both atomic; the counter is a plain integer, which is also how Django's
-    Redis cache stores ints, so ``cache.get`` reads it). Any other cache: ``add`` + ``incr``."""
+def _count_in_windows(counters: list[tuple[str, int, int]]) -> list[int]:
+    """Add ``amount`` to each ``(cache key, ttl, amount)`` counter and return the new values. On
+    Redis: ``SET NX EX`` + ``INCRBY`` per counter, all in one pipelined round trip (each atomic;
+    a counter is a plain integer, which is also how Django's Redis cache stores ints, so
+    ``cache.get`` reads it). Any other cache: ``add`` + ``incr``."""
     backend = caches["default"]  # the backend itself (``cache`` is a proxy to it)
     if isinstance(backend, RedisCache):
-        full_key = backend.make_and_validate_key(cache_key)
-        client = backend._cache.get_client(full_key, write=True)
+        # Django's Redis cache writes every key to its first server: one client, one pipeline.
+        full_keys = [backend.make_and_validate_key(cache_key) for cache_key, _, _ in counters]
+        client = backend._cache.get_client(full_keys[0], write=True)
         pipe = client.pipeline(transaction=False)
-        pipe.set(full_key, 0, ex=ttl, nx=True)
-        pipe.incr(full_key)
-        return int(pipe.execute()[1])
-    cache.add(cache_key, 0, timeout=ttl)
-    return int(cache.incr(cache_key))
+        for full_key, (_, ttl, amount) in zip(full_keys, counters, strict=True):
+            pipe.set(full_key, 0, ex=ttl, nx=True)
+            pipe.incrby(full_key, amount)
+        return [int(value) for value in pipe.execute()[1::2]]
+    out = []
+    for cache_key, ttl, amount in counters:
+        cache.add(cache_key, 0, timeout=ttl)
+        out.append(int(cache.incr(cache_key, amount)))
+    return out
 
 
 @dataclass(frozen=True)
 class Window:
-    count: int  # this request's place in the window, counting it
+    count: int  # what this window has counted, this request included
     limit: int
     retry_after: float  # seconds until the window ends
 
@@ -94,16 +115,31 @@ class Window:
         return self.count <= self.limit
 
 
-def fixed_window(name: str, rate: str) -> Window | None:
-    """Count one request against ``name`` in the current window of ``rate`` ("60/m"). None when
-    the cache cannot be reached: a rate limit must not take the API down, so the caller lets the
-    request through (and it is logged)."""
-    limit, period = parse_rate(rate)
+def fixed_windows(counts: list[tuple[str, str, int]]) -> list[Window] | None:
+    """Count ``amount`` against each ``(name, rate, amount)`` in the current window of its rate
+    ("60/m"; a byte rate may say "10MiB/m"), in one round trip. None when the cache cannot be
+    reached: a rate limit must not take the API down, so the caller lets the request through
+    (and it is logged)."""
     now = time.time()
-    window = int(now // period)
+    parsed = [(name, *parse_rate(rate), amount) for name, rate, amount in counts]
+    windows = [int(now // period) for _, _, period, _ in parsed]
     try:
-        count = _count_in_window(f"saga:throttle:{name}:{period}:{window}", ttl=period + 5)
+        values = _count_in_windows(
+            [
+                (f"saga:throttle:{name}:{period}:{window}", period + 5, amount)
+                for (name, _, period, amount), window in zip(parsed, windows, strict=True)
+            ]
+        )
     except (RedisError, OSError):  # Redis unreachable or failing: fail open (see above)
         log.warning("throttle.cache_unavailable", exc_info=True)
         return None
-    return Window(count=count, limit=limit, retry_after=(window + 1) * period - now)
+    return [
+        Window(count=value, limit=limit, retry_after=(window + 1) * period - now)
+        for value, (_, limit, period, _), window in zip(values, parsed, windows, strict=True)
+    ]
+
+
+def fixed_window(name: str, rate: str) -> Window | None:
+    """Count one request against ``name`` in the current window of ``rate``."""
+    windows = fixed_windows([(name, rate, 1)])
+    return windows[0] if windows is not None else None

@@ -268,6 +268,13 @@ SAGA: dict[str, Any] = {
     # sits well above what one server takes in appends (docs/BENCHMARKS.md), so it stops a runaway
     # loop, not a normal agent.
     "THROTTLE_RATE": os.environ.get("SAGA_THROTTLE_RATE", "60000/m"),
+    # Request body bytes per API key, counted by declared length before the body is read: the CPU
+    # a key can make the server spend parsing and storing JSON grows with its bytes, not with its
+    # requests ("10MiB/m": ten near-limit bodies a minute; units B, KB, KiB, MB, MiB, GB, GiB).
+    "THROTTLE_BYTES": os.environ.get("SAGA_THROTTLE_BYTES", "10MiB/m"),
+    # Requests per API key that carry a URL the server checks (resolving its host) and will call —
+    # a run's resume_url: no key makes the outbound guard resolve names at its own pace.
+    "URL_RATE": os.environ.get("SAGA_URL_RATE", "60/m"),
     # How long a web process trusts an API key it has looked up (ledger.services.keys): a key
     # revoked in another process stops working within this many seconds (at once in its own).
     # 0: look the key up on every request.

@@ -5,17 +5,19 @@ in the same transaction."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+import orjson
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from ledger import errors
 from ledger.audit import Actor, audit_record, event_template, slot
-from ledger.hashing import sha256_hex
+from ledger.hashing import canonical_json_bytes
 from ledger.ids import new_action_id
 from ledger.models import Action, ActionClass, ApprovalMode, CompensationStrategy, Run, Tenant
 from ledger.policies import (
@@ -48,16 +50,47 @@ def action_payload_hash(
     must still count as the same call. The upstream that performs it (``via``) is in: the same
     call to another server is another action. Hashed only when sent, so the hash of an action
     recorded without it is what it always was."""
-    return sha256_hex(
-        {
-            "tool": tool,
-            "target_type": target_type,
-            "target_id": target_id,
-            "args": args,
-            "compensation": compensation,
-            **({"via": via} if via is not None else {}),
-        }
+    return _payload_hash(
+        tool=tool,
+        target_type=target_type,
+        target_id=target_id,
+        args_json=canonical_json_bytes(args),
+        compensation=compensation,
+        via=via,
     )
+
+
+def _payload_hash(
+    *,
+    tool: str,
+    target_type: str,
+    target_id: str,
+    args_json: bytes,
+    compensation: dict[str, Any] | None,
+    via: dict[str, str] | None = None,
+) -> str:
+    """``sha256_hex`` of the payload's canonical JSON, the args given as their canonical bytes:
+    the document is spelled around them (its keys in sorted order), so they are encoded once and
+    the same bytes go to the database (``_record_payload``)."""
+    document = b"".join(
+        (
+            b'{"args":',
+            args_json,
+            b',"compensation":',
+            canonical_json_bytes(compensation),
+            b',"target_id":',
+            canonical_json_bytes(target_id),
+            b',"target_type":',
+            canonical_json_bytes(target_type),
+            b',"tool":',
+            canonical_json_bytes(tool),
+            # ``via`` sorts last; left out when not sent (the hash of an action without it is
+            # what it always was).
+            *((b',"via":', canonical_json_bytes(via)) if via is not None else ()),
+            b"}",
+        )
+    )
+    return hashlib.sha256(document).hexdigest()
 
 
 # "Is this tool a registered compensator for the tenant?": the registry has rows here (the policy
@@ -260,11 +293,14 @@ def action_record(
     if compensation is not None:
         check_tool_name(compensation.get("tool"), field="compensation.tool")
     args = {} if args is None else args
-    payload_hash = action_payload_hash(
+    # The args' canonical JSON, made once: hashed into the payload hash and sent to the database as
+    # they are (a megabyte of args is not encoded again for each).
+    args_json = canonical_json_bytes(args)
+    payload_hash = _payload_hash(
         tool=tool,
         target_type=target_type,
         target_id=target_id,
-        args=args,
+        args_json=args_json,
         compensation=compensation,
         via=via,
     )
@@ -276,6 +312,7 @@ def action_record(
         target_type=target_type,
         target_id=target_id,
         args=args,
+        args_json=args_json,
         intent=intent or {},
         before_snapshot=before_snapshot,
         compensation=compensation,
@@ -318,6 +355,7 @@ class _Call:
     target_type: str
     target_id: str
     args: Any
+    args_json: bytes  # ``args`` as canonical JSON (ledger.hashing.canonical_json_bytes)
     intent: dict[str, Any]
     before_snapshot: Any
     compensation: dict[str, Any] | None
@@ -587,6 +625,8 @@ def _record_payload(call: _Call, action: Action, events: list[dict[str, Any]]) -
     for column in _ROW_FIELDS:
         value = getattr(action, column.attname)
         row[column.column] = value.isoformat() if isinstance(value, datetime) else value
+    # The args as already encoded for the payload hash, written into the call's JSON verbatim.
+    row[Action._meta.get_field("args").column] = orjson.Fragment(call.args_json)
     return {
         "tenant_id": call.run.tenant_id,
         "run_id": call.run.pk,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 from django.db import connection
 from django.db.models import DateTimeField, JSONField
 from django.utils.dateparse import parse_datetime
@@ -26,17 +27,46 @@ def call(function: str, payload: dict[str, Any]) -> dict[str, Any]:
     """``function(payload)``: its answer (``outcome`` and what goes with it)."""
     if function not in FUNCTIONS:
         raise ValueError(f"not a ledger write function: {function}")
-    # Serialised as the model's JSON fields are (json.dumps), so what is stored is what the ORM
-    # would have stored.
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {function}(%s::jsonb)", [text])
+        cursor.execute(f"SELECT {function}(%s::jsonb)", [_encode(payload)])
         row = cursor.fetchone()
     value = row[0] if row else None
-    answer = json.loads(value) if isinstance(value, str | bytes) else value
+    answer = _decode(value) if isinstance(value, str | bytes) else value
     if not isinstance(answer, dict):
         raise RuntimeError(f"{function} answered {answer!r}")
     return answer
+
+
+def _encode(payload: dict[str, Any]) -> str:
+    """The payload as JSON text. orjson, which writes an ``orjson.Fragment`` (args already encoded
+    by the caller) as it is; the standard library for what orjson does not take (an integer beyond
+    64 bits in a snapshot). Either way PostgreSQL stores the same jsonb value the ORM's
+    ``json.dumps`` would have given it."""
+    try:
+        return orjson.dumps(payload).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=_fragment_value)
+
+
+# An integer orjson would read as a float has at least 19 digits: then the standard library reads
+# the answer, and the action's JSON keeps every integer exactly.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_NINETEEN_DIGITS = b"0" * 19
+
+
+def _decode(value: str | bytes) -> Any:
+    """The function's answer (the action's row, args and all, for a move or a replay), decoded by
+    orjson unless it may hold an integer beyond 64 bits."""
+    raw = value.encode() if isinstance(value, str) else value
+    if _NINETEEN_DIGITS in raw.translate(_DIGITS_AS_ZERO):
+        return json.loads(raw)
+    return orjson.loads(raw)
+
+
+def _fragment_value(value: Any) -> Any:
+    if isinstance(value, orjson.Fragment):
+        return json.loads(orjson.dumps(value))
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 _ACTION_FIELDS = [field for field in Action._meta.concrete_fields]

@@ -35,6 +35,7 @@ from saga_admin.api.idempotency import (
     idempotent_response,
     json_response,
 )
+from saga_admin.api.limits import refuse_over_url_rate
 from saga_admin.api.schemas import (
     ActionFailIn,
     ActionIn,
@@ -151,11 +152,19 @@ def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
     response={201: RunOut, **WRITE_ERRORS},
     summary="Start a run",
     description="409 `paused` when an operator's active pause covers the agent (the key's name or the "
-    "`agent` sent); `details` name the pause (`pause_id`, `agent`, `tool`).",
+    "`agent` sent); `details` name the pause (`pause_id`, `agent`, `tool`). With a `resume_url`, "
+    "429 `rate_limited` (with `Retry-After`) once the key has sent more than `SAGA_URL_RATE` "
+    "requests carrying a URL in the window; nothing is created.",
 )
 def run_create(
     request: HttpRequest, payload: RunIn, idempotency_key: str | None = _idempotency_header()
 ) -> HttpResponse:
+    if payload.resume_url:
+        # The service resolves the URL's host (ledger.outbound): counted per key first.
+        refused = refuse_over_url_rate(request)
+        if refused is not None:
+            return refused
+
     def produce() -> tuple[int, Any]:
         run = runs.run_create(tenant=_tenant(request), actor=_actor(request), **payload.model_dump())
         return 201, run_out(run)

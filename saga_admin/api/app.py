@@ -15,7 +15,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
-from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Throttled, ValidationError
+from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
 
 from ledger import errors
 from ledger.conf import saga
@@ -23,7 +23,6 @@ from saga_admin.api.agents import router as agent_router
 from saga_admin.api.limits import (
     BodyRejected,
     CheckedJSONParser,
-    KeyRateThrottle,
     error_json,
     internal_error,
     unauthorized_response,
@@ -60,8 +59,8 @@ api = NinjaAPI(
     docs_url="/docs",
     parser=CheckedJSONParser(),
     renderer=ORJSONRenderer(),
-    # Runs after authentication, so the count is per API key (see saga_admin.api.limits).
-    throttle=[KeyRateThrottle()],
+    # No ninja throttle: the per-key limits are counted by the API gate (saga_admin.api.limits)
+    # from the headers, so a key over them is refused before its body is read.
 )
 
 
@@ -107,17 +106,6 @@ def _authentication_error(request: HttpRequest, exc: AuthenticationError) -> Htt
 @api.exception_handler(AuthorizationError)
 def _authorization_error(request: HttpRequest, exc: AuthorizationError) -> HttpResponse:
     return error_response(api, request, status=403, code="forbidden", message=str(exc) or "Forbidden.")
-
-
-@api.exception_handler(Throttled)
-def _throttled(request: HttpRequest, exc: Throttled) -> HttpResponse:
-    return error_response(
-        api,
-        request,
-        status=429,
-        code="rate_limited",
-        message="Too many requests for this API key; retry after the Retry-After delay.",
-    )
 
 
 @api.exception_handler(RequestDataTooBig)

@@ -9,7 +9,9 @@
    answer). No valid key → 401, or 429 once the client's address has had more refusals than
    ``SAGA_UNAUTHENTICATED_RATE`` in the current window. Either way the body stays unread, so a
    megabyte without a key costs what a bare ``GET`` does.
-4. For an authenticated request, the body: the size limit (413), the content type (415),
+4. For an authenticated request, the key's limits (429: requests, and body bytes by declared
+   length), then the body: the size limit (413, on the declared length before the limits count
+   it; again on what is read), the content type (415),
    well-formed UTF-8 JSON (400), and values PostgreSQL would choke on later — NUL characters, lone
    surrogates, NaN/Infinity — or nesting deeper than the configured depth (422). Doing it here,
    once, means no view or service ever sees such a body, so nothing a client sends can surface as
@@ -17,9 +19,12 @@
 5. On the way out, the framework's own refusals that do not come from the API's handlers — a
    method the path does not serve (405) — are put in the one error shape.
 
-``KeyRateThrottle`` is ninja's throttle hook with a fixed-window counter in Django's cache
-(Redis in production), keyed by API key, so every web process shares one count. The per-address
-count of refused requests is the same counter (``ledger.throttle.fixed_window``), keyed by address.
+The per-key limits are counted here too, from the headers, after authentication and before the
+body is read: requests (``SAGA_THROTTLE_RATE``) and body bytes by declared length
+(``SAGA_THROTTLE_BYTES``), as fixed-window counters in Django's cache (Redis in production), so
+every web process shares one count; both move in one round trip. The per-address count of refused
+requests is the same kind of counter (``ledger.throttle.fixed_windows``), keyed by address; URL-bearing requests
+(``refuse_over_url_rate``, called by the operations that take a URL) another, keyed by API key.
 """
 
 from __future__ import annotations
@@ -27,26 +32,27 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import structlog
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotFound, JsonResponse
 from django.urls import Resolver404, resolve
 from ninja.parser import Parser
-from ninja.throttling import BaseThrottle
 
 from ledger.conf import saga
 from ledger.models import AgentKey
 from ledger.services.keys import agent_key_authenticate
+from ledger.throttle import Window
 
 # The counters and the client address moved below the API (the Slack endpoints count with them
 # too); re-exported here for the callers that knew them by this module.
 from ledger.throttle import client_address as client_address
 from ledger.throttle import fixed_window as fixed_window
+from ledger.throttle import fixed_windows as fixed_windows
 from ledger.throttle import parse_rate as parse_rate
 
 log = structlog.get_logger("saga_admin.api.limits")
@@ -109,47 +115,99 @@ def _finite_float(text: str) -> float:
 
 def check_json_value(value: Any, *, max_depth: int) -> None:
     """Refuse nesting deeper than ``max_depth`` and strings PostgreSQL cannot store (NUL, lone
-    surrogates). Iterative, so a hostile body cannot exhaust the Python stack either."""
-    stack: list[tuple[Any, int, str]] = [(value, 1, "$")]
+    surrogates), naming where. Iterative, so a hostile body cannot exhaust the Python stack either.
+    A walk over every value costs far more than parsing them did (a megabyte of small objects:
+    ~200 ms), so ``parse_json_body`` calls it only for a body its byte-level checks refuse: this
+    finds the place to name."""
+    # Each entry: the value, its depth, and its parent's entry with the key that leads to it, so a
+    # path is spelled out only for the value refused, not for every value passed.
+    stack: list[tuple[Any, int, Any, Any]] = [(value, 1, None, None)]
     while stack:
-        current, depth, where = stack.pop()
+        entry = stack.pop()
+        current, depth = entry[0], entry[1]
         if isinstance(current, dict | list):
             if depth > max_depth:
                 raise BodyRejected(
                     422,
                     "invalid_request",
                     f"The JSON body is nested deeper than {max_depth} levels.",
-                    {"max_depth": max_depth, "at": where},
+                    {"max_depth": max_depth, "at": _path(entry)},
                 )
             items = current.items() if isinstance(current, dict) else enumerate(current)
             for key, child in items:
                 if isinstance(key, str):
-                    _check_string(key, f"{where}.{key[:40]}")
-                stack.append(
-                    (
-                        child,
-                        depth + 1,
-                        f"{where}.{str(key)[:40]}" if isinstance(current, dict) else f"{where}[{key}]",
-                    )
-                )
+                    _check_string(key, entry, key)
+                stack.append((child, depth + 1, entry, key))
         elif isinstance(current, str):
-            _check_string(current, where)
+            _check_string(current, entry)
 
 
-def _check_string(text: str, where: str) -> None:
+def _path(entry: Any, key: Any = None) -> str:
+    """``$.a.b[2]``: the JSON path of a walk entry (and of ``key`` in it, when given)."""
+    parts: list[str] = []
+    if key is not None:
+        parts.append(f".{str(key)[:40]}")
+    while entry[2] is not None:
+        parent, step = entry[2], entry[3]
+        parts.append(f".{str(step)[:40]}" if isinstance(parent[0], dict) else f"[{step}]")
+        entry = parent
+    return "$" + "".join(reversed(parts))
+
+
+def _check_string(text: str, entry: Any, key: Any = None) -> None:
     if "\x00" in text:
         raise BodyRejected(
-            422, "invalid_request", "Strings may not contain NUL (\\u0000) characters.", {"at": where}
+            422,
+            "invalid_request",
+            "Strings may not contain NUL (\\u0000) characters.",
+            {"at": _path(entry, key)},
         )
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise BodyRejected(
-            422, "invalid_request", "Strings may not contain unpaired surrogates.", {"at": where}
+            422, "invalid_request", "Strings may not contain unpaired surrogates.", {"at": _path(entry, key)}
         ) from None
 
 
-def parse_json_body(raw: bytes, *, max_depth: int) -> Any:
+# The byte-level checks that stand in for walking every parsed value (see parse_json_body). They
+# read the body as the JSON text it was just proven to be, where a backslash occurs only inside a
+# string: an escaped NUL is ``\u0000`` after an even run of escaped backslashes (``\\``)...
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+# ...an integer orjson would turn into a float has at least 19 digits (orjson keeps up to 64 bits;
+# the ledger keeps any integer Python reads, exactly), and the nesting is seen in the brackets
+# that remain once the strings are gone, with both kinds made one.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_NINETEEN_DIGITS = b"0" * 19
+_ONE_BRACKET_KIND = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKET_OR_QUOTE = bytes(sorted(set(range(256)) - set(b'{}[]"')))
+
+
+def _nested_deeper_than(raw: bytes, max_depth: int) -> bool:
+    """Whether valid JSON ``raw`` nests containers deeper than ``max_depth``, from its bytes.
+    Escaped backslashes and quotes go first (so every quote left delimits a string), then all but
+    brackets and quotes, then the strings. Each round then removes the innermost containers
+    (``bytes.replace`` never matches across what it just removed, so ``[[]]`` loses one level a
+    round): a body is within the limit when ``max_depth`` rounds leave nothing."""
+    if raw.count(b"{") + raw.count(b"[") <= max_depth:
+        return False
+    skeleton = (
+        raw.replace(b"\\\\", b"")
+        .replace(b'\\"', b"")
+        .translate(_ONE_BRACKET_KIND, _NOT_BRACKET_OR_QUOTE)
+        .replace(b'""', b"")
+    )
+    if b'"' in skeleton:
+        skeleton = b"".join(skeleton.split(b'"')[::2])
+    for _ in range(max_depth):
+        skeleton = skeleton.replace(b"[]", b"")
+        if not skeleton:
+            return False
+    return True
+
+
+def _parse_exactly(raw: bytes) -> Any:
+    """The standard library's parser: every integer exactly, and the precise refusal (400)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -157,13 +215,32 @@ def parse_json_body(raw: bytes, *, max_depth: int) -> Any:
             400, "invalid_json", "The request body is not valid UTF-8.", {"position": exc.start}
         ) from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except (json.JSONDecodeError, RecursionError) as exc:
         details = {"line": exc.lineno, "column": exc.colno} if isinstance(exc, json.JSONDecodeError) else {}
         raise BodyRejected(400, "invalid_json", "The request body is not valid JSON.", details) from None
     except ValueError as exc:  # e.g. an integer with more digits than Python will convert
         raise BodyRejected(400, "invalid_json", f"The request body is not valid JSON: {exc}.") from None
-    check_json_value(value, max_depth=max_depth)
+
+
+def parse_json_body(raw: bytes, *, max_depth: int) -> Any:
+    """The body's JSON value, or ``BodyRejected``. Once per request (the gate keeps the value for
+    ninja), and in time proportional to the bytes with a small constant: orjson parses (it refuses
+    invalid UTF-8, lone surrogates, NaN, Infinity and out-of-range numbers itself), and the NUL and
+    depth checks read the bytes instead of walking every value. Only a body that needs it takes the
+    slower exact path: one orjson refuses (the standard parser then says why, or the walk names the
+    lone surrogate), one with a number of 19 digits or more (parsed again exactly), and one a
+    byte-level check refuses (the walk names where)."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        value = _parse_exactly(raw)
+        check_json_value(value, max_depth=max_depth)
+        return value
+    if _NINETEEN_DIGITS in raw.translate(_DIGITS_AS_ZERO):
+        value = _parse_exactly(raw)
+    if (b"\\u0000" in raw and _NUL_ESCAPE.search(raw)) or _nested_deeper_than(raw, max_depth):
+        check_json_value(value, max_depth=max_depth)
     return value
 
 
@@ -333,6 +410,15 @@ class ApiGateMiddleware:
             # Procfile's gunicorn gthread worker reads and drops the rest before the connection's
             # next request; its sync worker closed the connection, reading at most 64 KiB).
             return _refuse_unauthenticated(request)
+        try:
+            declared = _declared_length(request) if request.method in _BODY_METHODS else 0
+        except BodyRejected as exc:
+            return error_json(exc.status, exc.code, exc.message, exc.details)
+        # The key's limits, counted from the headers: a key over its requests or its bytes is
+        # refused before its body is read, let alone parsed.
+        refused = _refuse_over_key_limits(key, body_bytes=declared)
+        if refused is not None:
+            return refused
         if request.method in _BODY_METHODS:
             try:
                 self._check(request)
@@ -345,13 +431,6 @@ class ApiGateMiddleware:
         too_big = BodyRejected(
             413, "payload_too_large", f"The request body is larger than {limit} bytes.", {"max_bytes": limit}
         )
-        try:
-            declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            raise BodyRejected(400, "bad_request", "Content-Length is not a number.") from None
-        # Refuse on the declared length, before reading a byte of it.
-        if declared > limit:
-            raise too_big
         try:
             body = request.body
         except RequestDataTooBig:
@@ -368,6 +447,21 @@ class ApiGateMiddleware:
                 {"content_type": (request.content_type or "")[:100]},
             )
         setattr(request, _PARSED_ATTR, parse_json_body(body, max_depth=saga().max_json_depth))
+
+
+def _declared_length(request: HttpRequest) -> int:
+    """The body's declared length (what Django will read at most), refused when it is not a number
+    (400) or over the size limit (413): before a byte of the body is read."""
+    try:
+        declared = max(int(request.META.get("CONTENT_LENGTH") or 0), 0)
+    except ValueError:
+        raise BodyRejected(400, "bad_request", "Content-Length is not a number.") from None
+    limit = saga().max_body_bytes
+    if declared > limit:
+        raise BodyRejected(
+            413, "payload_too_large", f"The request body is larger than {limit} bytes.", {"max_bytes": limit}
+        )
+    return declared
 
 
 def parsed_body(request: HttpRequest) -> Any:
@@ -388,26 +482,50 @@ class CheckedJSONParser(Parser):
 # --- Throttling ---------------------------------------------------------------------------------
 
 
-class KeyRateThrottle(BaseThrottle):
-    """Fixed window per API key: an atomic counter in Redis (see ``_count_in_window``), so the
-    count is right across processes without storing a history list per request (what ninja's
-    SimpleRateThrottle does). The rate is read per request so a settings change applies at once.
-    If the cache is down the request is allowed: a rate limit must not take the ledger down."""
+def _rate_limited(message: str, window: Window, details: dict[str, Any] | None = None) -> JsonResponse:
+    response = error_json(429, "rate_limited", message, details)
+    response["Retry-After"] = str(max(1, math.ceil(window.retry_after)))
+    return response
 
-    def __init__(self) -> None:
-        # One instance serves every thread; ninja asks wait() right after a refusal, so the
-        # window's end is remembered per thread.
-        self._local = threading.local()
 
-    def allow_request(self, request: HttpRequest) -> bool:
-        key = getattr(request, "auth", None)
-        if key is None:
-            return True
-        window = fixed_window(str(key.pk), saga().throttle_rate)
-        if window is None:
-            return True
-        self._local.retry_after = window.retry_after
-        return window.allowed
+def _refuse_over_key_limits(key: AgentKey, *, body_bytes: int) -> HttpResponse | None:
+    """429 when the key is over its rate of requests (``SAGA_THROTTLE_RATE``) or of body bytes
+    (``SAGA_THROTTLE_BYTES``; the declared length is counted, so a refused body is never read).
+    Both counters move in one round trip; a request without a body counts no bytes."""
+    conf = saga()
+    counts = [(str(key.pk), conf.throttle_rate, 1)]
+    if body_bytes:
+        counts.append((f"bytes:{key.pk}", conf.throttle_bytes, body_bytes))
+    windows = fixed_windows(counts)
+    if windows is None:
+        return None
+    if not windows[0].allowed:
+        return _rate_limited(
+            "Too many requests for this API key; retry after the Retry-After delay.", windows[0]
+        )
+    if len(windows) > 1 and not windows[1].allowed:
+        return _rate_limited(
+            f"This API key has sent more than {windows[1].limit} bytes of request bodies in this "
+            "window; retry after the Retry-After delay.",
+            windows[1],
+            {"limit_bytes": windows[1].limit},
+        )
+    return None
 
-    def wait(self) -> float | None:
-        return max(getattr(self._local, "retry_after", 1.0), 1.0)
+
+def refuse_over_url_rate(request: HttpRequest) -> HttpResponse | None:
+    """429 when the request's key is over its rate of URL-bearing requests (``SAGA_URL_RATE``):
+    requests carrying a URL the server will check — resolving its host — and later call (a run's
+    ``resume_url``). Counted per key, before the URL is looked at, so no key can make the outbound
+    guard resolve names at its own pace."""
+    key = request_key(request)
+    if key is None:
+        return None
+    window = fixed_window(f"urls:{key.pk}", saga().url_rate)
+    if window is None or window.allowed:
+        return None
+    return _rate_limited(
+        "Too many requests carrying a URL for this API key; retry after the Retry-After delay.",
+        window,
+        {"limit": window.limit},
+    )

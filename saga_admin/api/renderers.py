@@ -24,13 +24,18 @@ def _default(value: Any) -> Any:
     return _ENCODER.default(value)
 
 
+def render_json(data: Any) -> bytes:
+    """``data`` as the API's JSON: what every response body of the API goes through."""
+    try:
+        return orjson.dumps(data, default=_default, option=_OPTIONS)
+    except orjson.JSONEncodeError:
+        # What orjson does not take: an integer beyond 64 bits that an agent put in its args
+        # (JSON allows any size, and the ledger keeps it exactly), a nesting deeper than 255.
+        return json.dumps(data, cls=NinjaJSONEncoder).encode()
+
+
 class ORJSONRenderer(BaseRenderer):
     media_type = "application/json"
 
     def render(self, request: HttpRequest, data: Any, *, response_status: int) -> Any:
-        try:
-            return orjson.dumps(data, default=_default, option=_OPTIONS)
-        except orjson.JSONEncodeError:
-            # What orjson does not take: an integer beyond 64 bits that an agent put in its args
-            # (JSON allows any size, and the ledger keeps it exactly), a nesting deeper than 255.
-            return json.dumps(data, cls=NinjaJSONEncoder)
+        return render_json(data)

@@ -541,7 +541,14 @@ def action_out(action: Action, *, approval: Approval | None = None) -> dict[str,
         "approval": approval_data,
         "compensation": compensation,
     }
-    return ActionOut.model_validate(data).model_dump(mode="json")
+    out = ActionOut.model_validate(data).model_dump(mode="json", exclude=set(_AGENT_JSON))
+    # The agent's own JSON is handed on as it is: it is JSON already (parsed from a request, or read
+    # from a jsonb column), and converting it for JSON would walk every value of up to a megabyte.
+    return {name: data.get(name) if name in _AGENT_JSON else out[name] for name in ActionOut.model_fields}
+
+
+# The fields of an action that hold an agent's free-form JSON (see ``action_out``).
+_AGENT_JSON = frozenset({"args", "before_snapshot", "after_snapshot", "result"})
 
 
 def grants_out(approval: Approval) -> list[dict[str, Any]]:

@@ -70,6 +70,11 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
     limited = sections["append"]["record_action_limited_16"]["record_action"]
     assert limited["count"] > 0 and limited["errors"] == 0
     assert "tool with 2 limits" in report
+    # A record with just under 1 MiB of args beside a small one (issue 26, point 8), both recorded.
+    sizes = sections["record_size"]
+    assert set(sizes) == {"small", "megabyte"}
+    assert all(entry["errors"] == 0 for entry in sizes.values()), sizes
+    assert sizes["small"]["count"] > 0
     # Requests without a key are refused (401) from their headers, a megabyte body or not; the same
     # megabyte with a valid key is read and judged (422).
     refusals = sections["unauthenticated"]
