@@ -35,6 +35,7 @@ from recovery.models import (
     NotificationChannel,
     RecoveryItem,
     SlackApp,
+    SlackLinkCode,
     SlackUserLink,
     Unwind,
     UnwindStep,
@@ -307,3 +308,14 @@ class SlackUserLinkAdmin(_TenantChoiceMixin, TenantScopedAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[SlackUserLink]) -> None:
         for link in queryset.select_related("tenant", "user"):
             channels.slack_user_link_remove(link=link, actor=Actor.for_user(admin_user(request)))
+
+
+@admin.register(SlackLinkCode)
+class SlackLinkCodeAdmin(ReadOnlyAdmin):
+    """Outstanding one-time link codes, to see who is linking: who asked and until when. Only the
+    person themself makes one (the dashboard) and redeems it (Slack); the hash is not shown."""
+
+    list_display = ["user", "tenant", "created_at", "expires_at"]
+    list_filter = [tenant_filter("tenant")]
+    list_select_related = ["tenant", "user"]
+    exclude = ["code_hash"]
