@@ -18,6 +18,7 @@ import structlog
 from redis.exceptions import RedisError
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
+from rq.queue import Queue
 
 log = structlog.get_logger("saga_admin.queueing")
 
@@ -89,20 +90,29 @@ def job_is_alive(state: str | None) -> bool:
 def job_will_run(job_id: str, *, queue: str = "default", started_within_s: float) -> bool | None:
     """Whether the job is still going to carry out its work: waiting in RQ (however long: a queue
     behind a backlog is not a lost job), or started less than ``started_within_s`` ago (longer, and
-    its work horse is presumed dead: RQ itself notices only at its maintenance pass). False for a
-    finished, failed or unknown job; None when Redis is down."""
+    its work horse is presumed dead: RQ itself notices only at its maintenance pass; so too for a
+    job a worker took off the queue and never started). False for a finished, failed or unknown
+    job; None when Redis is down."""
     if not job_id:
         return False
     try:
-        job = Job.fetch(job_id, connection=django_rq.get_connection(queue))
+        connection = django_rq.get_connection(queue)
+        job = Job.fetch(job_id, connection=connection)
         status = job.get_status(refresh=False)
+        # A worker takes a job off its queue (into the queue's intermediate list) before it marks
+        # it started; one killed in between leaves it "queued" but in no queue, and RQ fails it
+        # only at a worker's maintenance pass, ten minutes or more later. Such a job is judged as a
+        # started one would be, from when it was enqueued.
+        queue_key = Queue(job.origin, connection=connection).key
+        dequeued = status == JobStatus.QUEUED and connection.lpos(queue_key, job.id) is None
     except NoSuchJobError:
         return False
     except RedisError:
         return None
-    if status in WAITING_STATUSES:
+    if status in WAITING_STATUSES and not dequeued:
         return True
-    if status != JobStatus.STARTED or job.started_at is None:
+    since = job.enqueued_at if dequeued else job.started_at
+    if (status != JobStatus.STARTED and not dequeued) or since is None:
         return False
-    started_at = job.started_at if job.started_at.tzinfo else job.started_at.replace(tzinfo=UTC)
-    return (datetime.now(UTC) - started_at).total_seconds() < started_within_s
+    since = since if since.tzinfo else since.replace(tzinfo=UTC)
+    return (datetime.now(UTC) - since).total_seconds() < started_within_s

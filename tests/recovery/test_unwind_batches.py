@@ -238,6 +238,31 @@ def test_the_sweeper_leaves_an_unwind_to_its_advance_job_while_rq_holds_it(
     assert [job.func_name for job in queue.jobs] == ["recovery.jobs.unwind_advance", "recovery.jobs.step_run"]
 
 
+def test_an_advance_job_a_dead_worker_took_off_the_queue_is_not_waited_for(
+    tenant, agent, alice, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        unwind = _unwind(tenant, agent, alice, steps=2)
+    queue = django_rq.get_queue("compensations")
+    [advance] = queue.jobs
+    Unwind.objects.filter(pk=unwind.pk).update(updated_at=timezone.now() - timedelta(hours=1))
+    # What RQ's dequeue does first (LMOVE into the queue's intermediate list), then the worker is
+    # killed before it marks the job started: the job still reads "queued", but nothing will take
+    # it until a worker's maintenance pass fails it, ten minutes or more later.
+    queue.connection.lmove(queue.key, queue.intermediate_queue_key)
+    assert queue.jobs == [] and advance.get_status() == JobStatus.QUEUED
+
+    # Just taken: its worker may be about to start it.
+    assert sweeper.steps_sweep().advanced == 0
+    advance.enqueued_at = datetime.now(UTC) - timedelta(minutes=5)
+    advance.save()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweeper.steps_sweep().advanced == 1
+
+    assert _statuses(unwind) == ["queued", "pending"]
+    assert [job.func_name for job in queue.jobs] == ["recovery.jobs.step_run"]
+
+
 def test_an_advance_job_gets_a_sweep_interval_to_reach_redis_then_the_sweeper_advances(
     tenant, agent, alice, django_capture_on_commit_callbacks
 ):
