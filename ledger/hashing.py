@@ -14,9 +14,15 @@ def canonical_json(value: Any) -> str:
 
 
 def sha256_hex(value: Any) -> str:
-    data = value if isinstance(value, str | bytes) else canonical_json(value)
-    if isinstance(data, str):
-        data = data.encode()
+    """The hash of a string's or bytes' own bytes, else of the value's canonical JSON (spelled by
+    ``canonical_json_bytes``: the same bytes as ``canonical_json``, in a tenth of the time, so a
+    megabyte of args an approval binds is not spelled by the standard library)."""
+    if isinstance(value, str):
+        data = value.encode()
+    elif isinstance(value, bytes):
+        data = value
+    else:
+        data = canonical_json_bytes(value)
     return hashlib.sha256(data).hexdigest()
 
 

@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
+import orjson
 import structlog
 from django.conf import settings
 from django.core.mail import send_mail
@@ -37,6 +38,7 @@ from saga_client.signing import signed_headers
 from ledger import errors, outbound
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
+from ledger.hashing import canonical_json_bytes
 from ledger.models import Risk, Run, Tenant
 from recovery import queueing, slack
 from recovery.models import (
@@ -201,13 +203,30 @@ def notify_item_opened(item: RecoveryItem) -> list[Notification]:
     )
 
 
+# The most of an approval's args a notification spells out. Past it the text is cut (and says so):
+# a message cannot show an approver a megabyte, a Slack message whose args were cut carries no
+# Approve button (``recovery.slack``), and the inbox shows them whole. Well above Slack's own limit,
+# so whatever is cut here is cut there too.
+ARGS_SHOWN_MAX = 20_000
+
+
+def args_shown(args: Any) -> str:
+    """The args as a notification spells them: indented, keys sorted, cut past ``ARGS_SHOWN_MAX``
+    characters. Their size is read from their canonical bytes first (orjson, a few milliseconds
+    for a megabyte), so a near-limit body is never indented by the standard library."""
+    if len(canonical_json_bytes(args)) <= ARGS_SHOWN_MAX:
+        return json.dumps(args, indent=2, sort_keys=True, default=str)
+    text = orjson.dumps(args, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS, default=str).decode()
+    return f"{text[:ARGS_SHOWN_MAX]}\n… cut here ({len(text) - ARGS_SHOWN_MAX} more characters): the inbox shows them whole"
+
+
 def approval_lines(approval: Approval) -> list[str]:
-    """What a notification says of an approval: the args in full (a Slack Approve button is bound
-    to their hash, ``approval.args_hash``)."""
+    """What a notification says of an approval: the args (a Slack Approve button is bound to their
+    hash, ``approval.args_hash``, and offered only when they were not cut)."""
     return [
         f"{approval.get_kind_display()}: {approval.tool}",
         f"Expires: {approval.expires_at:%Y-%m-%d %H:%M} UTC",
-        f"Args: {json.dumps(approval.args, indent=2, sort_keys=True, default=str)}",
+        f"Args: {args_shown(approval.args)}",
     ]
 
 

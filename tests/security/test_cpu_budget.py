@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -22,11 +23,13 @@ import orjson
 import pytest
 from django.core.cache import caches
 
-from ledger import outbound
+from ledger import hashing, outbound
 from ledger.audit import Actor
-from ledger.hashing import sha256_hex
+from ledger.hashing import canonical_json
 from ledger.models import Action, Run
 from ledger.services.keys import agent_key_create
+from recovery import notifications
+from recovery.models import Approval
 from saga_admin.api import limits
 from tests.security.test_api_edge import _headers_only, _read_response
 from tests.support.api import Api, error_of
@@ -299,15 +302,68 @@ def test_a_near_limit_record_is_parsed_once_and_never_walked_or_spelled_by_the_s
     assert response.json()["args"] == args
     action = Action.objects.get(run_id=run_id)
     assert action.args == args
-    assert action.payload_hash == sha256_hex(
-        {
-            "tool": "crm.update_contact",
-            "target_type": "",
-            "target_id": "c-1",
-            "args": args,
-            "compensation": None,
-        }
+    # The standard library's spelling, written out: the hash stored before this change.
+    assert (
+        action.payload_hash
+        == hashlib.sha256(
+            canonical_json(
+                {
+                    "tool": "crm.update_contact",
+                    "target_type": "",
+                    "target_id": "c-1",
+                    "args": args,
+                    "compensation": None,
+                }
+            ).encode()
+        ).hexdigest()
     )
+
+
+@pytest.mark.django_db
+def test_a_near_limit_record_that_waits_for_approval_binds_and_announces_its_args_cheaply(
+    agent_key, onboarding_policies, monkeypatch
+):
+    """Pass: a near-limit record of a tool that needs a person (the default policy) opens its
+    approval without the standard library spelling the megabyte for the approval's args hash or
+    for the notification (which shows the args cut, with no Approve button in Slack: the inbox
+    shows them whole); the hash is the one ``canonical_json`` gives. Before, the hash and an
+    indented copy for every notification cost more than the rest of the record together."""
+    api = Api(agent_key[1])
+    run_id = api.post("/runs", {"agent": "hr", "request": "r"}).json()["id"]
+    args = {"items": [{"k": i % 10} for i in range(90_000)]}
+    body = {"tool": "unlisted.tool", "target_id": "t-1", "args": args, "idempotency_key": "near-limit-gated"}
+    spelled: list[int] = []
+    _spy(
+        monkeypatch,
+        hashing,
+        "canonical_json",
+        spelled,
+        lambda a, result: -1 if result is None else len(result),
+    )
+    indented: list[int] = []
+    real_dumps = json.dumps
+
+    def dumps(value: Any, *args: Any, **kwargs: Any) -> str:
+        text = real_dumps(value, *args, **kwargs)
+        if kwargs.get("indent") is not None:  # a notification's spelling, not a column's
+            indented.append(len(text))
+        return text
+
+    monkeypatch.setattr(json, "dumps", dumps)
+
+    response = api.post(f"/runs/{run_id}/actions", body)
+    approval = Approval.objects.get(action_id=orjson.loads(response.content)["id"])
+    # What every notification of the request says of it (e-mail, Slack, the outbox row).
+    shown = notifications.approval_lines(approval)
+    monkeypatch.undo()
+
+    assert response.status_code == 201, response.content[:300]
+    assert response.json()["status"] == "awaiting_approval"
+    assert [size for size in spelled + indented if size > 64 * 1024] == []
+    assert approval.args_hash == hashlib.sha256(canonical_json(args).encode()).hexdigest()
+    args_line = next(line for line in shown if line.startswith("Args: "))
+    assert len(args_line) < notifications.ARGS_SHOWN_MAX + 200
+    assert "cut here" in args_line and "the inbox shows them whole" in args_line
 
 
 @pytest.mark.django_db
