@@ -40,6 +40,21 @@ REFUSALS = {
 }
 
 
+def _load_row(label: str, entry: dict[str, Any], note: str) -> list[str]:
+    """One row of a load table: the measured columns of ``entry``, then ``note``."""
+    return [
+        label,
+        _f(entry.get("clients")),
+        _f(entry.get("throughput")),
+        _f(entry.get("p50_ms"), 2),
+        _f(entry.get("p95_ms"), 2),
+        _f(entry.get("p99_ms"), 2),
+        _f(entry.get("errors")),
+        _f(entry.get("server_cpu_ms_per_request"), 2),
+        note,
+    ]
+
+
 def _f(value: Any, digits: int = 1) -> str:
     if value is None or value == "":
         return "–"
@@ -65,19 +80,7 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
             rows.append([label, "–", "not measured", "–", "–", "–", "–", "–", "–"])
             return
         ratio = _ratio(entry.get("throughput"), limit)
-        rows.append(
-            [
-                label,
-                _f(entry.get("clients")),
-                _f(entry.get("throughput")),
-                _f(entry.get("p50_ms"), 2),
-                _f(entry.get("p95_ms"), 2),
-                _f(entry.get("p99_ms"), 2),
-                _f(entry.get("errors")),
-                _f(entry.get("server_cpu_ms_per_request"), 2),
-                f"{ratio:.0%}" if ratio is not None else "–",
-            ]
-        )
+        rows.append(_load_row(label, entry, f"{ratio:.0%}" if ratio is not None else "–"))
 
     for n in (1, 16):
         load_row(f"L1 raw INSERT ({n} conn)", base.get(f"L1_{n}"))
@@ -133,17 +136,11 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
                 sizes.get("small", {}).get("server_cpu_ms_per_request"),
             )
             rows.append(
-                [
+                _load_row(
                     f"record size: {label}",
-                    _f(entry.get("clients")),
-                    _f(entry.get("throughput")),
-                    _f(entry.get("p50_ms"), 2),
-                    _f(entry.get("p95_ms"), 2),
-                    _f(entry.get("p99_ms"), 2),
-                    _f(entry.get("errors")),
-                    _f(entry.get("server_cpu_ms_per_request"), 2),
+                    entry,
                     f"server CPU {cpu_ratio:.1f}x the small one" if cpu_ratio is not None else "–",
-                ]
+                )
             )
     refusals = sec.get("unauthenticated", {})
     for key, label in REFUSALS.items():
@@ -153,17 +150,9 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
             twin = "tiny_unknown_key" if key == "megabyte_unknown_key" else "tiny_no_key"
             ratio = _ratio(entry.get("p50_ms"), refusals.get(twin, {}).get("p50_ms"))
             rows.append(
-                [
-                    f"refusal: {label}",
-                    _f(entry.get("clients")),
-                    _f(entry.get("throughput")),
-                    _f(entry.get("p50_ms"), 2),
-                    _f(entry.get("p95_ms"), 2),
-                    _f(entry.get("p99_ms"), 2),
-                    _f(entry.get("errors")),
-                    _f(entry.get("server_cpu_ms_per_request"), 2),
-                    f"p50 {ratio:.1f}x the tiny one" if ratio is not None else "–",
-                ]
+                _load_row(
+                    f"refusal: {label}", entry, f"p50 {ratio:.1f}x the tiny one" if ratio is not None else "–"
+                )
             )
     dash = sec.get("dashboard", {})
     for name, t in dash.get("timings", {}).items():
