@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import Q
 
 from ledger import ids
+from ledger.json_text import JSONField
 
 
 class Risk(models.TextChoices):
@@ -179,7 +180,7 @@ class Run(models.Model):
     goal = models.TextField(blank=True, default="")
     trace_url = models.URLField(max_length=2000, blank=True, default="")
     resume_url = models.URLField(max_length=2000, blank=True, default="")
-    metadata = models.JSONField(default=dict, blank=True)
+    metadata = JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     summary = models.TextField(blank=True, default="")
     error = models.TextField(blank=True, default="")
@@ -272,41 +273,41 @@ class Action(models.Model):
     tool = models.CharField(max_length=200)
     target_type = models.CharField(max_length=100, blank=True, default="")
     target_id = models.CharField(max_length=500, blank=True, default="")
-    args = models.JSONField(default=dict, blank=True)
+    args = JSONField(default=dict, blank=True)
     idempotency_key = models.CharField(max_length=255)
     # The authenticated agent that recorded it: the recording key's name (keys of one name are one
     # agent), never the name a run declares. ``per: agent`` limits count by it.
     owner = models.CharField(max_length=200, blank=True, default="", db_default="")
     # SHA-256 of the canonical recorded payload: a replay with another payload is refused.
     payload_hash = models.CharField(max_length=64)
-    intent = models.JSONField(default=dict, blank=True)
-    before_snapshot = models.JSONField(null=True, blank=True)
-    after_snapshot = models.JSONField(null=True, blank=True)
-    result = models.JSONField(null=True, blank=True)
+    intent = JSONField(default=dict, blank=True)
+    before_snapshot = JSONField(null=True, blank=True)
+    after_snapshot = JSONField(null=True, blank=True)
+    result = JSONField(null=True, blank=True)
     risk = models.CharField(max_length=16, choices=Risk.choices)
     action_class = models.CharField(max_length=32, choices=ActionClass.choices)
     approval_mode = models.CharField(max_length=16, choices=ApprovalMode.choices)
     requires_approval = models.BooleanField(default=False)
     # The policy that applied when the action was recorded (pattern, source): the record must
     # not change meaning when the policy file changes later.
-    policy = models.JSONField(default=dict, blank=True)
+    policy = JSONField(default=dict, blank=True)
     compensation_strategy = models.CharField(
         max_length=16, choices=CompensationStrategy.choices, default=CompensationStrategy.NONE
     )
     compensation_tool = models.CharField(max_length=200, blank=True, default="")
-    compensation_args = models.JSONField(null=True, blank=True)
+    compensation_args = JSONField(null=True, blank=True)
     # The gateway that forwarded the call and the upstream that performed it (``{"gateway",
     # "upstream"}``, null when the agent called the tool itself): an undo must reach that upstream
     # (``ledger.upstreams``). Written by ``saga_action_record`` with the rest of the row.
-    via = models.JSONField(null=True, blank=True)
+    via = JSONField(null=True, blank=True)
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.PLANNED)
     attempts = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True, default="")
     error_layer = models.CharField(max_length=16, choices=ErrorLayer.choices, blank=True, default="")
     retryable = models.BooleanField(null=True, blank=True)
     verified = models.BooleanField(null=True, blank=True)
-    verification = models.JSONField(null=True, blank=True)
-    warnings = models.JSONField(default=list, blank=True)
+    verification = JSONField(null=True, blank=True)
+    warnings = JSONField(default=list, blank=True)
     # Position in the run's completion order; LIFO compensation sorts by it, descending.
     completion_seq = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -389,7 +390,7 @@ class Checkpoint(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="checkpoints")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
     name = models.CharField(max_length=200)
-    state = models.JSONField(default=dict, blank=True)
+    state = JSONField(default=dict, blank=True)
     completed_action_ids = ArrayField(models.CharField(max_length=40), default=list, blank=True)
     pending_action_ids = ArrayField(models.CharField(max_length=40), default=list, blank=True)
     requires_user_approval = models.BooleanField(default=False)
@@ -398,7 +399,7 @@ class Checkpoint(models.Model):
     )
     recovery_instructions = models.TextField(blank=True, default="")
     summary = models.TextField(blank=True, default="")
-    trace_links = models.JSONField(default=list, blank=True)
+    trace_links = JSONField(default=list, blank=True)
     # The run's completion counter when the checkpoint was written: actions completed after it
     # make the checkpoint stale for a resume.
     completion_mark = models.PositiveIntegerField(default=0)
@@ -442,10 +443,10 @@ class PolicySet(models.Model):
     auto-compensation, globally (tenant NULL) or for one tenant."""
 
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE)
-    default_policy = models.JSONField(default=dict)
-    unwind = models.JSONField(default=dict)
-    auto_compensate = models.JSONField(default=dict)
-    audit = models.JSONField(default=dict, blank=True)
+    default_policy = JSONField(default=dict)
+    unwind = JSONField(default=dict)
+    auto_compensate = JSONField(default=dict)
+    audit = JSONField(default=dict, blank=True)
     source = models.CharField(max_length=500, blank=True, default="")
     content_hash = models.CharField(max_length=64, blank=True, default="")
     loaded_at = models.DateTimeField(auto_now=True)
@@ -490,11 +491,11 @@ class ToolPolicy(models.Model):
     compensation_tool = models.CharField(max_length=200, blank=True, default="")
     # Templates for the compensating tool's args ("$args.<path>", "$result.<path>", "$target_id",
     # "$target_type"), filled from the forward action; None: the forward action's args as they are.
-    compensation_args = models.JSONField(null=True, blank=True)
+    compensation_args = JSONField(null=True, blank=True)
     # Rules on the call's args (first match wins) and rate/sum limits, as the loader validated
     # them; compiled once per policy-table version (ledger.policy_rules, ledger.policies).
-    rules = models.JSONField(default=list, blank=True)
-    limits = models.JSONField(default=list, blank=True)
+    rules = JSONField(default=list, blank=True)
+    limits = JSONField(default=list, blank=True)
     # How many distinct people must grant an approval this policy asks for (a rule may raise it).
     approvers = models.PositiveSmallIntegerField(default=1)
     source = models.CharField(max_length=500, blank=True, default="")
@@ -591,7 +592,7 @@ class Compensator(models.Model):
     # headers it is sent with, as header name → the environment variable holding the value (the
     # values never touch the database).
     mcp_tool = models.CharField(max_length=200, blank=True, default="")
-    headers_env = models.JSONField(blank=True, default=dict)
+    headers_env = JSONField(blank=True, default=dict)
     # Optional reader that returns the target's current state, for drift checks.
     reader_path = models.CharField(max_length=500, blank=True, default="")
     source = models.CharField(max_length=500, blank=True, default="")
@@ -634,7 +635,7 @@ class IdempotencyRecord(models.Model):
     request_hash = models.CharField(max_length=64)
     state = models.CharField(max_length=16, choices=State.choices, default=State.IN_FLIGHT)
     response_status = models.PositiveSmallIntegerField(null=True, blank=True)
-    response_body = models.JSONField(null=True, blank=True)
+    response_body = JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -670,7 +671,7 @@ class Event(models.Model):
     actor_id = models.CharField(max_length=64, blank=True, default="")
     actor_label = models.CharField(max_length=200, blank=True, default="")
     reason = models.TextField(blank=True, default="")
-    data = models.JSONField(default=dict, blank=True)
+    data = JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64, unique=True)

@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import Q
 
 from ledger import errors, ids, outbound
+from ledger.json_text import JSONField
 from ledger.models import RISK_ORDER, Action, AgentKey, Checkpoint, Event, Risk, Run, Tenant
 
 
@@ -68,7 +69,7 @@ class RecoveryItem(models.Model):
     # instead of a join of every unresolved item with its run and action. Set by
     # services.item_open_or_update, the one place an item's failed action is set.
     search_text = models.TextField(blank=True, default="", db_default="", editable=False)
-    details = models.JSONField(default=dict, blank=True)
+    details = JSONField(default=dict, blank=True)
     assignee = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -144,7 +145,7 @@ class Unwind(models.Model):
     )
     reason = models.TextField(blank=True, default="")
     # The dry-run plan the operator confirmed, frozen: what was shown is what runs.
-    plan = models.JSONField(default=dict, blank=True)
+    plan = JSONField(default=dict, blank=True)
     # The RQ job carrying the unwind's latest advance. Not a state: the sweeper asks Redis about
     # it before advancing an unwind that has nothing in flight (recovery.sweeper).
     job_id = models.CharField(max_length=100, blank=True, default="", db_default="")
@@ -187,7 +188,7 @@ class UnwindStep(models.Model):
     # 0 is the newest completed action: steps run in ascending position (LIFO).
     position = models.PositiveIntegerField()
     tool = models.CharField(max_length=200, blank=True, default="")
-    args = models.JSONField(null=True, blank=True)
+    args = JSONField(null=True, blank=True)
     strategy = models.CharField(max_length=16, blank=True, default="")
     requires_approval = models.BooleanField(default=False)
     status = models.CharField(max_length=24, choices=Status.choices, default=Status.PENDING)
@@ -201,7 +202,7 @@ class UnwindStep(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     job_id = models.CharField(max_length=100, blank=True, default="")
     error = models.TextField(blank=True, default="")
-    result = models.JSONField(null=True, blank=True)
+    result = JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -259,9 +260,9 @@ class Approval(models.Model):
     risk = models.CharField(max_length=16, choices=Risk.choices)
     tool = models.CharField(max_length=200)
     # Exactly what the approver is shown; the decision binds to its hash.
-    args = models.JSONField(null=True, blank=True)
+    args = JSONField(null=True, blank=True)
     args_hash = models.CharField(max_length=64)
-    approved_args = models.JSONField(null=True, blank=True)
+    approved_args = JSONField(null=True, blank=True)
     approved_args_hash = models.CharField(max_length=64, blank=True, default="")
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -428,7 +429,7 @@ class NotificationChannel(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     target = models.CharField(max_length=2000)
     secret = models.CharField(max_length=500, blank=True, default="")
-    events = models.JSONField(default=list, blank=True)
+    events = JSONField(default=list, blank=True)
     min_risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.LOW)
     enabled = models.BooleanField(default=True)
     created_by = models.ForeignKey(
@@ -512,9 +513,9 @@ class Notification(models.Model):
     run_id = models.CharField(max_length=40, blank=True, default="")
     risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.LOW)
     # The webhook body, exactly as sent ({event, tenant, id, run_id, summary, url, created_at}).
-    body = models.JSONField(default=dict)
+    body = JSONField(default=dict)
     # What e-mail and Slack messages say besides the body (tool, reason, expiry, approval id).
-    context = models.JSONField(default=dict, blank=True)
+    context = JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=10)
@@ -526,7 +527,7 @@ class Notification(models.Model):
     last_error = models.TextField(blank=True, default="")
     last_status_code = models.PositiveIntegerField(null=True, blank=True)
     # Every attempt: [{"at", "outcome", "error", "status_code"}], the last few kept.
-    history = models.JSONField(default=list, blank=True)
+    history = JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     delivered_at = models.DateTimeField(null=True, blank=True)

@@ -17,6 +17,7 @@ from django.db import connection
 from django.db.models import DateTimeField, JSONField
 from django.utils.dateparse import parse_datetime
 
+from ledger import json_text
 from ledger.models import Action
 
 # The functions a write may call: a constant set, never a name from input.
@@ -48,19 +49,10 @@ def _encode(payload: dict[str, Any]) -> str:
         return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=_fragment_value)
 
 
-# An integer orjson would read as a float has at least 19 digits: then the standard library reads
-# the answer, and the action's JSON keeps every integer exactly.
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
-_NINETEEN_DIGITS = b"0" * 19
-
-
 def _decode(value: str | bytes) -> Any:
     """The function's answer (the action's row, args and all, for a move or a replay), decoded by
-    orjson unless it may hold an integer beyond 64 bits."""
-    raw = value.encode() if isinstance(value, str) else value
-    if _NINETEEN_DIGITS in raw.translate(_DIGITS_AS_ZERO):
-        return json.loads(raw)
-    return orjson.loads(raw)
+    orjson unless it may hold an integer beyond 64 bits (``ledger.json_text.loads``)."""
+    return json_text.loads(value)
 
 
 def _fragment_value(value: Any) -> Any:

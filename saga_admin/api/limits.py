@@ -43,6 +43,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpR
 from django.urls import Resolver404, resolve
 from ninja.parser import Parser
 
+from ledger import json_text
 from ledger.conf import saga
 from ledger.models import AgentKey
 from ledger.services.keys import agent_key_authenticate
@@ -174,11 +175,9 @@ def _check_string(text: str, entry: Any, key: Any = None) -> None:
 # read the body as the JSON text it was just proven to be, where a backslash occurs only inside a
 # string: an escaped NUL is ``\u0000`` after an even run of escaped backslashes (``\\``)...
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
-# ...an integer orjson would turn into a float has at least 19 digits (orjson keeps up to 64 bits;
-# the ledger keeps any integer Python reads, exactly), and the nesting is seen in the brackets
-# that remain once the strings are gone, with both kinds made one.
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
-_NINETEEN_DIGITS = b"0" * 19
+# ...an integer orjson would turn into a float has at least 19 digits (``json_text``: orjson keeps
+# up to 64 bits; the ledger keeps any integer Python reads, exactly), and the nesting is seen in
+# the brackets that remain once the strings are gone, with both kinds made one.
 _ONE_BRACKET_KIND = bytes.maketrans(b"{}", b"[]")
 _NOT_BRACKET_OR_QUOTE = bytes(sorted(set(range(256)) - set(b'{}[]"')))
 
@@ -237,7 +236,7 @@ def parse_json_body(raw: bytes, *, max_depth: int) -> Any:
         value = _parse_exactly(raw)
         check_json_value(value, max_depth=max_depth)
         return value
-    if _NINETEEN_DIGITS in raw.translate(_DIGITS_AS_ZERO):
+    if json_text.may_hold_long_integer(raw):
         value = _parse_exactly(raw)
     if (b"\\u0000" in raw and _NUL_ESCAPE.search(raw)) or _nested_deeper_than(raw, max_depth):
         check_json_value(value, max_depth=max_depth)

@@ -324,7 +324,8 @@ def test_a_near_limit_record_that_waits_for_approval_binds_and_announces_its_arg
     agent_key, onboarding_policies, monkeypatch
 ):
     """Pass: a near-limit record of a tool that needs a person (the default policy) opens its
-    approval without the standard library spelling the megabyte for the approval's args hash or
+    approval without the standard library spelling or reading the megabyte: not for the approval's
+    args hash, not for the approval's and the action's jsonb columns (``ledger.json_text``), not
     for the notification (which shows the args cut, with no Approve button in Slack: the inbox
     shows them whole); the hash is the one ``canonical_json`` gives. Before, the hash and an
     indented copy for every notification cost more than the rest of the record together."""
@@ -350,8 +351,20 @@ def test_a_near_limit_record_that_waits_for_approval_binds_and_announces_its_arg
         return text
 
     monkeypatch.setattr(json, "dumps", dumps)
+    # The standard library's own spelling and reading (json.dumps and json.loads end there, and so
+    # does Django's JSONField unless it is the ledger's, which spells and reads with orjson).
+    stdlib_spelled: list[int] = []
+    _spy(
+        monkeypatch,
+        json.JSONEncoder,
+        "encode",
+        stdlib_spelled,
+        lambda a, result: -1 if result is None else len(result),
+    )
+    stdlib_read: list[int] = []
+    _spy(monkeypatch, json.JSONDecoder, "decode", stdlib_read, lambda a, result: len(a[1]))
 
-    response = api.post(f"/runs/{run_id}/actions", body)
+    response = api.post(f"/runs/{run_id}/actions", raw=orjson.dumps(body))
     approval = Approval.objects.get(action_id=orjson.loads(response.content)["id"])
     # What every notification of the request says of it (e-mail, Slack, the outbox row).
     shown = notifications.approval_lines(approval)
@@ -360,6 +373,7 @@ def test_a_near_limit_record_that_waits_for_approval_binds_and_announces_its_arg
     assert response.status_code == 201, response.content[:300]
     assert response.json()["status"] == "awaiting_approval"
     assert [size for size in spelled + indented if size > 64 * 1024] == []
+    assert [size for size in stdlib_spelled + stdlib_read if size > 64 * 1024] == []
     assert approval.args_hash == hashlib.sha256(canonical_json(args).encode()).hexdigest()
     args_line = next(line for line in shown if line.startswith("Args: "))
     assert len(args_line) < notifications.ARGS_SHOWN_MAX + 200
