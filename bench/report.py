@@ -29,7 +29,14 @@ HOT_PATH = {
 RECORD_SIZES = {
     "small": "record action, small args",
     "megabyte": "record action, args just under 1 MiB (~94,000 small objects)",
+    "small_gated": "record action that waits for a person, small args",
+    "megabyte_gated": "record action that waits for a person, args just under 1 MiB",
 }
+# The pairs the 10× target compares: (small, near-limit, what the tool's policy asks).
+RECORD_SIZE_PAIRS = (
+    ("small", "megabyte", "needs no approval"),
+    ("small_gated", "megabyte_gated", "waits for a person"),
+)
 # The refusal figures (bench.run's ``unauthenticated`` phase), in the order they are shown.
 REFUSALS = {
     "tiny_no_key": "POST without a key, tiny body",
@@ -133,7 +140,9 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
         if entry:
             cpu_ratio = _ratio(
                 entry.get("server_cpu_ms_per_request"),
-                sizes.get("small", {}).get("server_cpu_ms_per_request"),
+                sizes.get("small_gated" if key.endswith("_gated") else "small", {}).get(
+                    "server_cpu_ms_per_request"
+                ),
             )
             rows.append(
                 _load_row(
@@ -279,27 +288,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                 None,
             )
         )
-    small, megabyte = sec.get("record_size", {}).get("small"), sec.get("record_size", {}).get("megabyte")
-    if small and megabyte and small.get("server_cpu_ms_per_request") and small["p50_ms"]:
-        cpu = (megabyte.get("server_cpu_ms_per_request") or 0) / small["server_cpu_ms_per_request"]
-        out.append(
-            (
-                "a record with 1 MiB of args costs ≤ 10× a small one (server CPU per request)",
-                f"{megabyte['server_cpu_ms_per_request']:.2f} ms vs {small['server_cpu_ms_per_request']:.2f} ms "
-                f"= {cpu:.1f}x",
-                cpu <= 10,
-            )
-        )
-        latency = megabyte["p50_ms"] / small["p50_ms"]
-        out.append(
-            (
-                "a record with 1 MiB of args costs ≤ 10× a small one (p50 latency)",
-                f"p50 {megabyte['p50_ms']:.2f} ms vs {small['p50_ms']:.2f} ms = {latency:.1f}x",
-                latency <= 10,
-            )
-        )
-    elif "record_size" in sec:
-        out.append(("a record with 1 MiB of args costs ≤ 10× a small one", "not measured", None))
+    out += _record_size_checks(sec.get("record_size"))
     refusals = sec.get("unauthenticated", {})
     pairs = [("without a key", "tiny_no_key", "megabyte_no_key")]
     if "tiny_unknown_key" in refusals:
@@ -629,9 +618,11 @@ def _markdown(
             "## Record size",
             "",
             "The Procfile's web line serving the product's settings; one client records actions "
-            "(`POST /api/v1/runs/{id}/actions`, a tool that needs no approval) over a keep-alive connection: "
+            "(`POST /api/v1/runs/{id}/actions`) over a keep-alive connection: "
             "small args, then args that bring the body just under 1 MiB as ~94,000 small objects (the "
-            "costliest megabyte to parse, hash, store and echo back). Server CPU is the web processes' "
+            "costliest megabyte to parse, hash, store and echo back); first for a tool that needs no "
+            "approval, then for one that waits for a person (no policy names it, so the default "
+            "policy's approval is opened for it: the path an attacker with a key picks). Server CPU is the web processes' "
             "own; PostgreSQL's share is not in it (the findings below give it, measured apart). "
             "The per-key byte budget is set out of reach here, as the request rate is.",
             "",
@@ -847,3 +838,34 @@ def _procfile(name: str, results: dict[str, Any] | None = None) -> str:
 
     measured = (results or {}).get("procfile") or procfile_lines()
     return str(measured.get(name, "?"))
+
+
+def _record_size_checks(sizes: dict[str, Any] | None) -> list[tuple[str, str, bool | None]]:
+    """The 10× target (issue 26, point 8) per pair of ``RECORD_SIZE_PAIRS``: server CPU and p50."""
+    if sizes is None:
+        return []
+    out: list[tuple[str, str, bool | None]] = []
+    for small_key, big_key, gate in RECORD_SIZE_PAIRS:
+        small, big = sizes.get(small_key), sizes.get(big_key)
+        what = f"a record with 1 MiB of args (a tool that {gate}) costs ≤ 10× a small one"
+        if not (small and big and small.get("server_cpu_ms_per_request") and small["p50_ms"]):
+            out.append((what, "not measured", None))
+            continue
+        cpu = (big.get("server_cpu_ms_per_request") or 0) / small["server_cpu_ms_per_request"]
+        out.append(
+            (
+                f"{what} (server CPU per request)",
+                f"{big['server_cpu_ms_per_request']:.2f} ms vs {small['server_cpu_ms_per_request']:.2f} ms "
+                f"= {cpu:.1f}x",
+                cpu <= 10,
+            )
+        )
+        latency = big["p50_ms"] / small["p50_ms"]
+        out.append(
+            (
+                f"{what} (p50 latency)",
+                f"p50 {big['p50_ms']:.2f} ms vs {small['p50_ms']:.2f} ms = {latency:.1f}x",
+                latency <= 10,
+            )
+        )
+    return out

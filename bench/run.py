@@ -555,7 +555,8 @@ class Harness:
     def record_size(self) -> None:
         """A record with just under 1 MiB of args against a small one, one client each, on the
         Procfile's web line (issue 26, point 8): what a valid key's megabyte costs the server,
-        parsed, hashed, stored and echoed back. The per-key byte budget is set out of reach here,
+        parsed, hashed, stored and echoed back; for a tool that needs no approval and for one that
+        waits for a person (its approval binds and stores the args too). The per-key byte budget is set out of reach here,
         as the request rate is."""
         from bench import fixtures
 
@@ -564,9 +565,16 @@ class Harness:
         fixtures.load_bench_policies(self.log_dir)
         web = self.start_web("web-record-size")
         try:
-            for name, megabyte in (("small", False), ("megabyte", True)):
+            for name, megabyte, tool in (
+                ("small", False, None),
+                ("megabyte", True, None),
+                # No policy names it: the default policy's approval is opened for each record.
+                ("small_gated", False, "unlisted.needs_a_person"),
+                ("megabyte_gated", True, "unlisted.needs_a_person"),
+            ):
                 log(f"record size: {name} args, 1 client")
                 params = {
+                    **({"tool": tool} if tool else {}),
                     "runs": fixtures.fresh_runs(keys=[(key_id, secret)], per_client=200),
                     "per_run": 10,
                     "megabyte": megabyte,
