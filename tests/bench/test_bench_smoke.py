@@ -70,11 +70,13 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
     limited = sections["append"]["record_action_limited_16"]["record_action"]
     assert limited["count"] > 0 and limited["errors"] == 0
     assert "tool with 2 limits" in report
-    # A record with just under 1 MiB of args beside a small one (issue 26, point 8), both recorded.
+    # A record with just under 1 MiB of args beside a small one (issue 26, point 8), both recorded,
+    # for a tool that needs no approval and for one that waits for a person.
     sizes = sections["record_size"]
-    assert set(sizes) == {"small", "megabyte"}
+    assert set(sizes) == {"small", "megabyte", "small_gated", "megabyte_gated"}
     assert all(entry["errors"] == 0 for entry in sizes.values()), sizes
-    assert sizes["small"]["count"] > 0
+    assert sizes["small"]["count"] > 0 and sizes["small_gated"]["count"] > 0
+    assert "a tool that waits for a person" in report
     # Requests without a key are refused (401) from their headers, a megabyte body or not; the same
     # megabyte with a valid key is read and judged (422).
     refusals = sections["unauthenticated"]
