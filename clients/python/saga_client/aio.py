@@ -23,19 +23,17 @@ import httpx
 
 from saga_client._core import (
     Api,
-    Compensation,
     Effect,
     Flow,
     Invoke,
     Reply,
-    RunCore,
     Send,
     Settings,
     Sleep,
-    Target,
     api_root,
     default_headers,
 )
+from saga_client._run import Compensation, RunCore, Target
 from saga_client.tools import ToolSpec, async_run, require_run
 
 if TYPE_CHECKING:

@@ -23,20 +23,17 @@ import httpx
 
 from saga_client._core import (
     Api,
-    Compensation,
     Effect,
     Flow,
     Invoke,
     Reply,
-    RunCore,
     Send,
     Settings,
     Sleep,
-    Target,
     api_root,
     default_headers,
-    refuse_async_callables,
 )
+from saga_client._run import Compensation, RunCore, Target, refuse_async_callables
 from saga_client.errors import SagaError
 from saga_client.tools import ToolSpec, require_run, sync_run
 
