@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar, Union, cast
 
 import httpx
 
@@ -27,6 +27,19 @@ from saga_client.errors import (
     SagaError,
     SagaUnavailable,
     error_from_response,
+)
+from saga_client.responses import (
+    ActionDict,
+    ActionPageDict,
+    ActionVerifyDict,
+    CheckpointDict,
+    CommandDict,
+    PoliciesDict,
+    RunDetailDict,
+    RunDict,
+    RunFailDict,
+    RunPageDict,
+    TrailDict,
 )
 
 T = TypeVar("T")
@@ -188,7 +201,7 @@ class Api:
 
     def create_run(
         self, *, agent: str, request: str, idempotency_key: str | None = None, **fields: Any
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[RunDict]:
         return self.call(
             "POST",
             "/runs",
@@ -196,16 +209,16 @@ class Api:
             idempotency_key=idempotency_key or f"run-{uuid.uuid4()}",
         )
 
-    def get_run(self, run_id: str) -> Flow[dict[str, Any]]:
+    def get_run(self, run_id: str) -> Flow[RunDetailDict]:
         return self.call("GET", f"/runs/{run_id}")
 
-    def actions_page(self, run_id: str, params: Mapping[str, Any]) -> Flow[dict[str, Any]]:
+    def actions_page(self, run_id: str, params: Mapping[str, Any]) -> Flow[ActionPageDict]:
         return self.call("GET", f"/runs/{run_id}/actions", params=params)
 
-    def runs_page(self, params: Mapping[str, Any]) -> Flow[dict[str, Any]]:
+    def runs_page(self, params: Mapping[str, Any]) -> Flow[RunPageDict]:
         return self.call("GET", "/runs", params=params)
 
-    def heartbeat(self, run_id: str, note: str = "") -> Flow[list[dict[str, Any]]]:
+    def heartbeat(self, run_id: str, note: str = "") -> Flow[list[CommandDict]]:
         # A heartbeat only says "alive" (and reads commands): repeating it is harmless.
         data = yield from self.call(
             "POST", f"/runs/{run_id}/heartbeat", json_body={"note": note}, retry_safe=True
@@ -214,7 +227,7 @@ class Api:
 
     def complete_run(
         self, run_id: str, summary: str = "", *, idempotency_key: str | None = None
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[RunDict]:
         return self.call(
             "POST",
             f"/runs/{run_id}/complete",
@@ -230,7 +243,7 @@ class Api:
         failed_action_id: str | None = None,
         reason: str = "failed",
         idempotency_key: str | None = None,
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[RunFailDict]:
         body: dict[str, Any] = {"error": error[:_MAX_ERROR] or "failed", "reason": reason}
         if failed_action_id:
             body["failed_action_id"] = failed_action_id
@@ -241,17 +254,17 @@ class Api:
             idempotency_key=idempotency_key or f"fail-{run_id}-{uuid.uuid4()}",
         )
 
-    def commands(self, run_id: str) -> Flow[list[dict[str, Any]]]:
+    def commands(self, run_id: str) -> Flow[list[CommandDict]]:
         data = yield from self.call("GET", f"/runs/{run_id}/commands")
         return list(data["commands"])
 
-    def ack_command(self, command_id: str) -> Flow[dict[str, Any]]:
+    def ack_command(self, command_id: str) -> Flow[CommandDict]:
         return self.call("POST", f"/commands/{command_id}/ack", idempotency_key=f"ack-{command_id}")
 
-    def trail(self, run_id: str) -> Flow[dict[str, Any]]:
+    def trail(self, run_id: str) -> Flow[TrailDict]:
         return self.call("GET", f"/runs/{run_id}/trail")
 
-    def policies(self) -> Flow[dict[str, Any]]:
+    def policies(self) -> Flow[PoliciesDict]:
         return self.call("GET", "/policies")
 
     # Actions --------------------------------------------------------------------------------
@@ -263,12 +276,12 @@ class Api:
             json_body={"tool": tool, "idempotency_key": idempotency_key, **fields},
         )
 
-    def get_action(self, action_id: str) -> Flow[dict[str, Any]]:
+    def get_action(self, action_id: str) -> Flow[ActionDict]:
         return self.call("GET", f"/actions/{action_id}")
 
-    def start_action(self, action: Mapping[str, Any]) -> Flow[dict[str, Any]]:
+    def start_action(self, action: Mapping[str, Any]) -> Flow[ActionDict]:
         reply = yield from self.start(action)
-        started: dict[str, Any] = reply.data
+        started: ActionDict = reply.data
         return started
 
     def start(self, action: Mapping[str, Any]) -> Flow[Reply]:
@@ -282,7 +295,7 @@ class Api:
 
     def succeed_action(
         self, action: Mapping[str, Any], *, result: Any = None, after_snapshot: Any = None
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[ActionDict]:
         return self.call(
             "POST",
             f"/actions/{action['id']}/succeed",
@@ -298,7 +311,7 @@ class Api:
         retryable: bool = False,
         layer: str = "tool",
         outcome_unknown: bool = False,
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[ActionDict]:
         return self.call(
             "POST",
             f"/actions/{action['id']}/fail",
@@ -313,7 +326,7 @@ class Api:
 
     def verify_action(
         self, action_id: str, *, ok: bool, expected: Any = None, actual: Any = None, reason: str = ""
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[ActionVerifyDict]:
         return self.call(
             "POST",
             f"/actions/{action_id}/verify",
@@ -323,7 +336,7 @@ class Api:
 
     def reconcile_action(
         self, action_id: str, *, happened: bool, reason: str, result: Any = None, after_snapshot: Any = None
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[ActionDict]:
         return self.call(
             "POST",
             f"/actions/{action_id}/reconcile",
@@ -338,14 +351,14 @@ class Api:
 
     def wait_for_approval(
         self, action: Mapping[str, Any], *, timeout_s: float | None = None
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[ActionDict]:
         """Poll the action until a person decided, backing off from ``poll_interval_s`` to
         ``max_poll_interval_s``. The action once approved; ``ApprovalRejected`` (rejected or
         expired) or ``ApprovalTimeout``."""
         s = self.settings
         timeout = s.approval_timeout_s if timeout_s is None else timeout_s
         started, interval = time.monotonic(), s.poll_interval_s
-        current = dict(action)
+        current = cast(ActionDict, dict(action))
         while current["status"] == "awaiting_approval":
             waited = time.monotonic() - started
             if waited >= timeout:
@@ -361,7 +374,7 @@ class Api:
 
     def write_checkpoint(
         self, run_id: str, *, name: str, idempotency_key: str | None = None, **fields: Any
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[CheckpointDict]:
         return self.call(
             "POST",
             f"/runs/{run_id}/checkpoints",
@@ -369,9 +382,9 @@ class Api:
             idempotency_key=idempotency_key or f"checkpoint-{uuid.uuid4()}",
         )
 
-    def latest_checkpoint(self, run_id: str) -> Flow[dict[str, Any] | None]:
+    def latest_checkpoint(self, run_id: str) -> Flow[CheckpointDict | None]:
         try:
-            checkpoint: dict[str, Any] = yield from self.call("GET", f"/runs/{run_id}/checkpoints/latest")
+            checkpoint: CheckpointDict = yield from self.call("GET", f"/runs/{run_id}/checkpoints/latest")
         except NotFound:
             return None
         return checkpoint

@@ -11,12 +11,13 @@ import inspect
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
 from saga_client._core import DONE_STATES, Api, Flow, Invoke, Reply, rejection
 from saga_client.errors import ApprovalPending, Conflict, SagaError, StepInDoubt
+from saga_client.responses import ActionDict, CheckpointDict, RunDict, RunFailDict
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +50,6 @@ def accepts_argument(func: Callable[..., Any]) -> bool:
     return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
 
 
-def refuse_async_callables(**callables: Any) -> None:
-    """The blocking client cannot await: an ``async def`` would be called, its coroutine dropped
-    and the step recorded as done. Refuse before anything is recorded."""
-    for name, func in callables.items():
-        if callable(func) and _is_async_callable(func):
-            raise TypeError(
-                f"`{name}` is an async function ({getattr(func, '__qualname__', func)!r}); the blocking "
-                "Saga client cannot await it. Use AsyncSaga, or pass a regular function."
-            )
-
-
-def _is_async_callable(func: Any) -> bool:
-    while hasattr(func, "func") and not inspect.isfunction(func):  # functools.partial
-        func = func.func
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))  # noqa: B004
-
-
 class RunCore:
     """A run's state and the flows of its lifecycle and steps, shared by ``Run`` and ``AsyncRun``."""
 
@@ -75,8 +59,8 @@ class RunCore:
         self._api = api
         self._create = {"agent": agent, "request": request, **fields}
         self.id = run_id
-        self.run: dict[str, Any] = {}
-        self.actions: list[dict[str, Any]] = []
+        self.run: RunDict = cast(RunDict, {})  # empty until the run is opened
+        self.actions: list[ActionDict] = []
         # Steps that raised ApprovalPending and have not been decided since (action id → action).
         self.pending_approvals: dict[str, dict[str, Any]] = {}
         self._finished = False
@@ -86,7 +70,7 @@ class RunCore:
 
     # Lifecycle --------------------------------------------------------------------------------
 
-    def _open(self) -> Flow[dict[str, Any]]:
+    def _open(self) -> Flow[RunDict]:
         if self.id:
             if not self.run:
                 self.run = yield from self._api.get_run(self.id)
@@ -119,19 +103,20 @@ class RunCore:
             # cancelled); the heartbeat sweeper will still find a silent run.
             log.exception("saga: could not report the failure of run %s", self.id)
 
-    def _complete(self, summary: str = "") -> Flow[dict[str, Any]]:
+    def _complete(self, summary: str = "") -> Flow[RunDict]:
         self.run = yield from self._api.complete_run(self.id, summary)
         self._finished = True
         return self.run
 
     def _fail(
         self, error: str, *, failed_action_id: str | None = None, reason: str = "failed"
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[RunFailDict]:
         self._finished = True
-        self.run = yield from self._api.fail_run(
+        failed = yield from self._api.fail_run(
             self.id, error, failed_action_id=failed_action_id, reason=reason
         )
-        return self.run
+        self.run = failed
+        return failed
 
     # Steps ----------------------------------------------------------------------------------
 
@@ -171,7 +156,7 @@ class RunCore:
         compensate: Compensation | None,
         intent: Mapping[str, Any] | None,
         idempotency_key: str | None,
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[ActionDict]:
         if not self.id:
             raise SagaError(
                 "The run is not open yet: use it as a context manager (or open it) first.",
@@ -179,7 +164,7 @@ class RunCore:
             )
         key, body = self._action_request(tool, target, dict(args or {}), compensate, intent, idempotency_key)
         reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
-        action: dict[str, Any] = reply.data
+        action: ActionDict = reply.data
         return action
 
     def _step(
@@ -210,7 +195,7 @@ class RunCore:
             body["before_snapshot"] = snapshot
 
         reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
-        action: dict[str, Any] = reply.data
+        action: ActionDict = reply.data
         if action["status"] in DONE_STATES:
             self._settled(action)
             return action["result"]
@@ -245,7 +230,7 @@ class RunCore:
 
     def _execute(
         self,
-        action: dict[str, Any],
+        action: ActionDict,
         *,
         started_here: bool,
         do: Callable[..., Any],
@@ -286,8 +271,8 @@ class RunCore:
         return value
 
     def _decided(
-        self, action: dict[str, Any], *, approval_timeout_s: float | None, wait: bool
-    ) -> Flow[dict[str, Any]]:
+        self, action: ActionDict, *, approval_timeout_s: float | None, wait: bool
+    ) -> Flow[ActionDict]:
         """A step this call did not start: the action once a person approved it, or why it cannot
         run here (in doubt, rejected, or pending with ``wait=False``)."""
         if action["status"] in ("running", "unknown"):
@@ -300,7 +285,7 @@ class RunCore:
             action = yield from self._api.wait_for_approval(action, timeout_s=approval_timeout_s)
         return action
 
-    def _call(self, action: dict[str, Any], do: Callable[..., Any], args: tuple[Any, ...]) -> Flow[Any]:
+    def _call(self, action: ActionDict, do: Callable[..., Any], args: tuple[Any, ...]) -> Flow[Any]:
         """Call ``do``; when it raises, record the action failed (its outcome unknown after a
         timeout) and re-raise the same exception."""
         try:
@@ -330,7 +315,7 @@ class RunCore:
         )
         self._settled(done)
 
-    def _start(self, action: dict[str, Any], *, approval_timeout_s: float | None, wait: bool) -> Flow[Reply]:
+    def _start(self, action: ActionDict, *, approval_timeout_s: float | None, wait: bool) -> Flow[Reply]:
         try:
             return (yield from self._api.start(action))
         except Conflict as exc:
@@ -345,7 +330,7 @@ class RunCore:
             approved = yield from self._api.wait_for_approval(current, timeout_s=approval_timeout_s)
             return (yield from self._api.start(approved))
 
-    def _settled(self, action: dict[str, Any]) -> None:
+    def _settled(self, action: ActionDict) -> None:
         self.pending_approvals.pop(action["id"], None)
         self.actions = [a for a in self.actions if a["id"] != action["id"]] + [action]
 
@@ -363,7 +348,7 @@ class RunCore:
         pending_action_ids: list[str] | None,
         requires_user_approval: bool,
         trace_links: list[Any] | None,
-    ) -> Flow[Any]:
+    ) -> Flow[CheckpointDict]:
         return self._api.write_checkpoint(
             self.id,
             name=name,

@@ -72,6 +72,7 @@ from ._mcp_results import recorded_result, result_from_record
 from ._mcp_results import result_text as _result_text
 from .aio import AsyncSaga
 from .errors import Paused, PolicyDenied, SagaAPIError, SagaError, SagaUnavailable
+from .responses import ActionDict
 
 log = logging.getLogger("saga_client.mcp")
 
@@ -363,6 +364,12 @@ def _caller_of(ctx: ServerRequestContext[Any]) -> str:
     return hashlib.sha256(token.encode()).hexdigest() if token else ""
 
 
+def _approval(action: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The action's approval, or an empty one when it has none."""
+    approval: Mapping[str, Any] = action.get("approval") or {}
+    return approval
+
+
 def _refusal(exc: SagaError) -> str:
     """The tool error for a call Saga Admin refused or could not record: why, and that the
     upstream was not called."""
@@ -463,7 +470,7 @@ class Gateway:
             )
         except SagaError as exc:
             return _tool_error(_refusal(exc), run_id=session.run_id)
-        action: dict[str, Any] = recorded.data
+        action: ActionDict = recorded.data
         action_id = action["id"]
         # Only the request that moved the action to running forwards it. The key is derived
         # from the session and the JSON-RPC id, so a request sent again (the SDK runs a repeated
@@ -497,7 +504,7 @@ class Gateway:
         recorded_tool: str,
         name: str,
         arguments: dict[str, Any],
-        action: dict[str, Any],
+        action: ActionDict,
     ) -> types.CallToolResult:
         run_id, action_id = session.run_id, action["id"]
         failure_key = _canonical([recorded_tool, arguments])
@@ -526,7 +533,7 @@ class Gateway:
             session.failed.pop(failure_key, None)
         return _with_meta(result, run_id=run_id, action_id=action_id)
 
-    async def _first_outcome(self, tool: str, action: dict[str, Any], *, run_id: str) -> types.CallToolResult:
+    async def _first_outcome(self, tool: str, action: ActionDict, *, run_id: str) -> types.CallToolResult:
         """The answer to a request that did not start its action (sent again, or a replay of one
         already started): the first call's outcome as the ledger has it, waiting while that call
         still runs — never a second forward."""
@@ -568,7 +575,7 @@ class Gateway:
         )
 
     async def _settle(
-        self, action: dict[str, Any], *, result: Any = None, error: str = "", outcome_unknown: bool = False
+        self, action: ActionDict, *, result: Any = None, error: str = "", outcome_unknown: bool = False
     ) -> None:
         """Record how a forwarded call ended. The call already happened, so a ledger outage here
         does not change the answer the agent gets: the action stays running and the server's
@@ -588,18 +595,18 @@ class Gateway:
             log.warning("could not record the outcome of %s: %s", action.get("id"), exc)
 
     async def _wait_for_decision(
-        self, ctx: ServerRequestContext[Any], action: dict[str, Any]
-    ) -> dict[str, Any] | str:
+        self, ctx: ServerRequestContext[Any], action: ActionDict
+    ) -> ActionDict | str:
         """Poll the action until a person decides, reporting progress when the client asked for
         it. The approved action, or the tool error's text."""
         timeout = self.options.approval_timeout_s
-        approval = action.get("approval") or {}
+        approval = _approval(action)
         started = time.monotonic()
         interval = self.options.poll_interval_s
         current = action
         while (
             current["status"] == "awaiting_approval"
-            and (current.get("approval") or {}).get("status") != "expired"
+            and _approval(current).get("status") != "expired"
         ):
             waited = time.monotonic() - started
             await ctx.session.report_progress(
@@ -616,10 +623,10 @@ class Gateway:
             await anyio.sleep(min(interval, max(timeout - waited, 0.0)))
             interval = min(interval * 1.5, 5.0)
             current = await self.saga.get_action(current["id"])
-        if (current.get("approval") or {}).get("status") == "expired":
+        if _approval(current).get("status") == "expired":
             return f"The approval of {current['tool']} expired in Saga Admin; the call was not made."
         if current["status"] == "rejected":
-            reason = (current.get("approval") or {}).get("reason") or ""
+            reason = _approval(current).get("reason") or ""
             because = f" Reason: {reason}" if reason else ""
             return f"{current['tool']} was rejected in Saga Admin; the call was not made.{because}"
         return current
