@@ -18,10 +18,11 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from saga_client import ApprovalPending, ApprovalRejected, Run, Saga, SagaError
+from saga_client.responses import RunDetailDict
 from saga_client.signing import signed_headers
 
 # --- The demo world, as the agents' tools see it ----------------------------------------------
@@ -690,7 +691,8 @@ def vendor_payment_continue(demo: Demo, run_id: str) -> str:
     saga = demo.saga("acme")
     run = saga.attach(run_id)
     run.heartbeat("waiting for payment approval")
-    if not any(a["tool"] == "payments.charge" for a in run.run.get("actions", [])):
+    attached = cast(RunDetailDict, run.run)  # attach loads the run with its actions (GET /runs/{id})
+    if not any(a["tool"] == "payments.charge" for a in attached.get("actions", [])):
         return str(run.run["status"])
     # The same step again (the same idempotency key): it runs once approved.
     try:

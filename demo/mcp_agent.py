@@ -20,6 +20,7 @@ from typing import Any
 from mcp import Client
 from mcp_types import CallToolResult, Implementation
 from saga_client import Saga
+from saga_client.responses import RunDict
 
 # The gateway's --agent under make run: every MCP session through it is a run of this agent.
 AGENT = "mcp-agent"
@@ -70,7 +71,7 @@ async def onboarding_session(gateway_url: str) -> list[CallToolResult]:
     return results
 
 
-def session_run(saga: Saga) -> dict[str, Any] | None:
+def session_run(saga: Saga) -> RunDict | None:
     """The run of this agent's session, if one was recorded (newest first)."""
     for run in saga.list_runs(agent=AGENT):
         if (run.get("metadata") or {}).get("mcp_client") == CLIENT_LABEL:
@@ -85,7 +86,7 @@ def seed_session(
     gateway_url: str,
     timeout_s: float = 30.0,
     log: Callable[[str], None] = print,
-) -> dict[str, Any] | None:
+) -> RunDict | None:
     """Play the session through the gateway unless its run already exists; return the new run
     once the gateway has ended it (failed, in the recovery queue), or None when it was there.
 

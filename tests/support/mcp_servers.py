@@ -101,7 +101,7 @@ def gateway_command(saga_url: str, upstream: str, *extra: str, namespace: str = 
     return [
         sys.executable,
         "-m",
-        "saga_client.mcp_gateway",
+        "saga_client.mcp",
         "--saga-url",
         saga_url,
         "--upstream",

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from saga_client.aio import AsyncRun, AsyncSaga, current_async_run
-from saga_client.client import Run, RunContext, Saga, SagaClient, current_run
+from saga_client.client import Run, Saga, current_run
 from saga_client.errors import (
     ApprovalPending,
     ApprovalRejected,
@@ -38,6 +38,10 @@ from saga_client.errors import (
     StepInDoubt,
 )
 from saga_client.signing import compute_signature, signed_headers, verify_signature
+
+# The names this client had before it grew an async twin; kept so existing code keeps working.
+SagaClient = Saga
+RunContext = Run
 
 __all__ = [
     "ApprovalPending",

@@ -4,36 +4,43 @@ Every operation is a generator (a *flow*) that yields effects — send this HTTP
 long, call the agent's function — and is sent back their outcomes (or has their exception thrown
 in). ``Saga`` drives flows with blocking calls, ``AsyncSaga`` with ``await``; neither holds a rule
 of the API, so the two cannot drift apart (the shape of httpx's ``Client``/``AsyncClient``).
+
+This module: the effects, the retry rule and one flow per endpoint (``Api``). The flows of a run
+and its steps, built on these, are in ``saga_client._run``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import json
-import logging
 import random
 import time
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar, Union, cast
 
 import httpx
 
 from saga_client.errors import (
-    ApprovalPending,
     ApprovalRejected,
     ApprovalTimeout,
-    Conflict,
     NotFound,
     SagaError,
     SagaUnavailable,
-    StepInDoubt,
     error_from_response,
 )
-
-log = logging.getLogger("saga_client")
+from saga_client.responses import (
+    ActionDict,
+    ActionPageDict,
+    ActionVerifyDict,
+    CheckpointDict,
+    CommandDict,
+    PoliciesDict,
+    RunDetailDict,
+    RunDict,
+    RunFailDict,
+    RunPageDict,
+    TrailDict,
+)
 
 T = TypeVar("T")
 
@@ -194,7 +201,7 @@ class Api:
 
     def create_run(
         self, *, agent: str, request: str, idempotency_key: str | None = None, **fields: Any
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[RunDict]:
         return self.call(
             "POST",
             "/runs",
@@ -202,16 +209,16 @@ class Api:
             idempotency_key=idempotency_key or f"run-{uuid.uuid4()}",
         )
 
-    def get_run(self, run_id: str) -> Flow[dict[str, Any]]:
+    def get_run(self, run_id: str) -> Flow[RunDetailDict]:
         return self.call("GET", f"/runs/{run_id}")
 
-    def actions_page(self, run_id: str, params: Mapping[str, Any]) -> Flow[dict[str, Any]]:
+    def actions_page(self, run_id: str, params: Mapping[str, Any]) -> Flow[ActionPageDict]:
         return self.call("GET", f"/runs/{run_id}/actions", params=params)
 
-    def runs_page(self, params: Mapping[str, Any]) -> Flow[dict[str, Any]]:
+    def runs_page(self, params: Mapping[str, Any]) -> Flow[RunPageDict]:
         return self.call("GET", "/runs", params=params)
 
-    def heartbeat(self, run_id: str, note: str = "") -> Flow[list[dict[str, Any]]]:
+    def heartbeat(self, run_id: str, note: str = "") -> Flow[list[CommandDict]]:
         # A heartbeat only says "alive" (and reads commands): repeating it is harmless.
         data = yield from self.call(
             "POST", f"/runs/{run_id}/heartbeat", json_body={"note": note}, retry_safe=True
@@ -220,7 +227,7 @@ class Api:
 
     def complete_run(
         self, run_id: str, summary: str = "", *, idempotency_key: str | None = None
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[RunDict]:
         return self.call(
             "POST",
             f"/runs/{run_id}/complete",
@@ -236,7 +243,7 @@ class Api:
         failed_action_id: str | None = None,
         reason: str = "failed",
         idempotency_key: str | None = None,
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[RunFailDict]:
         body: dict[str, Any] = {"error": error[:_MAX_ERROR] or "failed", "reason": reason}
         if failed_action_id:
             body["failed_action_id"] = failed_action_id
@@ -247,17 +254,17 @@ class Api:
             idempotency_key=idempotency_key or f"fail-{run_id}-{uuid.uuid4()}",
         )
 
-    def commands(self, run_id: str) -> Flow[list[dict[str, Any]]]:
+    def commands(self, run_id: str) -> Flow[list[CommandDict]]:
         data = yield from self.call("GET", f"/runs/{run_id}/commands")
         return list(data["commands"])
 
-    def ack_command(self, command_id: str) -> Flow[dict[str, Any]]:
+    def ack_command(self, command_id: str) -> Flow[CommandDict]:
         return self.call("POST", f"/commands/{command_id}/ack", idempotency_key=f"ack-{command_id}")
 
-    def trail(self, run_id: str) -> Flow[dict[str, Any]]:
+    def trail(self, run_id: str) -> Flow[TrailDict]:
         return self.call("GET", f"/runs/{run_id}/trail")
 
-    def policies(self) -> Flow[dict[str, Any]]:
+    def policies(self) -> Flow[PoliciesDict]:
         return self.call("GET", "/policies")
 
     # Actions --------------------------------------------------------------------------------
@@ -269,12 +276,12 @@ class Api:
             json_body={"tool": tool, "idempotency_key": idempotency_key, **fields},
         )
 
-    def get_action(self, action_id: str) -> Flow[dict[str, Any]]:
+    def get_action(self, action_id: str) -> Flow[ActionDict]:
         return self.call("GET", f"/actions/{action_id}")
 
-    def start_action(self, action: Mapping[str, Any]) -> Flow[dict[str, Any]]:
+    def start_action(self, action: Mapping[str, Any]) -> Flow[ActionDict]:
         reply = yield from self.start(action)
-        started: dict[str, Any] = reply.data
+        started: ActionDict = reply.data
         return started
 
     def start(self, action: Mapping[str, Any]) -> Flow[Reply]:
@@ -288,7 +295,7 @@ class Api:
 
     def succeed_action(
         self, action: Mapping[str, Any], *, result: Any = None, after_snapshot: Any = None
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[ActionDict]:
         return self.call(
             "POST",
             f"/actions/{action['id']}/succeed",
@@ -304,7 +311,7 @@ class Api:
         retryable: bool = False,
         layer: str = "tool",
         outcome_unknown: bool = False,
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[ActionDict]:
         return self.call(
             "POST",
             f"/actions/{action['id']}/fail",
@@ -319,7 +326,7 @@ class Api:
 
     def verify_action(
         self, action_id: str, *, ok: bool, expected: Any = None, actual: Any = None, reason: str = ""
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[ActionVerifyDict]:
         return self.call(
             "POST",
             f"/actions/{action_id}/verify",
@@ -329,7 +336,7 @@ class Api:
 
     def reconcile_action(
         self, action_id: str, *, happened: bool, reason: str, result: Any = None, after_snapshot: Any = None
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[ActionDict]:
         return self.call(
             "POST",
             f"/actions/{action_id}/reconcile",
@@ -344,14 +351,14 @@ class Api:
 
     def wait_for_approval(
         self, action: Mapping[str, Any], *, timeout_s: float | None = None
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[ActionDict]:
         """Poll the action until a person decided, backing off from ``poll_interval_s`` to
         ``max_poll_interval_s``. The action once approved; ``ApprovalRejected`` (rejected or
         expired) or ``ApprovalTimeout``."""
         s = self.settings
         timeout = s.approval_timeout_s if timeout_s is None else timeout_s
         started, interval = time.monotonic(), s.poll_interval_s
-        current = dict(action)
+        current = cast(ActionDict, dict(action))
         while current["status"] == "awaiting_approval":
             waited = time.monotonic() - started
             if waited >= timeout:
@@ -367,7 +374,7 @@ class Api:
 
     def write_checkpoint(
         self, run_id: str, *, name: str, idempotency_key: str | None = None, **fields: Any
-    ) -> Flow[dict[str, Any]]:
+    ) -> Flow[CheckpointDict]:
         return self.call(
             "POST",
             f"/runs/{run_id}/checkpoints",
@@ -375,9 +382,9 @@ class Api:
             idempotency_key=idempotency_key or f"checkpoint-{uuid.uuid4()}",
         )
 
-    def latest_checkpoint(self, run_id: str) -> Flow[dict[str, Any] | None]:
+    def latest_checkpoint(self, run_id: str) -> Flow[CheckpointDict | None]:
         try:
-            checkpoint: dict[str, Any] = yield from self.call("GET", f"/runs/{run_id}/checkpoints/latest")
+            checkpoint: CheckpointDict = yield from self.call("GET", f"/runs/{run_id}/checkpoints/latest")
         except NotFound:
             return None
         return checkpoint
@@ -399,351 +406,3 @@ def _decoded(response: httpx.Response) -> Any:
             f"({response.headers.get('Content-Type', 'no content type')}).",
             code="invalid_response",
         ) from None
-
-
-# --- A run and its steps ------------------------------------------------------------------------
-
-Target = tuple[str, str]
-Compensation = tuple[str, Mapping[str, Any]]
-
-
-def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def jsonable(value: Any) -> Any:
-    """What can be stored as a step's result: the value itself when it is JSON, else its repr."""
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return {"repr": repr(value)[:10000]}
-    return value
-
-
-def is_timeout(exc: BaseException) -> bool:
-    return isinstance(exc, (TimeoutError, httpx.TimeoutException))
-
-
-def accepts_argument(func: Callable[..., Any]) -> bool:
-    try:
-        parameters = inspect.signature(func).parameters.values()
-    except (TypeError, ValueError):  # builtins without a signature: assume they take the args
-        return True
-    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
-
-
-def refuse_async_callables(**callables: Any) -> None:
-    """The blocking client cannot await: an ``async def`` would be called, its coroutine dropped
-    and the step recorded as done. Refuse before anything is recorded."""
-    for name, func in callables.items():
-        if callable(func) and _is_async_callable(func):
-            raise TypeError(
-                f"`{name}` is an async function ({getattr(func, '__qualname__', func)!r}); the blocking "
-                "Saga client cannot await it. Use AsyncSaga, or pass a regular function."
-            )
-
-
-def _is_async_callable(func: Any) -> bool:
-    while hasattr(func, "func") and not inspect.isfunction(func):  # functools.partial
-        func = func.func
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))  # noqa: B004
-
-
-class RunCore:
-    """A run's state and the flows of its lifecycle and steps, shared by ``Run`` and ``AsyncRun``."""
-
-    def __init__(
-        self, api: Api, *, agent: str, request: str, fields: Mapping[str, Any], run_id: str = ""
-    ) -> None:
-        self._api = api
-        self._create = {"agent": agent, "request": request, **fields}
-        self.id = run_id
-        self.run: dict[str, Any] = {}
-        self.actions: list[dict[str, Any]] = []
-        # Steps that raised ApprovalPending and have not been decided since (action id → action).
-        self.pending_approvals: dict[str, dict[str, Any]] = {}
-        self._finished = False
-        self._failed_action_id: str | None = None
-        # What the run's failure report calls it: a timed-out step must be reconciled first.
-        self._failure_reason = "failed"
-
-    # Lifecycle --------------------------------------------------------------------------------
-
-    def _open(self) -> Flow[dict[str, Any]]:
-        if self.id:
-            if not self.run:
-                self.run = yield from self._api.get_run(self.id)
-        else:
-            self.run = yield from self._api.create_run(**self._create)
-            self.id = self.run["id"]
-        return self.run
-
-    def _exit(self, exc: BaseException | None) -> Flow[None]:
-        if self._finished:
-            return
-        if isinstance(exc, ApprovalPending) or (exc is None and self.pending_approvals):
-            # Parked, not finished: a step waits for a person. The run stays running; the agent
-            # (or an adapter) carries on later with ``attach(run_id)``.
-            log.info(
-                "saga: run %s left running, waiting for approval of %s", self.id, list(self.pending_approvals)
-            )
-            return
-        if exc is None:
-            yield from self._complete()
-            return
-        try:
-            yield from self._fail(
-                f"{type(exc).__name__}: {exc}",
-                failed_action_id=self._failed_action_id,
-                reason=self._failure_reason,
-            )
-        except SagaError:
-            # The original exception matters more than a failed report (the run may already be
-            # cancelled); the heartbeat sweeper will still find a silent run.
-            log.exception("saga: could not report the failure of run %s", self.id)
-
-    def _complete(self, summary: str = "") -> Flow[dict[str, Any]]:
-        self.run = yield from self._api.complete_run(self.id, summary)
-        self._finished = True
-        return self.run
-
-    def _fail(
-        self, error: str, *, failed_action_id: str | None = None, reason: str = "failed"
-    ) -> Flow[dict[str, Any]]:
-        self._finished = True
-        self.run = yield from self._api.fail_run(
-            self.id, error, failed_action_id=failed_action_id, reason=reason
-        )
-        return self.run
-
-    # Steps ----------------------------------------------------------------------------------
-
-    def step_key(self, tool: str, target: Target | None, args: Any) -> str:
-        """Deterministic: the same call in the same run always gets the same key, so a retried
-        step (in this process or after a restart) replays instead of acting twice."""
-        digest = hashlib.sha256(canonical([self.id, tool, list(target) if target else None, args]).encode())
-        return f"{self.id}:{digest.hexdigest()[:40]}"
-
-    def _action_request(
-        self,
-        tool: str,
-        target: Target | None,
-        args: dict[str, Any],
-        compensate: Compensation | None,
-        intent: Mapping[str, Any] | None,
-        idempotency_key: str | None,
-    ) -> tuple[str, dict[str, Any]]:
-        """The idempotency key and body that record a step: one place, so that a step recorded
-        ahead (``record``) and the same step run later are one action."""
-        key = idempotency_key or self.step_key(tool, target, args)
-        body: dict[str, Any] = {"args": args}
-        if target is not None:
-            body["target_type"], body["target_id"] = str(target[0]), str(target[1])
-        if compensate is not None:
-            body["compensation"] = {"tool": compensate[0], "args": dict(compensate[1])}
-        if intent is not None:
-            body["intent"] = dict(intent)
-        return key, body
-
-    def _record(
-        self,
-        tool: str,
-        *,
-        target: Target | None,
-        args: Mapping[str, Any] | None,
-        compensate: Compensation | None,
-        intent: Mapping[str, Any] | None,
-        idempotency_key: str | None,
-    ) -> Flow[dict[str, Any]]:
-        if not self.id:
-            raise SagaError(
-                "The run is not open yet: use it as a context manager (or open it) first.",
-                code="run_not_open",
-            )
-        key, body = self._action_request(tool, target, dict(args or {}), compensate, intent, idempotency_key)
-        reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
-        action: dict[str, Any] = reply.data
-        return action
-
-    def _step(
-        self,
-        tool: str,
-        *,
-        do: Callable[..., Any],
-        target: Target | None,
-        args: Mapping[str, Any] | None,
-        compensate: Compensation | None,
-        before: Any,
-        after: Any,
-        intent: Mapping[str, Any] | None,
-        idempotency_key: str | None,
-        approval_timeout_s: float | None,
-        wait: bool,
-    ) -> Flow[Any]:
-        if not self.id:
-            raise SagaError(
-                "The run is not open yet: use it as a context manager (or open it) first.",
-                code="run_not_open",
-            )
-        call_args = dict(args or {})
-        key, body = self._action_request(tool, target, call_args, compensate, intent, idempotency_key)
-        body["start"] = True
-        snapshot = (yield Invoke(before)) if callable(before) else before
-        if snapshot is not None:
-            body["before_snapshot"] = snapshot
-
-        reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
-        action: dict[str, Any] = reply.data
-        if action["status"] in DONE_STATES:
-            self._settled(action)
-            return action["result"]
-        # Started by this very call (``start: true``) only when the answer is not a replay. A
-        # replayed ``running`` may be another caller's start (another process running the same
-        # step, or our own first send whose answer was lost — the server cannot tell which):
-        # running ``do`` on it could make one recorded call two real ones.
-        started_here = reply.started_here
-        try:
-            value = yield from self._execute(
-                action,
-                started_here=started_here,
-                do=do,
-                call_args=call_args,
-                after=after,
-                approval_timeout_s=approval_timeout_s,
-                wait=wait,
-            )
-        except ApprovalPending as pending:
-            self.pending_approvals[pending.action_id] = pending.action
-            raise
-        except BaseException:
-            # Whatever stopped this step (rejection, approval timeout, the tool itself), the
-            # run's failure report names it.
-            self.pending_approvals.pop(action["id"], None)
-            self._failed_action_id = action["id"]
-            raise
-        # An earlier failed step that was retried successfully is no longer the run's culprit.
-        self._failed_action_id = None
-        self._failure_reason = "failed"
-        return value
-
-    def _execute(
-        self,
-        action: dict[str, Any],
-        *,
-        started_here: bool,
-        do: Callable[..., Any],
-        call_args: dict[str, Any],
-        after: Any,
-        approval_timeout_s: float | None,
-        wait: bool,
-    ) -> Flow[Any]:
-        if not started_here:
-            if action["status"] in ("running", "unknown"):
-                raise StepInDoubt(action)
-            if action["status"] == "rejected":
-                raise rejection(action)
-            if action["status"] == "awaiting_approval":
-                if not wait:
-                    raise ApprovalPending(action)
-                action = yield from self._api.wait_for_approval(action, timeout_s=approval_timeout_s)
-
-        effective_args = action["args"]
-        takes_args = accepts_argument(do)
-        if not takes_args and effective_args != call_args:
-            raise SagaError(
-                f"The approver edited the args of {action['tool']}; `do` must accept them as a parameter.",
-                code="args_edited",
-            )
-        if not started_here:
-            started = yield from self._start(action, approval_timeout_s=approval_timeout_s, wait=wait)
-            action = started.data
-            if not started.started_here:
-                # Another call of this step started it first: its outcome is that call's to
-                # report. A finished one is replayed; one still running is in doubt here.
-                if action["status"] in DONE_STATES:
-                    self._settled(action)
-                    return action["result"]
-                raise StepInDoubt(action)
-        self.pending_approvals.pop(action["id"], None)
-        try:
-            value = yield Invoke(do, (effective_args,) if takes_args else ())
-        except BaseException as exc:
-            unknown = is_timeout(exc)
-            if unknown:
-                self._failure_reason = "outcome_unknown"
-            try:
-                yield from self._api.fail_action(
-                    action,
-                    error=f"{type(exc).__name__}: {exc}",
-                    retryable=bool(getattr(exc, "retryable", unknown)),
-                    layer="tool",
-                    outcome_unknown=unknown,
-                )
-            except SagaError:
-                # The tool's own exception is what the caller must see; the run's failure report
-                # still names this action.
-                log.exception("saga: could not record the failure of %s", action["id"])
-            raise
-        try:
-            after_snapshot = (yield Invoke(after, (value,))) if callable(after) else after
-        except Exception:
-            # The call happened: record it (without a snapshot) before the error goes up.
-            yield from self._succeeded(action, value, None)
-            raise
-        yield from self._succeeded(action, value, after_snapshot)
-        return value
-
-    def _succeeded(self, action: Mapping[str, Any], value: Any, after_snapshot: Any) -> Flow[None]:
-        done = yield from self._api.succeed_action(
-            action, result=jsonable(value), after_snapshot=after_snapshot
-        )
-        self._settled(done)
-
-    def _start(self, action: dict[str, Any], *, approval_timeout_s: float | None, wait: bool) -> Flow[Reply]:
-        try:
-            return (yield from self._api.start(action))
-        except Conflict as exc:
-            if exc.code == "approval_rejected":
-                raise rejection((yield from self._api.get_action(action["id"]))) from None
-            if exc.code != "approval_pending":
-                raise
-            # Recorded before its approval was opened (a race with a policy change): wait, retry once.
-            current = yield from self._api.get_action(action["id"])
-            if not wait:
-                raise ApprovalPending(current) from None
-            approved = yield from self._api.wait_for_approval(current, timeout_s=approval_timeout_s)
-            return (yield from self._api.start(approved))
-
-    def _settled(self, action: dict[str, Any]) -> None:
-        self.pending_approvals.pop(action["id"], None)
-        self.actions = [a for a in self.actions if a["id"] != action["id"]] + [action]
-
-    # Checkpoints ----------------------------------------------------------------------------
-
-    def _checkpoint(
-        self,
-        name: str,
-        *,
-        state: Mapping[str, Any] | None,
-        summary: str,
-        recovery_mode: str,
-        recovery_instructions: str,
-        completed_action_ids: list[str] | None,
-        pending_action_ids: list[str] | None,
-        requires_user_approval: bool,
-        trace_links: list[Any] | None,
-    ) -> Flow[Any]:
-        return self._api.write_checkpoint(
-            self.id,
-            name=name,
-            state=dict(state or {}),
-            summary=summary,
-            recovery_mode=recovery_mode,
-            recovery_instructions=recovery_instructions,
-            completed_action_ids=completed_action_ids
-            if completed_action_ids is not None
-            else [a["id"] for a in self.actions if a["status"] == "succeeded"],
-            pending_action_ids=pending_action_ids or [],
-            requires_user_approval=requires_user_approval,
-            trace_links=trace_links or [],
-        )

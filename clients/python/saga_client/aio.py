@@ -1,54 +1,68 @@
-"""The asyncio client: ``AsyncSaga`` and its ``AsyncRun``, the twins of ``Saga`` and ``Run``.
+"""The client and its run, written once: ``AsyncSaga`` and ``AsyncRun`` in ``saga_client.aio`` (this
+source), ``Saga`` and ``Run`` in ``saga_client.client``, generated from it by unasync
+(``clients/python/scripts/generate_sync_client.py``). Pure Python + httpx: no Django.
 
-    saga = AsyncSaga("https://saga.example.com", api_key)
-    async with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
-        user = await run.step("hr.create_user", target=("user", email), args={"email": email},
-                              do=hr.create_user,          # sync or async: awaited when async
-                              compensate=("hr.delete_user", {"email": email}))
+    saga = Saga("https://saga.example.com", api_key)
+    with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
+        user = run.step("hr.create_user", target=("user", email), args={"email": email},
+                        do=lambda args: hr.create_user(**args),
+                        compensate=("hr.delete_user", {"email": email}))
 
-Same methods, same requests, same errors: both drive the flows of ``saga_client._core``; this
-module only performs their effects with ``await``.
+``AsyncSaga`` is the same with ``async with`` and ``await`` (``do`` may then be a coroutine
+function). Every request is built and every answer read in ``saga_client._core`` and
+``saga_client._run``; this module only performs the effects they ask for. The few things the two
+clients do differently are written by hand in ``saga_client._twins``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import Token
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar
 
 import httpx
 
 from saga_client._core import (
     Api,
-    Compensation,
     Effect,
     Flow,
     Invoke,
     Reply,
-    RunCore,
     Send,
     Settings,
     Sleep,
-    Target,
     api_root,
     default_headers,
 )
-from saga_client.tools import ToolSpec, async_run, require_run
-
-if TYPE_CHECKING:
-    from typing_extensions import ParamSpec
-
-    P = ParamSpec("P")
+from saga_client._run import Compensation, Target
+from saga_client._twins import (
+    AsyncPerform,
+    AsyncRunBase,
+    accept_async_callables,
+    async_attached,
+    async_invoke,
+)
+from saga_client.responses import (
+    ActionDict,
+    ActionVerifyDict,
+    CheckpointDict,
+    CommandDict,
+    PoliciesDict,
+    RunDetailDict,
+    RunDict,
+    RunFailDict,
+    TrailDict,
+)
+from saga_client.tools import AsyncTool, async_run
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 
-async def drive(flow: Flow[T], perform: Callable[[Effect], Awaitable[Any]]) -> T:
-    """``client.drive`` with ``await``: the same loop over the same flows."""
+async def drive(flow: Flow[T], perform: AsyncPerform) -> T:
+    """Run a flow to its end, performing each effect it yields and handing back the outcome (or
+    throwing the effect's exception into the flow, which decides what it means)."""
     outcome: Any = None
     error: BaseException | None = None
     while True:
@@ -67,7 +81,9 @@ async def drive(flow: Flow[T], perform: Callable[[Effect], Awaitable[Any]]) -> T
 
 
 class AsyncSaga:
-    """``Saga`` for asyncio: every method that talks to the server is a coroutine."""
+    """The Saga Admin agent API over HTTP, with retries (``AsyncSaga``: every method that talks to
+    the server is a coroutine). ``run()`` is the high-level entry; the other methods are one
+    endpoint each."""
 
     def __init__(
         self,
@@ -113,10 +129,7 @@ class AsyncSaga:
             await asyncio.sleep(effect.seconds)
             return None
         if isinstance(effect, Invoke):
-            result = effect.func(*effect.args)
-            # An async `do` (or one returning an awaitable) is awaited: never recorded as done
-            # while its coroutine has not run.
-            return await result if inspect.isawaitable(result) else result
+            return await async_invoke(effect)
         raise AssertionError(f"unknown effect {effect!r}")
 
     async def _drive(self, flow: Flow[T]) -> T:
@@ -140,6 +153,7 @@ class AsyncSaga:
         params: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Any:
+        """Any endpoint: the decoded JSON, or a typed ``SagaError`` (retries as everywhere)."""
         return await self._drive(
             self.api.call(method, path, json_body=json_body, params=params, idempotency_key=idempotency_key)
         )
@@ -147,15 +161,17 @@ class AsyncSaga:
     # High level -----------------------------------------------------------------------------
 
     def run(self, *, agent: str, request: str, **fields: Any) -> AsyncRun:
-        """``async with saga.run(...) as run:`` creates the run, completes it on a clean exit and
-        fails it (into the recovery queue) when the block raises. ``await saga.run(...)`` only
-        creates it."""
+        """A context manager (``async with`` for ``AsyncSaga``) that creates the run on entry,
+        completes it on a clean exit and fails it (landing it in the recovery queue) when the block
+        raises; an ``AsyncRun`` awaited instead is only created. ``fields``: ``external_id``,
+        ``user_id``, ``goal``, ``trace_url``, ``resume_url``, ``metadata``."""
         return AsyncRun(self, agent=agent, request=request, fields=fields)
 
     def attach(self, run_id: str) -> AsyncRun:
-        """An existing run: ``run = await saga.attach(run_id)`` or ``async with saga.attach(run_id)
-        as run:``. Steps already done replay their recorded results instead of running again."""
-        return AsyncRun(self, agent="", request="", fields={}, run_id=run_id)
+        """Continue an existing run (e.g. after a resume command or a decided approval): steps
+        already done replay their recorded results instead of running again. ``Saga`` opens it at
+        once; ``AsyncSaga`` when it is awaited or entered (``async with``)."""
+        return async_attached(AsyncRun(self, agent="", request="", fields={}, run_id=run_id))
 
     def tool(
         self,
@@ -165,10 +181,12 @@ class AsyncSaga:
         compensate: Compensation | Callable[..., Compensation | None] | None = None,
         intent: Mapping[str, Any] | None = None,
         approval_timeout_s: float | None = None,
-    ) -> _AsyncTool:
-        """``Saga.tool`` for async runs. The decorated function (sync or async) becomes a coroutine
-        function: each call, awaited, is a step of the async run active in this context."""
-        return _AsyncTool(
+    ) -> AsyncTool:
+        """Make each call of the decorated function a step of the run active in this context, with
+        its arguments (by parameter name) as the step's ``args``. ``target``/``compensate`` may be
+        callables that receive those arguments by name. With ``AsyncSaga`` the function (sync or
+        async) becomes a coroutine function; ``Saga`` refuses an async one."""
+        return AsyncTool(
             self,
             name,
             target=target,
@@ -181,15 +199,18 @@ class AsyncSaga:
 
     async def create_run(
         self, *, agent: str, request: str, idempotency_key: str | None = None, **fields: Any
-    ) -> dict[str, Any]:
+    ) -> RunDict:
         return await self._drive(
             self.api.create_run(agent=agent, request=request, idempotency_key=idempotency_key, **fields)
         )
 
-    async def get_run(self, run_id: str) -> dict[str, Any]:
+    async def get_run(self, run_id: str) -> RunDetailDict:
+        """The run with its newest actions (at most 100; ``actions_next`` is set when it has more:
+        ``list_actions`` reads them all)."""
         return await self._drive(self.api.get_run(run_id))
 
-    async def list_actions(self, run_id: str, *, page_size: int = 500) -> AsyncIterator[dict[str, Any]]:
+    async def list_actions(self, run_id: str, *, page_size: int = 500) -> AsyncIterator[ActionDict]:
+        """Every action of the run, oldest first, following the cursor (``page_size`` ≤ 500)."""
         params: dict[str, Any] = {"limit": page_size}
         while True:
             page = await self._drive(self.api.actions_page(run_id, params))
@@ -199,7 +220,8 @@ class AsyncSaga:
                 return
             params["cursor"] = page["next_cursor"]
 
-    async def list_runs(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
+    async def list_runs(self, **filters: Any) -> AsyncIterator[RunDict]:
+        """Every run matching the filters (``status``, ``agent``, ``external_id``), newest first."""
         params = {k: v for k, v in filters.items() if v is not None}
         while True:
             page = await self._drive(self.api.runs_page(params))
@@ -209,12 +231,12 @@ class AsyncSaga:
                 return
             params["cursor"] = page["next_cursor"]
 
-    async def heartbeat(self, run_id: str, note: str = "") -> list[dict[str, Any]]:
+    async def heartbeat(self, run_id: str, note: str = "") -> list[CommandDict]:
         return await self._drive(self.api.heartbeat(run_id, note))
 
     async def complete_run(
         self, run_id: str, summary: str = "", *, idempotency_key: str | None = None
-    ) -> dict[str, Any]:
+    ) -> RunDict:
         return await self._drive(self.api.complete_run(run_id, summary, idempotency_key=idempotency_key))
 
     async def fail_run(
@@ -225,7 +247,7 @@ class AsyncSaga:
         failed_action_id: str | None = None,
         reason: str = "failed",
         idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunFailDict:
         return await self._drive(
             self.api.fail_run(
                 run_id,
@@ -236,27 +258,29 @@ class AsyncSaga:
             )
         )
 
-    async def commands(self, run_id: str) -> list[dict[str, Any]]:
+    async def commands(self, run_id: str) -> list[CommandDict]:
         return await self._drive(self.api.commands(run_id))
 
-    async def ack_command(self, command_id: str) -> dict[str, Any]:
+    async def ack_command(self, command_id: str) -> CommandDict:
         return await self._drive(self.api.ack_command(command_id))
 
-    async def trail(self, run_id: str) -> dict[str, Any]:
+    async def trail(self, run_id: str) -> TrailDict:
         return await self._drive(self.api.trail(run_id))
 
-    async def policies(self) -> dict[str, Any]:
+    async def policies(self) -> PoliciesDict:
         return await self._drive(self.api.policies())
 
     # Actions --------------------------------------------------------------------------------
 
     async def record_action(
         self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any
-    ) -> dict[str, Any]:
+    ) -> ActionDict:
+        """Record an action; ``start=True`` also starts it when it needs no approval (it comes back
+        ``running``; a replay comes back as the action is now)."""
         reply = await self._drive(
             self.api.record_action(run_id, tool=tool, idempotency_key=idempotency_key, **fields)
         )
-        action: dict[str, Any] = reply.data
+        action: ActionDict = reply.data
         return action
 
     async def record_action_reply(
@@ -274,15 +298,15 @@ class AsyncSaga:
         another caller started this attempt first (its answer replayed); do not run the call then."""
         return await self._drive(self.api.start(action))
 
-    async def get_action(self, action_id: str) -> dict[str, Any]:
+    async def get_action(self, action_id: str) -> ActionDict:
         return await self._drive(self.api.get_action(action_id))
 
-    async def start_action(self, action: Mapping[str, Any]) -> dict[str, Any]:
+    async def start_action(self, action: Mapping[str, Any]) -> ActionDict:
         return await self._drive(self.api.start_action(action))
 
     async def succeed_action(
         self, action: Mapping[str, Any], *, result: Any = None, after_snapshot: Any = None
-    ) -> dict[str, Any]:
+    ) -> ActionDict:
         return await self._drive(
             self.api.succeed_action(action, result=result, after_snapshot=after_snapshot)
         )
@@ -295,7 +319,7 @@ class AsyncSaga:
         retryable: bool = False,
         layer: str = "tool",
         outcome_unknown: bool = False,
-    ) -> dict[str, Any]:
+    ) -> ActionDict:
         return await self._drive(
             self.api.fail_action(
                 action, error=error, retryable=retryable, layer=layer, outcome_unknown=outcome_unknown
@@ -304,14 +328,14 @@ class AsyncSaga:
 
     async def verify_action(
         self, action_id: str, *, ok: bool, expected: Any = None, actual: Any = None, reason: str = ""
-    ) -> dict[str, Any]:
+    ) -> ActionVerifyDict:
         return await self._drive(
             self.api.verify_action(action_id, ok=ok, expected=expected, actual=actual, reason=reason)
         )
 
     async def reconcile_action(
         self, action_id: str, *, happened: bool, reason: str, result: Any = None, after_snapshot: Any = None
-    ) -> dict[str, Any]:
+    ) -> ActionDict:
         return await self._drive(
             self.api.reconcile_action(
                 action_id, happened=happened, reason=reason, result=result, after_snapshot=after_snapshot
@@ -320,53 +344,36 @@ class AsyncSaga:
 
     async def wait_for_approval(
         self, action: Mapping[str, Any], *, timeout_s: float | None = None
-    ) -> dict[str, Any]:
+    ) -> ActionDict:
+        """Poll the action (with backoff) until a person decided. Returns it once approved; raises
+        ``ApprovalRejected`` (rejected or expired) or ``ApprovalTimeout``."""
         return await self._drive(self.api.wait_for_approval(action, timeout_s=timeout_s))
 
     # Checkpoints ----------------------------------------------------------------------------
 
     async def write_checkpoint(
         self, run_id: str, *, name: str, idempotency_key: str | None = None, **fields: Any
-    ) -> dict[str, Any]:
+    ) -> CheckpointDict:
         return await self._drive(
             self.api.write_checkpoint(run_id, name=name, idempotency_key=idempotency_key, **fields)
         )
 
-    async def latest_checkpoint(self, run_id: str) -> dict[str, Any] | None:
+    async def latest_checkpoint(self, run_id: str) -> CheckpointDict | None:
         return await self._drive(self.api.latest_checkpoint(run_id))
 
 
-class _AsyncTool:
-    """The decorator ``AsyncSaga.tool(...)`` returns."""
-
-    def __init__(self, saga: AsyncSaga, name: str, **options: Any) -> None:
-        self.saga, self.name, self.options = saga, name, options
-
-    @overload
-    def __call__(self, func: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
-
-    @overload
-    def __call__(self, func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]: ...
-
-    def __call__(self, func: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:
-        spec = ToolSpec(func, self.name, **self.options)
-        name = self.name
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            run: AsyncRun = require_run(async_run, name, client="AsyncSaga")
-            return await run.step(name, **spec.step_arguments(args, kwargs))
-
-        return spec.wraps(call)
-
-
 def current_async_run() -> AsyncRun | None:
-    """The run of the innermost ``async with saga.run(...)`` block this code runs in, if any."""
+    """The run of the innermost ``saga.run(...)`` block (``with``, or ``async with`` for the
+    async one) this code runs in, if any."""
     run: AsyncRun | None = async_run.get()
     return run
 
 
-class AsyncRun(RunCore):
-    """``Run`` for asyncio: ``async with``, and ``await`` on every method that talks to the server."""
+class AsyncRun(AsyncRunBase):
+    """One run. As a context manager: created on entry (unless attached), completed on a clean
+    exit, failed — into the recovery queue — when the block raises; left running while a step
+    waits for approval (``ApprovalPending``). Every method of an ``AsyncRun`` that talks to the
+    server is a coroutine."""
 
     def __init__(
         self, saga: AsyncSaga, *, agent: str, request: str, fields: Mapping[str, Any], run_id: str = ""
@@ -380,9 +387,6 @@ class AsyncRun(RunCore):
         await self.client._drive(self._open())
         return self
 
-    def __await__(self) -> Generator[Any, None, AsyncRun]:
-        return self.open().__await__()
-
     async def __aenter__(self) -> AsyncRun:
         await self.open()
         self._tokens.append(async_run.set(self))
@@ -394,14 +398,14 @@ class AsyncRun(RunCore):
         if self._tokens:
             async_run.reset(self._tokens.pop())
         await self.client._drive(self._exit(exc))
-        return False
+        return False  # re-raise
 
-    async def complete(self, summary: str = "") -> dict[str, Any]:
+    async def complete(self, summary: str = "") -> RunDict:
         return await self.client._drive(self._complete(summary))
 
     async def fail(
         self, error: str, *, failed_action_id: str | None = None, reason: str = "failed"
-    ) -> dict[str, Any]:
+    ) -> RunFailDict:
         return await self.client._drive(self._fail(error, failed_action_id=failed_action_id, reason=reason))
 
     async def record(
@@ -413,7 +417,7 @@ class AsyncRun(RunCore):
         compensate: Compensation | None = None,
         intent: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> ActionDict:
         """Record a step without starting it (the key and body ``step`` would send), e.g. so that
         it is approved before it runs; returns the action (as it is now, when recorded already).
         ``step`` with the same tool, target and args later runs it — once approved."""
@@ -443,7 +447,18 @@ class AsyncRun(RunCore):
         approval_timeout_s: float | None = None,
         wait: bool = True,
     ) -> Any:
-        """``Run.step``, awaited. ``do``, ``before`` and ``after`` may be sync or async functions."""
+        """Record the action (and start it, when it needs no approval, in the same call), wait for
+        approval when policy demands it, call ``do`` and record the outcome. Returns what ``do``
+        returned (or, when this step already succeeded earlier, its recorded result — ``do`` is
+        not called again).
+
+        ``do`` receives the effective args (the approver may have edited them) when it takes a
+        parameter. ``before``/``after`` are snapshots, or callables producing them (``after`` gets
+        ``do``'s result). A timeout inside ``do`` records the outcome as unknown. ``do`` raising
+        records the action failed and re-raises the same exception. With ``wait=False`` a step
+        that needs approval raises ``ApprovalPending`` instead of waiting. In an ``AsyncRun``,
+        ``do``, ``before`` and ``after`` may be async functions (awaited); a ``Run`` refuses them."""
+        accept_async_callables(do=do, before=before, after=after)
         return await self.client._drive(
             self._step(
                 tool,
@@ -472,7 +487,8 @@ class AsyncRun(RunCore):
         pending_action_ids: list[str] | None = None,
         requires_user_approval: bool = False,
         trace_links: list[Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> CheckpointDict:
+        """Write a safe pause point. By default the completed actions are this run's steps so far."""
         return await self.client._drive(
             self._checkpoint(
                 name,
@@ -487,14 +503,18 @@ class AsyncRun(RunCore):
             )
         )
 
-    async def heartbeat(self, note: str = "") -> list[dict[str, Any]]:
+    async def heartbeat(self, note: str = "") -> list[CommandDict]:
+        """Tell Saga Admin the agent is alive; returns pending resume/cancel commands."""
         return await self.client.heartbeat(self.id, note)
 
-    async def commands(self) -> list[dict[str, Any]]:
+    async def commands(self) -> list[CommandDict]:
         return await self.client.commands(self.id)
 
-    async def ack(self, command_id: str) -> dict[str, Any]:
+    async def ack(self, command_id: str) -> CommandDict:
         return await self.client.ack_command(command_id)
 
-    async def trail(self) -> dict[str, Any]:
+    async def trail(self) -> TrailDict:
         return await self.client.trail(self.id)
+
+
+__all__ = ["AsyncRun", "AsyncSaga", "current_async_run", "drive"]

@@ -1,4 +1,8 @@
-"""The blocking client: ``Saga`` and its ``Run``. Pure Python + httpx: no Django.
+# Generated from saga_client/aio.py by clients/python/scripts/generate_sync_client.py (unasync):
+# do not edit. Edit aio.py, then run that script; a test fails while the two disagree.
+"""The client and its run, written once: ``AsyncSaga`` and ``AsyncRun`` in ``saga_client.aio`` (this
+source), ``Saga`` and ``Run`` in ``saga_client.client``, generated from it by unasync
+(``clients/python/scripts/generate_sync_client.py``). Pure Python + httpx: no Django.
 
     saga = Saga("https://saga.example.com", api_key)
     with saga.run(agent="onboarding", request="Onboard Ashu Kumar") as run:
@@ -6,50 +10,59 @@
                         do=lambda args: hr.create_user(**args),
                         compensate=("hr.delete_user", {"email": email}))
 
-Every request is built and every answer read in ``saga_client._core``; this module only performs
-the effects it asks for, with blocking calls. ``saga_client.aio`` is its ``async`` twin.
+``AsyncSaga`` is the same with ``async with`` and ``await`` (``do`` may then be a coroutine
+function). Every request is built and every answer read in ``saga_client._core`` and
+``saga_client._run``; this module only performs the effects they ask for. The few things the two
+clients do differently are written by hand in ``saga_client._twins``.
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import Token
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 
 from saga_client._core import (
     Api,
-    Compensation,
     Effect,
     Flow,
     Invoke,
     Reply,
-    RunCore,
     Send,
     Settings,
     Sleep,
-    Target,
     api_root,
     default_headers,
+)
+from saga_client._run import Compensation, Target
+from saga_client._twins import (
+    Perform,
+    RunBase,
+    attached,
+    invoke,
     refuse_async_callables,
 )
-from saga_client.errors import SagaError
-from saga_client.tools import ToolSpec, require_run, sync_run
-
-if TYPE_CHECKING:
-    from typing_extensions import ParamSpec
-
-    P = ParamSpec("P")
+from saga_client.responses import (
+    ActionDict,
+    ActionVerifyDict,
+    CheckpointDict,
+    CommandDict,
+    PoliciesDict,
+    RunDetailDict,
+    RunDict,
+    RunFailDict,
+    TrailDict,
+)
+from saga_client.tools import Tool, sync_run
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 
-def drive(flow: Flow[T], perform: Callable[[Effect], Any]) -> T:
+def drive(flow: Flow[T], perform: Perform) -> T:
     """Run a flow to its end, performing each effect it yields and handing back the outcome (or
     throwing the effect's exception into the flow, which decides what it means)."""
     outcome: Any = None
@@ -70,8 +83,9 @@ def drive(flow: Flow[T], perform: Callable[[Effect], Any]) -> T:
 
 
 class Saga:
-    """The Saga Admin agent API over blocking HTTP, with retries. ``run()`` is the high-level entry;
-    the other methods are one endpoint each."""
+    """The Saga Admin agent API over HTTP, with retries (``AsyncSaga``: every method that talks to
+    the server is a coroutine). ``run()`` is the high-level entry; the other methods are one
+    endpoint each."""
 
     def __init__(
         self,
@@ -117,15 +131,7 @@ class Saga:
             time.sleep(effect.seconds)
             return None
         if isinstance(effect, Invoke):
-            result = effect.func(*effect.args)
-            if inspect.isawaitable(result):
-                if inspect.iscoroutine(result):
-                    result.close()  # never awaited, on purpose: no "never awaited" warning
-                raise TypeError(
-                    f"{getattr(effect.func, '__qualname__', effect.func)!r} returned an awaitable; the "
-                    "blocking Saga client cannot await it. Use AsyncSaga."
-                )
-            return result
+            return invoke(effect)
         raise AssertionError(f"unknown effect {effect!r}")
 
     def _drive(self, flow: Flow[T]) -> T:
@@ -157,17 +163,17 @@ class Saga:
     # High level -----------------------------------------------------------------------------
 
     def run(self, *, agent: str, request: str, **fields: Any) -> Run:
-        """A context manager that creates the run on entry, completes it on a clean exit and fails
-        it (landing it in the recovery queue) when the block raises. ``fields``: ``external_id``,
+        """A context manager (``async with`` for ``AsyncSaga``) that creates the run on entry,
+        completes it on a clean exit and fails it (landing it in the recovery queue) when the block
+        raises; an ``AsyncRun`` awaited instead is only created. ``fields``: ``external_id``,
         ``user_id``, ``goal``, ``trace_url``, ``resume_url``, ``metadata``."""
         return Run(self, agent=agent, request=request, fields=fields)
 
     def attach(self, run_id: str) -> Run:
         """Continue an existing run (e.g. after a resume command or a decided approval): steps
-        already done replay their recorded results instead of running again."""
-        run = Run(self, agent="", request="", fields={}, run_id=run_id)
-        run.open()
-        return run
+        already done replay their recorded results instead of running again. ``Saga`` opens it at
+        once; ``AsyncSaga`` when it is awaited or entered (``async with``)."""
+        return attached(Run(self, agent="", request="", fields={}, run_id=run_id))
 
     def tool(
         self,
@@ -177,50 +183,35 @@ class Saga:
         compensate: Compensation | Callable[..., Compensation | None] | None = None,
         intent: Mapping[str, Any] | None = None,
         approval_timeout_s: float | None = None,
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    ) -> Tool:
         """Make each call of the decorated function a step of the run active in this context, with
         its arguments (by parameter name) as the step's ``args``. ``target``/``compensate`` may be
-        callables that receive those arguments by name."""
-
-        def decorate(func: Callable[P, R]) -> Callable[P, R]:
-            if inspect.iscoroutinefunction(func):
-                raise TypeError(
-                    f"{func.__qualname__} is an async function: decorate it with AsyncSaga.tool, "
-                    "whose steps are awaited."
-                )
-            spec = ToolSpec(
-                func,
-                name,
-                target=target,
-                compensate=compensate,
-                intent=intent,
-                approval_timeout_s=approval_timeout_s,
-            )
-
-            def call(*args: P.args, **kwargs: P.kwargs) -> R:
-                run: Run = require_run(sync_run, name, client="Saga")
-                result: R = run.step(name, **spec.step_arguments(args, kwargs))
-                return result
-
-            return spec.wraps(call)
-
-        return decorate
+        callables that receive those arguments by name. With ``AsyncSaga`` the function (sync or
+        async) becomes a coroutine function; ``Saga`` refuses an async one."""
+        return Tool(
+            self,
+            name,
+            target=target,
+            compensate=compensate,
+            intent=intent,
+            approval_timeout_s=approval_timeout_s,
+        )
 
     # Runs -----------------------------------------------------------------------------------
 
     def create_run(
         self, *, agent: str, request: str, idempotency_key: str | None = None, **fields: Any
-    ) -> dict[str, Any]:
+    ) -> RunDict:
         return self._drive(
             self.api.create_run(agent=agent, request=request, idempotency_key=idempotency_key, **fields)
         )
 
-    def get_run(self, run_id: str) -> dict[str, Any]:
+    def get_run(self, run_id: str) -> RunDetailDict:
         """The run with its newest actions (at most 100; ``actions_next`` is set when it has more:
         ``list_actions`` reads them all)."""
         return self._drive(self.api.get_run(run_id))
 
-    def list_actions(self, run_id: str, *, page_size: int = 500) -> Iterator[dict[str, Any]]:
+    def list_actions(self, run_id: str, *, page_size: int = 500) -> Iterator[ActionDict]:
         """Every action of the run, oldest first, following the cursor (``page_size`` ≤ 500)."""
         params: dict[str, Any] = {"limit": page_size}
         while True:
@@ -230,7 +221,7 @@ class Saga:
                 return
             params["cursor"] = page["next_cursor"]
 
-    def list_runs(self, **filters: Any) -> Iterator[dict[str, Any]]:
+    def list_runs(self, **filters: Any) -> Iterator[RunDict]:
         """Every run matching the filters (``status``, ``agent``, ``external_id``), newest first."""
         params = {k: v for k, v in filters.items() if v is not None}
         while True:
@@ -240,12 +231,10 @@ class Saga:
                 return
             params["cursor"] = page["next_cursor"]
 
-    def heartbeat(self, run_id: str, note: str = "") -> list[dict[str, Any]]:
+    def heartbeat(self, run_id: str, note: str = "") -> list[CommandDict]:
         return self._drive(self.api.heartbeat(run_id, note))
 
-    def complete_run(
-        self, run_id: str, summary: str = "", *, idempotency_key: str | None = None
-    ) -> dict[str, Any]:
+    def complete_run(self, run_id: str, summary: str = "", *, idempotency_key: str | None = None) -> RunDict:
         return self._drive(self.api.complete_run(run_id, summary, idempotency_key=idempotency_key))
 
     def fail_run(
@@ -256,7 +245,7 @@ class Saga:
         failed_action_id: str | None = None,
         reason: str = "failed",
         idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunFailDict:
         return self._drive(
             self.api.fail_run(
                 run_id,
@@ -267,27 +256,27 @@ class Saga:
             )
         )
 
-    def commands(self, run_id: str) -> list[dict[str, Any]]:
+    def commands(self, run_id: str) -> list[CommandDict]:
         return self._drive(self.api.commands(run_id))
 
-    def ack_command(self, command_id: str) -> dict[str, Any]:
+    def ack_command(self, command_id: str) -> CommandDict:
         return self._drive(self.api.ack_command(command_id))
 
-    def trail(self, run_id: str) -> dict[str, Any]:
+    def trail(self, run_id: str) -> TrailDict:
         return self._drive(self.api.trail(run_id))
 
-    def policies(self) -> dict[str, Any]:
+    def policies(self) -> PoliciesDict:
         return self._drive(self.api.policies())
 
     # Actions --------------------------------------------------------------------------------
 
-    def record_action(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> dict[str, Any]:
+    def record_action(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> ActionDict:
         """Record an action; ``start=True`` also starts it when it needs no approval (it comes back
         ``running``; a replay comes back as the action is now)."""
         reply = self._drive(
             self.api.record_action(run_id, tool=tool, idempotency_key=idempotency_key, **fields)
         )
-        action: dict[str, Any] = reply.data
+        action: ActionDict = reply.data
         return action
 
     def record_action_reply(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> Reply:
@@ -303,15 +292,15 @@ class Saga:
         another caller started this attempt first (its answer replayed); do not run the call then."""
         return self._drive(self.api.start(action))
 
-    def get_action(self, action_id: str) -> dict[str, Any]:
+    def get_action(self, action_id: str) -> ActionDict:
         return self._drive(self.api.get_action(action_id))
 
-    def start_action(self, action: Mapping[str, Any]) -> dict[str, Any]:
+    def start_action(self, action: Mapping[str, Any]) -> ActionDict:
         return self._drive(self.api.start_action(action))
 
     def succeed_action(
         self, action: Mapping[str, Any], *, result: Any = None, after_snapshot: Any = None
-    ) -> dict[str, Any]:
+    ) -> ActionDict:
         return self._drive(self.api.succeed_action(action, result=result, after_snapshot=after_snapshot))
 
     def fail_action(
@@ -322,7 +311,7 @@ class Saga:
         retryable: bool = False,
         layer: str = "tool",
         outcome_unknown: bool = False,
-    ) -> dict[str, Any]:
+    ) -> ActionDict:
         return self._drive(
             self.api.fail_action(
                 action, error=error, retryable=retryable, layer=layer, outcome_unknown=outcome_unknown
@@ -331,23 +320,21 @@ class Saga:
 
     def verify_action(
         self, action_id: str, *, ok: bool, expected: Any = None, actual: Any = None, reason: str = ""
-    ) -> dict[str, Any]:
+    ) -> ActionVerifyDict:
         return self._drive(
             self.api.verify_action(action_id, ok=ok, expected=expected, actual=actual, reason=reason)
         )
 
     def reconcile_action(
         self, action_id: str, *, happened: bool, reason: str, result: Any = None, after_snapshot: Any = None
-    ) -> dict[str, Any]:
+    ) -> ActionDict:
         return self._drive(
             self.api.reconcile_action(
                 action_id, happened=happened, reason=reason, result=result, after_snapshot=after_snapshot
             )
         )
 
-    def wait_for_approval(
-        self, action: Mapping[str, Any], *, timeout_s: float | None = None
-    ) -> dict[str, Any]:
+    def wait_for_approval(self, action: Mapping[str, Any], *, timeout_s: float | None = None) -> ActionDict:
         """Poll the action (with backoff) until a person decided. Returns it once approved; raises
         ``ApprovalRejected`` (rejected or expired) or ``ApprovalTimeout``."""
         return self._drive(self.api.wait_for_approval(action, timeout_s=timeout_s))
@@ -356,25 +343,27 @@ class Saga:
 
     def write_checkpoint(
         self, run_id: str, *, name: str, idempotency_key: str | None = None, **fields: Any
-    ) -> dict[str, Any]:
+    ) -> CheckpointDict:
         return self._drive(
             self.api.write_checkpoint(run_id, name=name, idempotency_key=idempotency_key, **fields)
         )
 
-    def latest_checkpoint(self, run_id: str) -> dict[str, Any] | None:
+    def latest_checkpoint(self, run_id: str) -> CheckpointDict | None:
         return self._drive(self.api.latest_checkpoint(run_id))
 
 
 def current_run() -> Run | None:
-    """The run of the innermost ``with saga.run(...)`` block this code runs in, if any."""
+    """The run of the innermost ``saga.run(...)`` block (``with``, or ``async with`` for the
+    async one) this code runs in, if any."""
     run: Run | None = sync_run.get()
     return run
 
 
-class Run(RunCore):
+class Run(RunBase):
     """One run. As a context manager: created on entry (unless attached), completed on a clean
     exit, failed — into the recovery queue — when the block raises; left running while a step
-    waits for approval (``ApprovalPending``)."""
+    waits for approval (``ApprovalPending``). Every method of an ``AsyncRun`` that talks to the
+    server is a coroutine."""
 
     def __init__(
         self, saga: Saga, *, agent: str, request: str, fields: Mapping[str, Any], run_id: str = ""
@@ -401,12 +390,10 @@ class Run(RunCore):
         self.client._drive(self._exit(exc))
         return False  # re-raise
 
-    def complete(self, summary: str = "") -> dict[str, Any]:
+    def complete(self, summary: str = "") -> RunDict:
         return self.client._drive(self._complete(summary))
 
-    def fail(
-        self, error: str, *, failed_action_id: str | None = None, reason: str = "failed"
-    ) -> dict[str, Any]:
+    def fail(self, error: str, *, failed_action_id: str | None = None, reason: str = "failed") -> RunFailDict:
         return self.client._drive(self._fail(error, failed_action_id=failed_action_id, reason=reason))
 
     def record(
@@ -418,7 +405,7 @@ class Run(RunCore):
         compensate: Compensation | None = None,
         intent: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> ActionDict:
         """Record a step without starting it (the key and body ``step`` would send), e.g. so that
         it is approved before it runs; returns the action (as it is now, when recorded already).
         ``step`` with the same tool, target and args later runs it — once approved."""
@@ -457,7 +444,8 @@ class Run(RunCore):
         parameter. ``before``/``after`` are snapshots, or callables producing them (``after`` gets
         ``do``'s result). A timeout inside ``do`` records the outcome as unknown. ``do`` raising
         records the action failed and re-raises the same exception. With ``wait=False`` a step
-        that needs approval raises ``ApprovalPending`` instead of waiting."""
+        that needs approval raises ``ApprovalPending`` instead of waiting. In an ``AsyncRun``,
+        ``do``, ``before`` and ``after`` may be async functions (awaited); a ``Run`` refuses them."""
         refuse_async_callables(do=do, before=before, after=after)
         return self.client._drive(
             self._step(
@@ -487,7 +475,7 @@ class Run(RunCore):
         pending_action_ids: list[str] | None = None,
         requires_user_approval: bool = False,
         trace_links: list[Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> CheckpointDict:
         """Write a safe pause point. By default the completed actions are this run's steps so far."""
         return self.client._drive(
             self._checkpoint(
@@ -503,22 +491,18 @@ class Run(RunCore):
             )
         )
 
-    def heartbeat(self, note: str = "") -> list[dict[str, Any]]:
+    def heartbeat(self, note: str = "") -> list[CommandDict]:
         """Tell Saga Admin the agent is alive; returns pending resume/cancel commands."""
         return self.client.heartbeat(self.id, note)
 
-    def commands(self) -> list[dict[str, Any]]:
+    def commands(self) -> list[CommandDict]:
         return self.client.commands(self.id)
 
-    def ack(self, command_id: str) -> dict[str, Any]:
+    def ack(self, command_id: str) -> CommandDict:
         return self.client.ack_command(command_id)
 
-    def trail(self) -> dict[str, Any]:
+    def trail(self) -> TrailDict:
         return self.client.trail(self.id)
 
 
-# The names this client had before it grew an async twin; kept so existing code keeps working.
-SagaClient = Saga
-RunContext = Run
-
-__all__ = ["Run", "RunContext", "Saga", "SagaClient", "SagaError", "current_run", "drive"]
+__all__ = ["Run", "Saga", "current_run", "drive"]

@@ -2,7 +2,9 @@
 
 The run context managers (``with saga.run(...)``, ``async with async_saga.run(...)``) set the
 active run in a ``contextvars.ContextVar``, so it follows the code that runs inside the block —
-including asyncio tasks started there — and nothing else.
+including asyncio tasks started there — and nothing else. ``AsyncSaga.tool`` returns an
+``AsyncTool`` and ``Saga.tool`` a ``Tool``: the two decorators, written by hand side by side (the
+clients themselves are generated one from the other, see ``saga_client._twins``).
 """
 
 from __future__ import annotations
@@ -10,13 +12,19 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from contextvars import ContextVar
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from saga_client.errors import NoActiveRun, SagaError
 
+if TYPE_CHECKING:
+    from typing_extensions import ParamSpec
+
+    P = ParamSpec("P")
+
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 
 # The active run of each client kind (a Run in one, an AsyncRun in the other): a sync tool cannot
 # be a step of an async run (it could not await it) and the other way round.
@@ -126,3 +134,53 @@ class ToolSpec:
         wrapped = functools.wraps(self.func)(wrapper)
         wrapped.__saga_tool__ = self.name  # type: ignore[attr-defined]
         return cast(F, wrapped)
+
+
+class AsyncTool:
+    """The decorator ``AsyncSaga.tool(...)`` returns. The decorated function (sync or async)
+    becomes a coroutine function: each call, awaited, is a step of the async run active in this
+    context."""
+
+    def __init__(self, saga: object, name: str, **options: Any) -> None:
+        self.saga, self.name, self.options = saga, name, options
+
+    @overload
+    def __call__(self, func: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+    @overload
+    def __call__(self, func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+    def __call__(self, func: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:
+        spec = ToolSpec(func, self.name, **self.options)
+        name = self.name
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            run = require_run(async_run, name, client="AsyncSaga")
+            return await run.step(name, **spec.step_arguments(args, kwargs))
+
+        return spec.wraps(call)
+
+
+class Tool:
+    """The decorator ``Saga.tool(...)`` returns: each call of the decorated function is a step of
+    the blocking run active in this context. An async function is refused (it could not be
+    awaited): decorate it with ``AsyncSaga.tool``."""
+
+    def __init__(self, saga: object, name: str, **options: Any) -> None:
+        self.saga, self.name, self.options = saga, name, options
+
+    def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
+        if inspect.iscoroutinefunction(func):
+            raise TypeError(
+                f"{func.__qualname__} is an async function: decorate it with AsyncSaga.tool, "
+                "whose steps are awaited."
+            )
+        spec = ToolSpec(func, self.name, **self.options)
+        name = self.name
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            run = require_run(sync_run, name, client="Saga")
+            result: R = run.step(name, **spec.step_arguments(args, kwargs))
+            return result
+
+        return spec.wraps(call)

@@ -27,6 +27,7 @@ from saga_client import (
     StepInDoubt,
 )
 from saga_client._core import Api, Send, Settings, Sleep
+from saga_client.responses import RunDict
 
 RUN = {"id": "run_1", "status": "running"}
 
@@ -82,7 +83,7 @@ def test_it_retries_transient_failures_with_the_same_idempotency_key():
 def test_the_async_client_retries_with_the_same_key_too():
     script = Script(httpx.ReadTimeout("slow"), (502, error("bad_gateway")), (201, RUN))
 
-    async def go() -> dict:
+    async def go() -> RunDict:
         async with AsyncSaga(
             "http://saga.test", "k", transport=httpx.MockTransport(script.handle), backoff_s=0.001
         ) as saga:

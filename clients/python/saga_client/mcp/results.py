@@ -10,9 +10,15 @@ from typing import Any
 import mcp_types as types
 from pydantic import ValidationError
 
+from saga_client.errors import Paused, PolicyDenied, SagaAPIError, SagaError, SagaUnavailable
+
 # The member of a recorded result that keeps what the ledger's ``result`` does not already say of
 # the MCP result (its content blocks, its ``_meta``), so that a replay answers with the same result.
 MCP_RESULT = "saga/mcp"
+# The members of every result's ``_meta`` that name its run and action (``_meta["saga/run"]``
+# brought back attaches a stateless client's next call to the same run).
+RUN_META = "saga/run"
+ACTION_META = "saga/action"
 
 
 def result_text(result: types.CallToolResult) -> str:
@@ -67,3 +73,38 @@ def result_from_record(recorded: Any) -> types.CallToolResult:
         content=[types.TextContent(type="text", text=json.dumps(recorded, default=str))],
         structured_content=recorded if isinstance(recorded, dict) else None,
     )
+
+
+def tool_error(message: str, *, run_id: str = "", action_id: str = "") -> types.CallToolResult:
+    meta: dict[str, Any] = {}
+    if run_id:
+        meta[RUN_META] = run_id
+    if action_id:
+        meta[ACTION_META] = action_id
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=message)], is_error=True, _meta=meta or None
+    )
+
+
+def with_meta(result: types.CallToolResult, *, run_id: str, action_id: str) -> types.CallToolResult:
+    meta = dict(result.meta or {})
+    meta[RUN_META] = run_id
+    meta[ACTION_META] = action_id
+    return result.model_copy(update={"meta": meta})
+
+
+def refusal(exc: SagaError) -> str:
+    """The tool error for a call Saga Admin refused or could not record: why, and that the
+    upstream was not called."""
+    if isinstance(exc, SagaUnavailable):
+        return (
+            "Saga Admin could not be reached to record this call, so it was not made (calls are only "
+            f"forwarded once recorded). {exc.message}"
+        )
+    if isinstance(exc, Paused):
+        return f"Paused in Saga Admin, so the call was not made: {exc.message}"
+    if isinstance(exc, PolicyDenied):
+        return f"Denied by a Saga Admin policy, so the call was not made: {exc.message}"
+    if isinstance(exc, SagaAPIError):
+        return f"Saga Admin refused to record this call ({exc.code}), so it was not made: {exc.message}"
+    return f"Saga Admin could not record this call, so it was not made: {exc}"

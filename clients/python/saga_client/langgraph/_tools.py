@@ -1,23 +1,17 @@
-"""LangGraph adapter (extra ``langgraph``): each call of a wrapped tool is a step of the Saga run
-active in the context; a call waiting for approval pauses the graph with ``interrupt()``.
-
-Saga Admin's approver decides, not the resume value: on ``Command(resume=…)`` the tool asks Saga
-again, so an approved call runs (once, with the approver's args if edited), a rejected one is an
-error ``ToolMessage`` for the model (``ToolRejected`` with ``raise_on_reject=True``), and one still
-undecided pauses the graph again. The run stays open while a call waits; another process resumes
-the graph inside ``with saga.attach(run_id):``. See clients/python/README.md, "LangGraph".
-"""
+"""``saga_tool``/``saga_tools``: a LangGraph tool whose every call is a step of the active Saga
+run, pausing the graph with ``interrupt()`` while the call waits for approval; ``ToolRejected``,
+the error a rejected call becomes."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from langchain_core.tools import tool as as_tool
 from langchain_core.utils.pydantic import get_fields
-from langgraph.types import Command, interrupt
+from langgraph.types import interrupt
 
 from saga_client.aio import AsyncRun
 from saga_client.client import Run
@@ -26,8 +20,6 @@ from saga_client.tools import _by_name, _recordable, async_run, require_run, syn
 
 Target = tuple[str, str]
 Compensation = tuple[str, Mapping[str, Any]]
-
-__all__ = ["ToolRejected", "resume_when_decided", "saga_tool", "saga_tools"]
 
 
 class ToolRejected(ToolException, ApprovalRejected):
@@ -70,27 +62,8 @@ def saga_tool(
             "wait": False,
         }
 
-    def call(**kwargs: Any) -> Any:
-        run: Run = require_run(sync_run, step_name, client="Saga")
-        while True:
-            try:
-                return run.step(step_name, **step(kwargs, base.invoke))
-            except ApprovalPending as pending:
-                interrupt(_payload(pending, run))  # returns the resume value on resume: ask again
-            except ApprovalRejected as rejected:
-                raise ToolRejected(step_name, rejected) from None
-
-    async def acall(**kwargs: Any) -> Any:
-        run: AsyncRun | None = async_run.get()
-        if run is None:  # a blocking Saga's run, in an async graph
-            return await asyncio.to_thread(call, **kwargs)
-        while True:
-            try:
-                return await run.step(step_name, **step(kwargs, base.ainvoke))
-            except ApprovalPending as pending:
-                interrupt(_payload(pending, run))
-            except ApprovalRejected as rejected:
-                raise ToolRejected(step_name, rejected) from None
+    call = _blocking_call(step_name, step, base.invoke)
+    acall = _async_call(step_name, step, base.ainvoke, call)
 
     def on_error(error: ToolException) -> str:
         if isinstance(error, ToolRejected) and not raise_on_reject:
@@ -108,6 +81,48 @@ def saga_tool(
     )
 
 
+StepArguments = Callable[[dict[str, Any], Callable[[dict[str, Any]], Any]], dict[str, Any]]
+
+
+def _blocking_call(
+    step_name: str, step: StepArguments, invoke: Callable[[dict[str, Any]], Any]
+) -> Callable[..., Any]:
+    """The tool's function: each call a step of the blocking run active in the context."""
+
+    def call(**kwargs: Any) -> Any:
+        run: Run = require_run(sync_run, step_name, client="Saga")
+        while True:
+            try:
+                return run.step(step_name, **step(kwargs, invoke))
+            except ApprovalPending as pending:
+                interrupt(_payload(pending, run))  # returns the resume value on resume: ask again
+            except ApprovalRejected as rejected:
+                raise ToolRejected(step_name, rejected) from None
+
+    return call
+
+
+def _async_call(
+    step_name: str, step: StepArguments, ainvoke: Callable[[dict[str, Any]], Any], call: Callable[..., Any]
+) -> Callable[..., Coroutine[Any, Any, Any]]:
+    """The tool's coroutine: a step of the async run active in the context, or of the blocking
+    one (``call``, in a thread) when there is none."""
+
+    async def acall(**kwargs: Any) -> Any:
+        run: AsyncRun | None = async_run.get()
+        if run is None:  # a blocking Saga's run, in an async graph
+            return await asyncio.to_thread(call, **kwargs)
+        while True:
+            try:
+                return await run.step(step_name, **step(kwargs, ainvoke))
+            except ApprovalPending as pending:
+                interrupt(_payload(pending, run))
+            except ApprovalRejected as rejected:
+                raise ToolRejected(step_name, rejected) from None
+
+    return acall
+
+
 def saga_tools(
     tools: Sequence[BaseTool | Callable[..., Any]],
     *,
@@ -122,29 +137,6 @@ def saga_tools(
         default = f"{namespace}.{base.name}" if namespace else base.name
         wrapped.append(saga_tool(base, name=(names or {}).get(base.name, default)))
     return wrapped
-
-
-def resume_when_decided(state: Mapping[str, Any], *, timeout_s: float | None = None) -> Command[Any]:
-    """Wait (in the active blocking run) until Saga Admin's approver decided every approval the
-    graph paused for, then the ``Command`` that resumes it; each interrupt's resume value is the
-    decision ``{"approval_id", "action_id", "status"}`` (informational: the tool asks Saga again).
-    ``ApprovalTimeout`` when nobody decided within ``timeout_s`` (default: the client's)."""
-    run: Run = require_run(sync_run, "resume_when_decided", client="Saga")
-    decisions = {}
-    for paused in state.get("__interrupt__", ()):
-        value = paused.value
-        if not (isinstance(value, Mapping) and value.get("saga") == "approval_pending"):
-            continue
-        try:
-            action = run.client.wait_for_approval(
-                run.client.get_action(value["action_id"]), timeout_s=timeout_s
-            )
-            status = action["status"]
-        except ApprovalRejected:
-            status = "rejected"
-        decisions[paused.id] = {"approval_id": value["approval_id"], "action_id": value["action_id"]}
-        decisions[paused.id]["status"] = status
-    return Command(resume=decisions)
 
 
 def _payload(pending: ApprovalPending, run: Run | AsyncRun) -> dict[str, Any]:

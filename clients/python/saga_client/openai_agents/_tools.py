@@ -1,24 +1,15 @@
-"""OpenAI Agents SDK adapter (extra ``openai-agents``): function tools whose every call is a step of
-the Saga run active in the context, and whose approval is Saga Admin's.
-
-Saga's decision counts; the SDK's tool-approval flow carries it. ``needs_approval`` records the call
-in Saga (``run.record``, not started) and is True until Saga's approver approved it (or Saga needs
-no approval), so the run returns with ``interruptions``; ``saga_decisions`` waits for Saga's
-decisions and writes them into the run state (approve, or reject with the approver's reason). When
-the SDK runs the call, the step asks Saga again: only a call Saga approved runs, once; an approval
-given in the SDK alone is a tool error. See clients/python/README.md, "OpenAI Agents SDK".
-"""
+"""``saga_function_tool``: ``@function_tool`` whose every call is a step of the active Saga run and
+whose ``needs_approval`` asks Saga Admin (recording the call first); and the helpers
+``saga_decisions`` shares: the active run of either kind, a client call from async code, the
+call recorded as its step will be."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Mapping
 from typing import Any, overload
 
 from agents import FunctionTool, RunContextWrapper, default_tool_error_function, function_tool
-from agents.result import RunResult, RunResultStreaming
-from agents.run_state import RunState
 
 from saga_client.aio import AsyncRun
 from saga_client.client import Run
@@ -28,8 +19,6 @@ from saga_client.tools import ToolSpec, async_run, require_run, sync_run
 Target = tuple[str, str]
 Compensation = tuple[str, Mapping[str, Any]]
 _NOT_YET = frozenset({"awaiting_approval", "rejected"})
-
-__all__ = ["saga_decisions", "saga_function_tool"]
 
 
 @overload
@@ -98,37 +87,6 @@ def saga_function_tool(
         return tool
 
     return build(func) if func is not None else build
-
-
-async def saga_decisions(
-    result: RunResult | RunResultStreaming, *, wait: bool = True, timeout_s: float | None = None
-) -> RunState[Any]:
-    """The run state to resume ``result`` with, its interruptions decided as Saga Admin's approver
-    decided them (waiting for the decisions unless ``wait=False``: an undecided call then stays
-    interrupted). ``ApprovalTimeout`` when nobody decided within ``timeout_s``."""
-    state = result.to_state()
-    for item in result.interruptions:
-        tools = getattr(item.agent, "tools", ())
-        spec = next(
-            (t._saga_spec for t in tools if t.name == item.tool_name and hasattr(t, "_saga_spec")), None
-        )
-        if spec is None:
-            continue  # not a Saga tool: the host decides it
-        action = await _record(spec, json.loads(item.arguments or "{}"))
-        try:
-            if wait and action["status"] == "awaiting_approval":
-                action = await _call(
-                    _active_run(spec.name).client.wait_for_approval, action, timeout_s=timeout_s
-                )
-            if action["status"] == "rejected":
-                raise ApprovalRejected(action["id"], (action.get("approval") or {}).get("reason", ""))
-        except ApprovalRejected as rejected:
-            reason = f": {rejected.reason}" if rejected.reason else "."
-            state.reject(item, rejection_message=f"Saga Admin: an approver rejected {spec.name}{reason}")
-            continue
-        if action["status"] != "awaiting_approval":
-            state.approve(item)
-    return state
 
 
 def _active_run(tool: str) -> Run | AsyncRun:

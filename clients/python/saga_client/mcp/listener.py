@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-log = logging.getLogger("saga_client.mcp")
+log = logging.getLogger(__name__)
 
 TOKEN_ENV = "SAGA_MCP_TOKEN"
 
@@ -34,26 +34,10 @@ class OneRequestPerId:
         if scope["type"] != "http" or scope.get("method") != "POST" or not session_id:
             await self.app(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
+        body = await _read_body(receive)
         keys = [(session_id.decode("latin-1"), each) for each in _request_ids(body)]
-        deadline = time.monotonic() + self.wait_s
-        for key in keys:
-            # A loop: a third request with the id may have taken the slot when the first freed it.
-            while (earlier := self.open.get(key)) is not None:
-                log.info("request id %s of session %s is still open: waiting for it", key[1], key[0][:8])
-                with anyio.move_on_after(max(deadline - time.monotonic(), 0.0)):
-                    await earlier.wait()
-                if not earlier.is_set():
-                    await _send_json(send, 409, "request_id_in_flight", f"Request id {key[1]} is still open.")
-                    return
+        if not await self._wait_for_earlier(keys, send):
+            return
         mine = {key: anyio.Event() for key in keys}
         self.open.update(mine)
         replayed = False
@@ -73,6 +57,34 @@ class OneRequestPerId:
                 if self.open.get(key) is event:
                     del self.open[key]
                 event.set()
+
+    async def _wait_for_earlier(self, keys: list[tuple[str, str]], send: Any) -> bool:
+        """Wait until no open request holds any of ``keys``. False (after answering 409) when one
+        still does at the deadline."""
+        deadline = time.monotonic() + self.wait_s
+        for key in keys:
+            # A loop: a third request with the id may have taken the slot when the first freed it.
+            while (earlier := self.open.get(key)) is not None:
+                log.info("request id %s of session %s is still open: waiting for it", key[1], key[0][:8])
+                with anyio.move_on_after(max(deadline - time.monotonic(), 0.0)):
+                    await earlier.wait()
+                if not earlier.is_set():
+                    await _send_json(send, 409, "request_id_in_flight", f"Request id {key[1]} is still open.")
+                    return False
+        return True
+
+
+async def _read_body(receive: Any) -> bytes:
+    """The whole body of an HTTP request, read from the ASGI ``receive``."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
 
 
 def _request_ids(body: bytes) -> list[str]:

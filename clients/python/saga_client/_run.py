@@ -1,0 +1,365 @@
+"""The flows of one run, shared by ``Run`` and ``AsyncRun``: its lifecycle (create or load,
+complete, fail), its steps' state machine (record, wait for approval, start, call, record the
+outcome) and its checkpoints. Like ``saga_client._core``, no I/O of its own: each flow yields the
+effects the client performs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import httpx
+
+from saga_client._core import DONE_STATES, Api, Flow, Invoke, Reply, rejection
+from saga_client.errors import ApprovalPending, Conflict, SagaError, StepInDoubt
+from saga_client.responses import ActionDict, CheckpointDict, RunDict, RunFailDict
+
+log = logging.getLogger(__name__)
+
+Target = tuple[str, str]
+Compensation = tuple[str, Mapping[str, Any]]
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def jsonable(value: Any) -> Any:
+    """What can be stored as a step's result: the value itself when it is JSON, else its repr."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return {"repr": repr(value)[:10000]}
+    return value
+
+
+def is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, (TimeoutError, httpx.TimeoutException))
+
+
+def accepts_argument(func: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: assume they take the args
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
+
+
+class RunCore:
+    """A run's state and the flows of its lifecycle and steps, shared by ``Run`` and ``AsyncRun``."""
+
+    def __init__(
+        self, api: Api, *, agent: str, request: str, fields: Mapping[str, Any], run_id: str = ""
+    ) -> None:
+        self._api = api
+        self._create = {"agent": agent, "request": request, **fields}
+        self.id = run_id
+        self.run: RunDict = cast(RunDict, {})  # empty until the run is opened
+        self.actions: list[ActionDict] = []
+        # Steps that raised ApprovalPending and have not been decided since (action id → action).
+        self.pending_approvals: dict[str, dict[str, Any]] = {}
+        self._finished = False
+        self._failed_action_id: str | None = None
+        # What the run's failure report calls it: a timed-out step must be reconciled first.
+        self._failure_reason = "failed"
+
+    # Lifecycle --------------------------------------------------------------------------------
+
+    def _open(self) -> Flow[RunDict]:
+        if self.id:
+            if not self.run:
+                self.run = yield from self._api.get_run(self.id)
+        else:
+            self.run = yield from self._api.create_run(**self._create)
+            self.id = self.run["id"]
+        return self.run
+
+    def _exit(self, exc: BaseException | None) -> Flow[None]:
+        if self._finished:
+            return
+        if isinstance(exc, ApprovalPending) or (exc is None and self.pending_approvals):
+            # Parked, not finished: a step waits for a person. The run stays running; the agent
+            # (or an adapter) carries on later with ``attach(run_id)``.
+            log.info(
+                "saga: run %s left running, waiting for approval of %s", self.id, list(self.pending_approvals)
+            )
+            return
+        if exc is None:
+            yield from self._complete()
+            return
+        try:
+            yield from self._fail(
+                f"{type(exc).__name__}: {exc}",
+                failed_action_id=self._failed_action_id,
+                reason=self._failure_reason,
+            )
+        except SagaError:
+            # The original exception matters more than a failed report (the run may already be
+            # cancelled); the heartbeat sweeper will still find a silent run.
+            log.exception("saga: could not report the failure of run %s", self.id)
+
+    def _complete(self, summary: str = "") -> Flow[RunDict]:
+        self.run = yield from self._api.complete_run(self.id, summary)
+        self._finished = True
+        return self.run
+
+    def _fail(
+        self, error: str, *, failed_action_id: str | None = None, reason: str = "failed"
+    ) -> Flow[RunFailDict]:
+        self._finished = True
+        failed = yield from self._api.fail_run(
+            self.id, error, failed_action_id=failed_action_id, reason=reason
+        )
+        self.run = failed
+        return failed
+
+    # Steps ----------------------------------------------------------------------------------
+
+    def step_key(self, tool: str, target: Target | None, args: Any) -> str:
+        """Deterministic: the same call in the same run always gets the same key, so a retried
+        step (in this process or after a restart) replays instead of acting twice."""
+        digest = hashlib.sha256(canonical([self.id, tool, list(target) if target else None, args]).encode())
+        return f"{self.id}:{digest.hexdigest()[:40]}"
+
+    def _action_request(
+        self,
+        tool: str,
+        target: Target | None,
+        args: dict[str, Any],
+        compensate: Compensation | None,
+        intent: Mapping[str, Any] | None,
+        idempotency_key: str | None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The idempotency key and body that record a step: one place, so that a step recorded
+        ahead (``record``) and the same step run later are one action."""
+        key = idempotency_key or self.step_key(tool, target, args)
+        body: dict[str, Any] = {"args": args}
+        if target is not None:
+            body["target_type"], body["target_id"] = str(target[0]), str(target[1])
+        if compensate is not None:
+            body["compensation"] = {"tool": compensate[0], "args": dict(compensate[1])}
+        if intent is not None:
+            body["intent"] = dict(intent)
+        return key, body
+
+    def _record(
+        self,
+        tool: str,
+        *,
+        target: Target | None,
+        args: Mapping[str, Any] | None,
+        compensate: Compensation | None,
+        intent: Mapping[str, Any] | None,
+        idempotency_key: str | None,
+    ) -> Flow[ActionDict]:
+        if not self.id:
+            raise SagaError(
+                "The run is not open yet: use it as a context manager (or open it) first.",
+                code="run_not_open",
+            )
+        key, body = self._action_request(tool, target, dict(args or {}), compensate, intent, idempotency_key)
+        reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
+        action: ActionDict = reply.data
+        return action
+
+    def _step(
+        self,
+        tool: str,
+        *,
+        do: Callable[..., Any],
+        target: Target | None,
+        args: Mapping[str, Any] | None,
+        compensate: Compensation | None,
+        before: Any,
+        after: Any,
+        intent: Mapping[str, Any] | None,
+        idempotency_key: str | None,
+        approval_timeout_s: float | None,
+        wait: bool,
+    ) -> Flow[Any]:
+        if not self.id:
+            raise SagaError(
+                "The run is not open yet: use it as a context manager (or open it) first.",
+                code="run_not_open",
+            )
+        call_args = dict(args or {})
+        key, body = self._action_request(tool, target, call_args, compensate, intent, idempotency_key)
+        body["start"] = True
+        snapshot = (yield Invoke(before)) if callable(before) else before
+        if snapshot is not None:
+            body["before_snapshot"] = snapshot
+
+        reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
+        action: ActionDict = reply.data
+        if action["status"] in DONE_STATES:
+            self._settled(action)
+            return action["result"]
+        # Started by this very call (``start: true``) only when the answer is not a replay. A
+        # replayed ``running`` may be another caller's start (another process running the same
+        # step, or our own first send whose answer was lost — the server cannot tell which):
+        # running ``do`` on it could make one recorded call two real ones.
+        started_here = reply.started_here
+        try:
+            value = yield from self._execute(
+                action,
+                started_here=started_here,
+                do=do,
+                call_args=call_args,
+                after=after,
+                approval_timeout_s=approval_timeout_s,
+                wait=wait,
+            )
+        except ApprovalPending as pending:
+            self.pending_approvals[pending.action_id] = pending.action
+            raise
+        except BaseException:
+            # Whatever stopped this step (rejection, approval timeout, the tool itself), the
+            # run's failure report names it.
+            self.pending_approvals.pop(action["id"], None)
+            self._failed_action_id = action["id"]
+            raise
+        # An earlier failed step that was retried successfully is no longer the run's culprit.
+        self._failed_action_id = None
+        self._failure_reason = "failed"
+        return value
+
+    def _execute(
+        self,
+        action: ActionDict,
+        *,
+        started_here: bool,
+        do: Callable[..., Any],
+        call_args: dict[str, Any],
+        after: Any,
+        approval_timeout_s: float | None,
+        wait: bool,
+    ) -> Flow[Any]:
+        if not started_here:
+            action = yield from self._decided(action, approval_timeout_s=approval_timeout_s, wait=wait)
+
+        effective_args = action["args"]
+        takes_args = accepts_argument(do)
+        if not takes_args and effective_args != call_args:
+            raise SagaError(
+                f"The approver edited the args of {action['tool']}; `do` must accept them as a parameter.",
+                code="args_edited",
+            )
+        if not started_here:
+            started = yield from self._start(action, approval_timeout_s=approval_timeout_s, wait=wait)
+            action = started.data
+            if not started.started_here:
+                # Another call of this step started it first: its outcome is that call's to
+                # report. A finished one is replayed; one still running is in doubt here.
+                if action["status"] in DONE_STATES:
+                    self._settled(action)
+                    return action["result"]
+                raise StepInDoubt(action)
+        self.pending_approvals.pop(action["id"], None)
+        value = yield from self._call(action, do, (effective_args,) if takes_args else ())
+        try:
+            after_snapshot = (yield Invoke(after, (value,))) if callable(after) else after
+        except Exception:
+            # The call happened: record it (without a snapshot) before the error goes up.
+            yield from self._succeeded(action, value, None)
+            raise
+        yield from self._succeeded(action, value, after_snapshot)
+        return value
+
+    def _decided(
+        self, action: ActionDict, *, approval_timeout_s: float | None, wait: bool
+    ) -> Flow[ActionDict]:
+        """A step this call did not start: the action once a person approved it, or why it cannot
+        run here (in doubt, rejected, or pending with ``wait=False``)."""
+        if action["status"] in ("running", "unknown"):
+            raise StepInDoubt(action)
+        if action["status"] == "rejected":
+            raise rejection(action)
+        if action["status"] == "awaiting_approval":
+            if not wait:
+                raise ApprovalPending(action)
+            action = yield from self._api.wait_for_approval(action, timeout_s=approval_timeout_s)
+        return action
+
+    def _call(self, action: ActionDict, do: Callable[..., Any], args: tuple[Any, ...]) -> Flow[Any]:
+        """Call ``do``; when it raises, record the action failed (its outcome unknown after a
+        timeout) and re-raise the same exception."""
+        try:
+            value = yield Invoke(do, args)
+        except BaseException as exc:
+            unknown = is_timeout(exc)
+            if unknown:
+                self._failure_reason = "outcome_unknown"
+            try:
+                yield from self._api.fail_action(
+                    action,
+                    error=f"{type(exc).__name__}: {exc}",
+                    retryable=bool(getattr(exc, "retryable", unknown)),
+                    layer="tool",
+                    outcome_unknown=unknown,
+                )
+            except SagaError:
+                # The tool's own exception is what the caller must see; the run's failure report
+                # still names this action.
+                log.exception("saga: could not record the failure of %s", action["id"])
+            raise
+        return value
+
+    def _succeeded(self, action: Mapping[str, Any], value: Any, after_snapshot: Any) -> Flow[None]:
+        done = yield from self._api.succeed_action(
+            action, result=jsonable(value), after_snapshot=after_snapshot
+        )
+        self._settled(done)
+
+    def _start(self, action: ActionDict, *, approval_timeout_s: float | None, wait: bool) -> Flow[Reply]:
+        try:
+            return (yield from self._api.start(action))
+        except Conflict as exc:
+            if exc.code == "approval_rejected":
+                raise rejection((yield from self._api.get_action(action["id"]))) from None
+            if exc.code != "approval_pending":
+                raise
+            # Recorded before its approval was opened (a race with a policy change): wait, retry once.
+            current = yield from self._api.get_action(action["id"])
+            if not wait:
+                raise ApprovalPending(current) from None
+            approved = yield from self._api.wait_for_approval(current, timeout_s=approval_timeout_s)
+            return (yield from self._api.start(approved))
+
+    def _settled(self, action: ActionDict) -> None:
+        self.pending_approvals.pop(action["id"], None)
+        self.actions = [a for a in self.actions if a["id"] != action["id"]] + [action]
+
+    # Checkpoints ----------------------------------------------------------------------------
+
+    def _checkpoint(
+        self,
+        name: str,
+        *,
+        state: Mapping[str, Any] | None,
+        summary: str,
+        recovery_mode: str,
+        recovery_instructions: str,
+        completed_action_ids: list[str] | None,
+        pending_action_ids: list[str] | None,
+        requires_user_approval: bool,
+        trace_links: list[Any] | None,
+    ) -> Flow[CheckpointDict]:
+        return self._api.write_checkpoint(
+            self.id,
+            name=name,
+            state=dict(state or {}),
+            summary=summary,
+            recovery_mode=recovery_mode,
+            recovery_instructions=recovery_instructions,
+            completed_action_ids=completed_action_ids
+            if completed_action_ids is not None
+            else [a["id"] for a in self.actions if a["status"] == "succeeded"],
+            pending_action_ids=pending_action_ids or [],
+            requires_user_approval=requires_user_approval,
+            trace_links=trace_links or [],
+        )
