@@ -34,7 +34,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from dashboard.permissions import Capability, can
-from dashboard.selectors import grants_line
+from dashboard.presenters.approval_cards import grants_line
 from ledger.audit import Actor
 from ledger.conf import saga
 from ledger.errors import SagaError
@@ -45,7 +45,7 @@ from recovery import channels, notifications, services, slack
 from recovery.decisions import refusal_sentence
 from recovery.models import Approval, SlackApp
 
-log = structlog.get_logger("saga_admin.slack")
+log = structlog.get_logger(__name__)
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
