@@ -243,16 +243,10 @@ def _args_source(action: Action, strategy: str, forward: str) -> str:
     return f"Filled from the policy’s template {json.dumps(template, ensure_ascii=False, sort_keys=True)}."
 
 
-def _compensation_card(approval: Approval, step: UnwindStep) -> ApprovalCardContent:
-    action = approval.action
-    unwind = step.unwind
-    planned = planned_step(unwind, step)
-    strategy = step.strategy or action.compensation_strategy
-    args, args_note = _shown_args(approval)
-    target = _target(action) or "its target"
-    forward = f"#{action.seq} {action.tool}"
-    served = str(planned.get("compensator") or "")
-
+def _compensation_summary(
+    approval: Approval, planned: dict[str, Any], strategy: str, *, forward: str, target: str, served: str
+) -> tuple[str, str]:
+    """What approving the step runs, in one sentence, and the heading of the args it runs with."""
     if strategy == CompensationStrategy.SNAPSHOT:
         summary = f"Runs {approval.tool} to restore {target} to the state recorded before {forward}."
         args_heading = f"Arguments it will run with (the state to restore, recorded before {forward})"
@@ -271,9 +265,16 @@ def _compensation_card(approval: Approval, step: UnwindStep) -> ApprovalCardCont
     if upstream and not upstream.get("reaches"):
         # Why this step waits for a person even when its policy is automatic (recovery.planner).
         summary += f" Careful — {upstream.get('message', '')}."
-    if args is None and not args_note:
-        args_note = "None: the compensator works from the target and the recorded states."
+    return summary, args_heading
 
+
+def _compensation_facts(
+    approval: Approval, step: UnwindStep, planned: dict[str, Any], *, served: str
+) -> list[CardFact]:
+    """Who decided the compensation, the step's place in it, the policy that governs the step,
+    why a person approves it, and what will make it fail."""
+    action = approval.action
+    unwind = step.unwind
     facts = [_decided_by(unwind)]
     selection = (unwind.plan or {}).get("selection") or {}
     steps = len((unwind.plan or {}).get("steps") or []) or None
@@ -293,6 +294,26 @@ def _compensation_card(approval: Approval, step: UnwindStep) -> ApprovalCardCont
         facts.append(
             CardFact("Warning", f"No compensator is registered for {approval.tool}: the step will fail.")
         )
+    return facts
+
+
+def _compensation_card(approval: Approval, step: UnwindStep) -> ApprovalCardContent:
+    action = approval.action
+    unwind = step.unwind
+    planned = planned_step(unwind, step)
+    strategy = step.strategy or action.compensation_strategy
+    args, args_note = _shown_args(approval)
+    target = _target(action) or "its target"
+    forward = f"#{action.seq} {action.tool}"
+    served = str(planned.get("compensator") or "")
+
+    summary, args_heading = _compensation_summary(
+        approval, planned, strategy, forward=forward, target=target, served=served
+    )
+    if args is None and not args_note:
+        args_note = "None: the compensator works from the target and the recorded states."
+
+    facts = _compensation_facts(approval, step, planned, served=served)
 
     return ApprovalCardContent(
         approval=approval,

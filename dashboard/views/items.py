@@ -151,11 +151,36 @@ def item_compensate(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
         return _compensate_page(
             request, item, plan=plan, form=form, stage="review", scope=scope, to_checkpoint=to_checkpoint
         )
+    return _compensation_start(
+        request,
+        item,
+        form=form,
+        plan=plan,
+        reason=data["reason"],
+        action_ids=action_ids,
+        to_checkpoint=to_checkpoint,
+        shown_hash=shown_hash,
+    )
+
+
+def _compensation_start(
+    request: HtmxHttpRequest,
+    item: RecoveryItem,
+    *,
+    form: CompensateForm,
+    plan: planner.Plan,
+    reason: str,
+    action_ids: list[str] | None,
+    to_checkpoint: str,
+    shown_hash: str | None,
+) -> HttpResponse:
+    """Start the compensation as confirmed (``plan``: what the operator saw), saying what runs and
+    what is kept; a plan that changed meanwhile is shown again instead of starting anything."""
     try:
         unwind = recovery_services.unwind_start(
             item=item,
             actor=common.actor(request),
-            reason=data["reason"],
+            reason=reason,
             action_ids=action_ids,
             to_checkpoint=to_checkpoint or None,
             plan_hash=shown_hash,
@@ -164,7 +189,7 @@ def item_compensate(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
         return _compensate_page(
             request,
             item,
-            plan=planner.compensation_plan(run=run),
+            plan=planner.compensation_plan(run=item.run),
             form=form,
             notice=PLAN_CHANGED_NOTICE,
             status=409,

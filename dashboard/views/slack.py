@@ -28,6 +28,7 @@ import math
 
 import structlog
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.views.decorators.csrf import csrf_exempt
@@ -155,7 +156,13 @@ def interactions(request: HttpRequest) -> HttpResponse:
         return _refused(request, 401, "unauthorized", "Signature verification failed.")
     if (throttled := _team_throttled(interaction.team_id)) is not None:
         return throttled
-    tenant: Tenant = app.tenant
+    return _press(interaction, app.tenant)
+
+
+def _press(interaction: slack.Interaction, tenant: Tenant) -> HttpResponse:
+    """A verified press: refused (said to the presser only) unless the approval is the tenant's,
+    the Slack user is linked to a user who approves there, and an Approve press is bound to the
+    arguments its message showed in full; otherwise decided."""
     approval = (
         Approval.objects.select_related("run", "tenant")
         .filter(pk=interaction.approval_id, tenant=tenant)
@@ -201,6 +208,12 @@ def interactions(request: HttpRequest) -> HttpResponse:
             "Saga Admin inbox: nothing was decided.",
             why="args_cut",
         )
+    return _decide(interaction, tenant, approval, user)
+
+
+def _decide(interaction: slack.Interaction, tenant: Tenant, approval: Approval, user: User) -> HttpResponse:
+    """The decision, through the dashboard's own services, and its outcome posted back through
+    the press's ``response_url``."""
     actor = Actor.for_user(user)
     verb = "Approved" if interaction.approve else "Rejected"
     reason = f"{verb} in Slack by {user.get_username()} (Slack user {interaction.user_name})"
