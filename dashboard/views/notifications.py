@@ -2,7 +2,7 @@
 attempts, last error, next attempt) for operators and admins, and a tenant's notification
 settings for its admins — channels (add, edit, delete, send a test), the Slack app (its signing
 secret: write-only, never shown again) and which Slack users are which dashboard users (listed;
-removed in ``dashboard.slack_account``, never made by an admin). The services are
+removed in ``dashboard.views.slack_account``, never made by an admin). The services are
 ``recovery.channels``; these views parse, check the role and call them."""
 
 from __future__ import annotations

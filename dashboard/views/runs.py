@@ -90,7 +90,7 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
 @require_GET
 @login_required
 def run_live(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
-    """The run page's poll (``dashboard.live``): 204 when nothing it shows changed; otherwise the
+    """The run page's poll (``dashboard.selectors.live``): 204 when nothing it shows changed; otherwise the
     new poller and an out-of-band swap of each changed region. 286 stops polling once the run
     is settled."""
     run = run_selectors.run_for_user(user=request.user, run_id=run_id)

@@ -2,7 +2,7 @@
 user, tenant by tenant, and removes a link. The only way a link is made: the page shows the user a
 one-time code (``recovery.channels.slack_link_code_issue``, for ``request.user`` and nobody else),
 which they send from Slack with ``/saga link TENANT CODE`` — a request Slack signs for the Slack
-user who typed it (``dashboard.slack.commands``). An admin can remove links, never make one."""
+user who typed it (``dashboard.views.slack.commands``). An admin can remove links, never make one."""
 
 from __future__ import annotations
 
