@@ -5,7 +5,8 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from dashboard import live, permissions
+from dashboard import permissions
+from dashboard.selectors import live
 
 
 class Nav:

@@ -6,7 +6,7 @@ from typing import Any
 
 from django import forms
 
-from dashboard.selectors import AGE_CHOICES, SORTS, QueueFilters
+from dashboard.selectors.queue import AGE_CHOICES, SORTS, QueueFilters
 from ledger.errors import SagaError
 from ledger.models import Risk
 from ledger.rules import REASON_MAX_LENGTH, REASON_REQUIRED, reason_required

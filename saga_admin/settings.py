@@ -159,8 +159,9 @@ RQ_QUEUES = {
 # Our own code enqueues with transaction.on_commit explicitly; django-rq's default
 # (on_db_commit) would silently defer any other enqueue too, which is what we want.
 RQ = {"COMMIT_MODE": "on_db_commit"}
-# django-rq's pages show every tenant's jobs: only at /django-rq/, for superusers (dashboard/workers.py),
-# not also inside the Django admin, where any staff user (a tenant admin) would reach them.
+# django-rq's pages show every tenant's jobs: only at /django-rq/, for superusers
+# (dashboard/views/workers.py), not also inside the Django admin, where any staff user (a tenant admin)
+# would reach them.
 RQ_SHOW_ADMIN_LINK = False
 
 # Staff passwords (create_staff, the Django admin, changepassword): Django's full standard set.

@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import include, path, re_path
 from django.views import defaults
 
-from dashboard import slack, workers
+from dashboard.views import slack, workers
 from saga_admin.api.app import api, unrouted
 from saga_admin.api.limits import error_json, is_api_request
 from saga_admin.health import favicon, healthz

@@ -1,6 +1,6 @@
 """The run page offers only the decisions the services would carry out, says why it does not
 offer the others, words every refusal as a sentence, and keeps itself current through one poll
-that sends back only what changed (dashboard.live)."""
+that sends back only what changed (dashboard.selectors.live)."""
 
 from __future__ import annotations
 

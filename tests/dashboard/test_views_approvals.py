@@ -192,9 +192,9 @@ def test_the_inbox_query_count_is_flat(client, tenant, agent, bob, django_assert
 
 
 def test_the_inbox_shows_a_page_of_cards_and_the_rest_on_demand(client, tenant, agent, bob, monkeypatch):
-    from dashboard import selectors
+    from dashboard.selectors import inbox
 
-    monkeypatch.setattr(selectors, "APPROVALS_PAGE", 2)
+    monkeypatch.setattr(inbox, "APPROVALS_PAGE", 2)
     approvals = [gated_run(tenant, agent, amount=10 + i)[2] for i in range(5)]
     client.force_login(bob)
     seen: list[str] = []

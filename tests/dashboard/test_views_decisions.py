@@ -89,7 +89,7 @@ def test_an_operator_compensates_and_is_sent_to_the_live_progress(client, failed
         "hr.delete_user",
     ]
     page = client.get(response["Location"]).content.decode()
-    # The page's one live poll (dashboard.live) keeps the unwind, header and buttons current.
+    # The page's one live poll (dashboard.selectors.live) keeps the unwind, header and buttons current.
     assert 'id="unwind"' in page and reverse("dashboard:run-live", args=[run.pk]) in page
     assert 'data-live="2s"' in page
     assert "Compensation started" in page
@@ -269,14 +269,14 @@ def test_an_operator_reconciles_an_unknown_outcome(client, tenant, agent, alice,
 def test_reconciling_an_action_older_than_the_page_shows_goes_back_to_every_action(
     client, tenant, agent, alice, monkeypatch
 ):
-    from dashboard import views
+    from dashboard.views import runs as run_views
 
     load_onboarding_policies()
     run = runs.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the owner")
     action = perform_action(
         run, agent, "crm.update_contact", target_id="c-1", args={"owner": "x"}, unknown=True
     )
-    monkeypatch.setattr(views, "ACTIONS_SHOWN", 0)  # the page shows none of the run's actions
+    monkeypatch.setattr(run_views, "ACTIONS_SHOWN", 0)  # the page shows none of the run's actions
     client.force_login(alice)
     response = client.post(
         reverse("dashboard:action-reconcile", args=[action.pk]), {"happened": "yes", "reason": "it happened"}

@@ -38,12 +38,12 @@ def test_metrics_are_scoped_to_the_users_tenants(client, tenant, agent, mallory)
 
 
 def test_percentiles_come_from_postgres(tenant, agent, alice, bob):
-    from dashboard import selectors
+    from dashboard.selectors import metrics as metrics_selectors
 
     for amount in (1, 2, 3):
         approval = gated_run(tenant, agent, amount=amount)[2]
         recovery.approval_approve(approval=approval, actor=Actor.for_user(bob), reason="ok")
-    m = selectors.metrics(user=alice, window="24h")
+    m = metrics_selectors.metrics(user=alice, window="24h")
     assert m.approvals_decided == 3 and m.approval_p50_s is not None and m.approval_p95_s >= m.approval_p50_s
 
 
@@ -226,7 +226,7 @@ def test_the_run_page_and_login_carry_the_csp_too(client, failed_run, alice):
 
 
 def test_a_percentile_without_data_is_drawn_as_no_data_not_zero():
-    from dashboard.charts import bar_chart
+    from dashboard.presenters.charts import bar_chart
 
     chart = bar_chart([("p50", None), ("p95", 4.0)], unit="s")
     assert [b.display for b in chart.bars] == ["no data", "4.0s"]
@@ -234,7 +234,7 @@ def test_a_percentile_without_data_is_drawn_as_no_data_not_zero():
 
 
 def test_open_counts_by_risk_and_by_reason_add_up_across_both_panels(tenant, agent, alice):
-    from dashboard import selectors
+    from dashboard.selectors import metrics as metrics_selectors
     from recovery.models import RecoveryItem
 
     items = [onboarding_run(tenant, agent, name=f"P{i}", email=f"p{i}@company.com")[1] for i in range(4)]
@@ -242,6 +242,6 @@ def test_open_counts_by_risk_and_by_reason_add_up_across_both_panels(tenant, age
     RecoveryItem.objects.filter(pk=items[1].pk).update(risk="high")
     RecoveryItem.objects.filter(pk=items[2].pk).update(reason="agent_lost")
     recovery.item_close(item=items[3], actor=Actor.for_user(alice), reason="done")
-    m = selectors.metrics(user=alice, window="7d")
+    m = metrics_selectors.metrics(user=alice, window="7d")
     assert dict(m.open_by_risk) == {"Low": 0, "Medium": 1, "High": 2, "Critical": 0}
     assert dict(m.open_by_reason) == {"Run failed": 1, "Agent lost (no heartbeat)": 2}

@@ -128,9 +128,9 @@ def test_a_long_ledger_shows_its_newest_actions_and_the_rest_on_demand(
 ):
     import re
 
-    from dashboard import views
+    from dashboard.views import runs as run_views
 
-    monkeypatch.setattr(views, "ACTIONS_SHOWN", 4)
+    monkeypatch.setattr(run_views, "ACTIONS_SHOWN", 4)
     run, _item = onboarding_run(tenant, agent, name="Long", email="long@company.com", extra_actions=4)
     seqs = list(run.actions.order_by("seq").values_list("seq", flat=True))
     assert len(seqs) == 7
@@ -154,7 +154,7 @@ def test_a_long_ledger_shows_its_newest_actions_and_the_rest_on_demand(
 def test_a_run_that_checkpoints_in_a_loop_keeps_a_bounded_page(client, tenant, agent, alice):
     """An agent writing hundreds of checkpoints (and events) must not make the page unbounded:
     the newest are shown and the rest counted, and the resume form offers the newest only."""
-    from dashboard.selectors import RUN_PAGE_CHECKPOINTS, RUN_PAGE_EVENTS
+    from dashboard.selectors.runs import RUN_PAGE_CHECKPOINTS, RUN_PAGE_EVENTS
     from ledger.models import Checkpoint, Event
     from ledger.services.checkpoints import checkpoint_write
 

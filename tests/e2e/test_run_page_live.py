@@ -1,6 +1,6 @@
 """The run page keeps itself current without a reload: while a compensation someone else started
 runs on a real worker and after it finishes, the header, the item's state, the decision buttons
-and the nav badge follow (one poll, dashboard.live); a decision sent from a stale tab is refused
+and the nav badge follow (one poll, dashboard.selectors.live); a decision sent from a stale tab is refused
 with a sentence, never an exception's text; and no console errors along the way."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 user, tenant by tenant, and removes a link. The only way a link is made: the page shows the user a
 one-time code (``recovery.channels.slack_link_code_issue``, for ``request.user`` and nobody else),
 which they send from Slack with ``/saga link TENANT CODE`` — a request Slack signs for the Slack
-user who typed it (``dashboard.slack.commands``). An admin can remove links, never make one."""
+user who typed it (``dashboard.views.slack.commands``). An admin can remove links, never make one."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from dashboard.permissions import Capability, require, tenant_ids_with
-from dashboard.views import HtmxHttpRequest, _actor, _done
+from dashboard.views import common
+from dashboard.views.common import HtmxHttpRequest
 from ledger.errors import SagaError
 from ledger.models import Tenant
 from recovery import channels
@@ -67,7 +68,7 @@ def slack_link_code(request: HtmxHttpRequest, slug: str) -> HttpResponse:
         issued = channels.slack_link_code_issue(tenant=tenant, user=request.user)
     except SagaError as exc:
         messages.error(request, refusal_sentence(exc))
-        return _done(request, reverse("dashboard:slack-account"))
+        return common.done(request, reverse("dashboard:slack-account"))
     # Shown once, on this page: not in a redirect's message (a cookie or the session).
     return _page(
         request,
@@ -93,8 +94,8 @@ def slack_link_remove(request: HtmxHttpRequest, link_id: int) -> HttpResponse:
     administers = link.tenant_id in tenant_ids_with(request.user, Capability.ADMINISTER)
     if link.user_id != request.user.pk and not administers:
         raise PermissionDenied("Only the linked user or a tenant admin can remove a Slack link.")
-    channels.slack_user_link_remove(link=link, actor=_actor(request))
+    channels.slack_user_link_remove(link=link, actor=common.actor(request))
     messages.success(request, f"Removed the link of Slack user {link.team_id}/{link.slack_user_id}.")
     if request.POST.get("next") == "settings" and administers:
-        return _done(request, f"{reverse('dashboard:notification-settings')}?tenant={link.tenant.slug}")
-    return _done(request, reverse("dashboard:slack-account"))
+        return common.done(request, f"{reverse('dashboard:notification-settings')}?tenant={link.tenant.slug}")
+    return common.done(request, reverse("dashboard:slack-account"))

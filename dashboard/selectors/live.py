@@ -17,8 +17,8 @@ from typing import Any
 from django.db.models import Count, Max
 from django.utils.http import urlencode
 
-from dashboard import selectors
 from dashboard.permissions import Someone
+from dashboard.selectors import inbox
 from ledger.models import Action, Event, Run
 from recovery.decisions import RunDecisions, decisions_for
 from recovery.models import Approval, RecoveryItem, Unwind
@@ -48,8 +48,8 @@ class Live:
 
 def nav_badge(*, user: Someone) -> str:
     """The Approvals badge's text ("0" shows no badge); the nav's one definition."""
-    count = selectors.approvals_pending_count(user=user)
-    return f"{selectors.APPROVAL_BADGE_CAP}+" if count > selectors.APPROVAL_BADGE_CAP else str(count)
+    count = inbox.approvals_pending_count(user=user)
+    return f"{inbox.APPROVAL_BADGE_CAP}+" if count > inbox.APPROVAL_BADGE_CAP else str(count)
 
 
 def live_state(

@@ -14,10 +14,11 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from dashboard import selectors
 from dashboard.forms import PauseForm, ReasonForm
 from dashboard.permissions import Capability, can, require, tenant_ids_for, tenant_ids_with
-from dashboard.views import HtmxHttpRequest, _actor, _done, _refused
+from dashboard.selectors import tenants as tenant_selectors
+from dashboard.views import common
+from dashboard.views.common import HtmxHttpRequest
 from ledger.errors import NotFound, SagaError
 from ledger.models import Pause, Tenant
 from ledger.services import pauses as ledger_pauses
@@ -92,7 +93,9 @@ def pauses(request: HtmxHttpRequest) -> HttpResponse:
     """GET: the page. POST: a pause — first the confirmation (what will be refused, how many
     running runs match), then, with ``confirmed``, the pause itself."""
     tenants = [
-        t for t in selectors.visible_tenants(user=request.user) if can(request.user, Capability.OPERATE, t.pk)
+        t
+        for t in tenant_selectors.visible_tenants(user=request.user)
+        if can(request.user, Capability.OPERATE, t.pk)
     ]
     form = PauseForm(request.POST or None, tenants=tenants)
     partial = "dashboard/pauses.html#pause-form" if request.htmx else "dashboard/pauses.html"
@@ -120,16 +123,16 @@ def pauses(request: HtmxHttpRequest) -> HttpResponse:
         return render(request, partial, context)
     try:
         pause = ledger_pauses.pause_create(
-            tenant=tenant, actor=_actor(request), agent=agent, tool=tool, reason=reason
+            tenant=tenant, actor=common.actor(request), agent=agent, tool=tool, reason=reason
         )
     except SagaError as exc:
-        return _refused(request, exc, _pauses_url())
+        return common.refused(request, exc, _pauses_url())
     messages.success(
         request,
         f"Paused {ledger_pauses.describe(pause)} ({pause.pk}). "
         f"{_consequence(agent=pause.agent, tool=pause.tool)}",
     )
-    return _done(request, _pauses_url())
+    return common.done(request, _pauses_url())
 
 
 def _get_pause_for_user(request: HtmxHttpRequest, pause_id: str) -> Pause:
@@ -148,11 +151,13 @@ def pause_lift(request: HtmxHttpRequest, pause_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            ledger_pauses.pause_lift(pause=pause, actor=_actor(request), reason=form.cleaned_data["reason"])
+            ledger_pauses.pause_lift(
+                pause=pause, actor=common.actor(request), reason=form.cleaned_data["reason"]
+            )
         except SagaError as exc:
-            return _refused(request, exc, _pauses_url())
+            return common.refused(request, exc, _pauses_url())
         messages.success(request, f"Lifted {pause.pk}. {_accepted_again(agent=pause.agent, tool=pause.tool)}")
-        return _done(request, _pauses_url())
+        return common.done(request, _pauses_url())
     template = "dashboard/pause_lift.html"
     partial = f"{template}#preview" if request.htmx and not request.htmx.boosted else template
     context = {

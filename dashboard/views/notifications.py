@@ -2,7 +2,7 @@
 attempts, last error, next attempt) for operators and admins, and a tenant's notification
 settings for its admins — channels (add, edit, delete, send a test), the Slack app (its signing
 secret: write-only, never shown again) and which Slack users are which dashboard users (listed;
-removed in ``dashboard.slack_account``, never made by an admin). The services are
+removed in ``dashboard.views.slack_account``, never made by an admin). The services are
 ``recovery.channels``; these views parse, check the role and call them."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from dashboard.forms import ChannelForm, SlackAppForm
 from dashboard.permissions import Capability, require, tenant_ids_with
-from dashboard.views import HtmxHttpRequest, _actor, _done
+from dashboard.views import common
+from dashboard.views.common import HtmxHttpRequest
 from ledger.errors import SagaError
 from ledger.ids import looks_like_id
 from ledger.models import Membership, Tenant
@@ -135,7 +136,7 @@ def channel_create(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     form = ChannelForm(request.POST)
     if form.is_valid():
         try:
-            saved = channels.channel_create(tenant=tenant, actor=_actor(request), **form.settings())
+            saved = channels.channel_create(tenant=tenant, actor=common.actor(request), **form.settings())
         except SagaError as exc:
             _form_refused(form, exc)
         else:
@@ -147,7 +148,7 @@ def channel_create(request: HtmxHttpRequest, slug: str) -> HttpResponse:
                     tenant,
                     new_secret={"channel": saved.channel.name, "secret": saved.generated_secret},
                 )
-            return _done(request, _settings_url(tenant))
+            return common.done(request, _settings_url(tenant))
     return _settings_page(request, tenant, channel_form=form, status=422)
 
 
@@ -184,13 +185,13 @@ def channel_edit(request: HtmxHttpRequest, channel_id: str) -> HttpResponse:
         if request.POST.get("regenerate") == "yes":
             settings["secret"] = "generate"
         try:
-            saved = channels.channel_update(channel=channel, actor=_actor(request), **settings)
+            saved = channels.channel_update(channel=channel, actor=common.actor(request), **settings)
         except SagaError as exc:
             _form_refused(form, exc)
         else:
             messages.success(request, f"Saved channel {saved.channel.name}.")
             if not saved.generated_secret:
-                return _done(request, _settings_url(channel.tenant))
+                return common.done(request, _settings_url(channel.tenant))
             channel = saved.channel
             new_secret = {"channel": channel.name, "secret": saved.generated_secret}
     status = 422 if form.errors else 200
@@ -207,21 +208,21 @@ def channel_edit(request: HtmxHttpRequest, channel_id: str) -> HttpResponse:
 def channel_delete(request: HtmxHttpRequest, channel_id: str) -> HttpResponse:
     channel = _get_channel_for_admin(request, channel_id)
     tenant = channel.tenant
-    channels.channel_delete(channel=channel, actor=_actor(request))
+    channels.channel_delete(channel=channel, actor=common.actor(request))
     messages.success(request, f"Deleted channel {channel.name}. Its past notifications stay listed.")
-    return _done(request, _settings_url(tenant))
+    return common.done(request, _settings_url(tenant))
 
 
 @require_POST
 @login_required
 def channel_test(request: HtmxHttpRequest, channel_id: str) -> HttpResponse:
     channel = _get_channel_for_admin(request, channel_id)
-    row = channels.channel_send_test(channel=channel, actor=_actor(request))
+    row = channels.channel_send_test(channel=channel, actor=common.actor(request))
     messages.success(
         request,
         f"Test notification {row.pk} queued for {channel.name}. Its delivery shows on the Notifications page.",
     )
-    return _done(request, f"{reverse('dashboard:notifications')}#notification-{row.pk}")
+    return common.done(request, f"{reverse('dashboard:notifications')}#notification-{row.pk}")
 
 
 @require_POST
@@ -229,16 +230,16 @@ def channel_test(request: HtmxHttpRequest, channel_id: str) -> HttpResponse:
 def slack_app(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     tenant = _tenant_for_admin(request, slug)
     if request.POST.get("remove") == "yes":
-        if channels.slack_app_remove(tenant=tenant, actor=_actor(request)):
+        if channels.slack_app_remove(tenant=tenant, actor=common.actor(request)):
             messages.success(
                 request, "Disconnected the Slack app: approval messages no longer carry buttons."
             )
-        return _done(request, _settings_url(tenant))
+        return common.done(request, _settings_url(tenant))
     form = SlackAppForm(request.POST)
     if form.is_valid():
         try:
             channels.slack_app_set(
-                tenant=tenant, actor=_actor(request), signing_secret=form.cleaned_data["signing_secret"]
+                tenant=tenant, actor=common.actor(request), signing_secret=form.cleaned_data["signing_secret"]
             )
         except SagaError as exc:
             _form_refused(form, exc)
@@ -246,5 +247,5 @@ def slack_app(request: HtmxHttpRequest, slug: str) -> HttpResponse:
             messages.success(
                 request, "Slack app connected: approval messages to Slack channels carry buttons."
             )
-            return _done(request, _settings_url(tenant))
+            return common.done(request, _settings_url(tenant))
     return _settings_page(request, tenant, slack_form=form, status=422)

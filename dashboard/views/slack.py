@@ -28,13 +28,14 @@ import math
 
 import structlog
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from dashboard.permissions import Capability, can
-from dashboard.selectors import grants_line
+from dashboard.presenters.approval_cards import grants_line
 from ledger.audit import Actor
 from ledger.conf import saga
 from ledger.errors import SagaError
@@ -45,7 +46,7 @@ from recovery import channels, notifications, services, slack
 from recovery.decisions import refusal_sentence
 from recovery.models import Approval, SlackApp
 
-log = structlog.get_logger("saga_admin.slack")
+log = structlog.get_logger(__name__)
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
@@ -155,7 +156,13 @@ def interactions(request: HttpRequest) -> HttpResponse:
         return _refused(request, 401, "unauthorized", "Signature verification failed.")
     if (throttled := _team_throttled(interaction.team_id)) is not None:
         return throttled
-    tenant: Tenant = app.tenant
+    return _press(interaction, app.tenant)
+
+
+def _press(interaction: slack.Interaction, tenant: Tenant) -> HttpResponse:
+    """A verified press: refused (said to the presser only) unless the approval is the tenant's,
+    the Slack user is linked to a user who approves there, and an Approve press is bound to the
+    arguments its message showed in full; otherwise decided."""
     approval = (
         Approval.objects.select_related("run", "tenant")
         .filter(pk=interaction.approval_id, tenant=tenant)
@@ -201,6 +208,12 @@ def interactions(request: HttpRequest) -> HttpResponse:
             "Saga Admin inbox: nothing was decided.",
             why="args_cut",
         )
+    return _decide(interaction, tenant, approval, user)
+
+
+def _decide(interaction: slack.Interaction, tenant: Tenant, approval: Approval, user: User) -> HttpResponse:
+    """The decision, through the dashboard's own services, and its outcome posted back through
+    the press's ``response_url``."""
     actor = Actor.for_user(user)
     verb = "Approved" if interaction.approve else "Rejected"
     reason = f"{verb} in Slack by {user.get_username()} (Slack user {interaction.user_name})"

@@ -1,0 +1,14 @@
+"""Reads that only the dashboard needs, one module per page; every read is scoped to the user's
+tenants, and no list counts the ledger (keyset pages, capped counts over small indexed sets).
+
+- ``queue``: the queue's filters (``QueueFilters``), pages, new-item count, failure groups, and
+  the items a bulk decision names.
+- ``runs``: the run page's bundle (ledger, checkpoints, audit events, item, unwind, approvals).
+- ``live``: the run page's poll: a fingerprint of each region, how often to poll, the nav badge.
+- ``inbox``: the approval inbox's pages and the pending count.
+- ``metrics``: the metrics page's aggregates.
+- ``policies``: the policies page's sections, one per tenant.
+- ``tenants``: the tenants a user sees.
+
+What a page shows of an approval (its card) is shaped in ``dashboard.presenters``.
+"""

@@ -1,0 +1,109 @@
+"""The policies page's reads: each tenant's tool policies (rules and limits in plain words), its
+compensators (where they point only for those who operate the tenant), the policy file's settings
+and the warnings about compensations that reach another upstream or run unattended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.compensation_risks import CompensationWarning, unattended_destructive_compensations
+from ledger.models import Compensator, Tenant, ToolPolicy
+from ledger.policies import policies_in_force, policy_settings_for
+from ledger.policy_rules import compile_rules
+from ledger.upstreams import policy_upstream_mismatches
+
+
+@dataclass
+class PolicyRow:
+    """A tool policy and its rules, limits and approvers in plain words."""
+
+    policy: ToolPolicy
+    rules: list[str]
+    limits: list[str]
+    approvers: int
+
+
+def _policy_row(policy: ToolPolicy) -> PolicyRow:
+    compiled = compile_rules(policy.rules, policy.limits)
+    problems = [f"Cannot be applied, every call is refused: {p}" for p in compiled.problems]
+    return PolicyRow(
+        policy=policy,
+        rules=problems or [f"{rule.index}. {rule.description}" for rule in compiled.rules],
+        limits=[limit.description[0].upper() + limit.description[1:] for limit in compiled.limits],
+        approvers=policy.approvers,
+    )
+
+
+@dataclass(frozen=True)
+class CompensatorRow:
+    """A registered compensator as the policies page shows it. ``target`` (the webhook or MCP URL,
+    or the Python path) and ``reader`` are None for a reader who may not operate the tenant: a
+    viewer sees that a compensator exists and of which kind, not where it points."""
+
+    tool: str
+    kind: str
+    kind_display: str
+    target: str | None
+    mcp_tool: str | None
+    reader: str | None
+    scope: str
+    source: str
+
+
+def _compensator_row(compensator: Compensator, *, show_target: bool) -> CompensatorRow:
+    target = compensator.url or compensator.python_path
+    return CompensatorRow(
+        tool=compensator.tool,
+        kind=compensator.kind,
+        kind_display=compensator.get_kind_display(),
+        target=target if show_target else None,
+        mcp_tool=compensator.mcp_tool if show_target else None,
+        reader=compensator.reader_path if show_target else None,
+        scope="tenant" if compensator.tenant_id else "global",
+        source=compensator.source,
+    )
+
+
+@dataclass
+class TenantPolicies:
+    tenant: Tenant
+    policies: list[PolicyRow]
+    compensators: list[CompensatorRow]
+    show_targets: bool
+    settings_source: str
+    default_policy: dict[str, Any]
+    unwind: dict[str, Any]
+    auto_compensate: dict[str, Any]
+    # Tool/compensator pairs whose compensator does not reach the upstream the tool was recorded
+    # on (``ledger.upstreams.policy_upstream_mismatches``).
+    upstream_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    # Compensating tools that delete or move money and run unattended (the residual risk).
+    compensation_warnings: list[CompensationWarning] = field(default_factory=list)
+
+
+def policies_for(*, tenant: Tenant, show_targets: bool) -> TenantPolicies:
+    """The policies page's section for ``tenant``; ``show_targets``: whether the reader may see
+    where compensators point (operators and admins of the tenant)."""
+    own = list(Compensator.objects.filter(tenant=tenant).order_by("tool"))
+    overridden = {c.tool for c in own}
+    shared = [
+        c
+        for c in Compensator.objects.filter(tenant__isnull=True).order_by("tool")
+        if c.tool not in overridden
+    ]
+    policy_settings = policy_settings_for(tenant)
+    return TenantPolicies(
+        tenant=tenant,
+        policies=[_policy_row(policy) for policy in policies_in_force(tenant=tenant)],
+        compensators=[
+            _compensator_row(c, show_target=show_targets) for c in sorted(own + shared, key=lambda c: c.tool)
+        ],
+        show_targets=show_targets,
+        settings_source=policy_settings.source,
+        default_policy=policy_settings.default_policy,
+        unwind=policy_settings.unwind,
+        auto_compensate=policy_settings.auto_compensate,
+        upstream_mismatches=policy_upstream_mismatches(tenant=tenant),
+        compensation_warnings=unattended_destructive_compensations(tenant=tenant),
+    )

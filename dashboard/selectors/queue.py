@@ -1,0 +1,216 @@
+"""The queue page's reads: its filters (``QueueFilters``), keyset pages of items, the count of
+items new since the page was read, the groups of similar failures, and the items a bulk decision
+names. Every read is scoped to the user's tenants; no list counts the ledger (pages fetch one row
+more than shown, the new-items count is capped)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, TypedDict
+
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    IntegerField,
+    Max,
+    Min,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.utils import timezone
+
+from dashboard import permissions
+from dashboard.permissions import Someone
+from ledger.conf import saga
+from ledger.ids import looks_like_id
+from ledger.models import Risk
+from ledger.pagination import Key, keyset_page
+from recovery import selectors as recovery_selectors
+from recovery.approvals import pending_q
+from recovery.commands import overdue_before
+from recovery.models import AgentCommand, Approval, RecoveryItem
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+
+NEW_ITEMS_CAP = 100
+GROUPS_SHOWN = 8
+
+
+AGE_CHOICES = {
+    "15m": timedelta(minutes=15),
+    "1h": timedelta(hours=1),
+    "4h": timedelta(hours=4),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+}
+SORTS = ("newest", "oldest", "risk")
+
+_RISK_RANK = Case(
+    *[
+        When(risk=risk, then=Value(rank))
+        for risk, rank in ((Risk.LOW, 0), (Risk.MEDIUM, 1), (Risk.HIGH, 2), (Risk.CRITICAL, 3))
+    ],
+    default=Value(0),
+    output_field=IntegerField(),
+)
+
+# (field, descending) per sort; the last field is always the unique id, so the order is total
+# and a keyset cursor never skips or repeats a row.
+_SORT_KEYS: dict[str, list[Key]] = {
+    "newest": [("opened_at", True), ("id", True)],
+    "oldest": [("opened_at", False), ("id", False)],
+    "risk": [("risk_rank", True), ("opened_at", False), ("id", False)],
+}
+
+
+@dataclass(frozen=True)
+class QueueFilters:
+    tenant: str = ""
+    risk: str = ""
+    reason: str = ""
+    status: str = "unresolved"
+    age: str = ""
+    q: str = ""
+    sort: str = "newest"
+    signature: str = ""
+
+    def as_query(self) -> dict[str, str]:
+        """The non-default filters, for links that keep them (pagination, polling)."""
+        defaults = QueueFilters()
+        return {
+            name: value for name, value in self.__dict__.items() if value and value != getattr(defaults, name)
+        }
+
+
+class QueueRowAnnotations(TypedDict):
+    """What ``queue_page`` annotates each item with (the template reads ``approval_pending``)."""
+
+    risk_rank: int
+    approval_pending: bool
+    resume_overdue_since: datetime | None
+
+
+@dataclass
+class QueuePage:
+    items: list[WithAnnotations[RecoveryItem, QueueRowAnnotations]]
+    next_cursor: str = ""
+    # When the page was read: the auto-refresh counts items opened after it, whatever the sort.
+    read_at: datetime | None = None
+
+
+def _filtered_items(*, user: Someone, filters: QueueFilters, now: datetime) -> QuerySet[RecoveryItem]:
+    """The queue's one filter (``recovery.selectors.queue_items``) over the user's tenants."""
+    return recovery_selectors.queue_items(
+        tenants=permissions.tenant_ids_for(user),
+        status=filters.status,
+        reason=filters.reason,
+        risk=filters.risk,
+        older_than=AGE_CHOICES.get(filters.age),
+        tenant_slug=filters.tenant,
+        signature=filters.signature,
+        search=filters.q,
+        now=now,
+    )
+
+
+def queue_page(
+    *, user: Someone, filters: QueueFilters, cursor: str = "", page_size: int | None = None
+) -> QueuePage:
+    now = timezone.now()
+    size = page_size or saga().page_size
+    keys = _SORT_KEYS.get(filters.sort, _SORT_KEYS["newest"])
+    qs = (
+        _filtered_items(user=user, filters=filters, now=now)
+        .select_related("run", "tenant", "failed_action", "assignee", "claimed_by")
+        .annotate(
+            risk_rank=_RISK_RANK,
+            approval_pending=Exists(Approval.objects.filter(pending_q(now=now), run_id=OuterRef("run_id"))),
+            # "Resume sent n min ago, not picked up": the run's oldest overdue resume command.
+            resume_overdue_since=Subquery(
+                AgentCommand.objects.filter(
+                    run_id=OuterRef("run_id"),
+                    kind=AgentCommand.Kind.RESUME,
+                    status=AgentCommand.Status.PENDING,
+                    created_at__lt=overdue_before(now),
+                )
+                .order_by("created_at")
+                .values("created_at")[:1]
+            ),
+        )
+    )
+    page = keyset_page(qs, keys=keys, cursor=cursor, limit=size, strict=False)
+    return QueuePage(items=page.items, next_cursor=page.next_cursor or "", read_at=now)
+
+
+def queue_new_count(*, user: Someone, filters: QueueFilters, since: datetime) -> int:
+    """Items matching the filters opened after ``since``, counted up to NEW_ITEMS_CAP + 1."""
+    qs = _filtered_items(user=user, filters=filters, now=timezone.now()).filter(opened_at__gt=since)
+    return len(qs.order_by().values_list("pk", flat=True)[: NEW_ITEMS_CAP + 1])
+
+
+@dataclass(frozen=True)
+class FailureGroup:
+    signature: str
+    count: int
+    tool: str
+    error: str
+    oldest: datetime
+    max_risk_rank: int
+
+
+def queue_groups(*, user: Someone, filters: QueueFilters) -> list[FailureGroup]:
+    """Similar unresolved failures (same tool + normalised error) with how many there are."""
+    base = _filtered_items(
+        user=user, filters=QueueFilters(**{**filters.__dict__, "signature": ""}), now=timezone.now()
+    )
+    # Aggregated on the items alone, from the columns of the covering index
+    # ``recovery_unresolved_groups`` (an index-only scan): joining every unresolved item to the
+    # ledger's actions for the tool's name cost more than the rest of the page. The tool and the
+    # error are the same across a group up to normalisation (both make the signature), so the
+    # newest item of each group shown speaks for it: one lookup by primary key.
+    rows = list(
+        base.exclude(signature="")
+        .order_by()
+        .values("signature")
+        .annotate(
+            count=Count("id"),
+            sample_id=Max("id"),
+            oldest=Min("opened_at"),
+            max_risk_rank=Max(_RISK_RANK),
+        )
+        .filter(count__gt=1)
+        .order_by("-count", "oldest")[:GROUPS_SHOWN]
+    )
+    samples = {
+        pk: (tool or "", error)
+        for pk, tool, error in RecoveryItem.objects.filter(pk__in=[row["sample_id"] for row in rows])
+        .order_by()
+        .values_list("pk", "failed_action__tool", "error")
+    }
+    return [
+        FailureGroup(
+            signature=row["signature"],
+            count=row["count"],
+            tool=samples.get(row["sample_id"], ("", ""))[0],
+            error=samples.get(row["sample_id"], ("", ""))[1],
+            oldest=row["oldest"],
+            max_risk_rank=row["max_risk_rank"],
+        )
+        for row in rows
+    ]
+
+
+def items_for_user(*, user: Someone, ids: list[str]) -> list[RecoveryItem]:
+    """The items among ``ids`` (a form's, so anything) that exist in the user's tenants."""
+    return list(
+        RecoveryItem.objects.filter(
+            pk__in=[pk for pk in ids if looks_like_id(pk)], tenant_id__in=permissions.tenant_ids_for(user)
+        ).select_related("run", "tenant", "failed_action")
+    )

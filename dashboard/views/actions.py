@@ -1,0 +1,51 @@
+"""Reconciling an action whose outcome is unknown: a person records whether it happened."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from dashboard.forms import ReconcileForm
+from dashboard.permissions import Capability, require
+from dashboard.views import common, runs
+from dashboard.views.common import HtmxHttpRequest
+from ledger.errors import SagaError
+from ledger.models import Action
+from ledger.services import actions as ledger_actions
+
+
+def _get_action_for_user(request: HttpRequest, action_id: str, capability: Capability) -> Action:
+    action = common.visible(Action.objects.select_related("run__tenant"), action_id, request)
+    require(request.user, capability, action.tenant_id)
+    return action
+
+
+@require_POST
+@login_required
+def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
+    action = _get_action_for_user(request, action_id, Capability.OPERATE)
+    # Back to the action's card: on the page as served when it is among the newest actions, with
+    # every action shown when it is older (so the anchor exists however long the run is).
+    shown = action.seq > action.run.action_count - runs.ACTIONS_SHOWN
+    back = reverse("dashboard:run-detail", args=[action.run_id]) + (
+        f"#action-{action.seq}" if shown else f"?actions=all#action-{action.seq}"
+    )
+    form = ReconcileForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, common.form_errors(form))
+        return common.done(request, back)
+    try:
+        ledger_actions.action_reconcile(
+            action=action,
+            actor=common.actor(request),
+            happened=form.cleaned_data["happened"],
+            reason=form.cleaned_data["reason"],
+        )
+    except SagaError as exc:
+        return common.refused(request, exc, back)
+    outcome = "happened" if form.cleaned_data["happened"] else "did not happen"
+    messages.success(request, f"Recorded that {action.tool} (#{action.seq}) {outcome}.")
+    return common.done(request, back)

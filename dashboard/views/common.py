@@ -1,0 +1,69 @@
+"""What every dashboard view shares: the request type (htmx's details on it), who is acting, the
+answer after a decision (a 303, or htmx's client-side redirect) or a refusal (a message, never a
+500), a form's errors in one line, the run page's address, an object looked up in the user's
+tenants only (404 otherwise) and a confirmation page (or its htmx partial)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from django.contrib import messages
+from django.db.models import Model, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
+
+from dashboard.permissions import tenant_ids_for
+from ledger.audit import Actor
+from ledger.errors import SagaError
+from recovery import decisions as recovery_decisions
+
+M = TypeVar("M", bound=Model)
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def actor(request: HttpRequest) -> Actor:
+    # Every view that decides is behind login_required: the user is a real one.
+    assert request.user.is_authenticated
+    return Actor.for_user(request.user)
+
+
+def done(request: HtmxHttpRequest, url: str) -> HttpResponse:
+    """After a decision: a 303 to ``url`` (or, for htmx, a client-side redirect there)."""
+    if request.htmx:
+        return HttpResponseClientRedirect(url)
+    return HttpResponseRedirect(url, status=303)
+
+
+def refused(request: HtmxHttpRequest, exc: SagaError, url: str) -> HttpResponse:
+    """A domain error (conflict, invalid transition, self-approval …) is a message, never a 500,
+    and a sentence, never the exception's text (``recovery.decisions.refusal_sentence``)."""
+    messages.error(request, recovery_decisions.refusal_sentence(exc))
+    return done(request, url)
+
+
+def form_errors(form: Any) -> str:
+    # Every message names its field already ("A reason is required.", "Not valid JSON: …").
+    return " ".join(str(error) for errors in form.errors.values() for error in errors)
+
+
+def run_url(run_id: str, anchor: str = "") -> str:
+    return reverse("dashboard:run-detail", args=[run_id]) + (f"#{anchor}" if anchor else "")
+
+
+def visible(queryset: QuerySet[M], pk: str, request: HttpRequest, *, tenant_field: str = "tenant_id") -> M:
+    """The object if it is in one of the user's tenants; otherwise 404, so it does not leak."""
+    obj = queryset.filter(pk=pk, **{f"{tenant_field}__in": tenant_ids_for(request.user)}).first()
+    if obj is None:
+        raise Http404(f"No such {queryset.model._meta.verbose_name}.")
+    return obj
+
+
+def render_preview(request: HtmxHttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
+    partial = f"{template}#preview" if request.htmx and not request.htmx.boosted else template
+    return render(request, partial, context, status=422 if context["form"].errors else 200)

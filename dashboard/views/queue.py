@@ -1,0 +1,130 @@
+"""The recovery queue: its filters, keyset pages and groups of similar failures, the auto-refresh
+poll that counts new items, and bulk close / compensate of selected items."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.dateparse import parse_datetime
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HTMX_STOP_POLLING
+
+from dashboard.forms import BulkForm, QueueFilterForm
+from dashboard.permissions import Capability, require, tenant_ids_with
+from dashboard.selectors import queue as queue_selectors
+from dashboard.selectors import tenants as tenant_selectors
+from dashboard.views import common
+from dashboard.views.common import HtmxHttpRequest
+from ledger.conf import saga
+from ledger.errors import SagaError
+from ledger.models import Tenant
+from recovery import services as recovery_services
+
+
+def _queue_filters(
+    request: HttpRequest, tenants: list[Tenant]
+) -> tuple[QueueFilterForm, queue_selectors.QueueFilters]:
+    form = QueueFilterForm(request.GET or None, tenants=tenants)
+    if not request.GET:
+        return form, queue_selectors.QueueFilters()
+    return form, form.filters()
+
+
+@require_GET
+@login_required
+def queue(request: HtmxHttpRequest) -> HttpResponse:
+    tenants = tenant_selectors.visible_tenants(user=request.user)
+    form, filters = _queue_filters(request, tenants)
+    page = queue_selectors.queue_page(
+        user=request.user, filters=filters, cursor=request.GET.get("cursor", "")
+    )
+    operable = set(tenant_ids_with(request.user, Capability.OPERATE))
+    load_more = bool(request.htmx and request.htmx.target == "load-more")
+    # The groups panel aggregates every matching item: not for "load more" (only rows are sent
+    # back), nor while searching (a search looks for particular runs, and its substring match
+    # would be paid a second time for a panel about the whole queue).
+    show_groups = not load_more and not filters.q.strip()
+    context = {
+        "form": form,
+        "filters": filters,
+        "filter_query": urlencode(filters.as_query()),
+        "page": page,
+        "groups": queue_selectors.queue_groups(user=request.user, filters=filters) if show_groups else [],
+        "operable_tenant_ids": operable,
+        "bulk_max": saga().bulk_max_items,
+        "sla_minutes": saga().queue_sla_minutes,
+        "since": page.read_at.isoformat() if page.read_at else "",
+        "paged": bool(request.GET.get("cursor")),
+        "polling": True,
+    }
+    if load_more:
+        return render(request, "dashboard/queue.html#queue-rows", context)
+    if request.htmx and request.htmx.target == "queue-results":
+        return render(request, "dashboard/queue.html#queue-results", context)
+    return render(request, "dashboard/queue.html", context)
+
+
+@require_GET
+@login_required
+def queue_new(request: HtmxHttpRequest) -> HttpResponse:
+    """The auto-refresh poll: how many items arrived since the page was rendered, without
+    touching the list the operator is reading."""
+    tenants = tenant_selectors.visible_tenants(user=request.user)
+    _form, filters = _queue_filters(request, tenants)
+    try:
+        since = parse_datetime(request.GET.get("since", ""))
+    except ValueError:
+        # Well-formed but impossible ("2026-13-45…"): treat like no reference time.
+        since = None
+    count = queue_selectors.queue_new_count(user=request.user, filters=filters, since=since) if since else 0
+    context = {
+        "new_count": count,
+        "capped": count > queue_selectors.NEW_ITEMS_CAP,
+        "cap": queue_selectors.NEW_ITEMS_CAP,
+        "since": since.isoformat() if since else "",
+        "filter_query": urlencode(filters.as_query()),
+        "polling": since is not None and count <= queue_selectors.NEW_ITEMS_CAP,
+    }
+    response = render(request, "dashboard/queue.html#new-items", context)
+    if not context["polling"]:
+        # Past the cap (or without a reference time) further polls cannot tell the operator more.
+        response.status_code = HTMX_STOP_POLLING
+    return response
+
+
+@require_POST
+@login_required
+def queue_bulk(request: HtmxHttpRequest) -> HttpResponse:
+    back = reverse("dashboard:queue")
+    form = BulkForm(request.POST)
+    ids = list(dict.fromkeys(request.POST.getlist("items")))
+    if not form.is_valid() or not ids:
+        messages.error(request, common.form_errors(form) if form.errors else "Select at least one item.")
+        return common.done(request, back)
+    items = queue_selectors.items_for_user(user=request.user, ids=ids)
+    if len(items) != len(ids):
+        raise Http404("Some selected items do not exist.")
+    for item in items:
+        require(request.user, Capability.OPERATE, item.tenant_id)
+    operation = form.cleaned_data["operation"]
+    service = (
+        recovery_services.items_bulk_close
+        if operation == "close"
+        else recovery_services.items_bulk_compensate
+    )
+    try:
+        outcomes = service(items=items, actor=common.actor(request), reason=form.cleaned_data["reason"])
+    except SagaError as exc:
+        return common.refused(request, exc, back)
+    done = [o for o in outcomes if o.ok]
+    if done:
+        verb = "Closed" if operation == "close" else "Started compensation for"
+        messages.success(request, f"{verb} {len(done)} item{'s' if len(done) != 1 else ''}.")
+    for outcome in outcomes:
+        if not outcome.ok:
+            messages.error(request, f"{outcome.item_id}: {outcome.sentence or outcome.message}")
+    return common.done(request, back)

@@ -1,0 +1,222 @@
+"""The run page and its live poll (``dashboard.selectors.live``: only the regions that changed),
+and the decisions about a whole run: flag it for review, cancel it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponse
+from django.shortcuts import render
+from django.template.defaultfilters import pluralize
+from django.views.decorators.http import require_GET, require_http_methods
+from django_htmx.http import HTMX_STOP_POLLING
+
+from dashboard.forms import ReasonForm, ReconcileForm
+from dashboard.permissions import Capability, TenantPermissions, require
+from dashboard.selectors import live
+from dashboard.selectors import runs as run_selectors
+from dashboard.views import common
+from dashboard.views.common import HtmxHttpRequest
+from ledger.errors import SagaError
+from ledger.models import Action, Run
+from recovery import planner
+from recovery import selectors as recovery_selectors
+from recovery import services as recovery_services
+from recovery import trail as recovery_trail
+from recovery.models import RecoveryItem
+
+ACTIONS_SHOWN = 50
+
+
+def _earlier(actions: list[Action]) -> list[Action]:
+    """The actions before the newest ``ACTIONS_SHOWN``, which the run page shows on demand."""
+    return actions[: max(len(actions) - ACTIONS_SHOWN, 0)]
+
+
+@require_GET
+@login_required
+def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    # A long run's ledger is shown from its newest actions (where a run fails); the earlier ones
+    # come on demand (htmx, which needs nothing else of the page) or with ?actions=all. Rendering
+    # hundreds of actions with their JSON and snapshot diffs was most of the page's time.
+    if request.htmx and request.htmx.target == "earlier-actions":
+        actions = run_selectors.run_actions(run=run)
+        return render(
+            request,
+            "dashboard/run_detail.html#action-rows",
+            {
+                "run": run,
+                "actions": _earlier(actions),
+                "allowed": TenantPermissions(request.user, run.tenant_id),
+                **_partial_marks(actions, recovery_trail.kept_action_ids(run=run)),
+            },
+        )
+    page = run_selectors.run_page(run=run)
+    earlier = _earlier(page.actions)
+    if request.GET.get("actions") == "all":
+        earlier = []
+    return render(
+        request,
+        "dashboard/run_detail.html",
+        {
+            "p": page,
+            "run": run,
+            "actions": page.actions[len(earlier) :],
+            "earlier_count": len(earlier),
+            "earlier_unknown": sum(1 for a in earlier if a.status == Action.Status.UNKNOWN),
+            "allowed": TenantPermissions(request.user, run.tenant_id),
+            "item_open": page.item is not None and page.item.status in RecoveryItem.UNRESOLVED,
+            "latest_checkpoint_id": page.checkpoints[0].pk if page.checkpoints else None,
+            "reconcile_form": ReconcileForm(),
+            "reason_form": ReasonForm(),
+            "live": live.live_state(
+                run=run,
+                item=page.item,
+                unwind=page.unwind,
+                approvals=page.approvals,
+                user=request.user,
+                upto=page.actions[-1].seq if page.actions else 0,
+            ),
+            **_partial_marks(page.actions, {e["action_id"] for e in page.trail["kept"]}),
+        },
+    )
+
+
+@require_GET
+@login_required
+def run_live(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """The run page's poll (``dashboard.selectors.live``): 204 when nothing it shows changed; otherwise the
+    new poller and an out-of-band swap of each changed region. 286 stops polling once the run
+    is settled."""
+    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    try:
+        upto = max(0, int(request.GET.get("upto", "0")))
+    except ValueError:
+        upto = 0
+    item = run_selectors.run_item(run=run)
+    unwind = run_selectors.run_latest_unwind(run=run)
+    approvals = run_selectors.run_pending_approvals(run=run)
+    state = live.live_state(
+        run=run, item=item, unwind=unwind, approvals=approvals, user=request.user, upto=upto
+    )
+    changed = live.changed_regions(state, {r: request.GET.get(r, "") for r in live.REGIONS})
+    stop = not state.interval
+    if not changed:
+        return HttpResponse(status=HTMX_STOP_POLLING if stop else 204)
+    page = run_selectors.RunPage(
+        run=run,
+        actions=[],
+        warnings=[],
+        checkpoints=[],
+        events=[],
+        item=item,
+        unwind=unwind,
+        approvals=approvals,
+    )
+    context: dict[str, Any] = {
+        "p": page,
+        "run": run,
+        "live": state,
+        "changed": changed,
+        "allowed": TenantPermissions(request.user, run.tenant_id),
+        "item_open": item is not None and item.status in RecoveryItem.UNRESOLVED,
+        "item_replaced": (item.pk if item is not None else "") != request.GET.get("item_id", ""),
+        "reason_form": ReasonForm(),
+    }
+    if "actions" in changed or "unwind" in changed:
+        # The shown window of the ledger (its statuses and kept/undone marks), what arrived since
+        # the page was loaded, and the correction trail, which follows the unwind.
+        shown = list(
+            Action.objects.filter(run=run, seq__gt=upto - ACTIONS_SHOWN, seq__lte=upto).order_by("seq")
+        )
+        context.update(
+            actions=shown,
+            newer_actions=Action.objects.filter(run=run, seq__gt=upto).count(),
+            trail=recovery_trail.run_trail(run=run),
+            **_partial_marks(shown, recovery_trail.kept_action_ids(run=run)),
+        )
+    if "audit" in changed:
+        page.events, page.older_events = run_selectors.run_events(run=run)
+    response = render(request, "dashboard/run_detail.html#live", context)
+    if stop:
+        response.status_code = HTMX_STOP_POLLING
+    return response
+
+
+def _partial_marks(actions: list[Action], kept_ids: set[str]) -> dict[str, set[str]]:
+    """After a partial compensation, each action of its plan is marked "kept" or "undone"."""
+    undone = {a.pk for a in actions if a.status == Action.Status.COMPENSATED} if kept_ids else set()
+    return {"kept_ids": kept_ids, "undone_ids": undone}
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def run_flag(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Flag a run for review (any run, also a succeeded one): GET shows what will happen, POST
+    puts it in the recovery queue, where it is compensated, resumed or closed like a failed run."""
+    run = common.visible(Run.objects.select_related("tenant"), run_id, request)
+    require(request.user, Capability.OPERATE, run.tenant_id)
+    form = ReasonForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            item = recovery_services.run_flag(
+                run=run, actor=common.actor(request), reason=form.cleaned_data["reason"]
+            )
+        except SagaError as exc:
+            return common.refused(request, exc, common.run_url(run.pk))
+        messages.success(
+            request,
+            f"Flagged for review: the run is in the recovery queue ({item.get_reason_display().lower()}); "
+            "nothing was undone. Decide below: compensate (all or some actions), resume or close.",
+        )
+        return common.done(request, common.run_url(run.pk))
+    open_item = RecoveryItem.objects.filter(run=run, status__in=RecoveryItem.UNRESOLVED).first()
+    return common.render_preview(
+        request,
+        "dashboard/run_flag.html",
+        {
+            "run": run,
+            "form": form,
+            "open_item": open_item,
+            "undoable": planner.compensation_plan(run=run).steps,
+        },
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def run_cancel(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """Cancel a run: GET shows exactly what will happen (the confirmation), POST does it."""
+    run = common.visible(Run.objects.select_related("tenant"), run_id, request)
+    require(request.user, Capability.OPERATE, run.tenant_id)
+    form = ReasonForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            outcome = recovery_services.run_cancel(
+                run=run, actor=common.actor(request), reason=form.cleaned_data["reason"]
+            )
+        except SagaError as exc:
+            return common.refused(request, exc, common.run_url(run.pk))
+        said = ["Run cancelled: its agent can write no more and is told to stop."]
+        if outcome.unknown:
+            count = len(outcome.unknown)
+            said.append(
+                f"{count} action{pluralize(count)} it had running now ha{pluralize(count, 's,ve')} an "
+                "unknown outcome: confirm whether each happened."
+            )
+        if outcome.item is not None:
+            said.append("The run is in the recovery queue for a decision about what it changed.")
+        messages.success(request, " ".join(said))
+        return common.done(request, common.run_url(run.pk))
+    return common.render_preview(
+        request,
+        "dashboard/run_cancel.html",
+        {"run": run, "preview": recovery_selectors.cancel_preview(run=run), "form": form},
+    )
