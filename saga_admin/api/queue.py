@@ -24,10 +24,10 @@ from ledger.services import pauses as ledger_pauses
 from recovery import selectors, services
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import compensation_plan
-from saga_admin.api.agents import IDEMPOTENCY_DOC
+from saga_admin.api.actions import IDEMPOTENCY_DOC
 from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, approver_auth, operator_auth, reader_auth
 from saga_admin.api.idempotency import HEADER, KEY_PATTERN, idempotent_response
-from saga_admin.api.schemas import (
+from saga_admin.api.schemas.actions import (
     AgentCommandOut,
     RecoveryItemOut,
     RunOut,

@@ -36,7 +36,7 @@ from saga_admin.api.idempotency import (
     json_response,
 )
 from saga_admin.api.limits import refuse_over_url_rate
-from saga_admin.api.schemas import (
+from saga_admin.api.schemas.actions import (
     ActionFailIn,
     ActionIn,
     ActionOut,

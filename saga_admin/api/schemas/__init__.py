@@ -1,0 +1,1 @@
+"""The API's request and response schemas, one module per resource."""
