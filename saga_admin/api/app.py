@@ -20,7 +20,7 @@ from ninja.operation import Operation
 
 from ledger import errors
 from ledger.conf import saga
-from saga_admin.api.actions import router as agent_router
+from saga_admin.api import actions, approvals, checkpoints, commands, pauses, policies, queue, runs, unwinds
 from saga_admin.api.limits import (
     BodyRejected,
     CheckedJSONParser,
@@ -28,7 +28,6 @@ from saga_admin.api.limits import (
     internal_error,
     unauthorized_response,
 )
-from saga_admin.api.queue import router as operator_router
 from saga_admin.api.renderers import ORJSONRenderer
 
 log = structlog.get_logger("saga_admin.api")
@@ -168,8 +167,9 @@ def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     return internal_error(request)
 
 
-api.add_router("", agent_router)
-api.add_router("", operator_router)
+# The agents' API, then the operator's (the order of the OpenAPI document's paths).
+for resource in (runs, actions, commands, checkpoints, policies, queue, unwinds, approvals, pauses):
+    api.add_router("", resource.router)
 
 
 @csrf_exempt  # an API path: key-authenticated, never a browser form

@@ -1,0 +1,112 @@
+"""Approvals: the inbox's filters, an approver's decision, the approval and its grants."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ninja import Schema
+from pydantic import Field
+
+from ledger.pagination import MAX_CURSOR_LENGTH
+from recovery.models import Approval
+from saga_admin.api.schemas.common import ReasonIn
+
+
+class ApproveIn(ReasonIn):
+    args: dict[str, Any] | None = Field(None, description="Edited arguments; both versions are audited.")
+    args_hash: str | None = Field(
+        None, description="The args_hash you were shown; refused (409) if it changed."
+    )
+
+
+class ApprovalFilters(Schema):
+    status: str | None = Field(
+        "pending", description="pending (default) | approved | rejected | expired | all"
+    )
+    kind: str | None = Field(None, description="action | compensation")
+    cursor: str | None = Field(
+        None, max_length=MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."
+    )
+    limit: int = Field(50, ge=1, le=200)
+
+
+class GrantOut(Schema):
+    by: str
+    reason: str
+    at: datetime
+
+
+class ApprovalGrantOut(Schema):
+    by: str = Field(
+        description="The person: a dashboard user's name, or `<owner> (approver key <name>)` for a "
+        "grant through a key they own."
+    )
+    reason: str
+    at: datetime
+
+
+class ApprovalOut(Schema):
+    id: str
+    kind: str
+    run_id: str
+    action_id: str
+    step_id: str | None
+    status: str
+    risk: str
+    tool: str
+    args: Any = None
+    args_hash: str
+    approved_args: Any = None
+    reason: str
+    expires_at: datetime
+    created_at: datetime
+    decided_at: datetime | None
+    previous_id: str | None = Field(
+        None, description="The expired or rejected approval this one asks again (request-again)."
+    )
+    approvers_required: int = Field(
+        1, description="How many distinct people must grant it; the requester never counts."
+    )
+    grants: list[ApprovalGrantOut] = Field(
+        default_factory=list,
+        description="The grants so far of an approval that needs several people (it stays pending until the last).",
+    )
+
+
+class ApprovalPageOut(Schema):
+    items: list[ApprovalOut]
+    next_cursor: str | None
+
+
+def grants_out(approval: Approval) -> list[dict[str, Any]]:
+    """The grants of an approval that needs several people (none read for one that needs one)."""
+    if approval.approvers_required <= 1:
+        return []
+    return [
+        {"by": grant.label or grant.approver, "reason": grant.reason, "at": grant.created_at}
+        for grant in approval.grants.all()
+    ]
+
+
+def approval_out(approval: Approval) -> dict[str, Any]:
+    return {
+        "id": approval.pk,
+        "kind": approval.kind,
+        "run_id": approval.run_id,
+        "action_id": approval.action_id,
+        "step_id": approval.step_id,
+        "status": approval.status,
+        "risk": approval.risk,
+        "tool": approval.tool,
+        "args": approval.args,
+        "args_hash": approval.args_hash,
+        "approved_args": approval.approved_args,
+        "reason": approval.reason,
+        "expires_at": approval.expires_at,
+        "created_at": approval.created_at,
+        "decided_at": approval.decided_at,
+        "previous_id": approval.previous_id,
+        "approvers_required": approval.approvers_required,
+        "grants": grants_out(approval),
+    }
