@@ -11,8 +11,6 @@ object is a 404.
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.http import HttpRequest
 from ninja import Query, Router, Status
 
@@ -27,7 +25,6 @@ from saga_admin.api.schemas.approvals import (
     ApprovalOut,
     ApprovalPageOut,
     ApproveIn,
-    approval_out,
 )
 from saga_admin.api.schemas.common import ReasonIn
 
@@ -40,7 +37,7 @@ router = Router(tags=["recovery"], auth=operator_auth)
     auth=approver_auth,
     summary="The approval inbox (approver scope)",
 )
-def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> Any:
+def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> ApprovalPageOut:
     page = selectors.approvals_list(
         tenants=key_of(request).tenant,
         status=filters.status,
@@ -48,7 +45,7 @@ def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> Any
         cursor=filters.cursor,
         limit=filters.limit,
     )
-    return {"items": [approval_out(a) for a in page.items], "next_cursor": page.next_cursor}
+    return ApprovalPageOut.from_orm(page)
 
 
 @router.post(
@@ -57,7 +54,7 @@ def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> Any
     auth=approver_auth,
     summary="Approve (optionally with edited args; approver scope, never your own request)",
 )
-def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) -> Any:
+def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) -> Status[ApprovalOut]:
     key = key_of(request)
     approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
     decided = services.approval_approve(
@@ -67,7 +64,7 @@ def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) ->
         args=body.args,
         shown_args_hash=body.args_hash,
     )
-    return Status(200, approval_out(decided))
+    return Status(200, ApprovalOut.from_orm(decided))
 
 
 @router.post(
@@ -76,11 +73,11 @@ def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) ->
     auth=approver_auth,
     summary="Reject with a reason (approver scope)",
 )
-def approval_reject(request: HttpRequest, approval_id: str, body: ReasonIn) -> Any:
+def approval_reject(request: HttpRequest, approval_id: str, body: ReasonIn) -> Status[ApprovalOut]:
     key = key_of(request)
     approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
     decided = services.approval_reject(approval=approval, actor=Actor.for_key(key), reason=body.reason)
-    return Status(200, approval_out(decided))
+    return Status(200, ApprovalOut.from_orm(decided))
 
 
 @router.post(
@@ -89,7 +86,7 @@ def approval_reject(request: HttpRequest, approval_id: str, body: ReasonIn) -> A
     auth=reader_auth,
     summary="Ask again for an expired or rejected approval (the owning agent for its action; an operator for a step)",
 )
-def approval_request_again(request: HttpRequest, approval_id: str, body: ReasonIn) -> Any:
+def approval_request_again(request: HttpRequest, approval_id: str, body: ReasonIn) -> Status[ApprovalOut]:
     key = key_of(request)
     # An agent key reaches only its own runs' approvals (another agent's is a 404, like another
     # tenant's); who may ask again for which kind is the service's rule.
@@ -99,4 +96,4 @@ def approval_request_again(request: HttpRequest, approval_id: str, body: ReasonI
         tenants=key.tenant,
     )
     asked = services.approval_request_again(approval=approval, actor=Actor.for_key(key), reason=body.reason)
-    return Status(201, approval_out(asked))
+    return Status(201, ApprovalOut.from_orm(asked))

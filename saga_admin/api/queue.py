@@ -8,8 +8,6 @@ object is a 404.
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.http import HttpRequest
 from ninja import Query, Router, Status
 
@@ -20,7 +18,7 @@ from recovery import selectors, services
 from recovery.planner import compensation_plan
 from saga_admin.api.auth import AUTH_ERRORS, operator_auth
 from saga_admin.api.common import WRITE_ERRORS, key_of
-from saga_admin.api.schemas.commands import CommandOut, command_brief_out
+from saga_admin.api.schemas.commands import CommandOut
 from saga_admin.api.schemas.common import ReasonIn
 from saga_admin.api.schemas.queue import (
     CompensateIn,
@@ -28,17 +26,18 @@ from saga_admin.api.schemas.queue import (
     ItemFilters,
     ItemOut,
     ItemPageOut,
+    PlanOut,
     PlanQuery,
     ResumeIn,
-    item_out,
+    ResumePreviewOut,
 )
-from saga_admin.api.schemas.unwinds import UnwindOut, unwind_out
+from saga_admin.api.schemas.unwinds import UnwindOut
 
 router = Router(tags=["recovery"], auth=operator_auth)
 
 
 @router.get("/recovery", response={200: ItemPageOut, **AUTH_ERRORS}, summary="The recovery queue")
-def recovery_list(request: HttpRequest, filters: Query[ItemFilters]) -> Any:
+def recovery_list(request: HttpRequest, filters: Query[ItemFilters]) -> ItemPageOut:
     page = selectors.items_list(
         tenants=key_of(request).tenant,
         status=filters.status,
@@ -49,7 +48,7 @@ def recovery_list(request: HttpRequest, filters: Query[ItemFilters]) -> Any:
         cursor=filters.cursor,
         limit=filters.limit,
     )
-    return {"items": [item_out(i) for i in page.items], "next_cursor": page.next_cursor}
+    return ItemPageOut.from_orm(page)
 
 
 @router.get(
@@ -57,17 +56,18 @@ def recovery_list(request: HttpRequest, filters: Query[ItemFilters]) -> Any:
     response={200: ItemDetailOut, **AUTH_ERRORS},
     summary="A recovery item with its compensation plan and resume preview",
 )
-def recovery_detail(request: HttpRequest, item_id: str, selection: Query[PlanQuery]) -> Any:
+def recovery_detail(request: HttpRequest, item_id: str, selection: Query[PlanQuery]) -> ItemDetailOut:
     item = selectors.item_get(tenants=key_of(request).tenant, item_id=item_id)
     plan = compensation_plan(
         run=item.run, action_ids=selection.action_ids, to_checkpoint=selection.to_checkpoint
     )
-    return {
-        **item_out(item),
-        "plan": plan.as_dict(),
-        "resume_preview": selectors.resume_preview(item=item).as_dict(),
-        "unwinds": [u.pk for u in selectors.unwinds_for_run(run_id=item.run_id)],
-    }
+    # The item's fields, then what the detail adds.
+    return ItemDetailOut(
+        **dict(ItemOut.from_orm(item)),
+        plan=PlanOut.model_validate(plan.as_dict()),
+        resume_preview=ResumePreviewOut.model_validate(selectors.resume_preview(item=item).as_dict()),
+        unwinds=[u.pk for u in selectors.unwinds_for_run(run_id=item.run_id)],
+    )
 
 
 @router.post(
@@ -75,7 +75,7 @@ def recovery_detail(request: HttpRequest, item_id: str, selection: Query[PlanQue
     response={202: UnwindOut, **WRITE_ERRORS},
     summary="Compensate the run (LIFO unwind on the workers)",
 )
-def recovery_compensate(request: HttpRequest, item_id: str, body: CompensateIn) -> Any:
+def recovery_compensate(request: HttpRequest, item_id: str, body: CompensateIn) -> Status[UnwindOut]:
     key = key_of(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
     unwind = services.unwind_start(
@@ -86,7 +86,7 @@ def recovery_compensate(request: HttpRequest, item_id: str, body: CompensateIn) 
         to_checkpoint=body.to_checkpoint,
         plan_hash=body.plan_hash,
     )
-    return Status(202, unwind_out(unwind))
+    return Status(202, UnwindOut.from_orm(unwind))
 
 
 @router.post(
@@ -94,7 +94,7 @@ def recovery_compensate(request: HttpRequest, item_id: str, body: CompensateIn) 
     response={202: CommandOut, **WRITE_ERRORS},
     summary="Resume the run from a checkpoint (issues a resume command)",
 )
-def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Any:
+def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Status[CommandOut]:
     key = key_of(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
     checkpoint = None
@@ -103,15 +103,15 @@ def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Any:
     command = services.item_resume(
         item=item, actor=Actor.for_key(key), reason=body.reason, checkpoint=checkpoint
     )
-    return Status(202, command_brief_out(command))
+    return Status(202, CommandOut.from_orm(command))
 
 
 @router.post("/recovery/{item_id}/close", response={200: ItemOut, **WRITE_ERRORS}, summary="Close the item")
-def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Any:
+def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Status[ItemOut]:
     key = key_of(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
     services.item_close(item=item, actor=Actor.for_key(key), reason=body.reason)
-    return Status(200, item_out(selectors.item_get(tenants=key.tenant, item_id=item_id)))
+    return Status(200, ItemOut.from_orm(selectors.item_get(tenants=key.tenant, item_id=item_id)))
 
 
 @router.post(
@@ -119,8 +119,8 @@ def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Any:
     response={201: ItemOut, **WRITE_ERRORS},
     summary="Flag any run (also a succeeded one) for review: its recovery item (reason manual)",
 )
-def run_flag(request: HttpRequest, run_id: str, body: ReasonIn) -> Any:
+def run_flag(request: HttpRequest, run_id: str, body: ReasonIn) -> Status[ItemOut]:
     key = key_of(request)
     run = run_get(tenant=key.tenant, run_id=run_id)
     item = services.run_flag(run=run, actor=Actor.for_key(key), reason=body.reason)
-    return Status(201, item_out(selectors.item_get(tenants=key.tenant, item_id=item.pk)))
+    return Status(201, ItemOut.from_orm(selectors.item_get(tenants=key.tenant, item_id=item.pk)))

@@ -38,9 +38,9 @@ from saga_admin.api.idempotency import idempotent_response
 from saga_admin.api.limits import refuse_over_url_rate
 from saga_admin.api.schemas.actions import actions_out
 from saga_admin.api.schemas.checkpoints import checkpoint_out
-from saga_admin.api.schemas.commands import command_out
+from saga_admin.api.schemas.commands import AgentCommandOut, command_out
 from saga_admin.api.schemas.common import ReasonIn
-from saga_admin.api.schemas.queue import recovery_item_out
+from saga_admin.api.schemas.queue import RecoveryItemOut, recovery_item_out
 from saga_admin.api.schemas.runs import (
     HeartbeatIn,
     HeartbeatOut,
@@ -229,11 +229,12 @@ def run_cancel(
 
     def produce() -> tuple[int, Any]:
         outcome = recovery.run_cancel(run=run, actor=actor, reason=body.reason)
-        return 200, {
-            **run_out(outcome.run),
-            "command": command_out(outcome.command),
-            "unknown_action_ids": [a.pk for a in outcome.unknown],
-            "recovery_item": recovery_item_out(outcome.item),
-        }
+        cancelled = RunCancelOut(
+            **dict(RunOut.from_orm(outcome.run)),
+            command=AgentCommandOut.from_orm(outcome.command),
+            unknown_action_ids=[a.pk for a in outcome.unknown],
+            recovery_item=RecoveryItemOut.from_orm(outcome.item) if outcome.item is not None else None,
+        )
+        return 200, cancelled.model_dump(mode="json")
 
     return idempotent_response(request, tenant=key.tenant, key=idempotency_key, produce=produce)

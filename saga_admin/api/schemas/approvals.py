@@ -10,7 +10,7 @@ from pydantic import Field
 
 from ledger.pagination import MAX_CURSOR_LENGTH
 from recovery.models import Approval
-from saga_admin.api.schemas.common import ReasonIn
+from saga_admin.api.schemas.common import Out, ReasonIn
 
 
 class ApproveIn(ReasonIn):
@@ -46,7 +46,7 @@ class ApprovalGrantOut(Schema):
     at: datetime
 
 
-class ApprovalOut(Schema):
+class ApprovalOut(Out):
     id: str
     kind: str
     run_id: str
@@ -73,8 +73,12 @@ class ApprovalOut(Schema):
         description="The grants so far of an approval that needs several people (it stays pending until the last).",
     )
 
+    @staticmethod
+    def resolve_grants(approval: Approval) -> list[dict[str, Any]]:
+        return grants_out(approval)
 
-class ApprovalPageOut(Schema):
+
+class ApprovalPageOut(Out):
     items: list[ApprovalOut]
     next_cursor: str | None
 
@@ -87,26 +91,3 @@ def grants_out(approval: Approval) -> list[dict[str, Any]]:
         {"by": grant.label or grant.approver, "reason": grant.reason, "at": grant.created_at}
         for grant in approval.grants.all()
     ]
-
-
-def approval_out(approval: Approval) -> dict[str, Any]:
-    return {
-        "id": approval.pk,
-        "kind": approval.kind,
-        "run_id": approval.run_id,
-        "action_id": approval.action_id,
-        "step_id": approval.step_id,
-        "status": approval.status,
-        "risk": approval.risk,
-        "tool": approval.tool,
-        "args": approval.args,
-        "args_hash": approval.args_hash,
-        "approved_args": approval.approved_args,
-        "reason": approval.reason,
-        "expires_at": approval.expires_at,
-        "created_at": approval.created_at,
-        "decided_at": approval.decided_at,
-        "previous_id": approval.previous_id,
-        "approvers_required": approval.approvers_required,
-        "grants": grants_out(approval),
-    }

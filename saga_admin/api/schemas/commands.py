@@ -9,7 +9,7 @@ from ninja import Schema
 
 from recovery.models import AgentCommand
 from saga_admin.api.schemas.checkpoints import CheckpointOut, checkpoint_out
-from saga_admin.api.schemas.common import fields_of
+from saga_admin.api.schemas.common import Out, fields_of
 
 
 class AgentCommandOut(Schema):
@@ -34,7 +34,7 @@ class AgentCommandsOut(Schema):
     commands: list[AgentCommandOut]
 
 
-class CommandOut(Schema):
+class CommandOut(Out):
     id: str
     kind: str
     run_id: str
@@ -52,15 +52,3 @@ def command_out(command: AgentCommand) -> dict[str, Any]:
             "checkpoint": checkpoint_out(command.checkpoint) if command.checkpoint is not None else None,
         }
     ).model_dump(mode="json")
-
-
-def command_brief_out(command: AgentCommand) -> dict[str, Any]:
-    return {
-        "id": command.pk,
-        "kind": command.kind,
-        "run_id": command.run_id,
-        "checkpoint_id": command.checkpoint_id,
-        "status": command.status,
-        "reason": command.reason,
-        "created_at": command.created_at,
-    }

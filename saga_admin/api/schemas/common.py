@@ -3,17 +3,18 @@
 Input schemas are strict: an unknown field is an error (it is almost always a typo in agent
 code that would otherwise be silently dropped), and nothing is coerced (``"5"`` is not 5,
 ``"true"`` is not True). Every string has a length limit. Output schemas are built from the
-models with ``from_*`` helpers so the API, the idempotency store and the tests all see the same
-JSON.
+models (``Out``: ``XOut.from_orm(obj)``; the agents' ``*_out`` helpers) so the API, the
+idempotency store and the tests all see the same JSON.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 from urllib.parse import urlsplit
 
 from ninja import Schema
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic.functional_validators import ModelWrapValidatorHandler
 
 from ledger.rules import REASON_MAX_LENGTH
 from ledger.tool_names import TOOL_NAME_MAX_LENGTH, TOOL_NAME_PATTERN, TOOL_NAME_RULE
@@ -63,3 +64,20 @@ def fields_of(obj: Any, schema: type[Schema]) -> dict[str, Any]:
         for name in schema.model_fields
         if hasattr(type(obj), name) or name in vars(obj)
     }
+
+
+class Out(Schema):
+    """An output schema read from a model: ``XOut.from_orm(obj)`` takes each field from ``obj``'s
+    attribute of that name, or from the schema's ``resolve_<field>(obj)`` for what the model does
+    not hold as it is shown (ninja's resolvers). Given a dict (``XOut(**fields)``) it takes the
+    fields as they are, and an instance it keeps: ninja checks what a view returns against the
+    response schema, and an output already built is not read again through its resolvers."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _run_root_validator(
+        cls, values: Any, handler: ModelWrapValidatorHandler[Self], info: ValidationInfo
+    ) -> Any:
+        if isinstance(values, cls | dict):
+            return handler(values)
+        return super()._run_root_validator(values, handler, info)

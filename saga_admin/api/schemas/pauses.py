@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from ninja import Schema
 from pydantic import Field
@@ -12,7 +11,7 @@ from ledger.models import Pause
 from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.rules import REASON_MAX_LENGTH
 from ledger.services import pauses as ledger_pauses
-from saga_admin.api.schemas.common import StrictIn
+from saga_admin.api.schemas.common import Out, StrictIn
 
 
 class PauseIn(StrictIn):
@@ -41,7 +40,7 @@ class PauseFilters(Schema):
     limit: int = Field(50, ge=1, le=200)
 
 
-class PauseOut(Schema):
+class PauseOut(Out):
     id: str
     agent: str
     tool: str
@@ -53,22 +52,19 @@ class PauseOut(Schema):
     lifted_at: datetime | None
     lift_reason: str
 
+    @staticmethod
+    def resolve_status(pause: Pause) -> str:
+        return "active" if pause.is_active else "lifted"
 
-class PausePageOut(Schema):
+    @staticmethod
+    def resolve_created_by(pause: Pause) -> str:
+        return ledger_pauses.created_by_label(pause)
+
+    @staticmethod
+    def resolve_lifted_by(pause: Pause) -> str | None:
+        return None if pause.is_active else ledger_pauses.lifted_by_label(pause)
+
+
+class PausePageOut(Out):
     items: list[PauseOut]
     next_cursor: str | None
-
-
-def pause_out(pause: Pause) -> dict[str, Any]:
-    return {
-        "id": pause.pk,
-        "agent": pause.agent,
-        "tool": pause.tool,
-        "status": "active" if pause.is_active else "lifted",
-        "reason": pause.reason,
-        "created_by": ledger_pauses.created_by_label(pause),
-        "created_at": pause.created_at,
-        "lifted_by": None if pause.is_active else ledger_pauses.lifted_by_label(pause),
-        "lifted_at": pause.lifted_at,
-        "lift_reason": pause.lift_reason,
-    }

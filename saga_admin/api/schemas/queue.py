@@ -12,7 +12,7 @@ from pydantic import Field, StringConstraints
 from ledger.pagination import MAX_CURSOR_LENGTH
 from recovery import selectors
 from recovery.models import RecoveryItem
-from saga_admin.api.schemas.common import ReasonIn, fields_of
+from saga_admin.api.schemas.common import Out, ReasonIn, fields_of
 
 
 class ResumeIn(ReasonIn):
@@ -75,7 +75,11 @@ class RecoveryItemOut(Schema):
     opened_at: datetime
 
 
-class ActionBrief(Schema):
+def _user_label(user: Any) -> str | None:
+    return user.get_username() if user is not None else None
+
+
+class ActionBrief(Out):
     id: str
     tool: str
     status: str
@@ -83,7 +87,7 @@ class ActionBrief(Schema):
     seq: int
 
 
-class RunBrief(Schema):
+class RunBrief(Out):
     id: str
     agent: str
     request: str
@@ -91,7 +95,7 @@ class RunBrief(Schema):
     error: str
 
 
-class ItemOut(Schema):
+class ItemOut(Out):
     id: str
     run_id: str
     run: RunBrief
@@ -112,8 +116,20 @@ class ItemOut(Schema):
     resolved_at: datetime | None
     age_s: int
 
+    @staticmethod
+    def resolve_assignee(item: RecoveryItem) -> str | None:
+        return _user_label(item.assignee)
 
-class ItemPageOut(Schema):
+    @staticmethod
+    def resolve_claimed_by(item: RecoveryItem) -> str | None:
+        return _user_label(item.claimed_by)
+
+    @staticmethod
+    def resolve_age_s(item: RecoveryItem) -> int:
+        return selectors.item_age_seconds(item)
+
+
+class ItemPageOut(Out):
     items: list[ItemOut]
     next_cursor: str | None
 
@@ -213,48 +229,3 @@ def recovery_item_out(item: RecoveryItem | None) -> dict[str, Any] | None:
     return RecoveryItemOut.model_validate(
         {**fields_of(item, RecoveryItemOut), "failed_action_id": item.failed_action_id}
     ).model_dump(mode="json")
-
-
-def _user_label(user: Any) -> str | None:
-    return user.get_username() if user is not None else None
-
-
-def item_out(item: RecoveryItem) -> dict[str, Any]:
-    action = item.failed_action
-    return {
-        "id": item.pk,
-        "run_id": item.run_id,
-        "run": {
-            "id": item.run.pk,
-            "agent": item.run.agent,
-            "request": item.run.request,
-            "status": item.run.status,
-            "error": item.run.error,
-        },
-        "status": item.status,
-        "reason": item.reason,
-        "risk": item.risk,
-        "suggested_resolution": item.suggested_resolution,
-        "error": item.error,
-        "failed_action": (
-            {
-                "id": action.pk,
-                "tool": action.tool,
-                "status": action.status,
-                "risk": action.risk,
-                "seq": action.seq,
-            }
-            if action is not None
-            else None
-        ),
-        "details": item.details,
-        "assignee": _user_label(item.assignee),
-        "claimed_by": _user_label(item.claimed_by),
-        "resolution": item.resolution,
-        "resolution_note": item.resolution_note,
-        "reopened_count": item.reopened_count,
-        "opened_at": item.opened_at,
-        "updated_at": item.updated_at,
-        "resolved_at": item.resolved_at,
-        "age_s": selectors.item_age_seconds(item),
-    }

@@ -5,13 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from ninja import Schema
-
 from recovery import selectors
 from recovery.models import Unwind, UnwindStep
+from saga_admin.api.schemas.common import Out
 
 
-class StepOut(Schema):
+class StepOut(Out):
     id: str
     position: int
     action_id: str
@@ -29,8 +28,17 @@ class StepOut(Schema):
     started_at: datetime | None
     finished_at: datetime | None
 
+    @staticmethod
+    def resolve_action_tool(step: UnwindStep) -> str:
+        return step.action.tool
 
-class UnwindOut(Schema):
+    @staticmethod
+    def resolve_approval_id(step: UnwindStep) -> str | None:
+        approval = getattr(step, "approval", None)  # reverse one-to-one: absent → None
+        return getattr(approval, "pk", None)
+
+
+class UnwindOut(Out):
     id: str
     run_id: str
     item_id: str | None
@@ -42,39 +50,6 @@ class UnwindOut(Schema):
     finished_at: datetime | None
     steps: list[StepOut]
 
-
-def step_out(step: UnwindStep) -> dict[str, Any]:
-    approval = getattr(step, "approval", None)  # reverse one-to-one: absent → None
-    return {
-        "id": step.pk,
-        "position": step.position,
-        "action_id": step.action_id,
-        "action_tool": step.action.tool,
-        "tool": step.tool,
-        "args": step.args,
-        "strategy": step.strategy,
-        "requires_approval": step.requires_approval,
-        "approval_id": getattr(approval, "pk", None),
-        "status": step.status,
-        "attempts": step.attempts,
-        "max_attempts": step.max_attempts,
-        "error": step.error,
-        "result": step.result,
-        "started_at": step.started_at,
-        "finished_at": step.finished_at,
-    }
-
-
-def unwind_out(unwind: Unwind) -> dict[str, Any]:
-    return {
-        "id": unwind.pk,
-        "run_id": unwind.run_id,
-        "item_id": unwind.item_id,
-        "status": unwind.status,
-        "automatic": unwind.automatic,
-        "on_failure": unwind.on_failure,
-        "reason": unwind.reason,
-        "created_at": unwind.created_at,
-        "finished_at": unwind.finished_at,
-        "steps": [step_out(s) for s in selectors.unwind_steps(unwind=unwind)],
-    }
+    @staticmethod
+    def resolve_steps(unwind: Unwind) -> list[UnwindStep]:
+        return selectors.unwind_steps(unwind=unwind)
