@@ -14,7 +14,7 @@ from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.rules import REASON_MAX_LENGTH
 from recovery import selectors as recovery_selectors
 from recovery.models import Approval
-from saga_admin.api.schemas.approvals import GrantOut, grants_out
+from saga_admin.api.schemas.approvals import ApprovalGrantOut, approval_grants
 from saga_admin.api.schemas.common import JSONObject, JSONValue, StrictIn, ToolName, fields_of
 from saga_admin.api.schemas.queue import RecoveryItemOut
 
@@ -130,7 +130,7 @@ class ApprovalSummaryOut(Schema):
     approved_args_hash: str = ""
     edited: bool = Field(False, description="The approver changed the args; the action now carries them.")
     approvers_required: int = Field(1, description="How many distinct people must grant it.")
-    grants: list[GrantOut] = Field(
+    grants: list[ApprovalGrantOut] = Field(
         default_factory=list, description="Grants so far (an approval needing several people stays pending)."
     )
 
@@ -215,7 +215,7 @@ def action_out(action: Action, *, approval: Approval | None = None) -> dict[str,
             "approved_args_hash": approval.approved_args_hash,
             "edited": bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash,
             "approvers_required": approval.approvers_required,
-            "grants": grants_out(approval),
+            "grants": approval_grants(approval),
         }
     data = {
         **fields_of(action, ActionOut),

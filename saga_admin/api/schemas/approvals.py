@@ -9,7 +9,7 @@ from ninja import Schema
 from pydantic import Field
 
 from ledger.pagination import MAX_CURSOR_LENGTH
-from recovery.models import Approval
+from recovery.models import Approval, ApprovalGrant
 from saga_admin.api.schemas.common import Out, ReasonIn
 
 
@@ -31,19 +31,21 @@ class ApprovalFilters(Schema):
     limit: int = Field(50, ge=1, le=200)
 
 
-class GrantOut(Schema):
-    by: str
-    reason: str
-    at: datetime
-
-
-class ApprovalGrantOut(Schema):
+class ApprovalGrantOut(Out):
     by: str = Field(
         description="The person: a dashboard user's name, or `<owner> (approver key <name>)` for a "
         "grant through a key they own."
     )
     reason: str
     at: datetime
+
+    @staticmethod
+    def resolve_by(grant: ApprovalGrant) -> str:
+        return grant.label or grant.approver
+
+    @staticmethod
+    def resolve_at(grant: ApprovalGrant) -> datetime:
+        return grant.created_at
 
 
 class ApprovalOut(Out):
@@ -74,8 +76,8 @@ class ApprovalOut(Out):
     )
 
     @staticmethod
-    def resolve_grants(approval: Approval) -> list[dict[str, Any]]:
-        return grants_out(approval)
+    def resolve_grants(approval: Approval) -> list[ApprovalGrant]:
+        return approval_grants(approval)
 
 
 class ApprovalPageOut(Out):
@@ -83,11 +85,8 @@ class ApprovalPageOut(Out):
     next_cursor: str | None
 
 
-def grants_out(approval: Approval) -> list[dict[str, Any]]:
+def approval_grants(approval: Approval) -> list[ApprovalGrant]:
     """The grants of an approval that needs several people (none read for one that needs one)."""
     if approval.approvers_required <= 1:
         return []
-    return [
-        {"by": grant.label or grant.approver, "reason": grant.reason, "at": grant.created_at}
-        for grant in approval.grants.all()
-    ]
+    return list(approval.grants.all())
