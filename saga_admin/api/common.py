@@ -54,8 +54,10 @@ def actor_of(request: HttpRequest) -> Actor:
 
 
 def check_id(kind: str, pk: str) -> None:
+    """A path's id that cannot be one (``ledger.ids``) is not looked up: the same 404 as an
+    unknown id."""
     if not looks_like_id(pk):
-        raise errors.NotFound(f"{kind} {pk[:60]} not found.", details={"id": pk[:60]})
+        raise errors.NotFound.for_id(kind, pk)
 
 
 def run_for(request: HttpRequest, run_id: str, *, write: bool = False) -> Run:
