@@ -55,7 +55,7 @@ OPERATION_ID_PREFIXES = {"agents": "saga_admin_api_agents_", "recovery": "saga_a
 
 class SagaAPI(NinjaAPI):
     def get_openapi_operation_id(self, operation: Operation) -> str:
-        (tag,) = operation.tags or ()
+        (tag,) = operation.tags or []
         return OPERATION_ID_PREFIXES[tag] + operation.view_func.__name__
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
-from ninja import Header, Schema
+from ninja import Schema
+from ninja.params.functions import Header
 
 from ledger import errors
 from ledger import selectors as ledger_selectors

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Self
 from urllib.parse import urlsplit
 
 from ninja import Schema
+from ninja.schema import DjangoGetter
 from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.functional_validators import ModelWrapValidatorHandler
 
@@ -80,4 +81,4 @@ class Out(Schema):
     ) -> Any:
         if isinstance(values, cls | dict):
             return handler(values)
-        return super()._run_root_validator(values, handler, info)
+        return handler(DjangoGetter(values, cls, info.context))
