@@ -30,7 +30,7 @@ from saga_admin.api.limits import (
 )
 from saga_admin.api.renderers import ORJSONRenderer
 
-log = structlog.get_logger("saga_admin.api")
+log = structlog.get_logger(__name__)
 
 
 def error_response(
