@@ -13,7 +13,7 @@ from recovery import selectors as recovery_selectors
 from recovery.models import AgentCommand
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
 from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of, run_for, tenant_of
-from saga_admin.api.schemas.commands import AgentCommandOut, AgentCommandsOut, command_out
+from saga_admin.api.schemas.commands import AgentCommandsOut, CommandOut, command_out
 
 # Every operation writes as an agent (the ``agent`` scope) unless it says ``auth=reader_auth``:
 # reads also serve keys with the ``operator`` scope. Which runs a key reaches is
@@ -34,7 +34,7 @@ def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
 
 @router.post(
     "/commands/{command_id}/ack",
-    response={200: AgentCommandOut, **WRITE_ERRORS},
+    response={200: CommandOut, **WRITE_ERRORS},
     summary="Acknowledge a command (harmless to repeat)",
 )
 def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from saga_admin.api.idempotency import idempotent_response
 from saga_admin.api.limits import refuse_over_url_rate
 from saga_admin.api.schemas.actions import actions_out
 from saga_admin.api.schemas.checkpoints import checkpoint_out
-from saga_admin.api.schemas.commands import AgentCommandOut, command_out
+from saga_admin.api.schemas.commands import CommandOut, command_out
 from saga_admin.api.schemas.common import ReasonIn
 from saga_admin.api.schemas.queue import RecoveryItemOut, recovery_item_out
 from saga_admin.api.schemas.runs import (
@@ -231,7 +231,7 @@ def run_cancel(
         outcome = recovery.run_cancel(run=run, actor=actor, reason=body.reason)
         cancelled = RunCancelOut(
             **dict(RunOut.from_orm(outcome.run)),
-            command=AgentCommandOut.from_orm(outcome.command),
+            command=CommandOut.from_orm(outcome.command),
             unknown_action_ids=[a.pk for a in outcome.unknown],
             recovery_item=RecoveryItemOut.from_orm(outcome.item) if outcome.item is not None else None,
         )

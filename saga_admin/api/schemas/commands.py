@@ -6,18 +6,22 @@ from datetime import datetime
 from typing import Any, Literal
 
 from ninja import Schema
+from pydantic import Field
 
 from recovery.models import AgentCommand
-from saga_admin.api.schemas.checkpoints import CheckpointOut, checkpoint_out
-from saga_admin.api.schemas.common import Out, fields_of
+from saga_admin.api.schemas.checkpoints import CheckpointOut
+from saga_admin.api.schemas.common import Out
 
 
-class AgentCommandOut(Schema):
+# A resume or cancel command: as the agent polls and acknowledges it, and as an operator's resume
+# or cancel answers it.
+class CommandOut(Out):
     id: str
     run_id: str
     kind: Literal["resume", "cancel"]
     status: Literal["pending", "acked", "cancelled"]
     reason: str
+    checkpoint_id: str | None = Field(None, description="The checkpoint to resume from (a resume's).")
     checkpoint: CheckpointOut | None = None
     created_at: datetime
     acked_at: datetime | None = None
@@ -31,24 +35,8 @@ class AgentCommandOut(Schema):
 
 
 class AgentCommandsOut(Schema):
-    commands: list[AgentCommandOut]
-
-
-class CommandOut(Out):
-    id: str
-    kind: str
-    run_id: str
-    checkpoint_id: str | None
-    status: str
-    reason: str
-    created_at: datetime
+    commands: list[CommandOut]
 
 
 def command_out(command: AgentCommand) -> dict[str, Any]:
-    return AgentCommandOut.model_validate(
-        {
-            **fields_of(command, AgentCommandOut),
-            "run_id": command.run_id,
-            "checkpoint": checkpoint_out(command.checkpoint) if command.checkpoint is not None else None,
-        }
-    ).model_dump(mode="json")
+    return CommandOut.from_orm(command).model_dump(mode="json")

@@ -13,7 +13,7 @@ from ledger.models import Run
 from ledger.pagination import MAX_CURSOR_LENGTH
 from saga_admin.api.schemas.actions import ActionOut
 from saga_admin.api.schemas.checkpoints import CheckpointOut
-from saga_admin.api.schemas.commands import AgentCommandOut
+from saga_admin.api.schemas.commands import CommandOut
 from saga_admin.api.schemas.common import ActionId, HttpUrlStr, JSONObject, StrictIn, fields_of
 from saga_admin.api.schemas.queue import RecoveryItemOut
 
@@ -136,7 +136,7 @@ class HeartbeatOut(Schema):
     run_id: str
     status: RunStatus
     last_heartbeat_at: datetime | None = None
-    commands: list[AgentCommandOut]
+    commands: list[CommandOut]
 
 
 class TrailEntryOut(Schema):
@@ -182,7 +182,7 @@ class TrailOut(Schema):
 
 
 class RunCancelOut(RunOut):
-    command: AgentCommandOut = Field(description="The cancel command the agent is given.")
+    command: CommandOut = Field(description="The cancel command the agent is given.")
     unknown_action_ids: list[str] = Field(
         description="The actions that were running: their outcome is now unknown (reconcile them)."
     )
