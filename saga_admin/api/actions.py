@@ -47,9 +47,7 @@ from saga_admin.api.schemas.actions import (
 )
 from saga_admin.api.schemas.queue import recovery_item_out
 
-# Every operation writes as an agent (the ``agent`` scope) unless it says ``auth=reader_auth``:
-# reads also serve keys with the ``operator`` scope. Which runs a key reaches is
-# ``ledger.selectors.run_reach``: an agent its own runs, an operator key every run for reading.
+# Writes as an agent unless an operation says ``auth=reader_auth`` (saga_admin.api.common).
 router = Router(tags=["agents"], auth=agent_auth)
 
 

@@ -3,6 +3,10 @@ runs and actions, the errors of an operation that writes, and the Idempotency-Ke
 
 The routers (one module per resource) are authentication + typed parsing + one service call; the
 pieces here are the ones each of them would otherwise spell again. No router imports another.
+
+The agents' routers write as an agent (the ``agent`` scope) unless an operation says
+``auth=reader_auth``: reads also serve keys with the ``operator`` scope. Which runs a key reaches
+is ``ledger.selectors.run_reach``: an agent its own runs, an operator key every run for reading.
 """
 
 from __future__ import annotations
