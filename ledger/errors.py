@@ -28,6 +28,16 @@ class NotFound(SagaError):
     status = 404
     code = "not_found"
 
+    # An id is 30 characters; what a longer one holds beyond this is not echoed back.
+    SHOWN_ID_LENGTH = 60
+
+    @classmethod
+    def for_id(cls, kind: str, pk: str) -> NotFound:
+        """The one spelling of "no such object": ``<Kind> <id> not found.`` with ``details={"id": <id>}``.
+        An object that exists but is not the caller's gets the very same answer."""
+        shown = pk[: cls.SHOWN_ID_LENGTH]
+        return cls(f"{kind} {shown} not found.", details={"id": shown})
+
 
 class Forbidden(SagaError):
     status = 403

@@ -47,6 +47,11 @@ PAGE_MIDDLEWARE = (
 # within this application, so a SCRIPT_NAME prefix changes nothing.
 API_PREFIX = "/api/"
 
+# The hooks of a middleware instance, as Django calls them.
+ViewHook = Callable[[HttpRequest, Callable[..., Any], tuple[Any, ...], dict[str, Any]], HttpResponse | None]
+ExceptionHook = Callable[[HttpRequest, Exception], HttpResponse | None]
+TemplateHook = Callable[[HttpRequest, Any], Any]
+
 
 class PageMiddleware:
     """``PAGE_MIDDLEWARE`` in that order for every path outside ``/api/``; nothing for the API.
@@ -64,12 +69,12 @@ class PageMiddleware:
             instances.append(handler)
         instances.reverse()  # outermost first, as in settings.MIDDLEWARE
         self.pages = handler
-        self._view_hooks = [m.process_view for m in instances if hasattr(m, "process_view")]
+        self._view_hooks: list[ViewHook] = [m.process_view for m in instances if hasattr(m, "process_view")]
         # Django runs exception and template-response hooks innermost first.
-        self._exception_hooks = [
+        self._exception_hooks: list[ExceptionHook] = [
             m.process_exception for m in reversed(instances) if hasattr(m, "process_exception")
         ]
-        self._template_hooks = [
+        self._template_hooks: list[TemplateHook] = [
             m.process_template_response
             for m in reversed(instances)
             if hasattr(m, "process_template_response")

@@ -16,10 +16,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
+from ninja.operation import Operation
 
 from ledger import errors
 from ledger.conf import saga
-from saga_admin.api.agents import router as agent_router
+from saga_admin.api import actions, approvals, checkpoints, commands, pauses, policies, queue, runs, unwinds
 from saga_admin.api.limits import (
     BodyRejected,
     CheckedJSONParser,
@@ -27,10 +28,9 @@ from saga_admin.api.limits import (
     internal_error,
     unauthorized_response,
 )
-from saga_admin.api.operator import router as operator_router
 from saga_admin.api.renderers import ORJSONRenderer
 
-log = structlog.get_logger("saga_admin.api")
+log = structlog.get_logger(__name__)
 
 
 def error_response(
@@ -47,7 +47,19 @@ def error_response(
     )
 
 
-api = NinjaAPI(
+# The operation ids of the OpenAPI document, which generated clients name their methods after, by
+# tag. ninja's default is ``<module>_<function>``: these are those ids as they were when the views
+# lived in one module per audience (agents.py, operator.py), kept while the views move between modules.
+OPERATION_ID_PREFIXES = {"agents": "saga_admin_api_agents_", "recovery": "saga_admin_api_operator_"}
+
+
+class SagaAPI(NinjaAPI):
+    def get_openapi_operation_id(self, operation: Operation) -> str:
+        (tag,) = operation.tags or []
+        return OPERATION_ID_PREFIXES[tag] + operation.view_func.__name__
+
+
+api = SagaAPI(
     title="Saga Admin API",
     version="1.0.0",
     description=(
@@ -155,8 +167,9 @@ def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     return internal_error(request)
 
 
-api.add_router("", agent_router)
-api.add_router("", operator_router)
+# The agents' API, then the operator's (the order of the OpenAPI document's paths).
+for resource in (runs, actions, commands, checkpoints, policies, queue, unwinds, approvals, pauses):
+    api.add_router("", resource.router)
 
 
 @csrf_exempt  # an API path: key-authenticated, never a browser form

@@ -47,16 +47,9 @@ from ledger import json_text
 from ledger.conf import saga
 from ledger.models import AgentKey
 from ledger.services.keys import agent_key_authenticate
-from ledger.throttle import Window
+from ledger.throttle import Window, client_address, fixed_window, fixed_windows
 
-# The counters and the client address moved below the API (the Slack endpoints count with them
-# too); re-exported here for the callers that knew them by this module.
-from ledger.throttle import client_address as client_address
-from ledger.throttle import fixed_window as fixed_window
-from ledger.throttle import fixed_windows as fixed_windows
-from ledger.throttle import parse_rate as parse_rate
-
-log = structlog.get_logger("saga_admin.api.limits")
+log = structlog.get_logger(__name__)
 
 API_PREFIX = "/api/"
 

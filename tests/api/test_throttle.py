@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from saga_admin.api.limits import parse_rate
+from ledger.throttle import parse_rate
 from tests.support.api import Api, error_of
 
 pytestmark = pytest.mark.django_db

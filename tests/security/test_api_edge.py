@@ -19,6 +19,7 @@ import pytest
 from django.core.cache import caches
 from django.test import Client
 
+from ledger import throttle
 from ledger.audit import Actor
 from ledger.models import Run
 from ledger.services.keys import agent_key_create, agent_key_revoke
@@ -318,7 +319,7 @@ def test_the_throttle_over_http_ignores_forwarded_for_unless_a_proxy_is_trusted(
 def test_the_counted_address(settings, rf, remote, forwarded, hops, expected):
     settings.SAGA = {**settings.SAGA, "TRUSTED_PROXY_HOPS": hops}
     request = rf.get("/api/v1/runs", REMOTE_ADDR=remote, HTTP_X_FORWARDED_FOR=forwarded)
-    assert limits.client_address(request) == expected
+    assert throttle.client_address(request) == expected
 
 
 # --- Every path under /api/ answers in the error shape ----------------------------------------------

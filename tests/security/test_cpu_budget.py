@@ -23,7 +23,7 @@ import orjson
 import pytest
 from django.core.cache import caches
 
-from ledger import hashing, outbound
+from ledger import hashing, outbound, throttle
 from ledger.audit import Actor
 from ledger.hashing import canonical_json
 from ledger.models import Action, Run
@@ -156,7 +156,7 @@ def test_the_byte_budget_refuses_a_whole_body_sent_at_once_and_the_default_is_10
 ):
     """The same refusal for a client that sends everything (through the whole URL stack), and the
     default budget the contract promises: at least 10 MiB a minute per key."""
-    assert limits.parse_rate(settings.SAGA["THROTTLE_BYTES"]) == (10 * 1024 * 1024, 60)
+    assert throttle.parse_rate(settings.SAGA["THROTTLE_BYTES"]) == (10 * 1024 * 1024, 60)
     settings.SAGA = {**settings.SAGA, "THROTTLE_BYTES": "1000/d"}
     api = Api(agent_key[1])
     response = api.post("/runs", {"agent": "crm", "request": "r" * 2000})
@@ -170,7 +170,7 @@ def test_the_byte_budget_refuses_a_whole_body_sent_at_once_and_the_default_is_10
     [("10MiB/m", (10 * 1024 * 1024, 60)), ("64KiB/d", (65536, 86400)), ("5 MB/10s", (5_000_000, 10))],
 )
 def test_byte_rates_parse(rate, expected):
-    assert limits.parse_rate(rate) == expected
+    assert throttle.parse_rate(rate) == expected
 
 
 # --- URL-bearing requests -----------------------------------------------------------------------------

@@ -1,0 +1,47 @@
+"""Commands: an agent reads the resume/cancel commands pending for its run and acknowledges them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Router
+
+from ledger import selectors as ledger_selectors
+from recovery import commands
+from recovery import selectors as recovery_selectors
+from recovery.models import AgentCommand
+from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
+from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of, run_for, tenant_of
+from saga_admin.api.schemas.commands import AgentCommandsOut, CommandOut, command_out
+
+# Writes as an agent unless an operation says ``auth=reader_auth`` (saga_admin.api.common).
+router = Router(tags=["agents"], auth=agent_auth)
+
+
+@router.get(
+    "/runs/{run_id}/commands",
+    response={200: AgentCommandsOut, **AUTH_ERRORS},
+    auth=reader_auth,
+    summary="Pending resume/cancel commands for the agent",
+)
+def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
+    run = run_for(request, run_id)
+    return {"commands": [command_out(command) for command in recovery_selectors.commands_pending(run=run)]}
+
+
+@router.post(
+    "/commands/{command_id}/ack",
+    response={200: CommandOut, **WRITE_ERRORS},
+    summary="Acknowledge a command (harmless to repeat)",
+)
+def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
+    check_id("Command", command_id)
+    command = ledger_selectors.get_for_tenants(
+        AgentCommand.objects.select_related("run__tenant", "checkpoint").filter(
+            ledger_selectors.run_reach(key_of(request), write=True, path="run__")
+        ),
+        pk=command_id,
+        tenants=tenant_of(request),
+    )
+    return command_out(commands.command_ack(command=command, actor=actor_of(request)))

@@ -1,0 +1,84 @@
+"""What the routers share: who is calling (its key, tenant and actor), the reach of a key over
+runs and actions, the errors of an operation that writes, and the Idempotency-Key header.
+
+The routers (one module per resource) are authentication + typed parsing + one service call; the
+pieces here are the ones each of them would otherwise spell again. No router imports another.
+
+The agents' routers write as an agent (the ``agent`` scope) unless an operation says
+``auth=reader_auth``: reads also serve keys with the ``operator`` scope. Which runs a key reaches
+is ``ledger.selectors.run_reach``: an agent its own runs, an operator key every run for reading.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Schema
+from ninja.params.functions import Header
+
+from ledger import errors
+from ledger import selectors as ledger_selectors
+from ledger.audit import Actor
+from ledger.ids import looks_like_id
+from ledger.models import Action, AgentKey, Run, Tenant
+from saga_admin.api.auth import AUTH_ERRORS, ErrorOut
+from saga_admin.api.idempotency import HEADER, KEY_PATTERN, REPLAYED_HEADER
+
+# Errors of operations that change state: 409 for a transition the state machine refuses, a run
+# that takes no more actions, a decision on something already decided, or an Idempotency-Key
+# still in flight.
+WRITE_ERRORS: dict[int, type[Schema]] = {**AUTH_ERRORS, 409: ErrorOut}
+
+
+IDEMPOTENCY_DOC = (
+    "Optional. The same key with the same body replays the original response (with "
+    f"`{REPLAYED_HEADER}: true`); with another body → 422 `idempotency_key_reused`; while the first "
+    "request is still running → 409 `idempotency_key_in_flight`."
+)
+
+
+def idempotency_header() -> Any:
+    return Header(None, alias=HEADER, description=IDEMPOTENCY_DOC, max_length=255, pattern=KEY_PATTERN)
+
+
+def key_of(request: HttpRequest) -> AgentKey:
+    """The caller's API key: django-ninja sets request.auth to what the operation's auth returned
+    (saga_admin.api.auth.KeyAuth)."""
+    key = request.auth  # type: ignore[attr-defined]
+    assert isinstance(key, AgentKey)
+    return key
+
+
+def tenant_of(request: HttpRequest) -> Tenant:
+    return key_of(request).tenant
+
+
+def actor_of(request: HttpRequest) -> Actor:
+    return Actor.for_key(key_of(request))
+
+
+def check_id(kind: str, pk: str) -> None:
+    """A path's id that cannot be one (``ledger.ids``) is not looked up: the same 404 as an
+    unknown id."""
+    if not looks_like_id(pk):
+        raise errors.NotFound.for_id(kind, pk)
+
+
+def run_for(request: HttpRequest, run_id: str, *, write: bool = False) -> Run:
+    """The run, if the key reaches it (reading or, with ``write``, writing as its agent); else the
+    same 404 as an unknown id or another tenant's run."""
+    check_id("Run", run_id)
+    return ledger_selectors.run_get_for_key(key=key_of(request), run_id=run_id, write=write)
+
+
+def action_for(request: HttpRequest, action_id: str, *, write: bool = False) -> Action:
+    check_id("Action", action_id)
+    return ledger_selectors.action_get_for_key(key=key_of(request), action_id=action_id, write=write)
+
+
+def action_reference(request: HttpRequest, action_id: str) -> Action:
+    """A reference to an action the key reports on: the service's one write call scopes it (and
+    fills it in), so it is not read first."""
+    check_id("Action", action_id)
+    return ledger_selectors.action_reference_for_write(key=key_of(request), action_id=action_id)

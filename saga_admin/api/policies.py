@@ -1,0 +1,51 @@
+"""The tool policies in force for the caller's tenant (with its defaults for unwinds and
+automatic compensation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Router
+
+from ledger.policies import policies_in_force, policy_settings_for
+from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
+from saga_admin.api.common import tenant_of
+from saga_admin.api.schemas.policies import PoliciesOut
+
+# Writes as an agent unless an operation says ``auth=reader_auth`` (saga_admin.api.common).
+router = Router(tags=["agents"], auth=agent_auth)
+
+
+@router.get(
+    "/policies",
+    response={200: PoliciesOut, **AUTH_ERRORS},
+    auth=reader_auth,
+    summary="The tool policies in force",
+)
+def policy_list(request: HttpRequest) -> dict[str, Any]:
+    tenant = tenant_of(request)
+    settings_ = policy_settings_for(tenant)
+    return {
+        "policies": [
+            {
+                "tool": p.tool,
+                "risk": p.risk,
+                "approval": p.approval,
+                "action_class": p.action_class,
+                "compensation": p.compensation,
+                "compensation_tool": p.compensation_tool,
+                "compensation_args": p.compensation_args,
+                "approvers": p.approvers,
+                "rules": p.rules,
+                "limits": p.limits,
+                "scope": "tenant" if p.tenant_id else "global",
+                "source": p.source,
+            }
+            for p in policies_in_force(tenant=tenant)
+        ],
+        "default_policy": settings_.default_policy,
+        "unwind": settings_.unwind,
+        "auto_compensate": settings_.auto_compensate,
+        "source": settings_.source,
+    }

@@ -1,0 +1,240 @@
+"""Actions, the ledger's entries: what an agent sends to record one and report on it, and the
+action as the API shows it (with its approval, when it needs one)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from ninja import Schema
+from pydantic import ConfigDict, Field
+
+from ledger.models import Action, Run
+from ledger.pagination import MAX_CURSOR_LENGTH
+from ledger.rules import REASON_MAX_LENGTH
+from recovery import selectors as recovery_selectors
+from recovery.models import Approval
+from saga_admin.api.schemas.approvals import ApprovalGrantOut, approval_grants
+from saga_admin.api.schemas.common import JSONObject, JSONValue, StrictIn, ToolName, fields_of
+from saga_admin.api.schemas.queue import RecoveryItemOut
+
+ErrorLayer = Literal["model", "tool", "workflow"]
+
+
+class CompensationIn(StrictIn):
+    tool: ToolName
+    args: JSONObject = Field(default_factory=dict)
+
+
+# One line of printable text: no control characters (PostgreSQL's jsonb refuses NUL, and a page
+# or a log line must show what was stored).
+PrintableLine = r"^[^\x00-\x1f\x7f]+$"
+
+
+class ViaIn(StrictIn):
+    gateway: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=PrintableLine,
+        description="The gateway that forwards the call (saga-mcp sends `saga-mcp/<version>`).",
+    )
+    upstream: str = Field(
+        min_length=1,
+        max_length=2000,
+        pattern=PrintableLine,
+        description="The upstream that performs it: an MCP server's Streamable HTTP URL, or the command "
+        "the gateway starts over stdio. Compared, never called: an undo must reach this upstream.",
+    )
+
+
+class IntentIn(Schema):
+    # Agents add their own notes (plan, model, prompt id), so unknown keys are kept; the two the
+    # dashboard shows are typed strictly.
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    reasoning: str = Field("", max_length=20000)
+    confidence: float | None = Field(None, ge=0, le=1)
+
+
+class ActionIn(StrictIn):
+    tool: ToolName
+    target_type: str = Field("", max_length=100)
+    target_id: str = Field("", max_length=500)
+    args: JSONObject = Field(default_factory=dict)
+    idempotency_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=255,
+        pattern=r"^[\x21-\x7e]+$",
+        description="Required here or as the Idempotency-Key header. Retries of one call reuse it.",
+    )
+    intent: IntentIn | None = Field(None, description="Why the agent does this, as it knew it then.")
+    before_snapshot: JSONValue = None
+    compensation: CompensationIn | None = None
+    via: ViaIn | None = Field(
+        None,
+        description="Recorded through a gateway: which gateway forwarded the call and which upstream "
+        "performs it. Part of the idempotency fingerprint. A compensation step whose compensator does "
+        "not reach that upstream (an MCP compensator on the same URL) waits for a person.",
+    )
+    start: bool = Field(
+        False,
+        description="Also start it: an action that needs no approval is returned `running` (attempt 1, "
+        "as if /start had been called); one that needs approval is returned `awaiting_approval` as "
+        "usual. Not part of the idempotency fingerprint: a replay returns the action as it is now.",
+    )
+
+
+class ActionSucceedIn(StrictIn):
+    result: JSONValue = None
+    after_snapshot: JSONValue = None
+
+
+class ActionFailIn(StrictIn):
+    error: str = Field(min_length=1, max_length=20000)
+    retryable: bool
+    layer: ErrorLayer
+    outcome_unknown: bool = Field(False, description="The call timed out and may have happened.")
+
+
+class ActionVerifyIn(StrictIn):
+    ok: bool
+    expected: JSONValue = None
+    actual: JSONValue = None
+    reason: str = Field("", max_length=REASON_MAX_LENGTH)
+
+
+class ActionReconcileIn(StrictIn):
+    happened: bool = Field(description="True: the timed-out call did take effect; False: it did not.")
+    reason: str = Field(min_length=1, max_length=REASON_MAX_LENGTH)
+    result: JSONValue = None
+    after_snapshot: JSONValue = None
+
+
+class ActionPageQuery(Schema):
+    cursor: str | None = Field(
+        None, max_length=MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."
+    )
+    limit: int = Field(100, ge=1, le=500)
+
+
+class ApprovalSummaryOut(Schema):
+    id: str
+    status: Literal["pending", "approved", "rejected", "expired"]
+    risk: str
+    expires_at: datetime
+    decided_at: datetime | None = None
+    reason: str = ""
+    args_hash: str
+    approved_args: JSONValue = None
+    approved_args_hash: str = ""
+    edited: bool = Field(False, description="The approver changed the args; the action now carries them.")
+    approvers_required: int = Field(1, description="How many distinct people must grant it.")
+    grants: list[ApprovalGrantOut] = Field(
+        default_factory=list, description="Grants so far (an approval needing several people stays pending)."
+    )
+
+
+class CompensationOut(Schema):
+    strategy: str
+    tool: str
+    args: JSONValue = None
+
+
+class ViaOut(Schema):
+    gateway: str
+    upstream: str
+
+
+class ActionOut(Schema):
+    id: str
+    run_id: str
+    seq: int
+    tool: str
+    target_type: str
+    target_id: str
+    args: JSONValue
+    idempotency_key: str
+    status: str
+    risk: str
+    action_class: str
+    requires_approval: bool
+    approval: ApprovalSummaryOut | None = None
+    policy: JSONObject
+    compensation: CompensationOut | None = None
+    via: ViaOut | None = Field(
+        None, description="The gateway and upstream the call went through (null: none)."
+    )
+    intent: JSONObject
+    before_snapshot: JSONValue = None
+    after_snapshot: JSONValue = None
+    result: JSONValue = None
+    attempts: int
+    error: str
+    error_layer: str
+    retryable: bool | None = None
+    verified: bool | None = None
+    verification: JSONValue = None
+    warnings: list[JSONObject]
+    completion_seq: int | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+
+class ActionPageOut(Schema):
+    items: list[ActionOut]
+    next_cursor: str | None = Field(
+        None, description="Pass as ?cursor= for the next page; null on the last one."
+    )
+
+
+class ActionVerifyOut(ActionOut):
+    recovery_item: RecoveryItemOut | None = None
+
+
+def action_out(action: Action, *, approval: Approval | None = None) -> dict[str, Any]:
+    compensation = None
+    if action.compensation_tool or action.compensation_strategy != "none":
+        compensation = {
+            "strategy": action.compensation_strategy,
+            "tool": action.compensation_tool,
+            "args": action.compensation_args,
+        }
+    approval_data = None
+    if approval is not None:
+        approval_data = {
+            "id": approval.pk,
+            "status": approval.status,
+            "risk": approval.risk,
+            "expires_at": approval.expires_at,
+            "decided_at": approval.decided_at,
+            "reason": approval.reason,
+            "args_hash": approval.args_hash,
+            "approved_args": approval.approved_args,
+            "approved_args_hash": approval.approved_args_hash,
+            "edited": bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash,
+            "approvers_required": approval.approvers_required,
+            "grants": approval_grants(approval),
+        }
+    data = {
+        **fields_of(action, ActionOut),
+        "run_id": action.run_id,
+        "approval": approval_data,
+        "compensation": compensation,
+    }
+    out = ActionOut.model_validate(data).model_dump(mode="json", exclude=set(_AGENT_JSON))
+    # The agent's own JSON is handed on as it is: it is JSON already (parsed from a request, or read
+    # from a jsonb column), and converting it for JSON would walk every value of up to a megabyte.
+    return {name: data.get(name) if name in _AGENT_JSON else out[name] for name in ActionOut.model_fields}
+
+
+# The fields of an action that hold an agent's free-form JSON (see ``action_out``).
+_AGENT_JSON = frozenset({"args", "before_snapshot", "after_snapshot", "result"})
+
+
+def actions_out(run: Run, rows: list[Action]) -> list[dict[str, Any]]:
+    """Actions as the API shows them, with their approvals read in one query for all of them."""
+    gated = [action.pk for action in rows if action.requires_approval]
+    approvals = recovery_selectors.latest_action_approvals(run_id=run.pk, action_ids=gated) if gated else {}
+    return [action_out(action, approval=approvals.get(action.pk)) for action in rows]

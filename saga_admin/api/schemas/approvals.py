@@ -1,0 +1,92 @@
+"""Approvals: the inbox's filters, an approver's decision, the approval and its grants."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ninja import Schema
+from pydantic import Field
+
+from ledger.pagination import MAX_CURSOR_LENGTH
+from recovery.models import Approval, ApprovalGrant
+from saga_admin.api.schemas.common import Out, ReasonIn
+
+
+class ApproveIn(ReasonIn):
+    args: dict[str, Any] | None = Field(None, description="Edited arguments; both versions are audited.")
+    args_hash: str | None = Field(
+        None, description="The args_hash you were shown; refused (409) if it changed."
+    )
+
+
+class ApprovalFilters(Schema):
+    status: str | None = Field(
+        "pending", description="pending (default) | approved | rejected | expired | all"
+    )
+    kind: str | None = Field(None, description="action | compensation")
+    cursor: str | None = Field(
+        None, max_length=MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."
+    )
+    limit: int = Field(50, ge=1, le=200)
+
+
+class ApprovalGrantOut(Out):
+    by: str = Field(
+        description="The person: a dashboard user's name, or `<owner> (approver key <name>)` for a "
+        "grant through a key they own."
+    )
+    reason: str
+    at: datetime
+
+    @staticmethod
+    def resolve_by(grant: ApprovalGrant) -> str:
+        return grant.label or grant.approver
+
+    @staticmethod
+    def resolve_at(grant: ApprovalGrant) -> datetime:
+        return grant.created_at
+
+
+class ApprovalOut(Out):
+    id: str
+    kind: str
+    run_id: str
+    action_id: str
+    step_id: str | None
+    status: str
+    risk: str
+    tool: str
+    args: Any = None
+    args_hash: str
+    approved_args: Any = None
+    reason: str
+    expires_at: datetime
+    created_at: datetime
+    decided_at: datetime | None
+    previous_id: str | None = Field(
+        None, description="The expired or rejected approval this one asks again (request-again)."
+    )
+    approvers_required: int = Field(
+        1, description="How many distinct people must grant it; the requester never counts."
+    )
+    grants: list[ApprovalGrantOut] = Field(
+        default_factory=list,
+        description="The grants so far of an approval that needs several people (it stays pending until the last).",
+    )
+
+    @staticmethod
+    def resolve_grants(approval: Approval) -> list[ApprovalGrant]:
+        return approval_grants(approval)
+
+
+class ApprovalPageOut(Out):
+    items: list[ApprovalOut]
+    next_cursor: str | None
+
+
+def approval_grants(approval: Approval) -> list[ApprovalGrant]:
+    """The grants of an approval that needs several people (none read for one that needs one)."""
+    if approval.approvers_required <= 1:
+        return []
+    return list(approval.grants.all())
