@@ -40,7 +40,7 @@ from ledger.conf import saga
 from ledger.errors import PlanChanged, SagaError
 from ledger.models import Action, Risk, Run, Tenant
 from ledger.selectors import checkpoints_for_run
-from ledger.services import actions as ledger_actions
+from ledger.services.actions import moves
 from recovery import approvals as recovery_approvals
 from recovery import commands as recovery_commands
 from recovery import decisions as recovery_decisions
@@ -786,7 +786,7 @@ def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
         messages.error(request, _form_errors(form))
         return _done(request, back)
     try:
-        ledger_actions.action_reconcile(
+        moves.action_reconcile(
             action=action,
             actor=_actor(request),
             happened=form.cleaned_data["happened"],

@@ -21,7 +21,8 @@ from ledger.ids import looks_like_id
 from ledger.models import Action, AgentKey, Checkpoint, Run, Tenant
 from ledger.pagination import NEWEST_FIRST, keyset_page
 from ledger.policies import policies_in_force, policy_settings_for
-from ledger.services import actions, checkpoints, runs
+from ledger.services import checkpoints, runs
+from ledger.services.actions import moves
 from recovery import commands
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery
@@ -417,7 +418,7 @@ def action_start(
     action = _action_reference(request, action_id)
 
     def produce() -> tuple[int, Any]:
-        actions.action_start(action=action, actor=_actor(request))
+        moves.action_start(action=action, actor=_actor(request))
         return 200, _action_body(action, fresh=True)
 
     return idempotent_response(request, tenant=_tenant(request), key=idempotency_key, produce=produce)
@@ -436,7 +437,7 @@ def action_succeed(
     payload = payload or ActionSucceedIn()
 
     def produce() -> tuple[int, Any]:
-        actions.action_succeed(
+        moves.action_succeed(
             action=action, actor=_actor(request), result=payload.result, after_snapshot=payload.after_snapshot
         )
         return 200, _action_body(action, fresh=True)
@@ -512,7 +513,7 @@ def action_reconcile(
     action = _action(request, action_id, write=True)
 
     def produce() -> tuple[int, Any]:
-        actions.action_reconcile(
+        moves.action_reconcile(
             action=action,
             actor=_actor(request),
             happened=payload.happened,
