@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -37,6 +36,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from ledger.audit import Actor, audit_record
 from ledger.compensation_risks import unattended_destructive_compensations
+from ledger.durations import parse_duration
 from ledger.hashing import canonical_json, sha256_hex
 from ledger.models import (
     ActionClass,
@@ -426,15 +426,6 @@ class PolicyFileIn(_Strict):
 
 # --- The agentSafety layout ------------------------------------------------------------------
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
-_DURATION_UNITS = {
-    "ms": Decimal("0.001"),
-    "s": Decimal(1),
-    "m": Decimal(60),
-    "h": Decimal(3600),
-    None: Decimal(1),
-}
-
 # What each agentSafety compensation means in the native vocabulary, and the action class it
 # implies when the entry does not say (conservative: "none" means it cannot be undone).
 _AGENT_SAFETY_COMPENSATION = {
@@ -454,22 +445,6 @@ def _snake(key: str) -> str:
 
 def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
-
-
-def parse_duration(value: Any) -> int | float:
-    """``"30s"``, ``"2m"``, ``"1.5h"``, ``"500ms"`` or a plain number of seconds → seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"must be a duration such as 30s or 2m, got '{value}'")
-    if isinstance(value, int | float):
-        return value
-    match = _DURATION.match(value) if isinstance(value, str) else None
-    if not match:
-        raise ValueError(f"must be a duration such as 30s or 2m, got '{value}'")
-    try:
-        seconds = Decimal(match.group(1)) * _DURATION_UNITS[(match.group(2) or "").lower() or None]
-    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
-        raise ValueError(f"must be a duration such as 30s or 2m, got '{value}'") from exc
-    return int(seconds) if seconds == seconds.to_integral_value() else float(seconds)
 
 
 class _Problems:

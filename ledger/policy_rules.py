@@ -65,6 +65,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from ledger.durations import Duration, duration_read
 from ledger.models import ApprovalMode, Risk
 
 COMPARISONS = ("gt", "gte", "lt", "lte")
@@ -85,9 +86,6 @@ MAX_APPROVERS = 10
 MAX_WINDOW_S = 31 * 24 * 3600
 MAX_DESCRIPTION = 200
 
-_WINDOW = re.compile(r"^([1-9][0-9]{0,6})(s|m|h|d)$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_UNIT_WORD = {"s": "second", "m": "minute", "h": "hour", "d": "day"}
 _SEGMENT = re.compile(r"^[^.\s]{1,100}$")
 
 
@@ -431,12 +429,12 @@ def compile_rules(rules: Any, limits: Any) -> CompiledRules:
 
 
 def _compile_limit(index: int, raw: dict[str, Any]) -> Limit:
-    match = _WINDOW.match(raw["window"])
-    assert match is not None
+    window = _window(raw["window"])
+    assert window is not None
     return Limit(
         index=index,
         window=raw["window"],
-        window_s=int(match.group(1)) * _UNIT_S[match.group(2)],
+        window_s=int(window.seconds),
         per=raw["per"],
         on_exceed=raw.get("on_exceed", "approve"),
         max_count=raw.get("max_count"),
@@ -447,6 +445,15 @@ def _compile_limit(index: int, raw: dict[str, Any]) -> Limit:
 
 
 # --- Validation (the loader's, and compile's) -------------------------------------------------
+
+
+def _window(value: Any) -> Duration | None:
+    """A limit's window (``ledger.durations``): a whole number of seconds above 0, written as a
+    duration; None for anything else."""
+    duration = duration_read(value) if isinstance(value, str) else None
+    if duration is None or not isinstance(duration.seconds, int) or duration.seconds < 1:
+        return None
+    return duration
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -620,14 +627,14 @@ def limits_problems(limits: Any, where: str = "limits") -> list[str]:
             f"{at}.{key}: unknown key; use {', '.join(known)}" for key in sorted(limit) if key not in known
         )
         window = limit.get("window")
-        match = _WINDOW.match(window) if isinstance(window, str) else None
+        duration = _window(window)
         if "window" not in limit:
             problems.append(f"{at}.window: required (a duration such as 30s, 15m, 1h, 24h or 7d)")
-        elif match is None:
+        elif duration is None:
             problems.append(
                 f"{at}.window: expected a duration such as 30s, 15m, 1h, 24h or 7d, got {_shown(window)}"
             )
-        elif int(match.group(1)) * _UNIT_S[match.group(2)] > MAX_WINDOW_S:
+        elif duration.seconds > MAX_WINDOW_S:
             problems.append(f"{at}.window: at most 31 days, got {_shown(window)}")
         if "per" not in limit:
             problems.append(f"{at}.per: required (agent or tenant)")
@@ -724,11 +731,8 @@ def describe_rule(raw: Mapping[str, Any]) -> str:
 
 
 def describe_window(window: str) -> str:
-    match = _WINDOW.match(window)
-    if match is None:
-        return window
-    count, unit = int(match.group(1)), _UNIT_WORD[match.group(2)]
-    return f"per {unit}" if count == 1 else f"per {count} {unit}s"
+    duration = duration_read(window)
+    return window if duration is None else duration.per()
 
 
 def describe_limit(raw: Mapping[str, Any]) -> str:

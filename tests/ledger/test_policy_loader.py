@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from ledger.durations import parse_duration
 from ledger.models import Compensator, Event, PolicySet, ToolPolicy
 from ledger.policies import policy_resolve, policy_settings_for
-from ledger.policy_loader import PolicyFileError, parse_duration, policy_file_parse
+from ledger.policy_loader import PolicyFileError, policy_file_parse
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NATIVE = str(FIXTURES / "policies_native.json")
