@@ -49,7 +49,7 @@ from ledger.models import (
     ToolPolicy,
 )
 from ledger.policies import compensation_args_problems
-from ledger.policy_rules import MAX_APPROVERS, limits_problems, rules_problems
+from ledger.policy_rules import MAX_APPROVERS, approvers_need_manual, limits_problems, rules_problems
 from ledger.tool_names import TOOL_NAME_MAX_LENGTH, is_tool_glob, is_tool_name
 
 logger = structlog.get_logger("ledger.policies")
@@ -309,10 +309,8 @@ class PolicyIn(_Strict):
 
     @model_validator(mode="after")
     def _coherent(self) -> PolicyIn:
-        if self.approvers is not None and self.approvers > 1 and self.approval == ApprovalMode.AUTO:
-            raise PydanticCustomError(
-                "policy", "approvers: {n} approvers need approval manual, not auto", {"n": self.approvers}
-            )
+        if problem := approvers_need_manual(approval=self.approval, approvers=self.approvers):
+            raise PydanticCustomError("policy", "approvers: {problem}", {"problem": problem})
         if self.action_class == ActionClass.READ_ONLY and self.compensation not in (
             None,
             CompensationStrategy.NONE,

@@ -566,9 +566,18 @@ def then_problems(raw: Any, where: str) -> list[str]:
         problems.append(f"{where}.effect: must be one of {', '.join(EFFECTS)}, got {_shown(raw['effect'])}")
     if raw.get("effect") == "deny" and len(raw) > 1:
         problems.append(f"{where}.effect: deny refuses the call; it sets nothing else")
-    if raw.get("approval") == ApprovalMode.AUTO and _is_int(raw.get("approvers")) and raw["approvers"] > 1:
-        problems.append(f"{where}.approvers: {raw['approvers']} approvers need approval manual, not auto")
+    if problem := approvers_need_manual(approval=raw.get("approval"), approvers=raw.get("approvers")):
+        problems.append(f"{where}.approvers: {problem}")
     return problems
+
+
+def approvers_need_manual(*, approval: Any, approvers: Any) -> str:
+    """The one rule between approval and approvers, for a policy and a rule's ``then`` alike: more
+    than one approver means people approve, so ``approval: auto`` with them contradicts itself.
+    The problem in words (its place is the caller's to say), or "" when there is none."""
+    if approval == ApprovalMode.AUTO and _is_int(approvers) and approvers > 1:
+        return f"{approvers} approvers need approval manual, not auto"
+    return ""
 
 
 def approvers_problems(value: Any, where: str) -> list[str]:
