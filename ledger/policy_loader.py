@@ -51,6 +51,7 @@ from ledger.models import (
 from ledger.policies import compensation_args_problems
 from ledger.policy_rules import MAX_APPROVERS, approvers_need_manual, limits_problems, rules_problems
 from ledger.tool_names import TOOL_NAME_MAX_LENGTH, is_tool_glob, is_tool_name
+from ledger.upstreams import policy_upstream_mismatches
 
 logger = structlog.get_logger("ledger.policies")
 
@@ -838,9 +839,9 @@ class LoadReport:
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
-    # Compensating tools that delete or move money and run unattended (ledger.compensation_risks):
-    # what the scope holds after the load, whether or not this load changed it.
-    compensation_warnings: list[str] = field(default_factory=list)
+    # What the file's author should know about the scope as it is after the load, whether or not
+    # this load changed it (``policy_load_warnings``), one sentence each.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -948,8 +949,23 @@ def policy_file_load(
             logger.info(
                 "policies.loaded", actor=actor.label, content_hash=document.content_hash, **report.as_dict()
             )
-    report.compensation_warnings = [w.message for w in unattended_destructive_compensations(tenant=tenant)]
+    report.warnings = policy_load_warnings(tenant=tenant)
     return report
+
+
+def policy_load_warnings(*, tenant: Tenant | None) -> list[str]:
+    """Every warning about a scope's policies, in one list: compensations whose compensator does
+    not reach the upstream that performed their tool, so undoing them waits for a person every time
+    (``ledger.upstreams``; each tenant of the global scope); then compensating tools that delete or
+    move money and run unattended (``ledger.compensation_risks``)."""
+    checked = [tenant] if tenant is not None else list(Tenant.objects.order_by("slug"))
+    warnings = [
+        f"tenant {each.slug}: {mismatch['message']}"
+        for each in checked
+        for mismatch in policy_upstream_mismatches(tenant=each)
+    ]
+    warnings.extend(w.message for w in unattended_destructive_compensations(tenant=tenant))
+    return warnings
 
 
 def policies_load_file(*, path: str | Path, tenant: Tenant | None, actor: Actor) -> LoadReport:
