@@ -55,8 +55,8 @@ from ledger.models import (
     ToolPolicy,
 )
 from ledger.pagination import OLDEST_FIRST, Key, keyset_page
-from ledger.policies import policies_in_force, policy_settings_for
-from ledger.policy_rules import compile_rules
+from ledger.policies.resolve import policies_in_force, policy_settings_for
+from ledger.policies.rule_compile import compile_rules
 from ledger.selectors import checkpoints_for_run, run_warnings
 from ledger.upstreams import policy_upstream_mismatches
 from recovery import selectors as recovery_selectors

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from django.db.models import Q
 
 from ledger.models import Action, Compensator, Tenant
-from ledger.policies import policy_resolve
+from ledger.policies.resolve import policy_resolve
 from ledger.services.actions.compensation import mandated_compensation_tool
 
 # How many of a tenant's newest gateway-recorded actions the policy checks read (a bounded index

@@ -28,7 +28,7 @@ from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from ledger.hashing import sha256_hex
 from ledger.models import RISK_ORDER, Action, Checkpoint, Risk, Run
-from ledger.policies import policy_settings_for
+from ledger.policies.resolve import policy_settings_for
 from ledger.rules import reason_required
 from ledger.services import runs
 from ledger.services.actions import moves, recording

@@ -48,7 +48,7 @@ from ledger import errors, ids, upstreams
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from ledger.models import Action, Risk, Run, max_risk
-from ledger.policies import policy_settings_for
+from ledger.policies.resolve import policy_settings_for
 from ledger.rules import reason_required
 from ledger.services import runs
 from ledger.services.actions import moves

@@ -19,7 +19,7 @@ import pytest
 from ledger import errors
 from ledger.audit import Actor
 from ledger.models import Action, Compensator, Event, PolicySet, Run, Tenant, ToolPolicy
-from ledger.policy_loader import LoadReport, policy_file_load, policy_file_parse
+from ledger.policies.load import LoadReport, policy_file_load, policy_file_parse
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves, recording
 from recovery import services as recovery

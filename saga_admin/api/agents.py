@@ -20,7 +20,7 @@ from ledger.audit import Actor
 from ledger.ids import looks_like_id
 from ledger.models import Action, AgentKey, Checkpoint, Run, Tenant
 from ledger.pagination import NEWEST_FIRST, keyset_page
-from ledger.policies import policies_in_force, policy_settings_for
+from ledger.policies.resolve import policies_in_force, policy_settings_for
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves
 from recovery import commands

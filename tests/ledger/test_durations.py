@@ -5,7 +5,9 @@ range (a rate's period also its unit in a word, "100/day")."""
 import pytest
 
 from ledger.durations import duration_read, parse_duration
-from ledger.policy_rules import compile_rules, describe_limit, limits_problems
+from ledger.policies.rule_checks import limits_problems
+from ledger.policies.rule_compile import compile_rules
+from ledger.policies.rule_words import describe_limit
 from ledger.throttle import parse_rate
 
 

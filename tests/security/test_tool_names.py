@@ -12,7 +12,8 @@ from rq import SimpleWorker
 
 from ledger import errors
 from ledger.models import Action, Event, Pause, ToolPolicy
-from ledger.policy_loader import PolicyFileError, policy_file_parse
+from ledger.policies.errors import PolicyFileError
+from ledger.policies.load import policy_file_parse
 from ledger.services import runs
 from ledger.services.actions import recording
 from recovery import notifications

@@ -6,7 +6,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.audit import Actor
 from ledger.models import Tenant
-from ledger.policy_loader import PolicyFileError, policies_load_file
+from ledger.policies.errors import PolicyFileError
+from ledger.policies.load import policies_load_file
 
 
 class Command(BaseCommand):

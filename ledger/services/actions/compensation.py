@@ -11,7 +11,8 @@ from typing import Any
 
 from ledger import errors
 from ledger.models import ActionClass, CompensationStrategy
-from ledger.policies import ResolvedPolicy, TemplateUnfillable, compensation_args_fill
+from ledger.policies.compensation_args import TemplateUnfillable, compensation_args_fill
+from ledger.policies.resolve import ResolvedPolicy
 
 # "Is this tool a registered compensator for the tenant?": the registry has rows here (the policy
 # file's compensators) and Python compensators registered in code in the recovery layer, which

@@ -16,8 +16,8 @@ from ledger.audit import Actor, event_template
 from ledger.hashing import canonical_json_bytes
 from ledger.ids import new_action_id
 from ledger.models import Action, ActionClass, CompensationStrategy, Run
-from ledger.policies import ResolvedPolicy
-from ledger.policy_rules import RulesApplied
+from ledger.policies.resolve import ResolvedPolicy
+from ledger.policies.rules import RulesApplied
 from ledger.services.actions.compensation import Compensation
 from ledger.services.limits import LimitExceeded
 from ledger.services.runs import run_closed_states

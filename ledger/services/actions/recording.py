@@ -20,7 +20,7 @@ from ledger import errors
 from ledger.audit import Actor
 from ledger.hashing import canonical_json_bytes
 from ledger.models import Action, ActionClass, ApprovalMode, Run, Tenant
-from ledger.policies import ResolvedPolicy, policy_resolve, policy_stamp_cached
+from ledger.policies.resolve import ResolvedPolicy, policy_resolve, policy_stamp_cached
 from ledger.rules import COMPENSATABLE_CLASSES, NOT_A_PIVOT, pivot_order_warning
 from ledger.services import limits, pauses, writes
 from ledger.services.actions.compensation import Compensation, CompensatorCheck, compensation_for
