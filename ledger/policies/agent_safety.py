@@ -7,6 +7,7 @@ translated is reported here, naming its place."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ledger.durations import parse_duration
@@ -37,67 +38,68 @@ def _lower(value: Any) -> Any:
 
 
 def agent_safety_translate(root: Any, problems: Problems) -> dict[str, Any]:
+    """The native shape of an ``agentSafety`` object; what cannot be translated goes to
+    ``problems``, naming its place."""
     if not isinstance(root, dict):
         problems.add("agentSafety", "must be an object")
         return {}
-    native: dict[str, Any] = {}
     known = {"policies", "unwind", "audit", "compensators", "default_policy", "auto_compensate"}
     for key in root:
         if _snake(key) not in known:
             problems.add(f"agentSafety.{key}", f"unknown key (allowed: {', '.join(sorted(known))})")
-
-    def entry(key: str) -> Any:
-        for candidate, value in root.items():
-            if _snake(candidate) == key:
-                return value
-        return None
-
-    policies = entry("policies")
-    if policies is not None:
-        if not isinstance(policies, dict):
-            problems.add("agentSafety.policies", "must be an object mapping tool names to policies")
-        else:
-            native["policies"] = []
-            for tool, raw in policies.items():
-                where = f'agentSafety.policies["{tool}"]'
-                if not isinstance(raw, dict):
-                    problems.add(where, "must be an object")
-                    continue
-                native["policies"].append(_translate_policy(tool, raw, problems, where))
-
-    default = entry("default_policy")
-    if default is not None:
-        native["default_policy"] = (
-            _translate_policy(None, default, problems, "agentSafety.defaultPolicy")
-            if isinstance(default, dict)
-            else default
-        )
-
-    unwind = entry("unwind")
-    if unwind is not None:
-        native["unwind"] = _translate_unwind(unwind, problems)
-
-    auto = entry("auto_compensate")
-    if auto is not None:
-        native["auto_compensate"] = (
-            {_snake(k): _lower(v) for k, v in auto.items()} if isinstance(auto, dict) else auto
-        )
-
-    compensators = entry("compensators")
-    if compensators is not None:
-        native["compensators"] = (
-            {
-                tool: ({_snake(k): v for k, v in spec.items()} if isinstance(spec, dict) else spec)
-                for tool, spec in compensators.items()
-            }
-            if isinstance(compensators, dict)
-            else compensators
-        )
-
-    audit = entry("audit")
-    if audit is not None:
-        native["audit"] = audit
+    # Each section under its native name; the first spelling of a name counts (``defaultPolicy``
+    # before a later ``default_policy``).
+    entries: dict[str, Any] = {}
+    for key, value in root.items():
+        entries.setdefault(_snake(key), value)
+    native: dict[str, Any] = {}
+    for name, translate in _SECTIONS:
+        value = entries.get(name)
+        if value is not None and (translated := translate(value, problems)) is not _LEFT_OUT:
+            native[name] = translated
     return native
+
+
+# A section that cannot be translated at all (its problem is reported): left out of the native
+# shape, so it is not reported a second time by the native validation.
+_LEFT_OUT = object()
+
+
+def _translate_policies(policies: Any, problems: Problems) -> Any:
+    if not isinstance(policies, dict):
+        problems.add("agentSafety.policies", "must be an object mapping tool names to policies")
+        return _LEFT_OUT
+    translated = []
+    for tool, raw in policies.items():
+        where = f'agentSafety.policies["{tool}"]'
+        if not isinstance(raw, dict):
+            problems.add(where, "must be an object")
+            continue
+        translated.append(_translate_policy(tool, raw, problems, where))
+    return translated
+
+
+def _translate_default_policy(default: Any, problems: Problems) -> Any:
+    if not isinstance(default, dict):
+        return default
+    return _translate_policy(None, default, problems, "agentSafety.defaultPolicy")
+
+
+def _translate_auto_compensate(auto: Any, problems: Problems) -> Any:
+    return {_snake(k): _lower(v) for k, v in auto.items()} if isinstance(auto, dict) else auto
+
+
+def _translate_compensators(compensators: Any, problems: Problems) -> Any:
+    if not isinstance(compensators, dict):
+        return compensators
+    return {
+        tool: ({_snake(k): v for k, v in spec.items()} if isinstance(spec, dict) else spec)
+        for tool, spec in compensators.items()
+    }
+
+
+def _kept(value: Any, problems: Problems) -> Any:
+    return value
 
 
 def _translate_policy(
@@ -191,3 +193,14 @@ def _translate_unwind(raw: Any, problems: Problems) -> Any:
         else:
             unwind[name] = value
     return unwind
+
+
+# The sections, in the order they are translated (and their problems reported).
+_SECTIONS: tuple[tuple[str, Callable[[Any, Problems], Any]], ...] = (
+    ("policies", _translate_policies),
+    ("default_policy", _translate_default_policy),
+    ("unwind", _translate_unwind),
+    ("auto_compensate", _translate_auto_compensate),
+    ("compensators", _translate_compensators),
+    ("audit", _kept),
+)

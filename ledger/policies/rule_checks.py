@@ -61,21 +61,30 @@ def _condition_problems(raw: Any, where: str, depth: int) -> list[str]:
         return [f'{where}: expected an object such as {{"arg": "amount", "gt": 100}}']
     combinators = [c for c in COMBINATORS if c in raw]
     if combinators:
-        if len(raw) != 1:
-            return [f"{where}: {combinators[0]} stands alone (no other keys beside it)"]
-        name = combinators[0]
-        children = raw[name]
-        if not isinstance(children, list) or not children:
-            return [f"{where}.{name}: expected a non-empty list of conditions"]
-        if len(children) > MAX_BRANCHES:
-            return [f"{where}.{name}: at most {MAX_BRANCHES} conditions"]
-        if depth >= MAX_DEPTH:
-            return [f"{where}.{name}: all/any nest at most {MAX_DEPTH} deep"]
-        return [
-            problem
-            for index, child in enumerate(children)
-            for problem in _condition_problems(child, f"{where}.{name}[{index}]", depth + 1)
-        ]
+        return _combination_problems(raw, where, depth, combinators[0])
+    return _leaf_problems(raw, where)
+
+
+def _combination_problems(raw: dict[str, Any], where: str, depth: int, name: str) -> list[str]:
+    """An ``all``/``any`` condition: its own shape, then each of its conditions."""
+    if len(raw) != 1:
+        return [f"{where}: {name} stands alone (no other keys beside it)"]
+    children = raw[name]
+    if not isinstance(children, list) or not children:
+        return [f"{where}.{name}: expected a non-empty list of conditions"]
+    if len(children) > MAX_BRANCHES:
+        return [f"{where}.{name}: at most {MAX_BRANCHES} conditions"]
+    if depth >= MAX_DEPTH:
+        return [f"{where}.{name}: all/any nest at most {MAX_DEPTH} deep"]
+    return [
+        problem
+        for index, child in enumerate(children)
+        for problem in _condition_problems(child, f"{where}.{name}[{index}]", depth + 1)
+    ]
+
+
+def _leaf_problems(raw: dict[str, Any], where: str) -> list[str]:
+    """A condition on one arg: its keys, its path, one operator and that operator's operand."""
     problems: list[str] = []
     unknown = sorted(k for k in raw if k != "arg" and k not in OPERATORS)
     for key in unknown:
@@ -92,23 +101,27 @@ def _condition_problems(raw: Any, where: str, depth: int) -> list[str]:
     if len(ops) > 1:
         problems.append(f"{where}: one operator per condition, got {', '.join(ops)} (combine them with all)")
     for op in ops:
-        operand = raw[op]
-        if op in COMPARISONS and not is_number(operand):
-            problems.append(f"{where}.{op}: expected a number, got {_shown(operand)}")
-        elif op in ("in", "not_in"):
-            if not isinstance(operand, list) or not operand:
-                problems.append(f"{where}.{op}: expected a non-empty list, got {_shown(operand)}")
-            elif len(operand) > MAX_LIST:
-                problems.append(f"{where}.{op}: at most {MAX_LIST} values")
-            elif _has_non_finite(operand):
-                problems.append(f"{where}.{op}: NaN and infinities compare with nothing; remove them")
-        elif op in ("eq", "ne") and _has_non_finite(operand):
-            problems.append(f"{where}.{op}: NaN and infinities compare with nothing; remove them")
-        elif op == "matches" and (not isinstance(operand, str) or not operand):
-            problems.append(
-                f"{where}.{op}: expected a glob pattern (a non-empty string), got {_shown(operand)}"
-            )
+        if problem := _operand_problem(op, raw[op]):
+            problems.append(f"{where}.{op}: {problem}")
     return problems
+
+
+def _operand_problem(op: str, operand: Any) -> str:
+    """What is wrong with an operator's operand ("" when nothing is)."""
+    if op in COMPARISONS and not is_number(operand):
+        return f"expected a number, got {_shown(operand)}"
+    if op in ("in", "not_in"):
+        if not isinstance(operand, list) or not operand:
+            return f"expected a non-empty list, got {_shown(operand)}"
+        if len(operand) > MAX_LIST:
+            return f"at most {MAX_LIST} values"
+        if _has_non_finite(operand):
+            return "NaN and infinities compare with nothing; remove them"
+    elif op in ("eq", "ne") and _has_non_finite(operand):
+        return "NaN and infinities compare with nothing; remove them"
+    elif op == "matches" and (not isinstance(operand, str) or not operand):
+        return f"expected a glob pattern (a non-empty string), got {_shown(operand)}"
+    return ""
 
 
 def _has_non_finite(value: Any) -> bool:
@@ -218,40 +231,48 @@ def limits_problems(limits: Any, where: str = "limits") -> list[str]:
         problems.extend(
             f"{at}.{key}: unknown key; use {', '.join(known)}" for key in sorted(limit) if key not in known
         )
-        window = limit.get("window")
-        duration = limit_window(window)
-        if "window" not in limit:
-            problems.append(f"{at}.window: required (a duration such as 30s, 15m, 1h, 24h or 7d)")
-        elif duration is None:
-            problems.append(
-                f"{at}.window: expected a duration such as 30s, 15m, 1h, 24h or 7d, got {_shown(window)}"
-            )
-        elif duration.seconds > MAX_WINDOW_S:
-            problems.append(f"{at}.window: at most 31 days, got {_shown(window)}")
+        problems.extend(_window_problems(limit, at))
         if "per" not in limit:
             problems.append(f"{at}.per: required (agent or tenant)")
         elif limit["per"] not in PER_VALUES:
             problems.append(f"{at}.per: must be one of agent, tenant, got {_shown(limit['per'])}")
         if "on_exceed" in limit and limit["on_exceed"] not in ON_EXCEED_VALUES:
             problems.append(f"{at}.on_exceed: must be one of approve, deny, got {_shown(limit['on_exceed'])}")
-        counting, summing = "max_count" in limit, ("sum_arg" in limit or "max_sum" in limit)
-        if counting == summing:
-            problems.append(f"{at}: needs either max_count, or sum_arg with max_sum")
-        elif counting:
-            value = limit["max_count"]
-            if not is_int(value) or not 1 <= value <= 1_000_000:
-                problems.append(
-                    f"{at}.max_count: expected a whole number from 1 to 1000000, got {_shown(value)}"
-                )
-        else:
-            if "sum_arg" not in limit:
-                problems.append(
-                    f"{at}.sum_arg: required with max_sum (the dotted path of the amount in args)"
-                )
-            elif problem := _path_problem(limit["sum_arg"]):
-                problems.append(f"{at}.sum_arg: {problem}")
-            if "max_sum" not in limit:
-                problems.append(f"{at}.max_sum: required with sum_arg")
-            elif not is_number(limit["max_sum"]) or limit["max_sum"] <= 0:
-                problems.append(f"{at}.max_sum: expected a number above 0, got {_shown(limit['max_sum'])}")
+        problems.extend(_measure_problems(limit, at))
+    return problems
+
+
+def _window_problems(limit: dict[str, Any], at: str) -> list[str]:
+    """A limit's ``window``: required, a duration (``limit_window``), at most 31 days."""
+    window = limit.get("window")
+    duration = limit_window(window)
+    if "window" not in limit:
+        return [f"{at}.window: required (a duration such as 30s, 15m, 1h, 24h or 7d)"]
+    if duration is None:
+        return [f"{at}.window: expected a duration such as 30s, 15m, 1h, 24h or 7d, got {_shown(window)}"]
+    if duration.seconds > MAX_WINDOW_S:
+        return [f"{at}.window: at most 31 days, got {_shown(window)}"]
+    return []
+
+
+def _measure_problems(limit: dict[str, Any], at: str) -> list[str]:
+    """What a limit measures: either a count (``max_count``) or a sum (``sum_arg`` with
+    ``max_sum``)."""
+    counting, summing = "max_count" in limit, ("sum_arg" in limit or "max_sum" in limit)
+    if counting == summing:
+        return [f"{at}: needs either max_count, or sum_arg with max_sum"]
+    problems: list[str] = []
+    if counting:
+        value = limit["max_count"]
+        if not is_int(value) or not 1 <= value <= 1_000_000:
+            problems.append(f"{at}.max_count: expected a whole number from 1 to 1000000, got {_shown(value)}")
+        return problems
+    if "sum_arg" not in limit:
+        problems.append(f"{at}.sum_arg: required with max_sum (the dotted path of the amount in args)")
+    elif problem := _path_problem(limit["sum_arg"]):
+        problems.append(f"{at}.sum_arg: {problem}")
+    if "max_sum" not in limit:
+        problems.append(f"{at}.max_sum: required with sum_arg")
+    elif not is_number(limit["max_sum"]) or limit["max_sum"] <= 0:
+        problems.append(f"{at}.max_sum: expected a number above 0, got {_shown(limit['max_sum'])}")
     return problems
