@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from ledger.conf import saga
 from ledger.durations import period_read
 
-log = structlog.get_logger("saga_admin.throttle")
+log = structlog.get_logger(__name__)
 
 
 def client_network(request: HttpRequest) -> ipaddress.IPv4Address | ipaddress.IPv6Network | None:

@@ -33,7 +33,7 @@ from ledger.policies.rule_checks import limits_problems, rules_problems
 from ledger.policies.schema import PolicyFileIn
 from ledger.upstreams import policy_upstream_mismatches
 
-logger = structlog.get_logger("ledger.policies")
+logger = structlog.get_logger(__name__)
 
 NATIVE = "native"
 
