@@ -15,7 +15,8 @@ def _failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo"
     in the recovery queue: (run, item)."""
     from ledger.audit import Actor
     from ledger.models import AgentKey
-    from ledger.services import actions, runs
+    from ledger.services import runs
+    from ledger.services.actions import moves
     from recovery import services as recovery
 
     key = AgentKey.objects.select_related("tenant").filter(tenant__slug=TENANT).first()
@@ -36,8 +37,8 @@ def _failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo"
             args={"n": n},
             compensation={"tool": compensation_tool, "args": {"n": n}},
         ).action
-        actions.action_start(action=action, actor=actor)
-        actions.action_succeed(action=action, actor=actor, result={"ok": True})
+        moves.action_start(action=action, actor=actor)
+        moves.action_succeed(action=action, actor=actor, result={"ok": True})
     outcome = recovery.run_fail_and_queue(run=run, actor=actor, error="benchmark failure")
     return run, outcome.item
 

@@ -18,7 +18,7 @@ from demo.models import AgentCredential, CrmContact, CrmTicket, HrUser, Payment,
 from ledger import staff
 from ledger.audit import Actor
 from ledger.models import AgentKey, Membership, Tenant
-from ledger.policy_loader import LoadReport, policy_file_load, policy_file_parse, policy_file_read
+from ledger.policies.load import LoadReport, policy_file_load, policy_file_parse, policy_file_read
 from ledger.services import keys
 from recovery import channels
 from recovery.models import NotificationChannel

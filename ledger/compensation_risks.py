@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from django.db.models import Q
 
 from ledger.models import ActionClass, ApprovalMode, Compensator, Tenant, ToolPolicy
-from ledger.policies import policy_pick, policy_settings_for
+from ledger.policies.resolve import policy_pick, policy_settings_for
 
 DESTRUCTIVE_VERBS = frozenset(
     {

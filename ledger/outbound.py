@@ -162,6 +162,11 @@ def address_refusal(address: str) -> str | None:
             return address_refusal(str(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)))
         if ip.sixtofour is not None and address_refusal(str(ip.sixtofour)) is not None:
             return address_refusal(str(ip.sixtofour))
+    return _range_refusal(ip)
+
+
+def _range_refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """Why an address, as itself, may not be reached: the range it is in (None: a public one)."""
     if ip.is_unspecified:
         return UNSPECIFIED
     if ip.is_loopback:

@@ -1,4 +1,5 @@
-"""Domain rules that more than one place applies, each written once.
+"""Domain rules that more than one place applies, each written once. (A tool policy's rules on a
+call's args are another thing: ``ledger.policies.rules``.)
 
 - A reason: every decision a person or automation takes (close, resume, compensate, reconcile,
   approve, reject, retry, skip) carries one, kept in the audit log. One message, one maximum

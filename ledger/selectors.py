@@ -82,7 +82,7 @@ def run_reference_for_write(*, key: AgentKey, run_id: str) -> Run:
 
 def action_reference_for_write(*, key: AgentKey, action_id: str) -> Action:
     """A reference (not a read) to an action ``key`` reports on as its agent, for a service whose
-    write scopes it itself (``ledger.services.actions``: its tenant, and runs whose owner is the
+    write scopes it itself (``ledger.services.actions.moves``: its tenant, and runs whose owner is the
     reference's ``owner``, the key's agent, ``run_reach``); out of reach, it is not found."""
     return Action(pk=action_id, tenant=key.tenant, owner=key.name)
 

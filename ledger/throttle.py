@@ -18,8 +18,9 @@ from django.http import HttpRequest
 from redis.exceptions import RedisError
 
 from ledger.conf import saga
+from ledger.durations import period_read
 
-log = structlog.get_logger("saga_admin.throttle")
+log = structlog.get_logger(__name__)
 
 
 def client_network(request: HttpRequest) -> ipaddress.IPv4Address | ipaddress.IPv6Network | None:
@@ -54,7 +55,6 @@ def client_address(request: HttpRequest) -> str:
     return str(network) if network is not None else "unknown"
 
 
-_PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 _SIZES = {
     "": 1,
     "b": 1,
@@ -69,17 +69,18 @@ _SIZES = {
 
 def parse_rate(rate: str) -> tuple[int, int]:
     """ "6000/m" → (6000, 60); "10/5s" → (10, 5); a byte rate may name its unit: "10MiB/m" →
-    (10485760, 60)."""
+    (10485760, 60). The period is a duration of whole seconds (``ledger.durations.period_read``:
+    "/m" is a minute, "/day" a day, no period a second)."""
     count, _, period = rate.partition("/")
-    digits = "".join(ch for ch in period if ch.isdigit())
-    unit = period[len(digits) :].strip().lower() or "s"
-    if unit not in _PERIODS:
+    duration = period_read(period)
+    seconds = duration.seconds if duration is not None else 0
+    if not isinstance(seconds, int) or seconds < 1:
         raise ValueError(f"Unknown throttle period in {rate!r}")
     number = "".join(ch for ch in count.strip() if ch.isdigit())
     size = count.strip()[len(number) :].strip().lower()
     if not number or size not in _SIZES:
         raise ValueError(f"Unknown throttle count in {rate!r}")
-    return int(number) * _SIZES[size], (int(digits) if digits else 1) * _PERIODS[unit]
+    return int(number) * _SIZES[size], seconds
 
 
 def _count_in_windows(counters: list[tuple[str, int, int]]) -> list[int]:

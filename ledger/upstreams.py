@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 from django.db.models import Q
 
 from ledger.models import Action, Compensator, Tenant
-from ledger.policies import policy_resolve
-from ledger.services.actions import mandated_compensation_tool
+from ledger.policies.resolve import policy_resolve
+from ledger.services.actions.compensation import mandated_compensation_tool
 
 # How many of a tenant's newest gateway-recorded actions the policy checks read (a bounded index
 # scan of ``action_via_recent``, not the whole ledger).

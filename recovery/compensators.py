@@ -47,7 +47,7 @@ from saga_client.signing import signed_headers
 from ledger import upstreams
 from ledger.conf import saga
 from ledger.models import CompensationStrategy, Compensator
-from ledger.policies import StampCache
+from ledger.policies.resolve import StampCache
 
 log = structlog.get_logger("saga_admin.compensators")
 

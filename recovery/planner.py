@@ -56,7 +56,8 @@ from ledger.models import (
     Run,
     max_risk,
 )
-from ledger.policies import ResolvedPolicy, TemplateUnfillable, compensation_args_fill, policy_resolve
+from ledger.policies.compensation_args import TemplateUnfillable, compensation_args_fill
+from ledger.policies.resolve import ResolvedPolicy, policy_resolve
 from ledger.selectors import run_warnings
 from recovery import compensators
 

@@ -28,10 +28,11 @@ from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from ledger.hashing import sha256_hex
 from ledger.models import RISK_ORDER, Action, Checkpoint, Risk, Run
-from ledger.policies import policy_settings_for
+from ledger.policies.resolve import policy_settings_for
 from ledger.rules import reason_required
-from ledger.services import actions, runs
-from ledger.services.actions import RecordedAction
+from ledger.services import runs
+from ledger.services.actions import moves, recording
+from ledger.services.actions.recording import RecordedAction
 from recovery import approvals, commands, compensators, decisions, items, selectors, unwinds
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import Plan, compensation_plan
@@ -218,7 +219,7 @@ def action_fail_and_queue(
     human (or a reader) must confirm whether it happened before anything resumes or undoes it. A
     plain failure is the ledger's one write; an unknown outcome opens the item in its transaction."""
     fail = functools.partial(
-        actions.action_fail,
+        moves.action_fail,
         action=action,
         actor=actor,
         error=error,
@@ -246,7 +247,7 @@ def action_verify_and_queue(
 ) -> tuple[Action, RecoveryItem | None]:
     """A verification mismatch fails the run (if it was still running or had succeeded) and puts
     it in the recovery queue as ``verification_failed``."""
-    actions.action_verify(action=action, actor=actor, ok=ok, expected=expected, actual=actual, reason=reason)
+    moves.action_verify(action=action, actor=actor, ok=ok, expected=expected, actual=actual, reason=reason)
     if ok:
         return action, None
     run = Run.objects.select_for_update().get(pk=action.run_id)
@@ -334,7 +335,7 @@ def _action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAc
     def gate(action: Action) -> None:
         # In the record's transaction, with the run as the ledger just locked and read it (its
         # audit chain head current: each event below costs one statement).
-        actions.action_await_approval(action=action, actor=actor)
+        moves.action_await_approval(action=action, actor=actor)
         approvals.approval_request(
             run=action.run,
             action=action,
@@ -347,7 +348,7 @@ def _action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAc
             approvers=int((action.policy or {}).get("approvers") or 1),
         )
 
-    return actions.action_record(
+    return recording.action_record(
         run=run,
         actor=actor,
         is_compensator=lambda tool, stamp: compensators.compensator_registered(
@@ -383,9 +384,9 @@ def _settle(
     if decided.kind == Approval.Kind.COMPENSATION:
         unwinds.step_approval_decided(approval=decided, actor=actor)
     elif decided.status == Approval.Status.APPROVED:
-        actions.action_approve(action=decided.action, actor=actor, reason=reason, args=edited_args)
+        moves.action_approve(action=decided.action, actor=actor, reason=reason, args=edited_args)
     else:
-        actions.action_reject(action=decided.action, actor=actor, reason=reason)
+        moves.action_reject(action=decided.action, actor=actor, reason=reason)
 
 
 @_audits_refusals("approve")
@@ -464,7 +465,7 @@ def approval_request_again(*, approval: Approval, actor: Actor, reason: str) -> 
         return unwinds.step_approval_ask_again(approval=previous, actor=actor, reason=reason)
     action = previous.action
     action.run = previous.run
-    actions.action_await_approval_again(action=action, actor=actor, reason=reason)
+    moves.action_await_approval_again(action=action, actor=actor, reason=reason)
     previous.run = action.run  # as the ledger just locked it, with its audit chain head
     return approvals.approval_ask_again(previous=previous, actor=actor, reason=reason)
 

@@ -48,9 +48,10 @@ from ledger import errors, ids, upstreams
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from ledger.models import Action, Risk, Run, max_risk
-from ledger.policies import policy_settings_for
+from ledger.policies.resolve import policy_settings_for
 from ledger.rules import reason_required
-from ledger.services import actions, runs
+from ledger.services import runs
+from ledger.services.actions import moves
 from ledger.transitions import transition
 from recovery import approvals, compensators, items, notifications, queueing
 from recovery.compensators import CompensationRequest, Outcome
@@ -556,7 +557,7 @@ def _step_start(
         return None  # another worker took it first
     action = step.action
     if action.status in (Action.Status.SUCCEEDED, Action.Status.COMPENSATION_FAILED):
-        actions.action_compensation_started(action=action, actor=ENGINE, step_id=step.pk)
+        moves.action_compensation_started(action=action, actor=ENGINE, step_id=step.pk)
     run = step.unwind.run
     request = CompensationRequest(
         step_id=step.pk,
@@ -788,7 +789,7 @@ def _step_record(
     if to != UnwindStep.Status.DONE:
         step.status, step.error = to, error
         notifications.notify_step_failed(step, run=unwind.run, risk=step.action.risk)
-    actions.action_compensation_finished(
+    moves.action_compensation_finished(
         action=step.action,
         actor=ENGINE,
         outcome=action_outcome,
@@ -1086,7 +1087,7 @@ def _step_stopped(step: UnwindStep, *, actor: Actor, reason: str) -> None:
             reason=reason,
             updates={"error": error, "next_attempt_at": None, "job_id": "", "finished_at": timezone.now()},
         )
-        actions.action_compensation_finished(
+        moves.action_compensation_finished(
             action=step.action, actor=actor, outcome="failed", step_id=step.pk, reason=error
         )
 

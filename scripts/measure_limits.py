@@ -26,7 +26,7 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from ledger.audit import Actor  # noqa: E402
 from ledger.models import Tenant  # noqa: E402
-from ledger.policy_loader import policy_file_load, policy_file_parse  # noqa: E402
+from ledger.policies.load import policy_file_load, policy_file_parse  # noqa: E402
 from ledger.services import runs  # noqa: E402
 from ledger.services.keys import agent_key_create  # noqa: E402
 from recovery import services as recovery  # noqa: E402

@@ -19,8 +19,9 @@ import pytest
 from ledger import errors
 from ledger.audit import Actor
 from ledger.models import Action, Compensator, Event, PolicySet, Run, Tenant, ToolPolicy
-from ledger.policy_loader import LoadReport, policy_file_load, policy_file_parse
-from ledger.services import actions, checkpoints, runs
+from ledger.policies.load import LoadReport, policy_file_load, policy_file_parse
+from ledger.services import checkpoints, runs
+from ledger.services.actions import moves, recording
 from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
 from tests.support.api import Api
@@ -227,7 +228,7 @@ def make_run(tenant: Tenant, actor: Actor, **fields: Any) -> Run:
 def record(run: Run, actor: Actor, key: str, *, tool: str = "hr.create_user", **fields: Any) -> Action:
     """An action recorded by the ledger alone (no approval gate): planned, or awaiting approval."""
     fields.setdefault("args", {"email": f"{key}@company.com"})
-    return actions.action_record(run=run, actor=actor, tool=tool, idempotency_key=key, **fields).action
+    return recording.action_record(run=run, actor=actor, tool=tool, idempotency_key=key, **fields).action
 
 
 def perform_action(
@@ -260,7 +261,7 @@ def perform_action(
         before_snapshot=before,
         compensation=compensation,
     ).action
-    actions.action_start(action=action, actor=agent)
+    moves.action_start(action=action, actor=agent)
     if fail or unknown:
         recovery.action_fail_and_queue(
             action=action,
@@ -271,7 +272,7 @@ def perform_action(
             outcome_unknown=unknown,
         )
     else:
-        actions.action_succeed(
+        moves.action_succeed(
             action=action,
             actor=agent,
             result={"ok": True} if result is None else result,

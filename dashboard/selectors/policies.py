@@ -9,8 +9,8 @@ from typing import Any
 
 from ledger.compensation_risks import CompensationWarning, unattended_destructive_compensations
 from ledger.models import Compensator, Tenant, ToolPolicy
-from ledger.policies import policies_in_force, policy_settings_for
-from ledger.policy_rules import compile_rules
+from ledger.policies.resolve import policies_in_force, policy_settings_for
+from ledger.policies.rule_compile import compile_rules
 from ledger.upstreams import policy_upstream_mismatches
 
 

@@ -14,7 +14,7 @@ from dashboard.views import common, runs
 from dashboard.views.common import HtmxHttpRequest
 from ledger.errors import SagaError
 from ledger.models import Action
-from ledger.services import actions as ledger_actions
+from ledger.services.actions import moves
 
 
 def _get_action_for_user(request: HttpRequest, action_id: str, capability: Capability) -> Action:
@@ -38,7 +38,7 @@ def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
         messages.error(request, common.form_errors(form))
         return common.done(request, back)
     try:
-        ledger_actions.action_reconcile(
+        moves.action_reconcile(
             action=action,
             actor=common.actor(request),
             happened=form.cleaned_data["happened"],

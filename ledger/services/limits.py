@@ -26,8 +26,8 @@ from typing import Any
 from django.db import connection
 
 from ledger import errors
-from ledger.policies import ResolvedPolicy
-from ledger.policy_rules import Limit, is_number, value_at
+from ledger.policies.resolve import ResolvedPolicy
+from ledger.policies.rules import Limit, is_number, value_at
 
 
 @dataclass(frozen=True)

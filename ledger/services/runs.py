@@ -13,7 +13,7 @@ from django.utils import timezone
 from ledger import errors, outbound
 from ledger.audit import Actor, audit_record
 from ledger.models import Action, Run, Tenant
-from ledger.policies import policy_stamp_subquery
+from ledger.policies.resolve import policy_stamp_subquery
 from ledger.rules import reason_required
 from ledger.services import pauses
 from ledger.transitions import ACTION_TRANSITIONS, RUN_TRANSITIONS, transition

@@ -16,7 +16,7 @@ from ninja import Query, Router
 from ledger import errors
 from ledger import selectors as ledger_selectors
 from ledger.models import Action
-from ledger.services import actions
+from ledger.services.actions import moves
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
@@ -148,7 +148,7 @@ def action_start(
     action = action_reference(request, action_id)
 
     def produce() -> tuple[int, Any]:
-        actions.action_start(action=action, actor=actor_of(request))
+        moves.action_start(action=action, actor=actor_of(request))
         return 200, _action_body(action, fresh=True)
 
     return idempotent_response(request, tenant=tenant_of(request), key=idempotency_key, produce=produce)
@@ -167,7 +167,7 @@ def action_succeed(
     payload = payload or ActionSucceedIn()
 
     def produce() -> tuple[int, Any]:
-        actions.action_succeed(
+        moves.action_succeed(
             action=action,
             actor=actor_of(request),
             result=payload.result,
@@ -246,7 +246,7 @@ def action_reconcile(
     action = action_for(request, action_id, write=True)
 
     def produce() -> tuple[int, Any]:
-        actions.action_reconcile(
+        moves.action_reconcile(
             action=action,
             actor=actor_of(request),
             happened=payload.happened,

@@ -8,7 +8,7 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Router
 
-from ledger.policies import policies_in_force, policy_settings_for
+from ledger.policies.resolve import policies_in_force, policy_settings_for
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
 from saga_admin.api.common import tenant_of
 from saga_admin.api.schemas.policies import PoliciesOut

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from ledger.audit import Actor, audit_verify
 from ledger.models import Action, Event, Run
-from ledger.services import actions as ledger_actions
+from ledger.services.actions import recording
 from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
 from tests.factories import new_action, new_run
@@ -157,12 +157,12 @@ def test_the_ledger_service_takes_start_and_the_gated_service_passes_it_through(
 ):
     run = Run.objects.get(pk=new_run(api)["id"])
     actor = Actor.for_key(agent_key[0])
-    plain = ledger_actions.action_record(run=run, actor=actor, tool="hr.create_user", idempotency_key="a")
-    started = ledger_actions.action_record(
+    plain = recording.action_record(run=run, actor=actor, tool="hr.create_user", idempotency_key="a")
+    started = recording.action_record(
         run=run, actor=actor, tool="hr.create_user", idempotency_key="b", start=True
     )
     # The ledger leaves a gated action planned (its gate is the recovery layer's).
-    gated_in_ledger = ledger_actions.action_record(
+    gated_in_ledger = recording.action_record(
         run=run, actor=actor, tool="payments.refund", idempotency_key="c", start=True
     )
     gated = recovery.action_record_gated(

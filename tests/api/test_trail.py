@@ -5,7 +5,8 @@ from django.utils import timezone
 
 from ledger.audit import Actor
 from ledger.models import Action, Run
-from ledger.services import actions, runs
+from ledger.services import runs
+from ledger.services.actions import moves
 from recovery import services as recovery
 from recovery.models import Approval, Unwind, UnwindStep
 from tests.factories import new_action, new_run
@@ -67,8 +68,8 @@ def test_the_trail_tells_what_changed_was_restored_and_could_not_be_undone(
         [(license_, "failed", "license API 500"), (user, "done", "")]
     ):
         step = _step(unwind, action, position, outcome, error)
-        actions.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id=step.pk)
-        actions.action_compensation_finished(
+        moves.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id=step.pk)
+        moves.action_compensation_finished(
             action=action, actor=Actor.system("unwind"), outcome=outcome, step_id=step.pk
         )
     runs.run_compensation_finished(run=model, actor=Actor.system("unwind"), complete=False)

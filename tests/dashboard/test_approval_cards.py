@@ -15,7 +15,8 @@ from django.urls import reverse
 
 from ledger.audit import Actor
 from ledger.models import Compensator, ToolPolicy
-from ledger.services import actions, runs
+from ledger.services import runs
+from ledger.services.actions import moves
 from recovery import services as recovery
 from recovery import unwinds
 from recovery.models import Approval
@@ -219,8 +220,8 @@ def _charged_and_compensating(tenant, agent, bob, carol, *, invoice: str = "INV-
     forward_approval = recorded.approvals.get()
     recovery.approval_approve(approval=forward_approval, actor=Actor.for_user(bob), reason="matches the PO")
     recorded.refresh_from_db()
-    actions.action_start(action=recorded, actor=agent)
-    actions.action_succeed(
+    moves.action_start(action=recorded, actor=agent)
+    moves.action_succeed(
         action=recorded,
         actor=agent,
         result={"payment_id": f"pay_{invoice}"},

@@ -9,7 +9,8 @@ from django.urls import reverse
 
 from ledger.audit import Actor
 from ledger.models import Action
-from ledger.services import actions, runs
+from ledger.services import runs
+from ledger.services.actions import moves
 from recovery import planner
 from recovery.models import RecoveryItem, Unwind
 from tests.factories import load_reliability_policies, perform_action
@@ -114,7 +115,7 @@ def test_a_plan_that_changed_is_shown_again_instead_of_running(client, tenant, a
     item = _queued(run, agent)
     client.force_login(alice)
     seen = planner.compensation_plan(run=run).plan_hash
-    actions.action_reconcile(action=late, actor=Actor.for_user(alice), happened=True, reason="it did")
+    moves.action_reconcile(action=late, actor=Actor.for_user(alice), happened=True, reason="it did")
 
     response = client.post(
         _url(item),

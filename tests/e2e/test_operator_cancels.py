@@ -10,7 +10,8 @@ import pytest
 from playwright.sync_api import expect
 
 from ledger.models import Action, Run
-from ledger.services import actions, runs
+from ledger.services import runs
+from ledger.services.actions import moves
 from recovery.models import AgentCommand, RecoveryItem
 from tests.factories import load_onboarding_policies, perform_action, record
 from tests.support.browser import login, screenshot
@@ -29,7 +30,7 @@ def test_an_operator_cancels_a_running_run_and_the_agent_is_stopped(
     licence = record(
         run, agent, "licence", tool="workspace.provision_license", args={"email": "ashu@company.com"}
     )
-    actions.action_start(action=licence, actor=agent)
+    moves.action_start(action=licence, actor=agent)
 
     login(page, "alice")
     page.goto(f"/runs/{run.pk}/")

@@ -44,9 +44,9 @@ HR_FILE = {
 def _load(tmp_path, data: dict[str, Any], *args: str) -> str:
     path = tmp_path / "policies.json"
     path.write_text(json.dumps(data), encoding="utf-8")
-    out = StringIO()
-    call_command("load_policies", str(path), *args, stdout=out)
-    return out.getvalue()
+    warnings = StringIO()
+    call_command("load_policies", str(path), *args, stdout=StringIO(), stderr=warnings)
+    return warnings.getvalue()
 
 
 def test_load_policies_warns_about_an_unattended_compensation_that_deletes(tmp_path):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ledger.hashing import canonical_json, canonical_json_bytes, sha256_hex
-from ledger.services.actions import action_payload_hash
+from ledger.services.actions.payload import action_payload_hash
 
 
 def _random_floats(count: int) -> list[float]:

@@ -193,7 +193,7 @@ def test_a_replay_of_an_action_recorded_before_the_pause_is_still_answered(tenan
 
 
 def test_an_action_recorded_before_the_pause_does_not_start_until_it_is_lifted(tenant, agent, alice_actor):
-    from ledger.services.actions import action_start
+    from ledger.services.actions.moves import action_start
     from tests.factories import load_onboarding_policies
 
     load_onboarding_policies()  # hr.create_user: automatic approval, so only the pause can stop it

@@ -6,7 +6,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from ledger.models import PolicySet, ToolPolicy
-from ledger.policies import policies_in_force, policy_resolve, policy_settings_for
+from ledger.policies.resolve import policies_in_force, policy_resolve, policy_settings_for
 from tests.factories import auto_policy, make_run, record
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from ledger.durations import parse_duration
 from ledger.models import Compensator, Event, PolicySet, ToolPolicy
-from ledger.policies import policy_resolve, policy_settings_for
-from ledger.policy_loader import PolicyFileError, parse_duration, policy_file_parse
+from ledger.policies.errors import PolicyFileError
+from ledger.policies.load import policy_file_parse
+from ledger.policies.resolve import policy_resolve, policy_settings_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NATIVE = str(FIXTURES / "policies_native.json")

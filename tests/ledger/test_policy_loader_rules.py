@@ -11,7 +11,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from ledger.models import PolicySet, ToolPolicy
-from ledger.policies import policy_resolve
+from ledger.policies.resolve import policy_resolve
 from tests.factories import charge_policy
 
 RULES = [

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from ledger.policy_rules import compile_rules, describe_limit, describe_rule, limits_problems, rules_problems
+from ledger.policies.rule_checks import limits_problems, rules_problems
+from ledger.policies.rule_compile import compile_rules
+from ledger.policies.rule_words import describe_limit, describe_rule
 
 HUGE = 10**400
 DEEP: dict = {}

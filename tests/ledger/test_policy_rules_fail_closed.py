@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from ledger import errors
 from ledger.models import RISK_ORDER, Risk
-from ledger.policies import ResolvedPolicy
-from ledger.policy_rules import compile_rules
+from ledger.policies.resolve import ResolvedPolicy
+from ledger.policies.rule_compile import compile_rules
 
 # (operator, operand, the kind a value needs for the comparison to be decided)
 CONDITIONS: list[tuple[str, Any, str]] = [

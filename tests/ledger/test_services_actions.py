@@ -10,7 +10,8 @@ import pytest
 from ledger import errors, selectors
 from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, Run
-from ledger.services import actions, checkpoints, runs
+from ledger.services import checkpoints, runs
+from ledger.services.actions import moves
 from tests.factories import auto_policy, force_status, make_run, record, refused
 
 ALL_ACTION_STATES = list(Action.Status.values)
@@ -33,11 +34,11 @@ def _last_event(action: Action) -> tuple[str, str, str]:
 def test_it_runs_an_action_from_planned_to_succeeded(run, agent):
     action = record(run, agent, "k1", before_snapshot={"exists": False})
     assert (action.status, action.requires_approval, action.risk) == ("planned", False, "low")
-    actions.action_start(action=action, actor=agent)
+    moves.action_start(action=action, actor=agent)
     action.refresh_from_db()
     assert (action.status, action.attempts) == ("running", 1)
     assert action.started_at is not None
-    actions.action_succeed(action=action, actor=agent, result={"user_id": 7}, after_snapshot={"exists": True})
+    moves.action_succeed(action=action, actor=agent, result={"user_id": 7}, after_snapshot={"exists": True})
     action.refresh_from_db()
     assert (action.status, action.result, action.after_snapshot, action.completion_seq) == (
         "succeeded",
@@ -53,17 +54,17 @@ def test_it_numbers_completions_in_the_order_actions_finish(run, agent):
     # LIFO compensation follows completion order, not recording order.
     first, second = record(run, agent, "a"), record(run, agent, "b")
     for action in (first, second):
-        actions.action_start(action=action, actor=agent)
-    actions.action_succeed(action=second, actor=agent)
-    actions.action_succeed(action=first, actor=agent)
+        moves.action_start(action=action, actor=agent)
+    moves.action_succeed(action=second, actor=agent)
+    moves.action_succeed(action=first, actor=agent)
     assert Action.objects.get(pk=second.pk).completion_seq == 1
     assert Action.objects.get(pk=first.pk).completion_seq == 2
 
 
 def test_it_fails_a_running_action_and_retries_it_with_the_same_key(run, agent):
     action = record(run, agent, "k1")
-    actions.action_start(action=action, actor=agent)
-    actions.action_fail(action=action, actor=agent, error="503 from HR", retryable=True, layer="tool")
+    moves.action_start(action=action, actor=agent)
+    moves.action_fail(action=action, actor=agent, error="503 from HR", retryable=True, layer="tool")
     action.refresh_from_db()
     assert (action.status, action.error, action.retryable, action.error_layer) == (
         "failed",
@@ -72,7 +73,7 @@ def test_it_fails_a_running_action_and_retries_it_with_the_same_key(run, agent):
         "tool",
     )
     assert _last_event(action) == ("action.failed", "running", "failed")
-    actions.action_start(action=action, actor=agent)
+    moves.action_start(action=action, actor=agent)
     action.refresh_from_db()
     assert (action.status, action.attempts, action.error) == ("running", 2, "")
 
@@ -80,16 +81,16 @@ def test_it_fails_a_running_action_and_retries_it_with_the_same_key(run, agent):
 def test_it_marks_a_timed_out_action_unknown_and_reconciles_it_either_way(run, agent, alice):
     happened, did_not = record(run, agent, "a"), record(run, agent, "b")
     for action in (happened, did_not):
-        actions.action_start(action=action, actor=agent)
-        actions.action_fail(
+        moves.action_start(action=action, actor=agent)
+        moves.action_fail(
             action=action, actor=agent, error="timeout", retryable=True, layer="tool", outcome_unknown=True
         )
         assert Action.objects.get(pk=action.pk).status == "unknown"
     operator = Actor.for_user(alice)
-    actions.action_reconcile(
+    moves.action_reconcile(
         action=happened, actor=operator, happened=True, reason="user exists in HR", result={"user_id": 9}
     )
-    actions.action_reconcile(action=did_not, actor=operator, happened=False, reason="no such user in HR")
+    moves.action_reconcile(action=did_not, actor=operator, happened=False, reason="no such user in HR")
     happened.refresh_from_db()
     did_not.refresh_from_db()
     assert (happened.status, happened.result, happened.completion_seq) == ("succeeded", {"user_id": 9}, 1)
@@ -101,7 +102,7 @@ def test_it_marks_a_timed_out_action_unknown_and_reconciles_it_either_way(run, a
 def test_it_refuses_to_reconcile_without_a_reason(run, agent):
     action = force_status(record(run, agent, "k1"), "unknown")
     with refused(action, current="unknown", error=errors.ValidationFailed):
-        actions.action_reconcile(action=action, actor=agent, happened=True, reason=" ")
+        moves.action_reconcile(action=action, actor=agent, happened=True, reason=" ")
 
 
 def test_it_takes_a_gated_action_through_approval(tenant, agent, bob):
@@ -109,33 +110,33 @@ def test_it_takes_a_gated_action_through_approval(tenant, agent, bob):
     action = record(run, agent, "k1", tool="payments.charge")  # unknown tool: built-in default
     assert action.requires_approval and action.risk == "high"
     with refused(action, current="planned", error=errors.ApprovalPending):
-        actions.action_start(action=action, actor=agent)
-    actions.action_await_approval(action=action, actor=agent)
+        moves.action_start(action=action, actor=agent)
+    moves.action_await_approval(action=action, actor=agent)
     with refused(action, current="awaiting_approval", error=errors.ApprovalPending):
-        actions.action_start(action=action, actor=agent)
-    actions.action_approve(action=action, actor=Actor.for_user(bob), reason="ok", args={"amount": 10})
+        moves.action_start(action=action, actor=agent)
+    moves.action_approve(action=action, actor=Actor.for_user(bob), reason="ok", args={"amount": 10})
     action.refresh_from_db()
     assert (action.status, action.args) == ("approved", {"amount": 10})
-    actions.action_start(action=action, actor=agent)
+    moves.action_start(action=action, actor=agent)
     assert Action.objects.get(pk=action.pk).status == "running"
 
 
 def test_it_rejects_a_gated_action_and_refuses_to_start_it(tenant, agent, bob):
     run = make_run(tenant, agent)
     action = record(run, agent, "k1", tool="payments.charge")
-    actions.action_await_approval(action=action, actor=agent)
-    actions.action_reject(action=action, actor=Actor.for_user(bob), reason="wrong amount")
+    moves.action_await_approval(action=action, actor=agent)
+    moves.action_reject(action=action, actor=Actor.for_user(bob), reason="wrong amount")
     action.refresh_from_db()
     assert (action.status, action.error) == ("rejected", "wrong amount")
     with refused(action, current="rejected", error=errors.ApprovalRejected):
-        actions.action_start(action=action, actor=agent)
+        moves.action_start(action=action, actor=agent)
 
 
 def test_it_compensates_a_succeeded_action(run, agent):
     action = force_status(record(run, agent, "k1"), "succeeded")
-    actions.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id="stp_1")
+    moves.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id="stp_1")
     assert Action.objects.get(pk=action.pk).status == "compensating"
-    actions.action_compensation_finished(
+    moves.action_compensation_finished(
         action=action, actor=Actor.system("unwind"), outcome="done", step_id="stp_1", state={"exists": False}
     )
     assert Action.objects.get(pk=action.pk).status == "compensated"
@@ -152,7 +153,7 @@ def test_it_compensates_a_succeeded_action(run, agent):
 )
 def test_it_finishes_a_compensation_with_each_outcome(run, agent, outcome, expected):
     action = force_status(record(run, agent, "k1"), "compensating")
-    actions.action_compensation_finished(
+    moves.action_compensation_finished(
         action=action, actor=Actor.system("unwind"), outcome=outcome, step_id="s"
     )
     assert Action.objects.get(pk=action.pk).status == expected
@@ -160,63 +161,63 @@ def test_it_finishes_a_compensation_with_each_outcome(run, agent, outcome, expec
 
 def test_it_retries_a_failed_compensation(run, agent):
     action = force_status(record(run, agent, "k1"), "compensation_failed")
-    actions.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id="stp_2")
+    moves.action_compensation_started(action=action, actor=Actor.system("unwind"), step_id="stp_2")
     assert Action.objects.get(pk=action.pk).status == "compensating"
 
 
 def test_it_refuses_an_unknown_compensation_outcome(run, agent):
     action = force_status(record(run, agent, "k1"), "compensating")
     with refused(action, current="compensating", error=errors.ValidationFailed):
-        actions.action_compensation_finished(action=action, actor=agent, outcome="exploded", step_id="s")
+        moves.action_compensation_finished(action=action, actor=agent, outcome="exploded", step_id="s")
 
 
 def test_it_refuses_an_unknown_error_layer(run, agent):
     action = force_status(record(run, agent, "k1"), "running")
     with refused(action, current="running", error=errors.ValidationFailed):
-        actions.action_fail(action=action, actor=agent, error="x", retryable=False, layer="network")
+        moves.action_fail(action=action, actor=agent, error="x", retryable=False, layer="network")
 
 
 def _start(action, actor):
-    return actions.action_start(action=action, actor=actor)
+    return moves.action_start(action=action, actor=actor)
 
 
 def _compensation_finished(a: Action, actor: Actor, *, outcome: str) -> Action:
-    return actions.action_compensation_finished(action=a, actor=actor, outcome=outcome, step_id="s")
+    return moves.action_compensation_finished(action=a, actor=actor, outcome=outcome, step_id="s")
 
 
 ACTION_SERVICES = {
-    "await_approval": (lambda a, actor: actions.action_await_approval(action=a, actor=actor), {"planned"}),
+    "await_approval": (lambda a, actor: moves.action_await_approval(action=a, actor=actor), {"planned"}),
     "approve": (
-        lambda a, actor: actions.action_approve(action=a, actor=actor, reason="x"),
+        lambda a, actor: moves.action_approve(action=a, actor=actor, reason="x"),
         {"awaiting_approval"},
     ),
     "reject": (
-        lambda a, actor: actions.action_reject(action=a, actor=actor, reason="x"),
+        lambda a, actor: moves.action_reject(action=a, actor=actor, reason="x"),
         {"awaiting_approval"},
     ),
     # awaiting_approval and rejected are refused with their own, more helpful errors (above).
     "start": (_start, {"planned", "approved", "failed", "awaiting_approval", "rejected"}),
-    "succeed": (lambda a, actor: actions.action_succeed(action=a, actor=actor, result={}), {"running"}),
+    "succeed": (lambda a, actor: moves.action_succeed(action=a, actor=actor, result={}), {"running"}),
     "fail": (
-        lambda a, actor: actions.action_fail(action=a, actor=actor, error="x", retryable=True, layer="tool"),
+        lambda a, actor: moves.action_fail(action=a, actor=actor, error="x", retryable=True, layer="tool"),
         {"running"},
     ),
     "outcome_unknown": (
-        lambda a, actor: actions.action_fail(
+        lambda a, actor: moves.action_fail(
             action=a, actor=actor, error="x", retryable=True, layer="tool", outcome_unknown=True
         ),
         {"running"},
     ),
     "reconcile_happened": (
-        lambda a, actor: actions.action_reconcile(action=a, actor=actor, happened=True, reason="checked"),
+        lambda a, actor: moves.action_reconcile(action=a, actor=actor, happened=True, reason="checked"),
         {"unknown"},
     ),
     "reconcile_did_not_happen": (
-        lambda a, actor: actions.action_reconcile(action=a, actor=actor, happened=False, reason="checked"),
+        lambda a, actor: moves.action_reconcile(action=a, actor=actor, happened=False, reason="checked"),
         {"unknown"},
     ),
     "compensation_started": (
-        lambda a, actor: actions.action_compensation_started(action=a, actor=actor, step_id="s"),
+        lambda a, actor: moves.action_compensation_started(action=a, actor=actor, step_id="s"),
         {"succeeded", "compensation_failed"},
     ),
     **{
@@ -261,7 +262,7 @@ def test_it_allows_each_action_transition_from_each_allowed_state(run, agent, tr
 
 def test_it_verifies_a_completed_action_and_records_a_mismatch(run, agent):
     action = force_status(record(run, agent, "k1"), "succeeded")
-    actions.action_verify(
+    moves.action_verify(
         action=action, actor=agent, ok=False, expected={"seats": 1}, actual={"seats": 2}, reason="two seats"
     )
     action.refresh_from_db()
@@ -274,7 +275,7 @@ def test_it_refuses_to_verify_from_the_rows_state_not_a_stale_copy(run, agent):
     stale = Action.objects.get(pk=action.pk)
     force_status(action, "compensated")
     with refused(stale, current="compensated"):
-        actions.action_verify(action=stale, actor=agent, ok=True)
+        moves.action_verify(action=stale, actor=agent, ok=True)
 
 
 @pytest.mark.parametrize("closed", ["failed", "cancelled", "compensating", "compensated", "closed"])
@@ -286,7 +287,7 @@ def test_it_refuses_new_actions_on_a_run_that_no_longer_accepts_them(run, agent,
         record(run, agent, "late")
     # The error names the run's state, which is what refuses the start.
     with refused(planned, current=closed, error=errors.RunNotAcceptingActions):
-        actions.action_start(action=planned, actor=agent)
+        moves.action_start(action=planned, actor=agent)
     assert Action.objects.count() == recorded
 
 
@@ -301,24 +302,24 @@ def test_it_takes_the_late_report_of_an_action_that_was_running_when_its_run_fai
     # The truth arriving late: the run failed (its agent gave up, or was presumed lost) while the
     # call was under way; how that call ended is still recorded, for the decision that follows.
     action = record(run, agent, "slow-call")
-    actions.action_start(action=action, actor=agent)
+    moves.action_start(action=action, actor=agent)
     force_status(run, "failed")
     if outcome == "succeed":
-        actions.action_succeed(action=action, actor=agent, result={"ok": True})
+        moves.action_succeed(action=action, actor=agent, result={"ok": True})
     else:
-        actions.action_fail(action=action, actor=agent, error="boom", retryable=False, layer="tool")
+        moves.action_fail(action=action, actor=agent, error="boom", retryable=False, layer="tool")
     assert Action.objects.get(pk=action.pk).status == ("succeeded" if outcome == "succeed" else "failed")
 
 
 @pytest.mark.parametrize("closed", ["cancelled", "compensating", "compensated", "closed"])
 def test_it_refuses_the_late_report_once_the_run_left_the_agents_hands(run, agent, closed):
     action = record(run, agent, "slow-call")
-    actions.action_start(action=action, actor=agent)
+    moves.action_start(action=action, actor=agent)
     force_status(run, closed)
     with refused(action, current=closed, error=errors.RunNotAcceptingActions):
-        actions.action_succeed(action=action, actor=agent, result={"ok": True})
+        moves.action_succeed(action=action, actor=agent, result={"ok": True})
     with refused(action, current=closed, error=errors.RunNotAcceptingActions):
-        actions.action_fail(action=action, actor=agent, error="boom", retryable=False, layer="tool")
+        moves.action_fail(action=action, actor=agent, error="boom", retryable=False, layer="tool")
 
 
 def test_it_warns_when_a_compensatable_action_follows_the_irreversible_pivot(tenant, agent):
@@ -337,8 +338,8 @@ def test_it_does_not_count_a_rejected_pivot(tenant, agent, bob):
     auto_policy("hr.*")
     run = make_run(tenant, agent)
     pivot = record(run, agent, "b", tool="payments.charge")  # unknown → irreversible by default
-    actions.action_await_approval(action=pivot, actor=agent)
-    actions.action_reject(action=pivot, actor=Actor.for_user(bob), reason="no")
+    moves.action_await_approval(action=pivot, actor=agent)
+    moves.action_reject(action=pivot, actor=Actor.for_user(bob), reason="no")
     assert record(run, agent, "c", tool="hr.update_user").warnings == []
     assert selectors.run_warnings(run=run) == []
 
@@ -351,8 +352,8 @@ def test_it_warns_about_an_irreversible_action_without_a_correction(tenant, agen
 
 def test_it_writes_a_checkpoint_referencing_the_runs_actions(run, agent):
     done, todo = record(run, agent, "a"), record(run, agent, "b")
-    actions.action_start(action=done, actor=agent)
-    actions.action_succeed(action=done, actor=agent)
+    moves.action_start(action=done, actor=agent)
+    moves.action_succeed(action=done, actor=agent)
     checkpoint = checkpoints.checkpoint_write(
         run=run,
         actor=agent,

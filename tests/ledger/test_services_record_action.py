@@ -9,7 +9,7 @@ from django.db import IntegrityError, connection
 
 from ledger import errors
 from ledger.models import Action, Event, Run
-from ledger.services import actions
+from ledger.services.actions import moves, recording
 from tests.factories import auto_policy, make_run
 
 PAYLOAD = {
@@ -22,7 +22,7 @@ PAYLOAD = {
 
 
 def _record(run, actor, key="lic-1", **overrides):
-    return actions.action_record(run=run, actor=actor, idempotency_key=key, **{**PAYLOAD, **overrides})
+    return recording.action_record(run=run, actor=actor, idempotency_key=key, **{**PAYLOAD, **overrides})
 
 
 def test_it_returns_the_same_action_for_the_same_key_and_payload(tenant, agent):
@@ -43,8 +43,8 @@ def test_it_replays_the_stored_result_once_the_action_succeeded(tenant, agent):
     auto_policy("workspace.*")
     run = make_run(tenant, agent)
     action = _record(run, agent).action
-    actions.action_start(action=action, actor=agent)
-    actions.action_succeed(action=action, actor=agent, result={"license_id": "L-9"})
+    moves.action_start(action=action, actor=agent)
+    moves.action_succeed(action=action, actor=agent, result={"license_id": "L-9"})
     replay = _record(run, agent)
     assert not replay.created
     assert (replay.action.status, replay.action.result) == ("succeeded", {"license_id": "L-9"})
@@ -120,7 +120,7 @@ def test_it_reports_in_flight_when_the_first_recording_holds_the_key(tenant, age
     try:
         assert holder_ready.wait(10)
         with pytest.raises(errors.IdempotencyKeyInFlight) as excinfo:
-            actions.action_record(run=run, actor=agent, idempotency_key=key, lock_timeout_ms=200, **PAYLOAD)
+            recording.action_record(run=run, actor=agent, idempotency_key=key, lock_timeout_ms=200, **PAYLOAD)
         assert excinfo.value.status == 409
     finally:
         release.set()
@@ -143,7 +143,7 @@ def test_it_records_exactly_one_action_under_concurrent_identical_requests(tenan
         try:
             barrier.wait(timeout=30)
             try:
-                outcome = actions.action_record(
+                outcome = recording.action_record(
                     run=run, actor=agent, idempotency_key="same-moment", **PAYLOAD
                 )
                 value = outcome.action.pk

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from ledger.models import Action, Run
-from ledger.services import actions, runs
+from ledger.services import runs
+from ledger.services.actions import recording
 
 
 def test_it_records_runs_and_actions_through_the_state_machine(tenant, agent):
     run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu Kumar")
-    recorded = actions.action_record(
+    recorded = recording.action_record(
         run=run,
         actor=agent,
         tool="hr.create_user",
@@ -21,7 +22,7 @@ def test_it_records_runs_and_actions_through_the_state_machine(tenant, agent):
     # The built-in default policy is conservative: an unknown tool needs approval.
     assert action.requires_approval and action.risk == "high"
     assert (
-        actions.action_record(
+        recording.action_record(
             run=run,
             actor=agent,
             tool="hr.create_user",

@@ -14,7 +14,8 @@ from django.test.utils import CaptureQueriesContext
 from ledger import errors
 from ledger.audit import audit_heads_verify, audit_verify
 from ledger.models import Action, Compensator, Event, PolicySet, ToolPolicy
-from ledger.services import actions, writes
+from ledger.services import writes
+from ledger.services.actions import moves, recording
 from recovery.compensators import compensator_registered
 from tests.factories import auto_policy, force_status, make_run, record
 
@@ -42,7 +43,7 @@ def _verified(run_id: str) -> None:
 def test_the_databases_hash_is_the_one_python_verifies_whatever_the_content(tenant, agent, text):
     auto_policy(tenant=tenant)
     run = make_run(tenant, agent)
-    action = actions.action_record(
+    action = recording.action_record(
         run=run,
         actor=agent,
         tool="hr.create_user",
@@ -51,7 +52,7 @@ def test_the_databases_hash_is_the_one_python_verifies_whatever_the_content(tena
         args={"name": text, "n": 10**30, "f": 1.5e300, "nested": [text, {"k": text}]},
         start=True,
     ).action
-    actions.action_succeed(action=action, actor=agent, result={"echo": text})
+    moves.action_succeed(action=action, actor=agent, result={"echo": text})
     stored = Action.objects.get(pk=action.pk)
     assert stored.args["name"] == text
     assert (stored.status, stored.seq, stored.completion_seq) == ("succeeded", 1, 1)
@@ -104,7 +105,7 @@ def test_the_move_function_refuses_what_the_rule_does_not_allow_and_changes_noth
     action = record(run, agent, "k")
     head = type(run).objects.get(pk=run.pk).audit_head
     with pytest.raises(errors.InvalidTransition) as caught:
-        actions.action_succeed(action=action, actor=agent)  # planned, not running
+        moves.action_succeed(action=action, actor=agent)  # planned, not running
     assert caught.value.details["current"] == "planned"
     assert Action.objects.get(pk=action.pk).status == "planned"
     assert type(run).objects.get(pk=run.pk).audit_head == head
@@ -113,23 +114,25 @@ def test_the_move_function_refuses_what_the_rule_does_not_allow_and_changes_noth
 def test_a_late_report_reaches_a_failed_run_but_not_a_cancelled_one(tenant, agent):
     auto_policy(tenant=tenant)
     run = make_run(tenant, agent)
-    late = actions.action_record(run=run, actor=agent, tool="hr.create_user", idempotency_key="a", start=True)
+    late = recording.action_record(
+        run=run, actor=agent, tool="hr.create_user", idempotency_key="a", start=True
+    )
     force_status(run, "failed")
-    actions.action_succeed(action=late.action, actor=agent)
+    moves.action_succeed(action=late.action, actor=agent)
     assert Action.objects.get(pk=late.action.pk).status == "succeeded"
     other = make_run(tenant, agent)
-    stuck = actions.action_record(
+    stuck = recording.action_record(
         run=other, actor=agent, tool="hr.create_user", idempotency_key="b", start=True
     )
     force_status(other, "cancelled")
     with pytest.raises(errors.RunNotAcceptingActions):
-        actions.action_succeed(action=stuck.action, actor=agent)
+        moves.action_succeed(action=stuck.action, actor=agent)
     assert Action.objects.get(pk=stuck.action.pk).status == "running"
     _verified(run.pk)
 
 
 def _named(run, agent, key: str, tool: str):
-    return actions.action_record(
+    return recording.action_record(
         run=run,
         actor=agent,
         tool="crm.update",
@@ -178,10 +181,10 @@ def test_the_one_call_record_waits_on_the_same_key_lock_as_the_checked_path(tena
     )
     try:
         other.execute(
-            "SELECT pg_advisory_lock(hashtextextended(%s, 0))", [actions.key_lock_name(tenant.pk, "k")]
+            "SELECT pg_advisory_lock(hashtextextended(%s, 0))", [recording.key_lock_name(tenant.pk, "k")]
         )
         with pytest.raises(errors.IdempotencyKeyInFlight):
-            actions.action_record(
+            recording.action_record(
                 run=run, actor=agent, tool="hr.create_user", idempotency_key="k", lock_timeout_ms=200
             )
     finally:

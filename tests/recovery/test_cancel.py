@@ -11,7 +11,8 @@ from django.test import Client
 from ledger import errors
 from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, Run
-from ledger.services import actions, checkpoints, runs
+from ledger.services import checkpoints, runs
+from ledger.services.actions import moves
 from recovery import selectors, services
 from recovery.models import AgentCommand, RecoveryItem, Unwind
 from tests.factories import (
@@ -33,7 +34,7 @@ def run(tenant, agent):
     licence = record(
         run, agent, "licence", tool="workspace.provision_license", args={"email": "ashu@company.com"}
     )
-    actions.action_start(action=licence, actor=agent)
+    moves.action_start(action=licence, actor=agent)
     run.refresh_from_db()
     return run
 
@@ -95,13 +96,13 @@ def test_the_agent_can_write_nothing_more_after_a_cancel(run, agent, alice):
         record(run, agent, "late", tool="email.send_welcome", args={"to": "ashu@company.com"})
     assert refused.value.details == {"run_id": run.pk, "current": "cancelled"}
     with pytest.raises(errors.RunNotAcceptingActions):
-        actions.action_succeed(action=licence, actor=agent, result={"seat": 1})
+        moves.action_succeed(action=licence, actor=agent, result={"seat": 1})
     with pytest.raises(errors.RunNotAcceptingActions):
-        actions.action_fail(action=licence, actor=agent, error="late", retryable=False, layer="tool")
+        moves.action_fail(action=licence, actor=agent, error="late", retryable=False, layer="tool")
     with pytest.raises(errors.RunNotAcceptingActions):
         checkpoints.checkpoint_write(run=run, actor=agent, name="after")
     with pytest.raises(errors.RunNotAcceptingActions):
-        actions.action_start(action=hr, actor=agent)
+        moves.action_start(action=hr, actor=agent)
     assert Action.objects.filter(run=run).count() == 2 and Checkpoint.objects.count() == 0
     assert _licence(run).status == Action.Status.UNKNOWN
 
@@ -179,7 +180,7 @@ def _failed_with_a_running_action(tenant, agent):
     for n in (1, 2):
         perform_action(run, agent, f"rel.do_{n}", target_type="thing", target_id=f"thing-{n}", args={"n": n})
     slow = record(run, agent, "slow", tool="rel.do_3", args={"n": 3})
-    actions.action_start(action=slow, actor=agent)
+    moves.action_start(action=slow, actor=agent)
     item = services.run_fail_and_queue(run=run, actor=agent, error="gave up waiting").item
     assert item is not None
     return run, slow, item
@@ -194,7 +195,7 @@ def test_a_failed_run_still_takes_the_late_report_of_its_running_action(tenant, 
     with pytest.raises(errors.RunNotAcceptingActions):
         checkpoints.checkpoint_write(run=run, actor=agent, name="late")
     # ... but how the call under way ended is the truth arriving late, and is recorded.
-    actions.action_succeed(action=slow, actor=agent, result={"ok": 3})
+    moves.action_succeed(action=slow, actor=agent, result={"ok": 3})
     assert Action.objects.get(pk=slow.pk).status == Action.Status.SUCCEEDED
 
 
@@ -214,7 +215,7 @@ def test_compensation_waits_for_an_action_still_running_and_cancel_unblocks_it(t
     # The way out: cancel (the agent stops; do_3 becomes unknown), confirm it, then compensate.
     services.run_cancel(run=run, actor=operator, reason="the agent is stuck")
     assert Action.objects.get(pk=slow.pk).status == Action.Status.UNKNOWN
-    actions.action_reconcile(action=slow, actor=operator, happened=True, reason="thing-3 exists")
+    moves.action_reconcile(action=slow, actor=operator, happened=True, reason="thing-3 exists")
     unwind = services.unwind_start(item=RecoveryItem.objects.get(pk=item.pk), actor=operator, reason="undo")
     assert [s.action.tool for s in unwind.steps.order_by("position")] == ["rel.do_3", "rel.do_2", "rel.do_1"]
 
@@ -224,7 +225,7 @@ def test_a_failure_with_an_action_still_running_is_not_compensated_automatically
     run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu Kumar")
     perform_action(run, agent, "hr.create_user", target_id="ashu", args={"email": "ashu@company.com"})
     slow = record(run, agent, "slow", tool="workspace.provision_license", args={"email": "ashu@company.com"})
-    actions.action_start(action=slow, actor=agent)
+    moves.action_start(action=slow, actor=agent)
 
     outcome = services.run_fail_and_queue(run=run, actor=agent, error="gave up")
 

@@ -10,7 +10,8 @@ import pytest
 from ledger import errors
 from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, Run
-from ledger.services import actions, checkpoints, runs
+from ledger.services import checkpoints, runs
+from ledger.services.actions import moves
 from recovery import compensators, planner, services, trail, unwinds
 from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
 from tests.factories import load_reliability_policies, perform_action
@@ -234,7 +235,7 @@ def test_the_plan_hash_is_stable_and_changes_when_the_plan_does(tenant, agent, a
     assert planner.compensation_plan(run=hire.run, action_ids=[hire.first.pk]).plan_hash == shown.plan_hash
 
     # Someone confirms the timed-out call happened: a step is added to the plan.
-    actions.action_reconcile(action=late, actor=Actor.for_user(alice), happened=True, reason="it did")
+    moves.action_reconcile(action=late, actor=Actor.for_user(alice), happened=True, reason="it did")
     now = planner.compensation_plan(run=hire.run)
     assert now.plan_hash != shown.plan_hash and len(now.steps) == 4
 
@@ -258,7 +259,7 @@ def test_a_stale_plan_hash_is_plan_changed_and_nothing_starts(tenant, agent, ali
     services.run_fail_and_queue(run=hire.run, actor=agent, error="gave up")
     item = RecoveryItem.objects.get(run=hire.run)
     seen = planner.compensation_plan(run=hire.run).plan_hash  # Alice reads the plan…
-    actions.action_reconcile(action=late, actor=Actor.for_user(dave), happened=True, reason="it did")  # …Dave
+    moves.action_reconcile(action=late, actor=Actor.for_user(dave), happened=True, reason="it did")  # …Dave
     before = _snapshot(hire)
 
     with pytest.raises(errors.PlanChanged) as excinfo:

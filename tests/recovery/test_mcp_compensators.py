@@ -10,7 +10,8 @@ import pytest
 
 from ledger.audit import Actor
 from ledger.models import Compensator
-from ledger.policy_loader import PolicyFileError, policy_file_load, policy_file_parse
+from ledger.policies.errors import PolicyFileError
+from ledger.policies.load import policy_file_load, policy_file_parse
 from recovery import compensators
 from recovery.compensators import CompensationRequest
 from tests.support.mcp_servers import http_upstream

@@ -13,7 +13,8 @@ from django.utils import timezone
 from ledger import errors
 from ledger.audit import Actor
 from ledger.models import Action, Event, Run
-from ledger.services import actions, checkpoints, runs
+from ledger.services import checkpoints, runs
+from ledger.services.actions import moves
 from recovery import commands, compensators, items, planner, selectors, services, sweeper, unwinds
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from tests.factories import load_onboarding_policies, onboarding_saga
@@ -66,12 +67,12 @@ def test_the_plan_follows_completion_order_not_recording_order_and_warns(tenant,
         compensation={"tool": "hr.delete_user", "args": {}},
     ).action
     for action in (first, second, irreversible, unknown):
-        actions.action_start(action=action, actor=agent)
+        moves.action_start(action=action, actor=agent)
     # Recorded 1, 2, 3; completed 2, 3, 1: LIFO follows completion.
-    actions.action_succeed(action=second, actor=agent)
-    actions.action_succeed(action=irreversible, actor=agent)
-    actions.action_succeed(action=first, actor=agent)
-    actions.action_fail(
+    moves.action_succeed(action=second, actor=agent)
+    moves.action_succeed(action=irreversible, actor=agent)
+    moves.action_succeed(action=first, actor=agent)
+    moves.action_fail(
         action=unknown, actor=agent, error="timeout", retryable=True, layer="tool", outcome_unknown=True
     )
 
@@ -93,7 +94,7 @@ def test_compensate_is_refused_while_an_outcome_is_unknown(tenant, agent, alice)
         idempotency_key="u1",
         compensation={"tool": "hr.delete_user", "args": {}},
     ).action
-    actions.action_start(action=action, actor=agent)
+    moves.action_start(action=action, actor=agent)
     services.action_fail_and_queue(
         action=action, actor=agent, error="timeout", retryable=True, layer="tool", outcome_unknown=True
     )
@@ -287,16 +288,16 @@ def test_resume_from_a_stale_checkpoint_shows_the_warning_then_issues_the_comman
     user = services.action_record_gated(
         run=run, actor=agent, tool="hr.create_user", idempotency_key="s1"
     ).action
-    actions.action_start(action=user, actor=agent)
-    actions.action_succeed(action=user, actor=agent)
+    moves.action_start(action=user, actor=agent)
+    moves.action_succeed(action=user, actor=agent)
     checkpoint = checkpoints.checkpoint_write(
         run=run, actor=agent, name="user-created", completed_action_ids=[user.pk]
     )
     welcome = services.action_record_gated(
         run=run, actor=agent, tool="email.send_welcome", idempotency_key="s2"
     ).action
-    actions.action_start(action=welcome, actor=agent)
-    actions.action_succeed(action=welcome, actor=agent)
+    moves.action_start(action=welcome, actor=agent)
+    moves.action_succeed(action=welcome, actor=agent)
     item = services.run_fail_and_queue(run=run, actor=agent, error="crashed after the e-mail").item
 
     preview = selectors.resume_preview(item=item)

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 from ledger.models import ToolPolicy
-from ledger.services import actions, runs
+from ledger.services import runs
+from ledger.services.actions import moves, recording
 from recovery import items as recovery_items
 from recovery import services as recovery
 from recovery.models import RecoveryItem
@@ -18,10 +19,10 @@ def test_it_keeps_the_specific_reason_when_the_agent_then_fails_the_run(tenant, 
         compensation="none",
     )
     run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu")
-    action = actions.action_record(
+    action = recording.action_record(
         run=run, actor=agent, tool="email.send_welcome", idempotency_key="e1"
     ).action
-    actions.action_start(action=action, actor=agent)
+    moves.action_start(action=action, actor=agent)
     recovery.action_fail_and_queue(
         action=action, actor=agent, error="timed out", retryable=True, layer="tool", outcome_unknown=True
     )

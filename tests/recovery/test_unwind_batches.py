@@ -21,7 +21,8 @@ from ledger import errors
 from ledger.audit import Actor, audit_verify
 from ledger.conf import saga
 from ledger.models import Action, Event
-from ledger.services import actions, runs
+from ledger.services import runs
+from ledger.services.actions import moves
 from recovery import compensators, jobs, services, sweeper, unwinds
 from recovery.models import Unwind, UnwindStep
 
@@ -75,8 +76,8 @@ def _unwind(tenant, agent, alice, *, steps: int) -> Unwind:
             args={"n": n},
             compensation={"tool": TOOL, "args": {"n": n}},
         ).action
-        actions.action_start(action=action, actor=agent)
-        actions.action_succeed(action=action, actor=agent)
+        moves.action_start(action=action, actor=agent)
+        moves.action_succeed(action=action, actor=agent)
     item = services.run_fail_and_queue(run=run, actor=agent, error="boom").item
     assert item is not None
     return services.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")

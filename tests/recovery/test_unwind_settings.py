@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from ledger.audit import Actor
-from ledger.policies import policy_settings_for
-from ledger.policy_loader import PolicyFileError, policy_file_load, policy_file_parse
+from ledger.policies.errors import PolicyFileError
+from ledger.policies.load import policy_file_load, policy_file_parse
+from ledger.policies.resolve import policy_settings_for
 from recovery import services
 from recovery.models import Unwind
 from tests.factories import load_onboarding_policies, onboarding_saga

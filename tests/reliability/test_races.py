@@ -16,7 +16,8 @@ from django.urls import reverse
 
 from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, IdempotencyRecord, Run
-from ledger.services import actions, checkpoints, runs
+from ledger.services import checkpoints, runs
+from ledger.services.actions import moves
 from recovery import services
 from recovery.models import AgentCommand, RecoveryItem, Unwind
 from tests.factories import failed_saga, load_reliability_policies
@@ -230,14 +231,14 @@ def test_scenario_7_stale_resume_and_writes_after_cancel_or_close(
     # A stale checkpoint: written after the first action, before the second succeeded.
     run = runs.run_create(tenant=tenant, actor=agent, agent="reliability", request="two steps")
     first = services.action_record_gated(run=run, actor=agent, tool="rel.do_1", idempotency_key="s7-1").action
-    actions.action_start(action=first, actor=agent)
-    actions.action_succeed(action=first, actor=agent, result={"ok": 1})
+    moves.action_start(action=first, actor=agent)
+    moves.action_succeed(action=first, actor=agent, result={"ok": 1})
     checkpoints.checkpoint_write(run=run, actor=agent, name="after step 1", completed_action_ids=[first.pk])
     second = services.action_record_gated(
         run=run, actor=agent, tool="rel.do_2", idempotency_key="s7-2"
     ).action
-    actions.action_start(action=second, actor=agent)
-    actions.action_succeed(action=second, actor=agent, result={"ok": 2})
+    moves.action_start(action=second, actor=agent)
+    moves.action_succeed(action=second, actor=agent, result={"ok": 2})
     item = services.run_fail_and_queue(run=run, actor=agent, error="step 3 failed").item
 
     detail = Api(operator_key[1]).get(f"/recovery/{item.pk}").json()
@@ -258,7 +259,7 @@ def test_scenario_7_stale_resume_and_writes_after_cancel_or_close(
         running = services.action_record_gated(
             run=victim, actor=agent, tool="rel.do_2", idempotency_key=f"{ending}-running"
         ).action
-        actions.action_start(action=running, actor=agent)
+        moves.action_start(action=running, actor=agent)
         if ending == "cancel":
             runs.run_cancel(run=victim, actor=agent, reason="the user withdrew")
         else:

@@ -22,7 +22,8 @@ import pytest
 
 from ledger.audit import Actor
 from ledger.models import Action, Compensator, Event, PolicySet, Run, ToolPolicy
-from ledger.policy_loader import PolicyFileError, policies_load_file
+from ledger.policies.errors import PolicyFileError
+from ledger.policies.load import policies_load_file
 from recovery import compensators, unwinds
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
 from tests.support.api import Api, error_of

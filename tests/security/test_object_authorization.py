@@ -12,7 +12,8 @@ import pytest
 from django.test import Client
 
 from ledger.audit import Actor
-from ledger.services import actions, checkpoints, pauses, runs
+from ledger.services import checkpoints, pauses, runs
+from ledger.services.actions import moves
 from recovery import channels, commands, services
 from recovery.models import Approval
 from tests.factories import gated_run, issue_key
@@ -38,8 +39,8 @@ def acme_world(tenant, agent, bob):
         idempotency_key="w-1",
         compensation={"tool": "hr.delete_user", "args": {}},
     ).action
-    actions.action_start(action=step_action, actor=agent)
-    actions.action_succeed(action=step_action, actor=agent, result={})
+    moves.action_start(action=step_action, actor=agent)
+    moves.action_succeed(action=step_action, actor=agent, result={})
     checkpoint = checkpoints.checkpoint_write(run=failed, actor=agent, name="cp")
     item = services.run_fail_and_queue(run=failed, actor=agent, error="boom").item
     other = runs.run_create(tenant=tenant, actor=agent, agent="x", request="z")
@@ -50,8 +51,8 @@ def acme_world(tenant, agent, bob):
         idempotency_key="w-2",
         compensation={"tool": "hr.delete_user", "args": {}},
     ).action
-    actions.action_start(action=undone, actor=agent)
-    actions.action_succeed(action=undone, actor=agent, result={})
+    moves.action_start(action=undone, actor=agent)
+    moves.action_succeed(action=undone, actor=agent, result={})
     other_item = services.run_fail_and_queue(run=other, actor=agent, error="boom").item
     unwind = services.unwind_start(item=other_item, actor=Actor.system("tests"), reason="undo")
     command = commands.command_issue(run=failed, kind="resume", actor=Actor.system("tests"), reason="go")

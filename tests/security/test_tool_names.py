@@ -12,9 +12,10 @@ from rq import SimpleWorker
 
 from ledger import errors
 from ledger.models import Action, Event, Pause, ToolPolicy
-from ledger.policy_loader import PolicyFileError, policy_file_parse
-from ledger.services import actions as ledger_actions
+from ledger.policies.errors import PolicyFileError
+from ledger.policies.load import policy_file_parse
 from ledger.services import runs
+from ledger.services.actions import recording
 from recovery import notifications
 from recovery import services as recovery
 from recovery.models import Notification
@@ -133,10 +134,10 @@ def test_the_record_service_holds_every_other_path_to_the_same_rule(tenant, agen
     refusal from the service, for the tool and for the compensating tool, and nothing is written."""
     run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu")
     with pytest.raises(errors.ValidationFailed) as refused:
-        ledger_actions.action_record(run=run, actor=agent, tool="payments.charge\r", idempotency_key="s-1")
+        recording.action_record(run=run, actor=agent, tool="payments.charge\r", idempotency_key="s-1")
     assert refused.value.details["errors"][0]["field"] == "tool"
     with pytest.raises(errors.ValidationFailed) as refused:
-        ledger_actions.action_record(
+        recording.action_record(
             run=run,
             actor=agent,
             tool="hr.create_user",

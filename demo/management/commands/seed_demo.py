@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from demo import agents, mcp_agent, people
 from demo.setup import AGENT_KEYS, agent_secret, demo_setup, logins_table, policy_summary
 from demo.views import SECRET_ENV
-from ledger.policy_loader import PolicyFileError
+from ledger.policies.errors import PolicyFileError
 
 
 class Command(BaseCommand):

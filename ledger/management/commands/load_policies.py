@@ -6,8 +6,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.audit import Actor
 from ledger.models import Tenant
-from ledger.policy_loader import PolicyFileError, policies_load_file
-from ledger.upstreams import policy_upstream_mismatches
+from ledger.policies.errors import PolicyFileError
+from ledger.policies.load import policies_load_file
 
 
 class Command(BaseCommand):
@@ -41,15 +41,8 @@ class Command(BaseCommand):
             )
         if not report.changed:
             self.stdout.write("Nothing changed.")
-        # A compensation that cannot reach the upstream its tool was performed on waits for a
-        # person every time: say so now, while the file is in front of whoever loads it.
-        for checked in [scope] if scope is not None else Tenant.objects.order_by("slug"):
-            for mismatch in policy_upstream_mismatches(tenant=checked):
-                self.stderr.write(f"Warning ({checked.slug}): {mismatch['message']}")
-        self._warn_compensations(report.compensation_warnings)
-
-    def _warn_compensations(self, warnings: list[str]) -> None:
-        # The residual risk of compensations built from what agents report (docs/SECURITY.md):
-        # the file loads, but its author is told which compensating tools run unattended.
-        for warning in warnings:
-            self.stdout.write(self.style.WARNING(f"Warning: {warning}"))
+        # The file loads all the same; its author is told now, while the file is in front of them,
+        # what will wait for a person or run unattended (docs/SECURITY.md, Residual risk). Every
+        # warning on one stream, in one form.
+        for warning in report.warnings:
+            self.stderr.write(f"Warning: {warning}", style_func=self.style.WARNING)

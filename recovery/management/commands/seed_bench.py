@@ -35,7 +35,7 @@ from django.utils import timezone
 from ledger.hashing import sha256_hex
 from ledger.ids import new_id
 from ledger.models import Tenant
-from ledger.services.actions import action_payload_hash
+from ledger.services.actions.payload import action_payload_hash
 from recovery.items import search_text_for
 
 if TYPE_CHECKING:

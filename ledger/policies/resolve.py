@@ -9,7 +9,6 @@ else the built-in conservative default: high risk, manual approval, irreversible
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Generic, TypeVar
@@ -29,7 +28,8 @@ from ledger.models import (
     Tenant,
     ToolPolicy,
 )
-from ledger.policy_rules import NO_RULES, Applied, CompiledRules, Limit, RulesApplied, compile_rules
+from ledger.policies.rule_compile import compile_rules
+from ledger.policies.rules import NO_RULES, Applied, CompiledRules, Limit, RulesApplied
 
 T = TypeVar("T")
 
@@ -69,7 +69,7 @@ class ResolvedPolicy:
     scope: str = "global"  # "tenant", "global" or "default"
     source: str = ""
     approvers: int = 1
-    # The policy's rules and limits, compiled (``ledger.policy_rules``); not part of ``as_dict``.
+    # The policy's rules and limits, compiled (``ledger.policies.rules``); not part of ``as_dict``.
     compiled: CompiledRules = field(default=NO_RULES, compare=False, repr=False)
 
     @property
@@ -92,7 +92,7 @@ class ResolvedPolicy:
         kind left undecided counts as far as it is stricter than that outcome: the call gets the
         strictest of both answers, on each of effect, risk, approval and approvers — so a rule that
         tightens applies, one that relaxes does not, and a value's type never buys an unattended
-        call (``ledger.policy_rules``). A deny among the rules that apply → ``PolicyDenied`` naming
+        call (``ledger.policies.rules``). A deny among the rules that apply → ``PolicyDenied`` naming
         it; so does a policy whose stored rules do not compile (fail closed: a broken rule must
         not quietly allow what it was written to stop)."""
         if self.compiled.problems:
@@ -351,110 +351,3 @@ def policies_in_force(*, tenant: Tenant) -> list[ToolPolicy]:
         p for p in ToolPolicy.objects.filter(tenant__isnull=True).order_by("tool") if p.tool not in overridden
     ]
     return sorted(own + shared, key=lambda p: p.tool)
-
-
-# --- Compensation args templates ---------------------------------------------------------------
-#
-# A policy that names its compensating tool may say how that tool's args are built from the
-# forward action: a string value "$args.<path>", "$result.<path>", "$target_id" or "$target_type"
-# (or "$args"/"$result": the whole value) is replaced by that value of the action; "$$…" is the
-# literal string "$…"; every other value is kept as it is; dicts and lists are filled recursively.
-
-TEMPLATE_ROOTS = ("args", "result", "target_id", "target_type")
-_TEMPLATE = re.compile(
-    r"^\$(?:(?P<root>args|result)(?P<path>(?:\.[^.\s$]+)*)|(?P<target>target_id|target_type))$"
-)
-
-
-class TemplateUnfillable(Exception):
-    """A template path the forward action does not have; ``path`` is the template as written."""
-
-    def __init__(self, path: str, why: str) -> None:
-        self.path = path
-        super().__init__(f"{path}: {why}")
-
-
-def _template_walk(template: Any, where: str) -> list[tuple[str, str]]:
-    """(where, string) of every template-like string (one starting with a single "$")."""
-    if isinstance(template, str):
-        return [(where, template)] if template.startswith("$") and not template.startswith("$$") else []
-    if isinstance(template, dict):
-        return [found for key, value in template.items() for found in _template_walk(value, f"{where}.{key}")]
-    if isinstance(template, list):
-        return [
-            found
-            for index, value in enumerate(template)
-            for found in _template_walk(value, f"{where}[{index}]")
-        ]
-    return []
-
-
-def compensation_args_problems(template: Any, *, where: str = "compensation_args") -> list[str]:
-    """Every malformed template string in ``template``, each naming its key: what the policy loader
-    reports, so a typo is a load error instead of a compensation that fails months later."""
-    return [
-        f"{path}: '{value}' is not a template; use $args.<path>, $result.<path>, $target_id or "
-        "$target_type (write $$ for a literal $)"
-        for path, value in _template_walk(template, where)
-        if not _TEMPLATE.match(value)
-    ]
-
-
-_NOT_YET = object()
-
-
-def _lookup(root: str, value: Any, path: str) -> Any:
-    written = f"${root}{path}"
-    if value is None:
-        raise TemplateUnfillable(written, f"the forward action has no {root}")
-    for segment in path.split(".")[1:]:
-        if isinstance(value, Mapping) and segment in value:
-            value = value[segment]
-        elif isinstance(value, list) and segment.isdigit() and int(segment) < len(value):
-            value = value[int(segment)]
-        else:
-            raise TemplateUnfillable(written, f"the forward action's {root} has no '{segment}' there")
-    return value
-
-
-def compensation_args_fill(
-    template: Any, *, args: Any, target_id: str, target_type: str, result: Any = _NOT_YET
-) -> Any:
-    """The compensating tool's args: ``template`` filled from the forward action (its args as they
-    are now, i.e. the approved ones when an approver edited them, and its result). Raises
-    ``TemplateUnfillable`` naming the first path the action does not have. Without ``result`` (the
-    action has not succeeded yet), ``$result`` templates are left as they are."""
-    if isinstance(template, dict):
-        return {
-            key: compensation_args_fill(
-                value, args=args, target_id=target_id, target_type=target_type, result=result
-            )
-            for key, value in template.items()
-        }
-    if isinstance(template, list):
-        return [
-            compensation_args_fill(
-                value, args=args, target_id=target_id, target_type=target_type, result=result
-            )
-            for value in template
-        ]
-    if not isinstance(template, str) or not template.startswith("$"):
-        return template
-    if template.startswith("$$"):
-        return template[1:]
-    match = _TEMPLATE.match(template)
-    if match is None:
-        # The loader refuses these; a row written another way (the admin, a shell) fails visibly.
-        raise TemplateUnfillable(
-            template, "not a template ($args.<path>, $result.<path>, $target_id, $target_type)"
-        )
-    if match["target"]:
-        value = target_id if match["target"] == "target_id" else target_type
-        if not value:
-            raise TemplateUnfillable(template, f"the forward action has no {match['target']}")
-        return value
-    if match["root"] == "result":
-        if result is _NOT_YET:
-            return template
-        return _lookup("result", result, match["path"])
-    return _lookup("args", args, match["path"])

@@ -1,0 +1,86 @@
+"""Durations, one grammar for every place that reads one: a limit's ``window`` and the
+agentSafety ``unwind.timeout`` of a policy file, and the period of a rate setting
+(``SAGA_THROTTLE_RATE="60/m"``).
+
+A duration is a number and a unit: ``30s``, ``2m``, ``1h``, ``7d``, ``1.5h``, ``500ms``. The
+number is whole or decimal; the unit is one of ``ms``, ``s``, ``m``, ``h`` and ``d``, in either
+case, and may be left out (seconds); spaces around either are allowed. What a reader accepts
+beyond the grammar is the reader's own rule: a limit's window is a whole number of seconds, at
+most 31 days; a step time-out is more than 0 and at most a day (and may also be written as a
+plain number of seconds); a rate's period is a whole number of seconds, its number may be left
+out (``/m`` is one minute) and its unit may also be a word (``sec``, ``min``, ``hour``, ``day``:
+``100/day``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+UNIT_SECONDS: dict[str, Decimal] = {
+    "ms": Decimal("0.001"),
+    "s": Decimal(1),
+    "m": Decimal(60),
+    "h": Decimal(3600),
+    "d": Decimal(86400),
+}
+_UNIT_WORDS = {"ms": "millisecond", "s": "second", "m": "minute", "h": "hour", "d": "day"}
+# A rate's period may name its unit in a word ("100/day").
+_PERIOD_WORDS = {"sec": "s", "min": "m", "hour": "h", "day": "d"}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Duration:
+    """A duration as written: its number and its unit (lower case; ``s`` when none was written)."""
+
+    count: Decimal
+    unit: str
+
+    @property
+    def seconds(self) -> int | float:
+        """In seconds: an int when whole (``1.5h`` → 5400), else a float (``500ms`` → 0.5)."""
+        seconds = self.count * UNIT_SECONDS[self.unit]
+        return int(seconds) if seconds == seconds.to_integral_value() else float(seconds)
+
+    def per(self) -> str:
+        """In words, as a rate's denominator: ``per hour``, ``per 15 minutes``."""
+        word = _UNIT_WORDS[self.unit]
+        return f"per {word}" if self.count == 1 else f"per {self.count} {word}s"
+
+
+def duration_read(text: str) -> Duration | None:
+    """``text`` read by the grammar above, or None when it does not follow it."""
+    match = _DURATION.match(text)
+    if match is None:
+        return None
+    unit = match.group(2).lower() or "s"
+    if unit not in UNIT_SECONDS:
+        return None
+    return Duration(count=Decimal(match.group(1)), unit=unit)
+
+
+def period_read(text: str) -> Duration | None:
+    """A rate's period (``"60/m"``'s ``m``): a duration, whose number may be left out (one of its
+    unit; nothing at all is one second) and whose unit may be a word (``day``, ``10min``)."""
+    match = _DURATION.match(text if text.strip()[:1].isdigit() else f"1{text.strip()}")
+    if match is None:
+        return None
+    unit = match.group(2).lower()
+    return duration_read(f"{match.group(1)}{_PERIOD_WORDS.get(unit, unit)}")
+
+
+def parse_duration(value: Any) -> int | float:
+    """A duration or a plain number of seconds → seconds: ``"30s"`` → 30, ``"2m"`` → 120,
+    ``"1.5h"`` → 5400, ``"500ms"`` → 0.5, ``45`` → 45. ``ValueError`` for anything else (a
+    boolean is not a number of seconds)."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a duration such as 30s or 2m, got '{value}'")
+    if isinstance(value, int | float):
+        return value
+    duration = duration_read(value) if isinstance(value, str) else None
+    if duration is None:
+        raise ValueError(f"must be a duration such as 30s or 2m, got '{value}'")
+    return duration.seconds

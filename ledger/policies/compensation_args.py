@@ -1,0 +1,114 @@
+"""The compensation args templates of a policy.
+
+A policy that names its compensating tool may say how that tool's args are built from the forward
+action: a string value "$args.<path>", "$result.<path>", "$target_id" or "$target_type" (or
+"$args"/"$result": the whole value) is replaced by that value of the action; "$$…" is the literal
+string "$…"; every other value is kept as it is; dicts and lists are filled recursively. The
+loader checks them (``compensation_args_problems``); the record and the planner fill them
+(``compensation_args_fill``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+TEMPLATE_ROOTS = ("args", "result", "target_id", "target_type")
+_TEMPLATE = re.compile(
+    r"^\$(?:(?P<root>args|result)(?P<path>(?:\.[^.\s$]+)*)|(?P<target>target_id|target_type))$"
+)
+
+
+class TemplateUnfillable(Exception):
+    """A template path the forward action does not have; ``path`` is the template as written."""
+
+    def __init__(self, path: str, why: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {why}")
+
+
+def _template_walk(template: Any, where: str) -> list[tuple[str, str]]:
+    """(where, string) of every template-like string (one starting with a single "$")."""
+    if isinstance(template, str):
+        return [(where, template)] if template.startswith("$") and not template.startswith("$$") else []
+    if isinstance(template, dict):
+        return [found for key, value in template.items() for found in _template_walk(value, f"{where}.{key}")]
+    if isinstance(template, list):
+        return [
+            found
+            for index, value in enumerate(template)
+            for found in _template_walk(value, f"{where}[{index}]")
+        ]
+    return []
+
+
+def compensation_args_problems(template: Any, *, where: str = "compensation_args") -> list[str]:
+    """Every malformed template string in ``template``, each naming its key: what the policy loader
+    reports, so a typo is a load error instead of a compensation that fails months later."""
+    return [
+        f"{path}: '{value}' is not a template; use $args.<path>, $result.<path>, $target_id or "
+        "$target_type (write $$ for a literal $)"
+        for path, value in _template_walk(template, where)
+        if not _TEMPLATE.match(value)
+    ]
+
+
+_NOT_YET = object()
+
+
+def _lookup(root: str, value: Any, path: str) -> Any:
+    written = f"${root}{path}"
+    if value is None:
+        raise TemplateUnfillable(written, f"the forward action has no {root}")
+    for segment in path.split(".")[1:]:
+        if isinstance(value, Mapping) and segment in value:
+            value = value[segment]
+        elif isinstance(value, list) and segment.isdigit() and int(segment) < len(value):
+            value = value[int(segment)]
+        else:
+            raise TemplateUnfillable(written, f"the forward action's {root} has no '{segment}' there")
+    return value
+
+
+def compensation_args_fill(
+    template: Any, *, args: Any, target_id: str, target_type: str, result: Any = _NOT_YET
+) -> Any:
+    """The compensating tool's args: ``template`` filled from the forward action (its args as they
+    are now, i.e. the approved ones when an approver edited them, and its result). Raises
+    ``TemplateUnfillable`` naming the first path the action does not have. Without ``result`` (the
+    action has not succeeded yet), ``$result`` templates are left as they are."""
+    if isinstance(template, dict):
+        return {
+            key: compensation_args_fill(
+                value, args=args, target_id=target_id, target_type=target_type, result=result
+            )
+            for key, value in template.items()
+        }
+    if isinstance(template, list):
+        return [
+            compensation_args_fill(
+                value, args=args, target_id=target_id, target_type=target_type, result=result
+            )
+            for value in template
+        ]
+    if not isinstance(template, str) or not template.startswith("$"):
+        return template
+    if template.startswith("$$"):
+        return template[1:]
+    match = _TEMPLATE.match(template)
+    if match is None:
+        # The loader refuses these; a row written another way (the admin, a shell) fails visibly.
+        raise TemplateUnfillable(
+            template, "not a template ($args.<path>, $result.<path>, $target_id, $target_type)"
+        )
+    if match["target"]:
+        value = target_id if match["target"] == "target_id" else target_type
+        if not value:
+            raise TemplateUnfillable(template, f"the forward action has no {match['target']}")
+        return value
+    if match["root"] == "result":
+        if result is _NOT_YET:
+            return template
+        return _lookup("result", result, match["path"])
+    return _lookup("args", args, match["path"])

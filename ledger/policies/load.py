@@ -1,0 +1,322 @@
+"""Loading a policy file (``manage.py load_policies``): parse, validate, then replace one scope.
+
+Two layouts are accepted. The native one (API.md, "Policies and compensators") is validated
+strictly: exact lower-case enum values, no unknown keys. The ``agentSafety`` layout seen in the
+wild is translated into the native shape first (camelCase keys, upper-case enum values, durations
+such as ``"30s"``) and then goes through the same validation, so both layouts mean the same thing
+once loaded.
+
+A load is one transaction: a file with any error changes nothing, and every error names the
+entry it is about (``policies[2] (tool "payments.charge"): risk: must be one of …``). Loading the
+same file twice changes nothing: rows whose content is already what the file says are not
+written at all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from django.db import connection, transaction
+from pydantic import ValidationError
+
+from ledger.audit import Actor, audit_record
+from ledger.compensation_risks import unattended_destructive_compensations
+from ledger.hashing import canonical_json, sha256_hex
+from ledger.models import Compensator, PolicySet, Tenant, ToolPolicy
+from ledger.policies.agent_safety import AGENT_SAFETY, agent_safety_translate
+from ledger.policies.errors import PolicyFileError, Problems, entry_of, validation_problems
+from ledger.policies.rule_checks import limits_problems, rules_problems
+from ledger.policies.schema import PolicyFileIn
+from ledger.upstreams import policy_upstream_mismatches
+
+logger = structlog.get_logger(__name__)
+
+NATIVE = "native"
+
+# --- Parsing ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyDocument:
+    """A validated policy file, in the native vocabulary."""
+
+    layout: str
+    default_policy: dict[str, Any]
+    policies: list[dict[str, Any]]
+    compensators: dict[str, dict[str, Any]]
+    unwind: dict[str, Any]
+    auto_compensate: dict[str, Any]
+    audit: dict[str, Any]
+
+    @property
+    def content_hash(self) -> str:
+        return sha256_hex(
+            {
+                "default_policy": self.default_policy,
+                "policies": self.policies,
+                "compensators": self.compensators,
+                "unwind": self.unwind,
+                "auto_compensate": self.auto_compensate,
+                "audit": self.audit,
+            }
+        )
+
+
+def _rules_and_limits_problems(native: Any, prefix: str) -> list[str]:
+    """Every problem of the policies' ``rules`` and ``limits``, each naming its policy, the rule or
+    limit index and the field: ``policies[2] (tool "payments.charge"): rules[1].if.gt: expected a
+    number, got '10000'``."""
+    policies = native.get("policies") if isinstance(native, dict) else None
+    if not isinstance(policies, list):
+        return []
+    problems: list[str] = []
+    for index, policy in enumerate(policies):
+        if not isinstance(policy, dict):
+            continue
+        entry, _ = entry_of(("policies", index), native, prefix)
+        if policy.get("rules") is not None:
+            problems.extend(f"{entry}: {p}" for p in rules_problems(policy["rules"]))
+        if policy.get("limits") is not None:
+            problems.extend(f"{entry}: {p}" for p in limits_problems(policy["limits"]))
+    return problems
+
+
+def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocument:
+    """Validate a decoded policy file in either layout; raise ``PolicyFileError`` listing every
+    problem."""
+    if not isinstance(data, dict):
+        raise PolicyFileError(source, ["file: must be a JSON object"])
+    layout = NATIVE
+    prefix = ""
+    problems = Problems()
+    native: Any = data
+    if AGENT_SAFETY in data:
+        layout, prefix = AGENT_SAFETY, "agentSafety."
+        for key in data:
+            if key != AGENT_SAFETY:
+                problems.add(
+                    key, 'unknown key next to "agentSafety" (mixing the two layouts is not supported)'
+                )
+        native = agent_safety_translate(data[AGENT_SAFETY], problems)
+    try:
+        parsed = PolicyFileIn.model_validate(native)
+    except ValidationError as exc:
+        problems.items.extend(validation_problems(exc, native, prefix))
+        parsed = None
+    problems.items.extend(_rules_and_limits_problems(native, prefix))
+    if problems.items or parsed is None:
+        raise PolicyFileError(source, problems.items)
+
+    policies = [
+        {
+            "tool": p.tool,
+            "risk": p.risk,
+            "approval": p.approval,
+            "action_class": p.action_class,
+            "compensation": p.effective_compensation(),
+            "compensation_tool": p.compensation_tool or "",
+            "compensation_args": p.compensation_args,
+            # Only when the file sets them (the content hash of a file without them is unchanged);
+            # the loader stores the defaults for the others (POLICY_DEFAULTS).
+            **({"approvers": p.approvers} if p.approvers is not None else {}),
+            **({"rules": p.rules} if p.rules else {}),
+            **({"limits": p.limits} if p.limits else {}),
+        }
+        for p in parsed.policies
+    ]
+    compensators = {
+        tool: {
+            "kind": spec.kind,
+            "url": spec.webhook or spec.mcp or "",
+            "secret": spec.secret or "",
+            "secret_env": spec.secret_env or "",
+            "python_path": spec.python or "",
+            "mcp_tool": spec.tool or "",
+            "headers_env": dict(spec.headers_env or {}),
+            "reader_path": spec.reader or "",
+        }
+        for tool, spec in parsed.compensators.items()
+    }
+    # Only what the file says is stored; the resolver layers it over the global set and the
+    # built-in defaults, so an omitted section means "inherit", not "reset".
+    return PolicyDocument(
+        layout=layout,
+        default_policy=parsed.default_policy.model_dump(exclude_none=True) if parsed.default_policy else {},
+        policies=policies,
+        compensators=compensators,
+        unwind=parsed.unwind.model_dump(exclude_none=True) if parsed.unwind else {},
+        auto_compensate=parsed.auto_compensate.model_dump(exclude_unset=True)
+        if parsed.auto_compensate
+        else {},
+        audit=json.loads(canonical_json(parsed.audit or {})),
+    )
+
+
+def policy_file_read(path: str | Path) -> Any:
+    """Decode a policy file, turning I/O and JSON errors into a ``PolicyFileError``."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PolicyFileError(source, ["file: does not exist"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyFileError(source, [f"file: cannot be read ({exc})"]) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PolicyFileError(
+            source, [f"file: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"]
+        ) from None
+
+
+# --- Loading ---------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadReport:
+    source: str
+    layout: str
+    scope: str
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    # What the file's author should know about the scope as it is after the load, whether or not
+    # this load changed it (``policy_load_warnings``), one sentence each.
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated or self.removed)
+
+    def summary(self) -> str:
+        return f"{len(self.created)} created, {len(self.updated)} updated, {len(self.unchanged)} unchanged"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "layout": self.layout,
+            "scope": self.scope,
+            "created": self.created,
+            "updated": self.updated,
+            "unchanged": self.unchanged,
+            "removed": self.removed,
+        }
+
+
+# What a tool policy row holds for what its entry in the file does not set.
+POLICY_DEFAULTS: dict[str, Any] = {"approvers": 1, "rules": [], "limits": []}
+
+
+def _upsert(model: type[Any], *, lookup: dict[str, Any], values: dict[str, Any]) -> str:
+    """Create or update one row; return "created", "updated" or "unchanged". An unchanged row is
+    not saved at all, so its ``loaded_at`` stays put and a repeat load changes nothing."""
+    obj = model.objects.select_for_update().filter(**lookup).first()
+    if obj is None:
+        model.objects.create(**lookup, **values)
+        return "created"
+    if all(getattr(obj, name) == value for name, value in values.items()):
+        return "unchanged"
+    for name, value in values.items():
+        setattr(obj, name, value)
+    obj.save()
+    return "updated"
+
+
+@transaction.atomic
+def policy_file_load(
+    *, document: PolicyDocument, source: str, tenant: Tenant | None, actor: Actor
+) -> LoadReport:
+    """Replace the policy set of one scope (a tenant, or global) with ``document``.
+
+    Tool policies and compensators of that scope that the file no longer lists are removed: the
+    file is the whole truth for its scope.
+    """
+    scope = tenant.slug if tenant else "global"
+    # Two loads of one scope at once would interleave their upserts and deletions.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"policies:{scope}"])
+    report = LoadReport(source=source, layout=document.layout, scope=scope)
+
+    outcome = _upsert(
+        PolicySet,
+        lookup={"tenant": tenant},
+        values={
+            "default_policy": document.default_policy,
+            "unwind": document.unwind,
+            "auto_compensate": document.auto_compensate,
+            "audit": document.audit,
+            "source": source,
+            "content_hash": document.content_hash,
+        },
+    )
+    getattr(report, outcome).append("policy set")
+
+    for policy in document.policies:
+        # A policy the file lists without rules has none, whatever it had before.
+        values = {**POLICY_DEFAULTS, **{k: v for k, v in policy.items() if k != "tool"}}
+        outcome = _upsert(
+            ToolPolicy, lookup={"tenant": tenant, "tool": policy["tool"]}, values={**values, "source": source}
+        )
+        getattr(report, outcome).append(f"policy {policy['tool']}")
+    stale = ToolPolicy.objects.filter(tenant=tenant).exclude(tool__in=[p["tool"] for p in document.policies])
+    report.removed.extend(f"policy {tool}" for tool in stale.order_by("tool").values_list("tool", flat=True))
+    stale.delete()
+
+    for tool, spec in document.compensators.items():
+        outcome = _upsert(
+            Compensator, lookup={"tenant": tenant, "tool": tool}, values={**spec, "source": source}
+        )
+        getattr(report, outcome).append(f"compensator {tool}")
+    stale_comp = Compensator.objects.filter(tenant=tenant).exclude(tool__in=list(document.compensators))
+    report.removed.extend(
+        f"compensator {tool}" for tool in stale_comp.order_by("tool").values_list("tool", flat=True)
+    )
+    stale_comp.delete()
+
+    # A repeat load writes nothing, not even an audit event: the log records changes.
+    if report.changed:
+        policy_set = PolicySet.objects.get(tenant=tenant)
+        if tenant is not None:
+            audit_record(
+                tenant=tenant,
+                actor=actor,
+                kind="policies.loaded",
+                subject=policy_set,
+                reason=f"loaded {source}",
+                data={**report.as_dict(), "content_hash": document.content_hash},
+            )
+        else:
+            # Audit events belong to a tenant's chain; a global load has none, so it is logged.
+            logger.info(
+                "policies.loaded", actor=actor.label, content_hash=document.content_hash, **report.as_dict()
+            )
+    report.warnings = policy_load_warnings(tenant=tenant)
+    return report
+
+
+def policy_load_warnings(*, tenant: Tenant | None) -> list[str]:
+    """Every warning about a scope's policies, in one list: compensations whose compensator does
+    not reach the upstream that performed their tool, so undoing them waits for a person every time
+    (``ledger.upstreams``; each tenant of the global scope); then compensating tools that delete or
+    move money and run unattended (``ledger.compensation_risks``)."""
+    checked = [tenant] if tenant is not None else list(Tenant.objects.order_by("slug"))
+    warnings = [
+        f"tenant {each.slug}: {mismatch['message']}"
+        for each in checked
+        for mismatch in policy_upstream_mismatches(tenant=each)
+    ]
+    warnings.extend(w.message for w in unattended_destructive_compensations(tenant=tenant))
+    return warnings
+
+
+def policies_load_file(*, path: str | Path, tenant: Tenant | None, actor: Actor) -> LoadReport:
+    """Read, validate and load a policy file. Raises ``PolicyFileError`` before touching the
+    database when the file has any problem."""
+    source = str(path)
+    document = policy_file_parse(policy_file_read(path), source=source)
+    return policy_file_load(document=document, source=source, tenant=tenant, actor=actor)
