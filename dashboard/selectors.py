@@ -65,7 +65,7 @@ from recovery.commands import overdue_before
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import APPROVAL_RISKS
 from recovery.trail import run_trail
-from recovery.unwinds import planned_step
+from recovery.unwinds.state import planned_step
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations

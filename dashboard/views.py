@@ -47,9 +47,9 @@ from recovery import decisions as recovery_decisions
 from recovery import items as recovery_items
 from recovery import planner
 from recovery import selectors as recovery_selectors
-from recovery import services as recovery_services
 from recovery import trail as recovery_trail
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.services import approving, bulk, cancelling, compensating, refusals, resolving
 
 M = TypeVar("M", bound=Model)
 
@@ -95,7 +95,7 @@ def _not_offered(request: HtmxHttpRequest, item: RecoveryItem, decision: str) ->
     if verdict:
         return None
     if request.method == "POST":
-        recovery_services.refusal_record(
+        refusals.refusal_record(
             decision=decision,
             exc=SagaError(verdict.why, details={"current": item.status}, code="decision_not_offered"),
             actor=_actor(request),
@@ -243,11 +243,7 @@ def queue_bulk(request: HtmxHttpRequest) -> HttpResponse:
     for item in items:
         require(request.user, Capability.OPERATE, item.tenant_id)
     operation = form.cleaned_data["operation"]
-    service = (
-        recovery_services.items_bulk_close
-        if operation == "close"
-        else recovery_services.items_bulk_compensate
-    )
+    service = bulk.items_bulk_close if operation == "close" else bulk.items_bulk_compensate
     try:
         outcomes = service(items=items, actor=_actor(request), reason=form.cleaned_data["reason"])
     except SagaError as exc:
@@ -490,7 +486,7 @@ def item_compensate(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
             request, item, plan=plan, form=form, stage="review", scope=scope, to_checkpoint=to_checkpoint
         )
     try:
-        unwind = recovery_services.unwind_start(
+        unwind = compensating.unwind_start(
             item=item,
             actor=_actor(request),
             reason=data["reason"],
@@ -528,9 +524,7 @@ def run_flag(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            item = recovery_services.run_flag(
-                run=run, actor=_actor(request), reason=form.cleaned_data["reason"]
-            )
+            item = resolving.run_flag(run=run, actor=_actor(request), reason=form.cleaned_data["reason"])
         except SagaError as exc:
             return _refused(request, exc, _run_url(run.pk))
         messages.success(
@@ -569,7 +563,7 @@ def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     form = ResumeForm(request.POST or None, checkpoints=checkpoints)
     if request.method == "POST" and form.is_valid():
         try:
-            recovery_services.item_resume(
+            resolving.item_resume(
                 item=item, actor=_actor(request), reason=form.cleaned_data["reason"], checkpoint=checkpoint
             )
         except SagaError as exc:
@@ -605,7 +599,7 @@ def item_close(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            recovery_services.item_close(item=item, actor=_actor(request), reason=form.cleaned_data["reason"])
+            resolving.item_close(item=item, actor=_actor(request), reason=form.cleaned_data["reason"])
         except SagaError as exc:
             return _refused(request, exc, _run_url(item.run_id))
         messages.success(request, "Closed. Nothing was undone; the reason is in the audit log.")
@@ -624,7 +618,7 @@ def run_cancel(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            outcome = recovery_services.run_cancel(
+            outcome = cancelling.run_cancel(
                 run=run, actor=_actor(request), reason=form.cleaned_data["reason"]
             )
         except SagaError as exc:
@@ -692,7 +686,7 @@ def unwind_stop(request: HtmxHttpRequest, unwind_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            stopped = recovery_services.unwind_stop(
+            stopped = compensating.unwind_stop(
                 unwind=unwind, actor=_actor(request), reason=form.cleaned_data["reason"]
             )
         except SagaError as exc:
@@ -726,7 +720,7 @@ def step_ask_again(request: HtmxHttpRequest, step_id: str) -> HttpResponse:
         messages.error(request, "This step has no approval to ask again for.")
         return _done(request, back)
     try:
-        recovery_services.approval_request_again(
+        approving.approval_request_again(
             approval=approval, actor=_actor(request), reason=form.cleaned_data["reason"]
         )
     except SagaError as exc:
@@ -746,7 +740,7 @@ def _step_decision(request: HtmxHttpRequest, step_id: str, *, skip: bool) -> Htt
     if not form.is_valid():
         messages.error(request, _form_errors(form))
         return _done(request, back)
-    service = recovery_services.step_skip if skip else recovery_services.step_retry
+    service = compensating.step_skip if skip else compensating.step_retry
     try:
         service(step=step, actor=_actor(request), reason=form.cleaned_data["reason"])
     except SagaError as exc:
@@ -860,7 +854,7 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
     if form.is_valid():
         try:
             if approve:
-                decided = recovery_services.approval_approve(
+                decided = approving.approval_approve(
                     approval=approval,
                     actor=_actor(request),
                     reason=form.cleaned_data["reason"],
@@ -873,7 +867,7 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
                         "another approver must grant it too."
                     )
             else:
-                recovery_services.approval_reject(
+                approving.approval_reject(
                     approval=approval, actor=_actor(request), reason=form.cleaned_data["reason"]
                 )
         except SagaError as exc:

@@ -21,10 +21,10 @@ from ledger.models import Action, Run
 from ledger.services.runs import CANCELLABLE
 from ledger.transitions import RUN_TRANSITIONS
 from recovery.models import ITEM_TRANSITIONS, Approval, RecoveryItem, Unwind, UnwindStep
-from recovery.unwinds import PROBLEMS, STOPPABLE
+from recovery.unwinds.state import PROBLEMS, STOPPABLE
 
 # Resume and close resolve an item that waits for a decision; an item an unwind has claimed is
-# that unwind's to resolve (recovery.services.item_resume / item_close use this as allowed_from).
+# that unwind's to resolve (recovery.services.resolving.item_resume / item_close use this as allowed_from).
 DECIDABLE_ITEM = (RecoveryItem.Status.OPEN,)
 # A run being compensated is not flagged: its unwind decides what happens next (run_flag).
 NOT_FLAGGABLE = (Run.Status.COMPENSATING,)
@@ -195,7 +195,7 @@ def decisions_for(*, run: Run, item: RecoveryItem | None, unwind: Unwind | None 
 
 
 def step_decisions(*, step: UnwindStep, unwind: Unwind) -> StepDecisions:
-    """Retry, skip or ask again for a step's approval: the rules of ``recovery.unwinds.step_retry``,
+    """Retry, skip or ask again for a step's approval: the rules of ``recovery.unwinds.moves.step_retry``,
     ``step_skip`` and ``step_approval_ask_again``."""
     approval: Approval | None = getattr(step, "approval", None)
     not_granted = approval is not None and approval.status in (

@@ -18,9 +18,14 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from ledger.conf import saga
-from recovery import approvals, notifications, queueing, unwinds
+from recovery import approvals, queueing
 from recovery.compensators import Outcome
 from recovery.models import Notification, Unwind, UnwindStep
+from recovery.notifications.outbox import enqueue_delivery
+from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.dispatch import drive_job_timeout, enqueue_step, step_lease_seconds, step_timeout_of
+from recovery.unwinds.runner import step_record_outcome
+from recovery.unwinds.state import ENGINE, IN_FLIGHT, step_transition
 
 log = structlog.get_logger("saga_admin.sweeper")
 
@@ -57,16 +62,14 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
         state = queueing.job_state(step.job_id, queue="compensations")
         if state is None:
             break  # Redis is down: nothing can be enqueued now; the next sweep tries again
-        stale = waited > max(
-            3 * interval, unwinds.step_lease_seconds(step_timeout_s=unwinds.step_timeout_of(step.unwind))
-        )
+        stale = waited > max(3 * interval, step_lease_seconds(step_timeout_s=step_timeout_of(step.unwind)))
         if queueing.job_is_alive(state) and not stale:
             continue
         job_id = queueing.enqueue(
             "recovery.jobs.step_run",
             queue="compensations",
             step_id=step.pk,
-            job_timeout=unwinds.drive_job_timeout(step_timeout_s=unwinds.step_timeout_of(step.unwind)),
+            job_timeout=drive_job_timeout(step_timeout_s=step_timeout_of(step.unwind)),
         )
         if job_id:
             UnwindStep.objects.filter(pk=step.pk, status=UnwindStep.Status.QUEUED).update(
@@ -85,7 +88,7 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
     # of unwinds, the last ones follow a second or two later): the next sweep looks again.
     for unwind_id, job_id in (
         Unwind.objects.filter(status=Unwind.Status.RUNNING, updated_at__lt=now - timedelta(seconds=interval))
-        .exclude(steps__status__in=unwinds.IN_FLIGHT)
+        .exclude(steps__status__in=IN_FLIGHT)
         .values_list("pk", "job_id")
     ):
         will_run = queueing.job_will_run(job_id, queue="compensations", started_within_s=3 * interval)
@@ -93,7 +96,7 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
             break  # Redis is down: nothing can be enqueued now; the next sweep looks again
         if will_run:
             continue
-        unwinds.unwind_advance(unwind_id=unwind_id)
+        unwind_advance(unwind_id=unwind_id)
         report.advanced += 1
     return report
 
@@ -123,9 +126,9 @@ def _step_lease_expired(*, step_id: str, now: datetime) -> bool:
     message = f"Lease expired after attempt {step.attempts}: the worker running the step was lost."
     if step.attempts >= step.max_attempts or unwind.status == Unwind.Status.CANCELLED:
         # Out of attempts, or its unwind was stopped (nothing is retried after a stop): the step
-        # fails, naming why (recovery.unwinds records a stopped unwind's step as not retried).
+        # fails, naming why (recovery.unwinds.runner records a stopped unwind's step as not retried).
         # The token is left as is: the lost worker (if it ever wakes) is fenced by the status.
-        unwinds.step_record_outcome(
+        step_record_outcome(
             step_id=step.pk,
             token=step.lease_token,
             outcome=Outcome.retry(
@@ -133,18 +136,18 @@ def _step_lease_expired(*, step_id: str, now: datetime) -> bool:
             ),
         )
         return True
-    unwinds.step_transition(
+    step_transition(
         step,
         to=UnwindStep.Status.QUEUED,
         allowed_from=(UnwindStep.Status.RUNNING,),
-        actor=unwinds.ENGINE,
+        actor=ENGINE,
         kind="step.lease_expired",
         reason=message,
         where={"lease_token": step.lease_token},
         updates={"lease_expires_at": None, "next_attempt_at": now, "error": message, "job_id": ""},
         data={"attempt": step.attempts, "lease_token": step.lease_token},
     )
-    unwinds.enqueue_step(step.pk, step_timeout_s=unwinds.step_timeout_of(step.unwind))
+    enqueue_step(step.pk, step_timeout_s=step_timeout_of(step.unwind))
     return True
 
 
@@ -189,7 +192,7 @@ def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepRepo
             break  # Redis is down: the next sweep tries again
         if queueing.job_is_alive(state) and (now - updated_at).total_seconds() < stale_s:
             continue
-        notifications.enqueue_delivery(notification_id=notification_id)
+        enqueue_delivery(notification_id=notification_id)
         report.reenqueued += 1
     for approval_id in approvals.approvals_due_for_reminder(now=now):
         if approvals.approval_remind(approval_id=approval_id, now=now) is not None:

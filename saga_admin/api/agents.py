@@ -24,8 +24,8 @@ from ledger.policies import policies_in_force, policy_settings_for
 from ledger.services import actions, checkpoints, runs
 from recovery import commands
 from recovery import selectors as recovery_selectors
-from recovery import services as recovery
 from recovery.models import AgentCommand
+from recovery.services import approving, reports
 from recovery.trail import run_trail
 from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, agent_auth, reader_auth
 from saga_admin.api.idempotency import (
@@ -282,7 +282,7 @@ def run_fail(
     )
 
     def produce() -> tuple[int, Any]:
-        outcome = recovery.run_fail_and_queue(
+        outcome = reports.run_fail_and_queue(
             run=run,
             actor=_actor(request),
             error=payload.error,
@@ -376,7 +376,7 @@ def action_record(
             "The body's idempotency_key and the Idempotency-Key header differ.",
             details={"idempotency_key": payload.idempotency_key, "header": idempotency_key},
         )
-    recorded = recovery.action_record_gated(
+    recorded = approving.action_record_gated(
         run=run,
         actor=_actor(request),
         tool=payload.tool,
@@ -458,7 +458,7 @@ def action_fail(
     action = _action_reference(request, action_id)
 
     def produce() -> tuple[int, Any]:
-        recovery.action_fail_and_queue(
+        reports.action_fail_and_queue(
             action=action,
             actor=_actor(request),
             error=payload.error,
@@ -485,7 +485,7 @@ def action_verify(
     action = _action(request, action_id, write=True)
 
     def produce() -> tuple[int, Any]:
-        _, item = recovery.action_verify_and_queue(
+        _, item = reports.action_verify_and_queue(
             action=action,
             actor=_actor(request),
             ok=payload.ok,

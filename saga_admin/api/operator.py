@@ -21,9 +21,10 @@ from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.rules import REASON_MAX_LENGTH
 from ledger.selectors import get_for_tenants, run_get, run_reach
 from ledger.services import pauses as ledger_pauses
-from recovery import selectors, services
+from recovery import selectors
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import compensation_plan
+from recovery.services import approving, cancelling, compensating, resolving
 from saga_admin.api.agents import IDEMPOTENCY_DOC
 from saga_admin.api.auth import AUTH_ERRORS, ErrorOut, approver_auth, operator_auth, reader_auth
 from saga_admin.api.idempotency import HEADER, KEY_PATTERN, idempotent_response
@@ -506,7 +507,7 @@ def recovery_detail(request: HttpRequest, item_id: str, selection: Query[PlanQue
 def recovery_compensate(request: HttpRequest, item_id: str, body: CompensateIn) -> Any:
     key = _key(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
-    unwind = services.unwind_start(
+    unwind = compensating.unwind_start(
         item=item,
         actor=Actor.for_key(key),
         reason=body.reason,
@@ -528,7 +529,7 @@ def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Any:
     checkpoint = None
     if body.checkpoint_id:
         checkpoint = get_for_tenants(Checkpoint.objects.all(), pk=body.checkpoint_id, tenants=key.tenant)
-    command = services.item_resume(
+    command = resolving.item_resume(
         item=item, actor=Actor.for_key(key), reason=body.reason, checkpoint=checkpoint
     )
     return Status(202, _command_out(command))
@@ -540,7 +541,7 @@ def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Any:
 def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Any:
     key = _key(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
-    services.item_close(item=item, actor=Actor.for_key(key), reason=body.reason)
+    resolving.item_close(item=item, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, _item_out(selectors.item_get(tenants=key.tenant, item_id=item_id)))
 
 
@@ -552,7 +553,7 @@ def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Any:
 def run_flag(request: HttpRequest, run_id: str, body: ReasonIn) -> Any:
     key = _key(request)
     run = run_get(tenant=key.tenant, run_id=run_id)
-    item = services.run_flag(run=run, actor=Actor.for_key(key), reason=body.reason)
+    item = resolving.run_flag(run=run, actor=Actor.for_key(key), reason=body.reason)
     return Status(201, _item_out(selectors.item_get(tenants=key.tenant, item_id=item.pk)))
 
 
@@ -574,7 +575,7 @@ def unwind_detail(request: HttpRequest, unwind_id: str) -> Any:
 def step_retry(request: HttpRequest, step_id: str, body: ReasonIn) -> Any:
     key = _key(request)
     step = selectors.step_get(tenants=key.tenant, step_id=step_id)
-    services.step_retry(step=step, actor=Actor.for_key(key), reason=body.reason)
+    compensating.step_retry(step=step, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, _step_out(selectors.step_get(tenants=key.tenant, step_id=step_id)))
 
 
@@ -586,7 +587,7 @@ def step_retry(request: HttpRequest, step_id: str, body: ReasonIn) -> Any:
 def step_skip(request: HttpRequest, step_id: str, body: ReasonIn) -> Any:
     key = _key(request)
     step = selectors.step_get(tenants=key.tenant, step_id=step_id)
-    services.step_skip(step=step, actor=Actor.for_key(key), reason=body.reason)
+    compensating.step_skip(step=step, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, _step_out(selectors.step_get(tenants=key.tenant, step_id=step_id)))
 
 
@@ -622,7 +623,7 @@ def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> Any
 def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) -> Any:
     key = _key(request)
     approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
-    decided = services.approval_approve(
+    decided = approving.approval_approve(
         approval=approval,
         actor=Actor.for_key(key),
         reason=body.reason,
@@ -641,7 +642,7 @@ def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) ->
 def approval_reject(request: HttpRequest, approval_id: str, body: ReasonIn) -> Any:
     key = _key(request)
     approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
-    decided = services.approval_reject(approval=approval, actor=Actor.for_key(key), reason=body.reason)
+    decided = approving.approval_reject(approval=approval, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, _approval_out(decided))
 
 
@@ -676,7 +677,7 @@ def run_cancel(
     actor = Actor.for_key(key)
 
     def produce() -> tuple[int, Any]:
-        outcome = services.run_cancel(run=run, actor=actor, reason=body.reason)
+        outcome = cancelling.run_cancel(run=run, actor=actor, reason=body.reason)
         return 200, {
             **run_out(outcome.run),
             "command": command_out(outcome.command),
@@ -798,7 +799,7 @@ def pause_lift(request: HttpRequest, pause_id: str, body: ReasonIn) -> Any:
 def unwind_stop(request: HttpRequest, unwind_id: str, body: ReasonIn) -> Any:
     key = _key(request)
     unwind = selectors.unwind_get(tenants=key.tenant, unwind_id=unwind_id)
-    services.unwind_stop(unwind=unwind, actor=Actor.for_key(key), reason=body.reason)
+    compensating.unwind_stop(unwind=unwind, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, _unwind_out(selectors.unwind_get(tenants=key.tenant, unwind_id=unwind_id)))
 
 
@@ -817,5 +818,5 @@ def approval_request_again(request: HttpRequest, approval_id: str, body: ReasonI
         pk=approval_id,
         tenants=key.tenant,
     )
-    asked = services.approval_request_again(approval=approval, actor=Actor.for_key(key), reason=body.reason)
+    asked = approving.approval_request_again(approval=approval, actor=Actor.for_key(key), reason=body.reason)
     return Status(201, _approval_out(asked))
