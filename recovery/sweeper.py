@@ -52,6 +52,23 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
 
     # 2. A queued step that is due but whose job is gone (Redis restarted or was down when it
     # was enqueued), or has waited implausibly long (a job stuck "started" by a dead worker).
+    report.reenqueued = _queued_steps_reenqueue(now=now, interval=interval)
+
+    # 3. A running unwind with nothing in flight whose advance job will not run: Redis lost it (or
+    # was down when it was enqueued), or its work horse died before claiming a step. One still
+    # waiting in the queue is left to its job: advancing it here would queue its step with a
+    # job of its own and leave the advance job nothing to do, two jobs where one does, which is
+    # what a backlog of unwinds started together (or any queue longer than a sweep) got. A job
+    # handed over less than a sweep interval ago may not be in Redis yet (the transaction that
+    # recorded it has committed, and its enqueue follows; after a commit that started hundreds
+    # of unwinds, the last ones follow a second or two later): the next sweep looks again.
+    report.advanced = _idle_unwinds_advance(now=now, interval=interval)
+    return report
+
+
+def _queued_steps_reenqueue(*, now: datetime, interval: float) -> int:
+    """``steps_sweep``'s second duty: the queued steps handed to a job again (how many)."""
+    reenqueued = 0
     for step in UnwindStep.objects.filter(
         status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING
     ).select_related("unwind"):
@@ -75,17 +92,14 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
             UnwindStep.objects.filter(pk=step.pk, status=UnwindStep.Status.QUEUED).update(
                 job_id=job_id, updated_at=timezone.now()
             )
-            report.reenqueued += 1
+            reenqueued += 1
             log.info("unwinds.step_reenqueued", step_id=step.pk, previous_job=step.job_id, job_state=state)
+    return reenqueued
 
-    # 3. A running unwind with nothing in flight whose advance job will not run: Redis lost it (or
-    # was down when it was enqueued), or its work horse died before claiming a step. One still
-    # waiting in the queue is left to its job: advancing it here would queue its step with a
-    # job of its own and leave the advance job nothing to do, two jobs where one does, which is
-    # what a backlog of unwinds started together (or any queue longer than a sweep) got. A job
-    # handed over less than a sweep interval ago may not be in Redis yet (the transaction that
-    # recorded it has committed, and its enqueue follows; after a commit that started hundreds
-    # of unwinds, the last ones follow a second or two later): the next sweep looks again.
+
+def _idle_unwinds_advance(*, now: datetime, interval: float) -> int:
+    """``steps_sweep``'s third duty: the running unwinds with nothing in flight advanced (how many)."""
+    advanced = 0
     for unwind_id, job_id in (
         Unwind.objects.filter(status=Unwind.Status.RUNNING, updated_at__lt=now - timedelta(seconds=interval))
         .exclude(steps__status__in=IN_FLIGHT)
@@ -97,8 +111,8 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
         if will_run:
             continue
         unwind_advance(unwind_id=unwind_id)
-        report.advanced += 1
-    return report
+        advanced += 1
+    return advanced
 
 
 @transaction.atomic

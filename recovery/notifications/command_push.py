@@ -88,6 +88,14 @@ def deliver_command(*, command_id: str) -> bool:
     AgentCommand.objects.filter(pk=command.pk).update(delivery_attempts=F("delivery_attempts") + 1)
     if target is None:
         return _delivery_failed(command, unresolved)
+    return _command_post(command, target, payload=payload, agent=agent)
+
+
+def _command_post(
+    command: AgentCommand, target: outbound.CheckedUrl, *, payload: dict[str, Any], agent: str
+) -> bool:
+    """Send the command, signed, to the address the check approved, and record what came of it
+    (``deliver_command``)."""
     body = json.dumps(payload, sort_keys=True, default=str).encode()
     headers = {"Content-Type": "application/json", "Idempotency-Key": command.pk}
     secret = outbound.resume_secret(command.tenant, agent)

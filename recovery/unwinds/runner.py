@@ -189,18 +189,7 @@ def _step_record(
         )
         enqueue_step(step.pk, step_timeout_s=step_timeout_of(step.unwind), delay_s=delay)
         return step, None
-    if outcome.kind == compensators.DONE:
-        to, action_outcome, error = UnwindStep.Status.DONE, "done", ""
-    elif outcome.kind == compensators.DRIFTED:
-        to, action_outcome, error = UnwindStep.Status.DRIFTED, "drifted", outcome.error
-    else:
-        to, action_outcome = UnwindStep.Status.FAILED, "failed"
-        if outcome.kind == compensators.FAILED:
-            error = outcome.error
-        elif stopped:
-            error = f"Not retried: the unwind was stopped. Attempt {step.attempts} failed: {outcome.error}"
-        else:
-            error = f"Gave up after {step.attempts} attempts: {outcome.error}"
+    to, action_outcome, error = _settled_as(outcome, attempts=step.attempts, stopped=stopped)
     step_transition(
         step,
         to=to,
@@ -226,17 +215,42 @@ def _step_record(
     if stopped:
         stopped_item_refresh(unwind)
         return step, None
+    return step, _move_on(unwind, step, next_of=next_of, claim_next=claim_next)
+
+
+def _settled_as(outcome: Outcome, *, attempts: int, stopped: bool) -> tuple[str, str, str]:
+    """The step's final status, its action's compensation outcome and the step's error, for an
+    outcome that is not retried (``_step_record``)."""
+    if outcome.kind == compensators.DONE:
+        to, action_outcome, error = UnwindStep.Status.DONE, "done", ""
+    elif outcome.kind == compensators.DRIFTED:
+        to, action_outcome, error = UnwindStep.Status.DRIFTED, "drifted", outcome.error
+    else:
+        to, action_outcome = UnwindStep.Status.FAILED, "failed"
+        if outcome.kind == compensators.FAILED:
+            error = outcome.error
+        elif stopped:
+            error = f"Not retried: the unwind was stopped. Attempt {attempts} failed: {outcome.error}"
+        else:
+            error = f"Gave up after {attempts} attempts: {outcome.error}"
+    return to, action_outcome, error
+
+
+def _move_on(unwind: Unwind, step: UnwindStep, *, next_of: str | None, claim_next: bool) -> Claim | None:
+    """The unwind's next move once a step's outcome is recorded (``_step_record``): with
+    ``next_of``, advanced in the same transaction (its next step claimed for the caller when
+    ``claim_next``); otherwise, or when that advance refuses, an advance job after commit."""
     if next_of is not None:
         try:
             # A savepoint: the outcome just recorded is the compensator's real effect and must
             # commit even when moving the unwind on refuses (a run that left compensating, an
             # approval that cannot be asked); that advance is then retried on its own.
             with transaction.atomic():
-                return step, advance_locked(unwind, claim=claim_next)
+                return advance_locked(unwind, claim=claim_next)
         except (errors.SagaError, DatabaseError):
             log.exception("unwinds.advance_failed", unwind_id=step.unwind_id, step_id=step.pk)
     enqueue_advance(step.unwind_id)
-    return step, None
+    return None
 
 
 # --- A compensator that no longer exists -------------------------------------------------------
