@@ -16,7 +16,7 @@ from recovery.notifications import delivery
 from recovery.services import periodic
 from recovery.unwinds import dispatch, runner
 
-log = structlog.get_logger("saga_admin.jobs")
+log = structlog.get_logger(__name__)
 
 
 def unwind_advance(*, unwind_id: str) -> None:

@@ -27,7 +27,7 @@ from recovery.unwinds.dispatch import drive_job_timeout, enqueue_step, step_leas
 from recovery.unwinds.runner import step_record_outcome
 from recovery.unwinds.state import ENGINE, IN_FLIGHT, step_transition
 
-log = structlog.get_logger("saga_admin.sweeper")
+log = structlog.get_logger(__name__)
 
 
 @dataclass
