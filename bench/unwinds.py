@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ledger.services.actions import moves
+
 TENANT = "bench"
 
 
@@ -16,8 +18,8 @@ def _failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo"
     from ledger.audit import Actor
     from ledger.models import AgentKey
     from ledger.services import runs
-    from ledger.services.actions import moves
-    from recovery import services as recovery
+    from recovery.services.approving import action_record_gated
+    from recovery.services.reports import run_fail_and_queue
 
     key = AgentKey.objects.select_related("tenant").filter(tenant__slug=TENANT).first()
     if key is None:
@@ -27,7 +29,7 @@ def _failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo"
         tenant=key.tenant, actor=actor, agent="bench-unwind", request=f"unwind bench {label}{index}"
     )
     for n in range(steps):
-        action = recovery.action_record_gated(
+        action = action_record_gated(
             run=run,
             actor=actor,
             tool="bench.update_record",
@@ -39,13 +41,13 @@ def _failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo"
         ).action
         moves.action_start(action=action, actor=actor)
         moves.action_succeed(action=action, actor=actor, result={"ok": True})
-    outcome = recovery.run_fail_and_queue(run=run, actor=actor, error="benchmark failure")
+    outcome = run_fail_and_queue(run=run, actor=actor, error="benchmark failure")
     return run, outcome.item
 
 
 def _start(item: Any, user: Any) -> Any:
     from ledger.audit import Actor
-    from recovery.services import unwind_start
+    from recovery.services.compensating import unwind_start
 
     return unwind_start(item=item, actor=Actor.for_user(user), reason="benchmark")
 

@@ -14,9 +14,9 @@ from django.db import close_old_connections, transaction
 
 from demo import services as world
 from ledger.audit import Actor
-from recovery import services as recovery
 from recovery.approvals import pending_q
 from recovery.models import Approval
+from recovery.services.approving import approval_approve
 
 
 def approve_when_asked(
@@ -32,9 +32,7 @@ def approve_when_asked(
             while time.monotonic() < deadline:
                 approval = Approval.objects.filter(pending_q(), run_id=run_id).first()
                 if approval is not None:
-                    recovery.approval_approve(
-                        approval=approval, actor=Actor.for_user(approver), reason=reason
-                    )
+                    approval_approve(approval=approval, actor=Actor.for_user(approver), reason=reason)
                     return
                 time.sleep(0.2)
         finally:

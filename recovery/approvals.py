@@ -27,8 +27,8 @@ from ledger.hashing import sha256_hex
 from ledger.models import Action, AgentKey, Membership, Run
 from ledger.rules import reason_required
 from ledger.services.keys import APPROVER_ROLES
-from recovery import notifications
 from recovery.models import Approval, ApprovalGrant, UnwindStep
+from recovery.notifications import outbox
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -101,7 +101,7 @@ def approval_request(
         data=data,
     )
     approval.tenant = run.tenant
-    notifications.notify_approval_requested(approval)
+    outbox.notify_approval_requested(approval)
     return approval
 
 
@@ -500,5 +500,5 @@ def approval_remind(*, approval_id: str, now: datetime) -> Approval | None:
     ):
         return None
     approval = Approval.objects.select_related("tenant", "run").get(pk=approval_id)
-    notifications.notify_approval_reminder(approval)
+    outbox.notify_approval_reminder(approval)
     return approval

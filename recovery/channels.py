@@ -26,7 +26,6 @@ from django.utils import timezone
 from ledger import errors
 from ledger.audit import Actor, audit_record
 from ledger.models import Membership, Tenant
-from recovery import notifications
 from recovery.models import (
     Notification,
     NotificationChannel,
@@ -35,6 +34,7 @@ from recovery.models import (
     SlackLinkCode,
     SlackUserLink,
 )
+from recovery.notifications import outbox
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -176,7 +176,7 @@ def channel_delete(*, channel: NotificationChannel, actor: Actor) -> None:
 @transaction.atomic
 def channel_send_test(*, channel: NotificationChannel, actor: Actor) -> Notification:
     """A test notification to this channel alone, through the outbox like any other."""
-    [row] = notifications.notify(
+    [row] = outbox.notify(
         tenant=channel.tenant,
         event=NotificationEvent.TEST,
         subject_id=channel.pk,

@@ -15,10 +15,10 @@ from ledger import errors
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from ledger.models import Checkpoint, Run
-from recovery import notifications
 from recovery.models import AgentCommand
+from recovery.notifications import command_push, outbox
 
-MAX_COMMAND_DELIVERY_ATTEMPTS = notifications.MAX_DELIVERY_ATTEMPTS
+MAX_COMMAND_DELIVERY_ATTEMPTS = command_push.MAX_DELIVERY_ATTEMPTS
 COMMAND_MONITOR = Actor.system("command-monitor")
 
 
@@ -49,7 +49,7 @@ def command_issue(
         data={"checkpoint": getattr(checkpoint, "pk", None)},
     )
     if run.resume_url:
-        transaction.on_commit(lambda: notifications.enqueue_command_delivery(command_id=command.pk))
+        transaction.on_commit(lambda: command_push.enqueue_command_delivery(command_id=command.pk))
     return command
 
 
@@ -92,7 +92,7 @@ def commands_redeliver_due(*, now: datetime | None = None) -> int:
     )
     count = 0
     for command_id in due:
-        notifications.enqueue_command_delivery(command_id=command_id)
+        command_push.enqueue_command_delivery(command_id=command_id)
         count += 1
     return count
 
@@ -234,6 +234,6 @@ def commands_flag_overdue(*, now: datetime | None = None) -> int:
                 reason=f"The agent has not acknowledged the resume command {waited_min} min after it was issued.",
                 data={"issued_at": command.created_at.isoformat(), "timeout_s": saga().resume_ack_timeout_s},
             )
-            notifications.notify_command_overdue(command)
+            outbox.notify_command_overdue(command)
             flagged += 1
     return flagged

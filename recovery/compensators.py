@@ -49,7 +49,7 @@ from ledger.conf import saga
 from ledger.models import CompensationStrategy, Compensator
 from ledger.policies.resolve import StampCache
 
-log = structlog.get_logger("saga_admin.compensators")
+log = structlog.get_logger(__name__)
 
 DONE = "done"
 DRIFTED = "drifted"
@@ -214,12 +214,7 @@ def execute(
 
     ``rows`` memoises the registry lookup across the steps one job runs back to back (a batch
     lasts seconds; a policy reload is seen by the next batch)."""
-    if rows is None:
-        row = compensator_row(tenant_id=tenant_id, tool=request.tool)
-    elif (tenant_id, request.tool) in rows:
-        row = rows[(tenant_id, request.tool)]
-    else:
-        row = rows[(tenant_id, request.tool)] = compensator_row(tenant_id=tenant_id, tool=request.tool)
+    row = _row_for(request, tenant_id=tenant_id, rows=rows)
     if request.upstream and not request.person_approved:
         # The plan made such a step wait for a person; this holds even when the policy file
         # changed the compensator after the plan was frozen.
@@ -232,6 +227,25 @@ def execute(
         drift = _check_drift(request, row)
         if drift is not None:
             return drift
+    return _call(request, row)
+
+
+def _row_for(
+    request: CompensationRequest, *, tenant_id: int, rows: dict[tuple[int, str], Compensator | None] | None
+) -> Compensator | None:
+    """The registry row that serves the step's tool (``execute``), memoised in ``rows`` when given."""
+    if rows is None:
+        row = compensator_row(tenant_id=tenant_id, tool=request.tool)
+    elif (tenant_id, request.tool) in rows:
+        row = rows[(tenant_id, request.tool)]
+    else:
+        row = rows[(tenant_id, request.tool)] = compensator_row(tenant_id=tenant_id, tool=request.tool)
+    return row
+
+
+def _call(request: CompensationRequest, row: Compensator | None) -> Outcome:
+    """Call what serves the step's tool (``execute``, its checks passed): the policy file's row
+    (webhook, MCP or Python), else a compensator registered in code."""
     if row is not None and row.kind == Compensator.Kind.WEBHOOK:
         secret = _secret_for(row)
         if not secret:

@@ -21,10 +21,10 @@ from ledger.models import Action, Run
 from ledger.services.runs import CANCELLABLE
 from ledger.transitions import RUN_TRANSITIONS
 from recovery.models import ITEM_TRANSITIONS, Approval, RecoveryItem, Unwind, UnwindStep
-from recovery.unwinds import PROBLEMS, STOPPABLE
+from recovery.unwinds.state import PROBLEMS, STOPPABLE
 
 # Resume and close resolve an item that waits for a decision; an item an unwind has claimed is
-# that unwind's to resolve (recovery.services.item_resume / item_close use this as allowed_from).
+# that unwind's to resolve (recovery.services.resolving.item_resume / item_close use this as allowed_from).
 DECIDABLE_ITEM = (RecoveryItem.Status.OPEN,)
 # A run being compensated is not flagged: its unwind decides what happens next (run_flag).
 NOT_FLAGGABLE = (Run.Status.COMPENSATING,)
@@ -136,6 +136,35 @@ def decisions_for(*, run: Run, item: RecoveryItem | None, unwind: Unwind | None 
     status must be a source of the transition (``RUN_TRANSITIONS``), unknown outcomes block both
     compensating and resuming, only a running or failed run is cancelled (``CANCELLABLE``), only
     a running or paused unwind is stopped (``STOPPABLE``)."""
+    compensate, resume, close = _item_decisions(run, item, unwind)
+    cancel = (
+        ALLOWED
+        if run.status in CANCELLABLE
+        else Decision(False, transition_sentence("Run", run.status, Run.Status.CANCELLED))
+    )
+    flag = _flag_decision(run, item)
+    stop = _stop_decision(unwind)
+    # One sentence per reason, naming the decisions it holds back ("Resume, Compensate and Close").
+    by_why: dict[str, list[str]] = {}
+    for name, decision in (("Resume", resume), ("Compensate", compensate), ("Close", close)):
+        if not decision:
+            by_why.setdefault(decision.why, []).append(name)
+    refused = [(_names(names), why) for why, names in by_why.items()]
+    return RunDecisions(
+        compensate=compensate,
+        resume=resume,
+        close=close,
+        cancel=cancel,
+        flag=flag,
+        stop_unwind=stop,
+        refused=refused,
+    )
+
+
+def _item_decisions(
+    run: Run, item: RecoveryItem | None, unwind: Unwind | None
+) -> tuple[Decision, Decision, Decision]:
+    """Compensate, resume and close: the item's decisions (``decisions_for``)."""
     open_item = item is not None and item.status in DECIDABLE_ITEM
     compensate = resume = close = ALLOWED
     if not open_item:
@@ -157,17 +186,20 @@ def decisions_for(*, run: Run, item: RecoveryItem | None, unwind: Unwind | None 
             resume = Decision(False, transition_sentence("Run", run.status, Run.Status.RUNNING))
         elif why := _outcomes_refusal(run, doing="resume", running_too=False):
             resume = Decision(False, why)
-    cancel = (
-        ALLOWED
-        if run.status in CANCELLABLE
-        else Decision(False, transition_sentence("Run", run.status, Run.Status.CANCELLED))
-    )
+    return compensate, resume, close
+
+
+def _flag_decision(run: Run, item: RecoveryItem | None) -> Decision:
     if run.status in NOT_FLAGGABLE:
         flag = Decision(False, f"{UNDER_WAY}; flag the run once it has finished.")
     elif item is not None and item.status in RecoveryItem.UNRESOLVED:
         flag = Decision(False, "The run is already in the recovery queue.")
     else:
         flag = ALLOWED
+    return flag
+
+
+def _stop_decision(unwind: Unwind | None) -> Decision:
     if unwind is not None and unwind.status in STOPPABLE:
         stop = ALLOWED
     else:
@@ -177,25 +209,11 @@ def decisions_for(*, run: Run, item: RecoveryItem | None, unwind: Unwind | None 
             if unwind is not None
             else "No compensation has been started for this run.",
         )
-    # One sentence per reason, naming the decisions it holds back ("Resume, Compensate and Close").
-    by_why: dict[str, list[str]] = {}
-    for name, decision in (("Resume", resume), ("Compensate", compensate), ("Close", close)):
-        if not decision:
-            by_why.setdefault(decision.why, []).append(name)
-    refused = [(_names(names), why) for why, names in by_why.items()]
-    return RunDecisions(
-        compensate=compensate,
-        resume=resume,
-        close=close,
-        cancel=cancel,
-        flag=flag,
-        stop_unwind=stop,
-        refused=refused,
-    )
+    return stop
 
 
 def step_decisions(*, step: UnwindStep, unwind: Unwind) -> StepDecisions:
-    """Retry, skip or ask again for a step's approval: the rules of ``recovery.unwinds.step_retry``,
+    """Retry, skip or ask again for a step's approval: the rules of ``recovery.unwinds.moves.step_retry``,
     ``step_skip`` and ``step_approval_ask_again``."""
     approval: Approval | None = getattr(step, "approval", None)
     not_granted = approval is not None and approval.status in (
@@ -240,64 +258,80 @@ def transition_sentence(subject_type: str, current: str, to: str) -> str:
     """Why ``subject_type`` (a model's name) cannot go from ``current`` to ``to``: the one place
     that words a state-machine refusal for a person."""
     if subject_type == "RecoveryItem":
-        if current == RecoveryItem.Status.CLAIMED:
-            return f"{UNDER_WAY}. {UNDER_WAY_NEXT}"
-        if current == RecoveryItem.Status.RESOLVED:
-            return f"{ALREADY_DECIDED} (someone decided it meanwhile); reload the page to see how."
-        return "This recovery item is back in the queue, waiting for a decision."
+        return _item_sentence(current)
     if subject_type == "Run":
-        state = _label(Run.Status, current)
-        if to == Run.Status.COMPENSATING:
-            if current == Run.Status.RUNNING:
-                return STILL_RUNNING
-            if current == Run.Status.COMPENSATING:
-                return f"{UNDER_WAY}."
-            return f"The run is {state}; it cannot be compensated."
-        if to == Run.Status.RUNNING:
-            if current == Run.Status.CANCELLED:
-                return "The run was cancelled and its agent told to stop: it cannot be resumed. Compensate or close it."
-            if current == Run.Status.COMPENSATING:
-                return f"{UNDER_WAY}: it cannot be resumed meanwhile."
-            if current == Run.Status.RUNNING:
-                return "The run is still running: there is nothing to resume."
-            return f"The run is {state}; it cannot be resumed."
-        if to == Run.Status.CANCELLED:
-            return f"Only a running or failed run can be cancelled; this one is {state}."
-        if to == Run.Status.CLOSED:
-            return f"The run is {state}; it cannot be closed."
-        return f"The run is {state} now, so this is no longer possible."
+        return _run_sentence(current, to)
     if subject_type == "Unwind":
-        if current == Unwind.Status.CANCELLED:
-            return "This compensation was stopped; start a new compensation to undo what is left."
-        if current == Unwind.Status.COMPLETED:
-            return "This compensation has finished; there is nothing left in it to stop or run."
-        if to == Unwind.Status.CANCELLED:
-            return "This compensation has already finished; there is nothing to stop."
-        return f"This compensation is {_label(Unwind.Status, current)} now, so this is no longer possible."
+        return _unwind_sentence(current, to)
     if subject_type == "UnwindStep":
-        state = _label(UnwindStep.Status, current)
-        if to == UnwindStep.Status.AWAITING_APPROVAL:
-            return (
-                f"This step is {state}; only a step that failed for want of an approval can ask for it again."
-            )
-        return (
-            f"This step is {state}: only a failed or drifted step can be retried or skipped "
-            "(someone may have decided it meanwhile)."
-        )
+        return _step_sentence(current, to)
     if subject_type == "Approval":
-        if current == Approval.Status.EXPIRED:
-            return "This approval has expired; it can be asked for again."
-        if current in (Approval.Status.APPROVED, Approval.Status.REJECTED):
-            return (
-                f"This approval was already {_label(Approval.Status, current)}: someone decided it meanwhile."
-            )
-        return "This approval is waiting for a decision again."
+        return _approval_sentence(current)
     if subject_type == "Action":
         return (
             f"The action is {_label(Action.Status, current)} now, so this is no longer possible; "
             "reload the page to see its state."
         )
     return "This is no longer possible in the state it is in now; reload the page to see it."
+
+
+def _item_sentence(current: str) -> str:
+    if current == RecoveryItem.Status.CLAIMED:
+        return f"{UNDER_WAY}. {UNDER_WAY_NEXT}"
+    if current == RecoveryItem.Status.RESOLVED:
+        return f"{ALREADY_DECIDED} (someone decided it meanwhile); reload the page to see how."
+    return "This recovery item is back in the queue, waiting for a decision."
+
+
+def _run_sentence(current: str, to: str) -> str:
+    state = _label(Run.Status, current)
+    if to == Run.Status.COMPENSATING:
+        if current == Run.Status.RUNNING:
+            return STILL_RUNNING
+        if current == Run.Status.COMPENSATING:
+            return f"{UNDER_WAY}."
+        return f"The run is {state}; it cannot be compensated."
+    if to == Run.Status.RUNNING:
+        if current == Run.Status.CANCELLED:
+            return "The run was cancelled and its agent told to stop: it cannot be resumed. Compensate or close it."
+        if current == Run.Status.COMPENSATING:
+            return f"{UNDER_WAY}: it cannot be resumed meanwhile."
+        if current == Run.Status.RUNNING:
+            return "The run is still running: there is nothing to resume."
+        return f"The run is {state}; it cannot be resumed."
+    if to == Run.Status.CANCELLED:
+        return f"Only a running or failed run can be cancelled; this one is {state}."
+    if to == Run.Status.CLOSED:
+        return f"The run is {state}; it cannot be closed."
+    return f"The run is {state} now, so this is no longer possible."
+
+
+def _unwind_sentence(current: str, to: str) -> str:
+    if current == Unwind.Status.CANCELLED:
+        return "This compensation was stopped; start a new compensation to undo what is left."
+    if current == Unwind.Status.COMPLETED:
+        return "This compensation has finished; there is nothing left in it to stop or run."
+    if to == Unwind.Status.CANCELLED:
+        return "This compensation has already finished; there is nothing to stop."
+    return f"This compensation is {_label(Unwind.Status, current)} now, so this is no longer possible."
+
+
+def _step_sentence(current: str, to: str) -> str:
+    state = _label(UnwindStep.Status, current)
+    if to == UnwindStep.Status.AWAITING_APPROVAL:
+        return f"This step is {state}; only a step that failed for want of an approval can ask for it again."
+    return (
+        f"This step is {state}: only a failed or drifted step can be retried or skipped "
+        "(someone may have decided it meanwhile)."
+    )
+
+
+def _approval_sentence(current: str) -> str:
+    if current == Approval.Status.EXPIRED:
+        return "This approval has expired; it can be asked for again."
+    if current in (Approval.Status.APPROVED, Approval.Status.REJECTED):
+        return f"This approval was already {_label(Approval.Status, current)}: someone decided it meanwhile."
+    return "This approval is waiting for a decision again."
 
 
 def refusal_sentence(exc: errors.SagaError) -> str:

@@ -18,8 +18,8 @@ from ledger.hashing import sha256_hex
 from ledger.models import Action, ActionClass, Checkpoint, Membership, Run, max_risk
 from ledger.selectors import checkpoint_latest
 from ledger.transitions import transition
-from recovery import notifications
 from recovery.models import ITEM_TRANSITIONS, RecoveryItem, Unwind
+from recovery.notifications import outbox
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -90,7 +90,7 @@ def suggest_resolution(*, run: Run, failed_action: Action | None = None) -> str:
 
 def _on_item_opened(item: RecoveryItem) -> None:
     """Tell people: the outbox rows are written in this transaction, sent by a job after it."""
-    notifications.notify_item_opened(item)
+    outbox.notify_item_opened(item)
 
 
 @transaction.atomic

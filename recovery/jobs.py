@@ -11,19 +11,22 @@ from typing import Any
 import structlog
 
 from ledger.services import idempotency
-from recovery import commands, notifications, services, sweeper, unwinds
+from recovery import commands, sweeper
+from recovery.notifications import delivery
+from recovery.services import periodic
+from recovery.unwinds import dispatch, runner
 
-log = structlog.get_logger("saga_admin.jobs")
+log = structlog.get_logger(__name__)
 
 
 def unwind_advance(*, unwind_id: str) -> None:
     # Advances the unwind and runs its steps in this job for up to a batch (one job, not two,
-    # per step; the sweeper still calls the one-move service ``unwinds.unwind_advance``).
-    unwinds.unwind_run_steps(unwind_id=unwind_id)
+    # per step; the sweeper still calls the one-move service ``recovery.unwinds.advance.unwind_advance``).
+    runner.unwind_run_steps(unwind_id=unwind_id)
 
 
 def step_run(*, step_id: str) -> str | None:
-    outcome = unwinds.step_run(step_id=step_id, batch_s=unwinds.batch_seconds())
+    outcome = runner.step_run(step_id=step_id, batch_s=dispatch.batch_seconds())
     # The outcome kind is kept as the job result: handy in the RQ dashboard, not relied on.
     return outcome.kind if outcome is not None else None
 
@@ -36,11 +39,11 @@ def sweep() -> dict[str, int]:
 
 
 def approvals_expire() -> int:
-    return services.approvals_expire_due()
+    return periodic.approvals_expire_due()
 
 
 def agents_detect_lost() -> int:
-    return services.runs_fail_lost_agents()
+    return periodic.runs_fail_lost_agents()
 
 
 def commands_redeliver() -> int:
@@ -56,7 +59,7 @@ def idempotency_prune() -> int:
 
 
 def notification_deliver(*, notification_id: str) -> str:
-    return notifications.notification_deliver(notification_id=notification_id)
+    return delivery.notification_deliver(notification_id=notification_id)
 
 
 def notifications_sweep() -> dict[str, int]:
@@ -67,4 +70,4 @@ def notifications_sweep() -> dict[str, int]:
 
 
 def slack_respond(*, response_url: str, message: dict[str, Any]) -> bool:
-    return notifications.slack_respond(response_url=response_url, message=message)
+    return delivery.slack_respond(response_url=response_url, message=message)

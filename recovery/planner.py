@@ -202,7 +202,9 @@ def step_args(action: Action) -> Any:
     )
 
 
-def _step_for(action: Action, resolve: dict[str, ResolvedPolicy]) -> PlanStep:
+def _how_to_undo(action: Action) -> tuple[Any, bool, str, list[str]]:
+    """What undoing ``action`` takes, by its compensation strategy (``_step_for``): the args,
+    whether it can be undone at all, why its args could not be filled, and the plan's notes."""
     strategy = action.compensation_strategy
     tool = action.compensation_tool
     args: Any = None
@@ -231,7 +233,13 @@ def _step_for(action: Action, resolve: dict[str, ResolvedPolicy]) -> PlanStep:
         except TemplateUnfillable as exc:
             args_error = f"cannot fill the compensation args from the action: {exc}"
             notes.append(f"{args_error}; the step will fail")
+    return args, can_undo, args_error, notes
 
+
+def _step_for(action: Action, resolve: dict[str, ResolvedPolicy]) -> PlanStep:
+    strategy = action.compensation_strategy
+    tool = action.compensation_tool
+    args, can_undo, args_error, notes = _how_to_undo(action)
     risk = action.risk
     requires_approval = False
     governing: dict[str, Any] | None = None

@@ -396,7 +396,7 @@ def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) 
 @dataclass(frozen=True)
 class CancelPreview:
     """What cancelling ``run`` does, as the operator's confirmation shows it (and as
-    ``recovery.services.run_cancel`` then does it, in one transaction)."""
+    ``recovery.services.cancelling.run_cancel`` then does it, in one transaction)."""
 
     run: Run
     running: list[Action]  # become ``unknown``: someone confirms whether each happened

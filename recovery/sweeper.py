@@ -18,11 +18,16 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from ledger.conf import saga
-from recovery import approvals, notifications, queueing, unwinds
+from recovery import approvals, queueing
 from recovery.compensators import Outcome
 from recovery.models import Notification, Unwind, UnwindStep
+from recovery.notifications.outbox import enqueue_delivery
+from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.dispatch import drive_job_timeout, enqueue_step, step_lease_seconds, step_timeout_of
+from recovery.unwinds.runner import step_record_outcome
+from recovery.unwinds.state import ENGINE, IN_FLIGHT, step_transition
 
-log = structlog.get_logger("saga_admin.sweeper")
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -47,6 +52,23 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
 
     # 2. A queued step that is due but whose job is gone (Redis restarted or was down when it
     # was enqueued), or has waited implausibly long (a job stuck "started" by a dead worker).
+    report.reenqueued = _queued_steps_reenqueue(now=now, interval=interval)
+
+    # 3. A running unwind with nothing in flight whose advance job will not run: Redis lost it (or
+    # was down when it was enqueued), or its work horse died before claiming a step. One still
+    # waiting in the queue is left to its job: advancing it here would queue its step with a
+    # job of its own and leave the advance job nothing to do, two jobs where one does, which is
+    # what a backlog of unwinds started together (or any queue longer than a sweep) got. A job
+    # handed over less than a sweep interval ago may not be in Redis yet (the transaction that
+    # recorded it has committed, and its enqueue follows; after a commit that started hundreds
+    # of unwinds, the last ones follow a second or two later): the next sweep looks again.
+    report.advanced = _idle_unwinds_advance(now=now, interval=interval)
+    return report
+
+
+def _queued_steps_reenqueue(*, now: datetime, interval: float) -> int:
+    """``steps_sweep``'s second duty: the queued steps handed to a job again (how many)."""
+    reenqueued = 0
     for step in UnwindStep.objects.filter(
         status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING
     ).select_related("unwind"):
@@ -57,35 +79,30 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
         state = queueing.job_state(step.job_id, queue="compensations")
         if state is None:
             break  # Redis is down: nothing can be enqueued now; the next sweep tries again
-        stale = waited > max(
-            3 * interval, unwinds.step_lease_seconds(step_timeout_s=unwinds.step_timeout_of(step.unwind))
-        )
+        stale = waited > max(3 * interval, step_lease_seconds(step_timeout_s=step_timeout_of(step.unwind)))
         if queueing.job_is_alive(state) and not stale:
             continue
         job_id = queueing.enqueue(
             "recovery.jobs.step_run",
             queue="compensations",
             step_id=step.pk,
-            job_timeout=unwinds.drive_job_timeout(step_timeout_s=unwinds.step_timeout_of(step.unwind)),
+            job_timeout=drive_job_timeout(step_timeout_s=step_timeout_of(step.unwind)),
         )
         if job_id:
             UnwindStep.objects.filter(pk=step.pk, status=UnwindStep.Status.QUEUED).update(
                 job_id=job_id, updated_at=timezone.now()
             )
-            report.reenqueued += 1
+            reenqueued += 1
             log.info("unwinds.step_reenqueued", step_id=step.pk, previous_job=step.job_id, job_state=state)
+    return reenqueued
 
-    # 3. A running unwind with nothing in flight whose advance job will not run: Redis lost it (or
-    # was down when it was enqueued), or its work horse died before claiming a step. One still
-    # waiting in the queue is left to its job: advancing it here would queue its step with a
-    # job of its own and leave the advance job nothing to do, two jobs where one does, which is
-    # what a backlog of unwinds started together (or any queue longer than a sweep) got. A job
-    # handed over less than a sweep interval ago may not be in Redis yet (the transaction that
-    # recorded it has committed, and its enqueue follows; after a commit that started hundreds
-    # of unwinds, the last ones follow a second or two later): the next sweep looks again.
+
+def _idle_unwinds_advance(*, now: datetime, interval: float) -> int:
+    """``steps_sweep``'s third duty: the running unwinds with nothing in flight advanced (how many)."""
+    advanced = 0
     for unwind_id, job_id in (
         Unwind.objects.filter(status=Unwind.Status.RUNNING, updated_at__lt=now - timedelta(seconds=interval))
-        .exclude(steps__status__in=unwinds.IN_FLIGHT)
+        .exclude(steps__status__in=IN_FLIGHT)
         .values_list("pk", "job_id")
     ):
         will_run = queueing.job_will_run(job_id, queue="compensations", started_within_s=3 * interval)
@@ -93,9 +110,9 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
             break  # Redis is down: nothing can be enqueued now; the next sweep looks again
         if will_run:
             continue
-        unwinds.unwind_advance(unwind_id=unwind_id)
-        report.advanced += 1
-    return report
+        unwind_advance(unwind_id=unwind_id)
+        advanced += 1
+    return advanced
 
 
 @transaction.atomic
@@ -123,9 +140,9 @@ def _step_lease_expired(*, step_id: str, now: datetime) -> bool:
     message = f"Lease expired after attempt {step.attempts}: the worker running the step was lost."
     if step.attempts >= step.max_attempts or unwind.status == Unwind.Status.CANCELLED:
         # Out of attempts, or its unwind was stopped (nothing is retried after a stop): the step
-        # fails, naming why (recovery.unwinds records a stopped unwind's step as not retried).
+        # fails, naming why (recovery.unwinds.runner records a stopped unwind's step as not retried).
         # The token is left as is: the lost worker (if it ever wakes) is fenced by the status.
-        unwinds.step_record_outcome(
+        step_record_outcome(
             step_id=step.pk,
             token=step.lease_token,
             outcome=Outcome.retry(
@@ -133,18 +150,18 @@ def _step_lease_expired(*, step_id: str, now: datetime) -> bool:
             ),
         )
         return True
-    unwinds.step_transition(
+    step_transition(
         step,
         to=UnwindStep.Status.QUEUED,
         allowed_from=(UnwindStep.Status.RUNNING,),
-        actor=unwinds.ENGINE,
+        actor=ENGINE,
         kind="step.lease_expired",
         reason=message,
         where={"lease_token": step.lease_token},
         updates={"lease_expires_at": None, "next_attempt_at": now, "error": message, "job_id": ""},
         data={"attempt": step.attempts, "lease_token": step.lease_token},
     )
-    unwinds.enqueue_step(step.pk, step_timeout_s=unwinds.step_timeout_of(step.unwind))
+    enqueue_step(step.pk, step_timeout_s=step_timeout_of(step.unwind))
     return True
 
 
@@ -189,7 +206,7 @@ def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepRepo
             break  # Redis is down: the next sweep tries again
         if queueing.job_is_alive(state) and (now - updated_at).total_seconds() < stale_s:
             continue
-        notifications.enqueue_delivery(notification_id=notification_id)
+        enqueue_delivery(notification_id=notification_id)
         report.reenqueued += 1
     for approval_id in approvals.approvals_due_for_reminder(now=now):
         if approvals.approval_remind(approval_id=approval_id, now=now) is not None:

@@ -29,7 +29,7 @@ from ledger.models import Tenant  # noqa: E402
 from ledger.policies.load import policy_file_load, policy_file_parse  # noqa: E402
 from ledger.services import runs  # noqa: E402
 from ledger.services.keys import agent_key_create  # noqa: E402
-from recovery import services as recovery  # noqa: E402
+from recovery.services.approving import action_record_gated  # noqa: E402
 
 BASE = {"tool": "bench.charge", "risk": "low", "approval": "auto", "action_class": "internal_update"}
 CASES = {
@@ -62,7 +62,7 @@ def main() -> None:
         policy_file_load(document=document, source="measure", tenant=tenant, actor=Actor.system("measure"))
         run = runs.run_create(tenant=tenant, actor=actor, agent="bench", request="measure")
         # Warm the process's policy cache and connection.
-        recovery.action_record_gated(
+        action_record_gated(
             run=run,
             actor=actor,
             tool="bench.charge",
@@ -74,7 +74,7 @@ def main() -> None:
         for i in range(n):
             connection.queries_log.clear()  # the log is bounded: keep each capture's count exact
             with CaptureQueriesContext(connection) as queries:
-                recovery.action_record_gated(
+                action_record_gated(
                     run=run,
                     actor=actor,
                     tool="bench.charge",

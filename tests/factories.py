@@ -22,8 +22,9 @@ from ledger.models import Action, Compensator, Event, PolicySet, Run, Tenant, To
 from ledger.policies.load import LoadReport, policy_file_load, policy_file_parse
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves, recording
-from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
+from recovery.services.approving import action_record_gated
+from recovery.services.reports import action_fail_and_queue, run_fail_and_queue
 from tests.support.api import Api
 from tests.support.processes import WebhookServer
 
@@ -249,7 +250,7 @@ def perform_action(
 ) -> Action:
     """An action recorded through the approval gate and started, then succeeded (with ``result``,
     ``{"ok": True}`` unless given), failed with ``fail``, or failed with an unknown outcome."""
-    action = recovery.action_record_gated(
+    action = action_record_gated(
         run=run,
         actor=agent,
         tool=tool,
@@ -263,7 +264,7 @@ def perform_action(
     ).action
     moves.action_start(action=action, actor=agent)
     if fail or unknown:
-        recovery.action_fail_and_queue(
+        action_fail_and_queue(
             action=action,
             actor=agent,
             error=fail or "timed out",
@@ -394,7 +395,7 @@ def onboarding_saga(
         run=run, create_user=create_user, provision_license=provision_license, send_welcome=send_welcome
     )
     if fail_run:
-        outcome = recovery.run_fail_and_queue(
+        outcome = run_fail_and_queue(
             run=run, actor=agent, error="email gateway rate-limited", failed_action=send_welcome
         )
         saga.item = outcome.item
@@ -417,7 +418,7 @@ def gated_run(tenant: Tenant, agent: Actor, *, amount: int = 40) -> tuple[Run, A
     run = runs.run_create(
         tenant=tenant, actor=agent, agent="support-agent", request=f"Refund order 7 ({amount} EUR)"
     )
-    action = recovery.action_record_gated(
+    action = action_record_gated(
         run=run,
         actor=agent,
         tool="payments.refund",
@@ -461,7 +462,7 @@ def failed_saga(tenant: Tenant, agent: Actor, *, steps: int = 3, resume_url: str
         )
         for n in range(1, steps + 1)
     ]
-    outcome = recovery.run_fail_and_queue(run=run, actor=agent, error="step failed")
+    outcome = run_fail_and_queue(run=run, actor=agent, error="step failed")
     assert outcome.item is not None
     run.refresh_from_db()
     return FailedSaga(run=run, actions=done, item=outcome.item)

@@ -3,7 +3,8 @@
 Dependencies point down: ``saga_client`` (no server code at all) ← ``ledger`` (the record) ←
 ``recovery`` (the decisions) ← ``saga_admin.api`` and ``dashboard`` (HTTP and pages, peers that do
 not import each other) ← the project shell (``saga_admin`` settings and urls) and ``demo``.
-Inside ``recovery`` the decisions module sits on top: nothing below it imports it.
+Inside ``recovery`` the decisions (the ``recovery.services`` package) sit on top: nothing below
+them imports them.
 
 Every import counts, function-level ones included (an import inside a function is still a
 dependency; moving it there only hides a cycle), and so does ``importlib`` reaching a module by
@@ -101,11 +102,16 @@ def _app(module: str) -> str:
 
 def test_it_finds_the_modules_it_checks():
     # A test that read no imports would pass vacuously.
-    assert {"ledger.models", "recovery.services", "saga_admin.api.app", "dashboard.views.queue"} <= set(
-        MODULES
-    )
-    assert "recovery.items" in imports_of("recovery.services")
-    assert "ledger.services.runs" in imports_of("recovery.services")
+    assert {
+        "ledger.models",
+        "recovery.services.compensating",
+        "saga_admin.api.app",
+        "dashboard.views.queue",
+    } <= set(MODULES)
+    assert "recovery.items" in imports_of("recovery.services.compensating")
+    assert "ledger.services.runs" in imports_of("recovery.services.compensating")
+    # A package's ``__init__`` is a module too (``from recovery.unwinds import advance`` imports both).
+    assert {"recovery.unwinds", "recovery.unwinds.advance"} <= imports_of("recovery.services.approving")
 
 
 def test_it_keeps_every_import_pointing_down():
@@ -129,27 +135,48 @@ def test_it_keeps_the_api_and_the_dashboard_apart():
     assert {module: targets for module, targets in crossing.items() if targets} == {}
 
 
+DECISIONS = "recovery.services"
+
+
+def _is_decisions(module: str) -> bool:
+    return module == DECISIONS or module.startswith(f"{DECISIONS}.")
+
+
 def test_it_keeps_the_decisions_module_on_top_of_recovery():
-    """recovery.services calls items, approvals, commands, the engine and the sweeper; none of
-    them (nor anything else in recovery but the jobs the worker runs) calls it back."""
+    """The decisions (recovery.services, a package) call items, approvals, commands and the
+    engine; none of them (nor anything else in recovery but the jobs the worker runs) calls them
+    back, and every one of them stands on a floor above the rest of recovery."""
     callers = sorted(
         module
         for module in MODULES
-        if module.startswith("recovery.") and "recovery.services" in imports_of(module)
+        if module.startswith("recovery.")
+        and not _is_decisions(module)
+        and any(_is_decisions(target) for target in imports_of(module))
     )
     assert callers == ["recovery.jobs"]
+    decisions = {m for m in RECOVERY_FLOORS if _is_decisions(m) and m != DECISIONS}
+    below = set(RECOVERY_FLOORS) - decisions - {DECISIONS, "recovery.jobs"}
+    assert decisions and min(map(_recovery_floor, decisions)) > max(map(_recovery_floor, below))
 
 
 # Inside recovery, each module's floor: a module imports only recovery modules on lower floors.
 # A new module must be given its floor here, which is where its place in the layering is decided.
+# A package's ``__init__`` holds only a docstring naming its modules: it imports nothing, so it
+# stands on the ground floor (importing ``from recovery.unwinds import advance`` imports it too).
 RECOVERY_FLOORS = {
     # What everything stands on: the models and the plumbing (queues, compensator calls, mail).
     "recovery": 0,
+    "recovery.notifications": 0,
+    "recovery.unwinds": 0,
+    "recovery.services": 0,
     "recovery.models": 0,
     "recovery.queueing": 0,
     "recovery.compensators": 0,
     "recovery.slack": 0,
-    "recovery.notifications": 1,
+    # Telling people and agents: raising a notification, pushing a command; delivering a row.
+    "recovery.notifications.outbox": 1,
+    "recovery.notifications.command_push": 1,
+    "recovery.notifications.delivery": 2,
     "recovery.planner": 1,
     "recovery.trail": 1,
     "recovery.scheduling": 1,
@@ -159,21 +186,39 @@ RECOVERY_FLOORS = {
     "recovery.approvals": 2,
     "recovery.commands": 2,
     "recovery.channels": 2,
-    # The reads, and the engine over the objects it moves.
+    # The reads, and the engine over the objects it moves: what every verb of it shares, then
+    # create, claim and finish, then advance (which claims and finishes) and the operator's
+    # moves, then the runner (which records an outcome and advances); the sweeper over it all.
     "recovery.selectors": 3,
-    "recovery.unwinds": 3,
-    "recovery.sweeper": 4,
+    "recovery.unwinds.state": 3,
+    "recovery.unwinds.dispatch": 3,
+    "recovery.unwinds.create": 4,
+    "recovery.unwinds.claim": 4,
+    "recovery.unwinds.finish": 4,
+    "recovery.unwinds.advance": 5,
+    "recovery.unwinds.moves": 5,
+    "recovery.unwinds.runner": 6,
+    "recovery.sweeper": 7,
     # Which decisions are possible now, and refusals in words (over the engine's state sets).
     "recovery.decisions": 4,
-    # The decisions the UI and the API call, then what the worker runs.
-    "recovery.services": 5,
-    "recovery.jobs": 6,
+    # The decisions the UI and the API call (refusals audited under each; compensating under the
+    # reports that auto-compensate and the bulk decisions; the periodic duties over approving and
+    # the reports), then what the worker runs.
+    "recovery.services.refusals": 8,
+    "recovery.services.approving": 9,
+    "recovery.services.compensating": 9,
+    "recovery.services.resolving": 9,
+    "recovery.services.cancelling": 9,
+    "recovery.services.reports": 10,
+    "recovery.services.bulk": 10,
+    "recovery.services.periodic": 11,
+    "recovery.jobs": 12,
 }
 
 
 def _recovery_floor(module: str) -> int:
     if module.startswith(("recovery.migrations", "recovery.management")):
-        return 7 if module.startswith("recovery.management") else 0
+        return 13 if module.startswith("recovery.management") else 0
     return RECOVERY_FLOORS[module]
 
 

@@ -17,7 +17,7 @@ from dashboard.templatetags.dashboard import confidence
 from ledger.models import Action, ApprovalMode, CompensationStrategy
 from recovery.models import Approval, Unwind, UnwindStep
 from recovery.planner import APPROVAL_RISKS
-from recovery.unwinds import planned_step
+from recovery.unwinds.state import planned_step
 
 
 @dataclass(frozen=True)

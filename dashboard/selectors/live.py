@@ -22,7 +22,7 @@ from dashboard.selectors import inbox
 from ledger.models import Action, Event, Run
 from recovery.decisions import RunDecisions, decisions_for
 from recovery.models import Approval, RecoveryItem, Unwind
-from recovery.unwinds import STOPPABLE
+from recovery.unwinds.state import STOPPABLE
 
 REGIONS = ("header", "item", "unwind", "approvals", "actions", "audit", "nav")
 FAST = "2s"  # something is in flight: a compensation, a running agent, an approval

@@ -24,8 +24,8 @@ from dashboard.views.common import HtmxHttpRequest
 from ledger.errors import SagaError
 from recovery import approvals as recovery_approvals
 from recovery import decisions as recovery_decisions
-from recovery import services as recovery_services
 from recovery.models import Approval
+from recovery.services import approving
 
 
 def _get_approval_for_user(request: HttpRequest, approval_id: str, capability: Capability) -> Approval:
@@ -98,7 +98,7 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
     if form.is_valid():
         try:
             if approve:
-                decided = recovery_services.approval_approve(
+                decided = approving.approval_approve(
                     approval=approval,
                     actor=common.actor(request),
                     reason=form.cleaned_data["reason"],
@@ -111,7 +111,7 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
                         "another approver must grant it too."
                     )
             else:
-                recovery_services.approval_reject(
+                approving.approval_reject(
                     approval=approval, actor=common.actor(request), reason=form.cleaned_data["reason"]
                 )
         except SagaError as exc:

@@ -23,8 +23,8 @@ from recovery import decisions as recovery_decisions
 from recovery import items as recovery_items
 from recovery import planner
 from recovery import selectors as recovery_selectors
-from recovery import services as recovery_services
 from recovery.models import RecoveryItem
+from recovery.services import compensating, refusals, resolving
 
 
 def _get_item_for_user(request: HttpRequest, item_id: str, capability: Capability) -> RecoveryItem:
@@ -47,7 +47,7 @@ def _not_offered(request: HtmxHttpRequest, item: RecoveryItem, decision: str) ->
     if verdict:
         return None
     if request.method == "POST":
-        recovery_services.refusal_record(
+        refusals.refusal_record(
             decision=decision,
             exc=SagaError(verdict.why, details={"current": item.status}, code="decision_not_offered"),
             actor=common.actor(request),
@@ -177,7 +177,7 @@ def _compensation_start(
     """Start the compensation as confirmed (``plan``: what the operator saw), saying what runs and
     what is kept; a plan that changed meanwhile is shown again instead of starting anything."""
     try:
-        unwind = recovery_services.unwind_start(
+        unwind = compensating.unwind_start(
             item=item,
             actor=common.actor(request),
             reason=reason,
@@ -222,7 +222,7 @@ def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     form = ResumeForm(request.POST or None, checkpoints=checkpoints)
     if request.method == "POST" and form.is_valid():
         try:
-            recovery_services.item_resume(
+            resolving.item_resume(
                 item=item,
                 actor=common.actor(request),
                 reason=form.cleaned_data["reason"],
@@ -261,9 +261,7 @@ def item_close(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            recovery_services.item_close(
-                item=item, actor=common.actor(request), reason=form.cleaned_data["reason"]
-            )
+            resolving.item_close(item=item, actor=common.actor(request), reason=form.cleaned_data["reason"])
         except SagaError as exc:
             return common.refused(request, exc, common.run_url(item.run_id))
         messages.success(request, "Closed. Nothing was undone; the reason is in the audit log.")

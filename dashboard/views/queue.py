@@ -22,7 +22,7 @@ from dashboard.views.common import HtmxHttpRequest
 from ledger.conf import saga
 from ledger.errors import SagaError
 from ledger.models import Tenant
-from recovery import services as recovery_services
+from recovery.services import bulk
 
 
 def _queue_filters(
@@ -111,11 +111,7 @@ def queue_bulk(request: HtmxHttpRequest) -> HttpResponse:
     for item in items:
         require(request.user, Capability.OPERATE, item.tenant_id)
     operation = form.cleaned_data["operation"]
-    service = (
-        recovery_services.items_bulk_close
-        if operation == "close"
-        else recovery_services.items_bulk_compensate
-    )
+    service = bulk.items_bulk_close if operation == "close" else bulk.items_bulk_compensate
     try:
         outcomes = service(items=items, actor=common.actor(request), reason=form.cleaned_data["reason"])
     except SagaError as exc:

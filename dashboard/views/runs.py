@@ -23,9 +23,9 @@ from ledger.errors import SagaError
 from ledger.models import Action, Run
 from recovery import planner
 from recovery import selectors as recovery_selectors
-from recovery import services as recovery_services
 from recovery import trail as recovery_trail
 from recovery.models import RecoveryItem
+from recovery.services import cancelling, resolving
 
 ACTIONS_SHOWN = 50
 
@@ -166,7 +166,7 @@ def run_flag(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            item = recovery_services.run_flag(
+            item = resolving.run_flag(
                 run=run, actor=common.actor(request), reason=form.cleaned_data["reason"]
             )
         except SagaError as exc:
@@ -199,7 +199,7 @@ def run_cancel(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            outcome = recovery_services.run_cancel(
+            outcome = cancelling.run_cancel(
                 run=run, actor=common.actor(request), reason=form.cleaned_data["reason"]
             )
         except SagaError as exc:

@@ -15,7 +15,7 @@ without its app's secret, and Slack's own addresses are never blocked by someone
 A press: the Slack user (team id + user id) must be linked — by themself — to an active dashboard
 user of that tenant who holds the approver role, and the approval must be that tenant's; Approve
 carries the hash of the arguments its message showed and approves only while the approval's
-arguments still hash to it. The decision is ``recovery.services.approval_approve`` /
+arguments still hash to it. The decision is ``recovery.services.approving.approval_approve`` /
 ``approval_reject`` — the dashboard's own, so the same rules hold (four eyes: whoever asked cannot
 grant; an expired or decided approval is refused). Answers: 200 with the outcome posted back
 through the payload's ``response_url`` — the message replaced with the decision and who made it,
@@ -42,9 +42,11 @@ from ledger.errors import SagaError
 from ledger.ids import looks_like_id
 from ledger.models import Tenant
 from ledger.throttle import client_address, fixed_window
-from recovery import channels, notifications, services, slack
+from recovery import channels, slack
 from recovery.decisions import refusal_sentence
 from recovery.models import Approval, SlackApp
+from recovery.notifications import delivery, outbox
+from recovery.services import approving
 
 log = structlog.get_logger(__name__)
 
@@ -135,9 +137,7 @@ def _refuse(interaction: slack.Interaction, text: str, *, why: str) -> HttpRespo
         why=why,
         approval_id=interaction.approval_id,
     )
-    notifications.enqueue_slack_respond(
-        response_url=interaction.response_url, message=slack.refusal_message(text)
-    )
+    delivery.enqueue_slack_respond(response_url=interaction.response_url, message=slack.refusal_message(text))
     return HttpResponse(status=200)
 
 
@@ -199,7 +199,7 @@ def _press(interaction: slack.Interaction, tenant: Tenant) -> HttpResponse:
             "decided. Approve it in the Saga Admin inbox.",
             why="unbound_approve",
         )
-    if interaction.approve and not slack.lines_fit(notifications.approval_lines(approval)):
+    if interaction.approve and not slack.lines_fit(outbox.approval_lines(approval)):
         # Its message had no Approve button (the arguments could not be shown whole): a press that
         # says otherwise was not made on it.
         return _refuse(
@@ -219,29 +219,29 @@ def _decide(interaction: slack.Interaction, tenant: Tenant, approval: Approval, 
     reason = f"{verb} in Slack by {user.get_username()} (Slack user {interaction.user_name})"
     try:
         if interaction.approve:
-            decided = services.approval_approve(
+            decided = approving.approval_approve(
                 approval=approval, actor=actor, reason=reason, shown_args_hash=interaction.args_hash
             )
         else:
-            decided = services.approval_reject(approval=approval, actor=actor, reason=reason)
+            decided = approving.approval_reject(approval=approval, actor=actor, reason=reason)
     except SagaError as exc:
         return _refuse(interaction, f"Not decided: {refusal_sentence(exc)}", why=exc.code)
     summary = f"{decided.tool} ({decided.risk} risk) on run {decided.run_id}"
     if interaction.approve and decided.status == Approval.Status.PENDING:
         # One grant of several (``approvers``): the message keeps its buttons for the others.
-        notifications.enqueue_slack_respond(
+        delivery.enqueue_slack_respond(
             response_url=interaction.response_url,
             message={
                 "replace_original": True,
                 **slack.message(
                     summary=summary,
-                    url=notifications.public_url(f"/runs/{decided.run_id}/"),
+                    url=outbox.public_url(f"/runs/{decided.run_id}/"),
                     risk=decided.risk,
                     run_id=decided.run_id,
                     # The arguments again: the buttons left for the others approve what they show.
                     lines=[
                         f"{grants_line(decided)} so far: nobody counts twice.",
-                        *notifications.approval_lines(decided),
+                        *outbox.approval_lines(decided),
                     ],
                     tenant_slug=tenant.slug,
                     approval_id=decided.pk,
@@ -250,11 +250,11 @@ def _decide(interaction: slack.Interaction, tenant: Tenant, approval: Approval, 
             },
         )
         return HttpResponse(status=200)
-    notifications.enqueue_slack_respond(
+    delivery.enqueue_slack_respond(
         response_url=interaction.response_url,
         message=slack.decided_message(
             summary=summary,
-            url=notifications.public_url(f"/runs/{decided.run_id}/"),
+            url=outbox.public_url(f"/runs/{decided.run_id}/"),
             outcome=verb,
             who=user.get_username(),
             reason=reason,

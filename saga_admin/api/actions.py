@@ -18,7 +18,7 @@ from ledger import selectors as ledger_selectors
 from ledger.models import Action
 from ledger.services.actions import moves
 from recovery import selectors as recovery_selectors
-from recovery import services as recovery
+from recovery.services import approving, reports
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
 from saga_admin.api.common import (
     WRITE_ERRORS,
@@ -107,7 +107,7 @@ def action_record(
             "The body's idempotency_key and the Idempotency-Key header differ.",
             details={"idempotency_key": payload.idempotency_key, "header": idempotency_key},
         )
-    recorded = recovery.action_record_gated(
+    recorded = approving.action_record_gated(
         run=run,
         actor=actor_of(request),
         tool=payload.tool,
@@ -192,7 +192,7 @@ def action_fail(
     action = action_reference(request, action_id)
 
     def produce() -> tuple[int, Any]:
-        recovery.action_fail_and_queue(
+        reports.action_fail_and_queue(
             action=action,
             actor=actor_of(request),
             error=payload.error,
@@ -219,7 +219,7 @@ def action_verify(
     action = action_for(request, action_id, write=True)
 
     def produce() -> tuple[int, Any]:
-        _, item = recovery.action_verify_and_queue(
+        _, item = reports.action_verify_and_queue(
             action=action,
             actor=actor_of(request),
             ok=payload.ok,

@@ -16,8 +16,9 @@ from ninja import Query, Router, Status
 
 from ledger.audit import Actor
 from ledger.selectors import get_for_tenants, run_reach
-from recovery import selectors, services
+from recovery import selectors
 from recovery.models import Approval
+from recovery.services import approving
 from saga_admin.api.auth import AUTH_ERRORS, approver_auth, operator_auth, reader_auth
 from saga_admin.api.common import WRITE_ERRORS, key_of
 from saga_admin.api.schemas.approvals import (
@@ -57,7 +58,7 @@ def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> App
 def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) -> Status[ApprovalOut]:
     key = key_of(request)
     approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
-    decided = services.approval_approve(
+    decided = approving.approval_approve(
         approval=approval,
         actor=Actor.for_key(key),
         reason=body.reason,
@@ -76,7 +77,7 @@ def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) ->
 def approval_reject(request: HttpRequest, approval_id: str, body: ReasonIn) -> Status[ApprovalOut]:
     key = key_of(request)
     approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
-    decided = services.approval_reject(approval=approval, actor=Actor.for_key(key), reason=body.reason)
+    decided = approving.approval_reject(approval=approval, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, ApprovalOut.from_orm(decided))
 
 
@@ -95,5 +96,5 @@ def approval_request_again(request: HttpRequest, approval_id: str, body: ReasonI
         pk=approval_id,
         tenants=key.tenant,
     )
-    asked = services.approval_request_again(approval=approval, actor=Actor.for_key(key), reason=body.reason)
+    asked = approving.approval_request_again(approval=approval, actor=Actor.for_key(key), reason=body.reason)
     return Status(201, ApprovalOut.from_orm(asked))

@@ -14,8 +14,9 @@ from ninja import Query, Router, Status
 from ledger.audit import Actor
 from ledger.models import Checkpoint
 from ledger.selectors import get_for_tenants, run_get
-from recovery import selectors, services
+from recovery import selectors
 from recovery.planner import compensation_plan
+from recovery.services import compensating, resolving
 from saga_admin.api.auth import AUTH_ERRORS, operator_auth
 from saga_admin.api.common import WRITE_ERRORS, key_of
 from saga_admin.api.schemas.commands import CommandOut
@@ -78,7 +79,7 @@ def recovery_detail(request: HttpRequest, item_id: str, selection: Query[PlanQue
 def recovery_compensate(request: HttpRequest, item_id: str, body: CompensateIn) -> Status[UnwindOut]:
     key = key_of(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
-    unwind = services.unwind_start(
+    unwind = compensating.unwind_start(
         item=item,
         actor=Actor.for_key(key),
         reason=body.reason,
@@ -100,7 +101,7 @@ def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Statu
     checkpoint = None
     if body.checkpoint_id:
         checkpoint = get_for_tenants(Checkpoint.objects.all(), pk=body.checkpoint_id, tenants=key.tenant)
-    command = services.item_resume(
+    command = resolving.item_resume(
         item=item, actor=Actor.for_key(key), reason=body.reason, checkpoint=checkpoint
     )
     return Status(202, CommandOut.from_orm(command))
@@ -110,7 +111,7 @@ def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Statu
 def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Status[ItemOut]:
     key = key_of(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
-    services.item_close(item=item, actor=Actor.for_key(key), reason=body.reason)
+    resolving.item_close(item=item, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, ItemOut.from_orm(selectors.item_get(tenants=key.tenant, item_id=item_id)))
 
 
@@ -122,5 +123,5 @@ def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Status
 def run_flag(request: HttpRequest, run_id: str, body: ReasonIn) -> Status[ItemOut]:
     key = key_of(request)
     run = run_get(tenant=key.tenant, run_id=run_id)
-    item = services.run_flag(run=run, actor=Actor.for_key(key), reason=body.reason)
+    item = resolving.run_flag(run=run, actor=Actor.for_key(key), reason=body.reason)
     return Status(201, ItemOut.from_orm(selectors.item_get(tenants=key.tenant, item_id=item.pk)))

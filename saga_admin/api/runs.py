@@ -21,7 +21,7 @@ from ledger.pagination import NEWEST_FIRST, keyset_page
 from ledger.selectors import run_get
 from ledger.services import runs
 from recovery import selectors as recovery_selectors
-from recovery import services as recovery
+from recovery.services import cancelling, reports
 from recovery.trail import run_trail
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, operator_auth, reader_auth
 from saga_admin.api.common import (
@@ -177,7 +177,7 @@ def run_fail(
     )
 
     def produce() -> tuple[int, Any]:
-        outcome = recovery.run_fail_and_queue(
+        outcome = reports.run_fail_and_queue(
             run=run,
             actor=actor_of(request),
             error=payload.error,
@@ -226,7 +226,7 @@ def run_cancel(
     actor = Actor.for_key(key)
 
     def produce() -> tuple[int, Any]:
-        outcome = recovery.run_cancel(run=run, actor=actor, reason=body.reason)
+        outcome = cancelling.run_cancel(run=run, actor=actor, reason=body.reason)
         cancelled = RunCancelOut(
             **dict(RunOut.from_orm(outcome.run)),
             command=CommandOut.from_orm(outcome.command),

@@ -4,8 +4,8 @@ import pytest
 
 from ledger.audit import Actor
 from ledger.models import Action, Run
-from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
+from recovery.services.approving import approval_approve, approval_reject
 from tests.factories import new_action, new_run
 from tests.support.api import error_of
 
@@ -122,7 +122,7 @@ def test_a_gated_action_starts_only_after_approval_with_the_approved_args(api, r
     assert blocked.status_code == 409 and error_of(blocked)["code"] == "approval_pending"
 
     approval = Approval.objects.get(pk=action["approval"]["id"])
-    recovery.approval_approve(
+    approval_approve(
         approval=approval,
         actor=Actor.for_user(bob),
         reason="half is enough",
@@ -143,7 +143,7 @@ def test_a_rejected_action_cannot_start(api, run, bob):
         f"/runs/{run['id']}/actions",
         {"tool": "payments.charge", "idempotency_key": "charge", "args": {"amount": 100}},
     ).json()
-    recovery.approval_reject(
+    approval_reject(
         approval=Approval.objects.get(pk=action["approval"]["id"]),
         actor=Actor.for_user(bob),
         reason="wrong customer",

@@ -212,7 +212,7 @@ def test_commands_are_pushed_to_the_resume_url_signed_for_the_receiver(api, alic
     from saga_client import verify_signature
 
     from ledger import outbound
-    from recovery import notifications
+    from recovery.notifications.command_push import deliver_command
 
     settings.SAGA = {
         **settings.SAGA,
@@ -230,7 +230,7 @@ def test_commands_are_pushed_to_the_resume_url_signed_for_the_receiver(api, alic
         return httpx.Response(200, request=httpx.Request("POST", target.url))
 
     monkeypatch.setattr(outbound, "post", fake_post)
-    assert notifications.deliver_command(command_id=command.pk)
+    assert deliver_command(command_id=command.pk)
 
     [(url, content, headers)] = received
     assert url == "https://agent.internal/saga/commands"

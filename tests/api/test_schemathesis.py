@@ -32,11 +32,11 @@ def world(keep_test_connection, agent_key, onboarding_policies):
     """Real objects for the generated requests to hit, so the handlers behind the 404s run too."""
     from ledger.audit import Actor
     from ledger.services import checkpoints, runs
-    from recovery import services as recovery
+    from recovery.services.approving import action_record_gated
 
     actor = Actor.for_key(agent_key[0])
     run = runs.run_create(tenant=agent_key[0].tenant, actor=actor, agent="onboarding", request="Onboard Ashu")
-    action = recovery.action_record_gated(
+    action = action_record_gated(
         run=run,
         actor=actor,
         tool="hr.create_user",

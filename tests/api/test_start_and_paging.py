@@ -11,8 +11,9 @@ from django.test.utils import CaptureQueriesContext
 from ledger.audit import Actor, audit_verify
 from ledger.models import Action, Event, Run
 from ledger.services.actions import recording
-from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
+from recovery.services.approving import action_record_gated
+from recovery.services.resolving import item_close
 from tests.factories import new_action, new_run
 from tests.support.api import Api, error_of
 
@@ -144,7 +145,7 @@ def test_start_true_on_a_failed_or_closed_run_is_refused(api, run):
     assert error_of(response)["details"]["current"] == "failed"
 
     item = RecoveryItem.objects.get(run_id=run["id"])
-    recovery.item_close(item=item, actor=Actor.system("tests"), reason="nothing to undo")
+    item_close(item=item, actor=Actor.system("tests"), reason="nothing to undo")
     assert Run.objects.get(pk=run["id"]).status == "closed"
     response = _record(api, run["id"], "k-2", start=True)
     assert (response.status_code, error_of(response)["code"]) == (409, "run_not_accepting_actions")
@@ -165,9 +166,7 @@ def test_the_ledger_service_takes_start_and_the_gated_service_passes_it_through(
     gated_in_ledger = recording.action_record(
         run=run, actor=actor, tool="payments.refund", idempotency_key="c", start=True
     )
-    gated = recovery.action_record_gated(
-        run=run, actor=actor, tool="payments.refund", idempotency_key="d", start=True
-    )
+    gated = action_record_gated(run=run, actor=actor, tool="payments.refund", idempotency_key="d", start=True)
     assert [r.action.status for r in (plain, started, gated_in_ledger, gated)] == [
         "planned",
         "running",
@@ -185,7 +184,7 @@ def _bulk(run_id: str, agent_key, count: int, *, start_at: int = 0) -> list[str]
     actor = Actor.for_key(agent_key[0])
     ids = []
     for i in range(start_at, start_at + count):
-        recorded = recovery.action_record_gated(
+        recorded = action_record_gated(
             run=run,
             actor=actor,
             # Every tenth needs approval, so approvals are part of what is read.

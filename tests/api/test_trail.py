@@ -7,8 +7,8 @@ from ledger.audit import Actor
 from ledger.models import Action, Run
 from ledger.services import runs
 from ledger.services.actions import moves
-from recovery import services as recovery
 from recovery.models import Approval, Unwind, UnwindStep
+from recovery.services.approving import approval_reject
 from tests.factories import new_action, new_run
 
 pytestmark = pytest.mark.django_db
@@ -53,7 +53,7 @@ def test_the_trail_tells_what_changed_was_restored_and_could_not_be_undone(
         f"/runs/{run['id']}/actions",
         {"tool": "payments.charge", "idempotency_key": "charge", "args": {"amount": 100}},
     ).json()
-    recovery.approval_reject(
+    approval_reject(
         approval=Approval.objects.get(pk=charge["approval"]["id"]),
         actor=Actor.for_user(bob),
         reason="not part of onboarding",

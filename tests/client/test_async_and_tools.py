@@ -11,8 +11,8 @@ from saga_client import ApprovalPending, ApprovalRejected, AsyncSaga, Saga, Saga
 
 from ledger.audit import Actor
 from ledger.models import Action, Run
-from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
+from recovery.services.approving import approval_approve, approval_reject
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,7 +160,7 @@ def test_a_gated_step_without_waiting_raises_pending_then_runs_with_the_approved
     action = Action.objects.get(pk=pending.action_id)
     assert action.status == "awaiting_approval" and pending.approval_id == Approval.objects.get().pk
 
-    recovery.approval_approve(
+    approval_approve(
         approval=Approval.objects.get(pk=pending.approval_id),
         actor=Actor.for_user(bob),
         reason="first month only",
@@ -188,7 +188,7 @@ def test_a_rejected_pending_step_raises_rejected_when_called_again(saga, bob):
             run.step(
                 "payments.charge", args={"amount": 300}, do=lambda: pytest.fail("must not run"), wait=False
             )
-        recovery.approval_reject(
+        approval_reject(
             approval=Approval.objects.get(pk=caught.value.approval_id),
             actor=Actor.for_user(bob),
             reason="not for a new hire",

@@ -13,8 +13,8 @@ from saga_client import ApprovalRejected, ApprovalTimeout
 from ledger.audit import Actor
 from ledger.models import Action, Compensator, Run, ToolPolicy
 from recovery import commands as recovery_commands
-from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem
+from recovery.services.approving import approval_approve, approval_reject
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -187,7 +187,7 @@ def test_an_approval_gated_step_waits_and_proceeds_with_the_approved_args(saga, 
     )
     charged: list[dict] = []
     approver = _approve_when_asked(
-        lambda approval: recovery.approval_approve(
+        lambda approval: approval_approve(
             approval=approval,
             actor=Actor.for_user(bob),
             reason="first month only",
@@ -211,7 +211,7 @@ def test_an_approval_gated_step_waits_and_proceeds_with_the_approved_args(saga, 
 
 def test_a_rejected_step_raises_and_fails_the_run(saga, bob):
     approver = _approve_when_asked(
-        lambda approval: recovery.approval_reject(
+        lambda approval: approval_reject(
             approval=approval, actor=Actor.for_user(bob), reason="not for a new hire"
         )
     )

@@ -17,9 +17,11 @@ from ledger.audit import Actor
 from ledger.models import Compensator, ToolPolicy
 from ledger.services import runs
 from ledger.services.actions import moves
-from recovery import services as recovery
-from recovery import unwinds
 from recovery.models import Approval
+from recovery.services.approving import action_record_gated, approval_approve
+from recovery.services.compensating import unwind_start
+from recovery.services.reports import run_fail_and_queue
+from recovery.unwinds.advance import unwind_advance
 from tests.factories import gated_run, load_onboarding_policies, onboarding_saga
 
 pytestmark = pytest.mark.django_db
@@ -52,7 +54,7 @@ def _inbox(client, user) -> str:
 
 
 def _step_approval(unwind) -> Approval:
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind_advance(unwind_id=unwind.pk)
     return Approval.objects.get(step__unwind=unwind, status=Approval.Status.PENDING)
 
 
@@ -81,7 +83,7 @@ def test_a_forward_action_card_shows_the_action_the_agent_asks_for(client, tenan
 def test_a_forward_action_without_a_before_state_says_so(client, tenant, agent, bob):
     load_onboarding_policies()
     run = runs.run_create(tenant=tenant, actor=agent, agent="billing", request="Charge INV-1")
-    action = recovery.action_record_gated(
+    action = action_record_gated(
         run=run, actor=agent, tool="payments.charge", idempotency_key="c-1", args={"amount_cents": 100}
     ).action
     card = _card(_inbox(client, bob), action.approvals.get())
@@ -101,7 +103,7 @@ def test_a_snapshot_restore_predicts_the_change_from_the_after_state(client, ten
     )
     saga = onboarding_saga(tenant, agent, extra_actions=1)
     update = saga.run.actions.get(tool="crm.update_contact_0")
-    unwind = recovery.unwind_start(item=saga.item, actor=Actor.for_user(carol), reason="Undo the CRM change")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(carol), reason="Undo the CRM change")
     approval = _step_approval(unwind)
     assert approval.tool == "crm.update_contact_0.restore"
 
@@ -144,7 +146,7 @@ def test_a_custom_undo_says_what_is_known_and_what_the_compensator_gets(client, 
     load_onboarding_policies()
     ToolPolicy.objects.filter(tool="hr.delete_user").update(approval="manual")
     saga = onboarding_saga(tenant, agent)
-    unwind = recovery.unwind_start(
+    unwind = unwind_start(
         item=saga.item,
         actor=Actor.for_user(carol),
         reason="HR cancelled the hire",
@@ -207,7 +209,7 @@ def _charged_and_compensating(tenant, agent, bob, carol, *, invoice: str = "INV-
         defaults={"kind": "webhook", "url": "http://127.0.0.1:9/refund", "secret": "s"},
     )
     run = runs.run_create(tenant=tenant, actor=agent, agent="billing-agent", request=f"Bill {invoice}")
-    recorded = recovery.action_record_gated(
+    recorded = action_record_gated(
         run=run,
         actor=agent,
         tool="payments.charge",
@@ -218,7 +220,7 @@ def _charged_and_compensating(tenant, agent, bob, carol, *, invoice: str = "INV-
         intent={"reasoning": "Bill the corrected amount, then refund the duplicate.", "confidence": 0.8},
     ).action
     forward_approval = recorded.approvals.get()
-    recovery.approval_approve(approval=forward_approval, actor=Actor.for_user(bob), reason="matches the PO")
+    approval_approve(approval=forward_approval, actor=Actor.for_user(bob), reason="matches the PO")
     recorded.refresh_from_db()
     moves.action_start(action=recorded, actor=agent)
     moves.action_succeed(
@@ -227,9 +229,9 @@ def _charged_and_compensating(tenant, agent, bob, carol, *, invoice: str = "INV-
         result={"payment_id": f"pay_{invoice}"},
         after_snapshot={"payment_id": f"pay_{invoice}", "amount_cents": 119_900, "status": "succeeded"},
     )
-    outcome = recovery.run_fail_and_queue(run=run, actor=agent, error="duplicate charge")
+    outcome = run_fail_and_queue(run=run, actor=agent, error="duplicate charge")
     assert outcome.item is not None and outcome.unwind is None
-    unwind = recovery.unwind_start(
+    unwind = unwind_start(
         item=outcome.item, actor=Actor.for_user(carol), reason="The customer was charged twice"
     )
     return _step_approval(unwind)
@@ -306,7 +308,7 @@ def test_an_automatic_compensation_says_no_person_decided_it(client, tenant, age
     load_onboarding_policies(auto_compensate="medium")
     ToolPolicy.objects.filter(tool="workspace.cancel_license").update(approval="manual")
     saga = onboarding_saga(tenant, agent, fail_run=False)
-    outcome = recovery.run_fail_and_queue(run=saga.run, actor=agent, error="mail gateway down")
+    outcome = run_fail_and_queue(run=saga.run, actor=agent, error="mail gateway down")
     assert outcome.unwind is not None and outcome.unwind.automatic
     approval = _step_approval(outcome.unwind)
 

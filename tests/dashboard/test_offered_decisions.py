@@ -15,8 +15,11 @@ from ledger.audit import Actor
 from ledger.models import Run
 from ledger.services import runs
 from recovery import decisions
-from recovery import services as recovery
 from recovery.models import RecoveryItem, Unwind, UnwindStep
+from recovery.services.cancelling import run_cancel
+from recovery.services.compensating import unwind_start
+from recovery.services.reports import run_fail_and_queue
+from recovery.services.resolving import item_close, item_resume
 from tests.factories import load_onboarding_policies, perform_action
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +52,7 @@ def test_an_open_item_of_a_failed_run_can_be_compensated_resumed_and_closed(fail
 
 def test_nothing_but_stopping_is_offered_while_a_compensation_is_under_way(failed_run, alice):
     run, item = failed_run
-    unwind = recovery.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
+    unwind = unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
     item.refresh_from_db()
     run.refresh_from_db()
     offered = decisions.decisions_for(run=run, item=item, unwind=unwind)
@@ -59,14 +62,14 @@ def test_nothing_but_stopping_is_offered_while_a_compensation_is_under_way(faile
     assert names == "Resume, Compensate and Close" and why.startswith(UNDER_WAY)
     # The service refuses what the page does not offer, and its refusal reads the same.
     with pytest.raises(errors.InvalidTransition) as refused:
-        recovery.unwind_start(item=item, actor=Actor.for_user(alice), reason="again")
+        unwind_start(item=item, actor=Actor.for_user(alice), reason="again")
     assert decisions.refusal_sentence(refused.value).startswith(UNDER_WAY)
     assert Unwind.objects.filter(run=run).count() == 1
 
 
 def test_the_sentence_says_which_step_waits_for_an_approval(failed_run, alice):
     run, item = failed_run
-    unwind = recovery.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
+    unwind = unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
     unwind.steps.filter(position=1).update(status=UnwindStep.Status.AWAITING_APPROVAL)
     Unwind.objects.filter(pk=unwind.pk).update(status=Unwind.Status.PAUSED)
     unwind.refresh_from_db()
@@ -87,7 +90,7 @@ def test_unknown_outcomes_hold_back_compensate_and_resume_but_not_close(tenant, 
         before={"owner": "y"},
         unknown=True,
     )
-    recovery.run_fail_and_queue(run=run, actor=agent, error="gave up")
+    run_fail_and_queue(run=run, actor=agent, error="gave up")
     item = RecoveryItem.objects.get(run=run)
     run.refresh_from_db()
     offered = decisions.decisions_for(run=run, item=item)
@@ -98,14 +101,14 @@ def test_unknown_outcomes_hold_back_compensate_and_resume_but_not_close(tenant, 
 
 def test_a_cancelled_run_is_not_offered_resume(failed_run, alice):
     run, item = failed_run
-    recovery.run_cancel(run=run, actor=Actor.for_user(alice), reason="withdrawn")
+    run_cancel(run=run, actor=Actor.for_user(alice), reason="withdrawn")
     run.refresh_from_db()
     item.refresh_from_db()
     offered = decisions.decisions_for(run=run, item=item)
     assert offered.compensate and offered.close and not offered.resume
     assert "cannot be resumed" in offered.resume.why
     with pytest.raises(errors.InvalidTransition) as refused:
-        recovery.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
+        item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     assert decisions.refusal_sentence(refused.value) == offered.resume.why
 
 
@@ -129,7 +132,7 @@ def test_the_page_offers_no_compensate_while_one_is_under_way(client, failed_run
     client.force_login(alice)
     before = client.get(reverse("dashboard:run-detail", args=[run.pk])).content.decode()
     assert "Compensate…" in before and "not offered now" not in before
-    recovery.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
+    unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
     page = client.get(reverse("dashboard:run-detail", args=[run.pk])).content.decode()
     assert "Compensate…" not in page and "Resume…" not in page and "Close…" not in page
     assert "Cancel run…" not in page and "Flag for review…" not in page
@@ -140,7 +143,7 @@ def test_the_page_offers_no_compensate_while_one_is_under_way(client, failed_run
 def test_a_refused_decision_is_a_sentence_and_changes_nothing(client, failed_run, alice, dave):
     run, item = failed_run
     client.force_login(alice)
-    recovery.unwind_start(item=item, actor=Actor.for_user(dave), reason="dave was first")
+    unwind_start(item=item, actor=Actor.for_user(dave), reason="dave was first")
     for name in ("item-compensate", "item-resume", "item-close"):
         response = client.post(reverse(f"dashboard:{name}", args=[item.pk]), {"reason": "stale tab"})
         said = [str(m) for m in get_messages(response.wsgi_request)]
@@ -163,7 +166,7 @@ def test_the_poll_answers_204_when_nothing_changed_and_the_changes_when_somethin
     query = _live_query(page)
     assert _poll(client, run, query).status_code == 204
 
-    recovery.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
+    unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
     response = _poll(client, run, query)
     body = response.content.decode()
     assert response.status_code == 200
@@ -183,7 +186,7 @@ def test_the_poll_stops_once_the_run_is_settled(client, failed_run, alice, mallo
     run, item = failed_run
     client.force_login(alice)
     query = _live_query(client.get(reverse("dashboard:run-detail", args=[run.pk])).content.decode())
-    recovery.item_close(item=item, actor=Actor.for_user(alice), reason="handled by hand")
+    item_close(item=item, actor=Actor.for_user(alice), reason="handled by hand")
     response = _poll(client, run, query)
     body = response.content.decode()
     assert response.status_code == 286  # htmx: stop polling

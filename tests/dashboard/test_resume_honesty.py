@@ -11,8 +11,10 @@ from django.utils import timezone
 
 from ledger.audit import Actor
 from ledger.models import Run
-from recovery import commands, services
+from recovery import commands
 from recovery.models import AgentCommand
+from recovery.services.periodic import runs_fail_lost_agents
+from recovery.services.resolving import item_resume
 
 SILENCE_WARNING = "The agent has not been heard from for"
 
@@ -61,7 +63,7 @@ def test_the_run_page_says_the_resume_was_not_picked_up(client, failed_run, alic
     run, item = failed_run
     client.force_login(alice)
     _heard_from(run, ago=timedelta(minutes=20))
-    command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="the gateway is back")
+    command = item_resume(item=item, actor=Actor.for_user(alice), reason="the gateway is back")
     AgentCommand.objects.filter(pk=command.pk).update(created_at=timezone.now() - timedelta(minutes=6))
     run_url = reverse("dashboard:run-detail", args=[run.pk])
 
@@ -86,7 +88,7 @@ def test_the_run_page_says_the_resume_was_not_picked_up(client, failed_run, alic
 def test_a_fresh_resume_is_shown_but_not_yet_on_the_queue(client, failed_run, alice):
     run, item = failed_run
     client.force_login(alice)
-    services.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
+    item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     Run.objects.filter(pk=run.pk).update(last_heartbeat_at=timezone.now())  # the agent is back
 
     page = _text(client.get(reverse("dashboard:run-detail", args=[run.pk])))
@@ -98,10 +100,10 @@ def test_a_fresh_resume_is_shown_but_not_yet_on_the_queue(client, failed_run, al
 def test_the_queue_row_of_a_run_lost_after_a_resume_says_who_resumed_it(client, failed_run, alice):
     run, item = failed_run
     client.force_login(alice)
-    command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
+    command = item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     AgentCommand.objects.filter(pk=command.pk).update(created_at=timezone.now() - timedelta(hours=1))
     Run.objects.filter(pk=run.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
-    assert services.runs_fail_lost_agents() == 1
+    assert runs_fail_lost_agents() == 1
 
     queue = _text(client.get(reverse("dashboard:queue")))
     assert (

@@ -19,8 +19,9 @@ from slack_sdk.models.blocks import Block
 
 from ledger.audit import Actor
 from ledger.models import Action, Event
-from recovery import channels, notifications
+from recovery import channels
 from recovery.models import Approval, Notification
+from recovery.notifications.delivery import slack_respond
 from tests.factories import gated_run
 from tests.support.receivers import Receiver, serve_receiver
 from tests.support.slack import clear_slack_counters, link_slack_user
@@ -326,4 +327,4 @@ def test_a_response_url_that_is_not_allowed_is_not_called(tenant, agent, bob, sl
     )
     # The decision stands (the signature checked out); the answer goes nowhere internal.
     assert Approval.objects.get(pk=approval.pk).status == Approval.Status.APPROVED
-    assert notifications.slack_respond(response_url="http://169.254.169.254/x", message={}) is False
+    assert slack_respond(response_url="http://169.254.169.254/x", message={}) is False

@@ -10,9 +10,9 @@ from django.urls import reverse
 from ledger.audit import Actor
 from ledger.hashing import sha256_hex
 from ledger.models import Action
-from recovery import services as recovery
-from recovery import unwinds
 from recovery.models import Approval
+from recovery.services.compensating import unwind_start
+from recovery.unwinds.advance import unwind_advance
 from tests.factories import gated_run, onboarding_run
 
 pytestmark = pytest.mark.django_db
@@ -158,8 +158,8 @@ def test_whoever_asked_cannot_grant_it_and_is_told_so(client, tenant, agent, dav
 
     run, item = onboarding_run(tenant, agent)
     ToolPolicy.objects.filter(tool="workspace.cancel_license").update(risk="low", approval="manual")
-    unwind = recovery.unwind_start(item=item, actor=Actor.for_user(dave), reason="undo")
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind = unwind_start(item=item, actor=Actor.for_user(dave), reason="undo")
+    unwind_advance(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
     client.force_login(dave)
     page = client.get(INBOX).content.decode()

@@ -10,9 +10,10 @@ from django.urls import reverse
 from ledger.audit import Actor
 from ledger.models import Action, Run
 from ledger.services import runs
-from recovery import services as recovery
-from recovery import unwinds
 from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
+from recovery.services.compensating import unwind_start
+from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.runner import step_run
 from tests.factories import load_onboarding_policies, onboarding_run, perform_action
 
 pytestmark = pytest.mark.django_db
@@ -168,10 +169,10 @@ def test_an_operator_assigns_and_unassigns(client, failed_run, alice):
 
 
 def _failed_step(run, item, user) -> UnwindStep:
-    unwind = recovery.unwind_start(item=item, actor=Actor.for_user(user), reason="undo")
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind = unwind_start(item=item, actor=Actor.for_user(user), reason="undo")
+    unwind_advance(unwind_id=unwind.pk)
     step = unwind.steps.get(position=0)
-    unwinds.step_run(step_id=step.pk)  # no compensator is registered: the step fails
+    step_run(step_id=step.pk)  # no compensator is registered: the step fails
     step.refresh_from_db()
     assert step.status == UnwindStep.Status.FAILED
     return step
@@ -228,7 +229,7 @@ def test_retrying_a_step_that_is_not_failed_is_a_message(client, failed_run, ali
 def test_the_progress_poll_stops_when_the_unwind_is_finished(client, failed_run, alice, mallory):
     run, item = failed_run
     client.force_login(alice)
-    unwind = recovery.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
+    unwind = unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
     url = reverse("dashboard:unwind-progress", args=[unwind.pk])
     response = client.get(url, headers={"HX-Request": "true"})
     assert response.status_code == 200 and 'hx-trigger="every 1s"' in response.content.decode()

@@ -43,9 +43,9 @@ def _url(item):
 
 
 def _queued(run, agent):
-    from recovery import services
+    from recovery.services.reports import run_fail_and_queue
 
-    return services.run_fail_and_queue(run=run, actor=agent, error="boom").item
+    return run_fail_and_queue(run=run, actor=agent, error="boom").item
 
 
 def test_the_plan_has_a_ticked_box_per_undoable_step_and_carries_its_hash(client, hire, agent, alice):

@@ -11,8 +11,9 @@ from django.contrib.messages import get_messages
 from ledger.audit import Actor
 from ledger.models import Event
 from ledger.staff import membership_set
-from recovery import channels, notifications
+from recovery import channels
 from recovery.models import Notification, NotificationChannel, SlackApp, SlackUserLink
+from recovery.notifications.delivery import notification_deliver
 from tests.support.slack import link_slack_user
 
 pytestmark = pytest.mark.django_db
@@ -127,7 +128,7 @@ def test_an_admin_edits_tests_and_deletes_a_channel(
     assert not NotificationChannel.objects.exists()
     row.refresh_from_db()
     assert row.channel_id is None and row.channel_name == "ops"
-    assert notifications.notification_deliver(notification_id=row.pk) == "failed"
+    assert notification_deliver(notification_id=row.pk) == "failed"
     row.refresh_from_db()
     assert "deleted" in row.last_error
     assert "deleted" in client.get(OUTBOX).content.decode()
@@ -139,7 +140,7 @@ def test_the_outbox_shows_each_attempt(client, tenant, alice, dave, allowed):
     )
     row = channels.channel_send_test(channel=saved.channel, actor=Actor.for_user(dave))
     # Nothing listens on port 9: the attempt fails and is retried later.
-    assert notifications.notification_deliver(notification_id=row.pk) == "retry"
+    assert notification_deliver(notification_id=row.pk) == "retry"
     client.force_login(alice)
     page = client.get(OUTBOX).content.decode()
     assert "1 of 10" in page and "ConnectError" in page and 'data-status="pending"' in page

@@ -9,7 +9,8 @@ from django.urls import reverse
 
 from ledger.audit import Actor
 from ledger.models import Compensator, ToolPolicy
-from recovery import services as recovery
+from recovery.services.approving import approval_approve
+from recovery.services.resolving import item_close
 from tests.factories import charge_policy, gated_run, load_policy_file, onboarding_run
 
 pytestmark = pytest.mark.django_db
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 def test_metrics_page_renders_svg_charts(client, tenant, agent, alice, bob):
     run, item = onboarding_run(tenant, agent)
-    recovery.item_close(item=item, actor=Actor.for_user(alice), reason="done")
+    item_close(item=item, actor=Actor.for_user(alice), reason="done")
     onboarding_run(tenant, agent, name="Open", email="open@company.com")
     client.force_login(bob)
     for window in ("24h", "7d", "30d", "bogus"):
@@ -42,7 +43,7 @@ def test_percentiles_come_from_postgres(tenant, agent, alice, bob):
 
     for amount in (1, 2, 3):
         approval = gated_run(tenant, agent, amount=amount)[2]
-        recovery.approval_approve(approval=approval, actor=Actor.for_user(bob), reason="ok")
+        approval_approve(approval=approval, actor=Actor.for_user(bob), reason="ok")
     m = metrics_selectors.metrics(user=alice, window="24h")
     assert m.approvals_decided == 3 and m.approval_p50_s is not None and m.approval_p95_s >= m.approval_p50_s
 
@@ -241,7 +242,7 @@ def test_open_counts_by_risk_and_by_reason_add_up_across_both_panels(tenant, age
     RecoveryItem.objects.filter(pk=items[0].pk).update(risk="high", reason="agent_lost")
     RecoveryItem.objects.filter(pk=items[1].pk).update(risk="high")
     RecoveryItem.objects.filter(pk=items[2].pk).update(reason="agent_lost")
-    recovery.item_close(item=items[3], actor=Actor.for_user(alice), reason="done")
+    item_close(item=items[3], actor=Actor.for_user(alice), reason="done")
     m = metrics_selectors.metrics(user=alice, window="7d")
     assert dict(m.open_by_risk) == {"Low": 0, "Medium": 1, "High": 2, "Critical": 0}
     assert dict(m.open_by_reason) == {"Run failed": 1, "Agent lost (no heartbeat)": 2}

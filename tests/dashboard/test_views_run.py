@@ -6,7 +6,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from ledger.services import runs
-from recovery import services as recovery
+from recovery.services.compensating import unwind_start
+from recovery.services.reports import run_fail_and_queue
 from tests.factories import load_onboarding_policies, onboarding_run, perform_action
 
 pytestmark = pytest.mark.django_db
@@ -113,7 +114,7 @@ def test_the_run_page_with_an_unwind_keeps_a_flat_query_count(
     small, small_item = onboarding_run(tenant, agent, name="Small", email="small@company.com")
     big, big_item = onboarding_run(tenant, agent, name="Big", email="big@company.com", extra_actions=6)
     for item in (small_item, big_item):
-        recovery.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
+        unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
     client.force_login(alice)
     client.get(_url(small))
     with CaptureQueriesContext(connection) as baseline:
@@ -161,7 +162,7 @@ def test_a_run_that_checkpoints_in_a_loop_keeps_a_bounded_page(client, tenant, a
     run = runs.run_create(tenant=tenant, actor=agent, agent="looping-agent", request="loop")
     for n in range(RUN_PAGE_EVENTS + 5):
         checkpoint_write(run=run, actor=agent, name=f"step-{n:03d}")
-    item = recovery.run_fail_and_queue(run=run, actor=agent, error="looped").item
+    item = run_fail_and_queue(run=run, actor=agent, error="looped").item
     total_events = Event.objects.filter(run=run).count()
     client.force_login(alice)
     body = client.get(_url(run)).content.decode()

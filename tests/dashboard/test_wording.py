@@ -46,7 +46,7 @@ def test_a_resume_without_any_checkpoint_says_so_once_and_offers_no_checkpoint_t
     from django.urls import reverse
 
     from ledger.services import runs
-    from recovery import services as recovery
+    from recovery.services.reports import run_fail_and_queue
     from tests.factories import load_onboarding_policies, perform_action
 
     load_onboarding_policies()
@@ -54,7 +54,7 @@ def test_a_resume_without_any_checkpoint_says_so_once_and_offers_no_checkpoint_t
     perform_action(
         run, agent, "hr.create_user", target_id="ashu@company.com", args={"email": "ashu@company.com"}
     )
-    item = recovery.run_fail_and_queue(run=run, actor=agent, error="boom").item
+    item = run_fail_and_queue(run=run, actor=agent, error="boom").item
     client.force_login(alice)
     body = client.get(reverse("dashboard:item-resume", args=[item.pk])).content.decode()
     assert body.count("No checkpoint") == 1 and "Stale checkpoint" not in body

@@ -32,8 +32,8 @@ def test_the_seeded_mcp_session_fails_into_the_queue_and_compensating_it_undoes_
 
     from ledger.audit import Actor
     from ledger.models import Action, Compensator, Run
-    from recovery import services as recovery
     from recovery.models import RecoveryItem
+    from recovery.services.compensating import unwind_start
 
     with http_upstream(tmp_path) as upstream:
         # What make run does: the setup with the server's URL, then the gateway's key by name.
@@ -77,7 +77,7 @@ def test_the_seeded_mcp_session_fails_into_the_queue_and_compensating_it_undoes_
         # Alice compensates; the worker calls the server's undo tools, the licence first.
         worker = start_worker()
         alice = get_user_model().objects.get(username="alice")
-        recovery.unwind_start(item=item, actor=Actor.for_user(alice), reason="Sofia withdrew her acceptance")
+        unwind_start(item=item, actor=Actor.for_user(alice), reason="Sofia withdrew her acceptance")
         try:
             wait_for(
                 lambda: Run.objects.get(pk=recorded.pk).status == Run.Status.COMPENSATED,

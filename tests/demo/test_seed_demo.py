@@ -98,8 +98,8 @@ def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
     from demo.setup import agent_secret
     from ledger.audit import Actor
     from ledger.models import Action, AgentKey, Run
-    from recovery import services as recovery
     from recovery.models import Approval, RecoveryItem
+    from recovery.services.compensating import unwind_start
 
     call_command("seed_demo", url=live_server.url)
 
@@ -161,9 +161,7 @@ def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
     assert WorkspaceLicense.objects.get(email="ashu@acme.example").status == WorkspaceLicense.Status.ACTIVE
     item = onboarding.recovery_items.get(status=RecoveryItem.Status.OPEN)
     alice = get_user_model().objects.get(username="alice")
-    recovery.unwind_start(
-        item=item, actor=Actor.for_user(alice), reason="Bad personal email; undo and retry later"
-    )
+    unwind_start(item=item, actor=Actor.for_user(alice), reason="Bad personal email; undo and retry later")
 
     wait_for(
         lambda: Run.objects.get(pk=onboarding.pk).status == Run.Status.COMPENSATED,
@@ -203,7 +201,7 @@ def test_a_resumed_onboarding_run_sends_the_corrected_welcome_email_and_succeeds
     from demo.setup import agent_secret, demo_setup
     from ledger.audit import Actor
     from ledger.models import Run
-    from recovery import services as recovery
+    from recovery.services.resolving import item_resume
 
     demo_setup(base_url=live_server.url)
     demo = agents.Demo(
@@ -218,7 +216,7 @@ def test_a_resumed_onboarding_run_sends_the_corrected_welcome_email_and_succeeds
         assert run.status == Run.Status.FAILED and not OutboxEmail.objects.exists()
 
         alice = get_user_model().objects.get(username="alice")
-        recovery.item_resume(
+        item_resume(
             item=run.recovery_items.get(),
             actor=Actor.for_user(alice),
             reason="The personal address has a typo; carry on",

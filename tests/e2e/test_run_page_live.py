@@ -18,8 +18,8 @@ from saga_client.signing import verify_signature
 
 from ledger.audit import Actor
 from ledger.models import Compensator
-from recovery import services as recovery
 from recovery.models import Approval, RecoveryItem, Unwind
+from recovery.services.compensating import unwind_start
 from tests.factories import gated_run, onboarding_run
 from tests.support.browser import WEBHOOK_SECRET, login, screenshot
 
@@ -120,7 +120,7 @@ def test_the_run_page_follows_a_compensation_without_a_reload(
     stale.evaluate("document.getElementById('run-live').remove()")
 
     # Dave starts the compensation elsewhere; the worker holds on the first compensator call.
-    recovery.unwind_start(item=item, actor=Actor.for_user(dave), reason="HR withdrew the offer")
+    unwind_start(item=item, actor=Actor.for_user(dave), reason="HR withdrew the offer")
 
     # Alice's page follows without a reload: header, item, buttons, the unwind panel.
     expect(header).to_have_attribute("data-run-status", "compensating", timeout=20_000)

@@ -12,7 +12,7 @@ from ledger.audit import Actor
 from ledger.models import Action, Event, Pause, Run
 from ledger.services import pauses, runs
 from ledger.services.keys import agent_key_create
-from recovery import services as recovery
+from recovery.services.approving import action_record_gated
 from tests.factories import make_run, record
 
 
@@ -27,7 +27,7 @@ def _pause(tenant, actor, **fields) -> Pause:
 
 
 def _record_gated(run: Run, agent: Actor, key: str, tool: str = "hr.create_user") -> Action:
-    return recovery.action_record_gated(
+    return action_record_gated(
         run=run, actor=agent, tool=tool, idempotency_key=key, args={"email": f"{key}@company.com"}
     ).action
 

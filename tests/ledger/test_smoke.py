@@ -40,17 +40,15 @@ def test_it_records_runs_and_actions_through_the_state_machine(tenant, agent):
 
 def test_it_gates_a_risky_action_behind_an_approval_bound_to_its_args(tenant, agent, bob):
     from ledger.audit import Actor
-    from recovery import services as recovery
+    from recovery.services.approving import action_record_gated, approval_approve
 
     run = runs.run_create(tenant=tenant, actor=agent, agent="payments", request="Refund order 7")
-    recorded = recovery.action_record_gated(
+    recorded = action_record_gated(
         run=run, actor=agent, tool="payments.charge", idempotency_key="p1", args={"amount": 10}
     )
     action = recorded.action
     assert action.status == Action.Status.AWAITING_APPROVAL
     approval = action.approvals.get()
-    recovery.approval_approve(
-        approval=approval, actor=Actor.for_user(bob), reason="looks right", args={"amount": 9}
-    )
+    approval_approve(approval=approval, actor=Actor.for_user(bob), reason="looks right", args={"amount": 9})
     action.refresh_from_db()
     assert action.status == Action.Status.APPROVED and action.args == {"amount": 9}

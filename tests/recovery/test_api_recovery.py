@@ -13,8 +13,10 @@ from django.utils import timezone
 from ledger.audit import Actor
 from ledger.models import Event, Run
 from ledger.services import runs
-from recovery import services, unwinds
 from recovery.models import Approval, RecoveryItem, Unwind
+from recovery.services.compensating import unwind_start
+from recovery.services.reports import run_fail_and_queue
+from recovery.unwinds.advance import unwind_advance
 from tests.factories import load_onboarding_policies, onboarding_saga
 
 
@@ -57,7 +59,7 @@ def test_the_queue_lists_newest_first_with_filters_and_cursor_pagination(api, te
     more = []
     for n in range(3):
         run = runs.run_create(tenant=tenant, actor=agent, agent="a", request=f"r{n}")
-        more.append(services.run_fail_and_queue(run=run, actor=agent, error="boom").item)
+        more.append(run_fail_and_queue(run=run, actor=agent, error="boom").item)
 
     page = api.get("/api/v1/recovery", {"limit": 2}).json()
     assert [i["id"] for i in page["items"]] == [more[2].pk, more[1].pk]
@@ -128,7 +130,7 @@ def test_resume_issues_a_command_and_close_resolves(api, tenant, agent, saga):
     assert _post(api, f"/recovery/{saga.item.pk}/close", {"reason": "late"}).status_code == 409
 
     run = runs.run_create(tenant=tenant, actor=agent, agent="a", request="r")
-    item = services.run_fail_and_queue(run=run, actor=agent, error="boom").item
+    item = run_fail_and_queue(run=run, actor=agent, error="boom").item
     closed = _post(api, f"/recovery/{item.pk}/close", {"reason": "duplicate request"})
     assert closed.status_code == 200 and closed.json()["resolution"] == "closed"
 
@@ -138,8 +140,8 @@ def test_approvals_are_for_approver_keys_only(api, tenant, agent, alice, approve
     approver scope, and the approval stays pending."""
     load_onboarding_policies(license_risk="high")
     saga = onboarding_saga(tenant, agent)
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwind_advance(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
     for response in (
         api.get("/api/v1/approvals"),
@@ -155,8 +157,8 @@ def test_approvals_can_be_listed_approved_and_rejected(approver_key, tenant, age
     api = Client(HTTP_AUTHORIZATION=f"Bearer {approver_key[1]}")
     load_onboarding_policies(license_risk="high")
     saga = onboarding_saga(tenant, agent)
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwind_advance(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
 
     inbox = api.get("/api/v1/approvals").json()["items"]

@@ -13,8 +13,12 @@ from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, Run
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves
-from recovery import selectors, services
+from recovery import selectors
 from recovery.models import AgentCommand, RecoveryItem, Unwind
+from recovery.services.cancelling import run_cancel
+from recovery.services.compensating import unwind_start
+from recovery.services.reports import run_fail_and_queue
+from recovery.services.resolving import item_resume
 from tests.factories import (
     force_status,
     load_onboarding_policies,
@@ -57,7 +61,7 @@ def _state(run: Run) -> tuple:
 
 
 def test_it_cancels_a_running_run_in_one_decision(run, agent, alice):
-    outcome = services.run_cancel(run=run, actor=Actor.for_user(alice), reason="Ashu declined the offer")
+    outcome = run_cancel(run=run, actor=Actor.for_user(alice), reason="Ashu declined the offer")
 
     assert Run.objects.get(pk=run.pk).status == Run.Status.CANCELLED
     # The licence call was under way: nobody can say whether it happened, so it is unknown now.
@@ -89,7 +93,7 @@ def test_it_cancels_a_running_run_in_one_decision(run, agent, alice):
 
 
 def test_the_agent_can_write_nothing_more_after_a_cancel(run, agent, alice):
-    services.run_cancel(run=run, actor=Actor.for_user(alice), reason="the user withdrew")
+    run_cancel(run=run, actor=Actor.for_user(alice), reason="the user withdrew")
     licence = _licence(run)
     hr = Action.objects.get(run=run, tool="hr.create_user")
     with pytest.raises(errors.RunNotAcceptingActions) as refused:
@@ -109,7 +113,7 @@ def test_the_agent_can_write_nothing_more_after_a_cancel(run, agent, alice):
 
 def test_a_run_that_changed_nothing_is_cancelled_without_a_queue_item(tenant, agent, alice):
     run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Lee")
-    outcome = services.run_cancel(run=run, actor=Actor.for_user(alice), reason="duplicate request")
+    outcome = run_cancel(run=run, actor=Actor.for_user(alice), reason="duplicate request")
     assert outcome.item is None and outcome.unknown == []
     assert not RecoveryItem.objects.filter(run=run).exists()
     assert AgentCommand.objects.get(run=run).kind == "cancel"
@@ -119,17 +123,17 @@ def test_it_updates_the_queued_item_of_a_failed_run_instead_of_opening_another(t
     load_onboarding_policies()
     run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Priya")
     perform_action(run, agent, "hr.create_user", target_id="priya", args={"email": "priya@company.com"})
-    item = services.run_fail_and_queue(run=run, actor=agent, error="licence API down").item
+    item = run_fail_and_queue(run=run, actor=agent, error="licence API down").item
     assert item is not None
 
-    services.run_cancel(run=run, actor=Actor.for_user(alice), reason="Priya starts next year instead")
+    run_cancel(run=run, actor=Actor.for_user(alice), reason="Priya starts next year instead")
 
     items = list(RecoveryItem.objects.filter(run=run))
     assert [(i.pk, i.reason, i.status) for i in items] == [(item.pk, "cancelled", "open")]
     assert Run.objects.get(pk=run.pk).status == Run.Status.CANCELLED
     # A cancelled run can still be compensated or closed; not resumed.
     with pytest.raises(errors.InvalidTransition):
-        services.item_resume(item=items[0], actor=Actor.for_user(alice), reason="go on")
+        item_resume(item=items[0], actor=Actor.for_user(alice), reason="go on")
 
 
 @pytest.mark.parametrize("state", ["succeeded", "cancelled", "compensating", "compensated", "closed"])
@@ -137,7 +141,7 @@ def test_it_refuses_to_cancel_a_run_that_is_over_and_changes_nothing(run, alice,
     force_status(run, state)
     before = _state(run)
     with pytest.raises(errors.InvalidTransition) as refused:
-        services.run_cancel(run=run, actor=Actor.for_user(alice), reason="too late")
+        run_cancel(run=run, actor=Actor.for_user(alice), reason="too late")
     assert refused.value.details["current"] == state
     assert _state(run) == before
     # The refusal is in the audit log, with who tried and why.
@@ -153,7 +157,7 @@ def test_it_refuses_to_cancel_a_run_that_is_over_and_changes_nothing(run, alice,
 def test_it_refuses_a_cancel_without_a_reason(run, alice):
     before = _state(run)
     with pytest.raises(errors.ValidationFailed):
-        services.run_cancel(run=run, actor=Actor.for_user(alice), reason="   ")
+        run_cancel(run=run, actor=Actor.for_user(alice), reason="   ")
     assert _state(run) == before
 
 
@@ -165,7 +169,7 @@ def test_the_cancel_is_pushed_to_the_agents_resume_url(
         tenant=tenant, actor=agent, agent="a", request="r", resume_url="http://127.0.0.1:9/commands"
     )
     with django_capture_on_commit_callbacks(execute=True):
-        outcome = services.run_cancel(run=run, actor=Actor.for_user(alice), reason="stop")
+        outcome = run_cancel(run=run, actor=Actor.for_user(alice), reason="stop")
     queued = django_rq.get_queue("notifications").jobs
     assert [job.kwargs for job in queued] == [{"command_id": outcome.command.pk}]
 
@@ -181,7 +185,7 @@ def _failed_with_a_running_action(tenant, agent):
         perform_action(run, agent, f"rel.do_{n}", target_type="thing", target_id=f"thing-{n}", args={"n": n})
     slow = record(run, agent, "slow", tool="rel.do_3", args={"n": 3})
     moves.action_start(action=slow, actor=agent)
-    item = services.run_fail_and_queue(run=run, actor=agent, error="gave up waiting").item
+    item = run_fail_and_queue(run=run, actor=agent, error="gave up waiting").item
     assert item is not None
     return run, slow, item
 
@@ -205,7 +209,7 @@ def test_compensation_waits_for_an_action_still_running_and_cancel_unblocks_it(t
     before = _state(run)
     # Undoing do_1 and do_2 while do_3 may still land would undo in the wrong order (or not at all).
     with pytest.raises(errors.Conflict) as refused:
-        services.unwind_start(item=item, actor=operator, reason="undo it all")
+        unwind_start(item=item, actor=operator, reason="undo it all")
     assert refused.value.code == "outcome_unknown"
     assert refused.value.details["unknown_action_ids"] == [slow.pk]
     assert "rel.do_3 (#3) is still running" in refused.value.message
@@ -213,10 +217,10 @@ def test_compensation_waits_for_an_action_still_running_and_cancel_unblocks_it(t
     assert _state(run) == before and not Unwind.objects.exists()
 
     # The way out: cancel (the agent stops; do_3 becomes unknown), confirm it, then compensate.
-    services.run_cancel(run=run, actor=operator, reason="the agent is stuck")
+    run_cancel(run=run, actor=operator, reason="the agent is stuck")
     assert Action.objects.get(pk=slow.pk).status == Action.Status.UNKNOWN
     moves.action_reconcile(action=slow, actor=operator, happened=True, reason="thing-3 exists")
-    unwind = services.unwind_start(item=RecoveryItem.objects.get(pk=item.pk), actor=operator, reason="undo")
+    unwind = unwind_start(item=RecoveryItem.objects.get(pk=item.pk), actor=operator, reason="undo")
     assert [s.action.tool for s in unwind.steps.order_by("position")] == ["rel.do_3", "rel.do_2", "rel.do_1"]
 
 
@@ -227,7 +231,7 @@ def test_a_failure_with_an_action_still_running_is_not_compensated_automatically
     slow = record(run, agent, "slow", tool="workspace.provision_license", args={"email": "ashu@company.com"})
     moves.action_start(action=slow, actor=agent)
 
-    outcome = services.run_fail_and_queue(run=run, actor=agent, error="gave up")
+    outcome = run_fail_and_queue(run=run, actor=agent, error="gave up")
 
     assert outcome.unwind is None and not Unwind.objects.exists()
     assert (outcome.item.status, Run.objects.get(pk=run.pk).status) == ("open", "failed")

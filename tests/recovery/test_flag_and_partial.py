@@ -12,8 +12,14 @@ from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, Run
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves
-from recovery import compensators, planner, services, trail, unwinds
+from recovery import compensators, planner, trail
 from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
+from recovery.services.compensating import unwind_start
+from recovery.services.reports import run_fail_and_queue
+from recovery.services.resolving import item_close, item_resume, run_flag
+from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.claim import step_claim
+from recovery.unwinds.runner import step_record_outcome
 from tests.factories import load_reliability_policies, perform_action
 from tests.support.api import Api, error_of
 
@@ -60,7 +66,7 @@ def _hire(tenant, agent, *, finish: str = "succeed") -> Hire:
     if finish == "succeed":
         runs.run_complete(run=run, actor=agent, summary="all done")
     elif finish == "fail":
-        services.run_fail_and_queue(run=run, actor=agent, error="mail gateway down")
+        run_fail_and_queue(run=run, actor=agent, error="mail gateway down")
     run.refresh_from_db()
     return Hire(run=run, first=first, second=second, third=third, checkpoint=checkpoint)
 
@@ -68,13 +74,13 @@ def _hire(tenant, agent, *, finish: str = "succeed") -> Hire:
 def _drive(unwind: Unwind) -> Unwind:
     """Carry the unwind out in-process, every compensator answering "done"."""
     for _ in range(20):
-        unwinds.unwind_advance(unwind_id=unwind.pk)
+        unwind_advance(unwind_id=unwind.pk)
         step = unwind.steps.filter(status=UnwindStep.Status.QUEUED).first()
         if step is None:
             break
-        claim = unwinds.step_claim(step_id=step.pk)
+        claim = step_claim(step_id=step.pk)
         assert claim is not None
-        unwinds.step_record_outcome(step_id=step.pk, token=claim.token, outcome=compensators.Outcome.done())
+        step_record_outcome(step_id=step.pk, token=claim.token, outcome=compensators.Outcome.done())
     unwind.refresh_from_db()
     return unwind
 
@@ -104,7 +110,7 @@ def test_it_flags_a_succeeded_run_into_the_queue_as_manual(tenant, agent, alice)
     hire = _hire(tenant, agent)
     assert not RecoveryItem.objects.filter(run=hire.run).exists()
 
-    item = services.run_flag(run=hire.run, actor=Actor.for_user(alice), reason="HR cancelled the hire")
+    item = run_flag(run=hire.run, actor=Actor.for_user(alice), reason="HR cancelled the hire")
 
     assert (item.status, item.reason) == (RecoveryItem.Status.OPEN, RecoveryItem.Reason.MANUAL)
     assert "HR cancelled the hire" in item.error and "alice" in item.error
@@ -128,8 +134,8 @@ def test_flagging_a_queued_run_updates_its_item_and_keeps_its_reason(tenant, age
     item = RecoveryItem.objects.get(run=hire.run)
     assert item.reason == RecoveryItem.Reason.FAILED
 
-    again = services.run_flag(run=hire.run, actor=Actor.for_user(alice), reason="look at this one")
-    third = services.run_flag(run=hire.run, actor=Actor.for_user(dave), reason="and this")
+    again = run_flag(run=hire.run, actor=Actor.for_user(alice), reason="look at this one")
+    third = run_flag(run=hire.run, actor=Actor.for_user(dave), reason="and this")
 
     assert again.pk == third.pk == item.pk
     assert RecoveryItem.objects.filter(run=hire.run).count() == 1
@@ -145,11 +151,11 @@ def test_flagging_a_queued_run_updates_its_item_and_keeps_its_reason(tenant, age
 def test_flagging_a_run_being_compensated_is_refused_and_audited(tenant, agent, alice):
     hire = _hire(tenant, agent, finish="fail")
     item = RecoveryItem.objects.get(run=hire.run)
-    services.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo it")
+    unwind_start(item=item, actor=Actor.for_user(alice), reason="undo it")
     before = _snapshot(hire)
 
     with pytest.raises(errors.InvalidTransition) as excinfo:
-        services.run_flag(run=hire.run, actor=Actor.for_user(alice), reason="flag it too")
+        run_flag(run=hire.run, actor=Actor.for_user(alice), reason="flag it too")
 
     assert excinfo.value.status == 409 and excinfo.value.current == "compensating"
     assert _snapshot(hire) == before
@@ -161,15 +167,15 @@ def test_flagging_a_run_being_compensated_is_refused_and_audited(tenant, agent, 
 def test_flagging_needs_a_reason(tenant, agent, alice):
     hire = _hire(tenant, agent)
     with pytest.raises(errors.ValidationFailed):
-        services.run_flag(run=hire.run, actor=Actor.for_user(alice), reason="   ")
+        run_flag(run=hire.run, actor=Actor.for_user(alice), reason="   ")
     assert not RecoveryItem.objects.filter(run=hire.run).exists()
 
 
 def test_a_flagged_succeeded_run_is_compensated_like_a_failed_one(tenant, agent, alice):
     hire = _hire(tenant, agent)
-    item = services.run_flag(run=hire.run, actor=Actor.for_user(alice), reason="HR cancelled the hire")
+    item = run_flag(run=hire.run, actor=Actor.for_user(alice), reason="HR cancelled the hire")
 
-    unwind = _drive(services.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo the hire"))
+    unwind = _drive(unwind_start(item=item, actor=Actor.for_user(alice), reason="undo the hire"))
 
     assert unwind.status == Unwind.Status.COMPLETED
     assert _statuses(hire) == ["compensated"] * 3
@@ -186,14 +192,14 @@ def test_a_flagged_succeeded_run_is_compensated_like_a_failed_one(tenant, agent,
 
 def test_a_flagged_succeeded_run_can_be_resumed_or_closed(tenant, agent, alice):
     resumed = _hire(tenant, agent)
-    item = services.run_flag(run=resumed.run, actor=Actor.for_user(alice), reason="redo the mail")
-    command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="mail is back")
+    item = run_flag(run=resumed.run, actor=Actor.for_user(alice), reason="redo the mail")
+    command = item_resume(item=item, actor=Actor.for_user(alice), reason="mail is back")
     assert command.kind == AgentCommand.Kind.RESUME
     assert Run.objects.get(pk=resumed.run.pk).status == Run.Status.RUNNING
 
     closed = _hire(tenant, agent)
-    item = services.run_flag(run=closed.run, actor=Actor.for_user(alice), reason="double check")
-    services.item_close(item=item, actor=Actor.for_user(alice), reason="checked: all fine")
+    item = run_flag(run=closed.run, actor=Actor.for_user(alice), reason="double check")
+    item_close(item=item, actor=Actor.for_user(alice), reason="checked: all fine")
     item.refresh_from_db()
     assert item.resolution == RecoveryItem.Resolution.CLOSED
     # Closing the review of a succeeded run leaves it succeeded: nothing failed.
@@ -203,11 +209,11 @@ def test_a_flagged_succeeded_run_can_be_resumed_or_closed(tenant, agent, alice):
 
 def test_a_flagged_running_run_must_be_cancelled_before_it_is_compensated(tenant, agent, alice):
     hire = _hire(tenant, agent, finish="")
-    item = services.run_flag(run=hire.run, actor=Actor.for_user(alice), reason="looks wrong")
+    item = run_flag(run=hire.run, actor=Actor.for_user(alice), reason="looks wrong")
     before = _snapshot(hire)
 
     with pytest.raises(errors.InvalidTransition) as excinfo:
-        services.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
+        unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
 
     assert "cancel it first" in excinfo.value.message
     assert _snapshot(hire) == before
@@ -256,14 +262,14 @@ def test_a_stale_plan_hash_is_plan_changed_and_nothing_starts(tenant, agent, ali
         compensation={"tool": "rel.undo", "args": {"n": 4}},
         unknown=True,
     )
-    services.run_fail_and_queue(run=hire.run, actor=agent, error="gave up")
+    run_fail_and_queue(run=hire.run, actor=agent, error="gave up")
     item = RecoveryItem.objects.get(run=hire.run)
     seen = planner.compensation_plan(run=hire.run).plan_hash  # Alice reads the plan…
     moves.action_reconcile(action=late, actor=Actor.for_user(dave), happened=True, reason="it did")  # …Dave
     before = _snapshot(hire)
 
     with pytest.raises(errors.PlanChanged) as excinfo:
-        services.unwind_start(
+        unwind_start(
             item=item, actor=Actor.for_user(alice), reason="undo", action_ids=[hire.third.pk], plan_hash=seen
         )
 
@@ -273,7 +279,7 @@ def test_a_stale_plan_hash_is_plan_changed_and_nothing_starts(tenant, agent, ali
     assert _snapshot(hire) == before
     assert Event.objects.filter(run=hire.run, kind="decision.refused", to_state="compensate").count() == 1
 
-    unwind = services.unwind_start(
+    unwind = unwind_start(
         item=item, actor=Actor.for_user(alice), reason="undo", action_ids=[hire.third.pk], plan_hash=now
     )
     assert [s.action_id for s in unwind.steps.order_by("position")] == [hire.third.pk]
@@ -281,10 +287,10 @@ def test_a_stale_plan_hash_is_plan_changed_and_nothing_starts(tenant, agent, ali
 
 def test_it_undoes_only_the_chosen_actions_newest_first_and_keeps_the_rest(tenant, agent, alice):
     hire = _hire(tenant, agent)
-    item = services.run_flag(run=hire.run, actor=Actor.for_user(alice), reason="HR cancelled the hire")
+    item = run_flag(run=hire.run, actor=Actor.for_user(alice), reason="HR cancelled the hire")
     shown = planner.compensation_plan(run=hire.run)
 
-    unwind = services.unwind_start(
+    unwind = unwind_start(
         item=item,
         actor=Actor.for_user(alice),
         reason="undo the licence only",
@@ -323,14 +329,12 @@ def test_it_undoes_only_the_chosen_actions_newest_first_and_keeps_the_rest(tenan
 
 def test_the_kept_action_can_still_be_undone_later(tenant, agent, alice):
     hire = _hire(tenant, agent)
-    item = services.run_flag(run=hire.run, actor=Actor.for_user(alice), reason="undo the licence")
-    _drive(
-        services.unwind_start(item=item, actor=Actor.for_user(alice), reason="x", action_ids=[hire.third.pk])
-    )
+    item = run_flag(run=hire.run, actor=Actor.for_user(alice), reason="undo the licence")
+    _drive(unwind_start(item=item, actor=Actor.for_user(alice), reason="x", action_ids=[hire.third.pk]))
     assert Run.objects.get(pk=hire.run.pk).status == Run.Status.CLOSED
 
-    item = services.run_flag(run=hire.run, actor=Actor.for_user(alice), reason="HR changed its mind")
-    _drive(services.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo the rest"))
+    item = run_flag(run=hire.run, actor=Actor.for_user(alice), reason="HR changed its mind")
+    _drive(unwind_start(item=item, actor=Actor.for_user(alice), reason="undo the rest"))
 
     assert _statuses(hire) == ["compensated"] * 3
     assert Run.objects.get(pk=hire.run.pk).status == Run.Status.COMPENSATED
@@ -345,7 +349,7 @@ def test_to_checkpoint_undoes_what_completed_after_it(tenant, agent, alice):
     assert [s.action.pk for s in preview.kept] == [hire.first.pk]
 
     unwind = _drive(
-        services.unwind_start(
+        unwind_start(
             item=item,
             actor=Actor.for_user(alice),
             reason="back to the account",
@@ -367,7 +371,7 @@ def test_choosing_every_undoable_action_is_a_full_compensation(tenant, agent, al
     hire = _hire(tenant, agent, finish="fail")
     item = RecoveryItem.objects.get(run=hire.run)
     _drive(
-        services.unwind_start(
+        unwind_start(
             item=item, actor=Actor.for_user(alice), reason="all", action_ids=[a.pk for a in hire.actions]
         )
     )
@@ -386,7 +390,7 @@ def test_a_bad_selection_is_422_naming_it_and_changes_nothing(tenant, agent, ali
     )
     lookup = perform_action(hire.run, agent, "rel.do_8", target_id="t8", args={})
     Action.objects.filter(pk=lookup.pk).update(action_class="read_only")  # changed nothing
-    services.run_fail_and_queue(run=hire.run, actor=agent, error="gave up")
+    run_fail_and_queue(run=hire.run, actor=agent, error="gave up")
     other = _hire(tenant, agent)
     item = RecoveryItem.objects.get(run=hire.run)
     named = {
@@ -410,7 +414,7 @@ def test_a_bad_selection_is_422_naming_it_and_changes_nothing(tenant, agent, ali
     before = _snapshot(hire)
 
     with pytest.raises(errors.ValidationFailed) as excinfo:
-        services.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo", **kwargs)
+        unwind_start(item=item, actor=Actor.for_user(alice), reason="undo", **kwargs)
 
     assert excinfo.value.status == 422
     if named is not None:
@@ -452,9 +456,7 @@ def test_api_flag_is_for_operator_keys_of_the_tenant(tenant, agent, agent_key, o
 
 def test_api_flag_on_a_compensating_run_is_409(tenant, agent, alice, api):
     hire = _hire(tenant, agent, finish="fail")
-    services.unwind_start(
-        item=RecoveryItem.objects.get(run=hire.run), actor=Actor.for_user(alice), reason="x"
-    )
+    unwind_start(item=RecoveryItem.objects.get(run=hire.run), actor=Actor.for_user(alice), reason="x")
     response = api.post(f"/runs/{hire.run.pk}/flag", {"reason": "too"})
     assert response.status_code == 409
     assert error_of(response)["code"] == "invalid_transition"

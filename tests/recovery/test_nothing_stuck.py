@@ -19,8 +19,13 @@ from ledger.audit import Actor
 from ledger.models import Action, Compensator, Event, Run
 from ledger.services import runs
 from ledger.services.keys import agent_key_create
-from recovery import compensators, services, unwinds
+from recovery import compensators
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.services.approving import approval_approve, approval_request_again
+from recovery.services.compensating import unwind_start, unwind_stop
+from recovery.services.periodic import approvals_expire_due
+from recovery.unwinds.advance import unwind_advance, unwind_advance_and_claim
+from recovery.unwinds.runner import step_record_outcome, step_run
 from tests.factories import (
     HR_PATH,
     WS_PATH,
@@ -37,7 +42,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _expire(approval: Approval) -> None:
-    assert services.approvals_expire_due(now=approval.expires_at + timedelta(seconds=1)) >= 1
+    assert approvals_expire_due(now=approval.expires_at + timedelta(seconds=1)) >= 1
     approval.refresh_from_db()
     assert approval.status == Approval.Status.EXPIRED
 
@@ -119,7 +124,7 @@ def test_only_the_agent_that_owns_the_run_asks_again_for_an_action_approval(
     assert Api(other_agent).post(f"/approvals/{approval.pk}/request-again", body).status_code == 404
     assert Api(outsider_key[1]).post(f"/approvals/{approval.pk}/request-again", body).status_code == 404
     with pytest.raises(errors.Forbidden):
-        services.approval_request_again(approval=approval, actor=Actor.for_user(alice), reason="please")
+        approval_request_again(approval=approval, actor=Actor.for_user(alice), reason="please")
     assert Api(agent_key[1]).post(f"/approvals/{approval.pk}/request-again", {}).status_code == 422
 
     # Nothing changed, and the refusals that reached the service are in the audit log.
@@ -152,11 +157,11 @@ def _compensators_in_python() -> None:
 def _run_queued_steps(unwind: Unwind) -> None:
     """Drive the unwind in-process until nothing is queued (what a worker does)."""
     for _ in range(10):
-        unwinds.unwind_advance(unwind_id=unwind.pk)
+        unwind_advance(unwind_id=unwind.pk)
         queued = unwind.steps.filter(status=UnwindStep.Status.QUEUED).first()
         if queued is None:
             return
-        unwinds.step_run(step_id=queued.pk)
+        step_run(step_id=queued.pk)
 
 
 def test_an_operator_asks_again_for_an_expired_step_approval_and_the_first_requester_still_cannot_grant_it(
@@ -165,13 +170,13 @@ def test_an_operator_asks_again_for_an_expired_step_approval_and_the_first_reque
     load_onboarding_policies(license_risk="critical")
     _compensators_in_python()
     saga = onboarding_saga(tenant, agent)
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo the hire")
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo the hire")
+    unwind_advance(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
     step = approval.step
     _expire(approval)
     # The unwind goes on with the other step: asking again waits until it has finished.
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind_advance(unwind_id=unwind.pk)
     operator = Api(operator_key[1])
     early = operator.post(f"/approvals/{approval.pk}/request-again", {"reason": "ask bob"})
     assert early.status_code == 409 and "finished its other steps" in error_of(early)["message"]
@@ -209,8 +214,8 @@ def test_an_operator_asks_again_for_an_expired_step_approval_and_the_first_reque
     # Alice asked for the compensation in the first place: asking again does not make her request
     # one she may grant.
     with pytest.raises(errors.SelfApproval):
-        services.approval_approve(approval=again, actor=Actor.for_user(alice), reason="mine anyway")
-    services.approval_approve(approval=again, actor=Actor.for_user(bob), reason="ok, cancel the licence")
+        approval_approve(approval=again, actor=Actor.for_user(alice), reason="mine anyway")
+    approval_approve(approval=again, actor=Actor.for_user(bob), reason="ok, cancel the licence")
     _run_queued_steps(unwind)
     unwind.refresh_from_db()
     assert unwind.status == Unwind.Status.COMPLETED
@@ -229,7 +234,7 @@ def test_an_operator_stops_a_running_unwind_between_steps_with_a_real_worker(
     webhooks.script[WS_PATH] = [Reply(200, {"state": {"license": None}}, block=held)]
     saga = onboarding_saga(tenant, agent)
     worker = start_worker()
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="hire withdrawn")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="hire withdrawn")
     wait_for(lambda: webhooks.calls_to(WS_PATH), timeout=20, what="the licence step's call")
     operator = Api(operator_key[1])
     assert Api(agent_key[1]).post(f"/unwinds/{unwind.pk}/stop", {"reason": "x"}).status_code == 403
@@ -283,7 +288,7 @@ def test_an_operator_stops_a_running_unwind_between_steps_with_a_real_worker(
     assert len(_events(saga.run, "unwind.stopped")) == 1
 
     # The operator decides again: compensating now undoes only what is left.
-    second = services.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo the rest")
+    second = unwind_start(item=item, actor=Actor.for_user(alice), reason="undo the rest")
     wait_for(
         lambda: Unwind.objects.get(pk=second.pk).status == Unwind.Status.COMPLETED,
         timeout=30,
@@ -297,19 +302,19 @@ def test_an_operator_stops_a_running_unwind_between_steps_with_a_real_worker(
 def test_stopping_a_paused_unwind_withdraws_the_approval_it_waits_for(tenant, agent, alice, bob):
     load_onboarding_policies(license_risk="critical")
     saga = onboarding_saga(tenant, agent)
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwind_advance(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
     assert Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.PAUSED
 
-    services.unwind_stop(unwind=unwind, actor=Actor.for_user(alice), reason="wrong run")
+    unwind_stop(unwind=unwind, actor=Actor.for_user(alice), reason="wrong run")
 
     approval.refresh_from_db()
     assert approval.status == Approval.Status.EXPIRED and approval.reason.startswith("withdrawn")
     assert _events(saga.run, "approval.withdrawn")[0].actor_label == "alice"
     assert [s.status for s in unwind.steps.order_by("position")] == ["pending", "pending"]
     with pytest.raises(errors.InvalidTransition):
-        services.approval_approve(approval=approval, actor=Actor.for_user(bob), reason="late")
+        approval_approve(approval=approval, actor=Actor.for_user(bob), reason="late")
     assert Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.CANCELLED
     item = RecoveryItem.objects.get(run=saga.run, status__in=RecoveryItem.UNRESOLVED)
     assert item.status == "open" and len(item.details["stopped"]["not_undone"]) == 2
@@ -319,16 +324,16 @@ def test_stopping_a_paused_unwind_withdraws_the_approval_it_waits_for(tenant, ag
 def test_a_step_waiting_for_its_retry_fails_when_the_unwind_stops(tenant, agent, alice):
     load_reliability_policies()
     saga = failed_saga(tenant, agent, steps=2)
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    claim = unwinds.unwind_advance_and_claim(unwind_id=unwind.pk)
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    claim = unwind_advance_and_claim(unwind_id=unwind.pk)
     assert claim is not None
-    unwinds.step_record_outcome(
+    step_record_outcome(
         step_id=claim.step_id, token=claim.token, outcome=compensators.Outcome.retry("503 busy")
     )
     step = UnwindStep.objects.get(pk=claim.step_id)
     assert (step.status, step.attempts) == ("queued", 1)
 
-    services.unwind_stop(unwind=unwind, actor=Actor.for_user(alice), reason="tool outage, stop")
+    unwind_stop(unwind=unwind, actor=Actor.for_user(alice), reason="tool outage, stop")
 
     step.refresh_from_db()
     assert step.status == UnwindStep.Status.FAILED and step.error.startswith(
@@ -337,14 +342,14 @@ def test_a_step_waiting_for_its_retry_fails_when_the_unwind_stops(tenant, agent,
     # An attempt may have acted: the action says so, for a person to check.
     assert Action.objects.get(pk=step.action_id).status == Action.Status.COMPENSATION_FAILED
     # The queued job that runs later finds nothing to do.
-    assert unwinds.step_run(step_id=step.pk) is None
+    assert step_run(step_id=step.pk) is None
     assert UnwindStep.objects.get(pk=step.pk).attempts == 1
 
 
 def test_the_dashboard_stop_page_shows_what_will_happen_then_stops(client, tenant, agent, alice, carol):
     load_reliability_policies()
     saga = failed_saga(tenant, agent, steps=2)
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
     url = reverse("dashboard:unwind-stop", args=[unwind.pk])
     client.force_login(carol)
     assert client.post(url, {"reason": "viewer"}).status_code == 403
@@ -389,7 +394,7 @@ def test_a_step_slower_than_its_lease_is_not_taken_over_while_its_worker_lives(
     # takes 7 s, and a second worker plus a sweep every second stand ready to take it over.
     for _ in range(2):
         start_worker(SAGA_TEST_CALLS_DIR=str(calls), SAGA_TEST_SLOW_S="7")
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
 
     try:
         wait_for(
@@ -412,7 +417,7 @@ def test_a_worker_that_dies_mid_slow_step_still_loses_its_lease(
 ):
     saga, calls = _slow_saga(tenant, agent, tmp_path)
     first = start_worker(SAGA_TEST_CALLS_DIR=str(calls), SAGA_TEST_SLOW_S="30")
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
     wait_for(lambda: _calls(calls), timeout=20, what="the first call")
     first.kill_hard()
     start_worker(SAGA_TEST_CALLS_DIR=str(calls), SAGA_TEST_SLOW_S="30")
@@ -441,7 +446,7 @@ def test_a_step_whose_compensator_was_removed_after_planning_fails_naming_it(
 ):
     load_onboarding_policies(webhooks=webhooks)
     saga = onboarding_saga(tenant, agent)
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
     assert unwind.plan["steps"][0]["compensator"] == "webhook"
     # The policy file is reloaded without it (load_policies removes what the file no longer lists).
     Compensator.objects.filter(tool="workspace.cancel_license").delete()

@@ -15,7 +15,8 @@ from saga_client.signing import verify_signature
 
 from ledger.models import ToolPolicy
 from ledger.services import runs
-from recovery import services as recovery
+from recovery.services.approving import action_record_gated
+from recovery.services.reports import run_fail_and_queue
 
 SECRET = "notify-secret"
 
@@ -69,7 +70,7 @@ def test_a_new_recovery_item_is_mailed_and_posted_signed(
 ):
     run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard Ashu Kumar")
     with django_capture_on_commit_callbacks(execute=True):
-        item = recovery.run_fail_and_queue(run=run, actor=agent, error="mail gateway 429").item
+        item = run_fail_and_queue(run=run, actor=agent, error="mail gateway 429").item
     # Nothing was sent inside the request: only a job was queued.
     assert mail.outbox == [] and notify_to == []
 
@@ -96,7 +97,7 @@ def test_an_approval_request_is_mailed_and_posted_signed(
     )
     run = runs.run_create(tenant=tenant, actor=agent, agent="billing", request="Pay invoice 7")
     with django_capture_on_commit_callbacks(execute=True):
-        action = recovery.action_record_gated(
+        action = action_record_gated(
             run=run, actor=agent, tool="payments.charge", idempotency_key="pay-7", args={"amount": 48200}
         ).action
 

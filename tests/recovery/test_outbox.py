@@ -20,8 +20,15 @@ from slack_sdk.models.blocks import Block
 
 from ledger import errors
 from ledger.audit import Actor
-from recovery import approvals, channels, compensators, notifications, services, sweeper, unwinds
+from recovery import approvals, channels, compensators, sweeper
 from recovery.models import Approval, Notification, NotificationChannel, Unwind, UnwindStep
+from recovery.notifications.delivery import notification_deliver
+from recovery.notifications.outbox import notify
+from recovery.services.approving import approval_reject
+from recovery.services.compensating import unwind_start
+from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.claim import step_claim
+from recovery.unwinds.runner import step_record_outcome
 from tests.factories import gated_run, load_onboarding_policies, onboarding_run
 from tests.support.processes import wait_for
 from tests.support.receivers import Receiver, serve_receiver
@@ -185,12 +192,12 @@ def test_a_slack_4xx_fails_at_once_while_429_and_5xx_are_retried_with_backoff(
     assert (row.status, row.attempts, row.last_status_code) == ("failed", 1, 404)
     assert "Slack answered 404" in row.last_error and row.next_attempt_at is None
     # A second job for it (a sweep, a duplicate) finds nothing to send: no retry storm.
-    assert notifications.notification_deliver(notification_id=row.pk) == "skipped"
+    assert notification_deliver(notification_id=row.pk) == "skipped"
     assert len(outbound_to.received) == 1
 
     outbound_to.script = [429, 503]
     with django_capture_on_commit_callbacks(execute=True):
-        second = notifications.notify(
+        second = notify(
             tenant=tenant,
             event="recovery.opened",
             subject_id="rec_x",
@@ -200,20 +207,20 @@ def test_a_slack_4xx_fails_at_once_while_429_and_5xx_are_retried_with_backoff(
             risk="low",
         )[0]
     before = timezone.now()
-    assert notifications.notification_deliver(notification_id=second.pk) == "retry"
+    assert notification_deliver(notification_id=second.pk) == "retry"
     second.refresh_from_db()
     assert (second.status, second.attempts, second.last_status_code) == ("pending", 1, 429)
     assert timedelta(seconds=1.5) < second.next_attempt_at - before < timedelta(seconds=3)
     # Not due yet: a job that comes early claims nothing.
-    assert notifications.notification_deliver(notification_id=second.pk) == "skipped"
+    assert notification_deliver(notification_id=second.pk) == "skipped"
     _due_now(second)
     before = timezone.now()
-    assert notifications.notification_deliver(notification_id=second.pk) == "retry"
+    assert notification_deliver(notification_id=second.pk) == "retry"
     second.refresh_from_db()
     assert second.last_status_code == 503
     assert timedelta(seconds=3.5) < second.next_attempt_at - before < timedelta(seconds=5)  # doubled
     _due_now(second)
-    assert notifications.notification_deliver(notification_id=second.pk) == "delivered"
+    assert notification_deliver(notification_id=second.pk) == "delivered"
     second.refresh_from_db()
     assert (second.status, second.attempts) == ("delivered", 3)
     assert [h["outcome"] for h in second.history] == ["retry", "retry", "delivered"]
@@ -223,7 +230,7 @@ def test_it_gives_up_after_its_attempts(tenant, dave, outbound_to, settings):
     settings.SAGA = {**settings.SAGA, "NOTIFY_MAX_ATTEMPTS": 2}
     _webhook(tenant, dave, outbound_to.url())
     outbound_to.script = [500, 500, 500]
-    [row] = notifications.notify(
+    [row] = notify(
         tenant=tenant,
         event="recovery.opened",
         subject_id="rec_x",
@@ -232,9 +239,9 @@ def test_it_gives_up_after_its_attempts(tenant, dave, outbound_to, settings):
         path="/",
         risk="low",
     )
-    notifications.notification_deliver(notification_id=row.pk)
+    notification_deliver(notification_id=row.pk)
     _due_now(row)
-    assert notifications.notification_deliver(notification_id=row.pk) == "failed"
+    assert notification_deliver(notification_id=row.pk) == "failed"
     row.refresh_from_db()
     assert row.status == "failed" and row.last_error.startswith("Gave up after 2 attempts")
 
@@ -244,7 +251,7 @@ def test_two_workers_never_send_one_notification_twice(tenant, dave, outbound_to
     _webhook(tenant, dave, outbound_to.url())
     outbound_to.delay_s = 0.5
     with transaction.atomic():
-        [row] = notifications.notify(
+        [row] = notify(
             tenant=tenant,
             event="recovery.opened",
             subject_id="rec_x",
@@ -259,7 +266,7 @@ def test_two_workers_never_send_one_notification_twice(tenant, dave, outbound_to
     def deliver() -> None:
         barrier.wait()
         try:
-            outcomes.append(notifications.notification_deliver(notification_id=row.pk))
+            outcomes.append(notification_deliver(notification_id=row.pk))
         finally:
             connection.close()
 
@@ -284,9 +291,7 @@ def test_channels_choose_their_events_and_minimum_risk(tenant, dave, outbound_to
     _webhook(tenant, dave, outbound_to.url("/off"), name="switched off", enabled=False)
 
     def destinations(event: str, risk: str) -> set[str]:
-        rows = notifications.notify(
-            tenant=tenant, event=event, subject_id="x", run_id="", summary="s", path="/", risk=risk
-        )
+        rows = notify(tenant=tenant, event=event, subject_id="x", run_id="", summary="s", path="/", risk=risk)
         return {r.channel_name for r in rows}
 
     env = f"SAGA_NOTIFY_WEBHOOKS {outbound_to.url().split('//')[1].split(':')[0]}"
@@ -315,10 +320,10 @@ def test_a_channel_url_is_checked_when_saved_and_when_sent(tenant, dave, outboun
     _webhook(tenant, dave, outbound_to.url())
     # The operator withdraws the exception after the channel was saved: the send is refused too.
     settings.SAGA = {**settings.SAGA, "OUTBOUND_ALLOWED_HOSTS": []}
-    [row] = notifications.notify(
+    [row] = notify(
         tenant=tenant, event="recovery.opened", subject_id="x", run_id="", summary="s", path="/", risk="low"
     )
-    assert notifications.notification_deliver(notification_id=row.pk) == "failed"
+    assert notification_deliver(notification_id=row.pk) == "failed"
     row.refresh_from_db()
     assert row.last_error.startswith("Refused: URL host 127.0.0.1 is a loopback address")
     assert outbound_to.received == []
@@ -332,15 +337,15 @@ def test_a_failed_step_and_the_finished_unwind_are_announced_with_links(
 ):
     _webhook(tenant, dave, outbound_to.url(), events=["step.failed", "unwind.finished"])
     run, item = onboarding_run(tenant, agent)
-    unwind = services.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo the hire")
+    unwind = unwind_start(item=item, actor=Actor.for_user(alice), reason="undo the hire")
     outcomes = [compensators.Outcome.failed("licence API said no"), compensators.Outcome.done()]
     for outcome in outcomes:
-        unwinds.unwind_advance(unwind_id=unwind.pk)
+        unwind_advance(unwind_id=unwind.pk)
         step = unwind.steps.get(status=UnwindStep.Status.QUEUED)
-        claim = unwinds.step_claim(step_id=step.pk)
+        claim = step_claim(step_id=step.pk)
         assert claim is not None
-        unwinds.step_record_outcome(step_id=step.pk, token=claim.token, outcome=outcome)
-    unwinds.unwind_advance(unwind_id=unwind.pk)  # nothing left: it finishes
+        step_record_outcome(step_id=step.pk, token=claim.token, outcome=outcome)
+    unwind_advance(unwind_id=unwind.pk)  # nothing left: it finishes
     assert Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.FAILED
 
     rows = {r.event: r for r in Notification.objects.filter(channel__isnull=False)}
@@ -394,9 +399,9 @@ def test_a_reminder_for_an_approval_decided_meanwhile_is_dropped(tenant, agent, 
     _webhook(tenant, dave, outbound_to.url())
     _run, _action, approval = gated_run(tenant, agent)
     approvals.approval_remind(approval_id=approval.pk, now=timezone.now())
-    services.approval_reject(approval=approval, actor=Actor.for_user(bob), reason="not today")
+    approval_reject(approval=approval, actor=Actor.for_user(bob), reason="not today")
     row = Notification.objects.get(event="approval.reminder")
-    assert notifications.notification_deliver(notification_id=row.pk) == "dropped"
+    assert notification_deliver(notification_id=row.pk) == "dropped"
     assert outbound_to.received == []
 
 

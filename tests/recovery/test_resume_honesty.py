@@ -17,8 +17,14 @@ from rq import SimpleWorker
 from ledger.audit import Actor
 from ledger.models import Event, Run
 from ledger.services import runs
-from recovery import commands, jobs, notifications, scheduling, services
+from recovery import commands, jobs, scheduling
 from recovery.models import AgentCommand, Notification, RecoveryItem, Unwind
+from recovery.notifications.command_push import deliver_command
+from recovery.services.cancelling import run_cancel
+from recovery.services.compensating import unwind_start
+from recovery.services.periodic import runs_fail_lost_agents
+from recovery.services.reports import run_fail_and_queue
+from recovery.services.resolving import item_close, item_resume
 from tests.factories import HR_PATH, HR_SECRET, WS_PATH, WS_SECRET, load_onboarding_policies, perform_action
 from tests.support.api import Api
 from tests.support.processes import WebhookServer, dump_worker_logs, serve_webhooks
@@ -61,7 +67,7 @@ def _onboarding_failed(tenant, agent, hooks: WebhookServer) -> tuple[Run, Recove
     perform_action(
         run, agent, "workspace.provision_license", target_id="ashu", args={"email": "ashu@company.com"}
     )
-    item = services.run_fail_and_queue(run=run, actor=agent, error="mail gateway 429").item
+    item = run_fail_and_queue(run=run, actor=agent, error="mail gateway 429").item
     assert item is not None and not Unwind.objects.filter(run=run).exists()
     load_onboarding_policies(webhooks=hooks, auto_compensate="medium")
     run.refresh_from_db()
@@ -84,7 +90,7 @@ def test_a_resume_not_acknowledged_in_time_is_announced_once(
     tenant, agent, alice, notify, django_capture_on_commit_callbacks
 ):
     run, item = _onboarding_failed(tenant, agent, notify)
-    command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="the gateway is back")
+    command = item_resume(item=item, actor=Actor.for_user(alice), reason="the gateway is back")
     mail.outbox.clear()
 
     # Within the ack timeout nothing is said.
@@ -118,7 +124,7 @@ def test_an_acknowledged_resume_is_not_announced(
     tenant, agent, alice, notify, django_capture_on_commit_callbacks
 ):
     _run, item = _onboarding_failed(tenant, agent, notify)
-    command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
+    command = item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     commands.command_ack(command=command, actor=agent)
     _age(command, 600)
     mail.outbox.clear()
@@ -138,7 +144,7 @@ def test_the_announcement_is_dropped_when_the_resume_was_picked_up_meanwhile(
     tenant, agent, alice, notify, django_capture_on_commit_callbacks
 ):
     _run, item = _onboarding_failed(tenant, agent, notify)
-    command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
+    command = item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     _age(command, 181)
     with django_capture_on_commit_callbacks(execute=True):
         assert commands.commands_flag_overdue() == 1
@@ -162,14 +168,14 @@ def test_an_agent_lost_after_a_resume_is_not_compensated_automatically(tenant, a
     _silent_since(control, 301)
 
     run, item = _onboarding_failed(tenant, agent, notify)
-    command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="the gateway is back")
+    command = item_resume(item=item, actor=Actor.for_user(alice), reason="the gateway is back")
     _silent_since(run, 900)
     # A resume is not a heartbeat, but the silence counts from it: not lost right after the resume.
-    assert services.runs_fail_lost_agents() == 1  # the control only
+    assert runs_fail_lost_agents() == 1  # the control only
     assert Unwind.objects.get(run=control).automatic
 
     _age(command, 301)
-    assert services.runs_fail_lost_agents() == 1
+    assert runs_fail_lost_agents() == 1
 
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED and run.failure_reason == "agent_lost"
@@ -196,10 +202,10 @@ def test_an_agent_lost_after_a_resume_is_not_compensated_automatically(tenant, a
 
 def test_a_resumed_run_that_fails_again_after_picking_it_up_also_waits(tenant, agent, alice, notify):
     run, item = _onboarding_failed(tenant, agent, notify)
-    command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
+    command = item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     commands.command_ack(command=command, actor=agent)
 
-    outcome = services.run_fail_and_queue(run=Run.objects.get(pk=run.pk), actor=agent, error="429 again")
+    outcome = run_fail_and_queue(run=Run.objects.get(pk=run.pk), actor=agent, error="429 again")
 
     assert outcome.unwind is None and not Unwind.objects.filter(run=run).exists()
     assert outcome.item is not None and "the agent picked it up at" in outcome.item.error
@@ -223,10 +229,10 @@ def _listed(api: Api, run: Run) -> list[tuple[str, str]]:
 
 def test_a_cancelled_run_lists_only_its_cancel(tenant, agent, alice, notify, agent_api):
     run, item = _onboarding_failed(tenant, agent, notify)
-    resume = services.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
+    resume = item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     assert _listed(agent_api, run) == [("resume", "pending")]
 
-    services.run_cancel(run=Run.objects.get(pk=run.pk), actor=Actor.for_user(alice), reason="HR withdrew")
+    run_cancel(run=Run.objects.get(pk=run.pk), actor=Actor.for_user(alice), reason="HR withdrew")
 
     assert _listed(agent_api, run) == [("cancel", "pending")]
     resume.refresh_from_db()
@@ -246,7 +252,7 @@ def test_an_ended_run_does_not_list_its_resume(tenant, agent, alice, notify, age
     # However the run came to fail with a resume still pending (here the ledger alone failed it),
     # compensating or closing it withdraws the resume.
     run, item = _onboarding_failed(tenant, agent, notify)
-    resume = services.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
+    resume = item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     runs.run_fail(run=Run.objects.get(pk=run.pk), actor=agent, error="gave up")
     from recovery import items
 
@@ -255,9 +261,9 @@ def test_an_ended_run_does_not_list_its_resume(tenant, agent, alice, notify, age
 
     operator = Actor.for_user(alice)
     if ending == "closed":
-        services.item_close(item=reopened, actor=operator, reason="done by hand")
+        item_close(item=reopened, actor=operator, reason="done by hand")
     else:
-        services.unwind_start(item=reopened, actor=operator, reason="undo it")
+        unwind_start(item=reopened, actor=operator, reason="undo it")
 
     assert Run.objects.get(pk=run.pk).status == ("closed" if ending == "closed" else "compensating")
     assert _listed(agent_api, run) == []
@@ -271,11 +277,11 @@ def test_a_cancelled_command_is_not_pushed(tenant, agent, alice, settings, hooks
     run = runs.run_create(
         tenant=tenant, actor=agent, agent="onboarding", request="r", resume_url=hooks.url("/agent")
     )
-    item = services.run_fail_and_queue(run=run, actor=agent, error="boom").item
-    resume = services.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
-    services.run_cancel(run=Run.objects.get(pk=run.pk), actor=Actor.for_user(alice), reason="stop")
+    item = run_fail_and_queue(run=run, actor=agent, error="boom").item
+    resume = item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
+    run_cancel(run=Run.objects.get(pk=run.pk), actor=Actor.for_user(alice), reason="stop")
 
-    assert notifications.deliver_command(command_id=resume.pk) is True
+    assert deliver_command(command_id=resume.pk) is True
     assert hooks.calls_to("/agent") == []
 
 
@@ -296,7 +302,7 @@ def test_the_worker_announces_the_unpicked_resume_then_leaves_the_lost_run_to_a_
         SAGA_NOTIFY_WEBHOOK_SECRET=NOTIFY_SECRET,
     )
     _silent_since(run, 3600)
-    command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="the gateway is back")
+    command = item_resume(item=item, actor=Actor.for_user(alice), reason="the gateway is back")
 
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline and not RecoveryItem.objects.filter(run=run, status="open").exists():

@@ -15,8 +15,17 @@ from ledger.audit import Actor
 from ledger.models import Action, Event, Run
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves
-from recovery import commands, compensators, items, planner, selectors, services, sweeper, unwinds
+from recovery import commands, compensators, items, planner, selectors, sweeper
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.services.approving import action_record_gated, approval_approve, approval_reject
+from recovery.services.bulk import items_bulk_close
+from recovery.services.compensating import step_retry, unwind_start, unwind_stop
+from recovery.services.periodic import approvals_expire_due, runs_fail_lost_agents
+from recovery.services.reports import action_fail_and_queue, run_fail_and_queue
+from recovery.services.resolving import item_close, item_resume
+from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.claim import step_claim
+from recovery.unwinds.runner import step_record_outcome
 from tests.factories import load_onboarding_policies, onboarding_saga
 
 
@@ -42,24 +51,24 @@ def test_the_plan_is_lifo_by_completion_and_flags_what_needs_a_human(tenant, age
 def test_the_plan_follows_completion_order_not_recording_order_and_warns(tenant, agent):
     load_onboarding_policies()
     run = runs.run_create(tenant=tenant, actor=agent, agent="a", request="r")
-    first = services.action_record_gated(
+    first = action_record_gated(
         run=run,
         actor=agent,
         tool="hr.create_user",
         idempotency_key="x1",
         compensation={"tool": "hr.delete_user", "args": {}},
     ).action
-    second = services.action_record_gated(
+    second = action_record_gated(
         run=run,
         actor=agent,
         tool="workspace.provision_license",
         idempotency_key="x2",
         compensation={"tool": "workspace.cancel_license", "args": {}},
     ).action
-    irreversible = services.action_record_gated(
+    irreversible = action_record_gated(
         run=run, actor=agent, tool="email.send_welcome", idempotency_key="x3"
     ).action
-    unknown = services.action_record_gated(
+    unknown = action_record_gated(
         run=run,
         actor=agent,
         tool="hr.create_user",
@@ -87,7 +96,7 @@ def test_the_plan_follows_completion_order_not_recording_order_and_warns(tenant,
 def test_compensate_is_refused_while_an_outcome_is_unknown(tenant, agent, alice):
     load_onboarding_policies()
     saga = onboarding_saga(tenant, agent, fail_run=False)
-    action = services.action_record_gated(
+    action = action_record_gated(
         run=saga.run,
         actor=agent,
         tool="hr.create_user",
@@ -95,12 +104,12 @@ def test_compensate_is_refused_while_an_outcome_is_unknown(tenant, agent, alice)
         compensation={"tool": "hr.delete_user", "args": {}},
     ).action
     moves.action_start(action=action, actor=agent)
-    services.action_fail_and_queue(
+    action_fail_and_queue(
         action=action, actor=agent, error="timeout", retryable=True, layer="tool", outcome_unknown=True
     )
-    outcome = services.run_fail_and_queue(run=saga.run, actor=agent, error="gave up")
+    outcome = run_fail_and_queue(run=saga.run, actor=agent, error="gave up")
     with pytest.raises(errors.Conflict) as refused:
-        services.unwind_start(item=outcome.item, actor=Actor.for_user(alice), reason="undo")
+        unwind_start(item=outcome.item, actor=Actor.for_user(alice), reason="undo")
     assert refused.value.code == "outcome_unknown"
     assert RecoveryItem.objects.get(pk=outcome.item.pk).status == RecoveryItem.Status.OPEN  # rolled back
 
@@ -115,7 +124,7 @@ def test_two_concurrent_compensate_requests_produce_one_unwind(tenant, agent, al
     def click(user):
         try:
             barrier.wait()
-            results.append(services.unwind_start(item=saga.item, actor=Actor.for_user(user), reason="undo"))
+            results.append(unwind_start(item=saga.item, actor=Actor.for_user(user), reason="undo"))
         except errors.InvalidTransition as exc:
             results.append(exc)
         finally:
@@ -136,11 +145,11 @@ def test_two_concurrent_compensate_requests_produce_one_unwind(tenant, agent, al
 
 
 def _claimed_first_step(saga, alice):
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwind_advance(unwind_id=unwind.pk)
     step = unwind.steps.get(position=0)
     assert step.status == UnwindStep.Status.QUEUED
-    claim = unwinds.step_claim(step_id=step.pk)
+    claim = step_claim(step_id=step.pk)
     assert claim is not None
     return unwind, step, claim
 
@@ -150,7 +159,7 @@ def test_a_worker_that_lost_its_lease_cannot_record_an_outcome(tenant, agent, al
     saga = onboarding_saga(tenant, agent)
     unwind, step, stale_claim = _claimed_first_step(saga, alice)
     # A second claim of a running step is impossible: the step is not queued any more.
-    assert unwinds.step_claim(step_id=step.pk) is None
+    assert step_claim(step_id=step.pk) is None
 
     UnwindStep.objects.filter(pk=step.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     report = sweeper.steps_sweep()
@@ -158,18 +167,18 @@ def test_a_worker_that_lost_its_lease_cannot_record_an_outcome(tenant, agent, al
     step.refresh_from_db()
     assert step.status == UnwindStep.Status.QUEUED and "Lease expired" in step.error
 
-    fresh_claim = unwinds.step_claim(step_id=step.pk)
+    fresh_claim = step_claim(step_id=step.pk)
     assert fresh_claim.token == stale_claim.token + 1
     assert fresh_claim.request.idempotency_key == stale_claim.request.idempotency_key
     # The presumed-dead worker wakes up and reports: fenced off.
     assert (
-        unwinds.step_record_outcome(
+        step_record_outcome(
             step_id=step.pk, token=stale_claim.token, outcome=compensators.Outcome.failed("late")
         )
         is None
     )
     assert (
-        unwinds.step_record_outcome(
+        step_record_outcome(
             step_id=step.pk, token=fresh_claim.token, outcome=compensators.Outcome.done({"ok": 1})
         )
         is not None
@@ -185,16 +194,16 @@ def test_a_step_out_of_attempts_fails_and_the_run_ends_with_an_item_listing_what
     saga = onboarding_saga(tenant, agent)
     unwind, step, claim = _claimed_first_step(saga, alice)
     UnwindStep.objects.filter(pk=step.pk).update(max_attempts=1)
-    unwinds.step_record_outcome(step_id=step.pk, token=claim.token, outcome=compensators.Outcome.retry("503"))
+    step_record_outcome(step_id=step.pk, token=claim.token, outcome=compensators.Outcome.retry("503"))
     step.refresh_from_db()
     assert step.status == UnwindStep.Status.FAILED and step.error.startswith("Gave up after 1 attempts")
 
     # alert_and_continue: the next step still runs.
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind_advance(unwind_id=unwind.pk)
     second = unwind.steps.get(position=1)
-    claim2 = unwinds.step_claim(step_id=second.pk)
-    unwinds.step_record_outcome(step_id=second.pk, token=claim2.token, outcome=compensators.Outcome.done())
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    claim2 = step_claim(step_id=second.pk)
+    step_record_outcome(step_id=second.pk, token=claim2.token, outcome=compensators.Outcome.done())
+    unwind_advance(unwind_id=unwind.pk)
 
     unwind.refresh_from_db()
     assert unwind.status == Unwind.Status.FAILED
@@ -204,12 +213,12 @@ def test_a_step_out_of_attempts_fails_and_the_run_ends_with_an_item_listing_what
     assert [e["tool"] for e in item.details["left"]] == ["workspace.cancel_license"]
 
     # Retry by the operator: the run goes back to compensating and the step runs again.
-    services.step_retry(step=step, actor=Actor.for_user(alice), reason="license API is back")
+    step_retry(step=step, actor=Actor.for_user(alice), reason="license API is back")
     assert Run.objects.get(pk=saga.run.pk).status == Run.Status.COMPENSATING
-    unwinds.unwind_advance(unwind_id=unwind.pk)
-    claim3 = unwinds.step_claim(step_id=step.pk)
-    unwinds.step_record_outcome(step_id=step.pk, token=claim3.token, outcome=compensators.Outcome.done())
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind_advance(unwind_id=unwind.pk)
+    claim3 = step_claim(step_id=step.pk)
+    step_record_outcome(step_id=step.pk, token=claim3.token, outcome=compensators.Outcome.done())
+    unwind_advance(unwind_id=unwind.pk)
     assert Run.objects.get(pk=saga.run.pk).status == Run.Status.COMPENSATED
     assert RecoveryItem.objects.get(pk=item.pk).resolution == "compensated"
 
@@ -224,10 +233,8 @@ def test_halt_stops_the_unwind_at_the_first_failure(tenant, agent, alice):
     saga = onboarding_saga(tenant, agent)
     unwind, step, claim = _claimed_first_step(saga, alice)
     assert unwind.on_failure == Unwind.OnFailure.HALT
-    unwinds.step_record_outcome(
-        step_id=step.pk, token=claim.token, outcome=compensators.Outcome.failed("400")
-    )
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    step_record_outcome(step_id=step.pk, token=claim.token, outcome=compensators.Outcome.failed("400"))
+    unwind_advance(unwind_id=unwind.pk)
     unwind.refresh_from_db()
     assert unwind.status == Unwind.Status.FAILED
     assert unwind.steps.get(position=1).status == UnwindStep.Status.PENDING
@@ -241,8 +248,8 @@ def test_halt_stops_the_unwind_at_the_first_failure(tenant, agent, alice):
 def _gated_unwind(tenant, agent, alice):
     load_onboarding_policies(license_risk="critical")
     saga = onboarding_saga(tenant, agent)
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    unwinds.unwind_advance(unwind_id=unwind.pk)
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwind_advance(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
     return saga, unwind, approval
 
@@ -252,7 +259,7 @@ def test_an_unanswered_compensation_approval_expires_and_the_step_fails(tenant, 
     assert Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.PAUSED
     assert approval.expires_at > timezone.now() + timedelta(hours=23)
 
-    assert services.approvals_expire_due(now=approval.expires_at + timedelta(seconds=1)) == 1
+    assert approvals_expire_due(now=approval.expires_at + timedelta(seconds=1)) == 1
     approval.refresh_from_db()
     assert approval.status == Approval.Status.EXPIRED
     step = approval.step
@@ -262,14 +269,14 @@ def test_an_unanswered_compensation_approval_expires_and_the_step_fails(tenant, 
     assert Action.objects.get(pk=saga.provision_license.pk).status == Action.Status.SUCCEEDED
     # A refused approval cannot be retried into running: a new compensation must ask again.
     with pytest.raises(errors.Conflict):
-        services.step_retry(step=step, actor=Actor.for_user(alice), reason="try again")
+        step_retry(step=step, actor=Actor.for_user(alice), reason="try again")
 
 
 def test_the_requester_cannot_approve_a_compensation_step(tenant, agent, alice, bob):
     saga, unwind, approval = _gated_unwind(tenant, agent, alice)
     with pytest.raises(errors.SelfApproval):
-        services.approval_approve(approval=approval, actor=Actor.for_user(alice), reason="mine")
-    services.approval_approve(approval=approval, actor=Actor.for_user(bob), reason="ok")
+        approval_approve(approval=approval, actor=Actor.for_user(alice), reason="mine")
+    approval_approve(approval=approval, actor=Actor.for_user(bob), reason="ok")
     step = UnwindStep.objects.get(pk=approval.step_id)
     assert step.status == UnwindStep.Status.QUEUED
     assert Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.RUNNING
@@ -277,7 +284,7 @@ def test_the_requester_cannot_approve_a_compensation_step(tenant, agent, alice, 
 
 def test_a_rejected_compensation_step_is_left_and_reported(tenant, agent, alice, bob):
     saga, unwind, approval = _gated_unwind(tenant, agent, alice)
-    services.approval_reject(approval=approval, actor=Actor.for_user(bob), reason="license must stay")
+    approval_reject(approval=approval, actor=Actor.for_user(bob), reason="license must stay")
     step = UnwindStep.objects.get(pk=approval.step_id)
     assert step.status == UnwindStep.Status.FAILED and "license must stay" in step.error
 
@@ -285,20 +292,18 @@ def test_a_rejected_compensation_step_is_left_and_reported(tenant, agent, alice,
 def test_resume_from_a_stale_checkpoint_shows_the_warning_then_issues_the_command(tenant, agent, alice):
     load_onboarding_policies()
     run = runs.run_create(tenant=tenant, actor=agent, agent="onboarding", request="Onboard")
-    user = services.action_record_gated(
-        run=run, actor=agent, tool="hr.create_user", idempotency_key="s1"
-    ).action
+    user = action_record_gated(run=run, actor=agent, tool="hr.create_user", idempotency_key="s1").action
     moves.action_start(action=user, actor=agent)
     moves.action_succeed(action=user, actor=agent)
     checkpoint = checkpoints.checkpoint_write(
         run=run, actor=agent, name="user-created", completed_action_ids=[user.pk]
     )
-    welcome = services.action_record_gated(
+    welcome = action_record_gated(
         run=run, actor=agent, tool="email.send_welcome", idempotency_key="s2"
     ).action
     moves.action_start(action=welcome, actor=agent)
     moves.action_succeed(action=welcome, actor=agent)
-    item = services.run_fail_and_queue(run=run, actor=agent, error="crashed after the e-mail").item
+    item = run_fail_and_queue(run=run, actor=agent, error="crashed after the e-mail").item
 
     preview = selectors.resume_preview(item=item)
     assert preview.checkpoint == checkpoint and preview.stale
@@ -306,9 +311,7 @@ def test_resume_from_a_stale_checkpoint_shows_the_warning_then_issues_the_comman
     assert [a.pk for a in preview.repeats] == [welcome.pk]  # the e-mail would be sent twice
     assert {"stale_checkpoint", "repeats_non_idempotent"} <= {w["code"] for w in preview.warnings}
 
-    command = services.item_resume(
-        item=item, actor=Actor.for_user(alice), reason="agent fixed", checkpoint=checkpoint
-    )
+    command = item_resume(item=item, actor=Actor.for_user(alice), reason="agent fixed", checkpoint=checkpoint)
     assert (command.kind, command.checkpoint, command.status) == ("resume", checkpoint, "pending")
     item.refresh_from_db()
     assert (item.status, item.resolution) == ("resolved", "resumed")
@@ -320,30 +323,30 @@ def test_close_requires_a_reason_and_closes_the_failed_run(tenant, agent, alice)
     load_onboarding_policies()
     saga = onboarding_saga(tenant, agent)
     with pytest.raises(errors.ValidationFailed):
-        services.item_close(item=saga.item, actor=Actor.for_user(alice), reason="  ")
-    services.item_close(item=saga.item, actor=Actor.for_user(alice), reason="handled by hand in HR")
+        item_close(item=saga.item, actor=Actor.for_user(alice), reason="  ")
+    item_close(item=saga.item, actor=Actor.for_user(alice), reason="handled by hand in HR")
     assert Run.objects.get(pk=saga.run.pk).status == Run.Status.CLOSED
     item = RecoveryItem.objects.get(pk=saga.item.pk)
     assert (item.status, item.resolution, item.resolved_by) == ("resolved", "closed", alice)
     with pytest.raises(errors.InvalidTransition):
-        services.unwind_start(item=item, actor=Actor.for_user(alice), reason="too late")
+        unwind_start(item=item, actor=Actor.for_user(alice), reason="too late")
 
 
 def test_bulk_close_handles_low_risk_items_only_and_caps_the_selection(tenant, agent, alice, settings):
     items = []
     for n in range(3):
         run = runs.run_create(tenant=tenant, actor=agent, agent="a", request=f"r{n}")
-        items.append(services.run_fail_and_queue(run=run, actor=agent, error="boom").item)
+        items.append(run_fail_and_queue(run=run, actor=agent, error="boom").item)
     RecoveryItem.objects.filter(pk=items[2].pk).update(risk="high")
     items[2].refresh_from_db()
 
-    outcomes = services.items_bulk_close(items=items, actor=Actor.for_user(alice), reason="test noise")
+    outcomes = items_bulk_close(items=items, actor=Actor.for_user(alice), reason="test noise")
     assert [(o.ok, o.code) for o in outcomes] == [(True, ""), (True, ""), (False, "risk_too_high")]
     assert RecoveryItem.objects.filter(status="resolved").count() == 2
 
     settings.SAGA = {**settings.SAGA, "BULK_MAX_ITEMS": 1}
     with pytest.raises(errors.ValidationFailed):
-        services.items_bulk_close(items=items, actor=Actor.for_user(alice), reason="too many")
+        items_bulk_close(items=items, actor=Actor.for_user(alice), reason="too many")
 
 
 def test_a_run_without_heartbeats_is_failed_as_agent_lost(tenant, agent, settings):
@@ -351,7 +354,7 @@ def test_a_run_without_heartbeats_is_failed_as_agent_lost(tenant, agent, setting
     Run.objects.filter(pk=run.pk).update(last_heartbeat_at=timezone.now() - timedelta(minutes=10))
     alive = runs.run_create(tenant=tenant, actor=agent, agent="a", request="still here")
 
-    assert services.runs_fail_lost_agents() == 1
+    assert runs_fail_lost_agents() == 1
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED
     item = RecoveryItem.objects.get(run=run)
@@ -366,8 +369,8 @@ def test_an_undelivered_resume_command_is_pushed_again(
     run = runs.run_create(
         tenant=tenant, actor=agent, agent="a", request="r", resume_url="http://127.0.0.1:9/x"
     )
-    item = services.run_fail_and_queue(run=run, actor=agent, error="boom").item
-    command = services.item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
+    item = run_fail_and_queue(run=run, actor=agent, error="boom").item
+    command = item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     AgentCommand.objects.filter(pk=command.pk).update(created_at=timezone.now() - timedelta(minutes=5))
     import django_rq
 
@@ -397,14 +400,14 @@ def test_whoever_claims_an_unassigned_item_becomes_its_assignee_and_an_assignee_
 ):
     load_onboarding_policies()
     saga = onboarding_saga(tenant, agent)
-    services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
     item = RecoveryItem.objects.get(pk=saga.item.pk)
     assert (item.status, item.claimed_by, item.assignee) == (RecoveryItem.Status.CLAIMED, alice, alice)
 
     # Assigned to bob first: alice's claim leaves bob as the assignee.
     other = onboarding_saga(tenant, agent, name="Lee Wong", email="lee@company.com")
     items.item_assign(item=other.item, actor=Actor.for_user(alice), assignee=bob)
-    services.unwind_start(item=other.item, actor=Actor.for_user(alice), reason="undo")
+    unwind_start(item=other.item, actor=Actor.for_user(alice), reason="undo")
     item = RecoveryItem.objects.get(pk=other.item.pk)
     assert (item.claimed_by, item.assignee) == (alice, bob)
 
@@ -416,13 +419,13 @@ def test_the_trail_lists_what_an_unwind_in_progress_will_still_undo_apart_from_w
 
     load_onboarding_policies()
     saga = onboarding_saga(tenant, agent)
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
     trail = run_trail(run=Run.objects.get(pk=saga.run.pk))
     assert trail["not_undone"] == []
     assert [e["tool"] for e in trail["to_undo"]] == ["hr.create_user", "workspace.provision_license"]
     assert "Being undone now" in trail["summary"] and "Not undone" not in trail["summary"]
     # Once the unwind has stopped short, what is left is reported as not undone, with why.
-    services.unwind_stop(unwind=unwind, actor=Actor.for_user(alice), reason="wrong run")
+    unwind_stop(unwind=unwind, actor=Actor.for_user(alice), reason="wrong run")
     trail = run_trail(run=Run.objects.get(pk=saga.run.pk))
     assert trail["to_undo"] == [] and len(trail["not_undone"]) == 2
 
@@ -437,13 +440,13 @@ def test_a_run_waiting_for_an_approval_is_not_lost_and_its_silence_counts_from_t
     run, action, approval = gated_run(tenant, agent)
     long_ago = timezone.now() - timedelta(minutes=10)
     Run.objects.filter(pk=run.pk).update(last_heartbeat_at=long_ago, created_at=long_ago)
-    assert services.runs_fail_lost_agents() == 0
+    assert runs_fail_lost_agents() == 0
 
     # Decided just now: the agent has the timeout from the decision to come back.
     Approval.objects.filter(pk=approval.pk).update(status="approved", decided_at=timezone.now())
-    assert services.runs_fail_lost_agents() == 0
+    assert runs_fail_lost_agents() == 0
 
     # Decided long ago and silent since: lost.
     Approval.objects.filter(pk=approval.pk).update(decided_at=long_ago)
-    assert services.runs_fail_lost_agents() == 1
+    assert runs_fail_lost_agents() == 1
     assert Run.objects.get(pk=run.pk).status == Run.Status.FAILED

@@ -4,8 +4,8 @@ from ledger.models import ToolPolicy
 from ledger.services import runs
 from ledger.services.actions import moves, recording
 from recovery import items as recovery_items
-from recovery import services as recovery
 from recovery.models import RecoveryItem
+from recovery.services.reports import action_fail_and_queue, run_fail_and_queue
 
 
 def test_it_keeps_the_specific_reason_when_the_agent_then_fails_the_run(tenant, agent):
@@ -23,10 +23,10 @@ def test_it_keeps_the_specific_reason_when_the_agent_then_fails_the_run(tenant, 
         run=run, actor=agent, tool="email.send_welcome", idempotency_key="e1"
     ).action
     moves.action_start(action=action, actor=agent)
-    recovery.action_fail_and_queue(
+    action_fail_and_queue(
         action=action, actor=agent, error="timed out", retryable=True, layer="tool", outcome_unknown=True
     )
-    recovery.run_fail_and_queue(run=run, actor=agent, error="gave up", failed_action=action)
+    run_fail_and_queue(run=run, actor=agent, error="gave up", failed_action=action)
 
     item = RecoveryItem.objects.get(run=run)
     assert item.reason == RecoveryItem.Reason.OUTCOME_UNKNOWN
@@ -36,7 +36,7 @@ def test_it_keeps_the_specific_reason_when_the_agent_then_fails_the_run(tenant, 
 
 def test_it_takes_the_more_specific_reason_over_a_generic_failure(tenant, agent):
     run = runs.run_create(tenant=tenant, actor=agent, agent="crm", request="Raise ticket priority")
-    recovery.run_fail_and_queue(run=run, actor=agent, error="tool error")
+    run_fail_and_queue(run=run, actor=agent, error="tool error")
     item = recovery_items.item_open_or_update(
         run=run, reason=RecoveryItem.Reason.STATE_DRIFT, actor=agent, error="someone edited the ticket"
     )

@@ -23,8 +23,15 @@ from ledger.conf import saga
 from ledger.models import Action, Event
 from ledger.services import runs
 from ledger.services.actions import moves
-from recovery import compensators, jobs, services, sweeper, unwinds
+from recovery import compensators, jobs, sweeper
 from recovery.models import Unwind, UnwindStep
+from recovery.services.approving import action_record_gated
+from recovery.services.compensating import unwind_start
+from recovery.services.reports import run_fail_and_queue
+from recovery.unwinds.advance import unwind_advance_and_claim
+from recovery.unwinds.dispatch import drive_job_timeout
+from recovery.unwinds.finish import unwind_finish
+from recovery.unwinds.runner import unwind_run_steps
 
 TOOL = "tests.batch_undo"
 calls: list[int] = []
@@ -68,7 +75,7 @@ def _fresh_script(db, tmp_path):
 def _unwind(tenant, agent, alice, *, steps: int) -> Unwind:
     run = runs.run_create(tenant=tenant, actor=agent, agent="batches", request="change things")
     for n in range(steps):
-        action = services.action_record_gated(
+        action = action_record_gated(
             run=run,
             actor=agent,
             tool="tests.change",
@@ -78,9 +85,9 @@ def _unwind(tenant, agent, alice, *, steps: int) -> Unwind:
         ).action
         moves.action_start(action=action, actor=agent)
         moves.action_succeed(action=action, actor=agent)
-    item = services.run_fail_and_queue(run=run, actor=agent, error="boom").item
+    item = run_fail_and_queue(run=run, actor=agent, error="boom").item
     assert item is not None
-    return services.unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
+    return unwind_start(item=item, actor=Actor.for_user(alice), reason="undo")
 
 
 def _statuses(unwind: Unwind) -> list[str]:
@@ -113,7 +120,7 @@ def test_a_spent_batch_queues_the_next_step_at_the_back_of_the_queue(
     django_rq.get_queue("compensations").empty()
 
     with django_capture_on_commit_callbacks(execute=True):
-        unwinds.unwind_run_steps(unwind_id=unwind.pk, batch_s=0)
+        unwind_run_steps(unwind_id=unwind.pk, batch_s=0)
 
     assert calls == [2]
     assert _statuses(unwind) == ["done", "queued", "pending"]
@@ -124,7 +131,7 @@ def test_a_spent_batch_queues_the_next_step_at_the_back_of_the_queue(
     ]
     # The sweeper sees a queued step with a live job (not an idle unwind to advance again).
     assert following.job_id == queued[0].id
-    assert queued[0].timeout == unwinds.drive_job_timeout()
+    assert queued[0].timeout == drive_job_timeout()
     assert sweeper.steps_sweep().reenqueued == 0 and _statuses(unwind)[1] == "queued"
 
     jobs.step_run(step_id=following.pk)
@@ -135,7 +142,7 @@ def test_a_retry_ends_the_batch_and_the_next_step_waits_for_it(tenant, agent, al
     unwind = _unwind(tenant, agent, alice, steps=3)
     script.append(ConnectionError("the tool is down"))
 
-    unwinds.unwind_run_steps(unwind_id=unwind.pk)
+    unwind_run_steps(unwind_id=unwind.pk)
 
     assert calls == [2]
     step = unwind.steps.get(position=0)
@@ -151,13 +158,13 @@ def test_a_worker_dying_mid_batch_leaves_one_leased_step_that_the_sweeper_takes_
     script.extend([None, SystemExit("killed")])
 
     with pytest.raises(SystemExit):
-        unwinds.unwind_run_steps(unwind_id=unwind.pk)
+        unwind_run_steps(unwind_id=unwind.pk)
 
     assert _statuses(unwind) == ["done", "running", "pending"]
     lost = unwind.steps.get(position=1)
     assert lost.attempts == 1 and lost.lease_expires_at > timezone.now()
     # Nothing runs two steps at once: while the lease holds, the unwind does not move.
-    assert unwinds.unwind_advance_and_claim(unwind_id=unwind.pk) is None
+    assert unwind_advance_and_claim(unwind_id=unwind.pk) is None
 
     UnwindStep.objects.filter(pk=lost.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     report = sweeper.steps_sweep()
@@ -299,12 +306,13 @@ def test_a_refused_advance_keeps_the_outcome_of_the_step_that_ran(
             raise errors.Conflict("the run left compensating")
         return finish(**kwargs)
 
-    finish = unwinds.unwind_finish
-    monkeypatch.setattr(unwinds, "unwind_finish", refuse_once)
+    finish = unwind_finish
+    # The advance that finds no step left finishes the unwind (recovery.unwinds.advance).
+    monkeypatch.setattr("recovery.unwinds.advance.unwind_finish", refuse_once)
     django_rq.get_queue("compensations").empty()
 
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        unwinds.unwind_run_steps(unwind_id=unwind.pk)
+        unwind_run_steps(unwind_id=unwind.pk)
 
     # Both compensations ran and are recorded, although finishing the unwind was refused...
     assert calls == [1, 0] and _statuses(unwind) == ["done", "done"]

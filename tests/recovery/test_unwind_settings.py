@@ -9,8 +9,8 @@ from ledger.audit import Actor
 from ledger.policies.errors import PolicyFileError
 from ledger.policies.load import policy_file_load, policy_file_parse
 from ledger.policies.resolve import policy_settings_for
-from recovery import services
 from recovery.models import Unwind
+from recovery.services.compensating import unwind_start
 from tests.factories import load_onboarding_policies, onboarding_saga
 
 LOADER = Actor.system("tests")
@@ -23,7 +23,7 @@ def _load(document: dict, tenant=None) -> None:
 def _unwind_for(tenant, agent, alice) -> Unwind:
     saga = onboarding_saga(tenant, agent)
     assert saga.item is not None
-    return services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo it")
+    return unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo it")
 
 
 def test_it_freezes_the_loaded_duration_and_failure_mode_into_the_unwind(tenant, agent, alice):

@@ -14,8 +14,9 @@ from rq.job import Job
 
 from ledger.audit import Actor
 from ledger.models import Action, Event, Run
-from recovery import services
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.services.approving import approval_approve
+from recovery.services.compensating import step_skip, unwind_start
 from tests.factories import HR_PATH, WS_PATH, load_onboarding_policies, onboarding_saga
 from tests.support.processes import Reply, dump_worker_logs, wait_for
 
@@ -41,7 +42,7 @@ def test_it_compensates_the_onboarding_saga_in_lifo_order_through_signed_webhook
     saga = onboarding_saga(tenant, agent)
     worker = start_worker()
 
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="new hire withdrew")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="new hire withdrew")
     _wait_finished(unwind, [worker])
 
     assert unwind.status == Unwind.Status.COMPLETED
@@ -91,7 +92,7 @@ def test_unwinds_started_together_cost_one_job_each_however_long_they_wait(
 
     with transaction.atomic():
         started = [
-            services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="hiring paused")
+            unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="hiring paused")
             for saga in sagas
         ]
     for unwind in started:
@@ -121,7 +122,7 @@ def test_it_retries_a_compensator_that_fails_twice_then_succeeds(
     saga = onboarding_saga(tenant, agent)
     worker = start_worker()
 
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="withdrawn")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="withdrawn")
     _wait_finished(unwind, [worker])
 
     license_calls = webhooks.calls_to(WS_PATH)
@@ -143,7 +144,7 @@ def test_a_412_leaves_the_step_drifted_and_the_item_open_until_an_operator_decid
     saga = onboarding_saga(tenant, agent)
     worker = start_worker()
 
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="withdrawn")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="withdrawn")
     _wait_finished(unwind, [worker])
 
     # alert_and_continue: the license was still cancelled; the drifted user deletion waits for a human.
@@ -158,7 +159,7 @@ def test_a_412_leaves_the_step_drifted_and_the_item_open_until_an_operator_decid
     assert Action.objects.get(pk=saga.create_user.pk).status == Action.Status.COMPENSATION_FAILED
 
     # The operator looks and leaves the user in place: the unwind settles and the run is done.
-    services.step_skip(step=user_step, actor=Actor.for_user(alice), reason="HR keeps the edited record")
+    step_skip(step=user_step, actor=Actor.for_user(alice), reason="HR keeps the edited record")
     wait_for(
         lambda: Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.COMPLETED,
         timeout=20,
@@ -178,7 +179,7 @@ def test_a_worker_killed_mid_step_is_recovered_by_the_sweeper_with_the_same_idem
     saga = onboarding_saga(tenant, agent)
     first = start_worker()
 
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="withdrawn")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="withdrawn")
     wait_for(lambda: webhooks.calls_to(WS_PATH), timeout=20, what="the first webhook call")
     first.kill_hard()  # mid-step: the compensator call is in flight
     held.set()
@@ -206,7 +207,7 @@ def test_an_unwind_requested_while_redis_is_down_is_committed_and_completes_when
     worker = start_worker()
     redis_server.stop()
 
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="withdrawn")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="withdrawn")
 
     # The decision is safe in PostgreSQL even though no job could be queued.
     assert Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.RUNNING
@@ -228,7 +229,7 @@ def test_an_approval_gated_step_pauses_the_unwind_until_a_second_person_approves
     saga = onboarding_saga(tenant, agent)
     worker = start_worker()
 
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="withdrawn")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="withdrawn")
     approval = wait_for(
         lambda: Approval.objects.filter(step__unwind=unwind, status="pending").first(),
         timeout=20,
@@ -248,8 +249,8 @@ def test_an_approval_gated_step_pauses_the_unwind_until_a_second_person_approves
     from ledger import errors
 
     with pytest.raises(errors.SelfApproval):
-        services.approval_approve(approval=approval, actor=Actor.for_user(alice), reason="my own request")
-    services.approval_approve(
+        approval_approve(approval=approval, actor=Actor.for_user(alice), reason="my own request")
+    approval_approve(
         approval=approval,
         actor=Actor.for_user(bob),
         reason="checked with HR",

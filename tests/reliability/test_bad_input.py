@@ -51,14 +51,13 @@ def world(keep_test_connection, fuzz_key):
     """A failed run with an open item, so operator endpoints reach their handlers too."""
     from ledger.audit import Actor
     from ledger.services import runs
-    from recovery import services
+    from recovery.services.approving import action_record_gated
+    from recovery.services.reports import run_fail_and_queue
 
     actor = Actor.for_key(fuzz_key[0])
     run = runs.run_create(tenant=fuzz_key[0].tenant, actor=actor, agent="fuzz", request="fuzz me")
-    action = services.action_record_gated(
-        run=run, actor=actor, tool="fuzz.tool", idempotency_key="fz-1"
-    ).action
-    item = services.run_fail_and_queue(run=run, actor=actor, error="fuzzed").item
+    action = action_record_gated(run=run, actor=actor, tool="fuzz.tool", idempotency_key="fz-1").action
+    item = run_fail_and_queue(run=run, actor=actor, error="fuzzed").item
     return {"run_id": run.pk, "action_id": action.pk, "item_id": item.pk}
 
 

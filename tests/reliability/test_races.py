@@ -18,8 +18,10 @@ from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, IdempotencyRecord, Run
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves
-from recovery import services
 from recovery.models import AgentCommand, RecoveryItem, Unwind
+from recovery.services.approving import action_record_gated
+from recovery.services.reports import run_fail_and_queue
+from recovery.services.resolving import item_close
 from tests.factories import failed_saga, load_reliability_policies
 from tests.support.api import Api
 from tests.support.processes import wait_for
@@ -230,16 +232,14 @@ def test_scenario_7_stale_resume_and_writes_after_cancel_or_close(
     load_reliability_policies()
     # A stale checkpoint: written after the first action, before the second succeeded.
     run = runs.run_create(tenant=tenant, actor=agent, agent="reliability", request="two steps")
-    first = services.action_record_gated(run=run, actor=agent, tool="rel.do_1", idempotency_key="s7-1").action
+    first = action_record_gated(run=run, actor=agent, tool="rel.do_1", idempotency_key="s7-1").action
     moves.action_start(action=first, actor=agent)
     moves.action_succeed(action=first, actor=agent, result={"ok": 1})
     checkpoints.checkpoint_write(run=run, actor=agent, name="after step 1", completed_action_ids=[first.pk])
-    second = services.action_record_gated(
-        run=run, actor=agent, tool="rel.do_2", idempotency_key="s7-2"
-    ).action
+    second = action_record_gated(run=run, actor=agent, tool="rel.do_2", idempotency_key="s7-2").action
     moves.action_start(action=second, actor=agent)
     moves.action_succeed(action=second, actor=agent, result={"ok": 2})
-    item = services.run_fail_and_queue(run=run, actor=agent, error="step 3 failed").item
+    item = run_fail_and_queue(run=run, actor=agent, error="step 3 failed").item
 
     detail = Api(operator_key[1]).get(f"/recovery/{item.pk}").json()
     preview = detail["resume_preview"]
@@ -253,18 +253,18 @@ def test_scenario_7_stale_resume_and_writes_after_cancel_or_close(
     refusals = 0
     for ending in ("cancel", "close"):
         victim = runs.run_create(tenant=tenant, actor=agent, agent="late", request=f"{ending} me")
-        planned = services.action_record_gated(
+        planned = action_record_gated(
             run=victim, actor=agent, tool="rel.do_1", idempotency_key=f"{ending}-planned"
         ).action
-        running = services.action_record_gated(
+        running = action_record_gated(
             run=victim, actor=agent, tool="rel.do_2", idempotency_key=f"{ending}-running"
         ).action
         moves.action_start(action=running, actor=agent)
         if ending == "cancel":
             runs.run_cancel(run=victim, actor=agent, reason="the user withdrew")
         else:
-            victim_item = services.run_fail_and_queue(run=victim, actor=agent, error="gave up").item
-            services.item_close(item=victim_item, actor=Actor.for_user(alice), reason="nothing to undo")
+            victim_item = run_fail_and_queue(run=victim, actor=agent, error="gave up").item
+            item_close(item=victim_item, actor=Actor.for_user(alice), reason="nothing to undo")
         before = _snapshot(victim)
         writes = [
             ("post", f"/runs/{victim.pk}/actions", {"tool": "rel.do_3", "idempotency_key": f"{ending}-late"}),

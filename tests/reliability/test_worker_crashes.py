@@ -11,8 +11,8 @@ import pytest
 
 from ledger.audit import Actor
 from ledger.models import Event
-from recovery import services
 from recovery.models import RecoveryItem, Unwind, UnwindStep
+from recovery.services.compensating import unwind_start
 from tests.factories import UNDO_PATH, failed_saga, load_reliability_policies
 from tests.reliability.history import Acknowledged, check_events, check_history
 from tests.support.processes import FAST_ENGINE, Reply, dump_worker_logs, wait_for
@@ -74,7 +74,7 @@ def test_scenario_1_sigkill_mid_compensator_call(tenant, agent, alice, hooks, st
     wait_for(_rq_worker_names, timeout=60, what="the worker to register")
 
     started_at = time.monotonic()
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo it all")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo it all")
     wait_for(lambda: hooks.calls_to(UNDO_PATH), timeout=30, what="the first webhook call")
     # From a queued step to its call on this machine, now: the retry's job does the same work, and
     # other processes (a parallel run's other workers) may be slowing it down.
@@ -135,7 +135,7 @@ def test_scenario_2_crash_between_effect_and_commit(
     saga = failed_saga(tenant, agent, steps=2)
     start_worker(SAGA_RELIABILITY_EFFECTS_DIR=str(effects_dir))
 
-    unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo it")
+    unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo it")
     _wait_settled([unwind.pk], workers, timeout=60)
 
     lines = (effects_dir / "effects.log").read_text().splitlines()
@@ -178,7 +178,7 @@ def test_scenario_4_and_9_worker_restart_loop_then_history_check(
     start_worker()
     unwinds = []
     for saga in sagas:
-        unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo all")
+        unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo all")
         unwinds.append(unwind)
         acknowledged.append(Acknowledged("unwind.started", unwind.pk))
 

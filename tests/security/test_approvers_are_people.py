@@ -24,8 +24,9 @@ from django.core.management import CommandError, call_command
 from ledger import staff
 from ledger.audit import Actor
 from ledger.models import AgentKey, Compensator, Event, Tenant, ToolPolicy
-from recovery import services, unwinds
 from recovery.models import Approval, ApprovalGrant, RecoveryItem
+from recovery.services.compensating import unwind_start
+from recovery.unwinds.advance import unwind_advance
 from tests.factories import charge_policy, issue_key, load_policy_file
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.django_db(transaction=True)]
@@ -192,7 +193,7 @@ def _failed_onboarding(agent: httpx.Client) -> str:
 
 def _step_approval(unwind_id: str) -> Approval:
     """The engine's next move, as a job makes it: the undo step now waits for this approval."""
-    unwinds.unwind_advance(unwind_id=unwind_id)
+    unwind_advance(unwind_id=unwind_id)
     return Approval.objects.get(step__unwind_id=unwind_id)
 
 
@@ -311,7 +312,7 @@ def test_the_operator_login_who_decided_a_compensation_cannot_grant_its_step_wit
     """Pass: Dave (an admin) compensates a failed run through his login; his approver key → 403
     ``self_approval`` naming him; the step still waits. Trent's bot grants it."""
     item = RecoveryItem.objects.get(pk=_failed_onboarding(http(agent_key[1])))
-    unwind = services.unwind_start(item=item, actor=Actor.for_user(dave), reason="undo it")
+    unwind = unwind_start(item=item, actor=Actor.for_user(dave), reason="undo it")
     approval = _step_approval(unwind.pk)
     assert approval.requested_by_id == dave.pk
     daves_key = http(issue_key(tenant, "dave-bot", "approver", owner=dave)[1])

@@ -24,8 +24,8 @@ from saga_client import AsyncSaga, Saga, StepInDoubt
 
 from ledger.audit import Actor
 from ledger.models import Action
-from recovery import services as recovery
 from recovery.models import Approval
+from recovery.services.approving import approval_approve
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(90)]
@@ -206,7 +206,7 @@ def test_a_start_that_replays_another_callers_start_does_not_run_the_step(
     action = direct.record_action(
         run.id, tool="payments.charge", idempotency_key="charge-c-9", **_body(gated)
     )
-    recovery.approval_approve(
+    approval_approve(
         approval=Approval.objects.get(action_id=action["id"]), actor=Actor.for_user(bob), reason="ok"
     )
     rule = Rule("POST", rf"/api/v1/actions/{action['id']}/start", "hold")

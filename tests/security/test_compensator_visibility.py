@@ -11,9 +11,10 @@ from django.urls import reverse
 
 from ledger.audit import Actor
 from ledger.models import Compensator
-from recovery import compensators, services
+from recovery import compensators
 from recovery.compensators import CompensationRequest
 from recovery.models import Unwind, UnwindStep
+from recovery.services.compensating import unwind_start
 from tests.factories import HR_PATH, HR_SECRET, WS_PATH, WS_SECRET, load_onboarding_policies, onboarding_saga
 from tests.support.processes import Reply, dump_worker_logs, serve_webhooks, wait_for
 
@@ -108,7 +109,7 @@ def test_a_viewer_reading_a_failed_unwind_sees_no_compensator_address(
         saga = onboarding_saga(tenant, agent)
         server.script[WS_PATH] = [Reply(400, body={"error": f"{server.url(WS_PATH)} says: no such licence"})]
         worker = start_worker()
-        unwind = services.unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="hire withdrew")
+        unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="hire withdrew")
 
         def finished() -> bool:
             unwind.refresh_from_db()

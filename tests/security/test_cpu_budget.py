@@ -28,8 +28,8 @@ from ledger.audit import Actor
 from ledger.hashing import canonical_json
 from ledger.models import Action, Run
 from ledger.services.keys import agent_key_create
-from recovery import notifications
 from recovery.models import Approval
+from recovery.notifications.outbox import ARGS_SHOWN_MAX, approval_lines
 from saga_admin.api import limits
 from tests.security.test_api_edge import _headers_only, _read_response
 from tests.support.api import Api, error_of
@@ -367,7 +367,7 @@ def test_a_near_limit_record_that_waits_for_approval_binds_and_announces_its_arg
     response = api.post(f"/runs/{run_id}/actions", raw=orjson.dumps(body))
     approval = Approval.objects.get(action_id=orjson.loads(response.content)["id"])
     # What every notification of the request says of it (e-mail, Slack, the outbox row).
-    shown = notifications.approval_lines(approval)
+    shown = approval_lines(approval)
     monkeypatch.undo()
 
     assert response.status_code == 201, response.content[:300]
@@ -376,7 +376,7 @@ def test_a_near_limit_record_that_waits_for_approval_binds_and_announces_its_arg
     assert [size for size in stdlib_spelled + stdlib_read if size > 64 * 1024] == []
     assert approval.args_hash == hashlib.sha256(canonical_json(args).encode()).hexdigest()
     args_line = next(line for line in shown if line.startswith("Args: "))
-    assert len(args_line) < notifications.ARGS_SHOWN_MAX + 200
+    assert len(args_line) < ARGS_SHOWN_MAX + 200
     assert "cut here" in args_line and "the inbox shows them whole" in args_line
 
 

@@ -28,8 +28,8 @@ from django.core.signals import request_started
 
 from ledger.audit import Actor
 from ledger.models import Action
-from recovery import services as recovery
 from recovery.models import Approval
+from recovery.services.approving import approval_approve
 from tests.support.mcp_servers import gateway_command, gateway_env
 from tests.support.processes import ROOT, free_port, wait_for
 
@@ -220,7 +220,7 @@ def test_two_requests_with_one_id_waiting_for_one_approval_make_one_call(
         approval = wait_for(
             lambda: Approval.objects.filter(action__tool="probe.hold").first(), what="the approval request"
         )
-        recovery.approval_approve(approval=approval, actor=Actor.for_user(bob), reason="once")
+        approval_approve(approval=approval, actor=Actor.for_user(bob), reason="once")
         answers = [peer.answer(7), peer.answer(7)]
     finally:
         peer.close()

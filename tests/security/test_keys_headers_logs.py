@@ -148,10 +148,10 @@ def test_logs_carry_request_tenant_and_run_but_never_a_key(tenant, agent, operat
     tenant and the run id; no log line contains the raw API key or its secret part (sent in the
     Authorization header, valid or not)."""
     from ledger.services import runs
-    from recovery import services
+    from recovery.services.reports import run_fail_and_queue
 
     run = runs.run_create(tenant=tenant, actor=agent, agent="x", request="y")
-    item = services.run_fail_and_queue(run=run, actor=agent, error="boom").item
+    item = run_fail_and_queue(run=run, actor=agent, error="boom").item
     api = Api(operator_key[1])
     assert api.post(f"/recovery/{item.pk}/close", {"reason": "done"}).status_code == 200
     refused = api.post(

@@ -14,8 +14,11 @@ from django.test import Client
 from ledger.audit import Actor
 from ledger.services import checkpoints, pauses, runs
 from ledger.services.actions import moves
-from recovery import channels, commands, services
+from recovery import channels, commands
 from recovery.models import Approval
+from recovery.services.approving import action_record_gated
+from recovery.services.compensating import unwind_start
+from recovery.services.reports import run_fail_and_queue
 from tests.factories import gated_run, issue_key
 from tests.support.api import Api
 from tests.support.routes import dashboard_patterns, fill_route
@@ -32,7 +35,7 @@ def acme_world(tenant, agent, bob):
     action, an approval, a command, a checkpoint."""
     run, _action, approval = gated_run(tenant, agent)
     failed = runs.run_create(tenant=tenant, actor=agent, agent="x", request="y")
-    step_action = services.action_record_gated(
+    step_action = action_record_gated(
         run=failed,
         actor=agent,
         tool="hr.create_user",
@@ -42,9 +45,9 @@ def acme_world(tenant, agent, bob):
     moves.action_start(action=step_action, actor=agent)
     moves.action_succeed(action=step_action, actor=agent, result={})
     checkpoint = checkpoints.checkpoint_write(run=failed, actor=agent, name="cp")
-    item = services.run_fail_and_queue(run=failed, actor=agent, error="boom").item
+    item = run_fail_and_queue(run=failed, actor=agent, error="boom").item
     other = runs.run_create(tenant=tenant, actor=agent, agent="x", request="z")
-    undone = services.action_record_gated(
+    undone = action_record_gated(
         run=other,
         actor=agent,
         tool="hr.create_user",
@@ -53,8 +56,8 @@ def acme_world(tenant, agent, bob):
     ).action
     moves.action_start(action=undone, actor=agent)
     moves.action_succeed(action=undone, actor=agent, result={})
-    other_item = services.run_fail_and_queue(run=other, actor=agent, error="boom").item
-    unwind = services.unwind_start(item=other_item, actor=Actor.system("tests"), reason="undo")
+    other_item = run_fail_and_queue(run=other, actor=agent, error="boom").item
+    unwind = unwind_start(item=other_item, actor=Actor.system("tests"), reason="undo")
     command = commands.command_issue(run=failed, kind="resume", actor=Actor.system("tests"), reason="go")
     # A pause of a tool nothing here calls: it exists, and stops nothing the world needs.
     pause = pauses.pause_create(tenant=tenant, actor=Actor.system("tests"), tool="never.called", reason="x")

@@ -35,8 +35,9 @@ from ledger.audit import Actor
 from ledger.models import Event, IdempotencyRecord, Run
 from ledger.services import runs
 from ledger.services.keys import agent_key_create
-from recovery import commands, notifications
+from recovery import commands
 from recovery.models import AgentCommand
+from recovery.notifications.command_push import deliver_command
 from tests.support.api import Api, error_of
 
 pytestmark = pytest.mark.django_db
@@ -386,7 +387,7 @@ def test_a_dns_answer_that_changed_since_creation_is_refused_at_send_time(
 
     # No retry storm: the sweeper does not queue it again, a stray job changes nothing.
     assert commands.commands_redeliver_due(now=timezone.now() + timedelta(hours=1)) == 0
-    assert notifications.deliver_command(command_id=command_id) is False
+    assert deliver_command(command_id=command_id) is False
     assert receiver.calls == []
     assert Event.objects.filter(run_id=run_id, kind="command.delivery_refused").count() == 1
 
@@ -401,7 +402,7 @@ def test_a_name_that_does_not_resolve_at_send_time_is_retried_not_refused(
     command = commands.command_issue(run=run, kind="resume", actor=Actor.for_user(alice), reason="go on")
     dns.answers["agent.example"] = []  # a DNS outage, not a refusal
 
-    assert notifications.deliver_command(command_id=command.pk) is False
+    assert deliver_command(command_id=command.pk) is False
 
     command.refresh_from_db()
     # Told what any refusal tells the agent, and tried again later (a DNS outage may pass).

@@ -42,7 +42,7 @@ from ledger.services import runs
 from ledger.staff import membership_set
 from recovery import channels
 from recovery.models import Approval, SlackApp, SlackLinkCode, SlackUserLink
-from recovery.services import action_record_gated
+from recovery.services.approving import action_record_gated
 from saga_admin.logs import json_formatter
 from tests.factories import gated_run, load_onboarding_policies
 from tests.support.receivers import Receiver, serve_receiver

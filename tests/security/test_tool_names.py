@@ -16,9 +16,9 @@ from ledger.policies.errors import PolicyFileError
 from ledger.policies.load import policy_file_parse
 from ledger.services import runs
 from ledger.services.actions import recording
-from recovery import notifications
-from recovery import services as recovery
 from recovery.models import Notification
+from recovery.notifications.outbox import notify_approval_requested
+from recovery.services.approving import action_record_gated
 from tests.factories import new_run
 from tests.support.api import Api, error_of
 
@@ -192,7 +192,7 @@ def test_an_approval_mail_for_a_name_written_before_the_rule_is_still_sent(
         tool="payments.charge", risk="critical", approval="manual", action_class="external_irreversible"
     )
     run = runs.run_create(tenant=tenant, actor=agent, agent="billing", request="Pay invoice 7")
-    action = recovery.action_record_gated(
+    action = action_record_gated(
         run=run, actor=agent, tool="payments.charge", idempotency_key="pay-7", args={"amount": 1}
     ).action
     approval = action.approvals.get()
@@ -203,7 +203,7 @@ def test_an_approval_mail_for_a_name_written_before_the_rule_is_still_sent(
     mail.outbox.clear()
 
     with django_capture_on_commit_callbacks(execute=True):
-        notifications.notify_approval_requested(approval)
+        notify_approval_requested(approval)
     _work_notifications()
 
     (row,) = Notification.objects.all()

@@ -1,0 +1,327 @@
+"""Delivering one outbox row: a worker job (``notification_deliver``) claims the row by
+compare-and-set, sends it (e-mail, signed webhook, Slack) and records the attempt; a failure that
+may pass is retried with exponential backoff, and the sweeper re-enqueues rows whose job was lost
+(Redis down when it was enqueued, a worker killed). So Redis or a channel being down delays a
+notification and loses nothing. Also the answer to a Slack interaction (``slack_respond``).
+
+URLs a tenant chose go through ``ledger.outbound`` (checked, pinned, no redirects); the operator's
+own SAGA_NOTIFY_WEBHOOKS do not.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import smtplib
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import structlog
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db.models import F, Q
+from django.utils import timezone
+from saga_client.signing import signed_headers
+
+from ledger import errors, outbound
+from ledger.conf import saga
+from recovery import queueing, slack
+from recovery.models import AgentCommand, Approval, Notification, SlackApp
+from recovery.notifications.outbox import Event, Kind, enqueue_delivery
+
+log = structlog.get_logger(__name__)
+
+
+# How many attempts a row remembers (the dashboard's Notifications page shows them).
+HISTORY_KEPT = 10
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt's outcome: ``delivered``, ``retry`` (may pass: a timeout, a 5xx, a 429) or
+    ``failed`` (will not pass by itself: a 4xx, a refused URL, a deleted channel)."""
+
+    outcome: str
+    error: str = ""
+    status_code: int | None = None
+
+
+def notification_backoff_s(attempt: int) -> float:
+    config = saga()
+    factor: int = 2 ** max(0, attempt - 1)
+    return float(min(config.retry_backoff_max_s * 10, config.retry_backoff_base_s * factor))
+
+
+def _lease_s() -> float:
+    return saga().webhook_timeout_s * 2 + 30
+
+
+def notification_claim(*, notification_id: str) -> Notification | None:
+    """pending (due) → sending, or sending with an expired lease (its worker died) → sending again,
+    by compare-and-set: of two workers holding jobs for one row, one sends and the other finds
+    nothing. Counts the attempt and takes a new fencing token."""
+    now = timezone.now()
+    claimed = (
+        Notification.objects.filter(pk=notification_id, attempts__lt=F("max_attempts"))
+        .filter(
+            Q(status=Notification.Status.PENDING, next_attempt_at__lte=now)
+            | Q(status=Notification.Status.SENDING, lease_expires_at__lt=now)
+        )
+        .update(
+            status=Notification.Status.SENDING,
+            attempts=F("attempts") + 1,
+            lease_token=F("lease_token") + 1,
+            lease_expires_at=now + timedelta(seconds=_lease_s()),
+            updated_at=now,
+        )
+    )
+    if claimed != 1:
+        return None
+    return Notification.objects.select_related("tenant", "channel").get(pk=notification_id)
+
+
+def notification_deliver(*, notification_id: str) -> str:
+    """Claim the row, send it, record the attempt (a worker job; safe to run twice). Returns the
+    outcome, or ``skipped`` when there was nothing to claim (delivered, not due, or another
+    worker has it)."""
+    row = notification_claim(notification_id=notification_id)
+    if row is None:
+        return "skipped"
+    try:
+        attempt = _send(row)
+    except Exception as exc:  # a bug or an unforeseen library error: retried, never lost
+        log.exception("notifications.send_crashed", notification_id=row.pk)
+        attempt = Attempt("retry", f"{type(exc).__name__}: {exc}")
+    return _record(row, attempt)
+
+
+def _record(row: Notification, attempt: Attempt) -> str:
+    """Store the attempt (fenced by the claim's token) and return what became of the row:
+    ``delivered``, ``retry``, ``failed`` or ``dropped`` (``fenced`` when the claim was lost)."""
+    now = timezone.now()
+    history = [
+        *row.history[-(HISTORY_KEPT - 1) :],
+        {
+            "attempt": row.attempts,
+            "at": now.isoformat(),
+            "outcome": attempt.outcome,
+            "error": attempt.error[:500],
+            "status_code": attempt.status_code,
+        },
+    ]
+    updates: dict[str, Any] = {
+        "lease_expires_at": None,
+        "last_error": attempt.error[:2000],
+        "last_status_code": attempt.status_code,
+        "history": history,
+        "updated_at": now,
+    }
+    delay: float | None = None
+    if attempt.outcome == "delivered":
+        updates.update(status=Notification.Status.DELIVERED, delivered_at=now, next_attempt_at=None)
+    elif attempt.outcome == "dropped":
+        updates.update(status=Notification.Status.DROPPED, next_attempt_at=None)
+    elif attempt.outcome == "retry" and row.attempts < row.max_attempts:
+        delay = notification_backoff_s(row.attempts)
+        updates.update(
+            status=Notification.Status.PENDING, next_attempt_at=now + timedelta(seconds=delay), job_id=""
+        )
+    else:
+        if attempt.outcome == "retry":
+            updates["last_error"] = f"Gave up after {row.attempts} attempts: {attempt.error}"[:2000]
+            attempt = Attempt("failed", attempt.error, attempt.status_code)
+        updates.update(status=Notification.Status.FAILED, next_attempt_at=None)
+    # Fenced: a worker whose lease expired (and was replaced) records nothing.
+    recorded = Notification.objects.filter(
+        pk=row.pk, status=Notification.Status.SENDING, lease_token=row.lease_token
+    ).update(**updates)
+    if recorded != 1:
+        log.warning("notifications.outcome_fenced", notification_id=row.pk, outcome=attempt.outcome)
+        return "fenced"
+    log_method = log.info if attempt.outcome == "delivered" else log.warning
+    log_method(
+        f"notifications.{attempt.outcome}",
+        notification_id=row.pk,
+        notification_event=row.event,
+        channel=row.channel_name,
+        attempt=row.attempts,
+        error=attempt.error[:300],
+    )
+    if delay is not None:
+        enqueue_delivery(notification_id=row.pk, delay_s=delay)
+    return attempt.outcome
+
+
+def _send(row: Notification) -> Attempt:
+    channel = row.channel
+    if channel is None and not row.env_target:
+        return Attempt("failed", "The channel was deleted before the notification was sent.")
+    if channel is not None and not channel.enabled and row.event != Event.TEST:
+        return Attempt("failed", "The channel was disabled before the notification was sent.")
+    if over := _no_longer_relevant(row):
+        return Attempt("dropped", over)
+    if row.kind == Kind.EMAIL:
+        recipients = (
+            [a.strip() for a in channel.target.split(",") if a.strip()]
+            if channel is not None
+            else list(saga().notify_emails)
+        )
+        return _send_email(row, recipients)
+    if row.kind == Kind.SLACK:
+        assert channel is not None  # environment channels are e-mail and webhooks
+        return _post_checked(row, channel.target, _slack_body(row), headers={})
+    content = json.dumps(row.body, sort_keys=True).encode()
+    secret = channel.secret if channel is not None else saga().notify_webhook_secret
+    headers = dict(signed_headers(secret, content)) if secret else {}
+    if channel is None:
+        # An operator's own SAGA_NOTIFY_WEBHOOKS entry: trusted, like compensator webhooks.
+        return _post_trusted(row, row.env_target, content, headers)
+    return _post_checked(row, channel.target, content, headers=headers)
+
+
+def _no_longer_relevant(row: Notification) -> str:
+    if (
+        row.event == Event.COMMAND_OVERDUE
+        and not AgentCommand.objects.filter(pk=row.subject_id, status=AgentCommand.Status.PENDING).exists()
+    ):
+        return "Not sent: the agent picked the resume up (or it was withdrawn) before this went out."
+    if (
+        row.event == Event.APPROVAL_REMINDER
+        and not Approval.objects.filter(pk=row.subject_id, status=Approval.Status.PENDING).exists()
+    ):
+        return "Not sent: the approval was decided (or expired) before the reminder went out."
+    return ""
+
+
+# C0 and C1 control characters, DEL, and the Unicode line and paragraph separators.
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _email_text(row: Notification) -> tuple[str, str]:
+    body = row.body
+    lines = row.context.get("lines") or []
+    summary = str(body.get("summary", row.event))
+    # A header may not carry a line break (Django refuses "\r" and "\n" with BadHeaderError, which
+    # would fail the job on every retry), and no other control character belongs there either.
+    # Tool names cannot hold one any more (ledger.tool_names), but rows written before that rule,
+    # and other text in a summary, still reach this point.
+    subject = _CONTROL_CHARS.sub(" ", f"[Saga Admin] {summary}")[:250]
+    text = "\n".join(
+        [str(body.get("summary", "")), "", *map(str, lines), "", f"Open: {body.get('url', '')}", ""]
+    )
+    return subject, text
+
+
+def _send_email(row: Notification, recipients: list[str]) -> Attempt:
+    if not recipients:
+        return Attempt("failed", "No e-mail address to send to.")
+    subject, text = _email_text(row)
+    try:
+        send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, recipients, fail_silently=False)
+    except (OSError, smtplib.SMTPException) as exc:
+        if isinstance(exc, smtplib.SMTPRecipientsRefused):
+            return Attempt("failed", f"Recipients refused: {exc}")
+        return Attempt("retry", f"{type(exc).__name__}: {exc}")
+    return Attempt("delivered")
+
+
+def _slack_body(row: Notification) -> bytes:
+    approval_id = str(row.context.get("approval_id") or "")
+    buttons = bool(approval_id) and _slack_buttons_wanted(row, approval_id)
+    message = slack.message(
+        summary=str(row.body.get("summary", "")),
+        url=str(row.body.get("url", "")),
+        risk=row.risk,
+        run_id=row.run_id,
+        lines=[str(line) for line in row.context.get("lines") or []],
+        tenant_slug=row.tenant.slug,
+        approval_id=approval_id if buttons else "",
+        args_hash=str(row.context.get("args_hash") or ""),
+    )
+    return json.dumps(message).encode()
+
+
+def _slack_buttons_wanted(row: Notification, approval_id: str) -> bool:
+    # Buttons only where a press can be verified (the tenant connected a Slack app) and can still
+    # decide something (the approval is pending).
+    return (
+        SlackApp.objects.filter(tenant_id=row.tenant_id).exists()
+        and Approval.objects.filter(
+            pk=approval_id, tenant_id=row.tenant_id, status=Approval.Status.PENDING
+        ).exists()
+    )
+
+
+def _answer(response: httpx.Response, *, what: str) -> Attempt:
+    code = response.status_code
+    if response.is_success:
+        return Attempt("delivered", status_code=code)
+    if response.is_redirect:
+        location = response.headers.get("Location", "")
+        return Attempt("failed", f"{what} answered {code} (redirect to {location!r}, not followed)", code)
+    detail = response.text[:200].strip()
+    error = f"{what} answered {code}" + (f": {detail}" if detail else "")
+    # 4xx is the receiver saying no (a revoked Slack hook answers 404 or 410, a bad payload 400):
+    # asking again changes nothing. 408 and 429 say "later"; 5xx may pass.
+    if 400 <= code < 500 and code not in (408, 429):
+        return Attempt("failed", error, code)
+    return Attempt("retry", error, code)
+
+
+def _post_checked(row: Notification, url: str, content: bytes, *, headers: dict[str, str]) -> Attempt:
+    """A URL a tenant chose: checked again now (it may resolve elsewhere than when it was saved)
+    and sent to the address the check approved, never following a redirect."""
+    try:
+        target = outbound.check_url(url, field="URL")
+    except errors.UrlNotAllowed as exc:
+        outcome = "retry" if exc.reason == outbound.UNRESOLVABLE else "failed"
+        # Shown to the tenant's admins on the channel's deliveries, who chose the URL: why, in full.
+        return Attempt(outcome, f"Refused: {exc.operator_message or exc.message}")
+    all_headers = {"Content-Type": "application/json", "Idempotency-Key": row.pk, **headers}
+    try:
+        response = outbound.post(
+            target, content=content, headers=all_headers, timeout=saga().webhook_timeout_s
+        )
+    except httpx.HTTPError as exc:
+        return Attempt("retry", f"{type(exc).__name__}: {exc}")
+    return _answer(response, what="Slack" if row.kind == Kind.SLACK else "The webhook")
+
+
+def _post_trusted(row: Notification, url: str, content: bytes, headers: dict[str, str]) -> Attempt:
+    all_headers = {"Content-Type": "application/json", "Idempotency-Key": row.pk, **headers}
+    try:
+        response = httpx.post(url, content=content, headers=all_headers, timeout=saga().webhook_timeout_s)
+    except httpx.HTTPError as exc:
+        return Attempt("retry", f"{type(exc).__name__}: {exc}")
+    return _answer(response, what="The webhook")
+
+
+# --- Answering a Slack interaction -----------------------------------------------------------
+
+
+def slack_respond(*, response_url: str, message: dict[str, Any]) -> bool:
+    """POST an answer to an interaction's ``response_url`` (a worker job): the approval's message
+    replaced with the decision, or a refusal only the presser sees. The URL came in a request whose
+    signature checked out, and goes through the outbound guard all the same."""
+    try:
+        target = outbound.check_url(response_url, field="response_url")
+        response = outbound.post(
+            target,
+            content=json.dumps(message).encode(),
+            headers={"Content-Type": "application/json"},
+            timeout=saga().webhook_timeout_s,
+        )
+    except (errors.UrlNotAllowed, httpx.HTTPError) as exc:
+        log.warning("slack.respond_failed", error=str(exc))
+        return False
+    if not response.is_success:
+        log.warning("slack.respond_failed", status=response.status_code)
+    return response.is_success
+
+
+def enqueue_slack_respond(*, response_url: str, message: dict[str, Any]) -> None:
+    queueing.enqueue(
+        "recovery.jobs.slack_respond", queue="notifications", response_url=response_url, message=message
+    )

@@ -1,0 +1,280 @@
+"""Raising a notification: ``notify`` writes one ``Notification`` row per channel that takes the
+event (the tenant's channels, by their choice of events and minimum risk, and the environment's)
+in the same transaction as the event, and hands each row to a worker after commit
+(``recovery.notifications.delivery`` sends it). The ``notify_*`` functions say what each event
+tells people: its summary, its link and its lines.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import orjson
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from ledger.conf import saga
+from ledger.hashing import canonical_json_bytes
+from ledger.models import Risk, Run, Tenant
+from recovery import queueing
+from recovery.models import (
+    AgentCommand,
+    Approval,
+    Notification,
+    NotificationChannel,
+    NotificationEvent,
+    RecoveryItem,
+    Unwind,
+    UnwindStep,
+)
+
+Event = NotificationEvent
+Kind = NotificationChannel.Kind
+
+
+def public_url(path: str) -> str:
+    """The link to a dashboard page in a notification: SAGA_PUBLIC_URL + the page's path."""
+    return f"{saga().public_url}{path}"
+
+
+def notify(
+    *,
+    tenant: Tenant,
+    event: str,
+    subject_id: str,
+    run_id: str,
+    summary: str,
+    path: str,
+    risk: str,
+    lines: list[str] | None = None,
+    approval_id: str = "",
+    args_hash: str = "",
+    channels: list[NotificationChannel] | None = None,
+) -> list[Notification]:
+    """Write one outbox row per channel that takes ``event`` at ``risk`` — the tenant's enabled
+    channels (their choice of events and minimum risk) and the environment's (every event) — in
+    the caller's transaction, and enqueue their delivery after it commits. ``channels``: exactly
+    these channels and no environment ones (a test notification).
+
+    The webhook body is fixed here, once for all its channels: ``{event, tenant, id, run_id,
+    summary, url, created_at}`` with ``id`` the subject's (approval, item, step, unwind, command)."""
+    now = timezone.now()
+    body = {
+        "event": event,
+        "tenant": tenant.slug,
+        "id": subject_id,
+        "run_id": run_id,
+        "summary": summary,
+        "url": public_url(path),
+        "created_at": now.isoformat(),
+    }
+    # ``args_hash``: the hash of the arguments ``lines`` show, which a Slack Approve button carries.
+    context = {"lines": lines or [], "approval_id": approval_id, "args_hash": args_hash}
+    common = {
+        "tenant": tenant,
+        "event": event,
+        "subject_id": subject_id,
+        "run_id": run_id,
+        "risk": risk or Risk.LOW,
+        "body": body,
+        "context": context,
+        "next_attempt_at": now,
+        "max_attempts": saga().notify_max_attempts,
+    }
+    rows: list[Notification] = []
+    chosen = (
+        channels
+        if channels is not None
+        else list(NotificationChannel.objects.filter(tenant=tenant, enabled=True).order_by("name"))
+    )
+    for channel in chosen:
+        if channels is not None or channel.wants(event, risk):
+            rows.append(Notification(channel=channel, channel_name=channel.name, kind=channel.kind, **common))
+    if channels is None:
+        config = saga()
+        if config.notify_emails:
+            rows.append(
+                Notification(channel_name="SAGA_NOTIFY_EMAILS", kind=Kind.EMAIL, env_target="email", **common)
+            )
+        for url in config.notify_webhooks:
+            rows.append(
+                Notification(
+                    channel_name=f"SAGA_NOTIFY_WEBHOOKS {httpx.URL(url).host}",
+                    kind=Kind.WEBHOOK,
+                    env_target=url,
+                    **common,
+                )
+            )
+    if not rows:
+        return rows
+    Notification.objects.bulk_create(rows)
+    ids = [row.pk for row in rows]
+
+    def hand_over() -> None:
+        for pk in ids:
+            enqueue_delivery(notification_id=pk)
+
+    transaction.on_commit(hand_over)
+    return rows
+
+
+def enqueue_delivery(*, notification_id: str, delay_s: float | None = None) -> None:
+    """Hand one row to a worker (after commit). Redis down: logged, and the sweeper hands it again
+    (``recovery.sweeper.notifications_sweep``); a second job for a row finds nothing to claim."""
+    job_id = queueing.enqueue(
+        "recovery.jobs.notification_deliver",
+        queue="notifications",
+        delay_s=delay_s,
+        notification_id=notification_id,
+    )
+    if job_id:
+        # Not a state change: remembers which job carries the row, for the sweeper.
+        Notification.objects.filter(
+            pk=notification_id, status__in=(Notification.Status.PENDING, Notification.Status.SENDING)
+        ).update(job_id=job_id)
+
+
+def notify_item_opened(item: RecoveryItem) -> list[Notification]:
+    run = item.run
+    tool = item.failed_action.tool if item.failed_action else ""
+    lines = [
+        f"Agent: {run.agent}",
+        f"Request: {run.request}",
+        f"Reason: {item.get_reason_display()}",
+        f"Failed action: {tool or '(none)'}",
+        f"Error: {item.error or '(none)'}",
+        f"Suggested: {item.get_suggested_resolution_display()}",
+    ]
+    return notify(
+        tenant=item.tenant,
+        event=Event.RECOVERY_OPENED,
+        subject_id=item.pk,
+        run_id=run.pk,
+        summary=f"{item.get_risk_display()} risk: run {run.pk} needs a decision ({item.get_reason_display()})",
+        path=reverse("dashboard:run-detail", args=[run.pk]),
+        risk=item.risk,
+        lines=lines,
+    )
+
+
+# The most of an approval's args a notification spells out. Past it the text is cut (and says so):
+# a message cannot show an approver a megabyte, a Slack message whose args were cut carries no
+# Approve button (``recovery.slack``), and the inbox shows them whole. Well above Slack's own limit,
+# so whatever is cut here is cut there too.
+ARGS_SHOWN_MAX = 20_000
+
+
+def args_shown(args: Any) -> str:
+    """The args as a notification spells them: indented, keys sorted, cut past ``ARGS_SHOWN_MAX``
+    characters. Their size is read from their canonical bytes first (orjson, a few milliseconds
+    for a megabyte), so a near-limit body is never indented by the standard library."""
+    if len(canonical_json_bytes(args)) <= ARGS_SHOWN_MAX:
+        return json.dumps(args, indent=2, sort_keys=True, default=str)
+    text = orjson.dumps(args, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS, default=str).decode()
+    return f"{text[:ARGS_SHOWN_MAX]}\n… cut here ({len(text) - ARGS_SHOWN_MAX} more characters): the inbox shows them whole"
+
+
+def approval_lines(approval: Approval) -> list[str]:
+    """What a notification says of an approval: the args (a Slack Approve button is bound to their
+    hash, ``approval.args_hash``, and offered only when they were not cut)."""
+    return [
+        f"{approval.get_kind_display()}: {approval.tool}",
+        f"Expires: {approval.expires_at:%Y-%m-%d %H:%M} UTC",
+        f"Args: {args_shown(approval.args)}",
+    ]
+
+
+def notify_approval_requested(approval: Approval) -> list[Notification]:
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_REQUESTED,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=f"Approval needed: {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
+        path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
+        risk=approval.risk,
+        lines=approval_lines(approval),
+        approval_id=approval.pk,
+        args_hash=approval.args_hash,
+    )
+
+
+def notify_approval_reminder(approval: Approval) -> list[Notification]:
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_REMINDER,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=(
+            f"Reminder: approval of {approval.tool} ({approval.risk} risk) on run {approval.run_id} "
+            f"expires at {approval.expires_at:%Y-%m-%d %H:%M} UTC"
+        ),
+        path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
+        risk=approval.risk,
+        lines=approval_lines(approval),
+        approval_id=approval.pk,
+        args_hash=approval.args_hash,
+    )
+
+
+def notify_step_failed(step: UnwindStep, *, run: Run, risk: str) -> list[Notification]:
+    return notify(
+        tenant=run.tenant,
+        event=Event.STEP_FAILED,
+        subject_id=step.pk,
+        run_id=run.pk,
+        summary=f"Compensation step {step.tool or step.action.tool} {step.status} on run {run.pk}",
+        path=f"{reverse('dashboard:run-detail', args=[run.pk])}#unwind",
+        risk=risk,
+        lines=[
+            f"Undoing: {step.action.tool} (action {step.action_id})",
+            f"Attempts: {step.attempts}",
+            f"Error: {step.error or '(none)'}",
+        ],
+    )
+
+
+def notify_unwind_finished(unwind: Unwind, *, run: Run, summary: str, risk: str) -> list[Notification]:
+    outcome = "compensated" if unwind.status == Unwind.Status.COMPLETED else "finished with steps left"
+    return notify(
+        tenant=run.tenant,
+        event=Event.UNWIND_FINISHED,
+        subject_id=unwind.pk,
+        run_id=run.pk,
+        summary=f"Run {run.pk} {outcome}",
+        path=f"{reverse('dashboard:run-detail', args=[run.pk])}#unwind",
+        risk=risk,
+        lines=[f"Agent: {run.agent}", f"Request: {run.request}", f"Unwind: {summary}"],
+    )
+
+
+def notify_command_overdue(command: AgentCommand) -> list[Notification]:
+    run = command.run
+    now = timezone.now()
+    waited_min = max(1, round((now - command.created_at).total_seconds() / 60))
+    heard_at = run.last_heartbeat_at or run.created_at
+    alive = (
+        f"The agent is alive (last heartbeat {heard_at:%H:%M:%S} UTC) and was handed the command."
+        if heard_at > command.created_at
+        else f"The agent has not been heard from since {heard_at:%Y-%m-%d %H:%M:%S} UTC."
+    )
+    return notify(
+        tenant=run.tenant,
+        event=Event.COMMAND_OVERDUE,
+        subject_id=command.pk,
+        run_id=run.pk,
+        summary=f"Resume of run {run.pk} not picked up after {waited_min} min",
+        path=reverse("dashboard:run-detail", args=[run.pk]),
+        risk=Risk.LOW,
+        lines=[
+            f"Run {run.pk} of agent {run.agent} was resumed by {command.issued_by()} at "
+            f"{command.created_at:%Y-%m-%d %H:%M} UTC and its agent has not acknowledged the command.",
+            f"Request: {run.request}",
+            alive,
+            f"If it stays silent for {saga().heartbeat_timeout_s} s the run comes back to the recovery "
+            "queue as agent lost and waits for a person (it is not compensated automatically).",
+        ],
+    )

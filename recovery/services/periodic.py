@@ -1,0 +1,94 @@
+"""The periodic duties that decide (worker jobs): expiring approvals past their deadline, and
+failing the runs whose agent is lost.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from ledger.audit import Actor
+from ledger.conf import saga
+from ledger.models import Run
+from recovery import approvals
+from recovery.models import AgentCommand, Approval
+from recovery.services.approving import approval_settle
+from recovery.services.reports import run_fail_and_queue
+
+
+def approvals_expire_due(*, now: datetime | None = None) -> int:
+    """Expire pending approvals past their deadline (a periodic job). The gated action becomes
+    rejected, so an agent polling it sees ``expired`` and start() refuses; a gated compensation
+    step fails without running, and its unwind goes on."""
+    now = now or timezone.now()
+    expired = 0
+    for approval_id in Approval.objects.filter(
+        status=Approval.Status.PENDING, expires_at__lte=now
+    ).values_list("pk", flat=True):
+        with transaction.atomic():
+            approval = approvals.approval_expire(approval_id=approval_id, now=now)
+            if approval is None:
+                continue
+            approval_settle(approval, actor=Actor.system("approval-expiry"), reason="approval expired")
+            expired += 1
+    return expired
+
+
+def runs_fail_lost_agents(*, now: datetime | None = None) -> int:
+    """Runs still ``running`` with no heartbeat for SAGA HEARTBEAT_TIMEOUT_S, and no approval of
+    theirs open or decided within it: the agent is gone.
+    Each fails into the recovery queue as ``agent_lost`` (in its own transaction). A resumed run
+    counts its silence from the resume; one whose resume the agent never picked up is not
+    compensated automatically (``run_fail_and_queue``): its item says so and waits for a person."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=saga().heartbeat_timeout_s)
+    resumed_since = Exists(
+        AgentCommand.objects.filter(
+            run_id=OuterRef("pk"), kind=AgentCommand.Kind.RESUME, created_at__gte=cutoff
+        )
+    )
+    # An agent waiting for a person is not lost: its run is quiet while an approval of one of its
+    # actions is open (or closed, decided or expired, within the timeout: the silence counts
+    # from then). A framework's human-in-the-loop pause sends no heartbeats.
+    waiting_for_a_person = Exists(
+        Approval.objects.filter(run_id=OuterRef("pk"), kind=Approval.Kind.ACTION).filter(
+            Q(status=Approval.Status.PENDING, expires_at__gte=cutoff) | Q(decided_at__gte=cutoff)
+        )
+    )
+    lost = (
+        (Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff))
+        & ~Q(resumed_since)
+        & ~Q(waiting_for_a_person)
+    )
+    failed = 0
+    for run_id in Run.objects.filter(lost, status=Run.Status.RUNNING).values_list("pk", flat=True):
+        with transaction.atomic():
+            run = (
+                Run.objects.select_for_update(skip_locked=True)
+                .filter(lost, pk=run_id, status=Run.Status.RUNNING)
+                .first()
+            )
+            if run is None:
+                continue  # it heart-beat meanwhile, or another sweeper has it
+            resumed_at = (
+                AgentCommand.objects.filter(run_id=run.pk, kind=AgentCommand.Kind.RESUME)
+                .order_by("-created_at")
+                .values_list("created_at", flat=True)
+                .first()
+            )
+            heard_at = run.last_heartbeat_at or run.created_at
+            since = f"{int((now - heard_at).total_seconds())}s"
+            if resumed_at is not None and resumed_at > heard_at:
+                since += f", {int((now - resumed_at).total_seconds())}s since the resume"
+            run_fail_and_queue(
+                run=run,
+                actor=Actor.system("heartbeat-monitor"),
+                reason="agent_lost",
+                error=f"No heartbeat for {since} (threshold "
+                f"{saga().heartbeat_timeout_s}s): the agent is presumed lost.",
+            )
+            failed += 1
+    return failed

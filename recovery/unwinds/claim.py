@@ -1,0 +1,112 @@
+"""Taking a step for a worker: queued (or pending, for the worker that advanced the unwind) →
+running, with a new fencing token, a lease, and the request its compensator is called with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from ledger import errors, upstreams
+from ledger.models import Action
+from ledger.services.actions import moves
+from recovery import compensators
+from recovery.compensators import CompensationRequest
+from recovery.models import Unwind, UnwindStep
+from recovery.unwinds.dispatch import step_lease_seconds, step_timeout_of
+from recovery.unwinds.state import ENGINE, step_transition
+
+
+@dataclass(frozen=True)
+class Claim:
+    step_id: str
+    unwind_id: str
+    token: int
+    tenant_id: int
+    request: CompensationRequest
+    lease_s: int = 0
+
+
+@transaction.atomic
+def step_claim(*, step_id: str) -> Claim | None:
+    """Take the step for this worker: None when another worker holds it, it is not due yet, or
+    it is no longer queued. The lease token is the fence for recording the outcome."""
+    step = (
+        UnwindStep.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("unwind__run__tenant", "action")
+        .filter(pk=step_id, status=UnwindStep.Status.QUEUED)
+        .first()
+    )
+    if step is None:
+        return None
+    if step.next_attempt_at is not None and step.next_attempt_at > timezone.now():
+        return None
+    if step.unwind.status != Unwind.Status.RUNNING:
+        return None
+    step.action.run = step.unwind.run
+    return step_start(step)
+
+
+def step_start(
+    step: UnwindStep, *, allowed_from: tuple[str, ...] = (UnwindStep.Status.QUEUED,)
+) -> Claim | None:
+    """queued (or, claimed by the worker that advanced the unwind, pending) → running with a new
+    fencing token and a lease (the caller holds the step's row, or the unwind's lock, and has
+    loaded the step's unwind, run, tenant and action)."""
+    now = timezone.now()
+    token = step.lease_token + 1
+    attempt = step.attempts + 1
+    lease_s = step_lease_seconds(step_timeout_s=step_timeout_of(step.unwind))
+    override = bool((step.result or {}).get("override_drift")) if isinstance(step.result, dict) else False
+    try:
+        step_transition(
+            step,
+            to=UnwindStep.Status.RUNNING,
+            allowed_from=allowed_from,
+            actor=ENGINE,
+            kind="step.started",
+            updates={
+                "lease_token": token,
+                "attempts": attempt,
+                "lease_expires_at": now + timedelta(seconds=lease_s),
+                "started_at": step.started_at or now,
+            },
+            data={"attempt": attempt, "lease_token": token},
+        )
+    except errors.InvalidTransition:
+        return None  # another worker took it first
+    action = step.action
+    if action.status in (Action.Status.SUCCEEDED, Action.Status.COMPENSATION_FAILED):
+        moves.action_compensation_started(action=action, actor=ENGINE, step_id=step.pk)
+    run = step.unwind.run
+    request = CompensationRequest(
+        step_id=step.pk,
+        action_id=action.pk,
+        run_id=run.pk,
+        tenant=run.tenant.slug,
+        tool=step.tool,
+        args=step.args,
+        target_type=action.target_type,
+        target_id=action.target_id,
+        before_snapshot=action.before_snapshot,
+        after_snapshot=action.after_snapshot,
+        attempt=attempt,
+        idempotency_key=step.idempotency_key,
+        strategy=step.strategy,
+        override_drift=override,
+        timeout_s=compensators.call_timeout_s(step_timeout_s=step_timeout_of(step.unwind)),
+        upstream=upstreams.via_upstream(action.via),
+        # A step that requires approval reaches a worker only once approved (advance_locked).
+        person_approved=step.requires_approval,
+    )
+    return Claim(
+        step_id=step.pk,
+        unwind_id=step.unwind_id,
+        token=token,
+        tenant_id=run.tenant_id,
+        request=request,
+        lease_s=lease_s,
+    )
