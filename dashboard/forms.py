@@ -6,13 +6,13 @@ from typing import Any
 
 from django import forms
 
-from dashboard.selectors.queue import AGE_CHOICES, SORTS, QueueFilters
+from dashboard.selectors.queue import AGE_CHOICES, SORTS, QueueView
 from ledger.errors import SagaError
 from ledger.models import Risk
 from ledger.rules import REASON_MAX_LENGTH, REASON_REQUIRED, reason_required
 from ledger.services.pauses import pause_patterns
 from recovery.models import CHANNEL_EVENTS, NotificationChannel, NotificationEvent, RecoveryItem
-from recovery.selectors import QUEUE_STATUSES
+from recovery.selectors import QUEUE_STATUSES, QueueFilter
 
 _REASON_HELP = "Recorded in the audit log with your name."
 
@@ -119,23 +119,28 @@ class QueueFilterForm(forms.Form):
         assert isinstance(field, forms.ChoiceField)
         field.choices = [("", "All tenants")] + [(t.slug, t.name) for t in tenants]
 
-    def filters(self) -> QueueFilters:
-        """Valid filters; an invalid value falls back to its default rather than failing the page."""
+    def view(self) -> QueueView:
+        """The queue's one filter and the page's choices; an invalid value falls back to its
+        default rather than failing the page."""
         data = (
             self.cleaned_data
             if self.is_valid()
             else {name: self.cleaned_data.get(name, "") for name in self.fields if name not in self.errors}
         )
         sort = data.get("sort") or "newest"
-        return QueueFilters(
-            tenant=data.get("tenant") or "",
-            risk=data.get("risk") or "",
-            reason=data.get("reason") or "",
-            status=data.get("status") or "unresolved",
-            age=data.get("age") or "",
-            q=(data.get("q") or "").strip(),
+        age = data.get("age") or ""
+        return QueueView(
+            queue_filter=QueueFilter(
+                tenant_slug=data.get("tenant") or "",
+                risk=data.get("risk") or "",
+                reason=data.get("reason") or "",
+                status=data.get("status") or "unresolved",
+                older_than=AGE_CHOICES.get(age),
+                search=data.get("q") or "",
+                signature=data.get("signature") or "",
+            ),
+            age=age,
             sort=sort if sort in SORTS else "newest",
-            signature=data.get("signature") or "",
         )
 
 

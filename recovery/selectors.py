@@ -47,45 +47,53 @@ def _choice(name: str, value: str | None, choices: Iterable[str]) -> str | None:
 # --- The recovery queue ------------------------------------------------------------------------
 
 
-def queue_items(
-    *,
-    tenants: Tenants,
-    status: str | None = None,
-    reason: str | None = None,
-    risk: str | None = None,
-    older_than: timedelta | None = None,
-    run_id: str | None = None,
-    tenant_slug: str | None = None,
-    signature: str | None = None,
-    search: str | None = None,
-    now: datetime | None = None,
-) -> QuerySet[RecoveryItem]:
-    """The queue's one filter, for the API and the dashboard. ``status`` defaults to unresolved
-    (open and claimed); ``all`` is every item. ``older_than``: opened strictly before that long
-    ago. An unknown status, reason or risk is a ``ValidationFailed``, never silently ignored."""
-    tenant_ids = _tenant_ids(tenants)
-    queryset = RecoveryItem.objects.filter(tenant_id__in=tenant_ids)
-    status = _choice("status", status, QUEUE_STATUSES) or "unresolved"
-    if status == "unresolved":
-        queryset = queryset.filter(status__in=RecoveryItem.UNRESOLVED)
-    elif status != "all":
-        queryset = queryset.filter(status=status)
-    if _choice("reason", reason, RecoveryItem.Reason.values):
-        queryset = queryset.filter(reason=reason)
-    if _choice("risk", risk, Risk.values):
-        queryset = queryset.filter(risk=risk)
-    if older_than is not None:
-        queryset = queryset.filter(opened_at__lt=(now or timezone.now()) - older_than)
-    if run_id:
-        queryset = queryset.filter(run_id=run_id)
-    if tenant_slug:
-        queryset = queryset.filter(tenant__slug=tenant_slug)
-    if signature:
-        queryset = queryset.filter(signature=signature)
-    term = (search or "").strip()
-    if term:
-        queryset = _search(queryset, term, tenant_ids=tenant_ids)
-    return queryset
+@dataclass(frozen=True)
+class QueueFilter:
+    """The recovery queue's one filter: its fields, their validation and the query, for every
+    caller (the dashboard's filter form and the operator API's query schema build it; bulk
+    decisions take it). ``status`` defaults to unresolved (open and claimed); ``all`` is every
+    item. ``older_than``: opened strictly before that long ago. ``search``: an item, run, external
+    or target id, else part of the failing tool's name or of the run's request. An unknown status,
+    reason or risk is a ``ValidationFailed`` when the filter is built, never silently ignored."""
+
+    status: str = "unresolved"
+    reason: str = ""
+    risk: str = ""
+    older_than: timedelta | None = None
+    run_id: str = ""
+    tenant_slug: str = ""
+    signature: str = ""
+    search: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", _choice("status", self.status, QUEUE_STATUSES) or "unresolved")
+        _choice("reason", self.reason, RecoveryItem.Reason.values)
+        _choice("risk", self.risk, Risk.values)
+        object.__setattr__(self, "search", self.search.strip())
+
+    def items(self, *, tenants: Tenants, now: datetime | None = None) -> QuerySet[RecoveryItem]:
+        """The items of ``tenants`` the filter matches."""
+        tenant_ids = _tenant_ids(tenants)
+        queryset = RecoveryItem.objects.filter(tenant_id__in=tenant_ids)
+        if self.status == "unresolved":
+            queryset = queryset.filter(status__in=RecoveryItem.UNRESOLVED)
+        elif self.status != "all":
+            queryset = queryset.filter(status=self.status)
+        if self.reason:
+            queryset = queryset.filter(reason=self.reason)
+        if self.risk:
+            queryset = queryset.filter(risk=self.risk)
+        if self.older_than is not None:
+            queryset = queryset.filter(opened_at__lt=(now or timezone.now()) - self.older_than)
+        if self.run_id:
+            queryset = queryset.filter(run_id=self.run_id)
+        if self.tenant_slug:
+            queryset = queryset.filter(tenant__slug=self.tenant_slug)
+        if self.signature:
+            queryset = queryset.filter(signature=self.signature)
+        if self.search:
+            queryset = _search(queryset, self.search, tenant_ids=tenant_ids)
+        return queryset
 
 
 def _search(qs: QuerySet[RecoveryItem], term: str, *, tenant_ids: list[int]) -> QuerySet[RecoveryItem]:
@@ -124,25 +132,12 @@ def _search(qs: QuerySet[RecoveryItem], term: str, *, tenant_ids: list[int]) -> 
 
 
 def items_list(
-    *,
-    tenants: Tenants,
-    status: str | None = None,
-    reason: str | None = None,
-    risk: str | None = None,
-    older_than_minutes: int | None = None,
-    run_id: str | None = None,
-    cursor: str | None = None,
-    limit: int = 50,
+    *, tenants: Tenants, queue_filter: QueueFilter, cursor: str | None = None, limit: int = 50
 ) -> Page[RecoveryItem]:
     """A page of the recovery queue, newest first (the operator API)."""
-    queryset = queue_items(
-        tenants=tenants,
-        status=status,
-        reason=reason,
-        risk=risk,
-        older_than=timedelta(minutes=older_than_minutes) if older_than_minutes is not None else None,
-        run_id=run_id,
-    ).select_related("run", "failed_action", "assignee", "claimed_by")
+    queryset = queue_filter.items(tenants=tenants).select_related(
+        "run", "failed_action", "assignee", "claimed_by"
+    )
     return keyset_page(queryset, keys=_BY_ID_DESC, cursor=cursor, limit=limit)
 
 

@@ -1,11 +1,12 @@
-"""The queue page's reads: its filters (``QueueFilters``), keyset pages of items, the count of
+"""The queue page's reads: what it lists (``QueueView``: the queue's one filter, the age as
+chosen and the sort), keyset pages of items, the count of
 items new since the page was read, the groups of similar failures, and the items a bulk decision
 names. Every read is scoped to the user's tenants; no list counts the ledger (pages fetch one row
 more than shown, the new-items count is capped)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, TypedDict
 
@@ -30,10 +31,10 @@ from ledger.conf import saga
 from ledger.ids import looks_like_id
 from ledger.models import Risk
 from ledger.pagination import Key, keyset_page
-from recovery import selectors as recovery_selectors
 from recovery.approvals import pending_q
 from recovery.commands import overdue_before
 from recovery.models import AgentCommand, Approval, RecoveryItem
+from recovery.selectors import QueueFilter
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -71,22 +72,30 @@ _SORT_KEYS: dict[str, list[Key]] = {
 
 
 @dataclass(frozen=True)
-class QueueFilters:
-    tenant: str = ""
-    risk: str = ""
-    reason: str = ""
-    status: str = "unresolved"
+class QueueView:
+    """What the queue page lists: the queue's one filter (``recovery.selectors.QueueFilter``,
+    built by ``dashboard.forms.QueueFilterForm``) with the page's own choices beside it, the age
+    as chosen (a key of ``AGE_CHOICES``, which the filter holds as ``older_than``) and the sort."""
+
+    queue_filter: QueueFilter = field(default_factory=QueueFilter)
     age: str = ""
-    q: str = ""
     sort: str = "newest"
-    signature: str = ""
 
     def as_query(self) -> dict[str, str]:
-        """The non-default filters, for links that keep them (pagination, polling)."""
-        defaults = QueueFilters()
-        return {
-            name: value for name, value in self.__dict__.items() if value and value != getattr(defaults, name)
+        """The non-default filters in the form's names, for links that keep them (pagination,
+        polling)."""
+        f = self.queue_filter
+        query = {
+            "tenant": f.tenant_slug,
+            "risk": f.risk,
+            "reason": f.reason,
+            "status": "" if f.status == "unresolved" else f.status,
+            "age": self.age,
+            "q": f.search,
+            "sort": "" if self.sort == "newest" else self.sort,
+            "signature": f.signature,
         }
+        return {name: value for name, value in query.items() if value}
 
 
 class QueueRowAnnotations(TypedDict):
@@ -105,29 +114,19 @@ class QueuePage:
     read_at: datetime | None = None
 
 
-def _filtered_items(*, user: Someone, filters: QueueFilters, now: datetime) -> QuerySet[RecoveryItem]:
-    """The queue's one filter (``recovery.selectors.queue_items``) over the user's tenants."""
-    return recovery_selectors.queue_items(
-        tenants=permissions.tenant_ids_for(user),
-        status=filters.status,
-        reason=filters.reason,
-        risk=filters.risk,
-        older_than=AGE_CHOICES.get(filters.age),
-        tenant_slug=filters.tenant,
-        signature=filters.signature,
-        search=filters.q,
-        now=now,
-    )
+def _filtered_items(*, user: Someone, view: QueueView, now: datetime) -> QuerySet[RecoveryItem]:
+    """The queue's one filter over the user's tenants."""
+    return view.queue_filter.items(tenants=permissions.tenant_ids_for(user), now=now)
 
 
 def queue_page(
-    *, user: Someone, filters: QueueFilters, cursor: str = "", page_size: int | None = None
+    *, user: Someone, view: QueueView, cursor: str = "", page_size: int | None = None
 ) -> QueuePage:
     now = timezone.now()
     size = page_size or saga().page_size
-    keys = _SORT_KEYS.get(filters.sort, _SORT_KEYS["newest"])
+    keys = _SORT_KEYS.get(view.sort, _SORT_KEYS["newest"])
     qs = (
-        _filtered_items(user=user, filters=filters, now=now)
+        _filtered_items(user=user, view=view, now=now)
         .select_related("run", "tenant", "failed_action", "assignee", "claimed_by")
         .annotate(
             risk_rank=_RISK_RANK,
@@ -149,9 +148,9 @@ def queue_page(
     return QueuePage(items=page.items, next_cursor=page.next_cursor or "", read_at=now)
 
 
-def queue_new_count(*, user: Someone, filters: QueueFilters, since: datetime) -> int:
-    """Items matching the filters opened after ``since``, counted up to NEW_ITEMS_CAP + 1."""
-    qs = _filtered_items(user=user, filters=filters, now=timezone.now()).filter(opened_at__gt=since)
+def queue_new_count(*, user: Someone, view: QueueView, since: datetime) -> int:
+    """Items matching the filter opened after ``since``, counted up to NEW_ITEMS_CAP + 1."""
+    qs = _filtered_items(user=user, view=view, now=timezone.now()).filter(opened_at__gt=since)
     return len(qs.order_by().values_list("pk", flat=True)[: NEW_ITEMS_CAP + 1])
 
 
@@ -165,11 +164,10 @@ class FailureGroup:
     max_risk_rank: int
 
 
-def queue_groups(*, user: Someone, filters: QueueFilters) -> list[FailureGroup]:
+def queue_groups(*, user: Someone, view: QueueView) -> list[FailureGroup]:
     """Similar unresolved failures (same tool + normalised error) with how many there are."""
-    base = _filtered_items(
-        user=user, filters=QueueFilters(**{**filters.__dict__, "signature": ""}), now=timezone.now()
-    )
+    every_group = replace(view, queue_filter=replace(view.queue_filter, signature=""))
+    base = _filtered_items(user=user, view=every_group, now=timezone.now())
     # Aggregated on the items alone, from the columns of the covering index
     # ``recovery_unresolved_groups`` (an index-only scan): joining every unresolved item to the
     # ledger's actions for the tool's name cost more than the rest of the page. The tool and the

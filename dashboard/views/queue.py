@@ -25,35 +25,33 @@ from ledger.models import Tenant
 from recovery.services import bulk
 
 
-def _queue_filters(
+def _queue_view(
     request: HttpRequest, tenants: list[Tenant]
-) -> tuple[QueueFilterForm, queue_selectors.QueueFilters]:
+) -> tuple[QueueFilterForm, queue_selectors.QueueView]:
     form = QueueFilterForm(request.GET or None, tenants=tenants)
     if not request.GET:
-        return form, queue_selectors.QueueFilters()
-    return form, form.filters()
+        return form, queue_selectors.QueueView()
+    return form, form.view()
 
 
 @require_GET
 @login_required
 def queue(request: HtmxHttpRequest) -> HttpResponse:
     tenants = tenant_selectors.visible_tenants(user=request.user)
-    form, filters = _queue_filters(request, tenants)
-    page = queue_selectors.queue_page(
-        user=request.user, filters=filters, cursor=request.GET.get("cursor", "")
-    )
+    form, view = _queue_view(request, tenants)
+    page = queue_selectors.queue_page(user=request.user, view=view, cursor=request.GET.get("cursor", ""))
     operable = set(tenant_ids_with(request.user, Capability.OPERATE))
     load_more = bool(request.htmx and request.htmx.target == "load-more")
     # The groups panel aggregates every matching item: not for "load more" (only rows are sent
     # back), nor while searching (a search looks for particular runs, and its substring match
     # would be paid a second time for a panel about the whole queue).
-    show_groups = not load_more and not filters.q.strip()
+    show_groups = not load_more and not view.queue_filter.search
     context = {
         "form": form,
-        "filters": filters,
-        "filter_query": urlencode(filters.as_query()),
+        "queue_filter": view.queue_filter,
+        "filter_query": urlencode(view.as_query()),
         "page": page,
-        "groups": queue_selectors.queue_groups(user=request.user, filters=filters) if show_groups else [],
+        "groups": queue_selectors.queue_groups(user=request.user, view=view) if show_groups else [],
         "operable_tenant_ids": operable,
         "bulk_max": saga().bulk_max_items,
         "sla_minutes": saga().queue_sla_minutes,
@@ -74,19 +72,19 @@ def queue_new(request: HtmxHttpRequest) -> HttpResponse:
     """The auto-refresh poll: how many items arrived since the page was rendered, without
     touching the list the operator is reading."""
     tenants = tenant_selectors.visible_tenants(user=request.user)
-    _form, filters = _queue_filters(request, tenants)
+    _form, view = _queue_view(request, tenants)
     try:
         since = parse_datetime(request.GET.get("since", ""))
     except ValueError:
         # Well-formed but impossible ("2026-13-45…"): treat like no reference time.
         since = None
-    count = queue_selectors.queue_new_count(user=request.user, filters=filters, since=since) if since else 0
+    count = queue_selectors.queue_new_count(user=request.user, view=view, since=since) if since else 0
     context = {
         "new_count": count,
         "capped": count > queue_selectors.NEW_ITEMS_CAP,
         "cap": queue_selectors.NEW_ITEMS_CAP,
         "since": since.isoformat() if since else "",
-        "filter_query": urlencode(filters.as_query()),
+        "filter_query": urlencode(view.as_query()),
         "polling": since is not None and count <= queue_selectors.NEW_ITEMS_CAP,
     }
     response = render(request, "dashboard/queue.html#new-items", context)

@@ -41,11 +41,7 @@ router = Router(tags=["recovery"], auth=operator_auth)
 def recovery_list(request: HttpRequest, filters: Query[ItemFilters]) -> ItemPageOut:
     page = selectors.items_list(
         tenants=key_of(request).tenant,
-        status=filters.status,
-        reason=filters.reason,
-        risk=filters.risk,
-        older_than_minutes=filters.older_than,
-        run_id=filters.run,
+        queue_filter=filters.queue_filter(),
         cursor=filters.cursor,
         limit=filters.limit,
     )

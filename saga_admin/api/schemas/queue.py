@@ -3,7 +3,7 @@ with its compensation plan and resume preview, and the brief item an agent sees 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from ninja import Schema
@@ -12,6 +12,7 @@ from pydantic import Field, StringConstraints
 from ledger.pagination import MAX_CURSOR_LENGTH
 from recovery import selectors
 from recovery.models import RecoveryItem
+from recovery.selectors import QueueFilter
 from saga_admin.api.schemas.common import Out, ReasonIn, fields_of
 
 
@@ -62,6 +63,16 @@ class ItemFilters(Schema):  # query strings: lax on purpose ("50" is a number he
         None, max_length=MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."
     )
     limit: int = Field(50, ge=1, le=200)
+
+    def queue_filter(self) -> QueueFilter:
+        """The queue's one filter (``recovery.selectors.QueueFilter``; 422 for an unknown value)."""
+        return QueueFilter(
+            status=self.status or "unresolved",
+            reason=self.reason or "",
+            risk=self.risk or "",
+            older_than=timedelta(minutes=self.older_than) if self.older_than is not None else None,
+            run_id=self.run or "",
+        )
 
 
 class RecoveryItemOut(Schema):
