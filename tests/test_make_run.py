@@ -33,7 +33,8 @@ from mcp import Client
 
 from tests.support.processes import ROOT, free_port, wait_for
 
-pytestmark = pytest.mark.timeout(300)
+# A whole playground per test: the slow lane (`make test-fast` leaves it out).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 RUN = [shutil.which("bash") or "/bin/bash", str(ROOT / "scripts" / "run.sh")]
 DEVSERVERS = [sys.executable, str(ROOT / "scripts" / "devservers.py")]
