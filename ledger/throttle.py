@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from ledger.conf import saga
 
-log = structlog.get_logger("saga_admin.throttle")
+log = structlog.get_logger(__name__)
 
 
 def client_network(request: HttpRequest) -> ipaddress.IPv4Address | ipaddress.IPv6Network | None:

@@ -49,7 +49,7 @@ from ledger.conf import saga
 from ledger.models import CompensationStrategy, Compensator
 from ledger.policies import StampCache
 
-log = structlog.get_logger("saga_admin.compensators")
+log = structlog.get_logger(__name__)
 
 DONE = "done"
 DRIFTED = "drifted"

@@ -13,7 +13,7 @@ import structlog
 from ledger.services import idempotency
 from recovery import commands, notifications, services, sweeper, unwinds
 
-log = structlog.get_logger("saga_admin.jobs")
+log = structlog.get_logger(__name__)
 
 
 def unwind_advance(*, unwind_id: str) -> None:

@@ -20,7 +20,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 
-log = structlog.get_logger("saga_admin.queueing")
+log = structlog.get_logger(__name__)
 
 ALIVE_STATUSES = {
     JobStatus.QUEUED,

@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from ledger.conf import saga
 from recovery import queueing
 
-log = structlog.get_logger("saga_admin.scheduling")
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from recovery import approvals, notifications, queueing, unwinds
 from recovery.compensators import Outcome
 from recovery.models import Notification, Unwind, UnwindStep
 
-log = structlog.get_logger("saga_admin.sweeper")
+log = structlog.get_logger(__name__)
 
 
 @dataclass

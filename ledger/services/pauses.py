@@ -41,7 +41,7 @@ from ledger.pagination import NEWEST_FIRST, Page, keyset_page
 from ledger.rules import reason_required
 from ledger.tool_names import check_tool_name
 
-log = structlog.get_logger("saga_admin.pauses")
+log = structlog.get_logger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
