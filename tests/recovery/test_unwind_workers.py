@@ -19,7 +19,8 @@ from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
 from tests.factories import HR_PATH, WS_PATH, load_onboarding_policies, onboarding_saga
 from tests.support.processes import Reply, dump_worker_logs, wait_for
 
-pytestmark = pytest.mark.timeout(90)
+# Real saga_worker processes carrying unwinds out: the slow lane (`make test-fast` leaves it out).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 
 def _finished(unwind: Unwind) -> Unwind | None:

@@ -237,6 +237,7 @@ def _manage(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess
     )
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_create_staff_exits_non_zero_on_a_weak_password_and_accepts_a_strong_one():
     """Pass: the real command refuses "password1234" with exit status 1 and the validators'
@@ -301,6 +302,7 @@ def test_no_management_command_starts_without_a_secret_key_when_debug_is_off(com
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
+@pytest.mark.slow
 def test_check_passes_in_development_mode_and_with_a_secret_key():
     """Pass: the same check passes with DEBUG=1 (a development key) and with DEBUG off and a
     SECRET_KEY; DEBUG is off when unset."""
@@ -492,6 +494,7 @@ def _a_run_resumed(agent: httpx.Client, operator: httpx.Client, resume_url: str)
     assert operator.post(f"/recovery/{item}/resume", json={"reason": "try again"}).status_code == 202
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_no_key_secret_or_password_reaches_the_logs_of_a_full_scenario(
     live_server, tenant, alice, own_redis, start_worker, settings, debug_logs
