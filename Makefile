@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install run manage stop test services browser lint bench bench-smoke clean
+.PHONY: help install run manage stop test test-fast services browser lint fmt bench bench-smoke clean
 
 # The client is its own distribution (clients/python); the server, the demo and the tests use it
 # as an integrator does, installed editable beside the server.
@@ -15,15 +15,15 @@ $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(PY) -m pip install -q -e ./clients/python -e '.[dev,local]'
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed ## Install the server, the client and the tools into .venv
 
 # Make sure the machine's PostgreSQL and Redis are up (starting them with the documented
 # commands when they are not).
-services:
+services: ## Make sure PostgreSQL and Redis are up
 	bash scripts/ensure-services.sh
 
 # Debian's Chromium for the browser tests; Playwright never downloads a browser here.
-browser:
+browser: ## Make sure Debian's Chromium is there for the browser tests
 	bash scripts/ensure-chromium.sh
 
 # Lint first: a type error or an unformatted file fails fast, before the suite.
@@ -34,31 +34,45 @@ browser:
 # a 2-core machine: the tests mostly wait on worker processes, browsers and the network.
 # TEST_WORKERS=0 runs serially; PYTEST_ARGS adds to (or overrides) the command line.
 TEST_WORKERS ?= 3
-test: lint services browser
-	DEBUG=0 SECRET_KEY=collectstatic-signs-nothing $(PY) manage.py collectstatic --noinput -v0
+COLLECTSTATIC := DEBUG=0 SECRET_KEY=collectstatic-signs-nothing $(PY) manage.py collectstatic --noinput -v0
+test: lint services browser ## Lint, then the whole suite (TEST_WORKERS, PYTEST_ARGS)
+	$(COLLECTSTATIC)
 	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The unit lanes, for the loop between two edits: no lint, no browser tests (e2e), no fault
+# injection (reliability), none of the tests marked slow (pyproject's markers; tests/conftest.py
+# gives the folders theirs). `make test` stays the whole suite, as .ci/run runs it.
+FAST_LANES := not slow and not e2e and not reliability
+test-fast: install services ## The unit lanes only: no lint, browser, reliability or slow tests
+	$(COLLECTSTATIC)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "$(FAST_LANES)" $(PYTEST_ARGS)
 
 # The playground, in the foreground until Ctrl-C. One per data directory (.data, or SAGA_RUN_DATA):
 # a second start refuses and says how to reach or stop the first (scripts/run.sh).
-run: install
+run: install ## The playground: PostgreSQL, Redis, web, worker and saga-mcp, with a seeded demo
 	bash scripts/run.sh
 
 # manage.py against the running playground, with the environment it wrote to .data/env:
 #   make manage ARGS="create_agent_key --tenant acme --name my-agent"
 # (scripts/manage.sh takes arguments with spaces). Refuses when no playground is running.
-manage:
+manage: ## manage.py against the running playground: make manage ARGS="..."
 	bash scripts/manage.sh $(ARGS)
 
 # Stop the running playground (as Ctrl-C in its terminal does), or what a killed one left behind.
-stop:
+stop: ## Stop the running playground
 	$(PY) scripts/devservers.py stop "$${SAGA_RUN_DATA:-.data}"
 
 # The same tools as .pre-commit-config.yaml: ruff (lint + format) and mypy (with django-stubs,
 # whose plugin loads the settings: development mode, as they fail closed without a SECRET_KEY).
-lint: install
+lint: install ## ruff check, ruff format --check and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	DEBUG=1 $(VENV)/bin/mypy .
+
+# What ruff can fix, fixed: the formatter, then the linter's safe fixes (what is left, it lists).
+fmt: install ## Format and fix what ruff can (ruff format, ruff check --fix)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 # Benchmarks against this machine's own limits (docs/BENCHMARKS.md); not part of `make test`,
 # which runs a smoke-sized harness run instead (tests/bench). Uses its own database and Redis db.
@@ -66,11 +80,15 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[dev,local,bench]'
 	touch $@
 
-bench: install services $(VENV)/.bench-installed
+bench: install services $(VENV)/.bench-installed ## The benchmarks (docs/BENCHMARKS.md; BENCH_ARGS)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
-bench-smoke: install services
+bench-smoke: install services ## The benchmark harness at smoke size
 	$(PY) -m bench.run --smoke --redis-url auto --database-url postgres://postgres@127.0.0.1:5432/saga_bench_smoke --out artifacts/bench-smoke/BENCHMARKS.md --log-dir artifacts/bench-smoke
 
-clean:
+clean: ## Remove .venv, the collected static files and artifacts/
 	rm -rf $(VENV) staticfiles artifacts
+
+# Every target with a `## ` description, in the order they are written here.
+help: ## List the targets, one line each
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /\1\t/' | expand -t 14

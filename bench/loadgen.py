@@ -332,15 +332,23 @@ def raw_post(host: str, port: int, path: str, body: bytes, headers: dict[str, st
                 if not chunk:
                     return 0
                 data += chunk
-                if expected_end is None and b"\r\n\r\n" in data:
-                    head = data.split(b"\r\n\r\n", 1)[0]
-                    length = 0
-                    for line in head.split(b"\r\n")[1:]:
-                        name, _, value = line.partition(b":")
-                        if name.strip().lower() == b"content-length":
-                            length = int(value)
-                    expected_end = len(head) + 4 + length
+                if expected_end is None:
+                    expected_end = _response_end(data)
     return int(data.split(b" ", 2)[1])
+
+
+def _response_end(data: bytes) -> int | None:
+    """Where the response that ``data`` begins ends (its head, then Content-Length bytes), once
+    its head is in; None before."""
+    if b"\r\n\r\n" not in data:
+        return None
+    head = data.split(b"\r\n\r\n", 1)[0]
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return len(head) + 4 + length
 
 
 def scenario_post_raw(

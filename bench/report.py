@@ -76,22 +76,38 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
+def _measured_row(label: str, entry: dict[str, Any] | None, limit: float | None = None) -> list[str]:
+    """A load table's row for ``entry`` with its throughput's ratio to ``limit``, or a row saying
+    it was not measured."""
+    if not entry:
+        return [label, "–", "not measured", "–", "–", "–", "–", "–", "–"]
+    ratio = _ratio(entry.get("throughput"), limit)
+    return _load_row(label, entry, f"{ratio:.0%}" if ratio is not None else "–")
+
+
 def _rows(results: dict[str, Any]) -> list[list[str]]:
     """The one table: every figure with its ratio to the machine's limit."""
     sec = results.get("sections", {})
     base = sec.get("baselines", {})
+    rows = [
+        *_baseline_rows(base),
+        *_append_rows(sec.get("append", {}), base),
+        *_record_size_rows(sec.get("record_size", {})),
+        *_refusal_rows(sec.get("unauthenticated", {})),
+        *_dashboard_rows(sec.get("dashboard", {})),
+        *_unwind_rows(sec.get("unwind", {}), base),
+        *_hot_path_rows(sec.get("servers", {}), base),
+        *_workers_rows(sec.get("workers", {})),
+    ]
+    # Rows without a server-CPU figure get a dash in that column.
+    return [r if len(r) == len(HEADER) else [*r[:7], "–", *r[7:]] for r in rows]
+
+
+def _baseline_rows(base: dict[str, Any]) -> list[list[str]]:
     rows: list[list[str]] = []
-
-    def load_row(label: str, entry: dict[str, Any] | None, limit: float | None = None) -> None:
-        if not entry:
-            rows.append([label, "–", "not measured", "–", "–", "–", "–", "–", "–"])
-            return
-        ratio = _ratio(entry.get("throughput"), limit)
-        rows.append(_load_row(label, entry, f"{ratio:.0%}" if ratio is not None else "–"))
-
     for n in (1, 16):
-        load_row(f"L1 raw INSERT ({n} conn)", base.get(f"L1_{n}"))
-        load_row(f"L2 no-op WSGI ({n} clients)", base.get(f"L2_{n}"))
+        rows.append(_measured_row(f"L1 raw INSERT ({n} conn)", base.get(f"L1_{n}")))
+        rows.append(_measured_row(f"L2 no-op WSGI ({n} clients)", base.get(f"L2_{n}")))
     for kind in ("L3_batch", "L3_chain", "L3_batch_candidate", "L3_chain_candidate"):
         entry = base.get(kind)
         if entry:
@@ -109,32 +125,46 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
                     "–",
                 ]
             )
-    append = sec.get("append", {})
+    return rows
+
+
+def _append_rows(append: dict[str, Any], base: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
     for n in (1, 16):
         limit = _limit(base, n)
         rec = append.get(f"record_action_{n}", {}).get("record_action")
-        load_row(f"append: record action ({n} clients)", rec, limit)
+        rows.append(_measured_row(f"append: record action ({n} clients)", rec, limit))
         life = append.get(f"action_lifecycle_{n}", {})
         if life:
             for op in ("sequence", "record_action", "start", "succeed"):
                 label = "append: record→start→succeed" if op == "sequence" else f"  lifecycle: {op}"
-                load_row(
-                    f"{label} ({n} clients)",
-                    life.get(op),
-                    limit * 1 / 3 if op == "sequence" and limit else limit,
+                rows.append(
+                    _measured_row(
+                        f"{label} ({n} clients)",
+                        life.get(op),
+                        limit * 1 / 3 if op == "sequence" and limit else limit,
+                    )
                 )
     limited = append.get("record_action_limited_16", {}).get("record_action")
     if limited:
-        load_row("append: record action, tool with 2 limits (16 clients)", limited, _limit(base, 16))
+        rows.append(
+            _measured_row("append: record action, tool with 2 limits (16 clients)", limited, _limit(base, 16))
+        )
     for key, entry in append.items():
         if key.startswith("candidate_web_concurrency_"):
             workers = key.rsplit("_", 1)[1]
-            load_row(
-                f"  candidate: WEB_CONCURRENCY={workers}, record action (16 clients)",
-                entry.get("record_action"),
-                _limit(base, 16),
+            rows.append(
+                _measured_row(
+                    f"  candidate: WEB_CONCURRENCY={workers}, record action (16 clients)",
+                    entry.get("record_action"),
+                    _limit(base, 16),
+                )
             )
-    sizes = sec.get("record_size", {})
+    return rows
+
+
+def _record_size_rows(sizes: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
     for key, label in RECORD_SIZES.items():
         entry = sizes.get(key)
         if entry:
@@ -151,7 +181,11 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
                     f"server CPU {cpu_ratio:.1f}x the small one" if cpu_ratio is not None else "–",
                 )
             )
-    refusals = sec.get("unauthenticated", {})
+    return rows
+
+
+def _refusal_rows(refusals: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
     for key, label in REFUSALS.items():
         entry = refusals.get(key)
         if entry:
@@ -163,7 +197,11 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
                     f"refusal: {label}", entry, f"p50 {ratio:.1f}x the tiny one" if ratio is not None else "–"
                 )
             )
-    dash = sec.get("dashboard", {})
+    return rows
+
+
+def _dashboard_rows(dash: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
     for name, t in dash.get("timings", {}).items():
         q_small = dash.get("queries_small", {}).get(name, {}).get("queries")
         q_full = dash.get("queries_full", {}).get(name, {}).get("queries")
@@ -179,7 +217,11 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
                 f"{_f(q_full)} queries (small data: {_f(q_small)})",
             ]
         )
-    unwind = sec.get("unwind", {})
+    return rows
+
+
+def _unwind_rows(unwind: dict[str, Any], base: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
     sources = [(unwind, "L3_chain", "Procfile worker")]
     for name, measured in unwind.get("candidates", {}).items():
         # Compared with the L3 no-op job of the same worker class (the candidate worker's).
@@ -205,19 +247,31 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
                         f"{ratio:.2f}x L3 chained job" if ratio else "–",
                     ]
                 )
-    servers = sec.get("servers", {})
+    return rows
+
+
+def _hot_path_rows(servers: dict[str, Any], base: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
     procfile = servers.get("configs", {}).get("Procfile")
     if procfile:
         limit = _limit(base, 16)
         for key, label in HOT_PATH.items():
-            load_row(f"hot path, Procfile's server: {label} (16 clients)", procfile.get(key), limit)
+            rows.append(
+                _measured_row(f"hot path, Procfile's server: {label} (16 clients)", procfile.get(key), limit)
+            )
         step = procfile.get("full_step", {})
-        load_row(
-            "hot path, Procfile's server: full step, record(start) → succeed (16 clients)",
-            step.get("step"),
-            limit / 2 if limit else None,
+        rows.append(
+            _measured_row(
+                "hot path, Procfile's server: full step, record(start) → succeed (16 clients)",
+                step.get("step"),
+                limit / 2 if limit else None,
+            )
         )
-    workers = sec.get("workers", {})
+    return rows
+
+
+def _workers_rows(workers: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
     for n, trial in workers.get("trials", {}).items():
         rows.append(
             [
@@ -231,8 +285,7 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
                 f"≤ {trial['receiver_max_concurrent']} calls at once",
             ]
         )
-    # Rows without a server-CPU figure get a dash in that column.
-    return [r if len(r) == len(HEADER) else [*r[:7], "–", *r[7:]] for r in rows]
+    return rows
 
 
 def _limit(base: dict[str, Any], n: int) -> float | None:
@@ -258,6 +311,17 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     """(target, what was measured, met?) — None when the figure could not be measured."""
     sec = results.get("sections", {})
     base = sec.get("baselines", {})
+    return [
+        *_append_targets(sec, base),
+        *_record_size_targets(sec),
+        *_refusal_targets(sec),
+        *_dashboard_targets(sec),
+        *_unwind_targets(sec, base),
+        *_hot_path_targets(results),
+    ]
+
+
+def _append_targets(sec: dict[str, Any], base: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     out: list[tuple[str, str, bool | None]] = []
     limit = _limit(base, 16)
     rec = sec.get("append", {}).get("record_action_16", {}).get("record_action")
@@ -288,7 +352,15 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                 None,
             )
         )
-    out += _record_size_checks(sec.get("record_size"))
+    return out
+
+
+def _record_size_targets(sec: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    return _record_size_checks(sec.get("record_size"))
+
+
+def _refusal_targets(sec: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    out: list[tuple[str, str, bool | None]] = []
     refusals = sec.get("unauthenticated", {})
     pairs = [("without a key", "tiny_no_key", "megabyte_no_key")]
     if "tiny_unknown_key" in refusals:
@@ -324,6 +396,11 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                 not unanswered,
             )
         )
+    return out
+
+
+def _dashboard_targets(sec: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    out: list[tuple[str, str, bool | None]] = []
     dash = sec.get("dashboard", {})
     timings = dash.get("timings", {})
     if timings:
@@ -360,6 +437,11 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                 None,
             )
         )
+    return out
+
+
+def _unwind_targets(sec: dict[str, Any], base: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    out: list[tuple[str, str, bool | None]] = []
     unwind = sec.get("unwind", {})
     chain = base.get("L3_chain", {}).get("per_job_ms")
     single = unwind.get("single")
@@ -381,7 +463,6 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         )
     else:
         out.append(("unwind step overhead ≤ 2× L3; 50-step unwind < 2 s", "not measured", None))
-    out += _hot_path_targets(results)
     return out
 
 
@@ -504,9 +585,30 @@ def render(results: dict[str, Any], *, smoke: bool) -> tuple[str, str]:
 def _markdown(
     results: dict[str, Any], rows: list[list[str]], goals: list[tuple[str, str, bool | None]], *, smoke: bool
 ) -> str:
-    m = results.get("machine", {})
     sec = results.get("sections", {})
     base = sec.get("baselines", {})
+    return "\n".join(
+        [
+            *_intro_markdown(results, rows, goals, smoke=smoke),
+            *_baselines_markdown(base),
+            *_append_markdown(sec),
+            *_refusals_markdown(sec),
+            *_record_size_markdown(sec),
+            *_dashboard_markdown(sec),
+            *_unwind_markdown(sec, base),
+            *_servers_markdown(sec.get("servers", {}), base),
+            *_workers_markdown(sec.get("workers", {})),
+            *_closing_markdown(results),
+        ]
+    )
+
+
+def _intro_markdown(
+    results: dict[str, Any], rows: list[list[str]], goals: list[tuple[str, str, bool | None]], *, smoke: bool
+) -> list[str]:
+    """The title, the machine, the one table, the targets and what the baselines are."""
+    m = results.get("machine", {})
+    base = results.get("sections", {}).get("baselines", {})
     out = ["# Benchmarks", ""]
     if smoke:
         out += [
@@ -562,6 +664,11 @@ def _markdown(
         "steps do; its per-job time is what unwind steps are compared with.",
         "",
     ]
+    return out
+
+
+def _baselines_markdown(base: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     for key in ("L1_1", "L1_16", "L2_1", "L2_16"):
         e = base.get(key)
         if e:
@@ -569,7 +676,11 @@ def _markdown(
                 f"- {key}: {e['count']:,} requests in {e['window_s']:.0f} s, client CPU {e['client_cpu_s']:.1f} s, "
                 f"errors {e['errors']} {e.get('error_detail') or ''}"
             )
-    out += [
+    return out
+
+
+def _append_markdown(sec: dict[str, Any]) -> list[str]:
+    out = [
         "",
         "## Ledger append",
         "",
@@ -587,7 +698,11 @@ def _markdown(
                 f"{e['p50_ms']:.1f} ms, p95 {e['p95_ms']:.1f} ms, p99 {e['p99_ms']:.1f} ms, client CPU "
                 f"{e['client_cpu_s']:.1f} s, errors {e['errors']} {e.get('error_detail') or ''}"
             )
-    out += [
+    return out
+
+
+def _refusals_markdown(sec: dict[str, Any]) -> list[str]:
+    out = [
         "",
         "## Unauthenticated requests",
         "",
@@ -612,6 +727,11 @@ def _markdown(
                 f"{e['p95_ms']:.2f} ms, server CPU {_f(e.get('server_cpu_ms_per_request'), 2)} ms/request, "
                 f"client CPU {e['client_cpu_s']:.1f} s, errors {e['errors']} {e.get('error_detail') or ''}"
             )
+    return out
+
+
+def _record_size_markdown(sec: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     if sec.get("record_size"):
         out += [
             "",
@@ -635,8 +755,12 @@ def _markdown(
                     f"{e['p95_ms']:.2f} ms, server CPU {_f(e.get('server_cpu_ms_per_request'), 2)} ms/request, "
                     f"client CPU {e['client_cpu_s']:.1f} s, errors {e['errors']} {e.get('error_detail') or ''}"
                 )
+    return out
+
+
+def _dashboard_markdown(sec: dict[str, Any]) -> list[str]:
     dash = sec.get("dashboard", {})
-    out += [
+    out = [
         "",
         "## Dashboard",
         "",
@@ -685,8 +809,12 @@ def _markdown(
                 out.append(f"- {q['execution_ms']:.2f} ms: {', '.join(q['scans']) or 'no table scan'}")
                 out.append(f"  `{_short_sql(q['sql'])}`")
             out.append("")
+    return out
+
+
+def _unwind_markdown(sec: dict[str, Any], base: dict[str, Any]) -> list[str]:
     unwind = sec.get("unwind", {})
-    out += [
+    out = [
         "## Unwind",
         "",
         "Runs whose actions each registered the `bench.undo` compensation (a Python no-op compensator), failed "
@@ -717,8 +845,12 @@ def _markdown(
     chain = base.get("L3_chain_candidate")
     if chain:
         out.append(f"- L3 chained no-op job on the candidate worker: {chain['per_job_ms']:.1f} ms/job")
-    out += _servers_markdown(sec.get("servers", {}), base)
-    out += _workers_markdown(sec.get("workers", {}))
+    return out
+
+
+def _closing_markdown(results: dict[str, Any]) -> list[str]:
+    """Notes, failed phases, the findings (bench/findings.md) and how to reproduce."""
+    out: list[str] = []
     if results.get("notes"):
         out += ["", "## Notes", "", *[f"- {n}" for n in results["notes"]]]
     if results.get("errors"):
@@ -736,7 +868,7 @@ def _markdown(
         "    make bench-smoke    # tiny sizes, to check the harness",
         "",
     ]
-    return "\n".join(out)
+    return out
 
 
 def _servers_markdown(servers: dict[str, Any], base: dict[str, Any]) -> list[str]:

@@ -331,7 +331,8 @@ def playground_stop(data: Path) -> int:
     return 0
 
 
-def main(argv: list[str]) -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per helper above."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -351,7 +352,11 @@ def main(argv: list[str]) -> None:
     wait.add_argument("--any-status", action="store_true")
     for name in ("status", "already-running", "check-leftovers", "stop"):
         sub.add_parser(name).add_argument("data", type=Path)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> None:
+    args = _parser().parse_args(argv)
 
     if args.command == "pg-start":
         print(pg_start(args.datadir, args.dbname))

@@ -67,9 +67,32 @@ def pytest_configure(config: pytest.Config) -> None:
     TransactionTestCase._fixture_teardown = _fixture_teardown  # type: ignore[attr-defined]
 
 
+# The lanes by folder (pyproject's markers; `make test-fast` runs none of them): every test under
+# the folder gets the mark. A slow test elsewhere is marked where it is written.
+LANES = {
+    "e2e": "e2e",
+    "reliability": "reliability",
+    "bench": "slow",
+}
+
+
+def _lane_of(item: pytest.Item) -> str | None:
+    tests = Path(__file__).resolve().parent
+    try:
+        folder = item.path.resolve().relative_to(tests).parts[0]
+    except ValueError:  # clients/python/tests
+        return None
+    return LANES.get(folder)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test needs an id of its own: pytest-xdist hands tests out by id and runs one test of
-    those sharing it, silently (schemathesis's generated tests under pytest 9.2 did)."""
+    """Every test gets its folder's lane. And every test needs an id of its own: pytest-xdist
+    hands tests out by id and runs one test of those sharing it, silently (schemathesis's
+    generated tests under pytest 9.2 did)."""
+    for item in items:
+        lane = _lane_of(item)
+        if lane:
+            item.add_marker(lane)
     shared = sorted(nodeid for nodeid, count in Counter(item.nodeid for item in items).items() if count > 1)
     if shared:
         raise pytest.UsageError(

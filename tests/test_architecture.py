@@ -1,4 +1,5 @@
-"""The layering (DESIGN.md, README "Where things are"), read from the code's own imports.
+"""The layering (docs/README.md, "Where things are"), read from the code's own imports; and the size
+budget every module keeps.
 
 Dependencies point down: ``saga_client`` (no server code at all) ← ``ledger`` (the record) ←
 ``recovery`` (the decisions) ← ``saga_admin.api`` and ``dashboard`` (HTTP and pages, peers that do
@@ -294,3 +295,37 @@ def test_it_catches_a_hidden_upward_import(tmp_path, monkeypatch):
     assert all(
         _layer(target) > _layer("ledger.rogue") for target in ("recovery.services", "saga_admin.api.app")
     )
+
+
+# The size budget: a module over 700 lines holds more than one job; split it by verb family (one
+# module per family, as ``ledger/services/`` is split by entity). Counted in the apps, the client
+# and scripts/; not in migrations (generated), tests, bench/ or demo/.
+SIZE_BUDGET = 700
+BUDGETED = ("ledger", "recovery", "dashboard", "saga_admin", "clients/python/saga_client", "scripts")
+
+
+def _budgeted_modules() -> dict[str, int]:
+    """Every budgeted module's path (from the repository's root) and its length in lines."""
+    lengths = {}
+    for folder in BUDGETED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            relative = path.relative_to(ROOT)
+            if {"migrations", "tests"} & set(relative.parts):
+                continue
+            lengths[relative.as_posix()] = len(path.read_text().splitlines())
+    return lengths
+
+
+def test_it_counts_the_lines_of_the_modules_it_budgets():
+    # A budget that counted nothing would pass vacuously.
+    lengths = _budgeted_modules()
+    assert {"ledger/models.py", "saga_admin/settings.py", "clients/python/saga_client/errors.py"} <= set(
+        lengths
+    )
+    assert "scripts/devservers.py" in lengths and lengths["ledger/models.py"] > 100
+    assert not any("/migrations/" in path for path in lengths)
+
+
+def test_it_keeps_every_module_within_the_size_budget():
+    over = {path: lines for path, lines in _budgeted_modules().items() if lines > SIZE_BUDGET}
+    assert over == {}, f"modules over {SIZE_BUDGET} lines (split them by verb family): {over}"

@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
 
@@ -33,7 +33,8 @@ from mcp import Client
 
 from tests.support.processes import ROOT, free_port, wait_for
 
-pytestmark = pytest.mark.timeout(300)
+# A whole playground per test: the slow lane (`make test-fast` leaves it out).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 RUN = [shutil.which("bash") or "/bin/bash", str(ROOT / "scripts" / "run.sh")]
 DEVSERVERS = [sys.executable, str(ROOT / "scripts" / "devservers.py")]
@@ -148,88 +149,12 @@ def test_a_second_make_run_refuses_and_make_manage_reaches_the_first(data_dir: P
             return "Press Ctrl-C to stop." in output()
 
         wait_for(up, timeout=200, interval=0.5, what="the first make run to be up")
-        assert "cleaned up after an earlier make run" in output()
-        assert get(f"{url}/healthz")[0] == 200
-        # The app's own pages, as in a deployment: not Django's technical 404 (issue 20, point 8).
-        status, body = get(f"{url}/no-such-page/")
-        assert status == 404 and b"There is nothing here" in body and b"URLconf" not in body
-        assert get(f"{url}/static/favicon.svg")[0] == 200  # hashed static files served with DEBUG off
-        assert "make manage" in output() and str(data_dir / "env") in output()
-        procs = recorded(data_dir)
-        pg = postmaster_pid(data_dir)
-        assert {name for name, _, _ in procs} == {"redis", "worker", "web", "mcp-upstream", "mcp-gateway"}
-        assert pg
-        # The MCP demo: the gateway it printed serves the demo server's tools over Streamable HTTP.
-        found = re.search(r"MCP gateway \(saga-mcp\):\s+(http://127\.0\.0\.1:\d+/mcp)", output())
-        assert found, output()[-3000:]
-        gateway_url = found.group(1)
-        assert "create_user" in asyncio.run(mcp_tool_names(gateway_url))
-        gateway_pid = next(pid for name, pid, _ in procs if name == "mcp-gateway")
-        # Its key is in its environment only, never on its command line.
-        assert "sk_" not in Path(f"/proc/{gateway_pid}/cmdline").read_text()
-        redis_port = int((data_dir / "env").read_text().split("redis://127.0.0.1:", 1)[1].split("/", 1)[0])
-
-        # A second start on the same data directory — the same PORT, or none — starts nothing,
-        # stops nothing, and says where the first one is and how to stop it.
-        for second_env in (env, child_env(data_dir)):
-            second = subprocess.run(RUN, cwd=ROOT, env=second_env, capture_output=True, text=True, timeout=90)
-            said = second.stdout + second.stderr
-            assert second.returncode != 0, said
-            assert f"already running from {data_dir} at {url}/" in said, said
-            assert "make stop" in said and "SAGA_RUN_DATA=" in said, said
-            assert "==> Starting" not in said and "==> Stopping" not in said, said
-        assert get(f"{url}/healthz")[0] == 200
-        assert all(alive(pid, started) for _, pid, started in procs) and alive(pg)
+        procs, pg, gateway_url, redis_port = _check_the_first_run_is_up(output(), url, data_dir)
+        _check_a_second_start_refuses(env, data_dir, url, procs, pg)
         assert first.poll() is None
-
-        # The environment file: mode 600, the playground's socket and Redis, secrets by reference.
-        env_file = data_dir / "env"
-        assert env_file.stat().st_mode & 0o777 == 0o600
-        text = env_file.read_text()
-        assert "DATABASE_URL='postgres://postgres@" + str(data_dir / "pg").replace("/", "%2F") in text
-        assert (data_dir / "secret-key").read_text().strip() not in text
-
-        # make manage from a shell whose DATABASE_URL/REDIS_URL point at the suite's servers: it
-        # reaches the playground's database, and the key it prints works against its API.
-        manage_env = {**os.environ, "SAGA_RUN_DATA": str(data_dir)}
-        args = "ARGS=create_agent_key --tenant acme --name make-run-test --scopes operator"
-        made = subprocess.run(
-            [MAKE, "-s", "manage", args],
-            cwd=ROOT,
-            env=manage_env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert made.returncode == 0, made.stdout + made.stderr
-        key = made.stdout.strip().splitlines()[-1]
-        assert key.startswith("sk_"), made.stdout
-        status, body = get(f"{url}/api/v1/runs?limit=50", token=key)
-        assert status == 200, body
-        assert any(run["external_id"].startswith("demo:") for run in json.loads(body)["items"])
-        # The demo MCP agent's session through that gateway failed into the recovery queue.
-        status, body = get(f"{url}/api/v1/recovery?limit=50", token=key)
-        assert status == 200, body
-        queued = [item for item in json.loads(body)["items"] if item["run"]["agent"] == "mcp-agent"]
-        assert [item["reason"] for item in queued] == ["failed"], body
-        assert "sofia.marino@@outlook.example" in queued[0]["run"]["error"]
-        assert get(f"{url}/api/v1/runs", token=key + "x")[0] == 401
-
-        # SIGTERM: everything it started stops, in reverse order, and its files go away.
-        first.send_signal(signal.SIGTERM)
-        first.wait(timeout=120)
-        said = output()
-        stops = [line.strip() for line in said.splitlines() if line.strip().startswith("stopped ")]
-        assert stops == [
-            "stopped mcp-gateway",
-            "stopped mcp-upstream",
-            "stopped web",
-            "stopped worker",
-            "stopped redis",
-            "stopped postgres",
-        ], said[-3000:]
-        assert not any(alive(pid, started) for _, pid, started in procs)
-        wait_for(lambda: not alive(pg), timeout=30, what="postgres to be gone")
+        _check_the_environment_file(data_dir)
+        manage_env, args = _check_make_manage_reaches_it(data_dir, url)
+        _check_sigterm_stops_everything(first, output, procs, pg, data_dir)
         assert not port_listening(port) and not port_listening(redis_port)
         assert not port_listening(int(gateway_url.rsplit(":", 1)[1].split("/", 1)[0]))
         assert not any((data_dir / name).exists() for name in ("env", "run.info", "run.procs"))
@@ -246,6 +171,110 @@ def test_a_second_make_run_refuses_and_make_manage_reaches_the_first(data_dir: P
             with suppress(subprocess.TimeoutExpired):
                 first.wait(timeout=60)
         out_path.unlink(missing_ok=True)
+
+
+Procs = list[tuple[str, int, str]]
+
+
+def _check_the_first_run_is_up(said: str, url: str, data_dir: Path) -> tuple[Procs, int, str, int]:
+    """What the first start printed and started: (its processes, postgres's pid, the gateway's
+    URL, the Redis port)."""
+    assert "cleaned up after an earlier make run" in said
+    assert get(f"{url}/healthz")[0] == 200
+    # The app's own pages, as in a deployment: not Django's technical 404 (issue 20, point 8).
+    status, body = get(f"{url}/no-such-page/")
+    assert status == 404 and b"There is nothing here" in body and b"URLconf" not in body
+    assert get(f"{url}/static/favicon.svg")[0] == 200  # hashed static files served with DEBUG off
+    assert "make manage" in said and str(data_dir / "env") in said
+    procs = recorded(data_dir)
+    pg = postmaster_pid(data_dir)
+    assert {name for name, _, _ in procs} == {"redis", "worker", "web", "mcp-upstream", "mcp-gateway"}
+    assert pg
+    # The MCP demo: the gateway it printed serves the demo server's tools over Streamable HTTP.
+    found = re.search(r"MCP gateway \(saga-mcp\):\s+(http://127\.0\.0\.1:\d+/mcp)", said)
+    assert found, said[-3000:]
+    gateway_url = found.group(1)
+    assert "create_user" in asyncio.run(mcp_tool_names(gateway_url))
+    gateway_pid = next(pid for name, pid, _ in procs if name == "mcp-gateway")
+    # Its key is in its environment only, never on its command line.
+    assert "sk_" not in Path(f"/proc/{gateway_pid}/cmdline").read_text()
+    redis_port = int((data_dir / "env").read_text().split("redis://127.0.0.1:", 1)[1].split("/", 1)[0])
+    return procs, pg, gateway_url, redis_port
+
+
+def _check_a_second_start_refuses(
+    env: dict[str, str], data_dir: Path, url: str, procs: Procs, pg: int
+) -> None:
+    # A second start on the same data directory — the same PORT, or none — starts nothing,
+    # stops nothing, and says where the first one is and how to stop it.
+    for second_env in (env, child_env(data_dir)):
+        second = subprocess.run(RUN, cwd=ROOT, env=second_env, capture_output=True, text=True, timeout=90)
+        said = second.stdout + second.stderr
+        assert second.returncode != 0, said
+        assert f"already running from {data_dir} at {url}/" in said, said
+        assert "make stop" in said and "SAGA_RUN_DATA=" in said, said
+        assert "==> Starting" not in said and "==> Stopping" not in said, said
+    assert get(f"{url}/healthz")[0] == 200
+    assert all(alive(pid, started) for _, pid, started in procs) and alive(pg)
+
+
+def _check_the_environment_file(data_dir: Path) -> None:
+    # The environment file: mode 600, the playground's socket and Redis, secrets by reference.
+    env_file = data_dir / "env"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    text = env_file.read_text()
+    assert "DATABASE_URL='postgres://postgres@" + str(data_dir / "pg").replace("/", "%2F") in text
+    assert (data_dir / "secret-key").read_text().strip() not in text
+
+
+def _check_make_manage_reaches_it(data_dir: Path, url: str) -> tuple[dict[str, str], str]:
+    """(the environment make manage ran in, its ARGS), for the check after the stop."""
+    # make manage from a shell whose DATABASE_URL/REDIS_URL point at the suite's servers: it
+    # reaches the playground's database, and the key it prints works against its API.
+    manage_env = {**os.environ, "SAGA_RUN_DATA": str(data_dir)}
+    args = "ARGS=create_agent_key --tenant acme --name make-run-test --scopes operator"
+    made = subprocess.run(
+        [MAKE, "-s", "manage", args],
+        cwd=ROOT,
+        env=manage_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    key = made.stdout.strip().splitlines()[-1]
+    assert key.startswith("sk_"), made.stdout
+    status, body = get(f"{url}/api/v1/runs?limit=50", token=key)
+    assert status == 200, body
+    assert any(run["external_id"].startswith("demo:") for run in json.loads(body)["items"])
+    # The demo MCP agent's session through that gateway failed into the recovery queue.
+    status, body = get(f"{url}/api/v1/recovery?limit=50", token=key)
+    assert status == 200, body
+    queued = [item for item in json.loads(body)["items"] if item["run"]["agent"] == "mcp-agent"]
+    assert [item["reason"] for item in queued] == ["failed"], body
+    assert "sofia.marino@@outlook.example" in queued[0]["run"]["error"]
+    assert get(f"{url}/api/v1/runs", token=key + "x")[0] == 401
+    return manage_env, args
+
+
+def _check_sigterm_stops_everything(
+    first: subprocess.Popen[bytes], output: Callable[[], str], procs: Procs, pg: int, data_dir: Path
+) -> None:
+    # SIGTERM: everything it started stops, in reverse order, and its files go away.
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=120)
+    said = output()
+    stops = [line.strip() for line in said.splitlines() if line.strip().startswith("stopped ")]
+    assert stops == [
+        "stopped mcp-gateway",
+        "stopped mcp-upstream",
+        "stopped web",
+        "stopped worker",
+        "stopped redis",
+        "stopped postgres",
+    ], said[-3000:]
+    assert not any(alive(pid, started) for _, pid, started in procs)
+    wait_for(lambda: not alive(pg), timeout=30, what="postgres to be gone")
 
 
 def test_a_port_in_use_is_refused_before_anything_starts(data_dir: Path) -> None:

@@ -205,6 +205,7 @@ def test_a_short_run_shows_every_action_and_no_next_page(api, run):
     assert ([a["id"] for a in page["items"]], page["next_cursor"]) == (ids, None)
 
 
+@pytest.mark.slow
 def test_a_long_run_shows_its_newest_100_and_the_pages_yield_every_action_once(api, run, agent_key):
     ids = _bulk(run["id"], agent_key, 250)
     body = api.get(f"/runs/{run['id']}").json()
@@ -298,6 +299,7 @@ def test_an_operator_key_reads_any_runs_actions(api, run, agent_key, operator):
     assert [a["id"] for a in page["items"]] == ids
 
 
+@pytest.mark.slow
 def test_the_run_detail_reads_a_constant_number_of_queries(api, agent_key, onboarding_policies):
     short, long_ = new_run(api), new_run(api, external_id="long")
     _bulk(short["id"], agent_key, 3)

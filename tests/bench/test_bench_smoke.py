@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from bench.report import SECTIONS
-from tests.support.processes import ROOT, free_port
+from tests.support.processes import ROOT, database_url_for_subprocesses, free_port
 
 
 @pytest.mark.timeout(600)
@@ -34,7 +34,8 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
             "--redis-url",
             own_redis.url,
             "--database-url",
-            f"postgres://postgres@127.0.0.1:5432/saga_bench_smoke_{os.getpid()}",
+            # Its own database on the suite's server (DATABASE_URL's), created and dropped by the run.
+            database_url_for_subprocesses(f"saga_bench_smoke_{os.getpid()}"),
             "--port",
             str(free_port()),
             "--out",

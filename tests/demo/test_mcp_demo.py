@@ -25,6 +25,7 @@ def _seed_demo(*args: str, **options: Any) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow
 def test_the_seeded_mcp_session_fails_into_the_queue_and_compensating_it_undoes_it_through_mcp_in_lifo_order(
     live_server: Any, tmp_path: Path, start_worker: Any
 ) -> None:

@@ -88,6 +88,7 @@ def _open_reasons() -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
     live_server: Any, saga_worker: subprocess.Popen[bytes], world_secret: str, tmp_path: Path
 ) -> None:

@@ -75,21 +75,22 @@ def test_an_operator_cancels_a_running_run_and_the_agent_is_stopped(
     expect(row).to_be_visible()
     expect(page.locator("tr", has=row)).to_contain_text("Run cancelled")
 
+    _check_the_agent_is_stopped(live_server.url, agent_key[1], run.pk)
+    assert Action.objects.get(pk=licence.pk).status == Action.Status.UNKNOWN
+    assert RecoveryItem.objects.get(run=run).reason == RecoveryItem.Reason.CANCELLED
+    assert AgentCommand.objects.get(run=run).created_by == alice
+    assert page.csp_violations == []
+
+
+def _check_the_agent_is_stopped(base_url: str, secret: str, run_id: str) -> None:
     # The agent's next write is refused, naming the state; its heartbeat carries the cancel.
-    with httpx.Client(
-        base_url=f"{live_server.url}/api/v1", headers={"Authorization": f"Bearer {agent_key[1]}"}
-    ) as http:
+    with httpx.Client(base_url=f"{base_url}/api/v1", headers={"Authorization": f"Bearer {secret}"}) as http:
         late = http.post(
-            f"/runs/{run.pk}/actions",
+            f"/runs/{run_id}/actions",
             json={"tool": "email.send_welcome", "idempotency_key": "welcome-ashu", "args": {}},
         )
         assert late.status_code == 409
         assert late.json()["error"]["code"] == "run_not_accepting_actions"
         assert late.json()["error"]["details"]["current"] == "cancelled"
-        beat = http.post(f"/runs/{run.pk}/heartbeat", json={})
+        beat = http.post(f"/runs/{run_id}/heartbeat", json={})
         assert [c["kind"] for c in beat.json()["commands"]] == ["cancel"]
-
-    assert Action.objects.get(pk=licence.pk).status == Action.Status.UNKNOWN
-    assert RecoveryItem.objects.get(run=run).reason == RecoveryItem.Reason.CANCELLED
-    assert AgentCommand.objects.get(run=run).created_by == alice
-    assert page.csp_violations == []

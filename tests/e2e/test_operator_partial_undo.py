@@ -78,6 +78,29 @@ def test_an_operator_flags_a_succeeded_run_and_undoes_one_chosen_action(
     # A succeeded run has no decision yet: only the flag.
     expect(page.get_by_role("link", name="Compensate…")).to_have_count(0)
 
+    item = _flag_for_review(page, run)
+    _choose_the_licence_only(page, license, kept=(create_user, intro))
+    _confirm_the_selection(page, run)
+    _watch_it_finish(page, license, kept=(create_user, intro))
+
+    # Only the licence was cancelled, once, signed; the other two actions stand.
+    assert [call.tool for call in compensator_server.calls] == ["workspace.cancel_license"]
+    assert compensator_server.rejected == 0
+    statuses = {a.tool: a.status for a in Action.objects.filter(run=run)}
+    assert statuses == {
+        "hr.create_user": "succeeded",
+        "workspace.provision_license": "compensated",
+        "calendar.book_intro": "succeeded",
+    }
+    unwind = Unwind.objects.get(run=run)
+    assert [s.status for s in unwind.steps.all()] == [UnwindStep.Status.DONE]
+    assert Run.objects.get(pk=run.pk).status == Run.Status.CLOSED
+    item.refresh_from_db()
+    assert item.resolution == RecoveryItem.Resolution.COMPENSATED
+    assert page.csp_violations == []
+
+
+def _flag_for_review(page, run: Run) -> RecoveryItem:
     # --- Flag the succeeded run for review (keyboard: focus the link, Enter) ---
     page.get_by_role("link", name="Flag for review…").focus()
     page.keyboard.press("Enter")
@@ -90,13 +113,16 @@ def test_an_operator_flags_a_succeeded_run_and_undoes_one_chosen_action(
     item = RecoveryItem.objects.get(run=run)
     assert (item.reason, item.status) == ("manual", "open")
     assert Run.objects.get(pk=run.pk).status == Run.Status.SUCCEEDED
+    return item
 
+
+def _choose_the_licence_only(page, license: Action, *, kept: tuple[Action, ...]) -> None:
     # --- Choose: untick the HR record and the intro meeting (keyboard: Space) ---
     page.get_by_role("link", name="Compensate…").click()
     preview = page.locator("#decision-panel")
     rows = preview.locator("table.plan tbody tr")
     expect(rows).to_have_count(3)
-    for action in (create_user, intro):
+    for action in kept:
         box = preview.get_by_label(f"Undo #{action.seq} {action.tool}")
         expect(box).to_be_checked()
         box.focus()
@@ -106,6 +132,8 @@ def test_an_operator_flags_a_succeeded_run_and_undoes_one_chosen_action(
     preview.get_by_label("Reason").fill("Offer withdrawn: cancel the licence, HR keeps the record")
     preview.get_by_role("button", name="Confirm compensation").click()
 
+
+def _confirm_the_selection(page, run: Run) -> None:
     # --- Confirm: exactly what runs, and what is kept; nothing has run yet ---
     review = page.locator(".preview-compensate[data-stage='review']")
     expect(review.get_by_role("heading", name="Confirm: undo 1 action, keep 2")).to_be_visible()
@@ -125,6 +153,8 @@ def test_an_operator_flags_a_succeeded_run_and_undoes_one_chosen_action(
     review.get_by_role("button", name="Confirm compensation").focus()
     page.keyboard.press("Enter")
 
+
+def _watch_it_finish(page, license: Action, *, kept: tuple[Action, ...]) -> None:
     # --- Watch it finish on the run page ---
     expect(page.locator(".message-success")).to_contain_text("Compensation started: 1 step(s)")
     unwind_panel = page.locator("#unwind")
@@ -135,25 +165,9 @@ def test_an_operator_flags_a_succeeded_run_and_undoes_one_chosen_action(
 
     page.reload()
     expect(page.locator(f"#action-{license.seq} [data-partial='undone']")).to_be_visible()
-    for action in (create_user, intro):
+    for action in kept:
         expect(page.locator(f"#action-{action.seq} [data-partial='kept']")).to_be_visible()
     trail = page.locator("#trail")
     expect(trail).to_contain_text("Partially compensated: 1 put back, 2 kept as the operator chose")
     expect(trail.get_by_role("heading", name="What was kept, as the operator chose")).to_be_visible()
     screenshot(page, "partial-undo-run")
-
-    # Only the licence was cancelled, once, signed; the other two actions stand.
-    assert [call.tool for call in compensator_server.calls] == ["workspace.cancel_license"]
-    assert compensator_server.rejected == 0
-    statuses = {a.tool: a.status for a in Action.objects.filter(run=run)}
-    assert statuses == {
-        "hr.create_user": "succeeded",
-        "workspace.provision_license": "compensated",
-        "calendar.book_intro": "succeeded",
-    }
-    unwind = Unwind.objects.get(run=run)
-    assert [s.status for s in unwind.steps.all()] == [UnwindStep.Status.DONE]
-    assert Run.objects.get(pk=run.pk).status == Run.Status.CLOSED
-    item.refresh_from_db()
-    assert item.resolution == RecoveryItem.Resolution.COMPENSATED
-    assert page.csp_violations == []

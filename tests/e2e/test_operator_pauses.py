@@ -37,6 +37,39 @@ def test_an_operator_pauses_a_tool_and_lifts_it(page, live_server, tenant, agent
         agent.post(f"/runs/{run['id']}/actions", json=_hire("hire-1", "ana@company.com")).status_code == 201
     )
 
+    pause = _pause_the_hr_tools(page)
+
+    # The agent's next call of that tool is refused, naming the pause; nothing is recorded.
+    refused = agent.post(f"/runs/{run['id']}/actions", json=_hire("hire-2", "ben@company.com"))
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert (error["code"], error["details"]["pause_id"]) == ("paused", pause.pk)
+    assert "HR API creates duplicate users, INC-7" in error["message"]
+    assert not Action.objects.filter(idempotency_key="hire-2").exists()
+
+    # The affected run says so.
+    page.goto(f"/runs/{run['id']}/")
+    banner = page.locator("[data-pause-banner]")
+    expect(banner).to_be_visible()
+    expect(banner).to_contain_text("Tool hr.* is paused by alice")
+    expect(banner).to_contain_text("HR API creates duplicate users, INC-7")
+    expect(page.locator("#audit")).to_contain_text("action.refused")
+    screenshot(page, "pause-banner")
+
+    _lift_the_pause(banner, page)
+
+    # The agent retries and proceeds; the run no longer shows the banner.
+    retried = agent.post(f"/runs/{run['id']}/actions", json=_hire("hire-2", "ben@company.com"))
+    assert retried.status_code == 201, retried.text
+    page.goto(f"/runs/{run['id']}/")
+    expect(page.locator("[data-pause-banner]")).to_have_count(0)
+    kinds = list(Event.objects.filter(tenant=tenant, run__isnull=True).values_list("kind", "actor_label"))
+    assert ("pause.created", "alice") in kinds and ("pause.lifted", "alice") in kinds
+    assert page.csp_violations == []
+    agent.close()
+
+
+def _pause_the_hr_tools(page) -> Pause:
     # The operator finds the Pauses page from the navigation and pauses the HR tools.
     login(page, "alice")
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Pauses").click()
@@ -63,25 +96,10 @@ def test_an_operator_pauses_a_tool_and_lifts_it(page, live_server, tenant, agent
     expect(active).to_have_count(1)
     expect(active.first).to_contain_text("HR API creates duplicate users, INC-7")
     expect(active.first).to_contain_text("alice")
-    pause = Pause.objects.get()
+    return Pause.objects.get()
 
-    # The agent's next call of that tool is refused, naming the pause; nothing is recorded.
-    refused = agent.post(f"/runs/{run['id']}/actions", json=_hire("hire-2", "ben@company.com"))
-    assert refused.status_code == 409
-    error = refused.json()["error"]
-    assert (error["code"], error["details"]["pause_id"]) == ("paused", pause.pk)
-    assert "HR API creates duplicate users, INC-7" in error["message"]
-    assert not Action.objects.filter(idempotency_key="hire-2").exists()
 
-    # The affected run says so.
-    page.goto(f"/runs/{run['id']}/")
-    banner = page.locator("[data-pause-banner]")
-    expect(banner).to_be_visible()
-    expect(banner).to_contain_text("Tool hr.* is paused by alice")
-    expect(banner).to_contain_text("HR API creates duplicate users, INC-7")
-    expect(page.locator("#audit")).to_contain_text("action.refused")
-    screenshot(page, "pause-banner")
-
+def _lift_the_pause(banner, page) -> None:
     # The fix is out: the operator lifts the pause, by keyboard too.
     banner.get_by_role("link", name="See all pauses").click()
     lift = page.get_by_role("link", name=re.compile("Lift pause of hr"))
@@ -97,13 +115,3 @@ def test_an_operator_pauses_a_tool_and_lifts_it(page, live_server, tenant, agent
     expect(page.get_by_text("Nothing is paused")).to_be_visible()
     expect(page.locator("table.pauses-lifted tbody tr").first).to_contain_text("Fixed in hr-api 2.3.1")
     screenshot(page, "pauses-lifted")
-
-    # The agent retries and proceeds; the run no longer shows the banner.
-    retried = agent.post(f"/runs/{run['id']}/actions", json=_hire("hire-2", "ben@company.com"))
-    assert retried.status_code == 201, retried.text
-    page.goto(f"/runs/{run['id']}/")
-    expect(page.locator("[data-pause-banner]")).to_have_count(0)
-    kinds = list(Event.objects.filter(tenant=tenant, run__isnull=True).values_list("kind", "actor_label"))
-    assert ("pause.created", "alice") in kinds and ("pause.lifted", "alice") in kinds
-    assert page.csp_violations == []
-    agent.close()

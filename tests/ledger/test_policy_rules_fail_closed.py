@@ -123,31 +123,49 @@ def _readings(value: Any, kind: str, depth: int = 0) -> list[Any]:
         for element in value if isinstance(value, list) else value.values():
             found += _readings(element, kind, depth + 1)
     elif kind == "number":
-        if isinstance(value, bool):
-            found.append(int(value))
-        elif isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                number = math.nan
-            if math.isfinite(number):
-                found += [number, int(number)] if number.is_integer() else [number]
-        elif value is None:
-            found.append(0)
+        found += _as_number(value)
     elif kind == "string":
-        if isinstance(value, bool):
-            found += ["true" if value else "false", str(value)]
-        elif isinstance(value, int | float):
-            found += [str(value), repr(value)]
-        elif value is None:
-            found += ["", "null"]
+        found += _as_string(value)
     elif kind == "boolean":
-        if isinstance(value, str):
-            found += [value.strip().lower() == "true", bool(value)]
-        elif isinstance(value, int | float):
-            found.append(bool(value))
-        elif value is None:
-            found.append(False)
+        found += _as_boolean(value)
+    return found
+
+
+def _as_number(value: Any) -> list[Any]:
+    found: list[Any] = []
+    if isinstance(value, bool):
+        found.append(int(value))
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if math.isfinite(number):
+            found += [number, int(number)] if number.is_integer() else [number]
+    elif value is None:
+        found.append(0)
+    return found
+
+
+def _as_string(value: Any) -> list[Any]:
+    found: list[Any] = []
+    if isinstance(value, bool):
+        found += ["true" if value else "false", str(value)]
+    elif isinstance(value, int | float):
+        found += [str(value), repr(value)]
+    elif value is None:
+        found += ["", "null"]
+    return found
+
+
+def _as_boolean(value: Any) -> list[Any]:
+    found: list[Any] = []
+    if isinstance(value, str):
+        found += [value.strip().lower() == "true", bool(value)]
+    elif isinstance(value, int | float):
+        found.append(bool(value))
+    elif value is None:
+        found.append(False)
     return found
 
 

@@ -175,6 +175,7 @@ def test_the_one_call_record_waits_on_the_same_key_lock_as_the_checked_path(tena
     other = psycopg.connect(
         dbname=settings["NAME"],
         user=settings["USER"],
+        password=settings["PASSWORD"] or None,
         host=settings["HOST"],
         port=settings["PORT"] or 5432,
         autocommit=True,

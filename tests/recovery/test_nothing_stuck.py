@@ -38,7 +38,8 @@ from tests.factories import (
 from tests.support.api import Api, error_of
 from tests.support.processes import Reply, dump_worker_logs, wait_for
 
-pytestmark = pytest.mark.timeout(120)
+# Real saga_worker processes, leases and sweeps: the slow lane (`make test-fast` leaves it out).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def _expire(approval: Approval) -> None:

@@ -288,6 +288,7 @@ def test_a_cancelled_command_is_not_pushed(tenant, agent, alice, settings, hooks
 # --- The whole story with a real worker ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_worker_announces_the_unpicked_resume_then_leaves_the_lost_run_to_a_person(
     transactional_db, tenant, agent, alice, hooks, start_worker
 ):

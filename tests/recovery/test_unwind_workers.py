@@ -20,7 +20,8 @@ from recovery.services.compensating import step_skip, unwind_start
 from tests.factories import HR_PATH, WS_PATH, load_onboarding_policies, onboarding_saga
 from tests.support.processes import Reply, dump_worker_logs, wait_for
 
-pytestmark = pytest.mark.timeout(90)
+# Real saga_worker processes carrying unwinds out: the slow lane (`make test-fast` leaves it out).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 
 def _finished(unwind: Unwind) -> Unwind | None:

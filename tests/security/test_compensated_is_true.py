@@ -107,6 +107,7 @@ def _record_a_failed_people_session(live_server: Any, agent_secret: str, people:
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_an_undo_sent_to_another_mcp_server_waits_for_a_person_and_the_run_is_not_compensated(
     live_server, tenant, agent_key, operator_key, tmp_path, start_worker
@@ -165,6 +166,7 @@ def test_an_undo_sent_to_another_mcp_server_waits_for_a_person_and_the_run_is_no
         assert elsewhere.url in warned
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_an_undo_on_the_upstream_that_performed_the_call_runs_unattended_and_is_undone_for_real(
     live_server, tenant, agent_key, operator_key, tmp_path, start_worker

@@ -56,6 +56,7 @@ def _statuses_in_a_process(**env: str) -> list[int]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_demo_world_is_not_served_unless_the_demo_is_on(tenant):
     """Pass: in a process without SAGA_DEMO (and with SAGA_DEMO=0) every demo path is 404 — the

@@ -237,6 +237,7 @@ def _manage(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess
     )
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_create_staff_exits_non_zero_on_a_weak_password_and_accepts_a_strong_one():
     """Pass: the real command refuses "password1234" with exit status 1 and the validators'
@@ -301,6 +302,7 @@ def test_no_management_command_starts_without_a_secret_key_when_debug_is_off(com
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
+@pytest.mark.slow
 def test_check_passes_in_development_mode_and_with_a_secret_key():
     """Pass: the same check passes with DEBUG=1 (a development key) and with DEBUG off and a
     SECRET_KEY; DEBUG is off when unset."""
@@ -437,6 +439,62 @@ def _record_done(agent: httpx.Client, run_id: str, tool: str, compensation: dict
     assert agent.post(f"/actions/{action_id}/succeed", json={"result": {"ok": True}}).status_code == 200
 
 
+def _keys_made_by_create_agent_key() -> dict[str, str]:
+    keys = {}
+    for name, scopes in (("onboarding-agent", "agent"), ("ops-automation", "operator")):
+        out = io.StringIO()
+        call_command("create_agent_key", "--tenant", "acme", "--name", name, "--scopes", scopes, stdout=out)
+        keys[name] = out.getvalue().strip().splitlines()[-1]
+        assert keys[name].startswith("sk_")  # stdout is where the key belongs
+    return keys
+
+
+def _a_run_undone(agent: httpx.Client, operator: httpx.Client) -> httpx.Response:
+    """A run to undo: two actions, each with a webhook compensator. The unwind's answer."""
+    undo = agent.post("/runs", json={"agent": "onboarding", "request": "Onboard Ashu"}).json()
+    _record_done(
+        agent,
+        undo["id"],
+        "hr.create_user",
+        {"tool": "hr.delete_user", "args": {"email": "ashu@company.com"}},
+        "k-1",
+    )
+    _record_done(
+        agent,
+        undo["id"],
+        "workspace.provision_license",
+        {"tool": "workspace.cancel_license", "args": {"email": "ashu@company.com"}},
+        "k-2",
+    )
+    failed = agent.post(f"/runs/{undo['id']}/fail", json={"error": "the welcome e-mail bounced"})
+    assert failed.status_code == 200, failed.text
+    item_id = failed.json()["recovery_item"]["id"]
+    unwind = operator.post(f"/recovery/{item_id}/compensate", json={"reason": "undo the onboarding"})
+    assert unwind.status_code == 202, unwind.text
+    return unwind
+
+
+def _a_run_resumed(agent: httpx.Client, operator: httpx.Client, resume_url: str) -> None:
+    """A run to resume: the command is pushed to its resume_url, signed."""
+    resumable = agent.post(
+        "/runs",
+        json={"agent": "onboarding", "request": "Onboard Bo", "resume_url": resume_url},
+    )
+    assert resumable.status_code == 201, resumable.text
+    resume_run = resumable.json()["id"]
+    _record_done(
+        agent,
+        resume_run,
+        "hr.create_user",
+        {"tool": "hr.delete_user", "args": {"email": "bo@company.com"}},
+        "k-3",
+    )
+    assert agent.post(f"/runs/{resume_run}/checkpoints", json={"name": "user-created"}).status_code == 201
+    item = agent.post(f"/runs/{resume_run}/fail", json={"error": "timeout"}).json()["recovery_item"]["id"]
+    assert operator.post(f"/recovery/{item}/resume", json={"reason": "try again"}).status_code == 202
+
+
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_no_key_secret_or_password_reaches_the_logs_of_a_full_scenario(
     live_server, tenant, alice, own_redis, start_worker, settings, debug_logs
@@ -456,13 +514,7 @@ def test_no_key_secret_or_password_reaches_the_logs_of_a_full_scenario(
     # What the worker signs with: the secret of the agent whose key creates the resumed run.
     resume_secret = derive_secret(resume_master, f"resume:{tenant.slug}:onboarding-agent")
 
-    keys = {}
-    for name, scopes in (("onboarding-agent", "agent"), ("ops-automation", "operator")):
-        out = io.StringIO()
-        call_command("create_agent_key", "--tenant", "acme", "--name", name, "--scopes", scopes, stdout=out)
-        keys[name] = out.getvalue().strip().splitlines()[-1]
-        assert keys[name].startswith("sk_")  # stdout is where the key belongs
-
+    keys = _keys_made_by_create_agent_key()
     with serve_webhooks(
         {HR_PATH: hr_secret, WS_PATH: ws_secret, RESUME_PATH: resume_secret, "/notify": notify_secret}
     ) as hooks:
@@ -486,45 +538,8 @@ def test_no_key_secret_or_password_reaches_the_logs_of_a_full_scenario(
         agent = _api(live_server.url, keys["onboarding-agent"])
         operator = _api(live_server.url, keys["ops-automation"])
 
-        # A run to undo: two actions, each with a webhook compensator.
-        undo = agent.post("/runs", json={"agent": "onboarding", "request": "Onboard Ashu"}).json()
-        _record_done(
-            agent,
-            undo["id"],
-            "hr.create_user",
-            {"tool": "hr.delete_user", "args": {"email": "ashu@company.com"}},
-            "k-1",
-        )
-        _record_done(
-            agent,
-            undo["id"],
-            "workspace.provision_license",
-            {"tool": "workspace.cancel_license", "args": {"email": "ashu@company.com"}},
-            "k-2",
-        )
-        failed = agent.post(f"/runs/{undo['id']}/fail", json={"error": "the welcome e-mail bounced"})
-        assert failed.status_code == 200, failed.text
-        item_id = failed.json()["recovery_item"]["id"]
-        unwind = operator.post(f"/recovery/{item_id}/compensate", json={"reason": "undo the onboarding"})
-        assert unwind.status_code == 202, unwind.text
-
-        # A run to resume: the command is pushed to its resume_url, signed.
-        resumable = agent.post(
-            "/runs",
-            json={"agent": "onboarding", "request": "Onboard Bo", "resume_url": hooks.url(RESUME_PATH)},
-        )
-        assert resumable.status_code == 201, resumable.text
-        resume_run = resumable.json()["id"]
-        _record_done(
-            agent,
-            resume_run,
-            "hr.create_user",
-            {"tool": "hr.delete_user", "args": {"email": "bo@company.com"}},
-            "k-3",
-        )
-        assert agent.post(f"/runs/{resume_run}/checkpoints", json={"name": "user-created"}).status_code == 201
-        item = agent.post(f"/runs/{resume_run}/fail", json={"error": "timeout"}).json()["recovery_item"]["id"]
-        assert operator.post(f"/recovery/{item}/resume", json={"reason": "try again"}).status_code == 202
+        unwind = _a_run_undone(agent, operator)
+        _a_run_resumed(agent, operator, hooks.url(RESUME_PATH))
 
         # Failing requests: a wrong key, another run's id, a body the schema refuses.
         wrong_key = keys["onboarding-agent"][:-6] + "abcdef"

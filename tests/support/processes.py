@@ -22,6 +22,7 @@ from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from saga_client.signing import verify_signature
 
@@ -346,12 +347,17 @@ class Worker:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-def database_url_for_subprocesses() -> str:
-    """The database this test process uses (pytest-django's test_… copy), for subprocesses."""
+def database_url_for_subprocesses(name: str | None = None) -> str:
+    """The database this test process uses (pytest-django's test_… copy), for subprocesses; given
+    ``name``, the database of that name on the same server, reached the same way (DATABASE_URL's
+    user, password, host or socket directory, and port)."""
     from django.conf import settings
 
     db = settings.DATABASES["default"]
-    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    user = quote(db["USER"] or "", safe="")
+    password = f":{quote(str(db['PASSWORD']), safe='')}" if db.get("PASSWORD") else ""
+    host = quote(db["HOST"] or "127.0.0.1", safe="")
+    return f"postgres://{user}{password}@{host}:{db['PORT'] or 5432}/{name or db['NAME']}"
 
 
 def spawn_worker(*, redis_url: str, log_path: Path, env: dict[str, str] | None = None) -> Worker:
