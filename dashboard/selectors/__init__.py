@@ -1,8 +1,8 @@
 """Reads that only the dashboard needs, one module per page; every read is scoped to the user's
 tenants, and no list counts the ledger (keyset pages, capped counts over small indexed sets).
 
-- ``queue``: what the queue lists (``QueueView``: the one ``QueueFilter`` with the age and sort), pages, new-item count, failure groups, and
-  the items a bulk decision names.
+- ``queue``: what the queue lists (``QueueView``: the one ``QueueFilter`` with the age and the
+  sort), pages, new-item count, failure groups, and the items a bulk decision names.
 - ``runs``: the run page's bundle (ledger, checkpoints, audit events, item, unwind, approvals).
 - ``live``: the run page's poll: a fingerprint of each region, how often to poll, the nav badge.
 - ``inbox``: the approval inbox's pages and the pending count.
