@@ -428,7 +428,7 @@ _BUMP_POLICY_STAMP = (
 
 def _stamp_trigger(name: str) -> pgtrigger.Trigger:
     """The trigger that moves the policy stamp on every write to a table whose rows a process may
-    keep under the stamp (``ledger.policies.StampCache``)."""
+    keep under the stamp (``ledger.policies.resolve.StampCache``)."""
     return pgtrigger.Trigger(
         name=name,
         operation=pgtrigger.Insert | pgtrigger.Update | pgtrigger.Delete | pgtrigger.Truncate,
@@ -493,7 +493,7 @@ class ToolPolicy(models.Model):
     # "$target_type"), filled from the forward action; None: the forward action's args as they are.
     compensation_args = JSONField(null=True, blank=True)
     # Rules on the call's args (first match wins) and rate/sum limits, as the loader validated
-    # them; compiled once per policy-table version (ledger.policy_rules, ledger.policies).
+    # them; compiled once per policy-table version (ledger.policies.rule_compile, .resolve).
     rules = JSONField(default=list, blank=True)
     limits = JSONField(default=list, blank=True)
     # How many distinct people must grant an approval this policy asks for (a rule may raise it).

@@ -1,5 +1,5 @@
 """The rules of a tool policy as pure functions: every operator against hostile values (true,
-false or undecided: the type rule of ``ledger.policy_rules``), the validation messages, and the
+false or undecided: the type rule of ``ledger.policies.rules``), the validation messages, and the
 plain words."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What Saga Admin's agent API answers, as ``TypedDict``s: the shapes the client's methods return.
 
-The field names are the server's output schemas (``saga_admin/api/schemas.py``, described in
+The field names are the server's output schemas (``saga_admin/api/schemas/``, described in
 docs/API.md); a timestamp is its ISO 8601 text, and a field the server may leave empty is
 ``None``. They are plain dicts at run time: reading ``run["status"]`` or ``action["result"]`` is
 as before, a type checker now knows the keys.
