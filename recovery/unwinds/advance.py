@@ -26,6 +26,7 @@ from recovery.unwinds.state import (
     lock_unwind,
     planned_step,
     step_transition,
+    unwind_pause_for_step,
     unwind_set_status,
 )
 
@@ -146,14 +147,7 @@ def _step_request_approval(*, unwind: Unwind, step: UnwindStep, approval: Approv
         actor=ENGINE,
         kind="step.awaiting_approval",
     )
-    unwind_set_status(
-        unwind,
-        to=Unwind.Status.PAUSED,
-        allowed_from=(Unwind.Status.RUNNING,),
-        actor=ENGINE,
-        kind="unwind.paused",
-        data={"waiting_for_step": step.pk},
-    )
+    unwind_pause_for_step(unwind, step)
     if approval is None:
         approvals.approval_request(
             run=unwind.run,

@@ -12,19 +12,19 @@ from ledger.audit import Actor
 from ledger.models import Run
 from ledger.rules import reason_required
 from ledger.services import runs
-from ledger.services.actions import moves
+from ledger.services.actions import moves as action_moves
 from recovery import approvals, items
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.unwinds.dispatch import enqueue_advance
 from recovery.unwinds.finish import stop_report
 from recovery.unwinds.state import (
-    ENGINE,
     IN_FLIGHT,
     PROBLEMS,
     STOPPABLE,
     all_steps,
     lock_unwind,
     step_transition,
+    unwind_pause_for_step,
     unwind_set_status,
 )
 
@@ -164,7 +164,7 @@ def _step_stopped(step: UnwindStep, *, actor: Actor, reason: str) -> None:
             reason=reason,
             updates={"error": error, "next_attempt_at": None, "job_id": "", "finished_at": timezone.now()},
         )
-        moves.action_compensation_finished(
+        action_moves.action_compensation_finished(
             action=step.action, actor=actor, outcome="failed", step_id=step.pk, reason=error
         )
 
@@ -268,12 +268,5 @@ def step_approval_ask_again(*, approval: Approval, actor: Actor, reason: str) ->
         updates={"error": "", "finished_at": None},
         data={"previous_approval_id": approval.pk, "previous_error": step.error},
     )
-    unwind_set_status(
-        unwind,
-        to=Unwind.Status.PAUSED,
-        allowed_from=(Unwind.Status.RUNNING,),
-        actor=ENGINE,
-        kind="unwind.paused",
-        data={"waiting_for_step": step.pk},
-    )
+    unwind_pause_for_step(unwind, step)
     return approvals.approval_ask_again(previous=approval, actor=actor, reason=reason, step=step)

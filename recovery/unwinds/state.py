@@ -92,6 +92,18 @@ def unwind_set_status(
         ) from exc
 
 
+def unwind_pause_for_step(unwind: Unwind, step: UnwindStep) -> None:
+    """running → paused while ``step`` waits for a person (its approval asked, or asked again)."""
+    unwind_set_status(
+        unwind,
+        to=Unwind.Status.PAUSED,
+        allowed_from=(Unwind.Status.RUNNING,),
+        actor=ENGINE,
+        kind="unwind.paused",
+        data={"waiting_for_step": step.pk},
+    )
+
+
 def lock_unwind(unwind_id: str) -> Unwind | None:
     return (
         Unwind.objects.select_for_update(of=("self",))
