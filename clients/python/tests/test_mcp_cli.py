@@ -87,6 +87,21 @@ def test_a_namespace_prefixes_the_recorded_tool_name_and_loses_a_trailing_dot():
     assert Options(saga_url="u", api_key="k", upstream="x").recorded_name("create_user") == "create_user"
 
 
+def test_without_a_namespace_tools_are_recorded_under_their_own_names():
+    """docs/MCP.md calls --namespace optional: without it the gateway starts (it exited 2 with
+    "must be a tool-name prefix… got ''", argparse having passed the empty default to the check)."""
+    options = options_from(BASE, KEY)
+    assert options.namespace == ""
+    assert options.recorded_name("create_user") == "create_user"
+
+
+def test_an_empty_namespace_given_on_the_command_line_is_still_refused(capsys):
+    with pytest.raises(SystemExit) as exited:
+        options_from([*BASE, "--namespace", ""], KEY)
+    assert exited.value.code == 2
+    assert "--namespace" in capsys.readouterr().err
+
+
 def test_loopback_is_localhost_or_a_loopback_address_and_nothing_else():
     assert all(is_loopback(h) for h in ("localhost", "LOCALHOST", "127.0.0.1", "127.5.5.5", "::1"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "10.0.0.1", "myhost", "localhost.example.com"))

@@ -77,7 +77,8 @@ def parser() -> argparse.ArgumentParser:
         default=DEFAULT_AGENT,
         help=f"the agent name runs are recorded under (default {DEFAULT_AGENT})",
     )
-    p.add_argument("--namespace", type=_namespace, default="", help="record tool NAME as NS.NAME")
+    # No default through `type`: argparse passes a string default to it, and "" is not a namespace.
+    p.add_argument("--namespace", type=_namespace, default=None, help="record tool NAME as NS.NAME")
     p.add_argument(
         "--listen",
         type=_listen,
@@ -154,7 +155,7 @@ def options_from(argv: list[str] | None, environ: Mapping[str, str]) -> Options:
         api_key=api_key,
         upstream=args.upstream,
         agent=args.agent,
-        namespace=args.namespace,
+        namespace=args.namespace or "",
         listen=args.listen,
         approval_timeout_s=args.approval_timeout,
         call_timeout_s=args.call_timeout,
