@@ -22,7 +22,7 @@ def get_for_tenants(
     tenant_ids = [tenants.pk] if isinstance(tenants, Tenant) else [getattr(t, "pk", t) for t in tenants]
     obj = queryset.filter(pk=pk, tenant_id__in=tenant_ids).first()
     if obj is None:
-        raise errors.NotFound(f"{queryset.model.__name__} {pk} not found.", details={"id": pk})
+        raise errors.NotFound.for_id(queryset.model.__name__, str(pk))
     return obj
 
 

@@ -86,7 +86,7 @@ def membership_remove(*, membership: Membership, actor: Actor) -> None:
     """Take a user out of a tenant (and out of the Django admin if that was their last admin role)."""
     user, tenant, role = membership.user, membership.tenant, membership.role
     if Membership.objects.filter(pk=membership.pk).delete()[0] != 1:
-        raise errors.NotFound(f"Membership {membership.pk} does not exist.")
+        raise errors.NotFound.for_id("Membership", str(membership.pk))
     audit_record(
         tenant=tenant,
         actor=actor,

@@ -69,7 +69,7 @@ def _current_status(model: type[Model], pk: Any) -> str:
     # order_by(): no model ordering (Action's joins ledger_run) on a primary-key read.
     current = model._default_manager.filter(pk=pk).order_by().values_list("status", flat=True).first()
     if current is None:
-        raise errors.NotFound(f"{model.__name__} {pk} does not exist.")
+        raise errors.NotFound.for_id(model.__name__, str(pk))
     return str(current)
 
 

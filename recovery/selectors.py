@@ -182,7 +182,7 @@ def step_get(*, tenants: Tenants, step_id: str) -> UnwindStep:
         .first()
     )
     if step is None:
-        raise errors.NotFound(f"UnwindStep {step_id} not found.", details={"id": step_id})
+        raise errors.NotFound.for_id("UnwindStep", step_id)
     return step
 
 

@@ -370,7 +370,7 @@ def pause_get(*, tenant_ids: Sequence[int], pause_id: str) -> Pause:
     """The pause, if it is in one of ``tenant_ids``; otherwise the same 404 as an unknown id."""
     pause = _pauses(tenant_ids).filter(pk=pause_id[:40]).first()
     if pause is None:
-        raise errors.NotFound(f"Pause {pause_id[:60]} not found.", details={"id": pause_id[:60]})
+        raise errors.NotFound.for_id("Pause", pause_id)
     return pause
 
 

@@ -59,7 +59,7 @@ def run_lock(run: Run, *, policy_stamp: bool = False) -> Run:
         )
     locked = runs.first()
     if locked is None:
-        raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
+        raise errors.NotFound.for_id("Run", run.pk)
     if Run.tenant.is_cached(run):
         locked.tenant = run.tenant
     return locked
@@ -131,7 +131,7 @@ def run_heartbeat(*, run: Run, note: str = "") -> Run:
         )
         row = cursor.fetchone()
     if row is None:
-        raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
+        raise errors.NotFound.for_id("Run", run.pk)
     run.status, run.last_heartbeat_at = row[0], now
     return run
 

@@ -179,7 +179,7 @@ def unwind_stop(*, unwind: Unwind, actor: Actor, reason: str) -> Unwind:
     reason = reason_required(reason)
     locked = lock_unwind(unwind.pk)
     if locked is None:
-        raise errors.NotFound(f"Unwind {unwind.pk} not found.", details={"id": unwind.pk})
+        raise errors.NotFound.for_id("Unwind", unwind.pk)
     if locked.status not in STOPPABLE:
         raise errors.InvalidTransition(
             locked,

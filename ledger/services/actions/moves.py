@@ -202,7 +202,7 @@ def _action_move(
             answer = writes.call("saga_action_move", {**payload, "pause_check": False})
     outcome = answer["outcome"]
     if outcome == "not_found":
-        raise errors.NotFound(f"Action {action.pk} not found.", details={"id": action.pk})
+        raise errors.NotFound.for_id("Action", action.pk)
     row = writes.action_from_row(answer["action"])
     _fill(action, row)
     if outcome == "closed":
@@ -340,7 +340,7 @@ def action_verify(
     # that has since been compensated.
     current = Action.objects.select_for_update().filter(pk=action.pk).values_list("status", flat=True).first()
     if current is None:
-        raise errors.NotFound(f"Action {action.pk} does not exist.")
+        raise errors.NotFound.for_id("Action", action.pk)
     if current not in (Action.Status.SUCCEEDED, Action.Status.UNKNOWN, Action.Status.RUNNING):
         raise errors.InvalidTransition(
             action,

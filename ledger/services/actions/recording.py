@@ -229,7 +229,7 @@ def _record_at_once(
         )
         return RecordedAction(replayed, created=False)
     if outcome == "not_found":
-        raise errors.NotFound(f"Run {call.run.pk} not found.", details={"id": call.run.pk})
+        raise errors.NotFound.for_id("Run", call.run.pk)
     if outcome == "closed":
         run_assert_accepts_writes(Run(pk=call.run.pk, status=answer["current"]))
     if outcome != "created":
@@ -327,7 +327,7 @@ def _replay(existing: Action, *, run: Run, payload_hash: str, reachable: bool | 
         # ``run`` may be a reference built from the client's run id: an unknown (or another
         # tenant's, or another agent's) run is a 404 whatever the key, as it was before the key
         # was looked at — a replay never hands over an action of a run the caller does not reach.
-        raise errors.NotFound(f"Run {run.pk} not found.", details={"id": run.pk})
+        raise errors.NotFound.for_id("Run", run.pk)
     if existing.run_id != run.pk or existing.payload_hash != payload_hash:
         raise errors.IdempotencyKeyReused(
             "This idempotency key was already used for a different action.",
