@@ -4,17 +4,17 @@ import functools
 from pathlib import Path
 
 import django_rq
+from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.staticfiles import finders
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template.loader import render_to_string
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 
-@never_cache
-@require_GET
-def healthz(request: HttpRequest) -> JsonResponse:
-    """For load balancers: no login, no redirect, 503 naming what is down."""
+def _dependencies() -> dict[str, str]:
+    """PostgreSQL and Redis, each ``ok`` or ``down: <what failed>``."""
     status = {"database": "ok", "redis": "ok"}
     try:
         with connection.cursor() as cursor:
@@ -25,8 +25,46 @@ def healthz(request: HttpRequest) -> JsonResponse:
         django_rq.get_connection("default").ping()
     except Exception as exc:  # noqa: BLE001
         status["redis"] = f"down: {type(exc).__name__}"
-    healthy = all(value == "ok" for value in status.values())
-    return JsonResponse(status, status=200 if healthy else 503)
+    return status
+
+
+def _pages() -> str:
+    """Whether the app can render its own pages: the login page, rendered as a visitor gets it
+    (its template, the base it extends and the static files' manifest it links through). An
+    install without its templates, or without collected static files, serves 500 on every page
+    while the database and Redis answer."""
+    try:
+        render_to_string("registration/login.html", {"form": AuthenticationForm()})
+    except Exception as exc:  # noqa: BLE001 - any failure means the pages are down
+        return f"down: {type(exc).__name__}"
+    return "ok"
+
+
+def _answer(status: dict[str, str]) -> JsonResponse:
+    return JsonResponse(status, status=200 if all(value == "ok" for value in status.values()) else 503)
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """For load balancers: no login, no redirect, 503 naming what is down."""
+    return _answer(_dependencies())
+
+
+@never_cache
+@require_GET
+def livez(request: HttpRequest) -> JsonResponse:
+    """Liveness: the process answers at all. It checks no dependency, so a database or Redis outage
+    restarts nothing (an orchestrator restarts a process whose liveness fails)."""
+    return JsonResponse({"status": "ok"})
+
+
+@never_cache
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Readiness: PostgreSQL and Redis answer and the pages render; 503 naming what is not (an
+    orchestrator sends no traffic to a process that is not ready)."""
+    return _answer({**_dependencies(), "pages": _pages()})
 
 
 @functools.cache

@@ -203,8 +203,8 @@ STORAGES = {
 
 # --- Security -------------------------------------------------------------------------------
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
-# /healthz must answer plain HTTP for load balancers.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+# /healthz, /livez and /readyz must answer plain HTTP for load balancers and probes.
+SECURE_REDIRECT_EXEMPT = [r"^(healthz|livez|readyz)$"]
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)

@@ -10,10 +10,12 @@ from django.views import defaults
 from dashboard.views import slack, workers
 from saga_admin.api.app import api, unrouted
 from saga_admin.api.limits import error_json, is_api_request
-from saga_admin.health import favicon, healthz
+from saga_admin.health import favicon, healthz, livez, readyz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("livez", livez, name="livez"),
+    path("readyz", readyz, name="readyz"),
     # Browsers ask every site for /favicon.ico (the Django admin's pages and the API docs name no
     # icon); the dashboard's pages link theirs.
     path("favicon.ico", favicon, name="favicon"),
