@@ -137,6 +137,8 @@ REFUSED = {
     "not_null_python_default": 'migrations.AddField("thing", "size", models.IntegerField(default=0))',
     "alter_type": 'migrations.AlterField("thing", "note", models.IntegerField(null=True))',
     "drop_table": 'migrations.DeleteModel("thing")',
+    "set_not_null": 'migrations.AlterField("thing", "note", models.TextField(default=""))',
+    "add_unique": 'migrations.AlterField("thing", "name", models.CharField(max_length=50, unique=True))',
     "runsql_drop_column": 'migrations.RunSQL("ALTER TABLE {label}_thing DROP COLUMN note", migrations.RunSQL.noop)',
 }
 
