@@ -1,17 +1,23 @@
 """Secrets from mounted files: every secret setting NAME may come from NAME_FILE instead
-(ledger.env); both set, or a file that cannot be used, refuse to start naming them."""
+(ledger.env); both set, or a file that cannot be used, refuse to start naming them. And
+manage.py bootstrap run as a deploy job runs it: from variables and files only, twice."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 
 from ledger.env import MAX_SECRET_FILE_BYTES, env_secret
+from ledger.models import AgentKey, Event, Membership, Tenant
+from ledger.services import keys
 from tests.support.processes import ROOT, database_url_for_subprocesses
 
 
@@ -113,3 +119,50 @@ def test_manage_py_will_not_start_with_both_or_an_unreadable_file(tmp_path):
     )
     works = _manage("check", env=_env(SECRET_KEY_FILE=str(tmp_path / "secret_key")))
     assert works.returncode == 0, works.stderr
+
+
+def _counts() -> dict[str, int]:
+    return {
+        "tenants": Tenant.objects.count(),
+        "users": get_user_model().objects.count(),
+        "memberships": Membership.objects.count(),
+        "keys": AgentKey.objects.count(),
+        "events": Event.objects.count(),
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bootstrap_as_a_deploy_job_runs_it_from_files_only_twice(tmp_path):
+    """The migrate job's second step, as a process: secrets in files only (SECRET_KEY_FILE, the
+    admin password file, the key's material), DEBUG off; the second run writes nothing."""
+    (tmp_path / "secret_key").write_text(secrets.token_urlsafe(50))
+    (tmp_path / "admin-password").write_text("lilac-orbit-7-canoe\n")
+    material = keys.agent_key_new_secret()
+    (tmp_path / "agent.key").write_text(material + "\n")
+    (tmp_path / "keys.json").write_text(
+        json.dumps({"keys": [{"name": "onboarding-agent", "scopes": ["agent"], "secret_file": "agent.key"}]})
+    )
+    env = _env(
+        SECRET_KEY_FILE=str(tmp_path / "secret_key"),
+        ALLOWED_HOSTS="saga.example.com",
+        SAGA_BOOTSTRAP_TENANT="acme",
+        SAGA_BOOTSTRAP_ADMIN_USERNAME="root-admin",
+        SAGA_BOOTSTRAP_ADMIN_PASSWORD_FILE=str(tmp_path / "admin-password"),
+        SAGA_BOOTSTRAP_AGENT_KEYS_FILE=str(tmp_path / "keys.json"),
+        SAGA_BOOTSTRAP_POLICY_FILE=str(Path(ROOT) / "tests/ledger/fixtures/policies_native.json"),
+    )
+    first = _manage("bootstrap", env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "Bootstrap done." in first.stdout and material not in first.stdout + first.stderr
+    assert get_user_model().objects.get(username="root-admin").check_password("lilac-orbit-7-canoe")
+    assert keys.agent_key_authenticate(raw_key=material).tenant.slug == "acme"
+    after_first = _counts()
+    second = _manage("bootstrap", env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.stdout.splitlines()[-1] == "Nothing changed."
+    assert _counts() == after_first
+    (tmp_path / "agent.key").write_text(keys.agent_key_new_secret())
+    third = _manage("bootstrap", env=env)
+    assert third.returncode == 1 and "Traceback" not in third.stderr
+    assert "Bootstrap refused, nothing was changed:" in third.stderr and "onboarding-agent" in third.stderr
+    assert _counts() == after_first
