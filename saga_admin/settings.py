@@ -16,6 +16,8 @@ import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from ledger.env import env_secret
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -52,7 +54,10 @@ SAGA_DEMO = env_bool("SAGA_DEMO", False)
 # every management command and the web process load these settings first (manage.py and
 # saga_admin/wsgi.py turn this error into one line).
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = os.environ.get("SECRET_KEY", "").strip()
+# Secrets (this one, DATABASE_URL, REDIS_URL and the SAGA_* secrets) may come from a mounted file
+# instead: NAME_FILE=/run/secrets/name (ledger.env; both set, or an unreadable file, refuse to
+# start naming them).
+SECRET_KEY = env_secret("SECRET_KEY").strip()
 if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured(
@@ -129,7 +134,7 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/saga_admin"),
+        env_secret("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/saga_admin"),
         conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
         conn_health_checks=True,
     )
@@ -142,7 +147,7 @@ _db_options = DATABASES["default"].setdefault("OPTIONS", {})
 _db_options["options"] = f"{_db_options.get('options', '')} -c jit=off".strip()
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = env_secret("REDIS_URL", "redis://127.0.0.1:6379/0")
 # Shared by every web process: the API's per-key throttle counts live here.
 CACHES = {
     "default": {
@@ -314,7 +319,7 @@ SAGA: dict[str, Any] = {
     # Notifications: comma-separated e-mail addresses and webhook URLs.
     "NOTIFY_EMAILS": env_list("SAGA_NOTIFY_EMAILS", []),
     "NOTIFY_WEBHOOKS": env_list("SAGA_NOTIFY_WEBHOOKS", []),
-    "NOTIFY_WEBHOOK_SECRET": os.environ.get("SAGA_NOTIFY_WEBHOOK_SECRET", ""),
+    "NOTIFY_WEBHOOK_SECRET": env_secret("SAGA_NOTIFY_WEBHOOK_SECRET"),
     # Attempts per notification (backoff as compensators: SAGA_RETRY_BACKOFF_BASE_S doubling up
     # to 10x SAGA_RETRY_BACKOFF_MAX_S), then it is marked failed.
     "NOTIFY_MAX_ATTEMPTS": env_int("SAGA_NOTIFY_MAX_ATTEMPTS", 10),
@@ -322,7 +327,7 @@ SAGA: dict[str, Any] = {
     "PUBLIC_URL": os.environ.get("SAGA_PUBLIC_URL", "http://localhost:8000").rstrip("/"),
     # The master of the per-agent secrets that sign commands pushed to agents' resume_urls
     # (`manage.py resume_secret --tenant SLUG --agent NAME` prints one); unset: pushed unsigned.
-    "RESUME_WEBHOOK_SECRET": os.environ.get("SAGA_RESUME_WEBHOOK_SECRET", ""),
+    "RESUME_WEBHOOK_SECRET": env_secret("SAGA_RESUME_WEBHOOK_SECRET"),
     # URLs a tenant or agent chose (resume_url) reach only public addresses, except these internal
     # hosts (comma-separated `host` or `host:port`); resolving a name may take this long (short: a
     # name whose DNS server never answers holds the request or job that checks it this long).

@@ -263,9 +263,13 @@ def policy_file_load(
             ToolPolicy, lookup={"tenant": tenant, "tool": policy["tool"]}, values={**values, "source": source}
         )
         getattr(report, outcome).append(f"policy {policy['tool']}")
+    # Deleting only when there is something to delete: an empty DELETE still fires the statement-
+    # level trigger that moves the policy stamp, and every process would drop its cached policies.
     stale = ToolPolicy.objects.filter(tenant=tenant).exclude(tool__in=[p["tool"] for p in document.policies])
-    report.removed.extend(f"policy {tool}" for tool in stale.order_by("tool").values_list("tool", flat=True))
-    stale.delete()
+    stale_tools = list(stale.order_by("tool").values_list("tool", flat=True))
+    report.removed.extend(f"policy {tool}" for tool in stale_tools)
+    if stale_tools:
+        stale.delete()
 
     for tool, spec in document.compensators.items():
         outcome = _upsert(
@@ -273,10 +277,10 @@ def policy_file_load(
         )
         getattr(report, outcome).append(f"compensator {tool}")
     stale_comp = Compensator.objects.filter(tenant=tenant).exclude(tool__in=list(document.compensators))
-    report.removed.extend(
-        f"compensator {tool}" for tool in stale_comp.order_by("tool").values_list("tool", flat=True)
-    )
-    stale_comp.delete()
+    stale_comps = list(stale_comp.order_by("tool").values_list("tool", flat=True))
+    report.removed.extend(f"compensator {tool}" for tool in stale_comps)
+    if stale_comps:
+        stale_comp.delete()
 
     # A repeat load writes nothing, not even an audit event: the log records changes.
     if report.changed:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -81,19 +82,12 @@ def key_owner_check(*, tenant: Tenant, scopes: Iterable[str], owner: User | None
         )
 
 
-@transaction.atomic
-def agent_key_create(
-    *,
-    tenant: Tenant,
-    name: str,
-    scopes: Iterable[str] = ("agent",),
-    actor: Actor,
-    owner: User | None = None,
-) -> IssuedKey:
-    """Issue a key. ``name`` is the agent (or automation) it is for: every key issued with the same
-    name is the same agent — it owns the runs created under that name — so rotating a key is
-    issuing a new one with the same name and revoking the old one when nothing uses it.
-    ``owner``: the person behind the key (``key_owner_check``; required with ``approver``)."""
+def _key_fields_check(
+    *, tenant: Tenant, name: str, scopes: Iterable[str], owner: User | None
+) -> tuple[str, list[str]]:
+    """The checks every key passes, issued or imported: a name, known scopes, never ``agent``
+    with ``approver``, an owner who may stand behind it. Returns the stripped name and the sorted
+    scopes."""
     name = name.strip()
     if not name:
         raise errors.ValidationFailed(
@@ -114,8 +108,52 @@ def agent_key_create(
             details={"scopes": scope_list, "conflict": ["agent", "approver"]},
         )
     key_owner_check(tenant=tenant, scopes=scope_list, owner=owner)
-    prefix = f"{KEY_PREFIX}_{secrets.token_hex(6)}"
-    secret_part = secrets.token_urlsafe(32).replace("_", "-")
+    return name, scope_list
+
+
+def agent_key_new_secret() -> str:
+    """Fresh key material in the one format keys have: ``sk_`` + 12 hex digits (the public
+    prefix) + ``_`` + 43 characters of ``A-Z a-z 0-9 -`` (256 random bits)."""
+    return f"{KEY_PREFIX}_{secrets.token_hex(6)}_{secrets.token_urlsafe(32).replace('_', '-')}"
+
+
+# What ``agent_key_new_secret`` makes, and the only thing ``agent_key_import`` accepts.
+KEY_FORMAT = re.compile(rf"{KEY_PREFIX}_[0-9a-f]{{12}}_[A-Za-z0-9-]{{43}}")
+KEY_FORMAT_TEXT = "sk_ + 12 lower-case hex digits + _ + 43 characters of A-Z, a-z, 0-9 and -"
+
+
+def agent_key_material_check(raw: str) -> tuple[str, str]:
+    """The prefix and secret part of provided key material, or ``ValidationFailed`` saying what a
+    key looks like. The material itself is never repeated in the message."""
+    if not KEY_FORMAT.fullmatch(raw):
+        raise errors.ValidationFailed(
+            f"The key is not in the format of a key this server issues ({KEY_FORMAT_TEXT}; "
+            f"{len(raw)} characters given, a key has 60). `manage.py bootstrap --print-new-key` "
+            "prints fresh key material.",
+            details={"key": "malformed", "length": len(raw)},
+            code="key_malformed",
+        )
+    split = _split_key(raw)
+    assert split is not None  # the format has exactly two underscores
+    return split
+
+
+@transaction.atomic
+def agent_key_create(
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes: Iterable[str] = ("agent",),
+    actor: Actor,
+    owner: User | None = None,
+) -> IssuedKey:
+    """Issue a key. ``name`` is the agent (or automation) it is for: every key issued with the same
+    name is the same agent — it owns the runs created under that name — so rotating a key is
+    issuing a new one with the same name and revoking the old one when nothing uses it.
+    ``owner``: the person behind the key (``key_owner_check``; required with ``approver``)."""
+    name, scope_list = _key_fields_check(tenant=tenant, name=name, scopes=scopes, owner=owner)
+    raw = agent_key_new_secret()
+    prefix, secret_part = agent_key_material_check(raw)
     key = AgentKey.objects.create(
         tenant=tenant,
         name=name,
@@ -128,7 +166,54 @@ def agent_key_create(
     if owner is not None:
         data["owner"] = owner.get_username()
     audit_record(tenant=tenant, actor=actor, kind="agent_key.created", subject=key, data=data)
-    return IssuedKey(key=key, secret=f"{prefix}_{secret_part}")
+    return IssuedKey(key=key, secret=raw)
+
+
+def agent_key_matches(*, key: AgentKey, raw: str) -> bool:
+    """Whether provided key material is ``key``'s (its prefix and, in constant time, its secret)."""
+    split = _split_key(raw)
+    if split is None or split[0] != key.prefix:
+        return False
+    return hmac.compare_digest(key.key_hash, sha256_hex(split[1]))
+
+
+@transaction.atomic
+def agent_key_import(
+    *,
+    tenant: Tenant,
+    name: str,
+    secret: str,
+    scopes: Iterable[str] = ("agent",),
+    actor: Actor,
+    owner: User | None = None,
+) -> AgentKey:
+    """Store a key whose material the operator made (``manage.py bootstrap``: a key a deployment
+    declares in its secrets, so it need not be read off a one-time output). The same checks as an
+    issued key, plus the format of one (``agent_key_material_check``); a prefix already in use is
+    refused (409). Only the digest of the secret part is stored, as for an issued key. Audited
+    ``agent_key.imported``: unlike an issued key, someone other than this server has seen it."""
+    name, scope_list = _key_fields_check(tenant=tenant, name=name, scopes=scopes, owner=owner)
+    prefix, secret_part = agent_key_material_check(secret)
+    if AgentKey.objects.filter(prefix=prefix).exists():
+        raise errors.Conflict(
+            f"A key with the prefix {prefix} already exists; every key needs its own (make new key "
+            "material rather than reusing a key's).",
+            details={"key": prefix},
+            code="key_prefix_taken",
+        )
+    key = AgentKey.objects.create(
+        tenant=tenant,
+        name=name,
+        prefix=prefix,
+        key_hash=sha256_hex(secret_part),
+        scopes=scope_list,
+        owner=owner,
+    )
+    data: dict[str, object] = {"name": name, "scopes": scope_list}
+    if owner is not None:
+        data["owner"] = owner.get_username()
+    audit_record(tenant=tenant, actor=actor, kind="agent_key.imported", subject=key, data=data)
+    return key
 
 
 @transaction.atomic

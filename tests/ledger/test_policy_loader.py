@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from ledger.durations import parse_duration
 from ledger.models import Compensator, Event, PolicySet, ToolPolicy
@@ -93,11 +94,19 @@ def test_it_loads_the_agent_safety_layout(db, tenant):
 @pytest.mark.parametrize("path", [NATIVE, AGENT_SAFETY])
 def test_it_changes_nothing_when_the_same_file_is_loaded_twice(db, tenant, path):
     load(path, "--tenant", tenant.slug)
-    before, events = snapshot(), Event.objects.count()
+    before, events, stamp = snapshot(), Event.objects.count(), policy_stamp()
     out = load(path, "--tenant", tenant.slug)
     assert "0 created, 0 updated" in out and "Nothing changed." in out
     assert snapshot() == before
     assert Event.objects.count() == events
+    # Nor does the policy stamp move: every process keeps its cached policies.
+    assert policy_stamp() == stamp
+
+
+def policy_stamp() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT version FROM ledger_policystamp WHERE id = 1")
+        return int(cursor.fetchone()[0])
 
 
 def test_it_replaces_the_scope_and_says_what_it_removed(db):
