@@ -21,12 +21,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from saga_client.signing import verify_signature
 
 from dashboard.selectors.tenants import visible_tenants
 from demo import services
 from demo.models import CrmContact, CrmTicket, HrUser, OutboxEmail, Payment, WorkspaceLicense
 from demo.services import WorldResult
+from ledger.signing import verify_signature
 
 SECRET_ENV = "SAGA_DEMO_WORLD_SECRET"
 

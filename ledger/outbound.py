@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING
 
 import httpx
 from django.core.exceptions import ImproperlyConfigured
-from saga_client.signing import derive_secret
 
 from ledger import errors
 from ledger.conf import saga
+from ledger.signing import derive_secret
 
 if TYPE_CHECKING:
     from ledger.models import Run, Tenant

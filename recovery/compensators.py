@@ -42,12 +42,12 @@ from mcp import Client as McpClient
 from mcp import MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND, CallToolResult, RequestParamsMeta, TextContent
-from saga_client.signing import signed_headers
 
 from ledger import upstreams
 from ledger.conf import saga
 from ledger.models import CompensationStrategy, Compensator
 from ledger.policies.resolve import StampCache
+from ledger.signing import signed_headers
 
 log = structlog.get_logger(__name__)
 

@@ -193,8 +193,13 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# Where collectstatic writes and whitenoise serves from. From a checkout, the repository's
+# staticfiles/; an installed server (pip install .) sets STATIC_ROOT, or gets one beside its
+# packages in site-packages.
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", "").strip() or BASE_DIR / "staticfiles")
+# The repository's own static/ (the apps' static/ folders travel inside their packages); an
+# installed server has none, and a missing folder would be a warning on every check.
+STATICFILES_DIRS = [folder for folder in [BASE_DIR / "static"] if folder.is_dir()]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {

@@ -1,7 +1,8 @@
 """The layering (docs/README.md, "Where things are"), read from the code's own imports; and the size
 budget every module keeps.
 
-Dependencies point down: ``saga_client`` (no server code at all) ← ``ledger`` (the record) ←
+Dependencies point down: ``saga_client`` (no server code at all; the server imports it only in
+the demo's agents) ← ``ledger`` (the record) ←
 ``recovery`` (the decisions) ← ``saga_admin.api`` and ``dashboard`` (HTTP and pages, peers that do
 not import each other) ← the project shell (``saga_admin`` settings and urls) and ``demo``.
 Inside ``recovery`` the decisions (the ``recovery.services`` package) sit on top: nothing below
@@ -279,6 +280,23 @@ def test_it_keeps_the_client_free_of_the_server():
         if module.startswith("saga_client")
     }
     assert {module: names for module, names in offenders.items() if names} == {}
+
+
+# The server's distribution (pyproject.toml) does not carry the client: what the server shares with
+# it (the webhook signature) it implements itself (ledger.signing, proved against the client's by
+# clients/spec/signature-vectors.json). Only the demo's agents are integrators, playing the client
+# against the server from ``seed_demo``, a development command; nothing else reaches them.
+CLIENT_USERS = {"demo.agents", "demo.mcp_agent"}
+
+
+def test_it_keeps_the_server_free_of_the_client():
+    server = [module for module in MODULES if not module.startswith("saga_client")]
+    importers = {
+        module for module in server if any(name.split(".")[0] == "saga_client" for name in imports_of(module))
+    }
+    assert importers == CLIENT_USERS
+    reaching = {module for module in server if imports_of(module) & CLIENT_USERS} - CLIENT_USERS
+    assert reaching == {"demo.management.commands.seed_demo"}
 
 
 def test_it_catches_a_hidden_upward_import(tmp_path, monkeypatch):

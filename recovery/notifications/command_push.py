@@ -15,11 +15,11 @@ import structlog
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from saga_client.signing import signed_headers
 
 from ledger import errors, outbound
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
+from ledger.signing import signed_headers
 from recovery import queueing
 from recovery.models import AgentCommand
 

@@ -23,10 +23,10 @@ from django.conf import settings
 from django.core.mail import send_mail
 from django.db.models import F, Q
 from django.utils import timezone
-from saga_client.signing import signed_headers
 
 from ledger import errors, outbound
 from ledger.conf import saga
+from ledger.signing import signed_headers
 from recovery import queueing, slack
 from recovery.models import AgentCommand, Approval, Notification, SlackApp
 from recovery.notifications.outbox import Event, Kind, enqueue_delivery
