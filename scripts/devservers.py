@@ -8,6 +8,8 @@ before Django is configured.
     python scripts/devservers.py free-port 8000                 # prints 8000 or the next free one
     python scripts/devservers.py free-port 8765 --except 8000   # ... skipping ports taken by us
     python scripts/devservers.py port-free 8000                 # exit 0 when 8000 is free
+    python scripts/devservers.py port-free 8000 --host 0.0.0.0  # ... on that address
+    python scripts/devservers.py bind-host 0.0.0.0              # SAGA_RUN_HOST checked: "BIND URLHOST"
     python scripts/devservers.py wait-url http://127.0.0.1:8000/healthz 60
     python scripts/devservers.py wait-url http://127.0.0.1:8765/mcp 30 --any-status
     python scripts/devservers.py status .data                   # the running playground, or exit 1
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import ipaddress
 import os
 import pwd
 import signal
@@ -108,16 +111,47 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
     # Bindable is not enough when another server listens on the wildcard address only.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.settimeout(0.2)
-        return probe.connect_ex((host, port)) != 0
+        return probe.connect_ex((_probe_host(host), port)) != 0
 
 
-def free_port(start: int, tries: int = 200, *, taken: frozenset[int] = frozenset()) -> int:
-    """The first free port from ``start``, skipping ``taken`` (ports chosen for servers that are
-    not listening yet)."""
+def free_port(
+    start: int, tries: int = 200, *, taken: frozenset[int] = frozenset(), host: str = "127.0.0.1"
+) -> int:
+    """The first free port from ``start`` on ``host``, skipping ``taken`` (ports chosen for
+    servers that are not listening yet)."""
     for port in range(start, start + tries):
-        if port not in taken and _port_free(port):
+        if port not in taken and _port_free(port, host):
             return port
     raise SystemExit(f"no free port in {start}..{start + tries - 1}")
+
+
+# Every interface: make run's opt-in (SAGA_RUN_HOST=0.0.0.0), never its default.
+WILDCARD = "0.0.0.0"  # noqa: S104
+
+
+def _probe_host(host: str) -> str:
+    """Where to knock on a port the web will bind on ``host`` (the wildcard: on loopback)."""
+    return "127.0.0.1" if host == WILDCARD else host
+
+
+def bind_host(value: str) -> tuple[str, str]:
+    """``make run``'s SAGA_RUN_HOST, checked: the address the web binds (an IPv4 address of this
+    machine, or 0.0.0.0 for all of them) and the host of the URL it is reached at from here."""
+    try:
+        address = ipaddress.IPv4Address(value)
+    except ValueError:
+        raise SystemExit(
+            f"SAGA_RUN_HOST={value!r} is not an IPv4 address: give 127.0.0.1 (the default: this "
+            "machine only), 0.0.0.0 (every interface) or one address of this machine."
+        ) from None
+    if address.is_unspecified:
+        return WILDCARD, "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((str(address), 0))
+        except OSError:
+            raise SystemExit(f"SAGA_RUN_HOST={value} is not an address of this machine.") from None
+    return str(address), str(address)
 
 
 def wait_url(url: str, timeout_s: float, *, any_status: bool = False) -> None:
@@ -345,7 +379,11 @@ def _parser() -> argparse.ArgumentParser:
     port = sub.add_parser("free-port")
     port.add_argument("start", type=int)
     port.add_argument("--except", dest="taken", type=int, nargs="*", default=[], metavar="PORT")
-    sub.add_parser("port-free").add_argument("port", type=int)
+    port.add_argument("--host", default="127.0.0.1")
+    free = sub.add_parser("port-free")
+    free.add_argument("port", type=int)
+    free.add_argument("--host", default="127.0.0.1")
+    sub.add_parser("bind-host").add_argument("value")
     wait = sub.add_parser("wait-url")
     wait.add_argument("url")
     wait.add_argument("timeout", type=float)
@@ -355,6 +393,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ports(args: argparse.Namespace) -> None:
+    if args.command == "free-port":
+        print(free_port(args.start, taken=frozenset(args.taken), host=args.host))
+    elif args.command == "port-free":
+        sys.exit(0 if _port_free(args.port, args.host) else 1)
+    else:
+        print(*bind_host(args.value))
+
+
 def main(argv: list[str]) -> None:
     args = _parser().parse_args(argv)
 
@@ -362,10 +409,8 @@ def main(argv: list[str]) -> None:
         print(pg_start(args.datadir, args.dbname))
     elif args.command == "pg-stop":
         pg_stop(args.datadir)
-    elif args.command == "free-port":
-        print(free_port(args.start, taken=frozenset(args.taken)))
-    elif args.command == "port-free":
-        sys.exit(0 if _port_free(args.port) else 1)
+    elif args.command in ("free-port", "port-free", "bind-host"):
+        _ports(args)
     elif args.command == "wait-url":
         wait_url(args.url, args.timeout, any_status=args.any_status)
     elif args.command == "status":

@@ -21,7 +21,9 @@
 # 600; the secrets as references to their files) and `make manage ARGS="…"` (scripts/manage.sh)
 # runs manage.py with it. The file goes away when this script stops.
 #
-# Knobs: PORT (exact port for the web; default 8000 or the next free one), DATABASE_URL,
+# Knobs: PORT (exact port for the web; default 8000 or the next free one), SAGA_RUN_HOST (the
+# address the web listens on: 127.0.0.1 by default, 0.0.0.0 for every interface, or one IPv4
+# address of this machine; the demo MCP server and its gateway always listen on 127.0.0.1), DATABASE_URL,
 # REDIS_URL, SAGA_RUN_DATA (the data directory; default .data), SAGA_DEMO_TRAFFIC=0 (no live
 # demo traffic), SAGA_DEMO_WORLD_SECRET, DEBUG (default 0: the app's own error pages), SECRET_KEY (default: one
 # generated once and kept in .data/secret-key), SAGA_OUTBOUND_ALLOWED_HOSTS (default: the demo
@@ -95,17 +97,27 @@ stop_all() {
 trap 'stop_all; exit 130' INT TERM HUP
 trap 'stop_all' EXIT
 
+# The playground serves demo logins whose passwords are published: its web listens on this
+# machine only (127.0.0.1) unless SAGA_RUN_HOST asks for every interface (0.0.0.0) or one address
+# of this machine. The Procfile's web line binds WEB_BIND_HOST (deployments: 0.0.0.0, its default).
+if ! bind=$("$PY" scripts/devservers.py bind-host "${SAGA_RUN_HOST:-127.0.0.1}" 9>&-); then
+  echo "Nothing was started." >&2
+  exit 1
+fi
+WEB_BIND_HOST=${bind% *}
+url_host=${bind#* }
+
 # An explicit PORT is a promise to whoever set it: use it or fail. Otherwise 8000 or the next free.
 if [ -n "${PORT:-}" ]; then
-  if ! "$PY" scripts/devservers.py port-free "$PORT"; then
+  if ! "$PY" scripts/devservers.py port-free "$PORT" --host "$WEB_BIND_HOST"; then
     echo "PORT=$PORT is in use by another program (not a make run on $DATA); nothing was started." >&2
     echo "Pick another port, or unset PORT to take 8000 or the next free one." >&2
     exit 1
   fi
 else
-  PORT=$("$PY" scripts/devservers.py free-port 8000)
+  PORT=$("$PY" scripts/devservers.py free-port 8000 --host "$WEB_BIND_HOST")
 fi
-BASE_URL="http://127.0.0.1:$PORT"
+BASE_URL="http://$url_host:$PORT"
 printf 'url=%s\n' "$BASE_URL" >>"$DATA/run.info"
 
 # --- Start. ------------------------------------------------------------------------------------
@@ -187,7 +199,11 @@ export SECRET_KEY
 # Links in notifications (the demo's console e-mails in .data/logs/worker.log) point here.
 export SAGA_PUBLIC_URL="${SAGA_PUBLIC_URL:-$BASE_URL}"
 # Two gunicorn worker processes (the Procfile's default too; WEB_THREADS threads each): a laptop.
-export DATABASE_URL REDIS_URL SAGA_DEMO_WORLD_SECRET PORT WEB_CONCURRENCY="${WEB_CONCURRENCY:-2}"
+export DATABASE_URL REDIS_URL SAGA_DEMO_WORLD_SECRET PORT WEB_BIND_HOST WEB_CONCURRENCY="${WEB_CONCURRENCY:-2}"
+# Served at one address of this machine (SAGA_RUN_HOST), the app must answer to that host name too.
+if [ "$url_host" != 127.0.0.1 ] && [ -z "${ALLOWED_HOSTS:-}" ]; then
+  export ALLOWED_HOSTS="localhost,127.0.0.1,[::1],$url_host"
+fi
 # The demo world (/demo-world/) is served only when SAGA_DEMO is on; make run is the demo.
 export SAGA_DEMO=1
 # The demo's lost agent should be noticed within a minute, not after production's five.
@@ -197,7 +213,7 @@ export SAGA_RESUME_ACK_TIMEOUT_S="${SAGA_RESUME_ACK_TIMEOUT_S:-30}"
 # A resume_url must reach a public address unless the operator allows its host. The demo world is
 # served by this web process, so agents here may point resume_url at it: that port on this machine
 # is allowed, and nothing else on it (not Redis, not PostgreSQL).
-export SAGA_OUTBOUND_ALLOWED_HOSTS="${SAGA_OUTBOUND_ALLOWED_HOSTS:-127.0.0.1:$PORT,localhost:$PORT}"
+export SAGA_OUTBOUND_ALLOWED_HOSTS="${SAGA_OUTBOUND_ALLOWED_HOSTS:-127.0.0.1:$PORT,localhost:$PORT$([ "$url_host" = 127.0.0.1 ] || echo ",$url_host:$PORT")}"
 # Commands pushed to resume URLs are signed with per-agent secrets derived from this master
 # (`python manage.py resume_secret --tenant acme --agent demo-agents` prints the Acme demo agents');
 # kept in .data like the others.
@@ -289,6 +305,7 @@ cat <<EOF
   Demo MCP server:         $SAGA_DEMO_MCP_URL  (what reached it: $MCP_JOURNAL)
   Logs:                    $LOGS/ (web, worker, demo-agents, mcp-upstream, mcp-gateway, redis)
   Notifications:           Acme's on-call e-mails are printed to $LOGS/worker.log (console e-mail backend)
+$(if [ "$WEB_BIND_HOST" = 127.0.0.1 ]; then echo "  Listening on:            127.0.0.1 only (SAGA_RUN_HOST=0.0.0.0 make run: every interface)"; else echo "  Listening on:            $WEB_BIND_HOST (SAGA_RUN_HOST): other machines can reach it, and the demo logins' passwords are published"; fi)
 $(if [ "${SAGA_DEMO_TRAFFIC:-1}" != "0" ]; then echo "  Live demo traffic:       a new run every 20 s; about 1 in 5 fails into the recovery queue (SAGA_DEMO_TRAFFIC=0 make run: none)"; fi)
   Management commands:     $manage ARGS="create_agent_key --tenant acme --name my-agent" (env: $DATA/env)
 

@@ -12,6 +12,7 @@ none of the suite's DATABASE_URL / REDIS_URL / SECRET_KEY: it must find its own 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import re
@@ -96,6 +97,47 @@ def port_listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _decode_address(hex_address: str) -> str:
+    """An address as /proc/net/tcp{,6} write it: 32-bit words in host (little-endian) order."""
+    raw = b"".join(bytes.fromhex(hex_address[i : i + 8])[::-1] for i in range(0, len(hex_address), 8))
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of the TCP sockets listening on ``port``, from the kernel's tables."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with suppress(FileNotFoundError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.add(_decode_address(address))
+    return found
+
+
+def outward_address() -> str | None:
+    """An IPv4 address of this machine other machines could connect to (not loopback): the one
+    its default route leaves from (a UDP connect sends nothing), else the first global one `ip`
+    lists; None when it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe, suppress(OSError):
+        probe.connect(("198.51.100.1", 9))
+        address = probe.getsockname()[0]
+        if not ipaddress.IPv4Address(address).is_loopback and address != "0.0.0.0":
+            return str(address)
+    listed = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True, check=False
+    )
+    found = re.search(r"inet (\d+\.\d+\.\d+\.\d+)/", listed.stdout)
+    return found.group(1) if found else None
+
+
+def reachable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        return sock.connect_ex((host, port)) == 0
+
+
 def dead_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
@@ -150,6 +192,7 @@ def test_a_second_make_run_refuses_and_make_manage_reaches_the_first(data_dir: P
 
         wait_for(up, timeout=200, interval=0.5, what="the first make run to be up")
         procs, pg, gateway_url, redis_port = _check_the_first_run_is_up(output(), url, data_dir)
+        _check_it_listens_on_loopback_only(output(), port, gateway_url)
         _check_a_second_start_refuses(env, data_dir, url, procs, pg)
         assert first.poll() is None
         _check_the_environment_file(data_dir)
@@ -200,6 +243,26 @@ def _check_the_first_run_is_up(said: str, url: str, data_dir: Path) -> tuple[Pro
     assert "sk_" not in Path(f"/proc/{gateway_pid}/cmdline").read_text()
     redis_port = int((data_dir / "env").read_text().split("redis://127.0.0.1:", 1)[1].split("/", 1)[0])
     return procs, pg, gateway_url, redis_port
+
+
+def _check_it_listens_on_loopback_only(said: str, port: int, gateway_url: str) -> None:
+    # The playground serves demo logins whose passwords README publishes: its web, the demo MCP
+    # server and the gateway listen on 127.0.0.1, and no other address of this machine answers.
+    found = re.search(r"Demo MCP server:\s+http://127\.0\.0\.1:(\d+)/mcp", said)
+    assert found, said[-3000:]
+    ports = {
+        "web": port,
+        "mcp": int(found.group(1)),
+        "gateway": int(gateway_url.rsplit(":", 1)[1].split("/")[0]),
+    }
+    assert {name: listening_addresses(number) for name, number in ports.items()} == {
+        name: {"127.0.0.1"} for name in ports
+    }
+    assert "Listening on:            127.0.0.1 only" in said
+    outward = outward_address()
+    if outward is not None:
+        assert all(reachable("127.0.0.1", number) for number in ports.values())
+        assert not any(reachable(outward, number) for number in ports.values()), outward
 
 
 def _check_a_second_start_refuses(
@@ -342,3 +405,84 @@ def test_what_a_killed_run_left_behind_is_named_not_shared_and_make_stop_stops_i
         if leftover.poll() is None:
             leftover.kill()
             leftover.wait()
+
+
+@pytest.mark.parametrize("where", ["every interface", "one address"])
+def test_saga_run_host_opens_the_web_only_to_other_machines(data_dir: Path, where: str) -> None:
+    # The opt-in: SAGA_RUN_HOST=0.0.0.0 binds the web on every interface (reachable at this
+    # machine's outward address when it has one); SAGA_RUN_HOST=<an address of this machine> binds
+    # it there alone, and the playground (its URL, its demo seeding through the API, its gateway)
+    # works at that address. The demo MCP server and its gateway stay on 127.0.0.1 either way,
+    # and the banner says what is exposed.
+    outward = outward_address()
+    if where == "one address" and outward is None:
+        pytest.skip("this machine has no address but loopback")
+    host = "0.0.0.0" if where == "every interface" else str(outward)
+    url_host = "127.0.0.1" if where == "every interface" else host
+    port = free_port()
+    out_path = data_dir.parent / f"{data_dir.name}.out"
+    with out_path.open("wb") as out:
+        run = subprocess.Popen(
+            RUN,
+            cwd=ROOT,
+            env=child_env(data_dir, PORT=str(port), SAGA_RUN_HOST=host),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    output = lambda: out_path.read_text(errors="replace")  # noqa: E731
+    try:
+
+        def up() -> bool:
+            assert run.poll() is None, f"make run exited {run.returncode}:\n{output()[-4000:]}"
+            return "Press Ctrl-C to stop." in output()
+
+        wait_for(up, timeout=200, interval=0.5, what="make run to be up")
+        said = output()
+        assert f"Listening on:            {host} (SAGA_RUN_HOST)" in said, said[-3000:]
+        assert f"Saga Admin is running:   http://{url_host}:{port}/" in said, said[-3000:]
+        assert get(f"http://{url_host}:{port}/healthz")[0] == 200
+        assert listening_addresses(port) == {host}
+        mcp = re.search(r"Demo MCP server:\s+http://127\.0\.0\.1:(\d+)/mcp", said)
+        gateway = re.search(r"MCP gateway \(saga-mcp\):\s+http://127\.0\.0\.1:(\d+)/mcp", said)
+        assert mcp and gateway, said[-3000:]
+        assert "create_user" in asyncio.run(mcp_tool_names(f"http://127.0.0.1:{gateway.group(1)}/mcp"))
+        for number in (int(mcp.group(1)), int(gateway.group(1))):
+            assert listening_addresses(number) == {"127.0.0.1"}
+        if outward is not None:
+            assert reachable(outward, port)
+            assert not reachable(outward, int(mcp.group(1))) and not reachable(outward, int(gateway.group(1)))
+        if where == "one address":
+            assert not reachable("127.0.0.1", port)
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGTERM)
+            with suppress(subprocess.TimeoutExpired):
+                run.wait(timeout=120)
+        out_path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("localhost", "is not an IPv4 address"),
+        ("0.0.0.0; touch /tmp/x", "is not an IPv4 address"),
+        ("203.0.113.7", "is not an address of this machine"),
+    ],
+)
+def test_a_saga_run_host_it_cannot_use_is_refused_before_anything_starts(
+    data_dir: Path, value: str, message: str
+) -> None:
+    run = subprocess.run(
+        RUN,
+        cwd=ROOT,
+        env=child_env(data_dir, SAGA_RUN_HOST=value),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = run.stdout + run.stderr
+    assert run.returncode != 0, said
+    assert message in said and "Nothing was started" in said and "Traceback" not in said, said
+    assert "==> Starting" not in said and not (data_dir / "pg").exists(), said
+    assert not (data_dir / "run.procs").exists() and not (data_dir / "env").exists()
