@@ -206,6 +206,10 @@ if [ "$url_host" != 127.0.0.1 ] && [ -z "${ALLOWED_HOSTS:-}" ]; then
 fi
 # The demo world (/demo-world/) is served only when SAGA_DEMO is on; make run is the demo.
 export SAGA_DEMO=1
+# The playground's collected static files live in its data directory, not in the checkout's
+# staticfiles/: collectstatic rewrites files in place, and whatever else serves or tests from the
+# checkout (the test suite's processes, another make run) must never see one missing meanwhile.
+export STATIC_ROOT="${STATIC_ROOT:-$DATA/static}"
 # The demo's lost agent should be noticed within a minute, not after production's five.
 export SAGA_HEARTBEAT_TIMEOUT_S="${SAGA_HEARTBEAT_TIMEOUT_S:-45}"
 # ...and a resume its agent does not pick up is announced before that (production: 180 s).
@@ -230,7 +234,7 @@ export SAGA_RESUME_WEBHOOK_SECRET
 shq() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
 write_env() {
   local name names
-  names=(DEBUG SECURE_SSL_REDIRECT SECURE_HSTS_SECONDS SESSION_COOKIE_SECURE CSRF_COOKIE_SECURE SECRET_KEY DATABASE_URL REDIS_URL)
+  names=(DEBUG SECURE_SSL_REDIRECT SECURE_HSTS_SECONDS SESSION_COOKIE_SECURE CSRF_COOKIE_SECURE SECRET_KEY DATABASE_URL REDIS_URL STATIC_ROOT)
   for name in ALLOWED_HOSTS CSRF_TRUSTED_ORIGINS DB_CONN_MAX_AGE LOG_LEVEL RQ_LOG_LEVEL EMAIL_BACKEND \
     DEFAULT_FROM_EMAIL $(compgen -e | grep '^SAGA_' | grep -vx 'SAGA_RUN_DATA\|SAGA_DEMO_TRAFFIC' | sort); do
     if [ -n "${!name+set}" ]; then names+=("$name"); fi

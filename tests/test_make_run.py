@@ -34,8 +34,10 @@ from mcp import Client
 
 from tests.support.processes import ROOT, free_port, wait_for
 
-# A whole playground per test: the slow lane (`make test-fast` leaves it out).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# A whole playground per test: the slow lane (`make test-fast` leaves it out). One at a time (one
+# xdist group): a playground takes the demo MCP ports 8765/8766 or the next free ones, and two
+# started at the same instant by parallel workers would both find the same ones free.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("make_run")]
 
 RUN = [shutil.which("bash") or "/bin/bash", str(ROOT / "scripts" / "run.sh")]
 DEVSERVERS = [sys.executable, str(ROOT / "scripts" / "devservers.py")]
