@@ -64,10 +64,18 @@ stop: ## Stop the running playground
 
 # The same tools as .pre-commit-config.yaml: ruff (lint + format) and mypy (with django-stubs,
 # whose plugin loads the settings: development mode, as they fail closed without a SECRET_KEY).
-lint: install ## ruff check, ruff format --check and mypy
+# Then the deployment files: the Dockerfile (hadolint), compose.yaml against the Compose
+# specification's schema, and both Kustomize trees rendered (kubectl kustomize, offline) and checked
+# against Kubernetes' schemas. tests/test_deploy_files.py checks what the schemas cannot.
+KUSTOMIZE_TREES := deploy/kubernetes/base deploy/kubernetes/overlays/example
+lint: install ## ruff check, ruff format --check, mypy and the deployment files' linters
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	DEBUG=1 $(VENV)/bin/mypy .
+	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml
+	set -eo pipefail; for tree in $(KUSTOMIZE_TREES); do \
+		kubectl kustomize $$tree | $(VENV)/bin/kubernetes-validate --strict --quiet -; done
 
 # What ruff can fix, fixed: the formatter, then the linter's safe fixes (what is left, it lists).
 fmt: install ## Format and fix what ruff can (ruff format, ruff check --fix)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import django_rq
@@ -81,3 +82,26 @@ def favicon(request: HttpRequest) -> HttpResponse:
     response = HttpResponse(_favicon_bytes(), content_type="image/x-icon")
     response["Cache-Control"] = "public, max-age=86400"
     return response
+
+
+# The probes by path. ProbeMiddleware answers them first, whatever the Host header says: an
+# orchestrator's kubelet or a container engine asks by the pod's or container's own address, which
+# ALLOWED_HOSTS (the public name) rightly does not list, and over plain HTTP. They read nothing of
+# the request and say nothing of the host.
+PROBES: dict[str, Callable[[HttpRequest], HttpResponse]] = {
+    "/healthz": healthz,
+    "/livez": livez,
+    "/readyz": readyz,
+}
+
+
+class ProbeMiddleware:
+    """Answers ``/healthz``, ``/livez`` and ``/readyz`` before the host check, the HTTPS redirect
+    and the rest of the chain (first in MIDDLEWARE after the request id)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        probe = PROBES.get(request.path_info)
+        return probe(request) if probe is not None else self.get_response(request)

@@ -96,6 +96,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "saga_admin.middleware.RequestIdMiddleware",
+    # /healthz, /livez, /readyz: answered here, for any Host and over plain HTTP (probes ask by
+    # the container's own address).
+    "saga_admin.health.ProbeMiddleware",
     # /api/: the key is checked before the body is read (401/429 unread), then the body's size
     # (413), content type (415), JSON well-formedness and depth, before any view.
     "saga_admin.api.limits.ApiGateMiddleware",
@@ -213,8 +216,8 @@ STORAGES = {
 
 # --- Security -------------------------------------------------------------------------------
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
-# /healthz, /livez and /readyz must answer plain HTTP for load balancers and probes.
-SECURE_REDIRECT_EXEMPT = [r"^(healthz|livez|readyz)$"]
+# /healthz, /livez and /readyz answer plain HTTP for load balancers and probes: ProbeMiddleware
+# answers them before SecurityMiddleware's redirect.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)

@@ -10,12 +10,11 @@ from django.views import defaults
 from dashboard.views import slack, workers
 from saga_admin.api.app import api, unrouted
 from saga_admin.api.limits import error_json, is_api_request
-from saga_admin.health import favicon, healthz, livez, readyz
+from saga_admin.health import PROBES, favicon
 
 urlpatterns = [
-    path("healthz", healthz, name="healthz"),
-    path("livez", livez, name="livez"),
-    path("readyz", readyz, name="readyz"),
+    # Answered by saga_admin.health.ProbeMiddleware before any of this; named here for reverse().
+    *(path(url.lstrip("/"), view, name=url.lstrip("/")) for url, view in PROBES.items()),
     # Browsers ask every site for /favicon.ico (the Django admin's pages and the API docs name no
     # icon); the dashboard's pages link theirs.
     path("favicon.ico", favicon, name="favicon"),

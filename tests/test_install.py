@@ -1,8 +1,11 @@
-"""The server installs itself: what is committed, exported (``git archive HEAD``) and installed with
-``pip install`` (not editable, without the client) into a fresh venv, runs from a directory of its
-own as a deployment runs it: ``check --deploy``, ``migrate`` and ``collectstatic`` pass, the
-Procfile's web line serves ``/healthz`` and the login page (its template and static files come from
-the installed packages), and the Procfile's worker line stays up and registers with RQ.
+"""The server installs itself, as the container image installs it: what is committed, exported
+(``git archive HEAD``), is installed by ``deploy/docker/install.sh`` (the Dockerfile's build step:
+``pip install``, not editable, without the client, into a fresh venv, and the static files collected
+from the installed packages) into a folder of its own, and runs from there through the image's
+entrypoint, as a container runs it: ``check --deploy`` passes, ``migrate`` migrates and bootstraps
+(once: the second run changes nothing), ``web`` serves ``/livez``, ``/readyz`` and the login page
+(its template and static files from the install), ``worker`` stays up and registers with RQ, and
+the image's health checks (``python -m saga_admin.probe web|worker``) pass.
 
 Commit before running it: it tests HEAD, not the working tree."""
 
@@ -29,7 +32,6 @@ import pytest
 import redis
 from rq import Worker
 
-from bench.procs import procfile_lines
 from tests.support.processes import (
     RedisServer,
     database_url_for_subprocesses,
@@ -72,7 +74,8 @@ def fresh_database() -> Iterator[str]:
 
 @pytest.fixture
 def installed(tmp_path: Path) -> Path:
-    """A fresh venv with the committed server installed in it, non-editable; its bin folder."""
+    """The committed server installed by deploy/docker/install.sh into a fresh folder (the image's
+    /opt/saga): its venv, collected static files, Procfile and entrypoint. Returns the folder."""
     export = tmp_path / "export"
     export.mkdir()
     archive = subprocess.run(
@@ -80,18 +83,20 @@ def installed(tmp_path: Path) -> Path:
     )
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(export, filter="data")
-    python = shutil.which("python3.11") or sys.executable
-    venv = tmp_path / "venv"
-    _run([python, "-m", "venv", str(venv)], env=_base_env(os.environ["PATH"]), cwd=tmp_path)
-    bin_dir = venv / "bin"
+    prefix = tmp_path / "opt-saga"
     # As `make install` reaches packages: pip's own configuration, nothing added here.
+    env = {
+        **_base_env("/usr/local/bin:/usr/bin:/bin"),
+        "PYTHON": shutil.which("python3.11") or sys.executable,
+    }
     _run(
-        [str(bin_dir / "python"), "-m", "pip", "install", "-q", str(export)],
-        env=_base_env(f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"),
+        ["sh", str(export / "deploy" / "docker" / "install.sh"), str(export), str(prefix)],
+        env=env,
         cwd=tmp_path,
         timeout=600,
     )
-    return bin_dir
+    assert (prefix / "static" / "staticfiles.json").exists()
+    return prefix
 
 
 def _start(command: str, *, env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -120,8 +125,10 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 def _get(url: str) -> httpx.Response | None:
     try:
-        # Behind the TLS-terminating proxy the settings expect (SECURE_PROXY_SSL_HEADER).
-        return httpx.get(url, headers={"X-Forwarded-Proto": "https"}, timeout=5, follow_redirects=False)
+        # Behind the TLS-terminating proxy the settings expect (SECURE_PROXY_SSL_HEADER), by the
+        # public name ALLOWED_HOSTS lists.
+        headers = {"X-Forwarded-Proto": "https", "Host": "saga.example.com"}
+        return httpx.get(url, headers=headers, timeout=5, follow_redirects=False)
     except httpx.TransportError:
         return None
 
@@ -132,24 +139,31 @@ def _logs(folder: Path) -> str:
     )
 
 
-def _production_env(tmp_path: Path, bin_dir: Path, database_url: str, redis_url: str) -> dict[str, str]:
+def _production_env(tmp_path: Path, prefix: Path, database_url: str, redis_url: str) -> dict[str, str]:
+    """What the image's ENV and a deployment's configuration give a container."""
+    (tmp_path / "admin-password").write_text("installed-admin-password-7731\n")
     return {
-        **_base_env(f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"),
+        **_base_env("/usr/local/bin:/usr/bin:/bin"),
         "DJANGO_SETTINGS_MODULE": "saga_admin.settings",
+        "STATIC_ROOT": str(prefix / "static"),
         "SECRET_KEY": secrets.token_urlsafe(50),
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
-        "ALLOWED_HOSTS": "127.0.0.1,localhost",
-        "STATIC_ROOT": str(tmp_path / "static"),
+        "ALLOWED_HOSTS": "saga.example.com",
         "PORT": str(free_port()),
         "WEB_CONCURRENCY": "1",
+        "SAGA_BOOTSTRAP_TENANT": "acme",
+        "SAGA_BOOTSTRAP_ADMIN_USERNAME": "ops",
+        "SAGA_BOOTSTRAP_ADMIN_EMAIL": "ops@example.com",
+        "SAGA_BOOTSTRAP_ADMIN_PASSWORD_FILE": str(tmp_path / "admin-password"),
     }
 
 
-def _prepare(bin_dir: Path, env: dict[str, str], run_dir: Path) -> None:
-    """What a deployment runs before it starts: the installed package (not the export) and no
-    client, then check --deploy, migrate and collectstatic, each passing."""
-    python = str(bin_dir / "python")
+def _prepare(prefix: Path, env: dict[str, str], run_dir: Path) -> None:
+    """What a deployment runs before it starts, through the entrypoint: the installed package (not
+    the export) and no client, then check --deploy, then migrate (with the bootstrap) twice."""
+    entrypoint = str(prefix / "entrypoint.sh")
+    python = str(prefix / "venv" / "bin" / "python")
     located = _run(
         [
             python,
@@ -160,21 +174,24 @@ def _prepare(bin_dir: Path, env: dict[str, str], run_dir: Path) -> None:
         env=env,
         cwd=run_dir,
     )
-    package = next(bin_dir.parent.glob("lib/python*/site-packages/saga_admin/__init__.py"))
+    package = next(prefix.glob("venv/lib/python*/site-packages/saga_admin/__init__.py"))
     assert located.splitlines() == [str(package), "None"]
-    checked = _run(
-        [python, "-m", "django", "check", "--deploy", "--fail-level", "WARNING"], env=env, cwd=run_dir
-    )
+    checked = _run([entrypoint, "check", "--deploy", "--fail-level", "WARNING"], env=env, cwd=run_dir)
     assert "no issues" in checked
-    _run([python, "-m", "saga_admin", "migrate", "--noinput"], env=env, cwd=run_dir, timeout=300)
-    _run([python, "-m", "django", "collectstatic", "--noinput"], env=env, cwd=run_dir)
-    assert (Path(env["STATIC_ROOT"]) / "staticfiles.json").exists()
+    first = _run([entrypoint, "migrate"], env=env, cwd=run_dir, timeout=300)
+    assert "Applying ledger.0001" in first and "Created tenant acme" in first, first
+    assert first.rstrip().endswith("Bootstrap done."), first
+    again = _run([entrypoint, "migrate"], env=env, cwd=run_dir, timeout=300)
+    assert "No migrations to apply." in again and again.rstrip().endswith("Nothing changed."), again
 
 
 def _check_web(base: str, web: subprocess.Popen[bytes], folder: Path) -> None:
-    health = wait_for(lambda: _get(f"{base}/healthz") or web.poll() is not None, timeout=60, what="/healthz")
+    live = wait_for(lambda: _get(f"{base}/livez") or web.poll() is not None, timeout=60, what="/livez")
     assert web.poll() is None, _logs(folder)
-    assert health.status_code == 200, (health.text, _logs(folder))
+    assert live.status_code == 200, (live.text, _logs(folder))
+    # The probes answer as a kubelet asks: by the pod's address (not in ALLOWED_HOSTS), plain HTTP.
+    ready = httpx.get(f"{base}/readyz", timeout=10)
+    assert (ready.status_code, ready.json()) == (200, {"database": "ok", "redis": "ok", "pages": "ok"})
     login = _get(f"{base}/login/")
     assert login is not None and login.status_code == 200, (login and login.text[:2000], _logs(folder))
     assert login.headers["content-type"].startswith("text/html")
@@ -201,6 +218,21 @@ def _check_worker(redis_url: str, worker: subprocess.Popen[bytes], folder: Path)
     assert {q.name for q in registered[0].queues} == {"default", "compensations", "notifications"}
 
 
+def _probe(
+    prefix: Path, process: str, env: dict[str, str], run_dir: Path
+) -> subprocess.CompletedProcess[str]:
+    """The image's health check (Dockerfile HEALTHCHECK, compose.yaml, the worker's liveness probe)."""
+    python = str(prefix / "venv" / "bin" / "python")
+    return subprocess.run(
+        [python, "-m", "saga_admin.probe", process],
+        env=env,
+        cwd=run_dir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_an_installed_server_serves_and_works(
     tmp_path: Path, installed: Path, fresh_database: str, own_redis: RedisServer
 ) -> None:
@@ -208,12 +240,19 @@ def test_an_installed_server_serves_and_works(
     run_dir.mkdir()
     env = _production_env(tmp_path, installed, fresh_database, own_redis.url)
     _prepare(installed, env, run_dir)
-    lines = procfile_lines()
-    web = _start(lines["web"], env=env, cwd=run_dir, log=tmp_path / "web.log")
-    worker = _start(lines["worker"], env=env, cwd=run_dir, log=tmp_path / "worker.log")
+    entrypoint = str(installed / "entrypoint.sh")
+    unhealthy = _probe(installed, "web", env, run_dir)
+    assert unhealthy.returncode != 0 and "/livez did not answer" in unhealthy.stderr, unhealthy
+    web = _start(f"{entrypoint} web", env=env, cwd=run_dir, log=tmp_path / "web.log")
+    worker = _start(f"{entrypoint} worker", env=env, cwd=run_dir, log=tmp_path / "worker.log")
     try:
         _check_web(f"http://127.0.0.1:{env['PORT']}", web, tmp_path)
         _check_worker(own_redis.url, worker, tmp_path)
+        for process in ("web", "worker"):
+            healthy = _probe(installed, process, env, run_dir)
+            assert (healthy.returncode, healthy.stdout.strip()) == (0, "healthy"), (healthy, _logs(tmp_path))
     finally:
         _stop(web)
         _stop(worker)
+    gone = _probe(installed, "worker", env, run_dir)
+    assert gone.returncode != 0 and "no RQ worker of host" in gone.stderr, gone

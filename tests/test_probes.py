@@ -60,3 +60,16 @@ def test_probes_answer_plain_http_without_a_login(own_redis: RedisServer, settin
     assert client.get("/login/").status_code == 301
     response = client.get(path)
     assert response.status_code == 200, response.content
+
+
+@pytest.mark.parametrize("path", ["/livez", "/readyz", "/healthz"])
+def test_probes_answer_whatever_host_they_are_asked_by(own_redis: RedisServer, settings: Any, path: str) -> None:
+    """A kubelet or a container engine asks by the pod's or container's address, which
+    ALLOWED_HOSTS (the public name) does not list: a page asked that way is refused (the check is
+    live), a probe answers."""
+    settings.ALLOWED_HOSTS = ["saga.example.com"]
+    client = Client(HTTP_HOST="10.1.2.3:8000")
+    assert client.get("/login/").status_code == 400
+    response = client.get(path)
+    assert response.status_code == 200, response.content
+    assert client.post(path).status_code == 405  # still GET-only

@@ -1,0 +1,42 @@
+#!/bin/sh
+# The image's one entrypoint (and what tests/test_install.py starts, from the folder
+# deploy/docker/install.sh filled):
+#   web       the Procfile's web line (gunicorn on ${PORT:-8000})
+#   worker    the Procfile's worker line (the RQ worker with its scheduler, every queue)
+#   migrate   migrate the database, then bootstrap from SAGA_BOOTSTRAP_* (idempotent; nothing
+#             without them): what the Compose one-shot service and the Kubernetes Job run
+#   anything else: a management command, e.g. `create_agent_key --tenant acme --name bot`
+# The web and worker commands are read from the Procfile beside this script, so the image, a PaaS
+# and `make run` start the same commands.
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+PATH="$here/venv/bin:$PATH"
+export PATH
+
+procfile_line() {
+    line=$(sed -n "s/^$1: //p" "$here/Procfile")
+    if [ -z "$line" ]; then
+        echo "entrypoint: no '$1:' line in $here/Procfile" >&2
+        exit 1
+    fi
+    printf '%s' "$line"
+}
+
+command=${1:-web}
+[ "$#" -gt 0 ] && shift
+
+case "$command" in
+    web | worker)
+        line=$(procfile_line "$command")
+        # The line's own ${VAR:-default} expansions happen here, as a Procfile runner does them.
+        exec /bin/sh -c "exec $line \"\$@\"" "$command" "$@"
+        ;;
+    migrate)
+        python -m saga_admin migrate --noinput "$@"
+        exec python -m saga_admin bootstrap
+        ;;
+    *)
+        exec python -m saga_admin "$command" "$@"
+        ;;
+esac

@@ -1,0 +1,304 @@
+"""The deployment files, checked here as far as a machine without a container engine or a cluster
+can: the Dockerfile by hadolint and by what the image must be (multi-stage, the install script,
+non-root, a health check on /livez, one entrypoint); compose.yaml against the Compose
+specification's schema and by how its services start; deploy/kubernetes/ rendered by
+``kubectl kustomize`` and validated against Kubernetes' schemas, then by what every workload must
+carry (non-root, read-only root, resources, probes, the Secret and ConfigMap it names).
+
+What the image runs is tested by tests/test_install.py: the same install script, then the
+entrypoint's commands. Each linter is also shown a broken file, so a check that stopped running
+would fail here instead of passing in silence."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / ".venv" / "bin"
+ENTRYPOINT_COMMANDS = {"web", "worker", "migrate"}
+KUSTOMIZE_TREES = ["deploy/kubernetes/base", "deploy/kubernetes/overlays/example"]
+# The Kubernetes versions the manifests must be valid for: the oldest still in common support, and
+# the newest kubernetes-validate knows.
+KUBERNETES_VERSIONS = ["1.29.0", "1.37.0"]
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    assert path.exists(), f"{path} is missing: make install"
+    return str(path)
+
+
+def _run(args: list[str], *, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+# --- Dockerfile -------------------------------------------------------------------------------------
+
+
+def _stages(dockerfile: str) -> list[list[tuple[str, str]]]:
+    """The Dockerfile's instructions per stage, as (INSTRUCTION, arguments); continuations joined."""
+    joined = re.sub(r"\\\n", " ", dockerfile)
+    stages: list[list[tuple[str, str]]] = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, arguments = line.partition(" ")
+        if instruction.upper() == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((instruction.upper(), arguments.strip()))
+    return stages
+
+
+def test_hadolint_passes_the_dockerfile_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    done = _run([_tool("hadolint"), "Dockerfile"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN cd /src && pip install .\n")
+    refused = _run([_tool("hadolint"), str(bad)])
+    assert refused.returncode != 0
+    assert "DL3007" in refused.stdout  # "latest" as the tag
+
+
+def test_the_image_is_multi_stage_non_root_and_checks_its_own_health() -> None:
+    stages = _stages((ROOT / "Dockerfile").read_text())
+    assert len(stages) >= 2, "multi-stage: a build stage and a final one"
+    build, final = stages[0], stages[-1]
+    # The Python steps are the install script the install test runs too.
+    assert ("RUN", "sh deploy/docker/install.sh /src /opt/saga") in build
+    runs = " ".join(arguments for instruction, arguments in final if instruction == "RUN")
+    for tool in ("gcc", "build-essential", "apt-get install", "pip install"):
+        assert tool not in runs, f"the final stage installs {tool!r}"
+    copies = [arguments for instruction, arguments in final if instruction == "COPY"]
+    assert copies == ["--from=build /opt/saga /opt/saga"], "the final stage copies the install only"
+    user = [arguments for instruction, arguments in final if instruction == "USER"]
+    assert user and user[-1] not in {"root", "0", "0:0"}, user
+    assert any(i == "ARG" and a == "SAGA_UID=10001" for i, a in final)
+    healthcheck = " ".join(a for i, a in final if i == "HEALTHCHECK")
+    assert '"saga_admin.probe", "web"' in healthcheck
+    assert ("ENTRYPOINT", '["/opt/saga/entrypoint.sh"]') in final
+    assert ("CMD", '["web"]') in final
+    env = " ".join(a for i, a in final if i == "ENV")
+    assert "STATIC_ROOT=/opt/saga/static" in env and "DJANGO_SETTINGS_MODULE=saga_admin.settings" in env
+
+
+def test_the_build_context_keeps_what_the_install_needs() -> None:
+    """.dockerignore leaves out the checkout's bulk, not what deploy/docker/install.sh reads."""
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    needed = {
+        "pyproject.toml",
+        "README.md",
+        "Procfile",
+        "deploy",
+        "saga_admin",
+        "ledger",
+        "recovery",
+        "dashboard",
+        "demo",
+    }
+    assert not needed & ignored
+    assert {".git", ".venv", "tests", ".env"} <= ignored
+
+
+# --- compose.yaml -------------------------------------------------------------------------------------
+
+
+def _compose() -> dict[str, Any]:
+    loaded = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def test_compose_file_is_valid_against_the_compose_specification(tmp_path: Path) -> None:
+    checker = [_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec"]
+    done = _run([*checker, "compose.yaml"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    broken = tmp_path / "compose.yaml"
+    broken.write_text(
+        (ROOT / "compose.yaml")
+        .read_text()
+        .replace("condition: service_completed_successfully", "condition: when_ready", 1)
+    )
+    refused = _run([*checker, str(broken)])
+    assert refused.returncode != 0 and "when_ready" in refused.stdout + refused.stderr
+
+
+def test_compose_migrates_once_then_starts_web_and_worker_on_healthy_services() -> None:
+    services = _compose()["services"]
+    assert set(services) == {"postgres", "redis", "migrate", "web", "worker"}
+    for name in ("postgres", "redis"):
+        assert services[name]["healthcheck"]["test"], name
+        assert any(":/" in volume for volume in services[name]["volumes"]), (
+            f"{name} keeps its data in a volume"
+        )
+    assert services["migrate"]["command"] == ["migrate"]
+    assert services["migrate"]["restart"] == "no"
+    for name in ("web", "worker"):
+        service = services[name]
+        assert service["command"] == [name]
+        assert service["depends_on"] == {
+            "migrate": {"condition": "service_completed_successfully"},
+            "postgres": {"condition": "service_healthy"},
+            "redis": {"condition": "service_healthy"},
+        }
+        assert service["healthcheck"]["test"] == ["CMD", "python", "-m", "saga_admin.probe", name]
+    # One image for all three, built from this repository's Dockerfile.
+    images = {(services[n]["build"], services[n]["image"]) for n in ("migrate", "web", "worker")}
+    assert images == {(".", "${SAGA_IMAGE:-saga-admin:latest}")}
+    for name in ("migrate", "web", "worker"):
+        env = services[name]["environment"]
+        assert env["REDIS_URL"] == "redis://redis:6379/0"
+        assert env["DATABASE_URL"].startswith("postgres://saga:${POSTGRES_PASSWORD:?")
+
+
+def _documented_variables() -> set[str]:
+    return set(re.findall(r"\b([A-Z][A-Z0-9_]{2,})\b", (ROOT / "docs" / "API.md").read_text()))
+
+
+def test_env_example_names_only_variables_the_server_reads() -> None:
+    """A typo in .env.example would be silently ignored by the server: every variable it sets or
+    shows commented out is one docs/API.md documents (or compose.yaml itself reads)."""
+    text = (ROOT / ".env.example").read_text()
+    named = set(re.findall(r"^#? ?([A-Z][A-Z0-9_]+)=", text, flags=re.MULTILINE))
+    compose_text = (ROOT / "compose.yaml").read_text()
+    compose_reads = set(re.findall(r"\$\{([A-Z][A-Z0-9_]+)", compose_text))
+    assert {"SECRET_KEY", "POSTGRES_PASSWORD", "ALLOWED_HOSTS"} <= named
+    assert compose_reads - {"SAGA_IMAGE", "SAGA_HTTP_PORT"} <= named, (
+        "compose needs what .env.example leaves out"
+    )
+    unknown = named - _documented_variables() - compose_reads
+    assert not unknown, f".env.example sets variables nothing reads: {sorted(unknown)}"
+
+
+# --- Kubernetes -----------------------------------------------------------------------------------------
+
+
+def _render(tree: str) -> str:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl (which renders Kustomize offline) is not on PATH"
+    done = _run([kubectl, "kustomize", tree])
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("tree", KUSTOMIZE_TREES)
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_kustomize_renders_manifests_kubernetes_accepts(tree: str, version: str) -> None:
+    done = _run(
+        [_tool("kubernetes-validate"), "--strict", "--quiet", "-k", version, "-"], stdin=_render(tree)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_kubernetes_validate_refuses_a_broken_manifest() -> None:
+    broken = _render(KUSTOMIZE_TREES[0]).replace("containerPort: 8000", "containerPort: web", 1)
+    done = _run([_tool("kubernetes-validate"), "--strict", "--quiet", "-"], stdin=broken)
+    assert done.returncode != 0 and "containerPort" in done.stdout + done.stderr
+
+
+def _documents(tree: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(_render(tree)) if d}
+
+
+def _workloads(docs: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The pod specs of the Deployments and the Job, by name."""
+    return {
+        name: d["spec"]["template"]["spec"]
+        for (kind, name), d in docs.items()
+        if kind in {"Deployment", "Job"}
+    }
+
+
+@pytest.mark.parametrize("tree", KUSTOMIZE_TREES)
+def test_every_workload_runs_hardened_with_resources_and_the_named_config(tree: str) -> None:
+    docs = _documents(tree)
+    workloads = _workloads(docs)
+    assert set(workloads) == {"saga-admin-web", "saga-admin-worker", "saga-admin-migrate"}
+    config_maps = {name for kind, name in docs if kind == "ConfigMap"}
+    for name, pod in workloads.items():
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["runAsUser"] == 10001, name  # the image's user
+        assert pod["serviceAccountName"] == "saga-admin" and ("ServiceAccount", "saga-admin") in docs
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            where = f"{name}/{container['name']}"
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True, where
+            assert context["allowPrivilegeEscalation"] is False, where
+            assert context["capabilities"]["drop"] == ["ALL"], where
+            assert container["resources"]["requests"]["memory"], where
+            assert container["resources"]["limits"]["memory"], where
+            assert {"mountPath": "/tmp", "name": "tmp"} in container["volumeMounts"], where
+            refs = container["envFrom"]
+            # The generated ConfigMap's hashed name, as kustomize rewrote the reference.
+            assert refs[0]["configMapRef"]["name"] in config_maps, where
+            assert refs[1] == {"secretRef": {"name": "saga-admin"}}, where
+        main = pod["containers"][0]
+        assert main["args"][0] in ENTRYPOINT_COMMANDS, name
+    assert workloads["saga-admin-migrate"]["containers"][0]["args"] == ["migrate"]
+    assert workloads["saga-admin-worker"]["containers"][0]["args"] == ["worker"]
+    assert workloads["saga-admin-web"]["containers"][0]["args"] == ["web"]
+
+
+@pytest.mark.parametrize("tree", KUSTOMIZE_TREES)
+def test_probes_service_autoscaler_and_disruption_budgets_point_at_the_right_pods(tree: str) -> None:
+    docs = _documents(tree)
+    web = docs[("Deployment", "saga-admin-web")]
+    web_pod = web["spec"]["template"]
+    container = web_pod["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["ports"] == [{"containerPort": 8000, "name": "http"}]
+    worker = docs[("Deployment", "saga-admin-worker")]
+    worker_probe = worker["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]
+    assert worker_probe["exec"]["command"] == ["python", "-m", "saga_admin.probe", "worker"]
+    for deployment in (web, worker):
+        init = deployment["spec"]["template"]["spec"]["initContainers"][0]
+        assert "migrate --check" in init["command"][-1], "new pods wait for the migrate Job"
+
+    def selects(selector: dict[str, str], pod: dict[str, Any]) -> bool:
+        return selector.items() <= pod["metadata"]["labels"].items()
+
+    service = docs[("Service", "saga-admin-web")]
+    assert selects(service["spec"]["selector"], web_pod)
+    assert not selects(service["spec"]["selector"], worker["spec"]["template"])
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    hpa = docs[("HorizontalPodAutoscaler", "saga-admin-web")]
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "saga-admin-web",
+    }
+    assert hpa["spec"]["minReplicas"] >= 2
+    for name, deployment in (("saga-admin-web", web), ("saga-admin-worker", worker)):
+        pdb = docs[("PodDisruptionBudget", name)]
+        assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+        assert selects(pdb["spec"]["selector"]["matchLabels"], deployment["spec"]["template"])
+
+
+def test_the_example_overlay_pins_the_image_and_its_own_namespace() -> None:
+    docs = _documents(KUSTOMIZE_TREES[1])
+    for name, pod in _workloads(docs).items():
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            assert container["image"] == "registry.example.com/saga-admin:0.1.0", name
+    namespaced = [d for (kind, _), d in docs.items() if kind != "Namespace"]
+    assert {d["metadata"].get("namespace") for d in namespaced} == {"saga"}
+    ingress = docs[("Ingress", "saga-admin")]
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": "saga-admin-web", "port": {"name": "http"}}
+    config = next(d for (kind, _), d in docs.items() if kind == "ConfigMap")
+    assert config["data"]["ALLOWED_HOSTS"] == "saga.example.com"
+    assert config["data"]["SAGA_BOOTSTRAP_TENANT"] == "acme"
+    assert config["data"]["DEBUG"] == "0"  # merged with the base's, not replacing it
+    assert docs[("Deployment", "saga-admin-worker")]["spec"]["replicas"] == 3
