@@ -63,7 +63,9 @@ def test_probes_answer_plain_http_without_a_login(own_redis: RedisServer, settin
 
 
 @pytest.mark.parametrize("path", ["/livez", "/readyz", "/healthz"])
-def test_probes_answer_whatever_host_they_are_asked_by(own_redis: RedisServer, settings: Any, path: str) -> None:
+def test_probes_answer_whatever_host_they_are_asked_by(
+    own_redis: RedisServer, settings: Any, path: str
+) -> None:
     """A kubelet or a container engine asks by the pod's or container's address, which
     ALLOWED_HOSTS (the public name) does not list: a page asked that way is refused (the check is
     live), a probe answers."""
