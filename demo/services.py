@@ -153,6 +153,13 @@ def hr_user_delete(*, email: str, after_snapshot: Any = None) -> WorldResult:
     return WorldResult(200, {"state": {"email": email, "deleted": True}})
 
 
+def hr_user_read(*, email: str) -> WorldResult:
+    user = HrUser.objects.filter(email=email).first()
+    if user is None:
+        return _error(404, "not_found", f"No HR record for {email}.")
+    return WorldResult(200, {"state": user.snapshot()})
+
+
 def hr_user_edit_by_person(*, email: str, who: str, **changes: Any) -> WorldResult:
     """An HR person edits the record in the HR system's own UI (no agent involved)."""
     user = HrUser.objects.select_for_update().filter(email=email).first()

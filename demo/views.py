@@ -82,11 +82,10 @@ def world_endpoint(operation: str) -> Callable[[Callable[..., Handler]], Callabl
             except BadRequest as exc:
                 return _refusal(422, "invalid_request", str(exc), **exc.details)
             key = request.headers.get("Idempotency-Key", "") if request.method == "POST" else ""
-            return _json(
-                services.world_call(
-                    operation=operation, key=key, payload={**payload, **kwargs}, perform=perform
-                )
-            )
+            # A retry sends the same step with the next ``attempt``: the same request for the
+            # Idempotency-Key's purpose (its first answer), not a different one reusing the key.
+            same = {name: value for name, value in {**payload, **kwargs}.items() if name != "attempt"}
+            return _json(services.world_call(operation=operation, key=key, payload=same, perform=perform))
 
         return wrapped
 
@@ -206,6 +205,13 @@ def payments_refunds(request: HttpRequest, payload: dict[str, Any]) -> Handler:
 
 
 # --- Compensating endpoints (what Saga Admin's webhook compensators call) ---------------------
+
+
+@require_GET
+@world_endpoint("hr.read_user")
+def hr_user(request: HttpRequest, payload: dict[str, Any], email: str) -> Handler:
+    """An HR record's state, for a compensator check's --state-url."""
+    return lambda: services.hr_user_read(email=email)
 
 
 @require_POST
