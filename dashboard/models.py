@@ -14,7 +14,9 @@ class SsoIdentity(models.Model):
     never by e-mail or username, which the provider lets people change and which two accounts may
     share. The same account is the same user (one person, one approver) whatever it is renamed to."""
 
-    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identity")
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identity"
+    )
     issuer = models.CharField(max_length=255)
     # OIDC Core 2: "It MUST NOT exceed 255 ASCII characters in length."
     subject = models.CharField(max_length=255)

@@ -60,7 +60,10 @@ def sso_sign_in(*, issuer: str, subject: str, profile: Profile, wanted: dict[str
     """The user of (``issuer``, ``subject``), created on first sign-in, with the memberships
     single sign-on manages set to ``wanted`` (tenant slug → role)."""
     identity = (
-        SsoIdentity.objects.select_for_update().select_related("user").filter(issuer=issuer, subject=subject).first()
+        SsoIdentity.objects.select_for_update()
+        .select_related("user")
+        .filter(issuer=issuer, subject=subject)
+        .first()
     )
     created = identity is None
     if identity is None:
@@ -86,7 +89,9 @@ def _create_identity(*, issuer: str, subject: str, profile: Profile) -> SsoIdent
             return SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
     except IntegrityError:
         # The same account's first sign-in in another tab or process got there first.
-        return SsoIdentity.objects.select_for_update().select_related("user").get(issuer=issuer, subject=subject)
+        return (
+            SsoIdentity.objects.select_for_update().select_related("user").get(issuer=issuer, subject=subject)
+        )
 
 
 def _free_username(profile: Profile) -> str:
@@ -94,9 +99,7 @@ def _free_username(profile: Profile) -> str:
     the identity, not the name, says who someone is, so a name that collides gets a suffix."""
     base = profile.preferred_username or profile.email.partition("@")[0] or "sso-user"
     base = _USERNAME_UNSAFE.sub("-", base.strip())[:_USERNAME_MAX] or "sso-user"
-    taken = set(
-        get_user_model().objects.filter(username__startswith=base).values_list("username", flat=True)
-    )
+    taken = set(get_user_model().objects.filter(username__startswith=base).values_list("username", flat=True))
     if base not in taken:
         return base
     number = 2

@@ -60,7 +60,8 @@ class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]  # the librar
         try:
             metadata = discovery.provider_metadata(conf)
         except discovery.DiscoveryError as exc:
-            return self._failed(request, "provider_unavailable", str(exc))
+            self._failed(request, "provider_unavailable", str(exc))
+            return None
         self.metadata = metadata
         self.OIDC_OP_TOKEN_ENDPOINT = metadata.token_endpoint
         self.OIDC_OP_USER_ENDPOINT = metadata.userinfo_endpoint
@@ -72,9 +73,10 @@ class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]  # the librar
         try:
             user: User | None = super().authenticate(request, **kwargs)
         except (requests.RequestException, SuspiciousOperation, jwt.PyJWTError, ValueError, KeyError) as exc:
-            return self._failed(request, "refused", f"{type(exc).__name__}: {str(exc)[:300]}")
+            self._failed(request, "refused", f"{type(exc).__name__}: {str(exc)[:300]}")
+            return None
         if user is None and not hasattr(request, FAILURE_ATTR):
-            return self._failed(request, "refused", "the provider's answer was not accepted")
+            self._failed(request, "refused", "the provider's answer was not accepted")
         return user
 
     def _failed(self, request: HttpRequest, reason: str, detail: str) -> None:

@@ -25,7 +25,12 @@ MAX_VALUE_CHARS = 200
 MAX_VALUES = 1000
 # A tenant's slug as ledger.Tenant's SlugField validates it (letters, digits, - and _; 64 at most).
 TENANT_SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,64}\Z")
-ROLE_ORDER = [Membership.Role.VIEWER, Membership.Role.OPERATOR, Membership.Role.APPROVER, Membership.Role.ADMIN]
+ROLE_ORDER: list[str] = [
+    Membership.Role.VIEWER,
+    Membership.Role.OPERATOR,
+    Membership.Role.APPROVER,
+    Membership.Role.ADMIN,
+]
 
 
 def _shown(value: object) -> str:
@@ -73,7 +78,9 @@ def _parse(item: object, *, prefix: str, claim: str) -> tuple[str, str] | None:
     if parts[0] != prefix:
         return None  # another application's group: not ours to read
     if len(parts) != 3:
-        log.warning("sso.claim_value_ignored", claim=claim, value=_shown(item), reason="not prefix:tenant:role")
+        log.warning(
+            "sso.claim_value_ignored", claim=claim, value=_shown(item), reason="not prefix:tenant:role"
+        )
         return None
     _, slug, role = parts
     if not TENANT_SLUG.match(slug):

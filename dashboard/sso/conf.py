@@ -79,9 +79,7 @@ def check_provider_url(url: str, *, what: str) -> None:
         return
     if parts.scheme == "http" and parts.hostname and _loopback(parts.hostname):
         return
-    raise ImproperlyConfigured(
-        f"{what}={url!r}: an https:// URL is required (plain http only to localhost)."
-    )
+    raise ImproperlyConfigured(f"{what}={url!r}: an https:// URL is required (plain http only to localhost).")
 
 
 def sso_settings_from_env() -> SsoSettings:
@@ -120,7 +118,9 @@ def sso_settings_from_env() -> SsoSettings:
     claim = os.environ.get("SAGA_OIDC_ROLES_CLAIM", "").strip() or DEFAULT_CLAIM
     prefix = os.environ.get("SAGA_OIDC_ROLE_PREFIX", "").strip() or DEFAULT_PREFIX
     if ":" in prefix:
-        raise ImproperlyConfigured(f"SAGA_OIDC_ROLE_PREFIX={prefix!r}: no colon (values are prefix:tenant:role).")
+        raise ImproperlyConfigured(
+            f"SAGA_OIDC_ROLE_PREFIX={prefix!r}: no colon (values are prefix:tenant:role)."
+        )
     try:
         timeout_s = float(os.environ.get("SAGA_OIDC_TIMEOUT_S", "") or 10.0)
     except ValueError:

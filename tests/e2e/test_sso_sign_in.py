@@ -72,7 +72,9 @@ def _role(tenant: Tenant) -> str | None:
     return Membership.objects.filter(user=user, tenant=tenant).values_list("role", flat=True).first()
 
 
-def test_sign_in_maps_the_group_and_a_changed_group_is_lost_at_the_next_sign_in(page, live_server, sso_on, acme):
+def test_sign_in_maps_the_group_and_a_changed_group_is_lost_at_the_next_sign_in(
+    page, live_server, sso_on, acme
+):
     _sign_in_with_provider(page, live_server, first_time=True)
     page.wait_for_url(f"{live_server.url}/")
     assert page.locator(".whoami").inner_text() == "alice"

@@ -69,7 +69,9 @@ def test_a_local_user_of_the_same_name_is_never_taken_over(tenant, bob):
 
 def test_the_same_subject_at_another_issuer_is_another_user(tenant):
     one = _sign_in("sub-1", preferred_username="ana").user
-    other = sso_sign_in(issuer="https://other.example.com", subject="sub-1", profile=Profile(), wanted={}).user
+    other = sso_sign_in(
+        issuer="https://other.example.com", subject="sub-1", profile=Profile(), wanted={}
+    ).user
     assert one.pk != other.pk
 
 
@@ -87,7 +89,9 @@ def test_roles_follow_the_claim_at_every_sign_in(tenant, other_tenant):
     assert not SsoMembership.objects.exists()
     assert not has_access(user)
     # Each change is audited as any role change is, by single sign-on.
-    kinds = list(Event.objects.filter(kind__startswith="membership.").order_by("id").values_list("kind", "actor_label"))
+    kinds = list(
+        Event.objects.filter(kind__startswith="membership.").order_by("id").values_list("kind", "actor_label")
+    )
     assert [kind for kind, _ in kinds] == [
         "membership.set",
         "membership.set",
@@ -149,9 +153,13 @@ def test_a_renamed_sso_approver_still_counts_once(big_charge):
     ana = _sign_in("sub-1", {"acme": "approver"}, preferred_username="ana", email="ana@example.com").user
     approval_approve(approval=big_charge, actor=Actor.for_user(ana), reason="checked")
     # Ana's e-mail and name change at the provider: still Ana, still one approver.
-    renamed = _sign_in("sub-1", {"acme": "approver"}, preferred_username="ana2", email="ana2@example.com").user
+    renamed = _sign_in(
+        "sub-1", {"acme": "approver"}, preferred_username="ana2", email="ana2@example.com"
+    ).user
     with pytest.raises(errors.SagaError) as refused:
-        approval_approve(approval=Approval.objects.get(pk=big_charge.pk), actor=Actor.for_user(renamed), reason="again")
+        approval_approve(
+            approval=Approval.objects.get(pk=big_charge.pk), actor=Actor.for_user(renamed), reason="again"
+        )
     assert refused.value.code == "already_granted"
     assert Approval.objects.get(pk=big_charge.pk).status == "pending"
 
@@ -160,7 +168,9 @@ def test_two_sso_accounts_sharing_an_email_are_two_approvers(big_charge):
     one = _sign_in("sub-1", {"acme": "approver"}, email="team@example.com").user
     two = _sign_in("sub-2", {"acme": "approver"}, email="team@example.com").user
     approval_approve(approval=big_charge, actor=Actor.for_user(one), reason="first")
-    approved = approval_approve(approval=Approval.objects.get(pk=big_charge.pk), actor=Actor.for_user(two), reason="second")
+    approved = approval_approve(
+        approval=Approval.objects.get(pk=big_charge.pk), actor=Actor.for_user(two), reason="second"
+    )
     assert approved.status == "approved"
 
 

@@ -141,7 +141,11 @@ def test_a_full_configuration(env, tmp_path):
         ({"SAGA_LOCAL_LOGIN": "0"}, "nobody could sign in"),
         ({"SAGA_LOCAL_LOGIN": "maybe"}, "SAGA_LOCAL_LOGIN"),
         (
-            {"SAGA_OIDC_ISSUER": "http://idp.example.com", "SAGA_OIDC_CLIENT_ID": "a", "SAGA_OIDC_CLIENT_SECRET": "b"},
+            {
+                "SAGA_OIDC_ISSUER": "http://idp.example.com",
+                "SAGA_OIDC_CLIENT_ID": "a",
+                "SAGA_OIDC_CLIENT_SECRET": "b",
+            },
             "https:// URL is required",
         ),
         (
