@@ -73,8 +73,15 @@ def _role(tenant: Tenant) -> str | None:
 
 
 def test_sign_in_maps_the_group_and_a_changed_group_is_lost_at_the_next_sign_in(
-    page, live_server, sso_on, acme
+    page, live_server, sso_on, acme, client, settings
 ):
+    # Failed callbacks from this address first, up to axes' lockout: a real sign-in from the same
+    # address is not held by it (the SSO backend answers before the lockout is consulted).
+    client.peer_issuer = sso_on.issuer
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        last = client.get("/oidc/callback/", {"code": "forged-code", "state": _started(client)})
+    assert last.status_code == 429
+
     _sign_in_with_provider(page, live_server, first_time=True)
     page.wait_for_url(f"{live_server.url}/")
     assert page.locator(".whoami").inner_text() == "alice"
@@ -153,3 +160,26 @@ def test_the_providers_error_answer_goes_back_to_the_login_page(sso_client, acme
     state = _started(sso_client)
     response = sso_client.get("/oidc/callback/", {"error": "access_denied", "state": state})
     assert (response.status_code, response["Location"]) == (302, "/login/?sso=failed")
+
+
+def test_a_next_address_elsewhere_is_not_kept(sso_client, acme):
+    sso_client.get("/oidc/authenticate/", {"next": "https://evil.example.com/phish"})
+    assert sso_client.session["oidc_login_next"] is None
+    sso_client.get("/oidc/authenticate/", {"next": "/approvals/"})
+    assert sso_client.session["oidc_login_next"] == "/approvals/"
+
+
+def test_failed_callbacks_count_in_the_lockout_without_locking_out_passwords(sso_client, acme, settings):
+    alice = get_user_model().objects.create_user(username="alice", password="correct-horse-battery")
+    Membership.objects.create(user=alice, tenant=acme, role="operator")
+    answers = []
+    for _ in range(settings.AXES_FAILURE_LIMIT + 1):
+        state = _started(sso_client)
+        answers.append(sso_client.get("/oidc/callback/", {"code": "forged-code", "state": state}).status_code)
+    # Refused each time, and from the limit on locked out for this address (axes' page, not a 500),
+    # as failed passwords are.
+    limit = settings.AXES_FAILURE_LIMIT
+    assert answers == [302] * (limit - 1) + [429, 429]
+    # The lock is on failed single sign-on from here, not on Alice's password.
+    signed_in = sso_client.post("/login/", {"username": "alice", "password": "correct-horse-battery"})
+    assert (signed_in.status_code, signed_in["Location"]) == (302, "/")
