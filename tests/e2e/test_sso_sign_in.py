@@ -183,3 +183,18 @@ def test_failed_callbacks_count_in_the_lockout_without_locking_out_passwords(sso
     # The lock is on failed single sign-on from here, not on Alice's password.
     signed_in = sso_client.post("/login/", {"username": "alice", "password": "correct-horse-battery"})
     assert (signed_in.status_code, signed_in["Location"]) == (302, "/")
+
+
+def test_metadata_naming_another_issuer_is_not_used(client, peer, settings, acme):
+    """The same provider reached by another name: its discovery document names its own issuer,
+    which is not the configured one, so no sign-in starts (OIDC Discovery 4.3)."""
+    other_name = peer.issuer.replace("127.0.0.1", "localhost")
+    settings.SAGA_SSO = SsoSettings(
+        issuer=other_name, client_id=CLIENT_ID, client_secret=CLIENT_SECRET, provider_name=PROVIDER
+    )
+    discovery.forget_metadata()
+    response = client.get("/oidc/authenticate/")
+    discovery.forget_metadata()
+    assert (response.status_code, response["Location"]) == (302, "/login/?sso=unavailable")
+    page = client.get(response["Location"]).content.decode()
+    assert f"{PROVIDER} cannot be reached just now" in page

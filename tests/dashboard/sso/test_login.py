@@ -180,3 +180,23 @@ def test_plain_http_only_to_this_machine(env):
     env.setenv("SAGA_OIDC_CLIENT_ID", "a")
     env.setenv("SAGA_OIDC_CLIENT_SECRET", "b")
     assert sso_settings_from_env().enabled
+
+
+def test_a_provider_that_does_not_answer_sends_back_to_the_login_page(client, db, settings):
+    from dashboard.sso import discovery
+    from tests.support.processes import free_port
+
+    settings.SAGA_SSO = SsoSettings(
+        **{**SSO.__dict__, "issuer": f"http://127.0.0.1:{free_port()}", "timeout_s": 2}
+    )
+    discovery.forget_metadata()
+    response = client.get("/oidc/authenticate/")
+    assert (response.status_code, response["Location"]) == (302, "/login/?sso=unavailable")
+    assert "Keycloak cannot be reached just now" in client.get(response["Location"]).content.decode()
+    # The callback too: a failed sign-in, not a 500.
+    settings.AUTHENTICATION_BACKENDS = ["dashboard.sso.backend.SsoBackend", *settings.AUTHENTICATION_BACKENDS]
+    session = client.session
+    session["oidc_states"] = {"s": {"nonce": "n", "code_verifier": "v"}}
+    session.save()
+    callback = client.get("/oidc/callback/", {"code": "c", "state": "s"})
+    assert (callback.status_code, callback["Location"]) == (302, "/login/?sso=unavailable")
