@@ -10,6 +10,8 @@
   password from many addresses stops too.
 - What the person is told (``locked_out``, settings.AXES_LOCKOUT_CALLABLE): the login page again,
   with a plain sentence saying why and for how long, instead of axes' own bare text.
+- What the login page offers (``login_options``): the password form unless SAGA_LOCAL_LOGIN=0, and
+  single sign-on's button when it is configured (dashboard/sso/).
 """
 
 from __future__ import annotations
@@ -26,9 +28,22 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.urls import reverse
 from django.utils import timezone
 
+from dashboard.sso.conf import local_login_enabled, sso
 from ledger.throttle import client_network
+
+
+def login_options() -> dict[str, Any]:
+    """What the login page offers, for every view that renders it (the login, the lockout)."""
+    conf = sso()
+    return {
+        "local_login": local_login_enabled(),
+        "sso_enabled": conf.enabled,
+        "sso_provider": conf.provider_name,
+        "sso_start_url": reverse("sso-start"),
+    }
 
 
 def client_ip(request: HttpRequest) -> str | None:
@@ -110,6 +125,7 @@ def locked_out(
     cool_off = get_cool_off(request)
     username = get_client_username(request, credentials) or ""
     context = {
+        **login_options(),
         "form": AuthenticationForm(request, initial={"username": username}),
         "next": request.POST.get("next") or request.GET.get("next", ""),
         "lockout_message": lockout_message(

@@ -16,6 +16,7 @@ import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from dashboard.sso.conf import sso_settings_from_env
 from ledger.env import env_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -186,6 +187,12 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+# Single sign-on (OIDC) for the dashboard: off unless SAGA_OIDC_ISSUER is set; SAGA_LOCAL_LOGIN=0
+# turns password sign-in off (dashboard/sso/conf.py reads and checks them; docs/OPERATIONS.md).
+# Its backend answers only the SSO callback, ahead of the password lockout (dashboard/sso/backend.py).
+SAGA_SSO = sso_settings_from_env()
+if SAGA_SSO.enabled:
+    AUTHENTICATION_BACKENDS.insert(0, "dashboard.sso.backend.SsoBackend")
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"

@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import include, path, re_path
 from django.views import defaults
 
-from dashboard.views import slack, workers
+from dashboard.views import slack, sso, workers
 from saga_admin.api.app import api, unrouted
 from saga_admin.api.limits import error_json, is_api_request
 from saga_admin.health import PROBES, favicon
@@ -22,6 +22,8 @@ urlpatterns = [
     # Any other path under /api/ is the API's JSON 404 (never the dashboard's page, never an
     # APPEND_SLASH redirect).
     re_path(r"^api/(?P<rest>.*)$", unrouted, name="api-unrouted"),
+    # The admin's own password form, closed while SAGA_LOCAL_LOGIN=0 (to the dashboard's login).
+    path("admin/login/", sso.admin_login),
     path("admin/", admin.site.urls),
     # Superusers only (django-rq's own check lets any staff user in, tenant admins included).
     path("django-rq/", include((workers.urlpatterns(), "django_rq"))),

@@ -25,7 +25,7 @@
 # address the web listens on: 127.0.0.1 by default, 0.0.0.0 for every interface, or one IPv4
 # address of this machine; the demo MCP server and its gateway always listen on 127.0.0.1), DATABASE_URL,
 # REDIS_URL, SAGA_RUN_DATA (the data directory; default .data), SAGA_DEMO_TRAFFIC=0 (no live
-# demo traffic), SAGA_DEMO_WORLD_SECRET, DEBUG (default 0: the app's own error pages), SECRET_KEY (default: one
+# demo traffic), SAGA_DEMO_SSO=1 (single sign-on with a local OpenID Provider), SAGA_DEMO_WORLD_SECRET, DEBUG (default 0: the app's own error pages), SECRET_KEY (default: one
 # generated once and kept in .data/secret-key), SAGA_OUTBOUND_ALLOWED_HOSTS (default: the demo
 # world's host:port), SAGA_RESUME_WEBHOOK_SECRET. The demo MCP server takes 8765 or the next free
 # port, its gateway the next free one after it (SAGA_DEMO_MCP_URL is set to the server's URL).
@@ -260,6 +260,35 @@ write_env() {
   mv "$DATA/env.tmp" "$DATA/env"
 }
 
+# SAGA_DEMO_SSO=1: single sign-on with a local OpenID Provider (tests/peers/oidc, the one the SSO
+# tests start: oidc-provider from npm) whose demo people sign in on its own pages, and the web
+# configured to use it (docs/OPERATIONS.md, "Single sign-on (OIDC)"). Their groups are in
+# .data/oidc-accounts.json, read again at every sign-in.
+if [ "${SAGA_DEMO_SSO:-0}" = "1" ]; then
+  say "Starting a local OpenID Provider for single sign-on (SAGA_DEMO_SSO=1)"
+  bash scripts/ensure-oidc-peer.sh 9>&-
+  oidc_port=$("$PY" scripts/devservers.py free-port 9400 --except "$PORT" "$mcp_port" "$gateway_port")
+  [ -s "$DATA/oidc-client-secret" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$DATA/oidc-client-secret")
+  [ -s "$DATA/oidc-accounts.json" ] || cat >"$DATA/oidc-accounts.json" <<'JSON'
+{
+  "ada": {"name": "Ada Admin", "preferred_username": "ada", "email": "ada@example.com", "groups": ["saga:acme:admin"]},
+  "olga": {"name": "Olga Operator", "preferred_username": "olga", "email": "olga@example.com", "groups": ["saga:acme:operator"]},
+  "avery": {"name": "Avery Approver", "preferred_username": "avery", "email": "avery@example.com", "groups": ["saga:acme:approver"]},
+  "nobody": {"name": "No Role", "preferred_username": "nobody", "email": "nobody@example.com", "groups": ["wiki-readers"]}
+}
+JSON
+  start oidc-provider env -i PATH="$PATH" HOME="${HOME:-/tmp}" OIDC_PEER_PORT="$oidc_port" \
+    OIDC_PEER_CLIENT_ID=saga-admin-demo OIDC_PEER_CLIENT_SECRET="$(cat "$DATA/oidc-client-secret")" \
+    OIDC_PEER_REDIRECT_URIS="$BASE_URL/oidc/callback/,http://localhost:$PORT/oidc/callback/" \
+    OIDC_PEER_ACCOUNTS="$DATA/oidc-accounts.json" node tests/peers/oidc/provider.mjs
+  export SAGA_OIDC_ISSUER="http://127.0.0.1:$oidc_port" SAGA_OIDC_CLIENT_ID=saga-admin-demo
+  export SAGA_OIDC_SCOPES="openid email profile groups" SAGA_OIDC_PROVIDER_NAME="the demo identity provider"
+  SAGA_OIDC_CLIENT_SECRET=$(cat "$DATA/oidc-client-secret")
+  secret_files[SAGA_OIDC_CLIENT_SECRET]="$DATA/oidc-client-secret"
+  export SAGA_OIDC_CLIENT_SECRET
+  "$PY" scripts/devservers.py wait-url "$SAGA_OIDC_ISSUER/.well-known/openid-configuration" 30 || { tail -n 30 "$LOGS/oidc-provider.log"; exit 1; }
+fi
+
 say "Preparing the database"
 write_env
 "$PY" manage.py migrate --noinput >"$LOGS/migrate.log" 2>&1 || { tail -n 30 "$LOGS/migrate.log"; exit 1; }
@@ -312,6 +341,7 @@ cat <<EOF
 $(if [ "$WEB_BIND_HOST" = 127.0.0.1 ]; then echo "  Listening on:            127.0.0.1 only (SAGA_RUN_HOST=0.0.0.0 make run: every interface)"; else echo "  Listening on:            $WEB_BIND_HOST (SAGA_RUN_HOST): other machines can reach it, and the demo logins' passwords are published"; fi)
 $(if [ "${SAGA_DEMO_TRAFFIC:-1}" != "0" ]; then echo "  Live demo traffic:       a new run every 20 s; about 1 in 5 fails into the recovery queue (SAGA_DEMO_TRAFFIC=0 make run: none)"; fi)
   Management commands:     $manage ARGS="create_agent_key --tenant acme --name my-agent" (env: $DATA/env)
+$(if [ "${SAGA_DEMO_SSO:-0}" = "1" ]; then printf '%s\n' "  Single sign-on:          \"Sign in with the demo identity provider\" on $BASE_URL/login/, then on its own page" "                           as ada (Acme admin), olga (operator), avery (approver) or nobody (no role), any password;" "                           their groups: $DATA/oidc-accounts.json (read at every sign-in; provider $SAGA_OIDC_ISSUER)"; fi)
 
   Press Ctrl-C to stop.
 

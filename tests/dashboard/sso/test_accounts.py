@@ -1,0 +1,182 @@
+"""The one Django user per provider account (issuer + sub) and the memberships single sign-on
+manages: set from the claim at every sign-in, never touching roles granted here by hand, never
+creating a tenant; and an SSO user goes through the approval rules as the person it is."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from dashboard.models import SsoIdentity, SsoMembership
+from dashboard.permissions import Capability, can
+from dashboard.sso.accounts import Profile, has_access, sso_sign_in
+from ledger import errors
+from ledger.audit import Actor
+from ledger.models import Event, Membership, Tenant
+from recovery.models import Approval
+from recovery.services.approving import approval_approve
+from tests.factories import charge_policy, load_policy_file, new_run
+from tests.support.api import Api
+
+ISSUER = "https://idp.example.com"
+User = get_user_model()
+
+
+def _sign_in(subject: str, wanted: dict[str, str] | None = None, **profile: str):
+    return sso_sign_in(issuer=ISSUER, subject=subject, profile=Profile(**profile), wanted=wanted or {})
+
+
+def _roles(user) -> dict[str, str]:
+    return dict(Membership.objects.filter(user=user).values_list("tenant__slug", "role"))
+
+
+def test_the_first_sign_in_makes_a_user_without_a_password(tenant):
+    signed = _sign_in("sub-1", {"acme": "approver"}, preferred_username="ana", email="ana@example.com")
+    assert signed.created
+    user = signed.user
+    assert (user.username, user.email) == ("ana", "ana@example.com")
+    assert not user.has_usable_password()
+    assert SsoIdentity.objects.get(user=user).subject == "sub-1"
+    assert _roles(user) == {"acme": "approver"}
+    assert signed.added == ["acme"]
+    assert has_access(user)
+
+
+def test_the_same_subject_is_the_same_user_whatever_it_is_renamed_to(tenant):
+    first = _sign_in("sub-1", {"acme": "approver"}, preferred_username="ana", email="ana@example.com").user
+    again = _sign_in("sub-1", {"acme": "approver"}, preferred_username="ana.b", email="ana.b@example.org")
+    assert not again.created
+    assert again.user.pk == first.pk
+    assert again.user.email == "ana.b@example.org"  # the profile follows the provider
+    assert again.user.username == "ana"  # the name people saw on decisions stays
+    assert User.objects.count() == 1
+
+
+def test_two_accounts_with_one_email_are_two_users(tenant):
+    one = _sign_in("sub-1", {"acme": "approver"}, preferred_username="ana", email="shared@example.com").user
+    two = _sign_in("sub-2", {"acme": "approver"}, preferred_username="ana", email="shared@example.com").user
+    assert one.pk != two.pk
+    assert (one.username, two.username) == ("ana", "ana-2")
+
+
+def test_a_local_user_of_the_same_name_is_never_taken_over(tenant, bob):
+    signed = _sign_in("sub-9", {}, preferred_username="bob", email="bob@example.com")
+    assert signed.user.pk != bob.pk
+    assert signed.user.username == "bob-2"
+    assert _roles(bob) == {"acme": "approver"}
+    assert bob.has_usable_password()
+
+
+def test_the_same_subject_at_another_issuer_is_another_user(tenant):
+    one = _sign_in("sub-1", preferred_username="ana").user
+    other = sso_sign_in(
+        issuer="https://other.example.com", subject="sub-1", profile=Profile(), wanted={}
+    ).user
+    assert one.pk != other.pk
+
+
+def test_roles_follow_the_claim_at_every_sign_in(tenant, other_tenant):
+    user = _sign_in("sub-1", {"acme": "approver", "globex": "viewer"}).user
+    assert _roles(user) == {"acme": "approver", "globex": "viewer"}
+
+    changed = _sign_in("sub-1", {"acme": "viewer"})
+    assert (changed.changed, changed.removed, changed.added) == (["acme"], ["globex"], [])
+    assert _roles(user) == {"acme": "viewer"}
+
+    gone = _sign_in("sub-1", {})
+    assert gone.removed == ["acme"]
+    assert _roles(user) == {}
+    assert not SsoMembership.objects.exists()
+    assert not has_access(user)
+    # Each change is audited as any role change is, by single sign-on.
+    kinds = list(
+        Event.objects.filter(kind__startswith="membership.").order_by("id").values_list("kind", "actor_label")
+    )
+    assert [kind for kind, _ in kinds] == [
+        "membership.set",
+        "membership.set",
+        "membership.set",
+        "membership.removed",
+        "membership.removed",
+    ]
+    assert {label for _, label in kinds} == {f"sso {ISSUER}"}
+
+
+def test_a_claim_never_creates_a_tenant(tenant):
+    signed = _sign_in("sub-1", {"acme": "viewer", "initech": "admin"})
+    assert signed.unknown_tenants == ["initech"]
+    assert not Tenant.objects.filter(slug="initech").exists()
+    assert _roles(signed.user) == {"acme": "viewer"}
+
+
+def test_a_role_granted_here_by_hand_is_left_as_granted(tenant, other_tenant):
+    user = _sign_in("sub-1", {"acme": "viewer"}).user
+    # An admin gives the SSO user a role at Globex by hand (create_staff, the Django admin).
+    Membership.objects.create(user=user, tenant=other_tenant, role="operator")
+    signed = _sign_in("sub-1", {"acme": "viewer", "globex": "admin"})
+    assert signed.kept_local == ["globex"]
+    assert _roles(user) == {"acme": "viewer", "globex": "operator"}
+    # Leaving the group takes away what SSO granted, not what was granted by hand.
+    _sign_in("sub-1", {})
+    assert _roles(user) == {"globex": "operator"}
+
+
+def test_an_admin_role_opens_the_django_admin_and_losing_it_closes_it(tenant):
+    user = _sign_in("sub-1", {"acme": "admin"}).user
+    user.refresh_from_db()
+    assert user.is_staff and not user.is_superuser
+    _sign_in("sub-1", {"acme": "viewer"})
+    user.refresh_from_db()
+    assert not user.is_staff
+
+
+# --- One person, one approver ------------------------------------------------------------------
+
+TWO_PEOPLE = [{"if": {"arg": "amount", "gt": 10000}, "then": {"risk": "critical", "approvers": 2}}]
+
+
+@pytest.fixture
+def big_charge(tenant, agent_key):
+    """A charge two distinct people must approve."""
+    api = Api(agent_key[1])
+    load_policy_file({"policies": [charge_policy(rules=TWO_PEOPLE)]})
+    run = new_run(api)
+    response = api.post(
+        f"/runs/{run['id']}/actions",
+        {"tool": "payments.charge", "args": {"amount": 50000}, "idempotency_key": "big"},
+    )
+    assert response.status_code == 201, response.content
+    return Approval.objects.get(pk=response.json()["approval"]["id"])
+
+
+def test_a_renamed_sso_approver_still_counts_once(big_charge):
+    ana = _sign_in("sub-1", {"acme": "approver"}, preferred_username="ana", email="ana@example.com").user
+    approval_approve(approval=big_charge, actor=Actor.for_user(ana), reason="checked")
+    # Ana's e-mail and name change at the provider: still Ana, still one approver.
+    renamed = _sign_in(
+        "sub-1", {"acme": "approver"}, preferred_username="ana2", email="ana2@example.com"
+    ).user
+    with pytest.raises(errors.SagaError) as refused:
+        approval_approve(
+            approval=Approval.objects.get(pk=big_charge.pk), actor=Actor.for_user(renamed), reason="again"
+        )
+    assert refused.value.code == "already_granted"
+    assert Approval.objects.get(pk=big_charge.pk).status == "pending"
+
+
+def test_two_sso_accounts_sharing_an_email_are_two_approvers(big_charge):
+    one = _sign_in("sub-1", {"acme": "approver"}, email="team@example.com").user
+    two = _sign_in("sub-2", {"acme": "approver"}, email="team@example.com").user
+    approval_approve(approval=big_charge, actor=Actor.for_user(one), reason="first")
+    approved = approval_approve(
+        approval=Approval.objects.get(pk=big_charge.pk), actor=Actor.for_user(two), reason="second"
+    )
+    assert approved.status == "approved"
+
+
+def test_an_sso_user_who_lost_the_role_may_no_longer_approve(big_charge):
+    """The approval pages' gate (``dashboard.permissions``) reads the memberships the sign-in set."""
+    ana = _sign_in("sub-1", {"acme": "approver"}).user
+    assert can(User.objects.get(pk=ana.pk), Capability.APPROVE, big_charge.tenant_id)
+    _sign_in("sub-1", {"acme": "viewer"})
+    assert not can(User.objects.get(pk=ana.pk), Capability.APPROVE, big_charge.tenant_id)
