@@ -41,6 +41,11 @@ urlpatterns = [
     path("approvals/<str:approval_id>/reject", inbox.approval_reject, name="approval-reject"),
     path("metrics/", metrics.metrics, name="metrics"),
     path("policies/", policies.policies, name="policies"),
+    path(
+        "policies/<int:tenant_id>/compensators/<int:compensator_id>/check",
+        policies.compensator_check,
+        name="compensator-check",
+    ),
     path("pauses/", pauses.pauses, name="pauses"),
     path("pauses/<str:pause_id>/lift", pauses.pause_lift, name="pause-lift"),
     path("notifications/", notifications.outbox, name="notifications"),

@@ -572,3 +572,25 @@ def call_timeout_s(*, step_timeout_s: float | None = None) -> float:
     if step_timeout_s:
         timeout = min(timeout, float(step_timeout_s))
     return timeout
+
+
+def mcp_tool_names(*, url: str, headers: dict[str, str]) -> set[str]:
+    """The tools the MCP server at ``url`` lists: ``initialize`` and ``tools/list``, every page; no
+    tool is called (the dashboard's compensator check, recovery.compensator_checks)."""
+    return cast(set[str], _run_async(_mcp_list_tools(url=url, headers=headers, timeout_s=call_timeout_s())))
+
+
+async def _mcp_list_tools(*, url: str, headers: dict[str, str], timeout_s: float) -> set[str]:
+    names: set[str] = set()
+    with anyio.fail_after(timeout_s):
+        async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(timeout_s)) as http:
+            transport = streamable_http_client(url, http_client=http)
+            async with McpClient(transport, read_timeout_seconds=timeout_s, cache=None) as client:
+                cursor: str | None = None
+                for _page in range(100):
+                    listed = await client.list_tools(cursor=cursor)
+                    names.update(tool.name for tool in listed.tools)
+                    cursor = listed.next_cursor
+                    if not cursor:
+                        break
+    return names

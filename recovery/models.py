@@ -640,6 +640,29 @@ UNWIND_TRANSITIONS: dict[str, set[str]] = {
     Unwind.Status.CANCELLED: set(),
 }
 
+
+class CompensatorCheck(models.Model):
+    """A tenant admin's check of a registered compensator from the dashboard: only the protocol's
+    harmless cases (recovery.compensator_checks), never a validly signed call. ``fingerprint``:
+    where the compensator pointed when checked; a check of another URL is no check of this one."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="compensator_checks")
+    tool = models.CharField(max_length=200)
+    fingerprint = models.CharField(max_length=64)
+    ok = models.BooleanField()
+    results = JSONField(default=list)  # [{id, title, required, verdict, status, detail}]
+    checked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    checked_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "tool", "-checked_at"], name="compcheck_latest")]
+
+    def __str__(self) -> str:
+        return f"{self.tool}: {'passed' if self.ok else 'failed'} at {self.checked_at:%Y-%m-%d %H:%M}"
+
+
 _Step = UnwindStep.Status
 STEP_TRANSITIONS: dict[str, set[str]] = {
     # A step is queued for a job of its own, or claimed straight from pending by the worker that

@@ -181,6 +181,8 @@ RECOVERY_FLOORS = {
     "recovery.notifications.delivery": 2,
     "recovery.planner": 1,
     "recovery.trail": 1,
+    # Checking a compensator with the protocol's harmless calls (over the compensator calls).
+    "recovery.compensator_checks": 1,
     "recovery.scheduling": 1,
     "recovery.admin": 3,
     # Each object's own transitions.

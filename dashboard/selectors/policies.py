@@ -12,6 +12,8 @@ from ledger.models import Compensator, Tenant, ToolPolicy
 from ledger.policies.resolve import policies_in_force, policy_settings_for
 from ledger.policies.rule_compile import compile_rules
 from ledger.upstreams import policy_upstream_mismatches
+from recovery.compensator_checks import check_flag, latest_checks
+from recovery.models import CompensatorCheck
 
 
 @dataclass
@@ -41,6 +43,7 @@ class CompensatorRow:
     or the Python path) and ``reader`` are None for a reader who may not operate the tenant: a
     viewer sees that a compensator exists and of which kind, not where it points."""
 
+    id: int
     tool: str
     kind: str
     kind_display: str
@@ -49,11 +52,20 @@ class CompensatorRow:
     reader: str | None
     scope: str
     source: str
+    # The newest dashboard check where it points now (recovery.compensator_checks), and why the
+    # compensator is flagged ("" when it passed a recent check).
+    last_check: CompensatorCheck | None = None
+    flag: str = ""
 
 
-def _compensator_row(compensator: Compensator, *, show_target: bool) -> CompensatorRow:
+def _compensator_row(
+    compensator: Compensator, *, show_target: bool, last_check: CompensatorCheck | None = None
+) -> CompensatorRow:
     target = compensator.url or compensator.python_path
     return CompensatorRow(
+        id=compensator.pk,
+        last_check=last_check,
+        flag=check_flag(last_check),
         tool=compensator.tool,
         kind=compensator.kind,
         kind_display=compensator.get_kind_display(),
@@ -93,11 +105,13 @@ def policies_for(*, tenant: Tenant, show_targets: bool) -> TenantPolicies:
         if c.tool not in overridden
     ]
     policy_settings = policy_settings_for(tenant)
+    latest = latest_checks(tenant=tenant, rows=own + shared)
     return TenantPolicies(
         tenant=tenant,
         policies=[_policy_row(policy) for policy in policies_in_force(tenant=tenant)],
         compensators=[
-            _compensator_row(c, show_target=show_targets) for c in sorted(own + shared, key=lambda c: c.tool)
+            _compensator_row(c, show_target=show_targets, last_check=latest.get(c.tool))
+            for c in sorted(own + shared, key=lambda c: c.tool)
         ],
         show_targets=show_targets,
         settings_source=policy_settings.source,

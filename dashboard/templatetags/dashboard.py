@@ -21,6 +21,12 @@ _MISSING = object()
 
 
 @register.filter
+def lookup(mapping: Any, key: Any) -> Any:
+    """``{{ flags|lookup:step.tool }}``: a dict's value for a key the template computes ("" if none)."""
+    return mapping.get(key, "") if isinstance(mapping, dict) else ""
+
+
+@register.filter
 def pretty_json(value: Any) -> str:
     if value is None:
         return "—"

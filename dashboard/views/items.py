@@ -19,9 +19,9 @@ from ledger.conf import saga
 from ledger.errors import PlanChanged, SagaError
 from ledger.selectors import checkpoints_for_run
 from recovery import commands as recovery_commands
+from recovery import compensator_checks, planner
 from recovery import decisions as recovery_decisions
 from recovery import items as recovery_items
-from recovery import planner
 from recovery import selectors as recovery_selectors
 from recovery.models import RecoveryItem
 from recovery.services import compensating, refusals, resolving
@@ -92,6 +92,10 @@ def _compensate_page(
         "checkpoints": checkpoints,
         "notice": notice,
         "selection_error": selection_error,
+        # Compensators never checked, failing or not checked for long (recovery.compensator_checks).
+        "check_flags": compensator_checks.check_flags(
+            tenant=item.run.tenant, tools=[s.tool for s in plan.steps if s.can_undo]
+        ),
     }
     template = "dashboard/item_compensate.html"
     partial = f"{template}#preview" if request.htmx and not request.htmx.boosted else template

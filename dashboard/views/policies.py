@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse, HttpResponseForbidden
 from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
 
 from dashboard.permissions import Capability, can
 from dashboard.selectors import policies as policy_selectors
 from dashboard.selectors import tenants as tenant_selectors
-from dashboard.views.common import HtmxHttpRequest
+from dashboard.views.common import HtmxHttpRequest, actor, done
+from recovery import compensator_checks
 
 
 @require_GET
@@ -30,5 +33,33 @@ def policies(request: HtmxHttpRequest) -> HttpResponse:
                 )
                 for tenant in tenants
             ],
+            # Who may check a compensator (only harmless calls, but calls all the same): admins.
+            "can_check": {
+                tenant.pk for tenant in tenants if can(request.user, Capability.ADMINISTER, tenant.pk)
+            },
         },
     )
+
+
+@require_POST
+@login_required
+def compensator_check(request: HtmxHttpRequest, tenant_id: int, compensator_id: int) -> HttpResponse:
+    """Check a compensator the tenant's policies page lists, with the protocol's harmless cases
+    only (recovery.compensator_checks): admins of the tenant. Another tenant's compensator, or one
+    the tenant overrides, is 404 as a tenant that is not the reader's is."""
+    tenant = next((t for t in tenant_selectors.visible_tenants(user=request.user) if t.pk == tenant_id), None)
+    if tenant is None:
+        raise Http404("No such tenant.")
+    if not can(request.user, Capability.ADMINISTER, tenant.pk):
+        return HttpResponseForbidden("Only an admin of this tenant checks its compensators.")
+    row = compensator_checks.visible_compensator(tenant=tenant, compensator_id=compensator_id)
+    if row is None:
+        raise Http404("No such compensator.")
+    check = compensator_checks.compensator_check(
+        tenant=tenant, actor=actor(request), user=request.user, row=row
+    )
+    if check.ok:
+        messages.success(request, f"{row.tool}: its compensator passed the harmless checks.")
+    else:
+        messages.error(request, f"{row.tool}: {compensator_checks.check_flag(check)}")
+    return done(request, reverse("dashboard:policies") + f"#compensator-{tenant.pk}-{row.pk}")

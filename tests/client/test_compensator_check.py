@@ -11,27 +11,20 @@ import json
 import os
 import shutil
 import subprocess
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import transaction
-from saga_client.signing import verify_signature
 
 from demo import services
 from tests.support.mcp_servers import http_upstream
 from tests.support.processes import ROOT
+from tests.support.reference_compensator import SECRET, Flaws, reference_compensator
 
 pytestmark = pytest.mark.slow
 
 KIT = shutil.which("saga-compensator-check") or str(ROOT / ".venv" / "bin" / "saga-compensator-check")
-SECRET = "check-kit-secret"
 
 
 def check(*args: str, timeout: float = 120) -> tuple[int, dict[str, Any], str]:
@@ -123,99 +116,6 @@ def test_the_demo_worlds_compensator_passes_every_required_case(
 
 # --- A reference compensator, broken one way at a time ---------------------------------------------
 
-
-@dataclass
-class Flaws:
-    accepts_any_signature: bool = False
-    not_idempotent: bool = False
-    rejects_unknown_fields: bool = False
-    crashes_on_malformed_body: bool = False
-    ignores_drift: bool = False
-    delay_s: float = 0.0
-
-
-@dataclass
-class Reference:
-    """A licence seat that the compensator cancels; its state is the number of cancellations and
-    whether the seat is active."""
-
-    flaws: Flaws
-    active: bool = True
-    cancellations: int = 0
-    answers: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def handle(self, headers: Any, raw: bytes) -> tuple[int, dict[str, Any]]:
-        if not self.flaws.accepts_any_signature and not verify_signature(SECRET, headers, raw):
-            return 401, {"error": "bad signature"}
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            if self.flaws.crashes_on_malformed_body:
-                return 500, {"error": "Traceback (most recent call last): ..."}
-            return 400, {"error": "not JSON"}
-        known = {"step_id", "action_id", "run_id", "tenant", "tool", "args", "target_type", "target_id",
-                 "before_snapshot", "after_snapshot", "attempt"}  # fmt: skip
-        if self.flaws.rejects_unknown_fields and set(body) - known:
-            return 500, {"error": f"unexpected fields {sorted(set(body) - known)}"}
-        key = headers.get("Idempotency-Key", "")
-        args = body.get("args")
-        if not isinstance(args, dict) or args.get("seat") != "seat-1":
-            return 422, {"error": "args.seat names no seat"}
-        with self.lock:
-            if key in self.answers and not self.flaws.not_idempotent:
-                return self.answers[key]
-            after = body.get("after_snapshot") or {}
-            if not self.flaws.ignores_drift and after.get("seat") not in (None, "seat-1"):
-                return 412, {"error": "drifted"}
-            time.sleep(self.flaws.delay_s)  # the work is slow; refusing is not
-            if not self.active and not self.flaws.not_idempotent:
-                answer = (409, {"state": {"active": False}})
-            else:
-                self.active = False
-                self.cancellations += 1
-                answer = (200, {"state": {"active": False}})
-            self.answers[key] = answer
-            return answer
-
-    def state(self) -> dict[str, Any]:
-        return {"active": self.active, "cancellations": self.cancellations}
-
-
-@contextmanager
-def reference_compensator(flaws: Flaws) -> Iterator[str]:
-    """Serves the reference compensator at /cancel and its state at /state; yields the base URL."""
-    reference = Reference(flaws)
-
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self._answer(*reference.handle(self.headers, raw))
-
-        def do_GET(self) -> None:
-            self._answer(200, reference.state())
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 SAMPLE = {
     "tool": "licenses.cancel",
     "args": {"seat": "seat-1"},
@@ -227,7 +127,7 @@ SAMPLE = {
 def _check_reference(flaws: Flaws, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
     request = tmp_path / "step.json"
     request.write_text(json.dumps(SAMPLE))
-    with reference_compensator(flaws) as base:
+    with reference_compensator(flaws) as (base, _):
         return check(
             f"{base}/cancel",
             "--secret-env",
@@ -318,7 +218,7 @@ def test_a_compensator_slower_than_the_step_timeout_fails_the_latency_case(tmp_p
 
 def test_the_harmless_cases_never_send_a_valid_signature(tmp_path: Path) -> None:
     """--harmless-only runs without the secret and leaves the target as it was."""
-    with reference_compensator(Flaws()) as base:
+    with reference_compensator(Flaws()) as (base, _):
         env = {key: value for key, value in os.environ.items() if key != "COMPENSATOR_SECRET"}
         done = subprocess.run(
             [KIT, f"{base}/cancel", "--harmless-only", "--json"],
