@@ -114,6 +114,44 @@ def test_the_demo_worlds_compensator_passes_every_required_case(
     assert services.hr_user_read(email="dana@acme.test").status == 404
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_demo_worlds_licence_compensator_passes_too(
+    live_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without a state URL: the cases that compare states say so by passing on status alone."""
+    monkeypatch.setenv("SAGA_DEMO_WORLD_SECRET", SECRET)
+    with transaction.atomic():
+        assert services.hr_user_create(email="lee@acme.test", name="Lee").ok
+        licence = services.license_provision(email="lee@acme.test", sku="business-plus")
+    assert licence.ok, licence.body
+    request = tmp_path / "step.json"
+    request.write_text(
+        json.dumps(
+            {
+                "tool": "workspace.cancel_license",
+                "args": {"email": "lee@acme.test"},
+                "target_id": "lee@acme.test",
+                "after_snapshot": licence.body["state"],
+            }
+        )
+    )
+    url = f"{live_server.url}/demo-world/workspace/saga/cancel_license"
+    status, cases, stderr = check(
+        url,
+        "--secret-env",
+        "COMPENSATOR_SECRET",
+        "--request",
+        str(request),
+        "--calls",
+        "3",
+        "--timeout",
+        "30",
+    )
+    assert status == 0, ({k: v for k, v in cases.items() if v["verdict"] != "pass"}, stderr)
+    assert {k for k, v in verdicts(cases).items() if v != "pass"} == {"tls"}
+    assert cases["drift_detected"]["status"] == 412
+
+
 # --- A reference compensator, broken one way at a time ---------------------------------------------
 
 SAMPLE = {
