@@ -95,6 +95,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Times every request, the middleware below included (saga_admin.metrics).
+    "saga_admin.metrics.RequestMetricsMiddleware",
     "saga_admin.middleware.RequestIdMiddleware",
     # /api/: the key is checked before the body is read (401/429 unread), then the body's size
     # (413), content type (415), JSON well-formedness and depth, before any view.
@@ -213,8 +215,9 @@ STORAGES = {
 
 # --- Security -------------------------------------------------------------------------------
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
-# /healthz, /livez and /readyz must answer plain HTTP for load balancers and probes.
-SECURE_REDIRECT_EXEMPT = [r"^(healthz|livez|readyz)$"]
+# /healthz, /livez and /readyz must answer plain HTTP for load balancers and probes, and /metrics
+# for Prometheus.
+SECURE_REDIRECT_EXEMPT = [r"^(healthz|livez|readyz|metrics)$"]
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
@@ -338,6 +341,8 @@ SAGA: dict[str, Any] = {
     # name whose DNS server never answers holds the request or job that checks it this long).
     "OUTBOUND_ALLOWED_HOSTS": env_list("SAGA_OUTBOUND_ALLOWED_HOSTS", []),
     "OUTBOUND_RESOLVE_TIMEOUT_S": env_float("SAGA_OUTBOUND_RESOLVE_TIMEOUT_S", 1.0),
+    # The bearer token GET /metrics (Prometheus) requires; unset, /metrics is 404.
+    "METRICS_TOKEN": env_secret("SAGA_METRICS_TOKEN"),
 }
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")

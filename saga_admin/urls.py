@@ -11,11 +11,14 @@ from dashboard.views import slack, workers
 from saga_admin.api.app import api, unrouted
 from saga_admin.api.limits import error_json, is_api_request
 from saga_admin.health import favicon, healthz, livez, readyz
+from saga_admin.metrics import metrics
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("livez", livez, name="livez"),
     path("readyz", readyz, name="readyz"),
+    # Prometheus, behind SAGA_METRICS_TOKEN (the dashboard's charts are at /insights/).
+    path("metrics", metrics, name="metrics"),
     # Browsers ask every site for /favicon.ico (the Django admin's pages and the API docs name no
     # icon); the dashboard's pages link theirs.
     path("favicon.ico", favicon, name="favicon"),

@@ -182,6 +182,8 @@ RECOVERY_FLOORS = {
     "recovery.planner": 1,
     "recovery.trail": 1,
     "recovery.scheduling": 1,
+    # The engine's Prometheus metrics: counted where steps move, read from the models when scraped.
+    "recovery.metrics": 1,
     "recovery.admin": 3,
     # Each object's own transitions.
     "recovery.items": 2,
