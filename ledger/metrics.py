@@ -20,6 +20,7 @@ and each horse reads the values the previous one left before adding its own.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import tempfile
@@ -30,6 +31,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from prometheus_client import Counter, Histogram, values
+from prometheus_client.mmap_dict import MmapedDict
 
 DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 # What locates a deployment: processes that share these share a database and a queue.
@@ -92,7 +94,21 @@ def _process_identifier() -> str:
     return _identity or str(os.getpid())
 
 
+def _forget_if_idle() -> None:
+    """At exit: a process that moved nothing (a management command, which loads the settings and
+    so these metrics) leaves no files behind, so a host's files grow with its servers, not with
+    every command ever run on it. A horse never gets here (it leaves by ``os._exit``)."""
+    for file in MULTIPROCESS_DIR.glob(f"*_{_process_identifier()}.db"):
+        try:
+            entries = MmapedDict.read_all_values_from_file(str(file))  # type: ignore[no-untyped-call]
+            if all(value == 0 for _key, value, _ts, _pos in entries):
+                file.unlink()
+        except (OSError, ValueError):
+            continue  # unreadable or gone: the web's next start empties the directory anyway
+
+
 MULTIPROCESS_DIR = _prepare_dir()
+atexit.register(_forget_if_idle)
 # Chosen before any metric is built (prometheus_client decides it when it is first imported, from
 # the environment, which may be before this module set the variable).
 values.ValueClass = values.MultiProcessValue(process_identifier=_process_identifier)  # type: ignore[no-untyped-call]

@@ -16,6 +16,10 @@ import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+# Prometheus's multiprocess directory (ledger.metrics), ready before any library builds a metric
+# as it is imported (django-rq's admin does): a missing or unwritable PROMETHEUS_MULTIPROC_DIR
+# stops every process here, naming it.
+import ledger.metrics  # noqa: F401
 from ledger.env import env_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent

@@ -6,8 +6,12 @@ exposed. The scrape of a live gunicorn and a live worker is tests/test_metrics_l
 from __future__ import annotations
 
 import base64
+import os
 import re
 import socket
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,7 +25,7 @@ from recovery.models import RecoveryItem
 from tests.factories import gated_run, new_action, new_run, onboarding_run
 from tests.support import promql
 from tests.support.api import Api
-from tests.support.processes import RedisServer
+from tests.support.processes import ROOT, RedisServer
 
 pytestmark = pytest.mark.django_db
 
@@ -271,6 +275,34 @@ def test_with_redis_down_the_scrape_answers_without_its_gauges(
 
 
 # --- Where the files live -------------------------------------------------------------------------
+
+
+def _manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``manage.py`` with only a deployment's environment (the suite's must not leak in)."""
+    base = {
+        name: os.environ[name] for name in ("PATH", "HOME", "DATABASE_URL", "REDIS_URL") if name in os.environ
+    }
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        env={**base, "SECRET_KEY": "x" * 50, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_command_that_moved_no_metric_leaves_no_file_behind(tmp_path: Path) -> None:
+    result = _manage("check", PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unusable_metrics_directory_stops_the_process_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = _manage("check", PROMETHEUS_MULTIPROC_DIR=str(blocker / "metrics"))
+    assert result.returncode == 1
+    assert "PROMETHEUS_MULTIPROC_DIR" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_the_metrics_directory_is_the_variable_or_one_per_deployment(tmp_path: Any) -> None:
