@@ -10,7 +10,8 @@ The directory is ``PROMETHEUS_MULTIPROC_DIR`` when set, else one derived from th
 ``DATABASE_URL`` and ``REDIS_URL`` (as given, or the paths of their ``_FILE`` variants) under the
 system's temporary directory: every process of one deployment on one host finds the same
 directory without being told, and two deployments (or two test runs) on one host never share one.
-The web's gunicorn master empties it when it starts (``saga_admin.gunicorn``).
+The web's gunicorn master removes the files of processes that are gone when it starts
+(``saga_admin.gunicorn``).
 
 An RQ worker forks a work horse for every job, one at a time. With one file per process that
 would leave a file behind per job, and a scrape reads every file; so a worker's horses share one
@@ -65,17 +66,37 @@ def _prepare_dir() -> Path:
     return path
 
 
-def empty_multiprocess_dir(path: Path | None = None) -> int:
-    """Remove every metric file (a new deployment starts from zero): the web's gunicorn master
-    calls it before it starts its workers. Returns how many files went."""
+def forget_dead_processes(path: Path | None = None) -> int:
+    """Remove the files of processes that are no longer running: the web's gunicorn master calls
+    it before it forks its workers, so a new deployment's counters start from zero. A process that
+    still runs here (a worker started a moment before the web) keeps its file. One this host cannot
+    see (another container's) counts as gone: its counters restart, which Prometheus's ``rate()``
+    takes as the reset it is. Returns how many files went."""
     removed = 0
     for file in (path or multiprocess_dir()).glob("*.db"):
+        if _running(file.stem.rsplit("_", 1)[-1]):
+            continue
         try:
             file.unlink()
         except FileNotFoundError:
             continue
         removed += 1
     return removed
+
+
+def _running(identity: str) -> bool:
+    """Whether the process a file belongs to (``<pid>`` or ``<worker pid>-horse``) runs here,
+    this process aside."""
+    pid = identity.split("-", 1)[0]
+    if not pid.isdigit() or int(pid) in (0, os.getpid()):
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: running
+    return True
 
 
 # --- One file per process, one per worker for its work horses ------------------------------
@@ -104,7 +125,7 @@ def _forget_if_idle() -> None:
             if all(value == 0 for _key, value, _ts, _pos in entries):
                 file.unlink()
         except (OSError, ValueError):
-            continue  # unreadable or gone: the web's next start empties the directory anyway
+            continue  # unreadable or gone: left to the web's next start
 
 
 MULTIPROCESS_DIR = _prepare_dir()

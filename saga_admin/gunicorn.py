@@ -1,6 +1,6 @@
-"""The web process's gunicorn hooks (the Procfile's ``-c python:saga_admin.gunicorn``): the
-Prometheus multiprocess files (``ledger.metrics``) start empty with each start of the web, and a
-web worker that exits is marked dead, so its live gauges leave the sum.
+"""The web process's gunicorn hooks (the Procfile's ``-c python:saga_admin.gunicorn``): each start
+of the web removes the Prometheus multiprocess files (``ledger.metrics``) of processes that are
+gone, and a web worker that exits is marked dead, so its live gauges leave the sum.
 
 Only hooks: every setting stays on the Procfile's command line, where operators look for it.
 """
@@ -15,7 +15,7 @@ def on_starting(server: Any) -> None:
     (Prometheus's ``rate()`` and ``increase()`` take the reset in their stride)."""
     from ledger import metrics
 
-    removed = metrics.empty_multiprocess_dir()
+    removed = metrics.forget_dead_processes()
     server.log.info(
         f"metrics: {removed} file(s) of earlier processes removed from {metrics.MULTIPROCESS_DIR}"
     )

@@ -49,7 +49,16 @@ def child_env(data: Path, **extra: str) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG", "DJANGO_SETTINGS_MODULE", "PORT"}
+        if key
+        not in {
+            "DATABASE_URL",
+            "REDIS_URL",
+            "SECRET_KEY",
+            "DEBUG",
+            "DJANGO_SETTINGS_MODULE",
+            "PORT",
+            "PROMETHEUS_MULTIPROC_DIR",
+        }
         and not key.startswith("SAGA_")
     }
     env.update({"SAGA_RUN_DATA": str(data), "SAGA_DEMO_TRAFFIC": "0", **extra})

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.mmap_dict import MmapedDict
 
 from ledger.audit import Actor
 from recovery.models import Unwind
@@ -38,7 +39,7 @@ from tests.support.processes import (
 from tests.test_metrics import NAMED
 
 # Whole processes (gunicorn and a worker): the slow lane.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.django_db(transaction=True)]
 
 TOKEN = secrets.token_urlsafe(24)
 
@@ -55,13 +56,24 @@ class Web:
         return promql.exposed(response.text)
 
 
+@dataclass
+class MetricsDir:
+    path: Path
+    gone: Path  # the file of a process of an earlier deployment, no longer running
+    running: Path  # the file of a process that still runs here (this test's)
+
+
 @pytest.fixture
-def metrics_dir(tmp_path: Path) -> Path:
-    """The directory the web and the worker share, holding a file an earlier deployment left."""
+def metrics_dir(tmp_path: Path) -> MetricsDir:
+    """The directory the web and the worker share, with what earlier processes left in it."""
     path = tmp_path / "prometheus"
     path.mkdir()
-    (path / "counter_1.db").write_bytes(b"left behind by an earlier deployment")
-    return path
+    gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
+    stale = path / f"counter_{int(gone.stdout)}.db"
+    stale.write_bytes(b"left behind by an earlier deployment")
+    running = path / f"gauge_livesum_{os.getpid()}.db"
+    MmapedDict(str(running)).close()
+    return MetricsDir(path=path, gone=stale, running=running)
 
 
 def _procfile(line: str) -> str:
@@ -72,7 +84,7 @@ def _procfile(line: str) -> str:
 
 
 @pytest.fixture
-def web(metrics_dir: Path, own_redis: RedisServer, tmp_path: Path) -> Iterator[Web]:
+def web(metrics_dir: MetricsDir, own_redis: RedisServer, tmp_path: Path) -> Iterator[Web]:
     """The Procfile's web line as a deployment runs it, with only a deployment's environment."""
     port = free_port()
     env = {
@@ -91,7 +103,7 @@ def web(metrics_dir: Path, own_redis: RedisServer, tmp_path: Path) -> Iterator[W
         "WEB_CONCURRENCY": "2",
         "WEB_THREADS": "2",
         "SAGA_METRICS_TOKEN": TOKEN,
-        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir.path),
     }
     log = tmp_path / "web.log"
     process = subprocess.Popen(
@@ -146,15 +158,16 @@ def _record_through_the_web(web: Web, secret: str, count: int) -> None:
 
 def test_one_scrape_of_the_web_adds_up_its_processes_and_the_workers(
     web: Web,
-    metrics_dir: Path,
+    metrics_dir: MetricsDir,
     start_worker: Callable[..., Worker],
     tenant: Any,
     agent_key: Any,
     agent: Actor,
     alice: Any,
 ) -> None:
-    # gunicorn's master emptied the directory before it started its workers.
-    assert not (metrics_dir / "counter_1.db").exists()
+    # gunicorn's master removed what a process that is gone left, before it started its workers;
+    # the file of a process still running stays.
+    assert not metrics_dir.gone.exists() and metrics_dir.running.exists()
     before = web.scrape()
     assert {key.split("{", 1)[0] for key in before} >= NAMED
     # From start-up, at zero until they move.
@@ -173,7 +186,7 @@ def test_one_scrape_of_the_web_adds_up_its_processes_and_the_workers(
 
     with serve_webhooks({HR_PATH: HR_SECRET, WS_PATH: WS_SECRET}) as hooks:
         load_onboarding_policies(webhooks=hooks)
-        worker = start_worker(PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+        worker = start_worker(PROMETHEUS_MULTIPROC_DIR=str(metrics_dir.path))
         wait_for(
             lambda: web.scrape()['saga_rq_workers{queue="compensations"}'] == 1,
             timeout=60,
@@ -191,7 +204,7 @@ def test_one_scrape_of_the_web_adds_up_its_processes_and_the_workers(
             return unwind.status in (Unwind.Status.COMPLETED, Unwind.Status.FAILED)
 
         try:
-            wait_for(finished, timeout=60, what="the unwind to finish")
+            wait_for(finished, timeout=120, what="the unwind to finish")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{dump_worker_logs([worker])}") from exc
         assert unwind.status == Unwind.Status.COMPLETED
@@ -210,7 +223,7 @@ def test_one_scrape_of_the_web_adds_up_its_processes_and_the_workers(
     assert moved('saga_ledger_writes_total{kind="move"}') >= 2
     assert after['saga_recovery_items_open{reason="failed",tenant="acme"}'] == 0
     # The worker's horses shared one file instead of leaving one per job.
-    horse_files = sorted(path.name for path in metrics_dir.glob("counter_*-horse.db"))
+    horse_files = sorted(path.name for path in metrics_dir.path.glob("counter_*-horse.db"))
     assert horse_files == [f"counter_{worker.process.pid}-horse.db"], horse_files
 
     exposed = {key.split("{", 1)[0] for key in after}
