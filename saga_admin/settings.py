@@ -346,7 +346,7 @@ SAGA: dict[str, Any] = {
     "OUTBOUND_ALLOWED_HOSTS": env_list("SAGA_OUTBOUND_ALLOWED_HOSTS", []),
     "OUTBOUND_RESOLVE_TIMEOUT_S": env_float("SAGA_OUTBOUND_RESOLVE_TIMEOUT_S", 1.0),
     # The bearer token GET /metrics (Prometheus) requires; unset, /metrics is 404.
-    "METRICS_TOKEN": env_secret("SAGA_METRICS_TOKEN"),
+    "METRICS_TOKEN": env_secret("SAGA_METRICS_TOKEN").strip(),
 }
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
