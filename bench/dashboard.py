@@ -165,7 +165,7 @@ def pages(*, user: Any, deep_pages: int, big_run_actions: int) -> list[tuple[str
         ]
     out += [
         ("approval inbox", _url("dashboard:approvals", "/approvals/")),
-        ("metrics", _url("dashboard:metrics", "/metrics/")),
+        ("insights", _url("dashboard:insights", "/insights/")),
     ]
     return out
 

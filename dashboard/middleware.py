@@ -16,7 +16,7 @@ SESSION_KEY = "saga_last_activity"
 # unattended session alive forever.
 POLL_HEADER = "X-Saga-Poll"
 ACTIVITY_RESOLUTION_S = 60
-_EXEMPT_PREFIXES = ("/api/", "/healthz", "/livez", "/readyz", "/static/", "/favicon.ico")
+_EXEMPT_PREFIXES = ("/api/", "/healthz", "/livez", "/readyz", "/metrics", "/static/", "/favicon.ico")
 
 
 class IdleTimeoutMiddleware:

@@ -5,8 +5,8 @@ from django.urls import path
 from dashboard.views import (
     actions,
     inbox,
+    insights,
     items,
-    metrics,
     notifications,
     pauses,
     policies,
@@ -39,7 +39,9 @@ urlpatterns = [
     path("approvals/", inbox.approvals, name="approvals"),
     path("approvals/<str:approval_id>/approve", inbox.approval_approve, name="approval-approve"),
     path("approvals/<str:approval_id>/reject", inbox.approval_reject, name="approval-reject"),
-    path("metrics/", metrics.metrics, name="metrics"),
+    path("insights/", insights.insights, name="insights"),
+    # The insights page's old address (/metrics, without the slash, is Prometheus's).
+    path("metrics/", insights.insights_moved, name="insights-moved"),
     path("policies/", policies.policies, name="policies"),
     path(
         "policies/<int:tenant_id>/compensators/<int:compensator_id>/check",

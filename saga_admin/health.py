@@ -13,6 +13,8 @@ from django.template.loader import render_to_string
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from saga_admin.metrics import metrics
+
 
 def _dependencies() -> dict[str, str]:
     """PostgreSQL and Redis, each ``ok`` or ``down: <what failed>``."""
@@ -95,13 +97,18 @@ PROBES: dict[str, Callable[[HttpRequest], HttpResponse]] = {
 }
 
 
+# What ProbeMiddleware answers: the probes and Prometheus's scrape, which asks by the pod's
+# address too (behind its own token, saga_admin.metrics).
+HOSTLESS: dict[str, Callable[[HttpRequest], HttpResponse]] = {**PROBES, "/metrics": metrics}
+
+
 class ProbeMiddleware:
-    """Answers ``/healthz``, ``/livez`` and ``/readyz`` before the host check, the HTTPS redirect
-    and the rest of the chain (first in MIDDLEWARE after the request id)."""
+    """Answers ``/healthz``, ``/livez``, ``/readyz`` and ``/metrics`` before the host check, the
+    HTTPS redirect and the rest of the chain (early in MIDDLEWARE, after the request id)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        probe = PROBES.get(request.path_info)
+        probe = HOSTLESS.get(request.path_info)
         return probe(request) if probe is not None else self.get_response(request)

@@ -16,6 +16,10 @@ import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+# Prometheus's multiprocess directory (ledger.metrics), ready before any library builds a metric
+# as it is imported (django-rq's admin does): a missing or unwritable PROMETHEUS_MULTIPROC_DIR
+# stops every process here, naming it.
+import ledger.metrics  # noqa: F401, I001 - first, on purpose
 from dashboard.sso.conf import sso_settings_from_env
 from ledger.env import env_secret
 
@@ -96,9 +100,11 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Times every request, the middleware below included (saga_admin.metrics).
+    "saga_admin.metrics.RequestMetricsMiddleware",
     "saga_admin.middleware.RequestIdMiddleware",
-    # /healthz, /livez, /readyz: answered here, for any Host and over plain HTTP (probes ask by
-    # the container's own address).
+    # /healthz, /livez, /readyz and /metrics: answered here, for any Host and over plain HTTP
+    # (probes and Prometheus ask by the container's or the pod's own address).
     "saga_admin.health.ProbeMiddleware",
     # /api/: the key is checked before the body is read (401/429 unread), then the body's size
     # (413), content type (415), JSON well-formedness and depth, before any view.
@@ -223,8 +229,8 @@ STORAGES = {
 
 # --- Security -------------------------------------------------------------------------------
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
-# /healthz, /livez and /readyz answer plain HTTP for load balancers and probes: ProbeMiddleware
-# answers them before SecurityMiddleware's redirect.
+# /healthz, /livez, /readyz and /metrics answer plain HTTP and any Host, for load balancers,
+# probes and Prometheus: ProbeMiddleware answers them before SecurityMiddleware's redirect.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
@@ -348,6 +354,8 @@ SAGA: dict[str, Any] = {
     # name whose DNS server never answers holds the request or job that checks it this long).
     "OUTBOUND_ALLOWED_HOSTS": env_list("SAGA_OUTBOUND_ALLOWED_HOSTS", []),
     "OUTBOUND_RESOLVE_TIMEOUT_S": env_float("SAGA_OUTBOUND_RESOLVE_TIMEOUT_S", 1.0),
+    # The bearer token GET /metrics (Prometheus) requires; unset, /metrics is 404.
+    "METRICS_TOKEN": env_secret("SAGA_METRICS_TOKEN").strip(),
 }
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")

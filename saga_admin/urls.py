@@ -10,11 +10,13 @@ from django.views import defaults
 from dashboard.views import slack, sso, workers
 from saga_admin.api.app import api, unrouted
 from saga_admin.api.limits import error_json, is_api_request
-from saga_admin.health import PROBES, favicon
+from saga_admin.health import HOSTLESS, favicon
 
 urlpatterns = [
-    # Answered by saga_admin.health.ProbeMiddleware before any of this; named here for reverse().
-    *(path(url.lstrip("/"), view, name=url.lstrip("/")) for url, view in PROBES.items()),
+    # /healthz, /livez, /readyz and /metrics (Prometheus, behind SAGA_METRICS_TOKEN; the
+    # dashboard's charts are at /insights/): answered by saga_admin.health.ProbeMiddleware before
+    # any of this, whatever the Host; named here for reverse().
+    *(path(url.lstrip("/"), view, name=url.lstrip("/")) for url, view in HOSTLESS.items()),
     # Browsers ask every site for /favicon.ico (the Django admin's pages and the API docs name no
     # icon); the dashboard's pages link theirs.
     path("favicon.ico", favicon, name="favicon"),

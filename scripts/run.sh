@@ -27,7 +27,8 @@
 # REDIS_URL, SAGA_RUN_DATA (the data directory; default .data), SAGA_DEMO_TRAFFIC=0 (no live
 # demo traffic), SAGA_DEMO_SSO=1 (single sign-on with a local OpenID Provider), SAGA_DEMO_WORLD_SECRET, DEBUG (default 0: the app's own error pages), SECRET_KEY (default: one
 # generated once and kept in .data/secret-key), SAGA_OUTBOUND_ALLOWED_HOSTS (default: the demo
-# world's host:port), SAGA_RESUME_WEBHOOK_SECRET. The demo MCP server takes 8765 or the next free
+# world's host:port), SAGA_RESUME_WEBHOOK_SECRET, SAGA_METRICS_TOKEN (GET /metrics' bearer token;
+# default: one generated once and kept in .data/metrics-token). The demo MCP server takes 8765 or the next free
 # port, its gateway the next free one after it (SAGA_DEMO_MCP_URL is set to the server's URL).
 set -euo pipefail
 CALLER_DIR=$(pwd)
@@ -227,6 +228,13 @@ if [ -z "${SAGA_RESUME_WEBHOOK_SECRET:-}" ]; then
   secret_files[SAGA_RESUME_WEBHOOK_SECRET]="$DATA/resume-secret"
 fi
 export SAGA_RESUME_WEBHOOK_SECRET
+# GET /metrics (Prometheus) answers only with this bearer token (unset, it is 404); kept in .data.
+if [ -z "${SAGA_METRICS_TOKEN:-}" ]; then
+  [ -s "$DATA/metrics-token" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$DATA/metrics-token")
+  SAGA_METRICS_TOKEN=$(cat "$DATA/metrics-token")
+  secret_files[SAGA_METRICS_TOKEN]="$DATA/metrics-token"
+fi
+export SAGA_METRICS_TOKEN
 
 # The environment for management commands, exactly as the web and worker get it: what this script
 # set, every SAGA_* setting and the other settings' variables you set. Secrets from .data files
@@ -326,6 +334,8 @@ if [ "${SAGA_DEMO_TRAFFIC:-1}" != "0" ]; then
   start demo-agents "$PY" manage.py seed_demo --url "$BASE_URL" --continuous
 fi
 
+metrics_token="\$SAGA_METRICS_TOKEN"  # the one you passed
+[ -z "${secret_files[SAGA_METRICS_TOKEN]:-}" ] || metrics_token="\$(cat $DATA/metrics-token)"
 manage="make manage"
 [ "$DATA" = "$ROOT/.data" ] || manage="SAGA_RUN_DATA=$DATA make manage"
 cat <<EOF
@@ -333,6 +343,8 @@ cat <<EOF
   Saga Admin is running:   $BASE_URL/
   Demo world (the systems the agents change):  $BASE_URL/demo-world/
   API docs:                $BASE_URL/api/v1/docs
+  Prometheus metrics:      curl -H "Authorization: Bearer $metrics_token" $BASE_URL/metrics
+                           (docs/OPERATIONS.md, "Metrics and alerts"; the charts page is $BASE_URL/insights/)
   MCP gateway (saga-mcp):  $MCP_GATEWAY_URL  (Streamable HTTP: point an MCP host or mcp.Client at it;
                            its calls are the tools people.*, its sessions runs of mcp-agent; README, "The MCP demo")
   Demo MCP server:         $SAGA_DEMO_MCP_URL  (what reached it: $MCP_JOURNAL)

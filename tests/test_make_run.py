@@ -49,7 +49,16 @@ def child_env(data: Path, **extra: str) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG", "DJANGO_SETTINGS_MODULE", "PORT"}
+        if key
+        not in {
+            "DATABASE_URL",
+            "REDIS_URL",
+            "SECRET_KEY",
+            "DEBUG",
+            "DJANGO_SETTINGS_MODULE",
+            "PORT",
+            "PROMETHEUS_MULTIPROC_DIR",
+        }
         and not key.startswith("SAGA_")
     }
     env.update({"SAGA_RUN_DATA": str(data), "SAGA_DEMO_TRAFFIC": "0", **extra})
@@ -231,6 +240,12 @@ def _check_the_first_run_is_up(said: str, url: str, data_dir: Path) -> tuple[Pro
     assert status == 404 and b"There is nothing here" in body and b"URLconf" not in body
     assert get(f"{url}/static/favicon.svg")[0] == 200  # hashed static files served with DEBUG off
     assert "make manage" in said and str(data_dir / "env") in said
+    # Prometheus: the curl it printed works, with the token it generated and kept.
+    assert f'curl -H "Authorization: Bearer $(cat {data_dir}/metrics-token)" {url}/metrics' in said
+    token = (data_dir / "metrics-token").read_text().strip()
+    status, body = get(f"{url}/metrics", token)
+    assert status == 200 and b"saga_recovery_items_open{" in body and b"saga_rq_workers{" in body
+    assert get(f"{url}/metrics")[0] == 401
     procs = recorded(data_dir)
     pg = postmaster_pid(data_dir)
     assert {name for name, _, _ in procs} == {"redis", "worker", "web", "mcp-upstream", "mcp-gateway"}

@@ -2,5 +2,5 @@
 
 - ``approval_cards``: what an approval card says will happen (forward actions and compensation
   steps), the rule and limit that decided it, and the "1 of 2 approvers" line.
-- ``charts``: the geometry of the server-side SVG bar charts (metrics page).
+- ``charts``: the geometry of the server-side SVG bar charts (insights page).
 """

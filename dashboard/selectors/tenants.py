@@ -1,4 +1,4 @@
-"""The tenants a user sees (the tenant pickers of the queue, metrics, policies and pauses pages)."""
+"""The tenants a user sees (the tenant pickers of the queue, insights, policies and pauses pages)."""
 
 from __future__ import annotations
 

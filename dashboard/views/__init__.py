@@ -15,7 +15,7 @@ is a 404) and every decision checks the user's role in the object's tenant (403)
   and skip.
 - ``actions``: reconciling an action whose outcome is unknown.
 - ``inbox``: the approval inbox and approving or rejecting.
-- ``metrics``, ``policies``: the read-only pages.
+- ``insights``, ``policies``: the read-only pages.
 - ``pauses``: the kill switches (pause an agent or tool, lift a pause).
 - ``notifications``: the outbox and a tenant's notification settings (channels, the Slack app).
 - ``slack_account``: linking one's own Slack account.

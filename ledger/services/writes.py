@@ -11,6 +11,7 @@ Inside a caller's transaction it is one statement of that transaction.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import orjson
@@ -18,7 +19,7 @@ from django.db import connection
 from django.db.models import DateTimeField, JSONField
 from django.utils.dateparse import parse_datetime
 
-from ledger import json_text
+from ledger import json_text, metrics
 from ledger.models import Action
 
 # The functions a write may call: a constant set, never a name from input.
@@ -29,6 +30,7 @@ def call(function: str, payload: dict[str, Any]) -> dict[str, Any]:
     """``function(payload)``: its answer (``outcome`` and what goes with it)."""
     if function not in FUNCTIONS:
         raise ValueError(f"not a ledger write function: {function}")
+    started = time.perf_counter()
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {function}(%s::jsonb)", [_encode(payload)])
         row = cursor.fetchone()
@@ -36,6 +38,7 @@ def call(function: str, payload: dict[str, Any]) -> dict[str, Any]:
     answer = _decode(value) if isinstance(value, str | bytes) else value
     if not isinstance(answer, dict):
         raise RuntimeError(f"{function} answered {answer!r}")
+    metrics.ledger_write_observed(function, answer.get("outcome"), started)
     return answer
 
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from ledger import errors
 from ledger.services.actions import moves
-from recovery import compensators
+from recovery import compensators, metrics
 from recovery.compensators import Outcome
 from recovery.models import Unwind, UnwindStep
 from recovery.notifications import outbox
@@ -99,7 +99,7 @@ def _carry_out(claim: Claim | None, *, batch_s: float) -> Outcome | None:
     first: Outcome | None = None
     rows: dict[tuple[int, str], Any] = {}
     while claim is not None:
-        with _LeaseRenewal(claim):
+        with _LeaseRenewal(claim), metrics.step_attempt_timer():
             outcome = compensators.execute(claim.request, tenant_id=claim.tenant_id, rows=rows)
         if first is None:
             first = outcome

@@ -13,7 +13,7 @@ from django.utils import timezone
 from ledger import errors
 from ledger.audit import Actor
 from ledger.transitions import transition
-from recovery import items
+from recovery import items, metrics
 from recovery.models import STEP_TRANSITIONS, UNWIND_TRANSITIONS, Unwind, UnwindStep
 
 ENGINE = items.ENGINE
@@ -51,6 +51,7 @@ def step_transition(
         current=step.status,
         where=where,
     )
+    metrics.step_moved(to=to, kind=kind)
 
 
 def unwind_set_status(

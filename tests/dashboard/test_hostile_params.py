@@ -45,7 +45,7 @@ HOSTILE += [
 PARAMS = {
     "/": ["cursor", "q", "tenant", "risk", "reason", "status", "age", "sort"],
     "/queue/new": ["since", "tenant", "risk", "reason", "status", "age", "q"],
-    "/metrics/": ["window", "tenant"],
+    "/insights/": ["window", "tenant"],
     "/approvals/": ["tenant", "cursor"],
 }
 

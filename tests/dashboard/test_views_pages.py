@@ -16,35 +16,37 @@ from tests.factories import charge_policy, gated_run, load_policy_file, onboardi
 pytestmark = pytest.mark.django_db
 
 
-def test_metrics_page_renders_svg_charts(client, tenant, agent, alice, bob):
+def test_insights_page_renders_svg_charts(client, tenant, agent, alice, bob):
     run, item = onboarding_run(tenant, agent)
     item_close(item=item, actor=Actor.for_user(alice), reason="done")
     onboarding_run(tenant, agent, name="Open", email="open@company.com")
     client.force_login(bob)
     for window in ("24h", "7d", "30d", "bogus"):
-        response = client.get(reverse("dashboard:metrics"), {"window": window})
+        response = client.get(reverse("dashboard:insights"), {"window": window})
         assert response.status_code == 200
     body = response.content.decode()
     assert "<svg" in body and 'role="img"' in body and "email.send_welcome" in body
     assert "MTTR" in body and "1 resolved" in body
-    metrics = response.context["m"]
-    assert dict(metrics.open_by_risk)["Medium"] == 1 and metrics.resolved == 1 and metrics.mttr_s is not None
+    insights = response.context["m"]
+    assert (
+        dict(insights.open_by_risk)["Medium"] == 1 and insights.resolved == 1 and insights.mttr_s is not None
+    )
 
 
-def test_metrics_are_scoped_to_the_users_tenants(client, tenant, agent, mallory):
+def test_insights_are_scoped_to_the_users_tenants(client, tenant, agent, mallory):
     onboarding_run(tenant, agent)
     client.force_login(mallory)
-    m = client.get(reverse("dashboard:metrics")).context["m"]
+    m = client.get(reverse("dashboard:insights")).context["m"]
     assert sum(n for _label, n in m.open_by_risk) == 0 and not m.top_failing_tools
 
 
 def test_percentiles_come_from_postgres(tenant, agent, alice, bob):
-    from dashboard.selectors import metrics as metrics_selectors
+    from dashboard.selectors import insights as insights_selectors
 
     for amount in (1, 2, 3):
         approval = gated_run(tenant, agent, amount=amount)[2]
         approval_approve(approval=approval, actor=Actor.for_user(bob), reason="ok")
-    m = metrics_selectors.metrics(user=alice, window="24h")
+    m = insights_selectors.insights(user=alice, window="24h")
     assert m.approvals_decided == 3 and m.approval_p50_s is not None and m.approval_p95_s >= m.approval_p50_s
 
 
@@ -202,7 +204,7 @@ def test_activity_is_recorded_at_most_once_a_minute(client, alice):
     assert client.session[SESSION_KEY] > stamp
 
 
-@pytest.mark.parametrize("name", ["queue", "approvals", "metrics", "policies"])
+@pytest.mark.parametrize("name", ["queue", "approvals", "insights", "policies"])
 def test_every_page_carries_a_strict_csp(client, alice, name):
     client.force_login(alice)
     response = client.get(reverse(f"dashboard:{name}"))
@@ -235,7 +237,7 @@ def test_a_percentile_without_data_is_drawn_as_no_data_not_zero():
 
 
 def test_open_counts_by_risk_and_by_reason_add_up_across_both_panels(tenant, agent, alice):
-    from dashboard.selectors import metrics as metrics_selectors
+    from dashboard.selectors import insights as insights_selectors
     from recovery.models import RecoveryItem
 
     items = [onboarding_run(tenant, agent, name=f"P{i}", email=f"p{i}@company.com")[1] for i in range(4)]
@@ -243,6 +245,6 @@ def test_open_counts_by_risk_and_by_reason_add_up_across_both_panels(tenant, age
     RecoveryItem.objects.filter(pk=items[1].pk).update(risk="high")
     RecoveryItem.objects.filter(pk=items[2].pk).update(reason="agent_lost")
     item_close(item=items[3], actor=Actor.for_user(alice), reason="done")
-    m = metrics_selectors.metrics(user=alice, window="7d")
+    m = insights_selectors.insights(user=alice, window="7d")
     assert dict(m.open_by_risk) == {"Low": 0, "Medium": 1, "High": 2, "Critical": 0}
     assert dict(m.open_by_reason) == {"Run failed": 1, "Agent lost (no heartbeat)": 2}

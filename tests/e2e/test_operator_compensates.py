@@ -107,7 +107,7 @@ def test_an_operator_compensates_the_failed_onboarding_run(
     assert [c.idempotency_key for c in compensator_server.calls] == [s.idempotency_key for s in done]
     item.refresh_from_db()
     assert item.resolution == RecoveryItem.Resolution.COMPENSATED
-    page.get_by_role("link", name="Metrics").click()
+    page.get_by_role("link", name="Insights").click()
     expect(page.get_by_text("100%")).to_be_visible()
-    screenshot(page, "metrics")
+    screenshot(page, "insights")
     assert page.csp_violations == []

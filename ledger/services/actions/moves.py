@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import errors
+from ledger import errors, metrics
 from ledger.audit import Actor, audit_record, event_template, slot
 from ledger.models import Action, Run
 from ledger.rules import reason_required
@@ -38,7 +38,9 @@ _ALL_FIELDS = [f.attname for f in Action._meta.concrete_fields]
 
 def _action_transition(action: Action, **fields: Any) -> Action:
     """``ledger.transitions.transition`` on the action table, on its run's audit chain."""
-    return transition(action, table=ACTION_TRANSITIONS, run=action.run, **fields)
+    moved = transition(action, table=ACTION_TRANSITIONS, run=action.run, **fields)
+    metrics.ledger_moved()
+    return moved
 
 
 @transaction.atomic

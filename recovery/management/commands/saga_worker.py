@@ -14,9 +14,11 @@ from django.core.management.base import BaseCommand, CommandParser
 from django_rq.utils import reset_db_connections
 from django_rq.workers import get_worker
 from redis.exceptions import RedisError
-from rq import Worker
+from rq import Queue, Worker
+from rq.job import Job
 from rq.logutils import setup_loghandlers
 
+from ledger import metrics
 from recovery import compensators
 from recovery.scheduling import Ticker
 
@@ -27,6 +29,11 @@ class SagaWorker(Worker):
     # rq backs off up to 60 s between reconnection attempts; a worker should notice a restarted
     # Redis within seconds, because committed decisions are waiting for it.
     max_connection_wait_time = 5.0
+
+    def main_work_horse(self, job: Job, queue: Queue) -> None:
+        # The horses of one worker, one at a time, share one metrics file (ledger.metrics).
+        metrics.as_work_horse()
+        super().main_work_horse(job, queue)
 
 
 class Command(BaseCommand):

@@ -1,4 +1,4 @@
-"""The metrics page's reads: open items by risk and reason, time to resolve, compensation outcomes
+"""The insights page's reads: open items by risk and reason, time to resolve, compensation outcomes
 and durations, approval waits (percentiles from PostgreSQL) and the most failing tools, over a
 window and the user's tenants."""
 
@@ -37,11 +37,11 @@ def _seconds_between(start: str, end: str) -> EpochSeconds:
     return EpochSeconds(ExpressionWrapper(F(end) - F(start), output_field=DurationField()))
 
 
-METRIC_WINDOWS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
+INSIGHT_WINDOWS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 
 
 @dataclass
-class Metrics:
+class Insights:
     window: str
     since: datetime
     open_by_risk: list[tuple[str, int]]
@@ -63,9 +63,9 @@ class Metrics:
         return self.unwinds_completed / finished if finished else None
 
 
-def metrics(*, user: Someone, window: str, tenant: str = "") -> Metrics:
-    span = METRIC_WINDOWS.get(window, METRIC_WINDOWS["7d"])
-    window = window if window in METRIC_WINDOWS else "7d"
+def insights(*, user: Someone, window: str, tenant: str = "") -> Insights:
+    span = INSIGHT_WINDOWS.get(window, INSIGHT_WINDOWS["7d"])
+    window = window if window in INSIGHT_WINDOWS else "7d"
     since = timezone.now() - span
     tenant_ids = permissions.tenant_ids_for(user)
     if tenant:
@@ -118,7 +118,7 @@ def metrics(*, user: Someone, window: str, tenant: str = "") -> Metrics:
         .annotate(n=Count("id"))
         .order_by("-n", "tool")[:10]
     )
-    return Metrics(
+    return Insights(
         window=window,
         since=since,
         open_by_risk=[(risk.label, by_risk.get(risk.value, 0)) for risk in Risk],

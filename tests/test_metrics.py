@@ -1,0 +1,363 @@
+"""``GET /metrics`` (saga_admin/metrics.py) in this process: the token gate (404 while unset, 401
+without it, whatever the header holds), the named metrics and what moves them, the gauges read at
+scrape time, and the alert rules and Grafana dashboard under deploy/ checked against what is
+exposed. The scrape of a live gunicorn and a live worker is tests/test_metrics_live.py."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from django.test import Client
+
+from ledger import metrics as process_metrics
+from ledger.audit import Actor
+from recovery import metrics as recovery_metrics
+from recovery.models import RecoveryItem
+from tests.factories import gated_run, new_action, new_run, onboarding_run
+from tests.support import promql
+from tests.support.api import Api
+from tests.support.processes import ROOT, RedisServer
+
+pytestmark = pytest.mark.django_db
+
+TOKEN = "scrape-token-0123456789abcdef"
+
+
+@pytest.fixture
+def token(settings: Any) -> str:
+    settings.SAGA = {**settings.SAGA, "METRICS_TOKEN": TOKEN}
+    return TOKEN
+
+
+def _scrape(client: Client, token: str = TOKEN) -> dict[str, float]:
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert "no-cache" in response["Cache-Control"]
+    return promql.exposed(response.content.decode())
+
+
+# --- The gate -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("header", [None, f"Bearer {TOKEN}", "Bearer anything"])
+def test_it_is_404_while_no_token_is_configured(client: Client, settings: Any, header: str | None) -> None:
+    settings.SAGA = {**settings.SAGA, "METRICS_TOKEN": ""}
+    headers = {"Authorization": header} if header else {}
+    assert client.get("/metrics", headers=headers).status_code == 404
+    assert client.post("/metrics", headers=headers).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Bearer wrong-token",
+        f"Bearer {TOKEN}x",
+        f"Bearer {TOKEN[:-1]}",
+        f"Bearer{TOKEN}",
+        TOKEN,
+        f"Token {TOKEN}",
+        "Basic " + base64.b64encode(f"prometheus:{TOKEN}".encode()).decode(),
+        "Bearer \u00e9\u00e8\u00ff",
+        "Bearer \u20ac\U0001f600",  # beyond latin-1: what a test client, not a socket, can send
+        "Bearer " + "x" * 10000,
+    ],
+)
+def test_it_is_401_without_the_token_or_with_another(client: Client, token: str, header: str | None) -> None:
+    headers = {"Authorization": header} if header is not None else {}
+    response = client.get("/metrics", headers=headers)
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == 'Bearer realm="metrics"'
+    assert b"saga_" not in response.content
+
+
+def test_the_scheme_is_case_insensitive_and_spaces_around_the_token_do_not_matter(
+    client: Client, token: str
+) -> None:
+    assert client.get("/metrics", HTTP_AUTHORIZATION=f"bearer {TOKEN}").status_code == 200
+    assert client.get("/metrics", HTTP_AUTHORIZATION=f"  BEARER   {TOKEN}  ").status_code == 200
+
+
+def test_a_token_outside_ascii_compares_as_the_utf8_a_client_sends(client: Client, settings: Any) -> None:
+    settings.SAGA = {**settings.SAGA, "METRICS_TOKEN": "t\u00f6ken"}
+    # WSGI hands headers over as latin-1 text: the UTF-8 bytes of "töken" arrive as "tÃ¶ken".
+    sent = "t\u00f6ken".encode().decode("latin-1")
+    assert client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {sent}").status_code == 200
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer t\u00f6ken").status_code == 401
+
+
+def test_raw_bytes_in_the_header_are_refused_not_a_500(live_server: Any, token: str) -> None:
+    """Over a socket, bytes no decoding expects (invalid UTF-8, control characters)."""
+    address = urlsplit(live_server.url)
+    for value in (
+        b"Bearer \xff\xfe\x80",
+        b"Bearer \xc3(",
+        b"Basic \x00\x01",
+        b"\xe2\x82\xac " + TOKEN.encode(),
+    ):
+        with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+            sock.sendall(
+                b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nAuthorization: "
+                + value
+                + b"\r\nConnection: close\r\n\r\n"
+            )
+            head = sock.recv(1024).split(b"\r\n", 1)[0]
+        assert head.split()[1] in (b"400", b"401"), (value, head)
+
+
+def test_only_get_and_head_with_the_token(client: Client, token: str) -> None:
+    assert client.post("/metrics").status_code == 401  # the gate first: nothing said to a stranger
+    response = client.post("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert (response.status_code, response["Allow"]) == (405, "GET, HEAD")
+    assert client.head("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
+
+
+def test_it_is_never_redirected_to_https_or_the_login(token: str, settings: Any) -> None:
+    settings.SECURE_SSL_REDIRECT = True
+    client = Client()  # its handler loads the middleware with the setting above
+    assert client.get("/login/").status_code == 301
+    assert client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
+    assert client.get("/metrics").status_code == 401
+
+
+# --- The charts page's old address --------------------------------------------------------------
+
+
+def test_the_old_charts_address_sends_a_signed_in_person_to_insights(client: Client, alice: Any) -> None:
+    assert client.get("/metrics/").status_code == 404  # signed out: nothing there, no login page
+    client.force_login(alice)
+    response = client.get("/metrics/", {"window": "24h"})
+    assert (response.status_code, response["Location"]) == (302, "/insights/?window=24h")
+    assert client.get("/insights/").status_code == 200
+
+
+# --- What is exposed ----------------------------------------------------------------------------
+
+NAMED = {
+    "saga_recovery_items_open",
+    "saga_approvals_pending",
+    "saga_approvals_expiring_soon",
+    "saga_approval_oldest_pending_seconds",
+    "saga_unwind_steps_total",
+    "saga_unwind_step_duration_seconds_bucket",
+    "saga_unwinds_active",
+    "saga_unwind_step_oldest_in_flight_seconds",
+    "saga_ledger_writes_total",
+    "saga_ledger_write_duration_seconds_bucket",
+    "saga_notifications_pending",
+    "saga_notification_oldest_due_seconds",
+    "saga_http_request_duration_seconds_bucket",
+    "saga_http_requests_total",
+    "saga_rq_queue_jobs",
+    "saga_rq_workers",
+    "saga_database_up",
+    "saga_redis_up",
+}
+
+
+def test_every_named_metric_is_exposed_before_anything_happened(
+    client: Client, token: str, tenant: Any, own_redis: RedisServer
+) -> None:
+    samples = _scrape(client)
+    assert {key.split("{", 1)[0] for key in samples} >= NAMED
+    for reason in RecoveryItem.Reason.values:
+        assert samples[f'saga_recovery_items_open{{reason="{reason}",tenant="acme"}}'] == 0
+    assert samples['saga_approvals_pending{tenant="acme"}'] == 0
+    assert samples["saga_notifications_pending"] == 0
+    for outcome in recovery_metrics.STEP_OUTCOMES:
+        assert f'saga_unwind_steps_total{{outcome="{outcome}"}}' in samples
+    for kind in ("record", "move"):
+        assert f'saga_ledger_writes_total{{kind="{kind}"}}' in samples
+    for queue in ("default", "compensations", "notifications"):
+        assert samples[f'saga_rq_queue_jobs{{queue="{queue}"}}'] == 0
+        assert samples[f'saga_rq_workers{{queue="{queue}"}}'] == 0
+    assert samples["saga_database_up"] == 1 and samples["saga_redis_up"] == 1
+
+
+def test_recording_through_the_api_moves_the_ledger_and_request_metrics(
+    client: Client, token: str, agent_key: Any, onboarding_policies: Any
+) -> None:
+    before = _scrape(client)
+    api = Api(agent_key[1])
+    run = new_run(api)
+    for n in range(3):
+        new_action(api, run["id"], key=f"k-{n}")
+    replay = api.post(
+        f"/runs/{run['id']}/actions",
+        {
+            "tool": "hr.create_user",
+            "target_type": "user",
+            "target_id": "ashu@company.com",
+            "args": {"email": "ashu@company.com", "name": "Ashu Kumar"},
+            "idempotency_key": "k-0",
+            "compensation": {"tool": "hr.delete_user", "args": {"email": "ashu@company.com"}},
+        },
+    )
+    assert replay.status_code == 200  # a replay: answered, nothing written
+    after = _scrape(client)
+
+    def moved(key: str) -> float:
+        return after[key] - before.get(key, 0.0)
+
+    assert moved('saga_ledger_writes_total{kind="record"}') == 3
+    assert moved('saga_ledger_write_duration_seconds_count{kind="record"}') == 4
+    assert moved('saga_http_requests_total{status="2xx",surface="api"}') == 5
+    assert moved('saga_http_request_duration_seconds_count{surface="api"}') == 5
+    # The scrape before this one was answered and counted too.
+    assert moved('saga_http_requests_total{status="2xx",surface="metrics"}') == 1
+
+
+def test_an_unwind_step_outcome_counts_once_its_transaction_commits(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    count = _counter_value
+    done, retry, running = count("done"), count("retry"), count("running")
+    with django_capture_on_commit_callbacks(execute=False) as uncommitted:
+        recovery_metrics.step_moved(to="done", kind="step.done")
+    assert count("done") == done  # not committed (yet): not counted
+    with django_capture_on_commit_callbacks(execute=True):
+        recovery_metrics.step_moved(to="done", kind="step.done")
+        recovery_metrics.step_moved(to="queued", kind="step.retry_scheduled")
+        recovery_metrics.step_moved(to="running", kind="step.claimed")  # not an outcome
+    assert (count("done"), count("retry"), count("running")) == (done + 1, retry + 1, running)
+    assert len(uncommitted) == 1
+
+
+def _counter_value(outcome: str) -> float:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(process_metrics.MULTIPROCESS_DIR))
+    return registry.get_sample_value("saga_unwind_steps_total", {"outcome": outcome}) or 0.0
+
+
+def test_open_items_and_pending_approvals_are_counted_per_tenant(
+    client: Client, token: str, tenant: Any, other_tenant: Any, agent: Actor, own_redis: RedisServer
+) -> None:
+    onboarding_run(tenant, agent, name="P1", email="p1@company.com")
+    _, item = onboarding_run(tenant, agent, name="P2", email="p2@company.com")
+    RecoveryItem.objects.filter(pk=item.pk).update(reason="agent_lost", status="claimed")
+    gated_run(tenant, agent)
+    samples = _scrape(client)
+    assert samples['saga_recovery_items_open{reason="failed",tenant="acme"}'] == 1
+    assert samples['saga_recovery_items_open{reason="agent_lost",tenant="acme"}'] == 1
+    assert samples['saga_recovery_items_open{reason="failed",tenant="globex"}'] == 0
+    assert samples['saga_approvals_pending{tenant="acme"}'] == 1
+    assert samples['saga_approvals_pending{tenant="globex"}'] == 0
+    assert samples['saga_approvals_expiring_soon{tenant="acme"}'] == 0  # expires in 24 h
+    assert samples['saga_approval_oldest_pending_seconds{tenant="acme"}'] >= 0
+    # The item's failure was announced: one outbox row per channel (none configured here).
+    assert samples["saga_notifications_pending"] >= 0
+
+
+def test_with_redis_down_the_scrape_answers_without_its_gauges(
+    client: Client, token: str, tenant: Any, own_redis: RedisServer
+) -> None:
+    own_redis.stop()
+    samples = _scrape(client)
+    assert samples["saga_redis_up"] == 0 and samples["saga_database_up"] == 1
+    assert not any(key.startswith("saga_rq_") for key in samples)
+    assert samples['saga_approvals_pending{tenant="acme"}'] == 0
+
+
+# --- Where the files live -------------------------------------------------------------------------
+
+
+def _manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``manage.py`` with only a deployment's environment (the suite's must not leak in)."""
+    base = {
+        name: os.environ[name] for name in ("PATH", "HOME", "DATABASE_URL", "REDIS_URL") if name in os.environ
+    }
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        env={**base, "SECRET_KEY": "x" * 50, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_command_that_moved_no_metric_leaves_no_file_behind(tmp_path: Path) -> None:
+    result = _manage("check", PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unusable_metrics_directory_stops_the_process_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = _manage("check", PROMETHEUS_MULTIPROC_DIR=str(blocker / "metrics"))
+    assert result.returncode == 1
+    assert "PROMETHEUS_MULTIPROC_DIR" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_metrics_directory_is_the_variable_or_one_per_deployment(tmp_path: Any) -> None:
+    assert process_metrics.multiprocess_dir({"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}) == tmp_path
+    one = {"DATABASE_URL": "postgres://db/saga", "REDIS_URL": "redis://r/0"}
+    assert process_metrics.multiprocess_dir(one) == process_metrics.multiprocess_dir(dict(one))
+    other = {**one, "DATABASE_URL": "postgres://db/saga_staging"}
+    assert process_metrics.multiprocess_dir(one) != process_metrics.multiprocess_dir(other)
+    assert process_metrics.multiprocess_dir(one).name.startswith("saga-admin-metrics-")
+
+
+# --- deploy/: the alert rules and the dashboard -------------------------------------------------
+
+REQUIRED_ALERTS = {
+    "SagaUnwindStuck",
+    "SagaRecoveryQueueGrowing",
+    "SagaApprovalsAboutToExpire",
+    "SagaApprovalPendingTooLong",
+    "SagaNotificationBacklog",
+    "SagaWorkersGone",
+}
+_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+
+
+def test_the_rules_file_is_what_prometheus_loads() -> None:
+    rules = promql.load_rules()
+    assert set(rules) == {"groups"} and rules["groups"], "a rules file is {groups: [...]}"
+    names = []
+    for group in rules["groups"]:
+        assert set(group) <= {"name", "interval", "rules", "limit"} and group["name"] and group["rules"]
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}, rule
+            assert re.fullmatch(r"[A-Z][A-Za-z0-9]+", rule["alert"]), rule["alert"]
+            assert isinstance(rule["expr"], str) and promql.selected_metrics(rule["expr"])
+            assert _DURATION.match(str(rule["for"])), (rule["alert"], rule["for"])
+            assert rule["labels"]["severity"] in {"warning", "critical"}
+            assert all(isinstance(v, str) for v in rule["labels"].values())
+            assert {"summary", "description"} <= set(rule["annotations"])
+            names.append(rule["alert"])
+    assert len(names) == len(set(names)), "alert names repeat"
+    assert set(names) >= REQUIRED_ALERTS
+
+
+def test_an_expression_that_is_not_promql_is_caught() -> None:
+    """The check below can fail: the parser refuses what Prometheus would."""
+    with pytest.raises(ValueError):
+        promql.selected_metrics("sum(rate(saga_unwind_steps_total[5m])")
+    assert promql.selected_metrics('a_total{x="1"} / on() b offset 1h') == {"a_total", "b"}
+
+
+def test_rules_and_dashboard_select_only_metrics_this_server_exposes(
+    client: Client, token: str, tenant: Any, own_redis: RedisServer
+) -> None:
+    names = {key.split("{", 1)[0] for key in _scrape(client)}
+    queries = promql.rule_queries() + promql.dashboard_queries()
+    assert len(queries) > 20
+    missing = {q.where: sorted(q.metrics - names) for q in queries if not q.metrics <= names}
+    assert not missing, missing

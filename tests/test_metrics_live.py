@@ -1,0 +1,232 @@
+"""``GET /metrics`` from a live deployment: the Procfile's web line (gunicorn, two worker
+processes, its hooks) and a real ``saga_worker``, sharing one metrics directory as processes of
+one host do. Traffic goes through the web (an agent records actions) and through the worker (an
+unwind's steps call a compensating service); one scrape of the web shows both, added up, and
+every metric the alert rules and the Grafana dashboard under deploy/ select."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.mmap_dict import MmapedDict
+
+from ledger.audit import Actor
+from recovery.models import Unwind
+from recovery.services.compensating import unwind_start
+from tests.factories import HR_PATH, HR_SECRET, WS_PATH, WS_SECRET, load_onboarding_policies, onboarding_saga
+from tests.support import promql
+from tests.support.processes import (
+    ROOT,
+    RedisServer,
+    Worker,
+    database_url_for_subprocesses,
+    dump_worker_logs,
+    free_port,
+    serve_webhooks,
+    wait_for,
+)
+from tests.test_metrics import NAMED
+
+# Whole processes (gunicorn and a worker): the slow lane.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.django_db(transaction=True)]
+
+TOKEN = secrets.token_urlsafe(24)
+
+
+@dataclass
+class Web:
+    base: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def scrape(self) -> dict[str, float]:
+        response = httpx.get(f"{self.base}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=20)
+        assert response.status_code == 200, response.text
+        return promql.exposed(response.text)
+
+
+@dataclass
+class MetricsDir:
+    path: Path
+    gone: Path  # the file of a process of an earlier deployment, no longer running
+    running: Path  # the file of a process that still runs here (this test's)
+
+
+@pytest.fixture
+def metrics_dir(tmp_path: Path) -> MetricsDir:
+    """The directory the web and the worker share, with what earlier processes left in it."""
+    path = tmp_path / "prometheus"
+    path.mkdir()
+    gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
+    stale = path / f"counter_{int(gone.stdout)}.db"
+    stale.write_bytes(b"left behind by an earlier deployment")
+    running = path / f"gauge_livesum_{os.getpid()}.db"
+    MmapedDict(str(running)).close()
+    return MetricsDir(path=path, gone=stale, running=running)
+
+
+def _procfile(line: str) -> str:
+    for entry in (ROOT / "Procfile").read_text().splitlines():
+        if entry.startswith(f"{line}:"):
+            return entry.split(":", 1)[1].strip()
+    raise AssertionError(f"no {line}: line in the Procfile")
+
+
+@pytest.fixture
+def web(metrics_dir: MetricsDir, own_redis: RedisServer, tmp_path: Path) -> Iterator[Web]:
+    """The Procfile's web line as a deployment runs it, with only a deployment's environment."""
+    port = free_port()
+    env = {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "DATABASE_URL": database_url_for_subprocesses(),
+        "REDIS_URL": own_redis.url,
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "DEBUG": "0",
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "SECURE_SSL_REDIRECT": "0",
+        "DB_CONN_MAX_AGE": "0",
+        "LOG_LEVEL": "WARNING",
+        "PORT": str(port),
+        "WEB_BIND_HOST": "127.0.0.1",
+        "WEB_CONCURRENCY": "2",
+        "WEB_THREADS": "2",
+        "SAGA_METRICS_TOKEN": TOKEN,
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir.path),
+    }
+    log = tmp_path / "web.log"
+    process = subprocess.Popen(
+        ["bash", "-c", f"exec {_procfile('web')}"],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = Web(base=f"http://127.0.0.1:{port}", process=process, log=log)
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"the web process exited:\n{log.read_text(errors='replace')[-3000:]}")
+        try:
+            return httpx.get(f"{server.base}/livez", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(answers, timeout=90, what="the Procfile's web line to answer /livez")
+        yield server
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+def _record_through_the_web(web: Web, secret: str, count: int) -> None:
+    with httpx.Client(base_url=web.base, headers={"Authorization": f"Bearer {secret}"}, timeout=20) as client:
+        run = client.post("/api/v1/runs", json={"agent": "onboarding-agent", "request": "Onboard Ada"})
+        assert run.status_code == 201, run.text
+        for n in range(count):
+            response = client.post(
+                f"/api/v1/runs/{run.json()['id']}/actions",
+                json={
+                    "tool": "hr.create_user",
+                    "target_type": "user",
+                    "target_id": f"ada{n}@company.com",
+                    "args": {"email": f"ada{n}@company.com"},
+                    "idempotency_key": f"metrics-{n}",
+                    "compensation": {"tool": "hr.delete_user", "args": {"email": f"ada{n}@company.com"}},
+                },
+            )
+            assert response.status_code == 201, response.text
+
+
+def test_one_scrape_of_the_web_adds_up_its_processes_and_the_workers(
+    web: Web,
+    metrics_dir: MetricsDir,
+    start_worker: Callable[..., Worker],
+    tenant: Any,
+    agent_key: Any,
+    agent: Actor,
+    alice: Any,
+) -> None:
+    # gunicorn's master removed what a process that is gone left, before it started its workers;
+    # the file of a process still running stays.
+    assert not metrics_dir.gone.exists() and metrics_dir.running.exists()
+    before = web.scrape()
+    assert {key.split("{", 1)[0] for key in before} >= NAMED
+    # From start-up, at zero until they move.
+    for key in (
+        'saga_ledger_writes_total{kind="record"}',
+        'saga_ledger_writes_total{kind="move"}',
+        'saga_unwind_steps_total{outcome="done"}',
+        'saga_unwind_steps_total{outcome="failed"}',
+        "saga_unwind_step_duration_seconds_count",
+        'saga_recovery_items_open{reason="failed",tenant="acme"}',
+        'saga_approvals_pending{tenant="acme"}',
+        "saga_notifications_pending",
+        'saga_rq_workers{queue="compensations"}',
+    ):
+        assert before[key] == 0, key
+
+    with serve_webhooks({HR_PATH: HR_SECRET, WS_PATH: WS_SECRET}) as hooks:
+        load_onboarding_policies(webhooks=hooks)
+        worker = start_worker(PROMETHEUS_MULTIPROC_DIR=str(metrics_dir.path))
+        wait_for(
+            lambda: web.scrape()['saga_rq_workers{queue="compensations"}'] == 1,
+            timeout=60,
+            what="the worker to be counted alive",
+        )
+        _record_through_the_web(web, agent_key[1], count=3)
+        saga = onboarding_saga(tenant, agent)  # recorded here, failed into the queue
+        assert saga.item is not None
+        assert web.scrape()['saga_recovery_items_open{reason="failed",tenant="acme"}'] == 1
+
+        unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="hire withdrew")
+
+        def finished() -> bool:
+            unwind.refresh_from_db()
+            return unwind.status in (Unwind.Status.COMPLETED, Unwind.Status.FAILED)
+
+        try:
+            wait_for(finished, timeout=120, what="the unwind to finish")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{dump_worker_logs([worker])}") from exc
+        assert unwind.status == Unwind.Status.COMPLETED
+        after = web.scrape()
+
+    def moved(key: str) -> float:
+        return after[key] - before[key]
+
+    # The web's gunicorn workers: three actions recorded, four API requests answered.
+    assert moved('saga_ledger_writes_total{kind="record"}') == 3
+    assert moved('saga_http_requests_total{status="2xx",surface="api"}') == 4
+    assert moved('saga_http_request_duration_seconds_count{surface="api"}') == 4
+    # The worker's work horses: two steps carried out, each moving its action.
+    assert moved('saga_unwind_steps_total{outcome="done"}') == 2
+    assert moved("saga_unwind_step_duration_seconds_count") == 2
+    assert moved('saga_ledger_writes_total{kind="move"}') >= 2
+    assert after['saga_recovery_items_open{reason="failed",tenant="acme"}'] == 0
+    # The worker's horses shared one file instead of leaving one per job.
+    horse_files = sorted(path.name for path in metrics_dir.path.glob("counter_*-horse.db"))
+    assert horse_files == [f"counter_{worker.process.pid}-horse.db"], horse_files
+
+    exposed = {key.split("{", 1)[0] for key in after}
+    queries = promql.rule_queries() + promql.dashboard_queries()
+    missing = {q.where: sorted(q.metrics - exposed) for q in queries if not q.metrics <= exposed}
+    assert not missing, missing
