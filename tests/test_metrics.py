@@ -133,6 +133,16 @@ def test_it_is_never_redirected_to_https_or_the_login(token: str, settings: Any)
     assert client.get("/metrics").status_code == 401
 
 
+def test_it_answers_prometheus_asking_by_the_pods_address(token: str, settings: Any) -> None:
+    """Prometheus scrapes a pod by its IP, which ALLOWED_HOSTS (the public name) does not list: a
+    page asked that way is refused (the check is live), the scrape is answered."""
+    settings.ALLOWED_HOSTS = ["saga.example.com"]
+    client = Client(HTTP_HOST="10.1.2.3:8000")
+    assert client.get("/login/").status_code == 400
+    assert client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
+    assert client.get("/metrics").status_code == 401
+
+
 # --- The charts page's old address --------------------------------------------------------------
 
 
