@@ -15,7 +15,9 @@ import saga_client.signing as client_signing
 import ledger.signing as server_signing
 
 SPEC = json.loads(
-    (Path(__file__).resolve().parents[2] / "clients" / "spec" / "vectors" / "signatures.json").read_text("utf-8")
+    (Path(__file__).resolve().parents[2] / "clients" / "spec" / "vectors" / "signatures.json").read_text(
+        "utf-8"
+    )
 )
 IMPLEMENTATIONS = [pytest.param(server_signing, id="server"), pytest.param(client_signing, id="client")]
 

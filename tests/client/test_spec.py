@@ -84,7 +84,7 @@ def test_the_spec_lists_exactly_the_codes_the_server_answers_with():
 def test_the_python_client_derives_step_keys_as_specified(vector: dict[str, Any]):
     run = RunCore(Api(Settings()), agent="a", request="r", fields={}, run_id=vector["run_id"])
     target = tuple(vector["target"]) if vector["target"] else None
-    assert run.step_key(vector["tool"], target, vector["args"]) == vector["expected"]  # type: ignore[arg-type]
+    assert run.step_key(vector["tool"], target, vector["args"]) == vector["expected"]
 
 
 class _Recorder:
