@@ -146,3 +146,25 @@ def test_the_python_client_retries_the_answers_the_spec_retries(vector: dict[str
     with pytest.raises(SagaAPIError):
         saga.get_run("run_1")
     assert calls == (2 if vector["expected"]["retried"] else 1)
+
+
+@pytest.mark.django_db
+def test_the_server_answers_errors_in_the_shape_the_vectors_assume(client, agent_key):
+    unauthenticated = client.get("/api/v1/runs/run_x")
+    missing = client.get("/api/v1/runs/run_x", HTTP_AUTHORIZATION=f"Bearer {agent_key[1]}")
+    invalid = client.post(
+        "/api/v1/runs",
+        data=b'{"agent": "a"}',
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {agent_key[1]}",
+    )
+    for answer, cls, code in [
+        (unauthenticated, "SagaAuthError", "unauthorized"),
+        (missing, "NotFound", "not_found"),
+        (invalid, "InvalidRequest", "invalid_request"),
+    ]:
+        body = answer.json()
+        assert set(body) == {"error"} and {"code", "message", "details"} <= set(body["error"]), body
+        error = error_from_response(httpx.Response(answer.status_code, content=answer.content))
+        assert (type(error).__name__, error.code) == (cls, code)
+        assert error.code in json.loads((SPEC / "errors.json").read_text("utf-8"))["api"]
