@@ -17,7 +17,6 @@ API_CODES = frozenset(
         "channel_name_taken",
         "compensation_not_allowed",
         "conflict",
-        "decision_not_offered",
         "forbidden",
         "http_error",
         "idempotency_key_in_flight",
