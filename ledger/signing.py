@@ -1,5 +1,5 @@
 """Webhook signatures as the server sends (and the demo world checks) them: the server's own
-implementation of the algorithm ``clients/spec/signature-vectors.json`` specifies, so the server
+implementation of the algorithm ``clients/spec/vectors/signatures.json`` specifies, so the server
 distribution needs nothing of the client's (``saga_client.signing`` implements the same for
 receivers; tests/client/test_signature_vectors.py runs both over every vector).
 

@@ -288,7 +288,7 @@ def test_it_keeps_the_client_free_of_the_server():
 
 # The server's distribution (pyproject.toml) does not carry the client: what the server shares with
 # it (the webhook signature) it implements itself (ledger.signing, proved against the client's by
-# clients/spec/signature-vectors.json). Only the demo's agents are integrators, playing the client
+# clients/spec/vectors/signatures.json). Only the demo's agents are integrators, playing the client
 # against the server from ``seed_demo``, a development command; nothing else reaches them.
 CLIENT_USERS = {"demo.agents", "demo.mcp_agent"}
 

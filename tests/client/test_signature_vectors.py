@@ -1,4 +1,4 @@
-"""One specification of the webhook signature (clients/spec/signature-vectors.json), two
+"""One specification of the webhook signature (clients/spec/vectors/signatures.json), two
 implementations: the server's (ledger.signing, what the server distribution ships) and the Python
 client's (saga_client.signing, what receivers use). Both must give every vector's answer, so the
 server signs exactly what a client accepts without importing the client."""
@@ -15,7 +15,9 @@ import saga_client.signing as client_signing
 import ledger.signing as server_signing
 
 SPEC = json.loads(
-    (Path(__file__).resolve().parents[2] / "clients" / "spec" / "signature-vectors.json").read_text("utf-8")
+    (Path(__file__).resolve().parents[2] / "clients" / "spec" / "vectors" / "signatures.json").read_text(
+        "utf-8"
+    )
 )
 IMPLEMENTATIONS = [pytest.param(server_signing, id="server"), pytest.param(client_signing, id="client")]
 

@@ -21,6 +21,7 @@ from saga_client.client import Run, Saga, current_run
 from saga_client.errors import (
     ApprovalPending,
     ApprovalRejected,
+    ApprovalTimedOut,
     ApprovalTimeout,
     AuthenticationFailed,
     Conflict,
@@ -30,6 +31,7 @@ from saga_client.errors import (
     Paused,
     PolicyDenied,
     RateLimited,
+    RunCancelled,
     SagaAPIError,
     SagaAuthError,
     SagaError,
@@ -46,6 +48,7 @@ RunContext = Run
 __all__ = [
     "ApprovalPending",
     "ApprovalRejected",
+    "ApprovalTimedOut",
     "ApprovalTimeout",
     "AsyncRun",
     "AsyncSaga",
@@ -55,6 +58,7 @@ __all__ = [
     "NoActiveRun",
     "NotFound",
     "Paused",
+    "RunCancelled",
     "PolicyDenied",
     "RateLimited",
     "Run",

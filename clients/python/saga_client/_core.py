@@ -20,6 +20,7 @@ from typing import Any, TypeVar, Union, cast
 
 import httpx
 
+from saga_client._codes import RETRY_CODES, RETRY_STATUS
 from saga_client.errors import (
     ApprovalRejected,
     ApprovalTimeout,
@@ -44,7 +45,6 @@ from saga_client.responses import (
 
 T = TypeVar("T")
 
-_RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 # Action states in which the call already ran to completion: a replayed step returns its result.
 DONE_STATES = frozenset({"succeeded", "compensating", "compensated", "compensation_failed"})
 # What the API keeps of a free-text error.
@@ -184,11 +184,7 @@ class Api:
                 replayed = response.headers.get(REPLAYED_HEADER, "").lower() == "true"
                 return Reply(response.status_code, _decoded(response), resent=resent, replayed=replayed)
             error = error_from_response(response)
-            retry = (
-                response.status_code in _RETRYABLE_STATUS
-                or response.status_code == 429
-                or (response.status_code == 409 and error.code == "idempotency_key_in_flight")
-            )
+            retry = response.status_code in RETRY_STATUS or error.code in RETRY_CODES
             if not retry or not safe or attempt > self.settings.retries:
                 raise error
             yield Sleep(self.backoff(attempt, retry_after=response.headers.get("Retry-After")))

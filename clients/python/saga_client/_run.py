@@ -16,7 +16,7 @@ from typing import Any, cast
 import httpx
 
 from saga_client._core import DONE_STATES, Api, Flow, Invoke, Reply, rejection
-from saga_client.errors import ApprovalPending, Conflict, SagaError, StepInDoubt
+from saga_client.errors import ApprovalPending, Conflict, RunCancelled, SagaError, StepInDoubt
 from saga_client.responses import ActionDict, CheckpointDict, RunDict, RunFailDict
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,11 @@ class RunCore:
                 "saga: run %s left running, waiting for approval of %s", self.id, list(self.pending_approvals)
             )
             return
+        if isinstance(exc, RunCancelled):
+            # An operator cancelled the run: it is finished, and failing it could only be refused.
+            self._finished = True
+            log.info("saga: run %s was cancelled by an operator", self.id)
+            return
         if exc is None:
             yield from self._complete()
             return
@@ -98,9 +103,12 @@ class RunCore:
                 failed_action_id=self._failed_action_id,
                 reason=self._failure_reason,
             )
+        except RunCancelled:
+            # Cancelled while the block was failing: nothing to report, nothing gone wrong here.
+            log.info("saga: run %s was cancelled by an operator", self.id)
         except SagaError:
-            # The original exception matters more than a failed report (the run may already be
-            # cancelled); the heartbeat sweeper will still find a silent run.
+            # The original exception matters more than a failed report; the heartbeat sweeper
+            # will still find a silent run.
             log.exception("saga: could not report the failure of run %s", self.id)
 
     def _complete(self, summary: str = "") -> Flow[RunDict]:

@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from saga_client._codes import CLASS_RULES, DEFAULT_CLASS
+
 
 class SagaError(Exception):
     """Base class of everything this client raises on purpose."""
@@ -63,6 +65,16 @@ class NotFound(SagaAPIError):
 
 class Conflict(SagaAPIError):
     """409: a state change the state machine refused, a gated action, a closed run, …"""
+
+
+class RunCancelled(Conflict):
+    """409 with ``details.current == "cancelled"``: an operator cancelled the run, which refuses
+    every further write (``code`` stays the API's, e.g. ``run_not_accepting_actions``). A run
+    block that ends with it does not try to fail the run: it is finished already."""
+
+    @property
+    def run_id(self) -> str:
+        return str(self.details.get("run_id") or self.details.get("subject") or "")
 
 
 class Paused(Conflict):
@@ -127,13 +139,21 @@ class ApprovalRejected(SagaError):
 
 
 class ApprovalTimeout(SagaError):
-    """Nobody decided within the approval timeout. The action stays ``awaiting_approval``."""
+    """Nobody decided within the approval timeout. The action stays ``awaiting_approval``;
+    ``reason`` says why the wait ended."""
 
     code = "approval_timeout"
 
     def __init__(self, action_id: str, waited_s: float) -> None:
-        super().__init__(f"Action {action_id} was still awaiting approval after {waited_s:.0f}s.")
+        self.reason = f"nobody decided within {waited_s:.0f}s"
+        super().__init__(
+            f"Action {action_id} was still awaiting approval after {waited_s:.0f}s ({self.reason})."
+        )
         self.action_id, self.waited_s = action_id, waited_s
+
+
+# The name both clients use (the TypeScript client's ``ApprovalTimedOut``).
+ApprovalTimedOut = ApprovalTimeout
 
 
 class StepInDoubt(SagaError):
@@ -166,23 +186,36 @@ class NoActiveRun(SagaError):
     code = "no_active_run"
 
 
-_BY_CODE: dict[str, type[SagaAPIError]] = {"paused": Paused, "policy_denied": PolicyDenied}
+_CLASSES: dict[str, type[SagaAPIError]] = {
+    cls.__name__: cls
+    for cls in (
+        RunCancelled,
+        Paused,
+        PolicyDenied,
+        SagaAuthError,
+        NotFound,
+        Conflict,
+        RateLimited,
+        ServerError,
+        InvalidRequest,
+    )
+}
 
 
-def _class_for(status: int, code: str) -> type[SagaAPIError]:
-    if code in _BY_CODE:
-        return _BY_CODE[code]
-    if status in (401, 403):
-        return SagaAuthError
-    if status == 404:
-        return NotFound
-    if status == 409:
-        return Conflict
-    if status == 429:
-        return RateLimited
-    if status >= 500:
-        return ServerError
-    return InvalidRequest
+def _class_for(status: int, code: str, details: Mapping[str, Any]) -> type[SagaAPIError]:
+    """The first of the spec's rules (``clients/spec/errors.json``, generated into ``_codes``) that
+    matches the answer."""
+    for name, rule_code, statuses, min_status, current in CLASS_RULES:
+        if rule_code is not None and code != rule_code:
+            continue
+        if statuses and status not in statuses:
+            continue
+        if min_status is not None and status < min_status:
+            continue
+        if current is not None and details.get("current") != current:
+            continue
+        return _CLASSES[name]
+    return _CLASSES[DEFAULT_CLASS]
 
 
 def error_from_response(response: httpx.Response) -> SagaAPIError:
@@ -193,6 +226,8 @@ def error_from_response(response: httpx.Response) -> SagaAPIError:
         code, message, details = str(body["code"]), str(body["message"]), body.get("details") or {}
     except (ValueError, KeyError, TypeError):
         code, message, details = "http_error", response.text[:500] or response.reason_phrase, {}
-    return _class_for(response.status_code, code)(
+    if not isinstance(details, Mapping):
+        details = {"details": details}
+    return _class_for(response.status_code, code, details)(
         response.status_code, code, message, details, request_id=response.headers.get("X-Request-Id", "")
     )

@@ -1,0 +1,120 @@
+/**
+ * The OpenAI Agents SDK for JS (`@openai/agents`) adapter: `sagaFunctionTool(tool, options)` wraps a
+ * `tool({...})` so each call is a step of the run active in the async context, with Saga's approval
+ * carried by the SDK's `needsApproval`/interruption flow. Only types are imported from the SDK: this
+ * module loads without it.
+ *
+ * 1. Before the SDK runs a call, the tool's `needsApproval` records it in Saga (not started) and
+ *    answers true unless Saga needs no approval for it or its approver already approved it; the run
+ *    returns with `result.interruptions`.
+ * 2. `sagaDecisions(result)` waits for Saga's approver and returns the run state with each
+ *    interruption of a Saga tool decided as they decided: approved → `state.approve`; rejected →
+ *    `state.reject` with the approver's reason as the message the model reads. Resume with
+ *    `run(agent, state)`.
+ * 3. When the SDK then runs the call, the step asks Saga again: only a call Saga approved runs — once,
+ *    with the approver's args if they edited them. A host that approves in the SDK alone gets a tool
+ *    error ("Saga Admin: … is waiting for approval") and nothing runs.
+ */
+import type { FunctionTool, RunContext, RunState, RunToolApprovalItem } from "@openai/agents";
+
+import { ApprovalPending, ApprovalRejected, NoActiveRun } from "../errors.js";
+import type { Run } from "../run.js";
+import { currentRun } from "../saga.js";
+import type { Action, Compensation, Target } from "../types.js";
+
+type Args = Record<string, unknown>;
+
+export interface SagaFunctionToolOptions {
+  /** The Saga tool name (default: the SDK tool's name). */
+  name?: string;
+  target?: Target | ((args: Args) => Target | null) | null;
+  compensate?: Compensation | ((args: Args) => Compensation | null) | null;
+  intent?: Record<string, unknown>;
+}
+
+interface Registered {
+  name: string;
+  record(run: Run, args: Args): Promise<Action>;
+}
+
+// SDK tool name → how to ask Saga about one of its calls.
+const registry = new Map<string, Registered>();
+
+function activeRun(name: string): Run {
+  const run = currentRun();
+  if (!run) throw new NoActiveRun(`${name} was called outside a run: run the agent inside saga.run({...}, async (run) => ...).`);
+  return run;
+}
+
+function parsed(input: unknown): Args {
+  if (typeof input === "string") return input ? (JSON.parse(input) as Args) : {};
+  return (input ?? {}) as Args;
+}
+
+/** The SDK's `FunctionTool`, each call a step of the active run, its approval Saga's. */
+export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P, options: SagaFunctionToolOptions = {}): P {
+  const name = options.name ?? tool.name;
+  const request = (args: Args) => ({
+    tool: name,
+    args,
+    target: (typeof options.target === "function" ? options.target(args) : options.target) ?? null,
+    compensate: (typeof options.compensate === "function" ? options.compensate(args) : options.compensate) ?? null,
+    ...(options.intent ? { intent: options.intent } : {}),
+  });
+  const record = (run: Run, args: Args): Promise<Action> => run.record(request(args));
+  const wrapped = {
+    ...tool,
+    needsApproval: async (_context: RunContext, input: unknown) => {
+      const action = await record(activeRun(name), parsed(input));
+      return action.status === "awaiting_approval" || action.status === "rejected";
+    },
+    invoke: async (context: RunContext<C>, input: string, details?: Parameters<P["invoke"]>[2]) => {
+      const run = activeRun(name);
+      try {
+        return await run.step({
+          ...request(parsed(input)),
+          wait: false,
+          do: (args) => tool.invoke(context, JSON.stringify(args), details),
+        });
+      } catch (error) {
+        // Saga's approval errors are the model's to read; every other error is the SDK's to handle.
+        if (error instanceof ApprovalPending || error instanceof ApprovalRejected) return `Saga Admin: ${error.message}`;
+        throw error;
+      }
+    },
+  } as P;
+  registry.set(tool.name, { name, record });
+  return wrapped;
+}
+
+interface Interrupted<C> {
+  readonly interruptions: RunToolApprovalItem[];
+  readonly state: RunState<C, any>;
+}
+
+/**
+ * The run state with each interruption of a Saga tool decided as Saga's approver decided (waiting
+ * up to `timeoutS` for them; `ApprovalTimedOut` when nobody did; with `wait: false` an undecided
+ * call stays interrupted). Interruptions of other tools are left to the host.
+ */
+export async function sagaDecisions<C>(result: Interrupted<C>, options: { wait?: boolean; timeoutS?: number } = {}): Promise<RunState<C, any>> {
+  for (const item of result.interruptions) {
+    const registered = item.name ? registry.get(item.name) : undefined;
+    if (!registered) continue;
+    const run = activeRun(registered.name);
+    const raw = item.rawItem as { arguments?: string };
+    let action = await registered.record(run, parsed(raw.arguments ?? "{}"));
+    try {
+      if (action.status === "awaiting_approval") {
+        if (options.wait === false) continue;
+        action = await run.waitForApproval(action, options.timeoutS);
+      }
+      if (action.status === "rejected") throw new ApprovalRejected(action.id, action.approval?.reason || action.error || "", action);
+      result.state.approve(item);
+    } catch (error) {
+      if (!(error instanceof ApprovalRejected)) throw error;
+      result.state.reject(item, { message: `Saga Admin: an approver rejected ${registered.name}${error.reason ? ": " + error.reason : ""}` });
+    }
+  }
+  return result.state;
+}

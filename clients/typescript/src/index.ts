@@ -1,0 +1,33 @@
+/**
+ * `@saga-admin/client`: the TypeScript client for Saga Admin, with the Python client's concepts and
+ * guarantees. Adapters: `@saga-admin/client/ai` (the Vercel AI SDK) and
+ * `@saga-admin/client/openai-agents` (the OpenAI Agents SDK).
+ */
+export { Saga, currentRun, type RunOptions, type SagaOptions, type SagaTool, type ToolOptions } from "./saga.js";
+export { Run, DONE_STATES, type CheckpointOptions, type RecordOptions, type StepContext, type StepOptions } from "./run.js";
+export {
+  ApprovalPending,
+  ApprovalRejected,
+  ApprovalTimedOut,
+  ApprovalTimeout,
+  Conflict,
+  InvalidRequest,
+  NoActiveRun,
+  NotFound,
+  Paused,
+  PolicyDenied,
+  RateLimited,
+  RunCancelled,
+  SagaAPIError,
+  SagaAuthError,
+  SagaError,
+  SagaUnavailable,
+  ServerError,
+  StepInDoubt,
+  errorFromAnswer,
+  type Details,
+} from "./errors.js";
+export { computeSignature, deriveSecret, signedHeaders, verifySignature, SIGNATURE_HEADER, TIMESTAMP_HEADER, type HeadersLike, type VerifyOptions } from "./signing.js";
+export { canonical, stepKey } from "./keys.js";
+export { API_CODES, CLIENT_CODES, type ApiCode, type ClientCode } from "./generated/codes.js";
+export type * from "./types.js";
