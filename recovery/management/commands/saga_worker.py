@@ -14,9 +14,12 @@ from django.core.management.base import BaseCommand, CommandParser
 from django_rq.utils import reset_db_connections
 from django_rq.workers import get_worker
 from redis.exceptions import RedisError
-from rq import Worker
+from rq import Queue, Worker
+from rq.executions import Execution
+from rq.job import Job
 from rq.logutils import setup_loghandlers
 
+from ledger import telemetry
 from recovery import compensators
 from recovery.scheduling import Ticker
 
@@ -27,6 +30,13 @@ class SagaWorker(Worker):
     # rq backs off up to 60 s between reconnection attempts; a worker should notice a restarted
     # Redis within seconds, because committed decisions are waiting for it.
     max_connection_wait_time = 5.0
+
+    def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
+        # A work horse leaves with os._exit (no exit handlers): its spans are exported before.
+        try:
+            return super().perform_job(job, queue, execution)
+        finally:
+            telemetry.telemetry_flush()
 
 
 class Command(BaseCommand):
@@ -42,6 +52,8 @@ class Command(BaseCommand):
         level = {0: "WARNING", 1: "INFO"}.get(options["verbosity"], "DEBUG")
         setup_loghandlers(level)
         queues = options["queues"] or list(QUEUES)
+        # Traces, when OTEL_EXPORTER_OTLP_ENDPOINT is set (ledger/telemetry.py); before any fork.
+        telemetry.telemetry_start(service="saga-admin-worker")
         # Work horses are forked from this process: what is built here once (the webhooks' SSL
         # context, httpcore's import) each job would otherwise build again.
         compensators.webhook_client_warm()
@@ -75,3 +87,4 @@ class Command(BaseCommand):
         finally:
             if ticker is not None:
                 ticker.stop()
+            telemetry.telemetry_flush()
