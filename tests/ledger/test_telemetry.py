@@ -102,3 +102,28 @@ def test_the_ledgers_helpers_do_nothing_while_traces_are_off():
         {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, name="x", attributes={}
     ) as span:
         assert span is None
+
+
+def test_the_worker_refuses_an_unsupported_protocol_too():
+    keep = {name: os.environ[name] for name in ("PATH", "HOME") if name in os.environ}
+    worker = subprocess.run(
+        [sys.executable, "manage.py", "saga_worker", "--burst"],
+        cwd=ROOT,
+        env={
+            **keep,
+            "SECRET_KEY": "x" * 50,
+            "DEBUG": "0",
+            "DATABASE_URL": "postgres://u@127.0.0.1/none",
+            "REDIS_URL": "redis://127.0.0.1:9/0",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert worker.returncode == 1
+    assert (
+        "Saga Admin will not start: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/json is not supported"
+        in worker.stderr
+    )

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_rq.utils import reset_db_connections
 from django_rq.workers import get_worker
 from redis.exceptions import RedisError
@@ -53,7 +54,10 @@ class Command(BaseCommand):
         setup_loghandlers(level)
         queues = options["queues"] or list(QUEUES)
         # Traces, when OTEL_EXPORTER_OTLP_ENDPOINT is set (ledger/telemetry.py); before any fork.
-        telemetry.telemetry_start(service="saga-admin-worker")
+        try:
+            telemetry.telemetry_start(service="saga-admin-worker")
+        except ImproperlyConfigured as exc:
+            raise CommandError(f"Saga Admin will not start: {exc}") from None
         # Work horses are forked from this process: what is built here once (the webhooks' SSL
         # context, httpcore's import) each job would otherwise build again.
         compensators.webhook_client_warm()
