@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench import tracing
 from bench.dashboard import BENCH_INDEXES
 
 SECTIONS = (
     "Machine",
     "Baselines",
     "Ledger append",
+    "Traces",
     "Unauthenticated requests",
     "Record size",
     "Dashboard",
@@ -92,6 +94,7 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
     rows = [
         *_baseline_rows(base),
         *_append_rows(sec.get("append", {}), base),
+        *tracing.rows(sec.get("traces", {}), _load_row),
         *_record_size_rows(sec.get("record_size", {})),
         *_refusal_rows(sec.get("unauthenticated", {})),
         *_dashboard_rows(sec.get("dashboard", {})),
@@ -313,6 +316,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     base = sec.get("baselines", {})
     return [
         *_append_targets(sec, base),
+        *tracing.targets(sec.get("traces", {}), sec.get("append", {})),
         *_record_size_targets(sec),
         *_refusal_targets(sec),
         *_dashboard_targets(sec),
@@ -592,6 +596,7 @@ def _markdown(
             *_intro_markdown(results, rows, goals, smoke=smoke),
             *_baselines_markdown(base),
             *_append_markdown(sec),
+            *tracing.markdown(sec.get("traces", {})),
             *_refusals_markdown(sec),
             *_record_size_markdown(sec),
             *_dashboard_markdown(sec),

@@ -6,7 +6,8 @@
 Phases, in order (each figure is measured in this run; nothing is carried over from another):
   1. baselines — L1 raw psycopg INSERTs, L2 a no-op WSGI app under the Procfile's web line, L3
      raw RQ no-op jobs on the Procfile's worker;
-  2. ledger append over HTTP (the Procfile's web line), 1 and 16 clients; then refusals:
+  2. ledger append over HTTP (the Procfile's web line), 1 and 16 clients, and again with traces
+     off, on (exporting to a local OTLP sink) and off (bench/tracing.py); then refusals:
      what a POST without a valid key costs, tiny and 1 MiB (refused before the body is read);
      then a record with just under 1 MiB of args against a small one;
   3. dashboard at scale after ``seed_bench``: timings over HTTP, query counts at two data sizes,
@@ -691,6 +692,13 @@ class Harness:
             else:
                 s.update(measured)
 
+    # Phase 2b: the append with traces off, on and off again (bench/tracing.py) ----------------
+
+    def traces(self) -> None:
+        from bench import tracing
+
+        self.section("traces").update(tracing.measure(self, summarize, log))
+
     # Phase 5 ----------------------------------------------------------------------------------
 
     def hot_path(self, web: procs.Proc, keys: list[tuple[str, str]]) -> dict[str, Any]:
@@ -776,6 +784,7 @@ class Harness:
         phases = [
             ("baselines", self.baselines),
             ("append", self.append),
+            ("traces", self.traces),
             ("unauthenticated", self.unauthenticated),
             ("record_size", self.record_size),
             ("dashboard", self.dashboard),
@@ -835,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated phases: baselines,append,unauthenticated,record_size,dashboard,unwind,servers,"
+        help="comma-separated phases: baselines,append,traces,unauthenticated,record_size,dashboard,unwind,servers,"
         "workers",
     )
     parser.add_argument("--runs", type=int, default=None)

@@ -5,8 +5,13 @@ import os
 from django.core.exceptions import ImproperlyConfigured
 from django.core.wsgi import get_wsgi_application
 
+from ledger import telemetry
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "saga_admin.settings")
 try:
+    # Traces, when OTEL_EXPORTER_OTLP_ENDPOINT is set: before the application is built, so Django's
+    # instrumentation middleware is in place (ledger/telemetry.py; nothing happens otherwise).
+    telemetry.telemetry_start(service="saga-admin-web", django=True)
     application = get_wsgi_application()
 except ImproperlyConfigured as exc:
     # The settings refuse an unsafe configuration (no SECRET_KEY with DEBUG off). The server must

@@ -4,13 +4,16 @@ running, with a new fencing token, a lease, and the request its compensator is c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import errors, upstreams
+from ledger import errors, tracing, upstreams
 from ledger.models import Action
 from ledger.services.actions import moves
 from recovery import compensators
@@ -18,6 +21,9 @@ from recovery.compensators import CompensationRequest
 from recovery.models import Unwind, UnwindStep
 from recovery.unwinds.dispatch import step_lease_seconds, step_timeout_of
 from recovery.unwinds.state import ENGINE, step_transition
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,25 @@ class Claim:
     tenant_id: int
     request: CompensationRequest
     lease_s: int = 0
+    # The unwind's trace context (``ledger.tracing``): every step's span joins the unwind's trace.
+    trace: Mapping[str, str] = field(default_factory=dict)
+
+    def span(self) -> AbstractContextManager[Span | None]:
+        """This attempt's span when traces are on (ids and names only, never args)."""
+        r = self.request
+        return tracing.unwind_step_span(
+            self.trace,
+            name=f"unwind_step {r.tool}",
+            attributes={
+                "gen_ai.tool.name": r.tool,
+                "saga.unwind.id": self.unwind_id,
+                "saga.step.id": self.step_id,
+                "saga.step.attempt": r.attempt,
+                "saga.action.id": r.action_id,
+                "saga.run.id": r.run_id,
+                "saga.tenant": r.tenant,
+            },
+        )
 
 
 @transaction.atomic
@@ -109,4 +134,5 @@ def step_start(
         tenant_id=run.tenant_id,
         request=request,
         lease_s=lease_s,
+        trace=(step.unwind.plan or {}).get("trace") or {},
     )

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ledger import errors, ids
+from ledger import errors, ids, tracing
 from ledger.audit import Actor, audit_record
 from ledger.models import Run
 from ledger.policies.resolve import policy_settings_for
@@ -24,10 +24,14 @@ def unwind_create(
     """Freeze ``plan`` into an unwind and its steps (caller holds the transaction and has moved
     the run to ``compensating``)."""
     knobs = policy_settings_for(run.tenant).unwind_settings
-    frozen = {**plan.as_dict(), "settings": asdict(knobs)}
+    unwind_id = ids.new_unwind_id()
+    # The unwind's trace (when traces are on): its steps, run by any worker, join it (ledger.tracing).
+    trace = tracing.unwind_span_started(unwind_id=unwind_id, run=run, automatic=automatic)
+    frozen = {**plan.as_dict(), "settings": asdict(knobs), **({"trace": trace} if trace else {})}
     try:
         with transaction.atomic():
             unwind = Unwind.objects.create(
+                id=unwind_id,
                 tenant_id=run.tenant_id,
                 run=run,
                 item=item,

@@ -14,7 +14,7 @@ import structlog
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from ledger import errors
+from ledger import errors, tracing
 from ledger.services.actions import moves
 from recovery import compensators, metrics
 from recovery.compensators import Outcome
@@ -99,8 +99,9 @@ def _carry_out(claim: Claim | None, *, batch_s: float) -> Outcome | None:
     first: Outcome | None = None
     rows: dict[tuple[int, str], Any] = {}
     while claim is not None:
-        with _LeaseRenewal(claim), metrics.step_attempt_timer():
+        with _LeaseRenewal(claim), metrics.step_attempt_timer(), claim.span() as span:
             outcome = compensators.execute(claim.request, tenant_id=claim.tenant_id, rows=rows)
+            tracing.step_outcome(span, outcome=outcome.kind, error=outcome.kind != compensators.DONE)
         if first is None:
             first = outcome
         claim = _step_record(

@@ -71,6 +71,12 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
     limited = sections["append"]["record_action_limited_16"]["record_action"]
     assert limited["count"] > 0 and limited["errors"] == 0
     assert "tool with 2 limits" in report
+    # The append with traces off, on (exported to a local OTLP sink) and off again (issue 29), the
+    # exported spans decoded: each recorded call's execute_tool span among them.
+    traces = sections["traces"]
+    assert all(traces[r]["record_action_16"]["count"] > 0 for r in ("off", "on", "off_again"))
+    assert traces["on"]["record_action_16"]["errors"] == 0
+    assert traces["exported"]["by_name"].get("execute_tool", 0) > 0
     # A record with just under 1 MiB of args beside a small one (issue 26, point 8), both recorded,
     # for a tool that needs no approval and for one that waits for a person.
     sizes = sections["record_size"]

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from saga_client._tracing import trace_context
 from saga_client.aio import AsyncRun, AsyncSaga, current_async_run
 from saga_client.client import Run, Saga, current_run
 from saga_client.errors import (
@@ -71,6 +72,7 @@ __all__ = [
     "SagaUnavailable",
     "ServerError",
     "StepInDoubt",
+    "trace_context",
     "compute_signature",
     "current_async_run",
     "current_run",

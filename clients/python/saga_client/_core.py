@@ -21,6 +21,7 @@ from typing import Any, TypeVar, Union, cast
 import httpx
 
 from saga_client._codes import RETRY_CODES, RETRY_STATUS
+from saga_client._tracing import trace_headers
 from saga_client.errors import (
     ApprovalRejected,
     ApprovalTimeout,
@@ -158,7 +159,10 @@ class Api:
         (after Retry-After) — for reads, for writes that carry an idempotency key (the same key on
         every attempt, so a retry can never do a thing twice) and for writes that are harmless to
         repeat (``retry_safe``)."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        # The caller's trace context (``_tracing``), taken here, in the caller's own context.
+        headers = trace_headers()
+        if idempotency_key:
+            headers["Idempotency-Key"] = idempotency_key
         safe = (
             retry_safe
             or method == "GET"

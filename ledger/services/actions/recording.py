@@ -16,7 +16,7 @@ from typing import Any
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from ledger import errors
+from ledger import errors, tracing
 from ledger.audit import Actor
 from ledger.hashing import canonical_json_bytes
 from ledger.models import Action, ActionClass, ApprovalMode, Run, Tenant
@@ -69,6 +69,7 @@ class RecordedAction:
 Gate = Callable[[Action], None]
 
 
+@tracing.traced_tool_call  # an execute_tool span, when traces are on (ledger.tracing)
 def action_record(
     *,
     run: Run,

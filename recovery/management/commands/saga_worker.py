@@ -10,15 +10,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_rq.utils import reset_db_connections
 from django_rq.workers import get_worker
 from redis.exceptions import RedisError
 from rq import Queue, Worker
+from rq.executions import Execution
 from rq.job import Job
 from rq.logutils import setup_loghandlers
 
-from ledger import metrics
+from ledger import metrics, telemetry
 from recovery import compensators
 from recovery.scheduling import Ticker
 
@@ -35,6 +37,13 @@ class SagaWorker(Worker):
         metrics.as_work_horse()
         super().main_work_horse(job, queue)
 
+    def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
+        # A work horse leaves with os._exit (no exit handlers): its spans are exported before.
+        try:
+            return super().perform_job(job, queue, execution)
+        finally:
+            telemetry.telemetry_flush()
+
 
 class Command(BaseCommand):
     help = "Run an RQ worker on every Saga Admin queue, with the scheduler and the periodic jobs."
@@ -49,6 +58,11 @@ class Command(BaseCommand):
         level = {0: "WARNING", 1: "INFO"}.get(options["verbosity"], "DEBUG")
         setup_loghandlers(level)
         queues = options["queues"] or list(QUEUES)
+        # Traces, when OTEL_EXPORTER_OTLP_ENDPOINT is set (ledger/telemetry.py); before any fork.
+        try:
+            telemetry.telemetry_start(service="saga-admin-worker")
+        except ImproperlyConfigured as exc:
+            raise CommandError(f"Saga Admin will not start: {exc}") from None
         # Work horses are forked from this process: what is built here once (the webhooks' SSL
         # context, httpcore's import) each job would otherwise build again.
         compensators.webhook_client_warm()
@@ -82,3 +96,4 @@ class Command(BaseCommand):
         finally:
             if ticker is not None:
                 ticker.stop()
+            telemetry.telemetry_flush()

@@ -23,6 +23,7 @@ from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 
 from saga_client._core import DONE_STATES
+from saga_client._tracing import trace_context, valid_traceparent
 from saga_client.aio import AsyncSaga
 from saga_client.errors import SagaError
 from saga_client.mcp.options import REPLAY_WAIT_MARGIN_S, Options
@@ -49,6 +50,18 @@ def _approval(action: Mapping[str, Any]) -> Mapping[str, Any]:
     """The action's approval, or an empty one when it has none."""
     approval: Mapping[str, Any] = action.get("approval") or {}
     return approval
+
+
+def _caller_trace(ctx: ServerRequestContext[Any], meta: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The trace context the agent sent with this call: MCP's ``_meta`` (``traceparent``,
+    ``tracestate``), else the HTTP request's W3C headers."""
+    if valid_traceparent(meta.get("traceparent")):
+        state = meta.get("tracestate")
+        return meta["traceparent"], state if isinstance(state, str) else None
+    headers = getattr(ctx.request, "headers", None)
+    if headers is None:
+        return None, None
+    return headers.get("traceparent"), headers.get("tracestate")
 
 
 class Gateway(GatewaySessions):
@@ -102,7 +115,9 @@ class Gateway(GatewaySessions):
         session.in_flight += 1
         session.touch()
         try:
-            return await self._record_and_forward(ctx, session, params, meta)
+            # The agent's trace goes on to Saga Admin with the record (saga_client._tracing).
+            with trace_context(*_caller_trace(ctx, meta)):
+                return await self._record_and_forward(ctx, session, params, meta)
         finally:
             session.in_flight -= 1
             session.touch()
