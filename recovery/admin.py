@@ -31,6 +31,7 @@ from recovery.models import (
     AgentCommand,
     Approval,
     ApprovalGrant,
+    CompensatorCheck,
     Notification,
     NotificationChannel,
     RecoveryItem,
@@ -162,6 +163,17 @@ class AgentCommandAdmin(ReadOnlyAdmin):
     search_fields = ["=id", "=run__id"]
     list_select_related = ["tenant"]
     raw_id_fields = ["run", "checkpoint", "created_by"]
+
+
+@admin.register(CompensatorCheck)
+class CompensatorCheckAdmin(ReadOnlyAdmin):
+    """The dashboard's compensator checks (recovery.compensator_checks): recorded by the service."""
+
+    list_display = ["tool", "tenant", "ok", "checked_at", "checked_by"]
+    list_filter = ["ok", tenant_filter("tenant")]
+    search_fields = ["tool"]
+    list_select_related = ["tenant", "checked_by"]
+    raw_id_fields = ["checked_by"]
 
 
 # --- Notifications: channels and the Slack app are the tenant admins' to manage ------------------

@@ -319,15 +319,25 @@ def test_a_refused_advance_keeps_the_outcome_of_the_step_that_ran(
     assert len(refusals) == 1
     unwind.refresh_from_db()
     assert unwind.status == Unwind.Status.RUNNING
-    # ...and the advance is handed to a job of its own, which finishes it.
-    assert len(callbacks) == 1
-    callbacks[0]()
+    # ...and the advance is handed to a job of its own, which finishes it. (The other callbacks
+    # count the writes and the step outcomes in the metrics once they commit.)
+    enqueues = [c for c in callbacks if not _counts_a_metric(c)]
+    assert len(enqueues) == 1
+    enqueues[0]()
     assert [job.func_name for job in django_rq.get_queue("compensations").jobs] == [
         "recovery.jobs.unwind_advance"
     ]
     jobs.unwind_advance(unwind_id=unwind.pk)
     unwind.refresh_from_db()
     assert unwind.status == Unwind.Status.COMPLETED and calls == [1, 0]
+
+
+def _counts_a_metric(callback) -> bool:
+    """An on-commit callback of ledger.metrics or recovery.metrics (a counter's inc, or a closure
+    of those modules)."""
+    owner = getattr(callback, "__self__", None)
+    module = type(owner).__module__ if owner is not None else getattr(callback, "__module__", "")
+    return module.startswith(("prometheus_client", "ledger.metrics", "recovery.metrics"))
 
 
 def _statements(tenant, agent, alice, steps: int) -> int:

@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 
 from ledger.audit import Actor
+from ledger.models import Compensator
 from ledger.services import checkpoints, pauses, runs
 from ledger.services.actions import moves
 from recovery import channels, commands
@@ -68,7 +69,12 @@ def acme_world(tenant, agent, bob):
         tenant=tenant, actor=Actor.system("tests"), signing_secret="acme-signing-secret-0000"
     )
     link = link_slack_user(tenant=tenant, user=bob, team_id="T1", slack_user_id="U1")
+    compensator = Compensator.objects.create(
+        tenant=tenant, tool="hr.delete_user", kind="webhook", url="http://127.0.0.1:9/undo", secret="s"
+    )
     return {
+        "tenant_id": str(tenant.pk),
+        "compensator_id": str(compensator.pk),
         "run_id": failed.pk,
         "item_id": item.pk,
         "action_id": step_action.pk,
