@@ -219,6 +219,12 @@ RECOVERY_FLOORS = {
     "recovery.services.bulk": 10,
     "recovery.services.periodic": 11,
     "recovery.jobs": 12,
+    # The audit stream to a SIEM: its sinks and messages, how they are sent, the cursor moving.
+    "recovery.audit_stream": 0,
+    "recovery.audit_stream.config": 1,
+    "recovery.audit_stream.records": 1,
+    "recovery.audit_stream.transport": 2,
+    "recovery.audit_stream.delivery": 3,
 }
 
 
