@@ -1,0 +1,137 @@
+"""``make bench``'s audit stream phase: the ledger append (record action over HTTP, the
+Procfile's web line) with the audit stream off and on, and with the log as it was before the
+stream existed.
+
+- ``before``: ``ledger_event`` without the stream's column default and index (ledger/0019 undone
+  for the measurement, put back after): today's append before the audit stream;
+- ``off``: the stream's column and index in place, no sink configured (every installation that
+  does not use the stream pays this);
+- ``on``: a worker delivering every event to a syslog sink on this machine (a TCP receiver that
+  reads and counts frames) while the append runs, every second (SAGA_SWEEP_INTERVAL_S=1).
+
+A Procfile worker runs in all three (in ``before`` and ``off`` without a sink), so the figures
+differ only by the stream. Each is measured twice, interleaved, and the better run kept: the
+machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import socketserver
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.run import Harness
+
+MODES = ("before", "off", "on")
+LABELS = {
+    "before": "append: record action, before the audit stream",
+    "off": "append: record action, audit stream off",
+    "on": "append: record action, audit stream on (syslog sink)",
+}
+_DROP = (
+    "ALTER TABLE ledger_event ALTER COLUMN stream_txid DROP DEFAULT",
+    "DROP INDEX IF EXISTS event_tenant_stream_txid",
+)
+_RESTORE = (
+    "ALTER TABLE ledger_event ALTER COLUMN stream_txid SET DEFAULT pg_current_xact_id()",
+    "CREATE INDEX IF NOT EXISTS event_tenant_stream_txid ON ledger_event (tenant_id, stream_txid) "
+    "WHERE stream_txid IS NOT NULL",
+)
+
+
+class _Sink(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+    frames = 0
+
+
+def _sink() -> _Sink:
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            while True:
+                digits = b""
+                while (byte := self.rfile.read(1)) not in (b"", b" "):
+                    digits += byte
+                if not digits:
+                    return
+                self.rfile.read(int(digits))
+                server.frames += 1
+
+    server = _Sink(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _sql(statements: tuple[str, ...]) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement)
+
+
+def measure(harness: Harness) -> dict[str, Any]:
+    from bench import fixtures, procs
+    from bench.run import CLIENT_COUNTS, log, summarize
+
+    section: dict[str, Any] = harness.section("audit_stream")
+    clients = max(CLIENT_COUNTS)
+    keys = fixtures.agent_keys(tenant_slug="bench-stream", count=clients)
+    fixtures.load_bench_policies(harness.log_dir)
+    per_run = 10
+    runs_needed = int(1500 * (harness.sizes.warmup_s + harness.sizes.window_s) / per_run / clients) + 2
+    sink = _sink()
+    web = harness.start_web("web-audit-stream")
+    try:
+        for attempt in (1, 2):
+            for mode in MODES:
+                env = {**harness.env_for(), "SAGA_SWEEP_INTERVAL_S": "1"}
+                if mode == "on":
+                    env.update(
+                        SAGA_AUDIT_SYSLOG_URL=f"tcp://127.0.0.1:{sink.server_address[1]}",
+                        SAGA_AUDIT_KEY="bench-audit-key",
+                    )
+                _sql(_DROP if mode == "before" else _RESTORE)
+                worker = procs.start(f"worker-audit-{mode}", procs.worker_command(), env, harness.log_dir)
+                harness._wait_worker_registered(worker)
+                try:
+                    log(f"audit stream {mode} (attempt {attempt}): record_action, {clients} clients")
+                    runs = fixtures.fresh_runs(keys=keys, per_client=runs_needed)
+                    params = {
+                        "runs": runs,
+                        "per_run": per_run,
+                        "headers_per_client": {
+                            i: {"Authorization": f"Bearer {keys[i][1]}"} for i in range(clients)
+                        },
+                    }
+                    result = harness.load("record_action", clients, params, web=web)
+                finally:
+                    worker.stop()
+                entry = summarize(result, "record_action")
+                entry["errors"] = result.error_count()
+                best = section.get(mode)
+                if best is None or entry.get("throughput", 0) > best.get("throughput", 0):
+                    section[mode] = entry
+        section["frames_received"] = sink.frames
+    finally:
+        _sql(_RESTORE)
+        web.stop()
+        sink.shutdown()
+        sink.server_close()
+    return section
+
+
+def rows(section: dict[str, Any], base: dict[str, Any]) -> list[list[str]]:
+    from bench.report import _limit, _measured_row
+
+    out = []
+    before = section.get("before", {}).get("throughput")
+    for mode in MODES:
+        entry = section.get(mode)
+        if entry:
+            row = _measured_row(f"{LABELS[mode]} (16 clients)", entry, _limit(base, 16))
+            if before and mode != "before":
+                row[0] += f" [{entry['throughput'] / before:.0%} of before]"
+            out.append(row)
+    return out
