@@ -19,9 +19,10 @@ class Migration(migrations.Migration):
     dependencies = [("ledger", "0018_json_columns_by_orjson")]
 
     operations = [
+        # Reversed, the column stays (nullable, without its default: the code before this
+        # migration never names it); dropping it would be a contract step.
         migrations.RunSQL(
-            "ALTER TABLE ledger_event ADD COLUMN IF NOT EXISTS stream_txid xid8",
-            "ALTER TABLE ledger_event DROP COLUMN IF EXISTS stream_txid",
+            "ALTER TABLE ledger_event ADD COLUMN IF NOT EXISTS stream_txid xid8", migrations.RunSQL.noop
         ),
         migrations.RunSQL(
             "ALTER TABLE ledger_event ALTER COLUMN stream_txid SET DEFAULT pg_current_xact_id()",

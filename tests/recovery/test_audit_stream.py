@@ -23,7 +23,7 @@ from ledger.audit import Actor, audit_record
 from ledger.models import Event, Run, Tenant
 from recovery.audit_stream import config, delivery, records
 from recovery.models import AuditCursor, AuditSink
-from tests.factories import make_run
+from tests.factories import make_run, record
 from tests.support.siem import HecReceiver, SyslogReceiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -95,10 +95,12 @@ def test_no_sink_configured_is_no_work(stream: dict[str, Any], tenant: Tenant) -
 
 
 def test_syslog_gets_every_event_in_order_with_a_signed_head(
-    stream: dict[str, Any], syslog: SyslogReceiver, tenant: Tenant, agent: Actor
+    stream: dict[str, Any], syslog: SyslogReceiver, tenant: Tenant, agent: Actor, onboarding_policies: Any
 ) -> None:
     stream["SYSLOG_URL"] = syslog.url()
-    make_run(tenant, agent)
+    run = make_run(tenant, agent)
+    # The ledger's hot path: the events its one server-side call writes.
+    action = record(run, agent, "k-1")
     _write(tenant, 6)
     delivery.stream_deliver()
 
@@ -127,6 +129,7 @@ def test_syslog_gets_every_event_in_order_with_a_signed_head(
         }
         assert sent["time"] == db_event.created_at.isoformat()
     assert any(m.json["run_id"] for m in events)
+    assert any(m.json["action_id"] == action.pk and m.json["run_id"] == run.pk for m in events)
     heads = [m.json for m in received if m.msgid == "chain-head"]
     assert heads and heads[-1]["position"] == len(events)
 

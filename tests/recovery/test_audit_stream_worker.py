@@ -108,3 +108,28 @@ def test_a_worker_delivers_every_event_in_order_across_an_outage(
         assert report.problems == [] and report.heads_verified["acme"] >= 1
         assert records.verify_stream(messages, b"not the key").problems != []
     assert AuditCursor.objects.filter(tenant=tenant, last_error="").count() == 2
+
+
+def test_a_worker_without_the_key_says_so_and_sends_nothing(
+    transactional_db: Any, start_worker: Callable[..., Worker], agent: Actor
+) -> None:
+    tenant = Tenant.objects.get(slug="acme")
+    syslog = SyslogReceiver().start()
+    try:
+        worker = start_worker(SAGA_AUDIT_SYSLOG_URL=syslog.url(), SAGA_AUDIT_KEY="")
+        _write(tenant, 2)
+        wait_for(
+            lambda: (
+                "SAGA_AUDIT_KEY" in worker.log()
+                and AuditCursor.objects.filter(tenant=tenant, last_error__contains="SAGA_AUDIT_KEY").exists()
+            ),
+            timeout=60,
+            what="the worker to refuse the sink without a key",
+        )
+        assert (
+            "audit stream not started: The audit stream has a sink configured but no signing key"
+            in worker.log()
+        )
+        assert syslog.received() == []
+    finally:
+        syslog.stop()
