@@ -84,6 +84,10 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
     assert all(entry["errors"] == 0 for entry in sizes.values()), sizes
     assert sizes["small"]["count"] > 0 and sizes["small_gated"]["count"] > 0
     assert "a tool that waits for a person" in report
+    # The append before the audit stream, with it off and on (a worker streaming to a syslog sink).
+    stream = sections["audit_stream"]
+    assert all(stream[mode]["count"] > 0 and stream[mode]["errors"] == 0 for mode in ("before", "off", "on"))
+    assert stream["frames_received"] > 0 and "audit stream on (syslog sink)" in report
     # Requests without a key are refused (401) from their headers, a megabyte body or not; the same
     # megabyte with a valid key is read and judged (422).
     refusals = sections["unauthenticated"]
