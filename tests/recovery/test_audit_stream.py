@@ -261,19 +261,28 @@ def test_no_key_no_stream(stream: dict[str, Any], syslog: SyslogReceiver, tenant
     assert any("SAGA_AUDIT_KEY" in p for p in config.check_installation())
 
 
-def test_a_tenants_sink_gets_its_own_events_only(
+def test_a_tenants_sinks_get_its_own_events_only(
     stream: dict[str, Any], syslog: SyslogReceiver, settings: Any, tenant: Tenant, other_tenant: Tenant
 ) -> None:
-    settings.SAGA = {**settings.SAGA, "OUTBOUND_ALLOWED_HOSTS": [f"127.0.0.1:{syslog.port}"]}
-    config.sink_set(
-        tenant=tenant, actor=Actor.system("test"), kind="syslog", url=syslog.url(), token="", enabled=True
-    )
-    _write(other_tenant, 2)
-    _write(tenant, 2)
-    delivery.stream_deliver()
-    events = [m.json for m in syslog.received() if m.msgid == "audit"]
-    assert [e["id"] for e in events] == _all_ids(tenant)
-    assert Event.objects.filter(tenant=tenant, kind="audit_stream.sink_set").exists()
+    hec = HecReceiver().start()
+    try:
+        settings.SAGA = {
+            **settings.SAGA,
+            "OUTBOUND_ALLOWED_HOSTS": [f"127.0.0.1:{syslog.port}", f"127.0.0.1:{hec.port}"],
+        }
+        actor = Actor.system("test")
+        config.sink_set(tenant=tenant, actor=actor, kind="syslog", url=syslog.url(), token="", enabled=True)
+        config.sink_set(tenant=tenant, actor=actor, kind="hec", url=hec.url(), token=hec.token, enabled=True)
+        _write(other_tenant, 2)
+        _write(tenant, 2)
+        delivery.stream_deliver()
+        events = [m.json for m in syslog.received() if m.msgid == "audit"]
+        assert [e["id"] for e in events] == _all_ids(tenant)
+        hec_events = [e["event"] for e in hec.received() if e["event"]["type"] == "audit_event"]
+        assert [e["id"] for e in hec_events] == _all_ids(tenant)
+        assert Event.objects.filter(tenant=tenant, kind="audit_stream.sink_set").count() == 2
+    finally:
+        hec.stop()
 
 
 @pytest.mark.parametrize(
