@@ -28,11 +28,11 @@ from ledger.audit import Actor
 from ledger.models import Tenant
 from recovery import channels
 from recovery.audit_stream import config as audit_stream
+from recovery.audit_stream.models import AuditCursor, AuditSink
 from recovery.models import (
     AgentCommand,
     Approval,
     ApprovalGrant,
-    AuditSink,
     Notification,
     NotificationChannel,
     RecoveryItem,
@@ -380,3 +380,12 @@ class AuditSinkAdmin(_TenantChoiceMixin, TenantScopedAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[AuditSink]) -> None:
         for sink in queryset.select_related("tenant"):
             self.delete_model(request, sink)
+
+
+@admin.register(AuditCursor)
+class AuditCursorAdmin(ReadOnlyAdmin):
+    """Where each sink is in each tenant's stream: moved only by the worker."""
+
+    list_display = ["sink", "tenant", "position", "failures", "next_attempt_at"]
+    list_filter = ["sink", tenant_filter("tenant")]
+    list_select_related = ["tenant"]

@@ -95,6 +95,7 @@ INSTALLED_APPS = [
     "saga_admin",
     "ledger",
     "recovery",
+    "recovery.audit_stream",  # its own tables (app label audit_stream): docs/OPERATIONS.md
     "dashboard",
     "demo",
 ]

@@ -20,8 +20,8 @@ from dashboard.views.common import HtmxHttpRequest
 from ledger.errors import SagaError
 from ledger.models import Tenant
 from recovery.audit_stream import config, delivery
+from recovery.audit_stream.models import AuditSink
 from recovery.decisions import refusal_sentence
-from recovery.models import AuditSink
 
 
 class AuditSinkForm(forms.Form):

@@ -19,7 +19,7 @@ from django.db import transaction
 from ledger import errors, outbound
 from ledger.audit import Actor, audit_record
 from ledger.models import Tenant
-from recovery.models import AuditCursor, AuditSink
+from recovery.audit_stream.models import AuditCursor, AuditSink
 
 SYSLOG_SCHEMES = {"tcp": 0, "tcp+tls": 0}
 HEC_SCHEMES = outbound.HTTP_SCHEMES

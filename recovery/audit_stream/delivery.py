@@ -32,7 +32,7 @@ from django.utils import timezone
 from ledger.conf import saga
 from ledger.models import Event, Tenant
 from recovery.audit_stream import config, records, transport
-from recovery.models import AuditCursor, AuditSink
+from recovery.audit_stream.models import AuditCursor, AuditSink
 
 log = structlog.get_logger(__name__)
 

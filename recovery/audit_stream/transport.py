@@ -24,7 +24,7 @@ import httpx
 
 from ledger import errors, outbound
 from recovery.audit_stream import config, records
-from recovery.models import AuditSink
+from recovery.audit_stream.models import AuditSink
 
 
 class SendFailed(Exception):

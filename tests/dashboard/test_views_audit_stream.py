@@ -11,7 +11,7 @@ import pytest
 from ledger.audit import Actor, audit_record
 from ledger.models import Event, Tenant
 from ledger.staff import membership_set
-from recovery.models import AuditCursor, AuditSink
+from recovery.audit_stream.models import AuditCursor, AuditSink
 
 pytestmark = pytest.mark.django_db
 
@@ -102,13 +102,13 @@ def test_the_django_admin_checks_the_same(client: Any, tenant: Tenant, dave: Any
     membership_set(user=dave, tenant=tenant, role="admin", actor=Actor.system("tests"))
     client.force_login(dave)
     refused = client.post(
-        "/admin/recovery/auditsink/add/",
+        "/admin/audit_stream/auditsink/add/",
         {"tenant": tenant.pk, "kind": "syslog", "url": "tcp://10.1.2.3:514", "enabled": "on"},
     )
     assert refused.status_code == 200 and "not allowed" in refused.content.decode()
     assert not AuditSink.objects.exists()
     ok = client.post(
-        "/admin/recovery/auditsink/add/",
+        "/admin/audit_stream/auditsink/add/",
         {"tenant": tenant.pk, "kind": "syslog", "url": "tcp+tls://127.0.0.1:6514", "enabled": "on"},
     )
     assert ok.status_code == 302, ok.content.decode()[:2000]

@@ -22,7 +22,7 @@ from ledger import errors
 from ledger.audit import Actor, audit_record
 from ledger.models import Event, Run, Tenant
 from recovery.audit_stream import config, delivery, records
-from recovery.models import AuditCursor, AuditSink
+from recovery.audit_stream.models import AuditCursor, AuditSink
 from tests.factories import make_run, record
 from tests.support.siem import HecReceiver, SyslogReceiver
 

@@ -16,7 +16,7 @@ from django.db import transaction
 from ledger.audit import Actor, audit_record
 from ledger.models import Event, Tenant
 from recovery.audit_stream import records
-from recovery.models import AuditCursor
+from recovery.audit_stream.models import AuditCursor
 from tests.factories import make_run
 from tests.support.processes import Worker, dump_worker_logs, wait_for
 from tests.support.siem import HecReceiver, SyslogReceiver
