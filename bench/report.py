@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench import tracing
+from bench import audit_stream, tracing
 from bench.dashboard import BENCH_INDEXES
 
 SECTIONS = (
@@ -96,6 +96,7 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
         *_append_rows(sec.get("append", {}), base),
         *tracing.rows(sec.get("traces", {}), _load_row),
         *_record_size_rows(sec.get("record_size", {})),
+        *audit_stream.rows(sec.get("audit_stream", {}), base),
         *_refusal_rows(sec.get("unauthenticated", {})),
         *_dashboard_rows(sec.get("dashboard", {})),
         *_unwind_rows(sec.get("unwind", {}), base),

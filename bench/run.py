@@ -554,6 +554,11 @@ class Harness:
         finally:
             web.stop()
 
+    def audit_stream(self) -> None:
+        from bench import audit_stream
+
+        audit_stream.measure(self)
+
     def record_size(self) -> None:
         """A record with just under 1 MiB of args against a small one, one client each, on the
         Procfile's web line (issue 26, point 8): what a valid key's megabyte costs the server,
@@ -790,6 +795,7 @@ class Harness:
             ("traces", self.traces),
             ("unauthenticated", self.unauthenticated),
             ("record_size", self.record_size),
+            ("audit_stream", self.audit_stream),
             ("dashboard", self.dashboard),
             ("unwind", self.unwinds),
             ("servers", self.servers),
@@ -847,8 +853,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated phases: baselines,append,traces,unauthenticated,record_size,dashboard,unwind,servers,"
-        "workers",
+        help="comma-separated phases: baselines,append,traces,unauthenticated,record_size,audit_stream,"
+        "dashboard,unwind,servers,workers",
     )
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--actions-per-run", type=int, default=None)

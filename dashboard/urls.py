@@ -4,6 +4,7 @@ from django.urls import path
 
 from dashboard.views import (
     actions,
+    audit_stream,
     inbox,
     insights,
     items,
@@ -48,6 +49,8 @@ urlpatterns = [
         policies.compensator_check,
         name="compensator-check",
     ),
+    path("audit-stream/", audit_stream.page, name="audit-stream"),
+    path("audit-stream/<slug:slug>/sinks", audit_stream.sink_set, name="audit-sink-set"),
     path("pauses/", pauses.pauses, name="pauses"),
     path("pauses/<str:pause_id>/lift", pauses.pause_lift, name="pause-lift"),
     path("notifications/", notifications.outbox, name="notifications"),

@@ -104,8 +104,13 @@ class CheckedUrl:
     allowed_by_setting: bool
 
 
-def check_url(url: str, *, field: str = "url") -> CheckedUrl:
-    """The guard for every outbound URL a tenant or agent chose. Raises ``errors.UrlNotAllowed``
+# The schemes ``check_url`` takes by default, with their default ports.
+HTTP_SCHEMES: Mapping[str, int] = {"http": 80, "https": 443}
+
+
+def check_url(url: str, *, field: str = "url", schemes: Mapping[str, int] = HTTP_SCHEMES) -> CheckedUrl:
+    """The guard for every outbound URL a tenant or agent chose (``schemes``: the ones allowed, with
+    their default ports; 0: the URL must give one). Raises ``errors.UrlNotAllowed``
     (422 ``url_not_allowed``). A URL that is not http(s) with a host is told so (``details``: field,
     url, reason); one refused for where its host is or whether it resolves is told only that it is
     not allowed (``details``: field, url), with the reason on the exception for the audit log."""
@@ -116,9 +121,10 @@ def check_url(url: str, *, field: str = "url") -> CheckedUrl:
         shown = url.rpartition("@")[2] if isinstance(url, str) else ""
         raise _refusal(f"{field} is not a valid URL: {exc}", field=field, url=shown, reason=INVALID) from exc
     shown = _without_userinfo(parsed)
-    if parsed.scheme not in ("http", "https"):
+    if parsed.scheme not in schemes:
+        wanted = "an http(s)" if schemes is HTTP_SCHEMES else "a " + " or ".join(f"{s}://" for s in schemes)
         raise _refusal(
-            f"{field} must be an http(s) URL, not {parsed.scheme or 'a relative URL'}.",
+            f"{field} must be {wanted} URL, not {parsed.scheme or 'a relative URL'}.",
             field=field,
             url=shown,
             reason=SCHEME,
@@ -126,7 +132,9 @@ def check_url(url: str, *, field: str = "url") -> CheckedUrl:
     host = parsed.raw_host.decode("ascii").lower().rstrip(".")
     if not host:
         raise _refusal(f"{field} has no host.", field=field, url=shown, reason=NO_HOST)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    port = parsed.port or schemes[parsed.scheme]
+    if not port:
+        raise _refusal(f"{field} has no port.", field=field, url=shown, reason=INVALID)
     if _allowed_by_setting(host, port):
         return CheckedUrl(
             url=url, scheme=parsed.scheme, host=host, port=port, addresses=(), allowed_by_setting=True

@@ -30,10 +30,14 @@ def _tenant_admin_group() -> Group:
         content_type__app_label__in=["ledger", "recovery"], codename__startswith="view_"
     )
     wanted = wanted | Permission.objects.filter(content_type__app_label="ledger", codename="change_agentkey")
-    # Notification settings are the tenant admin's own (the admin scopes them to their tenants).
-    wanted = wanted | Permission.objects.filter(
-        content_type__app_label="recovery",
-        content_type__model__in=["notificationchannel", "slackapp", "slackuserlink"],
+    # Notification settings and audit stream sinks are the tenant admin's own (scoped to their tenants).
+    wanted = (
+        wanted
+        | Permission.objects.filter(
+            content_type__app_label="recovery",
+            content_type__model__in=["notificationchannel", "slackapp", "slackuserlink"],
+        )
+        | Permission.objects.filter(content_type__app_label="audit_stream", content_type__model="auditsink")
     )
     group.permissions.set(wanted)
     return group

@@ -27,6 +27,8 @@ from ledger.admin import (
 from ledger.audit import Actor
 from ledger.models import Tenant
 from recovery import channels
+from recovery.audit_stream import config as audit_stream
+from recovery.audit_stream.models import AuditCursor, AuditSink
 from recovery.models import (
     AgentCommand,
     Approval,
@@ -331,3 +333,71 @@ class SlackLinkCodeAdmin(ReadOnlyAdmin):
     list_filter = [tenant_filter("tenant")]
     list_select_related = ["tenant", "user"]
     exclude = ["code_hash"]
+
+
+# --- The audit stream: a tenant's own sinks, the tenant admins' to manage ----------------------
+
+
+class AuditSinkAdminForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The URL is hostile (``recovery.audit_stream.config.check_tenant_sink``: the outbound guard);
+    the HEC token is write-only."""
+
+    new_token = forms.CharField(
+        label="New HEC token",
+        required=False,
+        max_length=audit_stream.TOKEN_MAX,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="HEC only; never shown again. Leave blank to keep the current one.",
+    )
+
+    class Meta:
+        model = AuditSink
+        fields = ["tenant", "kind", "url", "enabled"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        token = data.get("new_token") or self.instance.token
+        if data.get("kind") and data.get("url"):
+            try:
+                audit_stream.check_tenant_sink(kind=data["kind"], url=data["url"], token=token)
+            except errors.ValidationFailed as exc:
+                field = exc.details.get("field") if exc.details.get("field") in ("url", "kind") else None
+                self.add_error("new_token" if exc.details.get("field") == "token" else field, exc.message)
+        return data
+
+
+@admin.register(AuditSink)
+class AuditSinkAdmin(_TenantChoiceMixin, TenantScopedAdmin):
+    """Saved through ``recovery.audit_stream.config`` (checked again, audited)."""
+
+    form = AuditSinkAdminForm
+    list_display = ["tenant", "kind", "url", "enabled"]
+    list_filter = ["kind", tenant_filter("tenant")]
+    list_select_related = ["tenant"]
+
+    def save_model(self, request: HttpRequest, obj: AuditSink, form: Any, change: bool) -> None:
+        saved = audit_stream.sink_set(
+            tenant=obj.tenant,
+            actor=Actor.for_user(admin_user(request)),
+            kind=obj.kind,
+            url=obj.url,
+            token=form.cleaned_data.get("new_token", ""),
+            enabled=obj.enabled,
+        )
+        obj.pk = saved.pk
+
+    def delete_model(self, request: HttpRequest, obj: AuditSink) -> None:
+        audit_stream.sink_remove(tenant=obj.tenant, actor=Actor.for_user(admin_user(request)), kind=obj.kind)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[AuditSink]) -> None:
+        for sink in queryset.select_related("tenant"):
+            self.delete_model(request, sink)
+
+
+@admin.register(AuditCursor)
+class AuditCursorAdmin(ReadOnlyAdmin):
+    """Where each sink is in each tenant's stream: moved only by the worker."""
+
+    list_display = ["sink", "tenant", "position", "failures", "next_attempt_at"]
+    list_filter = ["sink", tenant_filter("tenant")]
+    list_select_related = ["tenant"]

@@ -12,6 +12,7 @@ import structlog
 
 from ledger.services import idempotency
 from recovery import commands, sweeper
+from recovery.audit_stream import delivery as audit_stream
 from recovery.notifications import delivery
 from recovery.services import periodic
 from recovery.unwinds import dispatch, runner
@@ -71,3 +72,7 @@ def notifications_sweep() -> dict[str, int]:
 
 def slack_respond(*, response_url: str, message: dict[str, Any]) -> bool:
     return delivery.slack_respond(response_url=response_url, message=message)
+
+
+def audit_stream_deliver() -> dict[str, int]:
+    return audit_stream.stream_deliver()

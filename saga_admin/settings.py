@@ -95,6 +95,7 @@ INSTALLED_APPS = [
     "saga_admin",
     "ledger",
     "recovery",
+    "recovery.audit_stream",  # its own tables (app label audit_stream): docs/OPERATIONS.md
     "dashboard",
     "demo",
 ]
@@ -356,6 +357,22 @@ SAGA: dict[str, Any] = {
     "OUTBOUND_RESOLVE_TIMEOUT_S": env_float("SAGA_OUTBOUND_RESOLVE_TIMEOUT_S", 1.0),
     # The bearer token GET /metrics (Prometheus) requires; unset, /metrics is 404.
     "METRICS_TOKEN": env_secret("SAGA_METRICS_TOKEN").strip(),
+}
+
+# The audit stream to a SIEM (recovery/audit_stream; docs/OPERATIONS.md, "Audit stream"): the
+# installation's own sinks (trusted, as the operator's) and the key that signs the chain heads.
+AUDIT_STREAM: dict[str, Any] = {
+    "SYSLOG_URL": os.environ.get("SAGA_AUDIT_SYSLOG_URL", ""),  # tcp://host:port, tcp+tls://host:port
+    "SYSLOG_CA_FILE": os.environ.get("SAGA_AUDIT_SYSLOG_CA_FILE", ""),
+    "SYSLOG_TLS_VERIFY": env_bool("SAGA_AUDIT_SYSLOG_TLS_VERIFY", True),
+    "HEC_URL": os.environ.get("SAGA_AUDIT_HEC_URL", ""),
+    "HEC_TOKEN": env_secret("SAGA_AUDIT_HEC_TOKEN"),
+    "HEC_CA_FILE": os.environ.get("SAGA_AUDIT_HEC_CA_FILE", ""),
+    "HEC_TLS_VERIFY": env_bool("SAGA_AUDIT_HEC_TLS_VERIFY", True),
+    "KEY": env_secret("SAGA_AUDIT_KEY"),
+    "HEAD_INTERVAL_S": env_float("SAGA_AUDIT_HEAD_INTERVAL_S", 60.0),
+    "BATCH": env_int("SAGA_AUDIT_BATCH", 500),
+    "TIMEOUT_S": env_float("SAGA_AUDIT_TIMEOUT_S", 10.0),
 }
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")

@@ -219,11 +219,18 @@ RECOVERY_FLOORS = {
     "recovery.services.bulk": 10,
     "recovery.services.periodic": 11,
     "recovery.jobs": 12,
+    # The audit stream to a SIEM: its sinks and messages, how they are sent, the cursor moving.
+    "recovery.audit_stream": 0,
+    "recovery.audit_stream.models": 0,
+    "recovery.audit_stream.config": 1,
+    "recovery.audit_stream.records": 1,
+    "recovery.audit_stream.transport": 2,
+    "recovery.audit_stream.delivery": 3,
 }
 
 
 def _recovery_floor(module: str) -> int:
-    if module.startswith(("recovery.migrations", "recovery.management")):
+    if module.startswith(("recovery.migrations", "recovery.management", "recovery.audit_stream.migrations")):
         return 13 if module.startswith("recovery.management") else 0
     return RECOVERY_FLOORS[module]
 
@@ -234,7 +241,9 @@ def test_it_gives_every_recovery_module_a_floor():
         for m in MODULES
         if m.split(".")[0] == "recovery"
         and m not in RECOVERY_FLOORS
-        and not m.startswith(("recovery.migrations", "recovery.management"))
+        and not m.startswith(
+            ("recovery.migrations", "recovery.management", "recovery.audit_stream.migrations")
+        )
     )
     assert unplaced == []
 

@@ -84,6 +84,7 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
     assert all(entry["errors"] == 0 for entry in sizes.values()), sizes
     assert sizes["small"]["count"] > 0 and sizes["small_gated"]["count"] > 0
     assert "a tool that waits for a person" in report
+    _check_audit_stream(sections["audit_stream"], report)
     # Requests without a key are refused (401) from their headers, a megabyte body or not; the same
     # megabyte with a valid key is read and judged (422).
     refusals = sections["unauthenticated"]
@@ -123,3 +124,9 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
     assert trials["4"]["receiver_max_concurrent"] > 1, trials
     # The table printed to the terminal is the same one the report carries.
     assert "figure" in completed.stdout and "Targets:" in completed.stdout
+
+
+def _check_audit_stream(stream: dict, report: str) -> None:
+    """The append before the audit stream, with it off and on (a worker streaming to a syslog sink)."""
+    assert all(stream[mode]["count"] > 0 and stream[mode]["errors"] == 0 for mode in ("before", "off", "on"))
+    assert stream["frames_received"] > 0 and "audit stream on (syslog sink)" in report

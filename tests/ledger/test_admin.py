@@ -51,7 +51,7 @@ def _url(model, view: str, *args) -> str:
 
 
 def test_it_registers_every_ledger_and_recovery_model():
-    for label in ("ledger", "recovery"):
+    for label in ("ledger", "recovery", "audit_stream"):
         for model in apps.get_app_config(label).get_models():
             assert admin.site.is_registered(model), model
 

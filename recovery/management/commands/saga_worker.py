@@ -22,6 +22,7 @@ from rq.logutils import setup_loghandlers
 
 from ledger import metrics, telemetry
 from recovery import compensators
+from recovery.audit_stream import config as audit_stream
 from recovery.scheduling import Ticker
 
 QUEUES = ("default", "compensations", "notifications")
@@ -66,6 +67,10 @@ class Command(BaseCommand):
         # Work horses are forked from this process: what is built here once (the webhooks' SSL
         # context, httpcore's import) each job would otherwise build again.
         compensators.webhook_client_warm()
+        # The audit stream refuses to start a sink it cannot sign for (or cannot parse); the rest of
+        # the worker runs. Each problem is said once here, and on the sinks' rows in the dashboard.
+        for problem in audit_stream.check_installation():
+            self.stderr.write(f"saga_worker: audit stream not started: {problem}")
         ticker = None
         if not options["no_periodic"] and not options["burst"]:
             ticker = Ticker()

@@ -1,0 +1,106 @@
+"""Sending a batch of audit stream messages to one sink; ``SendFailed`` when it did not arrive
+(the cursor then stays where it was and the batch is sent again later).
+
+- syslog: one TCP (or TLS) connection per batch, the messages framed by octet counting. TCP says
+  nothing about what the receiver read, so the batch counts as delivered only once the receiver,
+  having read to the end (our half-close), closes its side: a receiver gone mid-batch is an error,
+  not a silent loss.
+- HEC: one POST of the batch, ``Authorization: Splunk <token>``; any 2xx is delivered.
+
+A tenant's sink is hostile: its URL is checked again (``ledger.outbound``) and the connection goes
+to the addresses checked, never to a fresh DNS answer; the installation's are the operator's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from ledger import errors, outbound
+from recovery.audit_stream import config, records
+from recovery.audit_stream.models import AuditSink
+
+
+class SendFailed(Exception):
+    pass
+
+
+def send(sink: config.Sink, messages: Sequence[dict[str, Any]], *, timeout: float) -> None:
+    if not messages:
+        return
+    try:
+        if sink.kind == AuditSink.Kind.SYSLOG:
+            _send_syslog(sink, messages, timeout=timeout)
+        else:
+            _send_hec(sink, messages, timeout=timeout)
+    except errors.UrlNotAllowed as exc:
+        raise SendFailed(f"the sink's URL is not allowed: {exc.message}") from exc
+    except (OSError, httpx.HTTPError) as exc:
+        raise SendFailed(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _tls_context(sink: config.Sink) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=sink.ca_file or None)
+    if not sink.verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _targets(sink: config.Sink) -> tuple[str, list[tuple[str, int]]]:
+    if sink.hostile:
+        checked = outbound.check_url(sink.url, field="url", schemes=config.SYSLOG_SCHEMES)
+        addresses = checked.addresses or (checked.host,)
+        return checked.host, [(address, checked.port) for address in addresses]
+    parts = urlsplit(sink.url)
+    if not parts.hostname or not parts.port:
+        raise SendFailed(f"the syslog URL needs a host and a port: {sink.url}")
+    return parts.hostname, [(parts.hostname, parts.port)]
+
+
+def _connect(targets: list[tuple[str, int]], timeout: float) -> socket.socket:
+    last: OSError | None = None
+    for address in targets:
+        try:
+            return socket.create_connection(address, timeout=timeout)
+        except OSError as exc:
+            last = exc
+    raise last or OSError("no address to connect to")
+
+
+def _send_syslog(sink: config.Sink, messages: Sequence[dict[str, Any]], *, timeout: float) -> None:
+    host, targets = _targets(sink)
+    payload = b"".join(records.syslog_frame(message) for message in messages)
+    raw = _connect(targets, timeout)
+    conn: socket.socket = raw
+    try:
+        if sink.tls:
+            conn = _tls_context(sink).wrap_socket(raw, server_hostname=host)
+        conn.sendall(payload)
+        # Half-close, then wait for the receiver to close its side: it has read everything.
+        conn.shutdown(socket.SHUT_WR)
+        while conn.recv(4096):
+            pass
+    finally:
+        with contextlib.suppress(OSError):
+            conn.close()
+
+
+def _send_hec(sink: config.Sink, messages: Sequence[dict[str, Any]], *, timeout: float) -> None:
+    content = records.hec_body(messages)
+    headers = {"Authorization": f"Splunk {sink.token}", "Content-Type": "application/json"}
+    if sink.hostile:
+        checked = config.check_tenant_sink(kind=sink.kind, url=sink.url, token=sink.token)
+        response = outbound.post(checked, content=content, headers=headers, timeout=timeout)
+    else:
+        verify: ssl.SSLContext | bool = _tls_context(sink) if sink.url.startswith("https://") else True
+        with httpx.Client(verify=verify, timeout=timeout, follow_redirects=False) as client:
+            response = client.post(sink.url, content=content, headers=headers)
+    if not response.is_success:
+        raise SendFailed(f"HTTP {response.status_code}: {response.text[:300]}")
