@@ -234,7 +234,9 @@ def test_an_operator_stops_a_running_unwind_between_steps_with_a_real_worker(
     held = threading.Event()
     webhooks.script[WS_PATH] = [Reply(200, {"state": {"license": None}}, block=held)]
     saga = onboarding_saga(tenant, agent)
-    worker = start_worker()
+    # The held call stays in flight until the test lets it go, not until the suite's 1.5 s webhook
+    # timeout: on a busy machine the requests below took longer, and the step had moved on.
+    worker = start_worker(SAGA_WEBHOOK_TIMEOUT_S="120")
     unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="hire withdrawn")
     wait_for(lambda: webhooks.calls_to(WS_PATH), timeout=20, what="the licence step's call")
     operator = Api(operator_key[1])

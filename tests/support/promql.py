@@ -5,6 +5,7 @@ selects; and the names a ``/metrics`` scrape exposes."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,3 +113,24 @@ def exposed(text: str) -> dict[str, float]:
 
 def exposed_names(text: str) -> set[str]:
     return {key.split("{", 1)[0] for key in exposed(text)}
+
+
+def own_process_samples() -> dict[str, float]:
+    """What this process alone has counted (its own files in the multiprocess directory), in the
+    form ``exposed`` gives: a test that asserts exact deltas must not see what another process of
+    the same directory (a worker or server an earlier test started, still busy) counted meanwhile.
+    The scrape across processes is tests/test_metrics_live.py's."""
+    import shutil
+    import tempfile
+
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from ledger.metrics import multiprocess_dir
+
+    with tempfile.TemporaryDirectory() as folder:
+        for file in multiprocess_dir().glob(f"*_{os.getpid()}.db"):
+            shutil.copy(file, folder)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=folder)
+        return exposed(generate_latest(registry).decode())
