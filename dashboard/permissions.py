@@ -13,8 +13,9 @@ from typing import TypeAlias
 
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied
+from django.http import Http404
 
-from ledger.models import Membership
+from ledger.models import Membership, Tenant
 
 
 class Capability(enum.StrEnum):
@@ -79,6 +80,20 @@ def can_see_workers(user: Someone) -> bool:
 def require(user: Someone, capability: Capability, tenant_id: int) -> None:
     if not can(user, capability, tenant_id):
         raise PermissionDenied(f"Your role does not allow this ({capability}).")
+
+
+def require_tenant(
+    user: Someone, capability: Capability, *, slug: str | None = None, pk: int | None = None
+) -> Tenant:
+    """The tenant named by ``slug`` or ``pk`` for a user who has ``capability`` there: one they are
+    no member of is not found (404: its existence does not leak), one they see but may not do this
+    in is forbidden (403)."""
+    found = Tenant.objects.filter(pk__in=tenant_ids_for(user))
+    tenant = (found.filter(slug=slug) if slug is not None else found.filter(pk=pk or 0)).first()
+    if tenant is None:
+        raise Http404("No such tenant.")
+    require(user, capability, tenant.pk)
+    return tenant
 
 
 class TenantPermissions:

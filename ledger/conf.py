@@ -37,6 +37,8 @@ class SagaSettings:
     retry_backoff_max_s: float
     default_max_attempts: int
     unwind_batch_s: float
+    # A compensator's dashboard check older than this is flagged (recovery.compensator_checks).
+    compensator_check_max_age_days: float
     # Dashboard
     queue_sla_minutes: int
     bulk_max_items: int
@@ -77,6 +79,7 @@ def saga() -> SagaSettings:
         retry_backoff_max_s=float(raw["RETRY_BACKOFF_MAX_S"]),
         default_max_attempts=int(raw["DEFAULT_MAX_ATTEMPTS"]),
         unwind_batch_s=float(raw["UNWIND_BATCH_S"]),
+        compensator_check_max_age_days=float(raw.get("COMPENSATOR_CHECK_MAX_AGE_DAYS", 30)),
         queue_sla_minutes=int(raw["QUEUE_SLA_MINUTES"]),
         bulk_max_items=int(raw["BULK_MAX_ITEMS"]),
         page_size=int(raw["PAGE_SIZE"]),

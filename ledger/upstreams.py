@@ -108,6 +108,17 @@ def _goes_to(compensator: str) -> str:
     return f"a {compensator} compensator" if compensator else "no registered compensator"
 
 
+def compensators_in_force(*, tenant_id: int) -> list[Compensator]:
+    """Every policy-file compensator that serves a tool for the tenant, by tool: its own rows, and
+    the global ones for tools it has no row of (the rule ``compensator_row`` applies to one tool)."""
+    rows = Compensator.objects.filter(Q(tenant_id=tenant_id) | Q(tenant__isnull=True)).order_by("tool")
+    in_force: dict[str, Compensator] = {}
+    for row in rows:
+        if row.tool not in in_force or row.tenant_id:
+            in_force[row.tool] = row
+    return list(in_force.values())
+
+
 def compensator_row(*, tenant_id: int, tool: str) -> Compensator | None:
     """The policy-file compensator that serves ``tool`` for the tenant: its own row, else the
     global one (a row beats a Python compensator registered in code for the same tool)."""

@@ -37,7 +37,9 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from ledger import upstreams
 from ledger.audit import Actor, audit_record
+from ledger.conf import saga
 from ledger.models import Compensator, Tenant
 from ledger.signing import signed_headers
 from recovery import compensators
@@ -45,7 +47,6 @@ from recovery.models import CompensatorCheck
 
 PASS, FAIL = "pass", "fail"
 REFUSED = (401, 403)
-MAX_AGE = timedelta(days=int(os.environ.get("SAGA_COMPENSATOR_CHECK_MAX_AGE_DAYS", "30") or 30))
 
 # id -> (title, required), as the specification words them.
 WEBHOOK_CASES: dict[str, tuple[str, bool]] = {
@@ -122,7 +123,7 @@ def _webhook(row: Compensator) -> list[CaseResult]:
         reached = client.post(
             row.url, content=b"{}", headers={**base, "Idempotency-Key": f"saga-check-{uuid.uuid4().hex}"}
         )
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         what = "the certificate does not verify" if "CERTIFICATE" in str(exc).upper() else type(exc).__name__
         if results[0].verdict == PASS and what != type(exc).__name__:
             results[0] = _result(WEBHOOK_CASES, "tls", FAIL, detail=what)
@@ -176,8 +177,8 @@ def _mcp(row: Compensator) -> list[CaseResult]:
 def _python(row: Compensator) -> list[CaseResult]:
     try:
         target = import_string(row.python_path)
-    except ImportError as exc:
-        return [_result(PYTHON_CASES, "python_importable", FAIL, detail=str(exc)[:200])]
+    except Exception as exc:  # noqa: BLE001 - a module that fails to import, however, fails the case
+        return [_result(PYTHON_CASES, "python_importable", FAIL, detail=f"{type(exc).__name__}: {exc}"[:200])]
     if not callable(target):
         return [_result(PYTHON_CASES, "python_importable", FAIL, detail=f"{row.python_path} is not callable")]
     return [_result(PYTHON_CASES, "python_importable", PASS)]
@@ -193,13 +194,10 @@ def run_harmless(row: Compensator) -> list[CaseResult]:
 
 
 def visible_compensator(*, tenant: Tenant, compensator_id: int) -> Compensator | None:
-    """A compensator the tenant's pages list: its own, or a global one it does not override."""
-    row = Compensator.objects.filter(pk=compensator_id).first()
-    if row is None or row.tenant_id not in (None, tenant.pk):
-        return None
-    if row.tenant_id is None and Compensator.objects.filter(tenant=tenant, tool=row.tool).exists():
-        return None
-    return row
+    """A compensator the tenant's pages list (``upstreams.compensators_in_force``): its own, or a
+    global one it does not override."""
+    in_force = upstreams.compensators_in_force(tenant_id=tenant.pk)
+    return next((row for row in in_force if row.pk == compensator_id), None)
 
 
 def compensator_check(*, tenant: Tenant, actor: Actor, user: Any, row: Compensator) -> CompensatorCheck:
@@ -247,7 +245,7 @@ def check_flag(check: CompensatorCheck | None) -> str:
     if not check.ok:
         failed = ", ".join(r["id"] for r in check.results if r["required"] and r["verdict"] != PASS)
         return f"This compensator failed its last check ({when}): {failed}."
-    if timezone.now() - check.checked_at > MAX_AGE:
+    if timezone.now() - check.checked_at > timedelta(days=saga().compensator_check_max_age_days):
         return f"This compensator has not been checked since {when}."
     return ""
 

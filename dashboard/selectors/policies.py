@@ -11,7 +11,7 @@ from ledger.compensation_risks import CompensationWarning, unattended_destructiv
 from ledger.models import Compensator, Tenant, ToolPolicy
 from ledger.policies.resolve import policies_in_force, policy_settings_for
 from ledger.policies.rule_compile import compile_rules
-from ledger.upstreams import policy_upstream_mismatches
+from ledger.upstreams import compensators_in_force, policy_upstream_mismatches
 from recovery.compensator_checks import check_flag, latest_checks
 from recovery.models import CompensatorCheck
 
@@ -97,21 +97,14 @@ class TenantPolicies:
 def policies_for(*, tenant: Tenant, show_targets: bool) -> TenantPolicies:
     """The policies page's section for ``tenant``; ``show_targets``: whether the reader may see
     where compensators point (operators and admins of the tenant)."""
-    own = list(Compensator.objects.filter(tenant=tenant).order_by("tool"))
-    overridden = {c.tool for c in own}
-    shared = [
-        c
-        for c in Compensator.objects.filter(tenant__isnull=True).order_by("tool")
-        if c.tool not in overridden
-    ]
+    compensators = compensators_in_force(tenant_id=tenant.pk)
     policy_settings = policy_settings_for(tenant)
-    latest = latest_checks(tenant=tenant, rows=own + shared)
+    latest = latest_checks(tenant=tenant, rows=compensators)
     return TenantPolicies(
         tenant=tenant,
         policies=[_policy_row(policy) for policy in policies_in_force(tenant=tenant)],
         compensators=[
-            _compensator_row(c, show_target=show_targets, last_check=latest.get(c.tool))
-            for c in sorted(own + shared, key=lambda c: c.tool)
+            _compensator_row(c, show_target=show_targets, last_check=latest.get(c.tool)) for c in compensators
         ],
         show_targets=show_targets,
         settings_source=policy_settings.source,

@@ -9,12 +9,12 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.permissions import Capability, require, tenant_ids_with
+from dashboard.permissions import Capability, require_tenant, tenant_ids_with
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from ledger.errors import SagaError
@@ -78,18 +78,10 @@ def page(request: HtmxHttpRequest) -> HttpResponse:
     return _page(request)
 
 
-def _tenant_for_admin(request: HtmxHttpRequest, slug: str) -> Tenant:
-    tenant = Tenant.objects.filter(slug=slug, pk__in=tenant_ids_with(request.user, Capability.VIEW)).first()
-    if tenant is None:
-        raise Http404("No such tenant.")
-    require(request.user, Capability.ADMINISTER, tenant.pk)
-    return tenant
-
-
 @require_POST
 @login_required
 def sink_set(request: HtmxHttpRequest, slug: str) -> HttpResponse:
-    tenant = _tenant_for_admin(request, slug)
+    tenant = require_tenant(request.user, Capability.ADMINISTER, slug=slug)
     if request.POST.get("remove") in AuditSink.Kind.values:
         kind = request.POST["remove"]
         if config.sink_remove(tenant=tenant, actor=common.actor(request), kind=kind):

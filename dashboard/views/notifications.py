@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from dashboard.forms import ChannelForm, SlackAppForm
-from dashboard.permissions import Capability, require, tenant_ids_with
+from dashboard.permissions import Capability, require, require_tenant, tenant_ids_with
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from ledger.errors import SagaError
@@ -62,16 +62,6 @@ def _administered(request: HtmxHttpRequest) -> list[Tenant]:
     return list(
         Tenant.objects.filter(pk__in=tenant_ids_with(request.user, Capability.ADMINISTER)).order_by("slug")
     )
-
-
-def _tenant_for_admin(request: HtmxHttpRequest, slug: str) -> Tenant:
-    # A tenant the user is no member of is not found (its existence does not leak); one they see
-    # but do not administer is forbidden.
-    tenant = Tenant.objects.filter(slug=slug, pk__in=tenant_ids_with(request.user, Capability.VIEW)).first()
-    if tenant is None:
-        raise Http404("No such tenant.")
-    require(request.user, Capability.ADMINISTER, tenant.pk)
-    return tenant
 
 
 def _settings_url(tenant: Tenant) -> str:
@@ -132,7 +122,7 @@ def _form_refused(form: Any, exc: SagaError) -> None:
 @require_POST
 @login_required
 def channel_create(request: HtmxHttpRequest, slug: str) -> HttpResponse:
-    tenant = _tenant_for_admin(request, slug)
+    tenant = require_tenant(request.user, Capability.ADMINISTER, slug=slug)
     form = ChannelForm(request.POST)
     if form.is_valid():
         try:
@@ -228,7 +218,7 @@ def channel_test(request: HtmxHttpRequest, channel_id: str) -> HttpResponse:
 @require_POST
 @login_required
 def slack_app(request: HtmxHttpRequest, slug: str) -> HttpResponse:
-    tenant = _tenant_for_admin(request, slug)
+    tenant = require_tenant(request.user, Capability.ADMINISTER, slug=slug)
     if request.POST.get("remove") == "yes":
         if channels.slack_app_remove(tenant=tenant, actor=common.actor(request)):
             messages.success(

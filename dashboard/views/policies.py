@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.permissions import Capability, can
+from dashboard.permissions import Capability, can, require_tenant
 from dashboard.selectors import policies as policy_selectors
 from dashboard.selectors import tenants as tenant_selectors
 from dashboard.views.common import HtmxHttpRequest, actor, done
@@ -47,11 +47,7 @@ def compensator_check(request: HtmxHttpRequest, tenant_id: int, compensator_id: 
     """Check a compensator the tenant's policies page lists, with the protocol's harmless cases
     only (recovery.compensator_checks): admins of the tenant. Another tenant's compensator, or one
     the tenant overrides, is 404 as a tenant that is not the reader's is."""
-    tenant = next((t for t in tenant_selectors.visible_tenants(user=request.user) if t.pk == tenant_id), None)
-    if tenant is None:
-        raise Http404("No such tenant.")
-    if not can(request.user, Capability.ADMINISTER, tenant.pk):
-        return HttpResponseForbidden("Only an admin of this tenant checks its compensators.")
+    tenant = require_tenant(request.user, Capability.ADMINISTER, pk=tenant_id)
     row = compensator_checks.visible_compensator(tenant=tenant, compensator_id=compensator_id)
     if row is None:
         raise Http404("No such compensator.")

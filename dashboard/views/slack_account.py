@@ -16,7 +16,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.permissions import Capability, require, tenant_ids_with
+from dashboard.permissions import Capability, require_tenant, tenant_ids_with
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from ledger.errors import SagaError
@@ -57,12 +57,7 @@ def slack_account(request: HtmxHttpRequest) -> HttpResponse:
 @require_POST
 @login_required
 def slack_link_code(request: HtmxHttpRequest, slug: str) -> HttpResponse:
-    # A tenant the user is no member of is not found; one they see but cannot approve in is
-    # forbidden (as everywhere in the dashboard).
-    tenant = Tenant.objects.filter(slug=slug, pk__in=tenant_ids_with(request.user, Capability.VIEW)).first()
-    if tenant is None:
-        raise Http404("No such tenant.")
-    require(request.user, Capability.APPROVE, tenant.pk)
+    tenant = require_tenant(request.user, Capability.APPROVE, slug=slug)
     assert request.user.is_authenticated
     try:
         issued = channels.slack_link_code_issue(tenant=tenant, user=request.user)

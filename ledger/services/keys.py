@@ -154,19 +154,39 @@ def agent_key_create(
     name, scope_list = _key_fields_check(tenant=tenant, name=name, scopes=scopes, owner=owner)
     raw = agent_key_new_secret()
     prefix, secret_part = agent_key_material_check(raw)
-    key = AgentKey.objects.create(
+    key = _key_store(
         tenant=tenant,
         name=name,
-        prefix=prefix,
-        key_hash=sha256_hex(secret_part),
         scopes=scope_list,
         owner=owner,
+        material=(prefix, secret_part),
+        actor=actor,
+        kind="agent_key.created",
     )
-    data: dict[str, object] = {"name": name, "scopes": scope_list}
+    return IssuedKey(key=key, secret=raw)
+
+
+def _key_store(
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes: list[str],
+    owner: User | None,
+    material: tuple[str, str],
+    actor: Actor,
+    kind: str,
+) -> AgentKey:
+    """Store a checked key (only the digest of its secret part) and audit it as ``kind``: what an
+    issued and an imported key share."""
+    prefix, secret_part = material
+    key = AgentKey.objects.create(
+        tenant=tenant, name=name, prefix=prefix, key_hash=sha256_hex(secret_part), scopes=scopes, owner=owner
+    )
+    data: dict[str, object] = {"name": name, "scopes": scopes}
     if owner is not None:
         data["owner"] = owner.get_username()
-    audit_record(tenant=tenant, actor=actor, kind="agent_key.created", subject=key, data=data)
-    return IssuedKey(key=key, secret=raw)
+    audit_record(tenant=tenant, actor=actor, kind=kind, subject=key, data=data)
+    return key
 
 
 def agent_key_matches(*, key: AgentKey, raw: str) -> bool:
@@ -201,19 +221,15 @@ def agent_key_import(
             details={"key": prefix},
             code="key_prefix_taken",
         )
-    key = AgentKey.objects.create(
+    return _key_store(
         tenant=tenant,
         name=name,
-        prefix=prefix,
-        key_hash=sha256_hex(secret_part),
         scopes=scope_list,
         owner=owner,
+        material=(prefix, secret_part),
+        actor=actor,
+        kind="agent_key.imported",
     )
-    data: dict[str, object] = {"name": name, "scopes": scope_list}
-    if owner is not None:
-        data["owner"] = owner.get_username()
-    audit_record(tenant=tenant, actor=actor, kind="agent_key.imported", subject=key, data=data)
-    return key
 
 
 @transaction.atomic
