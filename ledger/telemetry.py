@@ -101,8 +101,15 @@ def telemetry_start(*, service: str, django: bool = False) -> bool:
     return True
 
 
-def telemetry_flush(timeout_ms: int = 5000) -> None:
-    """Export what this process has buffered (a work horse before it exits)."""
+# How long a work horse waits, after each job, for its spans to leave. Short: a collector that is
+# slow or down must not add seconds to every unwind step and periodic job (what is not exported by
+# then is dropped, as the batch processor drops a full queue).
+FLUSH_AFTER_JOB_MS = 500
+
+
+def telemetry_flush(timeout_ms: int = FLUSH_AFTER_JOB_MS) -> None:
+    """Export what this process has buffered (a work horse before it exits), waiting at most
+    ``timeout_ms``."""
     if _provider is not None:
         _provider.force_flush(timeout_ms)
 

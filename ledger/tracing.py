@@ -37,11 +37,6 @@ def switch_on() -> None:
     _tracer = trace.get_tracer("saga_admin.ledger")
 
 
-def switch_off() -> None:
-    global _tracer  # noqa: PLW0603 - the one switch
-    _tracer = None
-
-
 def is_on() -> bool:
     return _tracer is not None
 
@@ -154,8 +149,10 @@ def _step_span(
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     parent = TraceContextTextMapPropagator().extract(dict(carrier))
+    # Ids and names only, as every span of the ledger's: an exception's message and traceback
+    # (a database error quoting a row) stay out of the trace backend; step_outcome marks the error.
     with tracer.start_as_current_span(
-        name, context=parent, kind=SpanKind.INTERNAL, attributes=dict(attributes)
+        name, context=parent, kind=SpanKind.INTERNAL, attributes=dict(attributes), record_exception=False
     ) as span:
         yield span
 

@@ -371,7 +371,12 @@ class AuditSinkAdmin(_TenantChoiceMixin, TenantScopedAdmin):
     """Saved through ``recovery.audit_stream.config`` (checked again, audited)."""
 
     form = AuditSinkAdminForm
-    list_display = ["tenant", "kind", "url", "enabled"]
+    list_display = ["tenant", "kind", "shown_url", "enabled"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: AuditSink | None = None) -> tuple[str, ...]:
+        # A sink is one per (tenant, kind): another tenant or kind is another sink, set anew.
+        return ("tenant", "kind") if obj is not None else ()
+
     list_filter = ["kind", tenant_filter("tenant")]
     list_select_related = ["tenant"]
 

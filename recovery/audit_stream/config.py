@@ -19,7 +19,7 @@ from django.db import transaction
 from ledger import errors, outbound
 from ledger.audit import Actor, audit_record
 from ledger.models import Tenant
-from recovery.audit_stream.models import AuditCursor, AuditSink
+from recovery.audit_stream.models import AuditCursor, AuditSink, shown_url
 
 SYSLOG_SCHEMES = {"tcp": 0, "tcp+tls": 0}
 HEC_SCHEMES = outbound.HTTP_SCHEMES
@@ -86,6 +86,16 @@ def installation_sinks() -> list[Sink]:
 
 def tenant_sink(row: AuditSink) -> Sink:
     return Sink(name=f"tenant:{row.pk}", kind=row.kind, url=row.url, token=row.token, tenant_id=row.tenant_id)
+
+
+def still_configured(sink: Sink) -> bool:
+    """Whether a tenant's sink is still as this pass read it (enabled, the same URL): a sink removed
+    or pointed elsewhere meanwhile must get nothing more (its cursor would start from the first
+    event, to an address nobody wants it at). The installation's sinks are the settings'."""
+    if sink.tenant_id is None:
+        return True
+    row_id = sink.name.removeprefix("tenant:")
+    return AuditSink.objects.filter(pk=int(row_id), enabled=True, url=sink.url).exists()
 
 
 def all_sinks() -> list[Sink]:
@@ -209,10 +219,3 @@ def sink_remove(*, tenant: Tenant, actor: Actor, kind: str) -> bool:
         )
         current.delete()
     return True
-
-
-def shown_url(url: str) -> str:
-    """A URL without credentials (``user:password@``)."""
-    scheme, sep, rest = url.partition("://")
-    host, slash, path = rest.partition("/")
-    return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}"

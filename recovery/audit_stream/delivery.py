@@ -32,7 +32,7 @@ from django.utils import timezone
 from ledger.conf import saga
 from ledger.models import Event, Tenant
 from recovery.audit_stream import config, records, transport
-from recovery.audit_stream.models import AuditCursor, AuditSink
+from recovery.audit_stream.models import AuditCursor, AuditSink, shown_url
 
 log = structlog.get_logger(__name__)
 
@@ -102,7 +102,10 @@ def stream_deliver() -> dict[str, int]:
 def sink_deliver(sink: config.Sink, tenant: Tenant, *, key: bytes) -> int:
     """Send one tenant's undelivered events to one sink, batch by batch, each batch's cursor move
     committed after the sink took it. Returns the events sent. A failure stops the pass and sets
-    the next attempt's time (backoff); another worker holding the cursor: nothing."""
+    the next attempt's time (backoff); another worker holding the cursor: nothing. A tenant's sink
+    removed or changed since the pass read it gets nothing (``config.still_configured``)."""
+    if not config.still_configured(sink):
+        return 0
     cursor_id = AuditCursor.objects.get_or_create(sink=sink.name, tenant=tenant)[0].pk
     sent = 0
     for _ in range(MAX_BATCHES_PER_PASS):
@@ -110,6 +113,8 @@ def sink_deliver(sink: config.Sink, tenant: Tenant, *, key: bytes) -> int:
             cursor = AuditCursor.objects.select_for_update(skip_locked=True).filter(pk=cursor_id).first()
             now = timezone.now()
             if cursor is None or (cursor.next_attempt_at is not None and cursor.next_attempt_at > now):
+                return sent
+            if not config.still_configured(sink):  # under the lock sink_set and sink_remove take too
                 return sent
             outcome = _deliver_batch(sink, tenant, cursor, key=key, now=now)
         if outcome is None:
@@ -179,7 +184,7 @@ class SinkStatus:
 
     @property
     def shown_url(self) -> str:
-        return config.shown_url(self.sink.url)
+        return shown_url(self.sink.url)
 
 
 def lag(cursor: AuditCursor) -> tuple[int, datetime | None]:

@@ -8,6 +8,13 @@ from django.db import models
 from ledger.models import Tenant
 
 
+def shown_url(url: str) -> str:
+    """A URL without credentials (``user:password@``): how a sink's URL is shown and audited."""
+    scheme, sep, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}"
+
+
 class AuditSink(models.Model):
     """A tenant's own sink: its URL hostile (``config.check_tenant_sink``), its token never shown."""
 
@@ -25,7 +32,11 @@ class AuditSink(models.Model):
         constraints = [models.UniqueConstraint(fields=["tenant", "kind"], name="audit_sink_kind_per_tenant")]
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.url}"
+        return f"{self.kind} {self.shown_url}"
+
+    @property
+    def shown_url(self) -> str:
+        return shown_url(self.url)
 
 
 class AuditCursor(models.Model):

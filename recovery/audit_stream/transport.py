@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,6 +32,10 @@ class SendFailed(Exception):
     pass
 
 
+# What a syslog receiver may send back before the send counts as failed (RFC 6587 receivers send none).
+MAX_ANSWER_BYTES = 64 * 1024
+
+
 def send(sink: config.Sink, messages: Sequence[dict[str, Any]], *, timeout: float) -> None:
     if not messages:
         return
@@ -41,7 +46,9 @@ def send(sink: config.Sink, messages: Sequence[dict[str, Any]], *, timeout: floa
             _send_hec(sink, messages, timeout=timeout)
     except errors.UrlNotAllowed as exc:
         raise SendFailed(f"the sink's URL is not allowed: {exc.message}") from exc
-    except (OSError, httpx.HTTPError) as exc:
+    except (OSError, httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
+        # ValueError: a URL urlsplit cannot take apart (a port out of range); the sink waits out
+        # its backoff with the error shown, and the other sinks and tenants go on.
         raise SendFailed(f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -83,10 +90,30 @@ def _send_syslog(sink: config.Sink, messages: Sequence[dict[str, Any]], *, timeo
         if sink.tls:
             conn = _tls_context(sink).wrap_socket(raw, server_hostname=host)
         conn.sendall(payload)
-        # Half-close, then wait for the receiver to close its side: it has read everything.
+        # Half-close, then wait for the receiver to close its side: it has read everything. Within
+        # the timeout in all (not per read: a receiver trickling a byte at a time holds nothing
+        # longer) and for at most a little it may say back.
         conn.shutdown(socket.SHUT_WR)
-        while conn.recv(4096):
-            pass
+        deadline = time.monotonic() + timeout
+        answered = 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SendFailed(
+                    f"the receiver did not close the connection within {timeout:g}s of the batch"
+                )
+            conn.settimeout(left)
+            try:
+                chunk = conn.recv(4096)
+            except TimeoutError:
+                continue  # the deadline passed during the read: the check above says so
+            if not chunk:
+                break
+            answered += len(chunk)
+            if answered > MAX_ANSWER_BYTES:
+                raise SendFailed(
+                    f"the receiver sent back more than {MAX_ANSWER_BYTES} bytes; syslog receivers send nothing"
+                )
     finally:
         with contextlib.suppress(OSError):
             conn.close()

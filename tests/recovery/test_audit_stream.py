@@ -346,3 +346,77 @@ def test_verify_audit_stream_command(
     monkeypatch.setenv("SAGA_AUDIT_KEY", "another key")
     with pytest.raises(CommandError, match="not whole"):
         call_command("verify_audit_stream", str(received))
+
+
+def test_a_receiver_that_never_closes_fails_the_batch_within_the_timeout(
+    stream: dict[str, Any], tenant: Tenant
+) -> None:
+    """A syslog receiver that reads and keeps the connection open (trickling a byte now and then)
+    holds a send no longer than the sink's timeout: the batch fails, its cursor says so, and it is
+    sent again later."""
+    import socket
+    import time
+
+    stop = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        while not stop.is_set():
+            conn.recv(65536)
+            conn.sendall(b".")
+            time.sleep(0.2)
+        conn.close()
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        stream["SYSLOG_URL"] = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        stream["TIMEOUT_S"] = 1.0
+        _write(tenant, 2)
+        started = time.monotonic()
+        delivery.stream_deliver()
+        assert time.monotonic() - started < 4
+        cursor = AuditCursor.objects.get(sink="syslog", tenant=tenant)
+        assert cursor.failures == 1 and cursor.position == 0
+        assert "did not close the connection within 1s" in cursor.last_error
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_an_installation_url_that_cannot_be_parsed_stops_only_its_own_sink(
+    stream: dict[str, Any], syslog: SyslogReceiver, settings: Any, tenant: Tenant
+) -> None:
+    stream["SYSLOG_URL"] = "tcp://127.0.0.1:99999"
+    settings.SAGA = {**settings.SAGA, "OUTBOUND_ALLOWED_HOSTS": [f"127.0.0.1:{syslog.port}"]}
+    config.sink_set(
+        tenant=tenant, actor=Actor.system("test"), kind="syslog", url=syslog.url(), token="", enabled=True
+    )
+    _write(tenant, 2)
+    delivery.stream_deliver()  # no exception out of the pass
+    broken = AuditCursor.objects.get(sink="syslog", tenant=tenant)
+    assert broken.failures == 1 and broken.last_error.startswith("ValueError")
+    events = [m.json for m in syslog.received() if m.msgid == "audit"]
+    assert [e["id"] for e in events] == _all_ids(tenant)  # the tenant's own sink went on
+
+
+def test_a_sink_removed_during_a_pass_gets_nothing(
+    stream: dict[str, Any], syslog: SyslogReceiver, settings: Any, tenant: Tenant
+) -> None:
+    settings.SAGA = {**settings.SAGA, "OUTBOUND_ALLOWED_HOSTS": [f"127.0.0.1:{syslog.port}"]}
+    actor = Actor.system("test")
+    row = config.sink_set(tenant=tenant, actor=actor, kind="syslog", url=syslog.url(), token="", enabled=True)
+    sinks = config.all_sinks()  # what a pass read before the admin removed the sink
+    config.sink_remove(tenant=tenant, actor=actor, kind="syslog")
+    _write(tenant, 2)
+    key = config.audit_key()
+    assert [delivery.sink_deliver(sink, tenant, key=key) for sink in sinks] == [0]
+    assert syslog.received() == []
+    assert not AuditCursor.objects.filter(sink=f"tenant:{row.pk}").exists()
+
+
+def test_a_sinks_credentials_are_never_shown(tenant: Tenant) -> None:
+    sink = AuditSink(tenant=tenant, kind="hec", url="https://user:s3cret@siem.example.com/services/collector")
+    assert sink.shown_url == "https://siem.example.com/services/collector"
+    assert "s3cret" not in str(sink)

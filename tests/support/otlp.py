@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -18,6 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from tests.support.processes import http_serving
 
 
 def _value(value: AnyValue) -> Any:
@@ -122,13 +124,6 @@ def serve_otlp() -> Iterator[OtlpReceiver]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test output
             return
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    receiver.port = httpd.server_address[1]
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with http_serving(Handler) as port:
+        receiver.port = port
         yield receiver
-    finally:
-        httpd.shutdown()
-        httpd.server_close()

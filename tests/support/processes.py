@@ -280,18 +280,26 @@ def _handler_for(server: WebhookServer) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def serve_webhooks(secrets: dict[str, str], **options: Any) -> Iterator[WebhookServer]:
-    server = WebhookServer(secrets=secrets, **options)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(server))
+def http_serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[int]:
+    """Serve ``handler`` on a free port of 127.0.0.1 in a thread (one thread per request); yields
+    the port, shuts the server down afterwards. What every test receiver stands on."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
-    server.port = httpd.server_address[1]
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
-        yield server
+        yield httpd.server_address[1]
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+@contextmanager
+def serve_webhooks(secrets: dict[str, str], **options: Any) -> Iterator[WebhookServer]:
+    server = WebhookServer(secrets=secrets, **options)
+    with http_serving(_handler_for(server)) as port:
+        server.port = port
+        yield server
 
 
 # --- Real worker processes -------------------------------------------------------------------

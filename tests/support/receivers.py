@@ -10,8 +10,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.support.processes import http_serving
 
 
 @dataclass
@@ -67,13 +69,6 @@ def serve_receiver(**options: Any) -> Iterator[Receiver]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test output
             return
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    receiver.port = httpd.server_address[1]
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with http_serving(Handler) as port:
+        receiver.port = port
         yield receiver
-    finally:
-        httpd.shutdown()
-        httpd.server_close()

@@ -11,10 +11,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from saga_client.signing import verify_signature
+
+from tests.support.processes import http_serving
 
 SECRET = "check-kit-secret"
 
@@ -104,11 +106,5 @@ def reference_compensator(flaws: Flaws) -> Iterator[tuple[str, Reference]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", reference
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_serving(Handler) as port:
+        yield f"http://127.0.0.1:{port}", reference

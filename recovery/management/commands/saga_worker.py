@@ -101,4 +101,5 @@ class Command(BaseCommand):
         finally:
             if ticker is not None:
                 ticker.stop()
-            telemetry.telemetry_flush()
+            # Stopping, once: what is still buffered may take a moment longer than after a job.
+            telemetry.telemetry_flush(timeout_ms=5000)
