@@ -119,6 +119,17 @@ def staff_set(
         raise errors.ValidationFailed("A username is required.", details={"username": "required"})
     user_model = get_user_model()
     user = user_model.objects.select_for_update().filter(username=username).first()
+    if user is not None and not user.has_usable_password():
+        # Someone who signs in only through the identity provider (single sign-on) and whose
+        # username their provider account chose: a password and a role given here by name could
+        # land on whoever took that name first. Their roles come from the provider's groups.
+        raise errors.Conflict(
+            f"The user {username} signs in through single sign-on and has no password here; their "
+            "roles come from the identity provider's groups (docs/OPERATIONS.md). Grant a role by "
+            "the provider, or in the Django admin on that exact account.",
+            details={"username": username},
+            code="sso_user",
+        )
     created = user is None
     if user is None:
         user = user_model(username=username, email=email)

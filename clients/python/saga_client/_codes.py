@@ -44,6 +44,7 @@ API_CODES = frozenset(
         "self_approval",
         "service_unavailable",
         "slack_user_mapped",
+        "sso_user",
         "unauthorized",
         "unknown_compensator",
         "unsupported_media_type",

@@ -67,6 +67,28 @@ def test_a_local_user_of_the_same_name_is_never_taken_over(tenant, bob):
     assert bob.has_usable_password()
 
 
+def test_a_name_taken_by_an_sso_account_gets_no_role_or_password_by_name(tenant):
+    """Someone with no role signs in first as "carol" (a name their provider account chose); an
+    operator who later runs create_staff for carol must not hand that account the role."""
+    from django.core.management import CommandError, call_command
+
+    squatter = _sign_in("sub-squat", {}, preferred_username="carol").user
+    assert squatter.username == "carol"
+    with pytest.raises(CommandError, match="signs in through single sign-on"):
+        call_command(
+            "create_staff",
+            "carol",
+            "--password",
+            "correct-horse-battery-9",
+            "--tenant",
+            "acme",
+            "--role",
+            "admin",
+        )
+    squatter.refresh_from_db()
+    assert _roles(squatter) == {} and not squatter.has_usable_password()
+
+
 def test_the_same_subject_at_another_issuer_is_another_user(tenant):
     one = _sign_in("sub-1", preferred_username="ana").user
     other = sso_sign_in(
