@@ -152,20 +152,29 @@ def parse_message(line: str) -> dict[str, Any] | None:
 
 def verify_stream(messages: Iterable[dict[str, Any]], key: bytes) -> StreamReport:
     """Check a received stream: events deduplicated by id, each tenant's ``seq`` without gaps
-    from 1, and every chain head's signature and digest over the events up to its position."""
+    from 1, and every chain head's signature and digest over the events up to its position. A
+    message of either type without its fields (a line damaged on the way, or forged) is a problem
+    of its own, never a crash of the check."""
     report = StreamReport()
     events: dict[str, dict[int, dict[str, Any]]] = {}
     heads: list[dict[str, Any]] = []
-    for message in messages:
-        if message.get("type") == "audit_event":
-            tenant_events = events.setdefault(str(message["tenant"]), {})
-            seen = tenant_events.get(int(message["seq"]))
+    for number, message in enumerate(messages, start=1):
+        kind = message.get("type")
+        if kind not in _REQUIRED:
+            continue
+        missing = _malformed(message, _REQUIRED[kind])
+        if missing:
+            report.problems.append(f"message {number} ({kind}) has no usable {missing}")
+            continue
+        if kind == "audit_event":
+            tenant_events = events.setdefault(message["tenant"], {})
+            seen = tenant_events.get(message["seq"])
             if seen is not None and seen["id"] != message["id"]:
                 report.problems.append(
                     f"{message['tenant']}: seq {message['seq']} is event {seen['id']} and also {message['id']}"
                 )
-            tenant_events[int(message["seq"])] = message
-        elif message.get("type") == "chain_head":
+            tenant_events[message["seq"]] = message
+        else:
             heads.append(message)
     digests: dict[str, list[str]] = {}
     for tenant, by_seq in sorted(events.items()):
@@ -175,7 +184,7 @@ def verify_stream(messages: Iterable[dict[str, Any]], key: bytes) -> StreamRepor
             if seq not in by_seq:
                 report.problems.append(f"{tenant}: event seq {seq} is missing")
                 break
-            head = next_head(head, str(by_seq[seq]["hash"]))
+            head = next_head(head, by_seq[seq]["hash"])
             chain.append(head)
         digests[tenant] = chain
     for message in heads:
@@ -183,14 +192,33 @@ def verify_stream(messages: Iterable[dict[str, Any]], key: bytes) -> StreamRepor
     return report
 
 
+# The fields each message type must carry, and their JSON types (a seq or position is a whole
+# number: a bool is not one, though Python counts it as an int; an event's id is its number).
+_REQUIRED: dict[str, dict[str, type]] = {
+    "audit_event": {"tenant": str, "seq": int, "id": int, "hash": str},
+    "chain_head": {"tenant": str, "position": int, "head": str, "time": str, "signature": str},
+}
+
+
+def _malformed(message: dict[str, Any], fields: dict[str, type]) -> str:
+    """The first of ``fields`` that ``message`` lacks or has of another type; "" when none."""
+    for name, kind in fields.items():
+        value = message.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return name
+        if kind is int and value < (1 if name == "seq" else 0):
+            return name
+    return ""
+
+
 def _check_head(
     message: dict[str, Any], key: bytes, digests: dict[str, list[str]], report: StreamReport
 ) -> None:
-    tenant, position = str(message["tenant"]), int(message["position"])
+    tenant, position = message["tenant"], message["position"]
     expected = head_signature(
-        key, tenant=tenant, position=position, head=str(message["head"]), time=str(message["time"])
+        key, tenant=tenant, position=position, head=message["head"], time=message["time"]
     )
-    if not hmac.compare_digest(expected, str(message.get("signature", ""))):
+    if not hmac.compare_digest(expected, message["signature"]):
         report.problems.append(f"{tenant}: the chain head at position {position} has a bad signature")
         return
     chain = digests.get(tenant, [GENESIS])

@@ -147,6 +147,54 @@ def test_syslog_gets_every_event_in_order_with_a_signed_head(
     assert len([m for m in syslog.received() if m.msgid == "audit"]) == len(events)
 
 
+def _stream(count: int) -> list[dict[str, Any]]:
+    """A whole stream of ``count`` events of tenant acme and a signed head over them, built by hand."""
+    events = [
+        {"type": "audit_event", "tenant": "acme", "seq": seq, "id": 100 + seq, "hash": f"{seq:064x}"}
+        for seq in range(1, count + 1)
+    ]
+    head = records.GENESIS
+    for event in events:
+        head = records.next_head(head, event["hash"])
+    time = "2026-11-27T05:00:00+00:00"
+    signature = records.head_signature(KEY.encode(), tenant="acme", position=count, head=head, time=time)
+    chain_head = {"type": "chain_head", "tenant": "acme", "position": count, "head": head, "time": time}
+    return [*events, {**chain_head, "signature": signature}]
+
+
+@pytest.mark.parametrize(
+    ("index", "damage", "problem"),
+    [
+        (1, {"seq": None}, "message 2 (audit_event) has no usable seq"),
+        (1, {"seq": "2"}, "no usable seq"),
+        (1, {"seq": True}, "no usable seq"),
+        (1, {"seq": 0}, "no usable seq"),
+        (1, {"hash": ["x"]}, "no usable hash"),
+        (2, {"id": "evt_3"}, "message 3 (audit_event) has no usable id"),
+        (0, {"tenant": {"slug": "acme"}}, "no usable tenant"),
+        (3, {"position": "3"}, "message 4 (chain_head) has no usable position"),
+        (3, {"signature": None}, "no usable signature"),
+        (3, {"time": 1700000000}, "no usable time"),
+    ],
+)
+def test_a_damaged_message_is_a_problem_of_the_check_not_a_crash(index, damage, problem):
+    stream = _stream(3)
+    assert records.verify_stream(stream, KEY.encode()).problems == []
+    damaged = [*stream[:index], {**stream[index], **damage}, *stream[index + 1 :]]
+    for name, value in damage.items():
+        if value is None:
+            del damaged[index][name]
+    problems = records.verify_stream(damaged, KEY.encode()).problems
+    assert any(problem in line for line in problems), problems
+
+
+def test_a_huge_seq_is_one_gap_not_a_long_walk():
+    stream = _stream(2)
+    stream.insert(2, {"type": "audit_event", "tenant": "acme", "seq": 10**15, "id": 99, "hash": "f" * 64})
+    problems = records.verify_stream(stream, KEY.encode()).problems
+    assert problems == ["acme: event seq 3 is missing"], problems
+
+
 def test_a_sink_down_delays_and_loses_nothing(
     stream: dict[str, Any], syslog: SyslogReceiver, tenant: Tenant
 ) -> None:
