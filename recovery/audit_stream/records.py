@@ -206,7 +206,7 @@ def _malformed(message: dict[str, Any], fields: dict[str, type]) -> str:
         value = message.get(name)
         if not isinstance(value, kind) or isinstance(value, bool):
             return name
-        if kind is int and value < (1 if name == "seq" else 0):
+        if isinstance(value, int) and value < (1 if name == "seq" else 0):
             return name
     return ""
 
