@@ -182,6 +182,9 @@ def sink_set(*, tenant: Tenant, actor: Actor, kind: str, url: str, token: str, e
     (``check_tenant_sink``) and audited. A blank token keeps the current one. Refusals change
     nothing. Its cursor starts from the tenant's first event when it is new or its URL changed."""
     with transaction.atomic():
+        # The tenant's row first: two first saves at once would both find no sink and the second
+        # create would break the one-sink-per-kind constraint; this way the second updates.
+        Tenant.objects.select_for_update().only("pk").get(pk=tenant.pk)
         current = AuditSink.objects.select_for_update().filter(tenant=tenant, kind=kind).first()
         token = token or (current.token if current is not None else "")
         check_tenant_sink(kind=kind, url=url, token=token)

@@ -333,6 +333,45 @@ def test_a_tenants_sinks_get_its_own_events_only(
         hec.stop()
 
 
+def test_two_first_saves_at_once_give_one_sink(
+    stream: dict[str, Any], syslog: SyslogReceiver, settings: Any, tenant: Tenant, monkeypatch: Any
+) -> None:
+    """A second admin saves while the first save is between its look and its write: the second
+    waits and then updates the sink the first created (it used to break the one-sink-per-kind
+    constraint: a 500)."""
+    settings.SAGA = {**settings.SAGA, "OUTBOUND_ALLOWED_HOSTS": [f"127.0.0.1:{syslog.port}"]}
+    actor = Actor.system("test")
+    check, outcome = config.check_tenant_sink, {}
+
+    def second_save() -> None:
+        try:
+            config.sink_set(
+                tenant=tenant, actor=actor, kind="syslog", url=syslog.url(), token="", enabled=False
+            )
+            outcome["ok"] = True
+        except Exception as exc:  # noqa: BLE001 - the test reports whatever the second save raised
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    second = threading.Thread(target=second_save)
+
+    def first_check(**kwargs: Any) -> Any:
+        monkeypatch.setattr(config, "check_tenant_sink", check)
+        second.start()
+        second.join(timeout=1)  # it waits on the tenant's lock: still running
+        assert second.is_alive()
+        return check(**kwargs)
+
+    monkeypatch.setattr(config, "check_tenant_sink", first_check)
+    config.sink_set(tenant=tenant, actor=actor, kind="syslog", url=syslog.url(), token="", enabled=True)
+    second.join(timeout=30)
+    assert outcome == {"ok": True}
+    sink = AuditSink.objects.get(tenant=tenant, kind="syslog")
+    assert sink.enabled is False
+    assert Event.objects.filter(tenant=tenant, kind="audit_stream.sink_set").count() == 2
+
+
 @pytest.mark.parametrize(
     ("kind", "url", "token", "field", "says"),
     [
