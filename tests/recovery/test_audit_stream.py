@@ -149,7 +149,7 @@ def test_syslog_gets_every_event_in_order_with_a_signed_head(
 
 def _stream(count: int) -> list[dict[str, Any]]:
     """A whole stream of ``count`` events of tenant acme and a signed head over them, built by hand."""
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "audit_event", "tenant": "acme", "seq": seq, "id": 100 + seq, "hash": f"{seq:064x}"}
         for seq in range(1, count + 1)
     ]
@@ -341,7 +341,7 @@ def test_two_first_saves_at_once_give_one_sink(
     constraint: a 500)."""
     settings.SAGA = {**settings.SAGA, "OUTBOUND_ALLOWED_HOSTS": [f"127.0.0.1:{syslog.port}"]}
     actor = Actor.system("test")
-    check, outcome = config.check_tenant_sink, {}
+    check, outcome = config.check_tenant_sink, dict[str, object]()
 
     def second_save() -> None:
         try:
