@@ -96,6 +96,7 @@ INSTALLED_APPS = [
     "ledger",
     "recovery",
     "recovery.audit_stream",  # its own tables (app label audit_stream): docs/OPERATIONS.md
+    "recovery.bulk",  # bulk decisions by filter (app label bulk): docs/RECOVERY.md
     "dashboard",
     "demo",
 ]
