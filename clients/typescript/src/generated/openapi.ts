@@ -1950,6 +1950,12 @@ export interface components {
             actor_type: string;
             /** At */
             at?: string | null;
+            /**
+             * Bulk Id
+             * @description The bulk decision by filter this decision was part of (empty: none).
+             * @default
+             */
+            bulk_id: string;
             /** Decision */
             decision: string;
             /**
