@@ -30,6 +30,26 @@ def test_an_operator_previews_confirms_follows_and_aborts_a_bulk(page, request, 
     expect(page.locator("#decide-all")).to_have_count(0)
 
     # 1. A bulk started while no worker runs, then aborted: nothing is decided.
+    aborted = _start_and_abort(page)
+    assert RecoveryItem.objects.filter(pk__in=[i.pk for i in deletes], status="open").count() == 3
+
+    # 2. The tool's failures: the preview, the typed count, and the progress to the end.
+    request.getfixturevalue("rq_worker")
+    _preview_confirm_and_follow(page)
+    assert RecoveryItem.objects.filter(pk__in=[i.pk for i in updates], resolution="closed").count() == COUNT
+    # The aborted bulk decided nothing even with a worker running.
+    assert BulkOperation.objects.get(pk=aborted.pk).done == 0
+
+    # 3. Each run's trail names the bulk and links to it.
+    bulk = BulkOperation.objects.get(filter__tool="crm.update_*")
+    page.goto(f"/runs/{updates[0].run_id}/")
+    link = page.locator("a.trail-bulk")
+    expect(link).to_contain_text(bulk.pk)
+    link.click()
+    expect(page.locator("#bulk-progress")).to_have_attribute("data-bulk-status", "finished")
+
+
+def _start_and_abort(page) -> BulkOperation:
     page.get_by_label("Agent").fill("cleaner")
     page.get_by_role("button", name="Apply").click()
     expect(page.locator("#decide-all")).to_have_text("Decide all 3 matching…")
@@ -44,11 +64,10 @@ def test_an_operator_previews_confirms_follows_and_aborts_a_bulk(page, request, 
     expect(page.locator(".message-success")).to_contain_text("Aborted")
     expect(page.locator("#bulk-progress")).to_have_attribute("data-bulk-status", "aborted")
     expect(page.locator(".bulk-aborted")).to_contain_text("wrong agent")
-    aborted = BulkOperation.objects.get(filter__agent="cleaner")
-    assert RecoveryItem.objects.filter(pk__in=[i.pk for i in deletes], status="open").count() == 3
+    return BulkOperation.objects.get(filter__agent="cleaner")
 
-    # 2. The tool's failures: the preview, the typed count, and the progress to the end.
-    request.getfixturevalue("rq_worker")
+
+def _preview_confirm_and_follow(page) -> None:
     page.goto("/")
     page.get_by_label("Tool").fill("crm.update_*")
     page.get_by_role("button", name="Apply").click()
@@ -77,14 +96,3 @@ def test_an_operator_previews_confirms_follows_and_aborts_a_bulk(page, request, 
     expect(progress.locator("[data-count=skipped]")).to_have_text("0")
     expect(progress.locator(".bulk-decided li")).to_have_count(50)
     screenshot(page, "bulk-finished")
-    assert RecoveryItem.objects.filter(pk__in=[i.pk for i in updates], resolution="closed").count() == COUNT
-    # The aborted bulk decided nothing even with a worker running.
-    assert BulkOperation.objects.get(pk=aborted.pk).done == 0
-
-    # 3. Each run's trail names the bulk and links to it.
-    bulk = BulkOperation.objects.get(filter__tool="crm.update_*")
-    page.goto(f"/runs/{updates[0].run_id}/")
-    link = page.locator("a.trail-bulk")
-    expect(link).to_contain_text(bulk.pk)
-    link.click()
-    expect(page.locator("#bulk-progress")).to_have_attribute("data-bulk-status", "finished")
