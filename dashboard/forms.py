@@ -153,7 +153,7 @@ class QueueFilterForm(forms.Form):
     signature = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
     def clean_tool(self) -> str:
-        tool = self.cleaned_data["tool"].strip()
+        tool = str(self.cleaned_data["tool"]).strip()
         problem = tool_name_problem(tool, glob=True) if tool else ""
         if problem:
             raise forms.ValidationError(f"The tool {problem}.")

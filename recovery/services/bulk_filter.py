@@ -61,6 +61,8 @@ CHUNK_ITEMS = 50
 CHUNK_SECONDS = 2.0
 
 ACTIONS = tuple(BulkOperation.Action.values)
+# A skipped item's code on its BulkItem row (not an API error: the API counts skipped items).
+CHANGED = "changed"
 
 
 class FilterRequired(errors.ValidationFailed):
@@ -397,7 +399,7 @@ def _advance_one(bulk_id: str) -> bool:
         )
         why = _changed(item, row)
         if why:
-            _settle(bulk, row, outcome=BulkItem.Outcome.SKIPPED, code="changed", message=why)
+            _settle(bulk, row, outcome=BulkItem.Outcome.SKIPPED, code=CHANGED, message=why)
             return True
         try:
             with audit_context(bulk_id=bulk.pk):
