@@ -11,8 +11,10 @@ from ledger.errors import SagaError
 from ledger.models import Risk
 from ledger.rules import REASON_MAX_LENGTH, REASON_REQUIRED, reason_required
 from ledger.services.pauses import pause_patterns
+from ledger.tool_names import tool_name_problem
+from recovery.bulk.models import BulkOperation
 from recovery.models import CHANNEL_EVENTS, NotificationChannel, NotificationEvent, RecoveryItem
-from recovery.selectors import QUEUE_STATUSES, QueueFilter
+from recovery.selectors import FILTER_TEXT_MAX_LENGTH, QUEUE_STATUSES, QueueFilter
 
 _REASON_HELP = "Recorded in the audit log with your name."
 
@@ -86,6 +88,31 @@ class BulkForm(ReasonForm):
     operation = forms.ChoiceField(choices=[("close", "Close"), ("compensate", "Compensate")])
 
 
+class BulkByFilterForm(ReasonForm):
+    """A bulk decision by filter: the action, the count the operator saw (a different one now is the
+    service's ``count_changed``), and past the threshold, that count typed again."""
+
+    action = forms.ChoiceField(label="Decision", choices=BulkOperation.Action.choices)
+    expected_count = forms.IntegerField(min_value=0, widget=forms.HiddenInput)
+    confirm_count = forms.IntegerField(
+        label="Type the number of items to confirm",
+        required=False,
+        min_value=0,
+        widget=forms.TextInput(attrs={"inputmode": "numeric", "autocomplete": "off"}),
+    )
+
+    def __init__(self, *args: Any, threshold: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.threshold = threshold
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        count = data.get("expected_count")
+        if count is not None and count > self.threshold and data.get("confirm_count") != count:
+            self.add_error("confirm_count", f"Type {count} to confirm a decision over {count} items.")
+        return data
+
+
 class QueueFilterForm(forms.Form):
     q = forms.CharField(
         label="Search",
@@ -111,7 +138,26 @@ class QueueFilterForm(forms.Form):
         required=False,
         choices=[("newest", "Newest first"), ("oldest", "Oldest first"), ("risk", "Highest risk first")],
     )
+    agent = forms.CharField(
+        label="Agent",
+        required=False,
+        max_length=FILTER_TEXT_MAX_LENGTH["agent"],
+        widget=forms.TextInput(attrs={"placeholder": "agent or key name", "spellcheck": "false"}),
+    )
+    tool = forms.CharField(
+        label="Tool",
+        required=False,
+        max_length=FILTER_TEXT_MAX_LENGTH["tool"],
+        widget=forms.TextInput(attrs={"placeholder": "crm.update_*", "spellcheck": "false"}),
+    )
     signature = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
+
+    def clean_tool(self) -> str:
+        tool = str(self.cleaned_data["tool"]).strip()
+        problem = tool_name_problem(tool, glob=True) if tool else ""
+        if problem:
+            raise forms.ValidationError(f"The tool {problem}.")
+        return tool
 
     def __init__(self, *args: Any, tenants: Sequence[Any] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -138,6 +184,8 @@ class QueueFilterForm(forms.Form):
                 older_than=AGE_CHOICES.get(age),
                 search=data.get("q") or "",
                 signature=data.get("signature") or "",
+                agent=data.get("agent") or "",
+                tool=data.get("tool") or "",
             ),
             age=age,
             sort=sort if sort in SORTS else "newest",

@@ -5,6 +5,7 @@ from django.urls import path
 from dashboard.views import (
     actions,
     audit_stream,
+    bulk,
     inbox,
     insights,
     items,
@@ -23,6 +24,9 @@ urlpatterns = [
     path("", queue.queue, name="queue"),
     path("queue/new", queue.queue_new, name="queue-new"),
     path("queue/bulk", queue.queue_bulk, name="queue-bulk"),
+    path("queue/decide-all", bulk.bulk_preview, name="bulk-preview"),
+    path("bulk/<str:bulk_id>/", bulk.bulk_detail, name="bulk-detail"),
+    path("bulk/<str:bulk_id>/abort", bulk.bulk_abort, name="bulk-abort"),
     path("runs/<str:run_id>/", runs.run_detail, name="run-detail"),
     path("runs/<str:run_id>/live", runs.run_live, name="run-live"),
     path("runs/<str:run_id>/flag", runs.run_flag, name="run-flag"),

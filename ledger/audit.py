@@ -15,7 +15,10 @@ events). Two concurrent transitions must never both link to the same predecessor
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -33,6 +36,23 @@ if TYPE_CHECKING:
     from django.db.models import Model
 
 GENESIS = "0" * 64
+
+# Data every event recorded inside ``audit_context`` carries besides its own (a bulk decision's id
+# on each of the decisions it makes through the ordinary services).
+_CONTEXT_DATA: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "audit_context", default=None
+)
+
+
+@contextlib.contextmanager
+def audit_context(**data: Any) -> Iterator[None]:
+    """Add ``data`` to the data of every event ``audit_record`` writes in this block (an event's
+    own keys win), so a decision made on behalf of something larger names it in the log."""
+    token = _CONTEXT_DATA.set({**(_CONTEXT_DATA.get() or {}), **data})
+    try:
+        yield
+    finally:
+        _CONTEXT_DATA.reset(token)
 
 
 @dataclass(frozen=True)
@@ -138,7 +158,7 @@ def audit_record(
         actor_id=actor.id,
         actor_label=actor.label[:200],
         reason=reason or "",
-        data=data or {},
+        data={**(_CONTEXT_DATA.get() or {}), **(data or {})},
         created_at=timezone.now(),
         prev_hash=prev_hash,
     )

@@ -42,6 +42,7 @@ class SagaSettings:
     # Dashboard
     queue_sla_minutes: int
     bulk_max_items: int
+    bulk_confirm_threshold: int
     page_size: int
     # Notifications and commands
     notify_emails: tuple[str, ...]
@@ -82,6 +83,7 @@ def saga() -> SagaSettings:
         compensator_check_max_age_days=float(raw.get("COMPENSATOR_CHECK_MAX_AGE_DAYS", 30)),
         queue_sla_minutes=int(raw["QUEUE_SLA_MINUTES"]),
         bulk_max_items=int(raw["BULK_MAX_ITEMS"]),
+        bulk_confirm_threshold=int(raw.get("BULK_CONFIRM_THRESHOLD", 50)),
         page_size=int(raw["PAGE_SIZE"]),
         notify_emails=tuple(raw["NOTIFY_EMAILS"]),
         notify_webhooks=tuple(raw["NOTIFY_WEBHOOKS"]),

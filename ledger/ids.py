@@ -84,3 +84,7 @@ def new_notification_id() -> str:
 
 def new_channel_id() -> str:
     return new_id("nch")
+
+
+def new_bulk_id() -> str:
+    return new_id("blk")

@@ -76,3 +76,39 @@ def check_tool_name(value: object, *, field: str = "tool", glob: bool = False) -
         )
     assert isinstance(value, str)
     return value
+
+
+def is_glob(value: str) -> bool:
+    """Whether a tool pattern is a glob (has a wildcard or a class), not an exact name."""
+    return any(char in value for char in "*?[")
+
+
+def glob_regex(pattern: str) -> str:
+    """A tool glob (``check_tool_name(..., glob=True)`` passed it) as an anchored POSIX regular
+    expression that matches what ``fnmatch.fnmatchcase`` matches, for a database to match with
+    (PostgreSQL's ``~``). The glob's alphabet is small (``TOOL_GLOB_RULE``): every other character is
+    a literal, escaped."""
+    out = ["^"]
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        i += 1
+        if char == "*":
+            out.append(".*")
+        elif char == "?":
+            out.append(".")
+        elif char == "[":
+            end = pattern.find("]", i + 1 if pattern[i : i + 1] in ("!", "]") else i)
+            if end == -1:
+                out.append(r"\[")  # fnmatch reads an unclosed bracket as a literal
+                continue
+            body = pattern[i:end]
+            i = end + 1
+            negate = body.startswith("!")
+            body = body[1:] if negate else body
+            escaped = "".join("\\" + c if c in r"\^[]" else c for c in body)
+            out.append(f"[{'^' if negate else ''}{escaped}]")
+        else:
+            out.append("\\" + char if not char.isalnum() and char != "_" else char)
+    out.append("$")
+    return "".join(out)

@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
+from rq import get_current_job
 
 from ledger.services import idempotency
 from recovery import commands, sweeper
 from recovery.audit_stream import delivery as audit_stream
 from recovery.notifications import delivery
-from recovery.services import periodic
+from recovery.services import bulk_filter, periodic
 from recovery.unwinds import dispatch, runner
 
 log = structlog.get_logger(__name__)
@@ -76,3 +77,23 @@ def slack_respond(*, response_url: str, message: dict[str, Any]) -> bool:
 
 def audit_stream_deliver() -> dict[str, int]:
     return audit_stream.stream_deliver()
+
+
+def bulk_advance(*, bulk_id: str) -> str:
+    """A chunk of a bulk decision, then its successor at the back of the queue (other operators'
+    jobs run in between); a lost job is the periodic ``bulks_sweep``'s to replace."""
+    if not bulk_filter.bulk_advance_chunk(bulk_id=bulk_id):
+        return "done"
+    job = get_current_job()
+    return (
+        "continued"
+        if bulk_filter.bulk_hand_over(bulk_id=bulk_id, from_job=job.id if job else "")
+        else "replaced"
+    )
+
+
+def bulks_sweep() -> int:
+    handed = bulk_filter.bulks_sweep()
+    if handed:
+        log.info("jobs.bulks_sweep", handed=handed)
+    return handed

@@ -40,7 +40,7 @@ with ``plan_changed`` rather than running what nobody read.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,7 +236,11 @@ def _how_to_undo(action: Action) -> tuple[Any, bool, str, list[str]]:
     return args, can_undo, args_error, notes
 
 
-def _step_for(action: Action, resolve: dict[str, ResolvedPolicy]) -> PlanStep:
+def _step_for(
+    action: Action,
+    resolve: dict[str, ResolvedPolicy],
+    described: dict[tuple[int, str], str] | None = None,
+) -> PlanStep:
     strategy = action.compensation_strategy
     tool = action.compensation_tool
     args, can_undo, args_error, notes = _how_to_undo(action)
@@ -250,7 +254,13 @@ def _step_for(action: Action, resolve: dict[str, ResolvedPolicy]) -> PlanStep:
         governing = governing_policy(comp_policy)
         risk = max_risk(action.risk, comp_policy.risk)
         requires_approval = comp_policy.approval != ApprovalMode.AUTO or action.risk in APPROVAL_RISKS
-    served_by = compensators.compensator_describe(tenant_id=action.tenant_id, tool=tool) if can_undo else ""
+    served_by = ""
+    if can_undo and described is not None and (action.tenant_id, tool) in described:
+        served_by = described[(action.tenant_id, tool)]
+    elif can_undo:
+        served_by = compensators.compensator_describe(tenant_id=action.tenant_id, tool=tool)
+        if described is not None:
+            described[(action.tenant_id, tool)] = served_by
     if can_undo and not served_by:
         notes.append(f"no compensator is registered for {tool}: the step will fail")
     reach = None
@@ -402,3 +412,22 @@ def _partition(plan: Plan, chosen: Callable[[PlanStep], bool]) -> None:
         elif step.can_undo:
             kept.append(step)
     plan.steps, plan.kept = steps, kept
+
+
+def runs_needing_approval(actions: Iterable[Action]) -> set[str]:
+    """The runs among ``actions``' whose whole compensation plan has a step an approver must grant
+    (by ``_step_for``'s rule, the plan's own): what a bulk compensation's preview counts. ``actions``:
+    the runs' actions, any order, ``run__tenant`` selected; each tenant's policy and compensator are
+    looked up once for however many runs."""
+    resolved: dict[int, dict[str, ResolvedPolicy]] = {}
+    described: dict[tuple[int, str], str] = {}
+    needing: set[str] = set()
+    for action in actions:
+        if action.run_id in needing:
+            continue
+        if action.status not in PLANNABLE_STATUSES or action.action_class == ActionClass.READ_ONLY:
+            continue
+        step = _step_for(action, resolved.setdefault(action.tenant_id, {}), described)
+        if step.requires_approval:
+            needing.add(action.run_id)
+    return needing

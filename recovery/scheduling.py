@@ -43,6 +43,7 @@ def periodic_jobs() -> list[Periodic]:
         Periodic("recovery.jobs.commands_flag_overdue", max(interval, 5.0)),
         Periodic("recovery.jobs.idempotency_prune", 3600.0),
         Periodic("recovery.jobs.audit_stream_deliver", interval),
+        Periodic("recovery.jobs.bulks_sweep", interval),
     ]
 
 

@@ -18,12 +18,23 @@ from ledger.models import Action, ActionClass, Checkpoint, Risk, Run, Tenant
 from ledger.pagination import Page, keyset_page
 from ledger.selectors import checkpoint_latest, get_for_tenants
 from ledger.services.runs import CANCELLABLE
+from ledger.tool_names import TOOL_NAME_MAX_LENGTH, check_tool_name, glob_regex, is_glob
 from recovery.approvals import pending_q
+from recovery.bulk.models import BulkItem, BulkOperation
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import PLANNABLE_STATUSES
 
 Tenants = Tenant | Iterable[Tenant] | Iterable[int]
 
+# The longest text each of the filter's fields takes (longer is a 422, not a slow query).
+FILTER_TEXT_MAX_LENGTH = {
+    "run_id": 40,
+    "tenant_slug": 50,
+    "signature": 64,
+    "search": 500,
+    "agent": 200,
+    "tool": TOOL_NAME_MAX_LENGTH,
+}
 # What the queue's status filter accepts besides the item states.
 QUEUE_STATUSES = ("unresolved", *RecoveryItem.Status.values, "all")
 # Newest first by id: ids are time-ordered ULIDs.
@@ -52,9 +63,13 @@ class QueueFilter:
     """The recovery queue's one filter: its fields, their validation and the query, for every
     caller (the dashboard's filter form and the operator API's query schema build it; bulk
     decisions take it). ``status`` defaults to unresolved (open and claimed); ``all`` is every
-    item. ``older_than``: opened strictly before that long ago. ``search``: an item, run, external
-    or target id, else part of the failing tool's name or of the run's request. An unknown status,
-    reason or risk is a ``ValidationFailed`` when the filter is built, never silently ignored."""
+    item. ``older_than``: opened strictly before that long ago. ``agent``: the run's agent as
+    operators see it, the one it declared or the key's name that owns it (``Run.agent`` or
+    ``Run.owner``, exact). ``tool``: the failed action's tool, an exact name or a glob
+    (``crm.update_*``). ``search`` (the API's ``q``): an item, run, external or target id, else
+    part of the failing tool's name or of the run's request. An unknown status, reason or risk, a
+    tool that is no tool name or glob, or a value past its length is a ``ValidationFailed`` when
+    the filter is built, never silently ignored."""
 
     status: str = "unresolved"
     reason: str = ""
@@ -64,12 +79,45 @@ class QueueFilter:
     tenant_slug: str = ""
     signature: str = ""
     search: str = ""
+    agent: str = ""
+    tool: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", _choice("status", self.status, QUEUE_STATUSES) or "unresolved")
         _choice("reason", self.reason, RecoveryItem.Reason.values)
         _choice("risk", self.risk, Risk.values)
-        object.__setattr__(self, "search", self.search.strip())
+        for name in ("run_id", "tenant_slug", "signature", "search", "agent", "tool"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise errors.ValidationFailed(f"The {name} must be text.", details={"field": name})
+            object.__setattr__(self, name, value.strip())
+            if len(getattr(self, name)) > FILTER_TEXT_MAX_LENGTH[name]:
+                raise errors.ValidationFailed(
+                    f"The {name} is longer than {FILTER_TEXT_MAX_LENGTH[name]} characters.",
+                    details={"field": name, "max_length": FILTER_TEXT_MAX_LENGTH[name]},
+                )
+        if self.tool:
+            check_tool_name(self.tool, field="tool", glob=True)
+
+    def is_empty(self) -> bool:
+        """Whether the filter narrows nothing: every unresolved item of the tenants (the queue as
+        it opens). A bulk decision refuses it (``filter_required``)."""
+        return self == QueueFilter()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The filter as JSON (a bulk decision keeps the filter it was started with)."""
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "risk": self.risk,
+            "older_than_s": int(self.older_than.total_seconds()) if self.older_than is not None else None,
+            "run_id": self.run_id,
+            "tenant_slug": self.tenant_slug,
+            "signature": self.signature,
+            "search": self.search,
+            "agent": self.agent,
+            "tool": self.tool,
+        }
 
     def items(self, *, tenants: Tenants, now: datetime | None = None) -> QuerySet[RecoveryItem]:
         """The items of ``tenants`` the filter matches."""
@@ -79,18 +127,26 @@ class QueueFilter:
             queryset = queryset.filter(status__in=RecoveryItem.UNRESOLVED)
         elif self.status != "all":
             queryset = queryset.filter(status=self.status)
-        if self.reason:
-            queryset = queryset.filter(reason=self.reason)
-        if self.risk:
-            queryset = queryset.filter(risk=self.risk)
+        exact = {
+            "reason": self.reason,
+            "risk": self.risk,
+            "run_id": self.run_id,
+            "tenant__slug": self.tenant_slug,
+            "signature": self.signature,
+            # A glob is matched by the database as the equivalent regular expression.
+            ("failed_action__tool__regex" if is_glob(self.tool) else "failed_action__tool"): (
+                glob_regex(self.tool) if is_glob(self.tool) else self.tool
+            ),
+        }
+        queryset = queryset.filter(**{name: value for name, value in exact.items() if value})
         if self.older_than is not None:
             queryset = queryset.filter(opened_at__lt=(now or timezone.now()) - self.older_than)
-        if self.run_id:
-            queryset = queryset.filter(run_id=self.run_id)
-        if self.tenant_slug:
-            queryset = queryset.filter(tenant__slug=self.tenant_slug)
-        if self.signature:
-            queryset = queryset.filter(signature=self.signature)
+        if self.agent:
+            queryset = queryset.filter(
+                run_id__in=Run.objects.filter(
+                    Q(agent=self.agent) | Q(owner=self.agent), tenant_id__in=tenant_ids
+                ).values("pk")
+            )
         if self.search:
             queryset = _search(queryset, self.search, tenant_ids=tenant_ids)
         return queryset
@@ -158,6 +214,31 @@ def item_age_seconds(item: RecoveryItem, *, now: datetime | None = None) -> int:
     """How long the item has been (or was) in the queue; never negative, whatever the clocks."""
     end = item.resolved_at or now or timezone.now()
     return max(0, int((end - item.opened_at).total_seconds()))
+
+
+# --- Bulk decisions by filter ----------------------------------------------------------------
+
+
+def bulk_get(*, tenants: Tenants, bulk_id: str) -> BulkOperation:
+    return get_for_tenants(BulkOperation.objects.select_related("tenant"), pk=bulk_id, tenants=tenants)
+
+
+def bulk_items(*, bulk: BulkOperation, outcome: str, limit: int = 50) -> list[BulkItem]:
+    """The bulk's items with ``outcome``, in the order it decides them (the first ``limit``)."""
+    return list(
+        BulkItem.objects.filter(bulk=bulk, outcome=outcome)
+        .select_related("item__failed_action")
+        .order_by("position")[:limit]
+    )
+
+
+def bulks_for_run(*, run_id: str) -> list[BulkOperation]:
+    """The bulk decisions that matched one of the run's items, newest first (its trail links them)."""
+    return list(
+        BulkOperation.objects.filter(
+            pk__in=BulkItem.objects.filter(run_id=run_id).values("bulk_id")
+        ).order_by("-started_at")
+    )
 
 
 # --- Unwinds and steps -----------------------------------------------------------------------

@@ -242,6 +242,7 @@ def _reviewers(run: Run) -> list[dict[str, Any]]:
                 "subject": subject,
                 "reason": approval.reason,
                 "at": approval.decided_at,
+                "bulk_id": "",
             }
         )
     decisions = (
@@ -268,6 +269,8 @@ def _reviewers(run: Run) -> list[dict[str, Any]]:
                 "subject": "",
                 "reason": event.reason,
                 "at": event.created_at,
+                # Decided as part of a bulk decision by filter (recovery.services.bulk_filter).
+                "bulk_id": str((event.data or {}).get("bulk_id", "")),
             }
         )
     return reviewers

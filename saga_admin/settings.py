@@ -96,6 +96,7 @@ INSTALLED_APPS = [
     "ledger",
     "recovery",
     "recovery.audit_stream",  # its own tables (app label audit_stream): docs/OPERATIONS.md
+    "recovery.bulk",  # bulk decisions by filter (app label bulk): docs/RECOVERY.md
     "dashboard",
     "demo",
 ]
@@ -338,6 +339,8 @@ SAGA: dict[str, Any] = {
     # Dashboard
     "QUEUE_SLA_MINUTES": env_int("SAGA_QUEUE_SLA_MINUTES", 30),
     "BULK_MAX_ITEMS": env_int("SAGA_BULK_MAX_ITEMS", 20),
+    # A bulk decision by filter over more items than this asks the operator to type the count.
+    "BULK_CONFIRM_THRESHOLD": env_int("SAGA_BULK_CONFIRM_THRESHOLD", 50),
     "PAGE_SIZE": env_int("SAGA_PAGE_SIZE", 50),
     # Notifications: comma-separated e-mail addresses and webhook URLs.
     "NOTIFY_EMAILS": env_list("SAGA_NOTIFY_EMAILS", []),

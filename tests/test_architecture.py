@@ -217,10 +217,14 @@ RECOVERY_FLOORS = {
     "recovery.services.cancelling": 9,
     "recovery.services.reports": 10,
     "recovery.services.bulk": 10,
+    "recovery.services.bulk_filter": 10,
     "recovery.services.periodic": 11,
     "recovery.jobs": 12,
     # The audit stream to a SIEM: its sinks and messages, how they are sent, the cursor moving.
     "recovery.audit_stream": 0,
+    # Bulk decisions by filter: their own tables (the decisions are recovery.services.bulk_filter).
+    "recovery.bulk": 0,
+    "recovery.bulk.models": 0,
     "recovery.audit_stream.models": 0,
     "recovery.audit_stream.config": 1,
     "recovery.audit_stream.records": 1,
@@ -230,7 +234,14 @@ RECOVERY_FLOORS = {
 
 
 def _recovery_floor(module: str) -> int:
-    if module.startswith(("recovery.migrations", "recovery.management", "recovery.audit_stream.migrations")):
+    if module.startswith(
+        (
+            "recovery.migrations",
+            "recovery.management",
+            "recovery.audit_stream.migrations",
+            "recovery.bulk.migrations",
+        )
+    ):
         return 13 if module.startswith("recovery.management") else 0
     return RECOVERY_FLOORS[module]
 
@@ -242,7 +253,12 @@ def test_it_gives_every_recovery_module_a_floor():
         if m.split(".")[0] == "recovery"
         and m not in RECOVERY_FLOORS
         and not m.startswith(
-            ("recovery.migrations", "recovery.management", "recovery.audit_stream.migrations")
+            (
+                "recovery.migrations",
+                "recovery.management",
+                "recovery.audit_stream.migrations",
+                "recovery.bulk.migrations",
+            )
         )
     )
     assert unplaced == []

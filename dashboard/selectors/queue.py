@@ -94,6 +94,8 @@ class QueueView:
             "q": f.search,
             "sort": "" if self.sort == "newest" else self.sort,
             "signature": f.signature,
+            "agent": f.agent,
+            "tool": f.tool,
         }
         return {name: value for name, value in query.items() if value}
 

@@ -8,6 +8,8 @@ is a 404) and every decision checks the user's role in the object's tenant (403)
 - ``common``: what every view shares (the htmx request type, the acting person, the answer after a
   decision or a refusal, an object looked up in the user's tenants, a confirmation page).
 - ``queue``: the recovery queue (filters, pages, groups, the new-items poll) and bulk decisions.
+- ``bulk``: bulk decisions by filter (the preview, the typed confirmation, the bulk's live page,
+  abort).
 - ``runs``: the run page and its live poll; flagging and cancelling a run.
 - ``items``: a recovery item's decisions: compensate (the plan, partial or to a checkpoint),
   resume, close, assign.

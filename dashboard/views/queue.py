@@ -46,6 +46,12 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
     # back), nor while searching (a search looks for particular runs, and its substring match
     # would be paid a second time for a panel about the whole queue).
     show_groups = not load_more and not view.queue_filter.search
+    # "Decide all N matching…": for a filter that narrows the queue, over what the user operates on.
+    bulk_count = (
+        view.queue_filter.items(tenants=operable).count()
+        if operable and not load_more and page.items and not view.queue_filter.is_empty()
+        else 0
+    )
     context = {
         "form": form,
         "queue_filter": view.queue_filter,
@@ -54,6 +60,7 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "groups": queue_selectors.queue_groups(user=request.user, view=view) if show_groups else [],
         "operable_tenant_ids": operable,
         "bulk_max": saga().bulk_max_items,
+        "bulk_count": bulk_count,
         "sla_minutes": saga().queue_sla_minutes,
         "since": page.read_at.isoformat() if page.read_at else "",
         "paged": bool(request.GET.get("cursor")),

@@ -10,9 +10,10 @@ from ninja import Schema
 from pydantic import Field, StringConstraints
 
 from ledger.pagination import MAX_CURSOR_LENGTH
+from ledger.tool_names import TOOL_GLOB_RULE
 from recovery import selectors
 from recovery.models import RecoveryItem
-from recovery.selectors import QueueFilter
+from recovery.selectors import FILTER_TEXT_MAX_LENGTH, QueueFilter
 from saga_admin.api.schemas.common import Out, ReasonIn, fields_of
 
 
@@ -50,28 +51,66 @@ class PlanQuery(Schema):  # query strings: ?action_ids=a&action_ids=b or ?to_che
     to_checkpoint: str | None = Field(None, max_length=40, description=TO_CHECKPOINT_DOC)
 
 
-class ItemFilters(Schema):  # query strings: lax on purpose ("50" is a number here)
-    status: str | None = Field(None, description="open | claimed | resolved | unresolved (default) | all")
-    reason: str | None = None
-    risk: str | None = None
-    # Bounded (ten years) so an absurd value is a 422, not an overflow in date arithmetic.
-    older_than: int | None = Field(
-        None, ge=0, le=5_256_000, description="Only items opened more than this many minutes ago."
+# The queue filter's fields as the API names them (GET /recovery's query, a bulk's ``filter``).
+STATUS_DOC = "open | claimed | resolved | unresolved (default) | all"
+# Bounded (ten years) so an absurd value is a 422, not an overflow in date arithmetic.
+OLDER_THAN_MAX_MINUTES = 5_256_000
+OLDER_THAN_DOC = "Only items opened more than this many minutes ago."
+AGENT_DOC = (
+    "Only runs of this agent: the agent the run declared, or the name of the key that owns it (exact)."
+)
+TOOL_DOC = f"Only items whose failed action's tool is this name or glob (crm.update_*): {TOOL_GLOB_RULE}."
+Q_DOC = "Text search: an item, run, external or target id, else part of the failing tool's name or the run's request."
+
+
+def queue_filter_of(
+    *,
+    status: str | None,
+    reason: str | None,
+    risk: str | None,
+    older_than: int | None,
+    agent: str | None,
+    tool: str | None,
+    q: str | None,
+    run: str | None = None,
+) -> QueueFilter:
+    """The queue's one filter (``recovery.selectors.QueueFilter``; 422 for an unknown value)."""
+    return QueueFilter(
+        status=status or "unresolved",
+        reason=reason or "",
+        risk=risk or "",
+        older_than=timedelta(minutes=older_than) if older_than is not None else None,
+        run_id=run or "",
+        agent=agent or "",
+        tool=tool or "",
+        search=q or "",
     )
-    run: str | None = Field(None, description="Only this run's items.")
+
+
+class ItemFilters(Schema):  # query strings: lax on purpose ("50" is a number here)
+    status: str | None = Field(None, max_length=40, description=STATUS_DOC)
+    reason: str | None = Field(None, max_length=40)
+    risk: str | None = Field(None, max_length=40)
+    older_than: int | None = Field(None, ge=0, le=OLDER_THAN_MAX_MINUTES, description=OLDER_THAN_DOC)
+    run: str | None = Field(None, max_length=40, description="Only this run's items.")
+    agent: str | None = Field(None, max_length=FILTER_TEXT_MAX_LENGTH["agent"], description=AGENT_DOC)
+    tool: str | None = Field(None, max_length=FILTER_TEXT_MAX_LENGTH["tool"], description=TOOL_DOC)
+    q: str | None = Field(None, max_length=FILTER_TEXT_MAX_LENGTH["search"], description=Q_DOC)
     cursor: str | None = Field(
         None, max_length=MAX_CURSOR_LENGTH, description="The next_cursor of the previous page."
     )
     limit: int = Field(50, ge=1, le=200)
 
     def queue_filter(self) -> QueueFilter:
-        """The queue's one filter (``recovery.selectors.QueueFilter``; 422 for an unknown value)."""
-        return QueueFilter(
-            status=self.status or "unresolved",
-            reason=self.reason or "",
-            risk=self.risk or "",
-            older_than=timedelta(minutes=self.older_than) if self.older_than is not None else None,
-            run_id=self.run or "",
+        return queue_filter_of(
+            status=self.status,
+            reason=self.reason,
+            risk=self.risk,
+            older_than=self.older_than,
+            agent=self.agent,
+            tool=self.tool,
+            q=self.q,
+            run=self.run,
         )
 
 

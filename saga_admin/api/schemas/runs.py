@@ -161,6 +161,9 @@ class ReviewerOut(Schema):
     subject: str = ""
     reason: str = ""
     at: datetime | None = None
+    bulk_id: str = Field(
+        "", description="The bulk decision by filter this decision was part of (empty: none)."
+    )
 
 
 class TrailOut(Schema):

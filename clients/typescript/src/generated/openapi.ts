@@ -260,6 +260,57 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/recovery/bulk": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Preview, or start, one decision over every item a filter matches */
+        post: operations["saga_admin_api_operator_bulk_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/recovery/bulk/{bulk_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A bulk decision and its progress (poll it) */
+        get: operations["saga_admin_api_operator_bulk_detail"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/recovery/bulk/{bulk_id}/abort": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Abort a bulk decision: no further item starts; decisions made stand */
+        post: operations["saga_admin_api_operator_bulk_abort"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/recovery/{item_id}": {
         parameters: {
             query?: never;
@@ -1063,6 +1114,162 @@ export interface components {
              */
             reason: string;
         };
+        /** BulkErrorOut */
+        BulkErrorOut: {
+            /** Code */
+            code: string;
+            /** Item Id */
+            item_id: string;
+            /** Message */
+            message: string;
+            /** Run Id */
+            run_id: string;
+        };
+        /**
+         * BulkFilterIn
+         * @description The fields of ``GET /api/v1/recovery``'s query; at least one must narrow the queue.
+         */
+        BulkFilterIn: {
+            /**
+             * Agent
+             * @description Only runs of this agent: the agent the run declared, or the name of the key that owns it (exact).
+             */
+            agent?: string | null;
+            /**
+             * Older Than
+             * @description Only items opened more than this many minutes ago.
+             */
+            older_than?: number | null;
+            /**
+             * Q
+             * @description Text search: an item, run, external or target id, else part of the failing tool's name or the run's request.
+             */
+            q?: string | null;
+            /** Reason */
+            reason?: string | null;
+            /** Risk */
+            risk?: string | null;
+            /**
+             * Status
+             * @description open | claimed | resolved | unresolved (default) | all
+             */
+            status?: string | null;
+            /**
+             * Tool
+             * @description Only items whose failed action's tool is this name or glob (crm.update_*): 1 to 200 characters: ASCII letters, digits, and . _ - : / (no spaces or control characters), plus * ? [ ] ! in a glob.
+             */
+            tool?: string | null;
+        };
+        /** BulkIn */
+        BulkIn: {
+            /**
+             * Action
+             * @description The decision for each item (cancel: cancel the item's run).
+             * @enum {string}
+             */
+            action: "compensate" | "close" | "resume" | "cancel";
+            /**
+             * Expected Count
+             * @description The count the preview showed (required unless preview): a different count now is 409 count_changed and nothing starts.
+             */
+            expected_count?: number | null;
+            /** @description Which items: a filter with nothing set is 422 filter_required. */
+            filter: components["schemas"]["BulkFilterIn"];
+            /**
+             * Preview
+             * @description true: only count what the filter matches; nothing changes.
+             * @default false
+             */
+            preview: boolean;
+            /**
+             * Reason
+             * @description Why; kept in the audit log.
+             */
+            reason: string;
+        };
+        /** BulkOut */
+        BulkOut: {
+            /** Abort Reason */
+            abort_reason: string;
+            /** Action */
+            action: string;
+            /**
+             * Done
+             * @description Items decided.
+             */
+            done: number;
+            /**
+             * Errors
+             * @description The first 50 refusals.
+             */
+            errors: components["schemas"]["BulkErrorOut"][];
+            /**
+             * Failed
+             * @description Items whose decision was refused (see errors).
+             */
+            failed: number;
+            /** Filter */
+            filter: {
+                [key: string]: unknown;
+            };
+            /** Finished At */
+            finished_at: string | null;
+            /** Id */
+            id: string;
+            /** Reason */
+            reason: string;
+            /** Requested By */
+            requested_by: string;
+            /**
+             * Skipped
+             * @description Items that changed since the bulk started: not decided.
+             */
+            skipped: number;
+            /**
+             * Started At
+             * Format: date-time
+             */
+            started_at: string;
+            /**
+             * Status
+             * @description running | finished | aborted
+             */
+            status: string;
+            /** Total */
+            total: number;
+        };
+        /** BulkPreviewOut */
+        BulkPreviewOut: {
+            /** By Reason */
+            by_reason: {
+                [key: string]: number;
+            };
+            /** By Risk */
+            by_risk: {
+                [key: string]: number;
+            };
+            /** Count */
+            count: number;
+            /**
+             * Needs Approval
+             * @description How many of the runs' compensations have a step an approver must grant (compensate only).
+             */
+            needs_approval: number;
+            /**
+             * Sample
+             * @description At most 10 of the items, newest first.
+             */
+            sample: components["schemas"]["ItemOut"][];
+        };
+        /** BulkStartOut */
+        BulkStartOut: {
+            /** Id */
+            id: string;
+            /** Status */
+            status: string;
+            /** Total */
+            total: number;
+        };
         /** CheckpointIn */
         CheckpointIn: {
             /** Completed Action Ids */
@@ -1352,6 +1559,11 @@ export interface components {
         /** ItemFilters */
         ItemFilters: {
             /**
+             * Agent
+             * @description Only runs of this agent: the agent the run declared, or the name of the key that owns it (exact).
+             */
+            agent?: string | null;
+            /**
              * Cursor
              * @description The next_cursor of the previous page.
              */
@@ -1366,6 +1578,11 @@ export interface components {
              * @description Only items opened more than this many minutes ago.
              */
             older_than?: number | null;
+            /**
+             * Q
+             * @description Text search: an item, run, external or target id, else part of the failing tool's name or the run's request.
+             */
+            q?: string | null;
             /** Reason */
             reason?: string | null;
             /** Risk */
@@ -1380,6 +1597,11 @@ export interface components {
              * @description open | claimed | resolved | unresolved (default) | all
              */
             status?: string | null;
+            /**
+             * Tool
+             * @description Only items whose failed action's tool is this name or glob (crm.update_*): 1 to 200 characters: ASCII letters, digits, and . _ - : / (no spaces or control characters), plus * ? [ ] ! in a glob.
+             */
+            tool?: string | null;
         };
         /** ItemOut */
         ItemOut: {
@@ -1728,6 +1950,12 @@ export interface components {
             actor_type: string;
             /** At */
             at?: string | null;
+            /**
+             * Bulk Id
+             * @description The bulk decision by filter this decision was part of (empty: none).
+             * @default
+             */
+            bulk_id: string;
             /** Decision */
             decision: string;
             /**
@@ -4027,6 +4255,12 @@ export interface operations {
                 older_than?: number | null;
                 /** @description Only this run's items. */
                 run?: string | null;
+                /** @description Only runs of this agent: the agent the run declared, or the name of the key that owns it (exact). */
+                agent?: string | null;
+                /** @description Only items whose failed action's tool is this name or glob (crm.update_*): 1 to 200 characters: ASCII letters, digits, and . _ - : / (no spaces or control characters), plus * ? [ ] ! in a glob. */
+                tool?: string | null;
+                /** @description Text search: an item, run, external or target id, else part of the failing tool's name or the run's request. */
+                q?: string | null;
                 /** @description The next_cursor of the previous page. */
                 cursor?: string | null;
                 limit?: number;
@@ -4075,6 +4309,348 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Internal Server Error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    saga_admin_api_operator_bulk_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["BulkIn"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkPreviewOut"];
+                };
+            };
+            /** @description Accepted */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkStartOut"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Internal Server Error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    saga_admin_api_operator_bulk_detail: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                bulk_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkOut"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Internal Server Error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    saga_admin_api_operator_bulk_abort: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                bulk_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ReasonIn"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkOut"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Conflict */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
