@@ -13,11 +13,11 @@ _UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
 
 
 def span_words(delta: timedelta) -> str:
-    """A span in its largest whole unit: ``12 minutes``, ``1 hour``, ``3 days``."""
-    seconds = max(0, int(delta.total_seconds()))
+    """A span in its largest unit, rounded: ``12 minutes`` (for 11 min 59 s), ``1 hour``, ``3 days``."""
+    seconds = max(0.0, delta.total_seconds())
     for unit, size in _UNITS:
         if seconds >= size or unit == "second":
-            count = seconds // size
+            count = round(seconds / size)
             return f"{count} {unit}{'' if count == 1 else 's'}"
     return "0 seconds"  # unreachable: "second" always matches
 
