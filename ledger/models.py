@@ -498,6 +498,12 @@ class ToolPolicy(models.Model):
     limits = JSONField(default=list, blank=True)
     # How many distinct people must grant an approval this policy asks for (a rule may raise it).
     approvers = models.PositiveSmallIntegerField(default=1)
+    # The approval deadline (ledger.policies.deadlines): how long an approval this policy asks
+    # for waits (None: SAGA_APPROVAL_EXPIRY_H), and what a timeout does (reject, or escalate once
+    # to ``escalate_to``, a role that approves or a username).
+    approval_timeout_s = models.PositiveIntegerField(null=True, blank=True)
+    on_timeout = models.CharField(max_length=16, default="reject", db_default="reject")
+    escalate_to = models.CharField(max_length=150, blank=True, default="", db_default="")
     source = models.CharField(max_length=500, blank=True, default="")
     loaded_at = models.DateTimeField(auto_now=True)
 
@@ -517,6 +523,9 @@ class ToolPolicy(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(approvers__gte=1, approvers__lte=10), name="toolpolicy_approvers_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(on_timeout__in=["reject", "escalate"]), name="toolpolicy_on_timeout_valid"
             ),
         ]
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
-from django.db.models import DurationField, ExpressionWrapper, F, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from ledger import errors
@@ -25,8 +24,10 @@ from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from ledger.hashing import sha256_hex
 from ledger.models import Action, AgentKey, Membership, Run
+from ledger.policies.deadlines import ApprovalDeadline, is_role
 from ledger.rules import reason_required
 from ledger.services.keys import APPROVER_ROLES
+from recovery.deadline_words import escalation_who_words
 from recovery.models import Approval, ApprovalGrant, UnwindStep
 from recovery.notifications import outbox
 
@@ -35,7 +36,17 @@ if TYPE_CHECKING:
 
 
 def approval_expiry_from(now: datetime | None = None) -> datetime:
+    """The deadline of an approval whose policy sets none: SAGA_APPROVAL_EXPIRY_H from now."""
     return (now or timezone.now()) + timedelta(hours=saga().approval_expiry_h)
+
+
+def deadline_window(*, now: datetime, timeout_s: int) -> dict[str, datetime]:
+    """A window of ``timeout_s`` from ``now``: its deadline, and when its one reminder is due
+    (half way through it)."""
+    return {
+        "expires_at": now + timedelta(seconds=timeout_s),
+        "remind_at": now + timedelta(seconds=timeout_s / 2),
+    }
 
 
 def pending_q(*, now: datetime | None = None, prefix: str = "") -> Q:
@@ -60,11 +71,14 @@ def approval_request(
     previous: Approval | None = None,
     reason: str = "",
     approvers: int = 1,
+    deadline: ApprovalDeadline | None = None,
 ) -> Approval:
     """Open an approval for ``action`` (or, with ``step``, for its compensation) bound to ``args``,
     audit it, and tell approvers after commit. ``previous``: the expired or rejected approval this
     one asks again (``approval_ask_again``). ``approvers``: how many distinct people must grant it.
-    The caller holds the transaction."""
+    ``deadline``: the approval deadline of the policy that asks for it (``ApprovalDeadline.of``;
+    None: SAGA_APPROVAL_EXPIRY_H, rejected on timeout). The caller holds the transaction."""
+    deadline = deadline or ApprovalDeadline.of(None)
     approval = Approval.objects.create(
         tenant_id=run.tenant_id,
         run=run,
@@ -77,11 +91,20 @@ def approval_request(
         args_hash=sha256_hex(args),
         requested_by=requested_by,
         requested_by_key=requested_by_key,
-        expires_at=approval_expiry_from(),
+        **deadline_window(now=timezone.now(), timeout_s=deadline.timeout_s),
+        timeout_s=deadline.timeout_s,
+        on_timeout=deadline.on_timeout,
+        escalate_to=deadline.escalate_to,
         previous=previous,
         approvers_required=max(1, approvers),
     )
     data: dict[str, Any] = {"tool": tool, "risk": risk}
+    data["deadline"] = {
+        "expires_at": approval.expires_at.isoformat(),
+        "timeout_s": deadline.timeout_s,
+        "on_timeout": deadline.on_timeout,
+        **({"escalate_to": deadline.escalate_to} if deadline.escalate_to else {}),
+    }
     if approval.approvers_required > 1:
         data["approvers_required"] = approval.approvers_required
     if step is not None:
@@ -327,6 +350,13 @@ def approval_decide(
             f"Approval {approval.pk} expired at {current.expires_at.isoformat()}.",
             details={"approval_id": approval.pk, "current": Approval.Status.EXPIRED},
         )
+    if current.escalated_at is not None and not escalation_approver(current, actor):
+        raise errors.Forbidden(
+            f"Approval {approval.pk} was escalated to {current.escalate_to} when nobody decided it in "
+            f"time; only {escalation_who_words(current.escalate_to)} decides it now.",
+            details={"approval_id": approval.pk, "escalate_to": current.escalate_to},
+            code="approval_escalated",
+        )
     if to == Approval.Status.APPROVED and (how := requester_match(current, actor)):
         raise errors.SelfApproval(
             f"You cannot grant approval {approval.pk}: {how}. A second person (or another "
@@ -424,15 +454,28 @@ def approval_ask_again(
         previous=previous,
         reason=reason,
         approvers=previous.approvers_required,
+        # The same deadline as the first time (its policy's), from now; not escalated yet.
+        deadline=ApprovalDeadline(
+            timeout_s=previous.timeout_s or ApprovalDeadline.of(None).timeout_s,
+            on_timeout=previous.on_timeout,
+            escalate_to=previous.escalate_to,
+        ),
     )
 
 
+# The reason an approval nobody decided in time shows (API.md: ``{status: "expired", reason:
+# "timed_out"}``), which the clients turn into their deadline-passed rejection.
+TIMED_OUT = "timed_out"
+
+
 def approval_expire(*, approval_id: str, now: datetime) -> Approval | None:
-    """pending → expired for one approval past its deadline (None: decided meanwhile, or another
-    sweeper has it). The caller holds the transaction and hands the expiry on."""
+    """pending → expired (reason ``timed_out``) for one approval past its deadline that does not
+    escalate now (None: decided meanwhile, escalating instead, or another sweeper has it). The
+    caller holds the transaction and hands the expiry on."""
     approval = (
         Approval.objects.select_for_update(skip_locked=True)
         .filter(pk=approval_id, status=Approval.Status.PENDING, expires_at__lte=now)
+        .exclude(escalates_now_q())
         .select_related("run__tenant", "action")
         .first()
     )
@@ -440,7 +483,7 @@ def approval_expire(*, approval_id: str, now: datetime) -> Approval | None:
         return None
     approval.status = Approval.Status.EXPIRED
     approval.decided_at = now
-    approval.reason = "expired without a decision"
+    approval.reason = TIMED_OUT
     approval.save(update_fields=["status", "decided_at", "reason"])
     return approval
 
@@ -472,33 +515,28 @@ def approval_withdraw(*, approval: Approval, actor: Actor, reason: str) -> Appro
     return current
 
 
-def reminder_due_q(*, now: datetime) -> Q:
-    """Pending, not reminded yet, and past half its time: ``created_at + (expires_at -
-    created_at) / 2 <= now`` (and not expired: an expired one is swept, not reminded)."""
-    return Q(status=Approval.Status.PENDING, reminded_at__isnull=True, expires_at__gt=now, remind_at__lte=now)
+def escalates_now_q() -> Q:
+    """A pending approval whose timeout escalates it (once) rather than expiring it."""
+    return Q(on_timeout="escalate", escalated_at__isnull=True) & ~Q(escalate_to="")
 
 
-def approvals_due_for_reminder(*, now: datetime) -> list[str]:
-    half = ExpressionWrapper((F("expires_at") - F("created_at")) / 2, output_field=DurationField())
-    return list(
-        Approval.objects.annotate(remind_at=F("created_at") + half)
-        .filter(reminder_due_q(now=now))
-        .values_list("pk", flat=True)
-    )
-
-
-@transaction.atomic
-def approval_remind(*, approval_id: str, now: datetime) -> Approval | None:
-    """Remind approvers of a pending approval at half its expiry, once: ``reminded_at`` is set by
-    compare-and-set in the transaction that writes the reminder's outbox rows, so of two sweepers
-    one reminds and the other finds it done (None)."""
-    if (
-        Approval.objects.filter(
-            pk=approval_id, status=Approval.Status.PENDING, reminded_at__isnull=True, expires_at__gt=now
-        ).update(reminded_at=now)
-        != 1
-    ):
-        return None
-    approval = Approval.objects.select_related("tenant", "run").get(pk=approval_id)
-    outbox.notify_approval_reminder(approval)
-    return approval
+def escalation_approver(approval: Approval, actor: Actor) -> bool:
+    """Whether ``actor`` (a person: a login, or an approver key's owner) is one the approval was
+    escalated to: a member of the tenant with the role it names (``approver``: approvers and
+    admins), or the user it names."""
+    person = person_of(actor)
+    if person is None:
+        return False
+    escalate_to = approval.escalate_to
+    if is_role(escalate_to):
+        roles = APPROVER_ROLES if escalate_to == Membership.Role.APPROVER else (escalate_to,)
+        return Membership.objects.filter(
+            user_id=person, tenant_id=approval.tenant_id, role__in=roles, user__is_active=True
+        ).exists()
+    return Membership.objects.filter(
+        user_id=person,
+        tenant_id=approval.tenant_id,
+        role__in=APPROVER_ROLES,
+        user__is_active=True,
+        user__username=escalate_to,
+    ).exists()

@@ -286,9 +286,20 @@ class Approval(models.Model):
     previous = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="asked_again"
     )
-    # When approvers were reminded of it (half its expiry, once: set by a compare-and-set in
-    # recovery.approvals.approval_remind, whichever sweeper gets there first).
+    # When approvers were reminded of it (half its window, once per window: set by a
+    # compare-and-set in recovery.approval_deadlines.approval_remind, whichever sweeper gets there
+    # first; cleared when it escalates, so the new approvers are reminded in their window too).
     reminded_at = models.DateTimeField(null=True, blank=True)
+    # When the reminder is due: half way through the current window (recovery.approval_deadlines).
+    remind_at = models.DateTimeField(null=True, blank=True)
+    # The deadline of the policy that asked for it (ledger.policies.deadlines): the window's
+    # length (None: an approval from before deadlines per policy), what a timeout does, and to
+    # whom it escalates; ``escalated_at`` once it did (then only ``escalate_to`` decides it, and
+    # its next timeout expires it).
+    timeout_s = models.PositiveIntegerField(null=True, blank=True)
+    on_timeout = models.CharField(max_length=16, default="reject", db_default="reject")
+    escalate_to = models.CharField(max_length=150, blank=True, default="", db_default="")
+    escalated_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -401,7 +412,9 @@ class AgentCommand(models.Model):
 
 class NotificationEvent(models.TextChoices):
     APPROVAL_REQUESTED = "approval.requested", "Approval requested"
-    APPROVAL_REMINDER = "approval.reminder", "Approval reminder (half its expiry)"
+    APPROVAL_REMINDER = "approval.reminder", "Approval reminder (half its window)"
+    APPROVAL_ESCALATED = "approval.escalated", "Approval escalated (nobody decided in time)"
+    APPROVAL_EXPIRED = "approval.expired", "Approval expired (timed out)"
     RECOVERY_OPENED = "recovery.opened", "Run in the recovery queue"
     STEP_FAILED = "step.failed", "Compensation step failed"
     UNWIND_FINISHED = "unwind.finished", "Unwind finished"

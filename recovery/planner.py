@@ -175,8 +175,9 @@ def plan_hash_of(steps: list[PlanStep]) -> str:
 
 
 def governing_policy(policy: ResolvedPolicy) -> dict[str, Any]:
-    """What the plan shows of the policy that governs a step."""
-    return {
+    """What the plan shows of the policy that governs a step; its approval deadline only when it
+    sets one (``ledger.policies.deadlines``), so a plan without deadlines hashes as before."""
+    governing: dict[str, Any] = {
         "tool": policy.tool,
         "pattern": policy.pattern,
         "scope": policy.scope,
@@ -184,6 +185,12 @@ def governing_policy(policy: ResolvedPolicy) -> dict[str, Any]:
         "approval": policy.approval,
         "source": policy.source,
     }
+    if policy.approval_timeout_s is not None:
+        governing["approval_timeout_s"] = policy.approval_timeout_s
+    if policy.on_timeout != "reject":
+        governing["on_timeout"] = policy.on_timeout
+        governing["escalate_to"] = policy.escalate_to
+    return governing
 
 
 def step_args(action: Action) -> Any:

@@ -18,7 +18,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from ledger.conf import saga
-from recovery import approvals, queueing
+from recovery import approval_deadlines, queueing
 from recovery.compensators import Outcome
 from recovery.models import Notification, Unwind, UnwindStep
 from recovery.notifications.outbox import enqueue_delivery
@@ -179,7 +179,8 @@ def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepRepo
     """Hand undelivered outbox rows to a worker again: a pending row that is due but whose job is
     gone (Redis was down when it was enqueued, or restarted empty) or has waited implausibly long,
     and a sending row whose lease expired (its worker died mid-send). Then remind approvers of the
-    approvals at half their expiry. A second job for a row is harmless: one claim wins."""
+    approvals half way through their window (``recovery.approval_deadlines``). A second job for a
+    row is harmless: one claim wins."""
     now = now or timezone.now()
     report = NotificationSweepReport()
     stale_s = max(3 * saga().sweep_interval_s, saga().webhook_timeout_s * 2 + 30)
@@ -208,7 +209,7 @@ def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepRepo
             continue
         enqueue_delivery(notification_id=notification_id)
         report.reenqueued += 1
-    for approval_id in approvals.approvals_due_for_reminder(now=now):
-        if approvals.approval_remind(approval_id=approval_id, now=now) is not None:
+    for approval_id in approval_deadlines.approvals_due_for_reminder(now=now):
+        if approval_deadlines.approval_remind(approval_id=approval_id, now=now) is not None:
             report.reminders += 1
     return report

@@ -61,6 +61,7 @@ def python_codes(spec: dict[str, Any]) -> str:
         (r["class"], r.get("code"), tuple(r.get("status", ())), r.get("min_status"), r.get("current"))
         for r in spec["classes"]
     ]
+    rejections = tuple((r["reason"], r["class"], r["code"]) for r in spec["rejections"]["rules"])
     lines = [
         f'"""{HEADER}"""',
         "",
@@ -75,6 +76,9 @@ def python_codes(spec: dict[str, Any]) -> str:
         f"DEFAULT_CLASS = {spec['default']!r}",
         f"RETRY_STATUS = frozenset({sorted(spec['retry']['status'])!r})",
         f"RETRY_CODES = frozenset({sorted(spec['retry']['codes'])!r})",
+        "# (approval reason, class name, code): what a rejected step raises, the first rule that matches.",
+        f"REJECTION_RULES: tuple[tuple[str, str, str], ...] = {rejections!r}",
+        f"REJECTION_DEFAULT = {(spec['rejections']['default']['class'], spec['rejections']['default']['code'])!r}",
         "",
     ]
     # Formatted as the repository's formatter would, so the committed file stays lint clean.
@@ -104,6 +108,11 @@ def typescript_codes(spec: dict[str, Any]) -> str:
         + " }"
         for rule in spec["classes"]
     )
+    rejection_rules = ",\n".join(
+        f"  {{ reason: {ts(r['reason'])}, className: {ts(r['class'])}, code: {ts(r['code'])} }}"
+        for r in spec["rejections"]["rules"]
+    )
+    default = spec["rejections"]["default"]
     return (
         f"// {HEADER}\n\n"
         "/** Every code the API answers with. */\n"
@@ -123,7 +132,15 @@ def typescript_codes(spec: dict[str, Any]) -> str:
         f"export const CLASS_RULES: readonly ClassRule[] = [\n{rules},\n];\n"
         f"export const DEFAULT_CLASS = {ts(spec['default'])};\n"
         f"export const RETRY_STATUS: readonly number[] = {ts(sorted(spec['retry']['status']))};\n"
-        f"export const RETRY_CODES: readonly string[] = {ts(sorted(spec['retry']['codes']))};\n"
+        f"export const RETRY_CODES: readonly string[] = {ts(sorted(spec['retry']['codes']))};\n\n"
+        "export interface RejectionRule {\n"
+        "  readonly reason: string;\n"
+        "  readonly className: string;\n"
+        "  readonly code: string;\n"
+        "}\n\n"
+        "/** What a rejected step raises: the first rule whose reason is the approval's. */\n"
+        f"export const REJECTION_RULES: readonly RejectionRule[] = [\n{rejection_rules},\n];\n"
+        f"export const REJECTION_DEFAULT = {{ className: {ts(default['class'])}, code: {ts(default['code'])} }} as const;\n"
     )
 
 

@@ -181,6 +181,8 @@ RECOVERY_FLOORS = {
     "recovery.notifications.delivery": 2,
     "recovery.planner": 1,
     "recovery.trail": 1,
+    # An approval's deadline in words (the inbox card, notifications, Slack).
+    "recovery.deadline_words": 1,
     # Checking a compensator with the protocol's harmless calls (over the compensator calls).
     "recovery.compensator_checks": 1,
     "recovery.scheduling": 1,
@@ -196,6 +198,8 @@ RECOVERY_FLOORS = {
     # create, claim and finish, then advance (which claims and finishes) and the operator's
     # moves, then the runner (which records an outcome and advances); the sweeper over it all.
     "recovery.selectors": 3,
+    # Approval deadlines as the sweeps keep them: reminders, escalation (over the approvals).
+    "recovery.approval_deadlines": 3,
     "recovery.unwinds.state": 3,
     "recovery.unwinds.dispatch": 3,
     "recovery.unwinds.create": 4,

@@ -10,11 +10,12 @@ action's own reasoning is shown labelled as the forward action's.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dashboard.templatetags.dashboard import confidence
 from ledger.models import Action, ApprovalMode, CompensationStrategy
+from recovery.deadline_words import deadline_line, escalated_words
 from recovery.models import Approval, Unwind, UnwindStep
 from recovery.planner import APPROVAL_RISKS
 from recovery.unwinds.state import planned_step
@@ -72,6 +73,10 @@ class ApprovalCardContent:
     reasoning: str
     reasoning_label: str
     confidence: str
+    # Its deadline in words, while it is pending ("Decide by 14:05 UTC (in 12 minutes); then it
+    # is rejected."), and whether it escalated ("escalated to admin at 13:05 UTC: …").
+    deadline: str = ""
+    escalated: str = ""
 
 
 def _target(action: Action) -> str:
@@ -152,6 +157,17 @@ def _shown_args(approval: Approval) -> tuple[Any, str]:
 
 
 def approval_card_content(approval: Approval) -> ApprovalCardContent:
+    """The card of ``approval``, with its deadline (``recovery.deadline_words``)."""
+    content = _card_content(approval)
+    pending = approval.status == Approval.Status.PENDING
+    return replace(
+        content,
+        deadline=deadline_line(approval) if pending else "",
+        escalated=escalated_words(approval),
+    )
+
+
+def _card_content(approval: Approval) -> ApprovalCardContent:
     """The card of ``approval``. Reads only what ``selectors.inbox.approvals_pending`` selects
     with it (for a compensation: its step, the step's unwind and who requested it), so the inbox
     stays one query per page."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from ledger.compensation_risks import CompensationWarning, unattended_destructive_compensations
 from ledger.models import Compensator, Tenant, ToolPolicy
+from ledger.policies.deadlines import deadline_summary
 from ledger.policies.resolve import policies_in_force, policy_settings_for
 from ledger.policies.rule_compile import compile_rules
 from ledger.upstreams import compensators_in_force, policy_upstream_mismatches
@@ -24,6 +25,8 @@ class PolicyRow:
     rules: list[str]
     limits: list[str]
     approvers: int
+    # Its approval deadline in words (``ledger.policies.deadlines``).
+    deadline: str = ""
 
 
 def _policy_row(policy: ToolPolicy) -> PolicyRow:
@@ -34,6 +37,9 @@ def _policy_row(policy: ToolPolicy) -> PolicyRow:
         rules=problems or [f"{rule.index}. {rule.description}" for rule in compiled.rules],
         limits=[limit.description[0].upper() + limit.description[1:] for limit in compiled.limits],
         approvers=policy.approvers,
+        deadline=deadline_summary(
+            seconds=policy.approval_timeout_s, on_timeout=policy.on_timeout, escalate_to=policy.escalate_to
+        ),
     )
 
 
@@ -87,6 +93,8 @@ class TenantPolicies:
     default_policy: dict[str, Any]
     unwind: dict[str, Any]
     auto_compensate: dict[str, Any]
+    # The default policy's approval deadline in words.
+    default_deadline: str = ""
     # Tool/compensator pairs whose compensator does not reach the upstream the tool was recorded
     # on (``ledger.upstreams.policy_upstream_mismatches``).
     upstream_mismatches: list[dict[str, Any]] = field(default_factory=list)
@@ -111,6 +119,11 @@ def policies_for(*, tenant: Tenant, show_targets: bool) -> TenantPolicies:
         default_policy=policy_settings.default_policy,
         unwind=policy_settings.unwind,
         auto_compensate=policy_settings.auto_compensate,
+        default_deadline=deadline_summary(
+            seconds=policy_settings.default_policy.get("approval_timeout_s"),
+            on_timeout=str(policy_settings.default_policy.get("on_timeout") or "reject"),
+            escalate_to=str(policy_settings.default_policy.get("escalate_to") or ""),
+        ),
         upstream_mismatches=policy_upstream_mismatches(tenant=tenant),
         compensation_warnings=unattended_destructive_compensations(tenant=tenant),
     )

@@ -49,6 +49,11 @@ def _keys_owned(request: HttpRequest) -> recovery_approvals.OwnedKeys:
 
 
 def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -> dict[str, Any]:
+    escalated_away = (
+        approval.status == Approval.Status.PENDING
+        and approval.escalated_at is not None
+        and not recovery_approvals.escalation_approver(approval, common.actor(request))
+    )
     return {
         "approval": approval,
         # What the card says will happen: computed in one place, the template only renders it.
@@ -62,7 +67,9 @@ def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -
             prefix=approval.pk,
         ),
         "reject_form": extra.pop("reject_form", None) or ReasonForm(prefix=f"{approval.pk}-reject"),
-        "can_decide": can(request.user, Capability.APPROVE, approval.tenant_id),
+        "can_decide": can(request.user, Capability.APPROVE, approval.tenant_id) and not escalated_away,
+        # Escalated to others: since its deadline passed, only they decide it.
+        "escalated_away": escalated_away,
         # Whoever asked may reject but never grant (the service refuses: self_approval).
         "own_request": recovery_approvals.is_requester(
             approval, common.actor(request), owned=_keys_owned(request)

@@ -126,7 +126,9 @@ def _translate_policy(
             )
         else:
             policy[name] = (
-                _lower(value) if name in {"risk", "approval", "action_class", "compensation"} else value
+                _lower(value)
+                if name in {"risk", "approval", "action_class", "compensation", "on_timeout"}
+                else value
             )
     compensation = policy.get("compensation")
     if isinstance(compensation, str):

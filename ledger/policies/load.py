@@ -28,9 +28,10 @@ from ledger.compensation_risks import unattended_destructive_compensations
 from ledger.hashing import canonical_json, sha256_hex
 from ledger.models import Compensator, PolicySet, Tenant, ToolPolicy
 from ledger.policies.agent_safety import AGENT_SAFETY, agent_safety_translate
+from ledger.policies.deadlines import escalation_problems
 from ledger.policies.errors import PolicyFileError, Problems, entry_of, validation_problems
 from ledger.policies.rule_checks import limits_problems, rules_problems
-from ledger.policies.schema import PolicyFileIn
+from ledger.policies.schema import DefaultPolicyIn, PolicyFileIn, PolicyIn
 from ledger.upstreams import policy_upstream_mismatches
 
 logger = structlog.get_logger(__name__)
@@ -123,6 +124,7 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
             # Only when the file sets them (the content hash of a file without them is unchanged);
             # the loader stores the defaults for the others (POLICY_DEFAULTS).
             **({"approvers": p.approvers} if p.approvers is not None else {}),
+            **_deadline_fields(p),
             **({"rules": p.rules} if p.rules else {}),
             **({"limits": p.limits} if p.limits else {}),
         }
@@ -145,7 +147,7 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
     # built-in defaults, so an omitted section means "inherit", not "reset".
     return PolicyDocument(
         layout=layout,
-        default_policy=parsed.default_policy.model_dump(exclude_none=True) if parsed.default_policy else {},
+        default_policy=_default_policy(parsed.default_policy),
         policies=policies,
         compensators=compensators,
         unwind=parsed.unwind.model_dump(exclude_none=True) if parsed.unwind else {},
@@ -154,6 +156,26 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
         else {},
         audit=json.loads(canonical_json(parsed.audit or {})),
     )
+
+
+def _deadline_fields(policy: PolicyIn | DefaultPolicyIn) -> dict[str, Any]:
+    """The approval deadline a policy sets, as stored (``approval_timeout`` in whole seconds, as
+    ``approval_timeout_s``); only what it sets, so a file without deadlines hashes as before."""
+    fields: dict[str, Any] = {}
+    if policy.approval_timeout is not None:
+        fields["approval_timeout_s"] = policy.approval_timeout
+    if policy.on_timeout is not None:
+        fields["on_timeout"] = policy.on_timeout
+    if policy.escalate_to is not None:
+        fields["escalate_to"] = policy.escalate_to
+    return fields
+
+
+def _default_policy(default: DefaultPolicyIn | None) -> dict[str, Any]:
+    if default is None:
+        return {}
+    dumped = default.model_dump(exclude_none=True, exclude={"approval_timeout", "on_timeout", "escalate_to"})
+    return {**dumped, **_deadline_fields(default)}
 
 
 def policy_file_read(path: str | Path) -> Any:
@@ -209,7 +231,14 @@ class LoadReport:
 
 
 # What a tool policy row holds for what its entry in the file does not set.
-POLICY_DEFAULTS: dict[str, Any] = {"approvers": 1, "rules": [], "limits": []}
+POLICY_DEFAULTS: dict[str, Any] = {
+    "approvers": 1,
+    "rules": [],
+    "limits": [],
+    "approval_timeout_s": None,
+    "on_timeout": "reject",
+    "escalate_to": "",
+}
 
 
 def _upsert(model: type[Any], *, lookup: dict[str, Any], values: dict[str, Any]) -> str:
@@ -237,6 +266,15 @@ def policy_file_load(
     file is the whole truth for its scope.
     """
     scope = tenant.slug if tenant else "global"
+    # A person named to escalate to must be able to decide in this scope: checked against the
+    # database, before anything is written.
+    if problems := escalation_problems(
+        default_policy=document.default_policy,
+        policies=document.policies,
+        tenant=tenant,
+        agent_safety=document.layout == AGENT_SAFETY,
+    ):
+        raise PolicyFileError(source, problems)
     # Two loads of one scope at once would interleave their upserts and deletions.
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"policies:{scope}"])

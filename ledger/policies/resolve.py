@@ -69,6 +69,10 @@ class ResolvedPolicy:
     scope: str = "global"  # "tenant", "global" or "default"
     source: str = ""
     approvers: int = 1
+    # The approval deadline (ledger.policies.deadlines): None → SAGA_APPROVAL_EXPIRY_H.
+    approval_timeout_s: int | None = None
+    on_timeout: str = "reject"
+    escalate_to: str = ""
     # The policy's rules and limits, compiled (``ledger.policies.rules``); not part of ``as_dict``.
     compiled: CompiledRules = field(default=NO_RULES, compare=False, repr=False)
 
@@ -324,6 +328,9 @@ def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> Re
             scope="tenant" if best.tenant_id else "global",
             source=best.source,
             approvers=best.approvers,
+            approval_timeout_s=best.approval_timeout_s,
+            on_timeout=best.on_timeout,
+            escalate_to=best.escalate_to,
             compiled=compiled,
         )
     settings_ = _SETTINGS.get(tenant.pk, stamp, lambda: policy_settings_for(tenant))
@@ -339,6 +346,9 @@ def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> Re
         compensation_args=default.get("compensation_args"),
         scope="default",
         source=settings_.source,
+        approval_timeout_s=default.get("approval_timeout_s"),
+        on_timeout=default.get("on_timeout", "reject"),
+        escalate_to=default.get("escalate_to", ""),
     )
 
 

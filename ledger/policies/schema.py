@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from ledger.models import ActionClass, ApprovalMode, CompensationStrategy, Compensator, Risk
 from ledger.policies.compensation_args import compensation_args_problems
+from ledger.policies.deadlines import deadline_problem, escalate_to_value, on_timeout_value, timeout_seconds
 from ledger.policies.rule_checks import approvers_need_manual
 from ledger.policies.rules import MAX_APPROVERS
 from ledger.tool_names import TOOL_NAME_MAX_LENGTH, is_tool_glob, is_tool_name
@@ -192,6 +193,12 @@ def _check_seconds(value: Any) -> int | float:
 
 PositiveSeconds = Annotated[Any, AfterValidator(_check_seconds)]
 
+# Approval deadlines (ledger.policies.deadlines): checked from Any, so a number, a list or a
+# boolean gets the field's own message rather than pydantic's per-type ones.
+ApprovalTimeout = Annotated[Any, AfterValidator(timeout_seconds)]
+OnTimeout = Annotated[Any, AfterValidator(on_timeout_value)]
+EscalateTo = Annotated[Any, AfterValidator(escalate_to_value)]
+
 
 # --- The native layout -----------------------------------------------------------------------
 
@@ -212,6 +219,13 @@ def _check_compensation_args(value: Any) -> Any:
 
 # Templates for the compensating tool's args (ledger.policies.compensation_args).
 CompensationArgs = Annotated[Any, AfterValidator(_check_compensation_args)]
+
+
+def _deadline_coherent(policy: DefaultPolicyIn | PolicyIn, approvers: int | None) -> None:
+    if problem := deadline_problem(
+        on_timeout=policy.on_timeout, escalate_to=policy.escalate_to, approvers=approvers
+    ):
+        raise PydanticCustomError("policy", "{problem}", {"problem": problem})
 
 
 def _compensation_args_coherent(policy: DefaultPolicyIn | PolicyIn) -> None:
@@ -238,10 +252,15 @@ class DefaultPolicyIn(_Strict):
     compensation: CompensationValue | None = None
     compensation_tool: ExactTool | None = None
     compensation_args: CompensationArgs | None = None
+    # Seconds once validated (written as a duration: "2h").
+    approval_timeout: ApprovalTimeout | None = None
+    on_timeout: OnTimeout | None = None
+    escalate_to: EscalateTo | None = None
 
     @model_validator(mode="after")
     def _coherent(self) -> DefaultPolicyIn:
         _compensation_args_coherent(self)
+        _deadline_coherent(self, None)
         return self
 
 
@@ -254,6 +273,10 @@ class PolicyIn(_Strict):
     compensation_tool: ExactTool | None = None
     compensation_args: CompensationArgs | None = None
     approvers: Annotated[int, Field(ge=1, le=MAX_APPROVERS)] | None = None
+    # Seconds once validated (written as a duration: "2h"); None: SAGA_APPROVAL_EXPIRY_H.
+    approval_timeout: ApprovalTimeout | None = None
+    on_timeout: OnTimeout | None = None
+    escalate_to: EscalateTo | None = None
     # Validated by ledger.policies.rule_checks (policy_file_parse), whose messages name the exact place
     # ("rules[1].if.gt: expected a number") and list every problem at once.
     rules: Any = None
@@ -281,6 +304,7 @@ class PolicyIn(_Strict):
         if self.compensation == CompensationStrategy.NONE and self.compensation_tool:
             raise PydanticCustomError("policy", "compensation_tool: makes no sense with compensation none")
         _compensation_args_coherent(self)
+        _deadline_coherent(self, self.approvers)
         return self
 
     def effective_compensation(self) -> str:

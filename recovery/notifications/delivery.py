@@ -188,10 +188,11 @@ def _no_longer_relevant(row: Notification) -> str:
     ):
         return "Not sent: the agent picked the resume up (or it was withdrawn) before this went out."
     if (
-        row.event == Event.APPROVAL_REMINDER
+        row.event in (Event.APPROVAL_REMINDER, Event.APPROVAL_ESCALATED)
         and not Approval.objects.filter(pk=row.subject_id, status=Approval.Status.PENDING).exists()
     ):
-        return "Not sent: the approval was decided (or expired) before the reminder went out."
+        what = "reminder" if row.event == Event.APPROVAL_REMINDER else "escalation"
+        return f"Not sent: the approval was decided (or expired) before the {what} went out."
     return ""
 
 

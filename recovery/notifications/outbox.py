@@ -8,6 +8,7 @@ tells people: its summary, its link and its lines.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from ledger.conf import saga
 from ledger.hashing import canonical_json_bytes
 from ledger.models import Risk, Run, Tenant
 from recovery import queueing
+from recovery.deadline_words import clock, deadline_line, escalation_who_words
 from recovery.models import (
     AgentCommand,
     Approval,
@@ -182,7 +184,7 @@ def approval_lines(approval: Approval) -> list[str]:
     hash, ``approval.args_hash``, and offered only when they were not cut)."""
     return [
         f"{approval.get_kind_display()}: {approval.tool}",
-        f"Expires: {approval.expires_at:%Y-%m-%d %H:%M} UTC",
+        deadline_line(approval),
         f"Args: {args_shown(approval.args)}",
     ]
 
@@ -211,12 +213,60 @@ def notify_approval_reminder(approval: Approval) -> list[Notification]:
         summary=(
             f"Reminder: approval of {approval.tool} ({approval.risk} risk) on run {approval.run_id} "
             f"expires at {approval.expires_at:%Y-%m-%d %H:%M} UTC"
+            + (f" (escalated to {approval.escalate_to})" if approval.escalated_at else "")
         ),
         path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
         risk=approval.risk,
         lines=approval_lines(approval),
         approval_id=approval.pk,
         args_hash=approval.args_hash,
+    )
+
+
+def notify_approval_escalated(approval: Approval, *, missed: datetime) -> list[Notification]:
+    """Nobody decided before the deadline: the approval now waits for ``escalate_to``, told once
+    (the escalation's compare-and-set, ``recovery.approval_deadlines.approval_escalate``)."""
+    now = timezone.now()
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_ESCALATED,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=(
+            f"Escalated to {approval.escalate_to}: approval of {approval.tool} ({approval.risk} risk) on run "
+            f"{approval.run_id}, nobody decided by {clock(missed, now)}"
+        ),
+        path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
+        risk=approval.risk,
+        lines=[
+            f"Now decided by {escalation_who_words(approval.escalate_to)} only.",
+            *approval_lines(approval),
+        ],
+        approval_id=approval.pk,
+        args_hash=approval.args_hash,
+    )
+
+
+def notify_approval_expired(approval: Approval) -> list[Notification]:
+    """Nobody decided before the (last) deadline: the approval expired and what it gated was
+    refused (the agent sees a rejection with reason ``timed_out``)."""
+    gated = "the compensation step fails without running" if approval.step_id else "the action is rejected"
+    escalated = f" (escalated to {approval.escalate_to} first)" if approval.escalated_at else ""
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_EXPIRED,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=(
+            f"Timed out: nobody decided the approval of {approval.tool} ({approval.risk} risk) on run "
+            f"{approval.run_id} in time{escalated}"
+        ),
+        path=reverse("dashboard:run-detail", args=[approval.run_id]),
+        risk=approval.risk,
+        lines=[
+            f"{approval.get_kind_display()}: {approval.tool}",
+            f"Deadline: {clock(approval.expires_at, timezone.now())}; {gated} (reason timed_out).",
+        ],
     )
 
 

@@ -14,6 +14,7 @@ from ledger import errors
 from ledger.audit import Actor, audit_record
 from ledger.hashing import sha256_hex
 from ledger.models import Action, Run
+from ledger.policies.deadlines import ApprovalDeadline
 from ledger.rules import reason_required
 from ledger.services.actions import moves as action_moves
 from ledger.services.actions import recording
@@ -95,6 +96,8 @@ def _action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAc
             requested_by=actor.user,
             requested_by_key=actor.key,
             approvers=int((action.policy or {}).get("approvers") or 1),
+            # The deadline of the policy that gated it, as frozen on the action.
+            deadline=ApprovalDeadline.of(action.policy),
         )
 
     return recording.action_record(

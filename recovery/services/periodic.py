@@ -1,4 +1,4 @@
-"""The periodic duties that decide (worker jobs): expiring approvals past their deadline, and
+"""The periodic duties that decide (worker jobs): escalating and expiring approvals past their deadline, and
 failing the runs whose agent is lost.
 """
 
@@ -13,28 +13,45 @@ from django.utils import timezone
 from ledger.audit import Actor
 from ledger.conf import saga
 from ledger.models import Run
-from recovery import approvals
+from recovery import approval_deadlines, approvals
 from recovery.models import AgentCommand, Approval
+from recovery.notifications import outbox
 from recovery.services.approving import approval_settle
 from recovery.services.reports import run_fail_and_queue
 
 
 def approvals_expire_due(*, now: datetime | None = None) -> int:
-    """Expire pending approvals past their deadline (a periodic job). The gated action becomes
-    rejected, so an agent polling it sees ``expired`` and start() refuses; a gated compensation
-    step fails without running, and its unwind goes on."""
+    """Keep the approval deadlines (a periodic job; ``recovery.approval_deadlines``): a pending
+    approval past its deadline whose policy says ``escalate`` goes, once, to ``escalate_to`` with
+    a fresh deadline; any other expires with reason ``timed_out``, its gated action becomes
+    rejected (an agent polling it sees the rejection and start() refuses) or its gated
+    compensation step fails without running (its unwind goes on). Each in its own transaction,
+    audited and announced. Returns how many expired."""
     now = now or timezone.now()
     expired = 0
-    for approval_id in Approval.objects.filter(
-        status=Approval.Status.PENDING, expires_at__lte=now
-    ).values_list("pk", flat=True):
+    for approval_id in approval_deadlines.approvals_past_deadline(now=now):
         with transaction.atomic():
+            if approval_deadlines.approval_escalate(approval_id=approval_id, now=now) is not None:
+                continue
             approval = approvals.approval_expire(approval_id=approval_id, now=now)
             if approval is None:
                 continue
-            approval_settle(approval, actor=Actor.system("approval-expiry"), reason="approval expired")
+            approval_settle(
+                approval,
+                actor=approval_deadlines.DEADLINE,
+                reason=TIMED_OUT_REASON,
+                data={"reason": approvals.TIMED_OUT, "escalated_to": approval.escalate_to or None}
+                if approval.escalated_at
+                else {"reason": approvals.TIMED_OUT},
+            )
+            approval.tenant = approval.run.tenant
+            outbox.notify_approval_expired(approval)
             expired += 1
     return expired
+
+
+# What the action or step records as why it was refused (its ``error``).
+TIMED_OUT_REASON = "timed_out: nobody decided before the approval deadline"
 
 
 def runs_fail_lost_agents(*, now: datetime | None = None) -> int:

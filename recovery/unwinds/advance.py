@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from ledger import errors
 from ledger.audit import Actor
+from ledger.policies.deadlines import ApprovalDeadline
 from recovery import approvals
 from recovery.models import Approval, Unwind, UnwindStep
 from recovery.unwinds.claim import Claim, step_start
@@ -159,6 +160,9 @@ def _step_request_approval(*, unwind: Unwind, step: UnwindStep, approval: Approv
             actor=ENGINE,
             requested_by=unwind.requested_by,
             requested_by_key=unwind.requested_by_key,
+            # The deadline of the compensating tool's policy, the one that asked for a person
+            # (``recovery.planner``: frozen in the plan with the step).
+            deadline=ApprovalDeadline.of(planned_step(unwind, step).get("policy")),
         )
 
 

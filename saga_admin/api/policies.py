@@ -8,6 +8,7 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Router
 
+from ledger.policies.deadlines import approval_timeout_text, default_policy_shown
 from ledger.policies.resolve import policies_in_force, policy_settings_for
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
 from saga_admin.api.common import tenant_of
@@ -37,6 +38,9 @@ def policy_list(request: HttpRequest) -> dict[str, Any]:
                 "compensation_tool": p.compensation_tool,
                 "compensation_args": p.compensation_args,
                 "approvers": p.approvers,
+                "approval_timeout": approval_timeout_text(p.approval_timeout_s),
+                "on_timeout": p.on_timeout,
+                "escalate_to": p.escalate_to or None,
                 "rules": p.rules,
                 "limits": p.limits,
                 "scope": "tenant" if p.tenant_id else "global",
@@ -44,7 +48,7 @@ def policy_list(request: HttpRequest) -> dict[str, Any]:
             }
             for p in policies_in_force(tenant=tenant)
         ],
-        "default_policy": settings_.default_policy,
+        "default_policy": default_policy_shown(settings_.default_policy),
         "unwind": settings_.unwind,
         "auto_compensate": settings_.auto_compensate,
         "source": settings_.source,

@@ -203,3 +203,23 @@ def test_the_example_runs_against_the_server(live_server, agent_key, onboarding_
         ("hr.create_user", "succeeded"),
         ("payments.charge", "succeeded"),
     ]
+
+
+def test_a_call_nobody_decided_before_its_deadline_is_rejected_in_the_sdk_saying_so(async_saga):
+    from recovery.services.periodic import approvals_expire_due
+
+    payments = Payments()
+    agent, _ = billing_agent(payments, CHARGE)
+
+    async def main() -> Any:
+        async with async_saga() as saga, saga.run(agent="billing", request="Charge"):
+            result = await Runner.run(agent, "Charge c-9", run_config=NO_TRACING)
+            approval = await asyncio.to_thread(Approval.objects.get, status="pending")
+            assert await asyncio.to_thread(approvals_expire_due, now=approval.expires_at) == 1
+            state = await saga_decisions(result, timeout_s=10)
+            return await Runner.run(agent, state, run_config=NO_TRACING)
+
+    result = asyncio.run(main())
+    assert result.final_output == "done" and payments.charges == []
+    said = [str(item.raw_item) for item in result.new_items if "approval deadline" in str(item.raw_item)]
+    assert said and "nobody approved payments.charge before its approval deadline" in said[0]

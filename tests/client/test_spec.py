@@ -18,7 +18,7 @@ import pytest
 from saga_client import Saga
 from saga_client._core import Api, Settings
 from saga_client._run import RunCore
-from saga_client.errors import SagaAPIError, error_from_response
+from saga_client.errors import ApprovalRejected, SagaAPIError, error_from_response, rejection_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "clients" / "spec"
@@ -128,6 +128,19 @@ def test_the_python_client_reads_error_answers_as_specified(vector: dict[str, An
         expected["message"],
         expected["details"],
         expected["request_id"],
+    )
+
+
+@pytest.mark.parametrize("vector", ERRORS["rejections"], ids=[v["name"] for v in ERRORS["rejections"]])
+def test_the_python_client_raises_rejections_as_specified(vector: dict[str, Any]):
+    rejected = rejection_for(vector["action"])
+    expected = vector["expected"]
+    assert type(rejected).__name__ == expected["class"]
+    assert isinstance(rejected, ApprovalRejected) is expected["is_rejection"]
+    assert (rejected.code, rejected.reason, str(rejected)) == (
+        expected["code"],
+        expected["reason"],
+        expected["message"],
     )
 
 

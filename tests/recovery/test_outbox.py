@@ -20,7 +20,7 @@ from slack_sdk.models.blocks import Block
 
 from ledger import errors
 from ledger.audit import Actor
-from recovery import approvals, channels, compensators, sweeper
+from recovery import approval_deadlines, channels, compensators, sweeper
 from recovery.models import Approval, Notification, NotificationChannel, Unwind, UnwindStep
 from recovery.notifications.delivery import notification_deliver
 from recovery.notifications.outbox import notify
@@ -392,13 +392,13 @@ def test_the_reminder_fires_once_at_half_the_expiry(tenant, agent, dave, outboun
     assert row.subject_id == approval.pk and row.body["url"] == f"{PUBLIC}/approvals/#approval-{approval.pk}"
     assert "expires at" in row.body["summary"]
     assert Approval.objects.get(pk=approval.pk).reminded_at is not None
-    assert approvals.approval_remind(approval_id=approval.pk, now=later) is None
+    assert approval_deadlines.approval_remind(approval_id=approval.pk, now=later) is None
 
 
 def test_a_reminder_for_an_approval_decided_meanwhile_is_dropped(tenant, agent, dave, bob, outbound_to):
     _webhook(tenant, dave, outbound_to.url())
     _run, _action, approval = gated_run(tenant, agent)
-    approvals.approval_remind(approval_id=approval.pk, now=timezone.now())
+    approval_deadlines.approval_remind(approval_id=approval.pk, now=timezone.now())
     approval_reject(approval=approval, actor=Actor.for_user(bob), reason="not today")
     row = Notification.objects.get(event="approval.reminder")
     assert notification_deliver(notification_id=row.pk) == "dropped"

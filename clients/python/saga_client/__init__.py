@@ -20,6 +20,7 @@ from saga_client._tracing import trace_context
 from saga_client.aio import AsyncRun, AsyncSaga, current_async_run
 from saga_client.client import Run, Saga, current_run
 from saga_client.errors import (
+    ApprovalDeadlinePassed,
     ApprovalPending,
     ApprovalRejected,
     ApprovalTimedOut,
@@ -48,6 +49,7 @@ RunContext = Run
 
 __all__ = [
     "ApprovalPending",
+    "ApprovalDeadlinePassed",
     "ApprovalRejected",
     "ApprovalTimedOut",
     "ApprovalTimeout",

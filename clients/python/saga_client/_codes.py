@@ -8,6 +8,7 @@ API_CODES = frozenset(
         "already_asked_again",
         "already_granted",
         "approval_args_changed",
+        "approval_escalated",
         "approval_expired",
         "approval_not_granted",
         "approval_pending",
@@ -57,6 +58,7 @@ API_CODES = frozenset(
 # The codes a client raises for what it found out itself.
 CLIENT_CODES = frozenset(
     [
+        "approval_deadline_passed",
         "approval_timeout",
         "args_edited",
         "invalid_response",
@@ -81,3 +83,8 @@ CLASS_RULES: tuple[tuple[str, str | None, tuple[int, ...], int | None, str | Non
 DEFAULT_CLASS = "InvalidRequest"
 RETRY_STATUS = frozenset([429, 500, 502, 503, 504])
 RETRY_CODES = frozenset(["idempotency_key_in_flight"])
+# (approval reason, class name, code): what a rejected step raises, the first rule that matches.
+REJECTION_RULES: tuple[tuple[str, str, str], ...] = (
+    ("timed_out", "ApprovalDeadlinePassed", "approval_deadline_passed"),
+)
+REJECTION_DEFAULT = ("ApprovalRejected", "approval_rejected")

@@ -29,6 +29,7 @@ from saga_client.errors import (
     SagaError,
     SagaUnavailable,
     error_from_response,
+    rejection_for,
 )
 from saga_client.responses import (
     ActionDict,
@@ -391,8 +392,8 @@ class Api:
 
 
 def rejection(action: Mapping[str, Any]) -> ApprovalRejected:
-    approval = action.get("approval") or {}
-    return ApprovalRejected(action["id"], approval.get("reason") or action.get("error", ""), action=action)
+    """The rejection a rejected action raises (``ApprovalDeadlinePassed`` for a timed-out one)."""
+    return rejection_for(action)
 
 
 def _decoded(response: httpx.Response) -> Any:

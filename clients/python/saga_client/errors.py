@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from saga_client._codes import CLASS_RULES, DEFAULT_CLASS
+from saga_client._codes import CLASS_RULES, DEFAULT_CLASS, REJECTION_DEFAULT, REJECTION_RULES
 
 
 class SagaError(Exception):
@@ -128,7 +128,8 @@ class ApprovalPending(SagaError):
 
 
 class ApprovalRejected(SagaError):
-    """A person rejected the step (or its approval expired). Nothing ran."""
+    """A person rejected the step (or its approval expired: ``ApprovalDeadlinePassed`` when its
+    deadline passed). Nothing ran."""
 
     code = "approval_rejected"
 
@@ -136,6 +137,58 @@ class ApprovalRejected(SagaError):
         super().__init__(f"Action {action_id} was rejected{': ' + reason if reason else ''}.")
         self.action_id, self.reason = action_id, reason
         self.action = dict(action or {})
+
+
+class ApprovalDeadlinePassed(ApprovalRejected):
+    """Nobody decided before the approval deadline of the step's policy (its ``approval_timeout``,
+    escalated first if its policy says so), so Saga Admin rejected it: the action is ``rejected``
+    and its approval ``expired`` with reason ``timed_out``. Nothing ran. A kind of
+    ``ApprovalRejected``: code that handles rejections handles it too. ``deadline``: when it passed
+    (ISO 8601, "" when unknown); ``escalated_to``: to whom it was escalated first ("" when not)."""
+
+    code = "approval_deadline_passed"
+
+    def __init__(self, action_id: str, reason: str = "", *, action: Mapping[str, Any] | None = None) -> None:
+        super().__init__(action_id, reason, action=action)
+        approval = dict((action or {}).get("approval") or {})
+        self.deadline: str = str(approval.get("expires_at") or "")
+        self.escalated_to: str = (
+            str(approval.get("escalate_to") or "") if approval.get("escalated_at") else ""
+        )
+        escalated = f" (escalated to {self.escalated_to} first)" if self.escalated_to else ""
+        when = f" ({self.deadline})" if self.deadline else ""
+        self.message = (
+            f"Action {action_id} was rejected: nobody decided before its approval deadline{when}"
+            f"{escalated}; reason {reason or 'timed_out'}."
+        )
+        self.args = (self.message,)
+
+
+def rejection_for(action: Mapping[str, Any]) -> ApprovalRejected:
+    """What a rejected action raises: the class of the spec's first rejection rule whose reason is
+    the action's approval's (``clients/spec/errors.json``, "rejections"), else ``ApprovalRejected``."""
+    approval = action.get("approval") or {}
+    reason = str(approval.get("reason") or action.get("error") or "")
+    name = next(
+        (cls for rule_reason, cls, _code in REJECTION_RULES if rule_reason == approval.get("reason")), None
+    )
+    rejected_class = _REJECTIONS[name or REJECTION_DEFAULT[0]]
+    return rejected_class(str(action["id"]), reason, action=action)
+
+
+def rejection_words(tool: str, rejected: ApprovalRejected) -> str:
+    """A rejection as a framework's adapter tells its model: who refused, and why."""
+    if isinstance(rejected, ApprovalDeadlinePassed):
+        return (
+            f"Saga Admin: nobody approved {tool} before its approval deadline, so it was rejected "
+            f"(reason {rejected.reason or 'timed_out'}); it did not run."
+        )
+    return f"Saga Admin: an approver rejected {tool}" + (f": {rejected.reason}" if rejected.reason else ".")
+
+
+_REJECTIONS: dict[str, type[ApprovalRejected]] = {
+    cls.__name__: cls for cls in (ApprovalRejected, ApprovalDeadlinePassed)
+}
 
 
 class ApprovalTimeout(SagaError):

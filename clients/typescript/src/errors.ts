@@ -5,7 +5,7 @@
  * `clients/spec/errors.json` (generated into `generated/codes.ts`), the same rules the Python
  * client follows.
  */
-import { CLASS_RULES, DEFAULT_CLASS } from "./generated/codes.js";
+import { CLASS_RULES, DEFAULT_CLASS, REJECTION_DEFAULT, REJECTION_RULES } from "./generated/codes.js";
 import type { Action } from "./types.js";
 
 export type Details = Record<string, unknown>;
@@ -112,6 +112,51 @@ export class ApprovalRejected extends SagaError {
     this.reason = reason;
     this.action = action;
   }
+}
+
+/**
+ * Nobody decided before the approval deadline of the step's policy (its `approval_timeout`,
+ * escalated first if its policy says so), so Saga Admin rejected it: the action is `rejected` and
+ * its approval `expired` with reason `timed_out`. Nothing ran. A kind of `ApprovalRejected`.
+ */
+export class ApprovalDeadlinePassed extends ApprovalRejected {
+  /** When the deadline passed (ISO 8601, "" when unknown). */
+  readonly deadline: string;
+  /** To whom it was escalated first ("" when it was not). */
+  readonly escalatedTo: string;
+  constructor(actionId: string, reason = "", action?: Action) {
+    super(actionId, reason, action);
+    const approval = (action?.approval ?? {}) as { expires_at?: string; escalate_to?: string | null; escalated_at?: string | null };
+    this.deadline = approval.expires_at ?? "";
+    this.escalatedTo = approval.escalated_at ? approval.escalate_to ?? "" : "";
+    Object.defineProperty(this, "code", { value: "approval_deadline_passed" });
+    const escalated = this.escalatedTo ? ` (escalated to ${this.escalatedTo} first)` : "";
+    this.message = `Action ${actionId} was rejected: nobody decided before its approval deadline${this.deadline ? ` (${this.deadline})` : ""}${escalated}; reason ${reason || "timed_out"}.`;
+  }
+}
+
+const REJECTIONS: Record<string, new (actionId: string, reason: string, action?: Action) => ApprovalRejected> = {
+  ApprovalRejected,
+  ApprovalDeadlinePassed,
+};
+
+/**
+ * What a rejected action throws: the class of the spec's first rejection rule whose reason is the
+ * action's approval's (`clients/spec/errors.json`, "rejections"), else `ApprovalRejected`.
+ */
+export function rejectionFor(action: Action): ApprovalRejected {
+  const approvalReason = action.approval?.reason ?? "";
+  const rule = REJECTION_RULES.find((r) => r.reason === approvalReason);
+  const Rejected = REJECTIONS[rule?.className ?? REJECTION_DEFAULT.className] ?? ApprovalRejected;
+  return new Rejected(action.id, approvalReason || action.error || "", action);
+}
+
+/** A rejection as a framework's adapter tells its model: who refused, and why. */
+export function rejectionWords(tool: string, rejected: ApprovalRejected): string {
+  if (rejected instanceof ApprovalDeadlinePassed) {
+    return `Saga Admin: nobody approved ${tool} before its approval deadline, so it was rejected (reason ${rejected.reason || "timed_out"}); it did not run.`;
+  }
+  return `Saga Admin: an approver rejected ${tool}${rejected.reason ? ": " + rejected.reason : ""}`;
 }
 
 /** Nobody decided within the approval deadline; the action stays `awaiting_approval`. */

@@ -6,6 +6,7 @@
 export { Saga, currentRun, type RunOptions, type SagaOptions, type SagaTool, type ToolOptions } from "./saga.js";
 export { Run, DONE_STATES, type CheckpointOptions, type RecordOptions, type StepContext, type StepOptions } from "./run.js";
 export {
+  ApprovalDeadlinePassed,
   ApprovalPending,
   ApprovalRejected,
   ApprovalTimedOut,
@@ -25,6 +26,7 @@ export {
   ServerError,
   StepInDoubt,
   errorFromAnswer,
+  rejectionFor,
   type Details,
 } from "./errors.js";
 export { computeSignature, deriveSecret, signedHeaders, verifySignature, SIGNATURE_HEADER, TIMESTAMP_HEADER, type HeadersLike, type VerifyOptions } from "./signing.js";

@@ -11,6 +11,7 @@ import {
   RunCancelled,
   SagaError,
   StepInDoubt,
+  rejectionFor,
 } from "./errors.js";
 import { sleep, type Reply } from "./http.js";
 import { canonical, stepKey } from "./keys.js";
@@ -80,8 +81,9 @@ export function jsonable(value: unknown): unknown {
   }
 }
 
+/** The rejection a rejected action throws (`ApprovalDeadlinePassed` for a timed-out one). */
 export function rejection(action: Action): ApprovalRejected {
-  return new ApprovalRejected(action.id, action.approval?.reason || action.error || "", action);
+  return rejectionFor(action);
 }
 
 function describe(error: unknown): string {

@@ -2,7 +2,7 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 
-import { Saga, computeSignature, deriveSecret, errorFromAnswer, signedHeaders, stepKey, verifySignature } from "../src/index.js";
+import { ApprovalRejected, Saga, computeSignature, deriveSecret, errorFromAnswer, rejectionFor, signedHeaders, stepKey, verifySignature } from "../src/index.js";
 import { canonical, completeKey, ackKey, failKey, startKey, succeedKey } from "../src/keys.js";
 
 const spec = (name: string): any => JSON.parse(readFileSync(new URL(`../../spec/vectors/${name}.json`, import.meta.url), "utf8"));
@@ -65,5 +65,14 @@ describe("error answers", () => {
     const saga = new Saga({ url: "http://saga.invalid", key: "sk_test", retries: 1, backoffS: 0, fetch: answer });
     await expect(saga.getRun("run_1")).rejects.toHaveProperty("code", v.expected.code);
     expect(calls).toBe(v.expected.retried ? 2 : 1);
+  });
+});
+
+describe("rejections", () => {
+  it.each(errors.rejections as any[])("raises $name", (v) => {
+    const rejected = rejectionFor(v.action);
+    expect(rejected.constructor.name).toBe(v.expected.class);
+    expect(rejected instanceof ApprovalRejected).toBe(v.expected.is_rejection);
+    expect([rejected.code, rejected.reason, rejected.message]).toEqual([v.expected.code, v.expected.reason, v.expected.message]);
   });
 });

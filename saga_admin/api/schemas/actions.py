@@ -14,7 +14,13 @@ from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.rules import REASON_MAX_LENGTH
 from recovery import selectors as recovery_selectors
 from recovery.models import Approval
-from saga_admin.api.schemas.approvals import ApprovalGrantOut, approval_grants
+from saga_admin.api.schemas.approvals import (
+    ESCALATE_TO_DOC,
+    ESCALATED_AT_DOC,
+    ON_TIMEOUT_DOC,
+    ApprovalGrantOut,
+    approval_grants,
+)
 from saga_admin.api.schemas.common import JSONObject, JSONValue, StrictIn, ToolName, fields_of
 from saga_admin.api.schemas.queue import RecoveryItemOut
 
@@ -124,7 +130,9 @@ class ApprovalSummaryOut(Schema):
     risk: str
     expires_at: datetime
     decided_at: datetime | None = None
-    reason: str = ""
+    reason: str = Field(
+        "", description='The decider\'s reason; "timed_out" for one nobody decided before its deadline.'
+    )
     args_hash: str
     approved_args: JSONValue = None
     approved_args_hash: str = ""
@@ -133,6 +141,9 @@ class ApprovalSummaryOut(Schema):
     grants: list[ApprovalGrantOut] = Field(
         default_factory=list, description="Grants so far (an approval needing several people stays pending)."
     )
+    on_timeout: Literal["reject", "escalate"] = Field("reject", description=ON_TIMEOUT_DOC)
+    escalate_to: str | None = Field(None, description=ESCALATE_TO_DOC)
+    escalated_at: datetime | None = Field(None, description=ESCALATED_AT_DOC)
 
 
 class CompensationOut(Schema):
@@ -216,6 +227,9 @@ def action_out(action: Action, *, approval: Approval | None = None) -> dict[str,
             "edited": bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash,
             "approvers_required": approval.approvers_required,
             "grants": approval_grants(approval),
+            "on_timeout": approval.on_timeout,
+            "escalate_to": approval.escalate_to or None,
+            "escalated_at": approval.escalated_at,
         }
     data = {
         **fields_of(action, ActionOut),

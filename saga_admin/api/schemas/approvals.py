@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from ninja import Schema
 from pydantic import Field
@@ -48,6 +48,18 @@ class ApprovalGrantOut(Out):
         return grant.created_at
 
 
+# The approval deadline's fields, described once for both shapes of an approval.
+ON_TIMEOUT_DOC = (
+    "What its deadline (expires_at) does when nobody decided by then (its policy's on_timeout): reject "
+    '(it becomes expired with reason "timed_out" and the action rejected), or escalate (once, to '
+    "escalate_to, with a fresh deadline; the next timeout rejects)."
+)
+ESCALATE_TO_DOC = (
+    "To whom it escalates on timeout: a role (approver, admin) or a username; null: it does not."
+)
+ESCALATED_AT_DOC = "When it escalated (null: not escalated); since then only escalate_to decides it."
+
+
 class ApprovalOut(Out):
     id: str
     kind: str
@@ -60,8 +72,10 @@ class ApprovalOut(Out):
     args: Any = None
     args_hash: str
     approved_args: Any = None
-    reason: str
-    expires_at: datetime
+    reason: str = Field(
+        description='The decider\'s reason; "timed_out" for one nobody decided before its deadline.'
+    )
+    expires_at: datetime = Field(description="Its deadline: decided by then, or it times out (on_timeout).")
     created_at: datetime
     decided_at: datetime | None
     previous_id: str | None = Field(
@@ -75,9 +89,17 @@ class ApprovalOut(Out):
         description="The grants so far of an approval that needs several people (it stays pending until the last).",
     )
 
+    on_timeout: Literal["reject", "escalate"] = Field("reject", description=ON_TIMEOUT_DOC)
+    escalate_to: str | None = Field(None, description=ESCALATE_TO_DOC)
+    escalated_at: datetime | None = Field(None, description=ESCALATED_AT_DOC)
+
     @staticmethod
     def resolve_grants(approval: Approval) -> list[ApprovalGrant]:
         return approval_grants(approval)
+
+    @staticmethod
+    def resolve_escalate_to(approval: Approval) -> str | None:
+        return approval.escalate_to or None
 
 
 class ApprovalPageOut(Out):

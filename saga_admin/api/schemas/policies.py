@@ -21,6 +21,15 @@ class ToolPolicyOut(Schema):
         None, description="Templates for the compensating tool's args ($args.<path>, $result.<path>, …)."
     )
     approvers: int = Field(1, description="How many distinct people must grant an approval it asks for.")
+    approval_timeout: str = Field(
+        description='How long an approval it asks for waits ("2h"); SAGA_APPROVAL_EXPIRY_H when it sets none.'
+    )
+    on_timeout: Literal["reject", "escalate"] = Field(
+        description="What its deadline does: reject, or escalate once to escalate_to (the next timeout rejects)."
+    )
+    escalate_to: str | None = Field(
+        None, description="The role (approver, admin) or username an approval escalates to."
+    )
     rules: list[JSONObject] = Field(
         default_factory=list, description="Rules on the call's args, first match wins."
     )

@@ -15,7 +15,7 @@ from langgraph.types import interrupt
 
 from saga_client.aio import AsyncRun
 from saga_client.client import Run
-from saga_client.errors import ApprovalPending, ApprovalRejected
+from saga_client.errors import ApprovalPending, ApprovalRejected, rejection_words
 from saga_client.tools import _by_name, _recordable, async_run, require_run, sync_run
 
 Target = tuple[str, str]
@@ -23,14 +23,15 @@ Compensation = tuple[str, Mapping[str, Any]]
 
 
 class ToolRejected(ToolException, ApprovalRejected):
-    """A person rejected this call in Saga Admin; nothing ran. A ``ToolException``, so a wrapped
+    """A person rejected this call in Saga Admin, or nobody decided it before its approval deadline
+    (``rejected`` is then an ``ApprovalDeadlinePassed``); nothing ran. A ``ToolException``, so a wrapped
     tool returns it to the model as an error ``ToolMessage`` (unless ``raise_on_reject``)."""
 
     def __init__(self, tool: str, rejected: ApprovalRejected) -> None:
         ApprovalRejected.__init__(self, rejected.action_id, rejected.reason, action=rejected.action)
-        self.message = f"Saga Admin: an approver rejected {tool}" + (
-            f": {rejected.reason}" if rejected.reason else "."
-        )
+        # What rejected it: a person, or the approval deadline (``ApprovalDeadlinePassed``).
+        self.rejected = rejected
+        self.message = rejection_words(tool, rejected)
         self.args = (self.message,)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from agents.result import RunResult, RunResultStreaming
 from agents.run_state import RunState
 
-from saga_client.errors import ApprovalRejected
+from saga_client.errors import ApprovalRejected, rejection_for, rejection_words
 from saga_client.openai_agents._tools import _active_run, _call, _record
 
 
@@ -34,10 +34,11 @@ async def saga_decisions(
                     _active_run(spec.name).client.wait_for_approval, action, timeout_s=timeout_s
                 )
             if action["status"] == "rejected":
-                raise ApprovalRejected(action["id"], (action.get("approval") or {}).get("reason", ""))
+                raise rejection_for(action)
         except ApprovalRejected as rejected:
-            reason = f": {rejected.reason}" if rejected.reason else "."
-            state.reject(item, rejection_message=f"Saga Admin: an approver rejected {spec.name}{reason}")
+            # A rejection by a person or by the approval deadline (ApprovalDeadlinePassed): the SDK's
+            # own rejection either way, saying which.
+            state.reject(item, rejection_message=rejection_words(spec.name, rejected))
             continue
         if action["status"] != "awaiting_approval":
             state.approve(item)

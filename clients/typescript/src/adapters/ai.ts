@@ -15,7 +15,7 @@
  */
 import type { Tool, ToolApprovalResponse, ToolExecutionOptions, ToolModelMessage } from "ai";
 
-import { ApprovalPending, ApprovalRejected, ApprovalTimedOut, NoActiveRun } from "../errors.js";
+import { ApprovalPending, ApprovalRejected, ApprovalTimedOut, NoActiveRun, rejectionFor, rejectionWords } from "../errors.js";
 import type { Run } from "../run.js";
 import { currentRun } from "../saga.js";
 import type { Action, Compensation, Target } from "../types.js";
@@ -122,21 +122,16 @@ export async function sagaApprovals(
         action = await run.waitForApproval(action, options.timeoutS);
       } catch (error) {
         if (!(error instanceof ApprovalRejected)) throw error;
-        responses.push({ type: "tool-approval-response", approvalId: part.approvalId, approved: false, reason: rejectedMessage(registered.name, error.reason) });
+        responses.push({ type: "tool-approval-response", approvalId: part.approvalId, approved: false, reason: rejectionWords(registered.name, error) });
         continue;
       }
     } else if (action.status === "rejected") {
-      const reason = action.approval?.reason || action.error || "";
-      responses.push({ type: "tool-approval-response", approvalId: part.approvalId, approved: false, reason: rejectedMessage(registered.name, reason) });
+      responses.push({ type: "tool-approval-response", approvalId: part.approvalId, approved: false, reason: rejectionWords(registered.name, rejectionFor(action)) });
       continue;
     }
     responses.push({ type: "tool-approval-response", approvalId: part.approvalId, approved: true, reason: "Saga Admin: approved" });
   }
   return { role: "tool", content: responses };
-}
-
-function rejectedMessage(tool: string, reason: string): string {
-  return `Saga Admin: an approver rejected ${tool}${reason ? ": " + reason : ""}`;
 }
 
 export { ApprovalTimedOut };

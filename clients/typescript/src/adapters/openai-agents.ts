@@ -17,7 +17,7 @@
  */
 import type { FunctionTool, RunContext, RunState, RunToolApprovalItem } from "@openai/agents";
 
-import { ApprovalPending, ApprovalRejected, NoActiveRun } from "../errors.js";
+import { ApprovalPending, ApprovalRejected, NoActiveRun, rejectionFor, rejectionWords } from "../errors.js";
 import type { Run } from "../run.js";
 import { currentRun } from "../saga.js";
 import type { Action, Compensation, Target } from "../types.js";
@@ -109,11 +109,11 @@ export async function sagaDecisions<C>(result: Interrupted<C>, options: { wait?:
         if (options.wait === false) continue;
         action = await run.waitForApproval(action, options.timeoutS);
       }
-      if (action.status === "rejected") throw new ApprovalRejected(action.id, action.approval?.reason || action.error || "", action);
+      if (action.status === "rejected") throw rejectionFor(action);
       result.state.approve(item);
     } catch (error) {
       if (!(error instanceof ApprovalRejected)) throw error;
-      result.state.reject(item, { message: `Saga Admin: an approver rejected ${registered.name}${error.reason ? ": " + error.reason : ""}` });
+      result.state.reject(item, { message: rejectionWords(registered.name, error) });
     }
   }
   return result.state;

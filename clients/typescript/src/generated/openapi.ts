@@ -1006,8 +1006,19 @@ export interface components {
             /** Decided At */
             decided_at: string | null;
             /**
+             * Escalate To
+             * @description To whom it escalates on timeout: a role (approver, admin) or a username; null: it does not.
+             */
+            escalate_to?: string | null;
+            /**
+             * Escalated At
+             * @description When it escalated (null: not escalated); since then only escalate_to decides it.
+             */
+            escalated_at?: string | null;
+            /**
              * Expires At
              * Format: date-time
+             * @description Its deadline: decided by then, or it times out (on_timeout).
              */
             expires_at: string;
             /**
@@ -1020,11 +1031,21 @@ export interface components {
             /** Kind */
             kind: string;
             /**
+             * On Timeout
+             * @description What its deadline (expires_at) does when nobody decided by then (its policy's on_timeout): reject (it becomes expired with reason "timed_out" and the action rejected), or escalate (once, to escalate_to, with a fresh deadline; the next timeout rejects).
+             * @default reject
+             * @enum {string}
+             */
+            on_timeout: "reject" | "escalate";
+            /**
              * Previous Id
              * @description The expired or rejected approval this one asks again (request-again).
              */
             previous_id?: string | null;
-            /** Reason */
+            /**
+             * Reason
+             * @description The decider's reason; "timed_out" for one nobody decided before its deadline.
+             */
             reason: string;
             /** Risk */
             risk: string;
@@ -1070,6 +1091,16 @@ export interface components {
              */
             edited: boolean;
             /**
+             * Escalate To
+             * @description To whom it escalates on timeout: a role (approver, admin) or a username; null: it does not.
+             */
+            escalate_to?: string | null;
+            /**
+             * Escalated At
+             * @description When it escalated (null: not escalated); since then only escalate_to decides it.
+             */
+            escalated_at?: string | null;
+            /**
              * Expires At
              * Format: date-time
              */
@@ -1082,7 +1113,15 @@ export interface components {
             /** Id */
             id: string;
             /**
+             * On Timeout
+             * @description What its deadline (expires_at) does when nobody decided by then (its policy's on_timeout): reject (it becomes expired with reason "timed_out" and the action rejected), or escalate (once, to escalate_to, with a fresh deadline; the next timeout rejects).
+             * @default reject
+             * @enum {string}
+             */
+            on_timeout: "reject" | "escalate";
+            /**
              * Reason
+             * @description The decider's reason; "timed_out" for one nobody decided before its deadline.
              * @default
              */
             reason: string;
@@ -2374,6 +2413,11 @@ export interface components {
             /** Approval */
             approval: string;
             /**
+             * Approval Timeout
+             * @description How long an approval it asks for waits ("2h"); SAGA_APPROVAL_EXPIRY_H when it sets none.
+             */
+            approval_timeout: string;
+            /**
              * Approvers
              * @description How many distinct people must grant an approval it asks for.
              * @default 1
@@ -2389,12 +2433,23 @@ export interface components {
             /** Compensation Tool */
             compensation_tool: string;
             /**
+             * Escalate To
+             * @description The role (approver, admin) or username an approval escalates to.
+             */
+            escalate_to?: string | null;
+            /**
              * Limits
              * @description Count and sum limits over a sliding window.
              */
             limits?: {
                 [key: string]: unknown;
             }[];
+            /**
+             * On Timeout
+             * @description What its deadline does: reject, or escalate once to escalate_to (the next timeout rejects).
+             * @enum {string}
+             */
+            on_timeout: "reject" | "escalate";
             /** Risk */
             risk: string;
             /**
