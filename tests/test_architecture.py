@@ -176,9 +176,9 @@ RECOVERY_FLOORS = {
     "recovery.compensators": 0,
     "recovery.slack": 0,
     # Telling people and agents: raising a notification, pushing a command; delivering a row.
-    "recovery.notifications.outbox": 1,
+    "recovery.notifications.outbox": 2,
     "recovery.notifications.command_push": 1,
-    "recovery.notifications.delivery": 2,
+    "recovery.notifications.delivery": 3,
     "recovery.planner": 1,
     "recovery.trail": 1,
     # An approval's deadline in words (the inbox card, notifications, Slack).
@@ -188,42 +188,42 @@ RECOVERY_FLOORS = {
     "recovery.scheduling": 1,
     # The engine's Prometheus metrics: counted where steps move, read from the models when scraped.
     "recovery.metrics": 1,
-    "recovery.admin": 3,
+    "recovery.admin": 4,
     # Each object's own transitions.
-    "recovery.items": 2,
-    "recovery.approvals": 2,
-    "recovery.commands": 2,
-    "recovery.channels": 2,
+    "recovery.items": 3,
+    "recovery.approvals": 3,
+    "recovery.commands": 3,
+    "recovery.channels": 3,
     # The reads, and the engine over the objects it moves: what every verb of it shares, then
     # create, claim and finish, then advance (which claims and finishes) and the operator's
     # moves, then the runner (which records an outcome and advances); the sweeper over it all.
-    "recovery.selectors": 3,
+    "recovery.selectors": 4,
     # Approval deadlines as the sweeps keep them: reminders, escalation (over the approvals).
-    "recovery.approval_deadlines": 3,
-    "recovery.unwinds.state": 3,
-    "recovery.unwinds.dispatch": 3,
-    "recovery.unwinds.create": 4,
-    "recovery.unwinds.claim": 4,
-    "recovery.unwinds.finish": 4,
-    "recovery.unwinds.advance": 5,
-    "recovery.unwinds.moves": 5,
-    "recovery.unwinds.runner": 6,
-    "recovery.sweeper": 7,
+    "recovery.approval_deadlines": 4,
+    "recovery.unwinds.state": 4,
+    "recovery.unwinds.dispatch": 4,
+    "recovery.unwinds.create": 5,
+    "recovery.unwinds.claim": 5,
+    "recovery.unwinds.finish": 5,
+    "recovery.unwinds.advance": 6,
+    "recovery.unwinds.moves": 6,
+    "recovery.unwinds.runner": 7,
+    "recovery.sweeper": 8,
     # Which decisions are possible now, and refusals in words (over the engine's state sets).
-    "recovery.decisions": 4,
+    "recovery.decisions": 5,
     # The decisions the UI and the API call (refusals audited under each; compensating under the
     # reports that auto-compensate and the bulk decisions; the periodic duties over approving and
     # the reports), then what the worker runs.
-    "recovery.services.refusals": 8,
-    "recovery.services.approving": 9,
-    "recovery.services.compensating": 9,
-    "recovery.services.resolving": 9,
-    "recovery.services.cancelling": 9,
-    "recovery.services.reports": 10,
-    "recovery.services.bulk": 10,
-    "recovery.services.bulk_filter": 10,
-    "recovery.services.periodic": 11,
-    "recovery.jobs": 12,
+    "recovery.services.refusals": 9,
+    "recovery.services.approving": 10,
+    "recovery.services.compensating": 10,
+    "recovery.services.resolving": 10,
+    "recovery.services.cancelling": 10,
+    "recovery.services.reports": 11,
+    "recovery.services.bulk": 11,
+    "recovery.services.bulk_filter": 11,
+    "recovery.services.periodic": 12,
+    "recovery.jobs": 13,
     # The audit stream to a SIEM: its sinks and messages, how they are sent, the cursor moving.
     "recovery.audit_stream": 0,
     # Bulk decisions by filter: their own tables (the decisions are recovery.services.bulk_filter).
@@ -232,8 +232,8 @@ RECOVERY_FLOORS = {
     "recovery.audit_stream.models": 0,
     "recovery.audit_stream.config": 1,
     "recovery.audit_stream.records": 1,
-    "recovery.audit_stream.transport": 2,
-    "recovery.audit_stream.delivery": 3,
+    "recovery.audit_stream.transport": 3,
+    "recovery.audit_stream.delivery": 4,
 }
 
 
@@ -246,7 +246,7 @@ def _recovery_floor(module: str) -> int:
             "recovery.bulk.migrations",
         )
     ):
-        return 13 if module.startswith("recovery.management") else 0
+        return 14 if module.startswith("recovery.management") else 0
     return RECOVERY_FLOORS[module]
 
 
