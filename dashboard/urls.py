@@ -13,6 +13,7 @@ from dashboard.views import (
     policies,
     queue,
     runs,
+    runs_list,
     slack_account,
     unwinds,
 )
@@ -23,6 +24,7 @@ urlpatterns = [
     path("", queue.queue, name="queue"),
     path("queue/new", queue.queue_new, name="queue-new"),
     path("queue/bulk", queue.queue_bulk, name="queue-bulk"),
+    path("runs/", runs_list.runs_list, name="runs"),
     path("runs/<str:run_id>/", runs.run_detail, name="run-detail"),
     path("runs/<str:run_id>/live", runs.run_live, name="run-live"),
     path("runs/<str:run_id>/flag", runs.run_flag, name="run-flag"),

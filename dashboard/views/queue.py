@@ -16,6 +16,7 @@ from django_htmx.http import HTMX_STOP_POLLING
 from dashboard.forms import BulkForm, QueueFilterForm
 from dashboard.permissions import Capability, require, tenant_ids_with
 from dashboard.selectors import queue as queue_selectors
+from dashboard.selectors import runs_list as runs_selectors
 from dashboard.selectors import tenants as tenant_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
@@ -58,6 +59,13 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "since": page.read_at.isoformat() if page.read_at else "",
         "paged": bool(request.GET.get("cursor")),
         "polling": True,
+        # A search that finds nothing in the queue may still name a run outside it (running,
+        # succeeded, already decided): say so and link to it instead of only "nothing".
+        "run_outside_queue": runs_selectors.run_named_exactly(
+            user=request.user, term=view.queue_filter.search
+        )
+        if view.queue_filter.search and not page.items and not request.GET.get("cursor")
+        else None,
     }
     if load_more:
         return render(request, "dashboard/queue.html#queue-rows", context)
