@@ -105,10 +105,6 @@ class RunFilter:
         if after is not None and before is not None and after >= before:
             raise _refuse("before", "“Started before” must be later than “started after”.")
 
-    @property
-    def is_empty(self) -> bool:
-        return self == RunFilter()
-
     def runs(self, *, tenants: Tenants) -> QuerySet[Run]:
         """The runs of ``tenants`` that every field but the search matches."""
         tenant_ids = _tenant_ids(tenants)
