@@ -45,6 +45,8 @@ BENCH_INDEXES = [
     "action_failed_recent",
     "recovery_unresolved_search",
     "recovery_unresolved_groups",
+    "run_newest",
+    "run_search_trgm",
 ]
 
 
@@ -163,6 +165,12 @@ def pages(*, user: Any, deep_pages: int, big_run_actions: int) -> list[tuple[str
             (f"run detail ({big_run_actions} actions)", run_page),
             (f"run detail ({big_run_actions} actions, all rendered)", f"{run_page}?actions=all"),
         ]
+    runs = _url("dashboard:runs", "/runs/")
+    out += [
+        ("runs: first page", runs),
+        (f"runs: search ({SEARCH_TERM!r})", f"{runs}?{urlencode({'q': SEARCH_TERM})}"),
+        ("runs: failed", f"{runs}?{urlencode({'status': 'failed'})}"),
+    ]
     out += [
         ("approval inbox", _url("dashboard:approvals", "/approvals/")),
         ("insights", _url("dashboard:insights", "/insights/")),

@@ -14,6 +14,7 @@ from dashboard.views import (
     policies,
     queue,
     runs,
+    runs_list,
     slack_account,
     unwinds,
 )
@@ -27,6 +28,7 @@ urlpatterns = [
     path("queue/decide-all", bulk.bulk_preview, name="bulk-preview"),
     path("bulk/<str:bulk_id>/", bulk.bulk_detail, name="bulk-detail"),
     path("bulk/<str:bulk_id>/abort", bulk.bulk_abort, name="bulk-abort"),
+    path("runs/", runs_list.runs_list, name="runs"),
     path("runs/<str:run_id>/", runs.run_detail, name="run-detail"),
     path("runs/<str:run_id>/live", runs.run_live, name="run-live"),
     path("runs/<str:run_id>/flag", runs.run_flag, name="run-flag"),

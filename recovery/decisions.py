@@ -137,12 +137,8 @@ def decisions_for(*, run: Run, item: RecoveryItem | None, unwind: Unwind | None 
     compensating and resuming, only a running or failed run is cancelled (``CANCELLABLE``), only
     a running or paused unwind is stopped (``STOPPABLE``)."""
     compensate, resume, close = _item_decisions(run, item, unwind)
-    cancel = (
-        ALLOWED
-        if run.status in CANCELLABLE
-        else Decision(False, transition_sentence("Run", run.status, Run.Status.CANCELLED))
-    )
-    flag = _flag_decision(run, item)
+    cancel = cancel_decision(run=run)
+    flag = flag_decision(run=run, in_queue=item is not None and item.status in RecoveryItem.UNRESOLVED)
     stop = _stop_decision(unwind)
     # One sentence per reason, naming the decisions it holds back ("Resume, Compensate and Close").
     by_why: dict[str, list[str]] = {}
@@ -189,10 +185,18 @@ def _item_decisions(
     return compensate, resume, close
 
 
-def _flag_decision(run: Run, item: RecoveryItem | None) -> Decision:
+def cancel_decision(*, run: Run) -> Decision:
+    """Whether the run may be cancelled now (the run page's and the Runs page's one rule)."""
+    if run.status in CANCELLABLE:
+        return ALLOWED
+    return Decision(False, transition_sentence("Run", run.status, Run.Status.CANCELLED))
+
+
+def flag_decision(*, run: Run, in_queue: bool) -> Decision:
+    """Whether the run may be flagged for review now; ``in_queue``: it has an unresolved item."""
     if run.status in NOT_FLAGGABLE:
         flag = Decision(False, f"{UNDER_WAY}; flag the run once it has finished.")
-    elif item is not None and item.status in RecoveryItem.UNRESOLVED:
+    elif in_queue:
         flag = Decision(False, "The run is already in the recovery queue.")
     else:
         flag = ALLOWED

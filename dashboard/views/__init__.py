@@ -11,6 +11,7 @@ is a 404) and every decision checks the user's role in the object's tenant (403)
 - ``bulk``: bulk decisions by filter (the preview, the typed confirmation, the bulk's live page,
   abort).
 - ``runs``: the run page and its live poll; flagging and cancelling a run.
+- ``runs_list``: the Runs page (every run, filtered, keyset-paged; an exact id opens the run).
 - ``items``: a recovery item's decisions: compensate (the plan, partial or to a checkpoint),
   resume, close, assign.
 - ``unwinds``: a compensation in progress: its progress, stopping it, a step's ask-again, retry

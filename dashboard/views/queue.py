@@ -16,12 +16,13 @@ from django_htmx.http import HTMX_STOP_POLLING
 from dashboard.forms import BulkForm, QueueFilterForm
 from dashboard.permissions import Capability, require, tenant_ids_with
 from dashboard.selectors import queue as queue_selectors
+from dashboard.selectors import runs_list as runs_selectors
 from dashboard.selectors import tenants as tenant_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from ledger.conf import saga
 from ledger.errors import SagaError
-from ledger.models import Tenant
+from ledger.models import Run, Tenant
 from recovery.services import bulk
 
 
@@ -32,6 +33,16 @@ def _queue_view(
     if not request.GET:
         return form, queue_selectors.QueueView()
     return form, form.view()
+
+
+def _run_outside_queue(
+    request: HttpRequest, view: queue_selectors.QueueView, page: queue_selectors.QueuePage
+) -> Run | None:
+    """A search that finds nothing in the queue may still name a run outside it (running,
+    succeeded, already decided): the page says so and links to it instead of only "nothing"."""
+    if not view.queue_filter.search or page.items or request.GET.get("cursor"):
+        return None
+    return runs_selectors.run_named_exactly(user=request.user, term=view.queue_filter.search)
 
 
 @require_GET
@@ -65,6 +76,7 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "since": page.read_at.isoformat() if page.read_at else "",
         "paged": bool(request.GET.get("cursor")),
         "polling": True,
+        "run_outside_queue": _run_outside_queue(request, view, page),
     }
     if load_more:
         return render(request, "dashboard/queue.html#queue-rows", context)
