@@ -1,6 +1,6 @@
 """The Runs page's queries walk indexes, never a whole table: EXPLAIN of every SELECT the page runs,
 for the first page, a page after a cursor and each filter, over enough runs and actions that the
-planner prefers a sequential scan wherever no index serves (``ledger/0020_runs_page_indexes``).
+planner prefers a sequential scan wherever no index serves (``ledger/0021_runs_page_indexes``).
 
 The scale targets (ten million runs) are ``make bench``'s; this proves the plans' shape with real
 statistics (ANALYZE) on a few tens of thousands of rows.
