@@ -21,7 +21,8 @@ from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from ledger.conf import saga
 from ledger.errors import SagaError
-from ledger.models import Tenant
+from ledger.models import Risk, Tenant
+from recovery.models import RecoveryItem
 from recovery.services import bulk
 
 
@@ -32,6 +33,13 @@ def _queue_view(
     if not request.GET:
         return form, queue_selectors.QueueView()
     return form, form.view()
+
+
+def _selectable(item: RecoveryItem, operable: set[int]) -> bool:
+    """An item the ticked bulk may take: low risk, not resolved, in a tenant the user operates."""
+    return (
+        item.risk == Risk.LOW and item.status != RecoveryItem.Status.RESOLVED and item.tenant_id in operable
+    )
 
 
 @require_GET
@@ -53,6 +61,9 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "page": page,
         "groups": queue_selectors.queue_groups(user=request.user, view=view) if show_groups else [],
         "operable_tenant_ids": operable,
+        # The rows with a checkbox for the ticked bulk: the bar shows only when there is something
+        # to tick (or a next page that may have some).
+        "selectable_ids": {item.pk for item in page.items if _selectable(item, operable)},
         "bulk_max": saga().bulk_max_items,
         "sla_minutes": saga().queue_sla_minutes,
         "since": page.read_at.isoformat() if page.read_at else "",
