@@ -13,6 +13,7 @@ from dashboard.views import (
     policies,
     queue,
     runs,
+    saved_filters,
     slack_account,
     unwinds,
 )
@@ -23,6 +24,13 @@ urlpatterns = [
     path("", queue.queue, name="queue"),
     path("queue/new", queue.queue_new, name="queue-new"),
     path("queue/bulk", queue.queue_bulk, name="queue-bulk"),
+    path("queue/saved-filters", saved_filters.saved_filter_create, name="saved-filter-create"),
+    path(
+        "queue/saved-filters/<int:pk>/rename", saved_filters.saved_filter_rename, name="saved-filter-rename"
+    ),
+    path(
+        "queue/saved-filters/<int:pk>/delete", saved_filters.saved_filter_delete, name="saved-filter-delete"
+    ),
     path("runs/<str:run_id>/", runs.run_detail, name="run-detail"),
     path("runs/<str:run_id>/live", runs.run_live, name="run-live"),
     path("runs/<str:run_id>/flag", runs.run_flag, name="run-flag"),

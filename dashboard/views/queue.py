@@ -13,7 +13,9 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
+from dashboard import saved_filters
 from dashboard.forms import BulkForm, QueueFilterForm
+from dashboard.models import SavedFilter
 from dashboard.permissions import Capability, require, tenant_ids_with
 from dashboard.selectors import queue as queue_selectors
 from dashboard.selectors import tenants as tenant_selectors
@@ -33,6 +35,36 @@ def _queue_view(
     if not request.GET:
         return form, queue_selectors.QueueView()
     return form, form.view()
+
+
+def _saved_and_counts(
+    request: HtmxHttpRequest, tenants: list[Tenant], view: queue_selectors.QueueView
+) -> dict[str, object]:
+    """The user's saved filters with their counts, and what waits by reason and by risk (one
+    grouped query), each choice a link that keeps the rest of the current filter."""
+    current = view.as_query()
+    facets = queue_selectors.queue_facets(user=request.user)
+
+    def choice_links(field: str, counts: dict[str, int], labels: dict[str, str]) -> list[dict[str, object]]:
+        return [
+            {
+                "label": labels.get(value, value),
+                "count": n,
+                "query": urlencode({**current, field: value}),
+                "current": current.get(field) == value,
+            }
+            for value, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        ]
+
+    return {
+        "saved_filters": saved_filters.saved_filter_links(
+            user=request.user, tenants=tenants, current_query=urlencode(current)
+        ),
+        "saved_name_max": SavedFilter.NAME_MAX_LENGTH,
+        "facet_total": facets.total,
+        "reason_links": choice_links("reason", facets.reasons, dict(RecoveryItem.Reason.choices)),
+        "risk_links": choice_links("risk", facets.risks, dict(Risk.choices)),
+    }
 
 
 def _selectable(item: RecoveryItem, operable: set[int]) -> bool:
@@ -70,6 +102,8 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "paged": bool(request.GET.get("cursor")),
         "polling": True,
     }
+    if not load_more:
+        context.update(_saved_and_counts(request, tenants, view))
     if load_more:
         return render(request, "dashboard/queue.html#queue-rows", context)
     if request.htmx and request.htmx.target == "queue-results":
