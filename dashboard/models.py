@@ -47,3 +47,26 @@ class SsoMembership(models.Model):
 
     def __str__(self) -> str:
         return f"SSO: {self.membership}"
+
+
+class SavedFilter(models.Model):
+    """A queue filter an operator named for themselves: the queue's query string as it was when
+    saved (whatever fields the filter had then), read back through the queue's filter form each
+    time it is used — never trusted as stored. Written only by ``dashboard.saved_filters``."""
+
+    NAME_MAX_LENGTH = 80
+    QUERY_MAX_LENGTH = 2000
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="saved_filters")
+    name = models.CharField(max_length=NAME_MAX_LENGTH)
+    query = models.CharField(max_length=QUERY_MAX_LENGTH)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "name"], name="saved_filter_name_unique_per_user"),
+            models.CheckConstraint(condition=~models.Q(name=""), name="saved_filter_name_not_empty"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.user_id})"

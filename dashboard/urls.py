@@ -15,6 +15,7 @@ from dashboard.views import (
     queue,
     runs,
     runs_list,
+    saved_filters,
     slack_account,
     unwinds,
 )
@@ -29,6 +30,13 @@ urlpatterns = [
     path("bulk/<str:bulk_id>/", bulk.bulk_detail, name="bulk-detail"),
     path("bulk/<str:bulk_id>/abort", bulk.bulk_abort, name="bulk-abort"),
     path("runs/", runs_list.runs_list, name="runs"),
+    path("queue/saved-filters", saved_filters.saved_filter_create, name="saved-filter-create"),
+    path(
+        "queue/saved-filters/<int:pk>/rename", saved_filters.saved_filter_rename, name="saved-filter-rename"
+    ),
+    path(
+        "queue/saved-filters/<int:pk>/delete", saved_filters.saved_filter_delete, name="saved-filter-delete"
+    ),
     path("runs/<str:run_id>/", runs.run_detail, name="run-detail"),
     path("runs/<str:run_id>/live", runs.run_live, name="run-live"),
     path("runs/<str:run_id>/flag", runs.run_flag, name="run-flag"),

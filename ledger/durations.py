@@ -84,3 +84,51 @@ def parse_duration(value: Any) -> int | float:
     if duration is None:
         raise ValueError(f"must be a duration such as 30s or 2m, got '{value}'")
     return duration.seconds
+
+
+# --- Saying a duration (the one humaniser: every page, card, chart and sentence reads these) ----
+
+
+def duration_short(seconds: float | None) -> str:
+    """A duration for a card, a chart or a badge: under a minute in seconds with at most one
+    decimal (``0.4s``, ``45s``), else its two largest units in whole numbers (``1m 24s``,
+    ``2h 5m``, ``1d 3h``) — the same text the dashboard's script ticks in countdowns. None → "—"."""
+    if seconds is None:
+        return "—"
+    seconds = abs(float(seconds))
+    if seconds < 60:
+        return f"{seconds:.1f}".removesuffix(".0") + "s"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s"
+
+
+def duration_words(seconds: float | None) -> str:
+    """A duration for a sentence: "40 seconds", "1 minute", "2 hours 5 minutes", "1 day 3 hours"
+    (its two largest units). None → "—"."""
+    if seconds is None:
+        return "—"
+    whole = int(abs(seconds))
+    if whole < 60:
+        return f"{whole} second{'s' if whole != 1 else ''}"
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    parts = [(days, "day"), (hours, "hour"), (minutes, "minute")]
+    return " ".join([f"{n} {unit}{'s' if n != 1 else ''}" for n, unit in parts if n][:2])
+
+
+def ago_words(seconds: float | None) -> str:
+    """How long ago, for a sentence: "just now" under a minute (never "0 minutes ago"), else
+    "6 minutes ago". A moment in the future (clocks apart) is "just now" too. None → "—"."""
+    if seconds is None:
+        return "—"
+    if seconds < 60:
+        return "just now"
+    return f"{duration_words(seconds)} ago"

@@ -39,6 +39,25 @@ RUN_TRANSITIONS: dict[str, set[str]] = {
     Run.Status.CLOSED: {Run.Status.COMPENSATING},
 }
 
+# A run's state in a sentence, after "the run": "the run succeeded", "the run was cancelled", never
+# "the run is succeeded" (a state's name is not an adjective). Every sentence a person reads that
+# names a run's state takes its words from here.
+_RUN_STATE_PHRASES: dict[str, str] = {
+    Run.Status.RUNNING: "is running",
+    Run.Status.SUCCEEDED: "succeeded",
+    Run.Status.FAILED: "failed",
+    Run.Status.CANCELLED: "was cancelled",
+    Run.Status.COMPENSATING: "is being compensated",
+    Run.Status.COMPENSATED: "was compensated",
+    Run.Status.CLOSED: "was closed",
+}
+
+
+def run_state_phrase(status: str) -> str:
+    """What follows "the run" in a sentence about its ``status`` ("succeeded", "was cancelled")."""
+    return _RUN_STATE_PHRASES.get(status, f"is {str(status).replace('_', ' ')}")
+
+
 ACTION_TRANSITIONS: dict[str, set[str]] = {
     Action.Status.PLANNED: {Action.Status.AWAITING_APPROVAL, Action.Status.RUNNING},
     Action.Status.AWAITING_APPROVAL: {Action.Status.APPROVED, Action.Status.REJECTED},

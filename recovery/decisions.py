@@ -19,7 +19,7 @@ from django.db import models
 from ledger import errors
 from ledger.models import Action, Run
 from ledger.services.runs import CANCELLABLE
-from ledger.transitions import RUN_TRANSITIONS
+from ledger.transitions import RUN_TRANSITIONS, run_state_phrase
 from recovery.models import ITEM_TRANSITIONS, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.unwinds.state import PROBLEMS, STOPPABLE
 
@@ -288,13 +288,13 @@ def _item_sentence(current: str) -> str:
 
 
 def _run_sentence(current: str, to: str) -> str:
-    state = _label(Run.Status, current)
+    state = run_state_phrase(current)
     if to == Run.Status.COMPENSATING:
         if current == Run.Status.RUNNING:
             return STILL_RUNNING
         if current == Run.Status.COMPENSATING:
             return f"{UNDER_WAY}."
-        return f"The run is {state}; it cannot be compensated."
+        return f"The run {state}; it cannot be compensated."
     if to == Run.Status.RUNNING:
         if current == Run.Status.CANCELLED:
             return "The run was cancelled and its agent told to stop: it cannot be resumed. Compensate or close it."
@@ -302,12 +302,12 @@ def _run_sentence(current: str, to: str) -> str:
             return f"{UNDER_WAY}: it cannot be resumed meanwhile."
         if current == Run.Status.RUNNING:
             return "The run is still running: there is nothing to resume."
-        return f"The run is {state}; it cannot be resumed."
+        return f"The run {state}; it cannot be resumed."
     if to == Run.Status.CANCELLED:
-        return f"Only a running or failed run can be cancelled; this one is {state}."
+        return f"Only a running or failed run can be cancelled; this one {state}."
     if to == Run.Status.CLOSED:
-        return f"The run is {state}; it cannot be closed."
-    return f"The run is {state} now, so this is no longer possible."
+        return f"The run {state}; it cannot be closed."
+    return f"The run {state} meanwhile, so this is no longer possible."
 
 
 def _unwind_sentence(current: str, to: str) -> str:

@@ -67,9 +67,22 @@ def _item_risk(run: Run, failed_action: Action | None) -> str:
     return max_risk(*risks)
 
 
+# Runs recorded by a gateway for one client session (saga-mcp: a run per MCP session). The gateway
+# ends the run when the session closes and nothing listens for that run's commands afterwards, so a
+# resume would reach no one: such a run is compensated or closed, never suggested for a resume.
+SESSION_GATEWAYS = ("saga-mcp",)
+
+
+def _agent_can_resume(run: Run) -> bool:
+    metadata = run.metadata if isinstance(run.metadata, dict) else {}
+    return metadata.get("gateway") not in SESSION_GATEWAYS
+
+
 def suggest_resolution(*, run: Run, failed_action: Action | None = None) -> str:
     """What an operator most likely wants, from the latest checkpoint's recovery mode and what the
-    run changed. A suggestion only; the operator decides."""
+    run changed: the one rule the queue and the run page both show. A retryable failure suggests a
+    resume only when the run's agent can pick one up (not a gateway session that has ended). A
+    suggestion only; the operator decides."""
     actions = list(Action.objects.filter(run=run).only("status", "action_class", "retryable"))
     if any(a.status == Action.Status.UNKNOWN for a in actions):
         return RecoveryItem.Suggestion.RECONCILE
@@ -81,7 +94,7 @@ def suggest_resolution(*, run: Run, failed_action: Action | None = None) -> str:
     undoable = [
         a for a in actions if a.status == Action.Status.SUCCEEDED and a.action_class != ActionClass.READ_ONLY
     ]
-    if failed_action is not None and failed_action.retryable:
+    if failed_action is not None and failed_action.retryable and _agent_can_resume(run):
         return RecoveryItem.Suggestion.RESUME
     if undoable:
         return RecoveryItem.Suggestion.COMPENSATE

@@ -12,6 +12,7 @@ from typing import Any
 from django.urls import reverse
 
 from ledger.models import Action, ActionClass, CompensationStrategy, Event, Run
+from ledger.transitions import run_state_phrase
 from recovery.models import Approval, Unwind, UnwindStep
 
 # Actions whose effect is (or may be) out in the world.
@@ -155,6 +156,9 @@ def run_trail(*, run: Run) -> dict[str, Any]:
         latest_step[unwind_step.action_id] = unwind_step
 
     latest_unwind, kept_ids = _partial(run)
+    # "Could not be undone" is said once someone decided about undoing (a compensation was asked
+    # for, or the run was closed as it stands): before that, nothing was tried, so nothing failed.
+    undo_decided = latest_unwind is not None or run.status == Run.Status.CLOSED
     changed = [_entry(a, at=a.completed_at) for a in actions]
     restored: list[dict[str, Any]] = []
     not_undone: list[dict[str, Any]] = []
@@ -188,7 +192,7 @@ def run_trail(*, run: Run) -> dict[str, Any]:
         elif _still_to_undo(action, step):
             # An unwind in progress will get to it: not yet undone is not "could not be undone".
             to_undo.append(_entry(action, at=action.completed_at, reason=_why_still_to_undo(action, step)))
-        elif run.status in _UNDO_EXPECTED or step is not None:
+        elif undo_decided and (run.status in _UNDO_EXPECTED or step is not None):
             not_undone.append(
                 _entry(action, at=action.completed_at, reason=_why_not_undone(action, step, run))
             )
@@ -203,7 +207,9 @@ def run_trail(*, run: Run) -> dict[str, Any]:
         "to_undo": to_undo,
         "kept": kept,
         "reviewed_by": reviewed_by,
-        "summary": _summary(run, changed, restored, not_undone, reviewed_by, kept, to_undo),
+        "summary": _summary(
+            run, changed, restored, not_undone, reviewed_by, kept, to_undo, undecided=not undo_decided
+        ),
         "audit_url": reverse("dashboard:run-detail", kwargs={"run_id": run.pk}) + "#audit",
     }
 
@@ -288,9 +294,12 @@ def _summary(
     reviewed_by: list[dict[str, Any]],
     kept: list[dict[str, Any]],
     to_undo: list[dict[str, Any]],
+    *,
+    undecided: bool,
 ) -> str:
     sentences = [
-        f'The agent "{run.agent}" handled the request "{run.request[:200]}" and the run is {run.status}.'
+        f'The agent "{run.agent}" handled the request "{run.request[:200]}" and the run '
+        f"{run_state_phrase(run.status)}."
     ]
     if not changed:
         sentences.append("It changed nothing outside Saga Admin.")
@@ -306,6 +315,8 @@ def _summary(
         )
     if to_undo:
         sentences.append(f"Being undone now: {_listing(to_undo)}.")
+    if undecided and changed and run.status in _UNDO_EXPECTED:
+        sentences.append("Nobody has decided yet whether to undo what it changed.")
     for entry in not_undone:
         sentences.append(f"Not undone: {entry['description']}, because {entry['reason']}.")
     if run.status == Run.Status.SUCCEEDED and changed and not restored:

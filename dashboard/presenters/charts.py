@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ledger.durations import duration_short
+
 ROW_HEIGHT = 28
 BAR_HEIGHT = 18
 LABEL_WIDTH = 170
@@ -39,11 +41,8 @@ class BarChart:
 
 def _display(value: float, unit: str) -> str:
     if unit == "s":
-        if value >= 3600:
-            return f"{value / 3600:.1f}h"
-        if value >= 60:
-            return f"{value / 60:.1f}m"
-        return f"{value:.1f}s"
+        # The one short form, the same the cards beside the chart print.
+        return duration_short(value)
     return f"{value:g}"
 
 

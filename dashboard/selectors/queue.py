@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
+from django.db import connection
 from django.db.models import (
     Case,
     Count,
@@ -214,3 +215,56 @@ def items_for_user(*, user: Someone, ids: list[str]) -> list[RecoveryItem]:
             pk__in=[pk for pk in ids if looks_like_id(pk)], tenant_id__in=permissions.tenant_ids_for(user)
         ).select_related("run", "tenant", "failed_action")
     )
+
+
+# Counts beside saved filters and the queue's choices are capped, like the new-items count: a
+# filter over every item ever opened must not count the whole table on each page view.
+COUNT_CAP = 999
+
+
+def queue_counts(*, user: Someone, views: dict[int, QueueView]) -> dict[int, int]:
+    """How many items each of ``views`` matches now, each counted up to COUNT_CAP + 1, in one
+    statement (a capped subquery per view, joined by UNION ALL). A filter with a search term still
+    reads its exact-id probe first (``recovery.selectors._search``)."""
+    if not views:
+        return {}
+    now = timezone.now()
+    parts: list[str] = []
+    params: list[Any] = []
+    for key, view in views.items():
+        capped = _filtered_items(user=user, view=view, now=now).order_by().values("pk")[: COUNT_CAP + 1]
+        sql, sub_params = capped.query.sql_with_params()
+        # The key is an int we chose; the rest is the ORM's own SQL with its parameters.
+        parts.append(f"SELECT {int(key)} AS k, count(*) AS n FROM ({sql}) AS capped")  # noqa: S608
+        params.extend(sub_params)
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), params)
+        return {int(key): int(count) for key, count in cursor.fetchall()}
+
+
+@dataclass(frozen=True)
+class QueueFacets:
+    """What waits in the queue (unresolved items of the user's tenants) by reason and by risk."""
+
+    reasons: dict[str, int]
+    risks: dict[str, int]
+    total: int
+
+
+def queue_facets(*, user: Someone) -> QueueFacets:
+    """Unresolved items by reason and risk: one grouped query over the queue (never one per
+    choice). Resolved items are history, not counted here."""
+    rows = (
+        RecoveryItem.objects.filter(
+            tenant_id__in=permissions.tenant_ids_for(user), status__in=RecoveryItem.UNRESOLVED
+        )
+        .order_by()
+        .values_list("reason", "risk")
+        .annotate(n=Count("id"))
+    )
+    reasons: dict[str, int] = {}
+    risks: dict[str, int] = {}
+    for reason, risk, n in rows:
+        reasons[reason] = reasons.get(reason, 0) + n
+        risks[risk] = risks.get(risk, 0) + n
+    return QueueFacets(reasons=reasons, risks=risks, total=sum(reasons.values()))

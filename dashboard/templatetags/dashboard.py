@@ -10,9 +10,11 @@ from typing import Any
 
 from django import template
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
 
 from ledger.conf import saga
+from ledger.durations import ago_words, duration_short
 from recovery import decisions
 
 register = template.Library()
@@ -149,34 +151,31 @@ def status_badge(status: str, label: str = "") -> str:
     )
 
 
-def _duration_text(delta: timedelta) -> str:
-    seconds = int(abs(delta.total_seconds()))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    if minutes:
-        return f"{minutes}m"
-    return f"{seconds}s"
+@register.filter
+def duration(seconds: float | None) -> str:
+    """A measured duration on a card: the one short form (``ledger.durations.duration_short``),
+    the same the charts print."""
+    return duration_short(seconds)
 
 
 @register.filter
-def duration(seconds: float | None) -> str:
-    if seconds is None:
+def ago(when: datetime | str | int | float | None) -> str:
+    """How long ago ``when`` was, for a sentence: "just now", "6 minutes ago"
+    (``ledger.durations.ago_words``). ``when``: a datetime, the ISO string an item's details keep,
+    or a number of seconds already elapsed."""
+    if isinstance(when, int | float):
+        return ago_words(when)
+    moment = parse_datetime(when) if isinstance(when, str) else when
+    if moment is None:
         return "—"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    return _duration_text(timedelta(seconds=seconds))
+    return ago_words(max(0.0, (timezone.now() - moment).total_seconds()))
 
 
 @register.simple_tag
 def age_badge(since: datetime) -> str:
     """Time since an item opened, marked past the queue SLA in words as well as colour."""
     age = timezone.now() - since
-    text = _duration_text(age)
+    text = duration_short(int(age.total_seconds()))
     if age > timedelta(minutes=saga().queue_sla_minutes):
         return format_html(
             '<time class="age age-late" datetime="{}">{}<span class="sla-flag"> · past SLA</span></time>',
@@ -195,7 +194,7 @@ def countdown(until: datetime) -> str:
     return format_html(
         '<time class="countdown" data-countdown datetime="{}">expires in {}</time>',
         until.isoformat(),
-        _duration_text(remaining),
+        duration_short(int(remaining.total_seconds())),
     )
 
 

@@ -14,12 +14,18 @@ register = template.Library()
 
 @register.inclusion_tag("dashboard/_pause_banner.html")
 def pause_banner(run: Run) -> dict[str, Any]:
-    """The active pauses that cover ``run`` (its agent, or a tool it has used), each with what it
-    refuses. One query when the run's tenant has no active pause."""
+    """The active pauses that cover ``run`` (one that refused one of its actions, its agent, or a
+    tool it has used), each with what it refuses and what of this run it refused. One query when
+    the run's tenant has no active pause."""
     return {
         "run": run,
         "covering": [
-            {"pause": p, "what": pauses.describe(p), "by": pauses.created_by_label(p)}
-            for p in pauses.pauses_covering_run(run=run)
+            {
+                "pause": c.pause,
+                "what": pauses.describe(c.pause),
+                "by": pauses.created_by_label(c.pause),
+                "refused_tools": c.refused_tools,
+            }
+            for c in pauses.pauses_on_run(run=run)
         ],
     }

@@ -13,7 +13,9 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
+from dashboard import saved_filters
 from dashboard.forms import BulkForm, QueueFilterForm
+from dashboard.models import SavedFilter
 from dashboard.permissions import Capability, require, tenant_ids_with
 from dashboard.selectors import queue as queue_selectors
 from dashboard.selectors import runs_list as runs_selectors
@@ -22,7 +24,8 @@ from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from ledger.conf import saga
 from ledger.errors import SagaError
-from ledger.models import Run, Tenant
+from ledger.models import Risk, Run, Tenant
+from recovery.models import RecoveryItem
 from recovery.services import bulk
 
 
@@ -43,6 +46,43 @@ def _run_outside_queue(
     if not view.queue_filter.search or page.items or request.GET.get("cursor"):
         return None
     return runs_selectors.run_named_exactly(user=request.user, term=view.queue_filter.search)
+
+
+def _saved_and_counts(
+    request: HtmxHttpRequest, tenants: list[Tenant], view: queue_selectors.QueueView
+) -> dict[str, object]:
+    """The user's saved filters with their counts, and what waits by reason and by risk (one
+    grouped query), each choice a link that keeps the rest of the current filter."""
+    current = view.as_query()
+    facets = queue_selectors.queue_facets(user=request.user)
+
+    def choice_links(field: str, counts: dict[str, int], labels: dict[str, str]) -> list[dict[str, object]]:
+        return [
+            {
+                "label": labels.get(value, value),
+                "count": n,
+                "query": urlencode({**current, field: value}),
+                "current": current.get(field) == value,
+            }
+            for value, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        ]
+
+    return {
+        "saved_filters": saved_filters.saved_filter_links(
+            user=request.user, tenants=tenants, current_query=urlencode(current)
+        ),
+        "saved_name_max": SavedFilter.NAME_MAX_LENGTH,
+        "facet_total": facets.total,
+        "reason_links": choice_links("reason", facets.reasons, dict(RecoveryItem.Reason.choices)),
+        "risk_links": choice_links("risk", facets.risks, dict(Risk.choices)),
+    }
+
+
+def _selectable(item: RecoveryItem, operable: set[int]) -> bool:
+    """An item the ticked bulk may take: low risk, not resolved, in a tenant the user operates."""
+    return (
+        item.risk == Risk.LOW and item.status != RecoveryItem.Status.RESOLVED and item.tenant_id in operable
+    )
 
 
 @require_GET
@@ -70,6 +110,9 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "page": page,
         "groups": queue_selectors.queue_groups(user=request.user, view=view) if show_groups else [],
         "operable_tenant_ids": operable,
+        # The rows with a checkbox for the ticked bulk: the bar shows only when there is something
+        # to tick (or a next page that may have some).
+        "selectable_ids": {item.pk for item in page.items if _selectable(item, operable)},
         "bulk_max": saga().bulk_max_items,
         "bulk_count": bulk_count,
         "sla_minutes": saga().queue_sla_minutes,
@@ -78,6 +121,8 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "polling": True,
         "run_outside_queue": _run_outside_queue(request, view, page),
     }
+    if not load_more:
+        context.update(_saved_and_counts(request, tenants, view))
     if load_more:
         return render(request, "dashboard/queue.html#queue-rows", context)
     if request.htmx and request.htmx.target == "queue-results":

@@ -26,6 +26,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
 import structlog
@@ -36,7 +37,7 @@ from django.utils import timezone
 
 from ledger import errors
 from ledger.audit import Actor, audit_record
-from ledger.models import Action, Pause, Run, Tenant
+from ledger.models import Action, Event, Pause, Run, Tenant
 from ledger.pagination import NEWEST_FIRST, Page, keyset_page
 from ledger.rules import reason_required
 from ledger.tool_names import check_tool_name
@@ -48,6 +49,10 @@ R = TypeVar("R")
 
 NAME_MAX_LENGTH = 200
 STATUSES = ("active", "lifted", "all")
+
+# The audit event of a new action refused on its run (by a pause, a policy rule, a compensation the
+# policy does not allow): written by the recording that refused it, read by the run's pause banner.
+ACTION_REFUSED = "action.refused"
 
 # (id, agent pattern, tool pattern) of an active pause: what the hot path reads and matches.
 ActivePause = Sequence[str]
@@ -374,15 +379,42 @@ def pause_get(*, tenant_ids: Sequence[int], pause_id: str) -> Pause:
     return pause
 
 
-def pauses_covering_run(*, run: Run) -> list[Pause]:
-    """The active pauses that cover the run's agent or any tool it has used (the run page's
-    banner). Two small queries when its tenant has active pauses, one when it has none."""
+@dataclass(frozen=True)
+class PauseOnRun:
+    """An active pause that covers a run, and the tools of this run it has already refused."""
+
+    pause: Pause
+    refused_tools: tuple[str, ...] = ()
+
+
+def pauses_on_run(*, run: Run) -> list[PauseOnRun]:
+    """The active pauses that cover the run (the run page's banner): those that refused one of its
+    actions (its ``action.refused`` events with code ``paused``: the run a pause actually stopped,
+    though nothing of the refused tool was recorded), and those that cover its agent or a tool it
+    has used. One query when its tenant has no active pause, three when it has."""
     active = list(_pauses([run.tenant_id]).filter(lifted_at__isnull=True).order_by("created_at", "id"))
     if not active:
         return []
     tools = set(Action.objects.filter(run=run).values_list("tool", flat=True).distinct())
+    refused: dict[str, list[str]] = {}
+    for pause_id, tool in (
+        Event.objects.filter(run=run, kind=ACTION_REFUSED, data__code=errors.Paused.code)
+        .order_by("id")
+        .values_list("data__details__pause_id", "data__tool")
+    ):
+        if isinstance(pause_id, str) and isinstance(tool, str) and tool not in refused.get(pause_id, []):
+            refused.setdefault(pause_id, []).append(tool)
     names = run_names(run)
-    return [p for p in active if covers_run(agent=p.agent, tool=p.tool, names=names, tools=tools)]
+    return [
+        PauseOnRun(pause=p, refused_tools=tuple(refused.get(p.pk, ())))
+        for p in active
+        if p.pk in refused or covers_run(agent=p.agent, tool=p.tool, names=names, tools=tools)
+    ]
+
+
+def pauses_covering_run(*, run: Run) -> list[Pause]:
+    """The active pauses that cover the run (``pauses_on_run`` without the refused tools)."""
+    return [covering.pause for covering in pauses_on_run(run=run)]
 
 
 def running_runs_covered(*, tenant: Tenant, agent: str, tool: str, limit: int = 200) -> int:

@@ -16,6 +16,7 @@ from ledger.hashing import sha256_hex
 from ledger.models import Action, Run
 from ledger.policies.deadlines import ApprovalDeadline
 from ledger.rules import reason_required
+from ledger.services import pauses
 from ledger.services.actions import moves as action_moves
 from ledger.services.actions import recording
 from ledger.services.actions.recording import RecordedAction
@@ -64,7 +65,7 @@ def _record_action_refusal(*, run: Run, actor: Actor, exc: errors.SagaError, fie
                 tenant=locked.tenant,
                 run=locked,
                 actor=actor,
-                kind="action.refused",
+                kind=pauses.ACTION_REFUSED,
                 subject=locked,
                 reason=exc.message,
                 data={

@@ -232,7 +232,7 @@ def test_a_percentile_without_data_is_drawn_as_no_data_not_zero():
     from dashboard.presenters.charts import bar_chart
 
     chart = bar_chart([("p50", None), ("p95", 4.0)], unit="s")
-    assert [b.display for b in chart.bars] == ["no data", "4.0s"]
+    assert [b.display for b in chart.bars] == ["no data", "4s"]
     assert chart.bars[0].width == 0 and chart.bars[1].width == 300
 
 

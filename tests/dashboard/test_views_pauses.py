@@ -7,6 +7,7 @@ import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
+from ledger import errors
 from ledger.audit import Actor
 from ledger.models import Event, Pause
 from ledger.services import pauses
@@ -114,3 +115,35 @@ def test_the_run_page_shows_a_banner_while_a_pause_covers_the_run(client, tenant
     )
     pauses.pause_lift(pause=pause, actor=Actor.for_user(alice), reason="fixed")
     assert b"data-pause-banner" not in client.get(url).content
+
+
+def test_the_banner_shows_on_the_run_a_pause_stopped_though_it_never_used_the_tool(
+    client, tenant, agent, alice, carol
+):
+    """The run had used only hr.create_user; the pause of payments.* refused its first refund. The
+    refusal is on the run (an ``action.refused`` event, no action row), and the banner names the
+    pause and the refused tool there — and not on another run of the tenant it did not stop."""
+    from recovery.services.approving import action_record_gated
+
+    stopped, untouched = make_run(tenant, agent), make_run(tenant, agent)
+    for run in (stopped, untouched):
+        record(run, agent, f"hire-{run.pk}", tool="hr.create_user")
+    pause = pauses.pause_create(
+        tenant=tenant, actor=Actor.for_user(alice), tool="payments.*", reason="refund bug, INC-42"
+    )
+    with pytest.raises(errors.Paused):
+        action_record_gated(
+            run=stopped, actor=agent, tool="payments.refund", idempotency_key="refund-1", args={"amount": 40}
+        )
+    assert not stopped.actions.filter(tool="payments.refund").exists()
+    client.force_login(carol)
+    html = client.get(reverse("dashboard:run-detail", args=[stopped.pk])).content.decode()
+    assert "data-pause-banner" in html and f'data-pause="{pause.pk}"' in html
+    assert "<strong>Tool payments.*</strong> is paused by alice" in html and "refund bug, INC-42" in html
+    assert "It stopped this run: <code>payments.refund</code> refused" in html
+    other = client.get(reverse("dashboard:run-detail", args=[untouched.pk])).content.decode()
+    assert "data-pause-banner" not in other
+    # Lifted, the pause leaves the banner; the refusal stays in the run's audit trail.
+    pauses.pause_lift(pause=pause, actor=Actor.for_user(alice), reason="fixed")
+    html = client.get(reverse("dashboard:run-detail", args=[stopped.pk])).content.decode()
+    assert "data-pause-banner" not in html and "action.refused" in html

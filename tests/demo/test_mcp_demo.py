@@ -74,6 +74,9 @@ def test_the_seeded_mcp_session_fails_into_the_queue_and_compensating_it_undoes_
         assert [a.compensation_tool for a in actions[:2]] == ["people.delete_user", "people.revoke_license"]
         item = recorded.recovery_items.get(status=RecoveryItem.Status.OPEN)
         assert (item.reason, item.failed_action_id) == ("failed", actions[2].pk)
+        # The session has ended, so no one would pick up a resume: the queue suggests what the
+        # story does (and the run page shows the same field), Compensate.
+        assert item.suggested_resolution == RecoveryItem.Suggestion.COMPENSATE
 
         # Alice compensates; the worker calls the server's undo tools, the licence first.
         worker = start_worker()

@@ -261,6 +261,45 @@ def test_it_says_which_active_pauses_cover_a_run(tenant, agent, alice_actor):
     assert pauses.running_runs_covered(tenant=tenant, agent="", tool="payments.*") == 0
 
 
+def test_a_pause_covers_the_run_it_refused_with_the_tools_it_refused(tenant, agent, alice_actor):
+    """A run that never used the paused tool: the refusal (an audit event on the run, no action
+    row) is what says the pause stopped it."""
+    run, other = make_run(tenant, agent), make_run(tenant, agent)
+    record(run, agent, "k1", tool="hr.create_user")
+    pause = _pause(tenant, alice_actor, tool="payments.*")
+    assert pauses.pauses_on_run(run=run) == []
+    for key in ("r1", "r2"):  # refused twice: the tool is named once
+        with pytest.raises(errors.Paused):
+            _record_gated(run, agent, key, tool="payments.refund")
+    assert pauses.pauses_on_run(run=run) == [
+        pauses.PauseOnRun(
+            pause=pauses.pause_get(tenant_ids=[tenant.pk], pause_id=pause.pk),
+            refused_tools=("payments.refund",),
+        )
+    ]
+    assert pauses.pauses_on_run(run=other) == []
+    assert not Action.objects.filter(run=run, tool="payments.refund").exists()
+    assert Event.objects.filter(run=run, kind=pauses.ACTION_REFUSED).count() == 2
+
+
+def test_the_refusal_costs_its_own_write_and_a_refused_record_nothing_more(tenant, agent, alice_actor):
+    """The refused record rolled back; its audit event is one transaction of its own (lock the run,
+    append the event), whatever the number of pauses."""
+    run = make_run(tenant, agent)
+    record(run, agent, "warm-up")
+    _pause(tenant, alice_actor, tool="payments.*")
+
+    def writes(key: str) -> list[str]:
+        with CaptureQueriesContext(connection) as queries, pytest.raises(errors.Paused):
+            _record_gated(run, agent, key, tool="payments.refund")
+        return [q["sql"] for q in queries.captured_queries if q["sql"].startswith(("INSERT", "UPDATE"))]
+
+    first = writes("r1")
+    assert any("ledger_event" in sql for sql in first)
+    _pause(tenant, alice_actor, agent="billing")
+    assert len(writes("r2")) == len(first)
+
+
 # --- The hot path -----------------------------------------------------------------------------
 
 

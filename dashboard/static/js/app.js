@@ -9,13 +9,55 @@
     return tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT" || target.isContentEditable;
   }
 
-  // --- Approval inbox: j/k move between cards, a/r focus the approve/reject reason field. ---
-  // Shortcuts never submit anything: the reason is always typed, and Enter submits its form.
-  function cards() {
-    return Array.prototype.slice.call(document.querySelectorAll("[data-approval-inbox] [data-approval]"));
+  // --- Keyboard lists: j/k move a visible selection between the entries of a list, and each list
+  // adds its own keys. The approval inbox: a/r focus the approve/reject reason field (shortcuts
+  // never submit anything: the reason is always typed, and Enter submits its form). The recovery
+  // queue: Enter opens the selected item's run. Keys typed into a field are never taken.
+  function focusField(selector) {
+    return function (entry, event) {
+      var field = entry.querySelector(selector);
+      if (field) {
+        event.preventDefault();
+        field.focus();
+      }
+    };
   }
 
-  // The current card's id survives htmx swapping the card for its decided version.
+  var LISTS = [
+    {
+      list: "[data-approval-inbox]",
+      entry: "[data-approval]",
+      keys: { a: focusField("[data-approve-reason]"), r: focusField("[data-reject-reason]") },
+    },
+    {
+      list: "[data-keyboard-list]",
+      entry: "[data-keyboard-entry]",
+      keys: {
+        Enter: function (entry, event) {
+          // Only the row itself: Enter on a link or a checkbox inside it keeps its own meaning.
+          if (event.target !== entry) return;
+          var link = entry.querySelector("[data-keyboard-open]");
+          if (link) {
+            event.preventDefault();
+            link.click();
+          }
+        },
+      },
+    },
+  ];
+
+  function activeList() {
+    for (var i = 0; i < LISTS.length; i++) {
+      if (document.querySelector(LISTS[i].list)) return LISTS[i];
+    }
+    return null;
+  }
+
+  function entries(config) {
+    return Array.prototype.slice.call(document.querySelectorAll(config.list + " " + config.entry));
+  }
+
+  // The current entry's id survives htmx swapping it (a decided card, a refreshed list).
   var currentId = null;
 
   function currentIndex(list) {
@@ -32,25 +74,26 @@
   function select(list, index) {
     if (!list.length) return null;
     index = Math.max(0, Math.min(list.length - 1, index));
-    list.forEach(function (card) { card.classList.remove("is-current"); });
-    var card = list[index];
-    card.classList.add("is-current");
-    currentId = card.id;
-    card.focus({ preventScroll: true });
-    card.scrollIntoView({ block: "nearest", behavior: "smooth" });
-    return card;
+    list.forEach(function (entry) { entry.classList.remove("is-current"); });
+    var entry = list[index];
+    entry.classList.add("is-current");
+    currentId = entry.id;
+    entry.focus({ preventScroll: true });
+    entry.scrollIntoView({ block: "nearest", behavior: "smooth" });
+    return entry;
   }
 
   document.addEventListener("keydown", function (event) {
-    if (!document.querySelector("[data-approval-inbox]")) return;
+    var config = activeList();
+    if (!config) return;
     if (event.ctrlKey || event.metaKey || event.altKey) return;
     if (event.key === "Escape" && isTyping(event.target)) {
-      var owner = event.target.closest("[data-approval]");
+      var owner = event.target.closest(config.entry);
       if (owner) { event.target.blur(); owner.focus(); }
       return;
     }
     if (isTyping(event.target)) return;
-    var list = cards();
+    var list = entries(config);
     var index = currentIndex(list);
     if (event.key === "j") {
       event.preventDefault();
@@ -58,25 +101,20 @@
     } else if (event.key === "k") {
       event.preventDefault();
       select(list, index < 0 ? 0 : index - 1);
-    } else if (event.key === "a" || event.key === "r") {
-      var card = index < 0 ? select(list, 0) : list[index];
-      if (!card) return;
-      var field = card.querySelector(event.key === "a" ? "[data-approve-reason]" : "[data-reject-reason]");
-      if (field) {
-        event.preventDefault();
-        field.focus();
-      }
+    } else if (Object.prototype.hasOwnProperty.call(config.keys, event.key)) {
+      var entry = index < 0 ? (event.key === "Enter" ? null : select(list, 0)) : list[index];
+      if (entry) config.keys[event.key](entry, event);
     }
   });
 
-  // After a decision swaps a card in place, keep the keyboard where it was.
+  // After a swap, keep the keyboard where it was.
   document.addEventListener("htmx:afterSettle", function () {
     if (!currentId) return;
-    var card = document.getElementById(currentId);
+    var entry = document.getElementById(currentId);
     var active = document.activeElement;
-    if (card && (!active || active === document.body)) {
-      card.classList.add("is-current");
-      card.focus({ preventScroll: true });
+    if (entry && (!active || active === document.body)) {
+      entry.classList.add("is-current");
+      entry.focus({ preventScroll: true });
     }
   });
 
