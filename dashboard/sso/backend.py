@@ -72,7 +72,14 @@ class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]  # the librar
         self.OIDC_RP_IDP_SIGN_KEY = None
         try:
             user: User | None = super().authenticate(request, **kwargs)
-        except (requests.RequestException, SuspiciousOperation, jwt.PyJWTError, ValueError, KeyError) as exc:
+        except (
+            requests.RequestException,
+            SuspiciousOperation,
+            jwt.PyJWTError,
+            ValueError,
+            KeyError,
+            accounts.NoFreeUsername,
+        ) as exc:
             self._failed(request, "refused", f"{type(exc).__name__}: {str(exc)[:300]}")
             return None
         if user is None and not hasattr(request, FAILURE_ATTR):
