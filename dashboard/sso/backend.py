@@ -7,8 +7,8 @@ what it leaves out done here:
 - the user is found by issuer and ``sub`` (``accounts.sso_sign_in``), never by e-mail;
 - the role claim is read from the userinfo answer, or from the ID token when the provider puts it
   only there (Microsoft Entra ID's ``groups`` and ``roles``);
-- any failure (the provider unreachable, a refused code, a bad token) is a failed sign-in with a
-  log line, never a 500.
+- any failure (the provider unreachable, a refused code, a bad token, an answer of the wrong
+  shape) is a failed sign-in with a log line, never a 500.
 
 It answers only the SSO callback's requests, and only while SSO is configured; a password sign-in
 goes past it to the backends after it. It is listed first so a successful SSO sign-in is not held
@@ -78,6 +78,10 @@ class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]  # the librar
             jwt.PyJWTError,
             ValueError,
             KeyError,
+            # JSON of the wrong shape where the library reads an object (a token answer or a key
+            # set that is a list, a string, null): a broken or hostile provider, refused alike.
+            TypeError,
+            AttributeError,
             accounts.NoFreeUsername,
         ) as exc:
             self._failed(request, "refused", f"{type(exc).__name__}: {str(exc)[:300]}")
