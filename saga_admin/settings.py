@@ -197,7 +197,8 @@ AUTH_PASSWORD_VALIDATORS = [
 SAGA_SSO = sso_settings_from_env()
 AUTHENTICATION_BACKENDS = authentication_backends(SAGA_SSO)
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "/"
+# A URL name, not a path: under a SCRIPT_NAME prefix (mounted under /saga), "/" is outside the site.
+LOGIN_REDIRECT_URL = "dashboard:queue"
 LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"

@@ -25,7 +25,7 @@ import structlog
 from django.contrib.auth import get_user_model
 from django.core.exceptions import SuspiciousOperation
 from django.http import HttpRequest
-from django.urls import reverse
+from django.urls import Resolver404, resolve
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from dashboard.sso import accounts, claims, discovery
@@ -45,6 +45,16 @@ def _text(claims_: dict[str, Any], name: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _is_callback(request: HttpRequest) -> bool:
+    """Whether the request is for the SSO callback, read as the URL resolver routed it: from
+    ``path_info``, the path below any ``SCRIPT_NAME`` prefix (an installation mounted under
+    ``/saga``), which ``reverse()`` would include and ``path_info`` does not."""
+    try:
+        return resolve(request.path_info).url_name == CALLBACK_URL_NAME
+    except Resolver404:
+        return False
+
+
 class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]  # the library is untyped
     get_settings = staticmethod(oidc_setting)
 
@@ -55,7 +65,7 @@ class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]  # the librar
 
     def authenticate(self, request: HttpRequest | None, **kwargs: Any) -> User | None:
         conf = sso()
-        if request is None or not conf.enabled or request.path_info != reverse(CALLBACK_URL_NAME):
+        if request is None or not conf.enabled or not _is_callback(request):
             return None
         try:
             metadata = discovery.provider_metadata(conf)

@@ -93,3 +93,31 @@ def test_claims_of_the_wrong_type_grant_nothing(client, provider, claims):
     assert not Membership.objects.filter(user=user).exists()
     assert (user.email, user.first_name, user.last_name) == ("", "", "")
     assert "_auth_user_id" not in client.session
+
+
+# --- Mounted under a prefix ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def mounted_under_saga(settings):
+    """The installation mounted under /saga (a reverse proxy's mount, FORCE_SCRIPT_NAME). Django's
+    WSGI handler sets the script prefix reverse() uses from it at every request; the test client's
+    handler does not, so it is set here as the server would."""
+    from django.urls import set_script_prefix
+
+    settings.FORCE_SCRIPT_NAME = "/saga"
+    set_script_prefix("/saga/")
+    yield "/saga"
+    set_script_prefix("/")
+
+
+def test_under_a_prefix_the_callback_signs_in(client, provider, mounted_under_saga):
+    provider.userinfo = {"sub": "mallory", "groups": ["saga:acme:operator"]}
+    started = client.get("/oidc/authenticate/")
+    assert "redirect_uri=http%3A%2F%2Ftestserver%2Fsaga%2Foidc%2Fcallback%2F" in started["Location"]
+    state, stored = next(iter(client.session["oidc_states"].items()))
+    provider.nonce = stored["nonce"]
+    # The proxy strips /saga: the path the application routes is /oidc/callback/.
+    response = client.get("/oidc/callback/", {"code": "a-code", "state": state})
+    assert (response.status_code, response["Location"]) == (302, "/saga/")
+    assert client.session["_auth_user_id"] == str(SsoIdentity.objects.get(subject="mallory").user_id)
