@@ -14,6 +14,9 @@
  * 3. When the SDK then runs the call, the step asks Saga again: only a call Saga approved runs — once,
  *    with the approver's args if they edited them. A host that approves in the SDK alone gets a tool
  *    error ("Saga Admin: … is waiting for approval") and nothing runs.
+ *
+ * Arguments the model sent that are not a JSON object are a tool error the model reads (nothing is
+ * recorded or run), never an exception.
  */
 import type { FunctionTool, RunContext, RunState, RunToolApprovalItem } from "@openai/agents";
 
@@ -46,9 +49,22 @@ function activeRun(name: string): Run {
   return run;
 }
 
-function parsed(input: unknown): Args {
-  if (typeof input === "string") return input ? (JSON.parse(input) as Args) : {};
-  return (input ?? {}) as Args;
+/** The call's arguments as the model sent them (a JSON object), or undefined when they are not. */
+function parsed(input: unknown): Args | undefined {
+  let value: unknown = input ?? {};
+  if (typeof input === "string") {
+    try {
+      value = input ? JSON.parse(input) : {};
+    } catch {
+      return undefined;
+    }
+  }
+  return typeof value === "object" && value !== null && !Array.isArray(value) ? (value as Args) : undefined;
+}
+
+/** What the model reads when its arguments are not a JSON object: nothing was recorded or run. */
+function invalidArguments(name: string): string {
+  return `Saga Admin: the arguments of ${name} are not a JSON object; nothing was recorded or run. Call it again with valid JSON arguments.`;
 }
 
 /** The SDK's `FunctionTool`, each call a step of the active run, its approval Saga's. */
@@ -62,17 +78,23 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
     ...(options.intent ? { intent: options.intent } : {}),
   });
   const record = (run: Run, args: Args): Promise<Action> => run.record(request(args));
+  const registered: Registered = { name, record };
   const wrapped = {
     ...tool,
     needsApproval: async (_context: RunContext, input: unknown) => {
-      const action = await record(activeRun(name), parsed(input));
+      const args = parsed(input);
+      // Arguments that do not parse need no approval: the call itself only tells the model so.
+      if (args === undefined) return false;
+      const action = await record(activeRun(name), args);
       return action.status === "awaiting_approval" || action.status === "rejected";
     },
     invoke: async (context: RunContext<C>, input: string, details?: Parameters<P["invoke"]>[2]) => {
+      const args = parsed(input);
+      if (args === undefined) return invalidArguments(name);
       const run = activeRun(name);
       try {
         return await run.step({
-          ...request(parsed(input)),
+          ...request(args),
           wait: false,
           do: (args) => tool.invoke(context, JSON.stringify(args), details),
         });
@@ -83,7 +105,7 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
       }
     },
   } as P;
-  registry.set(tool.name, { name, record });
+  registry.set(tool.name, registered);
   return wrapped;
 }
 
@@ -101,9 +123,15 @@ export async function sagaDecisions<C>(result: Interrupted<C>, options: { wait?:
   for (const item of result.interruptions) {
     const registered = item.name ? registry.get(item.name) : undefined;
     if (!registered) continue;
-    const run = activeRun(registered.name);
     const raw = item.rawItem as { arguments?: string };
-    let action = await registered.record(run, parsed(raw.arguments ?? "{}"));
+    const args = parsed(raw.arguments ?? "{}");
+    if (args === undefined) {
+      // The SDK asks for approval of a call whose arguments it could not parse: nothing to decide.
+      result.state.reject(item, { message: invalidArguments(registered.name) });
+      continue;
+    }
+    const run = activeRun(registered.name);
+    let action = await registered.record(run, args);
     try {
       if (action.status === "awaiting_approval") {
         if (options.wait === false) continue;
