@@ -16,7 +16,9 @@
  *    error ("Saga Admin: … is waiting for approval") and nothing runs.
  *
  * Arguments the model sent that are not a JSON object are a tool error the model reads (nothing is
- * recorded or run), never an exception.
+ * recorded or run), never an exception. An interruption is matched to the Saga tool among the tools
+ * of the agent that made the call, so two agents may each have a Saga tool of one SDK name; two in
+ * one agent are refused, since the SDK cannot tell their calls apart.
  */
 import type { FunctionTool, RunContext, RunState, RunToolApprovalItem } from "@openai/agents";
 
@@ -40,8 +42,12 @@ interface Registered {
   record(run: Run, args: Args): Promise<Action>;
 }
 
-// SDK tool name → how to ask Saga about one of its calls.
-const registry = new Map<string, Registered>();
+// How to ask Saga about a call of this tool, on the wrapped tool itself (an own enumerable symbol
+// property, so the SDK's copies of the tool keep it). `sagaDecisions` finds it among the tools of
+// the agent that made the call: two agents may each have their own tool of one SDK name.
+const SAGA_TOOL = Symbol.for("saga-admin.openai-agents.tool");
+
+type Carrier = { name?: unknown; [SAGA_TOOL]?: Registered };
 
 function activeRun(name: string): Run {
   const run = currentRun();
@@ -81,6 +87,7 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
   const registered: Registered = { name, record };
   const wrapped = {
     ...tool,
+    [SAGA_TOOL]: registered,
     needsApproval: async (_context: RunContext, input: unknown) => {
       const args = parsed(input);
       // Arguments that do not parse need no approval: the call itself only tells the model so.
@@ -105,8 +112,20 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
       }
     },
   } as P;
-  registry.set(tool.name, registered);
   return wrapped;
+}
+
+/** The Saga side of the tool an interruption is for, among its agent's tools (undefined: not a Saga tool). */
+function registeredFor(item: RunToolApprovalItem): Registered | undefined {
+  const tools = ((item.agent as { tools?: unknown[] } | undefined)?.tools ?? []) as Carrier[];
+  const found = tools.filter((t) => t?.[SAGA_TOOL] !== undefined && t.name === item.name);
+  if (found.length > 1) {
+    const names = found.map((t) => t[SAGA_TOOL]!.name).join(", ");
+    throw new Error(
+      `Agent ${item.agent.name} has ${found.length} Saga tools named ${String(item.name)} (${names}): the SDK cannot tell their calls apart; give each its own name.`,
+    );
+  }
+  return found[0]?.[SAGA_TOOL];
 }
 
 interface Interrupted<C> {
@@ -121,7 +140,7 @@ interface Interrupted<C> {
  */
 export async function sagaDecisions<C>(result: Interrupted<C>, options: { wait?: boolean; timeoutS?: number } = {}): Promise<RunState<C, any>> {
   for (const item of result.interruptions) {
-    const registered = item.name ? registry.get(item.name) : undefined;
+    const registered = registeredFor(item);
     if (!registered) continue;
     const raw = item.rawItem as { arguments?: string };
     const args = parsed(raw.arguments ?? "{}");
