@@ -330,6 +330,8 @@ def test_the_metrics_directory_is_the_variable_or_one_per_deployment(tmp_path: A
 # --- deploy/: the alert rules and the dashboard -------------------------------------------------
 
 REQUIRED_ALERTS = {
+    "SagaScrapeFailing",
+    "SagaMetricsAbsent",
     "SagaUnwindStuck",
     "SagaRecoveryQueueGrowing",
     "SagaApprovalsAboutToExpire",
@@ -357,6 +359,23 @@ def test_the_rules_file_is_what_prometheus_loads() -> None:
             names.append(rule["alert"])
     assert len(names) == len(set(names)), "alert names repeat"
     assert set(names) >= REQUIRED_ALERTS
+
+
+def test_a_failed_scrape_has_alerts_of_its_own() -> None:
+    """Every other rule reads what the scrape brings; these two fire when nothing arrives."""
+    rules = {rule["alert"]: rule for group in promql.load_rules()["groups"] for rule in group["rules"]}
+    failing, absent = rules["SagaScrapeFailing"], rules["SagaMetricsAbsent"]
+    assert promql.selected_metrics(failing["expr"]) == {"up"}
+    assert '{job=~"saga-admin.*"}' in failing["expr"] and failing["expr"].endswith("== 0")
+    assert absent["expr"] == "absent(saga_database_up)"
+    assert {failing["labels"]["severity"], absent["labels"]["severity"]} == {"critical"}
+    # The job matcher names the job of the scrape configuration the operations guide shows.
+    assert "job_name: saga-admin\n" in (promql.ROOT / "docs" / "OPERATIONS.md").read_text()
+    # Every alert is documented in the guide's table.
+    documented = (promql.ROOT / "docs" / "OPERATIONS.md").read_text()
+    assert all(f"`{name}`" in documented for name in rules), sorted(
+        n for n in rules if f"`{n}`" not in documented
+    )
 
 
 def test_an_expression_that_is_not_promql_is_caught() -> None:
