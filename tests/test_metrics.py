@@ -233,6 +233,30 @@ def test_recording_through_the_api_moves_the_ledger_and_request_metrics(
     assert moved('saga_http_requests_total{status="2xx",surface="metrics"}') == 1
 
 
+def test_each_request_counts_under_its_surface(client: Client, token: str, alice: Any) -> None:
+    """The probes and the scrape as ProbeMiddleware answered them (its paths, saga_admin.health's
+    HOSTLESS, are the one list); a path that only looks like a probe is a page."""
+    from saga_admin.health import PROBES
+
+    before = promql.own_process_samples()
+    for path in PROBES:
+        client.get(path)
+    client.get("/metrics", HTTP_AUTHORIZATION="Bearer not-the-token")
+    client.get("/livez/")  # not a probe: the pages' 404
+    client.force_login(alice)
+    client.get("/favicon.ico")
+    after = promql.own_process_samples()
+
+    def moved(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    probes = sum(moved(f'saga_http_requests_total{{status="{s}",surface="probes"}}') for s in ("2xx", "5xx"))
+    assert probes == len(PROBES)
+    assert moved('saga_http_requests_total{status="4xx",surface="metrics"}') == 1
+    assert moved('saga_http_requests_total{status="4xx",surface="pages"}') == 1
+    assert moved('saga_http_requests_total{status="2xx",surface="static"}') == 1
+
+
 def test_an_unwind_step_outcome_counts_once_its_transaction_commits(
     django_capture_on_commit_callbacks: Any,
 ) -> None:
