@@ -169,8 +169,3 @@ def _sync_memberships(result: SignIn, *, wanted: dict[str, str], actor: Actor) -
             SsoMembership.objects.filter(membership=membership).delete()
             membership_remove(membership=membership, actor=actor)
             result.removed.append(slug)
-
-
-def has_access(user: User) -> bool:
-    """Whether the dashboard has anything to show this user: a role in some tenant (or superuser)."""
-    return user.is_superuser or Membership.objects.filter(user=user).exists()

@@ -11,8 +11,8 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from dashboard.models import SsoIdentity, SsoMembership
-from dashboard.permissions import Capability, can
-from dashboard.sso.accounts import Profile, has_access, sso_sign_in
+from dashboard.permissions import Capability, can, tenant_ids_for
+from dashboard.sso.accounts import Profile, sso_sign_in
 from ledger import errors
 from ledger.audit import Actor
 from ledger.models import Event, Membership, Tenant
@@ -42,7 +42,7 @@ def test_the_first_sign_in_makes_a_user_without_a_password(tenant):
     assert SsoIdentity.objects.get(user=user).subject == "sub-1"
     assert _roles(user) == {"acme": "approver"}
     assert signed.added == ["acme"]
-    assert has_access(user)
+    assert tenant_ids_for(User.objects.get(pk=user.pk)) == [tenant.pk]
 
 
 def test_the_same_subject_is_the_same_user_whatever_it_is_renamed_to(tenant):
@@ -112,7 +112,7 @@ def test_roles_follow_the_claim_at_every_sign_in(tenant, other_tenant):
     assert gone.removed == ["acme"]
     assert _roles(user) == {}
     assert not SsoMembership.objects.exists()
-    assert not has_access(user)
+    assert tenant_ids_for(User.objects.get(pk=user.pk)) == []
     # Each change is audited as any role change is, by single sign-on.
     kinds = list(
         Event.objects.filter(kind__startswith="membership.").order_by("id").values_list("kind", "actor_label")

@@ -121,3 +121,16 @@ def test_under_a_prefix_the_callback_signs_in(client, provider, mounted_under_sa
     response = client.get("/oidc/callback/", {"code": "a-code", "state": state})
     assert (response.status_code, response["Location"]) == (302, "/saga/")
     assert client.session["_auth_user_id"] == str(SsoIdentity.objects.get(subject="mallory").user_id)
+
+
+def test_a_superuser_without_a_role_is_still_signed_in(client, provider):
+    """No role in any tenant is the no-access page (dashboard.permissions' rule), except for a
+    superuser made so here by hand: the Django admin and the workers' pages are theirs."""
+    provider.userinfo = {"sub": "mallory", "groups": []}
+    assert _callback(client, provider).status_code == 403
+    user = SsoIdentity.objects.get(subject="mallory").user
+    user.is_superuser = True
+    user.save(update_fields=["is_superuser"])
+    response = _callback(client, provider)
+    assert (response.status_code, response["Location"]) == (302, "/")
+    assert client.session["_auth_user_id"] == str(user.pk)
