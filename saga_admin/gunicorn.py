@@ -1,6 +1,11 @@
 """The web process's gunicorn hooks (the Procfile's ``-c python:saga_admin.gunicorn``): each start
 of the web removes the Prometheus multiprocess files (``ledger.metrics``) of processes that are
-gone, and a web worker that exits is marked dead, so its live gauges leave the sum.
+gone.
+
+There is no ``child_exit`` hook: prometheus-client's ``mark_process_dead`` removes only the files
+of live gauges (``livesum``, ``liveall`` …), and no process keeps one (every gauge is read from
+PostgreSQL and Redis at scrape time). The files of an exited worker's counters and histograms must
+stay: removing them would make the deployment's counters go backwards.
 
 Only hooks: every setting stays on the Procfile's command line, where operators look for it.
 """
@@ -19,12 +24,3 @@ def on_starting(server: Any) -> None:
     server.log.info(
         f"metrics: {removed} file(s) of earlier processes removed from {metrics.MULTIPROCESS_DIR}"
     )
-
-
-def child_exit(server: Any, worker: Any) -> None:
-    """In the master, after a worker exited (or was killed)."""
-    from prometheus_client import multiprocess
-
-    from ledger import metrics
-
-    multiprocess.mark_process_dead(worker.pid, path=str(metrics.MULTIPROCESS_DIR))  # type: ignore[no-untyped-call]

@@ -351,6 +351,22 @@ def test_the_metrics_directory_is_the_variable_or_one_per_deployment(tmp_path: A
     assert process_metrics.multiprocess_dir(one).name.startswith("saga-admin-metrics-")
 
 
+def test_no_process_keeps_a_live_gauge_so_no_worker_needs_marking_dead() -> None:
+    """saga_admin.gunicorn has no child_exit hook: prometheus-client's mark_process_dead removes
+    only live gauges' files, and every gauge here is computed at scrape time. A Gauge added to a
+    process needs that hook back."""
+    import prometheus_client
+
+    from saga_admin import gunicorn as hooks
+    from saga_admin import metrics  # noqa: F401 - the request metrics, registered as it loads
+
+    collectors = set(prometheus_client.REGISTRY._names_to_collectors.values())
+    names = {getattr(c, "_name", "") for c in collectors}
+    assert {"saga_ledger_writes", "saga_unwind_steps", "saga_http_requests"} <= names  # all loaded
+    assert [c for c in collectors if isinstance(c, prometheus_client.Gauge)] == []
+    assert not hasattr(hooks, "child_exit")
+
+
 # --- deploy/: the alert rules and the dashboard -------------------------------------------------
 
 REQUIRED_ALERTS = {
