@@ -16,7 +16,10 @@ SESSION_KEY = "saga_last_activity"
 # unattended session alive forever.
 POLL_HEADER = "X-Saga-Poll"
 ACTIVITY_RESOLUTION_S = 60
-_EXEMPT_PREFIXES = ("/api/", "/healthz", "/livez", "/readyz", "/metrics", "/static/", "/favicon.ico")
+# Requests a browser makes by itself, not the person: static files whitenoise did not serve (a
+# missing one) and the icon. The API, the probes and /metrics never reach this middleware
+# (saga_admin.middleware.PageMiddleware, saga_admin.health.ProbeMiddleware).
+_FAVICON = "/favicon.ico"
 
 
 class IdleTimeoutMiddleware:
@@ -28,7 +31,13 @@ class IdleTimeoutMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         user = getattr(request, "user", None)
-        if user is None or not user.is_authenticated or request.path_info.startswith(_EXEMPT_PREFIXES):
+        path = request.path_info
+        if (
+            user is None
+            or not user.is_authenticated
+            or path == _FAVICON
+            or path.startswith(settings.STATIC_URL)
+        ):
             return self.get_response(request)
         now = int(time.time())
         last = request.session.get(SESSION_KEY)

@@ -1,8 +1,12 @@
 """The web process's gunicorn configuration (the Procfile's ``-c python:saga_admin.gunicorn``):
 each start of the web removes the Prometheus multiprocess files (``ledger.metrics``) of processes
-that are gone, a web worker that exits is marked dead, so its live gauges leave the sum, and
-gunicorn's own lines — the access log and its error log — are JSON lines like the application's
-(``JsonLogger``).
+that are gone, and gunicorn's own lines — the access log and its error log — are JSON lines like
+the application's (``JsonLogger``).
+
+There is no ``child_exit`` hook: prometheus-client's ``mark_process_dead`` removes only the files
+of live gauges (``livesum``, ``liveall`` …), and no process keeps one (every gauge is read from
+PostgreSQL and Redis at scrape time). The files of an exited worker's counters and histograms must
+stay: removing them would make the deployment's counters go backwards.
 
 Besides the logger class, only hooks: every setting stays on the Procfile's command line, where
 operators look for it.
@@ -102,12 +106,3 @@ def on_starting(server: Any) -> None:
     server.log.info(
         f"metrics: {removed} file(s) of earlier processes removed from {metrics.MULTIPROCESS_DIR}"
     )
-
-
-def child_exit(server: Any, worker: Any) -> None:
-    """In the master, after a worker exited (or was killed)."""
-    from prometheus_client import multiprocess
-
-    from ledger import metrics
-
-    multiprocess.mark_process_dead(worker.pid, path=str(metrics.MULTIPROCESS_DIR))  # type: ignore[no-untyped-call]

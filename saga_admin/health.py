@@ -13,7 +13,7 @@ from django.template.loader import render_to_string
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from saga_admin.metrics import metrics
+from saga_admin.metrics import SURFACE_ATTR, metrics
 
 
 def _dependencies() -> dict[str, str]:
@@ -98,7 +98,9 @@ PROBES: dict[str, Callable[[HttpRequest], HttpResponse]] = {
 
 
 # What ProbeMiddleware answers: the probes and Prometheus's scrape, which asks by the pod's
-# address too (behind its own token, saga_admin.metrics).
+# address too (behind its own token, saga_admin.metrics). The one list of these paths: the URL
+# names (saga_admin/urls.py) and the request metrics' surfaces (saga_admin.metrics) come from it,
+# and the pages' middleware never sees them.
 HOSTLESS: dict[str, Callable[[HttpRequest], HttpResponse]] = {**PROBES, "/metrics": metrics}
 
 
@@ -111,4 +113,7 @@ class ProbeMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         probe = HOSTLESS.get(request.path_info)
-        return probe(request) if probe is not None else self.get_response(request)
+        if probe is None:
+            return self.get_response(request)
+        setattr(request, SURFACE_ATTR, "metrics" if probe is metrics else "probes")
+        return probe(request)

@@ -28,7 +28,9 @@ from recovery import metrics as recovery_metrics
 # zero) from start-up and no caller can make new ones.
 SURFACES = ("api", "pages", "probes", "metrics", "static")
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx")
-_PROBES = ("/healthz", "/livez", "/readyz")
+# The surface of a request ProbeMiddleware answered (saga_admin.health, whose HOSTLESS is the one
+# list of those paths): "probes" or "metrics", set on the request as it answers.
+SURFACE_ATTR = "_saga_surface"
 
 REQUEST_SECONDS = Histogram(
     "saga_http_request_duration_seconds",
@@ -48,13 +50,13 @@ _ANSWERED = {
 }
 
 
-def surface_of(path: str) -> str:
+def surface_of(request: HttpRequest) -> str:
+    answered_by: str | None = getattr(request, SURFACE_ATTR, None)
+    if answered_by is not None:
+        return answered_by
+    path = request.path_info
     if path.startswith("/api/"):
         return "api"
-    if path == "/metrics":
-        return "metrics"
-    if path in _PROBES:
-        return "probes"
     if path.startswith(settings.STATIC_URL) or path == "/favicon.ico":
         return "static"
     return "pages"
@@ -70,7 +72,7 @@ class RequestMetricsMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         started = time.perf_counter()
         response = self.get_response(request)
-        surface = surface_of(request.path_info)
+        surface = surface_of(request)
         _SECONDS[surface].observe(time.perf_counter() - started)
         answered = _ANSWERED.get((surface, f"{response.status_code // 100}xx"))
         if answered is not None:

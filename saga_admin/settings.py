@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 # as it is imported (django-rq's admin does): a missing or unwritable PROMETHEUS_MULTIPROC_DIR
 # stops every process here, naming it.
 import ledger.metrics  # noqa: F401, I001 - first, on purpose
-from dashboard.sso.conf import sso_settings_from_env
+from dashboard.sso.conf import authentication_backends, sso_settings_from_env
 from ledger.env import env_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -191,18 +191,15 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-AUTHENTICATION_BACKENDS = [
-    "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
-]
 # Single sign-on (OIDC) for the dashboard: off unless SAGA_OIDC_ISSUER is set; SAGA_LOCAL_LOGIN=0
 # turns password sign-in off (dashboard/sso/conf.py reads and checks them; docs/OPERATIONS.md).
-# Its backend answers only the SSO callback, ahead of the password lockout (dashboard/sso/backend.py).
+# Its backend answers only the SSO callback, ahead of the password lockout (dashboard/sso/backend.py);
+# with password sign-in off, the password backend is not listed at all.
 SAGA_SSO = sso_settings_from_env()
-if SAGA_SSO.enabled:
-    AUTHENTICATION_BACKENDS.insert(0, "dashboard.sso.backend.SsoBackend")
+AUTHENTICATION_BACKENDS = authentication_backends(SAGA_SSO)
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "/"
+# A URL name, not a path: under a SCRIPT_NAME prefix (mounted under /saga), "/" is outside the site.
+LOGIN_REDIRECT_URL = "dashboard:queue"
 LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"

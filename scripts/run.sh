@@ -25,7 +25,8 @@
 # address the web listens on: 127.0.0.1 by default, 0.0.0.0 for every interface, or one IPv4
 # address of this machine; the demo MCP server and its gateway always listen on 127.0.0.1), DATABASE_URL,
 # REDIS_URL, SAGA_RUN_DATA (the data directory; default .data), SAGA_DEMO_TRAFFIC=0 (no live
-# demo traffic), SAGA_DEMO_SSO=1 (single sign-on with a local OpenID Provider), SAGA_DEMO_WORLD_SECRET, DEBUG (default 0: the app's own error pages), SECRET_KEY (default: one
+# demo traffic), SAGA_DEMO_SSO=1 (single sign-on with a local OpenID Provider; only with the web on
+# 127.0.0.1), SAGA_DEMO_WORLD_SECRET, DEBUG (default 0: the app's own error pages), SECRET_KEY (default: one
 # generated once and kept in .data/secret-key), SAGA_OUTBOUND_ALLOWED_HOSTS (default: the demo
 # world's host:port), SAGA_RESUME_WEBHOOK_SECRET, SAGA_METRICS_TOKEN (GET /metrics' bearer token;
 # default: one generated once and kept in .data/metrics-token). The demo MCP server takes 8765 or the next free
@@ -107,6 +108,14 @@ if ! bind=$("$PY" scripts/devservers.py bind-host "${SAGA_RUN_HOST:-127.0.0.1}" 
 fi
 WEB_BIND_HOST=${bind% *}
 url_host=${bind#* }
+# The demo identity provider (SAGA_DEMO_SSO=1) signs in its people with any password, and its
+# client secret sits in the data directory: a playground that offers it stays on this machine.
+if [ "${SAGA_DEMO_SSO:-0}" = "1" ] && [[ $WEB_BIND_HOST != 127.* ]]; then
+  echo "SAGA_DEMO_SSO=1 runs only on this machine: its demo identity provider signs anyone in as its" >&2
+  echo "admin with any password. Leave SAGA_RUN_HOST unset (127.0.0.1) with it, or leave SAGA_DEMO_SSO off." >&2
+  echo "Nothing was started." >&2
+  exit 1
+fi
 
 # An explicit PORT is a promise to whoever set it: use it or fail. Otherwise 8000 or the next free.
 if [ -n "${PORT:-}" ]; then

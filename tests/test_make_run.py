@@ -503,3 +503,23 @@ def test_a_saga_run_host_it_cannot_use_is_refused_before_anything_starts(
     assert message in said and "Nothing was started" in said and "Traceback" not in said, said
     assert "==> Starting" not in said and not (data_dir / "pg").exists(), said
     assert not (data_dir / "run.procs").exists() and not (data_dir / "env").exists()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "outward"])
+def test_the_demo_identity_provider_is_refused_off_this_machine(data_dir: Path, host: str) -> None:
+    """SAGA_DEMO_SSO=1's provider signs anyone in with any password: never served to other machines."""
+    if host == "outward":
+        host = outward_address() or pytest.skip("this machine has no outward IPv4 address")
+    run = subprocess.run(
+        RUN,
+        cwd=ROOT,
+        env=child_env(data_dir, SAGA_RUN_HOST=host, SAGA_DEMO_SSO="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = run.stdout + run.stderr
+    assert run.returncode != 0, said
+    assert "SAGA_DEMO_SSO=1 runs only on this machine" in said and "Nothing was started" in said, said
+    assert "==> Starting" not in said and not (data_dir / "pg").exists(), said
+    assert not (data_dir / "run.procs").exists() and not (data_dir / "env").exists()

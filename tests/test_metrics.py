@@ -233,6 +233,30 @@ def test_recording_through_the_api_moves_the_ledger_and_request_metrics(
     assert moved('saga_http_requests_total{status="2xx",surface="metrics"}') == 1
 
 
+def test_each_request_counts_under_its_surface(client: Client, token: str, alice: Any) -> None:
+    """The probes and the scrape as ProbeMiddleware answered them (its paths, saga_admin.health's
+    HOSTLESS, are the one list); a path that only looks like a probe is a page."""
+    from saga_admin.health import PROBES
+
+    before = promql.own_process_samples()
+    for path in PROBES:
+        client.get(path)
+    client.get("/metrics", HTTP_AUTHORIZATION="Bearer not-the-token")
+    client.get("/livez/")  # not a probe: the pages' 404
+    client.force_login(alice)
+    client.get("/favicon.ico")
+    after = promql.own_process_samples()
+
+    def moved(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    probes = sum(moved(f'saga_http_requests_total{{status="{s}",surface="probes"}}') for s in ("2xx", "5xx"))
+    assert probes == len(PROBES)
+    assert moved('saga_http_requests_total{status="4xx",surface="metrics"}') == 1
+    assert moved('saga_http_requests_total{status="4xx",surface="pages"}') == 1
+    assert moved('saga_http_requests_total{status="2xx",surface="static"}') == 1
+
+
 def test_an_unwind_step_outcome_counts_once_its_transaction_commits(
     django_capture_on_commit_callbacks: Any,
 ) -> None:
@@ -327,9 +351,27 @@ def test_the_metrics_directory_is_the_variable_or_one_per_deployment(tmp_path: A
     assert process_metrics.multiprocess_dir(one).name.startswith("saga-admin-metrics-")
 
 
+def test_no_process_keeps_a_live_gauge_so_no_worker_needs_marking_dead() -> None:
+    """saga_admin.gunicorn has no child_exit hook: prometheus-client's mark_process_dead removes
+    only live gauges' files, and every gauge here is computed at scrape time. A Gauge added to a
+    process needs that hook back."""
+    import prometheus_client
+
+    from saga_admin import gunicorn as hooks
+    from saga_admin import metrics  # noqa: F401 - the request metrics, registered as it loads
+
+    collectors = set(prometheus_client.REGISTRY._names_to_collectors.values())
+    names = {getattr(c, "_name", "") for c in collectors}
+    assert {"saga_ledger_writes", "saga_unwind_steps", "saga_http_requests"} <= names  # all loaded
+    assert [c for c in collectors if isinstance(c, prometheus_client.Gauge)] == []
+    assert not hasattr(hooks, "child_exit")
+
+
 # --- deploy/: the alert rules and the dashboard -------------------------------------------------
 
 REQUIRED_ALERTS = {
+    "SagaScrapeFailing",
+    "SagaMetricsAbsent",
     "SagaUnwindStuck",
     "SagaRecoveryQueueGrowing",
     "SagaApprovalsAboutToExpire",
@@ -357,6 +399,23 @@ def test_the_rules_file_is_what_prometheus_loads() -> None:
             names.append(rule["alert"])
     assert len(names) == len(set(names)), "alert names repeat"
     assert set(names) >= REQUIRED_ALERTS
+
+
+def test_a_failed_scrape_has_alerts_of_its_own() -> None:
+    """Every other rule reads what the scrape brings; these two fire when nothing arrives."""
+    rules = {rule["alert"]: rule for group in promql.load_rules()["groups"] for rule in group["rules"]}
+    failing, absent = rules["SagaScrapeFailing"], rules["SagaMetricsAbsent"]
+    assert promql.selected_metrics(failing["expr"]) == {"up"}
+    assert '{job=~"saga-admin.*"}' in failing["expr"] and failing["expr"].endswith("== 0")
+    assert absent["expr"] == "absent(saga_database_up)"
+    assert {failing["labels"]["severity"], absent["labels"]["severity"]} == {"critical"}
+    # The job matcher names the job of the scrape configuration the operations guide shows.
+    assert "job_name: saga-admin\n" in (promql.ROOT / "docs" / "OPERATIONS.md").read_text()
+    # Every alert is documented in the guide's table.
+    documented = (promql.ROOT / "docs" / "OPERATIONS.md").read_text()
+    assert all(f"`{name}`" in documented for name in rules), sorted(
+        n for n in rules if f"`{n}`" not in documented
+    )
 
 
 def test_an_expression_that_is_not_promql_is_caught() -> None:

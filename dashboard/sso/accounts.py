@@ -26,6 +26,13 @@ log = structlog.get_logger(__name__)
 
 _USERNAME_UNSAFE = re.compile(r"[^\w.@+-]")
 _USERNAME_MAX = 140  # the user model's 150, less room for a "-NN" suffix
+# Usernames tried for one first sign-in: each lost only to a concurrent sign-in that took it.
+_NAME_ATTEMPTS = 5
+
+
+class NoFreeUsername(Exception):
+    """Every username chosen for a first sign-in was taken meanwhile by concurrent sign-ins: the
+    sign-in fails (and can be tried again), as any refused sign-in does."""
 
 
 @dataclass(frozen=True)
@@ -77,21 +84,31 @@ def sso_sign_in(*, issuer: str, subject: str, profile: Profile, wanted: dict[str
 
 
 def _create_identity(*, issuer: str, subject: str, profile: Profile) -> SsoIdentity:
+    """The identity and its new user. Two first sign-ins can race: of the same account (in two
+    tabs or processes), when the other one's identity is the answer; or of two accounts the same
+    free username was chosen for, when this one takes the next free name."""
     user_model = get_user_model()
-    try:
-        with transaction.atomic():
-            user = user_model(username=_free_username(profile), email=profile.email[:254])
-            user.first_name = profile.first_name[:150]
-            user.last_name = profile.last_name[:150]
-            # Signs in through the provider only: no password here can ever match.
-            user.set_unusable_password()
-            user.save()
-            return SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
-    except IntegrityError:
-        # The same account's first sign-in in another tab or process got there first.
-        return (
-            SsoIdentity.objects.select_for_update().select_related("user").get(issuer=issuer, subject=subject)
-        )
+    for _ in range(_NAME_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                user = user_model(username=_free_username(profile), email=profile.email[:254])
+                user.first_name = profile.first_name[:150]
+                user.last_name = profile.last_name[:150]
+                # Signs in through the provider only: no password here can ever match.
+                user.set_unusable_password()
+                user.save()
+                return SsoIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+        except IntegrityError:
+            existing = (
+                SsoIdentity.objects.select_for_update()
+                .select_related("user")
+                .filter(issuer=issuer, subject=subject)
+                .first()
+            )
+            if existing is not None:
+                return existing
+            # Another account's first sign-in took the name meanwhile: choose again.
+    raise NoFreeUsername(f"no free username for a new single sign-on account after {_NAME_ATTEMPTS} tries")
 
 
 def _free_username(profile: Profile) -> str:
@@ -152,8 +169,3 @@ def _sync_memberships(result: SignIn, *, wanted: dict[str, str], actor: Actor) -
             SsoMembership.objects.filter(membership=membership).delete()
             membership_remove(membership=membership, actor=actor)
             result.removed.append(slug)
-
-
-def has_access(user: User) -> bool:
-    """Whether the dashboard has anything to show this user: a role in some tenant (or superuser)."""
-    return user.is_superuser or Membership.objects.filter(user=user).exists()

@@ -7,8 +7,8 @@ what it leaves out done here:
 - the user is found by issuer and ``sub`` (``accounts.sso_sign_in``), never by e-mail;
 - the role claim is read from the userinfo answer, or from the ID token when the provider puts it
   only there (Microsoft Entra ID's ``groups`` and ``roles``);
-- any failure (the provider unreachable, a refused code, a bad token) is a failed sign-in with a
-  log line, never a 500.
+- any failure (the provider unreachable, a refused code, a bad token, an answer of the wrong
+  shape) is a failed sign-in with a log line, never a 500.
 
 It answers only the SSO callback's requests, and only while SSO is configured; a password sign-in
 goes past it to the backends after it. It is listed first so a successful SSO sign-in is not held
@@ -25,7 +25,7 @@ import structlog
 from django.contrib.auth import get_user_model
 from django.core.exceptions import SuspiciousOperation
 from django.http import HttpRequest
-from django.urls import reverse
+from django.urls import Resolver404, resolve
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from dashboard.sso import accounts, claims, discovery
@@ -45,6 +45,16 @@ def _text(claims_: dict[str, Any], name: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _is_callback(request: HttpRequest) -> bool:
+    """Whether the request is for the SSO callback, read as the URL resolver routed it: from
+    ``path_info``, the path below any ``SCRIPT_NAME`` prefix (an installation mounted under
+    ``/saga``), which ``reverse()`` would include and ``path_info`` does not."""
+    try:
+        return resolve(request.path_info).url_name == CALLBACK_URL_NAME
+    except Resolver404:
+        return False
+
+
 class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]  # the library is untyped
     get_settings = staticmethod(oidc_setting)
 
@@ -55,7 +65,7 @@ class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]  # the librar
 
     def authenticate(self, request: HttpRequest | None, **kwargs: Any) -> User | None:
         conf = sso()
-        if request is None or not conf.enabled or request.path_info != reverse(CALLBACK_URL_NAME):
+        if request is None or not conf.enabled or not _is_callback(request):
             return None
         try:
             metadata = discovery.provider_metadata(conf)
@@ -72,7 +82,18 @@ class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]  # the librar
         self.OIDC_RP_IDP_SIGN_KEY = None
         try:
             user: User | None = super().authenticate(request, **kwargs)
-        except (requests.RequestException, SuspiciousOperation, jwt.PyJWTError, ValueError, KeyError) as exc:
+        except (
+            requests.RequestException,
+            SuspiciousOperation,
+            jwt.PyJWTError,
+            ValueError,
+            KeyError,
+            # JSON of the wrong shape where the library reads an object (a token answer or a key
+            # set that is a list, a string, null): a broken or hostile provider, refused alike.
+            TypeError,
+            AttributeError,
+            accounts.NoFreeUsername,
+        ) as exc:
             self._failed(request, "refused", f"{type(exc).__name__}: {str(exc)[:300]}")
             return None
         if user is None and not hasattr(request, FAILURE_ATTR):

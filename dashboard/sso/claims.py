@@ -11,11 +11,10 @@ viewer, operator, approver, admin (one role per tenant, as ``Membership`` holds)
 
 from __future__ import annotations
 
-import re
-
 import structlog
+from django.core.exceptions import ValidationError
 
-from ledger.models import Membership
+from ledger.models import Membership, Tenant
 
 log = structlog.get_logger(__name__)
 
@@ -23,14 +22,11 @@ log = structlog.get_logger(__name__)
 MAX_VALUE_CHARS = 200
 # Values read from one claim; a person in more groups than this has the first ones read.
 MAX_VALUES = 1000
-# A tenant's slug as ledger.Tenant's SlugField validates it (letters, digits, - and _; 64 at most).
-TENANT_SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,64}\Z")
-ROLE_ORDER: list[str] = [
-    Membership.Role.VIEWER,
-    Membership.Role.OPERATOR,
-    Membership.Role.APPROVER,
-    Membership.Role.ADMIN,
-]
+# A tenant's slug is what ledger.Tenant's own field accepts (its validators: letters, digits, -
+# and _, at most its max_length), so a claim can name every tenant there is and nothing else.
+_TENANT_SLUG_FIELD = Tenant._meta.get_field("slug")
+# Several roles claimed for one tenant: the latest in Membership.Role's order (least to most).
+ROLE_ORDER: list[str] = list(Membership.Role)
 
 
 def _shown(value: object) -> str:
@@ -66,6 +62,16 @@ def roles_from_claim(value: object, *, prefix: str, claim: str = "groups") -> di
     return wanted
 
 
+def _is_tenant_slug(value: str) -> bool:
+    if not value:  # Django's validators pass over an empty value; a slug is never empty
+        return False
+    try:
+        _TENANT_SLUG_FIELD.run_validators(value)
+    except ValidationError:
+        return False
+    return True
+
+
 def _parse(item: object, *, prefix: str, claim: str) -> tuple[str, str] | None:
     if not isinstance(item, str):
         log.warning("sso.claim_value_ignored", claim=claim, reason=f"not a string but {type(item).__name__}")
@@ -83,7 +89,7 @@ def _parse(item: object, *, prefix: str, claim: str) -> tuple[str, str] | None:
         )
         return None
     _, slug, role = parts
-    if not TENANT_SLUG.match(slug):
+    if not _is_tenant_slug(slug):
         log.warning("sso.claim_value_ignored", claim=claim, value=_shown(item), reason="not a tenant slug")
         return None
     if role not in Membership.Role.values:

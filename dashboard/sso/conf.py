@@ -145,9 +145,31 @@ def sso() -> SsoSettings:
 
 
 def local_login_enabled() -> bool:
-    conf = sso()
+    return _local_login(sso())
+
+
+def _local_login(conf: SsoSettings) -> bool:
     # Without SSO, password sign-in is the only way in: never off (the settings refuse it too).
     return conf.local_login or not conf.enabled
+
+
+SSO_BACKEND = "dashboard.sso.backend.SsoBackend"
+PASSWORD_BACKEND = "django.contrib.auth.backends.ModelBackend"
+
+
+def authentication_backends(conf: SsoSettings) -> list[str]:
+    """``settings.AUTHENTICATION_BACKENDS`` for this configuration. Single sign-on's backend first
+    (a successful sign-in is not held by the password lockout); django-axes' always, since it
+    refuses a locked-out address whatever backend would answer; the password backend only while
+    password sign-in is on, so with ``SAGA_LOCAL_LOGIN=0`` no password authenticates anywhere
+    (a hand-made POST to any login form, ``Client.login``, a view added later). The SSO backend
+    is a ``ModelBackend`` too: permissions and session users are read as before."""
+    backends = ["axes.backends.AxesStandaloneBackend"]
+    if conf.enabled:
+        backends.insert(0, SSO_BACKEND)
+    if _local_login(conf):
+        backends.append(PASSWORD_BACKEND)
+    return backends
 
 
 # What mozilla-django-oidc asks for by its own setting names. The provider's endpoints are not

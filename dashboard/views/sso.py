@@ -17,8 +17,9 @@ from django.utils.http import urlencode
 from django.views import View
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
+from dashboard import permissions
 from dashboard.login import login_options
-from dashboard.sso import accounts, discovery
+from dashboard.sso import discovery
 from dashboard.sso.backend import FAILURE_ATTR
 from dashboard.sso.conf import local_login_enabled, oidc_setting, sso
 
@@ -107,9 +108,10 @@ class SsoCallback(OIDCAuthenticationCallbackView):  # type: ignore[misc]  # the 
         return response
 
     def login_success(self) -> HttpResponseBase:
-        if not accounts.has_access(self.user):
+        if not (permissions.tenant_ids_for(self.user) or permissions.can_see_workers(self.user)):
             # Signed in at the provider, but no role here: not signed in here (a session with
-            # nothing to show would be a blank queue), and told so plainly.
+            # nothing to show would be a blank queue), and told so plainly. (A superuser without
+            # a role still has the Django admin and the workers' pages.)
             if self.request.user.is_authenticated:
                 auth.logout(self.request)
             log.info("sso.no_access", user=self.user.get_username())

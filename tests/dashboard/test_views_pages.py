@@ -177,6 +177,22 @@ def test_background_polls_do_not_keep_a_session_alive(client, alice):
     assert client.session[SESSION_KEY] == stamp
 
 
+def test_what_a_browser_fetches_by_itself_does_not_keep_a_session_alive(client, alice, settings):
+    from dashboard.middleware import SESSION_KEY
+
+    client.force_login(alice)
+    client.get(reverse("dashboard:queue"))
+    session = client.session
+    session[SESSION_KEY] = session[SESSION_KEY] - 100
+    session.save()
+    stamp = client.session[SESSION_KEY]
+    assert client.get("/favicon.ico").status_code == 200
+    client.get(f"{settings.STATIC_URL}no-such-file.css")
+    assert client.session[SESSION_KEY] == stamp
+    client.get(reverse("dashboard:queue"))
+    assert client.session[SESSION_KEY] > stamp  # what the person asks for does
+
+
 def test_activity_is_recorded_at_most_once_a_minute(client, alice):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext

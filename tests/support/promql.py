@@ -50,6 +50,7 @@ def selected_metrics(expr: str) -> set[str]:
 class Query:
     where: str  # "rule SagaWorkersGone", "panel 'RQ queue depth' A", "variable tenant"
     expr: str
+    # The metrics the server must expose for it: those it selects, less Prometheus's own series.
     metrics: frozenset[str]
 
 
@@ -59,9 +60,15 @@ def load_rules() -> dict[str, Any]:
     return loaded
 
 
+# Series Prometheus writes itself for every scrape target, whatever the target exposes.
+PROMETHEUS_OWN = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
+
+
 def rule_queries() -> list[Query]:
     return [
-        Query(f"rule {rule['alert']}", rule["expr"], frozenset(selected_metrics(rule["expr"])))
+        Query(
+            f"rule {rule['alert']}", rule["expr"], frozenset(selected_metrics(rule["expr"]) - PROMETHEUS_OWN)
+        )
         for group in load_rules()["groups"]
         for rule in group["rules"]
     ]

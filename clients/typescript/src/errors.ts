@@ -5,7 +5,7 @@
  * `clients/spec/errors.json` (generated into `generated/codes.ts`), the same rules the Python
  * client follows.
  */
-import { CLASS_RULES, DEFAULT_CLASS, REJECTION_DEFAULT, REJECTION_RULES } from "./generated/codes.js";
+import { CLASS_RULES, type ClassRule, DEFAULT_CLASS, REJECTION_DEFAULT, REJECTION_RULES } from "./generated/codes.js";
 import type { Action } from "./types.js";
 
 export type Details = Record<string, unknown>;
@@ -215,6 +215,28 @@ const CLASSES: Record<string, APIErrorClass> = {
   InvalidRequest,
 };
 
+/**
+ * Every class the spec's rules name, from `classes`; throws naming the first that is missing. Run
+ * when this module loads: a class misspelt in `clients/spec/errors.json` fails every import of the
+ * client at once, rather than turning its answers into the default class unnoticed.
+ */
+export function checkClassRules(
+  rules: readonly ClassRule[],
+  defaultClass: string,
+  classes: Record<string, APIErrorClass>,
+): void {
+  for (const name of [...rules.map((rule) => rule.className), defaultClass]) {
+    if (!Object.hasOwn(classes, name)) {
+      throw new Error(
+        `clients/spec/errors.json names the error class ${JSON.stringify(name)}, which the TypeScript client does not have ` +
+          `(it has ${Object.keys(classes).join(", ")}).`,
+      );
+    }
+  }
+}
+
+checkClassRules(CLASS_RULES, DEFAULT_CLASS, CLASSES);
+
 /** The first of the spec's rules that matches the answer. */
 export function classFor(status: number, code: string, details: Details): APIErrorClass {
   for (const rule of CLASS_RULES) {
@@ -222,10 +244,9 @@ export function classFor(status: number, code: string, details: Details): APIErr
     if (rule.status !== undefined && !rule.status.includes(status)) continue;
     if (rule.minStatus !== undefined && status < rule.minStatus) continue;
     if (rule.current !== undefined && details["current"] !== rule.current) continue;
-    const cls = CLASSES[rule.className];
-    if (cls) return cls;
+    return CLASSES[rule.className]!; // checked when the module loaded
   }
-  return CLASSES[DEFAULT_CLASS] ?? InvalidRequest;
+  return CLASSES[DEFAULT_CLASS]!;
 }
 
 /**

@@ -120,8 +120,12 @@ export class Http {
       const timeout = AbortSignal.timeout(this.settings.timeoutS * 1000);
       const signal = options.signal ? AbortSignal.any([options.signal, timeout]) : timeout;
       let response: Response;
+      let text: string;
       try {
         response = await this.fetchImpl(url, { method, headers, body: body ?? null, signal });
+        // The body is read here too: a connection reset or a timeout while it arrives is a
+        // transport error like one before the headers, retried by the same rule.
+        text = await response.text();
       } catch (error) {
         if (options.signal?.aborted) throw options.signal.reason;
         if (!safe || attempt > this.settings.retries) {
@@ -135,7 +139,6 @@ export class Http {
         await sleep(this.backoff(attempt, null), options.signal);
         continue;
       }
-      const text = await response.text();
       if (response.status < 400) {
         const replayed = (response.headers.get(REPLAYED_HEADER) ?? "").toLowerCase() === "true";
         return { status: response.status, data: decoded<T>(response, text), resent, replayed };

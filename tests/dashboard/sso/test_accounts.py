@@ -4,12 +4,15 @@ creating a tenant; and an SSO user goes through the approval rules as the person
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from dashboard.models import SsoIdentity, SsoMembership
-from dashboard.permissions import Capability, can
-from dashboard.sso.accounts import Profile, has_access, sso_sign_in
+from dashboard.permissions import Capability, can, tenant_ids_for
+from dashboard.sso.accounts import Profile, sso_sign_in
 from ledger import errors
 from ledger.audit import Actor
 from ledger.models import Event, Membership, Tenant
@@ -39,7 +42,7 @@ def test_the_first_sign_in_makes_a_user_without_a_password(tenant):
     assert SsoIdentity.objects.get(user=user).subject == "sub-1"
     assert _roles(user) == {"acme": "approver"}
     assert signed.added == ["acme"]
-    assert has_access(user)
+    assert tenant_ids_for(User.objects.get(pk=user.pk)) == [tenant.pk]
 
 
 def test_the_same_subject_is_the_same_user_whatever_it_is_renamed_to(tenant):
@@ -109,7 +112,7 @@ def test_roles_follow_the_claim_at_every_sign_in(tenant, other_tenant):
     assert gone.removed == ["acme"]
     assert _roles(user) == {}
     assert not SsoMembership.objects.exists()
-    assert not has_access(user)
+    assert tenant_ids_for(User.objects.get(pk=user.pk)) == []
     # Each change is audited as any role change is, by single sign-on.
     kinds = list(
         Event.objects.filter(kind__startswith="membership.").order_by("id").values_list("kind", "actor_label")
@@ -202,3 +205,76 @@ def test_an_sso_user_who_lost_the_role_may_no_longer_approve(big_charge):
     assert can(User.objects.get(pk=ana.pk), Capability.APPROVE, big_charge.tenant_id)
     _sign_in("sub-1", {"acme": "viewer"})
     assert not can(User.objects.get(pk=ana.pk), Capability.APPROVE, big_charge.tenant_id)
+
+
+# --- Two first sign-ins at once ----------------------------------------------------------------
+
+
+def _meanwhile(monkeypatch, happen, *, times: int = 1) -> None:
+    """Run ``happen(username)`` in another connection, committed, right after this sign-in chose
+    its username and before it saves it (the first ``times`` choices): the other process's
+    sign-in winning the race."""
+    from dashboard.sso import accounts
+
+    choose = accounts._free_username
+    ours = threading.current_thread()
+    calls: list[str] = []
+
+    def chosen_then_taken(profile: Profile) -> str:
+        name = choose(profile)
+        if threading.current_thread() is not ours:
+            return name  # the other sign-in's own choice
+        calls.append(name)
+        if len(calls) <= times:
+            failures: list[BaseException] = []
+
+            def other() -> None:
+                try:
+                    happen(name)
+                except BaseException as exc:  # noqa: BLE001 - reported to the test below
+                    failures.append(exc)
+                finally:
+                    connection.close()
+
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join(30)
+            assert not thread.is_alive() and not failures, failures
+        return name
+
+    monkeypatch.setattr(accounts, "_free_username", chosen_then_taken)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_accounts_signing_in_first_at_once_under_one_name_are_two_users(monkeypatch):
+    Tenant.objects.create(slug="acme", name="Acme Corp")
+    _meanwhile(monkeypatch, lambda name: _sign_in("sub-other", {}, preferred_username=name))
+    signed = _sign_in("sub-1", {"acme": "approver"}, preferred_username="ana")
+    other = SsoIdentity.objects.get(subject="sub-other").user
+    assert signed.created
+    assert (other.username, signed.user.username) == ("ana", "ana-2")
+    assert _roles(signed.user) == {"acme": "approver"}
+    assert SsoIdentity.objects.get(subject="sub-1").user == signed.user
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_account_signing_in_first_in_two_tabs_is_one_user(monkeypatch):
+    Tenant.objects.create(slug="acme", name="Acme Corp")
+    _meanwhile(monkeypatch, lambda name: _sign_in("sub-1", {}, preferred_username=name))
+    signed = _sign_in("sub-1", {"acme": "viewer"}, preferred_username="ana")
+    assert signed.user.username == "ana"
+    assert User.objects.count() == 1
+    assert _roles(signed.user) == {"acme": "viewer"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sign_in_that_keeps_losing_the_race_fails_as_a_refused_sign_in(monkeypatch):
+    from dashboard.sso.accounts import NoFreeUsername
+
+    taken = iter(range(100))
+    _meanwhile(
+        monkeypatch, lambda name: _sign_in(f"sub-other-{next(taken)}", {}, preferred_username=name), times=99
+    )
+    with pytest.raises(NoFreeUsername):
+        _sign_in("sub-1", {}, preferred_username="ana")
+    assert not SsoIdentity.objects.filter(subject="sub-1").exists()

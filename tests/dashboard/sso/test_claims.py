@@ -95,3 +95,26 @@ def test_several_roles_for_one_tenant_give_the_one_latest_in_order():
 
 def test_the_prefix_is_configurable():
     assert _roles(["saga:acme:admin", "saga-prod:acme:viewer"], prefix="saga-prod") == {"acme": "viewer"}
+
+
+@pytest.mark.parametrize(
+    "slug", ["a" * 64, "a" * 65, "ac-me_1", "ac.me", "ACME", "acme\n", "ac me", "acmé", ""]
+)
+def test_a_claim_names_exactly_the_slugs_a_tenant_can_have(slug):
+    from django.core.exceptions import ValidationError
+
+    from ledger.models import Tenant
+
+    try:
+        Tenant._meta.get_field("slug").clean(slug, None)
+        allowed = True
+    except ValidationError:
+        allowed = False
+    assert bool(_roles([f"saga:{slug}:viewer"])) is allowed
+
+
+def test_the_role_order_is_the_memberships():
+    from dashboard.sso.claims import ROLE_ORDER
+    from ledger.models import Membership
+
+    assert ROLE_ORDER == ["viewer", "operator", "approver", "admin"] == list(Membership.Role.values)

@@ -4,6 +4,8 @@ POSTs (the dashboard's and the Django admin's); the configuration refuses to sta
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
@@ -200,3 +202,62 @@ def test_a_provider_that_does_not_answer_sends_back_to_the_login_page(client, db
     session.save()
     callback = client.get("/oidc/callback/", {"code": "c", "state": "s"})
     assert (callback.status_code, callback["Location"]) == (302, "/login/?sso=unavailable")
+
+
+# --- Which backends authenticate ---------------------------------------------------------------
+
+
+def test_the_backends_follow_the_configuration():
+    from dashboard.sso.conf import PASSWORD_BACKEND, SSO_BACKEND, authentication_backends
+
+    axes = "axes.backends.AxesStandaloneBackend"
+    assert authentication_backends(SsoSettings()) == [axes, PASSWORD_BACKEND]
+    assert authentication_backends(SSO) == [SSO_BACKEND, axes, PASSWORD_BACKEND]
+    assert authentication_backends(SsoSettings(**{**SSO.__dict__, "local_login": False})) == [
+        SSO_BACKEND,
+        axes,
+    ]
+
+
+def test_with_local_login_off_no_password_authenticates_anywhere(rf, alice, settings):
+    from django.contrib.auth import authenticate
+
+    from dashboard.sso.conf import authentication_backends
+
+    off = SsoSettings(**{**SSO.__dict__, "local_login": False})
+    settings.SAGA_SSO = off
+    settings.AUTHENTICATION_BACKENDS = authentication_backends(off)
+    # Not through Django's authenticate(), which every login form and view calls.
+    request = rf.post("/admin/login/")
+    assert authenticate(request, username="alice", password="correct-horse-battery") is None
+    # The same password, with password sign-in on, does.
+    settings.SAGA_SSO = SSO
+    settings.AUTHENTICATION_BACKENDS = authentication_backends(SSO)
+    assert authenticate(rf.post("/admin/login/"), username="alice", password="correct-horse-battery") == alice
+
+
+def test_the_settings_list_no_password_backend_when_local_login_is_off():
+    import subprocess
+    import sys
+
+    from tests.support.processes import ROOT
+
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "DJANGO_SETTINGS_MODULE": "saga_admin.settings",
+        "SECRET_KEY": "k" * 50,
+        "SAGA_OIDC_ISSUER": "https://idp.example.com",
+        "SAGA_OIDC_CLIENT_ID": "saga",
+        "SAGA_OIDC_CLIENT_SECRET": "s3cret",
+        "SAGA_LOCAL_LOGIN": "0",
+    }
+    shown = subprocess.run(
+        [sys.executable, "-c", "from django.conf import settings; print(*settings.AUTHENTICATION_BACKENDS)"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.split() == ["dashboard.sso.backend.SsoBackend", "axes.backends.AxesStandaloneBackend"]

@@ -14,6 +14,11 @@
  * 3. When the SDK then runs the call, the step asks Saga again: only a call Saga approved runs — once,
  *    with the approver's args if they edited them. A host that approves in the SDK alone gets a tool
  *    error ("Saga Admin: … is waiting for approval") and nothing runs.
+ *
+ * Arguments the model sent that are not a JSON object are a tool error the model reads (nothing is
+ * recorded or run), never an exception. An interruption is matched to the Saga tool among the tools
+ * of the agent that made the call, so two agents may each have a Saga tool of one SDK name; two in
+ * one agent are refused, since the SDK cannot tell their calls apart.
  */
 import type { FunctionTool, RunContext, RunState, RunToolApprovalItem } from "@openai/agents";
 
@@ -37,8 +42,12 @@ interface Registered {
   record(run: Run, args: Args): Promise<Action>;
 }
 
-// SDK tool name → how to ask Saga about one of its calls.
-const registry = new Map<string, Registered>();
+// How to ask Saga about a call of this tool, on the wrapped tool itself (an own enumerable symbol
+// property, so the SDK's copies of the tool keep it). `sagaDecisions` finds it among the tools of
+// the agent that made the call: two agents may each have their own tool of one SDK name.
+const SAGA_TOOL = Symbol.for("saga-admin.openai-agents.tool");
+
+type Carrier = { name?: unknown; [SAGA_TOOL]?: Registered };
 
 function activeRun(name: string): Run {
   const run = currentRun();
@@ -46,9 +55,22 @@ function activeRun(name: string): Run {
   return run;
 }
 
-function parsed(input: unknown): Args {
-  if (typeof input === "string") return input ? (JSON.parse(input) as Args) : {};
-  return (input ?? {}) as Args;
+/** The call's arguments as the model sent them (a JSON object), or undefined when they are not. */
+function parsed(input: unknown): Args | undefined {
+  let value: unknown = input ?? {};
+  if (typeof input === "string") {
+    try {
+      value = input ? JSON.parse(input) : {};
+    } catch {
+      return undefined;
+    }
+  }
+  return typeof value === "object" && value !== null && !Array.isArray(value) ? (value as Args) : undefined;
+}
+
+/** What the model reads when its arguments are not a JSON object: nothing was recorded or run. */
+function invalidArguments(name: string): string {
+  return `Saga Admin: the arguments of ${name} are not a JSON object; nothing was recorded or run. Call it again with valid JSON arguments.`;
 }
 
 /** The SDK's `FunctionTool`, each call a step of the active run, its approval Saga's. */
@@ -62,17 +84,24 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
     ...(options.intent ? { intent: options.intent } : {}),
   });
   const record = (run: Run, args: Args): Promise<Action> => run.record(request(args));
+  const registered: Registered = { name, record };
   const wrapped = {
     ...tool,
+    [SAGA_TOOL]: registered,
     needsApproval: async (_context: RunContext, input: unknown) => {
-      const action = await record(activeRun(name), parsed(input));
+      const args = parsed(input);
+      // Arguments that do not parse need no approval: the call itself only tells the model so.
+      if (args === undefined) return false;
+      const action = await record(activeRun(name), args);
       return action.status === "awaiting_approval" || action.status === "rejected";
     },
     invoke: async (context: RunContext<C>, input: string, details?: Parameters<P["invoke"]>[2]) => {
+      const args = parsed(input);
+      if (args === undefined) return invalidArguments(name);
       const run = activeRun(name);
       try {
         return await run.step({
-          ...request(parsed(input)),
+          ...request(args),
           wait: false,
           do: (args) => tool.invoke(context, JSON.stringify(args), details),
         });
@@ -83,8 +112,20 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
       }
     },
   } as P;
-  registry.set(tool.name, { name, record });
   return wrapped;
+}
+
+/** The Saga side of the tool an interruption is for, among its agent's tools (undefined: not a Saga tool). */
+function registeredFor(item: RunToolApprovalItem): Registered | undefined {
+  const tools = ((item.agent as { tools?: unknown[] } | undefined)?.tools ?? []) as Carrier[];
+  const found = tools.filter((t) => t?.[SAGA_TOOL] !== undefined && t.name === item.name);
+  if (found.length > 1) {
+    const names = found.map((t) => t[SAGA_TOOL]!.name).join(", ");
+    throw new Error(
+      `Agent ${item.agent.name} has ${found.length} Saga tools named ${String(item.name)} (${names}): the SDK cannot tell their calls apart; give each its own name.`,
+    );
+  }
+  return found[0]?.[SAGA_TOOL];
 }
 
 interface Interrupted<C> {
@@ -99,11 +140,17 @@ interface Interrupted<C> {
  */
 export async function sagaDecisions<C>(result: Interrupted<C>, options: { wait?: boolean; timeoutS?: number } = {}): Promise<RunState<C, any>> {
   for (const item of result.interruptions) {
-    const registered = item.name ? registry.get(item.name) : undefined;
+    const registered = registeredFor(item);
     if (!registered) continue;
-    const run = activeRun(registered.name);
     const raw = item.rawItem as { arguments?: string };
-    let action = await registered.record(run, parsed(raw.arguments ?? "{}"));
+    const args = parsed(raw.arguments ?? "{}");
+    if (args === undefined) {
+      // The SDK asks for approval of a call whose arguments it could not parse: nothing to decide.
+      result.state.reject(item, { message: invalidArguments(registered.name) });
+      continue;
+    }
+    const run = activeRun(registered.name);
+    let action = await registered.record(run, args);
     try {
       if (action.status === "awaiting_approval") {
         if (options.wait === false) continue;
