@@ -20,7 +20,18 @@ from ninja.operation import Operation
 
 from ledger import errors
 from ledger.conf import saga
-from saga_admin.api import actions, approvals, checkpoints, commands, pauses, policies, queue, runs, unwinds
+from saga_admin.api import (
+    actions,
+    approvals,
+    checkpoints,
+    commands,
+    pauses,
+    plans,
+    policies,
+    queue,
+    runs,
+    unwinds,
+)
 from saga_admin.api.limits import (
     BodyRejected,
     CheckedJSONParser,
@@ -168,7 +179,7 @@ def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
 
 
 # The agents' API, then the operator's (the order of the OpenAPI document's paths).
-for resource in (runs, actions, commands, checkpoints, policies, queue, unwinds, approvals, pauses):
+for resource in (runs, actions, plans, commands, checkpoints, policies, queue, unwinds, approvals, pauses):
     api.add_router("", resource.router)
 
 
