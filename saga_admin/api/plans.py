@@ -13,7 +13,7 @@ from saga_admin.api.auth import ErrorOut, agent_auth
 from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of
 from saga_admin.api.idempotency import json_response
 from saga_admin.api.schemas.actions import actions_out
-from saga_admin.api.schemas.plans import PlanIn, PlanOut
+from saga_admin.api.schemas.plans import ActionPlanIn, ActionPlanOut
 
 router = Router(tags=["agents"], auth=agent_auth)
 
@@ -21,7 +21,7 @@ router = Router(tags=["agents"], auth=agent_auth)
 @router.post(
     "/runs/{run_id}/plan",
     # 503: other plans kept deadlocking with this one (ledger.services.actions.plans).
-    response={200: PlanOut, 201: PlanOut, **WRITE_ERRORS, 503: ErrorOut},
+    response={200: ActionPlanOut, 201: ActionPlanOut, **WRITE_ERRORS, 503: ErrorOut},
     summary="Record a plan: several planned actions in one request, all or nothing",
     description="Each action is the body of `POST /runs/{id}/actions` (its `idempotency_key` required, "
     "unique within the plan) and is recorded exactly as that records one — policies, rules, limits "
@@ -34,7 +34,7 @@ router = Router(tags=["agents"], auth=agent_auth)
     "new and known keys, or a known key with another payload → 422 `idempotency_key_reused`. The "
     "`Idempotency-Key` header is not used: the actions' keys are the plan's.",
 )
-def plan_record(request: HttpRequest, run_id: str, payload: PlanIn) -> HttpResponse:
+def plan_record(request: HttpRequest, run_id: str, payload: ActionPlanIn) -> HttpResponse:
     check_id("Run", run_id)
     # A reference, not a read: each record locks the run's row scoped to this tenant and agent
     # (404 for an unknown, another tenant's or another agent's run).

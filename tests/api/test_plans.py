@@ -441,3 +441,12 @@ def test_the_openapi_documents_the_plan(api):
     document = api.get("/openapi.json").json()
     operation = document["paths"]["/api/v1/runs/{run_id}/plan"]["post"]
     assert {"200", "201", "403", "404", "409", "413", "422"} <= set(operation["responses"])
+    schemas = document["components"]["schemas"]
+    created = operation["responses"]["201"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[
+        -1
+    ]
+    assert set(schemas[created]["properties"]) == {"actions", "warnings"}
+    body = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert set(schemas[body]["properties"]) == {"actions"}
+    # Schema names are global in the document: the recovery queue's compensation plan keeps its own.
+    assert "plan_hash" in schemas["PlanOut"]["properties"]

@@ -22,7 +22,7 @@ class PlannedActionIn(ActionIn):
     )
 
 
-class PlanIn(StrictIn):
+class ActionPlanIn(StrictIn):
     actions: list[PlannedActionIn] = Field(
         min_length=1,
         max_length=MAX_PLAN_ACTIONS,
@@ -30,7 +30,7 @@ class PlanIn(StrictIn):
     )
 
 
-class PlanOut(Schema):
+class ActionPlanOut(Schema):
     actions: list[ActionOut] = Field(description="The plan's actions, in its order.")
     warnings: list[JSONObject] = Field(
         description="The pivot lint over the plan: a step that can be undone after an irreversible one "
