@@ -1,6 +1,7 @@
 """Approvals as decisions: recording an action its policy gates behind a person (the approval
-bound to its exact args), approving, rejecting and asking again, and settling a decided approval
-(the forward action, or the compensation step it gated).
+bound to its exact args), or a plan of them (every approval it needs opened at once), approving,
+rejecting and asking again, and settling a decided approval (the forward action, or the
+compensation step it gated).
 """
 
 from __future__ import annotations
