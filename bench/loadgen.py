@@ -169,6 +169,25 @@ def scenario_record_action(
             return
 
 
+def scenario_record_plan(
+    client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
+) -> None:
+    """POST /api/v1/runs/{id}/plan with ``plan_size`` actions (each a fresh key), a fresh run every
+    ``per_run`` actions. One sample per plan: its latency is the request's; the actions it
+    recorded are ``plan_size`` times the count."""
+    runs = _runs_for(index, params)
+    per_run, size = params["per_run"], params["plan_size"]
+    n = 0
+    while True:
+        run_id = runs[min(n // per_run, len(runs) - 1)]
+        body = json.dumps({"actions": [_action_body(run_id, n + i) for i in range(size)]}).encode()
+        t = time.perf_counter()
+        status, _, _ = client.request("POST", f"/api/v1/runs/{run_id}/plan", body)
+        n += size
+        if not record("record_plan", t, status, 201):
+            return
+
+
 def scenario_action_lifecycle(
     client: Client,
     index: int,
@@ -370,6 +389,7 @@ SCENARIOS: dict[str, Callable[..., None]] = {
     "post_json": scenario_post_json,
     "post_raw": scenario_post_raw,
     "record_action": scenario_record_action,
+    "record_plan": scenario_record_plan,
     "action_lifecycle": scenario_action_lifecycle,
     "get_pages": scenario_get_pages,
     "get_checkpoints": scenario_get_checkpoints,

@@ -101,6 +101,8 @@ SMOKE = Sizes(
 )
 
 CLIENT_COUNTS = (1, 16)
+# The actions of one plan in the append phase's plan measurement (issue 30: "plans of 5").
+PLAN_SIZE = 5
 # Candidate workers (bench/candidate_worker.py): measured beside the Procfile's, never instead of it.
 # (The engine itself now runs an unwind's steps back to back in one job, which the earlier
 # "inline-advance" candidates approximated; what is left to compare is the worker class.)
@@ -521,6 +523,24 @@ class Harness:
             for op_summary in entry.values():
                 op_summary["errors"] = result.error_count()
             s[f"record_action_limited_{n}"] = entry
+            # The same actions recorded through plans (POST /runs/{id}/plan, issue 30): the
+            # request's cost paid once per PLAN_SIZE actions. Throughput counts plans; the actions
+            # recorded per second are PLAN_SIZE times it, p99 is per request (per plan).
+            log(f"ledger append over HTTP: record_plan of {PLAN_SIZE}, {n} clients")
+            runs = fixtures.fresh_runs(keys=keys[:n], per_client=runs_needed)
+            params = {
+                "runs": runs,
+                "per_run": per_run,
+                "plan_size": PLAN_SIZE,
+                "headers_per_client": {i: {"Authorization": f"Bearer {keys[i][1]}"} for i in range(n)},
+            }
+            result = self.load("record_plan", n, params, web=web)
+            entry = {op: summarize(result, op) for op in result.ops()}
+            for op_summary in entry.values():
+                op_summary["errors"] = result.error_count()
+                op_summary["plan_size"] = PLAN_SIZE
+                op_summary["actions_per_s"] = op_summary["throughput"] * PLAN_SIZE
+            s[f"record_plan_{n}"] = entry
         finally:
             web.stop()
 

@@ -16,7 +16,7 @@ The modules, one verb family each (callers import the one they use):
   refusal over actions whose outcome is unknown.
 - ``reports``: the agent's reports that queue a run (``run_fail_and_queue``,
   ``action_fail_and_queue``, ``action_verify_and_queue``).
-- ``approving``: ``action_record_gated``, ``approval_approve``, ``approval_reject``,
+- ``approving``: ``action_record_gated``, ``plan_record_gated``, ``approval_approve``, ``approval_reject``,
   ``approval_request_again``.
 - ``compensating``: ``unwind_start`` (and auto-compensation), ``step_retry``, ``step_skip``,
   ``unwind_stop``.

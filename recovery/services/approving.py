@@ -1,11 +1,13 @@
 """Approvals as decisions: recording an action its policy gates behind a person (the approval
-bound to its exact args), approving, rejecting and asking again, and settling a decided approval
-(the forward action, or the compensation step it gated).
+bound to its exact args), or a plan of them (every approval it needs opened at once), approving,
+rejecting and asking again, and settling a decided approval (the forward action, or the
+compensation step it gated).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 import structlog
 from django.db import DatabaseError, transaction
@@ -18,14 +20,25 @@ from ledger.policies.deadlines import ApprovalDeadline
 from ledger.rules import reason_required
 from ledger.services import pauses
 from ledger.services.actions import moves as action_moves
-from ledger.services.actions import recording
-from ledger.services.actions.recording import RecordedAction
+from ledger.services.actions import plans, recording
+from ledger.services.actions.compensation import CompensatorCheck
+from ledger.services.actions.plans import RecordedPlan
+from ledger.services.actions.recording import Gate, RecordedAction
 from recovery import approvals, compensators
 from recovery.models import Approval
 from recovery.services.refusals import audits_refusals
 from recovery.unwinds import advance, moves
 
 log = structlog.get_logger(__name__)
+
+
+# The refusals of a record that are audited on the run (the record itself rolled back).
+AUDITED_REFUSALS = (
+    errors.UnknownCompensator,
+    errors.CompensationNotAllowed,
+    errors.Paused,
+    errors.PolicyDenied,
+)
 
 
 def action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAction:
@@ -40,12 +53,7 @@ def action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAct
     Each refusal is audited on the run."""
     try:
         return _action_record_gated(run=run, actor=actor, **fields)
-    except (
-        errors.UnknownCompensator,
-        errors.CompensationNotAllowed,
-        errors.Paused,
-        errors.PolicyDenied,
-    ) as exc:
+    except AUDITED_REFUSALS as exc:
         _record_action_refusal(run=run, actor=actor, exc=exc, fields=fields)
         raise
 
@@ -80,7 +88,33 @@ def _record_action_refusal(*, run: Run, actor: Actor, exc: errors.SagaError, fie
         log.warning("action.refusal_not_audited", run_id=run.pk, exc_info=True)
 
 
+def plan_record_gated(*, run: Run, actor: Actor, actions: Sequence[Mapping[str, Any]]) -> RecordedPlan:
+    """Record a plan (``ledger.services.actions.plans.plan_record``: all or nothing, in order),
+    each action exactly as ``action_record_gated`` records one: gated when its policy demands a
+    human, so every approval the plan needs is opened in its one transaction. A refusal of any
+    action records nothing and is audited on the run as the refusal of that action (after the
+    plan rolled back: the event must not roll back with it)."""
+    try:
+        return plans.plan_record(run=run, actor=actor, actions=actions, **_record_hooks(run=run, actor=actor))
+    except AUDITED_REFUSALS as exc:
+        index = exc.details.get("plan_index")
+        refused = actions[index] if isinstance(index, int) and 0 <= index < len(actions) else {}
+        _record_action_refusal(run=run, actor=actor, exc=exc, fields=dict(refused))
+        raise
+
+
 def _action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAction:
+    return recording.action_record(run=run, actor=actor, **_record_hooks(run=run, actor=actor), **fields)
+
+
+class _RecordHooks(TypedDict):
+    is_compensator: CompensatorCheck
+    on_gated: Gate
+
+
+def _record_hooks(*, run: Run, actor: Actor) -> _RecordHooks:
+    """What the recovery layer hands the ledger's record: the registered compensators (Python
+    ones included) and the gate that opens an approval."""
     tenant_id = run.tenant_id
 
     def gate(action: Action) -> None:
@@ -101,15 +135,12 @@ def _action_record_gated(*, run: Run, actor: Actor, **fields: Any) -> RecordedAc
             deadline=ApprovalDeadline.of(action.policy),
         )
 
-    return recording.action_record(
-        run=run,
-        actor=actor,
-        is_compensator=lambda tool, stamp: compensators.compensator_registered(
+    return {
+        "is_compensator": lambda tool, stamp: compensators.compensator_registered(
             tenant_id=tenant_id, tool=tool, stamp=stamp
         ),
-        on_gated=gate,
-        **fields,
-    )
+        "on_gated": gate,
+    }
 
 
 def approval_settle(

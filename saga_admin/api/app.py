@@ -27,6 +27,7 @@ from saga_admin.api import (
     checkpoints,
     commands,
     pauses,
+    plans,
     policies,
     queue,
     runs,
@@ -179,7 +180,19 @@ def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
 
 
 # The agents' API, then the operator's (the order of the OpenAPI document's paths).
-for resource in (runs, actions, commands, checkpoints, policies, bulk, queue, unwinds, approvals, pauses):
+for resource in (
+    runs,
+    actions,
+    plans,
+    commands,
+    checkpoints,
+    policies,
+    bulk,
+    queue,
+    unwinds,
+    approvals,
+    pauses,
+):
     api.add_router("", resource.router)
 
 

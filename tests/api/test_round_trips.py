@@ -104,3 +104,26 @@ def test_a_heartbeat_is_one_write_and_the_read_of_pending_commands(api, warm):
     assert trips.count == 2, trips.messages
     assert response.json()["status"] == "running"
     assert Run.objects.get(pk=warm["id"]).last_heartbeat_at is not None
+
+
+def test_a_plan_of_five_is_one_round_trip_per_action_and_three_for_the_plan(api, warm):
+    """Issue 30: a plan takes the request's cost once; in the database each of its actions is the
+    single record's one round trip, and the plan adds its transaction (BEGIN, COMMIT) and the one
+    statement that takes all of its keys' locks."""
+    actions = [
+        {
+            "tool": "hr.create_user",
+            "target_type": "user",
+            "target_id": f"user-{n}@company.com",
+            "args": {"email": f"user-{n}@company.com"},
+            "idempotency_key": f"plan-{n}",
+            "compensation": {"tool": "hr.delete_user", "args": {"email": f"user-{n}@company.com"}},
+        }
+        for n in range(5)
+    ]
+    with round_trips() as trips:
+        response = api.post(f"/runs/{warm['id']}/plan", {"actions": actions})
+    assert response.status_code == 201, response.content
+    assert trips.count == 5 + 3, trips.messages
+    assert [a["seq"] for a in response.json()["actions"]] == [2, 3, 4, 5, 6]
+    assert audit_verify(chain=f"run:{warm['id']}")[1] is None

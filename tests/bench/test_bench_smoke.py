@@ -21,6 +21,15 @@ from bench.report import SECTIONS
 from tests.support.processes import ROOT, database_url_for_subprocesses, free_port
 
 
+def _assert_plans_measured(append: dict, report: str) -> None:
+    """The append's actions recorded through plans of 5 (issue 30): counted, error-free, and
+    reported as actions per second with the latency per plan."""
+    plan = append["record_plan_16"]["record_plan"]
+    assert plan["count"] > 0 and plan["errors"] == 0, plan
+    assert plan["actions_per_s"] == plan["throughput"] * 5
+    assert "actions through plans of 5" in report
+
+
 @pytest.mark.timeout(600)
 def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, own_redis):
     out = tmp_path / "BENCHMARKS.md"
@@ -71,6 +80,7 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
     limited = sections["append"]["record_action_limited_16"]["record_action"]
     assert limited["count"] > 0 and limited["errors"] == 0
     assert "tool with 2 limits" in report
+    _assert_plans_measured(sections["append"], report)
     # The append with traces off, on (exported to a local OTLP sink) and off again (issue 29), the
     # exported spans decoded: each recorded call's execute_tool span among them.
     traces = sections["traces"]

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from saga_client._run import PlanStep
 from saga_client._tracing import trace_context
 from saga_client.aio import AsyncRun, AsyncSaga, current_async_run
 from saga_client.client import Run, Saga, current_run
@@ -61,6 +62,7 @@ __all__ = [
     "NoActiveRun",
     "NotFound",
     "Paused",
+    "PlanStep",
     "RunCancelled",
     "PolicyDenied",
     "RateLimited",

@@ -270,6 +270,11 @@ class Api:
 
     # Actions --------------------------------------------------------------------------------
 
+    def record_plan(self, run_id: str, actions: list[dict[str, Any]]) -> Flow[Reply]:
+        """Several actions in one request, all or nothing. Safe to send again: a plan whose keys
+        were all recorded is answered as a replay (200), never recorded twice."""
+        return self.request("POST", f"/runs/{run_id}/plan", json_body={"actions": actions}, retry_safe=True)
+
     def record_action(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> Flow[Reply]:
         return self.request(
             "POST",

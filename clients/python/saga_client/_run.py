@@ -10,19 +10,40 @@ import hashlib
 import inspect
 import json
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypedDict, cast
 
 import httpx
 
 from saga_client._core import DONE_STATES, Api, Flow, Invoke, Reply, rejection
 from saga_client.errors import ApprovalPending, Conflict, RunCancelled, SagaError, StepInDoubt
-from saga_client.responses import ActionDict, CheckpointDict, RunDict, RunFailDict
+from saga_client.responses import ActionDict, CheckpointDict, PlanDict, RunDict, RunFailDict
 
 log = logging.getLogger(__name__)
 
 Target = tuple[str, str]
 Compensation = tuple[str, Mapping[str, Any]]
+
+
+class _PlanStepTool(TypedDict):
+    tool: str
+
+
+class PlanStep(_PlanStepTool, total=False):
+    """One step of ``run.plan([...])``: what ``run.step`` takes to record it, without ``do``.
+    ``before`` is the before snapshot, or a callable producing it (called when the plan is sent);
+    ``start`` also starts it when it needs no approval."""
+
+    target: Target
+    args: Mapping[str, Any]
+    compensate: Compensation
+    intent: Mapping[str, Any]
+    idempotency_key: str
+    before: Any
+    start: bool
+
+
+PLAN_STEP_KEYS = frozenset(PlanStep.__annotations__) | {"tool"}
 
 
 def canonical(value: Any) -> str:
@@ -174,6 +195,41 @@ class RunCore:
         reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
         action: ActionDict = reply.data
         return action
+
+    def _plan(self, steps: Sequence[Mapping[str, Any]]) -> Flow[PlanDict]:
+        if not self.id:
+            raise SagaError(
+                "The run is not open yet: use it as a context manager (or open it) first.",
+                code="run_not_open",
+            )
+        actions: list[dict[str, Any]] = []
+        for index, step in enumerate(steps):
+            unknown = sorted(set(step) - PLAN_STEP_KEYS)
+            if unknown or "tool" not in step:
+                raise TypeError(
+                    f"run.plan: step {index} "
+                    + (f"has unknown keys {unknown}" if unknown else "has no 'tool'")
+                    + f" (a step takes {sorted(PLAN_STEP_KEYS)})"
+                )
+            tool = step["tool"]
+            key, body = self._action_request(
+                tool,
+                step.get("target"),
+                dict(step.get("args") or {}),
+                step.get("compensate"),
+                step.get("intent"),
+                step.get("idempotency_key"),
+            )
+            before = step.get("before")
+            snapshot = (yield Invoke(before)) if callable(before) else before
+            if snapshot is not None:
+                body["before_snapshot"] = snapshot
+            if step.get("start"):
+                body["start"] = True
+            actions.append({"tool": tool, "idempotency_key": key, **body})
+        reply = yield from self._api.record_plan(self.id, actions)
+        plan: PlanDict = reply.data
+        return plan
 
     def _step(
         self,

@@ -17,7 +17,7 @@ clients do differently are written by hand in ``saga_client._twins``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextvars import Token
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -36,7 +36,7 @@ from saga_client._core import (
     api_root,
     default_headers,
 )
-from saga_client._run import Compensation, Target
+from saga_client._run import Compensation, PlanStep, Target
 from saga_client._twins import (
     AsyncPerform,
     AsyncRunBase,
@@ -49,6 +49,7 @@ from saga_client.responses import (
     ActionVerifyDict,
     CheckpointDict,
     CommandDict,
+    PlanDict,
     PoliciesDict,
     RunDetailDict,
     RunDict,
@@ -283,6 +284,14 @@ class AsyncSaga:
         action: ActionDict = reply.data
         return action
 
+    async def record_plan(self, run_id: str, actions: Sequence[Mapping[str, Any]]) -> PlanDict:
+        """Record several actions of a run in one request, all or nothing (each a body of
+        ``record_action``, its ``idempotency_key`` required): the recorded actions in order and the
+        plan's pivot ``warnings``. Sent again, the same plan comes back as the actions are now."""
+        reply = await self._drive(self.api.record_plan(run_id, [dict(action) for action in actions]))
+        plan: PlanDict = reply.data
+        return plan
+
     async def record_action_reply(
         self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any
     ) -> Reply:
@@ -431,6 +440,18 @@ class AsyncRun(AsyncRunBase):
                 idempotency_key=idempotency_key,
             )
         )
+
+    async def plan(self, steps: Sequence[PlanStep | Mapping[str, Any]]) -> PlanDict:
+        """Record the steps the agent means to take, in one request, before any of them runs: all
+        or nothing (a pause, a denying rule or limit, a refused compensation of any step raises
+        its error and records none). Each step is what ``step`` takes, without ``do`` (``tool``,
+        ``target``, ``args``, ``compensate``, ``intent``, ``idempotency_key``, ``before``,
+        ``start``), and gets the key ``step`` would give it: ``step`` with the same tool, target
+        and args later runs the planned action (once approved). Every approval the plan needs is
+        requested at once. Returns the recorded actions in order and the plan's ``warnings`` (an
+        irreversible step before one that can be undone: ``pivot_order``, naming both). Sent
+        again, the same plan comes back as its actions are now."""
+        return await self.client._drive(self._plan(steps))
 
     async def step(
         self,

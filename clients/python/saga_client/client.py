@@ -19,7 +19,7 @@ clients do differently are written by hand in ``saga_client._twins``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import Token
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -38,7 +38,7 @@ from saga_client._core import (
     api_root,
     default_headers,
 )
-from saga_client._run import Compensation, Target
+from saga_client._run import Compensation, PlanStep, Target
 from saga_client._twins import (
     Perform,
     RunBase,
@@ -51,6 +51,7 @@ from saga_client.responses import (
     ActionVerifyDict,
     CheckpointDict,
     CommandDict,
+    PlanDict,
     PoliciesDict,
     RunDetailDict,
     RunDict,
@@ -279,6 +280,14 @@ class Saga:
         action: ActionDict = reply.data
         return action
 
+    def record_plan(self, run_id: str, actions: Sequence[Mapping[str, Any]]) -> PlanDict:
+        """Record several actions of a run in one request, all or nothing (each a body of
+        ``record_action``, its ``idempotency_key`` required): the recorded actions in order and the
+        plan's pivot ``warnings``. Sent again, the same plan comes back as the actions are now."""
+        reply = self._drive(self.api.record_plan(run_id, [dict(action) for action in actions]))
+        plan: PlanDict = reply.data
+        return plan
+
     def record_action_reply(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> Reply:
         """``record_action`` with how the server answered: ``reply.data`` is the action and
         ``reply.started_here`` is true only when this very request (``start=True``) moved it to
@@ -419,6 +428,18 @@ class Run(RunBase):
                 idempotency_key=idempotency_key,
             )
         )
+
+    def plan(self, steps: Sequence[PlanStep | Mapping[str, Any]]) -> PlanDict:
+        """Record the steps the agent means to take, in one request, before any of them runs: all
+        or nothing (a pause, a denying rule or limit, a refused compensation of any step raises
+        its error and records none). Each step is what ``step`` takes, without ``do`` (``tool``,
+        ``target``, ``args``, ``compensate``, ``intent``, ``idempotency_key``, ``before``,
+        ``start``), and gets the key ``step`` would give it: ``step`` with the same tool, target
+        and args later runs the planned action (once approved). Every approval the plan needs is
+        requested at once. Returns the recorded actions in order and the plan's ``warnings`` (an
+        irreversible step before one that can be undone: ``pivot_order``, naming both). Sent
+        again, the same plan comes back as its actions are now."""
+        return self.client._drive(self._plan(steps))
 
     def step(
         self,

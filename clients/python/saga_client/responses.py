@@ -90,6 +90,14 @@ class ActionDict(TypedDict):
     completed_at: str | None
 
 
+class PlanDict(TypedDict):
+    """A recorded plan (``POST /runs/{id}/plan``): its actions in order, and the pivot lint over
+    it (``pivot_order`` warnings naming both actions)."""
+
+    actions: list[ActionDict]
+    warnings: list[WarningDict]
+
+
 class RecoveryItemDict(TypedDict):
     id: str
     status: str
@@ -269,6 +277,7 @@ __all__ = [
     "CommandDict",
     "CompensationDict",
     "GrantDict",
+    "PlanDict",
     "PoliciesDict",
     "RecoveryItemDict",
     "ReviewerDict",

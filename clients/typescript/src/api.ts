@@ -8,6 +8,7 @@ import type {
   ActionVerify,
   Checkpoint,
   Command,
+  Plan,
   Policies,
   Run,
   RunDetail,
@@ -73,6 +74,10 @@ export class Api {
       body: { tool, idempotency_key: idempotencyKey, ...fields },
       signal,
     });
+  }
+  /** Several actions in one request, all or nothing; safe to send again (a plan whose keys were all recorded is a replay). */
+  recordPlan(runId: string, actions: Body[], signal?: Signal): Promise<Reply<Plan>> {
+    return this.http.request("POST", `/runs/${runId}/plan`, { body: { actions }, retrySafe: true, signal });
   }
   getAction(actionId: string, signal?: Signal): Promise<Action> {
     return this.http.call("GET", `/actions/${actionId}`, { signal });

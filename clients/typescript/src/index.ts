@@ -4,7 +4,15 @@
  * `@saga-admin/client/openai-agents` (the OpenAI Agents SDK).
  */
 export { Saga, currentRun, type RunOptions, type SagaOptions, type SagaTool, type ToolOptions } from "./saga.js";
-export { Run, DONE_STATES, type CheckpointOptions, type RecordOptions, type StepContext, type StepOptions } from "./run.js";
+export {
+  Run,
+  DONE_STATES,
+  type CheckpointOptions,
+  type PlanStepOptions,
+  type RecordOptions,
+  type StepContext,
+  type StepOptions,
+} from "./run.js";
 export {
   ApprovalDeadlinePassed,
   ApprovalPending,

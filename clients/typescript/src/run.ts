@@ -15,7 +15,7 @@ import {
 } from "./errors.js";
 import { sleep, type Reply } from "./http.js";
 import { canonical, stepKey } from "./keys.js";
-import type { Action, Checkpoint, Command, Compensation, Run as RunData, RunFail, Target, Trail } from "./types.js";
+import type { Action, Checkpoint, Command, Compensation, Plan, Run as RunData, RunFail, Target, Trail } from "./types.js";
 
 /** Action states in which the call already ran to completion: a replayed step returns its result. */
 export const DONE_STATES: ReadonlySet<string> = new Set(["succeeded", "compensating", "compensated", "compensation_failed"]);
@@ -53,6 +53,14 @@ export interface RecordOptions {
   compensate?: Compensation | null;
   intent?: Record<string, unknown>;
   idempotencyKey?: string;
+}
+
+/** One step of `run.plan([...])`: what `record` takes, a before snapshot, and `start`. */
+export interface PlanStepOptions extends RecordOptions {
+  /** A snapshot before the call, or a function producing one (called when the plan is sent). */
+  before?: unknown;
+  /** Also start it when it needs no approval. */
+  start?: boolean;
 }
 
 export interface CheckpointOptions {
@@ -216,6 +224,28 @@ export class Run {
     this.requireOpen();
     const [key, body] = this.actionRequest(options);
     return (await this.api.recordAction(this.id, options.tool, key, body, this.signal)).data;
+  }
+
+  /**
+   * Record the steps the agent means to take in one request before any runs, all or nothing: a
+   * pause, a denying rule or limit or a refused compensation of any step throws its error (with the
+   * step's `details.plan_index`) and records none. Each step gets the key `step` would give it, so
+   * `step` with the same tool, target and args later runs the planned action (once approved). Every
+   * approval the plan needs is requested at once. Returns the recorded actions in order and the
+   * plan's `warnings` (`pivot_order`: an irreversible step before one that can be undone, naming
+   * both). Sent again, the same plan comes back as its actions are now.
+   */
+  async plan(steps: readonly PlanStepOptions[]): Promise<Plan> {
+    this.requireOpen();
+    const actions: Record<string, unknown>[] = [];
+    for (const step of steps) {
+      const [key, body] = this.actionRequest(step);
+      const snapshot = typeof step.before === "function" ? await (step.before as () => unknown)() : step.before;
+      if (snapshot !== undefined && snapshot !== null) body["before_snapshot"] = snapshot;
+      if (step.start) body["start"] = true;
+      actions.push({ tool: step.tool, idempotency_key: key, ...body });
+    }
+    return (await this.api.recordPlan(this.id, actions, this.signal)).data;
   }
 
   /**

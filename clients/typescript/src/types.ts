@@ -15,6 +15,7 @@ export type RunStatus = Run["status"];
 export type Action = Schemas["ActionOut"];
 export type ActionPage = Schemas["ActionPageOut"];
 export type ActionVerify = Schemas["ActionVerifyOut"];
+export type Plan = Schemas["ActionPlanOut"];
 export type Approval = Schemas["ApprovalSummaryOut"];
 export type Command = Schemas["CommandOut"];
 export type Checkpoint = Schemas["CheckpointOut"];

@@ -3,6 +3,8 @@
 - ``recording``: ``action_record``, recording a planned action idempotently per tenant and key; the
   fast path (one round trip when this process's policies need no check) and the checked path
   (every check in Python under the key's and the run's locks), and an idempotent replay.
+- ``plans``: ``plan_record``, several planned actions of one run recorded in one transaction, all
+  or nothing, each through ``action_record`` as if alone; idempotent through its actions' keys.
 - ``payload``: what a recording writes: the payload hash that makes two recordings the same
   action, the new row and its audit events, the JSON ``saga_action_record`` takes.
 - ``compensation``: the compensation rule: what undoes a newly recorded action, as its policy

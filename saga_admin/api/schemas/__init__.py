@@ -5,6 +5,7 @@ they use.
   field types (JSON, ids, tool names, URLs).
 - ``runs``: runs (start, list, detail, heartbeat, complete, fail, cancel) and their trail.
 - ``actions``: the ledger's actions (record, start, succeed, fail, verify, reconcile, pages).
+- ``plans``: a plan (several planned actions recorded in one request) and its answer.
 - ``checkpoints``: checkpoints and their pages.
 - ``commands``: the resume/cancel commands given to an agent.
 - ``policies``: the tool policies in force.

@@ -575,6 +575,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/runs/{run_id}/plan": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Record a plan: several planned actions in one request, all or nothing
+         * @description Each action is the body of `POST /runs/{id}/actions` (its `idempotency_key` required, unique within the plan) and is recorded exactly as that records one — policies, rules, limits (two actions of one plan both count), pauses, the compensation rule, `start` — in one transaction, in order: a refusal of any action (409 `paused`, 403 `policy_denied`, 422 `unknown_compensator` / `compensation_not_allowed`, 409 `run_not_accepting_actions`) records nothing and names it in `details.plan_index`. Every approval the plan needs is requested at once. `warnings`: the pivot lint over the plan. 201 when recorded; 200 with `Idempotent-Replayed: true` when every key was recorded before with the same payload (the actions as they are now); a mix of new and known keys, or a known key with another payload → 422 `idempotency_key_reused`. The `Idempotency-Key` header is not used: the actions' keys are the plan's.
+         */
+        post: operations["saga_admin_api_agents_plan_record"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/runs/{run_id}/trail": {
         parameters: {
             query?: never;
@@ -829,6 +849,29 @@ export interface components {
              * @default 100
              */
             limit: number;
+        };
+        /** ActionPlanIn */
+        ActionPlanIn: {
+            /**
+             * Actions
+             * @description 1 to 100 actions, in the order the agent means to run them.
+             */
+            actions: components["schemas"]["PlannedActionIn"][];
+        };
+        /** ActionPlanOut */
+        ActionPlanOut: {
+            /**
+             * Actions
+             * @description The plan's actions, in its order.
+             */
+            actions: components["schemas"]["ActionOut"][];
+            /**
+             * Warnings
+             * @description The pivot lint over the plan: a step that can be undone after an irreversible one (`pivot_order`, naming both: `action_id` and `pivot_action_id`).
+             */
+            warnings: {
+                [key: string]: unknown;
+            }[];
         };
         /** ActionReconcileIn */
         ActionReconcileIn: {
@@ -1893,6 +1936,46 @@ export interface components {
              * @description Whether the compensator reaches that upstream (an MCP compensator on the same URL); false: the step needs a person.
              */
             reaches: boolean;
+        };
+        /** PlannedActionIn */
+        PlannedActionIn: {
+            /** Args */
+            args?: {
+                [key: string]: unknown;
+            };
+            /** Before Snapshot */
+            before_snapshot?: unknown;
+            compensation?: components["schemas"]["CompensationIn"] | null;
+            /**
+             * Idempotency Key
+             * @description Required, and unique within the plan. A plan whose keys were all recorded before (each with the same payload) is a replay.
+             */
+            idempotency_key: string;
+            /** @description Why the agent does this, as it knew it then. */
+            intent?: components["schemas"]["IntentIn"] | null;
+            /**
+             * Start
+             * @description Also start it: an action that needs no approval is returned `running` (attempt 1, as if /start had been called); one that needs approval is returned `awaiting_approval` as usual. Not part of the idempotency fingerprint: a replay returns the action as it is now.
+             * @default false
+             */
+            start: boolean;
+            /**
+             * Target Id
+             * @default
+             */
+            target_id: string;
+            /**
+             * Target Type
+             * @default
+             */
+            target_type: string;
+            /**
+             * Tool
+             * @description A tool name: 1 to 200 characters: ASCII letters, digits, and . _ - : / (no spaces or control characters).
+             */
+            tool: string;
+            /** @description Recorded through a gateway: which gateway forwarded the call and which upstream performs it. Part of the idempotency fingerprint. A compensation step whose compensator does not reach that upstream (an MCP compensator on the same URL) waits for a person. */
+            via?: components["schemas"]["ViaIn"] | null;
         };
         /** PoliciesOut */
         PoliciesOut: {
@@ -6781,6 +6864,140 @@ export interface operations {
             };
             /** @description Internal Server Error */
             500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    saga_admin_api_agents_plan_record: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ActionPlanIn"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ActionPlanOut"];
+                };
+            };
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ActionPlanOut"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Internal Server Error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
