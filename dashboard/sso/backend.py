@@ -63,6 +63,13 @@ class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]  # the librar
         # nothing here may reach the provider. The endpoints are set when a sign-in needs them.
         self.UserModel = get_user_model()
 
+    def get_user(self, user_id: Any) -> User | None:
+        """The signed-in session's user, as long as they are active: mozilla-django-oidc's own
+        ``get_user`` skips Django's ``is_active`` check, so a deactivated account's open sessions
+        went on working until they expired."""
+        user = super().get_user(user_id)
+        return user if user is not None and self.user_can_authenticate(user) else None
+
     def authenticate(self, request: HttpRequest | None, **kwargs: Any) -> User | None:
         conf = sso()
         if request is None or not conf.enabled or not _is_callback(request):

@@ -261,3 +261,13 @@ def test_the_settings_list_no_password_backend_when_local_login_is_off():
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.split() == ["dashboard.sso.backend.SsoBackend", "axes.backends.AxesStandaloneBackend"]
+
+
+def test_a_deactivated_accounts_sso_session_ends_at_its_next_request(client, alice, settings):
+    settings.AUTHENTICATION_BACKENDS = ["dashboard.sso.backend.SsoBackend", *settings.AUTHENTICATION_BACKENDS]
+    client.force_login(alice, backend="dashboard.sso.backend.SsoBackend")
+    assert client.get("/").status_code == 200
+    alice.is_active = False
+    alice.save(update_fields=["is_active"])
+    response = client.get("/")
+    assert response.status_code == 302 and "/login" in response["Location"]
