@@ -24,13 +24,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from ledger import metrics, pruning
+from ledger.audit import Actor
 from ledger.models import Action, IdempotencyRecord, Run
 from ledger.prune_windows import idempotency_retention_s, notification_retention_s
 from ledger.services import idempotency
-from recovery import scheduling
+from recovery import jobs, scheduling
 from recovery.models import Notification
 from recovery.notifications import prune as notifications
-from tests.factories import force_status, new_action, new_run
+from tests.factories import force_status, make_run, new_action, new_run, record
 from tests.support.api import Api
 from tests.support.processes import ROOT
 
@@ -140,9 +141,6 @@ def test_once_the_action_is_over_its_records_go_with_the_window(api: Api, onboar
 def test_another_tenants_live_action_keeps_nothing_of_this_tenant(tenant: Any, other_tenant: Any) -> None:
     """A record whose path names an action of another tenant (a caller guessing ids) is pruned on
     its own age: only the tenant's own live action keeps it."""
-    from ledger.audit import Actor
-    from tests.factories import make_run, record
-
     theirs = record(make_run(other_tenant, Actor.system("t")), Actor.system("t"), "k")
     force_status(theirs, "running")
     IdempotencyRecord.objects.create(
@@ -389,9 +387,13 @@ def test_pruned_rows_are_counted_once_committed_and_a_dry_run_counts_nothing(
     assert (_pruned("idempotency"), _pruned("notifications")) == (before[0] + 30, before[1] + 4)
 
 
-def test_the_worker_prunes_both_stores_hourly() -> None:
+def test_the_worker_prunes_both_stores_hourly(tenant: Any) -> None:
     every = {p.func: p.every_s for p in scheduling.periodic_jobs()}
     assert every["recovery.jobs.idempotency_prune"] == every["recovery.jobs.notifications_prune"] == 3600
+    _old_records(tenant, 3)
+    _old_notifications(tenant, {"delivered": 2, "pending": 1}, age=40 * DAY)
+    assert (jobs.idempotency_prune(), jobs.notifications_prune()) == (3, 2)
+    assert not IdempotencyRecord.objects.exists() and Notification.objects.get().status == "pending"
 
 
 @pytest.mark.parametrize(
