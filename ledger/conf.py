@@ -17,7 +17,9 @@ class SagaSettings:
     # API
     max_body_bytes: int
     max_json_depth: int
-    idempotency_key_ttl_h: int
+    # The two pruned stores' windows (ledger.prune_windows), in seconds.
+    idempotency_retention_s: int
+    notification_retention_s: int
     throttle_rate: str
     throttle_bytes: str
     url_rate: str
@@ -61,7 +63,8 @@ def saga() -> SagaSettings:
     return SagaSettings(
         max_body_bytes=int(raw["MAX_BODY_BYTES"]),
         max_json_depth=int(raw["MAX_JSON_DEPTH"]),
-        idempotency_key_ttl_h=int(raw["IDEMPOTENCY_KEY_TTL_H"]),
+        idempotency_retention_s=int(raw["IDEMPOTENCY_RETENTION_S"]),
+        notification_retention_s=int(raw["NOTIFICATION_RETENTION_S"]),
         throttle_rate=str(raw["THROTTLE_RATE"]),
         throttle_bytes=str(raw.get("THROTTLE_BYTES", "10MiB/m")),
         url_rate=str(raw.get("URL_RATE", "60/m")),

@@ -171,3 +171,22 @@ def ledger_moved() -> None:
     """An action moved by a compare-and-set in this transaction (approvals, reconciling,
     compensation; the agent's own moves are hot writes): counted once it commits."""
     transaction.on_commit(_WRITES["saga_action_move"].inc)
+
+
+# --- Pruning ------------------------------------------------------------------------------------
+
+# The stores the worker prunes (ledger.pruning): Idempotency-Key records, finished notifications.
+PRUNED_STORES = ("idempotency", "notifications")
+PRUNED_ROWS = Counter(
+    "saga_pruned_rows",
+    "Rows pruned past their retention window, by store: idempotency (Idempotency-Key records) or "
+    "notifications (delivered, dropped and failed outbox rows).",
+    ["store"],
+)
+_PRUNED = {store: PRUNED_ROWS.labels(store) for store in PRUNED_STORES}
+
+
+def rows_pruned(store: str, count: int) -> None:
+    """``count`` rows of ``store`` deleted in this transaction: counted once it commits."""
+    if count:
+        transaction.on_commit(lambda: _PRUNED[store].inc(count))

@@ -15,6 +15,7 @@ from ledger.services import idempotency
 from recovery import commands, sweeper
 from recovery.audit_stream import delivery as audit_stream
 from recovery.notifications import delivery
+from recovery.notifications import prune as notifications_pruning
 from recovery.services import bulk_filter, periodic
 from recovery.unwinds import dispatch, runner
 
@@ -58,6 +59,10 @@ def commands_flag_overdue() -> int:
 
 def idempotency_prune() -> int:
     return idempotency.idempotency_records_prune()
+
+
+def notifications_prune() -> int:
+    return notifications_pruning.notifications_prune()
 
 
 def notification_deliver(*, notification_id: str) -> str:

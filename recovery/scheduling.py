@@ -26,6 +26,10 @@ from recovery import queueing
 log = structlog.get_logger(__name__)
 
 
+# The stores pruned past their retention (ledger.pruning): hourly, each run in short batches.
+PRUNE_EVERY_S = 3600.0
+
+
 @dataclass(frozen=True)
 class Periodic:
     func: str
@@ -41,7 +45,8 @@ def periodic_jobs() -> list[Periodic]:
         Periodic("recovery.jobs.agents_detect_lost", max(interval, 5.0)),
         Periodic("recovery.jobs.commands_redeliver", max(interval, 5.0)),
         Periodic("recovery.jobs.commands_flag_overdue", max(interval, 5.0)),
-        Periodic("recovery.jobs.idempotency_prune", 3600.0),
+        Periodic("recovery.jobs.idempotency_prune", PRUNE_EVERY_S),
+        Periodic("recovery.jobs.notifications_prune", PRUNE_EVERY_S),
         Periodic("recovery.jobs.audit_stream_deliver", interval),
         Periodic("recovery.jobs.bulks_sweep", interval),
     ]

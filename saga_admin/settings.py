@@ -22,6 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 import ledger.metrics  # noqa: F401, I001 - first, on purpose
 from dashboard.sso.conf import authentication_backends, sso_settings_from_env
 from ledger.env import env_secret
+from ledger.prune_windows import idempotency_retention_s, notification_retention_s
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -289,7 +290,9 @@ SAGA: dict[str, Any] = {
     # API
     "MAX_BODY_BYTES": env_int("SAGA_MAX_BODY_BYTES", 1024 * 1024),
     "MAX_JSON_DEPTH": env_int("SAGA_MAX_JSON_DEPTH", 20),
-    "IDEMPOTENCY_KEY_TTL_H": env_int("SAGA_IDEMPOTENCY_KEY_TTL_H", 48),
+    # How long an Idempotency-Key is remembered (SAGA_IDEMPOTENCY_RETENTION, a duration: 7d; never
+    # below a day; the older SAGA_IDEMPOTENCY_KEY_TTL_H in hours is still read): ledger.prune_windows.
+    "IDEMPOTENCY_RETENTION_S": idempotency_retention_s(),
     # Per API key, across all web processes. One busy agent is not the thing to cap: the default
     # sits well above what one server takes in appends (docs/BENCHMARKS.md), so it stops a runaway
     # loop, not a normal agent.
@@ -346,6 +349,9 @@ SAGA: dict[str, Any] = {
     # Attempts per notification (backoff as compensators: SAGA_RETRY_BACKOFF_BASE_S doubling up
     # to 10x SAGA_RETRY_BACKOFF_MAX_S), then it is marked failed.
     "NOTIFY_MAX_ATTEMPTS": env_int("SAGA_NOTIFY_MAX_ATTEMPTS", 10),
+    # How long delivered, dropped and failed notifications are kept before the worker prunes them
+    # (SAGA_NOTIFICATION_RETENTION, a duration: 30d; never below a day). Undelivered ones never are.
+    "NOTIFICATION_RETENTION_S": notification_retention_s(),
     # Where people reach this dashboard: the links in notifications point here.
     "PUBLIC_URL": os.environ.get("SAGA_PUBLIC_URL", "http://localhost:8000").rstrip("/"),
     # The master of the per-agent secrets that sign commands pushed to agents' resume_urls

@@ -179,6 +179,8 @@ RECOVERY_FLOORS = {
     "recovery.notifications.outbox": 2,
     "recovery.notifications.command_push": 1,
     "recovery.notifications.delivery": 3,
+    # Pruning the outbox's finished rows (over the models; the batches are ledger.pruning's).
+    "recovery.notifications.prune": 1,
     "recovery.planner": 1,
     "recovery.trail": 1,
     # An approval's deadline in words (the inbox card, notifications, Slack).

@@ -167,6 +167,7 @@ NAMED = {
     "saga_unwind_step_oldest_in_flight_seconds",
     "saga_ledger_writes_total",
     "saga_ledger_write_duration_seconds_bucket",
+    "saga_pruned_rows_total",
     "saga_notifications_pending",
     "saga_notification_oldest_due_seconds",
     "saga_http_request_duration_seconds_bucket",
@@ -191,6 +192,8 @@ def test_every_named_metric_is_exposed_before_anything_happened(
         assert f'saga_unwind_steps_total{{outcome="{outcome}"}}' in samples
     for kind in ("record", "move"):
         assert f'saga_ledger_writes_total{{kind="{kind}"}}' in samples
+    for store in process_metrics.PRUNED_STORES:
+        assert f'saga_pruned_rows_total{{store="{store}"}}' in samples
     for queue in ("default", "compensations", "notifications"):
         assert samples[f'saga_rq_queue_jobs{{queue="{queue}"}}'] == 0
         assert samples[f'saga_rq_workers{{queue="{queue}"}}'] == 0

@@ -1,6 +1,20 @@
 """Idempotency-Key records (the API's replay store, ``saga_admin/api/idempotency.py``): pruning
-them once they are older than the TTL. A periodic job of the worker's; the HTTP side owns how a
-record is claimed and replayed."""
+them once they are older than the window, ``SAGA_IDEMPOTENCY_RETENTION`` (``ledger.prune_windows``:
+7 days by default, never less than one). A periodic job of the worker's and ``manage.py prune``;
+the HTTP side owns how a record is claimed and replayed.
+
+What is never pruned, whatever its age:
+
+- a record of an action still in play (planned, awaiting approval, approved, running or with an
+  unknown outcome): its ``…/start`` key is how a second caller of the action learns that the first
+  one started it (a replay, not a second call), and that must hold however long the action waits
+  for a person or runs;
+- a record still being written (``in_flight``; such a row is uncommitted, so never seen, but the
+  rule does not depend on it).
+
+Recording an action is not in this store at all: the action row is its own idempotency record
+(the body's ``idempotency_key``), kept with the action.
+"""
 
 from __future__ import annotations
 
@@ -8,25 +22,48 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from ledger import pruning
 from ledger.conf import saga
-from ledger.models import IdempotencyRecord
+from ledger.models import Action, IdempotencyRecord
+from ledger.prune_windows import IDEMPOTENCY
 
-# The contract keeps keys at least 24 h, whatever the setting says.
-MIN_TTL_H = 24
+# The action states in which its records are kept: it may still be started, run or reported.
+LIVE_ACTION_STATES = (
+    Action.Status.PLANNED,
+    Action.Status.AWAITING_APPROVAL,
+    Action.Status.APPROVED,
+    Action.Status.RUNNING,
+    Action.Status.UNKNOWN,
+)
+
+# An action transition's path: /api/v1/actions/<action id>/<verb> (any script prefix before it).
+_ACTION_OF_PATH = r"/actions/([^/]+)/[^/]+$"
+
+STORE = pruning.Store(
+    name="idempotency",
+    table=IdempotencyRecord._meta.db_table,
+    time="created_at",
+    # A scalar subquery, looked up per candidate through the action's primary key (an EXISTS would
+    # be planned as a join, which may read every action).
+    keep=(
+        "t.state <> 'completed' OR COALESCE((SELECT a.status FROM ledger_action AS a"
+        " WHERE a.id = substring(t.path FROM %s) AND a.tenant_id = t.tenant_id) = ANY(%s), FALSE)"
+    ),
+    keep_params=(_ACTION_OF_PATH, [str(state) for state in LIVE_ACTION_STATES]),
+)
 
 
-def idempotency_records_prune(*, now: datetime | None = None, batch_size: int = 5000) -> int:
-    """Delete records older than the TTL (never less than 24 h). A periodic job; safe to run
-    concurrently and repeatedly. Deletes in batches so a large backlog does not hold one huge
-    transaction."""
-    ttl_h = max(saga().idempotency_key_ttl_h, MIN_TTL_H)
-    cutoff = (now or timezone.now()) - timedelta(hours=ttl_h)
-    deleted = 0
-    while True:
-        batch = list(
-            IdempotencyRecord.objects.filter(created_at__lt=cutoff).values_list("pk", flat=True)[:batch_size]
-        )
-        if not batch:
-            return deleted
-        count, _ = IdempotencyRecord.objects.filter(pk__in=batch).delete()
-        deleted += count
+def idempotency_cutoff(now: datetime | None = None) -> datetime:
+    """Records created before this are past the window (never less than the floor, whatever the
+    settings dict was given after start-up)."""
+    window_s = max(saga().idempotency_retention_s, IDEMPOTENCY.floor_s)
+    return (now or timezone.now()) - timedelta(seconds=window_s)
+
+
+def idempotency_records_prune(
+    *, now: datetime | None = None, batch_size: int = pruning.BATCH, dry_run: bool = False
+) -> int:
+    """Delete the records past the window that nothing still needs, ``batch_size`` per statement
+    (``ledger.pruning``); return how many (a dry run: how many would go). Safe to run
+    concurrently and repeatedly."""
+    return pruning.store_prune(STORE, cutoff=idempotency_cutoff(now), batch_size=batch_size, dry_run=dry_run)

@@ -1,16 +1,14 @@
-"""The Idempotency-Key header on creating POSTs: replay, reuse, in flight, retention."""
+"""The Idempotency-Key header on creating POSTs: replay, reuse, in flight (retention and pruning:
+tests/recovery/test_pruning.py)."""
 
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
-from django.utils import timezone
 
 from ledger.models import Checkpoint, IdempotencyRecord, Run
-from ledger.services.idempotency import idempotency_records_prune
 from saga_admin.api import idempotency
 from tests.factories import new_run
 from tests.support.api import error_of
@@ -95,24 +93,6 @@ def test_a_malformed_key_is_422(api, key):
     # An empty key is a client bug too: silently running without idempotency would hide it.
     assert response.status_code == 422 and error_of(response)["code"] == "invalid_request"
     assert not Run.objects.exists()
-
-
-def test_prune_keeps_records_for_the_ttl_and_at_least_24_hours(api, settings):
-    api.post("/runs", RUN, headers={"Idempotency-Key": "old"})
-    api.post("/runs", {**RUN, "external_id": "2"}, headers={"Idempotency-Key": "recent"})
-    now = timezone.now()
-    IdempotencyRecord.objects.filter(key="old").update(created_at=now - timedelta(hours=49))
-    IdempotencyRecord.objects.filter(key="recent").update(created_at=now - timedelta(hours=47))
-
-    settings.SAGA = {**settings.SAGA, "IDEMPOTENCY_KEY_TTL_H": 48}
-    assert idempotency_records_prune() == 1
-    assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["recent"]
-
-    # A TTL configured below the contract's 24 h is raised to 24 h.
-    settings.SAGA = {**settings.SAGA, "IDEMPOTENCY_KEY_TTL_H": 1}
-    IdempotencyRecord.objects.filter(key="recent").update(created_at=now - timedelta(hours=23))
-    assert idempotency_records_prune() == 0
-    assert idempotency_records_prune(now=now + timedelta(hours=2)) == 1
 
 
 @pytest.mark.django_db(transaction=True)
