@@ -21,6 +21,7 @@ from ledger.services import runs
 from recovery import scheduling
 from recovery.audit_stream import records
 from tests.factories import make_run, record
+from tests.support.processes import wait_for
 
 KEY = "test-audit-key-0123456789abcdef"
 ROLE = "saga_app_forger"
@@ -326,4 +327,26 @@ def test_concurrent_signers_make_one_head_per_chain_and_position(settings, tenan
     audit_signing.audit_heads_sign()  # whatever a skipped pass left, the next one signs
     out, _ = _verify()
     assert "not yet signed" not in out
+    assert "Audit log intact" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_worker_signs_the_chains_that_move_and_verify_audit_passes(
+    transactional_db, start_worker, workers, settings, tenant, agent
+):
+    settings.AUDIT_KEY = KEY  # this process verifies with the key the worker signs with
+    run = make_run(tenant, agent)
+    start_worker(SAGA_AUDIT_KEY=KEY, SAGA_AUDIT_SIGN_INTERVAL_S="0.5")
+
+    def signed_through(run_: Run) -> bool:
+        newest = Event.objects.filter(run=run_).order_by("-id").values_list("hash", flat=True).first()
+        return SignedHead.objects.filter(chain=f"run:{run_.pk}", head=newest).exists()
+
+    wait_for(lambda: signed_through(run), timeout=60, what="the worker's first signed head")
+    record(run, agent, "k2")
+    wait_for(lambda: signed_through(run), timeout=60, what="the head signed again after the run moved")
+    assert list(SignedHead.objects.filter(chain=f"run:{run.pk}").values_list("position", flat=True)) == [1, 2]
+    out, _ = _verify()
+    assert "signed heads verified." in out
     assert "Audit log intact" in out
