@@ -53,12 +53,16 @@ class SignedHead(models.Model):
 
 class AuditSignCursor(models.Model):
     """Up to which snapshot a tenant's chains are signed (``ledger.audit_signing.audit_heads_sign``):
-    the next pass signs the chains that transactions committed after it wrote to."""
+    the next pass signs the chains that transactions committed after it wrote to, as of its own
+    snapshot (``batch_snapshot``), a few hundred chains a transaction in chain order
+    (``batch_after_chain``: the last one done)."""
 
     tenant = models.OneToOneField(
         "ledger.Tenant", on_delete=models.CASCADE, primary_key=True, related_name="+"
     )
     done_snapshot = models.TextField(blank=True, default="")
+    batch_snapshot = models.TextField(blank=True, default="")
+    batch_after_chain = models.CharField(max_length=64, blank=True, default="")
     signed_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:

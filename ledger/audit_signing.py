@@ -165,21 +165,70 @@ def sign_chain(
     return row
 
 
-def _moved_chains(tenant_id: int, done: str, snapshot: str) -> list[str]:
-    """The tenant's chains that transactions committed in ``snapshot`` and not in ``done`` wrote
-    to (all of them on the first pass)."""
+def _moved_chains(tenant_id: int, *, done: str, batch: str, after: str, limit: int) -> list[str]:
+    """The tenant's chains, after ``after`` in order, that transactions committed in ``batch`` and
+    not in ``done`` wrote to (on the first pass, every chain: no ``done`` yet). Events written
+    before the stream's transaction ids existed (ledger/0019) have none: the first pass covers them."""
+    # A snapshot counts its own transaction's writes as visible: this transaction's own events
+    # (a test's, or an archive's) are never "done".
     not_done = (
-        "(stream_txid IS NULL OR stream_txid >= pg_snapshot_xmin(%s::pg_snapshot) "
-        "AND NOT pg_visible_in_snapshot(stream_txid, %s::pg_snapshot))"
+        "(stream_txid = pg_current_xact_id_if_assigned() OR stream_txid >= pg_snapshot_xmin(%s::pg_snapshot)"
+        " AND NOT pg_visible_in_snapshot(stream_txid, %s::pg_snapshot))"
     )
     where, params = (not_done, [done, done]) if done else ("TRUE", [])
     with connection.cursor() as db:
         db.execute(
             # Constant text: only the filters above (constants) are spliced in.
-            f"SELECT DISTINCT chain FROM ledger_event WHERE tenant_id = %s AND {where} AND {_VISIBLE}",  # noqa: S608
-            [tenant_id, *params, snapshot],
+            "SELECT DISTINCT chain FROM ledger_event WHERE tenant_id = %s "  # noqa: S608
+            f"AND {where} AND {_VISIBLE} AND chain > %s ORDER BY chain LIMIT %s",
+            [tenant_id, *params, batch, after, limit],
         )
-        return sorted(row[0] for row in db.fetchall())
+        return [row[0] for row in db.fetchall()]
+
+
+# Chains signed per transaction, and transactions per tenant per pass (the rest: the next pass),
+# so a first pass over an installation with millions of runs commits as it goes and never holds
+# one transaction, or the job, for longer than a job may run.
+CHAINS_PER_TRANSACTION = 500
+TRANSACTIONS_PER_PASS = 20
+
+
+def _sign_some(tenant_id: int, key: bytes) -> tuple[int, bool]:
+    """One transaction of a tenant's pass: (heads signed, whether chains are left in its batch)."""
+    with transaction.atomic():
+        with connection.cursor() as db:
+            db.execute(
+                "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", [f"audit-sign:{tenant_id}"]
+            )
+            if not db.fetchone()[0]:
+                return 0, False  # another signer is at it
+        AuditSignCursor.objects.get_or_create(tenant_id=tenant_id)
+        cursor = AuditSignCursor.objects.select_for_update().get(tenant_id=tenant_id)
+        if not cursor.batch_snapshot:
+            cursor.batch_snapshot, cursor.batch_after_chain = _current_snapshot(), ""
+        chains = _moved_chains(
+            tenant_id,
+            done=cursor.done_snapshot,
+            batch=cursor.batch_snapshot,
+            after=cursor.batch_after_chain,
+            limit=CHAINS_PER_TRANSACTION,
+        )
+        signed = sum(
+            sign_chain(chain, tenant_id=tenant_id, key=key, snapshot=cursor.batch_snapshot) is not None
+            for chain in chains
+        )
+        more = len(chains) == CHAINS_PER_TRANSACTION
+        if more:
+            cursor.batch_after_chain = chains[-1]
+        else:
+            cursor.done_snapshot, cursor.batch_snapshot, cursor.batch_after_chain = (
+                cursor.batch_snapshot,
+                "",
+                "",
+            )
+            cursor.signed_at = timezone.now()
+        cursor.save()
+        return signed, more
 
 
 def audit_heads_sign() -> int:
@@ -191,20 +240,11 @@ def audit_heads_sign() -> int:
         return 0
     signed = 0
     for tenant_id in Tenant.objects.order_by("pk").values_list("pk", flat=True):
-        with transaction.atomic():
-            with connection.cursor() as db:
-                db.execute(
-                    "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", [f"audit-sign:{tenant_id}"]
-                )
-                if not db.fetchone()[0]:
-                    continue
-            cursor, _ = AuditSignCursor.objects.get_or_create(tenant_id=tenant_id)
-            snapshot = _current_snapshot()
-            for chain in _moved_chains(tenant_id, cursor.done_snapshot, snapshot):
-                if sign_chain(chain, tenant_id=tenant_id, key=key, snapshot=snapshot) is not None:
-                    signed += 1
-            cursor.done_snapshot, cursor.signed_at = snapshot, timezone.now()
-            cursor.save(update_fields=["done_snapshot", "signed_at"])
+        for _ in range(TRANSACTIONS_PER_PASS):
+            count, more = _sign_some(tenant_id, key)
+            signed += count
+            if not more:
+                break
     if signed:
         log.info("audit.heads_signed", heads=signed)
     return signed

@@ -20,6 +20,8 @@ class Migration(migrations.Migration):
             fields=[
                 ('tenant', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='+', serialize=False, to='ledger.tenant')),
                 ('done_snapshot', models.TextField(blank=True, default='')),
+                ('batch_snapshot', models.TextField(blank=True, default='')),
+                ('batch_after_chain', models.CharField(blank=True, default='', max_length=64)),
                 ('signed_at', models.DateTimeField(blank=True, null=True)),
             ],
         ),

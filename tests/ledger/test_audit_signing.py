@@ -140,6 +140,21 @@ def test_a_pass_signs_only_the_chains_that_moved_and_reports_the_rest_as_not_yet
     assert "not yet signed" not in _verify()[0]
 
 
+def test_a_pass_commits_as_it_goes_and_the_next_one_resumes_where_it_stopped(
+    keyed, tenant, agent, monkeypatch
+):
+    made = [make_run(tenant, agent) for _ in range(5)]
+    monkeypatch.setattr(audit_signing, "CHAINS_PER_TRANSACTION", 2)
+    monkeypatch.setattr(audit_signing, "TRANSACTIONS_PER_PASS", 1)
+    # Six chains (five runs and the tenant's), two a pass: three passes, none signed twice.
+    assert [audit_signing.audit_heads_sign() for _ in range(4)] == [2, 2, 2, 0]
+    assert SignedHead.objects.count() == 6
+    assert {f"run:{run.pk}" for run in made} <= set(SignedHead.objects.values_list("chain", flat=True))
+    monkeypatch.setattr(audit_signing, "TRANSACTIONS_PER_PASS", 20)
+    record(made[0], agent, "k9")
+    assert audit_signing.audit_heads_sign() == 1
+
+
 def test_a_forged_backdated_event_appended_under_the_app_role_after_a_signed_head_is_caught(keyed, run):
     audit_signing.audit_heads_sign()
     signed = SignedHead.objects.get(chain=f"run:{run.pk}")
