@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -33,7 +33,7 @@ from ledger.models import AgentKey, Event, Run, Tenant
 if TYPE_CHECKING:
     # settings.AUTH_USER_MODEL: Django's own user model (the project does not swap it).
     from django.contrib.auth.models import User
-    from django.db.models import Model
+    from django.db.models import Model, QuerySet
 
 GENESIS = "0" * 64
 
@@ -349,32 +349,52 @@ class BrokenLink:
     problem: str
 
 
-def audit_verify(*, chain: str | None = None) -> tuple[int, BrokenLink | None]:
+def link_problem(event: Event, prev_hash: str) -> str:
+    """Why ``event`` is not the next link after ``prev_hash`` ("" when it is)."""
+    if event.prev_hash != prev_hash:
+        return "prev_hash does not match the previous event's hash"
+    if event.hash != _event_digest(prev_hash, _hashed_fields(event)):
+        return "the event's content does not match its hash"
+    return ""
+
+
+def audit_verify(
+    *,
+    chain: str | None = None,
+    events: QuerySet[Event] | None = None,
+    on_event: Callable[[Event, int], None] | None = None,
+) -> tuple[int, BrokenLink | None]:
     """Walk every chain (or one) in id order; return (events checked, first broken link).
 
     One streaming pass over (chain desc, id) — a backward scan of ``event_chain_latest`` — rather
     than a query per chain: there is a chain per run, and the ledger has millions of runs. After
     a chain's first break the rest of that chain is skipped (every later link is suspect), and the
     break with the lowest event id across chains is reported.
+
+    ``events``: the events to walk (an annotated queryset; default all); ``on_event(event,
+    position)`` is told each event that links up, with its 1-based position in its chain
+    (``ledger.audit_signing`` checks the signed heads in the same pass).
     """
     checked = 0
     first_broken: BrokenLink | None = None
-    events = Event.objects.order_by("-chain", "id")
+    events = (events if events is not None else Event.objects.all()).order_by("-chain", "id")
     if chain:
         events = events.filter(chain=chain)
-    current_chain, prev_hash, skipping = None, GENESIS, False
+    current_chain, prev_hash, skipping, position = None, GENESIS, False, 0
     for event in events.iterator(chunk_size=2000):
         if event.chain != current_chain:
-            current_chain, prev_hash, skipping = event.chain, GENESIS, False
+            current_chain, prev_hash, skipping, position = event.chain, GENESIS, False, 0
         if skipping:
             continue
         checked += 1
-        if event.prev_hash != prev_hash:
-            broken = BrokenLink(event.chain, event.id, "prev_hash does not match the previous event's hash")
-        elif event.hash != _event_digest(prev_hash, _hashed_fields(event)):
-            broken = BrokenLink(event.chain, event.id, "the event's content does not match its hash")
+        problem = link_problem(event, prev_hash)
+        if problem:
+            broken = BrokenLink(event.chain, event.id, problem)
         else:
             prev_hash = event.hash
+            position += 1
+            if on_event is not None:
+                on_event(event, position)
             continue
         if first_broken is None or broken.event_id < first_broken.event_id:
             first_broken = broken

@@ -1,5 +1,6 @@
 """The record: tenants, keys, runs, actions (the ledger), checkpoints and the audit log; the
-policies (``ledger.policy_models``) and the shared vocabularies (``ledger.choices``) re-exported.
+policies (``ledger.policy_models``), the signed audit heads (``ledger.audit_models``) and the
+shared vocabularies (``ledger.choices``) re-exported.
 
 State fields here are written only by ``ledger.services`` (and, for the states a recovery
 decision drives, by ``recovery.services`` through the ledger's own transition functions).
@@ -14,6 +15,7 @@ from django.db import models
 from django.db.models import Q
 
 from ledger import ids
+from ledger.audit_models import AuditSignCursor, SignedHead
 from ledger.choices import RISK_ORDER, ActionClass, ApprovalMode, CompensationStrategy, Risk, max_risk
 from ledger.json_text import JSONField
 from ledger.policy_models import Compensator, Pause, PolicySet, PolicyStamp, ToolPolicy
@@ -24,6 +26,7 @@ __all__ = [
     "ActionClass",
     "AgentKey",
     "ApprovalMode",
+    "AuditSignCursor",
     "Checkpoint",
     "CompensationStrategy",
     "Compensator",
@@ -35,6 +38,7 @@ __all__ = [
     "PolicyStamp",
     "Risk",
     "Run",
+    "SignedHead",
     "Tenant",
     "ToolPolicy",
     "max_risk",

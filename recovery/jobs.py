@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 from rq import get_current_job
 
+from ledger import audit_signing
 from ledger.services import idempotency
 from recovery import commands, sweeper
 from recovery.audit_stream import delivery as audit_stream
@@ -82,6 +83,10 @@ def slack_respond(*, response_url: str, message: dict[str, Any]) -> bool:
 
 def audit_stream_deliver() -> dict[str, int]:
     return audit_stream.stream_deliver()
+
+
+def audit_heads_sign() -> int:
+    return audit_signing.audit_heads_sign()
 
 
 def bulk_advance(*, bulk_id: str) -> str:

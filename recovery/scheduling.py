@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import django_rq
 import structlog
+from django.conf import settings
 from redis.exceptions import RedisError
 
 from ledger.conf import saga
@@ -49,6 +50,7 @@ def periodic_jobs() -> list[Periodic]:
         Periodic("recovery.jobs.notifications_prune", PRUNE_EVERY_S),
         Periodic("recovery.jobs.audit_stream_deliver", interval),
         Periodic("recovery.jobs.bulks_sweep", interval),
+        Periodic("recovery.jobs.audit_heads_sign", float(getattr(settings, "AUDIT_SIGN_INTERVAL_S", 60.0))),
     ]
 
 

@@ -366,6 +366,12 @@ SAGA: dict[str, Any] = {
     "METRICS_TOKEN": env_secret("SAGA_METRICS_TOKEN").strip(),
 }
 
+# The key that signs audit chain heads (ledger.audit_signing: the signed heads in the database and
+# the audit stream's), kept outside the database; unset, nothing is signed. SAGA_AUDIT_KEY_FILE too.
+AUDIT_KEY = env_secret("SAGA_AUDIT_KEY")
+# How often the worker signs the chains that moved (seconds).
+AUDIT_SIGN_INTERVAL_S = env_float("SAGA_AUDIT_SIGN_INTERVAL_S", 60.0)
+
 # The audit stream to a SIEM (recovery/audit_stream; docs/OPERATIONS.md, "Audit stream"): the
 # installation's own sinks (trusted, as the operator's) and the key that signs the chain heads.
 AUDIT_STREAM: dict[str, Any] = {
@@ -376,7 +382,7 @@ AUDIT_STREAM: dict[str, Any] = {
     "HEC_TOKEN": env_secret("SAGA_AUDIT_HEC_TOKEN"),
     "HEC_CA_FILE": os.environ.get("SAGA_AUDIT_HEC_CA_FILE", ""),
     "HEC_TLS_VERIFY": env_bool("SAGA_AUDIT_HEC_TLS_VERIFY", True),
-    "KEY": env_secret("SAGA_AUDIT_KEY"),
+    "KEY": AUDIT_KEY,
     "HEAD_INTERVAL_S": env_float("SAGA_AUDIT_HEAD_INTERVAL_S", 60.0),
     "BATCH": env_int("SAGA_AUDIT_BATCH", 500),
     "TIMEOUT_S": env_float("SAGA_AUDIT_TIMEOUT_S", 10.0),

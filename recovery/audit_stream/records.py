@@ -20,7 +20,6 @@ as each event's ``event``, batched (concatenated objects).
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import socket
 from collections.abc import Iterable
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ledger.audit_signing import sign_head, signature_matches
 from ledger.models import Event
 
 GENESIS = "0" * 64
@@ -69,8 +69,9 @@ def event_message(event: Event, *, tenant: str, seq: int) -> dict[str, Any]:
 
 
 def head_signature(key: bytes, *, tenant: str, position: int, head: str, time: str) -> str:
-    text = "\n".join([HEAD_CONTEXT, tenant, str(position), head, time])
-    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+    """The stream's heads are signed by the one rule for signed heads (``ledger.audit_signing``),
+    under their own context."""
+    return sign_head(key, context=HEAD_CONTEXT, scope=tenant, position=position, head=head, time=time)
 
 
 def head_message(key: bytes, *, tenant: str, position: int, head: str, now: datetime) -> dict[str, Any]:
@@ -218,7 +219,7 @@ def _check_head(
     expected = head_signature(
         key, tenant=tenant, position=position, head=message["head"], time=message["time"]
     )
-    if not hmac.compare_digest(expected, message["signature"]):
+    if not signature_matches(expected, message["signature"]):
         report.problems.append(f"{tenant}: the chain head at position {position} has a bad signature")
         return
     chain = digests.get(tenant, [GENESIS])

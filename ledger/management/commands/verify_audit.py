@@ -4,21 +4,25 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger.audit import audit_heads_verify, audit_verify
+from ledger.audit import audit_heads_verify
+from ledger.audit_signing import audit_verify_signed
 
 
 class Command(BaseCommand):
     help = (
         "Check the audit log: every hash chain links up, every event matches its hash, and every "
-        "run's chain ends at the head its run row records (its newest events were not deleted). "
-        "Exit 1 naming the first problem, else confirm the log is intact."
+        "run's chain ends at the head its run row records (its newest events were not deleted), and "
+        "every signed chain head (SAGA_AUDIT_KEY) is still a prefix of its chain with a signature "
+        "that verifies. Exit 1 naming the problems, else confirm the log is intact; events after "
+        "their chain's last signed head are reported as not yet signed."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--chain", help="Check one chain only (run:<id> or tenant:<pk>).")
 
     def handle(self, *args: Any, chain: str | None, **options: Any) -> None:
-        checked, broken = audit_verify(chain=chain)
+        report = audit_verify_signed(chain=chain)
+        checked, broken = report.checked, report.broken
         self.stdout.write(f"{checked} event{'s' if checked != 1 else ''} checked.")
         if broken is not None:
             # A CommandError makes manage.py exit with status 1, which monitoring can alert on.
@@ -40,7 +44,32 @@ class Command(BaseCommand):
             raise CommandError(
                 f"Audit chain truncated: the newest events of {names}{more} were deleted.", returncode=1
             )
+        if report.problems:
+            for problem in report.problems:
+                self.stderr.write(problem + ".")
+            raise CommandError(
+                f"Signed audit heads: {len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}, "
+                f"the first: {report.problems[0]}.",
+                returncode=1,
+            )
+        self._report_signing(
+            report.key_set, report.heads_verified, report.unsigned_events, report.unsigned_chains
+        )
         self.stdout.write(
             "Audit log intact: every chain links up, every event matches its hash and every run's "
             "chain ends at its recorded head."
         )
+
+    def _report_signing(self, key_set: bool, verified: int, unsigned: int, chains: int) -> None:
+        if not key_set:
+            self.stdout.write(
+                "Chain heads unsigned: SAGA_AUDIT_KEY (or SAGA_AUDIT_KEY_FILE) is not set, so no head is "
+                "signed and no signature was checked."
+            )
+            return
+        self.stdout.write(f"{verified} signed head{'s' if verified != 1 else ''} verified.")
+        if unsigned:
+            self.stdout.write(
+                f"{unsigned} event{'s' if unsigned != 1 else ''} in {chains} chain{'s' if chains != 1 else ''} "
+                "not yet signed (after their chain's last signed head; the next signing pass signs them)."
+            )
