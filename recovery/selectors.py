@@ -6,7 +6,7 @@ not found (404, never 403, so existence does not leak)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -100,9 +100,11 @@ class QueueFilter:
             check_tool_name(self.tool, field="tool", glob=True)
 
     def is_empty(self) -> bool:
-        """Whether the filter narrows nothing: every unresolved item of the tenants (the queue as
-        it opens). A bulk decision refuses it (``filter_required``)."""
-        return self == QueueFilter()
+        """Whether the filter narrows nothing but the status: every item of the tenants in one
+        state (``status=all`` alone is every item there is). A bulk decision refuses it
+        (``filter_required``): it must name a reason, risk, age, agent, tool, search, run, tenant
+        or group."""
+        return replace(self, status="unresolved") == QueueFilter()
 
     def as_dict(self) -> dict[str, Any]:
         """The filter as JSON (a bulk decision keeps the filter it was started with)."""

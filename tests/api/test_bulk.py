@@ -194,7 +194,7 @@ def test_a_bulk_compensation_still_waits_for_approvers(operator, tenant, agent, 
 def test_it_refuses_an_empty_filter_and_a_changed_count(operator, tenant, agent):
     crm_policies()
     failing_runs(tenant, agent, 2)
-    for empty in ({}, {"status": "unresolved"}, {"q": "   "}):
+    for empty in ({}, {"status": "unresolved"}, {"status": "all"}, {"status": "open"}, {"q": "   "}):
         for response in (operator.preview(filter=empty), operator.start(2, filter=empty)):
             assert response.status_code == 422, response.text
             assert _error(response)["code"] == "filter_required"
