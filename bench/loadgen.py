@@ -50,6 +50,18 @@ class LoadResult:
     # Query counts seen per op, from the bench-only X-Bench-Queries response header.
     queries: dict[str, set[int]] = field(default_factory=dict)
 
+    def add(self, out: list[Any], errors: dict[str, int], cpu: float) -> None:
+        """One client process's samples, errors and CPU time."""
+        self.samples.extend(Sample(op, started, latency, status) for op, started, latency, status, _ in out)
+        self.client_cpu_s += cpu
+        self.requests_total += errors.pop("_made", 0)
+        for key, value in errors.items():
+            self.errors[key] = self.errors.get(key, 0) + value
+        # Query counts from the bench-only response header, kept per op (pages).
+        for op, _, _, _, queries in out:
+            if queries is not None:
+                self.queries.setdefault(op, set()).add(int(queries))
+
     def ops(self) -> list[str]:
         return sorted({s.op for s in self.samples})
 
@@ -414,15 +426,23 @@ def _client_thread(
     out: list[Any],
     errors: dict[str, int],
     lock: threading.Lock,
+    stop: Any = None,
 ) -> None:
     client = Client(host, port, headers=dict(headers, **params.get("headers_per_client", {}).get(index, {})))
     window_start, window_end = start_at + warmup_s, start_at + warmup_s + window_s
     max_requests = params.get("max_requests_per_client")
     made = 0
+    stopped_at: float | None = None
 
     def record(op: str, started: float, status: int, expected: int, **extra: Any) -> bool:
-        nonlocal made
+        nonlocal made, stopped_at, window_end
         now = time.perf_counter()
+        if stop is not None and stopped_at is None and stop[0].is_set():
+            # Ended early by the orchestrator (LoadControl): the window closed when it said so (its
+            # wall-clock time in this process's perf_counter); a request in flight then still
+            # counts, one started after it does not.
+            stopped_at = now
+            window_end = min(window_end, now + (stop[1].value - time.time()))
         if window_start <= started < window_end:
             out.append((op, started, now - started, status, extra.get("queries")))
             if status != expected:
@@ -433,7 +453,7 @@ def _client_thread(
             made += 1
         if max_requests is not None and made >= max_requests:
             return False
-        return now < window_end
+        return now < window_end and stopped_at is None
 
     while time.perf_counter() < start_at:
         time.sleep(0.001)
@@ -458,6 +478,7 @@ def _process_main(
     warmup_s: float,
     window_s: float,
     queue: Any,
+    stop: Any = None,
 ) -> None:
     # Ready (the interpreter and its imports are up): wait for the shared start time, which the
     # parent sets once every process is ready — a busy machine can take seconds to spawn one.
@@ -472,7 +493,21 @@ def _process_main(
     threads = [
         threading.Thread(
             target=_client_thread,
-            args=(scenario, host, port, headers, i, params, start_at, warmup_s, window_s, out, errors, lock),
+            args=(
+                scenario,
+                host,
+                port,
+                headers,
+                i,
+                params,
+                start_at,
+                warmup_s,
+                window_s,
+                out,
+                errors,
+                lock,
+                stop,
+            ),
             daemon=True,
         )
         for i in indexes
@@ -493,6 +528,35 @@ class _Start:
     at: Any
 
 
+class LoadControl:
+    """A load whose window the orchestrator ends (from another thread) instead of a fixed length:
+    ``window_s`` is then only the longest it may last. ``wait_window`` blocks until the measured
+    window has begun (the client processes spawned and warmed up), ``stop`` ends it; the result's
+    ``window_s`` is the window's real length. For a figure measured *while* something else of
+    unknown duration happens (a bulk decision)."""
+
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.event = ctx.Event()
+        # Wall-clock times (shared with the client processes): the window's start, the stop.
+        self.window_at = ctx.Value("d", 0.0)
+        self.stopped_at = ctx.Value("d", 0.0)
+
+    def wait_window(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            at = self.window_at.value
+            if at and time.time() >= at:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        if not self.event.is_set():
+            self.stopped_at.value = time.time()
+            self.event.set()
+
+
 def run_load(
     *,
     scenario: str,
@@ -504,6 +568,7 @@ def run_load(
     window_s: float,
     params: dict[str, Any],
     headers: dict[str, str] | None = None,
+    control: LoadControl | None = None,
 ) -> LoadResult:
     processes = max(1, min(processes, clients))
     ctx = mp.get_context("spawn")
@@ -525,6 +590,7 @@ def run_load(
                 warmup_s,
                 window_s,
                 queue,
+                (control.event, control.stopped_at) if control is not None else None,
             ),
         )
         for group in groups
@@ -535,19 +601,14 @@ def run_load(
         if queue.get(timeout=300) != "ready":
             raise RuntimeError("a load generator process answered before it was ready")
     start.at.value = time.time() + 0.2
+    if control is not None:
+        control.window_at.value = start.at.value + warmup_s
     start.ready.set()
     result = LoadResult(clients=clients, processes=processes, window_s=window_s)
     for _ in procs:
-        out, errors, cpu = queue.get(timeout=warmup_s + window_s + 120)
-        result.samples.extend(Sample(op, started, latency, status) for op, started, latency, status, _ in out)
-        result.client_cpu_s += cpu
-        result.requests_total += errors.pop("_made", 0)
-        for key, value in errors.items():
-            result.errors[key] = result.errors.get(key, 0) + value
-        # Query counts from the bench-only response header, kept per op (pages).
-        for op, _, _, _, queries in out:
-            if queries is not None:
-                result.queries.setdefault(op, set()).add(int(queries))
+        result.add(*queue.get(timeout=warmup_s + window_s + 120))
     for p in procs:
         p.join(timeout=30)
+    if control is not None and control.event.is_set():
+        result.window_s = max(0.0, min(window_s, control.stopped_at.value - control.window_at.value))
     return result

@@ -16,7 +16,9 @@ Phases, in order (each figure is measured in this run; nothing is carried over f
   5. servers: the hot path (append, the framework floor, heartbeat, the full step; 16 clients) on
      the Procfile's web line and on each candidate server configuration (gunicorn sync/gthread,
      granian), one after another; the restated targets come from the Procfile's line;
-  6. workers: 200 I/O-bound compensations (a 200 ms webhook) by 1, then 4 Procfile workers.
+  6. workers: 200 I/O-bound compensations (a 200 ms webhook) by 1, then 4 Procfile workers;
+  7. bulk: 10k open items of one reason, the bulk preview of their filter, then a bulk that closes
+     them all on one Procfile worker while 16 clients append (bench/bulk.py, issue 31).
 It prints one table and writes docs/BENCHMARKS.md (``--out``).
 """
 
@@ -34,7 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from bench import procs
-from bench.loadgen import LoadResult, percentile, run_load
+from bench.loadgen import LoadControl, LoadResult, percentile, run_load
 
 ROOT = procs.ROOT
 
@@ -58,6 +60,14 @@ class Sizes:
     concurrent_unwinds: int
     scale_steps: int
     server_candidates: int | None
+    bulk_items: int
+    bulk_preview_samples: int
+    # Items of the in-process profile of the decisions (bench/bulk.py ``profile``).
+    bulk_profile_items: int
+    # How long the bulk is expected to take (runs are made for the append over that long) and
+    # how long it may (then it is reported as timed out).
+    bulk_expected_s: float
+    bulk_timeout_s: float
 
 
 FULL = Sizes(
@@ -78,6 +88,11 @@ FULL = Sizes(
     concurrent_unwinds=20,
     scale_steps=200,
     server_candidates=None,
+    bulk_items=10_000,
+    bulk_preview_samples=10,
+    bulk_profile_items=300,
+    bulk_expected_s=120,
+    bulk_timeout_s=1200,
 )
 SMOKE = Sizes(
     window_s=1.0,
@@ -98,6 +113,11 @@ SMOKE = Sizes(
     scale_steps=8,
     # One gthread and one granian line beside the Procfile's: proof that each server starts.
     server_candidates=2,
+    bulk_items=200,
+    bulk_preview_samples=3,
+    bulk_profile_items=30,
+    bulk_expected_s=10,
+    bulk_timeout_s=240,
 )
 
 CLIENT_COUNTS = (1, 16)
@@ -284,6 +304,8 @@ class Harness:
             self.sizes.open_items = args.open_items
         if args.window is not None:
             self.sizes.window_s = args.window
+        if args.bulk_items is not None:
+            self.sizes.bulk_items = args.bulk_items
         self.database_url = args.database_url
         self.redis_url = args.redis_url
         self.port = args.port
@@ -371,7 +393,11 @@ class Harness:
         params: dict[str, Any],
         headers: dict[str, str] | None = None,
         web: procs.Proc | None = None,
+        window_s: float | None = None,
+        control: LoadControl | None = None,
     ) -> LoadResult:
+        """``window_s``: instead of the size's window; with ``control``, the longest the load may
+        last (``control.stop()`` ends it, see ``LoadControl``)."""
         cpu_before = web.cpu_seconds() if web else 0.0
         result = run_load(
             scenario=scenario,
@@ -383,9 +409,10 @@ class Harness:
             # One client on a busy machine: a smoke run's 1 s window could end before a cold worker
             # process answered the first request, and measure nothing; 3 s at least (a full run's
             # window is 15 s anyway).
-            window_s=max(self.sizes.window_s, 3.0 if clients == 1 else 0.0),
+            window_s=window_s or max(self.sizes.window_s, 3.0 if clients == 1 else 0.0),
             params=params,
             headers=headers,
+            control=control,
         )
         if web is not None and result.requests_total:
             # The web processes' own CPU per request (warm-up on both sides of the division):
@@ -802,6 +829,13 @@ class Harness:
             )
         )
 
+    # Phase 7 ----------------------------------------------------------------------------------
+
+    def bulk(self) -> None:
+        from bench import bulk
+
+        self.section("bulk").update(bulk.measure(self, summarize, log))
+
     # Driver -----------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -820,6 +854,7 @@ class Harness:
             ("unwind", self.unwinds),
             ("servers", self.servers),
             ("workers", self.workers),
+            ("bulk", self.bulk),
         ]
         only = set(self.args.only.split(",")) if self.args.only else None
         for name, phase in phases:
@@ -874,12 +909,13 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default="",
         help="comma-separated phases: baselines,append,traces,unauthenticated,record_size,audit_stream,"
-        "dashboard,unwind,servers,workers",
+        "dashboard,unwind,servers,workers,bulk",
     )
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--actions-per-run", type=int, default=None)
     parser.add_argument("--open-items", type=int, default=None)
     parser.add_argument("--window", type=float, default=None, help="seconds measured per load test")
+    parser.add_argument("--bulk-items", type=int, default=None, help="open items the bulk phase closes")
     parser.add_argument(
         "--render",
         metavar="RESULTS_JSON",

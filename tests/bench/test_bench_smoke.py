@@ -125,13 +125,8 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
             assert config[figure]["count"] > 0 and config[figure]["errors"] == 0, (name, figure, config)
         step = config["full_step"]["step"]
         assert step["count"] > 0 and step["errors"] == 0, (name, config["full_step"])
-    # Workers: every webhook step was carried out (signed, answered) by 1 and by 4 processes.
-    trials = sections["workers"]["trials"]
-    assert set(trials) == {"1", "4"}
-    for trial in trials.values():
-        assert trial["unwind_statuses"] == ["completed"] and trial["receiver_refused"] == 0, trial
-        assert trial["receiver_calls"] == trial["steps"] == sections["workers"]["steps"], trial
-    assert trials["4"]["receiver_max_concurrent"] > 1, trials
+    _check_workers(sections["workers"])
+    _check_bulk(sections["bulk"], report)
     # The table printed to the terminal is the same one the report carries.
     assert "figure" in completed.stdout and "Targets:" in completed.stdout
 
@@ -140,3 +135,34 @@ def _check_audit_stream(stream: dict, report: str) -> None:
     """The append before the audit stream, with it off and on (a worker streaming to a syslog sink)."""
     assert all(stream[mode]["count"] > 0 and stream[mode]["errors"] == 0 for mode in ("before", "off", "on"))
     assert stream["frames_received"] > 0 and "audit stream on (syslog sink)" in report
+
+
+def _check_bulk(bulk: dict, report: str) -> None:
+    """Bulk decisions by filter (issue 31): every preview counted the seeded items, the bulk closed
+    each of them on the worker (none failed or skipped) while the append ran, and the in-process
+    profile decided its own items; the report states the three targets."""
+    items = bulk["items"]
+    assert bulk["preview"]["counts"] == [items] and not bulk["preview"]["errors"], bulk["preview"]
+    assert bulk["preview"]["samples"] > 0 and bulk["preview"]["p95_ms"] > 0
+    run = bulk["bulk"]
+    assert run["status"] == "finished" and run["done"] == run["total"] == items, run
+    assert run["failed"] == run["skipped"] == 0 and run["seconds"] > 0, run
+    assert bulk["database"] == {"resolved/closed": items}, bulk["database"]
+    for load in ("append_before", "append_during"):
+        assert bulk[load]["count"] > 0 and bulk[load]["errors"] == 0, (load, bulk[load])
+    # The load's window was the bulk's: it ended when the poll saw the bulk finish.
+    assert bulk["append_during"]["window_s"] <= run["observed_s"] + 1, (bulk["append_during"], run)
+    profile = bulk["profile"]
+    assert profile["done"] == profile["items"] and profile["queries_per_item"] > 0, profile
+    for target in ("bulk preview of a filter matching", "close decisions in <", "while the bulk runs"):
+        assert target in report, target
+
+
+def _check_workers(workers: dict) -> None:
+    """Every webhook step was carried out (signed, answered) by 1 and by 4 processes."""
+    trials = workers["trials"]
+    assert set(trials) == {"1", "4"}
+    for trial in trials.values():
+        assert trial["unwind_statuses"] == ["completed"] and trial["receiver_refused"] == 0, trial
+        assert trial["receiver_calls"] == trial["steps"] == workers["steps"], trial
+    assert trials["4"]["receiver_max_concurrent"] > 1, trials

@@ -12,7 +12,9 @@ so the dashboard sees data shaped like a real incident's. No audit events are wr
 is not a history anyone will verify, and a half-made hash chain would be worse than none.
 
 Seeding is additive (new ids every time), so it can run twice to grow a database; the benchmark
-harness uses that to compare query counts at two data sizes.
+harness uses that to compare query counts at two data sizes. ``--tenant``, ``--reason`` and
+``--claimed-share 0`` make the incident a bulk decision is for: every open item in one tenant, of
+one reason, none claimed (``bench/bulk.py``).
 
 It lives in ``recovery`` because it writes recovery items and approvals beside the ledger's rows
 (and so uses recovery's rule for an item's search text); the ledger never knows about recovery.
@@ -292,6 +294,23 @@ class Command(BaseCommand):
         parser.add_argument(
             "--seed", type=int, default=None, help="Random seed (reproducible shapes, new ids)."
         )
+        parser.add_argument(
+            "--tenant",
+            default="",
+            help="Put every row in this one tenant (slug; created if missing) instead of three.",
+        )
+        parser.add_argument(
+            "--reason",
+            default="",
+            choices=["", *(r for r, _ in REASONS)],
+            help="Every item of this reason instead of an incident week's mix.",
+        )
+        parser.add_argument(
+            "--claimed-share",
+            type=float,
+            default=0.1,
+            help="The share of open items someone has claimed (0: every one open and decidable).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         started = time.monotonic()
@@ -305,8 +324,15 @@ class Command(BaseCommand):
             big_run_actions=options["big_run_actions"],
             resolved_items=options["resolved_items"],
         )
-        tenant_ids = self._tenants()
-        seeder = _Seeder(rng=rng, plan=plan, tenant_ids=tenant_ids, days=options["days"])
+        tenant_ids = self._tenants(options["tenant"])
+        seeder = _Seeder(
+            rng=rng,
+            plan=plan,
+            tenant_ids=tenant_ids,
+            days=options["days"],
+            reason=options["reason"],
+            claimed_share=options["claimed_share"],
+        )
         with transaction.atomic():
             raw = connection.connection  # the psycopg 3 connection under Django's wrapper
             with raw.cursor() as cursor:
@@ -327,9 +353,9 @@ class Command(BaseCommand):
             f"({c['resolved_items']} resolved), {c['approvals']} pending approvals in {elapsed:.1f}s"
         )
 
-    def _tenants(self) -> list[tuple[int, float]]:
+    def _tenants(self, only: str) -> list[tuple[int, float]]:
         out = []
-        for slug, name, share in TENANTS:
+        for slug, name, share in [(only, only, 1.0)] if only else TENANTS:
             tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
             out.append((tenant.pk, share))
         return out
@@ -337,9 +363,18 @@ class Command(BaseCommand):
 
 class _Seeder:
     def __init__(
-        self, *, rng: random.Random, plan: Plan, tenant_ids: list[tuple[int, float]], days: int
+        self,
+        *,
+        rng: random.Random,
+        plan: Plan,
+        tenant_ids: list[tuple[int, float]],
+        days: int,
+        reason: str = "",
+        claimed_share: float = 0.1,
     ) -> None:
         self.rng = rng
+        self.reason = reason
+        self.claimed_share = claimed_share
         self.plan = plan
         self.tenant_ids = [t for t, _ in tenant_ids]
         self.tenant_weights = [w for _, w in tenant_ids]
@@ -566,10 +601,10 @@ class _Seeder:
         search_text: str,
     ) -> None:
         rng = self.rng
-        reason = rng.choices([r for r, _ in REASONS], [w for _, w in REASONS])[0]
+        reason = self.reason or rng.choices([r for r, _ in REASONS], [w for _, w in REASONS])[0]
         risk = max(live_risks or ["low"], key=RISK_ORDER.__getitem__)
         resolved = fate in ("compensated", "closed")
-        status = "resolved" if resolved else ("claimed" if rng.random() < 0.1 else "open")
+        status = "resolved" if resolved else ("claimed" if rng.random() < self.claimed_share else "open")
         signature = sha256_hex(f"{reason}|{error[:12]}")[:16]
         resolved_at = opened + timedelta(minutes=rng.uniform(1, 120)) if resolved else None
         self.items.append(
