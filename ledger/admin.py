@@ -21,6 +21,7 @@ from django.http import HttpRequest
 
 from ledger import errors, staff
 from ledger.audit import Actor
+from ledger.audit_models import AuditSignCursor, SignedHead
 from ledger.models import (
     Action,
     AgentKey,
@@ -413,3 +414,19 @@ class EventAdmin(BigTableAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Event | None = None) -> list[str]:
         return [f.name for f in Event._meta.fields]
+
+
+@admin.register(SignedHead)
+class SignedHeadAdmin(BigTableAdmin):
+    """The worker's signed chain heads (ledger.audit_signing): append-only, shown, never edited."""
+
+    list_display = ["chain", "position", "reason", "key_id", "signed_at"]
+    list_filter = ["reason"]
+    search_fields = ["chain"]
+
+
+@admin.register(AuditSignCursor)
+class AuditSignCursorAdmin(ReadOnlyAdmin):
+    """Where the signing pass of each tenant stands."""
+
+    list_display = ["tenant", "signed_at"]

@@ -29,6 +29,7 @@ from ledger.models import Tenant
 from recovery import channels
 from recovery.audit_stream import config as audit_stream
 from recovery.audit_stream.models import AuditCursor, AuditSink
+from recovery.bulk.models import BulkItem, BulkOperation
 from recovery.models import (
     AgentCommand,
     Approval,
@@ -406,3 +407,21 @@ class AuditCursorAdmin(ReadOnlyAdmin):
     list_display = ["sink", "tenant", "position", "failures", "next_attempt_at"]
     list_filter = ["sink", tenant_filter("tenant")]
     list_select_related = ["tenant"]
+
+
+@admin.register(BulkOperation)
+class BulkOperationAdmin(ReadOnlyAdmin):
+    """Bulk decisions by filter (recovery.services.bulk_filter): started, followed and aborted in
+    the dashboard or the operator API, shown here."""
+
+    list_display = ["id", "tenant", "action", "status", "total", "done", "failed", "skipped", "started_at"]
+    list_filter = ["status", "action", tenant_filter("tenant")]
+    search_fields = ["id"]
+
+
+@admin.register(BulkItem)
+class BulkItemAdmin(BigTableAdmin):
+    tenant_field = "bulk__tenant"
+    list_display = ["bulk", "position", "item", "outcome", "code", "decided_at"]
+    list_filter = ["outcome"]
+    search_fields = ["bulk__id", "run_id"]

@@ -51,7 +51,7 @@ def _url(model, view: str, *args) -> str:
 
 
 def test_it_registers_every_ledger_and_recovery_model():
-    for label in ("ledger", "recovery", "audit_stream"):
+    for label in ("ledger", "recovery", "audit_stream", "bulk"):
         for model in apps.get_app_config(label).get_models():
             assert admin.site.is_registered(model), model
 
@@ -64,7 +64,7 @@ def test_it_skips_the_full_count_on_big_tables(model_name):
 
 def test_it_renders_every_changelist_and_change_page(root_client, acme_run, agent_key):
     for model, model_admin in admin.site._registry.items():
-        if model._meta.app_label not in ("ledger", "recovery"):
+        if model._meta.app_label not in ("ledger", "recovery", "bulk"):
             continue
         assert root_client.get(_url(model, "changelist")).status_code == 200, model
         obj = model_admin.get_queryset(_request_as("root")).first()

@@ -108,8 +108,24 @@ def test_every_dashboard_response_carries_the_csp(tenant, agent, alice, carol, m
     'unsafe-inline' or 'unsafe-eval'."""
     world = {
         name: "x_0"
-        for name in ("run_id", "item_id", "unwind_id", "step_id", "action_id", "approval_id", "pause_id")
-    } | {"slug": "acme", "channel_id": "x_0", "link_id": "1", "tenant_id": "1", "compensator_id": "1"}
+        for name in (
+            "run_id",
+            "item_id",
+            "unwind_id",
+            "step_id",
+            "action_id",
+            "approval_id",
+            "pause_id",
+            "bulk_id",
+        )
+    } | {
+        "slug": "acme",
+        "channel_id": "x_0",
+        "link_id": "1",
+        "tenant_id": "1",
+        "compensator_id": "1",
+        "pk": "1",
+    }
     checked = 0
     for user in (alice, carol, mallory, None):
         client = Client()
