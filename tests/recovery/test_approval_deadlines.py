@@ -227,9 +227,21 @@ def test_an_approval_decided_just_as_it_times_out_is_never_both(tenant, agent, b
             lambda approval=approval: approval_approve(
                 approval=approval, actor=Actor.for_user(bob), reason="ok"
             ),
-            lambda approval=approval: approvals_expire_due(now=approval.expires_at),
+            # The sweep's clock just past the deadline: it expires whatever is still pending. (At
+            # exactly the deadline it is not yet due, and an approver whose own clock had passed
+            # it on a loaded machine is refused too: neither, until the next sweep.)
+            lambda approval=approval: approvals_expire_due(
+                now=approval.expires_at + timedelta(milliseconds=1)
+            ),
         )
         approval.refresh_from_db()
+        if approval.status == "pending":
+            # Neither, yet: the sweep skipped the row the approver had locked (SKIP LOCKED), and
+            # the approver, its own clock past the deadline by then, was refused. The next sweep
+            # expires it; still never both.
+            assert isinstance(decided, errors.ApprovalExpired | errors.InvalidTransition) and swept == 0
+            swept = approvals_expire_due(now=approval.expires_at + timedelta(milliseconds=1))
+            approval.refresh_from_db()
         action.refresh_from_db()
         if approval.status == "approved":
             assert isinstance(decided, Approval) and swept == 0
