@@ -79,10 +79,8 @@ def _saved_and_counts(
 
 
 def _selectable(item: RecoveryItem, operable: set[int]) -> bool:
-    """An item the ticked bulk may take: low risk, not resolved, in a tenant the user operates."""
-    return (
-        item.risk == Risk.LOW and item.status != RecoveryItem.Status.RESOLVED and item.tenant_id in operable
-    )
+    """An item the ticked bulk takes (``recovery.services.bulk``), in a tenant the user operates."""
+    return bulk.ticked_bulk_takes(item) and item.tenant_id in operable
 
 
 @require_GET

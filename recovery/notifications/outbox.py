@@ -189,61 +189,52 @@ def approval_lines(approval: Approval) -> list[str]:
     ]
 
 
-def notify_approval_requested(approval: Approval) -> list[Notification]:
+def _notify_approval_waiting(
+    approval: Approval, event: str, summary: str, *, lines: list[str] | None = None
+) -> list[Notification]:
+    """A notification about an approval still waiting: it links to its inbox card and carries its
+    args (and their hash, which a Slack Approve button is bound to)."""
     return notify(
         tenant=approval.tenant,
-        event=Event.APPROVAL_REQUESTED,
+        event=event,
         subject_id=approval.pk,
         run_id=approval.run_id,
-        summary=f"Approval needed: {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
+        summary=summary,
         path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
         risk=approval.risk,
-        lines=approval_lines(approval),
+        lines=[*(lines or []), *approval_lines(approval)],
         approval_id=approval.pk,
         args_hash=approval.args_hash,
     )
 
 
+def notify_approval_requested(approval: Approval) -> list[Notification]:
+    return _notify_approval_waiting(
+        approval,
+        Event.APPROVAL_REQUESTED,
+        f"Approval needed: {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
+    )
+
+
 def notify_approval_reminder(approval: Approval) -> list[Notification]:
-    return notify(
-        tenant=approval.tenant,
-        event=Event.APPROVAL_REMINDER,
-        subject_id=approval.pk,
-        run_id=approval.run_id,
-        summary=(
-            f"Reminder: approval of {approval.tool} ({approval.risk} risk) on run {approval.run_id} "
-            f"expires at {approval.expires_at:%Y-%m-%d %H:%M} UTC"
-            + (f" (escalated to {approval.escalate_to})" if approval.escalated_at else "")
-        ),
-        path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
-        risk=approval.risk,
-        lines=approval_lines(approval),
-        approval_id=approval.pk,
-        args_hash=approval.args_hash,
+    return _notify_approval_waiting(
+        approval,
+        Event.APPROVAL_REMINDER,
+        f"Reminder: approval of {approval.tool} ({approval.risk} risk) on run {approval.run_id} "
+        f"expires at {approval.expires_at:%Y-%m-%d %H:%M} UTC"
+        + (f" (escalated to {approval.escalate_to})" if approval.escalated_at else ""),
     )
 
 
 def notify_approval_escalated(approval: Approval, *, missed: datetime) -> list[Notification]:
     """Nobody decided before the deadline: the approval now waits for ``escalate_to``, told once
     (the escalation's compare-and-set, ``recovery.approval_deadlines.approval_escalate``)."""
-    now = timezone.now()
-    return notify(
-        tenant=approval.tenant,
-        event=Event.APPROVAL_ESCALATED,
-        subject_id=approval.pk,
-        run_id=approval.run_id,
-        summary=(
-            f"Escalated to {approval.escalate_to}: approval of {approval.tool} ({approval.risk} risk) on run "
-            f"{approval.run_id}, nobody decided by {clock(missed, now)}"
-        ),
-        path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
-        risk=approval.risk,
-        lines=[
-            f"Now decided by {escalation_who_words(approval.escalate_to)} only.",
-            *approval_lines(approval),
-        ],
-        approval_id=approval.pk,
-        args_hash=approval.args_hash,
+    return _notify_approval_waiting(
+        approval,
+        Event.APPROVAL_ESCALATED,
+        f"Escalated to {approval.escalate_to}: approval of {approval.tool} ({approval.risk} risk) on run "
+        f"{approval.run_id}, nobody decided by {clock(missed, timezone.now())}",
+        lines=[f"Now decided by {escalation_who_words(approval.escalate_to)} only."],
     )
 
 

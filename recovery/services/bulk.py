@@ -40,6 +40,16 @@ class BulkOutcome:
         }
 
 
+def ticked_bulk_takes(item: RecoveryItem) -> bool:
+    """Whether the ticked bulk may take ``item``: low risk (anything riskier deserves a look of its
+    own) and not resolved. The queue offers a checkbox exactly where this holds."""
+    return _low_enough(item) and item.status != RecoveryItem.Status.RESOLVED
+
+
+def _low_enough(item: RecoveryItem) -> bool:
+    return item.risk == Risk.LOW
+
+
 def _bulk(
     chosen_items: Iterable[RecoveryItem],
     *,
@@ -60,7 +70,7 @@ def _bulk(
         )
     outcomes: list[BulkOutcome] = []
     for item in chosen:
-        if item.risk != Risk.LOW:
+        if not _low_enough(item):  # a resolved one is refused by the decision itself, below
             outcomes.append(
                 BulkOutcome(
                     item.pk,
