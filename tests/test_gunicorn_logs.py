@@ -7,18 +7,20 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
-import subprocess
 import sys
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.processes import ROOT, RedisServer, database_url_for_subprocesses, free_port, wait_for
-from tests.test_metrics_live import _procfile
+from tests.support.processes import (
+    RedisServer,
+    database_url_for_subprocesses,
+    free_port,
+    procfile_web,
+    wait_for,
+)
 
 # A whole gunicorn: the slow lane.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.django_db(transaction=True)]
@@ -49,26 +51,8 @@ def test_gunicorns_access_log_is_one_json_object_per_request(own_redis: RedisSer
         "STATIC_ROOT": str(static),
     }
     log = tmp_path / "web.log"
-    process = subprocess.Popen(
-        ["bash", "-c", f"exec {_procfile('web')}"],
-        cwd=ROOT,
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
     base = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"the web process exited:\n{log.read_text(errors='replace')[-3000:]}")
-        try:
-            return httpx.get(f"{base}/livez", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_for(answers, timeout=90, what="the Procfile's web line to answer /livez")
+    with procfile_web(env, log):
         missing = httpx.get(
             f"{base}/api/v1/runs/run_nope?api_key=sk_abc123_topsecretvalue",
             headers={"User-Agent": "ergo-test/1.0", "X-Request-Id": "ergo-req-0001"},
@@ -85,10 +69,6 @@ def test_gunicorns_access_log_is_one_json_object_per_request(own_redis: RedisSer
             return [p for p in parsed if p.get("logger") == "gunicorn.access"]
 
         wait_for(lambda: len(access_lines()) >= 2, timeout=30, what="the access log lines")
-    finally:
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=20)
 
     text = log.read_text(errors="replace")
     assert "topsecretvalue" not in text

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +25,12 @@ from recovery.services.compensating import unwind_start
 from tests.factories import HR_PATH, HR_SECRET, WS_PATH, WS_SECRET, load_onboarding_policies, onboarding_saga
 from tests.support import promql
 from tests.support.processes import (
-    ROOT,
     RedisServer,
     Worker,
     database_url_for_subprocesses,
     dump_worker_logs,
     free_port,
+    procfile_web,
     serve_webhooks,
     wait_for,
 )
@@ -76,13 +74,6 @@ def metrics_dir(tmp_path: Path) -> MetricsDir:
     return MetricsDir(path=path, gone=stale, running=running)
 
 
-def _procfile(line: str) -> str:
-    for entry in (ROOT / "Procfile").read_text().splitlines():
-        if entry.startswith(f"{line}:"):
-            return entry.split(":", 1)[1].strip()
-    raise AssertionError(f"no {line}: line in the Procfile")
-
-
 @pytest.fixture
 def web(metrics_dir: MetricsDir, own_redis: RedisServer, tmp_path: Path) -> Iterator[Web]:
     """The Procfile's web line as a deployment runs it, with only a deployment's environment."""
@@ -106,35 +97,8 @@ def web(metrics_dir: MetricsDir, own_redis: RedisServer, tmp_path: Path) -> Iter
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir.path),
     }
     log = tmp_path / "web.log"
-    process = subprocess.Popen(
-        ["bash", "-c", f"exec {_procfile('web')}"],
-        cwd=ROOT,
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    server = Web(base=f"http://127.0.0.1:{port}", process=process, log=log)
-
-    def answers() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"the web process exited:\n{log.read_text(errors='replace')[-3000:]}")
-        try:
-            return httpx.get(f"{server.base}/livez", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_for(answers, timeout=90, what="the Procfile's web line to answer /livez")
-        yield server
-    finally:
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+    with procfile_web(env, log) as process:
+        yield Web(base=f"http://127.0.0.1:{port}", process=process, log=log)
 
 
 def _record_through_the_web(web: Web, secret: str, count: int) -> None:

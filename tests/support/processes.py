@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 from saga_client.signing import verify_signature
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -392,3 +393,47 @@ def spawn_worker(*, redis_url: str, log_path: Path, env: dict[str, str] | None =
 
 def dump_worker_logs(workers: list[Worker]) -> str:
     return "\n".join(f"--- worker {i} ---\n{w.log()[-4000:]}" for i, w in enumerate(workers))
+
+
+def procfile_line(name: str) -> str:
+    """The command of the Procfile's ``name:`` line, as a deployment runs it."""
+    for entry in (ROOT / "Procfile").read_text().splitlines():
+        if entry.startswith(f"{name}:"):
+            return entry.split(":", 1)[1].strip()
+    raise AssertionError(f"no {name}: line in the Procfile")
+
+
+@contextmanager
+def procfile_web(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The Procfile's web line started with exactly ``env`` (which sets PORT and WEB_BIND_HOST),
+    its output in ``log``; yields once it answers /livez, and stops it (its whole process group)
+    on the way out."""
+    process = subprocess.Popen(
+        ["bash", "-c", f"exec {procfile_line('web')}"],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://{env['WEB_BIND_HOST']}:{env['PORT']}"
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"the web process exited:\n{log.read_text(errors='replace')[-3000:]}")
+        try:
+            return httpx.get(f"{base}/livez", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(answers, timeout=90, what="the Procfile's web line to answer /livez")
+        yield process
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
