@@ -21,7 +21,7 @@ from django.http import HttpRequest
 
 from ledger import errors, staff
 from ledger.audit import Actor
-from ledger.audit_models import AuditSignCursor, SignedHead
+from ledger.audit_models import ArchivedRun, AuditSignCursor, SignedHead
 from ledger.models import (
     Action,
     AgentKey,
@@ -423,6 +423,15 @@ class SignedHeadAdmin(BigTableAdmin):
     list_display = ["chain", "position", "reason", "key_id", "signed_at"]
     list_filter = ["reason"]
     search_fields = ["chain"]
+
+
+@admin.register(ArchivedRun)
+class ArchivedRunAdmin(BigTableAdmin):
+    """The runs retention moved to their archive: append-only, shown, never edited."""
+
+    list_display = ["run_id", "tenant", "agent", "status", "finished_at", "archived_at"]
+    list_filter = ["status"]
+    search_fields = ["run_id"]
 
 
 @admin.register(AuditSignCursor)

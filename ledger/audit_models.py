@@ -1,5 +1,6 @@
 """Keyed audit chain heads (``ledger.audit_signing``): the signed heads, append-only like the
-events they vouch for, and each tenant's signing cursor. Re-exported by ``ledger.models``."""
+events they vouch for, and each tenant's signing cursor; and the runs retention archived (their
+tombstones). Re-exported by ``ledger.models``."""
 
 from __future__ import annotations
 
@@ -67,3 +68,38 @@ class AuditSignCursor(models.Model):
 
     def __str__(self) -> str:
         return f"signing cursor of tenant {self.tenant_id}"
+
+
+class ArchivedRun(models.Model):
+    """A run that retention moved out of PostgreSQL (``recovery.archive``): where its archive is,
+    and what it held, so that ``GET`` of it answers 410 ``archived`` and ``verify_audit`` can tell
+    a chain that was archived from one that was deleted. Written in the transaction that removes
+    the run, next to the tenant-chain event that records it. Append-only, like the events."""
+
+    run_id = models.CharField(primary_key=True, max_length=40)
+    tenant = models.ForeignKey("ledger.Tenant", on_delete=models.PROTECT, related_name="+")
+    agent = models.CharField(max_length=200)
+    status = models.CharField(max_length=16)  # the run's status when it was archived
+    created_at = models.DateTimeField()  # the run's
+    finished_at = models.DateTimeField()  # the run's: retention counts from here
+    archived_at = models.DateTimeField()
+    archive = models.TextField()  # the URL of the run's manifest
+    manifest_sha256 = models.CharField(max_length=64)
+    head = models.CharField(max_length=64)  # the run chain's last hash when it was archived
+    events = models.BigIntegerField()  # the run chain's length when it was archived
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-archived_at"], name="archived_run_tenant")]
+        triggers = [
+            pgtrigger.Protect(name="archived_run_append_only", operation=pgtrigger.Update | pgtrigger.Delete),
+            pgtrigger.Trigger(
+                name="archived_run_no_truncate",
+                operation=pgtrigger.Truncate,
+                when=pgtrigger.Before,
+                level=pgtrigger.Statement,
+                func="RAISE EXCEPTION 'Archived runs are append-only: TRUNCATE of % is refused', TG_TABLE_NAME;",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} (archived)"

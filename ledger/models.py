@@ -15,7 +15,7 @@ from django.db import models
 from django.db.models import Q
 
 from ledger import ids
-from ledger.audit_models import AuditSignCursor, SignedHead
+from ledger.audit_models import ArchivedRun, AuditSignCursor, SignedHead
 from ledger.choices import RISK_ORDER, ActionClass, ApprovalMode, CompensationStrategy, Risk, max_risk
 from ledger.json_text import JSONField
 from ledger.policy_models import Compensator, Pause, PolicySet, PolicyStamp, ToolPolicy
@@ -25,6 +25,7 @@ __all__ = [
     "Action",
     "ActionClass",
     "AgentKey",
+    "ArchivedRun",
     "ApprovalMode",
     "AuditSignCursor",
     "Checkpoint",

@@ -13,10 +13,10 @@ from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from ledger.models import Event, SignedHead
+from ledger.models import ArchivedRun, Event, SignedHead
 
 # Tables the application only appends to and reads.
-APPEND_ONLY = frozenset({Event._meta.db_table, SignedHead._meta.db_table})
+APPEND_ONLY = frozenset({Event._meta.db_table, SignedHead._meta.db_table, ArchivedRun._meta.db_table})
 
 
 def grants_for(role: str) -> list[str]:
