@@ -79,6 +79,9 @@ class ArchivedRun(models.Model):
     run_id = models.CharField(primary_key=True, max_length=40)
     tenant = models.ForeignKey("ledger.Tenant", on_delete=models.PROTECT, related_name="+")
     agent = models.CharField(max_length=200)
+    owner = models.CharField(
+        max_length=200, blank=True, default=""
+    )  # the run's: an agent key reaches its own
     status = models.CharField(max_length=16)  # the run's status when it was archived
     created_at = models.DateTimeField()  # the run's
     finished_at = models.DateTimeField()  # the run's: retention counts from here
