@@ -53,6 +53,7 @@ INVALID = "invalid"
 SCHEME = "scheme"
 NO_HOST = "no_host"
 UNRESOLVABLE = "unresolvable"
+PLAINTEXT = "plaintext"
 UNSPECIFIED = "unspecified"
 LOOPBACK = "loopback"
 LINK_LOCAL = "link_local"
@@ -108,9 +109,16 @@ class CheckedUrl:
 HTTP_SCHEMES: Mapping[str, int] = {"http": 80, "https": 443}
 
 
-def check_url(url: str, *, field: str = "url", schemes: Mapping[str, int] = HTTP_SCHEMES) -> CheckedUrl:
+TLS_SCHEMES = frozenset({"https", "tcp+tls"})
+
+
+def check_url(
+    url: str, *, field: str = "url", schemes: Mapping[str, int] = HTTP_SCHEMES, tls: bool = False
+) -> CheckedUrl:
     """The guard for every outbound URL a tenant or agent chose (``schemes``: the ones allowed, with
-    their default ports; 0: the URL must give one). Raises ``errors.UrlNotAllowed``
+    their default ports; 0: the URL must give one; ``tls``: what is sent must not cross the network
+    in clear text, so a scheme without TLS is refused, reason ``plaintext``, except to a host the
+    operator allows in ``SAGA_OUTBOUND_ALLOWED_HOSTS``). Raises ``errors.UrlNotAllowed``
     (422 ``url_not_allowed``). A URL that is not http(s) with a host is told so (``details``: field,
     url, reason); one refused for where its host is or whether it resolves is told only that it is
     not allowed (``details``: field, url), with the reason on the exception for the audit log."""
@@ -153,6 +161,16 @@ def check_url(url: str, *, field: str = "url", schemes: Mapping[str, int] = HTTP
                 reason=reason,
                 address=address,
             )
+    # Last: a URL refused for where it points is told that first, whatever its scheme.
+    if tls and parsed.scheme not in TLS_SCHEMES:
+        secure = " or ".join(f"{s}://" for s in schemes if s in TLS_SCHEMES)
+        raise _refusal(
+            f"{field} must use {secure}: what is sent there must not cross the network in clear "
+            "text (plain connections go only to hosts the operator allows).",
+            field=field,
+            url=shown,
+            reason=PLAINTEXT,
+        )
     return CheckedUrl(
         url=url, scheme=parsed.scheme, host=host, port=port, addresses=addresses, allowed_by_setting=False
     )

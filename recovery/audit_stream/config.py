@@ -168,7 +168,8 @@ def check_tenant_sink(*, kind: str, url: str, token: str) -> outbound.CheckedUrl
     if kind == AuditSink.Kind.HEC and not token:
         raise errors.ValidationFailed("An HTTPS JSON (HEC) sink needs its token.", details={"field": "token"})
     schemes = SYSLOG_SCHEMES if kind == AuditSink.Kind.SYSLOG else HEC_SCHEMES
-    return outbound.check_url(url, field="url", schemes=schemes)
+    # The audit log (and an HEC sink's token) never crosses the network in clear text.
+    return outbound.check_url(url, field="url", schemes=schemes, tls=True)
 
 
 def tenants_for(sink: Sink) -> list[Tenant]:

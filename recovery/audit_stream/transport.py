@@ -62,7 +62,7 @@ def _tls_context(sink: config.Sink) -> ssl.SSLContext:
 
 def _targets(sink: config.Sink) -> tuple[str, list[tuple[str, int]]]:
     if sink.hostile:
-        checked = outbound.check_url(sink.url, field="url", schemes=config.SYSLOG_SCHEMES)
+        checked = config.check_tenant_sink(kind=sink.kind, url=sink.url, token=sink.token)
         addresses = checked.addresses or (checked.host,)
         return checked.host, [(address, checked.port) for address in addresses]
     parts = urlsplit(sink.url)

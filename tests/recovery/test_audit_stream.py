@@ -382,6 +382,9 @@ def test_two_first_saves_at_once_give_one_sink(
         ("syslog", "http://203.0.113.9/", "", "url", "must be a tcp:// or tcp+tls:// URL"),
         ("hec", "ftp://203.0.113.9/", "t", "url", "must be an http(s) URL"),
         ("syslog", "tcp://203.0.113.9", "", "url", "has no port"),
+        # The audit log and the HEC token never cross the network in clear text.
+        ("hec", "http://8.8.8.8:8088/services/collector/event", "t", "url", "must use https://"),
+        ("syslog", "tcp://8.8.8.8:514", "", "url", "must use tcp+tls://"),
         ("hec", "https://example.com/" + "x" * 600, "t", "url", "longer than 500"),
         ("hec", "https://example.com/", "t" * 300, "token", "longer than 200"),
         ("hec", "https://example.com/", "", "token", "needs its token"),
