@@ -364,6 +364,9 @@ SAGA: dict[str, Any] = {
     "OUTBOUND_RESOLVE_TIMEOUT_S": env_float("SAGA_OUTBOUND_RESOLVE_TIMEOUT_S", 1.0),
     # The bearer token GET /metrics (Prometheus) requires; unset, /metrics is 404.
     "METRICS_TOKEN": env_secret("SAGA_METRICS_TOKEN").strip(),
+    # A worker that does not share the web's metrics directory (its own container or pod) serves
+    # its own GET /metrics on this port, behind the same token (ledger.metrics_endpoint); unset: none.
+    "WORKER_METRICS_PORT": os.environ.get("SAGA_WORKER_METRICS_PORT", ""),
 }
 
 # The key that signs audit chain heads (ledger.audit_signing: the signed heads in the database and

@@ -194,3 +194,81 @@ def test_one_scrape_of_the_web_adds_up_its_processes_and_the_workers(
     queries = promql.rule_queries() + promql.dashboard_queries()
     missing = {q.where: sorted(q.metrics - exposed) for q in queries if not q.metrics <= exposed}
     assert not missing, missing
+
+
+def test_a_worker_in_its_own_container_serves_its_own_metrics(
+    tmp_path: Path, start_worker: Callable[..., Worker], tenant: Any, agent: Actor, alice: Any
+) -> None:
+    """A worker that shares no metrics directory with the web (a Compose service, a Kubernetes
+    pod): with SAGA_WORKER_METRICS_PORT its work horses' values reach a scrape of the worker
+    itself, behind the web's token; the PostgreSQL and Redis gauges stay the web's alone."""
+    own_dir = tmp_path / "worker-metrics"
+    own_dir.mkdir()
+    port = free_port()
+    with serve_webhooks({HR_PATH: HR_SECRET, WS_PATH: WS_SECRET}) as hooks:
+        load_onboarding_policies(webhooks=hooks)
+        worker = start_worker(
+            PROMETHEUS_MULTIPROC_DIR=str(own_dir),
+            SAGA_WORKER_METRICS_PORT=str(port),
+            SAGA_METRICS_TOKEN=TOKEN,
+        )
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def listening() -> bool:
+            try:
+                return httpx.get(url, timeout=5).status_code == 401
+            except httpx.TransportError:
+                return False
+
+        wait_for(listening, timeout=60, what="the worker's /metrics to listen")
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        # The token, as on the web: none, another, another scheme → 401; then only GET /metrics.
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {TOKEN}"}):
+            refused = httpx.get(url, headers=headers, timeout=5)
+            assert refused.status_code == 401 and refused.headers["WWW-Authenticate"].startswith("Bearer")
+        assert httpx.get(url.replace("/metrics", "/"), headers=bearer, timeout=5).status_code == 404
+        assert httpx.post(url, headers=bearer, timeout=5).status_code == 405
+
+        saga = onboarding_saga(tenant, agent)
+        assert saga.item is not None
+        unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="hire withdrew")
+
+        def finished() -> bool:
+            unwind.refresh_from_db()
+            return unwind.status in (Unwind.Status.COMPLETED, Unwind.Status.FAILED)
+
+        try:
+            wait_for(finished, timeout=120, what="the unwind to finish")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{dump_worker_logs([worker])}") from exc
+    scraped = httpx.get(url, headers=bearer, timeout=20)
+    assert scraped.status_code == 200 and scraped.headers["Content-Type"].startswith("text/plain")
+    exposed = promql.exposed(scraped.text)
+    assert exposed['saga_unwind_steps_total{outcome="done"}'] == 2
+    assert exposed["saga_unwind_step_duration_seconds_count"] == 2
+    # The gauges read from PostgreSQL and Redis are the web's: a worker's scrape never repeats them.
+    assert not any(key.startswith(("saga_recovery_items_open", "saga_rq_workers")) for key in exposed)
+
+
+def test_a_worker_refuses_a_metrics_port_that_is_not_a_port(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "DEBUG": "1",
+        "DATABASE_URL": database_url_for_subprocesses(),
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "SAGA_METRICS_TOKEN": "",
+    }
+    for port, says in (
+        ("http", "is not a TCP port"),
+        ("70000", "1-65535"),
+        ("-1", "is not a TCP port"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "manage.py", "saga_worker", "--no-periodic"],
+            env={**env, "SAGA_WORKER_METRICS_PORT": port},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode != 0 and says in done.stderr and "Traceback" not in done.stderr, done.stderr

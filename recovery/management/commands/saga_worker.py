@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_rq.utils import reset_db_connections
@@ -20,7 +21,7 @@ from rq.executions import Execution
 from rq.job import Job
 from rq.logutils import setup_loghandlers
 
-from ledger import metrics, telemetry
+from ledger import metrics, metrics_endpoint, telemetry
 from recovery import compensators
 from recovery.audit_stream import config as audit_stream
 from recovery.scheduling import Ticker
@@ -71,6 +72,7 @@ class Command(BaseCommand):
         # the worker runs. Each problem is said once here, and on the sinks' rows in the dashboard.
         for problem in audit_stream.check_installation():
             self.stderr.write(f"saga_worker: audit stream not started: {problem}")
+        metrics_server = self._metrics_server(burst=options["burst"])
         ticker = None
         if not options["no_periodic"] and not options["burst"]:
             ticker = Ticker()
@@ -101,5 +103,31 @@ class Command(BaseCommand):
         finally:
             if ticker is not None:
                 ticker.stop()
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
             # Stopping, once: what is still buffered may take a moment longer than after a job.
             telemetry.telemetry_flush(timeout_ms=5000)
+
+    def _metrics_server(self, *, burst: bool) -> Any:
+        """This worker's own /metrics when SAGA_WORKER_METRICS_PORT is set (not for a burst)."""
+        try:
+            port = metrics_endpoint.port_from(settings.SAGA["WORKER_METRICS_PORT"])
+        except ValueError as exc:
+            raise CommandError(f"Saga Admin will not start: {exc}") from None
+        if port is None or burst:
+            return None
+        token = settings.SAGA["METRICS_TOKEN"]
+        if not token:
+            # As on the web: no token, no endpoint (the rest of the worker runs).
+            self.stderr.write(
+                f"saga_worker: {metrics_endpoint.PORT_VARIABLE} is set but SAGA_METRICS_TOKEN is not: "
+                "the worker's /metrics is served only behind the token, as the web's is; not serving it."
+            )
+            return None
+        try:
+            return metrics_endpoint.serve(port=port, token=token)
+        except OSError as exc:
+            raise CommandError(
+                f"Saga Admin will not start: {metrics_endpoint.PORT_VARIABLE}={port}: cannot listen ({exc})."
+            ) from None
