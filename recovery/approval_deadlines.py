@@ -26,7 +26,7 @@ from django.db import transaction
 from django.db.models import DurationField, ExpressionWrapper, F, Q
 
 from ledger.audit import Actor, audit_record
-from recovery.approvals import deadline_window, escalates_now_q
+from recovery.approvals import deadline_window, escalates_now_q, escalation_emails
 from recovery.models import Approval
 from recovery.notifications import outbox
 
@@ -129,5 +129,5 @@ def approval_escalate(*, approval_id: str, now: datetime) -> Approval | None:
             "timeout_s": timeout_s,
         },
     )
-    outbox.notify_approval_escalated(approval, missed=missed)
+    outbox.notify_approval_escalated(approval, missed=missed, emails=escalation_emails(approval))
     return approval

@@ -520,23 +520,42 @@ def escalates_now_q() -> Q:
     return Q(on_timeout="escalate", escalated_at__isnull=True) & ~Q(escalate_to="")
 
 
-def escalation_approver(approval: Approval, actor: Actor) -> bool:
-    """Whether ``actor`` (a person: a login, or an approver key's owner) is one the approval was
-    escalated to: a member of the tenant with the role it names (``approver``: approvers and
-    admins), or the user it names."""
-    person = person_of(actor)
-    if person is None:
-        return False
+def _escalation_members_q(approval: Approval) -> Q:
+    """The memberships of the people an approval was escalated to: active members of its tenant
+    with the role it names (``approver``: approvers and admins), or the approver it names."""
     escalate_to = approval.escalate_to
     if is_role(escalate_to):
         roles = APPROVER_ROLES if escalate_to == Membership.Role.APPROVER else (escalate_to,)
-        return Membership.objects.filter(
-            user_id=person, tenant_id=approval.tenant_id, role__in=roles, user__is_active=True
-        ).exists()
-    return Membership.objects.filter(
-        user_id=person,
+        return Q(tenant_id=approval.tenant_id, role__in=roles, user__is_active=True)
+    return Q(
         tenant_id=approval.tenant_id,
         role__in=APPROVER_ROLES,
         user__is_active=True,
         user__username=escalate_to,
-    ).exists()
+    )
+
+
+def escalation_approver(approval: Approval, actor: Actor) -> bool:
+    """Whether ``actor`` (a person: a login, or an approver key's owner) is one the approval was
+    escalated to."""
+    person = person_of(actor)
+    if person is None:
+        return False
+    return Membership.objects.filter(_escalation_members_q(approval), user_id=person).exists()
+
+
+# At most this many people are written to directly about one escalation (a role of a large
+# tenant is better reached through its channels).
+ESCALATION_EMAILS_MAX = 50
+
+
+def escalation_emails(approval: Approval) -> list[str]:
+    """The e-mail addresses of the people an approval was escalated to (those who have one)."""
+    addresses = (
+        Membership.objects.filter(_escalation_members_q(approval))
+        .exclude(user__email="")
+        .order_by("user__email")
+        .values_list("user__email", flat=True)
+        .distinct()[:ESCALATION_EMAILS_MAX]
+    )
+    return list(addresses)

@@ -502,7 +502,10 @@ class Notification(models.Model):
     """The outbox: one row per (event, channel), written in the transaction of the event that
     causes it; delivered by a worker job with retries (``recovery.notifications``), re-enqueued by
     the sweeper while undelivered. ``channel`` is None for an environment channel (``env_target``:
-    ``email`` or the webhook URL from SAGA_NOTIFY_WEBHOOKS)."""
+    ``email`` or the webhook URL from SAGA_NOTIFY_WEBHOOKS) and for an e-mail to the people an
+    approval was escalated to (``env_target`` ``PEOPLE``, the addresses in ``context["recipients"]``)."""
+
+    PEOPLE = "people"
 
     class Status(models.TextChoices):
         PENDING = "pending", "Pending"

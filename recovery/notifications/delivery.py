@@ -163,11 +163,12 @@ def _send(row: Notification) -> Attempt:
     if over := _no_longer_relevant(row):
         return Attempt("dropped", over)
     if row.kind == Kind.EMAIL:
-        recipients = (
-            [a.strip() for a in channel.target.split(",") if a.strip()]
-            if channel is not None
-            else list(saga().notify_emails)
-        )
+        if channel is not None:
+            recipients = [a.strip() for a in channel.target.split(",") if a.strip()]
+        elif row.env_target == Notification.PEOPLE:
+            recipients = [str(a) for a in row.context.get("recipients") or []]
+        else:
+            recipients = list(saga().notify_emails)
         return _send_email(row, recipients)
     if row.kind == Kind.SLACK:
         assert channel is not None  # environment channels are e-mail and webhooks

@@ -55,6 +55,7 @@ def notify(
     approval_id: str = "",
     args_hash: str = "",
     channels: list[NotificationChannel] | None = None,
+    people: tuple[str, list[str]] | None = None,
 ) -> list[Notification]:
     """Write one outbox row per channel that takes ``event`` at ``risk`` — the tenant's enabled
     channels (their choice of events and minimum risk) and the environment's (every event) — in
@@ -62,7 +63,9 @@ def notify(
     these channels and no environment ones (a test notification).
 
     The webhook body is fixed here, once for all its channels: ``{event, tenant, id, run_id,
-    summary, url, created_at}`` with ``id`` the subject's (approval, item, step, unwind, command)."""
+    summary, url, created_at}`` with ``id`` the subject's (approval, item, step, unwind, command).
+    ``people``: (who, addresses) — one e-mail more, to these people themselves, whatever the
+    channels want (an escalation's new approvers)."""
     now = timezone.now()
     body = {
         "event": event,
@@ -110,6 +113,16 @@ def notify(
                     **common,
                 )
             )
+    if people is not None and people[1]:
+        who, addresses = people
+        rows.append(
+            Notification(
+                channel_name=f"to {who}"[:200],
+                kind=Kind.EMAIL,
+                env_target=Notification.PEOPLE,
+                **{**common, "context": {**context, "recipients": addresses}},
+            )
+        )
     if not rows:
         return rows
     Notification.objects.bulk_create(rows)
@@ -190,7 +203,12 @@ def approval_lines(approval: Approval) -> list[str]:
 
 
 def _notify_approval_waiting(
-    approval: Approval, event: str, summary: str, *, lines: list[str] | None = None
+    approval: Approval,
+    event: str,
+    summary: str,
+    *,
+    lines: list[str] | None = None,
+    people: tuple[str, list[str]] | None = None,
 ) -> list[Notification]:
     """A notification about an approval still waiting: it links to its inbox card and carries its
     args (and their hash, which a Slack Approve button is bound to)."""
@@ -205,6 +223,7 @@ def _notify_approval_waiting(
         lines=[*(lines or []), *approval_lines(approval)],
         approval_id=approval.pk,
         args_hash=approval.args_hash,
+        people=people,
     )
 
 
@@ -226,15 +245,19 @@ def notify_approval_reminder(approval: Approval) -> list[Notification]:
     )
 
 
-def notify_approval_escalated(approval: Approval, *, missed: datetime) -> list[Notification]:
+def notify_approval_escalated(
+    approval: Approval, *, missed: datetime, emails: list[str] | None = None
+) -> list[Notification]:
     """Nobody decided before the deadline: the approval now waits for ``escalate_to``, told once
-    (the escalation's compare-and-set, ``recovery.approval_deadlines.approval_escalate``)."""
+    (the escalation's compare-and-set, ``recovery.approval_deadlines.approval_escalate``): the
+    tenant's channels, and by e-mail the people it now waits for (``emails``)."""
     return _notify_approval_waiting(
         approval,
         Event.APPROVAL_ESCALATED,
         f"Escalated to {approval.escalate_to}: approval of {approval.tool} ({approval.risk} risk) on run "
         f"{approval.run_id}, nobody decided by {clock(missed, timezone.now())}",
         lines=[f"Now decided by {escalation_who_words(approval.escalate_to)} only."],
+        people=(escalation_who_words(approval.escalate_to), emails or []),
     )
 
 

@@ -304,3 +304,42 @@ def test_the_reminder_due_list_reads_approvals_asked_before_reminders_were_store
     assert approval_deadlines.approvals_due_for_reminder(
         now=approval.created_at + timedelta(seconds=301)
     ) == [approval.pk]
+
+
+def test_the_people_an_approval_is_escalated_to_are_written_to_themselves(tenant, agent, bob, dave):
+    """Escalated to a role: its active members with an e-mail address get one e-mail (besides the
+    channels); a person of another role, one without an address or a deactivated one, none."""
+    from django.contrib.auth import get_user_model
+    from django.core import mail
+
+    from recovery.notifications.delivery import notification_deliver
+
+    _refund_deadline(approval_timeout_s=60, on_timeout="escalate", escalate_to="admin")
+    dave.email, bob.email = "dave@acme.example", "bob@acme.example"
+    dave.save(update_fields=["email"])
+    bob.save(update_fields=["email"])
+    gone = get_user_model().objects.create_user("gone", email="gone@acme.example", is_active=False)
+    gone.memberships.create(tenant=tenant, role="admin")
+    nameless = get_user_model().objects.create_user("nameless", email="")
+    nameless.memberships.create(tenant=tenant, role="admin")
+    _run, _action, approval = gated_run(tenant, agent)
+    approvals_expire_due(now=approval.expires_at)
+
+    [told] = Notification.objects.filter(event="approval.escalated", env_target=Notification.PEOPLE)
+    assert told.context["recipients"] == ["dave@acme.example"]
+    assert told.channel_name == "to an admin of the tenant" and told.kind == "email"
+    mail.outbox.clear()
+    assert notification_deliver(notification_id=told.pk) == "delivered"
+    [message] = mail.outbox
+    assert message.to == ["dave@acme.example"] and message.subject.startswith(
+        "[Saga Admin] Escalated to admin"
+    )
+    assert "Now decided by an admin of the tenant only." in message.body
+
+    # Escalated to a person without an address: no e-mail row (the channels still hear).
+    _refund_deadline(approval_timeout_s=60, on_timeout="escalate", escalate_to="nameless")
+    _run, _action, second = gated_run(tenant, agent)
+    approvals_expire_due(now=second.expires_at)
+    second.refresh_from_db()
+    assert second.escalated_at is not None
+    assert not Notification.objects.filter(subject_id=second.pk, env_target=Notification.PEOPLE).exists()
