@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.apps import apps
 from django.core.management import CommandError, call_command
-from django.db import models
+from django.db import DatabaseError, connection, models, transaction
 
 from ledger.archive.storage import FileStorage
 from ledger.audit import Actor, audit_record
@@ -340,3 +340,71 @@ def test_tenants_are_archived_each_under_its_own_folder_and_the_tenants_own_rete
     assert (archive / "acme" / "runs" / acme.pk / "manifest.json").exists()
     # --tenant and --limit
     assert runner.archive_runs(tenant=tenant).archived == []
+
+
+ROLE = "saga_app_archiver"
+
+
+def _as_app_role() -> None:
+    """The application's least-privileged role (``db_grants``), inside the test's transaction."""
+    out = StringIO()
+    call_command("db_grants", role=ROLE, stdout=out)
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {ROLE} NOLOGIN")
+        for statement in out.getvalue().splitlines():
+            cursor.execute(statement)
+        cursor.execute(f"SET ROLE {ROLE}")
+
+
+def _refused(sql: str, params: list[object] | None = None) -> str:
+    with pytest.raises(DatabaseError) as excinfo, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    return str(excinfo.value)
+
+
+def test_the_least_privileged_role_archives_through_the_function_and_deletes_nothing_else(
+    acme_retention, tenant, agent
+):
+    run = age(closed_run(tenant, agent))
+    other = age(closed_run(tenant, agent, email="other@company.com"))
+    Run.objects.filter(pk=other.pk).update(status=Run.Status.FAILED)  # not archived
+    _as_app_role()
+    try:
+        assert [o.run_id for o in runner.archive_runs().archived] == [run.pk]
+        assert not Event.objects.filter(chain=f"run:{run.pk}").exists()
+        # The role still cannot delete events itself, pgtrigger's bypass or not.
+        assert "permission denied" in _refused("DELETE FROM ledger_event WHERE chain = %s", [f"run:{other.pk}"])
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL pgtrigger.ignore = '{pgtrigger_event_append_only_1de8b}'")
+        assert "permission denied" in _refused("DELETE FROM ledger_event WHERE chain = %s", [f"run:{other.pk}"])
+        # Nor through the function, for a run that is not archived…
+        assert "is not archived" in _refused("SELECT saga_archived_run_events_delete(%s)", [other.pk])
+        # …nor by forging a tombstone alone: the archive must be signed and on the tenant's chain.
+        other.refresh_from_db()
+        count = Event.objects.filter(chain=f"run:{other.pk}").count()
+        with transaction.atomic():
+            ArchivedRun.objects.create(
+                run_id=other.pk, tenant=tenant, agent=other.agent, status=other.status,
+                created_at=other.created_at, finished_at=other.finished_at, archived_at=other.finished_at,
+                archive="file:///nowhere/manifest.json", manifest_sha256="0" * 64, head=other.audit_head, events=count,
+            )
+            assert "no signed head vouches" in _refused("SELECT saga_archived_run_events_delete(%s)", [other.pk])
+            transaction.set_rollback(True)
+        assert Event.objects.filter(chain=f"run:{other.pk}").count() == count
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+    assert "Archive intact" in verify_archive(folder_url(acme_retention))[0]
+
+
+def test_a_run_the_audit_stream_has_not_delivered_yet_is_left(acme_retention, tenant, agent):
+    from recovery.audit_stream.models import AuditSink
+
+    run = age(closed_run(tenant, agent))
+    AuditSink.objects.create(tenant=tenant, kind=AuditSink.Kind.HEC, url="https://siem.example.com/hec", token="t")
+    result = runner.archive_runs()
+    assert result.archived == []
+    assert [(o.run_id, o.detail) for o in result.skipped] == [
+        (run.pk, "the audit stream has not yet delivered its events to https://siem.example.com/hec")
+    ]
+    assert Run.objects.filter(pk=run.pk).exists()

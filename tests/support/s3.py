@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.support.processes import free_port, wait_for
 
@@ -81,3 +82,17 @@ def start_s3(log: Path) -> Iterator[S3Server]:
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One moto_server for the session (each test makes its own bucket)."""
+    yield from start_s3(tmp_path_factory.mktemp("s3") / "moto.log")
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The server, with its credentials in this process's environment (boto3 reads them there)."""
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    return s3_server
