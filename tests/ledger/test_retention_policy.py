@@ -31,8 +31,17 @@ def _refused(retention, *, tenant=None, agent_safety: bool = False) -> str:
 
 
 def test_both_layouts_load_a_retention_per_tenant_and_globally(tenant):
-    load_policy_file({"audit": {"retention": {"closed_runs": "90d", "archive": "s3://saga-archive/runs/acme"}}}, tenant=tenant)
-    load_policy_file({"agentSafety": {"audit": {"retention": {"closedRuns": "15m", "archive": "file:///srv/saga-archive"}}}})
+    load_policy_file(
+        {"audit": {"retention": {"closed_runs": "90d", "archive": "s3://saga-archive/runs/acme"}}},
+        tenant=tenant,
+    )
+    load_policy_file(
+        {
+            "agentSafety": {
+                "audit": {"retention": {"closedRuns": "15m", "archive": "file:///srv/saga-archive"}}
+            }
+        }
+    )
     assert PolicySet.objects.get(tenant=tenant).audit == {
         "retention": {"closed_runs": "90d", "archive": "s3://saga-archive/runs/acme"}
     }
@@ -96,7 +105,9 @@ def test_the_retention_object_itself_is_checked(tenant):
     assert "audit.retention: must be an object" in _refused("90d", tenant=tenant)
     text = _refused({"closed_runs": "90d"}, tenant=tenant)
     assert "audit.retention: archive: is required" in text
-    text = _refused({"closed_runs": "90d", "archive": "file:///srv/saga-archive", "delete": True}, tenant=tenant)
+    text = _refused(
+        {"closed_runs": "90d", "archive": "file:///srv/saga-archive", "delete": True}, tenant=tenant
+    )
     assert "audit.retention: delete: unknown key" in text
     text = _refused({"closedRuns": "0s", "archive": "file:///etc"}, tenant=tenant, agent_safety=True)
     assert "agentSafety.audit.retention: closed_runs: must be at least 1s" in text
@@ -106,7 +117,10 @@ def test_the_retention_object_itself_is_checked(tenant):
 def test_without_an_allow_list_no_retention_can_be_configured(tenant, settings):
     settings.SAGA = {**settings.SAGA, "ARCHIVE_ALLOWED_URLS": []}
     text = _refused({"closed_runs": "90d", "archive": "file:///srv/saga-archive"}, tenant=tenant)
-    assert "no archive destination is allowed on this installation" in text and "SAGA_ARCHIVE_ALLOWED_URLS" in text
+    assert (
+        "no archive destination is allowed on this installation" in text
+        and "SAGA_ARCHIVE_ALLOWED_URLS" in text
+    )
 
 
 def test_destinations_are_compared_segment_by_segment():

@@ -373,10 +373,14 @@ def test_the_least_privileged_role_archives_through_the_function_and_deletes_not
         assert [o.run_id for o in runner.archive_runs().archived] == [run.pk]
         assert not Event.objects.filter(chain=f"run:{run.pk}").exists()
         # The role still cannot delete events itself, pgtrigger's bypass or not.
-        assert "permission denied" in _refused("DELETE FROM ledger_event WHERE chain = %s", [f"run:{other.pk}"])
+        assert "permission denied" in _refused(
+            "DELETE FROM ledger_event WHERE chain = %s", [f"run:{other.pk}"]
+        )
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL pgtrigger.ignore = '{pgtrigger_event_append_only_1de8b}'")
-        assert "permission denied" in _refused("DELETE FROM ledger_event WHERE chain = %s", [f"run:{other.pk}"])
+        assert "permission denied" in _refused(
+            "DELETE FROM ledger_event WHERE chain = %s", [f"run:{other.pk}"]
+        )
         # Nor through the function, for a run that is not archived…
         assert "is not archived" in _refused("SELECT saga_archived_run_events_delete(%s)", [other.pk])
         # …nor by forging a tombstone alone: the archive must be signed and on the tenant's chain.
@@ -384,11 +388,21 @@ def test_the_least_privileged_role_archives_through_the_function_and_deletes_not
         count = Event.objects.filter(chain=f"run:{other.pk}").count()
         with transaction.atomic():
             ArchivedRun.objects.create(
-                run_id=other.pk, tenant=tenant, agent=other.agent, status=other.status,
-                created_at=other.created_at, finished_at=other.finished_at, archived_at=other.finished_at,
-                archive="file:///nowhere/manifest.json", manifest_sha256="0" * 64, head=other.audit_head, events=count,
+                run_id=other.pk,
+                tenant=tenant,
+                agent=other.agent,
+                status=other.status,
+                created_at=other.created_at,
+                finished_at=other.finished_at,
+                archived_at=other.finished_at,
+                archive="file:///nowhere/manifest.json",
+                manifest_sha256="0" * 64,
+                head=other.audit_head,
+                events=count,
             )
-            assert "no signed head vouches" in _refused("SELECT saga_archived_run_events_delete(%s)", [other.pk])
+            assert "no signed head vouches" in _refused(
+                "SELECT saga_archived_run_events_delete(%s)", [other.pk]
+            )
             transaction.set_rollback(True)
         assert Event.objects.filter(chain=f"run:{other.pk}").count() == count
     finally:
@@ -401,7 +415,9 @@ def test_a_run_the_audit_stream_has_not_delivered_yet_is_left(acme_retention, te
     from recovery.audit_stream.models import AuditSink
 
     run = age(closed_run(tenant, agent))
-    AuditSink.objects.create(tenant=tenant, kind=AuditSink.Kind.HEC, url="https://siem.example.com/hec", token="t")
+    AuditSink.objects.create(
+        tenant=tenant, kind=AuditSink.Kind.HEC, url="https://siem.example.com/hec", token="t"
+    )
     result = runner.archive_runs()
     assert result.archived == []
     assert [(o.run_id, o.detail) for o in result.skipped] == [

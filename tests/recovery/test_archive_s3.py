@@ -34,10 +34,15 @@ def test_runs_are_archived_to_s3_and_verify_from_there(bucket, s3, tenant, agent
     result = runner.archive_runs()
     assert sorted(o.run_id for o in result.archived) == sorted([first.pk, second.pk]) and result.errors == []
     assert not Run.objects.filter(pk__in=[first.pk, second.pk]).exists()
-    assert ArchivedRun.objects.get(run_id=first.pk).archive == f"s3://{bucket}/saga/prod/acme/runs/{first.pk}/manifest.json"
+    assert (
+        ArchivedRun.objects.get(run_id=first.pk).archive
+        == f"s3://{bucket}/saga/prod/acme/runs/{first.pk}/manifest.json"
+    )
     keys = sorted(item["Key"] for item in s3.client().list_objects_v2(Bucket=bucket)["Contents"])
     assert keys == sorted(
-        f"saga/prod/acme/runs/{run.pk}/{name}" for run in (first, second) for name in ("manifest.json", "records.jsonl.gz")
+        f"saga/prod/acme/runs/{run.pk}/{name}"
+        for run in (first, second)
+        for name in ("manifest.json", "records.jsonl.gz")
     )
     out, _ = verify_archive(f"s3://{bucket}/saga")
     assert "2 archived runs checked" in out and "Archive intact" in out
@@ -56,7 +61,9 @@ def test_runs_are_archived_to_s3_and_verify_from_there(bucket, s3, tenant, agent
     assert f"run {first.pk}" in err.getvalue() and f"line {len(lines)}: event" in err.getvalue()
 
 
-def test_verify_reaches_s3_through_boto3s_own_endpoint_setting(bucket, s3, tenant, agent, settings, monkeypatch):  # noqa: F811
+def test_verify_reaches_s3_through_boto3s_own_endpoint_setting(
+    bucket, s3, tenant, agent, settings, monkeypatch
+):  # noqa: F811
     retention(tenant, f"s3://{bucket}/saga")
     age(closed_run(tenant, agent))
     runner.archive_runs()
