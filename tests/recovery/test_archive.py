@@ -356,7 +356,7 @@ def _as_app_role() -> None:
         cursor.execute(f"SET ROLE {ROLE}")
 
 
-def _refused(sql: str, params: list[object] | None = None) -> str:
+def _refused(sql: str, params: list[str] | None = None) -> str:
     with pytest.raises(DatabaseError) as excinfo, transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql, params)
     return str(excinfo.value)

@@ -14,13 +14,12 @@ from django.core.management import CommandError, call_command
 from ledger.models import ArchivedRun, Run
 from recovery.archive import runner
 from tests.recovery.archive_support import KEY, age, allow, closed_run, retention, verify_archive
-from tests.support.s3 import s3, s3_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def bucket(s3, settings) -> str:  # noqa: F811
+def bucket(s3, settings) -> str:
     settings.AUDIT_KEY = KEY
     name = s3.new_bucket()
     allow(settings, f"s3://{name}/saga")
@@ -28,7 +27,7 @@ def bucket(s3, settings) -> str:  # noqa: F811
     return name
 
 
-def test_runs_are_archived_to_s3_and_verify_from_there(bucket, s3, tenant, agent):  # noqa: F811
+def test_runs_are_archived_to_s3_and_verify_from_there(bucket, s3, tenant, agent):
     retention(tenant, f"s3://{bucket}/saga/prod")
     first, second = age(closed_run(tenant, agent)), age(closed_run(tenant, agent, email="b@company.com"))
     result = runner.archive_runs()
@@ -63,7 +62,7 @@ def test_runs_are_archived_to_s3_and_verify_from_there(bucket, s3, tenant, agent
 
 def test_verify_reaches_s3_through_boto3s_own_endpoint_setting(
     bucket, s3, tenant, agent, settings, monkeypatch
-):  # noqa: F811
+):
     retention(tenant, f"s3://{bucket}/saga")
     age(closed_run(tenant, agent))
     runner.archive_runs()
@@ -72,7 +71,7 @@ def test_verify_reaches_s3_through_boto3s_own_endpoint_setting(
     assert "Archive intact" in verify_archive(f"s3://{bucket}/saga")[0]
 
 
-def test_another_bucket_or_prefix_is_refused(bucket, s3, tenant):  # noqa: F811
+def test_another_bucket_or_prefix_is_refused(bucket, s3, tenant):
     other = s3.new_bucket()
     from ledger.policies.errors import PolicyFileError
 
