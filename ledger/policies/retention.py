@@ -7,6 +7,10 @@ global one. ``closed_runs`` is a duration of the policy grammar (``ledger.durati
 ``15m``, ``90d``), more than nothing and at most ``MAX_DAYS``. ``archive`` is a destination the
 operator allows (``ledger.archive.destinations``): a tenant admin writes it, so it is checked when
 the file is loaded and again before every archive.
+
+A bare string (``"retention": "90d"``, the spelling agentSafety files used before retention was
+built, when ``audit`` was only stored) is still accepted and kept as written; it names no
+destination, so it archives nothing and does not stand in for the global retention.
 """
 
 from __future__ import annotations
@@ -58,7 +62,11 @@ def retention_read(raw: Any) -> Retention:
     """A ``retention`` object checked against the policy grammar and the operator's allow-list;
     ``RetentionError`` listing every problem."""
     if not isinstance(raw, dict):
-        raise RetentionError([f"must be an object with {' and '.join(KEYS)}, got {type(raw).__name__}"])
+        raise RetentionError(
+            [
+                f"must be an object with {' and '.join(KEYS)} (or, kept but archiving nothing, a duration string), got {type(raw).__name__}"
+            ]
+        )
     problems = [f"{key}: unknown key (allowed: {', '.join(KEYS)})" for key in raw if key not in KEYS]
     problems += [f"{key}: is required" for key in KEYS if key not in raw]
     window, problem = _window(raw.get("closed_runs")) if "closed_runs" in raw else (None, "")
@@ -75,10 +83,16 @@ def retention_read(raw: Any) -> Retention:
     return Retention(closed_runs=str(raw["closed_runs"]).strip(), window=window, archive=destination)
 
 
+def configured(raw: Any) -> bool:
+    """Whether a stored ``retention`` configures archiving (a bare string, the earlier spelling,
+    does not)."""
+    return not isinstance(raw, str)
+
+
 def retention_problems(audit: Any, prefix: str) -> list[str]:
     """Every problem of a policy file's ``audit.retention`` (as translated to the native layout),
     one line each, naming its place (``agentSafety.audit.retention.archive: …``)."""
-    if not isinstance(audit, dict) or "retention" not in audit:
+    if not isinstance(audit, dict) or "retention" not in audit or not configured(audit["retention"]):
         return []
     try:
         retention_read(audit["retention"])

@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import Q
 
 from ledger.models import PolicySet, Tenant
-from ledger.policies.retention import Retention, RetentionError, retention_read
+from ledger.policies.retention import Retention, RetentionError, configured, retention_read
 
 
 def _raw_retentions() -> tuple[Any, dict[int, Any]]:
@@ -19,6 +19,8 @@ def _raw_retentions() -> tuple[Any, dict[int, Any]]:
     for tenant_id, audit in PolicySet.objects.filter(Q(audit__has_key="retention")).values_list(
         "tenant_id", "audit"
     ):
+        if not configured(audit["retention"]):
+            continue  # the earlier bare-string spelling: kept, archives nothing
         if tenant_id is None:
             global_raw = audit["retention"]
         else:

@@ -102,7 +102,8 @@ def test_a_destination_the_operator_does_not_allow_is_refused(tenant, archive, m
 
 
 def test_the_retention_object_itself_is_checked(tenant):
-    assert "audit.retention: must be an object" in _refused("90d", tenant=tenant)
+    assert "audit.retention: must be an object" in _refused(90, tenant=tenant)
+    assert "audit.retention: must be an object" in _refused(["90d"], tenant=tenant)
     text = _refused({"closed_runs": "90d"}, tenant=tenant)
     assert "audit.retention: archive: is required" in text
     text = _refused(
@@ -132,3 +133,13 @@ def test_destinations_are_compared_segment_by_segment():
         destination_parse("file:///")
     with pytest.raises(DestinationError, match="SAGA_ARCHIVE_ALLOWED_URLS entry"):
         destination_check("file:///srv/x", ["file:///srv/../x"])
+
+
+def test_the_earlier_bare_string_spelling_is_still_accepted_and_archives_nothing(tenant):
+    """agentSafety files said ``"retention": "90d"`` while ``audit`` was only stored: they still
+    load (kept as written), and such a retention names no destination, so nothing is archived."""
+    from recovery.archive.policy import tenant_retentions
+
+    load_policy_file({"agentSafety": {"audit": {"retention": "400d", "include": ["intent"]}}}, tenant=tenant)
+    assert PolicySet.objects.get(tenant=tenant).audit == {"retention": "400d", "include": ["intent"]}
+    assert tenant_retentions() == []
