@@ -64,7 +64,8 @@ def retention_read(raw: Any) -> Retention:
     if not isinstance(raw, dict):
         raise RetentionError(
             [
-                f"must be an object with {' and '.join(KEYS)} (or, kept but archiving nothing, a duration string), got {type(raw).__name__}"
+                f"must be an object with {' and '.join(KEYS)} (or, kept but archiving nothing, "
+                f"a duration string), got {type(raw).__name__}"
             ]
         )
     problems = [f"{key}: unknown key (allowed: {', '.join(KEYS)})" for key in raw if key not in KEYS]
