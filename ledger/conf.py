@@ -56,6 +56,14 @@ class SagaSettings:
     # Outbound requests to URLs tenants or agents chose (ledger.outbound)
     outbound_allowed_hosts: tuple[str, ...]
     outbound_resolve_timeout_s: float
+    # Retention's archives (ledger.archive, recovery.archive): the destinations the operator
+    # allows tenants to name, the S3 endpoint (empty: boto3's own configuration), how often the
+    # worker archives, how many runs one pass archives, and whether records files are gzipped.
+    archive_allowed_urls: tuple[str, ...]
+    archive_s3_endpoint_url: str
+    archive_interval_s: float
+    archive_batch: int
+    archive_gzip: bool
 
 
 def saga() -> SagaSettings:
@@ -96,4 +104,9 @@ def saga() -> SagaSettings:
         resume_webhook_secret=str(raw["RESUME_WEBHOOK_SECRET"]),
         outbound_allowed_hosts=tuple(raw["OUTBOUND_ALLOWED_HOSTS"]),
         outbound_resolve_timeout_s=float(raw["OUTBOUND_RESOLVE_TIMEOUT_S"]),
+        archive_allowed_urls=tuple(raw.get("ARCHIVE_ALLOWED_URLS", ())),
+        archive_s3_endpoint_url=str(raw.get("ARCHIVE_S3_ENDPOINT_URL", "")),
+        archive_interval_s=float(raw.get("ARCHIVE_INTERVAL_S", 3600.0)),
+        archive_batch=int(raw.get("ARCHIVE_BATCH", 200)),
+        archive_gzip=bool(raw.get("ARCHIVE_GZIP", True)),
     )

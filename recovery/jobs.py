@@ -14,6 +14,7 @@ from rq import get_current_job
 from ledger import audit_signing
 from ledger.services import idempotency
 from recovery import commands, sweeper
+from recovery.archive import runner as archive
 from recovery.audit_stream import delivery as audit_stream
 from recovery.notifications import delivery
 from recovery.notifications import prune as notifications_pruning
@@ -87,6 +88,18 @@ def audit_stream_deliver() -> dict[str, int]:
 
 def audit_heads_sign() -> int:
     return audit_signing.audit_heads_sign()
+
+
+def runs_archive() -> dict[str, int]:
+    """Retention's periodic duty (``recovery.archive.runner``): a bounded pass over every tenant."""
+    try:
+        result = archive.archive_runs()
+    except archive.ArchiveNotConfigured as exc:
+        log.error("jobs.runs_archive", error=str(exc))
+        return {"archived": 0, "skipped": 0, "errors": 1}
+    for error in result.errors:
+        log.error("jobs.runs_archive", error=error)
+    return {"archived": len(result.archived), "skipped": len(result.skipped), "errors": len(result.errors)}
 
 
 def bulk_advance(*, bulk_id: str) -> str:

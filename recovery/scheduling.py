@@ -51,6 +51,8 @@ def periodic_jobs() -> list[Periodic]:
         Periodic("recovery.jobs.audit_stream_deliver", interval),
         Periodic("recovery.jobs.bulks_sweep", interval),
         Periodic("recovery.jobs.audit_heads_sign", float(getattr(settings, "AUDIT_SIGN_INTERVAL_S", 60.0))),
+        # Retention (recovery.archive): runs past their tenant's window archived and removed.
+        Periodic("recovery.jobs.runs_archive", saga().archive_interval_s),
     ]
 
 

@@ -362,6 +362,17 @@ SAGA: dict[str, Any] = {
     # name whose DNS server never answers holds the request or job that checks it this long).
     "OUTBOUND_ALLOWED_HOSTS": env_list("SAGA_OUTBOUND_ALLOWED_HOSTS", []),
     "OUTBOUND_RESOLVE_TIMEOUT_S": env_float("SAGA_OUTBOUND_RESOLVE_TIMEOUT_S", 1.0),
+    # Retention (a policy file's audit.retention; recovery/archive): the archive destinations
+    # tenants may name (comma-separated s3://bucket/prefix or file:///path; a tenant's must be at or
+    # under one of them; none: retention cannot be configured), the S3 endpoint of an
+    # S3-compatible store (else boto3's AWS_ENDPOINT_URL and credentials chain), how often the
+    # worker archives the runs past their window, at most how many runs a pass (or a
+    # `manage.py archive_runs` without --limit) archives, and whether records files are gzipped.
+    "ARCHIVE_ALLOWED_URLS": env_list("SAGA_ARCHIVE_ALLOWED_URLS", []),
+    "ARCHIVE_S3_ENDPOINT_URL": os.environ.get("SAGA_ARCHIVE_S3_ENDPOINT_URL", ""),
+    "ARCHIVE_INTERVAL_S": env_float("SAGA_ARCHIVE_INTERVAL_S", 3600.0),
+    "ARCHIVE_BATCH": env_int("SAGA_ARCHIVE_BATCH", 200),
+    "ARCHIVE_GZIP": env_bool("SAGA_ARCHIVE_GZIP", True),
     # The bearer token GET /metrics (Prometheus) requires; unset, /metrics is 404.
     "METRICS_TOKEN": env_secret("SAGA_METRICS_TOKEN").strip(),
     # A worker that does not share the web's metrics directory (its own container or pod) serves

@@ -53,8 +53,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
     WSGIServer.request_queue_size = 64
 
-    # The audit table, its signed heads and the archived runs refuse TRUNCATE (statement triggers); the flush that
-    # ends a transactional test is the one TRUNCATE allowed, and only for those triggers.
+    # The audit table, its signed heads and the archived runs' tombstones refuse TRUNCATE
+    # (statement triggers); the flush that ends a transactional test is the one TRUNCATE allowed,
+    # and only for those triggers.
     import pgtrigger
     from django.test import TransactionTestCase
 

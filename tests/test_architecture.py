@@ -236,6 +236,15 @@ RECOVERY_FLOORS = {
     "recovery.audit_stream.records": 1,
     "recovery.audit_stream.transport": 3,
     "recovery.audit_stream.delivery": 4,
+    # Retention: each tenant's window and destination, what belongs to a run, its files written,
+    # its removal, and the pass over every tenant (over the audit stream's delivery: a run is
+    # archived only once the stream has its events).
+    "recovery.archive": 0,
+    "recovery.archive.policy": 1,
+    "recovery.archive.records": 1,
+    "recovery.archive.write": 2,
+    "recovery.archive.remove": 3,
+    "recovery.archive.runner": 5,
 }
 
 

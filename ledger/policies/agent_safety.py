@@ -98,8 +98,18 @@ def _translate_compensators(compensators: Any, problems: Problems) -> Any:
     }
 
 
-def _kept(value: Any, problems: Problems) -> Any:
-    return value
+def _translate_audit(audit: Any, problems: Problems) -> Any:
+    """``audit`` as written, but ``retention``'s keys in the native spelling (``closedRuns``)."""
+    if not isinstance(audit, dict):
+        return audit
+    return {
+        key: (
+            {_snake(k): v for k, v in value.items()}
+            if key == "retention" and isinstance(value, dict)
+            else value
+        )
+        for key, value in audit.items()
+    }
 
 
 def _translate_policy(
@@ -204,5 +214,5 @@ _SECTIONS: tuple[tuple[str, Callable[[Any, Problems], Any]], ...] = (
     ("unwind", _translate_unwind),
     ("auto_compensate", _translate_auto_compensate),
     ("compensators", _translate_compensators),
-    ("audit", _kept),
+    ("audit", _translate_audit),
 )

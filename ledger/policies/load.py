@@ -30,6 +30,7 @@ from ledger.models import Compensator, PolicySet, Tenant, ToolPolicy
 from ledger.policies.agent_safety import AGENT_SAFETY, agent_safety_translate
 from ledger.policies.deadlines import escalation_problems
 from ledger.policies.errors import PolicyFileError, Problems, entry_of, validation_problems
+from ledger.policies.retention import retention_problems
 from ledger.policies.rule_checks import limits_problems, rules_problems
 from ledger.policies.schema import DefaultPolicyIn, PolicyFileIn, PolicyIn
 from ledger.upstreams import policy_upstream_mismatches
@@ -109,6 +110,8 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
         problems.items.extend(validation_problems(exc, native, prefix))
         parsed = None
     problems.items.extend(_rules_and_limits_problems(native, prefix))
+    if isinstance(native, dict):
+        problems.items.extend(retention_problems(native.get("audit"), prefix))
     if problems.items or parsed is None:
         raise PolicyFileError(source, problems.items)
 

@@ -231,3 +231,32 @@ def sink_statuses(*, tenant_ids: list[int]) -> list[SinkStatus]:
             )
         )
     return statuses
+
+
+def chain_undelivered(tenant: Tenant, chain: str) -> list[str]:
+    """The sinks carrying ``tenant``'s stream (the installation's and the tenant's own, enabled)
+    that have not yet been sent every event of ``chain`` (their shown URLs). Retention archives a
+    run only once every sink has its events (``recovery.archive``)."""
+    sinks = config.installation_sinks() + [
+        config.tenant_sink(row)
+        for row in AuditSink.objects.filter(tenant=tenant, enabled=True).order_by("pk")
+    ]
+    behind = []
+    for sink in sinks:
+        cursor = AuditCursor.objects.filter(sink=sink.name, tenant=tenant).first() or AuditCursor(
+            sink=sink.name, tenant=tenant
+        )
+        not_done, params = _not_done(cursor)
+        delivered_of_batch, batch_params = "FALSE", list[Any]()
+        if cursor.batch_snapshot:
+            delivered_of_batch = f"({_IN_BATCH} AND e.id <= %s)"
+            batch_params = [cursor.batch_snapshot, cursor.batch_after_id]
+        sql = (
+            "SELECT EXISTS (SELECT 1 FROM ledger_event e WHERE e.tenant_id = %s AND e.chain = %s AND "  # noqa: S608 - constants only
+            f"{not_done} AND NOT {delivered_of_batch})"
+        )
+        with connection.cursor() as db:
+            db.execute(sql, [tenant.pk, chain, *params, *batch_params])
+            if db.fetchone()[0]:
+                behind.append(shown_url(sink.url))
+    return behind

@@ -9,6 +9,7 @@ import pytest
 
 from tests.factories import HR_PATH, HR_SECRET, WS_PATH, WS_SECRET
 from tests.support.processes import WebhookServer, serve_webhooks
+from tests.support.s3 import s3, s3_server  # noqa: F401 - the retention tests' S3 API (moto_server)
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,11 @@ from django.db import connection
 
 from ledger.models import ArchivedRun, Event, SignedHead
 
+# The functions the application may call that do what its own privileges do not allow, each
+# checking for itself that it may: retention's removal of an archived run's audit events
+# (ledger/0024). PostgreSQL lets every role execute a new function; their migrations revoke that.
+DEFINER_FUNCTIONS = ("saga_archived_run_events_delete(text)",)
+
 # Tables the application only appends to and reads.
 APPEND_ONLY = frozenset({Event._meta.db_table, SignedHead._meta.db_table, ArchivedRun._meta.db_table})
 
@@ -39,6 +44,11 @@ def grants_for(role: str) -> list[str]:
         statements.append(f"GRANT {privileges} ON {connection.ops.quote_name(table)} TO {quoted};")
     # django_migrations: read by `migrate --check` and `showmigrations`; only the owner writes it.
     statements.append(f"GRANT SELECT ON django_migrations TO {quoted};")
+    with connection.cursor() as cursor:
+        for function in DEFINER_FUNCTIONS:
+            cursor.execute("SELECT to_regprocedure(%s) IS NOT NULL", [function])
+            if cursor.fetchone()[0]:
+                statements.append(f"GRANT EXECUTE ON FUNCTION {function} TO {quoted};")
     return statements
 
 

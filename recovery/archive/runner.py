@@ -1,0 +1,182 @@
+"""``archive_runs``: the runs closed longer than their tenant's retention window, archived and
+removed (the worker's periodic duty, ``manage.py archive_runs``).
+
+Per tenant with a retention (``recovery.archive.policy``), oldest finished first, at most
+``limit`` runs a call: each run's files written and confirmed (``write``), then removed in its own
+short transaction (``remove``). A run with anything open is left and said why, and so is one whose
+events the tenant's audit stream has not yet delivered. One archiver at a time per tenant (a
+session advisory lock, released by PostgreSQL if the process dies): another finds the tenant busy
+and leaves it. A kill at any point leaves each run live or archived, never half: the files are
+written before the transaction that removes the run, and a run whose files were written but not
+committed is written again, whole, by the next pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import structlog
+from django.db import connection
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from ledger.archive.storage import Storage, StorageError, storage_for
+from ledger.audit_signing import signing_key
+from ledger.conf import saga
+from ledger.models import Run, Tenant
+from ledger.policies.retention import Retention, RetentionError
+from recovery.archive.policy import tenant_retentions
+from recovery.archive.records import CLOSED, open_reasons, open_runs_filter
+from recovery.archive.remove import ArchiveRefused, archive_commit
+from recovery.archive.write import RunChanged, archive_write
+from recovery.audit_stream.delivery import chain_undelivered
+
+log = structlog.get_logger(__name__)
+
+# Runs with something open listed per tenant and call (they are left; the list says why).
+_OPEN_LISTED = 100
+
+
+class ArchiveNotConfigured(Exception):
+    """Retention is configured but cannot run (no key), in words."""
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_id: str
+    tenant: str
+    detail: str  # archived: the manifest's URL; skipped: why
+
+
+@dataclass
+class ArchiveResult:
+    """What one call did (or, in a dry run, would do): runs archived, runs left and why, and
+    tenants whose retention could not be used."""
+
+    dry_run: bool = False
+    archived: list[RunOutcome] = field(default_factory=list)
+    skipped: list[RunOutcome] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _key(dry_run: bool) -> bytes:
+    key = signing_key()
+    if key is None and not dry_run:
+        raise ArchiveNotConfigured(
+            "Retention is configured but SAGA_AUDIT_KEY (or SAGA_AUDIT_KEY_FILE) is not set: archive "
+            "manifests are signed with it, so nothing is archived until it is set (a long random "
+            "secret kept outside the database, e.g. `openssl rand -hex 32`)."
+        )
+    return key or b""
+
+
+@contextlib.contextmanager
+def _tenant_lock(tenant: Tenant) -> Iterator[bool]:
+    """A session lock on the tenant's archiving (True when this call holds it)."""
+    name = f"archive:{tenant.pk}"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [name])
+        held = bool(cursor.fetchone()[0])
+    try:
+        yield held
+    finally:
+        if held:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [name])
+
+
+def _due(tenant: Tenant, retention: Retention) -> QuerySet[Run]:
+    cutoff = timezone.now() - retention.window
+    return Run.objects.filter(tenant=tenant, status__in=CLOSED, finished_at__lt=cutoff)
+
+
+def _tenant_pass(
+    tenant: Tenant, retention: Retention, *, result: ArchiveResult, key: bytes, limit: int, storage: Storage
+) -> int:
+    """One tenant's due runs: archived (or, dry, listed); returns how many were taken on."""
+    due = _due(tenant, retention)
+    still_open = due.filter(open_runs_filter()).order_by("finished_at", "pk").values_list("pk", flat=True)
+    for run_id in still_open[:_OPEN_LISTED]:
+        result.skipped.append(RunOutcome(run_id, tenant.slug, "; ".join(open_reasons(run_id)) or "open"))
+    candidates = list(
+        due.exclude(open_runs_filter()).order_by("finished_at", "pk").values_list("pk", flat=True)[:limit]
+    )
+    for run_id in candidates:
+        behind = chain_undelivered(tenant, f"run:{run_id}")
+        if behind:
+            result.skipped.append(
+                RunOutcome(
+                    run_id,
+                    tenant.slug,
+                    f"the audit stream has not yet delivered its events to {', '.join(behind)}",
+                )
+            )
+            continue
+        if result.dry_run:
+            result.archived.append(
+                RunOutcome(run_id, tenant.slug, f"would be archived under {retention.archive.url}")
+            )
+            continue
+        _archive_one(run_id, tenant, retention, result=result, key=key, storage=storage)
+    return len(candidates)
+
+
+def _archive_one(
+    run_id: str, tenant: Tenant, retention: Retention, *, result: ArchiveResult, key: bytes, storage: Storage
+) -> None:
+    try:
+        written = archive_write(
+            run_id,
+            tenant=tenant,
+            destination=retention.archive,
+            storage=storage,
+            key=key,
+            compress=saga().archive_gzip,
+        )
+    except RunChanged:
+        result.skipped.append(RunOutcome(run_id, tenant.slug, "it changed while its archive was written"))
+        return
+    except LookupError:
+        return  # removed meanwhile
+    reason = archive_commit(written, key=key)
+    if reason:
+        result.skipped.append(RunOutcome(run_id, tenant.slug, reason))
+        return
+    log.info("archive.run_archived", run_id=run_id, tenant=tenant.slug, archive=written.manifest_url)
+    result.archived.append(RunOutcome(run_id, tenant.slug, written.manifest_url))
+
+
+def archive_runs(
+    *, tenant: Tenant | None = None, dry_run: bool = False, limit: int | None = None
+) -> ArchiveResult:
+    """Archive the runs past their tenant's retention window (every tenant's, or ``tenant``'s), at
+    most ``limit`` (default ``SAGA_ARCHIVE_BATCH``). ``dry_run``: change nothing, list what would
+    be archived and what is left and why. ``ArchiveNotConfigured`` without ``SAGA_AUDIT_KEY`` when
+    some tenant has a retention; a storage failure stops that tenant's pass (``errors``)."""
+    result = ArchiveResult(dry_run=dry_run)
+    retentions = tenant_retentions(tenant=tenant)
+    if not retentions:
+        return result
+    key = _key(dry_run)
+    remaining = saga().archive_batch if limit is None else limit
+    for each, retention in retentions:
+        if isinstance(retention, RetentionError):
+            result.errors.append(f"tenant {each.slug}: audit.retention cannot be used: {retention}")
+            continue
+        if remaining <= 0:
+            break
+        with _tenant_lock(each) as held:
+            if not held:
+                result.errors.append(f"tenant {each.slug}: another archiver is at it; left to it")
+                continue
+            try:
+                storage = storage_for(retention.archive, s3_endpoint_url=saga().archive_s3_endpoint_url)
+                remaining -= _tenant_pass(
+                    each, retention, result=result, key=key, limit=remaining, storage=storage
+                )
+            except (StorageError, ArchiveRefused) as exc:
+                log.error("archive.failed", tenant=each.slug, error=str(exc))
+                result.errors.append(f"tenant {each.slug}: {exc}")
+    return result
