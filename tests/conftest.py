@@ -61,7 +61,11 @@ def pytest_configure(config: pytest.Config) -> None:
     teardown = TransactionTestCase._fixture_teardown  # type: ignore[attr-defined]
 
     def _fixture_teardown(self: TransactionTestCase) -> None:
-        with pgtrigger.ignore("ledger.Event:event_no_truncate", "ledger.SignedHead:signed_head_no_truncate"):
+        with pgtrigger.ignore(
+            "ledger.Event:event_no_truncate",
+            "ledger.SignedHead:signed_head_no_truncate",
+            "ledger.ArchivedRun:archived_run_no_truncate",
+        ):
             teardown(self)
 
     TransactionTestCase._fixture_teardown = _fixture_teardown  # type: ignore[attr-defined]
