@@ -380,9 +380,9 @@ def _check_orphan_heads(report: SignedHeadsReport, *, chain: str | None, limit: 
             if orphan.chain not in said:
                 said.add(orphan.chain)
                 report.problems.append(
-                    f"chain {orphan.chain}: signed heads (up to position {orphan.position} and more) vouch for "
-                    "a run whose events and row are gone, and no archive record (ArchivedRun) accounts for "
-                    "it: the run was deleted"
+                    f"chain {orphan.chain}: its signed heads (the first at position {orphan.position}, which "
+                    f"names event {orphan.event_id}, which is not in the log) vouch for a run whose events and "
+                    "row are gone, and no archive record (ArchivedRun) accounts for it: the run was deleted"
                 )
             continue
         report.problems.append(
@@ -393,8 +393,10 @@ def _check_orphan_heads(report: SignedHeadsReport, *, chain: str | None, limit: 
 
 # Every archived run with what vouches for its archive, one index probe each (never a query per
 # run): the newest ``run.archived`` event of its tenant's chain naming it (and how many there
-# are), its ``archive`` signed head, its highest signed position, and whether any of its events
-# or its row are still there.
+# are), the head of its chain signed at the length it was archived with (the archive signs it,
+# reason ``archive``, unless a signing pass had signed that very length already: one row per
+# chain and position), its highest signed position, and whether any of its events or its row are
+# still there.
 _ARCHIVED_RUNS_SQL = """
     SELECT a.run_id, a.head, a.events, a.archive, a.manifest_sha256,
            ev.recorded, ev.data,
@@ -411,7 +413,7 @@ _ARCHIVED_RUNS_SQL = """
     ) ev ON TRUE
     LEFT JOIN LATERAL (
         SELECT s.position, s.head, s.signed_at, s.key_id, s.signature FROM ledger_signedhead s
-        WHERE s.chain = 'run:' || a.run_id AND s.reason = 'archive' ORDER BY s.position DESC LIMIT 1
+        WHERE s.chain = 'run:' || a.run_id AND s.position = a.events
     ) sh ON TRUE
     LEFT JOIN LATERAL (
         SELECT s.position FROM ledger_signedhead s
@@ -430,9 +432,10 @@ def _check_archived_runs(
     """A run chain with no events and no run is sound only when retention archived it: its
     tombstone (``ArchivedRun``), the ``run.archived`` event of its tenant's chain saying the same
     (head, length, archive, manifest hash; that chain itself is verified above), and the head
-    signed when it was archived (reason ``archive``: position = the chain's length, the tombstone's
-    head, a signature that verifies), no signed head beyond that length, and none of its events
-    or its row left behind. One streaming pass over the tombstones (a server-side cursor)."""
+    signed at the length it was archived with (reason ``archive``, or a signing pass's at that
+    very length) with the tombstone's head and a signature that verifies; no signed head beyond
+    that length, and none of its events or its row left behind. One streaming pass over the
+    tombstones (a server-side cursor)."""
     kind, _, ident = (chain or "").partition(":")
     where, params = {
         "run": ("WHERE a.run_id = %s", [ident]),
@@ -503,16 +506,16 @@ def _archived_event_problems(recorded: int, data: Any, tombstone: dict[str, Any]
 def _archive_head_problem(
     row: tuple[Any, ...], key: bytes | None, own_key_id: str, report: SignedHeadsReport
 ) -> str:
-    """What is wrong with the head signed when a run was archived ("" when nothing is)."""
+    """What is wrong with the head signed at the length a run was archived with ("" when nothing is)."""
     run_id, head, events = row[:3]
     position, signed_head, signed_at, signer, signature = row[7:12]
     if position is None:
         # Without a key nothing is signed (and verify_audit says so); with one, an archive signs.
-        return "no head was signed when it was archived (reason archive)" if key is not None else ""
-    if position != events or signed_head != head:
+        return f"no head of its chain was signed at the {events} events it was archived with" if key else ""
+    if signed_head != head:
         return (
-            f"the head signed when it was archived (position {position}) is not the archive "
-            f"record's (position {events}, head {head[:16]}…)"
+            f"the head signed at the {events} events it was archived with ({signed_head[:16]}…) is not "
+            f"the archive record's ({head[:16]}…)"
         )
     if key is None:
         return ""
@@ -524,7 +527,10 @@ def _archive_head_problem(
         return ""
     if signer != own_key_id:
         return (
-            f"the head signed when it was archived was signed with another key (key id {str(signer)[:16]}, "
-            f"SAGA_AUDIT_KEY's is {own_key_id}): its signature does not verify"
+            f"the head signed at the {events} events it was archived with was signed with another key "
+            f"(key id {str(signer)[:16]}, SAGA_AUDIT_KEY's is {own_key_id}): its signature does not verify"
         )
-    return "the head signed when it was archived has a signature that does not verify (forged or altered)"
+    return (
+        f"the head signed at the {events} events it was archived with has a signature that does not "
+        "verify (forged or altered)"
+    )

@@ -4,7 +4,8 @@ it can be pointed at the real archiver.
 In one transaction, exactly what the archiver's removal leaves behind: the run's tombstone
 (``ArchivedRun``); the ``run.archived`` event of its tenant's chain naming the run, its chain's
 head and length, the archive and the manifest's hash; the head of its chain signed with reason
-``archive`` at that length (when ``SAGA_AUDIT_KEY`` is set: without a key nothing is signed);
+``archive`` at that length (when ``SAGA_AUDIT_KEY`` is set: without a key nothing is signed; and
+a signing pass's head at that very length stands for it);
 then every row of the run deleted — the run, its actions, checkpoints, approvals, recovery items,
 unwinds, commands, notifications, idempotency records and the events of its chain (the archiver
 deletes those through a SECURITY DEFINER function; here the test's owner role steps past the
@@ -65,16 +66,25 @@ def archive_run_for_test(run: Run, archive_url: str) -> ArchivedRun:
         )
         key = signing_key()
         if key is not None and last is not None:
-            SignedHead.objects.create(
-                tenant=run.tenant,
-                chain=chain,
-                position=length,
-                event_id=last[0],
-                head=head,
-                signed_at=now,
-                key_id=key_id(key),
-                reason=SignedHead.Reason.ARCHIVE,
-                signature=chain_head_signature(key, chain=chain, position=length, head=head, signed_at=now),
+            # One row per chain and length: when a signing pass signed this very length already,
+            # that head stands for the archive's (as ``ledger.audit_signing.sign_chain`` does).
+            SignedHead.objects.bulk_create(
+                [
+                    SignedHead(
+                        tenant=run.tenant,
+                        chain=chain,
+                        position=length,
+                        event_id=last[0],
+                        head=head,
+                        signed_at=now,
+                        key_id=key_id(key),
+                        reason=SignedHead.Reason.ARCHIVE,
+                        signature=chain_head_signature(
+                            key, chain=chain, position=length, head=head, signed_at=now
+                        ),
+                    )
+                ],
+                ignore_conflicts=True,
             )
         with pgtrigger.ignore("ledger.Event:event_append_only"):
             events.delete()
