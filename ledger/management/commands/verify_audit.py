@@ -59,8 +59,8 @@ class Command(BaseCommand):
         )
         if report.archived_runs:
             self.stdout.write(
-                f"{report.archived_runs} archived run{'s' if report.archived_runs != 1 else ''} checked "
-                "against their archive records, run.archived events and archive heads."
+                f"{report.archived_runs} archived run{'s' if report.archived_runs != 1 else ''} checked: "
+                "archive record, run.archived event and the head signed when archived agree, nothing left behind."
             )
         self.stdout.write(
             "Audit log intact: every chain links up, every event matches its hash and every run's "
