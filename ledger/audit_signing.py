@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -44,11 +45,11 @@ from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
-from django.db.models.functions import JSONObject
+from django.db.models.functions import JSONObject, Substr
 from django.utils import timezone
 
 from ledger.audit import GENESIS, BrokenLink, audit_verify, link_problem
-from ledger.models import AuditSignCursor, Event, SignedHead, Tenant
+from ledger.models import ArchivedRun, AuditSignCursor, Event, Run, SignedHead, Tenant
 
 log = structlog.get_logger(__name__)
 
@@ -267,6 +268,7 @@ class SignedHeadsReport:
     problems: list[str] = field(default_factory=list)
     unsigned_events: int = 0
     unsigned_chains: int = 0
+    archived_runs: int = 0  # tombstones checked (``_check_archived_runs``)
 
 
 class _HeadChecker:
@@ -349,13 +351,186 @@ def audit_verify_signed(*, chain: str | None = None, limit: int = 100) -> Signed
     events = Event.objects.annotate(signed_heads=ArraySubquery(heads))
     report.checked, report.broken = audit_verify(chain=chain, events=events, on_event=checker)
     checker.finish()
-    orphans = SignedHead.objects.filter(~Exists(Event.objects.filter(id=OuterRef("event_id")))).order_by("id")
+    _check_orphan_heads(report, chain=chain, limit=limit)
+    _check_archived_runs(key, report, chain=chain, limit=limit)
+    del report.problems[limit:]
+    return report
+
+
+def _check_orphan_heads(report: SignedHeadsReport, *, chain: str | None, limit: int) -> None:
+    """Signed heads whose event is gone, but for the chains of archived runs (their heads outlive
+    their events by design: ``_check_archived_runs``). A run chain with no event left at all, whose
+    run is gone and which no tombstone accounts for, is a deleted run: said once per chain."""
+    run_of_chain = Substr(OuterRef("chain"), len("run:") + 1)
+    orphans = (
+        SignedHead.objects.filter(~Exists(Event.objects.filter(id=OuterRef("event_id"))))
+        .alias(archived=Exists(ArchivedRun.objects.filter(pk=run_of_chain)))
+        .exclude(chain__startswith="run:", archived=True)
+        .annotate(
+            chain_left=Exists(Event.objects.filter(chain=OuterRef("chain"))),
+            run_left=Exists(Run.objects.filter(pk=run_of_chain)),
+        )
+        .order_by("chain", "position")
+    )
     if chain:
         orphans = orphans.filter(chain=chain)
+    said: set[str] = set()
     for orphan in orphans[:limit]:
+        if orphan.chain.startswith("run:") and not orphan.chain_left and not orphan.run_left:
+            if orphan.chain not in said:
+                said.add(orphan.chain)
+                report.problems.append(
+                    f"chain {orphan.chain}: its signed heads (the first at position {orphan.position}, which "
+                    f"names event {orphan.event_id}, which is not in the log) vouch for a run whose events and "
+                    "row are gone, and no archive record (ArchivedRun) accounts for it: the run was deleted"
+                )
+            continue
         report.problems.append(
             f"chain {orphan.chain}: the signed head at position {orphan.position} (signed "
             f"{signed_time(orphan.signed_at)}) names event {orphan.event_id}, which is not in the log"
         )
-    del report.problems[limit:]
-    return report
+
+
+# Every archived run with what vouches for its archive, one index probe each (never a query per
+# run): the newest ``run.archived`` event of its tenant's chain naming it (and how many there
+# are), the head of its chain signed at the length it was archived with (the archive signs it,
+# reason ``archive``, unless a signing pass had signed that very length already: one row per
+# chain and position), its highest signed position, and whether any of its events or its row are
+# still there.
+_ARCHIVED_RUNS_SQL = """
+    SELECT a.run_id, a.head, a.events, a.archive, a.manifest_sha256,
+           ev.recorded, ev.data,
+           sh.position, sh.head, sh.signed_at, sh.key_id, sh.signature,
+           top.position,
+           EXISTS (SELECT 1 FROM ledger_event e WHERE e.chain = 'run:' || a.run_id),
+           EXISTS (SELECT 1 FROM ledger_run r WHERE r.id = a.run_id)
+    FROM ledger_archivedrun a
+    LEFT JOIN LATERAL (
+        SELECT count(*) AS recorded, (array_agg(e.data ORDER BY e.id DESC))[1] AS data
+        FROM ledger_event e
+        WHERE e.subject_type = 'run' AND e.subject_id = a.run_id AND e.kind = 'run.archived'
+          AND e.chain = 'tenant:' || a.tenant_id
+    ) ev ON TRUE
+    LEFT JOIN LATERAL (
+        SELECT s.position, s.head, s.signed_at, s.key_id, s.signature FROM ledger_signedhead s
+        WHERE s.chain = 'run:' || a.run_id AND s.position = a.events
+    ) sh ON TRUE
+    LEFT JOIN LATERAL (
+        SELECT s.position FROM ledger_signedhead s
+        WHERE s.chain = 'run:' || a.run_id ORDER BY s.position DESC LIMIT 1
+    ) top ON TRUE
+    {where}
+    ORDER BY a.run_id
+"""
+# What the tenant chain's ``run.archived`` event records of the archive, by the tombstone's names.
+_ARCHIVED_EVENT_FIELDS = ("run", "head", "events", "archive", "manifest_sha256")
+
+
+def _check_archived_runs(
+    key: bytes | None, report: SignedHeadsReport, *, chain: str | None, limit: int
+) -> None:
+    """A run chain with no events and no run is sound only when retention archived it: its
+    tombstone (``ArchivedRun``), the ``run.archived`` event of its tenant's chain saying the same
+    (head, length, archive, manifest hash; that chain itself is verified above), and the head
+    signed at the length it was archived with (reason ``archive``, or a signing pass's at that
+    very length) with the tombstone's head and a signature that verifies; no signed head beyond
+    that length, and none of its events or its row left behind. One streaming pass over the
+    tombstones (a server-side cursor)."""
+    kind, _, ident = (chain or "").partition(":")
+    where, params = {
+        "run": ("WHERE a.run_id = %s", [ident]),
+        "tenant": ("WHERE a.tenant_id::text = %s", [ident]),
+    }.get(kind, ("WHERE FALSE" if chain else "", []))
+    own_key_id = key_id(key) if key else ""
+    with connection.chunked_cursor() as db:
+        # Constant text: only the filter above (a constant too) is spliced in.
+        db.execute(_ARCHIVED_RUNS_SQL.format(where=where), params)
+        while rows := db.fetchmany(_CHUNK):
+            for row in rows:
+                if len(report.problems) >= limit:
+                    return
+                report.archived_runs += 1
+                _check_archived_run(row, key, own_key_id, report)
+
+
+def _check_archived_run(
+    row: tuple[Any, ...], key: bytes | None, own_key_id: str, report: SignedHeadsReport
+) -> None:
+    run_id, head, events, archive, manifest, recorded, data = row[:7]
+    top_position, events_left, run_left = row[12:15]
+    where = f"archived run {run_id} (chain run:{run_id})"
+    problems = report.problems
+    if run_left:
+        problems.append(f"{where}: its run row is still in the database")
+    if events_left:
+        problems.append(f"{where}: events of its chain are still in the log")
+    tombstone = {
+        "run": run_id,
+        "head": head,
+        "events": events,
+        "archive": archive,
+        "manifest_sha256": manifest,
+    }
+    problems.extend(f"{where}: {problem}" for problem in _archived_event_problems(recorded, data, tombstone))
+    if top_position is not None and top_position > events:
+        problems.append(
+            f"{where}: a signed head at position {top_position} is beyond the {events} events it was "
+            "archived with"
+        )
+    problem = _archive_head_problem(row, key, own_key_id, report)
+    if problem:
+        problems.append(f"{where}: {problem}")
+
+
+def _archived_event_problems(recorded: int, data: Any, tombstone: dict[str, Any]) -> list[str]:
+    """What is wrong with the tenant chain's ``run.archived`` events for one tombstone."""
+    if not recorded:
+        return [
+            "its tenant's audit chain holds no run.archived event for it (an archive record nothing "
+            "in the log vouches for)"
+        ]
+    if isinstance(data, str):
+        data = json.loads(data)
+    problems = []
+    differ = [f for f in _ARCHIVED_EVENT_FIELDS if not isinstance(data, dict) or data.get(f) != tombstone[f]]
+    if differ:
+        problems.append(
+            "its tenant chain's run.archived event does not match its archive record "
+            f"({', '.join(differ)} differ{'s' if len(differ) == 1 else ''})"
+        )
+    if recorded > 1:
+        problems.append(f"its tenant's audit chain records it as archived {recorded} times")
+    return problems
+
+
+def _archive_head_problem(
+    row: tuple[Any, ...], key: bytes | None, own_key_id: str, report: SignedHeadsReport
+) -> str:
+    """What is wrong with the head signed at the length a run was archived with ("" when nothing is)."""
+    run_id, head, events = row[:3]
+    position, signed_head, signed_at, signer, signature = row[7:12]
+    if position is None:
+        # Without a key nothing is signed (and verify_audit says so); with one, an archive signs.
+        return f"no head of its chain was signed at the {events} events it was archived with" if key else ""
+    if signed_head != head:
+        return (
+            f"the head signed at the {events} events it was archived with ({signed_head[:16]}…) is not "
+            f"the archive record's ({head[:16]}…)"
+        )
+    if key is None:
+        return ""
+    expected = chain_head_signature(
+        key, chain=f"run:{run_id}", position=position, head=head, signed_at=signed_at
+    )
+    if signature_matches(expected, str(signature)):
+        report.heads_verified += 1
+        return ""
+    if signer != own_key_id:
+        return (
+            f"the head signed at the {events} events it was archived with was signed with another key "
+            f"(key id {str(signer)[:16]}, SAGA_AUDIT_KEY's is {own_key_id}): its signature does not verify"
+        )
+    return (
+        f"the head signed at the {events} events it was archived with has a signature that does not "
+        "verify (forged or altered)"
+    )

@@ -39,6 +39,25 @@ class NotFound(SagaError):
         return cls(f"{kind} {shown} not found.", details={"id": shown})
 
 
+class RunArchived(SagaError):
+    """410 ``archived``: the run was moved to its archive by retention (``ledger.models.ArchivedRun``)
+    and removed from the database; ``details``: ``archive`` (the URL of its manifest) and
+    ``archived_at``. Only said to a caller who could have reached the run: anyone else gets the
+    ``NotFound`` of a run that never existed (``ledger.selectors.archived_run_for_key``)."""
+
+    status = 410
+    code = "archived"
+
+    @classmethod
+    def for_run(cls, archived: Any) -> RunArchived:
+        """The error for an ``ArchivedRun`` (typed ``Any``: this module imports no model)."""
+        when = archived.archived_at.isoformat()
+        return cls(
+            f"Run {archived.run_id} was archived at {when}; its record is in the archive {archived.archive}.",
+            details={"archive": archived.archive, "archived_at": when},
+        )
+
+
 class Forbidden(SagaError):
     status = 403
     code = "forbidden"

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from django.db.models import Model, Q, QuerySet
 
 from ledger import errors
-from ledger.models import Action, ActionClass, AgentKey, Checkpoint, Run, Tenant
+from ledger.models import Action, ActionClass, AgentKey, ArchivedRun, Checkpoint, Run, Tenant
 from ledger.pagination import Key, Page, keyset_page
 from ledger.rules import COMPENSATABLE_CLASSES, is_pivot, pivot_order_warning
 
@@ -58,6 +58,24 @@ def run_get_for_key(*, key: AgentKey, run_id: str, write: bool = False) -> Run:
         pk=run_id,
         tenants=key.tenant,
     )
+
+
+def archived_run_get(*, run_id: str, tenant_ids: Iterable[int], reach: Q | None = None) -> ArchivedRun | None:
+    """The tombstone of a run retention archived (``ArchivedRun``), if it was one of the tenants'
+    ``tenant_ids`` and is within ``reach`` (a ``run_reach`` filter: ``ArchivedRun.owner`` is the
+    run's); else None.
+    Asked only after the run itself was not found, so a live run costs nothing more: the API
+    (``archived_run_for_key``) and the dashboard answer 410 with it instead of 404."""
+    found = ArchivedRun.objects.filter(pk=run_id, tenant_id__in=tenant_ids)
+    return found.filter(reach).first() if reach is not None else found.first()
+
+
+def archived_run_for_key(*, key: AgentKey, run_id: str) -> ArchivedRun | None:
+    """The tombstone of an archived run ``key`` could have read (``run_reach``: an agent key its own
+    agent's, an operator key any of its tenant's). Reading decides, for a write too: a run gone to
+    its archive takes no writes from anyone, and saying so tells a caller nothing a read would not;
+    anyone else gets the 404 of a run that never existed."""
+    return archived_run_get(run_id=run_id, tenant_ids=[key.tenant_id], reach=run_reach(key))
 
 
 def action_get_for_key(*, key: AgentKey, action_id: str, write: bool = False) -> Action:

@@ -12,10 +12,11 @@ from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
-from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefresh
 from django_htmx.middleware import HtmxDetails
 
 from dashboard.permissions import tenant_ids_for
+from ledger import selectors as ledger_selectors
 from ledger.audit import Actor
 from ledger.errors import SagaError
 from recovery import decisions as recovery_decisions
@@ -62,6 +63,23 @@ def visible(queryset: QuerySet[M], pk: str, request: HttpRequest, *, tenant_fiel
     if obj is None:
         raise Http404(f"No such {queryset.model._meta.verbose_name}.")
     return obj
+
+
+def run_missing(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """The answer for a run page (or a decision about a run) whose run is not in the user's
+    tenants: 410 with where its archive is and how to verify it, when retention archived it in one
+    of them (``ledger.selectors.archived_run_get``); otherwise 404, exactly as for a run that never
+    existed. Only a missing run pays for the lookup. The run page's poll is told to reload the page."""
+    archived = ledger_selectors.archived_run_get(run_id=run_id, tenant_ids=tenant_ids_for(request.user))
+    if archived is None:
+        raise Http404("No such run.")
+    if request.htmx:
+        return HttpResponseClientRefresh()
+    context = {
+        "archived": archived,
+        "verify_command": f"python manage.py verify_audit --archive {archived.archive}",
+    }
+    return render(request, "dashboard/run_archived.html", context, status=410)
 
 
 def render_preview(request: HtmxHttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:

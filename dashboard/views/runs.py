@@ -7,7 +7,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_http_methods
@@ -20,7 +20,7 @@ from dashboard.selectors import runs as run_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from ledger.errors import SagaError
-from ledger.models import Action, Run
+from ledger.models import Action
 from recovery import planner
 from recovery import selectors as recovery_selectors
 from recovery import trail as recovery_trail
@@ -40,7 +40,7 @@ def _earlier(actions: list[Action]) -> list[Action]:
 def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     run = run_selectors.run_for_user(user=request.user, run_id=run_id)
     if run is None:
-        raise Http404("No such run.")
+        return common.run_missing(request, run_id)
     # A long run's ledger is shown from its newest actions (where a run fails); the earlier ones
     # come on demand (htmx, which needs nothing else of the page) or with ?actions=all. Rendering
     # hundreds of actions with their JSON and snapshot diffs was most of the page's time.
@@ -95,7 +95,7 @@ def run_live(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     is settled."""
     run = run_selectors.run_for_user(user=request.user, run_id=run_id)
     if run is None:
-        raise Http404("No such run.")
+        return common.run_missing(request, run_id)
     try:
         upto = max(0, int(request.GET.get("upto", "0")))
     except ValueError:
@@ -161,7 +161,9 @@ def _partial_marks(actions: list[Action], kept_ids: set[str]) -> dict[str, set[s
 def run_flag(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     """Flag a run for review (any run, also a succeeded one): GET shows what will happen, POST
     puts it in the recovery queue, where it is compensated, resumed or closed like a failed run."""
-    run = common.visible(Run.objects.select_related("tenant"), run_id, request)
+    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
+    if run is None:
+        return common.run_missing(request, run_id)
     require(request.user, Capability.OPERATE, run.tenant_id)
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -194,7 +196,9 @@ def run_flag(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
 @login_required
 def run_cancel(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     """Cancel a run: GET shows exactly what will happen (the confirmation), POST does it."""
-    run = common.visible(Run.objects.select_related("tenant"), run_id, request)
+    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
+    if run is None:
+        return common.run_missing(request, run_id)
     require(request.user, Capability.OPERATE, run.tenant_id)
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():

@@ -33,6 +33,7 @@ from saga_admin.api import (
     runs,
     unwinds,
 )
+from saga_admin.api.common import archived_instead
 from saga_admin.api.limits import (
     BodyRejected,
     CheckedJSONParser,
@@ -65,10 +66,29 @@ def error_response(
 OPERATION_ID_PREFIXES = {"agents": "saga_admin_api_agents_", "recovery": "saga_admin_api_operator_"}
 
 
+ARCHIVED_DOC = (
+    "Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its "
+    "manifest, and `archived_at`); said only to a key that could have read it, any other gets 404."
+)
+
+
 class SagaAPI(NinjaAPI):
     def get_openapi_operation_id(self, operation: Operation) -> str:
         (tag,) = operation.tags or []
         return OPERATION_ID_PREFIXES[tag] + operation.view_func.__name__
+
+    def get_openapi_schema(self, *, path_prefix: str | None = None, path_params: Any = None) -> Any:
+        """ninja's document, with the 410 every operation on one run may answer
+        (``saga_admin.api.common.archived_instead``, from the error handler: no operation declares it)."""
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
+        for path, operations in schema["paths"].items():
+            if "{run_id}" in path:
+                for operation in operations.values():
+                    responses = operation["responses"]
+                    responses[410] = {"content": error, "description": ARCHIVED_DOC}
+                    operation["responses"] = dict(sorted(responses.items(), key=lambda kv: int(kv[0])))
+        return schema
 
 
 api = SagaAPI(
@@ -90,6 +110,7 @@ api = SagaAPI(
 
 @api.exception_handler(errors.SagaError)
 def _saga_error(request: HttpRequest, exc: errors.SagaError) -> HttpResponse:
+    exc = archived_instead(request, exc)  # a run gone to its archive: 410, not 404
     return error_response(
         api, request, status=exc.status, code=exc.code, message=exc.message, details=exc.details
     )

@@ -72,6 +72,23 @@ def run_for(request: HttpRequest, run_id: str, *, write: bool = False) -> Run:
     return ledger_selectors.run_get_for_key(key=key_of(request), run_id=run_id, write=write)
 
 
+def archived_instead(request: HttpRequest, exc: errors.SagaError) -> errors.SagaError:
+    """The answer for a run-scoped operation (a ``{run_id}`` in its path) whose run was not found:
+    410 ``archived`` if retention archived that run and the key could have read it
+    (``ledger.selectors.archived_run_for_key``), else the 404 itself. Asked by the API's error
+    handler, so only a request already failing with 404 pays for the lookup; every operation under
+    ``/runs/{run_id}``, a write too, answers the same, whichever step found the run missing."""
+    if type(exc) is not errors.NotFound:
+        return exc
+    match = request.resolver_match
+    run_id = match.kwargs.get("run_id") if match is not None else None
+    key = getattr(request, "auth", None)
+    if not isinstance(run_id, str) or not looks_like_id(run_id) or not isinstance(key, AgentKey):
+        return exc
+    archived = ledger_selectors.archived_run_for_key(key=key, run_id=run_id)
+    return errors.RunArchived.for_run(archived) if archived is not None else exc
+
+
 def action_for(request: HttpRequest, action_id: str, *, write: bool = False) -> Action:
     check_id("Action", action_id)
     return ledger_selectors.action_get_for_key(key=key_of(request), action_id=action_id, write=write)

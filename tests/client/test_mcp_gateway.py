@@ -20,6 +20,7 @@ from mcp_types import RequestParamsMeta
 
 from ledger.models import Action, Run
 from recovery.models import RecoveryItem
+from tests.support.archived import archive_run_for_test
 from tests.support.mcp_servers import (
     Upstream,
     gateway_command,
@@ -361,6 +362,38 @@ def test_a_stateless_client_gets_a_run_per_call_unless_it_passes_the_run_back(
         shared = Run.objects.get(pk=first.meta["saga/run"])
         assert [a.tool for a in shared.actions.order_by("seq")] == ["hr.create_user", "hr.assign_license"]
         assert upstream.tools_called() == ["create_user", "assign_license"]
+
+
+def test_a_call_on_a_run_archived_meanwhile_is_a_clear_tool_error(live_server, tenant, agent_key, tmp_path):
+    """Pass: a stateless client passes back a run that retention has archived since: the call is a
+    tool error saying so (where and when), not a crash, and never reaches the upstream."""
+    archive = "s3://saga-archive/acme/mcp-run.manifest.json"
+
+    async def first(gateway_url: str) -> Any:
+        async with Client(gateway_url) as client:
+            return await client.call_tool("create_user", {"email": "ria@company.com", "name": "Ria"})
+
+    async def again(gateway_url: str, run_id: str) -> Any:
+        async with Client(gateway_url) as client:
+            return await client.call_tool(
+                "assign_license",
+                {"email": "ria@company.com", "sku": "business-starter"},
+                meta=cast(RequestParamsMeta, {"saga/run": run_id}),
+            )
+
+    with http_upstream(tmp_path) as upstream:
+        load_example_policies(tenant, tmp_path, upstream.url)
+        with http_gateway(live_server.url, upstream.url, agent_key[1], tmp_path) as gateway_url:
+            created = asyncio.run(first(gateway_url))
+            assert not created.is_error, text_of(created)
+            tombstone = archive_run_for_test(Run.objects.get(pk=run_of(created)), archive)
+            refused = asyncio.run(again(gateway_url, run_of(created)))
+        assert refused.is_error
+        said = text_of(refused)
+        assert said.startswith("This run was archived in Saga Admin")
+        assert archive in said and tombstone.archived_at.isoformat() in said
+        assert "the call was not made" in said and "Start a new session" in said
+        assert upstream.tools_called() == ["create_user"]
 
 
 # --- Starting up ---------------------------------------------------------------------------

@@ -18,7 +18,17 @@ import pytest
 from saga_client import Saga
 from saga_client._core import Api, Settings
 from saga_client._run import RunCore
-from saga_client.errors import ApprovalRejected, SagaAPIError, error_from_response, rejection_for
+from saga_client.errors import (
+    ApprovalRejected,
+    NotFound,
+    RunArchived,
+    SagaAPIError,
+    error_from_response,
+    rejection_for,
+)
+
+from tests.factories import make_run
+from tests.support.archived import archive_run_for_test
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "clients" / "spec"
@@ -162,7 +172,9 @@ def test_the_python_client_retries_the_answers_the_spec_retries(vector: dict[str
 
 
 @pytest.mark.django_db
-def test_the_server_answers_errors_in_the_shape_the_vectors_assume(client, agent_key):
+def test_the_server_answers_errors_in_the_shape_the_vectors_assume(client, tenant, agent, agent_key):
+    gone = archive_run_for_test(make_run(tenant, agent), "s3://saga-archive/acme/run.manifest.json")
+    archived = client.get(f"/api/v1/runs/{gone.run_id}", HTTP_AUTHORIZATION=f"Bearer {agent_key[1]}")
     unauthenticated = client.get("/api/v1/runs/run_x")
     missing = client.get("/api/v1/runs/run_x", HTTP_AUTHORIZATION=f"Bearer {agent_key[1]}")
     invalid = client.post(
@@ -175,9 +187,13 @@ def test_the_server_answers_errors_in_the_shape_the_vectors_assume(client, agent
         (unauthenticated, "SagaAuthError", "unauthorized"),
         (missing, "NotFound", "not_found"),
         (invalid, "InvalidRequest", "invalid_request"),
+        (archived, "RunArchived", "archived"),
     ]:
         body = answer.json()
         assert set(body) == {"error"} and {"code", "message", "details"} <= set(body["error"]), body
         error = error_from_response(httpx.Response(answer.status_code, content=answer.content))
         assert (type(error).__name__, error.code) == (cls, code)
         assert error.code in json.loads((SPEC / "errors.json").read_text("utf-8"))["api"]
+    error = error_from_response(httpx.Response(archived.status_code, content=archived.content))
+    assert isinstance(error, RunArchived) and isinstance(error, NotFound) and error.status == 410
+    assert (error.archive, error.archived_at) == (gone.archive, gone.archived_at.isoformat())

@@ -25,6 +25,7 @@ from recovery.services.compensating import unwind_start
 from recovery.services.reports import run_fail_and_queue
 from tests.factories import gated_run, issue_key
 from tests.support.api import Api
+from tests.support.archived import archive_run_for_test
 from tests.support.routes import dashboard_patterns, fill_route
 from tests.support.slack import link_slack_user
 
@@ -35,6 +36,7 @@ DECISION_METHODS = {"post"}
 # for everyone, a viewer included (the outsider sweep below covers them; tests/dashboard/
 # test_saved_filters.py the owner's and another user's).
 OWN_OBJECT_URLS = {"dashboard:saved-filter-rename", "dashboard:saved-filter-delete"}
+ARCHIVE_URL = "s3://saga-archive/acme/old-run.manifest.json"
 
 
 @pytest.fixture
@@ -89,6 +91,10 @@ def acme_world(tenant, agent, bob):
     )
     # A saved filter is its owner's alone: anyone else (an outsider, a viewer) gets 404.
     saved = SavedFilter.objects.create(user=bob, name="failed", query="reason=failed")
+    # A run retention archived: 410 to Acme, the 404 of a run that never was to anyone else.
+    archived = archive_run_for_test(
+        runs.run_create(tenant=tenant, actor=agent, agent="x", request="old"), ARCHIVE_URL
+    )
     return {
         "tenant_id": str(tenant.pk),
         "compensator_id": str(compensator.pk),
@@ -107,6 +113,7 @@ def acme_world(tenant, agent, bob):
         "link_id": str(link.pk),
         "bulk_id": bulk.pk,
         "pk": str(saved.pk),
+        "archived_run_id": archived.run_id,
     }
 
 
@@ -275,3 +282,52 @@ def test_approval_decisions_need_the_approver_role(acme_world, alice):
     )
     assert response.status_code == 403
     assert Approval.objects.get(pk=acme_world["approval_id"]).status == "pending"
+
+
+@pytest.mark.django_db
+def test_an_archived_runs_id_is_410_to_its_tenant_and_404_to_everyone_else_on_every_run_url(
+    acme_world, alice, mallory, operator_key, outsider_key
+):
+    """Pass: on every dashboard URL and API operation that takes a run id, an archived Acme run is
+    410 ``archived`` for Acme (Alice; its operator key on every API operation the operator scope
+    may call) and, for Globex (Mallory; its agent + operator key), exactly the answer an id that
+    never existed gets, without a word of the archive."""
+    world = {**acme_world, "run_id": acme_world["archived_run_id"]}
+    ghost = {**world, "run_id": f"{world['run_id'][:4]}{'0' * 26}"}
+    acme, globex = Client(), Client()
+    acme.force_login(alice)
+    globex.force_login(mallory)
+    checked = 0
+    for route, name in dashboard_patterns():
+        if "<run_id>" not in route and "<str:run_id>" not in route:
+            continue
+        for method in ("get", "post"):
+            answer = getattr(acme, method)(fill_route(route, world), {"reason": "x"})
+            if answer.status_code == 405:
+                continue
+            assert answer.status_code == 410, (name, method, answer.status_code)
+            outsider = getattr(globex, method)(fill_route(route, world), {"reason": "x"})
+            never = getattr(globex, method)(fill_route(route, ghost), {"reason": "x"})
+            assert outsider.status_code == never.status_code == 404, (name, method)
+            assert ARCHIVE_URL not in outsider.content.decode()
+            checked += 1
+    operator, outsider_api = Api(operator_key[1]), Api(outsider_key[1])
+    for method, path, operation in _api_operations():
+        if "{run_id}" not in path:
+            continue
+        url, never_url = _api_path(path, world), _api_path(path, ghost)
+        body = {"reason": "x"}
+        send = (lambda api, u: api.get(u)) if method == "get" else (lambda api, u: api.post(u, body))
+        if method == "get" or "recovery" in operation.get("tags", []):
+            answer = send(operator, url)
+            assert answer.status_code == 410, (method, path, answer.content[:200])
+            assert answer.json()["error"]["details"]["archive"] == ARCHIVE_URL
+        outsider = send(outsider_api, url)
+        never = send(outsider_api, never_url)
+        assert (outsider.status_code, outsider.json()["error"]["code"]) == (
+            never.status_code,
+            never.json()["error"]["code"],
+        ), (method, path, outsider.content[:200])
+        assert outsider.status_code in (404, 422) and ARCHIVE_URL not in outsider.content.decode()
+        checked += 1
+    assert checked >= 18

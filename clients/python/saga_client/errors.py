@@ -63,6 +63,21 @@ class NotFound(SagaAPIError):
     """404 (including another tenant's object, or another agent's run)."""
 
 
+class RunArchived(NotFound):
+    """410 ``archived``: retention moved the run to its archive and removed it from Saga Admin, so
+    it takes no more reads or writes there. A kind of ``NotFound`` (code that handles a missing run
+    handles it too); ``archive`` is the URL of the run's manifest, ``archived_at`` when (ISO 8601).
+    Only a key that could have read the run is told: any other gets ``NotFound``."""
+
+    @property
+    def archive(self) -> str:
+        return str(self.details.get("archive") or "")
+
+    @property
+    def archived_at(self) -> str:
+        return str(self.details.get("archived_at") or "")
+
+
 class Conflict(SagaAPIError):
     """409: a state change the state machine refused, a gated action, a closed run, …"""
 
@@ -246,6 +261,7 @@ _CLASSES: dict[str, type[SagaAPIError]] = {
         Paused,
         PolicyDenied,
         SagaAuthError,
+        RunArchived,
         NotFound,
         Conflict,
         RateLimited,

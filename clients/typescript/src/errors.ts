@@ -49,6 +49,20 @@ export class SagaAPIError extends SagaError {
 export class SagaAuthError extends SagaAPIError {}
 /** 404 (including another tenant's object, or another agent's run). */
 export class NotFound extends SagaAPIError {}
+/**
+ * 410 `archived`: retention moved the run to its archive and removed it from Saga Admin, so it
+ * takes no more reads or writes there. A kind of `NotFound`; `archive` is the URL of the run's
+ * manifest, `archivedAt` when (ISO 8601). Only a key that could have read the run is told: any
+ * other gets `NotFound`.
+ */
+export class RunArchived extends NotFound {
+  get archive(): string {
+    return String(this.details["archive"] ?? "");
+  }
+  get archivedAt(): string {
+    return String(this.details["archived_at"] ?? "");
+  }
+}
 /** 409: a state change the state machine refused, a gated action, a closed run, … */
 export class Conflict extends SagaAPIError {}
 /**
@@ -208,6 +222,7 @@ const CLASSES: Record<string, APIErrorClass> = {
   Paused,
   PolicyDenied,
   SagaAuthError,
+  RunArchived,
   NotFound,
   Conflict,
   RateLimited,

@@ -26,6 +26,7 @@ export {
   Paused,
   PolicyDenied,
   RateLimited,
+  RunArchived,
   RunCancelled,
   SagaAPIError,
   SagaAuthError,

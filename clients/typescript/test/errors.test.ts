@@ -3,7 +3,7 @@
  * the module loads, never quietly becoming the default class. No live server needed. */
 import { afterEach, describe, expect, it, vi } from "vitest";
 
-import { Conflict, InvalidRequest, checkClassRules } from "../src/errors.js";
+import { Conflict, InvalidRequest, NotFound, RunArchived, checkClassRules, errorFromAnswer } from "../src/errors.js";
 import { CLASS_RULES, DEFAULT_CLASS } from "../src/generated/codes.js";
 
 afterEach(() => {
@@ -33,5 +33,27 @@ describe("the spec's class rules", () => {
       return { ...real, CLASS_RULES: [...real.CLASS_RULES, { className: "NotFuond", status: [404] }] };
     });
     await expect(import("../src/errors.js")).rejects.toThrow(/"NotFuond"/);
+  });
+});
+
+describe("an archived run", () => {
+  it("is RunArchived, a kind of NotFound, with where and when", () => {
+    const body = JSON.stringify({
+      error: {
+        code: "archived",
+        message: "Run run_1 was archived.",
+        details: { archive: "s3://saga-archive/acme/run_1.manifest.json", archived_at: "2026-11-27T08:00:00+00:00" },
+      },
+    });
+    const error = errorFromAnswer(410, "Gone", body, "req_1");
+    expect(error).toBeInstanceOf(RunArchived);
+    expect(error).toBeInstanceOf(NotFound);
+    const archived = error as RunArchived;
+    expect([archived.status, archived.code, archived.archive, archived.archivedAt]).toEqual([
+      410,
+      "archived",
+      "s3://saga-archive/acme/run_1.manifest.json",
+      "2026-11-27T08:00:00+00:00",
+    ]);
   });
 });

@@ -17,8 +17,10 @@ class Command(BaseCommand):
         "Check the audit log: every hash chain links up, every event matches its hash, and every "
         "run's chain ends at the head its run row records (its newest events were not deleted), and "
         "every signed chain head (SAGA_AUDIT_KEY) is still a prefix of its chain with a signature "
-        "that verifies. Exit 1 naming the problems, else confirm the log is intact; events after "
-        "their chain's last signed head are reported as not yet signed."
+        "that verifies; a run retention archived left its archive record, its tenant's run.archived "
+        "event and the head signed when it was archived, all in agreement, and nothing else behind "
+        "(a run chain gone without them is a deleted run). Exit 1 naming the problems, else confirm "
+        "the log is intact; events after their chain's last signed head are reported as not yet signed."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -69,6 +71,11 @@ class Command(BaseCommand):
         self._report_signing(
             report.key_set, report.heads_verified, report.unsigned_events, report.unsigned_chains
         )
+        if report.archived_runs:
+            self.stdout.write(
+                f"{report.archived_runs} archived run{'s' if report.archived_runs != 1 else ''} checked: "
+                "archive record, run.archived event and the head signed when archived agree, nothing left behind."
+            )
         self.stdout.write(
             "Audit log intact: every chain links up, every event matches its hash and every run's "
             "chain ends at its recorded head."

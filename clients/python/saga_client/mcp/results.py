@@ -10,7 +10,7 @@ from typing import Any
 import mcp_types as types
 from pydantic import ValidationError
 
-from saga_client.errors import Paused, PolicyDenied, SagaAPIError, SagaError, SagaUnavailable
+from saga_client.errors import Paused, PolicyDenied, RunArchived, SagaAPIError, SagaError, SagaUnavailable
 
 # The member of a recorded result that keeps what the ledger's ``result`` does not already say of
 # the MCP result (its content blocks, its ``_meta``), so that a replay answers with the same result.
@@ -105,6 +105,12 @@ def refusal(exc: SagaError) -> str:
         return f"Paused in Saga Admin, so the call was not made: {exc.message}"
     if isinstance(exc, PolicyDenied):
         return f"Denied by a Saga Admin policy, so the call was not made: {exc.message}"
+    if isinstance(exc, RunArchived):
+        return (
+            f"This run was archived in Saga Admin ({exc.archived_at}; archive {exc.archive}) and takes no "
+            "more calls, so the call was not made. Start a new session (or, stateless, leave "
+            f'_meta["{RUN_META}"] out) for a new run.'
+        )
     if isinstance(exc, SagaAPIError):
         return f"Saga Admin refused to record this call ({exc.code}), so it was not made: {exc.message}"
     return f"Saga Admin could not record this call, so it was not made: {exc}"

@@ -5580,6 +5580,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorOut"];
                 };
             };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description Request Entity Too Large */
             413: {
                 headers: {
@@ -5680,6 +5689,15 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5815,6 +5833,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorOut"];
                 };
             };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description Request Entity Too Large */
             413: {
                 headers: {
@@ -5934,6 +5961,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorOut"];
                 };
             };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description Request Entity Too Large */
             413: {
                 headers: {
@@ -6033,6 +6069,15 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6159,6 +6204,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorOut"];
                 };
             };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description Request Entity Too Large */
             413: {
                 headers: {
@@ -6262,6 +6316,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorOut"];
                 };
             };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description Request Entity Too Large */
             413: {
                 headers: {
@@ -6358,6 +6421,15 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6484,6 +6556,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorOut"];
                 };
             };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description Request Entity Too Large */
             413: {
                 headers: {
@@ -6596,6 +6677,15 @@ export interface operations {
             };
             /** @description Conflict */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6719,6 +6809,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorOut"];
                 };
             };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description Request Entity Too Large */
             413: {
                 headers: {
@@ -6819,6 +6918,15 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6951,6 +7059,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorOut"];
                 };
             };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description Request Entity Too Large */
             413: {
                 headers: {
@@ -7056,6 +7173,15 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description Gone: the run was archived by retention (`archived`, `details`: `archive`, the URL of its manifest, and `archived_at`); said only to a key that could have read it, any other gets 404. */
+            410: {
                 headers: {
                     [name: string]: unknown;
                 };
