@@ -426,11 +426,6 @@ def test_a_run_the_audit_stream_has_not_delivered_yet_is_left(acme_retention, te
     assert Run.objects.filter(pk=run.pk).exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="live verify_audit does not yet know archived chains (their signed heads name removed events): "
-    "the read side of retention (verify_audit accepting an ArchivedRun's chain) is built separately",
-)
 def test_live_verify_audit_still_passes_for_the_rest_after_an_archive(acme_retention, tenant, agent):
     from ledger.audit_signing import audit_heads_sign
 

@@ -1,5 +1,9 @@
-"""A run as retention leaves it once archived: the one place the tests make that state, so that
-it can be pointed at the real archiver.
+"""A run as retention leaves it once archived, made in one step for tests of what reads that
+state (410 ``archived``, ``verify_audit``'s checks of archived chains), whatever the run's status
+and with no archive file written. The real archiver (``recovery.archive``: files, then
+``remove.archive_commit``) leaves the same records; ``recovery/test_archive.py`` archives for real
+and holds the live ``verify_audit`` to them
+(``::test_live_verify_audit_still_passes_for_the_rest_after_an_archive``).
 
 In one transaction, exactly what the archiver's removal leaves behind: the run's tombstone
 (``ArchivedRun``); the ``run.archived`` event of its tenant's chain naming the run, its chain's
