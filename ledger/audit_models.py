@@ -4,8 +4,9 @@ tombstones). Re-exported by ``ledger.models``."""
 
 from __future__ import annotations
 
-import pgtrigger
 from django.db import models
+
+from ledger.append_only import append_only_triggers
 
 
 class SignedHead(models.Model):
@@ -37,16 +38,7 @@ class SignedHead(models.Model):
             models.UniqueConstraint(fields=["chain", "position"], name="signed_head_chain_position"),
         ]
         indexes = [models.Index(fields=["event_id"], name="signed_head_event")]
-        triggers = [
-            pgtrigger.Protect(name="signed_head_append_only", operation=pgtrigger.Update | pgtrigger.Delete),
-            pgtrigger.Trigger(
-                name="signed_head_no_truncate",
-                operation=pgtrigger.Truncate,
-                when=pgtrigger.Before,
-                level=pgtrigger.Statement,
-                func="RAISE EXCEPTION 'Signed audit heads are append-only: TRUNCATE of % is refused', TG_TABLE_NAME;",
-            ),
-        ]
+        triggers = append_only_triggers("signed_head", what="Signed audit heads are")
 
     def __str__(self) -> str:
         return f"{self.chain} at {self.position}"
@@ -93,16 +85,7 @@ class ArchivedRun(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "-archived_at"], name="archived_run_tenant")]
-        triggers = [
-            pgtrigger.Protect(name="archived_run_append_only", operation=pgtrigger.Update | pgtrigger.Delete),
-            pgtrigger.Trigger(
-                name="archived_run_no_truncate",
-                operation=pgtrigger.Truncate,
-                when=pgtrigger.Before,
-                level=pgtrigger.Statement,
-                func="RAISE EXCEPTION 'Archived runs are append-only: TRUNCATE of % is refused', TG_TABLE_NAME;",
-            ),
-        ]
+        triggers = append_only_triggers("archived_run", what="Archived runs are")
 
     def __str__(self) -> str:
         return f"{self.run_id} (archived)"

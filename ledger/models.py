@@ -8,13 +8,13 @@ decision drives, by ``recovery.services`` through the ledger's own transition fu
 
 from __future__ import annotations
 
-import pgtrigger
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
 from ledger import ids
+from ledger.append_only import append_only_triggers
 from ledger.audit_models import ArchivedRun, AuditSignCursor, SignedHead
 from ledger.choices import RISK_ORDER, ActionClass, ApprovalMode, CompensationStrategy, Risk, max_risk
 from ledger.json_text import JSONField
@@ -478,17 +478,7 @@ class Event(models.Model):
             models.Index(fields=["tenant", "-created_at"], name="event_tenant_created"),
             models.Index(fields=["subject_type", "subject_id"], name="event_subject"),
         ]
-        triggers = [
-            pgtrigger.Protect(name="event_append_only", operation=pgtrigger.Update | pgtrigger.Delete),
-            # Row triggers do not see TRUNCATE; a statement trigger refuses it.
-            pgtrigger.Trigger(
-                name="event_no_truncate",
-                operation=pgtrigger.Truncate,
-                when=pgtrigger.Before,
-                level=pgtrigger.Statement,
-                func="RAISE EXCEPTION 'The audit log is append-only: TRUNCATE of % is refused', TG_TABLE_NAME;",
-            ),
-        ]
+        triggers = append_only_triggers("event", what="The audit log is")
 
     def __str__(self) -> str:
         return f"#{self.id} {self.kind} {self.subject_type}:{self.subject_id}"

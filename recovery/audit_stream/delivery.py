@@ -187,20 +187,27 @@ class SinkStatus:
         return shown_url(self.sink.url)
 
 
+def _undelivered(cursor: AuditCursor) -> tuple[str, list[Any]]:
+    """SQL over the event ``e`` true while the cursor's sink has not had it: not done, and not in
+    the batch under way up to where that batch got (params follow)."""
+    not_done, params = _not_done(cursor)
+    if not cursor.batch_snapshot:
+        return f"{not_done}", params
+    return (
+        f"{not_done} AND NOT ({_IN_BATCH} AND e.id <= %s)",
+        [*params, cursor.batch_snapshot, cursor.batch_after_id],
+    )
+
+
 def lag(cursor: AuditCursor) -> tuple[int, datetime | None]:
     """Events of the cursor's tenant not yet delivered to its sink, and the oldest one's time."""
-    not_done, params = _not_done(cursor)
-    delivered_of_batch = "FALSE"
-    batch_params: list[Any] = []
-    if cursor.batch_snapshot:
-        delivered_of_batch = f"({_IN_BATCH} AND e.id <= %s)"
-        batch_params = [cursor.batch_snapshot, cursor.batch_after_id]
+    undelivered, params = _undelivered(cursor)
     sql = (
         "SELECT count(*), min(e.created_at) FROM ledger_event e WHERE e.tenant_id = %s AND "  # noqa: S608 - constants only
-        f"{not_done} AND NOT {delivered_of_batch}"
+        f"{undelivered}"
     )
     with connection.cursor() as db:
-        db.execute(sql, [cursor.tenant_id, *params, *batch_params])
+        db.execute(sql, [cursor.tenant_id, *params])
         count, oldest = db.fetchone()
     return int(count), oldest
 
@@ -246,17 +253,13 @@ def chain_undelivered(tenant: Tenant, chain: str) -> list[str]:
         cursor = AuditCursor.objects.filter(sink=sink.name, tenant=tenant).first() or AuditCursor(
             sink=sink.name, tenant=tenant
         )
-        not_done, params = _not_done(cursor)
-        delivered_of_batch, batch_params = "FALSE", list[Any]()
-        if cursor.batch_snapshot:
-            delivered_of_batch = f"({_IN_BATCH} AND e.id <= %s)"
-            batch_params = [cursor.batch_snapshot, cursor.batch_after_id]
+        undelivered, params = _undelivered(cursor)
         sql = (
             "SELECT EXISTS (SELECT 1 FROM ledger_event e WHERE e.tenant_id = %s AND e.chain = %s AND "  # noqa: S608 - constants only
-            f"{not_done} AND NOT {delivered_of_batch})"
+            f"{undelivered})"
         )
         with connection.cursor() as db:
-            db.execute(sql, [tenant.pk, chain, *params, *batch_params])
+            db.execute(sql, [tenant.pk, chain, *params])
             if db.fetchone()[0]:
                 behind.append(shown_url(sink.url))
     return behind
