@@ -47,9 +47,16 @@ def run_reach(key: AgentKey, *, write: bool = False, path: str = "") -> Q:
     ``operator`` scope *reads* every run of its tenant, but writes as an agent (actions,
     checkpoints, heartbeats, complete, fail, command acks) reach its own agent's runs only. A run
     out of reach is not found, exactly like another tenant's."""
+    owner = reach_owner(key, write=write)
+    return Q(**{f"{path}owner": owner}) if owner is not None else Q()
+
+
+def reach_owner(key: AgentKey, *, write: bool = False) -> str | None:
+    """``run_reach`` as a value: the owner the key's runs must have, or None for every run of its
+    tenant (what a one-statement read, ``saga_admin.api.reads``, passes to its SQL)."""
     if write or AgentKey.Scope.OPERATOR not in key.scopes:
-        return Q(**{f"{path}owner": key.name})
-    return Q()
+        return key.name
+    return None
 
 
 def run_get_for_key(*, key: AgentKey, run_id: str, write: bool = False) -> Run:

@@ -53,7 +53,8 @@ class CheckpointPageOut(Schema):
     next_cursor: str | None = None
 
 
-def checkpoint_out(checkpoint: Checkpoint) -> dict[str, Any]:
-    return CheckpointOut.model_validate(
-        {**fields_of(checkpoint, CheckpointOut), "run_id": checkpoint.run_id}
-    ).model_dump(mode="json")
+def checkpoint_out(checkpoint: Checkpoint, *, validate: bool = True) -> dict[str, Any]:
+    """``validate=False``: the values as they are, for a response schema to validate (see
+    ``saga_admin.api.schemas.actions.action_out``)."""
+    data = {**fields_of(checkpoint, CheckpointOut), "run_id": checkpoint.run_id}
+    return CheckpointOut.model_validate(data).model_dump(mode="json") if validate else data

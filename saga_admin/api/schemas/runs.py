@@ -194,7 +194,8 @@ class RunCancelOut(RunOut):
     )
 
 
-def run_out(run: Run) -> dict[str, Any]:
-    return RunOut.model_validate(
-        {**fields_of(run, RunOut), "failed_action_id": run.failed_action_id}
-    ).model_dump(mode="json")
+def run_out(run: Run, *, validate: bool = True) -> dict[str, Any]:
+    """``validate=False``: the values as they are, for a response schema to validate (see
+    ``saga_admin.api.schemas.actions.action_out``)."""
+    data = {**fields_of(run, RunOut), "failed_action_id": run.failed_action_id}
+    return RunOut.model_validate(data).model_dump(mode="json") if validate else data
