@@ -102,14 +102,15 @@ def _load_more_link(body: str) -> tuple[str, str] | None:
     for match in re.finditer(r"<[^>]*hx-get=\"([^\"]+)\"[^>]*>", body):
         tag = match.group(0)
         target = re.search(r'hx-target="#([^"]+)"', tag)
-        if target and target.group(1) in ("load-more-actions", "earlier-actions"):
+        if target and target.group(1) in ("load-more", "earlier-actions"):
             return html.unescape(match.group(1)), target.group(1)
     return None
 
 
 def run_pages(*, user: Any, actions: int, deep: int = 10) -> list[Any]:
-    """The run page of the newest seeded failed run with ``actions`` actions, and its Load more
-    (the htmx request, ``deep`` pages in: the operator scrolling back through the ledger)."""
+    """The run page of the newest seeded failed run with ``actions`` actions, its Load more (the
+    htmx request, ``deep`` pages in: the operator scrolling back through the ledger) and its
+    correction trail (the request the page makes for it once it is up)."""
     from bench import dashboard
     from ledger.models import Run
 
@@ -123,6 +124,10 @@ def run_pages(*, user: Any, actions: int, deep: int = 10) -> list[Any]:
         return []
     path = f"/runs/{run_id}/"
     out: list[Any] = [(f"run page ({actions:,} actions)", path)]
+    trail = re.search(r'hx-get="([^"]*/trail)"', dashboard._client(user).get(path).content.decode())
+    if trail:
+        htmx = {"HX-Request": "true", "HX-Target": "trail-slot"}
+        out.append((f"run page ({actions:,} actions): its correction trail (htmx)", trail.group(1), htmx))
     client = dashboard._client(user)
     link = _load_more_link(client.get(path).content.decode())
     hops = 0

@@ -16,7 +16,6 @@ from ledger.pagination import Key, Page, cursor_after, keyset_page
 from ledger.selectors import checkpoints_for_run, run_warnings
 from recovery.approvals import pending_q
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
-from recovery.trail import run_trail
 
 # A run page shows the newest checkpoints and audit events and says how many older ones there are:
 # an agent that checkpoints in a loop must not make the operator's page unbounded.
@@ -140,7 +139,6 @@ def run_page(*, run: Run, cursor: str | None = None) -> RunPage:
         item=run_item(run=run),
         unwind=run_latest_unwind(run=run),
         approvals=run_pending_approvals(run=run),
-        trail=run_trail(run=run),
         older_checkpoints=older_checkpoints,
         older_events=older_events,
     )

@@ -89,9 +89,24 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
                 user=request.user,
                 upto=page.actions[-1].seq if page.actions else 0,
             ),
-            **_partial_marks(page.actions, {e["action_id"] for e in page.trail["kept"]}),
+            **_partial_marks(page.actions, recovery_trail.kept_action_ids(run=run)),
         },
     )
+
+
+@require_GET
+@login_required
+def run_trail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """The run's correction trail: what the run page loads into its trail slot once it is shown
+    (htmx), so the page's own request never builds a trail that lists every change of a long run;
+    without JavaScript, a page of its own."""
+    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    trail = recovery_trail.run_trail(run=run)
+    if request.htmx:
+        return render(request, "dashboard/_trail.html", {"trail": trail})
+    return render(request, "dashboard/run_trail.html", {"run": run, "trail": trail})
 
 
 @require_GET

@@ -87,9 +87,15 @@ def test_it_warns_about_unknown_outcomes_and_offers_reconcile(client, tenant, ag
 def test_it_shows_the_correction_trail_with_a_copy_button(client, failed_run, carol):
     run, _item = failed_run
     client.force_login(carol)
-    body = client.get(_url(run)).content.decode()
-    assert 'id="trail"' in body and 'data-copy-target="trail-text"' in body
-    assert "Not undone" in body or "not be undone" in body
+    trail_url = reverse("dashboard:run-trail", args=[run.pk])
+    # The page loads its trail by a request of its own once it is up (htmx), and links to it.
+    page = client.get(_url(run)).content.decode()
+    assert f'hx-get="{trail_url}" hx-trigger="load"' in page and f'href="{trail_url}"' in page
+    for headers in ({"HX-Request": "true", "HX-Target": "trail-slot"}, {}):
+        body = client.get(trail_url, headers=headers).content.decode()
+        assert 'id="trail"' in body and 'data-copy-target="trail-text"' in body
+        assert "What changed" in body and "hr.create_user" in body
+        assert ("<html" in body) is not bool(headers)
 
 
 def test_the_run_page_query_count_does_not_grow_with_rows(
