@@ -27,6 +27,9 @@ from recovery import trail as recovery_trail
 from recovery.models import RecoveryItem
 from recovery.services import cancelling, resolving
 
+# How many of a run's warnings its page lists (the rest are counted).
+WARNINGS_SHOWN = 20
+
 
 @require_GET
 @login_required
@@ -76,6 +79,9 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
                     1 for w in page.warnings if w["code"] == "outcome_unknown" and w["action_id"] not in shown
                 )
             ),
+            # A long run can carry thousands of warnings (every step after a pivot): the first ones.
+            "warnings_shown": WARNINGS_SHOWN,
+            "warnings_not_shown": max(len(page.warnings) - WARNINGS_SHOWN, 0),
             "allowed": TenantPermissions(request.user, run.tenant_id),
             "item_open": page.item is not None and page.item.status in RecoveryItem.UNRESOLVED,
             "latest_checkpoint_id": page.checkpoints[0].pk if page.checkpoints else None,

@@ -101,9 +101,10 @@ def busy_run(api: Api, onboarding_policies, tenant) -> dict[str, Any]:
             api.post(f"/runs/{run_id}/checkpoints", {"name": name, "state": {"b": 1, "a": [2]}}).status_code
             == 201
         )
-    Checkpoint.objects.filter(run_id=run_id).update(
-        created_at=Checkpoint.objects.filter(run_id=run_id).first().created_at
-    )
+    # Written in one instant: the pages keep their order by id.
+    first = Checkpoint.objects.filter(run_id=run_id).order_by("created_at").first()
+    assert first is not None
+    Checkpoint.objects.filter(run_id=run_id).update(created_at=first.created_at)
     assert (
         api.post(f"/runs/{run_id}/fail", {"error": "boom", "failed_action_id": lic["id"]}).status_code == 200
     )

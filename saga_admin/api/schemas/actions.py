@@ -21,7 +21,7 @@ from saga_admin.api.schemas.approvals import (
     ApprovalGrantOut,
     approval_grants,
 )
-from saga_admin.api.schemas.common import JSONObject, JSONValue, StrictIn, ToolName, fields_of
+from saga_admin.api.schemas.common import JSONObject, JSONValue, Out, StrictIn, ToolName, fields_of
 from saga_admin.api.schemas.queue import RecoveryItemOut
 
 ErrorLayer = Literal["model", "tool", "workflow"]
@@ -124,7 +124,7 @@ class ActionPageQuery(Schema):
     limit: int = Field(100, ge=1, le=500)
 
 
-class ApprovalSummaryOut(Schema):
+class ApprovalSummaryOut(Out):
     id: str
     status: Literal["pending", "approved", "rejected", "expired"]
     risk: str
@@ -146,18 +146,18 @@ class ApprovalSummaryOut(Schema):
     escalated_at: datetime | None = Field(None, description=ESCALATED_AT_DOC)
 
 
-class CompensationOut(Schema):
+class CompensationOut(Out):
     strategy: str
     tool: str
     args: JSONValue = None
 
 
-class ViaOut(Schema):
+class ViaOut(Out):
     gateway: str
     upstream: str
 
 
-class ActionOut(Schema):
+class ActionOut(Out):
     id: str
     run_id: str
     seq: int
@@ -193,7 +193,7 @@ class ActionOut(Schema):
     completed_at: datetime | None = None
 
 
-class ActionPageOut(Schema):
+class ActionPageOut(Out):
     items: list[ActionOut]
     next_cursor: str | None = Field(
         None, description="Pass as ?cursor= for the next page; null on the last one."

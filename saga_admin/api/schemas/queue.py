@@ -114,7 +114,7 @@ class ItemFilters(Schema):  # query strings: lax on purpose ("50" is a number he
         )
 
 
-class RecoveryItemOut(Schema):
+class RecoveryItemOut(Out):
     id: str
     status: str
     reason: str
