@@ -245,7 +245,7 @@ def _pages(harness: Any, log: Callable[[str], None]) -> dict[str, Any]:
             big_run_actions=actions,
             # Nobody has claimed the big run's item: both run pages show the same panels, so
             # their query counts differ only if the ledger's length changed them.
-            claimed_share=0.0,
+            claimed_share=0,
         )
         log(f"reads: seed_bench {options}")
         seeds.append(dashboard.seed(options))
