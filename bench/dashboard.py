@@ -178,16 +178,18 @@ def pages(*, user: Any, deep_pages: int, big_run_actions: int) -> list[tuple[str
     return out
 
 
-def query_counts(*, user: Any, pages: list[tuple[str, str]]) -> dict[str, Any]:
+def query_counts(*, user: Any, pages: list[Any]) -> dict[str, Any]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     client = _client(user)
     out = {}
-    for name, path in pages:
-        client.get(path)  # warm: first-request work (session, caches) is not the page's
+    for page in pages:
+        # (name, path) or (name, path, headers): an htmx request sends its headers.
+        name, path, headers = page[0], page[1], (page[2] if len(page) > 2 else {})
+        client.get(path, headers=headers)  # warm: first-request work (session, caches) is not the page's
         with CaptureQueriesContext(connection) as ctx:
-            response = client.get(path)
+            response = client.get(path, headers=headers)
         out[name] = {
             "queries": len(ctx.captured_queries),
             "status": response.status_code,

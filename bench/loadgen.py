@@ -255,6 +255,19 @@ def scenario_get_checkpoints(
             return
 
 
+def scenario_get_path(
+    client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
+) -> None:
+    """GET the client's own path (``params["paths_per_client"][index]``) again and again, timed as
+    ``params["op"]``: an authenticated read of the client's own run (bench/reads.py)."""
+    path, op = params["paths_per_client"][index], params["op"]
+    while True:
+        t = time.perf_counter()
+        status, _, _ = client.request("GET", path)
+        if not record(op, t, status, 200):
+            return
+
+
 def scenario_heartbeat(
     client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
 ) -> None:
@@ -405,6 +418,7 @@ SCENARIOS: dict[str, Callable[..., None]] = {
     "action_lifecycle": scenario_action_lifecycle,
     "get_pages": scenario_get_pages,
     "get_checkpoints": scenario_get_checkpoints,
+    "get_path": scenario_get_path,
     "heartbeat": scenario_heartbeat,
     "full_step": scenario_full_step,
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench import audit_stream, tracing
+from bench import audit_stream, reads, tracing
 from bench.dashboard import BENCH_INDEXES
 
 SECTIONS = (
@@ -16,6 +16,7 @@ SECTIONS = (
     "Unauthenticated requests",
     "Record size",
     "Dashboard",
+    "Reads",
     "Unwind",
     "Servers",
     "Workers scale-out",
@@ -100,6 +101,7 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
         *audit_stream.rows(sec.get("audit_stream", {}), base),
         *_refusal_rows(sec.get("unauthenticated", {})),
         *_dashboard_rows(sec.get("dashboard", {})),
+        *reads.rows(sec.get("reads", {}), _load_row),
         *_unwind_rows(sec.get("unwind", {}), base),
         *_hot_path_rows(sec.get("servers", {}), base),
         *_workers_rows(sec.get("workers", {})),
@@ -386,6 +388,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         *_record_size_targets(sec),
         *_refusal_targets(sec),
         *_dashboard_targets(sec),
+        *reads.targets(sec.get("reads", {})),
         *_unwind_targets(sec, base),
         *_hot_path_targets(results),
         *_bulk_targets(sec.get("bulk", {})),
@@ -756,6 +759,7 @@ def _markdown(
             *_refusals_markdown(sec),
             *_record_size_markdown(sec),
             *_dashboard_markdown(sec),
+            *reads.markdown(sec.get("reads", {})),
             *_unwind_markdown(sec, base),
             *_servers_markdown(sec.get("servers", {}), base),
             *_workers_markdown(sec.get("workers", {})),

@@ -11,7 +11,8 @@ Phases, in order (each figure is measured in this run; nothing is carried over f
      what a POST without a valid key costs, tiny and 1 MiB (refused before the body is read);
      then a record with just under 1 MiB of args against a small one;
   3. dashboard at scale after ``seed_bench``: timings over HTTP, query counts at two data sizes,
-     EXPLAIN (ANALYZE) of every query the pages run;
+     EXPLAIN (ANALYZE) of every query the pages run; then reads (bench/reads.py, issue 30): the
+     agent's GETs against the append at 16 clients, the run page with 200 and 5,000 actions;
   4. unwind throughput with no-op Python compensators on the Procfile's worker;
   5. servers: the hot path (append, the framework floor, heartbeat, the full step; 16 clients) on
      the Procfile's web line and on each candidate server configuration (gunicorn sync/gthread,
@@ -306,6 +307,8 @@ class Harness:
             self.sizes.window_s = args.window
         if args.bulk_items is not None:
             self.sizes.bulk_items = args.bulk_items
+        if args.page_samples is not None:
+            self.sizes.page_samples = args.page_samples
         self.database_url = args.database_url
         self.redis_url = args.redis_url
         self.port = args.port
@@ -721,6 +724,13 @@ class Harness:
         finally:
             web.stop()
 
+    # Phase 3b: reads against the append, and the run page by the ledger's length -------------
+
+    def reads(self) -> None:
+        from bench import reads
+
+        self.section("reads").update(reads.measure(self, summarize, log))
+
     # Phase 4 ----------------------------------------------------------------------------------
 
     def unwinds(self) -> None:
@@ -851,6 +861,7 @@ class Harness:
             ("record_size", self.record_size),
             ("audit_stream", self.audit_stream),
             ("dashboard", self.dashboard),
+            ("reads", self.reads),
             ("unwind", self.unwinds),
             ("servers", self.servers),
             ("workers", self.workers),
@@ -909,13 +920,14 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default="",
         help="comma-separated phases: baselines,append,traces,unauthenticated,record_size,audit_stream,"
-        "dashboard,unwind,servers,workers,bulk",
+        "dashboard,reads,unwind,servers,workers,bulk",
     )
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--actions-per-run", type=int, default=None)
     parser.add_argument("--open-items", type=int, default=None)
     parser.add_argument("--window", type=float, default=None, help="seconds measured per load test")
     parser.add_argument("--bulk-items", type=int, default=None, help="open items the bulk phase closes")
+    parser.add_argument("--page-samples", type=int, default=None, help="timed fetches of each dashboard page")
     parser.add_argument(
         "--render",
         metavar="RESULTS_JSON",

@@ -39,6 +39,7 @@ urlpatterns = [
     ),
     path("runs/<str:run_id>/", runs.run_detail, name="run-detail"),
     path("runs/<str:run_id>/live", runs.run_live, name="run-live"),
+    path("runs/<str:run_id>/trail", runs.run_trail, name="run-trail"),
     path("runs/<str:run_id>/flag", runs.run_flag, name="run-flag"),
     path("runs/<str:run_id>/cancel", runs.run_cancel, name="run-cancel"),
     path("items/<str:item_id>/compensate", items.item_compensate, name="item-compensate"),

@@ -99,6 +99,23 @@ def _after_cursor(keys: Sequence[Key], values: Sequence[Any]) -> Q | Lookup:
     return condition
 
 
+def cursor_values(cursor: str, keys: Sequence[Key]) -> list[Any]:
+    """The values of a cursor this API handed out for ``keys``; any other is a
+    ``ValidationFailed`` (422), before anything reaches the database. For a read that writes its
+    own SQL (``saga_admin.api.reads``); ``keyset_page`` does the same for a queryset."""
+    values = _decode_cursor(cursor, keys)
+    if values is None:
+        raise errors.ValidationFailed(
+            "The cursor is not one this API handed out.", details={"cursor": "invalid"}
+        )
+    return values
+
+
+def cursor_after(values: Sequence[Any]) -> str:
+    """The cursor of the page after the row whose key values are ``values``."""
+    return _encode_cursor(values)
+
+
 def keyset_page(
     queryset: QuerySet[M], *, keys: Sequence[Key], cursor: str | None, limit: int, strict: bool = True
 ) -> Page[M]:
@@ -110,9 +127,7 @@ def keyset_page(
         values = _decode_cursor(cursor, keys)
         if values is None:
             if strict:
-                raise errors.ValidationFailed(
-                    "The cursor is not one this API handed out.", details={"cursor": "invalid"}
-                )
+                cursor_values(cursor, keys)  # raises: the one refusal of a cursor
         else:
             queryset = queryset.filter(_after_cursor(keys, values))
     rows = list(queryset[: limit + 1])

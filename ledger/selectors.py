@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Model, Q, QuerySet, Subquery
 
 from ledger import errors
 from ledger.models import Action, ActionClass, AgentKey, ArchivedRun, Checkpoint, Run, Tenant
@@ -47,9 +47,16 @@ def run_reach(key: AgentKey, *, write: bool = False, path: str = "") -> Q:
     ``operator`` scope *reads* every run of its tenant, but writes as an agent (actions,
     checkpoints, heartbeats, complete, fail, command acks) reach its own agent's runs only. A run
     out of reach is not found, exactly like another tenant's."""
+    owner = reach_owner(key, write=write)
+    return Q(**{f"{path}owner": owner}) if owner is not None else Q()
+
+
+def reach_owner(key: AgentKey, *, write: bool = False) -> str | None:
+    """``run_reach`` as a value: the owner the key's runs must have, or None for every run of its
+    tenant (what a one-statement read, ``saga_admin.api.reads``, passes to its SQL)."""
     if write or AgentKey.Scope.OPERATOR not in key.scopes:
-        return Q(**{f"{path}owner": key.name})
-    return Q()
+        return key.name
+    return None
 
 
 def run_get_for_key(*, key: AgentKey, run_id: str, write: bool = False) -> Run:
@@ -133,25 +140,34 @@ def run_actions_page(*, run: Run, cursor: str | None, limit: int) -> Page[Action
     return keyset_page(Action.objects.filter(run=run), keys=ACTIONS_IN_ORDER, cursor=cursor, limit=limit)
 
 
-def run_warnings(*, run: Run, actions: Iterable[Action] | None = None) -> list[dict[str, Any]]:
+def run_warnings(*, run: Run, actions: Iterable[Any] | None = None) -> list[dict[str, Any]]:
     """Pivot-order (``ledger.rules``) and unknown-outcome warnings for a run, from its actions.
     Without ``actions``, reads the few columns of only the actions a warning can concern (a pivot,
     a compensatable action, an unknown outcome), so a long run is not loaded whole."""
     if actions is None:
+        # Not ``run.actions``: the related manager would read each row's deferred run_id. A
+        # compensatable action can be named only after a pivot, so only those after the first
+        # irreversible action are read; and as rows of five columns, not model instances.
+        first_irreversible = (
+            Action.objects.filter(run_id=run.pk, action_class=ActionClass.EXTERNAL_IRREVERSIBLE)
+            .exclude(status=Action.Status.REJECTED)
+            .order_by("seq")
+            .values("seq")[:1]
+        )
         actions = (
-            # Not ``run.actions``: the related manager would read each row's deferred run_id.
             Action.objects.filter(run_id=run.pk)
             .filter(
-                Q(action_class__in=[*COMPENSATABLE_CLASSES, ActionClass.EXTERNAL_IRREVERSIBLE])
+                Q(action_class=ActionClass.EXTERNAL_IRREVERSIBLE)
                 | Q(status=Action.Status.UNKNOWN)
+                | Q(action_class__in=COMPENSATABLE_CLASSES, seq__gt=Subquery(first_irreversible))
             )
             .exclude(status=Action.Status.REJECTED)
-            .only("id", "seq", "tool", "status", "action_class")
             .order_by("seq")
+            .values_list("pk", "seq", "tool", "status", "action_class", named=True)
         )
     ordered = sorted(actions, key=lambda a: a.seq)
     warnings: list[dict[str, Any]] = []
-    pivot: Action | None = None
+    pivot: Any = None
     for action in ordered:
         if action.status == Action.Status.REJECTED:
             continue

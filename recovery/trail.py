@@ -23,6 +23,20 @@ _TOOK_EFFECT = {
     Action.Status.COMPENSATED,
     Action.Status.COMPENSATION_FAILED,
 }
+# What the trail reads of each action (``_entry``, ``_why_not_undone``, ``_still_to_undo``).
+_TRAIL_COLUMNS = (
+    "id",
+    "run_id",
+    "seq",
+    "tool",
+    "target_type",
+    "target_id",
+    "action_class",
+    "status",
+    "completed_at",
+    "compensation_tool",
+    "compensation_strategy",
+)
 # Run states in which whatever is still in effect is a leftover rather than the intended outcome.
 _UNDO_EXPECTED = {
     Run.Status.FAILED,
@@ -143,11 +157,14 @@ def kept_action_ids(*, run: Run) -> set[str]:
 
 def run_trail(*, run: Run) -> dict[str, Any]:
     """The trail as a JSON-ready dict (``audit_url`` is a site-relative link to the run's page)."""
-    actions = [
-        a
-        for a in run.actions.order_by("seq")
-        if a.status in _TOOK_EFFECT and a.action_class != ActionClass.READ_ONLY
-    ]
+    # Only the actions that took effect, and only the columns the trail says (not their args,
+    # snapshots and results: a long run's trail would read megabytes it never shows).
+    actions = list(
+        Action.objects.filter(run_id=run.pk, status__in=_TOOK_EFFECT)
+        .exclude(action_class=ActionClass.READ_ONLY)
+        .only(*_TRAIL_COLUMNS)
+        .order_by("seq")
+    )
     # The latest unwind step per action tells how (and whether) it was put back.
     latest_step: dict[str, UnwindStep] = {}
     for unwind_step in (

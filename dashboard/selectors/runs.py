@@ -12,10 +12,10 @@ from django.db.models import Case, Prefetch, Value, When
 from dashboard import permissions
 from dashboard.permissions import Someone
 from ledger.models import Action, Checkpoint, Event, Run
+from ledger.pagination import Key, Page, cursor_after, keyset_page
 from ledger.selectors import checkpoints_for_run, run_warnings
 from recovery.approvals import pending_q
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
-from recovery.trail import run_trail
 
 # A run page shows the newest checkpoints and audit events and says how many older ones there are:
 # an agent that checkpoints in a loop must not make the operator's page unbounded.
@@ -36,6 +36,7 @@ class RunPage:
     trail: Any = None
     older_checkpoints: int = 0  # not shown: older than the newest RUN_PAGE_CHECKPOINTS
     older_events: int = 0  # not shown: older than the newest RUN_PAGE_EVENTS
+    older_actions: str = ""  # the cursor of the page of actions before those shown ("" for none)
 
 
 def newest_checkpoints(*, run: Run, limit: int = RUN_PAGE_CHECKPOINTS) -> tuple[list[Checkpoint], int]:
@@ -66,9 +67,27 @@ def unwind_with_steps(*, unwind_id: str, tenant_ids: list[int]) -> Unwind | None
     )
 
 
-def run_actions(*, run: Run) -> list[Action]:
-    """The run's ledger, in the order it was written."""
-    return list(Action.objects.filter(run=run).order_by("seq"))
+# The run page's actions, newest first in keyset pages (``seq`` is unique within a run): the newest
+# page is served with the page, each older one by its "Load more".
+ACTIONS_NEWEST_FIRST: tuple[Key, ...] = (("seq", True),)
+RUN_PAGE_ACTIONS = 50
+
+
+def run_actions_page(*, run: Run, cursor: str | None, limit: int | None = None) -> Page[Action]:
+    """A page of the run's actions before ``cursor`` (newest first; the template shows them in
+    the order they were written), one query whatever the run's length. A cursor the page did not
+    hand out is a ``ValidationFailed``."""
+    return keyset_page(
+        Action.objects.filter(run=run),
+        keys=ACTIONS_NEWEST_FIRST,
+        cursor=cursor,
+        limit=limit or RUN_PAGE_ACTIONS,
+    )
+
+
+def actions_cursor_through(*, seq: int) -> str:
+    """The cursor of the page whose newest action is ``seq`` (a link to an older action's card)."""
+    return cursor_after([seq + 1])
 
 
 def run_item(*, run: Run) -> RecoveryItem | None:
@@ -104,20 +123,22 @@ def run_events(*, run: Run) -> tuple[list[Event], int]:
     return events, older
 
 
-def run_page(*, run: Run) -> RunPage:
-    actions = run_actions(run=run)
+def run_page(*, run: Run, cursor: str | None = None) -> RunPage:
+    """The run page's reads: one page of the ledger (the newest, or the one before ``cursor``),
+    never the whole of it; warnings from the few columns of the actions they can concern."""
+    actions = run_actions_page(run=run, cursor=cursor)
     checkpoints, older_checkpoints = newest_checkpoints(run=run)
     events, older_events = run_events(run=run)
     return RunPage(
         run=run,
-        actions=actions,
-        warnings=run_warnings(run=run, actions=actions),
+        actions=actions.items[::-1],
+        older_actions=actions.next_cursor or "",
+        warnings=run_warnings(run=run),
         checkpoints=checkpoints,
         events=events,
         item=run_item(run=run),
         unwind=run_latest_unwind(run=run),
         approvals=run_pending_approvals(run=run),
-        trail=run_trail(run=run),
         older_checkpoints=older_checkpoints,
         older_events=older_events,
     )

@@ -10,7 +10,8 @@ from django.views.decorators.http import require_POST
 
 from dashboard.forms import ReconcileForm
 from dashboard.permissions import Capability, require
-from dashboard.views import common, runs
+from dashboard.selectors import runs as run_selectors
+from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from ledger.errors import SagaError
 from ledger.models import Action
@@ -27,12 +28,11 @@ def _get_action_for_user(request: HttpRequest, action_id: str, capability: Capab
 @login_required
 def action_reconcile(request: HtmxHttpRequest, action_id: str) -> HttpResponse:
     action = _get_action_for_user(request, action_id, Capability.OPERATE)
-    # Back to the action's card: on the page as served when it is among the newest actions, with
-    # every action shown when it is older (so the anchor exists however long the run is).
-    shown = action.seq > action.run.action_count - runs.ACTIONS_SHOWN
-    back = reverse("dashboard:run-detail", args=[action.run_id]) + (
-        f"#action-{action.seq}" if shown else f"?actions=all#action-{action.seq}"
-    )
+    # Back to the action's card: on the page as served when it is among the newest actions, else
+    # on the page of older actions that holds it (so the anchor exists however long the run is).
+    shown = action.seq > action.run.action_count - run_selectors.RUN_PAGE_ACTIONS
+    older = "" if shown else f"?cursor={run_selectors.actions_cursor_through(seq=action.seq)}"
+    back = reverse("dashboard:run-detail", args=[action.run_id]) + f"{older}#action-{action.seq}"
     form = ReconcileForm(request.POST)
     if not form.is_valid():
         messages.error(request, common.form_errors(form))

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
+from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_http_methods
@@ -19,7 +19,7 @@ from dashboard.selectors import live
 from dashboard.selectors import runs as run_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.errors import SagaError
+from ledger.errors import SagaError, ValidationFailed
 from ledger.models import Action
 from recovery import planner
 from recovery import selectors as recovery_selectors
@@ -27,12 +27,8 @@ from recovery import trail as recovery_trail
 from recovery.models import RecoveryItem
 from recovery.services import cancelling, resolving
 
-ACTIONS_SHOWN = 50
-
-
-def _earlier(actions: list[Action]) -> list[Action]:
-    """The actions before the newest ``ACTIONS_SHOWN``, which the run page shows on demand."""
-    return actions[: max(len(actions) - ACTIONS_SHOWN, 0)]
+# How many of a run's warnings its page lists (the rest are counted).
+WARNINGS_SHOWN = 20
 
 
 @require_GET
@@ -41,34 +37,51 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     run = run_selectors.run_for_user(user=request.user, run_id=run_id)
     if run is None:
         return common.run_missing(request, run_id)
-    # A long run's ledger is shown from its newest actions (where a run fails); the earlier ones
-    # come on demand (htmx, which needs nothing else of the page) or with ?actions=all. Rendering
-    # hundreds of actions with their JSON and snapshot diffs was most of the page's time.
-    if request.htmx and request.htmx.target == "earlier-actions":
-        actions = run_selectors.run_actions(run=run)
+    # The ledger is shown a page at a time, newest first (where a run fails): the page is served
+    # with its newest actions, "Load more" brings the page before them (htmx: only its rows and
+    # the next Load more; without JavaScript, the page with those actions). Never the whole ledger
+    # at once: a run of thousands of actions is as fast to open as one of fifty.
+    cursor = request.GET.get("cursor") or None
+    if request.htmx and request.htmx.target == "load-more":
+        try:
+            older = run_selectors.run_actions_page(run=run, cursor=cursor)
+        except ValidationFailed:
+            return HttpResponseBadRequest("This link's cursor is not one the page handed out.")
+        actions = older.items[::-1]
         return render(
             request,
-            "dashboard/run_detail.html#action-rows",
+            "dashboard/run_detail.html#action-page",
             {
                 "run": run,
-                "actions": _earlier(actions),
+                "actions": actions,
+                "older": {"next_cursor": older.next_cursor},
                 "allowed": TenantPermissions(request.user, run.tenant_id),
                 **_partial_marks(actions, recovery_trail.kept_action_ids(run=run)),
             },
         )
-    page = run_selectors.run_page(run=run)
-    earlier = _earlier(page.actions)
-    if request.GET.get("actions") == "all":
-        earlier = []
+    try:
+        page = run_selectors.run_page(run=run, cursor=cursor)
+    except ValidationFailed:
+        return HttpResponseBadRequest("This link's cursor is not one the page handed out.")
+    shown = {a.pk for a in page.actions}
     return render(
         request,
         "dashboard/run_detail.html",
         {
             "p": page,
             "run": run,
-            "actions": page.actions[len(earlier) :],
-            "earlier_count": len(earlier),
-            "earlier_unknown": sum(1 for a in earlier if a.status == Action.Status.UNKNOWN),
+            "actions": page.actions,
+            "older": {"next_cursor": page.older_actions},
+            "paged": cursor is not None,
+            # Unknown outcomes among the actions not shown (the warnings name every one).
+            "older_note": _unknown_note(
+                sum(
+                    1 for w in page.warnings if w["code"] == "outcome_unknown" and w["action_id"] not in shown
+                )
+            ),
+            # A long run can carry thousands of warnings (every step after a pivot): the first ones.
+            "warnings_shown": WARNINGS_SHOWN,
+            "warnings_not_shown": max(len(page.warnings) - WARNINGS_SHOWN, 0),
             "allowed": TenantPermissions(request.user, run.tenant_id),
             "item_open": page.item is not None and page.item.status in RecoveryItem.UNRESOLVED,
             "latest_checkpoint_id": page.checkpoints[0].pk if page.checkpoints else None,
@@ -82,9 +95,24 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
                 user=request.user,
                 upto=page.actions[-1].seq if page.actions else 0,
             ),
-            **_partial_marks(page.actions, {e["action_id"] for e in page.trail["kept"]}),
+            **_partial_marks(page.actions, recovery_trail.kept_action_ids(run=run)),
         },
     )
+
+
+@require_GET
+@login_required
+def run_trail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
+    """The run's correction trail: what the run page loads into its trail slot once it is shown
+    (htmx), so the page's own request never builds a trail that lists every change of a long run;
+    without JavaScript, a page of its own."""
+    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
+    if run is None:
+        return common.run_missing(request, run_id)
+    trail = recovery_trail.run_trail(run=run)
+    if request.htmx:
+        return render(request, "dashboard/_trail.html", {"trail": trail})
+    return render(request, "dashboard/run_trail.html", {"run": run, "trail": trail})
 
 
 @require_GET
@@ -134,7 +162,9 @@ def run_live(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
         # The shown window of the ledger (its statuses and kept/undone marks), what arrived since
         # the page was loaded, and the correction trail, which follows the unwind.
         shown = list(
-            Action.objects.filter(run=run, seq__gt=upto - ACTIONS_SHOWN, seq__lte=upto).order_by("seq")
+            Action.objects.filter(
+                run=run, seq__gt=upto - run_selectors.RUN_PAGE_ACTIONS, seq__lte=upto
+            ).order_by("seq")
         )
         context.update(
             actions=shown,
@@ -148,6 +178,10 @@ def run_live(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     if stop:
         response.status_code = HTMX_STOP_POLLING
     return response
+
+
+def _unknown_note(count: int) -> str:
+    return f"{count} not shown with an unknown outcome" if count else ""
 
 
 def _partial_marks(actions: list[Action], kept_ids: set[str]) -> dict[str, set[str]]:

@@ -16,11 +16,10 @@ from typing import Any
 
 import orjson
 from django.db import connection
-from django.db.models import DateTimeField, JSONField
-from django.utils.dateparse import parse_datetime
 
 from ledger import json_text, metrics
 from ledger.models import Action
+from ledger.rows import model_from_row
 
 # The functions a write may call: a constant set, never a name from input.
 FUNCTIONS = frozenset({"saga_action_record", "saga_action_move"})
@@ -65,21 +64,6 @@ def _fragment_value(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-_ACTION_FIELDS = [field for field in Action._meta.concrete_fields]
-
-
 def action_from_row(row: dict[str, Any]) -> Action:
-    """An Action built from a function's ``to_jsonb`` of its row (a jsonb column arrives decoded,
-    a timestamp as ISO text), as if the ORM had read it."""
-    values: dict[str, Any] = {}
-    for field in _ACTION_FIELDS:
-        value = row.get(field.column or field.attname)
-        if isinstance(field, DateTimeField) and isinstance(value, str):
-            value = parse_datetime(value)
-        elif not isinstance(field, JSONField) and value is not None:
-            value = field.to_python(value)
-        values[field.attname] = value
-    action = Action(**values)
-    action._state.adding = False
-    action._state.db = connection.alias
-    return action
+    """An Action built from a function's ``to_jsonb`` of its row, as if the ORM had read it."""
+    return model_from_row(Action, row)

@@ -19,6 +19,7 @@ from ledger.models import Action
 from ledger.services.actions import moves
 from recovery import selectors as recovery_selectors
 from recovery.services import approving, reports
+from saga_admin.api import reads
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
 from saga_admin.api.common import (
     WRITE_ERRORS,
@@ -28,7 +29,6 @@ from saga_admin.api.common import (
     check_id,
     idempotency_header,
     key_of,
-    run_for,
     tenant_of,
 )
 from saga_admin.api.idempotency import idempotent_response, json_response
@@ -43,7 +43,6 @@ from saga_admin.api.schemas.actions import (
     ActionVerifyIn,
     ActionVerifyOut,
     action_out,
-    actions_out,
 )
 from saga_admin.api.schemas.queue import recovery_item_out
 
@@ -73,9 +72,8 @@ def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
     summary="A run's actions, oldest first (cursor pagination, limit ≤ 500)",
 )
 def run_actions(request: HttpRequest, run_id: str, page: Query[ActionPageQuery]) -> dict[str, Any]:
-    run = run_for(request, run_id)
-    rows = ledger_selectors.run_actions_page(run=run, cursor=page.cursor, limit=page.limit)
-    return {"items": actions_out(run, rows.items), "next_cursor": rows.next_cursor}
+    check_id("Run", run_id)
+    return reads.actions_page(key=key_of(request), run_id=run_id, cursor=page.cursor, limit=page.limit)
 
 
 @router.post(
@@ -134,7 +132,8 @@ def action_record(
     summary="An action with its approval decision (poll this while awaiting_approval)",
 )
 def action_detail(request: HttpRequest, action_id: str) -> dict[str, Any]:
-    return _action_body(action_for(request, action_id))
+    # Just read (with its run): not read again.
+    return _action_body(action_for(request, action_id), fresh=True)
 
 
 @router.post(

@@ -10,11 +10,18 @@ from ninja import Query, Router
 
 from ledger import errors
 from ledger import selectors as ledger_selectors
-from ledger.models import Checkpoint
-from ledger.pagination import NEWEST_FIRST, keyset_page
 from ledger.services import checkpoints
+from saga_admin.api import reads
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
-from saga_admin.api.common import WRITE_ERRORS, actor_of, idempotency_header, run_for, tenant_of
+from saga_admin.api.common import (
+    WRITE_ERRORS,
+    actor_of,
+    check_id,
+    idempotency_header,
+    key_of,
+    run_for,
+    tenant_of,
+)
 from saga_admin.api.idempotency import idempotent_response
 from saga_admin.api.schemas.checkpoints import (
     CheckpointIn,
@@ -53,14 +60,8 @@ def checkpoint_create(
     summary="A run's checkpoints, newest first",
 )
 def checkpoint_list(request: HttpRequest, run_id: str, page: Query[PageQuery]) -> dict[str, Any]:
-    run = run_for(request, run_id)
-    rows = keyset_page(
-        Checkpoint.objects.filter(run=run), keys=NEWEST_FIRST, cursor=page.cursor, limit=page.limit
-    )
-    return {
-        "items": [checkpoint_out(checkpoint) for checkpoint in rows.items],
-        "next_cursor": rows.next_cursor,
-    }
+    check_id("Run", run_id)
+    return reads.checkpoint_page(key=key_of(request), run_id=run_id, cursor=page.cursor, limit=page.limit)
 
 
 @router.get(

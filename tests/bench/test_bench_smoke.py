@@ -125,10 +125,28 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
             assert config[figure]["count"] > 0 and config[figure]["errors"] == 0, (name, figure, config)
         step = config["full_step"]["step"]
         assert step["count"] > 0 and step["errors"] == 0, (name, config["full_step"])
+    _check_reads(sections["reads"], report)
     _check_workers(sections["workers"])
     _check_bulk(sections["bulk"], report)
     # The table printed to the terminal is the same one the report carries.
     assert "figure" in completed.stdout and "Targets:" in completed.stdout
+
+
+def _check_reads(reads: dict, report: str) -> None:
+    """Issue 30, item 4: every read measured beside the append on one server, error-free, one
+    query each; the run page with 200 and 5,000 actions, its Load more and its trail, timed and
+    counted, the page's queries the same for both lengths."""
+    api = reads["api"]
+    for op in ("append", "checkpoints", "run", "actions", "runs", "append_again"):
+        assert api[op]["count"] > 0 and api[op]["errors"] == 0, (op, api[op])
+    assert all(api["queries"][op]["queries"] == 1 for op in ("checkpoints", "run", "actions", "runs"))
+    pages = reads["pages"]
+    for actions in ("200", "5,000"):
+        names = [n for n in pages if n.startswith(f"run page ({actions} actions)")]
+        assert any("Load more" in n for n in names) and any("trail" in n for n in names), names
+    assert all(p["count"] > 0 and p["errors"] == 0 and p["queries"] > 0 for p in pages.values()), pages
+    assert pages["run page (200 actions)"]["queries"] == pages["run page (5,000 actions)"]["queries"]
+    assert "## Reads" in report and "x the append" in report
 
 
 def _check_audit_stream(stream: dict, report: str) -> None:

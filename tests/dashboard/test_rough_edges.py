@@ -110,7 +110,7 @@ def test_nothing_is_said_not_undone_before_anyone_decided(client, tenant, agent,
     assert trail["not_undone"] == [] and len(trail["changed"]) == 2
     assert "Nobody has decided yet whether to undo what it changed." in trail["summary"]
     client.force_login(alice)
-    page = client.get(reverse("dashboard:run-detail", args=[run.pk])).content.decode()
+    page = client.get(reverse("dashboard:run-trail", args=[run.pk])).content.decode()
     assert "What could not be undone" not in page
 
     # Alice closes it as it stands: now what stays in effect was not undone, and says why.
@@ -118,7 +118,7 @@ def test_nothing_is_said_not_undone_before_anyone_decided(client, tenant, agent,
     trail = run_trail(run=Run.objects.get(pk=run.pk))
     assert {e["reason"] for e in trail["not_undone"]} == {"the run was closed without undoing it"}
     assert "Nobody has decided" not in trail["summary"]
-    page = client.get(reverse("dashboard:run-detail", args=[run.pk])).content.decode()
+    page = client.get(reverse("dashboard:run-trail", args=[run.pk])).content.decode()
     assert "What could not be undone" in page
 
 

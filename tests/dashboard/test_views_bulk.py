@@ -71,8 +71,9 @@ def test_it_previews_decides_and_aborts(client, alice, crm_items, django_capture
     done = client.get(response["Location"], headers={"HX-Request": "true", "HX-Target": "bulk-progress"})
     assert done.status_code == 286  # htmx: stop polling
 
-    run_page = client.get(reverse("dashboard:run-detail", args=[bulk.items.get(outcome="done").run_id]))
-    assert reverse("dashboard:bulk-detail", args=[bulk.pk]) in run_page.content.decode()
+    # The run's correction trail (which its page loads) says the bulk decided it.
+    trail = client.get(reverse("dashboard:run-trail", args=[bulk.items.get(outcome="done").run_id]))
+    assert reverse("dashboard:bulk-detail", args=[bulk.pk]) in trail.content.decode()
 
 
 def test_it_asks_for_the_count_typed_past_the_threshold(client, alice, crm_items, settings):

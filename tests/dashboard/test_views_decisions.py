@@ -267,23 +267,25 @@ def test_an_operator_reconciles_an_unknown_outcome(client, tenant, agent, alice,
     assert action.status == Action.Status.FAILED
 
 
-def test_reconciling_an_action_older_than_the_page_shows_goes_back_to_every_action(
+def test_reconciling_an_action_older_than_the_page_shows_goes_back_to_the_page_that_holds_it(
     client, tenant, agent, alice, monkeypatch
 ):
-    from dashboard.views import runs as run_views
+    from dashboard.selectors import runs as run_selectors
 
     load_onboarding_policies()
     run = runs.run_create(tenant=tenant, actor=agent, agent="crm-agent", request="Fix the owner")
     action = perform_action(
         run, agent, "crm.update_contact", target_id="c-1", args={"owner": "x"}, unknown=True
     )
-    monkeypatch.setattr(run_views, "ACTIONS_SHOWN", 0)  # the page shows none of the run's actions
+    perform_action(run, agent, "crm.update_contact", target_id="c-2", args={"owner": "y"})
+    monkeypatch.setattr(run_selectors, "RUN_PAGE_ACTIONS", 1)  # the page shows only the newest
     client.force_login(alice)
     response = client.post(
         reverse("dashboard:action-reconcile", args=[action.pk]), {"happened": "yes", "reason": "it happened"}
     )
     assert response.status_code == 303
-    assert response["Location"].endswith(f"?actions=all#action-{action.seq}")
+    assert "?cursor=" in response["Location"] and response["Location"].endswith(f"#action-{action.seq}")
+    assert f'id="action-{action.seq}"' in client.get(response["Location"]).content.decode()
 
 
 def test_bulk_close_handles_low_risk_items_and_reports_the_rest(client, tenant, agent, alice, carol):

@@ -21,7 +21,7 @@ from saga_admin.api.schemas.approvals import (
     ApprovalGrantOut,
     approval_grants,
 )
-from saga_admin.api.schemas.common import JSONObject, JSONValue, StrictIn, ToolName, fields_of
+from saga_admin.api.schemas.common import JSONObject, JSONValue, Out, StrictIn, ToolName, fields_of
 from saga_admin.api.schemas.queue import RecoveryItemOut
 
 ErrorLayer = Literal["model", "tool", "workflow"]
@@ -124,7 +124,7 @@ class ActionPageQuery(Schema):
     limit: int = Field(100, ge=1, le=500)
 
 
-class ApprovalSummaryOut(Schema):
+class ApprovalSummaryOut(Out):
     id: str
     status: Literal["pending", "approved", "rejected", "expired"]
     risk: str
@@ -146,18 +146,18 @@ class ApprovalSummaryOut(Schema):
     escalated_at: datetime | None = Field(None, description=ESCALATED_AT_DOC)
 
 
-class CompensationOut(Schema):
+class CompensationOut(Out):
     strategy: str
     tool: str
     args: JSONValue = None
 
 
-class ViaOut(Schema):
+class ViaOut(Out):
     gateway: str
     upstream: str
 
 
-class ActionOut(Schema):
+class ActionOut(Out):
     id: str
     run_id: str
     seq: int
@@ -193,7 +193,7 @@ class ActionOut(Schema):
     completed_at: datetime | None = None
 
 
-class ActionPageOut(Schema):
+class ActionPageOut(Out):
     items: list[ActionOut]
     next_cursor: str | None = Field(
         None, description="Pass as ?cursor= for the next page; null on the last one."
@@ -204,7 +204,10 @@ class ActionVerifyOut(ActionOut):
     recovery_item: RecoveryItemOut | None = None
 
 
-def action_out(action: Action, *, approval: Approval | None = None) -> dict[str, Any]:
+def action_out(action: Action, *, approval: Approval | None = None, validate: bool = True) -> dict[str, Any]:
+    """The action as the API shows it. ``validate=False``: its values as they are, for an
+    operation whose response schema (ninja's one pass over what it returns) validates and orders
+    them anyway; the reads (``saga_admin.api.reads``) skip a second pass over every action."""
     compensation = None
     if action.compensation_tool or action.compensation_strategy != "none":
         compensation = {
@@ -237,6 +240,8 @@ def action_out(action: Action, *, approval: Approval | None = None) -> dict[str,
         "approval": approval_data,
         "compensation": compensation,
     }
+    if not validate:
+        return data
     out = ActionOut.model_validate(data).model_dump(mode="json", exclude=set(_AGENT_JSON))
     # The agent's own JSON is handed on as it is: it is JSON already (parsed from a request, or read
     # from a jsonb column), and converting it for JSON would walk every value of up to a megabyte.
@@ -247,8 +252,14 @@ def action_out(action: Action, *, approval: Approval | None = None) -> dict[str,
 _AGENT_JSON = frozenset({"args", "before_snapshot", "after_snapshot", "result"})
 
 
-def actions_out(run: Run, rows: list[Action]) -> list[dict[str, Any]]:
-    """Actions as the API shows them, with their approvals read in one query for all of them."""
-    gated = [action.pk for action in rows if action.requires_approval]
-    approvals = recovery_selectors.latest_action_approvals(run_id=run.pk, action_ids=gated) if gated else {}
-    return [action_out(action, approval=approvals.get(action.pk)) for action in rows]
+def actions_out(
+    run: Run, rows: list[Action], *, approvals: dict[str, Approval] | None = None, validate: bool = True
+) -> list[dict[str, Any]]:
+    """Actions as the API shows them, with their approvals (the newest of each action, by action
+    id), given or read in one query for all of them (``validate``: see ``action_out``)."""
+    if approvals is None:
+        gated = [action.pk for action in rows if action.requires_approval]
+        approvals = (
+            recovery_selectors.latest_action_approvals(run_id=run.pk, action_ids=gated) if gated else {}
+        )
+    return [action_out(action, approval=approvals.get(action.pk), validate=validate) for action in rows]

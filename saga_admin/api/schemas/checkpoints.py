@@ -11,7 +11,7 @@ from pydantic import Field
 
 from ledger.models import Checkpoint
 from ledger.pagination import MAX_CURSOR_LENGTH
-from saga_admin.api.schemas.common import ActionId, JSONObject, JSONValue, StrictIn, fields_of
+from saga_admin.api.schemas.common import ActionId, JSONObject, JSONValue, Out, StrictIn, fields_of
 
 RecoveryMode = Literal["resume_or_compensate", "resume_only", "compensate_only"]
 
@@ -33,7 +33,7 @@ class PageQuery(Schema):
     limit: int = Field(50, ge=1, le=200)
 
 
-class CheckpointOut(Schema):
+class CheckpointOut(Out):
     id: str
     run_id: str
     name: str
@@ -48,12 +48,13 @@ class CheckpointOut(Schema):
     created_at: datetime
 
 
-class CheckpointPageOut(Schema):
+class CheckpointPageOut(Out):
     items: list[CheckpointOut]
     next_cursor: str | None = None
 
 
-def checkpoint_out(checkpoint: Checkpoint) -> dict[str, Any]:
-    return CheckpointOut.model_validate(
-        {**fields_of(checkpoint, CheckpointOut), "run_id": checkpoint.run_id}
-    ).model_dump(mode="json")
+def checkpoint_out(checkpoint: Checkpoint, *, validate: bool = True) -> dict[str, Any]:
+    """``validate=False``: the values as they are, for a response schema to validate (see
+    ``saga_admin.api.schemas.actions.action_out``)."""
+    data = {**fields_of(checkpoint, CheckpointOut), "run_id": checkpoint.run_id}
+    return CheckpointOut.model_validate(data).model_dump(mode="json") if validate else data

@@ -114,7 +114,7 @@ class ItemFilters(Schema):  # query strings: lax on purpose ("50" is a number he
         )
 
 
-class RecoveryItemOut(Schema):
+class RecoveryItemOut(Out):
     id: str
     status: str
     reason: str
@@ -273,9 +273,10 @@ class ItemDetailOut(ItemOut):
     unwinds: list[str]
 
 
-def recovery_item_out(item: RecoveryItem | None) -> dict[str, Any] | None:
+def recovery_item_out(item: RecoveryItem | None, *, validate: bool = True) -> dict[str, Any] | None:
+    """``validate=False``: the values as they are, for a response schema to validate (see
+    ``saga_admin.api.schemas.actions.action_out``)."""
     if item is None:
         return None
-    return RecoveryItemOut.model_validate(
-        {**fields_of(item, RecoveryItemOut), "failed_action_id": item.failed_action_id}
-    ).model_dump(mode="json")
+    data = {**fields_of(item, RecoveryItemOut), "failed_action_id": item.failed_action_id}
+    return RecoveryItemOut.model_validate(data).model_dump(mode="json") if validate else data

@@ -14,7 +14,7 @@ from ledger.pagination import MAX_CURSOR_LENGTH
 from saga_admin.api.schemas.actions import ActionOut
 from saga_admin.api.schemas.checkpoints import CheckpointOut
 from saga_admin.api.schemas.commands import CommandOut
-from saga_admin.api.schemas.common import ActionId, HttpUrlStr, JSONObject, StrictIn, fields_of
+from saga_admin.api.schemas.common import ActionId, HttpUrlStr, JSONObject, Out, StrictIn, fields_of
 from saga_admin.api.schemas.queue import RecoveryItemOut
 
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "compensating", "compensated", "closed"]
@@ -69,7 +69,7 @@ class RunFailIn(StrictIn):
     )
 
 
-class WarningOut(Schema):
+class WarningOut(Out):
     code: str
     message: str
     action_id: str | None = None
@@ -82,7 +82,7 @@ class UnwindRefOut(Schema):
     automatic: bool
 
 
-class RunOut(Schema):
+class RunOut(Out):
     id: str
     agent: str
     request: str
@@ -125,7 +125,7 @@ class RunFailOut(RunOut):
     )
 
 
-class RunPageOut(Schema):
+class RunPageOut(Out):
     items: list[RunOut]
     next_cursor: str | None = Field(
         None, description="Pass as ?cursor= for the next page; null on the last one."
@@ -194,7 +194,8 @@ class RunCancelOut(RunOut):
     )
 
 
-def run_out(run: Run) -> dict[str, Any]:
-    return RunOut.model_validate(
-        {**fields_of(run, RunOut), "failed_action_id": run.failed_action_id}
-    ).model_dump(mode="json")
+def run_out(run: Run, *, validate: bool = True) -> dict[str, Any]:
+    """``validate=False``: the values as they are, for a response schema to validate (see
+    ``saga_admin.api.schemas.actions.action_out``)."""
+    data = {**fields_of(run, RunOut), "failed_action_id": run.failed_action_id}
+    return RunOut.model_validate(data).model_dump(mode="json") if validate else data
