@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench import audit_stream, tracing
+from bench import audit_stream, size, tracing
 from bench.dashboard import BENCH_INDEXES
 
 SECTIONS = (
@@ -20,6 +20,7 @@ SECTIONS = (
     "Servers",
     "Workers scale-out",
     "Bulk decisions",
+    "At size",
     "Targets",
 )
 # The hot-path figures of one server configuration (bench.run's ``hot_path``), in order.
@@ -389,6 +390,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         *_unwind_targets(sec, base),
         *_hot_path_targets(results),
         *_bulk_targets(sec.get("bulk", {})),
+        *size.targets(sec.get("size", {})),
     ]
 
 
@@ -760,6 +762,7 @@ def _markdown(
             *_servers_markdown(sec.get("servers", {}), base),
             *_workers_markdown(sec.get("workers", {})),
             *_bulk_markdown(sec.get("bulk", {})),
+            *size.markdown(sec.get("size", {})),
             *_closing_markdown(results),
         ]
     )
