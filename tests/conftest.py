@@ -53,15 +53,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
     WSGIServer.request_queue_size = 64
 
-    # The audit table and its signed heads refuse TRUNCATE (statement triggers); the flush that
-    # ends a transactional test is the one TRUNCATE allowed, and only for those triggers.
+    # The audit table, its signed heads and the archived runs' tombstones refuse TRUNCATE (statement
+    # triggers); the flush that ends a transactional test is the one TRUNCATE allowed, and only for
+    # those triggers.
     import pgtrigger
     from django.test import TransactionTestCase
 
     teardown = TransactionTestCase._fixture_teardown  # type: ignore[attr-defined]
 
     def _fixture_teardown(self: TransactionTestCase) -> None:
-        with pgtrigger.ignore("ledger.Event:event_no_truncate", "ledger.SignedHead:signed_head_no_truncate"):
+        with pgtrigger.ignore(
+            "ledger.Event:event_no_truncate",
+            "ledger.SignedHead:signed_head_no_truncate",
+            "ledger.ArchivedRun:archived_run_no_truncate",
+        ):
             teardown(self)
 
     TransactionTestCase._fixture_teardown = _fixture_teardown  # type: ignore[attr-defined]
