@@ -1029,7 +1029,8 @@ def _closing_markdown(results: dict[str, Any]) -> list[str]:
         "",
         "## Reproduce",
         "",
-        "    make bench          # full size; about 20 minutes on 2 cores (longer on a busy machine)",
+        "    make bench          # full size; about an hour on 2 cores, half of it seeding the size phase's year",
+        "    make bench-size     # the 'At size' phase alone (10M actions; BENCH_ARGS='--size-actions 1000000')",
         "    make bench-smoke    # tiny sizes, to check the harness",
         "",
     ]
