@@ -246,7 +246,9 @@ def governed_call(h: Harness, secret: str, steps: int) -> dict[str, Any]:
     added.sort()
     total.sort()
     bare.sort()
+    raw = _raw_pair(h, secret, steps)
     return {
+        **raw,
         "steps": len(added),
         "added_p50_ms": percentile(added, 50) * 1000,
         "added_p99_ms": percentile(added, 99) * 1000,
@@ -254,6 +256,71 @@ def governed_call(h: Harness, secret: str, steps: int) -> dict[str, Any]:
         "step_p99_ms": percentile(total, 99) * 1000,
         "bare_p50_ms": percentile(bare, 50) * 1000,
         "bare_p99_ms": percentile(bare, 99) * 1000,
+    }
+
+
+def _raw_pair(h: Harness, secret: str, steps: int) -> dict[str, Any]:
+    """The same two requests as ``run.step`` (record with ``start: true``, then succeed) sent by a
+    bare keep-alive ``httpx.Client``: the server's and the network's part of the governed call,
+    without the client library's own work."""
+    import httpx
+
+    base = f"http://127.0.0.1:{h.port}/api/v1"
+    pairs: list[float] = []
+    with httpx.Client(headers={"Authorization": f"Bearer {secret}"}, timeout=30) as client:
+        run_id = client.post(f"{base}/runs", json={"agent": "size-raw", "request": "raw pair"}).json()["id"]
+        for n in range(steps + 20):
+            t0 = time.perf_counter()
+            body = {
+                "tool": "bench.governed_call",
+                "target_type": "record",
+                "target_id": f"r-{n}",
+                "args": {"n": n},
+                "idempotency_key": f"{run_id}:raw:{n}",
+                "start": True,
+            }
+            recorded = client.post(f"{base}/runs/{run_id}/actions", json=body)
+            client.post(f"{base}/actions/{recorded.json()['id']}/succeed", json={"result": {"ok": True}})
+            if n >= 20:
+                pairs.append(time.perf_counter() - t0)
+    pairs.sort()
+    return {"raw_pair_p50_ms": percentile(pairs, 50) * 1000, "raw_pair_p99_ms": percentile(pairs, 99) * 1000}
+
+
+def profile_page(user: Any, path: str, top: int = 12) -> dict[str, Any]:
+    """One GET of ``path`` in this process under cProfile (after one to warm up): the project's
+    functions and the libraries' by their own time, and the SQL's share."""
+    import cProfile
+    import pstats
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from bench import dashboard
+
+    client = dashboard._client(user)
+    client.get(path)
+    profiler = cProfile.Profile()
+    with CaptureQueriesContext(connection) as ctx:
+        t = time.perf_counter()
+        profiler.enable()
+        client.get(path)
+        profiler.disable()
+        elapsed = time.perf_counter() - t
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (file, line, func), (_cc, calls, own, cumulative, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        where = file.split("site-packages/")[-1] if "site-packages/" in file else file.rsplit("/wt/", 1)[-1]
+        rows.append((own, cumulative, calls, f"{where}:{line} {func}"))
+    rows.sort(reverse=True)
+    return {
+        "ms": elapsed * 1000,
+        "sql_ms": sum(float(q["time"]) for q in ctx.captured_queries) * 1000,
+        "queries": len(ctx.captured_queries),
+        "top_own": [
+            {"function": name, "calls": calls, "own_ms": own * 1000, "cumulative_ms": cum * 1000}
+            for own, cum, calls, name in rows[:top]
+        ],
     }
 
 
@@ -526,6 +593,9 @@ def measure(
         out["api_queries"], out["api_explain"] = _api_query_counts(secret, api)
 
         out.update(_over_http(h, summarize, log, user=user, secret=secret, pages=pages, api=api))
+        slow = [(name, t["path"]) for name, t in out["timings"].items() if t["p95_ms"] >= PAGE_P95_MS]
+        log(f"size: cProfile of the {len(slow)} page(s) over {PAGE_P95_MS} ms")
+        out["profiles"] = {name: profile_page(user, path) for name, path in slow}
     finally:
         from django.db import connections
 
@@ -630,6 +700,7 @@ def markdown(sec: dict[str, Any]) -> list[str]:
         *_load_markdown(sec),
         *_pages_markdown(sec),
         *_where_markdown(sec),
+        *_profiles_markdown(sec),
         *_retention_markdown(sec.get("retention", {})),
         "",
     ]
@@ -691,7 +762,9 @@ def _load_markdown(sec: dict[str, Any]) -> list[str]:
             "with `start: true`, the tool, succeed, over HTTP): the step takes "
             f"p50 {g['step_p50_ms']:.1f} ms / p99 {g['step_p99_ms']:.1f} ms, the bare tool p50 "
             f"{g['bare_p50_ms']:.3f} ms; **governance adds p50 {g['added_p50_ms']:.1f} ms, p99 "
-            f"{g['added_p99_ms']:.1f} ms**.",
+            f"{g['added_p99_ms']:.1f} ms**. The same two requests from a bare keep-alive `httpx.Client`: "
+            f"p50 {g.get('raw_pair_p50_ms', 0):.1f} ms, p99 {g.get('raw_pair_p99_ms', 0):.1f} ms (the server's and "
+            "the network's part; the rest is the client library's own work).",
         ]
     return out
 
@@ -755,6 +828,24 @@ def _where_markdown(sec: dict[str, Any]) -> list[str]:
             f"- **{name}**: p95 {t['p95_ms']:.0f} ms, SQL {sql_ms:.1f} ms in {e.get('selects', '?')} selects: "
             f"{where} {main.get('execution_ms', 0):.1f} ms ({', '.join(main.get('scans', []))})"
         )
+    return out
+
+
+def _profiles_markdown(sec: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for name, prof in sec.get("profiles", {}).items():
+        out += [
+            "",
+            f"cProfile of **{name}**, one GET in the benchmark process: {prof['ms']:.0f} ms, of which SQL "
+            f"{prof['sql_ms']:.1f} ms in {prof['queries']} queries; the functions with the most own time:",
+            "",
+            "| function | calls | own ms | cumulative ms |",
+            "|---|---|---|---|",
+            *[
+                f"| `{r['function']}` | {r['calls']:,} | {r['own_ms']:.1f} | {r['cumulative_ms']:.1f} |"
+                for r in prof["top_own"]
+            ],
+        ]
     return out
 
 
