@@ -78,7 +78,18 @@ def table_sizes() -> dict[str, Any]:
                 [table, table, table, table],
             )
             total, heap, indexes, rows = cursor.fetchone()
-            out[table] = {"total": total, "heap": heap, "indexes": indexes, "rows": max(0, rows)}
+            cursor.execute(
+                "SELECT i.relname, pg_relation_size(i.oid) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+                "WHERE x.indrelid = %s::regclass ORDER BY 2 DESC",
+                [table],
+            )
+            out[table] = {
+                "total": total,
+                "heap": heap,
+                "indexes": indexes,
+                "rows": max(0, rows),
+                "each_index": dict(cursor.fetchall()),
+            }
         cursor.execute("SELECT pg_database_size(current_database())")
         out["database"] = cursor.fetchone()[0]
     return out
@@ -731,7 +742,18 @@ def _seed_markdown(sec: dict[str, Any]) -> list[str]:
         "`VACUUM FULL` when the archiver ran):",
         "",
         *_size_table(sec.get("sizes_before", {}), sec.get("retention", {}).get("sizes_after_vacuum")),
+        *_index_sizes(sec.get("sizes_before", {})),
     ]
+
+
+def _index_sizes(sizes: dict[str, Any]) -> list[str]:
+    """Each index of the two biggest tables, largest first (issue 30 item 2: indexes stay small)."""
+    out = []
+    for table in ("ledger_event", "ledger_action"):
+        each = sizes.get(table, {}).get("each_index")
+        if each:
+            out.append(f"- {table}'s indexes: " + ", ".join(f"`{name}` {_mb(n)}" for name, n in each.items()))
+    return ["", *out] if out else []
 
 
 def _load_row(label: str, n: int, a: dict[str, Any]) -> str:
