@@ -447,7 +447,7 @@ def retention(
     h: Harness,
     summarize: Callable[..., dict[str, Any]],
     log: Callable[[str], None],
-    append_params: dict[str, Any],
+    keys: list[tuple[str, str]],
     web: Any,
 ) -> dict[str, Any]:
     """One archive batch under the append, then the rest of retention, VACUUM FULL, verify."""
@@ -457,7 +457,18 @@ def retention(
             "available": False,
             "note": "archiver not available (recovery.archive.archive_runs is not in this tree)",
         }
-    from bench import size_seed
+    from bench import fixtures, size_seed
+
+    # Runs for ~300 appends/s over the batch's expected length (a client that runs out goes on
+    # recording into its last run): made only when there is a batch to append beside.
+    per_run = 10
+    append_params = {
+        "runs": fixtures.fresh_runs(
+            keys=keys, per_client=int(300 * h.sizes.archive_expected_s / per_run / CLIENTS) + 2
+        ),
+        "per_run": per_run,
+        "headers_per_client": {i: {"Authorization": f"Bearer {keys[i][1]}"} for i in range(CLIENTS)},
+    }
 
     out: dict[str, Any] = {"available": True, "retention": RETENTION}
     archive_dir = (h.log_dir / "size-archive").resolve()
@@ -558,13 +569,7 @@ def _over_http(
             out[f"append_{n}"] = summarize(h.load("record_action", n, params, web=web), "record_action")
         log(f"size: a governed tool call at one agent, {sizes.governed_steps} steps")
         out["governed"] = governed_call(h, keys[0][1], sizes.governed_steps)
-        # Runs for ~300 appends/s over the batch's expected length (a client that runs out goes on
-        # recording into its last run).
-        runs = fixtures.fresh_runs(
-            keys=keys, per_client=int(300 * sizes.archive_expected_s / per_run / CLIENTS) + 2
-        )
-        params = {"runs": runs, "per_run": per_run, "headers_per_client": headers}
-        out["retention"] = retention(h, summarize, log, params, web)
+        out["retention"] = retention(h, summarize, log, keys, web)
     finally:
         web.stop()
     return out
