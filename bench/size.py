@@ -597,6 +597,7 @@ def measure(
             # A database this phase seeded before (--keep-db): measure it again without the seed.
             log(f"size: reusing the seeded database {urlsplit(url).path.lstrip('/')}")
             out.update(json.loads((h.log_dir / "size-seed.json").read_text()))
+            out["sizes_before"] = table_sizes()  # as they are now, before this run's retention
         else:
             out.update(_seed(h, url, log))
         user = dashboard.operator()
