@@ -895,7 +895,7 @@ def _retention_markdown(ret: dict[str, Any]) -> list[str]:
 
 
 def _size_table(before: dict[str, Any], after: dict[str, Any] | None) -> list[str]:
-    head = "| table | rows | heap | indexes | total |"
+    head = "| table | rows (planner estimate) | heap | indexes | total |"
     sep = "|---|---|---|---|---|"
     if after:
         head += " rows after | total after |"
