@@ -474,8 +474,13 @@ def retention(
     archive_dir = (h.log_dir / "size-archive").resolve()
     archive_dir.mkdir(parents=True, exist_ok=True)
     archive_url = f"file://{archive_dir}"
-    # The operator's side of the archive: a key for its signatures and the one destination allowed.
-    os.environ.setdefault("SAGA_AUDIT_KEY", "bench-size-audit-key-not-for-production-0123456789abcdef")
+    # The operator's side of the archive: a key for its signatures and the one destination allowed
+    # (in the environment, and in the settings, which read theirs when this process started).
+    from django.conf import settings
+
+    key = os.environ.setdefault("SAGA_AUDIT_KEY", "bench-size-audit-key-not-for-production-0123456789abcdef")
+    if not getattr(settings, "AUDIT_KEY", ""):
+        settings.AUDIT_KEY = key
     os.environ["SAGA_ARCHIVE_ALLOWED_URLS"] = archive_url
     _configure_retention(h, archive_url)
     t = time.perf_counter()
