@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help install run manage stop test test-fast services browser peers lint fmt bench bench-smoke clean
+.PHONY: help install run manage stop test test-fast services browser peers lint fmt bench bench-size bench-smoke clean
 
 # The client is its own distribution (clients/python); the server, the demo and the tests use it
 # as an integrator does, installed editable beside the server.
@@ -94,6 +94,11 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 
 bench: install services $(VENV)/.bench-installed ## The benchmarks (docs/BENCHMARKS.md; BENCH_ARGS)
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# The "At size" phase alone (issue 30): a year of history (10M actions, ~30M audit events) in its
+# own database, then the pages, the append, a governed tool call and retention against it.
+bench-size: install services $(VENV)/.bench-installed ## The 'At size' phase of the benchmarks alone (BENCH_ARGS)
+	$(PY) -m bench.run --only size --out artifacts/bench-size/BENCHMARKS.md --log-dir artifacts/bench-size $(BENCH_ARGS)
 
 bench-smoke: install services ## The benchmark harness at smoke size
 	$(PY) -m bench.run --smoke --redis-url auto --database-url postgres://postgres@127.0.0.1:5432/saga_bench_smoke --out artifacts/bench-smoke/BENCHMARKS.md --log-dir artifacts/bench-smoke

@@ -258,42 +258,49 @@ def _explain(*, user: Any, pages: list[tuple[str, str]], big: set[str]) -> dict[
         client.get(path)
         with CaptureQueriesContext(connection) as ctx:
             client.get(path)
-        queries = []
-        for captured in ctx.captured_queries:
-            sql = captured["sql"]
-            if not sql.lstrip().upper().startswith("SELECT"):
-                continue
-            with connection.cursor() as cursor:
-                cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
-                raw = cursor.fetchone()[0]
-            plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]
-            nodes: list[dict[str, Any]] = []
-            _walk(plan["Plan"], nodes)
-            seq = {n["Relation Name"] for n in nodes if n.get("Node Type") == "Seq Scan"}
-            queries.append(
-                {
-                    "sql": sql,
-                    "execution_ms": plan.get("Execution Time", 0.0),
-                    "planning_ms": plan.get("Planning Time", 0.0),
-                    "seq_scans_big": sorted(seq & big),
-                    "seq_scans_small": sorted((seq & LEDGER_TABLES) - big),
-                    "scans": sorted(
-                        {
-                            f"{n['Node Type']} {n.get('Relation Name', '')} {n.get('Index Name', '')}".strip()
-                            for n in nodes
-                            if "Scan" in n.get("Node Type", "")
-                        }
-                    ),
-                }
-            )
-        queries.sort(key=lambda q: q["execution_ms"], reverse=True)
-        report[name] = {
-            "selects": len(queries),
-            "seq_scans_big": sorted({t for q in queries for t in q["seq_scans_big"]}),
-            "seq_scans_small": sorted({t for q in queries for t in q["seq_scans_small"]}),
-            "total_execution_ms": sum(q["execution_ms"] for q in queries),
-            # The slowest few are the page's main queries; keep their plans' scan summary.
-            "main": [{**q, "sql": q["sql"][:600]} for q in queries[:3]],
-            "with_seq_scans": [{**q, "sql": q["sql"][:600]} for q in queries if q["seq_scans_big"]],
-        }
+        report[name] = explain_sqls([captured["sql"] for captured in ctx.captured_queries], big=big)
     return report
+
+
+def explain_sqls(sqls: list[str], *, big: set[str]) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) each SELECT of ``sqls`` (what one page or request ran); the
+    sequential scans over ``big`` tables are the findings."""
+    from django.db import connection
+
+    queries = []
+    for sql in sqls:
+        if not sql.lstrip().upper().startswith("SELECT"):
+            continue
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
+            raw = cursor.fetchone()[0]
+        plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]
+        nodes: list[dict[str, Any]] = []
+        _walk(plan["Plan"], nodes)
+        seq = {n["Relation Name"] for n in nodes if n.get("Node Type") == "Seq Scan"}
+        queries.append(
+            {
+                "sql": sql,
+                "execution_ms": plan.get("Execution Time", 0.0),
+                "planning_ms": plan.get("Planning Time", 0.0),
+                "seq_scans_big": sorted(seq & big),
+                "seq_scans_small": sorted((seq & LEDGER_TABLES) - big),
+                "scans": sorted(
+                    {
+                        f"{n['Node Type']} {n.get('Relation Name', '')} {n.get('Index Name', '')}".strip()
+                        for n in nodes
+                        if "Scan" in n.get("Node Type", "")
+                    }
+                ),
+            }
+        )
+    queries.sort(key=lambda q: q["execution_ms"], reverse=True)
+    return {
+        "selects": len(queries),
+        "seq_scans_big": sorted({t for q in queries for t in q["seq_scans_big"]}),
+        "seq_scans_small": sorted({t for q in queries for t in q["seq_scans_small"]}),
+        "total_execution_ms": sum(q["execution_ms"] for q in queries),
+        # The slowest few are the page's main queries; keep their plans' scan summary.
+        "main": [{**q, "sql": q["sql"][:600]} for q in queries[:3]],
+        "with_seq_scans": [{**q, "sql": q["sql"][:600]} for q in queries if q["seq_scans_big"]],
+    }

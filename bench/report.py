@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench import audit_stream, reads, tracing
+from bench import audit_stream, reads, size, tracing
 from bench.dashboard import BENCH_INDEXES
 
 SECTIONS = (
@@ -21,6 +21,7 @@ SECTIONS = (
     "Servers",
     "Workers scale-out",
     "Bulk decisions",
+    "At size",
     "Targets",
 )
 # The hot-path figures of one server configuration (bench.run's ``hot_path``), in order.
@@ -392,6 +393,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         *_unwind_targets(sec, base),
         *_hot_path_targets(results),
         *_bulk_targets(sec.get("bulk", {})),
+        *size.targets(sec.get("size", {})),
     ]
 
 
@@ -764,6 +766,7 @@ def _markdown(
             *_servers_markdown(sec.get("servers", {}), base),
             *_workers_markdown(sec.get("workers", {})),
             *_bulk_markdown(sec.get("bulk", {})),
+            *size.markdown(sec.get("size", {})),
             *_closing_markdown(results),
         ]
     )
@@ -1030,7 +1033,8 @@ def _closing_markdown(results: dict[str, Any]) -> list[str]:
         "",
         "## Reproduce",
         "",
-        "    make bench          # full size; about 20 minutes on 2 cores (longer on a busy machine)",
+        "    make bench          # full size; about an hour on 2 cores, half of it seeding the size phase's year",
+        "    make bench-size     # the 'At size' phase alone (10M actions; BENCH_ARGS='--size-actions 1000000')",
         "    make bench-smoke    # tiny sizes, to check the harness",
         "",
     ]

@@ -19,7 +19,10 @@ Phases, in order (each figure is measured in this run; nothing is carried over f
      granian), one after another; the restated targets come from the Procfile's line;
   6. workers: 200 I/O-bound compensations (a 200 ms webhook) by 1, then 4 Procfile workers;
   7. bulk: 10k open items of one reason, the bulk preview of their filter, then a bulk that closes
-     them all on one Procfile worker while 16 clients append (bench/bulk.py, issue 31).
+     them all on one Procfile worker while 16 clients append (bench/bulk.py, issue 31);
+  8. size: a year of history in its own database (10M actions, ~30M audit events by COPY), then
+     the append, the pages and API lists, a governed tool call and retention at that size
+     (bench/size.py, issue 30).
 It prints one table and writes docs/BENCHMARKS.md (``--out``).
 """
 
@@ -69,6 +72,17 @@ class Sizes:
     # how long it may (then it is reported as timed out).
     bulk_expected_s: float
     bulk_timeout_s: float
+    # The "at size" phase (bench/size.py, issue 30 item 5): actions seeded (events ~3 per action),
+    # open items, the run page's two sizes, chains verified, governed steps timed, runs per archive
+    # batch and how long the rest of retention may take.
+    size_actions: int = 10_000_000
+    size_open_items: int = 2_000
+    size_big_runs: tuple[int, ...] = (200, 5_000)
+    verify_sample: int = 300
+    governed_steps: int = 500
+    archive_batch: int = 100_000
+    archive_expected_s: float = 120
+    retention_timeout_s: float = 3600
 
 
 FULL = Sizes(
@@ -119,6 +133,14 @@ SMOKE = Sizes(
     bulk_profile_items=30,
     bulk_expected_s=10,
     bulk_timeout_s=240,
+    size_actions=3_000,
+    size_open_items=40,
+    size_big_runs=(200, 500),
+    verify_sample=20,
+    governed_steps=20,
+    archive_batch=50,
+    archive_expected_s=5,
+    retention_timeout_s=120,
 )
 
 CLIENT_COUNTS = (1, 16)
@@ -309,6 +331,8 @@ class Harness:
             self.sizes.bulk_items = args.bulk_items
         if args.page_samples is not None:
             self.sizes.page_samples = args.page_samples
+        if args.size_actions is not None:
+            self.sizes.size_actions = args.size_actions
         self.database_url = args.database_url
         self.redis_url = args.redis_url
         self.port = args.port
@@ -846,6 +870,13 @@ class Harness:
 
         self.section("bulk").update(bulk.measure(self, summarize, log))
 
+    # Phase 8 ----------------------------------------------------------------------------------
+
+    def size(self) -> None:
+        from bench import size
+
+        self.section("size").update(size.measure(self, summarize, log))
+
     # Driver -----------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -866,6 +897,7 @@ class Harness:
             ("servers", self.servers),
             ("workers", self.workers),
             ("bulk", self.bulk),
+            ("size", self.size),
         ]
         only = set(self.args.only.split(",")) if self.args.only else None
         for name, phase in phases:
@@ -886,12 +918,14 @@ class Harness:
         from bench import report
 
         self.results["load_after"] = machine.loadavg()
+        # The figures first: a report that fails to render can be rendered again (--render).
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / "results.json").write_text(json.dumps(self.results, indent=2, default=str))
         text, markdown = report.render(self.results, smoke=self.args.smoke)
         print(text)
         out = Path(self.args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(markdown)
-        (self.log_dir / "results.json").write_text(json.dumps(self.results, indent=2, default=str))
         log(f"wrote {out} and {self.log_dir / 'results.json'}")
         return 1 if self.results["errors"] else 0
 
@@ -920,7 +954,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default="",
         help="comma-separated phases: baselines,append,traces,unauthenticated,record_size,audit_stream,"
-        "dashboard,reads,unwind,servers,workers,bulk",
+        "dashboard,reads,unwind,servers,workers,bulk,size",
     )
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--actions-per-run", type=int, default=None)
@@ -928,6 +962,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=None, help="seconds measured per load test")
     parser.add_argument("--bulk-items", type=int, default=None, help="open items the bulk phase closes")
     parser.add_argument("--page-samples", type=int, default=None, help="timed fetches of each dashboard page")
+    parser.add_argument(
+        "--size-actions",
+        type=int,
+        default=None,
+        help="actions the 'size' phase seeds (default 10,000,000; ~3 audit events each)",
+    )
+    parser.add_argument(
+        "--size-reuse",
+        action="store_true",
+        help="measure the size database a --keep-db run seeded (its log dir's size-seed.json) again, unseeded",
+    )
+    parser.add_argument("--size-workers", type=int, default=2, help="parallel COPY streams of the size seed")
+    parser.add_argument(
+        "--size-database-url",
+        default=os.environ.get("BENCH_SIZE_DATABASE_URL", ""),
+        help="the size phase's own database (default: --database-url's name + '_size'; dropped unless --keep-db)",
+    )
     parser.add_argument(
         "--render",
         metavar="RESULTS_JSON",

@@ -128,6 +128,7 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
     _check_reads(sections["reads"], report)
     _check_workers(sections["workers"])
     _check_bulk(sections["bulk"], report)
+    _check_size(sections["size"], report)
     # The table printed to the terminal is the same one the report carries.
     assert "figure" in completed.stdout and "Targets:" in completed.stdout
 
@@ -153,6 +154,26 @@ def _check_audit_stream(stream: dict, report: str) -> None:
     """The append before the audit stream, with it off and on (a worker streaming to a syslog sink)."""
     assert all(stream[mode]["count"] > 0 and stream[mode]["errors"] == 0 for mode in ("before", "off", "on"))
     assert stream["frames_received"] > 0 and "audit stream on (syslog sink)" in report
+
+
+def _check_size(size: dict, report: str) -> None:
+    """The 'at size' phase (issue 30): its own database seeded with chains that verify, every page
+    and API list served without an error and EXPLAINed, the append and the governed call measured,
+    and retention measured or said to be not available."""
+    assert size["seed"]["counts"]["actions"] > 0 and size["seed"]["counts"]["events"] > 0
+    assert size["check"]["ok"], size["check"]
+    assert size["timings"] and set(size["timings"]) == set(size["explain"])
+    assert set(size["api_timings"]) == set(size["api_explain"])
+    for t in (*size["timings"].values(), *size["api_timings"].values()):
+        assert t["count"] > 0 and t["errors"] == 0, t
+    assert any("5" in name or "500" in name for name in size["timings"] if name.startswith("run detail"))
+    for n in (1, 16):
+        assert size[f"append_{n}"]["count"] > 0 and size[f"append_{n}"]["errors"] == 0
+    assert size["governed"]["steps"] > 0
+    assert "ledger_event" in size["sizes_before"] and size["sizes_before"]["database"] > 0
+    retention = size["retention"]
+    assert retention["available"] or "archiver not available" in retention["note"]
+    assert "## At size" in report and "governance adds" in report
 
 
 def _check_bulk(bulk: dict, report: str) -> None:
