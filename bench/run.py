@@ -333,6 +333,10 @@ class Harness:
             self.sizes.page_samples = args.page_samples
         if args.size_actions is not None:
             self.sizes.size_actions = args.size_actions
+        if args.size_archive_batch is not None:
+            self.sizes.archive_batch = args.size_archive_batch
+        if args.size_retention_timeout is not None:
+            self.sizes.retention_timeout_s = args.size_retention_timeout
         self.database_url = args.database_url
         self.redis_url = args.redis_url
         self.port = args.port
@@ -974,6 +978,18 @@ def main(argv: list[str] | None = None) -> int:
         help="measure the size database a --keep-db run seeded (its log dir's size-seed.json) again, unseeded",
     )
     parser.add_argument("--size-workers", type=int, default=2, help="parallel COPY streams of the size seed")
+    parser.add_argument(
+        "--size-archive-batch",
+        type=int,
+        default=None,
+        help="runs in the archive batch timed under the append (default 100,000), and per later pass",
+    )
+    parser.add_argument(
+        "--size-retention-timeout",
+        type=float,
+        default=None,
+        help="seconds the rest of retention may take after the timed batch (default 3600)",
+    )
     parser.add_argument(
         "--size-database-url",
         default=os.environ.get("BENCH_SIZE_DATABASE_URL", ""),
