@@ -24,7 +24,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from ledger import errors
 from ledger.models import Action, Run, Tenant
-from ledger.pagination import NEWEST_FIRST, Key, Page, keyset_page
+from ledger.pagination import NEWEST_FIRST, Key, Page, merged_keyset_page
 from ledger.tool_names import TOOL_NAME_MAX_LENGTH
 
 Tenants = Tenant | Iterable[Tenant] | Iterable[int]
@@ -166,8 +166,18 @@ def runs_page(
     """A page of the runs ``run_filter`` matches, newest first, after ``cursor`` (a forged one is
     a ``ValidationFailed`` when ``strict``, else the first page), and whether the search named
     them exactly."""
-    queryset, exact = run_filter.matching(tenants=tenants)
-    page = keyset_page(
-        queryset.select_related("tenant"), keys=RUNS_ORDER, cursor=cursor, limit=limit, strict=strict
+    # One page per tenant, merged: each reads its own newest runs (``run_tenant_*`` indexes), so a
+    # neighbour tenant's burst of runs never lies between a tenant and its own (PostgreSQL cannot
+    # walk one index in order for several tenants under a LIMIT; it would filter the global order).
+    tenant_ids = _tenant_ids(tenants)
+    matched = [run_filter.matching(tenants=[tenant_id]) for tenant_id in tenant_ids] or [
+        run_filter.matching(tenants=tenant_ids)
+    ]
+    page = merged_keyset_page(
+        [queryset.select_related("tenant") for queryset, _ in matched],
+        keys=RUNS_ORDER,
+        cursor=cursor,
+        limit=limit,
+        strict=strict,
     )
-    return page, exact
+    return page, any(exact for _, exact in matched)

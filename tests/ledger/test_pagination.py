@@ -52,3 +52,43 @@ def test_the_api_refuses_a_cursor_it_did_not_hand_out(five_runs, cursor):
 def test_the_dashboard_shows_the_first_page_for_it(five_runs, cursor):
     first = keyset_page(Run.objects.all(), keys=NEWEST_FIRST, cursor=None, limit=2)
     assert keyset_page(Run.objects.all(), keys=NEWEST_FIRST, cursor=cursor, limit=2, strict=False) == first
+
+
+def test_the_runs_of_several_tenants_page_as_one_list_a_tenant_at_a_time(tenant, other_tenant, agent):
+    """runs_page reads a page per tenant and merges them (``merged_keyset_page``): every run of
+    both tenants once, newest first, however their runs interleave, with same-instant runs in id
+    order; and a tenant outside the list is never read."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger.models import Tenant
+    from ledger.run_filter import RunFilter, runs_page
+
+    stranger = Tenant.objects.create(slug="initech", name="Initech")
+    base = timezone.now() - timedelta(hours=1)
+    made = []
+    for n, owner in enumerate([tenant, other_tenant, other_tenant, tenant, stranger, tenant, other_tenant]):
+        run = make_run(owner, agent, external_id=f"job-{n}")
+        # Two pairs share their instant: the id breaks the tie, across tenants too.
+        Run.objects.filter(pk=run.pk).update(created_at=base + timedelta(seconds=n // 2))
+        made.append(run)
+    expected = [
+        run.pk
+        for run in sorted(
+            (r for r in Run.objects.filter(pk__in=[r.pk for r in made]) if r.tenant_id != stranger.pk),
+            key=lambda r: (r.created_at, r.pk),
+            reverse=True,
+        )
+    ]
+    seen, cursor = [], None
+    while True:
+        page, _exact = runs_page(
+            tenants=[tenant, other_tenant], run_filter=RunFilter(), cursor=cursor, limit=2
+        )
+        assert len(page.items) <= 2
+        seen += [run.pk for run in page.items]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == expected
