@@ -31,6 +31,7 @@ from recovery.models import (
 # "Closed" runs: finished, with nothing left to decide (a failed or compensating run is not).
 CLOSED = (Run.Status.SUCCEEDED, Run.Status.COMPENSATED, Run.Status.CLOSED, Run.Status.CANCELLED)
 
+
 @dataclass(frozen=True)
 class Archived:
     """A model whose rows of run ``X`` are ``model.objects.filter(**{lookup: X})``, archived as
