@@ -14,6 +14,7 @@ from django.core.management import CommandError, call_command
 from ledger.models import ArchivedRun, Run
 from recovery.archive import runner
 from tests.recovery.archive_support import KEY, age, allow, closed_run, retention, verify_archive
+from tests.support.api import Api, error_of
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +28,7 @@ def bucket(s3, settings) -> str:
     return name
 
 
-def test_runs_are_archived_to_s3_and_verify_from_there(bucket, s3, tenant, agent):
+def test_runs_are_archived_to_s3_and_verify_from_there(bucket, s3, tenant, agent, operator_key):
     retention(tenant, f"s3://{bucket}/saga/prod")
     first, second = age(closed_run(tenant, agent)), age(closed_run(tenant, agent, email="b@company.com"))
     result = runner.archive_runs()
@@ -45,6 +46,15 @@ def test_runs_are_archived_to_s3_and_verify_from_there(bucket, s3, tenant, agent
     )
     out, _ = verify_archive(f"s3://{bucket}/saga")
     assert "2 archived runs checked" in out and "Archive intact" in out
+
+    # The API answers for the run where it went: 410 archived, naming the S3 manifest.
+    response = Api(operator_key[1]).get(f"/runs/{first.pk}")
+    assert response.status_code == 410
+    assert error_of(response)["code"] == "archived"
+    assert (
+        error_of(response)["details"]["archive"]
+        == f"s3://{bucket}/saga/prod/acme/runs/{first.pk}/manifest.json"
+    )
 
     # An event line edited in place (re-gzipped) on the server: verify names the run and the line.
     key = f"saga/prod/acme/runs/{first.pk}/records.jsonl.gz"
