@@ -49,17 +49,16 @@ PAGE_P95_MS = 100
 # --- Reusable measurements ----------------------------------------------------------------------
 
 
-def page_timings(
-    *, port: int, cookie: str, pages: list[tuple[str, str]], samples: int, warm: int = 2
-) -> dict[str, Any]:
+def page_timings(*, port: int, cookie: str, pages: list[Any], samples: int, warm: int = 2) -> dict[str, Any]:
     """Each page fetched ``samples + warm`` times by one client over HTTP (the first ``warm``
     dropped by start time: they warm the worker's caches); p50/p95 of the rest, and the query
     counts the web process reported (``X-Bench-Queries``, ``bench.settings``). A page given as
-    ``(name, path, headers)`` sends those headers too (an htmx request)."""
+    ``(name, path, headers)`` sends those headers too (an htmx request, an API key); ``cookie``
+    may be "" (no session)."""
     timings: dict[str, Any] = {}
     for page in pages:
         name, path = page[0], page[1]
-        headers = {"Cookie": cookie, **(page[2] if len(page) > 2 else {})}
+        headers = {**({"Cookie": cookie} if cookie else {}), **(page[2] if len(page) > 2 else {})}
         result = run_load(
             scenario="get_pages",
             host="127.0.0.1",

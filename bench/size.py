@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from bench.loadgen import LoadControl, percentile, run_load
+from bench.loadgen import LoadControl, percentile
 
 if TYPE_CHECKING:
     from bench.run import Harness
@@ -128,32 +128,13 @@ def _operator_key() -> str:
 def _time_paths(
     h: Harness, pages: list[tuple[str, str]], headers: dict[str, str], samples: int
 ) -> dict[str, Any]:
-    """p50/p95 over HTTP, one client, ``samples`` GETs of each path after two to warm up."""
-    timings: dict[str, Any] = {}
-    for name, path in pages:
-        result = run_load(
-            scenario="get_pages",
-            host="127.0.0.1",
-            port=h.port,
-            clients=1,
-            processes=1,
-            warmup_s=0,
-            window_s=3600,
-            params={"pages": [(name, path)], "max_requests_per_client": samples + 2},
-            headers=headers,
-        )
-        ordered = sorted((x for x in result.samples if x.op == name), key=lambda x: x.started)[2:]
-        lat = sorted(x.latency for x in ordered)
-        timings[name] = {
-            "path": path,
-            "count": len(lat),
-            "p50_ms": percentile(lat, 50) * 1000,
-            "p95_ms": percentile(lat, 95) * 1000,
-            "errors": result.error_count(),
-            "error_detail": dict(result.errors),
-            "http_queries": sorted(result.queries.get(name, set())),
-        }
-    return timings
+    """p50/p95 over HTTP, one client, ``samples`` GETs of each path after two to warm up
+    (``bench.reads.page_timings``, each request with ``headers``)."""
+    from bench import reads
+
+    return reads.page_timings(
+        port=h.port, cookie="", pages=[(name, path, headers) for name, path in pages], samples=samples
+    )
 
 
 def _pages(user: Any, h: Harness) -> list[tuple[str, str]]:

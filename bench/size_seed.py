@@ -40,34 +40,13 @@ from ledger.hashing import sha256_hex
 from ledger.ids import new_id
 from ledger.services.actions.payload import action_payload_hash
 from recovery.items import search_text_for
+from recovery.management.commands.seed_bench import TOOL_WEIGHTS, TOOLS
 
 GENESIS = "0" * 64
 BATCH_RUNS = 2000
 DAY = 86400.0
 
-# (tool, target_type, action_class, risk, compensation tool, strategy) — seed_bench's catalogue.
-TOOLS = [
-    ("hr.create_user", "user", "internal_update", "medium", "hr.delete_user", "custom"),
-    (
-        "workspace.provision_license",
-        "user",
-        "external_reversible",
-        "medium",
-        "workspace.cancel_license",
-        "custom",
-    ),
-    ("crm.update_contact", "contact", "internal_update", "low", "crm.update_contact.restore", "snapshot"),
-    ("crm.update_deal", "deal", "internal_update", "low", "crm.update_deal.restore", "snapshot"),
-    ("calendar.create_event", "event", "external_reversible", "low", "calendar.delete_event", "custom"),
-    ("email.create_draft", "draft", "draft_only", "low", "email.delete_draft", "custom"),
-    ("tickets.set_priority", "ticket", "internal_update", "low", "tickets.set_priority.restore", "snapshot"),
-    ("docs.search", "query", "read_only", "low", "", "none"),
-    ("github.open_pr", "repo", "external_reversible", "medium", "github.close_pr", "custom"),
-    ("billing.apply_credit", "account", "internal_update", "high", "billing.revoke_credit", "custom"),
-    ("email.send", "message", "external_irreversible", "high", "email.send_correction", "correction"),
-    ("payments.charge", "order", "external_irreversible", "critical", "payments.refund", "correction"),
-]
-TOOL_WEIGHTS = [8, 6, 10, 6, 5, 7, 5, 12, 3, 2, 2, 1]
+# The tools and their weights are seed_bench's catalogue: the two seeds describe the same agents' work.
 AGENTS = ["onboarding", "offboarding", "crm-sync", "support-triage", "billing-ops", "release-bot"]
 AGENT_WEIGHTS = [20, 8, 25, 15, 6, 5]
 TENANT_WEIGHTS = [0.6, 0.3, 0.1]

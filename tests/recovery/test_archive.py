@@ -260,19 +260,24 @@ def test_without_the_key_nothing_is_archived_and_the_command_says_why(
     assert Run.objects.filter(pk=run.pk).exists()
 
 
-def test_files_written_but_not_committed_are_written_again_by_the_next_pass(acme_retention, tenant, agent):
-    """A crash between the write and the commit: the run is live, its files there; the next pass
-    writes them again, whole, and removes the run."""
-    run = age(closed_run(tenant, agent))
+def _write_only(run, tenant, *, compress: bool):
+    """A run's files written under its tenant's retention, as a pass does before its commit."""
     (retention_,) = [r for _, r in tenant_retentions(tenant=tenant)]
-    first = archive_write(
+    return archive_write(
         run.pk,
         tenant=tenant,
         destination=retention_.archive,
         storage=FileStorage(),
         key=KEY.encode(),
-        compress=True,
+        compress=compress,
     )
+
+
+def test_files_written_but_not_committed_are_written_again_by_the_next_pass(acme_retention, tenant, agent):
+    """A crash between the write and the commit: the run is live, its files there; the next pass
+    writes them again, whole, and removes the run."""
+    run = age(closed_run(tenant, agent))
+    first = _write_only(run, tenant, compress=True)
     assert Run.objects.filter(pk=run.pk).exists()
     result = runner.archive_runs()
     assert [o.run_id for o in result.archived] == [run.pk]
@@ -282,15 +287,7 @@ def test_files_written_but_not_committed_are_written_again_by_the_next_pass(acme
 
 def test_a_run_that_moved_after_its_archive_was_written_stays_live(acme_retention, tenant, agent):
     run = age(closed_run(tenant, agent))
-    (retention_,) = [r for _, r in tenant_retentions(tenant=tenant)]
-    written = archive_write(
-        run.pk,
-        tenant=tenant,
-        destination=retention_.archive,
-        storage=FileStorage(),
-        key=KEY.encode(),
-        compress=False,
-    )
+    written = _write_only(run, tenant, compress=False)
     audit_record(
         tenant=tenant, actor=Actor.system("tests"), kind="run.noted", subject=run, run=run, reason="late note"
     )
