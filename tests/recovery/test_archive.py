@@ -260,7 +260,7 @@ def test_without_the_key_nothing_is_archived_and_the_command_says_why(
     assert Run.objects.filter(pk=run.pk).exists()
 
 
-def _write_only(run, tenant, *, compress: bool):
+def _write_only(run, tenant, *, compress):
     """A run's files written under its tenant's retention, as a pass does before its commit."""
     (retention_,) = [r for _, r in tenant_retentions(tenant=tenant)]
     return archive_write(
