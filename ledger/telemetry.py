@@ -140,16 +140,16 @@ _QUERY_KEYS = ("url.query",)
 def origin_of(url: str) -> str:
     """``scheme://host[:port]`` of a URL, without user info, path, query or fragment; empty
     when it is not an absolute URL."""
-    parts = urlsplit(url)
-    if not parts.scheme or not parts.hostname:
+    # Never raises: httpx calls its request hook unguarded, so an error here would fail the request.
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
         return ""
-    host = parts.hostname
+    if not parts.scheme or not host:
+        return ""
     if ":" in host:
         host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
     return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
 
 

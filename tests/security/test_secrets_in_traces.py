@@ -63,8 +63,8 @@ SECRET = {
 HR_HOOK = f"{HR_PATH}/{SECRET['hook_path']}?token={SECRET['hook_query']}"
 WS_HOOK = f"{WS_PATH}/{SECRET['hook_path']}?token={SECRET['hook_query']}"
 SLACK_HOOK = f"/services/T0SAGA/B0SAGA/{SECRET['slack_hook']}"
-RESUME = f"/agents/{SECRET['resume_path']}/resume?sig={SECRET['resume_query']}"
-RESPONSE = f"/actions/T0SAGA/{SECRET['response_path']}"
+RESUME = f"/agents/{SECRET['resume_path']}/resume?token={SECRET['resume_query']}"
+RESPONSE = f"/actions/{SECRET['response_path']}"
 CLIENT = 3  # SpanKind.CLIENT in OTLP
 SERVER = 2
 
@@ -209,7 +209,8 @@ def test_no_url_secret_reaches_a_span_or_a_log_line(
         )
         for name, secret in SECRET.items()
     }
-    assert {name: where for name, where in leaks.items() if where} == {}
+    found = {name: where for name, where in leaks.items() if where}
+    assert found == {}, f"secrets leaked: {found}"
     # What is left of a URL: its scheme, host and port, and for a request served, its route.
     slack_span = _client_span_to(otlp, outbound["slack"].port)
     assert slack_span is not None
