@@ -2,23 +2,32 @@
 directory with the web (Compose services, Kubernetes pods): its counters and histograms would
 otherwise never reach a scrape.
 
-``saga_worker`` starts it on ``SAGA_WORKER_METRICS_PORT`` when that is set: a small threaded
-HTTP server in the worker's main process, answering ``GET /metrics`` with the exposition of the
-files in this process's metrics directory (the worker and its work horses), behind the same
+``saga_worker`` starts it on ``SAGA_WORKER_METRICS_PORT`` when that is set: a small HTTP server in
+the worker's main process, answering ``GET /metrics`` with the exposition of the files in this
+process's metrics directory (the worker and its work horses), behind the same
 ``Authorization: Bearer $SAGA_METRICS_TOKEN`` as the web's ``/metrics`` (``bearer_matches``). The
 gauges read from PostgreSQL and Redis are the web's alone, so nothing is counted twice. On one host
 where web and worker share the directory (``make run``, the Procfile), leave the port unset: the
 web's scrape already holds the worker's values.
+
+The port is reachable from other hosts, so whoever can connect must not be able to tie the worker
+up: one asyncio event loop (one thread) reads every connection's request, so an idle or slow
+connection costs a socket, never a thread; a request must arrive whole within
+``REQUEST_TIMEOUT_S`` of connecting (or the connection is closed), its head within
+``MAX_HEAD_BYTES``; at most ``MAX_CONNECTIONS`` are open at once (more are closed at once); the
+token is checked on the request head before anything is read from disk, and the one scrape thread
+builds the exposition only for a request that carried it. Each answer closes its connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import http.client
+import io
+import socket
 import threading
-from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -28,7 +37,16 @@ from ledger import metrics
 
 PORT_VARIABLE = "SAGA_WORKER_METRICS_PORT"
 
-StartResponse = Callable[..., Any]
+# A scraper sends its request as soon as it connects; whoever has sent no whole request head by
+# then is closed on. (Prometheus's own scrape timeout defaults to 10 s.)
+REQUEST_TIMEOUT_S = 10.0
+# The request line and headers a scrape sends fit in far less; more is closed on unread.
+MAX_HEAD_BYTES = 16 * 1024
+# Open connections at once: each costs a file descriptor and a little memory, no thread. Room for
+# many scrapers; past it a new connection is closed at once, so descriptors cannot run out.
+MAX_CONNECTIONS = 256
+
+Answer = tuple[str, list[tuple[str, str]], bytes]
 
 
 def bearer_matches(header: str, token: str) -> bool:
@@ -57,55 +75,142 @@ def exposition() -> bytes:
     return generate_latest(registry)
 
 
-def _plain(start_response: StartResponse, status: str, text: str, *extra: tuple[str, str]) -> list[bytes]:
-    body = text.encode()
-    headers = [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))), *extra]
-    start_response(status, headers)
-    return [body]
+def _plain(status: str, text: str, *extra: tuple[str, str]) -> Answer:
+    return status, [("Content-Type", "text/plain; charset=utf-8"), *extra], text.encode()
 
 
-def app(token: str) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
-    """The endpoint as a WSGI application: 401 without the token, 404 off ``/metrics``, 405 for
-    anything but GET and HEAD."""
-
-    def application(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        if not bearer_matches(str(environ.get("HTTP_AUTHORIZATION", "")), token):
-            return _plain(
-                start_response,
-                "401 Unauthorized",
-                "A valid Authorization: Bearer <SAGA_METRICS_TOKEN> header is required.\n",
-                ("WWW-Authenticate", 'Bearer realm="metrics"'),
-            )
-        if environ.get("PATH_INFO") != "/metrics":
-            return _plain(start_response, "404 Not Found", "Only /metrics is served here.\n")
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
-            return _plain(start_response, "405 Method Not Allowed", "Only GET.\n", ("Allow", "GET, HEAD"))
-        body = exposition()
-        start_response(
-            "200 OK",
-            [
-                ("Content-Type", CONTENT_TYPE_PLAIN_0_0_4),
-                ("Content-Length", str(len(body))),
-                ("Cache-Control", "no-store"),
-            ],
+def answer(method: str, path: str, authorization: str, token: str) -> Answer | None:
+    """What a request is answered, judged on its head alone: 401 without the token (checked
+    first, whatever the path or method), 404 off ``/metrics``, 405 for anything but GET and HEAD;
+    None for a scrape the exposition answers."""
+    if not bearer_matches(authorization, token):
+        return _plain(
+            "401 Unauthorized",
+            "A valid Authorization: Bearer <SAGA_METRICS_TOKEN> header is required.\n",
+            ("WWW-Authenticate", 'Bearer realm="metrics"'),
         )
-        return [] if environ["REQUEST_METHOD"] == "HEAD" else [body]
-
-    return application
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
+    if path != "/metrics":
+        return _plain("404 Not Found", "Only /metrics is served here.\n")
+    if method not in ("GET", "HEAD"):
+        return _plain("405 Method Not Allowed", "Only GET.\n", ("Allow", "GET, HEAD"))
+    return None
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        """Scrapes every few seconds are not worth a log line each."""
+class MetricsServer:
+    """The endpoint: listening once constructed (an ``OSError`` if it cannot), serving from
+    ``start()`` in a daemon thread until ``shutdown()``; ``server_close()`` releases the port."""
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        token: str,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self.token = token
+        self.request_timeout_s = request_timeout_s
+        self.max_connections = max_connections
+        self.open_connections = 0
+        self.socket = socket.create_server((host, port), backlog=128)
+        self.server_address = self.socket.getsockname()
+        self._loop = asyncio.new_event_loop()
+        # The one thread a scrape's exposition (files read from disk) is built in.
+        self._scrape = ThreadPoolExecutor(max_workers=1, thread_name_prefix="saga-worker-metrics-scrape")
+        self._stopped: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="saga-worker-metrics", daemon=True)
+
+    def start(self) -> MetricsServer:
+        self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop)
+            self._thread.join(timeout=10)
+        self._scrape.shutdown(wait=False, cancel_futures=True)
+
+    def server_close(self) -> None:
+        self.socket.close()
+
+    def _stop(self) -> None:
+        if self._stopped is not None:
+            self._stopped.set()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        finally:
+            self._loop.close()
+
+    async def _serve(self) -> None:
+        self._stopped = asyncio.Event()
+        server = await asyncio.start_server(self._connection, sock=self.socket, limit=MAX_HEAD_BYTES)
+        async with server:
+            await self._stopped.wait()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.open_connections >= self.max_connections:
+            writer.transport.abort()
+            return
+        self.open_connections += 1
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                await self._exchange(reader, writer)
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # a client that is slow, gone, or sends too much is closed on, with no answer owed
+        finally:
+            self.open_connections -= 1
+            writer.close()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        request_line, _, rest = head.partition(b"\r\n")
+        parts = request_line.decode("latin-1").split()
+        try:
+            headers = http.client.parse_headers(io.BytesIO(rest))
+        except http.client.HTTPException:
+            parts = []
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            reply: Answer | None = _plain("400 Bad Request", "Not an HTTP/1 request.\n")
+            method = "GET"
+        else:
+            method, target, _version = parts
+            path = target.split("?", 1)[0]
+            reply = answer(method, path, str(headers.get("Authorization", "")), self.token)
+        if reply is None:
+            body = await self._loop.run_in_executor(self._scrape, exposition)
+            reply = (
+                "200 OK",
+                [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4), ("Cache-Control", "no-store")],
+                body,
+            )
+        status, fields, body = reply
+        lines = [f"HTTP/1.1 {status}", *(f"{name}: {value}" for name, value in fields)]
+        lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+        writer.write("\r\n".join(lines).encode("latin-1"))
+        if method != "HEAD":
+            writer.write(body)
+        await writer.drain()
 
 
-def serve(*, port: int, token: str, host: str = "0.0.0.0") -> WSGIServer:  # noqa: S104 - scraped from other hosts
-    """Start serving in a daemon thread; the caller ``shutdown()``s the server it gets."""
-    server = make_server(host, port, app(token), server_class=_Server, handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="saga-worker-metrics", daemon=True).start()
-    return server
+def serve(
+    *,
+    port: int,
+    token: str,
+    host: str = "0.0.0.0",  # noqa: S104 - scraped from other hosts
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+) -> MetricsServer:
+    """Start serving in a daemon thread; the caller ``shutdown()``s and ``server_close()``s the
+    server it gets. (The tests shorten the limits.)"""
+    server = MetricsServer(
+        host=host,
+        port=port,
+        token=token,
+        request_timeout_s=request_timeout_s,
+        max_connections=max_connections,
+    )
+    return server.start()

@@ -9,6 +9,13 @@ instruments Django (an incoming ``traceparent`` joins the caller's trace), psyco
 on the ledger's own spans (``ledger.tracing``). With the variable unset, this module imports no
 OpenTelemetry at all.
 
+URLs in spans are scheme, host and route only (``url_hooks``): an outgoing request's URL is often
+its credential (a Slack incoming webhook's path, a compensator's or an agent's ``resume_url`` with
+a token in its path or query, Slack's ``response_url``), and an incoming one may carry one in its
+query (the OIDC callback's ``code`` and ``state``). A trace backend is read by more people than the
+ledger, so neither the instrumentations' ``http.url``/``url.full`` nor ``http.target``,
+``url.path`` and ``url.query`` leave the process as sent.
+
 The exporter reads the standard variables itself: ``OTEL_EXPORTER_OTLP_*`` endpoint, headers,
 compression (``none``, ``gzip``), timeout and certificates; ``OTEL_SERVICE_NAME`` and
 ``OTEL_RESOURCE_ATTRIBUTES`` name the process; ``OTEL_TRACES_SAMPLER`` picks the sampler.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -91,12 +99,14 @@ def telemetry_start(*, service: str, django: bool = False) -> bool:
     if django:
         from opentelemetry.instrumentation.django import DjangoInstrumentor
 
-        DjangoInstrumentor().instrument(tracer_provider=provider)
+        DjangoInstrumentor().instrument(
+            tracer_provider=provider, request_hook=_server_request_hook, response_hook=_server_response_hook
+        )
     # Statements without their parameters (the instrumentation's default): a tool call's args
     # never leave for the trace backend.
     PsycopgInstrumentor().instrument(tracer_provider=provider, skip_dep_check=True)
     RedisInstrumentor().instrument(tracer_provider=provider)
-    HTTPXClientInstrumentor().instrument(tracer_provider=provider)
+    HTTPXClientInstrumentor().instrument(tracer_provider=provider, request_hook=_client_request_hook)
     tracing.switch_on()
     return True
 
@@ -117,6 +127,69 @@ def telemetry_flush(timeout_ms: int = FLUSH_AFTER_JOB_MS) -> None:
 def telemetry_provider() -> TracerProvider | None:
     """The provider this process set up, or None when traces are off."""
     return _provider
+
+
+# --- URLs in spans: scheme, host and route only ------------------------------------------------
+
+REDACTED = "[redacted]"
+_URL_KEYS = ("http.url", "url.full")  # the old and the new semantic conventions' names
+_PATH_KEYS = ("http.target", "url.path")
+_QUERY_KEYS = ("url.query",)
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]`` of a URL, without user info, path, query or fragment; empty
+    when it is not an absolute URL."""
+    # Never raises: httpx calls its request hook unguarded, so an error here would fail the request.
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return ""
+    if not parts.scheme or not host:
+        return ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+def span_urls_scrubbed(span: Any, *, route: str | None) -> None:
+    """Overwrite the URL attributes the HTTP instrumentations set on ``span``: the full URL to its
+    origin (plus ``route``, the matched route template, when there is one), the target and path to
+    the route (or ``[redacted]``), the query to ``[redacted]``. Only attributes the span has are
+    touched, so the semantic-convention mode in force stays as it is."""
+    if not span.is_recording():
+        return
+    present = dict(getattr(span, "attributes", None) or {})
+    path = f"/{route.lstrip('/')}" if route else REDACTED
+    for key in _URL_KEYS:
+        if key in present:
+            origin = origin_of(str(present[key])) or REDACTED
+            span.set_attribute(key, origin + path if route else origin)
+    for key in _PATH_KEYS:
+        if key in present:
+            span.set_attribute(key, path)
+    for key in _QUERY_KEYS:
+        if key in present:
+            span.set_attribute(key, REDACTED)
+
+
+def _client_request_hook(span: Any, _request: Any) -> None:
+    """httpx: an outgoing request's span keeps the scheme and host it went to, no path: there is
+    no route to name, and the path may be the secret."""
+    span_urls_scrubbed(span, route=None)
+
+
+def _server_request_hook(span: Any, _request: Any) -> None:
+    """Django, as the request starts (its route is not resolved yet): nothing of the path or
+    query stays, even if the response hook never runs."""
+    span_urls_scrubbed(span, route=None)
+
+
+def _server_response_hook(span: Any, request: Any, _response: Any) -> None:
+    """Django, once answered: the route template (``api/v1/runs/<str:run_id>``), never the path."""
+    match = getattr(request, "resolver_match", None)
+    span_urls_scrubbed(span, route=getattr(match, "route", None) or None)
 
 
 def _default_sampler() -> Any:

@@ -45,7 +45,9 @@ def enqueue(
 ) -> str | None:
     """Enqueue ``func(**kwargs)``; return the job id, or None when Redis could not take it.
     ``job_id``: one from ``new_job_id``, when the caller recorded it before enqueueing."""
-    options: dict[str, Any] = {"kwargs": kwargs}
+    # The job's description is the function's name alone: RQ's default spells out the arguments,
+    # and a worker logs the description of every job it takes (a Slack response_url is a secret).
+    options: dict[str, Any] = {"kwargs": kwargs, "description": func}
     if job_timeout is not None:
         options["job_timeout"] = job_timeout
     if job_id is not None:
@@ -59,7 +61,9 @@ def enqueue(
         else:
             job = rq_queue.enqueue(func, **options)
     except RedisError as exc:
-        log.warning("queueing.enqueue_failed", job=func, queue=queue, error=str(exc), **kwargs)
+        # The ids the job names, not its other arguments (a URL may be a secret).
+        ids = {name: value for name, value in kwargs.items() if name.endswith("_id")}
+        log.warning("queueing.enqueue_failed", job=func, queue=queue, error=str(exc), **ids)
         return None
     return job.id
 

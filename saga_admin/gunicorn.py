@@ -22,7 +22,7 @@ from typing import Any
 
 from gunicorn.glogging import Logger
 
-from saga_admin.logs import redact_text
+from saga_admin.logs import redact_query, redact_text
 
 
 def _line(*, level: str, logger: str, event: str, **fields: Any) -> str:
@@ -57,7 +57,8 @@ class _JsonErrorFormatter(logging.Formatter):
 
 class JsonLogger(Logger):  # type: ignore[misc]  # gunicorn ships no type hints
     """One JSON object per request on the access log (``--access-logfile``): ``method``, ``path``,
-    ``query`` (secrets redacted), ``status``, ``bytes``, ``duration_ms``, ``remote_addr``,
+    ``query`` (secrets redacted: ``redact_query``, the OIDC callback's ``code`` and ``state`` among
+    them), ``status``, ``bytes``, ``duration_ms``, ``remote_addr``,
     ``user_agent``, ``request_id`` (the one the application answered with, ``X-Request-Id``) and
     ``pid``; gunicorn's error log as JSON lines too."""
 
@@ -80,7 +81,7 @@ class JsonLogger(Logger):  # type: ignore[misc]  # gunicorn ships no type hints
                     event="request",
                     method=environ.get("REQUEST_METHOD", ""),
                     path=redact_text(environ.get("PATH_INFO", "")),
-                    query=redact_text(environ.get("QUERY_STRING", "")),
+                    query=redact_query(environ.get("QUERY_STRING", "")),
                     status=int(status),
                     bytes=getattr(resp, "sent", None) or 0,
                     duration_ms=round(request_time.total_seconds() * 1000, 3),

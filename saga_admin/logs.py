@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from typing import Any
+from urllib.parse import unquote_plus
 
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
@@ -41,6 +42,36 @@ def redact_text(text: str) -> str:
     for pattern, replacement in _SECRET_PATTERNS:
         text = pattern.sub(replacement, text)
     return text
+
+
+# Query parameters whose value is a credential by their name alone: OAuth's and OIDC's (the SSO
+# callback's ``code`` and ``state`` among them), and any named like a secret field.
+_SECRET_QUERY_PARAMETERS = {
+    "code",
+    "state",
+    "id_token",
+    "access_token",
+    "refresh_token",
+    "session_state",
+    "client_secret",
+    "code_verifier",
+    "nonce",
+}
+
+
+def redact_query(query: str) -> str:
+    """A query string with the value of every credential-named parameter replaced (the names and
+    the other values kept as sent), then redacted as any text is."""
+    pairs = []
+    for pair in query.split("&"):
+        name, equals, _value = pair.partition("=")
+        plain = unquote_plus(name).strip().lower()
+        if equals and (
+            plain in _SECRET_QUERY_PARAMETERS or any(part in plain for part in _SECRET_FIELD_PARTS)
+        ):
+            pair = f"{name}={REDACTED}"
+        pairs.append(pair)
+    return redact_text("&".join(pairs))
 
 
 def _redact_value(value: Any) -> Any:
