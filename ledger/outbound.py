@@ -112,6 +112,16 @@ HTTP_SCHEMES: Mapping[str, int] = {"http": 80, "https": 443}
 TLS_SCHEMES = frozenset({"https", "tcp+tls"})
 
 
+def url_scheme(url: str) -> str:
+    """The scheme of ``url`` as ``check_url`` reads it (httpx's parse: lower case), "" when it does
+    not parse. Whatever decides how a URL is sent (TLS or not) asks here, so a check and a sender
+    never read one URL two ways (``TCP+TLS://`` passed the TLS rule and went out in clear text)."""
+    try:
+        return httpx.URL(url).scheme
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return ""
+
+
 def check_url(
     url: str, *, field: str = "url", schemes: Mapping[str, int] = HTTP_SCHEMES, tls: bool = False
 ) -> CheckedUrl:

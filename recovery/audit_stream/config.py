@@ -49,7 +49,8 @@ class Sink:
 
     @property
     def tls(self) -> bool:
-        return self.url.startswith(("tcp+tls://", "https://"))
+        # The check's own parse (scheme in any case), never a second reading of the text.
+        return outbound.url_scheme(self.url) in outbound.TLS_SCHEMES
 
 
 def options() -> dict[str, Any]:
@@ -139,10 +140,10 @@ def check_installation() -> list[str]:
 
 def url_problem(url: str, schemes: dict[str, int] | Any) -> str:
     """A URL's shape checked (scheme, host, port), not where it points."""
-    scheme, sep, rest = url.partition("://")
+    _, sep, rest = url.partition("://")
     host_port = rest.split("/", 1)[0].rpartition("@")[2]
     host, _, port = host_port.rpartition(":")
-    if not sep or scheme not in schemes:
+    if not sep or outbound.url_scheme(url) not in schemes:
         return f"must be a {' or '.join(f'{s}://' for s in schemes)} URL"
     if not (host or host_port):
         return "has no host"

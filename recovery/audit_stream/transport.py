@@ -126,7 +126,7 @@ def _send_hec(sink: config.Sink, messages: Sequence[dict[str, Any]], *, timeout:
         checked = config.check_tenant_sink(kind=sink.kind, url=sink.url, token=sink.token)
         response = outbound.post(checked, content=content, headers=headers, timeout=timeout)
     else:
-        verify: ssl.SSLContext | bool = _tls_context(sink) if sink.url.startswith("https://") else True
+        verify: ssl.SSLContext | bool = _tls_context(sink) if sink.tls else True
         with httpx.Client(verify=verify, timeout=timeout, follow_redirects=False) as client:
             response = client.post(sink.url, content=content, headers=headers)
     if not response.is_success:
