@@ -17,7 +17,9 @@ signed. URLs the operator of the installation configures (compensator webhooks i
   exception (``reason``, ``operator_message``, ``resolved_address``) for the audit log.
 - ``post`` sends to the addresses that ``check_url`` checked, not to a fresh DNS answer, so a name
   that resolved to a public address when it was checked cannot be re-pointed at an internal one
-  between the check and the connection (DNS rebinding). It never follows redirects.
+  between the check and the connection (DNS rebinding). It never follows redirects, and its
+  ``timeout`` is one deadline for the whole call, every address tried included
+  (``ledger.deadline``): an endpoint that dribbles its answer holds the caller no longer.
 - ``resume_secret`` is one agent's own key (per tenant and agent name) for signing the commands
   pushed to it.
 """
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING
 import httpx
 from django.core.exceptions import ImproperlyConfigured
 
-from ledger import errors
+from ledger import deadline, errors
 from ledger.conf import saga
 from ledger.signing import derive_secret
 
@@ -252,7 +254,8 @@ def post(
 ) -> httpx.Response:
     """POST to a checked URL: to the addresses ``check_url`` approved (the URL's own Host header,
     and its name for TLS SNI and certificate checks), trying the next one only when a connection
-    is refused; never following a redirect (a 3xx is the answer)."""
+    is refused; never following a redirect (a 3xx is the answer). Within ``timeout`` seconds in all
+    (``deadline.DeadlineExceeded``, an ``httpx.TimeoutException``, past it)."""
     url = httpx.URL(checked.url)
     request_headers = dict(headers)
     extensions: dict[str, str] = {}
@@ -262,24 +265,26 @@ def post(
         if checked.scheme == "https":
             extensions["sni_hostname"] = checked.host
         targets = [url.copy_with(host=address) for address in checked.addresses]
-    with httpx.Client(follow_redirects=False, timeout=timeout) as client:
+    with deadline.deadline(timeout), deadline.client() as client:
         for target in targets[:-1]:
             try:
-                return client.post(
+                return deadline.post(
+                    client,
                     target,
+                    deadline_s=timeout,
                     content=content,
                     headers=request_headers,
                     extensions=extensions,
-                    follow_redirects=False,
                 )
             except httpx.ConnectError:
                 continue
-        return client.post(
+        return deadline.post(
+            client,
             targets[-1],
+            deadline_s=timeout,
             content=content,
             headers=request_headers,
             extensions=extensions,
-            follow_redirects=False,
         )
 
 

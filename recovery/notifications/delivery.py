@@ -24,7 +24,7 @@ from django.core.mail import send_mail
 from django.db.models import F, Q
 from django.utils import timezone
 
-from ledger import errors, outbound
+from ledger import deadline, errors, outbound
 from ledger.conf import saga
 from ledger.signing import signed_headers
 from recovery import queueing, slack
@@ -294,7 +294,10 @@ def _post_checked(row: Notification, url: str, content: bytes, *, headers: dict[
 def _post_trusted(row: Notification, url: str, content: bytes, headers: dict[str, str]) -> Attempt:
     all_headers = {"Content-Type": "application/json", "Idempotency-Key": row.pk, **headers}
     try:
-        response = httpx.post(url, content=content, headers=all_headers, timeout=saga().webhook_timeout_s)
+        with deadline.client() as client:
+            response = deadline.post(
+                client, url, deadline_s=saga().webhook_timeout_s, content=content, headers=all_headers
+            )
     except httpx.HTTPError as exc:
         return Attempt("retry", f"{type(exc).__name__}: {exc}")
     return _answer(response, what="The webhook")
