@@ -62,7 +62,9 @@ def _tls_context(sink: config.Sink) -> ssl.SSLContext:
 def _targets(sink: config.Sink) -> tuple[str, list[tuple[str, int]], bool]:
     """The host (for TLS), the addresses to connect to, and whether to speak TLS."""
     if sink.hostile:
-        checked = config.check_tenant_sink(kind=sink.kind, url=sink.url, token=sink.token)
+        checked = config.check_tenant_sink(
+            kind=sink.kind, url=sink.url, token=sink.token, tenant_id=sink.tenant_id
+        )
         addresses = checked.addresses or (checked.host,)
         # TLS as the check read the scheme: what passed the rule is what is sent.
         tls = checked.scheme in outbound.TLS_SCHEMES
@@ -148,7 +150,9 @@ def _send_hec(sink: config.Sink, messages: Sequence[dict[str, Any]], *, timeout:
     content = records.hec_body(messages)
     headers = {"Authorization": f"Splunk {sink.token}", "Content-Type": "application/json"}
     if sink.hostile:
-        checked = config.check_tenant_sink(kind=sink.kind, url=sink.url, token=sink.token)
+        checked = config.check_tenant_sink(
+            kind=sink.kind, url=sink.url, token=sink.token, tenant_id=sink.tenant_id
+        )
         response = outbound.post(checked, content=content, headers=headers, timeout=timeout)
     else:
         verify: ssl.SSLContext | bool = _tls_context(sink) if sink.tls else True
