@@ -290,6 +290,7 @@ def post(
                     content=content,
                     headers=request_headers,
                     extensions=extensions,
+                    follow_redirects=False,
                 )
             except httpx.ConnectError:
                 continue
@@ -300,6 +301,7 @@ def post(
             content=content,
             headers=request_headers,
             extensions=extensions,
+            follow_redirects=False,
         )
 
 
