@@ -17,7 +17,9 @@ signed. URLs the operator of the installation configures (compensator webhooks i
   exception (``reason``, ``operator_message``, ``resolved_address``) for the audit log.
 - ``post`` sends to the addresses that ``check_url`` checked, not to a fresh DNS answer, so a name
   that resolved to a public address when it was checked cannot be re-pointed at an internal one
-  between the check and the connection (DNS rebinding). It never follows redirects.
+  between the check and the connection (DNS rebinding). It never follows redirects, and its
+  ``timeout`` is one deadline for the whole call, every address tried included
+  (``ledger.deadline``): an endpoint that dribbles its answer holds the caller no longer.
 - ``resume_secret`` is one agent's own key (per tenant and agent name) for signing the commands
   pushed to it.
 """
@@ -28,16 +30,18 @@ import ipaddress
 import os
 import socket
 import threading
+import time
+from collections import Counter
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from django.core.exceptions import ImproperlyConfigured
 
-from ledger import errors
+from ledger import deadline, errors
 from ledger.conf import saga
 from ledger.signing import derive_secret
 
@@ -83,11 +87,16 @@ _PRIVATE_NETWORKS = tuple(
 # NAT64's well-known prefix carries an IPv4 address in its last 32 bits; judge that address.
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
-# Name resolution runs on a few threads of its own so that a name whose DNS server never answers
-# costs a request at most the configured timeout, and a flood of such names cannot tie up more than
-# these threads (work still queued when its caller gives up is cancelled).
-_RESOLVER_THREADS = 4
-_resolver: tuple[int, ThreadPoolExecutor] | None = None
+# Name resolution runs on threads of its own so that a name whose DNS server never answers costs
+# its caller at most the configured timeout. A lookup cannot be interrupted: a stuck one holds its
+# thread until the C library gives up (seconds to minutes). One pool shared by every tenant let one
+# tenant's names under a zone that never answers fill it, and every other tenant's checks then
+# timed out waiting behind them. So the threads are shared out per owner (the tenant whose URL it
+# is): one owner holds at most ``_OWNER_THREADS`` lookups at once (its further lookups wait, within
+# their own timeout, for one of its own to end), and all owners together ``_MAX_THREADS``.
+_OWNER_THREADS = 4
+_MAX_THREADS = 64
+_resolver: tuple[int, _FairResolver] | None = None
 _resolver_lock = threading.Lock()
 
 
@@ -112,8 +121,23 @@ HTTP_SCHEMES: Mapping[str, int] = {"http": 80, "https": 443}
 TLS_SCHEMES = frozenset({"https", "tcp+tls"})
 
 
+def url_scheme(url: str) -> str:
+    """The scheme of ``url`` as ``check_url`` reads it (httpx's parse: lower case), "" when it does
+    not parse. Whatever decides how a URL is sent (TLS or not) asks here, so a check and a sender
+    never read one URL two ways (``TCP+TLS://`` passed the TLS rule and went out in clear text)."""
+    try:
+        return httpx.URL(url).scheme
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return ""
+
+
 def check_url(
-    url: str, *, field: str = "url", schemes: Mapping[str, int] = HTTP_SCHEMES, tls: bool = False
+    url: str,
+    *,
+    field: str = "url",
+    schemes: Mapping[str, int] = HTTP_SCHEMES,
+    tls: bool = False,
+    owner: str = "",
 ) -> CheckedUrl:
     """The guard for every outbound URL a tenant or agent chose (``schemes``: the ones allowed, with
     their default ports; 0: the URL must give one; ``tls``: what is sent must not cross the network
@@ -121,7 +145,9 @@ def check_url(
     operator allows in ``SAGA_OUTBOUND_ALLOWED_HOSTS``). Raises ``errors.UrlNotAllowed``
     (422 ``url_not_allowed``). A URL that is not http(s) with a host is told so (``details``: field,
     url, reason); one refused for where its host is or whether it resolves is told only that it is
-    not allowed (``details``: field, url), with the reason on the exception for the audit log."""
+    not allowed (``details``: field, url), with the reason on the exception for the audit log.
+    ``owner``: whose URL it is (a tenant's slug): its name is resolved within that owner's share of
+    the resolver threads (``resolve``)."""
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError, ValueError) as exc:
@@ -148,7 +174,9 @@ def check_url(
             url=url, scheme=parsed.scheme, host=host, port=port, addresses=(), allowed_by_setting=True
         )
     literal = _ip(host)
-    addresses = (str(literal),) if literal is not None else resolve(host, port, field=field, url=shown)
+    addresses = (
+        (str(literal),) if literal is not None else resolve(host, port, field=field, url=shown, owner=owner)
+    )
     for address in addresses:
         reason = address_refusal(address)
         if reason is not None:
@@ -208,18 +236,17 @@ def _range_refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | N
     return None
 
 
-def resolve(host: str, port: int, *, field: str = "url", url: str = "") -> tuple[str, ...]:
+def resolve(host: str, port: int, *, field: str = "url", url: str = "", owner: str = "") -> tuple[str, ...]:
     """Every address the system resolver gives for ``host`` (IPv4 and IPv6, resolver order, no
-    duplicates), within ``SAGA_OUTBOUND_RESOLVE_TIMEOUT_S``. A name that does not resolve (or not
-    in time) raises ``UrlNotAllowed`` with reason ``unresolvable``."""
+    duplicates), within ``SAGA_OUTBOUND_RESOLVE_TIMEOUT_S`` (waiting for a free resolver thread of
+    ``owner``'s share included). A name that does not resolve (or not in time) raises
+    ``UrlNotAllowed`` with reason ``unresolvable``."""
     timeout = saga().outbound_resolve_timeout_s
-    future = _resolver_pool().submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
     try:
-        infos = future.result(timeout=timeout)
+        infos = _resolver_of_this_process().lookup(host, port, owner=owner, timeout=timeout)
     except FutureTimeout:
-        # The lookup itself cannot be interrupted: it goes on in its resolver thread (the pool
-        # bounds how many such threads there are); its caller does not wait for it.
-        future.cancel()
+        # The lookup itself cannot be interrupted: it goes on in its thread, counted in its owner's
+        # share until it ends; its caller does not wait for it.
         problem = f"did not resolve within {timeout:g} s"
     except (OSError, UnicodeError) as exc:
         problem = f"does not resolve ({exc})"
@@ -242,7 +269,8 @@ def post(
 ) -> httpx.Response:
     """POST to a checked URL: to the addresses ``check_url`` approved (the URL's own Host header,
     and its name for TLS SNI and certificate checks), trying the next one only when a connection
-    is refused; never following a redirect (a 3xx is the answer)."""
+    is refused; never following a redirect (a 3xx is the answer). Within ``timeout`` seconds in all
+    (``deadline.DeadlineExceeded``, an ``httpx.TimeoutException``, past it)."""
     url = httpx.URL(checked.url)
     request_headers = dict(headers)
     extensions: dict[str, str] = {}
@@ -252,11 +280,13 @@ def post(
         if checked.scheme == "https":
             extensions["sni_hostname"] = checked.host
         targets = [url.copy_with(host=address) for address in checked.addresses]
-    with httpx.Client(follow_redirects=False, timeout=timeout) as client:
+    with deadline.deadline(timeout), deadline.client() as client:
         for target in targets[:-1]:
             try:
-                return client.post(
+                return deadline.post(
+                    client,
                     target,
+                    deadline_s=timeout,
                     content=content,
                     headers=request_headers,
                     extensions=extensions,
@@ -264,8 +294,10 @@ def post(
                 )
             except httpx.ConnectError:
                 continue
-        return client.post(
+        return deadline.post(
+            client,
             targets[-1],
+            deadline_s=timeout,
             content=content,
             headers=request_headers,
             extensions=extensions,
@@ -334,6 +366,11 @@ def _allowed_by_setting(host: str, port: int) -> bool:
     )
 
 
+def owner_of(tenant_id: int) -> str:
+    """The resolver share of a tenant's URLs (``check_url``'s ``owner``)."""
+    return f"tenant:{tenant_id}"
+
+
 def allowed_hosts() -> list[tuple[str, int | None]]:
     """``SAGA_OUTBOUND_ALLOWED_HOSTS`` as (host, port or None) pairs. Entries are a host name or an
     IP address, optionally with ``:port`` (``[IPv6]:port``); a malformed one is a configuration
@@ -365,14 +402,54 @@ def _allowed_entry(entry: str) -> tuple[str, int | None]:
     return normalised, int(port) if port else None
 
 
-def _resolver_pool() -> ThreadPoolExecutor:
-    # One pool per process: a pool inherited across fork (gunicorn, RQ's work horses) has no
-    # threads behind it.
+# What getaddrinfo answers: (family, type, proto, canonname, sockaddr) tuples.
+AddrInfo = list[tuple[Any, ...]]
+
+
+class _FairResolver:
+    """``socket.getaddrinfo`` on a thread of its own per lookup, at most ``per_owner`` at once for
+    one owner and ``most`` for all: a lookup waits (within its timeout) only for its own owner's
+    stuck lookups, never for another tenant's."""
+
+    def __init__(self, *, per_owner: int, most: int) -> None:
+        self.per_owner, self.most = per_owner, most
+        self._changed = threading.Condition()
+        self._busy: Counter[str] = Counter()
+
+    def lookup(self, host: str, port: int, *, owner: str, timeout: float) -> AddrInfo:
+        """The answer, or ``FutureTimeout`` when there is none within ``timeout`` seconds."""
+        until = time.monotonic() + timeout
+        with self._changed:
+            while self._busy[owner] >= self.per_owner or self._busy.total() >= self.most:
+                left = until - time.monotonic()
+                if left <= 0:
+                    raise FutureTimeout
+                self._changed.wait(left)
+            self._busy[owner] += 1
+        answer: Future[AddrInfo] = Future()
+        threading.Thread(
+            target=self._run, args=(answer, host, port, owner), name="saga-resolve", daemon=True
+        ).start()
+        return answer.result(timeout=max(0.0, until - time.monotonic()))
+
+    def _run(self, answer: Future[AddrInfo], host: str, port: int, owner: str) -> None:
+        try:
+            answer.set_result(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, who reads it
+            answer.set_exception(exc)
+        finally:
+            with self._changed:
+                self._busy[owner] -= 1
+                if not self._busy[owner]:
+                    del self._busy[owner]
+                self._changed.notify_all()
+
+
+def _resolver_of_this_process() -> _FairResolver:
+    # One per process: one inherited across fork (gunicorn, RQ's work horses) counts lookups whose
+    # threads did not come along.
     global _resolver
     with _resolver_lock:
         if _resolver is None or _resolver[0] != os.getpid():
-            _resolver = (
-                os.getpid(),
-                ThreadPoolExecutor(max_workers=_RESOLVER_THREADS, thread_name_prefix="saga-resolve"),
-            )
+            _resolver = (os.getpid(), _FairResolver(per_owner=_OWNER_THREADS, most=_MAX_THREADS))
         return _resolver[1]

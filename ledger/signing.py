@@ -24,6 +24,7 @@ import httpx
 SIGNATURE_HEADER = "X-Saga-Signature"
 TIMESTAMP_HEADER = "X-Saga-Timestamp"
 DEFAULT_TOLERANCE_S = 300
+MAX_TIMESTAMP_DIGITS = 20
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -57,7 +58,11 @@ def verify_signature(
     lowered = {str(k).lower(): v for k, v in headers.items()}
     timestamp = str(lowered.get(TIMESTAMP_HEADER.lower(), "")).strip()
     signature = str(lowered.get(SIGNATURE_HEADER.lower(), "")).strip()
-    if not (timestamp.isascii() and timestamp.isdigit()) or not signature:
+    # Unix seconds have 10 digits for centuries yet; a longer one (unauthenticated input) would make
+    # int() raise past 4,300 digits and the float subtraction overflow past 308: refused, not raised.
+    if not (timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > MAX_TIMESTAMP_DIGITS:
+        return False
+    if not signature:
         return False
     if abs((time.time() if now is None else now) - int(timestamp)) > tolerance_s:
         return False

@@ -37,7 +37,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from ledger import upstreams
+from ledger import deadline, upstreams
 from ledger.audit import Actor, audit_record
 from ledger.conf import saga
 from ledger.models import Compensator, Tenant
@@ -120,8 +120,12 @@ def _webhook(row: Compensator) -> list[CaseResult]:
         else _result(WEBHOOK_CASES, "tls", FAIL, detail="served over plain HTTP")
     ]
     try:
-        reached = client.post(
-            row.url, content=b"{}", headers={**base, "Idempotency-Key": f"saga-check-{uuid.uuid4().hex}"}
+        reached = deadline.post(
+            client,
+            row.url,
+            deadline_s=compensators.call_timeout_s(),
+            content=b"{}",
+            headers={**base, "Idempotency-Key": f"saga-check-{uuid.uuid4().hex}"},
         )
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         what = "the certificate does not verify" if "CERTIFICATE" in str(exc).upper() else type(exc).__name__
@@ -137,7 +141,9 @@ def _webhook(row: Compensator) -> list[CaseResult]:
     ):
         headers = {**base, "Idempotency-Key": f"saga-check-{uuid.uuid4().hex}", **extra}
         try:
-            status = client.post(row.url, content=body, headers=headers).status_code
+            status = deadline.post(
+                client, row.url, deadline_s=compensators.call_timeout_s(), content=body, headers=headers
+            ).status_code
         except httpx.HTTPError as exc:
             results.append(_result(WEBHOOK_CASES, case_id, FAIL, detail=f"no answer: {type(exc).__name__}"))
             continue

@@ -43,7 +43,7 @@ from mcp import MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND, CallToolResult, RequestParamsMeta, TextContent
 
-from ledger import upstreams
+from ledger import deadline, upstreams
 from ledger.conf import saga
 from ledger.models import CompensationStrategy, Compensator
 from ledger.policies.resolve import StampCache
@@ -345,7 +345,8 @@ def _ssl_context() -> ssl.SSLContext:
 def webhook_client() -> httpx.Client:
     """This process's client for compensator webhooks (thread-safe). Never follows a redirect: a
     3xx is the endpoint's answer (retried, then failed, like a 5xx), not a place to send the signed
-    step. Timeouts are per request."""
+    step. Send with ``ledger.deadline.request``: one deadline per call (the client refuses a
+    request without one)."""
     global _webhook_client
     with _webhook_client_lock:
         if _webhook_client is None or _webhook_client[0] != os.getpid():
@@ -353,7 +354,7 @@ def webhook_client() -> httpx.Client:
             # connections (TLS sessions included) that belong to the parent.
             _webhook_client = (
                 os.getpid(),
-                httpx.Client(verify=_ssl_context(), follow_redirects=False, timeout=saga().webhook_timeout_s),
+                deadline.client(verify=_ssl_context(), timeout=saga().webhook_timeout_s),
             )
         return _webhook_client[1]
 
@@ -380,8 +381,10 @@ def webhook_call(*, url: str, secret: str, request: CompensationRequest) -> Outc
     where = compensator_label("webhook", request.tool)
     scrub = functools.partial(_without_url, url=url, label=where)
     try:
-        response = webhook_client().post(
-            url, content=body, headers=headers, timeout=request.timeout_s, follow_redirects=False
+        # One deadline for the whole call: an endpoint that answers a byte at a time holds the
+        # worker no longer than a silent one.
+        response = deadline.post(
+            webhook_client(), url, deadline_s=request.timeout_s, content=body, headers=headers
         )
     except httpx.TimeoutException as exc:
         return Outcome.retry(f"Timed out after {request.timeout_s:g}s calling {where}: {type(exc).__name__}")

@@ -478,7 +478,7 @@ class NotificationChannel(models.Model):
             self.target = ", ".join(addresses)
         elif self.kind in (self.Kind.WEBHOOK, self.Kind.SLACK):
             try:
-                outbound.check_url(self.target.strip(), field="URL")
+                outbound.check_url(self.target.strip(), field="URL", owner=outbound.owner_of(self.tenant_id))
             except errors.UrlNotAllowed as exc:
                 # The tenant's admin configures the installation's notifications: told why (an
                 # agent choosing a resume_url is told only that it is not allowed).

@@ -13,6 +13,7 @@ import httpx
 from django.core.exceptions import ImproperlyConfigured
 
 from dashboard.sso.conf import SsoSettings, check_provider_url
+from ledger import deadline
 
 CACHE_S = 3600.0
 _MAX_DOCUMENT_BYTES = 512 * 1024
@@ -61,7 +62,8 @@ def forget_metadata() -> None:
 def fetch_metadata(conf: SsoSettings) -> ProviderMetadata:
     url = discovery_url(conf.issuer)
     try:
-        response = httpx.get(url, timeout=conf.timeout_s, follow_redirects=False)
+        with deadline.client() as client:
+            response = deadline.get(client, url, deadline_s=conf.timeout_s)
     except httpx.HTTPError as exc:
         raise DiscoveryError(f"{url} cannot be reached ({type(exc).__name__}).") from None
     if response.status_code != 200:

@@ -87,7 +87,7 @@ def run_create(
     if resume_url:
         # First, before any statement: a refusal changes nothing (and resolving a name holds no
         # transaction open: Django begins one lazily, at the first query).
-        outbound.check_url(resume_url, field="resume_url")
+        outbound.check_url(resume_url, field="resume_url", owner=outbound.owner_of(tenant.pk))
     owner = actor.key.name if actor.key is not None else ""
     pauses.pause_check_run(tenant=tenant, agent=agent, owner=owner)
     now = timezone.now()

@@ -49,7 +49,8 @@ class Sink:
 
     @property
     def tls(self) -> bool:
-        return self.url.startswith(("tcp+tls://", "https://"))
+        # The check's own parse (scheme in any case), never a second reading of the text.
+        return outbound.url_scheme(self.url) in outbound.TLS_SCHEMES
 
 
 def options() -> dict[str, Any]:
@@ -139,10 +140,10 @@ def check_installation() -> list[str]:
 
 def url_problem(url: str, schemes: dict[str, int] | Any) -> str:
     """A URL's shape checked (scheme, host, port), not where it points."""
-    scheme, sep, rest = url.partition("://")
+    _, sep, rest = url.partition("://")
     host_port = rest.split("/", 1)[0].rpartition("@")[2]
     host, _, port = host_port.rpartition(":")
-    if not sep or scheme not in schemes:
+    if not sep or outbound.url_scheme(url) not in schemes:
         return f"must be a {' or '.join(f'{s}://' for s in schemes)} URL"
     if not (host or host_port):
         return "has no host"
@@ -151,10 +152,13 @@ def url_problem(url: str, schemes: dict[str, int] | Any) -> str:
     return ""
 
 
-def check_tenant_sink(*, kind: str, url: str, token: str) -> outbound.CheckedUrl:
+def check_tenant_sink(
+    *, kind: str, url: str, token: str, tenant_id: int | None = None
+) -> outbound.CheckedUrl:
     """A tenant's sink as asked for: the kind known, the URL's size, scheme, and where it points
     (``ledger.outbound``: public addresses, or hosts the operator allows), the token's size.
-    Raises ``errors.ValidationFailed`` or ``errors.UrlNotAllowed`` (422), naming the field."""
+    Raises ``errors.ValidationFailed`` or ``errors.UrlNotAllowed`` (422), naming the field. The name
+    resolves in the tenant's share of the resolver (``tenant_id``; the installation's without)."""
     if kind not in AuditSink.Kind.values:
         raise errors.ValidationFailed(
             f"kind must be one of {', '.join(AuditSink.Kind.values)}.", details={"field": "kind"}
@@ -169,7 +173,8 @@ def check_tenant_sink(*, kind: str, url: str, token: str) -> outbound.CheckedUrl
         raise errors.ValidationFailed("An HTTPS JSON (HEC) sink needs its token.", details={"field": "token"})
     schemes = SYSLOG_SCHEMES if kind == AuditSink.Kind.SYSLOG else HEC_SCHEMES
     # The audit log (and an HEC sink's token) never crosses the network in clear text.
-    return outbound.check_url(url, field="url", schemes=schemes, tls=True)
+    owner = outbound.owner_of(tenant_id) if tenant_id is not None else ""
+    return outbound.check_url(url, field="url", schemes=schemes, tls=True, owner=owner)
 
 
 def tenants_for(sink: Sink) -> list[Tenant]:
@@ -188,7 +193,7 @@ def sink_set(*, tenant: Tenant, actor: Actor, kind: str, url: str, token: str, e
         Tenant.objects.select_for_update().only("pk").get(pk=tenant.pk)
         current = AuditSink.objects.select_for_update().filter(tenant=tenant, kind=kind).first()
         token = token or (current.token if current is not None else "")
-        check_tenant_sink(kind=kind, url=url, token=token)
+        check_tenant_sink(kind=kind, url=url, token=token, tenant_id=tenant.pk)
         if current is None:
             current = AuditSink.objects.create(
                 tenant=tenant, kind=kind, url=url, token=token, enabled=enabled

@@ -16,14 +16,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
-import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from ledger import errors, outbound
+from ledger import deadline, errors, outbound
 from recovery.audit_stream import config, records
 from recovery.audit_stream.models import AuditSink
 
@@ -60,47 +59,62 @@ def _tls_context(sink: config.Sink) -> ssl.SSLContext:
     return context
 
 
-def _targets(sink: config.Sink) -> tuple[str, list[tuple[str, int]]]:
+def _targets(sink: config.Sink) -> tuple[str, list[tuple[str, int]], bool]:
+    """The host (for TLS), the addresses to connect to, and whether to speak TLS."""
     if sink.hostile:
-        checked = config.check_tenant_sink(kind=sink.kind, url=sink.url, token=sink.token)
+        checked = config.check_tenant_sink(
+            kind=sink.kind, url=sink.url, token=sink.token, tenant_id=sink.tenant_id
+        )
         addresses = checked.addresses or (checked.host,)
-        return checked.host, [(address, checked.port) for address in addresses]
+        # TLS as the check read the scheme: what passed the rule is what is sent.
+        tls = checked.scheme in outbound.TLS_SCHEMES
+        return checked.host, [(address, checked.port) for address in addresses], tls
     parts = urlsplit(sink.url)
     if not parts.hostname or not parts.port:
         raise SendFailed(f"the syslog URL needs a host and a port: {sink.url}")
-    return parts.hostname, [(parts.hostname, parts.port)]
+    return parts.hostname, [(parts.hostname, parts.port)], sink.tls
 
 
-def _connect(targets: list[tuple[str, int]], timeout: float) -> socket.socket:
+def _connect(targets: list[tuple[str, int]], limit: deadline.Deadline) -> socket.socket:
     last: OSError | None = None
     for address in targets:
+        if limit.left() <= 0:
+            break
         try:
-            return socket.create_connection(address, timeout=timeout)
+            return socket.create_connection(address, timeout=limit.left())
         except OSError as exc:
             last = exc
-    raise last or OSError("no address to connect to")
+    raise last or SendFailed(f"no connection within {limit.seconds:g}s")
 
 
 def _send_syslog(sink: config.Sink, messages: Sequence[dict[str, Any]], *, timeout: float) -> None:
-    host, targets = _targets(sink)
+    """One deadline, ``timeout`` from the start, for the whole send: connecting (every address
+    tried), the TLS handshake, the batch and the receiver's close. Each step gets what is left of
+    it, so a receiver that reads (or answers) a byte at a time holds a pass no longer than one
+    that never answers."""
+    limit = deadline.Deadline.after(timeout)
+    host, targets, tls = _targets(sink)
     payload = b"".join(records.syslog_frame(message) for message in messages)
-    raw = _connect(targets, timeout)
+    raw = _connect(targets, limit)
     conn: socket.socket = raw
     try:
-        if sink.tls:
+        if tls:
+            # CPython's handshake keeps the socket's timeout as one deadline across its reads.
+            raw.settimeout(_left(limit, "the TLS handshake"))
             conn = _tls_context(sink).wrap_socket(raw, server_hostname=host)
+        # sendall keeps its timeout as one deadline for all it sends (Python 3.5 and later).
+        conn.settimeout(_left(limit, "the batch"))
         conn.sendall(payload)
         # Half-close, then wait for the receiver to close its side: it has read everything. Within
-        # the timeout in all (not per read: a receiver trickling a byte at a time holds nothing
-        # longer) and for at most a little it may say back.
+        # the deadline (not per read: a receiver trickling a byte at a time holds nothing longer)
+        # and for at most a little it may say back.
         conn.shutdown(socket.SHUT_WR)
-        deadline = time.monotonic() + timeout
         answered = 0
         while True:
-            left = deadline - time.monotonic()
+            left = limit.left()
             if left <= 0:
                 raise SendFailed(
-                    f"the receiver did not close the connection within {timeout:g}s of the batch"
+                    f"the receiver did not close the connection within {timeout:g}s of the batch's start"
                 )
             conn.settimeout(left)
             try:
@@ -114,20 +128,35 @@ def _send_syslog(sink: config.Sink, messages: Sequence[dict[str, Any]], *, timeo
                 raise SendFailed(
                     f"the receiver sent back more than {MAX_ANSWER_BYTES} bytes; syslog receivers send nothing"
                 )
+    except TimeoutError as exc:
+        raise SendFailed(
+            f"the send did not finish within {timeout:g}s (the deadline for the whole send)"
+        ) from exc
     finally:
         with contextlib.suppress(OSError):
             conn.close()
+
+
+def _left(limit: deadline.Deadline, what: str) -> float:
+    left = limit.left()
+    if left <= 0:
+        raise SendFailed(
+            f"no time left for {what} within {limit.seconds:g}s (the deadline for the whole send)"
+        )
+    return left
 
 
 def _send_hec(sink: config.Sink, messages: Sequence[dict[str, Any]], *, timeout: float) -> None:
     content = records.hec_body(messages)
     headers = {"Authorization": f"Splunk {sink.token}", "Content-Type": "application/json"}
     if sink.hostile:
-        checked = config.check_tenant_sink(kind=sink.kind, url=sink.url, token=sink.token)
+        checked = config.check_tenant_sink(
+            kind=sink.kind, url=sink.url, token=sink.token, tenant_id=sink.tenant_id
+        )
         response = outbound.post(checked, content=content, headers=headers, timeout=timeout)
     else:
-        verify: ssl.SSLContext | bool = _tls_context(sink) if sink.url.startswith("https://") else True
-        with httpx.Client(verify=verify, timeout=timeout, follow_redirects=False) as client:
-            response = client.post(sink.url, content=content, headers=headers)
+        verify: ssl.SSLContext | bool = _tls_context(sink) if sink.tls else True
+        with deadline.client(verify=verify) as client:
+            response = deadline.post(client, sink.url, deadline_s=timeout, content=content, headers=headers)
     if not response.is_success:
         raise SendFailed(f"HTTP {response.status_code}: {response.text[:300]}")

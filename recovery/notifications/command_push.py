@@ -76,7 +76,9 @@ def deliver_command(*, command_id: str) -> bool:
     }
     target: outbound.CheckedUrl | None = None
     try:
-        target = outbound.check_url(command.run.resume_url, field="resume_url")
+        target = outbound.check_url(
+            command.run.resume_url, field="resume_url", owner=outbound.owner_of(command.tenant_id)
+        )
     except errors.UrlNotAllowed as exc:
         if exc.reason != outbound.UNRESOLVABLE:
             _delivery_refused(command, exc)

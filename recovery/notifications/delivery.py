@@ -24,7 +24,7 @@ from django.core.mail import send_mail
 from django.db.models import F, Q
 from django.utils import timezone
 
-from ledger import errors, outbound
+from ledger import deadline, errors, outbound
 from ledger.conf import saga
 from ledger.signing import signed_headers
 from recovery import queueing, slack
@@ -276,7 +276,7 @@ def _post_checked(row: Notification, url: str, content: bytes, *, headers: dict[
     """A URL a tenant chose: checked again now (it may resolve elsewhere than when it was saved)
     and sent to the address the check approved, never following a redirect."""
     try:
-        target = outbound.check_url(url, field="URL")
+        target = outbound.check_url(url, field="URL", owner=outbound.owner_of(row.tenant_id))
     except errors.UrlNotAllowed as exc:
         outcome = "retry" if exc.reason == outbound.UNRESOLVABLE else "failed"
         # Shown to the tenant's admins on the channel's deliveries, who chose the URL: why, in full.
@@ -294,7 +294,10 @@ def _post_checked(row: Notification, url: str, content: bytes, *, headers: dict[
 def _post_trusted(row: Notification, url: str, content: bytes, headers: dict[str, str]) -> Attempt:
     all_headers = {"Content-Type": "application/json", "Idempotency-Key": row.pk, **headers}
     try:
-        response = httpx.post(url, content=content, headers=all_headers, timeout=saga().webhook_timeout_s)
+        with deadline.client() as client:
+            response = deadline.post(
+                client, url, deadline_s=saga().webhook_timeout_s, content=content, headers=all_headers
+            )
     except httpx.HTTPError as exc:
         return Attempt("retry", f"{type(exc).__name__}: {exc}")
     return _answer(response, what="The webhook")
@@ -308,7 +311,8 @@ def slack_respond(*, response_url: str, message: dict[str, Any]) -> bool:
     replaced with the decision, or a refusal only the presser sees. The URL came in a request whose
     signature checked out, and goes through the outbound guard all the same."""
     try:
-        target = outbound.check_url(response_url, field="response_url")
+        # Slack's own hooks, from requests whose signature checked out: a share of their own.
+        target = outbound.check_url(response_url, field="response_url", owner="slack:response_url")
         response = outbound.post(
             target,
             content=json.dumps(message).encode(),
