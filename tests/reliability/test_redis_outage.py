@@ -217,7 +217,9 @@ def test_redis_dies_mid_job_and_the_worker_process_waits_it_out(
     release = threading.Event()
     hooks.script[UNDO_PATH] = [Reply(200, {"state": {"compensated": UNDO_PATH}}, block=release)]
     saga = failed_saga(tenant, agent, steps=2)
-    worker = start_worker(SAGA_WORKER_BEAT_DIR=str(beat_dir))
+    # Periodic jobs every 3 s, not every second: on a loaded machine their queue (served first)
+    # would keep the worker from the compensation for longer than the test waits.
+    worker = start_worker(SAGA_WORKER_BEAT_DIR=str(beat_dir), SAGA_SWEEP_INTERVAL_S="3")
     wait_for(lambda: _counted([worker]), timeout=60, what="the worker to register")
 
     response = Api(operator_key[1]).post(f"/recovery/{saga.item.pk}/compensate", {"reason": "undo"})
