@@ -28,7 +28,7 @@ from tests.support.processes import (
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def test_scenario_4_postgres_down_and_back(postgres, hooks, worker_env, redis_se
             decided = web.post(f"/api/v1/recovery/{first['item']}/compensate", json={"reason": "undo"}, headers=auth)
             assert decided.status_code == 202, decided.text
             unwind = decided.json()["id"]
-            wait_for(lambda: _unwind_status(postgres, unwind) == "completed", timeout=60, what="the first unwind")
+            wait_for(lambda: _unwind_status(postgres, unwind) == "completed", timeout=180, what="the first unwind")
 
             postgres.stop()
             # The worker meets the outage (its periodic jobs fail on the database) and stays.
