@@ -44,7 +44,7 @@ from rq import Worker, worker_registration
 from rq.exceptions import StopRequested
 from rq.executions import Execution
 from rq.job import Job
-from rq.utils import now, utcformat
+from rq.utils import now
 
 log = structlog.get_logger(__name__)
 
@@ -82,7 +82,7 @@ class ResilientWorker(Worker):
         with self.registration_lock:
             self.left = True
             try:
-                super().register_death()
+                super().register_death()  # type: ignore[no-untyped-call]  # rq leaves it unannotated
             except RedisError as exc:
                 # Recorded by keep_working once Redis answers; raising here ended the process.
                 self.death_unrecorded = True
@@ -188,6 +188,56 @@ def _stopping(worker: ResilientWorker) -> bool:
     return worker._stop_requested or worker._shutdown_requested_date is not None
 
 
+def _leave(previous: ResilientWorker, wait: _Backoff, say: Callable[[str], Any]) -> bool:
+    """Record the death a Redis outage kept rq from recording; False while Redis does not answer.
+    Left out, the gauge would count the old registration beside the new one."""
+    previous.register_death()
+    if not previous.death_unrecorded:
+        return True
+    say(f"saga_worker: Redis still does not answer; retrying in {wait.seconds:.0f}s")
+    wait.sleep()
+    return False
+
+
+def _join(
+    make_worker: Callable[[], ResilientWorker], wait: _Backoff, say: Callable[[str], Any], *, burst: bool
+) -> ResilientWorker | None:
+    try:
+        return make_worker()
+    except RedisError as exc:
+        if burst:
+            raise
+        say(f"saga_worker: cannot register with Redis ({exc}); retrying in {wait.seconds:.0f}s")
+        wait.sleep()
+        return None
+
+
+def _run_once(
+    worker: ResilientWorker,
+    run: Callable[[ResilientWorker], None],
+    keeper: RegistrationKeeper | None,
+    say: Callable[[str], Any],
+    *,
+    burst: bool,
+) -> float:
+    """One work loop; how long it lasted."""
+    if keeper is not None:
+        keeper.watch(worker)
+    started = time.monotonic()
+    try:
+        run(worker)
+    except RedisError as exc:
+        # rq registers its birth and starts its scheduler outside its loop's guard.
+        if burst:
+            raise
+        say(f"saga_worker: Redis failed while the worker started ({exc})")
+        worker.death_unrecorded = True
+    finally:
+        if keeper is not None:
+            keeper.watch(None)
+    return time.monotonic() - started
+
+
 def keep_working(
     make_worker: Callable[[], ResilientWorker],
     run: Callable[[ResilientWorker], None],
@@ -203,38 +253,15 @@ def keep_working(
     previous: ResilientWorker | None = None
     try:
         while True:
-            if previous is not None and previous.death_unrecorded:
-                # Leave before joining again, or the gauge counts the old registration too.
-                previous.register_death()
-                if previous.death_unrecorded:
-                    say(f"saga_worker: Redis still does not answer; retrying in {wait.seconds:.0f}s")
-                    wait.sleep()
-                    continue
-            try:
-                worker = make_worker()
-            except RedisError as exc:
-                if burst:
-                    raise
-                say(f"saga_worker: cannot register with Redis ({exc}); retrying in {wait.seconds:.0f}s")
-                wait.sleep()
+            if previous is not None and previous.death_unrecorded and not _leave(previous, wait, say):
                 continue
-            if keeper is not None:
-                keeper.watch(worker)
-            started = time.monotonic()
-            try:
-                run(worker)
-            except RedisError as exc:
-                # rq registers its birth and starts its scheduler outside its loop's guard.
-                if burst:
-                    raise
-                say(f"saga_worker: Redis failed while the worker started ({exc})")
-                worker.death_unrecorded = True
-            finally:
-                if keeper is not None:
-                    keeper.watch(None)
+            worker = _join(make_worker, wait, say, burst=burst)
+            if worker is None:
+                continue
+            lasted = _run_once(worker, run, keeper, say, burst=burst)
             if burst or _stopping(worker):
                 return
-            if time.monotonic() - started > HEALTHY_RUN_S:
+            if lasted > HEALTHY_RUN_S:
                 wait.reset()
             # rq leaves its loop on Redis errors (Redis gone between two jobs, a timeout).
             say(f"saga_worker: the RQ work loop ended unexpectedly; starting again in {wait.seconds:.0f}s")

@@ -38,8 +38,8 @@ from typing import Any
 import orjson
 import structlog
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotFound, JsonResponse
 from django.urls import Resolver404, resolve
 from ninja.parser import Parser

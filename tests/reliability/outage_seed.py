@@ -31,9 +31,11 @@ def main() -> None:
     base, count = sys.argv[1], int(sys.argv[2])
     tenant = Tenant.objects.create(slug="acme", name="Acme Corp")
     system = Actor.system("tests")
-    agent = Actor.for_key(agent_key_create(tenant=tenant, name="onboarding-agent", scopes=["agent"], actor=system).key)
+    agent = Actor.for_key(
+        agent_key_create(tenant=tenant, name="onboarding-agent", scopes=["agent"], actor=system).key
+    )
     operator = agent_key_create(tenant=tenant, name="supervisor", scopes=["operator"], actor=system)
-    load_reliability_policies(hooks=_Hooks(base))  # type: ignore[arg-type] - only its url() is used
+    load_reliability_policies(hooks=_Hooks(base))  # type: ignore[arg-type]  # only its url() is used
     sagas = [failed_saga(tenant, agent, steps=2) for _ in range(count)]
     # Alice's dashboard session, stored in the database like every session.
     from django.conf import settings

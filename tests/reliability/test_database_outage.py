@@ -1,4 +1,4 @@
-"""Scenario 4: PostgreSQL goes away. On a PostgreSQL of the test's own (never the machine's
+"""Scenario 3d: PostgreSQL goes away. On a PostgreSQL of the test's own (never the machine's
 shared one), a real gunicorn (the Procfile's web line) and a real ``saga_worker``: the database is
 stopped as if it crashed, then started again. Throughout, the worker process stays alive and the
 web answers: /livez 200, /readyz 503 naming the database while it is down and 200 once it is back,
@@ -71,7 +71,7 @@ def _unwind_status(postgres: PostgresServer, unwind_id: str) -> str | None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_scenario_4_postgres_down_and_back(postgres, hooks, worker_env, redis_server, tmp_path, results):
+def test_scenario_3d_postgres_down_and_back(postgres, hooks, worker_env, redis_server, tmp_path, results):
     seeded = _seed(postgres, f"http://127.0.0.1:{hooks.port}", sagas=2)
     auth = {"Authorization": f"Bearer {seeded['operator']}"}
     worker = spawn_worker(
@@ -117,10 +117,14 @@ def test_scenario_4_postgres_down_and_back(postgres, hooks, worker_env, redis_se
     try:
         with procfile_web(web_env, tmp_path / "web.log"), httpx.Client(base_url=base, timeout=20) as web:
             assert web.get("/readyz").status_code == 200, web.get("/readyz").text
-            decided = web.post(f"/api/v1/recovery/{first['item']}/compensate", json={"reason": "undo"}, headers=auth)
+            decided = web.post(
+                f"/api/v1/recovery/{first['item']}/compensate", json={"reason": "undo"}, headers=auth
+            )
             assert decided.status_code == 202, decided.text
             unwind = decided.json()["id"]
-            wait_for(lambda: _unwind_status(postgres, unwind) == "completed", timeout=180, what="the first unwind")
+            wait_for(
+                lambda: _unwind_status(postgres, unwind) == "completed", timeout=180, what="the first unwind"
+            )
 
             postgres.stop()
             # The worker meets the outage (its periodic jobs fail on the database) and stays.
@@ -148,11 +152,17 @@ def test_scenario_4_postgres_down_and_back(postgres, hooks, worker_env, redis_se
                 assert answers[name].json()["error"]["code"] == "database_unavailable", name
 
             postgres.start()
-            wait_for(lambda: web.get("/readyz").status_code == 200, timeout=60, what="/readyz to be ready again")
-            decided = web.post(f"/api/v1/recovery/{second['item']}/compensate", json={"reason": "undo"}, headers=auth)
+            wait_for(
+                lambda: web.get("/readyz").status_code == 200, timeout=60, what="/readyz to be ready again"
+            )
+            decided = web.post(
+                f"/api/v1/recovery/{second['item']}/compensate", json={"reason": "undo"}, headers=auth
+            )
             assert decided.status_code == 202, decided.text
             again = decided.json()["id"]
-            wait_for(lambda: _unwind_status(postgres, again) == "completed", timeout=90, what="the second unwind")
+            wait_for(
+                lambda: _unwind_status(postgres, again) == "completed", timeout=90, what="the second unwind"
+            )
             assert worker.process.poll() is None
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{dump_worker_logs([worker])}") from exc
@@ -160,7 +170,7 @@ def test_scenario_4_postgres_down_and_back(postgres, hooks, worker_env, redis_se
         worker.stop()
     assert dict(hooks.effects) == {action: 1 for s in (first, second) for action in s["actions"]}
     results.record(
-        "4-postgres-down-and-back",
+        "3d-postgres-down-and-back",
         faults_injected=1,
         requests_during_outage=len(answers),
         server_errors=0,

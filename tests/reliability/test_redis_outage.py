@@ -10,16 +10,15 @@ import django_rq
 import pytest
 from django.test import Client
 from django.urls import reverse
-from saga_client.signing import verify_signature
-
 from rq import Worker as RqWorker
+from saga_client.signing import verify_signature
 
 from recovery.metrics import ScrapeCollector
 from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
+from saga_admin import probe
 from tests.factories import RESUME_PATH, RESUME_SECRET, UNDO_PATH, failed_saga, load_reliability_policies
 from tests.reliability.conftest import RESUME_AGENT_SECRET
 from tests.support.api import Api
-from saga_admin import probe
 from tests.support.processes import Reply, Worker, dump_worker_logs, wait_for
 
 pytestmark = pytest.mark.timeout(150)
@@ -236,7 +235,9 @@ def test_redis_dies_mid_job_and_the_worker_process_waits_it_out(
         )
         # The work loop met the outage, and the process waited through more than one retry.
         wait_for(
-            lambda: worker.process.poll() is not None or worker.log().count("Redis still does not answer") >= 2,
+            lambda: (
+                worker.process.poll() is not None or worker.log().count("Redis still does not answer") >= 2
+            ),
             timeout=40,
             what="the worker to wait for Redis",
         )

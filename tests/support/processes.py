@@ -444,8 +444,9 @@ def procfile_web(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[by
 
 class PostgresServer:
     """A throwaway PostgreSQL cluster (initdb + pg_ctl of the machine's PostgreSQL) in a fresh
-    directory of the system's temporary one (pytest's own is closed to other users), on a quiet port of 127.0.0.1, trust auth for ``postgres``: a test may stop it, as a crashed
-    database server, and start it again on the same port. Never the machine's shared instance.
+    directory of the system's temporary one (pytest's own is closed to other users), on a quiet
+    port of 127.0.0.1, trust auth for ``postgres``: a test may stop it, as a crashed database
+    server, and start it again on the same port. Never the machine's shared instance.
     As root it runs as the ``postgres`` system user (PostgreSQL refuses to run as root)."""
 
     def __init__(self) -> None:
@@ -471,7 +472,9 @@ class PostgresServer:
         if self.user:
             command = ["runuser", "-u", self.user, "--", *command]
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd="/", check=False)
-        assert done.returncode == 0, f"{' '.join(args[:1])} failed: {done.stdout[-1500:]}{done.stderr[-1500:]}"
+        assert done.returncode == 0, (
+            f"{' '.join(args[:1])} failed: {done.stdout[-1500:]}{done.stderr[-1500:]}"
+        )
 
     def url(self, dbname: str) -> str:
         return f"postgres://postgres@127.0.0.1:{self.port}/{dbname}"
@@ -485,7 +488,9 @@ class PostgresServer:
 
     def start(self) -> None:
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.datadir} -c fsync=off"
-        self._run("pg_ctl", "-D", str(self.datadir), "-o", options, "-l", str(self.datadir / "log"), "-w", "start")
+        self._run(
+            "pg_ctl", "-D", str(self.datadir), "-o", options, "-l", str(self.datadir / "log"), "-w", "start"
+        )
 
     def stop(self) -> None:
         """Immediate: every connection is cut, nothing is shut down politely (a crash)."""

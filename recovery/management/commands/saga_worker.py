@@ -80,6 +80,11 @@ class Command(BaseCommand):
         if keeper is not None:
             keeper.start()
 
+        def make_worker() -> SagaWorker:
+            worker = get_worker(*queues, worker_class=SagaWorker, name=options["name"])
+            assert isinstance(worker, SagaWorker)  # django_rq's signature says only Worker
+            return worker
+
         def run(worker: worker_liveness.ResilientWorker) -> None:
             # Work horses are forked: they must not share the parent's database connection.
             reset_db_connections()
@@ -87,7 +92,7 @@ class Command(BaseCommand):
 
         try:
             worker_liveness.keep_working(
-                lambda: get_worker(*queues, worker_class=SagaWorker, name=options["name"]),
+                make_worker,
                 run,
                 burst=options["burst"],
                 keeper=keeper,
