@@ -187,7 +187,7 @@ def _rq_workers_gauge() -> dict[str, float]:
 
 def _registered_pids() -> list[int]:
     """The pids of the workers Redis lists (what the worker probe reads)."""
-    return sorted(w.pid for w in RqWorker.all(connection=django_rq.get_connection("default")))
+    return sorted(w.pid or 0 for w in RqWorker.all(connection=django_rq.get_connection("default")))
 
 
 def _counted(workers: list[Worker]) -> bool:
