@@ -61,7 +61,7 @@ HEALTHY_RUN_S = 30.0
 def beat_dir() -> Path:
     """Where the worker processes of this host (container) leave their beat files:
     ``SAGA_WORKER_BEAT_DIR``, else ``saga-worker-beats`` in the temporary directory (``/tmp`` is a
-    writable volume in the Kubernetes manifests and a tmpfs in compose)."""
+    writable volume in the Kubernetes manifests, the container's own /tmp in compose)."""
     configured = os.environ.get("SAGA_WORKER_BEAT_DIR", "")
     return Path(configured) if configured else Path(tempfile.gettempdir()) / "saga-worker-beats"
 
