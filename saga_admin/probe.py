@@ -6,7 +6,10 @@
 - ``worker``: an RQ worker of this host (the container's hostname) has sent its heartbeat to Redis
   within ``--max-age`` seconds. 480 by default: an idle RQ worker beats each time its wait for a
   job times out (every 405 s at RQ's default worker TTL of 420 s), and Redis drops a worker that
-  has not beaten for its TTL + 60 s.
+  has not beaten for its TTL + 60 s. A worker Redis forgot (restarted empty) registers again
+  within seconds (recovery/worker_liveness.py). While Redis does not answer, a worker process of
+  this container that is alive and waiting for it is healthy: each one touches its beat file
+  every few seconds (``SAGA_WORKER_BEAT_DIR``), and a restart would not bring Redis back.
 
 Standard library and the installed server only: the image has no curl.
 """
@@ -14,12 +17,14 @@ Standard library and the installed server only: the image has no curl.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime
+from pathlib import Path
 
 
 def probe_web(port: str, timeout: float) -> str | None:
@@ -45,7 +50,9 @@ def probe_worker(max_age: float) -> str | None:
     try:
         workers = Worker.all(connection=django_rq.get_connection("default"))
     except Exception as exc:  # noqa: BLE001 - any failure to ask Redis is the answer
-        return f"Redis did not answer: {type(exc).__name__}: {exc}"
+        if waiting_workers():
+            return None  # alive, waiting for Redis: restarting it would not help
+        return f"Redis did not answer ({type(exc).__name__}: {exc}) and no worker process here beats"
     now = datetime.now(UTC)
     ages = [
         (now - beat.replace(tzinfo=beat.tzinfo or UTC)).total_seconds()
@@ -57,6 +64,40 @@ def probe_worker(max_age: float) -> str | None:
     if min(ages) > max_age:
         return f"the RQ worker of host {hostname} last beat {min(ages):.0f} s ago"
     return None
+
+
+def waiting_workers() -> list[int]:
+    """The pids of this container's worker processes that are alive and touched their beat file
+    recently (recovery.worker_liveness.RegistrationKeeper). A killed worker leaves its file: the pid
+    must still run, and the file must be fresh (a hung process stops touching it)."""
+    import time
+
+    from recovery.worker_liveness import BEAT_STALE_S, beat_dir
+
+    alive = []
+    for path in beat_dir().glob("worker-*.json"):
+        try:
+            fresh = time.time() - path.stat().st_mtime < BEAT_STALE_S
+            pid = int(json.loads(path.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # gone meanwhile, or not ours
+        if fresh and _running(pid):
+            alive.append(pid)
+    return alive
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's process, but it exists
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc to ask: it exists
+    return state != "Z"  # a zombie has exited, its parent has not reaped it yet
 
 
 def main(argv: list[str] | None = None) -> None:

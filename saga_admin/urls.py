@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import sys
+
 from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import DisallowedHost
@@ -9,7 +11,13 @@ from django.views import defaults
 
 from dashboard.views import slack, sso, workers
 from saga_admin.api.app import api, unrouted
-from saga_admin.api.limits import error_json, is_api_request
+from saga_admin.api.limits import (
+    DATABASE_RETRY_AFTER_S,
+    database_down,
+    database_unavailable,
+    error_json,
+    is_api_request,
+)
 from saga_admin.health import HOSTLESS, favicon
 
 urlpatterns = [
@@ -57,3 +65,29 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
 
 
 handler400 = bad_request
+
+
+# A page while the database is down: no template (the base's context processors would ask the
+# database again), a retry the browser may follow.
+UNAVAILABLE_PAGE = (
+    "<!doctype html><html lang=en><meta charset=utf-8><title>Saga Admin: briefly unavailable</title>"
+    "<h1>Briefly unavailable</h1><p>The database is not answering right now. Nothing is lost: "
+    "decisions already made are in it. Try again in a few seconds.</p></html>"
+)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """Django's 500, reached for an exception no view or API handler answered: one raised in a
+    middleware (the API gate's key lookup, the session's) or by a page. The database down answers
+    503 with Retry-After instead, in the API's error shape under /api/; anything else is Django's
+    500 page, as before."""
+    if database_down(sys.exc_info()[1]):  # Django calls this inside its except block
+        if is_api_request(request):
+            return database_unavailable()
+        response = HttpResponse(UNAVAILABLE_PAGE, status=503)
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+        return response
+    return defaults.server_error(request)
+
+
+handler500 = server_error

@@ -188,6 +188,8 @@ RECOVERY_FLOORS = {
     # Checking a compensator with the protocol's harmless calls (over the compensator calls).
     "recovery.compensator_checks": 1,
     "recovery.scheduling": 1,
+    # The worker process surviving Redis outages (over nothing of recovery: rq and the filesystem).
+    "recovery.worker_liveness": 0,
     # The engine's Prometheus metrics: counted where steps move, read from the models when scraped.
     "recovery.metrics": 1,
     "recovery.admin": 4,

@@ -197,7 +197,7 @@ def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     log.exception("api.unexpected_error", path=request.path, method=request.method)
     if settings.DEBUG and getattr(settings, "SAGA_RAISE_API_ERRORS", False):
         raise exc
-    return internal_error(request)
+    return internal_error(request, exc)  # the database down: 503 with Retry-After
 
 
 # The agents' API, then the operator's (the order of the OpenAPI document's paths).

@@ -39,6 +39,7 @@ import orjson
 import structlog
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotFound, JsonResponse
 from django.urls import Resolver404, resolve
 from ninja.parser import Parser
@@ -294,8 +295,35 @@ def request_key(request: HttpRequest) -> AgentKey | None:
     return key
 
 
-def internal_error(request: HttpRequest) -> JsonResponse:
-    """The 500 in the error shape: the request id to quote, never a traceback (that is logged)."""
+# Seconds a client is told to wait while the database does not answer: a restart or a failover
+# takes seconds, and every retry of an API write with its Idempotency-Key is applied once.
+DATABASE_RETRY_AFTER_S = 5
+
+
+def database_down(exc: BaseException | None) -> bool:
+    """The database did not answer (down, restarting, unreachable, its connection cut): a 503 to
+    retry, not a 500. psycopg raises OperationalError for these, InterfaceError on a closed
+    connection."""
+    return isinstance(exc, (OperationalError, InterfaceError))
+
+
+def database_unavailable() -> JsonResponse:
+    """503 ``database_unavailable`` in the error shape, with ``Retry-After``."""
+    response = error_json(
+        503,
+        "database_unavailable",
+        "The database is not answering right now; retry after the Retry-After delay.",
+        {"retry_after_s": DATABASE_RETRY_AFTER_S},
+    )
+    response["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+    return response
+
+
+def internal_error(request: HttpRequest, exc: BaseException | None = None) -> JsonResponse:
+    """The 500 in the error shape: the request id to quote, never a traceback (that is logged).
+    An ``exc`` that says the database is down answers 503 ``database_unavailable`` instead."""
+    if database_down(exc):
+        return database_unavailable()
     request_id = getattr(request, "request_id", "")
     return error_json(
         500,
@@ -390,13 +418,13 @@ class ApiGateMiddleware:
     def _refuse(self, request: HttpRequest) -> HttpResponse | None:
         try:
             key = request_key(request)
-        except Exception:
+        except Exception as exc:
             # Outside the API's exception handlers (the database down, say): the same JSON 500
             # an operation would give, rather than the site's HTML page.
             log.exception("api.unexpected_error", path=request.path, method=request.method)
             if settings.DEBUG and getattr(settings, "SAGA_RAISE_API_ERRORS", False):
                 raise
-            return internal_error(request)
+            return internal_error(request, exc)
         if key is None:
             # Nothing of the body has been read or parsed here: the server discards it (the
             # Procfile's gunicorn gthread worker reads and drops the rest before the connection's

@@ -1,17 +1,25 @@
-"""Scenario 3: Redis goes away while operators decide, and comes back empty mid-unwind."""
+"""Scenario 3: Redis goes away while operators decide, and comes back empty mid-unwind; the worker
+process waits the outage out (never exits), registers again with the Redis that came back empty,
+and the worker gauge and probe tell it from a worker that died meanwhile."""
 
 from __future__ import annotations
 
+import threading
+
+import django_rq
 import pytest
 from django.test import Client
 from django.urls import reverse
+from rq import Worker as RqWorker
 from saga_client.signing import verify_signature
 
+from recovery.metrics import ScrapeCollector
 from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
+from saga_admin import probe
 from tests.factories import RESUME_PATH, RESUME_SECRET, UNDO_PATH, failed_saga, load_reliability_policies
 from tests.reliability.conftest import RESUME_AGENT_SECRET
 from tests.support.api import Api
-from tests.support.processes import Reply, dump_worker_logs, wait_for
+from tests.support.processes import Reply, Worker, dump_worker_logs, wait_for
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -166,3 +174,122 @@ def test_scenario_3_redis_restarted_empty_mid_unwind(
         lost_intents=0,
         server_errors=0,
     )
+
+
+# --- The worker outlives the outage --------------------------------------------------------------
+
+
+def _rq_workers_gauge() -> dict[str, float]:
+    """``saga_rq_workers`` per queue, as ``GET /metrics`` computes it at a scrape."""
+    family = next(f for f in ScrapeCollector().collect() if f.name == "saga_rq_workers")
+    return {sample.labels["queue"]: sample.value for sample in family.samples}
+
+
+def _registered_pids() -> list[int]:
+    """The pids of the workers Redis lists (what the worker probe reads)."""
+    return sorted(w.pid or 0 for w in RqWorker.all(connection=django_rq.get_connection("default")))
+
+
+def _counted(workers: list[Worker]) -> bool:
+    """Exactly these worker processes are registered, and counted on every queue."""
+    pids = sorted(w.process.pid for w in workers)
+    return _registered_pids() == pids and set(_rq_workers_gauge().values()) == {float(len(pids))}
+
+
+@pytest.fixture
+def beat_dir(tmp_path, monkeypatch):
+    """Workers and the probe (run here, as in the container) share one beat directory."""
+    directory = tmp_path / "beats"
+    monkeypatch.setenv("SAGA_WORKER_BEAT_DIR", str(directory))
+    return directory
+
+
+@pytest.mark.django_db(transaction=True)
+def test_redis_dies_mid_job_and_the_worker_process_waits_it_out(
+    tenant, agent, operator_key, hooks, redis_server, start_worker, workers, beat_dir, results
+):
+    """Pass: Redis is killed while a compensation's call is in flight; the call finishes, the work
+    loop then fails on Redis (where rq used to exit the process from register_death); the same
+    worker process waits through several retries, registers again with the Redis that came back
+    empty, and the unwind completes with one effect per action."""
+    load_reliability_policies(hooks=hooks)
+    release = threading.Event()
+    hooks.script[UNDO_PATH] = [Reply(200, {"state": {"compensated": UNDO_PATH}}, block=release)]
+    saga = failed_saga(tenant, agent, steps=2)
+    # Periodic jobs every 3 s, not every second: on a loaded machine their queue (served first)
+    # would keep the worker from the compensation for longer than the test waits.
+    worker = start_worker(SAGA_WORKER_BEAT_DIR=str(beat_dir), SAGA_SWEEP_INTERVAL_S="3")
+    wait_for(lambda: _counted([worker]), timeout=60, what="the worker to register")
+
+    response = Api(operator_key[1]).post(f"/recovery/{saga.item.pk}/compensate", {"reason": "undo"})
+    assert response.status_code == 202
+    unwind_id = response.json()["id"]
+    assert hooks.arrived.wait(timeout=30), dump_worker_logs(workers)
+    redis_server.stop()
+    release.set()
+    try:
+        wait_for(
+            lambda: UnwindStep.objects.filter(unwind_id=unwind_id, position=0, status="done").exists(),
+            timeout=30,
+            what="the in-flight step to commit in PostgreSQL",
+        )
+        # The work loop met the outage, and the process waited through more than one retry.
+        wait_for(
+            lambda: (
+                worker.process.poll() is not None or worker.log().count("Redis still does not answer") >= 2
+            ),
+            timeout=40,
+            what="the worker to wait for Redis",
+        )
+        assert worker.process.poll() is None, "the worker process exited during the Redis outage"
+        assert probe.probe_worker(480) is None  # alive and waiting: the probe does not call it dead
+
+        redis_server.start()  # empty
+        wait_for(lambda: _completed([unwind_id]), timeout=60, interval=0.2, what="the unwind to complete")
+        wait_for(lambda: _counted([worker]), timeout=30, what="the same worker to be registered again")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{dump_worker_logs(workers)}") from exc
+    assert worker.process.poll() is None
+    assert dict(hooks.effects) == {a.pk: 1 for a in saga.actions}
+    results.record(
+        "3c-redis-killed-mid-job",
+        faults_injected=1,
+        unwinds_completed=1,
+        worker_exits=0,
+        duplicates_observed=0,
+        lost_intents=0,
+        server_errors=0,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_redis_comes_back_empty_the_gauge_and_probe_count_the_live_worker_not_the_dead(
+    redis_server, start_worker, workers, beat_dir
+):
+    """Pass: of two workers one is SIGKILLed; Redis restarts empty; ``saga_rq_workers`` and the
+    registry the probe reads count the live one again within seconds (rq's own heartbeat recreated
+    only the worker's hash, so the gauge said 0 for minutes), never the dead one. The same after a
+    flush that keeps the workers' connections open. While Redis is down the probe says healthy for
+    the live worker's container and unhealthy once no worker process is left."""
+    live = start_worker(SAGA_WORKER_BEAT_DIR=str(beat_dir))
+    doomed = start_worker(SAGA_WORKER_BEAT_DIR=str(beat_dir))
+    try:
+        wait_for(lambda: _counted([live, doomed]), timeout=60, what="both workers to register")
+        doomed.kill_hard()
+
+        redis_server.stop()
+        assert probe.probe_worker(480) is None
+        redis_server.start()  # empty
+        wait_for(lambda: _counted([live]), timeout=20, what="the live worker alone to be counted again")
+        assert probe.probe_worker(480) is None
+
+        redis_server.flush()  # gone again, with the worker blocked on its open connection
+        assert _rq_workers_gauge() == {"default": 0.0, "compensations": 0.0, "notifications": 0.0}
+        wait_for(lambda: _counted([live]), timeout=20, what="the live worker to register after a flush")
+
+        live.kill_hard()
+        redis_server.stop()
+        problem = probe.probe_worker(480)
+        assert problem and "Redis did not answer" in problem
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{dump_worker_logs(workers)}") from exc

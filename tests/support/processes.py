@@ -437,3 +437,76 @@ def procfile_web(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[by
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
+
+
+# --- A PostgreSQL of our own -----------------------------------------------------------------
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster (initdb + pg_ctl of the machine's PostgreSQL) in a fresh
+    directory of the system's temporary one (pytest's own is closed to other users), on a quiet
+    port of 127.0.0.1, trust auth for ``postgres``: a test may stop it, as a crashed database
+    server, and start it again on the same port. Never the machine's shared instance.
+    As root it runs as the ``postgres`` system user (PostgreSQL refuses to run as root)."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.bin = self._bin_dir()
+        self.root = Path(tempfile.mkdtemp(prefix="saga-pg-"))
+        self.datadir = self.root / "pgdata"
+        self.port = quiet_port()
+        self.user = "postgres" if os.geteuid() == 0 else None
+
+    @staticmethod
+    def _bin_dir() -> Path:
+        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+        if found:
+            return found[-1].parent
+        pg_ctl = shutil.which("pg_ctl")
+        assert pg_ctl, "pg_ctl (PostgreSQL's server binaries) is needed for the database outage tests"
+        return Path(pg_ctl).parent
+
+    def _run(self, *args: str) -> None:
+        command = [str(self.bin / args[0]), *args[1:]]
+        if self.user:
+            command = ["runuser", "-u", self.user, "--", *command]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd="/", check=False)
+        assert done.returncode == 0, (
+            f"{' '.join(args[:1])} failed: {done.stdout[-1500:]}{done.stderr[-1500:]}"
+        )
+
+    def url(self, dbname: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def init(self) -> None:
+        self.datadir.mkdir(parents=True)
+        if self.user:
+            shutil.chown(self.datadir, self.user)
+            shutil.chown(self.root, self.user)
+        self._run("initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+
+    def start(self) -> None:
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.datadir} -c fsync=off"
+        self._run(
+            "pg_ctl", "-D", str(self.datadir), "-o", options, "-l", str(self.datadir / "log"), "-w", "start"
+        )
+
+    def stop(self) -> None:
+        """Immediate: every connection is cut, nothing is shut down politely (a crash)."""
+        self._run("pg_ctl", "-D", str(self.datadir), "-m", "immediate", "-w", "stop")
+
+    def running(self) -> bool:
+        return (self.datadir / "postmaster.pid").exists()
+
+    def remove(self) -> None:
+        """Stopped, and its files gone."""
+        if self.running():
+            self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def create_database(self, name: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')

@@ -7,7 +7,6 @@ expiry, lost agents, command redelivery, idempotency pruning). Run as many as yo
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from django.conf import settings
@@ -15,21 +14,20 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_rq.utils import reset_db_connections
 from django_rq.workers import get_worker
-from redis.exceptions import RedisError
-from rq import Queue, Worker
+from rq import Queue
 from rq.executions import Execution
 from rq.job import Job
 from rq.logutils import setup_loghandlers
 
 from ledger import metrics, metrics_endpoint, telemetry
-from recovery import compensators
+from recovery import compensators, worker_liveness
 from recovery.audit_stream import config as audit_stream
 from recovery.scheduling import Ticker
 
 QUEUES = ("default", "compensations", "notifications")
 
 
-class SagaWorker(Worker):
+class SagaWorker(worker_liveness.ResilientWorker):
     # rq backs off up to 60 s between reconnection attempts; a worker should notice a restarted
     # Redis within seconds, because committed decisions are waiting for it.
     max_connection_wait_time = 5.0
@@ -77,30 +75,32 @@ class Command(BaseCommand):
         if not options["no_periodic"] and not options["burst"]:
             ticker = Ticker()
             ticker.start()
+        # Outages of Redis are waited out, never a reason to exit (recovery/worker_liveness.py).
+        keeper = None if options["burst"] else worker_liveness.RegistrationKeeper()
+        if keeper is not None:
+            keeper.start()
+
+        def make_worker() -> SagaWorker:
+            worker = get_worker(*queues, worker_class=SagaWorker, name=options["name"])
+            assert isinstance(worker, SagaWorker)  # django_rq's signature says only Worker
+            return worker
+
+        def run(worker: worker_liveness.ResilientWorker) -> None:
+            # Work horses are forked: they must not share the parent's database connection.
+            reset_db_connections()
+            worker.work(burst=options["burst"], with_scheduler=not options["burst"], logging_level=level)
+
         try:
-            while True:
-                try:
-                    worker = get_worker(*queues, worker_class=SagaWorker, name=options["name"])
-                except RedisError as exc:
-                    if options["burst"]:
-                        raise
-                    # Registering needs Redis; a worker that died here would strand committed work
-                    # for good, so wait for Redis like the work loop does.
-                    self.stderr.write(f"saga_worker: cannot register with Redis ({exc}); retrying in 1s")
-                    time.sleep(1)
-                    continue
-                # Work horses are forked: they must not share the parent's database connection.
-                reset_db_connections()
-                worker.work(burst=options["burst"], with_scheduler=not options["burst"], logging_level=level)
-                # rq marks _stop_requested only when a signal arrives mid-job; an idle worker told to
-                # stop just leaves its loop. Either way it recorded when the stop was asked for.
-                if options["burst"] or worker._stop_requested or worker._shutdown_requested_date is not None:
-                    break
-                # rq leaves its loop on some Redis errors (e.g. Redis gone between two jobs); a
-                # worker that quits would strand committed work, so start a fresh one.
-                self.stderr.write("saga_worker: the RQ work loop ended unexpectedly; restarting in 1s")
-                time.sleep(1)
+            worker_liveness.keep_working(
+                make_worker,
+                run,
+                burst=options["burst"],
+                keeper=keeper,
+                say=self.stderr.write,
+            )
         finally:
+            if keeper is not None:
+                keeper.stop()
             if ticker is not None:
                 ticker.stop()
             if metrics_server is not None:
