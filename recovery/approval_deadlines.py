@@ -42,13 +42,17 @@ def reminder_due_q(*, now: datetime) -> Q:
     )
 
 
-def approvals_due_for_reminder(*, now: datetime) -> list[str]:
+def approvals_due_for_reminder(*, now: datetime, limit: int | None = None) -> list[str]:
+    """The approvals to remind now, at most ``limit`` of them (a sweep's batch; the next takes the
+    rest: a reminded one is not due again)."""
     half = ExpressionWrapper((F("expires_at") - F("created_at")) / 2, output_field=DurationField())
-    return list(
+    due = (
         Approval.objects.annotate(legacy_remind_at=F("created_at") + half)
         .filter(reminder_due_q(now=now))
+        .order_by("created_at")
         .values_list("pk", flat=True)
     )
+    return list(due[:limit] if limit is not None else due)
 
 
 @transaction.atomic

@@ -1,7 +1,8 @@
 """RQ jobs: thin, taking ids, each calling one service, each safe to run twice.
 
-Enqueued by dotted path through ``recovery.queueing`` (after commit) and, for the periodic ones,
-by the ticker in ``recovery.scheduling`` that the ``saga_worker`` command runs.
+Enqueued by dotted path through ``recovery.queueing`` (after commit). The periodic ones are the
+ticker's (``recovery.scheduling``, in the ``saga_worker`` command): the housekeeping ones it runs
+in its own thread through ``periodic_run``, the others it enqueues on ``default`` when due.
 """
 
 from __future__ import annotations
@@ -120,3 +121,24 @@ def bulks_sweep() -> int:
     if handed:
         log.info("jobs.bulks_sweep", handed=handed)
     return handed
+
+
+# The periodic duties the worker's ticker runs in its own process when something is due
+# (``recovery.scheduling``): database and Redis work in bounded batches, no job and no fork.
+_PERIODIC_INLINE = {
+    f"{__name__}.{duty.__name__}": duty
+    for duty in (
+        sweep,
+        approvals_expire,
+        notifications_sweep,
+        agents_detect_lost,
+        commands_redeliver,
+        commands_flag_overdue,
+        bulks_sweep,
+    )
+}
+
+
+def periodic_run(func: str) -> object:
+    """Run one inline periodic duty, named as its job is (``recovery.jobs.sweep``)."""
+    return _PERIODIC_INLINE[func]()

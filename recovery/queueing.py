@@ -83,6 +83,27 @@ def job_state(job_id: str, *, queue: str = "default") -> str | None:
     return JobStatus(status).value if status else "missing"
 
 
+def job_states(job_ids: list[str], *, queue: str = "default") -> list[str] | None:
+    """``job_state`` of many jobs in one round trip (the sweeps' batches): each job's RQ status,
+    ``"missing"`` for one Redis does not know (or an empty id); None when Redis is down."""
+    try:
+        connection = django_rq.get_connection(queue)
+        pipeline = connection.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipeline.hget(Job.key_for(job_id or "-"), "status")
+        found = pipeline.execute()
+    except RedisError:
+        return None
+    return [
+        status.decode()
+        if job_id and isinstance(status, bytes)
+        else str(status)
+        if job_id and status
+        else "missing"
+        for job_id, status in zip(job_ids, found, strict=True)
+    ]
+
+
 def job_is_alive(state: str | None) -> bool:
     return state in {status.value for status in ALIVE_STATUSES}
 

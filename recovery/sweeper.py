@@ -44,9 +44,8 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
     interval = saga().sweep_interval_s
 
     # 1. A running step whose lease expired: its worker died (or was SIGKILLed with its horse).
-    for step_id in UnwindStep.objects.filter(
-        status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now
-    ).values_list("pk", flat=True):
+    expired = UnwindStep.objects.filter(status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now)
+    for step_id in expired.order_by("lease_expires_at").values_list("pk", flat=True)[:STEP_BATCH]:
         if _step_lease_expired(step_id=step_id, now=now):
             report.leases_expired += 1
 
@@ -66,19 +65,32 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
     return report
 
 
+# The rows one pass of ``steps_sweep`` reads of each kind: bounded under any backlog.
+STEP_BATCH = 200
+
+# Where the last pass over the queued steps stopped (by id, per process): a backlog longer than a
+# batch is looked at in turn. Back to the start after a short batch.
+_step_cursor: dict[str, str] = {}
+
+
 def _queued_steps_reenqueue(*, now: datetime, interval: float) -> int:
     """``steps_sweep``'s second duty: the queued steps handed to a job again (how many)."""
     reenqueued = 0
-    for step in UnwindStep.objects.filter(
-        status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING
-    ).select_related("unwind"):
+    queued = UnwindStep.objects.filter(status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING)
+    if "queued" in _step_cursor:
+        queued = queued.filter(pk__gt=_step_cursor["queued"])
+    steps = list(queued.select_related("unwind").order_by("pk")[:STEP_BATCH])
+    if len(steps) < STEP_BATCH:
+        _step_cursor.pop("queued", None)
+    else:
+        _step_cursor["queued"] = steps[-1].pk
+    due = [step for step in steps if (step.next_attempt_at or step.updated_at) <= now]
+    states = queueing.job_states([step.job_id for step in due], queue="compensations")
+    if states is None:
+        return 0  # Redis is down: nothing can be enqueued now; the next sweep tries again
+    for step, state in zip(due, states, strict=True):
         due_at = step.next_attempt_at or step.updated_at
-        if due_at > now:
-            continue
         waited = (now - max(due_at, step.updated_at)).total_seconds()
-        state = queueing.job_state(step.job_id, queue="compensations")
-        if state is None:
-            break  # Redis is down: nothing can be enqueued now; the next sweep tries again
         stale = waited > max(3 * interval, step_lease_seconds(step_timeout_s=step_timeout_of(step.unwind)))
         if queueing.job_is_alive(state) and not stale:
             continue
@@ -103,7 +115,8 @@ def _idle_unwinds_advance(*, now: datetime, interval: float) -> int:
     for unwind_id, job_id in (
         Unwind.objects.filter(status=Unwind.Status.RUNNING, updated_at__lt=now - timedelta(seconds=interval))
         .exclude(steps__status__in=IN_FLIGHT)
-        .values_list("pk", "job_id")
+        .order_by("updated_at")
+        .values_list("pk", "job_id")[:STEP_BATCH]
     ):
         will_run = queueing.job_will_run(job_id, queue="compensations", started_within_s=3 * interval)
         if will_run is None:
@@ -173,6 +186,18 @@ class NotificationSweepReport:
     reenqueued: int = 0
     given_up: int = 0
     reminders: int = 0
+    # How many rows the pass read (at most NOTIFICATION_BATCH of each kind): bounded, however long
+    # the outbox grows.
+    read: int = 0
+
+
+# The rows one pass reads of each kind (due pending rows, sending rows whose lease expired).
+NOTIFICATION_BATCH = 200
+
+# Where the last pass over the due pending rows stopped, per process: the next pass goes on from
+# there (next_attempt_at, id), so a backlog longer than a batch is looked at in turn, not the same
+# oldest batch over and over. Back to the start after a short batch.
+_notification_cursor: dict[str, tuple[datetime, str]] = {}
 
 
 def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepReport:
@@ -180,36 +205,66 @@ def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepRepo
     gone (Redis was down when it was enqueued, or restarted empty) or has waited implausibly long,
     and a sending row whose lease expired (its worker died mid-send). Then remind approvers of the
     approvals half way through their window (``recovery.approval_deadlines``). A second job for a
-    row is harmless: one claim wins."""
+    row is harmless: one claim wins.
+
+    Each kind is read through its partial index (``notification_pending_due``,
+    ``notification_sending_lease``: recovery/migrations/0016) in a batch of at most
+    NOTIFICATION_BATCH, the jobs' states asked of Redis in one round trip: the pass costs the
+    same with a thousand rows delivered or ten million."""
     now = now or timezone.now()
     report = NotificationSweepReport()
     stale_s = max(3 * saga().sweep_interval_s, saga().webhook_timeout_s * 2 + 30)
+    sending = list(
+        Notification.objects.filter(status=Notification.Status.SENDING, lease_expires_at__lt=now)
+        .order_by("lease_expires_at")
+        .values_list("pk", "job_id", "updated_at", "attempts", "max_attempts")[:NOTIFICATION_BATCH]
+    )
     # A sending row out of attempts whose worker died will not be claimed again: it failed.
-    report.given_up = Notification.objects.filter(
-        status=Notification.Status.SENDING, lease_expires_at__lt=now, attempts__gte=F("max_attempts")
-    ).update(
-        status=Notification.Status.FAILED,
-        lease_expires_at=None,
-        last_error="The worker sending it was lost, and no attempts are left.",
-        updated_at=now,
-    )
-    due = (
-        Notification.objects.filter(
-            Q(status=Notification.Status.PENDING, next_attempt_at__lte=now)
-            | Q(status=Notification.Status.SENDING, lease_expires_at__lt=now)
+    spent = [pk for pk, _job, _at, attempts, most in sending if attempts >= most]
+    if spent:
+        report.given_up = Notification.objects.filter(
+            pk__in=spent, status=Notification.Status.SENDING, lease_expires_at__lt=now
+        ).update(
+            status=Notification.Status.FAILED,
+            lease_expires_at=None,
+            last_error="The worker sending it was lost, and no attempts are left.",
+            updated_at=now,
         )
-        .order_by("next_attempt_at")
-        .values_list("pk", "job_id", "updated_at")[:500]
+        for pk in spent:
+            log.error(
+                "notifications.given_up",
+                notification_id=pk,
+                attempt=next(a for p, _j, _u, a, _m in sending if p == pk),
+                reason="The worker sending it was lost, and no attempts are left.",
+            )
+    pending = Notification.objects.filter(status=Notification.Status.PENDING, next_attempt_at__lte=now)
+    after = _notification_cursor.get("pending")
+    if after is not None:
+        pending = pending.filter(
+            Q(next_attempt_at__gt=after[0]) | Q(next_attempt_at=after[0], pk__gt=after[1])
+        )
+    due = list(
+        pending.order_by("next_attempt_at", "pk").values_list(
+            "pk", "job_id", "updated_at", "next_attempt_at"
+        )[:NOTIFICATION_BATCH]
     )
-    for notification_id, job_id, updated_at in due:
-        state = queueing.job_state(job_id, queue="notifications")
-        if state is None:
-            break  # Redis is down: the next sweep tries again
+    if len(due) < NOTIFICATION_BATCH:
+        _notification_cursor.pop("pending", None)
+    else:
+        _notification_cursor["pending"] = (due[-1][3], due[-1][0])
+    rows = [(pk, job_id, at) for pk, job_id, at, _due in due] + [
+        (pk, job_id, at) for pk, job_id, at, attempts, most in sending if attempts < most
+    ]
+    report.read = len(due) + len(sending)
+    states = queueing.job_states([job_id for _pk, job_id, _at in rows], queue="notifications")
+    if states is None:
+        return report  # Redis is down: the next sweep tries again
+    for (notification_id, _job_id, updated_at), state in zip(rows, states, strict=True):
         if queueing.job_is_alive(state) and (now - updated_at).total_seconds() < stale_s:
             continue
         enqueue_delivery(notification_id=notification_id)
         report.reenqueued += 1
-    for approval_id in approval_deadlines.approvals_due_for_reminder(now=now):
+    for approval_id in approval_deadlines.approvals_due_for_reminder(now=now, limit=NOTIFICATION_BATCH):
         if approval_deadlines.approval_remind(approval_id=approval_id, now=now) is not None:
             report.reminders += 1
     return report

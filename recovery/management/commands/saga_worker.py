@@ -22,11 +22,13 @@ from rq.job import Job
 from rq.logutils import setup_loghandlers
 
 from ledger import metrics, metrics_endpoint, telemetry
-from recovery import compensators
+from recovery import compensators, jobs
 from recovery.audit_stream import config as audit_stream
 from recovery.scheduling import Ticker
 
-QUEUES = ("default", "compensations", "notifications")
+# The order is the order served: decisions (unwind steps) first, then what people wait to hear,
+# then the rest (bulk chunks, the periodic duties that are jobs: docs/RECOVERY.md).
+QUEUES = ("compensations", "notifications", "default")
 
 
 class SagaWorker(Worker):
@@ -75,7 +77,7 @@ class Command(BaseCommand):
         metrics_server = self._metrics_server(burst=options["burst"])
         ticker = None
         if not options["no_periodic"] and not options["burst"]:
-            ticker = Ticker()
+            ticker = Ticker(run=jobs.periodic_run)
             ticker.start()
         try:
             while True:
