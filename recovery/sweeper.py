@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import structlog
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from ledger.conf import saga
