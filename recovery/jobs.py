@@ -96,10 +96,10 @@ def runs_archive() -> dict[str, int]:
     try:
         result = archive.archive_runs()
     except archive.ArchiveNotConfigured as exc:
-        log.error("jobs.runs_archive", error=str(exc))
+        log.error("archive.error", run_id=None, step_id=None, tool=None, attempt=None, reason=str(exc))
         return {"archived": 0, "skipped": 0, "errors": 1}
     for error in result.errors:
-        log.error("jobs.runs_archive", error=error)
+        log.error("archive.error", run_id=None, step_id=None, tool=None, attempt=None, reason=error)
     return {"archived": len(result.archived), "skipped": len(result.skipped), "errors": len(result.errors)}
 
 

@@ -175,6 +175,17 @@ def _step_lease_expired(*, step_id: str, now: datetime) -> bool:
         data={"attempt": step.attempts, "lease_token": step.lease_token},
     )
     enqueue_step(step.pk, step_timeout_s=step_timeout_of(step.unwind))
+    log.warning(
+        "unwinds.step_retried",
+        run_id=unwind.run_id,
+        unwind_id=unwind.pk,
+        step_id=step.pk,
+        tool=step.tool or step.action.tool,
+        attempt=step.attempts,
+        max_attempts=step.max_attempts,
+        reason=message,
+        code="lease_expired",
+    )
     return True
 
 
@@ -197,7 +208,7 @@ NOTIFICATION_BATCH = 200
 # Where the last pass over the due pending rows stopped, per process: the next pass goes on from
 # there (next_attempt_at, id), so a backlog longer than a batch is looked at in turn, not the same
 # oldest batch over and over. Back to the start after a short batch.
-_notification_cursor: dict[str, tuple[datetime, str]] = {}
+_notification_cursor: dict[str, tuple[datetime | None, str]] = {}
 
 
 def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepReport:
