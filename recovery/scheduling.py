@@ -31,22 +31,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import django_rq
 import structlog
 from django.conf import settings
 from django.db import close_old_connections, connection
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from ledger import audit_signing
+from ledger import audit_signing, pruning
 from ledger.conf import saga
 from ledger.models import Run
+from ledger.services import idempotency
 from recovery import approval_deadlines, queueing
+from recovery.archive import policy as archive_policy
 from recovery.audit_stream import config as audit_stream
 from recovery.bulk.models import BulkOperation
 from recovery.models import AgentCommand, Approval, Notification, Unwind, UnwindStep
+from recovery.notifications import prune as notifications_prune
 from recovery.unwinds.state import IN_FLIGHT
 
 log = structlog.get_logger(__name__)
@@ -73,46 +77,62 @@ class Periodic:
     inline: bool = True
 
 
+def _any(*querysets: QuerySet[Any]) -> bool:
+    """Whether any of the querysets has a row: one statement, ``EXISTS (…) OR EXISTS (…)``, each
+    read from its index (a duty's "anything due?" is one round trip however many parts it has)."""
+    parts: list[str] = []
+    params: list[Any] = []
+    for queryset in querysets:
+        sql, more = queryset.values("pk")[:1].query.sql_with_params()
+        parts.append(f"EXISTS ({sql})")
+        params.extend(more)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + " OR ".join(parts), params)
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
 def _sweep_due(now: datetime) -> bool:
     interval = saga().sweep_interval_s
-    steps = UnwindStep.objects.filter(
-        Q(status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now)
-        | Q(status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING)
+    return _any(
+        UnwindStep.objects.filter(status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now),
+        UnwindStep.objects.filter(status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING),
+        Unwind.objects.filter(
+            status=Unwind.Status.RUNNING, updated_at__lt=now - timedelta(seconds=interval)
+        ).exclude(steps__status__in=IN_FLIGHT),
     )
-    idle_unwinds = Unwind.objects.filter(
-        status=Unwind.Status.RUNNING, updated_at__lt=now - timedelta(seconds=interval)
-    ).exclude(steps__status__in=IN_FLIGHT)
-    return steps.exists() or idle_unwinds.exists()
 
 
 def _approvals_due(now: datetime) -> bool:
-    return Approval.objects.filter(status=Approval.Status.PENDING, expires_at__lte=now).exists()
+    return _any(Approval.objects.filter(status=Approval.Status.PENDING, expires_at__lte=now))
 
 
 def _notifications_due(now: datetime) -> bool:
     # Rows due and not yet sent (their job may be lost), a sending row whose lease ran out, or an
     # approval to remind: each through a partial index (recovery/migrations/0016).
-    return (
-        Notification.objects.filter(status=Notification.Status.PENDING, next_attempt_at__lte=now).exists()
-        or Notification.objects.filter(status=Notification.Status.SENDING, lease_expires_at__lt=now).exists()
-        or bool(approval_deadlines.approvals_due_for_reminder(now=now, limit=1))
+    return _any(
+        Notification.objects.filter(status=Notification.Status.PENDING, next_attempt_at__lte=now),
+        Notification.objects.filter(status=Notification.Status.SENDING, lease_expires_at__lt=now),
+        approval_deadlines.reminders_due(now=now),
     )
 
 
 def _running_runs_quiet(now: datetime) -> bool:
     cutoff = now - timedelta(seconds=saga().heartbeat_timeout_s)
-    return Run.objects.filter(
-        Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff),
-        status=Run.Status.RUNNING,
-    ).exists()
+    return _any(
+        Run.objects.filter(
+            Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff),
+            status=Run.Status.RUNNING,
+        )
+    )
 
 
 def _commands_pending(now: datetime) -> bool:
-    return AgentCommand.objects.filter(status=AgentCommand.Status.PENDING).exists()
+    return _any(AgentCommand.objects.filter(status=AgentCommand.Status.PENDING))
 
 
 def _bulks_running(now: datetime) -> bool:
-    return BulkOperation.objects.filter(status=BulkOperation.Status.RUNNING).exists()
+    return _any(BulkOperation.objects.filter(status=BulkOperation.Status.RUNNING))
 
 
 def _audit_sinks(now: datetime) -> bool:
@@ -121,6 +141,20 @@ def _audit_sinks(now: datetime) -> bool:
 
 def _signing_key(now: datetime) -> bool:
     return audit_signing.signing_key() is not None
+
+
+def _prunable(store: pruning.Store, cutoff: Callable[[datetime], datetime]) -> Callable[[datetime], bool]:
+    def due(now: datetime) -> bool:
+        # The prune's own first read (its candidates, from its index), one row.
+        with connection.cursor() as cursor:
+            cursor.execute(pruning.candidates_sql(store, after=False), [cutoff(now), 1])
+            return cursor.fetchone() is not None
+
+    return due
+
+
+def _retention_set(now: datetime) -> bool:
+    return bool(archive_policy.tenant_retentions())
 
 
 def periodic_jobs() -> list[Periodic]:
@@ -134,8 +168,18 @@ def periodic_jobs() -> list[Periodic]:
         Periodic("recovery.jobs.commands_flag_overdue", max(interval, 5.0), _commands_pending),
         Periodic("recovery.jobs.bulks_sweep", interval, _bulks_running),
         # Outbound or file work, with a hard timeout: a job on ``default`` when due.
-        Periodic("recovery.jobs.idempotency_prune", PRUNE_EVERY_S, inline=False),
-        Periodic("recovery.jobs.notifications_prune", PRUNE_EVERY_S, inline=False),
+        Periodic(
+            "recovery.jobs.idempotency_prune",
+            PRUNE_EVERY_S,
+            _prunable(idempotency.STORE, idempotency.idempotency_cutoff),
+            inline=False,
+        ),
+        Periodic(
+            "recovery.jobs.notifications_prune",
+            PRUNE_EVERY_S,
+            _prunable(notifications_prune.STORE, notifications_prune.notifications_cutoff),
+            inline=False,
+        ),
         Periodic("recovery.jobs.audit_stream_deliver", interval, _audit_sinks, inline=False),
         Periodic(
             "recovery.jobs.audit_heads_sign",
@@ -144,7 +188,7 @@ def periodic_jobs() -> list[Periodic]:
             inline=False,
         ),
         # Retention (recovery.archive): runs past their tenant's window archived and removed.
-        Periodic("recovery.jobs.runs_archive", saga().archive_interval_s, inline=False),
+        Periodic("recovery.jobs.runs_archive", saga().archive_interval_s, _retention_set, inline=False),
     ]
 
 

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import structlog
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from ledger.conf import saga
@@ -211,6 +211,21 @@ NOTIFICATION_BATCH = 200
 _notification_cursor: dict[str, tuple[datetime | None, str]] = {}
 
 
+def notifications_pending_due(
+    *, now: datetime, after: tuple[datetime | None, str] | None
+) -> QuerySet[Notification, tuple[str, str, datetime, datetime | None]]:
+    """The sweep's batch of due pending rows after ``after`` (next_attempt_at, id), in that order,
+    from the partial index ``notification_pending_due``."""
+    pending = Notification.objects.filter(status=Notification.Status.PENDING, next_attempt_at__lte=now)
+    if after is not None:
+        pending = pending.filter(
+            Q(next_attempt_at__gt=after[0]) | Q(next_attempt_at=after[0], pk__gt=after[1])
+        )
+    return pending.order_by("next_attempt_at", "pk").values_list(
+        "pk", "job_id", "updated_at", "next_attempt_at"
+    )[:NOTIFICATION_BATCH]
+
+
 def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepReport:
     """Hand undelivered outbox rows to a worker again: a pending row that is due but whose job is
     gone (Redis was down when it was enqueued, or restarted empty) or has waited implausibly long,
@@ -248,17 +263,7 @@ def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepRepo
                 attempt=next(a for p, _j, _u, a, _m in sending if p == pk),
                 reason="The worker sending it was lost, and no attempts are left.",
             )
-    pending = Notification.objects.filter(status=Notification.Status.PENDING, next_attempt_at__lte=now)
-    after = _notification_cursor.get("pending")
-    if after is not None:
-        pending = pending.filter(
-            Q(next_attempt_at__gt=after[0]) | Q(next_attempt_at=after[0], pk__gt=after[1])
-        )
-    due = list(
-        pending.order_by("next_attempt_at", "pk").values_list(
-            "pk", "job_id", "updated_at", "next_attempt_at"
-        )[:NOTIFICATION_BATCH]
-    )
+    due = list(notifications_pending_due(now=now, after=_notification_cursor.get("pending")))
     if len(due) < NOTIFICATION_BATCH:
         _notification_cursor.pop("pending", None)
     else:
