@@ -91,7 +91,9 @@ def test_every_retried_given_up_and_drifted_step_is_one_structured_warning(
         ("unwinds.step_retried", licence.pk, 4),
         ("unwinds.step_given_up", licence.pk, 5),
     ], dump_worker_logs([worker])
-    assert [(r["event"], r["attempt"]) for r in said if r["step_id"] == user.pk] == [("unwinds.step_drifted", 1)]
+    assert [(r["event"], r["attempt"]) for r in said if r["step_id"] == user.pk] == [
+        ("unwinds.step_drifted", 1)
+    ]
     for record in said:
         assert record["level"] in ("warning", "error")
         assert record["run_id"] == saga.run.pk and record["unwind_id"] == unwind.pk
