@@ -102,3 +102,27 @@ def test_every_retried_given_up_and_drifted_step_is_one_structured_warning(
     assert "503" in said[0]["reason"] and said[-1]["level"] == "error"
     # RQ's own per-job lines are not in the log unless asked for (-v 2, RQ_LOG_LEVEL=INFO).
     assert not [r for r in records if r.get("logger", "").startswith("rq") and r.get("level") == "info"]
+
+
+def test_a_job_run_in_the_worker_process_keeps_a_hard_timeout_and_leaks_nothing(own_redis, start_worker):
+    from rq.job import JobStatus
+
+    from tests.support import worker_jobs
+
+    notifications = django_rq.get_queue("notifications")
+    stuck = notifications.enqueue(worker_jobs.hang, 600, job_timeout=1)
+    leaving = notifications.enqueue(worker_jobs.bind_and_leave, leak="from-the-last-job")
+    seen = notifications.enqueue(worker_jobs.context_seen)
+    worker = start_worker()
+
+    def finished(job):
+        status = job.get_status(refresh=True)
+        return status if status in (JobStatus.FINISHED, JobStatus.FAILED) else None
+
+    # The stuck call is cut at its timeout (SIGALRM in the worker's own process), not waited for.
+    assert wait_for(lambda: finished(stuck), timeout=30, what="the stuck job to time out") == JobStatus.FAILED
+    assert "JobTimeoutException" in (stuck.latest_result().exc_string or ""), dump_worker_logs([worker])
+    wait_for(lambda: finished(seen), timeout=30, what="the jobs after it")
+    # Both ran in the worker's own process (no horse), and the second saw nothing of the first.
+    assert leaving.return_value() == seen.return_value()["pid"] == worker.process.pid
+    assert seen.return_value()["context"] == {}
