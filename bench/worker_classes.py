@@ -103,19 +103,28 @@ def measure_pass(*, redis_url: str, backlog: int) -> dict[str, Any]:
         for key in redis.scan_iter("saga:periodic:*"):
             redis.delete(key)
 
+    cpu: list[float] = []
+
     def one_pass() -> tuple[float, int, scheduling.TickReport]:
         fresh_keys()
         with CaptureQueriesContext(connection) as queries:
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.process_time()
             report = scheduling.tick_report(jobs.periodic_run)
             elapsed = time.perf_counter() - started
+            cpu.append(time.process_time() - started_cpu)
         return elapsed, len(queries), report
 
     Notification.objects.all().delete()
     idle = [one_pass() for _ in range(20)]
     idle_ms = statistics.median(t for t, _q, _r in idle) * 1000
-    tenant = Tenant.objects.order_by("pk").first()
-    assert tenant is not None
+    per_duty = {}
+    for periodic in scheduling.periodic_jobs():
+        if periodic.due is not None:
+            started = time.perf_counter()
+            for _ in range(10):
+                periodic.due(timezone.now())
+            per_duty[periodic.func.rsplit(".", 1)[1]] = round((time.perf_counter() - started) * 100, 2)
+    tenant = Tenant.objects.order_by("pk").first() or Tenant.objects.create(slug="bench", name="bench")
     now = timezone.now()
     Notification.objects.bulk_create(
         [
@@ -138,17 +147,35 @@ def measure_pass(*, redis_url: str, backlog: int) -> dict[str, Any]:
         started = time.perf_counter()
         report = sweeper.notifications_sweep()
         sweeps.append((time.perf_counter() - started, report.read, report.reenqueued))
+    # The soak's case: the rows' jobs are alive, waiting behind a backlog (one queued job stands
+    # for them all): a pass reads its batch and hands nothing back.
+    from rq import Queue
+
+    redis.delete("rq:queue:notifications")
+    waiting = Queue("notifications", connection=redis).enqueue("bench.jobs.noop")
+    Notification.objects.update(job_id=waiting.id, updated_at=timezone.now())
+    sweeper._notification_cursor.clear()
+    alive = []
+    for _ in range(5):
+        started = time.perf_counter()
+        report = sweeper.notifications_sweep()
+        alive.append((time.perf_counter() - started, report.read, report.reenqueued))
     redis.delete("rq:queue:notifications")
     Notification.objects.all().delete()
     interval = 5.0
     return {
         "idle_pass_ms": idle_ms,
+        "idle_pass_cpu_ms": statistics.median(cpu) * 1000,
         "idle_pass_queries": idle[-1][1],
+        "question_ms_per_duty": per_duty,
         "idle_pass_duties": len(idle[-1][2].idle),
         "idle_share_of_5s": idle_ms / (interval * 1000),
         "backlog": backlog,
         "sweep_ms": [round(t * 1000, 1) for t, _r, _e in sweeps],
         "sweep_read": [r for _t, r, _e in sweeps],
+        "sweep_reenqueued": [e for _t, _r, e in sweeps],
+        "alive_sweep_ms": [round(t * 1000, 1) for t, _r, _e in alive],
+        "alive_sweep_reenqueued": [e for _t, _r, e in alive],
     }
 
 

@@ -16,12 +16,12 @@ import structlog
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
+from rq.job import JobStatus
 
 from ledger.conf import saga
 from recovery import approval_deadlines, queueing
 from recovery.compensators import Outcome
 from recovery.models import Notification, Unwind, UnwindStep
-from recovery.notifications.outbox import enqueue_delivery
 from recovery.unwinds.advance import unwind_advance
 from recovery.unwinds.dispatch import drive_job_timeout, enqueue_step, step_lease_seconds, step_timeout_of
 from recovery.unwinds.runner import step_record_outcome
@@ -226,6 +226,29 @@ def notifications_pending_due(
     )[:NOTIFICATION_BATCH]
 
 
+def _notifications_lost(
+    rows: list[tuple[str, str, datetime]], states: list[str], *, now: datetime, stale_s: float
+) -> list[str]:
+    """``notifications_sweep``'s rows to hand a job again."""
+    # Lost: its job is gone or finished; or it has waited implausibly long and its job is not
+    # going to run (started by a worker that died, or taken off the queue and never started). A
+    # job still waiting in the queue is not lost however long the backlog: handing it a second
+    # job would only lengthen the backlog (each pass another job per row).
+    lost: list[str] = []
+    waiting: list[tuple[str, str]] = []
+    for (notification_id, job_id, updated_at), state in zip(rows, states, strict=True):
+        if not queueing.job_is_alive(state):
+            lost.append(notification_id)
+        elif (now - updated_at).total_seconds() >= stale_s:
+            if state == JobStatus.QUEUED.value:
+                waiting.append((notification_id, job_id))
+            elif state == JobStatus.STARTED.value:
+                lost.append(notification_id)
+    dropped = queueing.jobs_not_in_queue([job_id for _pk, job_id in waiting], queue="notifications")
+    lost += [pk for pk, job_id in waiting if dropped is not None and job_id in dropped]
+    return lost
+
+
 def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepReport:
     """Hand undelivered outbox rows to a worker again: a pending row that is due but whose job is
     gone (Redis was down when it was enqueued, or restarted empty) or has waited implausibly long,
@@ -275,11 +298,20 @@ def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepRepo
     states = queueing.job_states([job_id for _pk, job_id, _at in rows], queue="notifications")
     if states is None:
         return report  # Redis is down: the next sweep tries again
-    for (notification_id, _job_id, updated_at), state in zip(rows, states, strict=True):
-        if queueing.job_is_alive(state) and (now - updated_at).total_seconds() < stale_s:
-            continue
-        enqueue_delivery(notification_id=notification_id)
-        report.reenqueued += 1
+    lost = _notifications_lost(rows, states, now=now, stale_s=stale_s)
+    # Handed back together: one Redis round trip and one UPDATE for the batch, not two per row
+    # (after Redis restarted empty, every row of every pass is one of these).
+    job_ids = queueing.enqueue_many(
+        "recovery.jobs.notification_deliver",
+        queue="notifications",
+        kwargs_list=[{"notification_id": pk} for pk in lost],
+    )
+    if job_ids:
+        Notification.objects.bulk_update(
+            [Notification(pk=pk, job_id=job_id) for pk, job_id in zip(lost, job_ids, strict=True)],
+            ["job_id"],
+        )
+        report.reenqueued = len(job_ids)
     for approval_id in approval_deadlines.approvals_due_for_reminder(now=now, limit=NOTIFICATION_BATCH):
         if approval_deadlines.approval_remind(approval_id=approval_id, now=now) is not None:
             report.reminders += 1
