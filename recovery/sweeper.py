@@ -88,11 +88,19 @@ def _queued_steps_reenqueue(*, now: datetime, interval: float) -> int:
     states = queueing.job_states([step.job_id for step in due], queue="compensations")
     if states is None:
         return 0  # Redis is down: nothing can be enqueued now; the next sweep tries again
+    stale = []
     for step, state in zip(due, states, strict=True):
         due_at = step.next_attempt_at or step.updated_at
         waited = (now - max(due_at, step.updated_at)).total_seconds()
-        stale = waited > max(3 * interval, step_lease_seconds(step_timeout_s=step_timeout_of(step.unwind)))
-        if queueing.job_is_alive(state) and not stale:
+        if not queueing.job_is_alive(state) or waited > max(
+            3 * interval, step_lease_seconds(step_timeout_s=step_timeout_of(step.unwind))
+        ):
+            stale.append((step, state))
+    # A job still waiting in the queue's list is not lost however long the backlog before it (a
+    # second job would only lengthen it); one taken off the list and never started is.
+    in_queue = _still_in_queue([(s.job_id, state) for s, state in stale], queue="compensations")
+    for step, state in stale:
+        if step.job_id in in_queue:
             continue
         job_id = queueing.enqueue(
             "recovery.jobs.step_run",
@@ -226,27 +234,29 @@ def notifications_pending_due(
     )[:NOTIFICATION_BATCH]
 
 
+def _still_in_queue(jobs: list[tuple[str, str]], *, queue: str) -> set[str]:
+    """Of these (job id, state) pairs, the ids of ``queued`` jobs still in the queue's list (one
+    round trip). Redis down: none (the caller's enqueue fails too, and the next sweep looks again)."""
+    queued = [job_id for job_id, state in jobs if job_id and state == JobStatus.QUEUED.value]
+    dropped = queueing.jobs_not_in_queue(queued, queue=queue)
+    return set() if dropped is None else set(queued) - dropped
+
+
 def _notifications_lost(
     rows: list[tuple[str, str, datetime]], states: list[str], *, now: datetime, stale_s: float
 ) -> list[str]:
-    """``notifications_sweep``'s rows to hand a job again."""
-    # Lost: its job is gone or finished; or it has waited implausibly long and its job is not
-    # going to run (started by a worker that died, or taken off the queue and never started). A
-    # job still waiting in the queue is not lost however long the backlog: handing it a second
-    # job would only lengthen the backlog (each pass another job per row).
-    lost: list[str] = []
-    waiting: list[tuple[str, str]] = []
-    for (notification_id, job_id, updated_at), state in zip(rows, states, strict=True):
-        if not queueing.job_is_alive(state):
-            lost.append(notification_id)
-        elif (now - updated_at).total_seconds() >= stale_s:
-            if state == JobStatus.QUEUED.value:
-                waiting.append((notification_id, job_id))
-            elif state == JobStatus.STARTED.value:
-                lost.append(notification_id)
-    dropped = queueing.jobs_not_in_queue([job_id for _pk, job_id in waiting], queue="notifications")
-    lost += [pk for pk, job_id in waiting if dropped is not None and job_id in dropped]
-    return lost
+    """``notifications_sweep``'s rows to hand a job again: its job is gone or finished, or it has
+    waited implausibly long and its job is not waiting in the queue (started by a worker that
+    died, taken off the queue and never started, left scheduled). A job still waiting in the
+    queue is not lost however long the backlog: handing it a second job would only lengthen the
+    backlog (each pass another job per row, as before issue 39)."""
+    stale = [
+        (notification_id, job_id, state)
+        for (notification_id, job_id, updated_at), state in zip(rows, states, strict=True)
+        if not queueing.job_is_alive(state) or (now - updated_at).total_seconds() >= stale_s
+    ]
+    in_queue = _still_in_queue([(job_id, state) for _pk, job_id, state in stale], queue="notifications")
+    return [notification_id for notification_id, job_id, _state in stale if job_id not in in_queue]
 
 
 def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepReport:
