@@ -158,3 +158,30 @@ def test_an_approval_expiry_and_an_escalation_are_each_one_structured_warning(te
         assert said["tool"] == "payments.refund" and said["reason"]
         assert {"step_id", "attempt"} <= set(said)
     assert "admin" in escalated["reason"] and expired["reason"].startswith("timed_out")
+
+
+def test_a_row_whose_job_waits_behind_a_backlog_is_not_handed_a_second_job(own_redis, tenant):
+    long_ago = timezone.now() - timedelta(hours=1)
+    queue = django_rq.get_queue("notifications", commit_mode="auto")
+    waiting = queue.enqueue("recovery.jobs.notification_deliver", notification_id="ntf_waiting")
+    row = Notification.objects.create(
+        tenant=tenant,
+        channel_name="c",
+        kind="webhook",
+        env_target="http://127.0.0.1:9/",
+        event="step.failed",
+        subject_id="s",
+        next_attempt_at=long_ago,
+        job_id=waiting.id,
+    )
+    Notification.objects.filter(pk=row.pk).update(updated_at=long_ago)
+    sweeper._notification_cursor.clear()
+
+    # Waited far past the stale threshold, but its job is still in the queue: left to it.
+    assert sweeper.notifications_sweep().reenqueued == 0
+    assert queue.count == 1
+    # Taken off the queue by a worker that died before starting it: handed a new job.
+    queue.connection.lrem(queue.key, 0, waiting.id)
+    assert sweeper.notifications_sweep().reenqueued == 1
+    row.refresh_from_db()
+    assert row.job_id != waiting.id and queue.count == 1
