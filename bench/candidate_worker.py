@@ -38,9 +38,10 @@ def main(argv: list[str] | None = None) -> None:
     # As saga_worker does (harmless without work horses: the connection reopens on first use).
     reset_db_connections()
     # The periodic jobs run too, as under saga_worker, so both sides carry the same background load.
+    from recovery import jobs
     from recovery.scheduling import Ticker
 
-    Ticker().start()
+    Ticker(run=jobs.periodic_run).start()
     worker.work(with_scheduler=True)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import DurationField, ExpressionWrapper, F, Q
+from django.db.models import DurationField, ExpressionWrapper, F, Q, QuerySet
 
 from ledger.audit import Actor, audit_record
 from recovery.approvals import deadline_window, escalates_now_q, escalation_emails
@@ -42,13 +42,17 @@ def reminder_due_q(*, now: datetime) -> Q:
     )
 
 
-def approvals_due_for_reminder(*, now: datetime) -> list[str]:
+def approvals_due_for_reminder(*, now: datetime, limit: int | None = None) -> list[str]:
+    """The approvals to remind now, at most ``limit`` of them (a sweep's batch; the next takes the
+    rest: a reminded one is not due again)."""
+    due = reminders_due(now=now).order_by("created_at").values_list("pk", flat=True)
+    return list(due[:limit] if limit is not None else due)
+
+
+def reminders_due(*, now: datetime) -> QuerySet[Approval]:
+    """The approvals to remind now (``reminder_due_q``), unordered."""
     half = ExpressionWrapper((F("expires_at") - F("created_at")) / 2, output_field=DurationField())
-    return list(
-        Approval.objects.annotate(legacy_remind_at=F("created_at") + half)
-        .filter(reminder_due_q(now=now))
-        .values_list("pk", flat=True)
-    )
+    return Approval.objects.annotate(legacy_remind_at=F("created_at") + half).filter(reminder_due_q(now=now))
 
 
 @transaction.atomic

@@ -1,7 +1,8 @@
 """RQ jobs: thin, taking ids, each calling one service, each safe to run twice.
 
-Enqueued by dotted path through ``recovery.queueing`` (after commit) and, for the periodic ones,
-by the ticker in ``recovery.scheduling`` that the ``saga_worker`` command runs.
+Enqueued by dotted path through ``recovery.queueing`` (after commit). The periodic ones are the
+ticker's (``recovery.scheduling``, in the ``saga_worker`` command): the housekeeping ones it runs
+in its own thread through ``periodic_run``, the others it enqueues on ``default`` when due.
 """
 
 from __future__ import annotations
@@ -95,10 +96,10 @@ def runs_archive() -> dict[str, int]:
     try:
         result = archive.archive_runs()
     except archive.ArchiveNotConfigured as exc:
-        log.error("jobs.runs_archive", error=str(exc))
+        log.error("archive.error", run_id=None, step_id=None, tool=None, attempt=None, reason=str(exc))
         return {"archived": 0, "skipped": 0, "errors": 1}
     for error in result.errors:
-        log.error("jobs.runs_archive", error=error)
+        log.error("archive.error", run_id=None, step_id=None, tool=None, attempt=None, reason=error)
     return {"archived": len(result.archived), "skipped": len(result.skipped), "errors": len(result.errors)}
 
 
@@ -120,3 +121,24 @@ def bulks_sweep() -> int:
     if handed:
         log.info("jobs.bulks_sweep", handed=handed)
     return handed
+
+
+# The periodic duties the worker's ticker runs in its own process when something is due
+# (``recovery.scheduling``): database and Redis work in bounded batches, no job and no fork.
+_PERIODIC_INLINE = {
+    f"{__name__}.{duty.__name__}": duty
+    for duty in (
+        sweep,
+        approvals_expire,
+        notifications_sweep,
+        agents_detect_lost,
+        commands_redeliver,
+        commands_flag_overdue,
+        bulks_sweep,
+    )
+}
+
+
+def periodic_run(func: str) -> object:
+    """Run one inline periodic duty, named as its job is (``recovery.jobs.sweep``)."""
+    return _PERIODIC_INLINE[func]()

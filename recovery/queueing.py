@@ -68,6 +68,20 @@ def enqueue(
     return job.id
 
 
+def enqueue_many(func: str, *, queue: str, kwargs_list: list[dict[str, Any]]) -> list[str] | None:
+    """``enqueue`` for many jobs of one function in one Redis round trip (a sweep handing a batch
+    back); their ids in order, or None when Redis could not take them."""
+    if not kwargs_list:
+        return []
+    try:
+        rq_queue = django_rq.get_queue(queue, commit_mode="auto")
+        jobs = rq_queue.enqueue_many([Queue.prepare_data(func, kwargs=kwargs) for kwargs in kwargs_list])
+    except RedisError as exc:
+        log.warning("queueing.enqueue_failed", job=func, queue=queue, error=str(exc), jobs=len(kwargs_list))
+        return None
+    return [job.id for job in jobs]
+
+
 def new_job_id() -> str:
     """A fresh id for a job to be enqueued later (never reused: RQ would overwrite the job)."""
     return uuid.uuid4().hex
@@ -85,6 +99,45 @@ def job_state(job_id: str, *, queue: str = "default") -> str | None:
     except RedisError:
         return None
     return JobStatus(status).value if status else "missing"
+
+
+def job_states(job_ids: list[str], *, queue: str = "default") -> list[str] | None:
+    """``job_state`` of many jobs in one round trip (the sweeps' batches): each job's RQ status,
+    ``"missing"`` for one Redis does not know (or an empty id); None when Redis is down."""
+    try:
+        connection = django_rq.get_connection(queue)
+        pipeline = connection.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipeline.hget(Job.key_for(job_id or "-"), "status")
+        found = pipeline.execute()
+    except RedisError:
+        return None
+    return [
+        status.decode()
+        if job_id and isinstance(status, bytes)
+        else str(status)
+        if job_id and status
+        else "missing"
+        for job_id, status in zip(job_ids, found, strict=True)
+    ]
+
+
+def jobs_not_in_queue(job_ids: list[str], *, queue: str) -> set[str] | None:
+    """Of these jobs (said ``queued``), the ones no longer in their queue's list: a worker took
+    them off and died before it started them (``job_will_run``). One round trip; None when Redis
+    is down."""
+    if not job_ids:
+        return set()
+    try:
+        connection = django_rq.get_connection(queue)
+        key = Queue(queue, connection=connection).key
+        pipeline = connection.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipeline.lpos(key, job_id)
+        found = pipeline.execute()
+    except RedisError:
+        return None
+    return {job_id for job_id, position in zip(job_ids, found, strict=True) if position is None}
 
 
 def job_is_alive(state: str | None) -> bool:

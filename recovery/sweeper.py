@@ -14,14 +14,14 @@ from datetime import datetime, timedelta
 
 import structlog
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
+from rq.job import JobStatus
 
 from ledger.conf import saga
 from recovery import approval_deadlines, queueing
 from recovery.compensators import Outcome
 from recovery.models import Notification, Unwind, UnwindStep
-from recovery.notifications.outbox import enqueue_delivery
 from recovery.unwinds.advance import unwind_advance
 from recovery.unwinds.dispatch import drive_job_timeout, enqueue_step, step_lease_seconds, step_timeout_of
 from recovery.unwinds.runner import step_record_outcome
@@ -44,9 +44,8 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
     interval = saga().sweep_interval_s
 
     # 1. A running step whose lease expired: its worker died (or was SIGKILLed with its horse).
-    for step_id in UnwindStep.objects.filter(
-        status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now
-    ).values_list("pk", flat=True):
+    expired = UnwindStep.objects.filter(status=UnwindStep.Status.RUNNING, lease_expires_at__lt=now)
+    for step_id in expired.order_by("lease_expires_at").values_list("pk", flat=True)[:STEP_BATCH]:
         if _step_lease_expired(step_id=step_id, now=now):
             report.leases_expired += 1
 
@@ -66,21 +65,42 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
     return report
 
 
+# The rows one pass of ``steps_sweep`` reads of each kind: bounded under any backlog.
+STEP_BATCH = 200
+
+# Where the last pass over the queued steps stopped (by id, per process): a backlog longer than a
+# batch is looked at in turn. Back to the start after a short batch.
+_step_cursor: dict[str, str] = {}
+
+
 def _queued_steps_reenqueue(*, now: datetime, interval: float) -> int:
     """``steps_sweep``'s second duty: the queued steps handed to a job again (how many)."""
     reenqueued = 0
-    for step in UnwindStep.objects.filter(
-        status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING
-    ).select_related("unwind"):
+    queued = UnwindStep.objects.filter(status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING)
+    if "queued" in _step_cursor:
+        queued = queued.filter(pk__gt=_step_cursor["queued"])
+    steps = list(queued.select_related("unwind").order_by("pk")[:STEP_BATCH])
+    if len(steps) < STEP_BATCH:
+        _step_cursor.pop("queued", None)
+    else:
+        _step_cursor["queued"] = steps[-1].pk
+    due = [step for step in steps if (step.next_attempt_at or step.updated_at) <= now]
+    states = queueing.job_states([step.job_id for step in due], queue="compensations")
+    if states is None:
+        return 0  # Redis is down: nothing can be enqueued now; the next sweep tries again
+    stale = []
+    for step, state in zip(due, states, strict=True):
         due_at = step.next_attempt_at or step.updated_at
-        if due_at > now:
-            continue
         waited = (now - max(due_at, step.updated_at)).total_seconds()
-        state = queueing.job_state(step.job_id, queue="compensations")
-        if state is None:
-            break  # Redis is down: nothing can be enqueued now; the next sweep tries again
-        stale = waited > max(3 * interval, step_lease_seconds(step_timeout_s=step_timeout_of(step.unwind)))
-        if queueing.job_is_alive(state) and not stale:
+        if not queueing.job_is_alive(state) or waited > max(
+            3 * interval, step_lease_seconds(step_timeout_s=step_timeout_of(step.unwind))
+        ):
+            stale.append((step, state))
+    # A job still waiting in the queue's list is not lost however long the backlog before it (a
+    # second job would only lengthen it); one taken off the list and never started is.
+    in_queue = _still_in_queue([(s.job_id, state) for s, state in stale], queue="compensations")
+    for step, state in stale:
+        if step.job_id in in_queue:
             continue
         job_id = queueing.enqueue(
             "recovery.jobs.step_run",
@@ -103,7 +123,8 @@ def _idle_unwinds_advance(*, now: datetime, interval: float) -> int:
     for unwind_id, job_id in (
         Unwind.objects.filter(status=Unwind.Status.RUNNING, updated_at__lt=now - timedelta(seconds=interval))
         .exclude(steps__status__in=IN_FLIGHT)
-        .values_list("pk", "job_id")
+        .order_by("updated_at")
+        .values_list("pk", "job_id")[:STEP_BATCH]
     ):
         will_run = queueing.job_will_run(job_id, queue="compensations", started_within_s=3 * interval)
         if will_run is None:
@@ -162,6 +183,17 @@ def _step_lease_expired(*, step_id: str, now: datetime) -> bool:
         data={"attempt": step.attempts, "lease_token": step.lease_token},
     )
     enqueue_step(step.pk, step_timeout_s=step_timeout_of(step.unwind))
+    log.warning(
+        "unwinds.step_retried",
+        run_id=unwind.run_id,
+        unwind_id=unwind.pk,
+        step_id=step.pk,
+        tool=step.tool or step.action.tool,
+        attempt=step.attempts,
+        max_attempts=step.max_attempts,
+        reason=message,
+        code="lease_expired",
+    )
     return True
 
 
@@ -173,6 +205,58 @@ class NotificationSweepReport:
     reenqueued: int = 0
     given_up: int = 0
     reminders: int = 0
+    # How many rows the pass read (at most NOTIFICATION_BATCH of each kind): bounded, however long
+    # the outbox grows.
+    read: int = 0
+
+
+# The rows one pass reads of each kind (due pending rows, sending rows whose lease expired).
+NOTIFICATION_BATCH = 200
+
+# Where the last pass over the due pending rows stopped, per process: the next pass goes on from
+# there (next_attempt_at, id), so a backlog longer than a batch is looked at in turn, not the same
+# oldest batch over and over. Back to the start after a short batch.
+_notification_cursor: dict[str, tuple[datetime | None, str]] = {}
+
+
+def notifications_pending_due(
+    *, now: datetime, after: tuple[datetime | None, str] | None
+) -> QuerySet[Notification, tuple[str, str, datetime, datetime | None]]:
+    """The sweep's batch of due pending rows after ``after`` (next_attempt_at, id), in that order,
+    from the partial index ``notification_pending_due``."""
+    pending = Notification.objects.filter(status=Notification.Status.PENDING, next_attempt_at__lte=now)
+    if after is not None:
+        pending = pending.filter(
+            Q(next_attempt_at__gt=after[0]) | Q(next_attempt_at=after[0], pk__gt=after[1])
+        )
+    return pending.order_by("next_attempt_at", "pk").values_list(
+        "pk", "job_id", "updated_at", "next_attempt_at"
+    )[:NOTIFICATION_BATCH]
+
+
+def _still_in_queue(jobs: list[tuple[str, str]], *, queue: str) -> set[str]:
+    """Of these (job id, state) pairs, the ids of ``queued`` jobs still in the queue's list (one
+    round trip). Redis down: none (the caller's enqueue fails too, and the next sweep looks again)."""
+    queued = [job_id for job_id, state in jobs if job_id and state == JobStatus.QUEUED.value]
+    dropped = queueing.jobs_not_in_queue(queued, queue=queue)
+    return set() if dropped is None else set(queued) - dropped
+
+
+def _notifications_lost(
+    rows: list[tuple[str, str, datetime]], states: list[str], *, now: datetime, stale_s: float
+) -> list[str]:
+    """``notifications_sweep``'s rows to hand a job again: its job is gone or finished, or it has
+    waited implausibly long and its job is not waiting in the queue (started by a worker that
+    died, taken off the queue and never started, left scheduled). A job still waiting in the
+    queue is not lost however long the backlog: handing it a second job would only lengthen the
+    backlog (each pass another job per row, as before issue 39)."""
+    stale = [
+        (notification_id, job_id, state)
+        for (notification_id, job_id, updated_at), state in zip(rows, states, strict=True)
+        if not queueing.job_is_alive(state) or (now - updated_at).total_seconds() >= stale_s
+    ]
+    in_queue = _still_in_queue([(job_id, state) for _pk, job_id, state in stale], queue="notifications")
+    return [notification_id for notification_id, job_id, _state in stale if job_id not in in_queue]
 
 
 def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepReport:
@@ -180,36 +264,65 @@ def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepRepo
     gone (Redis was down when it was enqueued, or restarted empty) or has waited implausibly long,
     and a sending row whose lease expired (its worker died mid-send). Then remind approvers of the
     approvals half way through their window (``recovery.approval_deadlines``). A second job for a
-    row is harmless: one claim wins."""
+    row is harmless: one claim wins.
+
+    Each kind is read through its partial index (``notification_pending_due``,
+    ``notification_sending_lease``: recovery/migrations/0016) in a batch of at most
+    NOTIFICATION_BATCH, the jobs' states asked of Redis in one round trip: the pass costs the
+    same with a thousand rows delivered or ten million."""
     now = now or timezone.now()
     report = NotificationSweepReport()
     stale_s = max(3 * saga().sweep_interval_s, saga().webhook_timeout_s * 2 + 30)
+    sending = list(
+        Notification.objects.filter(status=Notification.Status.SENDING, lease_expires_at__lt=now)
+        .order_by("lease_expires_at")
+        .values_list("pk", "job_id", "updated_at", "attempts", "max_attempts")[:NOTIFICATION_BATCH]
+    )
     # A sending row out of attempts whose worker died will not be claimed again: it failed.
-    report.given_up = Notification.objects.filter(
-        status=Notification.Status.SENDING, lease_expires_at__lt=now, attempts__gte=F("max_attempts")
-    ).update(
-        status=Notification.Status.FAILED,
-        lease_expires_at=None,
-        last_error="The worker sending it was lost, and no attempts are left.",
-        updated_at=now,
-    )
-    due = (
-        Notification.objects.filter(
-            Q(status=Notification.Status.PENDING, next_attempt_at__lte=now)
-            | Q(status=Notification.Status.SENDING, lease_expires_at__lt=now)
+    spent = [pk for pk, _job, _at, attempts, most in sending if attempts >= most]
+    if spent:
+        report.given_up = Notification.objects.filter(
+            pk__in=spent, status=Notification.Status.SENDING, lease_expires_at__lt=now
+        ).update(
+            status=Notification.Status.FAILED,
+            lease_expires_at=None,
+            last_error="The worker sending it was lost, and no attempts are left.",
+            updated_at=now,
         )
-        .order_by("next_attempt_at")
-        .values_list("pk", "job_id", "updated_at")[:500]
+        for pk in spent:
+            log.error(
+                "notifications.given_up",
+                notification_id=pk,
+                attempt=next(a for p, _j, _u, a, _m in sending if p == pk),
+                reason="The worker sending it was lost, and no attempts are left.",
+            )
+    due = list(notifications_pending_due(now=now, after=_notification_cursor.get("pending")))
+    if len(due) < NOTIFICATION_BATCH:
+        _notification_cursor.pop("pending", None)
+    else:
+        _notification_cursor["pending"] = (due[-1][3], due[-1][0])
+    rows = [(pk, job_id, at) for pk, job_id, at, _due in due] + [
+        (pk, job_id, at) for pk, job_id, at, attempts, most in sending if attempts < most
+    ]
+    report.read = len(due) + len(sending)
+    states = queueing.job_states([job_id for _pk, job_id, _at in rows], queue="notifications")
+    if states is None:
+        return report  # Redis is down: the next sweep tries again
+    lost = _notifications_lost(rows, states, now=now, stale_s=stale_s)
+    # Handed back together: one Redis round trip and one UPDATE for the batch, not two per row
+    # (after Redis restarted empty, every row of every pass is one of these).
+    job_ids = queueing.enqueue_many(
+        "recovery.jobs.notification_deliver",
+        queue="notifications",
+        kwargs_list=[{"notification_id": pk} for pk in lost],
     )
-    for notification_id, job_id, updated_at in due:
-        state = queueing.job_state(job_id, queue="notifications")
-        if state is None:
-            break  # Redis is down: the next sweep tries again
-        if queueing.job_is_alive(state) and (now - updated_at).total_seconds() < stale_s:
-            continue
-        enqueue_delivery(notification_id=notification_id)
-        report.reenqueued += 1
-    for approval_id in approval_deadlines.approvals_due_for_reminder(now=now):
+    if job_ids:
+        Notification.objects.bulk_update(
+            [Notification(pk=pk, job_id=job_id) for pk, job_id in zip(lost, job_ids, strict=True)],
+            ["job_id"],
+        )
+        report.reenqueued = len(job_ids)
+    for approval_id in approval_deadlines.approvals_due_for_reminder(now=now, limit=NOTIFICATION_BATCH):
         if approval_deadlines.approval_remind(approval_id=approval_id, now=now) is not None:
             report.reminders += 1
     return report

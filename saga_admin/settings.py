@@ -403,6 +403,7 @@ AUDIT_STREAM: dict[str, Any] = {
 }
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
+RQ_LOG_LEVEL = os.environ.get("RQ_LOG_LEVEL", "WARNING").upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -417,6 +418,8 @@ LOGGING = {
         # and httpcore every response's headers at DEBUG (cookies). Callers log what matters.
         "httpx": {"level": "WARNING"},
         "httpcore": {"level": "WARNING"},
-        "rq.worker": {"level": os.environ.get("RQ_LOG_LEVEL", "INFO")},
+        # RQ's per-job lines are asked for (RQ_LOG_LEVEL=INFO, or saga_worker -v 2), not shown by
+        # default: the worker's own structured events say what went wrong.
+        "rq.worker": {"level": RQ_LOG_LEVEL},
     },
 }

@@ -187,9 +187,11 @@ RECOVERY_FLOORS = {
     "recovery.deadline_words": 1,
     # Checking a compensator with the protocol's harmless calls (over the compensator calls).
     "recovery.compensator_checks": 1,
-    "recovery.scheduling": 1,
     # The worker process surviving Redis outages (over nothing of recovery: rq and the filesystem).
     "recovery.worker_liveness": 0,
+    # The periodic duties' "anything due?" questions and the ticker (over the approval deadlines;
+    # it runs the duties through the worker command, which hands it recovery.jobs).
+    "recovery.scheduling": 5,
     # The engine's Prometheus metrics: counted where steps move, read from the models when scraped.
     "recovery.metrics": 1,
     "recovery.admin": 4,

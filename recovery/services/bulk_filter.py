@@ -335,6 +335,21 @@ def _settle(bulk: BulkOperation, row: BulkItem, *, outcome: str, code: str = "",
         BulkItem.Outcome.SKIPPED: "skipped",
     }[BulkItem.Outcome(outcome)]
     updates: dict[str, Any] = {counter: F(counter) + 1, "updated_at": now}
+    if outcome == BulkItem.Outcome.FAILED:
+        # One structured event per item a bulk could not decide (docs/OPERATIONS.md, "What went
+        # wrong, in the logs"); the operation keeps the first few for its page.
+        log.warning(
+            "bulk.item_failed",
+            bulk_id=bulk.pk,
+            action=bulk.action,
+            item_id=row.item_id,
+            run_id=row.run_id,
+            step_id=None,
+            tool=None,
+            attempt=None,
+            code=code,
+            reason=message[:500],
+        )
     if outcome == BulkItem.Outcome.FAILED and len(bulk.errors) < ERRORS_KEPT:
         updates["errors"] = [
             *bulk.errors,

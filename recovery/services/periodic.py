@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import structlog
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
@@ -19,6 +20,8 @@ from recovery.notifications import outbox
 from recovery.services.approving import approval_settle
 from recovery.services.reports import run_fail_and_queue
 
+log = structlog.get_logger(__name__)
+
 
 def approvals_expire_due(*, now: datetime | None = None) -> int:
     """Keep the approval deadlines (a periodic job; ``recovery.approval_deadlines``): a pending
@@ -31,7 +34,10 @@ def approvals_expire_due(*, now: datetime | None = None) -> int:
     expired = 0
     for approval_id in approval_deadlines.approvals_past_deadline(now=now):
         with transaction.atomic():
-            if approval_deadlines.approval_escalate(approval_id=approval_id, now=now) is not None:
+            escalated = approval_deadlines.approval_escalate(approval_id=approval_id, now=now)
+            if escalated is not None:
+                why = f"nobody decided before the deadline; escalated to {escalated.escalate_to}"
+                _say("approvals.escalated", escalated, reason=why)
                 continue
             approval = approvals.approval_expire(approval_id=approval_id, now=now)
             if approval is None:
@@ -46,8 +52,24 @@ def approvals_expire_due(*, now: datetime | None = None) -> int:
             )
             approval.tenant = approval.run.tenant
             outbox.notify_approval_expired(approval)
+            _say("approvals.expired", approval, reason=TIMED_OUT_REASON)
             expired += 1
     return expired
+
+
+def _say(event: str, approval: Approval, *, reason: str) -> None:
+    # One structured WARNING per escalation or expiry (docs/OPERATIONS.md, "What went wrong, in
+    # the logs"), named like a compensation step's events: run, step (a gated step's), tool.
+    log.warning(
+        event,
+        run_id=approval.run_id,
+        approval_id=approval.pk,
+        kind=approval.kind,
+        step_id=approval.step_id or None,
+        tool=approval.tool,
+        attempt=None,
+        reason=reason,
+    )
 
 
 # What the action or step records as why it was refused (its ``error``).

@@ -189,6 +189,7 @@ def _step_record(
             data={**data, "retry_in_s": delay},
         )
         enqueue_step(step.pk, step_timeout_s=step_timeout_of(step.unwind), delay_s=delay)
+        _say("unwinds.step_retried", step, reason=outcome.error, retry_in_s=delay)
         return step, None
     to, action_outcome, error = _settled_as(outcome, attempts=step.attempts, stopped=stopped)
     step_transition(
@@ -205,6 +206,7 @@ def _step_record(
     if to != UnwindStep.Status.DONE:
         step.status, step.error = to, error
         outbox.notify_step_failed(step, run=unwind.run, risk=step.action.risk)
+        _say(_failure_event(outcome, to=to, stopped=stopped), step, reason=error, code=outcome.code or None)
     moves.action_compensation_finished(
         action=step.action,
         actor=ENGINE,
@@ -217,6 +219,32 @@ def _step_record(
         stopped_item_refresh(unwind)
         return step, None
     return step, _move_on(unwind, step, next_of=next_of, claim_next=claim_next)
+
+
+def _failure_event(outcome: Outcome, *, to: str, stopped: bool) -> str:
+    if to == UnwindStep.Status.DRIFTED:
+        return "unwinds.step_drifted"
+    if outcome.kind == compensators.RETRY:
+        return "unwinds.step_not_retried" if stopped else "unwinds.step_given_up"
+    return "unwinds.step_failed"
+
+
+def _say(event: str, step: UnwindStep, *, reason: str, **more: Any) -> None:
+    """One structured event per attempt that did not end well (docs/OPERATIONS.md, "What went
+    wrong, in the logs"): a retry at WARNING, a step that ends failed, drifted or given up at
+    ERROR; named by run, step, tool and attempt, with the reason."""
+    level = log.warning if event == "unwinds.step_retried" else log.error
+    level(
+        event,
+        run_id=step.unwind.run_id,
+        unwind_id=step.unwind_id,
+        step_id=step.pk,
+        tool=step.tool or step.action.tool,
+        attempt=step.attempts,
+        max_attempts=step.max_attempts,
+        reason=reason,
+        **more,
+    )
 
 
 def _settled_as(outcome: Outcome, *, attempts: int, stopped: bool) -> tuple[str, str, str]:

@@ -381,7 +381,7 @@ def spawn_worker(*, redis_url: str, log_path: Path, env: dict[str, str] | None =
         **(env or {}),
     }
     process = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "saga_worker", "default", "compensations", "notifications"],
+        [sys.executable, str(ROOT / "manage.py"), "saga_worker", "compensations", "notifications", "default"],
         cwd=ROOT,
         env=full_env,
         stdout=log_path.open("wb"),

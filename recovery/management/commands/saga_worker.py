@@ -1,36 +1,77 @@
 """``python manage.py saga_worker``: the Procfile's worker.
 
-An RQ worker on every queue the project uses (default, compensations, notifications) with RQ's
-scheduler (delayed retries), plus the ticker that enqueues the periodic jobs (sweeper, approval
-expiry, lost agents, command redelivery, idempotency pruning). Run as many as you like, anywhere.
+An RQ worker on every queue the project uses (compensations, notifications, default: served in
+that order) with RQ's scheduler (delayed retries), plus the ticker that runs the periodic duties
+(``recovery.scheduling``). Only unwind steps fork a work horse; the other jobs run in this process
+(docs/RECOVERY.md, "Which jobs fork"). Run as many as you like, anywhere.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
 from django_rq.utils import reset_db_connections
 from django_rq.workers import get_worker
-from rq import Queue
+from rq import Queue, SimpleWorker
 from rq.executions import Execution
 from rq.job import Job
 from rq.logutils import setup_loghandlers
+from rq.worker import WorkerStatus
 
 from ledger import metrics, metrics_endpoint, telemetry
-from recovery import compensators, worker_liveness
+from recovery import compensators, jobs, worker_liveness
 from recovery.audit_stream import config as audit_stream
 from recovery.scheduling import Ticker
 
-QUEUES = ("default", "compensations", "notifications")
+# The order is the order served: decisions (unwind steps) first, then what people wait to hear,
+# then the rest (bulk chunks, the periodic duties that are jobs: docs/RECOVERY.md).
+QUEUES = ("compensations", "notifications", "default")
+
+# The queues whose jobs get a forked work horse: an unwind step runs a compensator, possibly a
+# Python one registered in this process, which the fork keeps from leaking into the next job and
+# which the worker can SIGKILL however it hangs. Every other job (a notification, a command push,
+# a bulk chunk, a periodic job) runs in this process: a fork cost about 40 ms a job against 8 ms
+# (docs/BENCHMARKS.md, "Worker classes"), and those jobs are HTTP calls with a deadline and
+# database work, under the same hard timeout (SIGALRM, in this main thread).
+FORKED_QUEUES = ("compensations",)
 
 
 class SagaWorker(worker_liveness.ResilientWorker):
     # rq backs off up to 60 s between reconnection attempts; a worker should notice a restarted
     # Redis within seconds, because committed decisions are waiting for it.
     max_connection_wait_time = 5.0
+    forked_queues: frozenset[str] = frozenset(FORKED_QUEUES)
+    _in_process = False
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        if queue.name in self.forked_queues:
+            # The horse must not share this process's database connection: closed here, opened
+            # again by the next job run in this process.
+            reset_db_connections()
+            super().execute_job(job, queue)
+            return
+        # As rq's SimpleWorker does, plus what a horse's exit would have cleaned up.
+        self._in_process = True
+        try:
+            close_old_connections()
+            execution = self.prepare_execution(job)
+            self.perform_job(job, queue, execution)
+        finally:
+            self._in_process = False
+            _job_state_forget()
+        self.set_state(WorkerStatus.IDLE)
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        # A job run in this process stops the heartbeats until it ends: RQ must not think the
+        # worker dead before the job's own timeout (SimpleWorker's rule).
+        if self._in_process:
+            return SimpleWorker.get_heartbeat_ttl(self, job, working_time)  # type: ignore[arg-type]
+        return super().get_heartbeat_ttl(job, working_time)
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
         # The horses of one worker, one at a time, share one metrics file (ledger.metrics).
@@ -45,6 +86,13 @@ class SagaWorker(worker_liveness.ResilientWorker):
             telemetry.telemetry_flush()
 
 
+def _job_state_forget() -> None:
+    """What one job leaves that the next must not see (a forked horse took it with it): a database
+    connection it broke or left past its age, the log context it bound."""
+    close_old_connections()
+    structlog.contextvars.clear_contextvars()
+
+
 class Command(BaseCommand):
     help = "Run an RQ worker on every Saga Admin queue, with the scheduler and the periodic jobs."
 
@@ -53,9 +101,16 @@ class Command(BaseCommand):
         parser.add_argument("--name", default=None)
         parser.add_argument("--burst", action="store_true", help="Process what is queued, then exit.")
         parser.add_argument("--no-periodic", action="store_true", help="Do not run the periodic-job ticker.")
+        parser.add_argument(
+            "--fork",
+            default=",".join(FORKED_QUEUES),
+            help="The queues whose jobs get a forked work horse (comma-separated; 'all' or 'none').",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        level = {0: "WARNING", 1: "INFO"}.get(options["verbosity"], "DEBUG")
+        # RQ's own lines (an INFO line per job taken and finished) drown what matters: shown from
+        # -v 2 (or RQ_LOG_LEVEL=INFO); what went wrong is the project's structured WARNING events.
+        level = {2: "INFO", 3: "DEBUG"}.get(options["verbosity"], settings.RQ_LOG_LEVEL)
         setup_loghandlers(level)
         queues = options["queues"] or list(QUEUES)
         # Traces, when OTEL_EXPORTER_OTLP_ENDPOINT is set (ledger/telemetry.py); before any fork.
@@ -73,7 +128,7 @@ class Command(BaseCommand):
         metrics_server = self._metrics_server(burst=options["burst"])
         ticker = None
         if not options["no_periodic"] and not options["burst"]:
-            ticker = Ticker()
+            ticker = Ticker(run=jobs.periodic_run)
             ticker.start()
         # Outages of Redis are waited out, never a reason to exit (recovery/worker_liveness.py).
         keeper = None if options["burst"] else worker_liveness.RegistrationKeeper()
@@ -83,6 +138,7 @@ class Command(BaseCommand):
         def make_worker() -> SagaWorker:
             worker = get_worker(*queues, worker_class=SagaWorker, name=options["name"])
             assert isinstance(worker, SagaWorker)  # django_rq's signature says only Worker
+            worker.forked_queues = _forked(options["fork"], queues)
             return worker
 
         def run(worker: worker_liveness.ResilientWorker) -> None:
@@ -131,3 +187,11 @@ class Command(BaseCommand):
             raise CommandError(
                 f"Saga Admin will not start: {metrics_endpoint.PORT_VARIABLE}={port}: cannot listen ({exc})."
             ) from None
+
+
+def _forked(option: str, queues: list[str]) -> frozenset[str]:
+    if option.strip() == "all":
+        return frozenset(queues)
+    if option.strip() == "none":
+        return frozenset()
+    return frozenset(name.strip() for name in option.split(",") if name.strip())
