@@ -48,6 +48,7 @@ def periodic_jobs() -> list[Periodic]:
         Periodic("recovery.jobs.commands_flag_overdue", max(interval, 5.0)),
         Periodic("recovery.jobs.idempotency_prune", PRUNE_EVERY_S),
         Periodic("recovery.jobs.notifications_prune", PRUNE_EVERY_S),
+        Periodic("recovery.jobs.sessions_prune", PRUNE_EVERY_S),
         Periodic("recovery.jobs.audit_stream_deliver", interval),
         Periodic("recovery.jobs.bulks_sweep", interval),
         Periodic("recovery.jobs.audit_heads_sign", float(getattr(settings, "AUDIT_SIGN_INTERVAL_S", 60.0))),
