@@ -42,6 +42,7 @@ ADMIN_PASSWORD = ENV + "ADMIN_PASSWORD"
 AGENT_KEYS_FILE = ENV + "AGENT_KEYS_FILE"
 POLICY_FILE = ENV + "POLICY_FILE"
 POLICY_SCOPE = ENV + "POLICY_SCOPE"
+ISSUED_KEYS_FILE = ENV + "ISSUED_KEYS_FILE"
 POLICY_SCOPES = ("global", "tenant")
 KEY_FIELDS = {"name", "scopes", "owner", "secret_file"}
 ACTOR = Actor.system("bootstrap")
@@ -76,6 +77,8 @@ class BootstrapInputs:
     policy_path: str = ""
     policy_scope: str = "global"
     policy: PolicyDocument | None = None
+    # Where keys the server issues are written (``SAGA_BOOTSTRAP_ISSUED_KEYS_FILE``); "" to print.
+    issued_keys_file: str = ""
 
     @property
     def empty(self) -> bool:
@@ -240,6 +243,9 @@ def bootstrap_inputs() -> BootstrapInputs:
     problems.extend(_admin_problems(username, _env(ADMIN_EMAIL), password))
     specs = _key_specs(keys_path, problems) if keys_path else []
     document = _policy(policy_path, scope, problems) if policy_path else None
+    issued_keys_file = _env(ISSUED_KEYS_FILE)
+    if issued_keys_file and not Path(issued_keys_file).parent.is_dir():
+        problems.append(f"{ISSUED_KEYS_FILE}={issued_keys_file!r}: its folder does not exist.")
     if problems:
         raise BootstrapError(problems)
     return BootstrapInputs(
@@ -252,18 +258,33 @@ def bootstrap_inputs() -> BootstrapInputs:
         policy_path=policy_path,
         policy_scope=scope,
         policy=document,
+        issued_keys_file=issued_keys_file,
     )
 
 
 # --- Applying them -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class IssuedKey:
+    """A key the server issued (no secret_file), handed over once (``_hand_over_issued``)."""
+
+    name: str
+    prefix: str
+    scopes: list[str]
+    secret: str = field(repr=False)
+
+    @property
+    def created(self) -> str:
+        return f"Created key {self.prefix} ({self.name}, {', '.join(self.scopes)})"
+
+
 @dataclass
 class BootstrapReport:
     lines: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # Keys the server issued (no secret_file): (the line announcing it, the key), shown once.
-    issued: list[tuple[str, str]] = field(default_factory=list)
+    # Keys the server issued (no secret_file), to print once (to a terminal only).
+    issued: list[IssuedKey] = field(default_factory=list)
     changed: bool = False
 
     def did(self, line: str) -> None:
@@ -400,10 +421,8 @@ def _key(spec: KeySpec, tenant: Tenant, report: BootstrapReport) -> None:
     )
     report.changed = True
     report.issued.append(
-        (
-            f"Created key {issued.key.prefix} ({spec.name}, {', '.join(issued.key.scopes)}). It is shown "
-            "only once; store it now:",
-            issued.secret,
+        IssuedKey(
+            name=spec.name, prefix=issued.key.prefix, scopes=list(issued.key.scopes), secret=issued.secret
         )
     )
 
@@ -422,10 +441,40 @@ def _policies(inputs: BootstrapInputs, tenant: Tenant | None, report: BootstrapR
     report.warnings.extend(loaded.warnings)
 
 
+def _hand_over_issued(inputs: BootstrapInputs, report: BootstrapReport, *, may_print: bool) -> None:
+    """Where the keys the server issued go, before the transaction commits (a key nobody received
+    is never left active). A deploy job's stdout is its log, kept and shown to whoever reads the
+    Job (issue 40 item 14): with ``SAGA_BOOTSTRAP_ISSUED_KEYS_FILE``, each key is appended to that
+    file (created 0600) as a JSON line and named on stdout by its prefix only; without it a key is
+    printed only to a terminal (``may_print``), else the run is refused."""
+    if not report.issued:
+        return
+    if not inputs.issued_keys_file:
+        if may_print:
+            return
+        raise BootstrapError(
+            [
+                f"{key.created} would be printed into a log (the output is not a terminal): give it "
+                f"a secret_file, or set {ISSUED_KEYS_FILE} to a file the keys are written to."
+                for key in report.issued
+            ]
+        )
+    lines = [json.dumps({"name": k.name, "prefix": k.prefix, "key": k.secret}) + "\n" for k in report.issued]
+    try:
+        descriptor = os.open(inputs.issued_keys_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(descriptor, "a", encoding="utf-8") as out:
+            out.writelines(lines)
+    except OSError as exc:
+        raise BootstrapError([f"{ISSUED_KEYS_FILE}={inputs.issued_keys_file!r}: {exc.strerror}."]) from None
+    report.lines.extend(f"{key.created}: written to {inputs.issued_keys_file}." for key in report.issued)
+    report.issued = []
+
+
 @transaction.atomic
-def bootstrap_apply(inputs: BootstrapInputs) -> BootstrapReport:
+def bootstrap_apply(inputs: BootstrapInputs, *, may_print: bool = False) -> BootstrapReport:
     """Create what ``inputs`` declare and is missing, in one transaction: any refusal
-    (``BootstrapError``, or a service's ``SagaError``) changes nothing."""
+    (``BootstrapError``, or a service's ``SagaError``) changes nothing. ``may_print``: the output
+    is a terminal, where a key the server issues may be shown (``_hand_over_issued``)."""
     report = BootstrapReport()
     tenant = _tenant(inputs, report)
     if tenant is not None and inputs.admin_username:
@@ -438,4 +487,5 @@ def bootstrap_apply(inputs: BootstrapInputs) -> BootstrapReport:
             raise BootstrapError([f"{spec.where}: {exc.message}"]) from None
     if inputs.policy is not None:
         _policies(inputs, tenant, report)
+    _hand_over_issued(inputs, report, may_print=may_print)
     return report

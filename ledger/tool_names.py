@@ -19,7 +19,9 @@ globs, compensators, ``compensation_tool``), pauses and agent-named compensation
 
 from __future__ import annotations
 
+import fnmatch
 import re
+import string
 
 from ledger import errors
 
@@ -56,10 +58,32 @@ def is_tool_glob(value: object) -> bool:
     )
 
 
+def glob_problem(pattern: str) -> str:
+    """Why a tool glob's ``[...]`` classes are no good, in words; "" when they are. fnmatch reads
+    a bracket it cannot close, and a ``]`` without one, as literals no tool name has, and drops a
+    range that runs backwards; a class left with no tool-name character matches nothing. Each of
+    those is a typo, and one once reached PostgreSQL as an invalid regular expression (``[z-a]``,
+    ``[!]``: a 500), so each is refused, the same way on every path that takes a glob."""
+    for kind, text in _glob_tokens(pattern):
+        if kind == "unclosed":
+            return f"has a [ with no ] to close it: {pattern!r}"
+        if kind == "literal" and text == "]":
+            return f"has a ] with no [ before it: {pattern!r}"
+        if kind == "class":
+            body = text[1:] if text.startswith("!") else text
+            for start, end in re.findall(r"(.)-(.)", body):
+                if start > end:
+                    return f"has the range {start}-{end}, which runs backwards: {pattern!r}"
+            if not _class_chars(text):
+                return f"has the class [{text}], which matches no character a tool name may have"
+    return ""
+
+
 def tool_name_problem(value: object, *, glob: bool = False) -> str:
     """Why ``value`` is not a tool name (or glob), in words; "" when it is one."""
     if (is_tool_glob if glob else is_tool_name)(value):
-        return ""
+        assert isinstance(value, str)
+        return glob_problem(value) if glob else ""
     rule = TOOL_GLOB_RULE if glob else TOOL_NAME_RULE
     return f"must be {rule}"
 
@@ -83,32 +107,69 @@ def is_glob(value: str) -> bool:
     return any(char in value for char in "*?[")
 
 
-def glob_regex(pattern: str) -> str:
-    """A tool glob (``check_tool_name(..., glob=True)`` passed it) as an anchored POSIX regular
-    expression that matches what ``fnmatch.fnmatchcase`` matches, for a database to match with
-    (PostgreSQL's ``~``). The glob's alphabet is small (``TOOL_GLOB_RULE``): every other character is
-    a literal, escaped."""
-    out = ["^"]
+# Every character a tool name may have (``_TOOL_NAME``): what a glob's class can match.
+_ALPHABET = string.ascii_letters + string.digits + "_.:/-"
+
+
+def _glob_tokens(pattern: str) -> list[tuple[str, str]]:
+    """A glob as fnmatch reads it: ``("*", "*")``, ``("?", "?")``, ``("class", body)`` (``!``
+    first when negated), ``("unclosed", "[")`` for a ``[`` fnmatch takes literally, and
+    ``("literal", char)``. As ``fnmatch.translate``: a ``]`` right after ``[`` or ``[!`` is
+    part of the class."""
+    tokens: list[tuple[str, str]] = []
     i = 0
     while i < len(pattern):
         char = pattern[i]
         i += 1
-        if char == "*":
-            out.append(".*")
-        elif char == "?":
-            out.append(".")
+        if char in "*?":
+            tokens.append((char, char))
         elif char == "[":
-            end = pattern.find("]", i + 1 if pattern[i : i + 1] in ("!", "]") else i)
+            j = i + 1 if pattern[i : i + 1] == "!" else i
+            j = j + 1 if pattern[j : j + 1] == "]" else j
+            end = pattern.find("]", j)
             if end == -1:
-                out.append(r"\[")  # fnmatch reads an unclosed bracket as a literal
-                continue
-            body = pattern[i:end]
-            i = end + 1
-            negate = body.startswith("!")
-            body = body[1:] if negate else body
-            escaped = "".join("\\" + c if c in r"\^[]" else c for c in body)
-            out.append(f"[{'^' if negate else ''}{escaped}]")
+                tokens.append(("unclosed", "["))
+            else:
+                tokens.append(("class", pattern[i:end]))
+                i = end + 1
         else:
-            out.append("\\" + char if not char.isalnum() and char != "_" else char)
+            tokens.append(("literal", char))
+    return tokens
+
+
+def _class_chars(body: str) -> str:
+    """The tool-name characters the class ``[body]`` matches, by fnmatch's own reading of it."""
+    matcher = re.compile(fnmatch.translate(f"[{body}]"))
+    return "".join(char for char in _ALPHABET if matcher.fullmatch(char))
+
+
+def _escaped(char: str) -> str:
+    # Letters and digits as they are: in PostgreSQL's regular expressions a backslash before one
+    # is a class (\d, \w) or an escape (\n), not the character; before anything else it is that
+    # character, inside a bracket expression too.
+    return char if char.isalnum() or char == "_" else "\\" + char
+
+
+def glob_regex(pattern: str) -> str:
+    """A tool glob (``check_tool_name(..., glob=True)`` passed it) as an anchored POSIX regular
+    expression that matches what ``fnmatch.fnmatchcase`` matches, for a database to match with
+    (PostgreSQL's ``~``). Each class becomes the explicit list of tool-name characters fnmatch's
+    class matches (tool names have no others), each escaped but letters and digits, so no range or
+    bracket-expression syntax of the glob's reaches the database's regular-expression parser:
+    whatever the glob, the expression is valid."""
+    out = ["^"]
+    for kind, text in _glob_tokens(pattern):
+        if kind == "*":
+            out.append(".*")
+        elif kind == "?":
+            out.append(".")
+        elif kind == "class":
+            chars = "".join(_escaped(c) for c in _class_chars(text))
+            # No character: what matches nothing (glob_problem refuses such a class before here).
+            out.append(f"[{chars}]" if chars else "(?!.).")
+        elif kind == "unclosed":
+            out.append(r"\[")  # fnmatch reads it as a literal
+        else:
+            out.append(_escaped(text))
     out.append("$")
     return "".join(out)

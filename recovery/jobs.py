@@ -7,9 +7,11 @@ in its own thread through ``periodic_run``, the others it enqueues on ``default`
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
 import structlog
+from django.conf import settings
 from rq import get_current_job
 
 from ledger import audit_signing
@@ -66,6 +68,13 @@ def idempotency_prune() -> int:
 
 def notifications_prune() -> int:
     return notifications_pruning.notifications_prune()
+
+
+def sessions_prune() -> None:
+    """Expired sessions deleted, as ``manage.py clearsessions`` does (the session engine's own
+    ``clear_expired``): nothing else removes a session nobody signs out of, such as the one each
+    anonymous single sign-on start writes (issue 40 item 7)."""
+    import_module(settings.SESSION_ENGINE).SessionStore.clear_expired()
 
 
 def notification_deliver(*, notification_id: str) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 import django_rq
 import structlog
 from django.conf import settings
+from django.contrib.sessions.models import Session
 from django.db import close_old_connections, connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
@@ -153,6 +154,17 @@ def _prunable(store: pruning.Store, cutoff: Callable[[datetime], datetime]) -> C
     return due
 
 
+def _sessions_expired(now: datetime) -> bool:
+    # The session engine in use keeps its rows in the database (the settings' default); its
+    # expire_date is indexed. Another engine expires sessions itself: nothing to prune.
+    if settings.SESSION_ENGINE not in {
+        "django.contrib.sessions.backends.db",
+        "django.contrib.sessions.backends.cached_db",
+    }:
+        return False
+    return Session.objects.filter(expire_date__lt=now).exists()
+
+
 def _retention_set(now: datetime) -> bool:
     return bool(archive_policy.tenant_retentions())
 
@@ -180,6 +192,7 @@ def periodic_jobs() -> list[Periodic]:
             _prunable(notifications_prune.STORE, notifications_prune.notifications_cutoff),
             inline=False,
         ),
+        Periodic("recovery.jobs.sessions_prune", PRUNE_EVERY_S, _sessions_expired, inline=False),
         Periodic("recovery.jobs.audit_stream_deliver", interval, _audit_sinks, inline=False),
         Periodic(
             "recovery.jobs.audit_heads_sign",

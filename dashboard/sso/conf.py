@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from ledger.env import env_secret
+from ledger.throttle import parse_rate
 
 # The callback's URL name (dashboard/auth_urls.py): the redirect URI registered at the provider
 # is this path on SAGA_PUBLIC_URL's host, /oidc/callback/.
@@ -45,6 +46,10 @@ class SsoSettings:
     # Each request to the provider (discovery, token, keys, userinfo) may take this long.
     timeout_s: float = 10.0
     local_login: bool = True
+    # How many sign-ins one client address may start (``/oidc/authenticate/`` without one under
+    # way) per window: each writes a session row for its state, nonce and PKCE verifier (issue 40
+    # item 7). As high as the API's unauthenticated rate: an office signs in from one address.
+    start_rate: str = "60/m"
 
     @property
     def enabled(self) -> bool:
@@ -125,6 +130,13 @@ def sso_settings_from_env() -> SsoSettings:
         timeout_s = float(os.environ.get("SAGA_OIDC_TIMEOUT_S", "") or 10.0)
     except ValueError:
         raise ImproperlyConfigured("SAGA_OIDC_TIMEOUT_S must be a number of seconds.") from None
+    start_rate = os.environ.get("SAGA_OIDC_START_RATE", "").strip() or SsoSettings.start_rate
+    try:
+        parse_rate(start_rate)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"SAGA_OIDC_START_RATE={start_rate!r}: a count per period, such as 60/m."
+        ) from None
     return SsoSettings(
         issuer=issuer,
         client_id=client_id,
@@ -135,6 +147,7 @@ def sso_settings_from_env() -> SsoSettings:
         provider_name=os.environ.get("SAGA_OIDC_PROVIDER_NAME", "").strip() or "single sign-on",
         timeout_s=max(timeout_s, 0.1),
         local_login=local_login,
+        start_rate=start_rate,
     )
 
 

@@ -48,9 +48,17 @@ def _tenant_for_bulk(request: HttpRequest, queue_filter: QueueFilter) -> Tenant 
 def bulk_preview(request: HtmxHttpRequest) -> HttpResponse:
     """GET: what the queue's filter (the same query string) matches now; POST: start the bulk."""
     tenants = tenant_selectors.visible_tenants(user=request.user)
-    view = QueueFilterForm(request.GET, tenants=tenants).view()
+    filter_form = QueueFilterForm(request.GET, tenants=tenants)
+    view = filter_form.view()
     queue_filter = view.queue_filter
     back = reverse("dashboard:queue") + (f"?{urlencode(view.as_query())}" if view.as_query() else "")
+    if filter_form.errors:
+        # The queue shows a value it does not accept as an error and lists without it; a bulk
+        # never decides on the wider filter that leaves: the operator corrects the filter first.
+        messages.error(
+            request, f"Correct the filter before deciding in bulk: {common.form_errors(filter_form)}"
+        )
+        return common.done(request, reverse("dashboard:queue") + f"?{request.GET.urlencode()}")
     tenant = _tenant_for_bulk(request, queue_filter)
     if tenant is None:
         messages.error(

@@ -5,6 +5,7 @@ closed while password sign-in is off."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import structlog
@@ -22,8 +23,15 @@ from dashboard.login import login_options
 from dashboard.sso import discovery
 from dashboard.sso.backend import FAILURE_ATTR
 from dashboard.sso.conf import local_login_enabled, oidc_setting, sso
+from ledger import throttle
 
 log = structlog.get_logger(__name__)
+
+# How long the session a sign-in starts in lives while nobody is signed in to it: it holds the
+# state, nonce and PKCE verifier for the provider's answer, which a person gives within minutes.
+# Every anonymous start writes such a row; short-lived, the hourly ``recovery.jobs.sessions_prune``
+# deletes it soon after, rather than SESSION_COOKIE_AGE later or never (issue 40 item 7).
+SSO_STATE_MAX_AGE_S = 10 * 60
 
 # Why the login page is shown again after single sign-on (``?sso=``), in words.
 SSO_MESSAGES = {
@@ -84,6 +92,26 @@ class SsoStart(OIDCAuthenticationRequestView):  # type: ignore[misc]  # the libr
         conf = sso()
         if not conf.enabled:
             raise Http404("Single sign-on is not configured.")
+        # A start without a sign-in already under way writes a new session row (a browser's
+        # retry adds its state to its own session, which the library caps): one address may
+        # start only so many. With the cache down it is let through: the row is short-lived and
+        # pruned either way.
+        fresh = "oidc_states" not in request.session  # a made-up session cookie is fresh too
+        window = (
+            throttle.fixed_window(f"sso-start:{throttle.client_address(request)}", conf.start_rate)
+            if fresh
+            else None
+        )
+        if window is not None and not window.allowed:
+            log.warning("sso.start_throttled", client=throttle.client_address(request))
+            retry = max(1, math.ceil(window.retry_after))
+            refused = HttpResponse(
+                f"Too many sign-ins started from your address: try again in {retry} s.",
+                status=429,
+                content_type="text/plain; charset=utf-8",
+            )
+            refused["Retry-After"] = str(retry)
+            return refused
         try:
             metadata = discovery.provider_metadata(conf)
         except discovery.DiscoveryError as exc:
@@ -92,6 +120,8 @@ class SsoStart(OIDCAuthenticationRequestView):  # type: ignore[misc]  # the libr
         self.OIDC_OP_AUTH_ENDPOINT = metadata.authorization_endpoint
         self.OIDC_RP_CLIENT_ID = conf.client_id
         response: HttpResponseBase = super().get(request)
+        if not request.user.is_authenticated:
+            request.session.set_expiry(SSO_STATE_MAX_AGE_S)
         return response
 
 
@@ -126,6 +156,8 @@ class SsoCallback(OIDCAuthenticationCallbackView):  # type: ignore[misc]  # the 
                 },
                 status=403,
             )
+        # Signed in: the session lives as any dashboard session does, not as the sign-in's state.
+        self.request.session.set_expiry(None)
         response: HttpResponseBase = super().login_success()
         return response
 

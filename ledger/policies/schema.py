@@ -18,7 +18,7 @@ from ledger.policies.compensation_args import compensation_args_problems
 from ledger.policies.deadlines import deadline_problem, escalate_to_value, on_timeout_value, timeout_seconds
 from ledger.policies.rule_checks import approvers_need_manual
 from ledger.policies.rules import MAX_APPROVERS
-from ledger.tool_names import TOOL_NAME_MAX_LENGTH, is_tool_glob, is_tool_name
+from ledger.tool_names import TOOL_NAME_MAX_LENGTH, glob_problem, is_tool_glob, is_tool_name
 
 ON_FAILURE_VALUES = ("alert_and_continue", "halt")
 
@@ -68,6 +68,9 @@ def _check_tool_pattern(value: str) -> str:
             raise PydanticCustomError("tool", "has unbalanced [ ] in glob '{value}'", {"value": value})
     if depth != 0:
         raise PydanticCustomError("tool", "has unbalanced [ ] in glob '{value}'", {"value": value})
+    # The one check of a glob's classes (a backwards range, a class no tool name can meet).
+    if problem := glob_problem(value):
+        raise PydanticCustomError("tool", "{problem}", {"problem": problem})
     # A pattern with no literal part matches every tool: that is what default_policy is for, and
     # a catch-all glob would silently outrank it for every unknown tool.
     if not re.sub(r"\[[^\]]*\]|[*?]", "", value).strip("._-:/"):

@@ -82,6 +82,8 @@ def deployment(tmp_path, monkeypatch):
         "SAGA_BOOTSTRAP_AGENT_KEYS_FILE": str(keys_file),
         "SAGA_BOOTSTRAP_POLICY_FILE": str(policy),
         "SAGA_BOOTSTRAP_POLICY_SCOPE": "tenant",
+        # The job's output is a log: keys the server issues go to this file, not to stdout.
+        "SAGA_BOOTSTRAP_ISSUED_KEYS_FILE": str(tmp_path / "issued-keys.jsonl"),
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -98,8 +100,17 @@ def test_the_first_run_creates_everything_through_the_services(deployment, db):
     assert Membership.objects.get(user=admin, tenant=tenant).role == "admin"
     imported = keys.agent_key_authenticate(raw_key=deployment["material"])
     assert imported is not None and (imported.name, imported.scopes) == ("onboarding-agent", ["agent"])
-    # The key without a secret_file was issued by the server and printed once, alone on the last line.
-    issued = keys.agent_key_authenticate(raw_key=out.rstrip("\n").splitlines()[-1])
+    # The key without a secret_file was issued by the server and written once, to the issued-keys file.
+    [written] = [
+        json.loads(line)
+        for line in Path(deployment["env"]["SAGA_BOOTSTRAP_ISSUED_KEYS_FILE"]).read_text().splitlines()
+    ]
+    assert (
+        written["name"] == "ops-approver"
+        and written["key"] not in out
+        and f"{written['prefix']} (ops-approver" in out
+    )
+    issued = keys.agent_key_authenticate(raw_key=written["key"])
     assert issued is not None and issued.name == "ops-approver" and issued.owner == admin
     assert ToolPolicy.objects.filter(tenant=tenant).count() == 3
     assert PolicySet.objects.filter(tenant=tenant).exists()
@@ -356,3 +367,35 @@ def test_issued_and_imported_keys_share_one_format(tenant):
 
     issued = keys.agent_key_create(tenant=tenant, name="x", actor=Actor.system("tests"))
     assert keys.KEY_FORMAT.fullmatch(issued.secret)
+
+
+def test_an_issued_key_never_reaches_a_job_log(deployment, db, monkeypatch, tmp_path):
+    """Issue 40 item 14: a deploy Job's stdout is its log, kept and shown to whoever may read the
+    Job. Run as a Job runs it (stdout not a terminal) with no file for issued keys, bootstrap
+    refuses to issue one (nothing is created, no key printed); with the file, the key is written
+    there (0600) and stdout names only its prefix."""
+    monkeypatch.delenv("SAGA_BOOTSTRAP_ISSUED_KEYS_FILE")
+    out, err = StringIO(), StringIO()
+    with pytest.raises(CommandError, match="would be printed into a log") as refused:
+        call_command("bootstrap", stdout=out, stderr=err)
+    assert "SAGA_BOOTSTRAP_ISSUED_KEYS_FILE" in str(refused.value)
+    assert not Tenant.objects.exists() and not AgentKey.objects.exists()
+    assert not keys.KEY_FORMAT.search(out.getvalue() + err.getvalue() + str(refused.value))
+
+    issued_file = tmp_path / "issued" / "keys.jsonl"
+    issued_file.parent.mkdir()
+    monkeypatch.setenv("SAGA_BOOTSTRAP_ISSUED_KEYS_FILE", str(issued_file))
+    out_text, err_text = run()
+    [written] = [json.loads(line) for line in issued_file.read_text().splitlines()]
+    assert issued_file.stat().st_mode & 0o777 == 0o600
+    assert keys.agent_key_authenticate(raw_key=written["key"]) is not None
+    assert not keys.KEY_FORMAT.search(out_text + err_text)
+    [line] = [
+        line
+        for line in out_text.splitlines()
+        if line.startswith(f"Created key {written['prefix']} (ops-approver, ")
+    ]
+    assert line.endswith(f"): written to {issued_file}.")
+    # A second run issues nothing more and writes nothing more.
+    run()
+    assert len(issued_file.read_text().splitlines()) == 1

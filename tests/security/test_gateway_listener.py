@@ -84,3 +84,39 @@ def test_with_a_token_every_http_request_must_carry_it(tmp_path: Path):
 
         assert "create_user" in asyncio.run(list_tools(TOKEN))
         assert upstream.tools_called() == []
+
+
+@pytest.mark.parametrize("host", ["127.0.0.2", "127.0.0.1"])
+def test_a_tokenless_loopback_listener_refuses_a_rebound_name(host, tmp_path: Path):
+    """Issue 40 item 14, the DNS-rebinding attack: a web page on attacker.example whose name was
+    rebound to the gateway's loopback address makes the browser send requests there with
+    ``Host: attacker.example:<port>`` (and that Origin). ``is_loopback`` lets 127.0.0.2 run without
+    a token, so it must be protected like 127.0.0.1, which the MCP SDK alone covers."""
+    with (
+        http_upstream(tmp_path) as upstream,
+        http_gateway(
+            f"http://127.0.0.1:{free_port()}", upstream.url, "sk_test_key", tmp_path, host=host
+        ) as url,
+    ):
+        port = url.rsplit(":", 1)[1].split("/")[0]
+        accept = {"Accept": "application/json, text/event-stream"}
+        rebound = httpx.post(
+            url, json=INITIALIZE, headers={**accept, "Host": f"attacker.example:{port}"}, timeout=10
+        )
+        assert rebound.status_code == 421, rebound.text
+        cross_origin = httpx.post(
+            url, json=INITIALIZE, headers={**accept, "Origin": f"http://attacker.example:{port}"}, timeout=10
+        )
+        assert cross_origin.status_code == 403, cross_origin.text
+        assert "mcp-session-id" not in rebound.headers and "mcp-session-id" not in cross_origin.headers
+
+        async def list_tools() -> list[str]:
+            async with (
+                httpx2.AsyncClient() as http,
+                Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+            ):
+                return [tool.name for tool in (await client.list_tools()).tools]
+
+        # The gateway's own clients, naming the address they connect to, are served.
+        assert "create_user" in asyncio.run(list_tools())
+        assert upstream.tools_called() == []

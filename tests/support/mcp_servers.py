@@ -132,19 +132,21 @@ def http_gateway(
     *extra: str,
     env: dict[str, str] | None = None,
     namespace: str = "hr",
+    host: str = "127.0.0.1",
 ) -> Iterator[str]:
-    """``saga-mcp --listen`` on a free port in front of ``upstream``; yields its MCP URL."""
+    """``saga-mcp --listen`` on ``host`` and a free port in front of ``upstream``; yields its MCP
+    URL."""
     port = free_port()
     log_path = tmp_path / f"gateway-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            gateway_command(saga_url, upstream, "--listen", f"127.0.0.1:{port}", *extra, namespace=namespace),
+            gateway_command(saga_url, upstream, "--listen", f"{host}:{port}", *extra, namespace=namespace),
             env={**gateway_env(tmp_path / "journal-unused.jsonl", key), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        url = f"http://127.0.0.1:{port}/mcp"
+        url = f"http://{host}:{port}/mcp"
         try:
             wait_for(
                 lambda: _answers(url) or process.poll() is not None, timeout=30, what="the gateway to listen"

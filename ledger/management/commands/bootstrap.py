@@ -32,7 +32,7 @@ class Command(BaseCommand):
             if inputs.empty:
                 self.stdout.write("No SAGA_BOOTSTRAP_* variable is set: nothing to bootstrap.")
                 return
-            report = bootstrap.bootstrap_apply(inputs)
+            report = bootstrap.bootstrap_apply(inputs, may_print=self.stdout.isatty())
         except bootstrap.BootstrapError as exc:
             raise CommandError(self._refusal(exc.problems)) from None
         except errors.SagaError as exc:
@@ -43,9 +43,11 @@ class Command(BaseCommand):
             self.stderr.write(f"Warning: {warning}", style_func=self.style.WARNING)
         self.stdout.write("Bootstrap done." if report.changed else "Nothing changed.")
         # Each issued key alone on its line after its announcement, as create_agent_key prints it.
-        for line, secret in report.issued:
-            self.stdout.write(line)
-            self.stdout.write(secret)
+        # Only to a terminal: elsewhere they went to SAGA_BOOTSTRAP_ISSUED_KEYS_FILE, or the run
+        # was refused (``bootstrap._hand_over_issued``).
+        for key in report.issued:
+            self.stdout.write(f"{key.created}. It is shown only once; store it now:")
+            self.stdout.write(key.secret)
 
     @staticmethod
     def _refusal(problems: list[str]) -> str:

@@ -35,6 +35,12 @@ def grants_for(role: str) -> list[str]:
         & set(connection.introspection.table_names())
     )
     statements = [
+        # No role but the owner creates objects in ``public``: an object there (an operator, a
+        # function, a table shadowing one) is found by name by whoever's search_path lists the
+        # schema, a SECURITY DEFINER function once among them (issue 40 item 3). PostgreSQL 15
+        # and later start without PUBLIC's CREATE there; a cluster upgraded from before keeps it.
+        "REVOKE CREATE ON SCHEMA public FROM PUBLIC;",
+        f"REVOKE CREATE ON SCHEMA public FROM {quoted};",
         f"GRANT CONNECT ON DATABASE {connection.ops.quote_name(connection.settings_dict['NAME'])} TO {quoted};",
         f"GRANT USAGE ON SCHEMA public TO {quoted};",
         f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {quoted};",
@@ -54,8 +60,9 @@ def grants_for(role: str) -> list[str]:
 
 class Command(BaseCommand):
     help = (
-        "Print the GRANT statements for a least-privileged application role (run them as the "
-        "tables' owner after each migrate). The role may read and append to the audit log, never "
+        "Print the GRANT (and REVOKE) statements for a least-privileged application role (run "
+        "them as the tables' owner after each migrate; no role but the owner creates in public). "
+        "The role may read and append to the audit log, never "
         "update, delete or truncate it, and owns nothing, so it cannot drop or disable triggers."
     )
 

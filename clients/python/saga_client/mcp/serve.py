@@ -18,11 +18,12 @@ import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
 
 from saga_client.aio import AsyncSaga
 from saga_client.mcp.gateway import Gateway, describe_error
 from saga_client.mcp.listener import TOKEN_ENV, OneRequestPerId, RequireToken
-from saga_client.mcp.options import REPLAY_WAIT_MARGIN_S, GatewayError, Options
+from saga_client.mcp.options import REPLAY_WAIT_MARGIN_S, GatewayError, Options, is_loopback
 
 
 def upstream_target(
@@ -146,13 +147,41 @@ async def _serve_stdio(gateway: Gateway) -> None:
         await gateway.server.run(read_stream, write_stream, gateway.server.create_initialization_options())
 
 
+# The names a loopback listener answers to (what the MCP SDK's own protection allows), in Host
+# header form, besides the address it listens on.
+_LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def transport_security(host: str) -> TransportSecuritySettings | None:
+    """DNS-rebinding protection for a listener on any loopback address ``is_loopback`` accepts
+    (the rule that lets it run without a token): only requests whose Host names this machine, and
+    whose Origin, if any, is this machine, are served (421 / 403 otherwise). The SDK turns it on
+    only for the literals 127.0.0.1, localhost and ::1, so ``--listen 127.0.0.2:…`` or
+    ``LOCALHOST`` once ran tokenless and open to a web page whose name had been rebound to that
+    address (issue 40 item 14). Beyond loopback, None: the token guards it (``options_from``
+    refuses such a listener without one)."""
+    if not is_loopback(host):
+        return None
+    own = f"[{host}]" if ":" in host else host.lower()
+    names = dict.fromkeys((own, *_LOOPBACK_NAMES))
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{name}:*" for name in names],
+        allowed_origins=[f"http://{name}:*" for name in names],
+    )
+
+
 async def _serve_http(gateway: Gateway, host: str, port: int) -> None:
     import uvicorn
 
     options = gateway.options
     app: Any = _SessionTracker(
         OneRequestPerId(
-            gateway.server.streamable_http_app(host=host, session_idle_timeout=options.idle_timeout_s),
+            gateway.server.streamable_http_app(
+                host=host,
+                session_idle_timeout=options.idle_timeout_s,
+                transport_security=transport_security(host),
+            ),
             wait_s=options.approval_timeout_s + options.call_timeout_s + REPLAY_WAIT_MARGIN_S,
         ),
         gateway,
