@@ -572,10 +572,17 @@ class Notification(models.Model):
 class SlackApp(models.Model):
     """A tenant's Slack app: its signing secret verifies the interactions Slack sends (Approve /
     Reject buttons). With one connected, approval messages to the tenant's Slack channels carry
-    the buttons."""
+    the buttons.
+
+    Whose secret it is decides what a press is. ``operator_owned``: the installation's own app,
+    whose secret only the operator holds (``SAGA_SLACK_SIGNING_SECRET``; ``signing_secret`` is
+    then empty), so a signed press is the linked person's decision. Otherwise the secret is one a
+    tenant admin set (and can forge presses with), so a press is only a request that the linked
+    person confirms in the dashboard."""
 
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="slack_app")
-    signing_secret = models.CharField(max_length=200)
+    signing_secret = models.CharField(max_length=200, blank=True)
+    operator_owned = models.BooleanField(default=False)
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
