@@ -570,19 +570,13 @@ class Notification(models.Model):
 
 
 class SlackApp(models.Model):
-    """A tenant's Slack app: its signing secret verifies the interactions Slack sends (Approve /
-    Reject buttons). With one connected, approval messages to the tenant's Slack channels carry
-    the buttons.
-
-    Whose secret it is decides what a press is. ``operator_owned``: the installation's own app,
-    whose secret only the operator holds (``SAGA_SLACK_SIGNING_SECRET``; ``signing_secret`` is
-    then empty), so a signed press is the linked person's decision. Otherwise the secret is one a
-    tenant admin set (and can forge presses with), so a press is only a request that the linked
-    person confirms in the dashboard."""
+    """A tenant's Slack app: its signing secret verifies Slack's requests; approval messages then
+    carry buttons. ``operator_owned``: the installation's app (``SAGA_SLACK_SIGNING_SECRET``), where
+    a press decides; otherwise a press only asks (``recovery.channels.slack_press_decides``)."""
 
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="slack_app")
     signing_secret = models.CharField(max_length=200, blank=True)
-    operator_owned = models.BooleanField(default=False)
+    operator_owned = models.BooleanField(default=False, db_default=False)
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -614,7 +608,7 @@ class SlackUserLink(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.team_id}/{self.slack_user_id} → {self.user_id}"
+        return f"Slack link of user {self.user_id}"  # tenant admins see who, not which Slack user
 
 
 class SlackLinkCode(models.Model):

@@ -38,6 +38,7 @@ from rq import SimpleWorker
 from ledger.audit import Actor
 from ledger.models import Event
 from ledger.services import runs
+from ledger.staff import membership_set
 from recovery import channels
 from recovery.models import Approval, SlackUserLink
 from recovery.services.approving import action_record_gated, approval_approve
@@ -206,7 +207,9 @@ def test_the_linked_person_confirms_their_press_in_the_dashboard_and_nobody_else
 
     with _browser(live_server, "bob") as browser:
         shown = browser.get(path)
-        assert shown.status_code == 200 and "payments.refund" in shown.text and "&quot;EUR&quot;" in shown.text
+        assert (
+            shown.status_code == 200 and "payments.refund" in shown.text and "&quot;EUR&quot;" in shown.text
+        )
         confirmed = _csrf_post(browser, path, {})
         assert confirmed.status_code == 303, confirmed.text[:2000]
         # Once only: the approval is decided.
@@ -259,7 +262,14 @@ def test_the_settings_page_shows_an_admin_who_is_linked_not_as_which_slack_user(
 ):
     channels.slack_app_set(tenant=tenant, actor=Actor.for_user(dave), signing_secret=ADMINS_SECRET)
     link_slack_user(tenant=tenant, user=bob, team_id=TEAM, slack_user_id="UBOB")
+    membership_set(user=dave, tenant=tenant, role="admin", actor=Actor.system("tests"))  # staff too
+    link = SlackUserLink.objects.get()
     with _browser(live_server, "dave") as browser:
         page = browser.get("/notifications/settings/?tenant=acme").text
+        admin_list = browser.get("/admin/recovery/slackuserlink/")
+        admin_page = browser.get(f"/admin/recovery/slackuserlink/{link.pk}/change/")
     assert "<td>bob</td>" in page
     assert "UBOB" not in page and TEAM not in page
+    assert admin_list.status_code == 200 and "bob" in admin_list.text
+    assert admin_page.status_code == 200 and "bob" in admin_page.text
+    assert "UBOB" not in admin_list.text + admin_page.text and TEAM not in admin_list.text + admin_page.text
