@@ -165,10 +165,13 @@ def keys_owned(person: int | None) -> OwnedKeys:
     """Every key ``person`` owns (through any of their accounts: ``same_person``), revoked ones
     included (a person who asked through a key they have since revoked still asked). Callers
     checking many approvals for one person pass it to ``requester_match``."""
-    if person is None:
+    return _keys_of(same_person(person))
+
+
+def _keys_of(people: frozenset[int]) -> OwnedKeys:
+    if not people:
         return frozenset()
-    owners = same_person(person)
-    return frozenset(AgentKey.objects.filter(owner_id__in=owners).values_list("tenant_id", "name"))
+    return frozenset(AgentKey.objects.filter(owner_id__in=people).values_list("tenant_id", "name"))
 
 
 def requester_match(
@@ -199,10 +202,10 @@ def requester_match(
     ``approval.requested_by_key`` and ``approval.run`` (select them with the approval to save the
     queries)."""
     person = person_of(actor)
-    if owned is None:
-        owned = keys_owned(person)
     if people is None:
         people = same_person(person)
+    if owned is None:
+        owned = _keys_of(people)
     how = _requester_match_one(approval, actor, person, people, owned)
     seen = {approval.pk}
     earlier = approval

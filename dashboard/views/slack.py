@@ -17,11 +17,11 @@ user of that tenant who holds the approver role, and the approval must be that t
 carries the hash of the arguments its message showed and approves only while the approval's
 arguments still hash to it. The decision is ``recovery.services.approving.approval_approve`` /
 ``approval_reject`` — the dashboard's own, so the same rules hold (four eyes: whoever asked cannot
-grant; an expired or decided approval is refused) — on the installation's Slack app, whose secret only the operator holds. On
-an app whose secret a tenant admin set (and could sign with as anyone), a press decides nothing:
-its answer links to ``dashboard.views.slack_confirm``, where the linked person confirms it signed
-in as themself (``recovery.channels.slack_press_decides``). Answers: 200 with the outcome posted back
-through the payload's ``response_url`` — the message replaced with the decision and who made it,
+grant; an expired or decided approval is refused) — on the installation's Slack app, whose
+secret only the operator holds. On an app whose secret a tenant admin set (and could sign with as
+anyone), a press decides nothing: its answer links to ``dashboard.views.slack_confirm``, where the
+linked person confirms it signed in as themself (``recovery.channels.slack_press_decides``).
+Answers: 200 with the outcome posted back through the payload's ``response_url`` — the message replaced with the decision and who made it,
 or a refusal only the presser sees. A replayed press finds the approval decided and is refused.
 """
 
