@@ -21,8 +21,9 @@ grant; an expired or decided approval is refused) — on the installation's Slac
 secret only the operator holds. On an app whose secret a tenant admin set (and could sign with as
 anyone), a press decides nothing: its answer links to ``dashboard.views.slack_confirm``, where the
 linked person confirms it signed in as themself (``recovery.channels.slack_press_decides``).
-Answers: 200 with the outcome posted back through the payload's ``response_url`` — the message replaced with the decision and who made it,
-or a refusal only the presser sees. A replayed press finds the approval decided and is refused.
+Answers: 200 with the outcome posted back through the payload's ``response_url`` — the message
+replaced with the decision and who made it, or a refusal (or the request to confirm) only the
+presser sees. A replayed press finds the approval decided and is refused.
 """
 
 from __future__ import annotations
