@@ -49,6 +49,15 @@ def slack_press_confirm(request: HtmxHttpRequest, token: str) -> HttpResponse:
             "approval inbox, or press again in Slack.",
             410,
         )
+    # Another tenant's approval is not found (never reveal it exists); one of this person's
+    # tenants pressed as someone else, or by someone who does not approve there, is refused.
+    approval = (
+        Approval.objects.select_related("run", "tenant")
+        .filter(pk=press.approval_id, tenant_id__in=tenant_ids_with(request.user, Capability.VIEW))
+        .first()
+    )
+    if approval is None:
+        return _refusal(request, "No such approval among those you see.", 404)
     if press.user_id != request.user.pk:
         return _refusal(
             request,
@@ -56,13 +65,8 @@ def slack_press_confirm(request: HtmxHttpRequest, token: str) -> HttpResponse:
             "signed in as themself. Nothing was decided.",
             403,
         )
-    approval = (
-        Approval.objects.select_related("run", "tenant")
-        .filter(pk=press.approval_id, tenant_id__in=tenant_ids_with(request.user, Capability.APPROVE))
-        .first()
-    )
-    if approval is None:
-        return _refusal(request, "No such approval among those you decide.", 404)
+    if approval.tenant_id not in tenant_ids_with(request.user, Capability.APPROVE):
+        return _refusal(request, f"You do not hold the approver role in {approval.tenant.name}.", 403)
     changed = press.approve and approval.args_hash != press.args_hash
     if request.method == "POST":
         return _confirm(request, approval, press)
