@@ -17,6 +17,7 @@ from dashboard.views import (
     runs_list,
     saved_filters,
     slack_account,
+    slack_confirm,
     unwinds,
 )
 
@@ -84,4 +85,5 @@ urlpatterns = [
     ),
     path("account/slack/", slack_account.slack_account, name="slack-account"),
     path("account/slack/<slug:slug>/code", slack_account.slack_link_code, name="slack-link-code"),
+    path("account/slack/confirm/<str:token>/", slack_confirm.slack_press_confirm, name="slack-press-confirm"),
 ]

@@ -26,6 +26,7 @@ class SagaSettings:
     unauthenticated_rate: str
     trusted_proxy_hops: int
     slack_rate: str
+    slack_signing_secret: str
     key_cache_s: float
     # Recovery engine
     step_lease_s: int
@@ -79,6 +80,7 @@ def saga() -> SagaSettings:
         unauthenticated_rate=str(raw["UNAUTHENTICATED_RATE"]),
         trusted_proxy_hops=int(raw["TRUSTED_PROXY_HOPS"]),
         slack_rate=str(raw.get("SLACK_RATE", "120/m")),
+        slack_signing_secret=str(raw.get("SLACK_SIGNING_SECRET", "")),
         key_cache_s=float(raw["KEY_CACHE_S"]),
         step_lease_s=int(raw["STEP_LEASE_S"]),
         step_max_s=int(raw["STEP_MAX_S"]),

@@ -310,6 +310,15 @@ class SlackUserLinkAdmin(_TenantChoiceMixin, TenantScopedAdmin):
     list_filter = [tenant_filter("tenant")]
     list_select_related = ["tenant", "user"]
     raw_id_fields = ["user"]
+    # A tenant admin sees who is linked, not as which Slack user (issue 40): superusers see all.
+    _SLACK_IDS = ("team_id", "slack_user_id")
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        shown = list(super().get_list_display(request))
+        return shown if request.user.is_superuser else [f for f in shown if f not in self._SLACK_IDS]
+
+    def get_exclude(self, request: HttpRequest, obj: SlackUserLink | None = None) -> Any:
+        return None if request.user.is_superuser else list(self._SLACK_IDS)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

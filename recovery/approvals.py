@@ -4,9 +4,10 @@ and by the unwind engine (a compensation step); decided by an approver, or expir
 
 Whoever asked — the agent key that recorded the action, the operator who decided the compensation
 — never grants it, whatever the risk (``is_requester``: 403 ``self_approval``). People, not
-credentials, approve: a person's login and every key they own (``AgentKey.owner``) are one
-approver, counted once towards ``approvers: N`` and never granting what that person asked for,
-through whichever of their credentials they asked. An approver key without an owner decides
+credentials, approve: a person's logins (every account with their verified e-mail address:
+``same_person``) and every key those own (``AgentKey.owner``) are one approver, counted once
+towards ``approvers: N`` and never granting what that person asked for, through whichever of
+their credentials they asked. An approver key without an owner decides
 nothing. What a decision then means for the action or the step is ``recovery.services``'s
 business: this module only asks, decides and expires.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.contrib.auth import get_user_model
 from django.db.models import Q
 from django.utils import timezone
 
@@ -142,16 +144,43 @@ def person_of(actor: Actor) -> int | None:
     return None
 
 
-def keys_owned(person: int | None) -> OwnedKeys:
-    """Every key ``person`` owns, revoked ones included (a person who asked through a key they
-    have since revoked still asked). One query; callers checking many approvals for one person
-    pass it to ``requester_match``."""
+def same_person(person: int | None) -> frozenset[int]:
+    """Every account that is ``person`` (user ids): the account itself and every account with the
+    same e-mail address, case aside (issue 40, item 5). One person with a local account and a
+    single sign-on account is one approver: an address is on an SSO account only when the provider
+    verified it (``dashboard.sso.backend``), and a local account's is the installation's word, so
+    an admin links two accounts explicitly by giving the local one the other's address. Until then
+    they are two people; never is an account whose address matches another's a second person.
+    Deactivated accounts count too (a grant made before still stands for that person)."""
     if person is None:
         return frozenset()
-    return frozenset(AgentKey.objects.filter(owner_id=person).values_list("tenant_id", "name"))
+    users = get_user_model().objects
+    email = (users.filter(pk=person).values_list("email", flat=True).first() or "").strip()
+    if not email:
+        return frozenset({person})
+    return frozenset({person, *users.filter(email__iexact=email).values_list("pk", flat=True)})
 
 
-def requester_match(approval: Approval, actor: Actor, *, owned: OwnedKeys | None = None) -> str:
+def keys_owned(person: int | None) -> OwnedKeys:
+    """Every key ``person`` owns (through any of their accounts: ``same_person``), revoked ones
+    included (a person who asked through a key they have since revoked still asked). Callers
+    checking many approvals for one person pass it to ``requester_match``."""
+    return _keys_of(same_person(person))
+
+
+def _keys_of(people: frozenset[int]) -> OwnedKeys:
+    if not people:
+        return frozenset()
+    return frozenset(AgentKey.objects.filter(owner_id__in=people).values_list("tenant_id", "name"))
+
+
+def requester_match(
+    approval: Approval,
+    actor: Actor,
+    *,
+    owned: OwnedKeys | None = None,
+    people: frozenset[int] | None = None,
+) -> str:
     """How ``actor`` asked for ``approval`` (a sentence's subject), or "" when it did not. Whoever
     asked may never grant it, at any risk:
 
@@ -168,13 +197,16 @@ def requester_match(approval: Approval, actor: Actor, *, owned: OwnedKeys | None
     An approval asked again (``previous``) has every requester of the approvals before it too:
     asking again never hands the first requester a grant of their own request.
 
-    ``owned``: ``keys_owned(person_of(actor))``, read here when not given. Reads
+    ``owned``: ``keys_owned(person_of(actor))``, and ``people``: ``same_person(person_of(actor))``,
+    read here when not given (callers checking many approvals for one person pass them). Reads
     ``approval.requested_by_key`` and ``approval.run`` (select them with the approval to save the
     queries)."""
     person = person_of(actor)
+    if people is None:
+        people = same_person(person)
     if owned is None:
-        owned = keys_owned(person)
-    how = _requester_match_one(approval, actor, person, owned)
+        owned = _keys_of(people)
+    how = _requester_match_one(approval, actor, person, people, owned)
     seen = {approval.pk}
     earlier = approval
     while not how and earlier.previous_id is not None and earlier.previous_id not in seen:
@@ -185,12 +217,14 @@ def requester_match(approval: Approval, actor: Actor, *, owned: OwnedKeys | None
         if found is None:
             break
         earlier = found
-        if how := _requester_match_one(earlier, actor, person, owned):
+        if how := _requester_match_one(earlier, actor, person, people, owned):
             how = f"{how} (approval {earlier.pk}, which this one asks again)"
     return how
 
 
-def _requester_match_one(approval: Approval, actor: Actor, person: int | None, owned: OwnedKeys) -> str:
+def _requester_match_one(
+    approval: Approval, actor: Actor, person: int | None, people: frozenset[int], owned: OwnedKeys
+) -> str:
     requester_key = approval.requested_by_key if approval.requested_by_key_id is not None else None
     if actor.key is not None:
         name = actor.key.name
@@ -208,10 +242,15 @@ def _requester_match_one(approval: Approval, actor: Actor, person: int | None, o
     else:
         owner = actor.key.owner if actor.key is not None else None
         who, owns = f"this key's owner ({owner.get_username() if owner else person})", "owns"
-    if approval.requested_by_id == person:
-        return f"{who} asked for it"
+    # ``people``: every account of the person (``same_person``), whichever they asked through.
+    if approval.requested_by_id in people:
+        return (
+            f"{who} asked for it"
+            if approval.requested_by_id == person
+            else f"{who} (another account of yours) asked for it"
+        )
     if requester_key is not None and (
-        requester_key.owner_id == person or (approval.tenant_id, requester_key.name) in owned
+        requester_key.owner_id in people or (approval.tenant_id, requester_key.name) in owned
     ):
         return f"{who} {owns} a key of {requester_key.name}, which asked for it"
     # ``owned`` first: a person who owns no key costs no read of the run.
@@ -220,8 +259,14 @@ def _requester_match_one(approval: Approval, actor: Actor, person: int | None, o
     return ""
 
 
-def is_requester(approval: Approval, actor: Actor, *, owned: OwnedKeys | None = None) -> bool:
-    return bool(requester_match(approval, actor, owned=owned))
+def is_requester(
+    approval: Approval,
+    actor: Actor,
+    *,
+    owned: OwnedKeys | None = None,
+    people: frozenset[int] | None = None,
+) -> bool:
+    return bool(requester_match(approval, actor, owned=owned, people=people))
 
 
 def approver_identity(actor: Actor) -> tuple[str, str]:
@@ -230,20 +275,34 @@ def approver_identity(actor: Actor) -> tuple[str, str]:
     approver key without an owner (never deciding: ``key_may_decide``) by its name."""
     person = person_of(actor)
     if actor.user is not None:
-        return f"user:{person}", actor.user.get_username()
+        return _person_identity(person), actor.user.get_username()
     if actor.key is not None:
         if person is not None and actor.key.owner is not None:
-            return f"user:{person}", f"{actor.key.owner.get_username()} (approver key {actor.key.name})"
+            return _person_identity(
+                person
+            ), f"{actor.key.owner.get_username()} (approver key {actor.key.name})"
         return f"key:{actor.key.name}", f"approver key {actor.key.name}"
     return f"system:{actor.label}", actor.label
 
 
+def _person_identity(person: int | None) -> str:
+    """``user:<id>`` of a person: the lowest id among their accounts (``same_person``), so each of
+    their accounts and keys counts for the same one."""
+    return f"user:{min(same_person(person))}" if person is not None else "user:"
+
+
 def _grant_person(grant: ApprovalGrant) -> str:
-    """The person a recorded grant counts for. A grant made through a key before keys had owners
-    (``key:<name>``) counts for the person who owns that key now, if anyone does."""
+    """The person a recorded grant counts for, as their accounts are linked now. A grant made
+    through a key before keys had owners (``key:<name>``) counts for the person who owns that key
+    now, if anyone does."""
     if grant.approver.startswith("key:") and grant.key is not None and grant.key.owner_id is not None:
-        return f"user:{grant.key.owner_id}"
-    return grant.approver
+        return _person_identity(grant.key.owner_id)
+    user_id = grant.approver.removeprefix("user:")
+    return (
+        _person_identity(int(user_id))
+        if grant.approver.startswith("user:") and user_id.isdigit()
+        else grant.approver
+    )
 
 
 def key_may_decide(key: AgentKey) -> None:

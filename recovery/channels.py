@@ -1,9 +1,10 @@
 """A tenant's notification settings, as its admins manage them in the dashboard: channels (e-mail,
 signed webhook, Slack incoming webhook) with their choice of events and minimum risk, a test
-notification, the tenant's Slack app (its signing secret, write-only) and which Slack users are
-which dashboard users — a link each person makes for themself with a one-time code, and that an
-admin may only remove. Each change is audited on the tenant's chain; no secret is ever written to
-the audit log.
+notification, the tenant's Slack app (its signing secret, write-only: a tenant's own, with which a
+press only asks, or the installation's, with which a press decides) and which Slack users are
+which dashboard users — a link each person makes for themself with a one-time code, that an admin
+may only remove, and that no change of secret survives. Each change is audited on the tenant's
+chain; no secret is ever written to the audit log.
 
 The rules for a channel's destination live on the model (``NotificationChannel.clean``: e-mail
 addresses, or a URL ``ledger.outbound.check_url`` accepts), which the Django admin's forms call
@@ -25,6 +26,7 @@ from django.utils import timezone
 
 from ledger import errors
 from ledger.audit import Actor, audit_record
+from ledger.conf import saga
 from ledger.models import Membership, Tenant
 from recovery.models import (
     Notification,
@@ -212,23 +214,87 @@ def slack_signing_secret_checked(signing_secret: str) -> str:
     return signing_secret
 
 
+def _unlink_everyone(*, tenant: Tenant, actor: Actor, why: str) -> list[str]:
+    """Remove every Slack link of ``tenant`` (and every unused link code), audited as one event:
+    a link was proved under the secret being replaced, so none survives a change of whose secret
+    verifies presses. The usernames unlinked, for the caller's event."""
+    links = list(SlackUserLink.objects.select_for_update().filter(tenant=tenant).select_related("user"))
+    SlackLinkCode.objects.filter(tenant=tenant).delete()
+    if not links:
+        return []
+    users = sorted({link.user.get_username() for link in links})
+    SlackUserLink.objects.filter(pk__in=[link.pk for link in links]).delete()
+    audit_record(
+        tenant=tenant,
+        actor=actor,
+        kind="slack_user.unlinked_all",
+        subject=f"slack_app:{tenant.slug}",
+        reason=why,
+        data={"tenant": tenant.slug, "links": len(links), "users": users},
+    )
+    return users
+
+
 @transaction.atomic
 def slack_app_set(*, tenant: Tenant, actor: Actor, signing_secret: str) -> SlackApp:
-    """Connect (or re-key) the tenant's Slack app: its signing secret verifies button presses and
-    link commands. Write-only: nothing ever shows it again (pages, the Django admin, the audit
-    log, the logs)."""
+    """Connect (or re-key) the tenant's Slack app with a secret of its own: its signing secret
+    verifies button presses and link commands. Write-only: nothing ever shows it again (pages, the
+    Django admin, the audit log, the logs). Whoever set it knows it and could sign a press as any
+    linked Slack user, so with such a secret a press only asks (the linked person confirms it in
+    the dashboard); and every link goes (``_unlink_everyone``): each person links again, under the
+    new secret."""
     signing_secret = slack_signing_secret_checked(signing_secret)
+    return _slack_app_save(tenant=tenant, actor=actor, signing_secret=signing_secret, operator_owned=False)
+
+
+@transaction.atomic
+def slack_app_use_installation(*, tenant: Tenant, actor: Actor) -> SlackApp:
+    """Connect the tenant to the installation's own Slack app, whose signing secret only the
+    operator holds (``SAGA_SLACK_SIGNING_SECRET``): a signed press then decides as the linked
+    person. Only the operator does this (``manage.py slack_app --installation-app``); no dashboard
+    form does. Every earlier link goes, as on any re-key."""
+    if not saga().slack_signing_secret:
+        raise errors.ValidationFailed(
+            "SAGA_SLACK_SIGNING_SECRET is not set: the installation has no Slack app of its own.",
+            details={"setting": "SAGA_SLACK_SIGNING_SECRET"},
+        )
+    return _slack_app_save(tenant=tenant, actor=actor, signing_secret="", operator_owned=True)
+
+
+def _slack_app_save(*, tenant: Tenant, actor: Actor, signing_secret: str, operator_owned: bool) -> SlackApp:
     app, created = SlackApp.objects.update_or_create(
-        tenant=tenant, defaults={"signing_secret": signing_secret, "updated_by": actor.user}
+        tenant=tenant,
+        defaults={
+            "signing_secret": signing_secret,
+            "operator_owned": operator_owned,
+            "updated_by": actor.user,
+        },
     )
     audit_record(
         tenant=tenant,
         actor=actor,
         kind="slack_app.connected" if created else "slack_app.rekeyed",
         subject=app,
-        data={"tenant": tenant.slug},
+        data={"tenant": tenant.slug, "secret": "installation" if operator_owned else "tenant"},
+    )
+    _unlink_everyone(
+        tenant=tenant,
+        actor=actor,
+        why="The Slack app's signing secret changed: every Slack account is linked again, by its owner.",
     )
     return app
+
+
+def slack_app_secret(app: SlackApp) -> str:
+    """The secret that verifies ``app``'s requests ("" verifies nothing)."""
+    return saga().slack_signing_secret if app.operator_owned else app.signing_secret
+
+
+def slack_press_decides(app: SlackApp) -> bool:
+    """Whether a signed press is the linked person's decision: only when nobody but the operator
+    holds the secret. With a secret a tenant admin set (or could read), a press is a request the
+    linked person confirms in the dashboard."""
+    return app.operator_owned
 
 
 @transaction.atomic
@@ -241,6 +307,11 @@ def slack_app_remove(*, tenant: Tenant, actor: Actor) -> bool:
             kind="slack_app.disconnected",
             subject=f"slack_app:{tenant.slug}",
             data={"tenant": tenant.slug},
+        )
+        _unlink_everyone(
+            tenant=tenant,
+            actor=actor,
+            why="The Slack app was disconnected: links made under its secret go with it.",
         )
     return bool(deleted)
 

@@ -570,12 +570,13 @@ class Notification(models.Model):
 
 
 class SlackApp(models.Model):
-    """A tenant's Slack app: its signing secret verifies the interactions Slack sends (Approve /
-    Reject buttons). With one connected, approval messages to the tenant's Slack channels carry
-    the buttons."""
+    """A tenant's Slack app: its signing secret verifies Slack's requests; approval messages then
+    carry buttons. ``operator_owned``: the installation's app (``SAGA_SLACK_SIGNING_SECRET``), where
+    a press decides; otherwise a press only asks (``recovery.channels.slack_press_decides``)."""
 
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="slack_app")
-    signing_secret = models.CharField(max_length=200)
+    signing_secret = models.CharField(max_length=200, blank=True)
+    operator_owned = models.BooleanField(default=False, db_default=False)
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -607,7 +608,7 @@ class SlackUserLink(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.team_id}/{self.slack_user_id} → {self.user_id}"
+        return f"Slack link of user {self.user_id}"  # tenant admins see who, not which Slack user
 
 
 class SlackLinkCode(models.Model):

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.core import signing
 from slack_sdk.signature import SignatureVerifier
 
 APPROVE = "saga_approve"
@@ -244,6 +245,69 @@ def parse_interaction(payload_text: str) -> Interaction | None:
         user_id=user_id,
         user_name=name[:100],
         response_url=response_url,
+    )
+
+
+# --- A press that only asks: the person confirms it in the dashboard -------------------------------
+#
+# With a signing secret a tenant admin set, anyone who knows it can sign a press as any linked Slack
+# user. Such a press decides nothing: its answer links to a dashboard page where the linked person,
+# signed in as themself, confirms exactly what the press asked (approve these arguments, or reject).
+# The link is signed by the installation (SECRET_KEY), bound to the approval, the person, the
+# choice and the arguments' hash, and short-lived; holding it without that person's session does
+# nothing.
+
+PRESS_CONFIRM_MAX_AGE_S = 30 * 60
+_PRESS_SALT = "saga.slack.press-confirm"
+
+
+@dataclass(frozen=True)
+class PressRequest:
+    """What a press asked, as its confirmation link carries it."""
+
+    approval_id: str
+    user_id: int
+    approve: bool
+    args_hash: str
+    slack_user: str  # team/user id of the press, for the record
+
+
+def press_token(request: PressRequest) -> str:
+    return signing.dumps(
+        {
+            "a": request.approval_id,
+            "u": request.user_id,
+            "d": "approve" if request.approve else "reject",
+            "h": request.args_hash,
+            "s": request.slack_user,
+        },
+        salt=_PRESS_SALT,
+    )
+
+
+def press_from_token(token: str) -> PressRequest | None:
+    """The press a confirmation link stands for, or None: forged, altered or older than
+    ``PRESS_CONFIRM_MAX_AGE_S``."""
+    if len(token) > 1000:
+        return None
+    try:
+        data = signing.loads(token, salt=_PRESS_SALT, max_age=PRESS_CONFIRM_MAX_AGE_S)
+    except signing.BadSignature:  # SignatureExpired is one
+        return None
+    if not isinstance(data, dict):
+        return None
+    approval_id, user_id, choice = data.get("a"), data.get("u"), data.get("d")
+    args_hash, slack_user = data.get("h"), data.get("s")
+    if not (isinstance(approval_id, str) and isinstance(user_id, int) and choice in ("approve", "reject")):
+        return None
+    if not (isinstance(args_hash, str) and isinstance(slack_user, str)):
+        return None
+    return PressRequest(
+        approval_id=approval_id,
+        user_id=user_id,
+        approve=choice == "approve",
+        args_hash=args_hash,
+        slack_user=slack_user,
     )
 
 

@@ -317,6 +317,11 @@ SAGA: dict[str, Any] = {
     # across all web processes: over the rate, 429. Refused ones (bad signature, malformed) count
     # per client address under SAGA_UNAUTHENTICATED_RATE instead.
     "SLACK_RATE": os.environ.get("SAGA_SLACK_RATE", "120/m"),
+    # The installation's own Slack app's signing secret, which only the operator holds: a tenant
+    # connected to it (`manage.py slack_app --tenant SLUG --installation-app`) decides with a press.
+    # A tenant whose admin set a secret of its own only asks, and the person confirms in the
+    # dashboard (recovery.channels).
+    "SLACK_SIGNING_SECRET": env_secret("SAGA_SLACK_SIGNING_SECRET").strip(),
     # Recovery engine
     "STEP_LEASE_S": env_int("SAGA_STEP_LEASE_S", 45),
     # The longest one compensator call may run: its worker renews the step's lease meanwhile, and

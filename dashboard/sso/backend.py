@@ -45,6 +45,20 @@ def _text(claims_: dict[str, Any], name: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _verified_email(userinfo: dict[str, Any], payload: dict[str, Any]) -> str:
+    """The person's e-mail address only when the provider says it verified it (``email_verified``
+    true, in the answer that gave the address): an address is who a person is for the approval
+    rules (``recovery.approvals.same_person``) and where approval details are sent, so one the
+    person merely typed is neither (issue 40, item 5). "" otherwise."""
+    for claims_ in (userinfo, payload):
+        email = _text(claims_, "email")
+        if email:
+            verified = claims_.get("email_verified")
+            # Some providers send the boolean as a string.
+            return email if verified is True or verified == "true" else ""
+    return ""
+
+
 def _is_callback(request: HttpRequest) -> bool:
     """Whether the request is for the SSO callback, read as the URL resolver routed it: from
     ``path_info``, the path below any ``SCRIPT_NAME`` prefix (an installation mounted under
@@ -131,7 +145,7 @@ class SsoBackend(OIDCAuthenticationBackend):  # type: ignore[misc]  # the librar
         wanted = claims.roles_from_claim(claim_value, prefix=conf.prefix, claim=conf.claim)
         profile = accounts.Profile(
             preferred_username=_text(userinfo, "preferred_username") or _text(payload, "preferred_username"),
-            email=_text(userinfo, "email") or _text(payload, "email"),
+            email=_verified_email(userinfo, payload),
             first_name=_text(userinfo, "given_name"),
             last_name=_text(userinfo, "family_name"),
         )

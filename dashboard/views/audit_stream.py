@@ -1,6 +1,7 @@
 """The audit stream in the dashboard: every sink carrying a tenant's audit events with its lag
-(events behind, the oldest undelivered one's age) and last error, for operators and admins; a
-tenant admin sets or removes the tenant's own sinks. The services are ``recovery.audit_stream``;
+(events behind, the oldest undelivered one's age) and last error, for operators and admins — the
+installation's sinks' URLs, last errors and setting problems for installation admins
+(superusers) only; a tenant admin sets or removes the tenant's own sinks. The services are ``recovery.audit_stream``;
 these views parse, check the role and call them."""
 
 from __future__ import annotations
@@ -61,13 +62,17 @@ def _page(
     )
     wanted = wanted or request.GET.get("tenant", "")
     tenant = next((t for t in administered if t.slug == wanted), administered[0] if administered else None)
+    # The installation's sinks are the operator's: their URLs and errors (a SIEM's address, what it
+    # answered) are shown to installation admins only, never to every tenant's operators.
+    installation_admin = request.user.is_superuser
     context = {
         "statuses": delivery.sink_statuses(tenant_ids=list(tenant_ids)),
+        "installation_admin": installation_admin,
         "administered": administered,
         "tenant": tenant,
         "tenant_sinks": list(AuditSink.objects.filter(tenant=tenant).order_by("kind")) if tenant else [],
         "form": form or AuditSinkForm(initial={"enabled": True}),
-        "installation_problems": config.check_installation(),
+        "installation_problems": config.check_installation() if installation_admin else [],
     }
     return render(request, "dashboard/audit_stream.html", context, status=status)
 

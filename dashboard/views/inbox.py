@@ -48,6 +48,16 @@ def _keys_owned(request: HttpRequest) -> recovery_approvals.OwnedKeys:
     return owned
 
 
+def _people(request: HttpRequest) -> frozenset[int]:
+    """Every account of the signed-in person (``recovery.approvals.same_person``), read once per
+    request however many cards ask."""
+    people: frozenset[int] | None = getattr(request, "_saga_people", None)
+    if people is None:
+        people = recovery_approvals.same_person(recovery_approvals.person_of(common.actor(request)))
+        request._saga_people = people  # type: ignore[attr-defined]
+    return people
+
+
 def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -> dict[str, Any]:
     escalated_away = (
         approval.status == Approval.Status.PENDING
@@ -72,7 +82,7 @@ def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -
         "escalated_away": escalated_away,
         # Whoever asked may reject but never grant (the service refuses: self_approval).
         "own_request": recovery_approvals.is_requester(
-            approval, common.actor(request), owned=_keys_owned(request)
+            approval, common.actor(request), owned=_keys_owned(request), people=_people(request)
         ),
         **extra,
     }

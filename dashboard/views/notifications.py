@@ -235,7 +235,10 @@ def slack_app(request: HtmxHttpRequest, slug: str) -> HttpResponse:
             _form_refused(form, exc)
         else:
             messages.success(
-                request, "Slack app connected: approval messages to Slack channels carry buttons."
+                request,
+                "Slack app connected: approval messages to Slack channels carry buttons. A press "
+                "counts once the person confirms it in Saga Admin; every earlier Slack link was "
+                "removed, so each person links their account again.",
             )
             return common.done(request, _settings_url(tenant))
     return _settings_page(request, tenant, slack_form=form, status=422)

@@ -17,9 +17,13 @@ user of that tenant who holds the approver role, and the approval must be that t
 carries the hash of the arguments its message showed and approves only while the approval's
 arguments still hash to it. The decision is ``recovery.services.approving.approval_approve`` /
 ``approval_reject`` — the dashboard's own, so the same rules hold (four eyes: whoever asked cannot
-grant; an expired or decided approval is refused). Answers: 200 with the outcome posted back
-through the payload's ``response_url`` — the message replaced with the decision and who made it,
-or a refusal only the presser sees. A replayed press finds the approval decided and is refused.
+grant; an expired or decided approval is refused) — on the installation's Slack app, whose
+secret only the operator holds. On an app whose secret a tenant admin set (and could sign with as
+anyone), a press decides nothing: its answer links to ``dashboard.views.slack_confirm``, where the
+linked person confirms it signed in as themself (``recovery.channels.slack_press_decides``).
+Answers: 200 with the outcome posted back through the payload's ``response_url`` — the message
+replaced with the decision and who made it, or a refusal (or the request to confirm) only the
+presser sees. A replayed press finds the approval decided and is refused.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
+from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -119,7 +124,7 @@ def _verified_app(request: HttpRequest, raw: bytes, tenant_slug: str) -> SlackAp
         else None
     )
     verified = app is not None and slack.signature_ok(
-        signing_secret=app.signing_secret,
+        signing_secret=channels.slack_app_secret(app),
         body=raw,
         timestamp=request.headers.get("X-Slack-Request-Timestamp", ""),
         signature=request.headers.get("X-Slack-Signature", ""),
@@ -156,13 +161,16 @@ def interactions(request: HttpRequest) -> HttpResponse:
         return _refused(request, 401, "unauthorized", "Signature verification failed.")
     if (throttled := _team_throttled(interaction.team_id)) is not None:
         return throttled
-    return _press(interaction, app.tenant)
+    return _press(interaction, app)
 
 
-def _press(interaction: slack.Interaction, tenant: Tenant) -> HttpResponse:
+def _press(interaction: slack.Interaction, app: SlackApp) -> HttpResponse:
     """A verified press: refused (said to the presser only) unless the approval is the tenant's,
     the Slack user is linked to a user who approves there, and an Approve press is bound to the
-    arguments its message showed in full; otherwise decided."""
+    arguments its message showed in full; otherwise decided — or, when a tenant admin set the
+    app's secret (and so could have signed it), only asked: the linked person confirms it in the
+    dashboard."""
+    tenant: Tenant = app.tenant
     approval = (
         Approval.objects.select_related("run", "tenant")
         .filter(pk=interaction.approval_id, tenant=tenant)
@@ -208,7 +216,37 @@ def _press(interaction: slack.Interaction, tenant: Tenant) -> HttpResponse:
             "Saga Admin inbox: nothing was decided.",
             why="args_cut",
         )
+    if not channels.slack_press_decides(app):
+        return _ask_to_confirm(interaction, approval, user)
     return _decide(interaction, tenant, approval, user)
+
+
+def _ask_to_confirm(interaction: slack.Interaction, approval: Approval, user: User) -> HttpResponse:
+    """A press signed with a secret a tenant admin set: anyone who knows the secret could have
+    signed it as this Slack user, so it decides nothing. The answer (to the presser only) says so
+    and links to the page where the linked person confirms it, signed in as themself."""
+    token = slack.press_token(
+        slack.PressRequest(
+            approval_id=approval.pk,
+            user_id=user.pk,
+            approve=interaction.approve,
+            args_hash=interaction.args_hash,
+            slack_user=f"{interaction.team_id}/{interaction.user_id}",
+        )
+    )
+    url = outbox.public_url(reverse("dashboard:slack-press-confirm", args=[token]))
+    verb = "approval" if interaction.approve else "rejection"
+    log.info("slack.press_to_confirm", tenant=approval.tenant.slug, approval_id=approval.pk, user=user.pk)
+    delivery.enqueue_slack_respond(
+        response_url=interaction.response_url,
+        message=slack.refusal_message(
+            f"Not decided yet: {approval.tenant.name}'s Slack app is signed with a secret its admins "
+            f"set, so a press in Slack counts only once you confirm it. Confirm your {verb} in Saga "
+            f"Admin, signed in as {user.get_username()}, within "
+            f"{slack.PRESS_CONFIRM_MAX_AGE_S // 60} minutes: <{url}|confirm it>."
+        ),
+    )
+    return HttpResponse(status=200)
 
 
 def _decide(interaction: slack.Interaction, tenant: Tenant, approval: Approval, user: User) -> HttpResponse:

@@ -40,14 +40,15 @@ def response_url() -> Iterator[Receiver]:
 
 @pytest.fixture
 def slack_acme(tenant, dave, bob, alice, response_url, settings):
-    """Acme connected its Slack app; Bob (approver) and Alice (operator) are mapped Slack users."""
+    """Acme uses the installation's Slack app (its secret the operator's, so a press decides);
+    Bob (approver) and Alice (operator) are mapped Slack users."""
     settings.SAGA = {
         **settings.SAGA,
         "OUTBOUND_ALLOWED_HOSTS": [response_url.host],
         "PUBLIC_URL": "https://saga.test",
+        "SLACK_SIGNING_SECRET": SIGNING_SECRET,
     }
-    admin = Actor.for_user(dave)
-    channels.slack_app_set(tenant=tenant, actor=admin, signing_secret=SIGNING_SECRET)
+    channels.slack_app_use_installation(tenant=tenant, actor=Actor.system("manage.py slack_app"))
     link_slack_user(tenant=tenant, user=bob, team_id=TEAM, slack_user_id="UBOB")
     link_slack_user(tenant=tenant, user=alice, team_id=TEAM, slack_user_id="UALICE")
     queue = django_rq.get_queue("notifications")

@@ -19,7 +19,12 @@ from tests.support.parallel import per_worker
 from tests.support.processes import ROOT
 
 PROVIDER = "Test IdP"
-ALICE = {"email": "alice@example.com", "preferred_username": "alice", "name": "Alice Approver"}
+ALICE = {
+    "email": "alice@example.com",
+    "email_verified": True,  # an unverified address is not stored (issue 40, item 5)
+    "preferred_username": "alice",
+    "name": "Alice Approver",
+}
 
 
 @pytest.fixture(scope="module")

@@ -125,6 +125,7 @@ def test_every_dashboard_response_carries_the_csp(tenant, agent, alice, carol, m
         "tenant_id": "1",
         "compensator_id": "1",
         "pk": "1",
+        "token": "not-a-press-token",
     }
     checked = 0
     for user in (alice, carol, mallory, None):

@@ -16,7 +16,7 @@ from ledger.audit import Actor
 from ledger.models import Compensator
 from ledger.services import checkpoints, pauses, runs
 from ledger.services.actions import moves
-from recovery import channels, commands
+from recovery import channels, commands, slack
 from recovery.models import Approval
 from recovery.selectors import QueueFilter
 from recovery.services.approving import action_record_gated
@@ -114,6 +114,16 @@ def acme_world(tenant, agent, bob):
         "bulk_id": bulk.pk,
         "pk": str(saved.pk),
         "archived_run_id": archived.run_id,
+        # A Slack press's confirmation link (issue 40, item 1): Bob's, on Acme's approval.
+        "token": slack.press_token(
+            slack.PressRequest(
+                approval_id=approval.pk,
+                user_id=bob.pk,
+                approve=True,
+                args_hash=approval.args_hash,
+                slack_user="T0ACME/UBOB",
+            )
+        ),
     }
 
 

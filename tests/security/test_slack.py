@@ -61,15 +61,16 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 @pytest.fixture
 def slack(tenant, dave, settings) -> Iterator[Receiver]:
-    """Acme connected its Slack app; the receiver is Slack's side (incoming webhook and the
-    response_url of presses)."""
+    """Acme uses the installation's Slack app (its secret the operator's, so a press decides);
+    the receiver is Slack's side (incoming webhook and the response_url of presses)."""
     with serve_receiver() as receiver:
         settings.SAGA = {
             **settings.SAGA,
             "OUTBOUND_ALLOWED_HOSTS": [receiver.host],
             "PUBLIC_URL": "https://saga.test",
+            "SLACK_SIGNING_SECRET": SECRET,
         }
-        channels.slack_app_set(tenant=tenant, actor=Actor.for_user(dave), signing_secret=SECRET)
+        channels.slack_app_use_installation(tenant=tenant, actor=Actor.system("manage.py slack_app"))
         queue = django_rq.get_queue("notifications")
         queue.empty()
         clear_slack_counters()

@@ -1,6 +1,10 @@
 """``manage.py slack_app --tenant SLUG --signing-secret-env NAME``: connect (or re-key) a tenant's
 Slack app without a browser. The secret is read from the environment variable NAME, never from
-the command line (where ``ps`` and shell history would keep it), and is never printed."""
+the command line (where ``ps`` and shell history would keep it), and is never printed. Such a
+secret is the tenant's (its admins may know it), so a press only asks.
+
+``--installation-app`` connects the tenant to the installation's own Slack app instead, whose
+secret only the operator holds (``SAGA_SLACK_SIGNING_SECRET``): a press then decides."""
 
 from __future__ import annotations
 
@@ -29,10 +33,21 @@ class Command(BaseCommand):
             metavar="NAME",
             help="The environment variable holding the Slack app's Signing Secret.",
         )
+        which.add_argument(
+            "--installation-app",
+            action="store_true",
+            help="Use the installation's own Slack app (SAGA_SLACK_SIGNING_SECRET): presses decide.",
+        )
         which.add_argument("--remove", action="store_true", help="Disconnect the tenant's Slack app.")
 
     def handle(
-        self, *args: Any, tenant: str, signing_secret_env: str | None, remove: bool, **options: Any
+        self,
+        *args: Any,
+        tenant: str,
+        signing_secret_env: str | None,
+        installation_app: bool,
+        remove: bool,
+        **options: Any,
     ) -> None:
         owner = Tenant.objects.filter(slug=tenant).first()
         if owner is None:
@@ -46,6 +61,16 @@ class Command(BaseCommand):
                 else f"{owner.slug} had no Slack app."
             )
             return
+        if installation_app:
+            try:
+                channels.slack_app_use_installation(tenant=owner, actor=actor)
+            except errors.SagaError as exc:
+                raise CommandError(exc.message) from None
+            self.stdout.write(
+                f"Connected {owner.slug} to the installation's Slack app (SAGA_SLACK_SIGNING_SECRET): "
+                "presses decide. Every earlier Slack link was removed."
+            )
+            return
         assert signing_secret_env is not None
         secret = os.environ.get(signing_secret_env, "")
         if not secret.strip():
@@ -55,5 +80,7 @@ class Command(BaseCommand):
         except errors.SagaError as exc:
             raise CommandError(exc.message) from None
         self.stdout.write(
-            f"Connected the Slack app of {owner.slug} (signing secret from ${signing_secret_env}; it is never shown)."
+            f"Connected the Slack app of {owner.slug} (signing secret from ${signing_secret_env}; it is "
+            "never shown). Presses ask; each person confirms in the dashboard. Every earlier Slack "
+            "link was removed."
         )

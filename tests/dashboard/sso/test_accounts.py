@@ -189,14 +189,18 @@ def test_a_renamed_sso_approver_still_counts_once(big_charge):
     assert Approval.objects.get(pk=big_charge.pk).status == "pending"
 
 
-def test_two_sso_accounts_sharing_an_email_are_two_approvers(big_charge):
+def test_two_sso_accounts_sharing_a_verified_email_are_one_approver(big_charge):
+    """Two users (two provider accounts), but one address the provider verified: one person for
+    the approval rules (issue 40, item 5), never a second pair of eyes."""
     one = _sign_in("sub-1", {"acme": "approver"}, email="team@example.com").user
-    two = _sign_in("sub-2", {"acme": "approver"}, email="team@example.com").user
+    two = _sign_in("sub-2", {"acme": "approver"}, email="Team@Example.com").user
+    assert one.pk != two.pk
     approval_approve(approval=big_charge, actor=Actor.for_user(one), reason="first")
-    approved = approval_approve(
-        approval=Approval.objects.get(pk=big_charge.pk), actor=Actor.for_user(two), reason="second"
-    )
-    assert approved.status == "approved"
+    with pytest.raises(errors.AlreadyGranted):
+        approval_approve(
+            approval=Approval.objects.get(pk=big_charge.pk), actor=Actor.for_user(two), reason="second"
+        )
+    assert Approval.objects.get(pk=big_charge.pk).status == "pending"
 
 
 def test_an_sso_user_who_lost_the_role_may_no_longer_approve(big_charge):
