@@ -45,6 +45,8 @@ class SagaSettings:
     queue_sla_minutes: int
     bulk_max_items: int
     bulk_confirm_threshold: int
+    # How many lanes (parallel chains of jobs) one bulk decision by filter runs in.
+    bulk_lanes: int
     page_size: int
     # Notifications and commands
     notify_emails: tuple[str, ...]
@@ -95,6 +97,7 @@ def saga() -> SagaSettings:
         queue_sla_minutes=int(raw["QUEUE_SLA_MINUTES"]),
         bulk_max_items=int(raw["BULK_MAX_ITEMS"]),
         bulk_confirm_threshold=int(raw.get("BULK_CONFIRM_THRESHOLD", 50)),
+        bulk_lanes=max(1, int(raw.get("BULK_LANES", 4))),
         page_size=int(raw["PAGE_SIZE"]),
         notify_emails=tuple(raw["NOTIFY_EMAILS"]),
         notify_webhooks=tuple(raw["NOTIFY_WEBHOOKS"]),
