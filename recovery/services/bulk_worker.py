@@ -7,7 +7,7 @@ The lanes share no lock. Each chunk:
 - re-checks the starter's authority (``authority_lost``: an active user who still operates the
   tenant, or a key not revoked that still holds the ``operator`` scope); a starter who lost it
   stops the bulk (``aborted``, ``abort_code`` ``authority_lost``, audited, with why);
-- claims the next pending items with a lease (``claimed_by``, ``claimed_until``; ``FOR UPDATE SKIP
+- claims the next pending items with a lease (``claimed_by``, ``claimed_until``, ``SAGA_BULK_LEASE_S``; ``FOR UPDATE SKIP
   LOCKED``, so two lanes never claim the same item, and an item whose lease ran out, its worker
   killed, is claimed again by whichever lane comes next);
 - decides each claimed item in its own transaction through the ordinary decision service, the
@@ -55,9 +55,6 @@ QUEUE = "default"
 # the back of the queue, so other operators' jobs run in between.
 CHUNK_ITEMS = 50
 CHUNK_SECONDS = 2.0
-# A claimed item is this lane's for this long: longer than a chunk takes, so a live lane keeps its
-# items; a killed lane's are claimed again once it runs out.
-LEASE_S = 30.0
 # A lane with nothing to claim while other lanes' claims are still out looks again this much later.
 WAIT_S = 2.0
 # A skipped item's code on its BulkItem row (not an API error: the API counts skipped items).
@@ -196,10 +193,12 @@ def _stop(bulk: BulkOperation, why: str) -> None:
 def _claim(bulk_id: str, claimer: str, *, count: int, now: datetime) -> list[BulkItem]:
     """Up to ``count`` of the bulk's pending items, in order, not claimed by a live lease,
     claimed for ``claimer`` in one statement."""
-    until = now + timedelta(seconds=LEASE_S)
+    # Longer than a chunk takes (SAGA_BULK_LEASE_S, 30 s), so a live lane keeps its items; a
+    # killed lane's are claimed again once it runs out.
+    until = now + timedelta(seconds=max(saga().bulk_lease_s, 2 * CHUNK_SECONDS))
     with transaction.atomic():
         ids = list(
-            BulkItem.objects.select_for_update(skip_locked=True)
+            BulkItem.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(bulk_id=bulk_id, outcome=BulkItem.Outcome.PENDING)
             .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
             .order_by("position")
@@ -256,9 +255,12 @@ def _decide_one(bulk: BulkOperation, row: BulkItem, *, claimer: str, actor: Acto
     with transaction.atomic():
         if not _still_running(bulk.pk):
             return False
+        # Only the item's row (its default ordering joins the operation, which FOR UPDATE would
+        # lock too: every lane queued on it again).
         mine = (
-            BulkItem.objects.select_for_update()
+            BulkItem.objects.select_for_update(of=("self",))
             .filter(pk=row.pk, claimed_by=claimer, outcome=BulkItem.Outcome.PENDING)
+            .order_by()
             .first()
         )
         if mine is None:
