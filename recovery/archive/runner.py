@@ -65,6 +65,13 @@ class ArchiveResult:
     errors: list[str] = field(default_factory=list)
 
 
+def _error(result: ArchiveResult, tenant: Tenant, *, reason: str, message: str, level: str = "error") -> None:
+    """A tenant's pass that could not run (or stopped): in the result, and one structured log
+    event (``archive.error``: tenant, reason, message; the run when one is named)."""
+    result.errors.append(f"tenant {tenant.slug}: {message}")
+    getattr(log, level)("archive.error", tenant=tenant.slug, reason=reason, message=message)
+
+
 def _key(dry_run: bool) -> bytes:
     key = signing_key()
     if key is None and not dry_run:
@@ -196,13 +203,24 @@ def archive_runs(
     remaining = saga().archive_batch if limit is None else limit
     for each, retention in retentions:
         if isinstance(retention, RetentionError):
-            result.errors.append(f"tenant {each.slug}: audit.retention cannot be used: {retention}")
+            _error(
+                result,
+                each,
+                reason="retention_unusable",
+                message=f"audit.retention cannot be used: {retention}",
+            )
             continue
         if remaining <= 0:
             break
         with _tenant_lock(each) as held:
             if not held:
-                result.errors.append(f"tenant {each.slug}: another archiver is at it; left to it")
+                _error(
+                    result,
+                    each,
+                    reason="archiver_busy",
+                    message="another archiver is at it; left to it",
+                    level="warning",
+                )
                 continue
             try:
                 storage = storage_for(retention.archive, s3_endpoint_url=saga().archive_s3_endpoint_url)
@@ -210,6 +228,6 @@ def archive_runs(
                     each, retention, result=result, key=key, limit=remaining, storage=storage
                 )
             except (StorageError, ArchiveRefused) as exc:
-                log.error("archive.failed", tenant=each.slug, error=str(exc))
-                result.errors.append(f"tenant {each.slug}: {exc}")
+                reason = "storage_failed" if isinstance(exc, StorageError) else "refused"
+                _error(result, each, reason=reason, message=str(exc))
     return result
