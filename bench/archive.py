@@ -109,7 +109,7 @@ def _pass_under_append(
             "skipped": len(result.skipped),
             "errors": list(result.errors)[:5],
             "runs_per_s": archived / seconds if seconds else 0.0,
-            "runs_per_transaction": runner.RUNS_PER_TRANSACTION,
+            "runs_per_transaction": getattr(runner, "RUNS_PER_TRANSACTION", 1),
         },
         loaded["result"],
     )

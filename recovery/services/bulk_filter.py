@@ -28,6 +28,7 @@ another, older path and stays as it is.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -292,7 +293,7 @@ def bulk_start(
             lanes=len(jobs),
         )
         for lane_job in jobs:
-            transaction.on_commit(lambda lane_job=lane_job: enqueue(bulk.pk, lane_job))
+            transaction.on_commit(functools.partial(enqueue, bulk.pk, lane_job))
     return bulk
 
 
