@@ -1,5 +1,6 @@
-"""The archiver's rate on its own (issue 39, item 3): ``--archive-runs`` closed runs of 10 actions
-seeded by ``seed_bench`` (COPY) in one tenant with a retention of one second, then one
+"""The archiver's rate on its own (issue 39, item 3): about ``--archive-runs`` runs of ~10 actions
+over a year, with their audit chains, seeded by ``bench.size_seed`` (COPY) with a retention of one
+second (every closed run is due), then one
 ``archive_runs`` pass over them (in this process, as ``manage.py archive_runs`` runs it) while 16
 agents append, against the append alone just before. The size phase measures the same archiver at
 a year's size; this phase is the one a shared machine finishes in a few minutes.
@@ -24,28 +25,33 @@ if TYPE_CHECKING:
 TENANT = "bench-archive"
 CLIENTS = 16
 PER_RUN = 10
-ACTIONS_PER_RUN = 10
+MEAN_ACTIONS = 10
 RETENTION = "1s"
 
 
-def seed(runs: int) -> dict[str, Any]:
-    from django.core.management import call_command
+def seed(h: Harness, runs: int) -> dict[str, Any]:
+    """About ``runs`` runs of ``MEAN_ACTIONS`` actions spread over a year, with the audit chains the
+    services write (``bench.size_seed``: the size phase's seed, at this phase's size; ``seed_bench``
+    writes no chains, and the archiver refuses a run whose chain does not match its head)."""
+    from django.db import connection
 
-    out = io.StringIO()
-    started = time.monotonic()
-    call_command(
-        "seed_bench",
-        runs=runs,
-        actions_per_run=ACTIONS_PER_RUN,
+    from bench import size_seed
+    from bench.size import _tenants_and_keys
+
+    spec = size_seed.Spec(
+        actions=runs * MEAN_ACTIONS,
+        mean_actions=MEAN_ACTIONS,
         open_items=0,
         pending_approvals=0,
-        resolved_items=0,
-        big_runs=0,
-        tenant=TENANT,
-        claimed_share=0.0,
-        stdout=out,
+        running=0,
+        big_runs=(),
+        workers=2,
+        drop_all_indexes=False,
+        tenants=_tenants_and_keys(),
     )
-    return {"seconds": time.monotonic() - started, "output": out.getvalue().strip()[-300:]}
+    connection.close()
+    out = size_seed.seed(h.database_url, spec, log=lambda _: None)
+    return {"seconds": out["timings"]["total_s"], "counts": out["counts"]}
 
 
 def _configure(h: Harness) -> str:
@@ -102,11 +108,15 @@ def _pass_under_append(
     if failure:
         raise failure[0]
     archived = len(result.archived)
+    why: dict[str, int] = {}
+    for outcome in result.skipped:
+        why[outcome.detail[:80]] = why.get(outcome.detail[:80], 0) + 1
     return (
         {
             "seconds": seconds,
             "archived": archived,
             "skipped": len(result.skipped),
+            "skipped_why": why,
             "errors": list(result.errors)[:5],
             "runs_per_s": archived / seconds if seconds else 0.0,
             "runs_per_transaction": getattr(runner, "RUNS_PER_TRANSACTION", 1),
@@ -123,11 +133,11 @@ def measure_archive(
     from bench import fixtures
 
     runs = max(1, int(getattr(harness.args, "archive_runs", 2000)))
-    out: dict[str, Any] = {"runs": runs, "actions_per_run": ACTIONS_PER_RUN, "clients": CLIENTS}
+    out: dict[str, Any] = {"runs": runs, "mean_actions": MEAN_ACTIONS, "clients": CLIENTS}
     keys = fixtures.agent_keys(tenant_slug=TENANT, count=CLIENTS)
     fixtures.load_bench_policies(harness.log_dir)
-    log(f"archive: seeding {runs} runs of {ACTIONS_PER_RUN} actions in tenant {TENANT}")
-    out["seed"] = seed(runs)
+    log(f"archive: seeding ~{runs} runs of ~{MEAN_ACTIONS} actions over a year (bench.size_seed)")
+    out["seed"] = seed(harness, runs)
     headers = {i: {"Authorization": f"Bearer {keys[i][1]}"} for i in range(CLIENTS)}
     window = harness.sizes.warmup_s + harness.sizes.window_s
     baseline_runs = fixtures.fresh_runs(keys=keys, per_client=int(250 * window / PER_RUN / CLIENTS) + 2)
