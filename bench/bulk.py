@@ -331,7 +331,9 @@ def measure(
         keys=keys, per_client=int(250 * (sizes.warmup_s + sizes.bulk_expected_s) / PER_RUN / CLIENTS) + 2
     )
     web = harness.start_web("web-bulk")
-    worker = harness.start_worker()
+    count = max(1, int(getattr(harness.args, "bulk_workers", 1)))
+    out["workers"] = count
+    started = harness.start_workers(count) if count > 1 else [harness.start_worker()]
     try:
         client = Client("127.0.0.1", harness.port, headers={"Authorization": f"Bearer {secret}"})
         log(f"bulk: {sizes.bulk_preview_samples} previews of the filter (reason={REASON})")
@@ -343,15 +345,16 @@ def measure(
             harness.load("record_action", CLIENTS, params, web=web), "record_action"
         )
 
-        log(f"bulk: close {items} items on one Procfile worker while {CLIENTS} clients append")
+        log(f"bulk: close {items} items on {count} Procfile worker(s) while {CLIENTS} clients append")
         params = {"runs": during_runs, "per_run": PER_RUN, "headers_per_client": headers}
         out["bulk"], during = _bulk_under_load(harness, client, web, params, expected=items)
         out["append_during"] = summarize(during, "record_action")
         out["database"] = _database_check()
     finally:
-        worker.stop()
+        for worker in started:
+            worker.stop()
         web.stop()
-    # After the worker stopped (it would take the profile's job): nothing else of the bench runs.
+    # After the workers stopped (it would take the profile's job): nothing else of the bench runs.
     log(f"bulk: profile of {sizes.bulk_profile_items} items decided in this process")
     out["profile"] = profile(sizes.bulk_profile_items)
     return out

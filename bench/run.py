@@ -874,6 +874,11 @@ class Harness:
 
         self.section("bulk").update(bulk.measure(self, summarize, log))
 
+    def archive(self) -> None:
+        from bench import archive
+
+        self.section("archive").update(archive.measure_archive(self, summarize, log))
+
     # Phase 8 ----------------------------------------------------------------------------------
 
     def size(self) -> None:
@@ -901,6 +906,7 @@ class Harness:
             ("servers", self.servers),
             ("workers", self.workers),
             ("bulk", self.bulk),
+            ("archive", self.archive),
             ("size", self.size),
         ]
         only = set(self.args.only.split(",")) if self.args.only else None
@@ -958,13 +964,22 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default="",
         help="comma-separated phases: baselines,append,traces,unauthenticated,record_size,audit_stream,"
-        "dashboard,reads,unwind,servers,workers,bulk,size",
+        "dashboard,reads,unwind,servers,workers,bulk,archive,size",
     )
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--actions-per-run", type=int, default=None)
     parser.add_argument("--open-items", type=int, default=None)
     parser.add_argument("--window", type=float, default=None, help="seconds measured per load test")
     parser.add_argument("--bulk-items", type=int, default=None, help="open items the bulk phase closes")
+    parser.add_argument(
+        "--bulk-workers",
+        type=int,
+        default=4,
+        help="Procfile workers the bulk phase decides on (its lanes share them)",
+    )
+    parser.add_argument(
+        "--archive-runs", type=int, default=2000, help="closed runs the archive phase seeds and archives"
+    )
     parser.add_argument("--page-samples", type=int, default=None, help="timed fetches of each dashboard page")
     parser.add_argument(
         "--size-actions",

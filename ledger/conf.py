@@ -46,6 +46,10 @@ class SagaSettings:
     queue_sla_minutes: int
     bulk_max_items: int
     bulk_confirm_threshold: int
+    # How many lanes (parallel chains of jobs) one bulk decision by filter runs in.
+    bulk_lanes: int
+    # How long a lane's claim on a bulk item holds before another lane may take the item.
+    bulk_lease_s: float
     page_size: int
     # Notifications and commands
     notify_emails: tuple[str, ...]
@@ -97,6 +101,8 @@ def saga() -> SagaSettings:
         queue_sla_minutes=int(raw["QUEUE_SLA_MINUTES"]),
         bulk_max_items=int(raw["BULK_MAX_ITEMS"]),
         bulk_confirm_threshold=int(raw.get("BULK_CONFIRM_THRESHOLD", 50)),
+        bulk_lanes=max(1, int(raw.get("BULK_LANES", 4))),
+        bulk_lease_s=max(1.0, float(raw.get("BULK_LEASE_S", 30.0))),
         page_size=int(raw["PAGE_SIZE"]),
         notify_emails=tuple(raw["NOTIFY_EMAILS"]),
         notify_webhooks=tuple(raw["NOTIFY_WEBHOOKS"]),

@@ -21,7 +21,7 @@ from recovery.archive import runner as archive
 from recovery.audit_stream import delivery as audit_stream
 from recovery.notifications import delivery
 from recovery.notifications import prune as notifications_pruning
-from recovery.services import bulk_filter, periodic
+from recovery.services import bulk_filter, bulk_worker, periodic
 from recovery.unwinds import dispatch, runner
 
 log = structlog.get_logger(__name__)
@@ -105,22 +105,24 @@ def runs_archive() -> dict[str, int]:
     try:
         result = archive.archive_runs()
     except archive.ArchiveNotConfigured as exc:
-        log.error("archive.error", run_id=None, step_id=None, tool=None, attempt=None, reason=str(exc))
+        log.error("archive.error", reason="not_configured", message=str(exc))
         return {"archived": 0, "skipped": 0, "errors": 1}
-    for error in result.errors:
-        log.error("archive.error", run_id=None, step_id=None, tool=None, attempt=None, reason=error)
+    # Each error was logged once, structured, where it happened (``archive.error``).
     return {"archived": len(result.archived), "skipped": len(result.skipped), "errors": len(result.errors)}
 
 
 def bulk_advance(*, bulk_id: str) -> str:
-    """A chunk of a bulk decision, then its successor at the back of the queue (other operators'
-    jobs run in between); a lost job is the periodic ``bulks_sweep``'s to replace."""
-    if not bulk_filter.bulk_advance_chunk(bulk_id=bulk_id):
+    """A chunk of one lane of a bulk decision, then the lane's successor at the back of the queue
+    (other operators' jobs run in between; a lane waiting on other lanes' claims looks again a
+    little later); a lost job is the periodic ``bulks_sweep``'s to replace."""
+    lane = bulk_worker.bulk_advance_lane(bulk_id=bulk_id)
+    if lane is bulk_worker.Lane.DONE:
         return "done"
     job = get_current_job()
+    delay = bulk_worker.WAIT_S if lane is bulk_worker.Lane.WAIT else None
     return (
         "continued"
-        if bulk_filter.bulk_hand_over(bulk_id=bulk_id, from_job=job.id if job else "")
+        if bulk_worker.bulk_hand_over(bulk_id=bulk_id, from_job=job.id if job else "", delay_s=delay)
         else "replaced"
     )
 

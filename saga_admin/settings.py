@@ -346,6 +346,10 @@ SAGA: dict[str, Any] = {
     "BULK_MAX_ITEMS": env_int("SAGA_BULK_MAX_ITEMS", 20),
     # A bulk decision by filter over more items than this asks the operator to type the count.
     "BULK_CONFIRM_THRESHOLD": env_int("SAGA_BULK_CONFIRM_THRESHOLD", 50),
+    # A bulk decision by filter runs in this many parallel lanes (jobs): N workers decide N at a time.
+    "BULK_LANES": env_int("SAGA_BULK_LANES", 4),
+    # A lane's claim on a bulk item lasts this long (seconds): a killed lane's items wait that long.
+    "BULK_LEASE_S": env_float("SAGA_BULK_LEASE_S", 30.0),
     "PAGE_SIZE": env_int("SAGA_PAGE_SIZE", 50),
     # Notifications: comma-separated e-mail addresses and webhook URLs.
     "NOTIFY_EMAILS": env_list("SAGA_NOTIFY_EMAILS", []),

@@ -227,7 +227,9 @@ RECOVERY_FLOORS = {
     "recovery.services.cancelling": 10,
     "recovery.services.reports": 11,
     "recovery.services.bulk": 11,
-    "recovery.services.bulk_filter": 11,
+    # The bulk's worker half (lanes, claims, the authority re-check) under its service half.
+    "recovery.services.bulk_worker": 11,
+    "recovery.services.bulk_filter": 12,
     "recovery.services.periodic": 12,
     "recovery.jobs": 13,
     # The audit stream to a SIEM: its sinks and messages, how they are sent, the cursor moving.

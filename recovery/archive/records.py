@@ -49,6 +49,26 @@ class Archived:
         # ``iterator()`` opens, costs three: DECLARE, FETCH, CLOSE, for the dozen models of every run).
         yield from queryset
 
+    def rows_of_runs(self, run_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """The rows of every run in ``run_ids``, by run, in one query (the batched archiver's
+        read: one statement a model for a batch of runs, not one a model for each run)."""
+        columns = [field.attname for field in self.model._meta.concrete_fields]
+        by_run: dict[str, list[dict[str, Any]]] = {run_id: [] for run_id in run_ids}
+        if self.model is Event:
+            chains = {f"run:{run_id}": run_id for run_id in run_ids}
+            queryset = self.model._default_manager.filter(chain__in=list(chains)).order_by("pk")
+            for row in queryset.values(*columns):
+                by_run[chains[row["chain"]]].append(row)
+            return by_run
+        queryset = (
+            self.model._default_manager.filter(**{f"{self.lookup}__in": run_ids})
+            .annotate(archived_run_key=models.F(self.lookup))
+            .order_by("pk")
+        )
+        for row in queryset.values(*columns, "archived_run_key"):
+            by_run[row.pop("archived_run_key")].append(row)
+        return by_run
+
 
 ARCHIVED: tuple[Archived, ...] = (
     Archived(Run, "run", "pk"),

@@ -45,19 +45,38 @@ class Written:
     manifest_sha256: str
 
 
+def rows_of_runs(run_ids: list[str]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Every archived model's rows of each of ``run_ids``: run id -> kind -> rows, read with one
+    statement a model for the whole batch. The run's row is read first, so an event appended while
+    the rest is read moves the chain's head past the run row's (``RunChanged``)."""
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {run_id: {} for run_id in run_ids}
+    for archived in ARCHIVED:
+        for run_id, found in archived.rows_of_runs(run_ids).items():
+            rows[run_id][archived.kind] = found
+    return rows
+
+
 def archive_write(
-    run_id: str, *, tenant: Tenant, destination: Destination, storage: Storage, key: bytes, compress: bool
+    run_id: str,
+    *,
+    tenant: Tenant,
+    destination: Destination,
+    storage: Storage,
+    key: bytes,
+    compress: bool,
+    rows: dict[str, list[dict[str, Any]]] | None = None,
 ) -> Written:
     """Write run ``run_id``'s records and manifest under ``destination``'s folder for it, and
-    confirm both. ``RunChanged`` when the run moved while it was read; ``StorageError`` when a file
-    could not be written or confirmed; ``LookupError`` when the run is gone."""
+    confirm both. ``rows``: the run's rows by kind, read already with its batch (``rows_of_runs``);
+    without it, read here. ``RunChanged`` when the run moved while it was read; ``StorageError``
+    when a file could not be written or confirmed; ``LookupError`` when the run is gone."""
     folder = run_folder(destination, tenant_slug=tenant.slug, run_id=run_id)
     archived_at = timezone.now()
     run: dict[str, Any] | None = None
     with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as out:
         records = RecordsWriter(out, compress=compress)
         for archived in ARCHIVED:
-            for row in archived.rows(run_id):
+            for row in archived.rows(run_id) if rows is None else rows.get(archived.kind, []):
                 if archived.kind == RUN:
                     run = row
                 records.write(archived.kind, row)

@@ -16,8 +16,8 @@ ERRORS_KEPT = 50
 
 class BulkOperation(models.Model):
     """One operator's decision over every item a queue filter matched when it started. The items
-    are snapshotted (``BulkItem``) at the start; a worker decides them one by one, each in its own
-    transaction, through the ordinary decision services, with the requesting operator as actor."""
+    are snapshotted (``BulkItem``) at the start; workers decide them in parallel lanes, each item in
+    its own transaction, through the ordinary decision services, with the requesting operator as actor."""
 
     class Status(models.TextChoices):
         RUNNING = "running", "Running"
@@ -53,9 +53,15 @@ class BulkOperation(models.Model):
     errors = JSONField(default=list, blank=True)
     abort_reason = models.TextField(blank=True, default="")
     aborted_by_label = models.CharField(max_length=200, blank=True, default="")
-    # The RQ job carrying its next chunk. Not a state: the periodic sweep asks Redis about it
-    # before handing a running bulk that has not moved to a job again.
+    # The RQ job carrying its first lane's next chunk (``jobs[0]``). Not a state: the periodic
+    # sweep asks Redis about it before handing a running bulk that has not moved to a job again.
     job_id = models.CharField(max_length=100, blank=True, default="")
+    # Every lane's job (``recovery.services.bulk_worker``: the lanes decide in parallel); empty for
+    # a bulk started before lanes, whose one lane is ``job_id``.
+    jobs = JSONField(default=list, db_default=[], blank=True)
+    # Why it stopped when the system stopped it ("": an operator aborted it, or it did not stop):
+    # ``authority_lost``, its starter no longer had the right to decide (``abort_reason`` says how).
+    abort_code = models.CharField(max_length=32, blank=True, default="", db_default="")
     started_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -108,6 +114,10 @@ class BulkItem(models.Model):
     code = models.CharField(max_length=64, blank=True, default="")
     message = models.TextField(blank=True, default="")
     decided_at = models.DateTimeField(null=True, blank=True)
+    # The lane that claimed it and until when (a lease: once it runs out, a lane killed with it
+    # claimed loses it to the next lane that looks). Decided only under its claim.
+    claimed_by = models.CharField(max_length=40, blank=True, default="", db_default="")
+    claimed_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["bulk", "position"]

@@ -72,3 +72,57 @@ def test_a_bulk_resumes_after_its_worker_is_killed_and_decides_no_item_twice(
     results.record(
         "bulk-sigkill-mid-bulk", items=ITEMS, decided_before_kill=killed.decided, duplicates_observed=0
     )
+
+
+def test_parallel_lanes_lose_no_item_when_one_of_their_workers_is_killed(
+    tenant, agent, alice, start_worker, workers, results
+):
+    """Two workers decide one bulk's lanes side by side; one is SIGKILLed holding claims. The other
+    claims the killed lane's items once their lease runs out and finishes the bulk alone: every
+    item decided exactly once."""
+    crm_policies()
+    items = failing_runs(tenant, agent, ITEMS)
+    bulk = bulk_filter.bulk_start(
+        tenant=tenant,
+        queue_filter=QueueFilter(tool="crm.update_*"),
+        action="close",
+        reason="the CRM API was down",
+        actor=Actor.for_user(alice),
+        expected_count=ITEMS,
+    )
+    assert len(bulk.jobs) > 1, "the bulk should run in several lanes"
+    env = {"SAGA_BULK_LEASE_S": "4"}
+    start_worker(**env)
+    start_worker(**env)
+    wait_for(
+        lambda: (
+            BulkItem.objects.filter(bulk=bulk, outcome="pending").exclude(claimed_by="").count() >= 2
+            and BulkOperation.objects.get(pk=bulk.pk).done >= 5
+        ),
+        timeout=60,
+        interval=0.05,
+        what="both workers to hold claims",
+    )
+    workers[0].kill_hard()
+    killed = BulkOperation.objects.get(pk=bulk.pk)
+    assert killed.status == "running", "the kill came too late to prove anything"
+    try:
+        wait_for(
+            lambda: BulkOperation.objects.get(pk=bulk.pk).status == "finished",
+            timeout=150,
+            interval=0.2,
+            what="the bulk to finish on the surviving worker",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{dump_worker_logs(workers)}") from exc
+
+    done = BulkOperation.objects.get(pk=bulk.pk)
+    assert (done.done, done.failed, done.skipped) == (ITEMS, 0, 0)
+    assert RecoveryItem.objects.filter(pk__in=[i.pk for i in items], resolution="closed").count() == ITEMS
+    resolved = Counter(
+        Event.objects.filter(kind="recovery.resolved", data__bulk_id=bulk.pk).values_list("run_id", flat=True)
+    )
+    assert sorted(resolved) == sorted(i.run_id for i in items)
+    assert set(resolved.values()) == {1}
+    assert not Event.objects.filter(data__bulk_id=bulk.pk, kind__contains="refused").exists()
+    results.record("bulk-lanes-sigkill-one-worker", items=ITEMS, decided_before_kill=killed.decided)

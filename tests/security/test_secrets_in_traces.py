@@ -17,6 +17,7 @@ import os
 import secrets
 import sys
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,7 @@ def test_no_url_secret_reaches_a_span_or_a_log_line(
                     ("HEC", hec.port),
                 ):
                     wait_for(
-                        lambda p=port: _client_span_to(otlp, p), timeout=60, what=f"the {name}'s client span"
+                        partial(_client_span_to, otlp, port), timeout=60, what=f"the {name}'s client span"
                     )
             except AssertionError as exc:
                 raise AssertionError(f"{exc}\n{dump_worker_logs([worker])}") from exc

@@ -11,7 +11,7 @@ from pydantic import Field
 from ledger.rules import REASON_MAX_LENGTH
 from recovery.bulk.models import ERRORS_KEPT
 from recovery.selectors import FILTER_TEXT_MAX_LENGTH, QueueFilter
-from recovery.services.bulk_filter import MAX_ITEMS, SAMPLE_SIZE
+from recovery.services.bulk_filter import MAX_ITEMS, PREVIEW_ACTIONS, PREVIEW_RUNS, SAMPLE_SIZE
 from saga_admin.api.schemas.common import Out, StrictIn
 from saga_admin.api.schemas.queue import (
     AGENT_DOC,
@@ -74,6 +74,10 @@ class BulkPreviewOut(Out):
     needs_approval: int = Field(
         description="How many of the runs' compensations have a step an approver must grant (compensate only)."
     )
+    needs_approval_capped: bool = Field(
+        description="needs_approval was counted over only part of the runs (the newest items' first "
+        f"{PREVIEW_RUNS} runs, at most {PREVIEW_ACTIONS} of their actions): a lower bound."
+    )
 
 
 class BulkStartOut(Out):
@@ -102,6 +106,10 @@ class BulkOut(Out):
     skipped: int = Field(description="Items that changed since the bulk started: not decided.")
     errors: list[BulkErrorOut] = Field(description=f"The first {ERRORS_KEPT} refusals.")
     abort_reason: str
+    abort_code: str = Field(
+        description="Why the system stopped it: authority_lost (its starter may no longer decide in "
+        "the tenant: abort_reason says how); empty when an operator aborted it or it did not stop."
+    )
     started_at: datetime
     finished_at: datetime | None
 

@@ -1,0 +1,160 @@
+"""The archiver's rate on its own (issue 39, item 3): about ``--archive-runs`` runs of ~10 actions
+over a year, with their audit chains, seeded by ``bench.size_seed`` (COPY) with a retention of one
+second (every closed run is due), then one
+``archive_runs`` pass over them (in this process, as ``manage.py archive_runs`` runs it) while 16
+agents append, against the append alone just before. The size phase measures the same archiver at
+a year's size; this phase is the one a shared machine finishes in a few minutes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from bench.loadgen import LoadControl, LoadResult
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from bench.run import Harness
+
+TENANT = "bench-archive"
+CLIENTS = 16
+PER_RUN = 10
+MEAN_ACTIONS = 10
+RETENTION = "1s"
+
+
+def seed(h: Harness, runs: int) -> dict[str, Any]:
+    """About ``runs`` runs of ``MEAN_ACTIONS`` actions spread over a year, with the audit chains the
+    services write (``bench.size_seed``: the size phase's seed, at this phase's size; ``seed_bench``
+    writes no chains, and the archiver refuses a run whose chain does not match its head)."""
+    from django.db import connection
+
+    from bench import size_seed
+    from bench.size import _tenants_and_keys
+
+    spec = size_seed.Spec(
+        actions=runs * MEAN_ACTIONS,
+        mean_actions=MEAN_ACTIONS,
+        open_items=0,
+        pending_approvals=0,
+        running=0,
+        big_runs=(),
+        workers=2,
+        drop_all_indexes=False,
+        tenants=_tenants_and_keys(),
+    )
+    connection.close()
+    out = size_seed.seed(h.database_url, spec, log=lambda _: None)
+    return {"seconds": out["timings"]["total_s"], "counts": out["counts"]}
+
+
+def _configure(h: Harness) -> str:
+    """The archive's destination (a local folder), its key, and ``audit.retention`` in the global
+    policy document (the bench's policies beside it)."""
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from bench.fixtures import BENCH_POLICIES
+
+    folder = (h.log_dir / "archive-phase").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    url = f"file://{folder}"
+    key = os.environ.setdefault("SAGA_AUDIT_KEY", "bench-archive-audit-key-not-for-production-0123456789")
+    if not getattr(settings, "AUDIT_KEY", ""):
+        settings.AUDIT_KEY = key
+    os.environ["SAGA_ARCHIVE_ALLOWED_URLS"] = url
+    settings.SAGA = {**settings.SAGA, "ARCHIVE_ALLOWED_URLS": [url]}
+    document = {**BENCH_POLICIES, "audit": {"retention": {"closed_runs": RETENTION, "archive": url}}}
+    path = h.log_dir / "archive-phase-policies.json"
+    path.write_text(json.dumps(document, indent=2))
+    call_command("load_policies", str(path), verbosity=0, stdout=io.StringIO())
+    return url
+
+
+def _pass_under_append(
+    h: Harness, params: dict[str, Any], web: Any, *, limit: int
+) -> tuple[dict[str, Any], LoadResult]:
+    from recovery.archive import runner
+
+    control = LoadControl()
+    loaded: dict[str, LoadResult] = {}
+    failure: list[BaseException] = []
+
+    def append_load() -> None:
+        try:
+            loaded["result"] = h.load(
+                "record_action", CLIENTS, params, web=web, window_s=1800, control=control
+            )
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            failure.append(exc)
+
+    thread = threading.Thread(target=append_load, name="archive-append-load", daemon=True)
+    thread.start()
+    try:
+        if not control.wait_window(timeout=300):
+            raise RuntimeError("the append load's window did not begin within 300 s")
+        started = time.perf_counter()
+        result = runner.archive_runs(limit=limit)
+        seconds = time.perf_counter() - started
+    finally:
+        control.stop()
+        thread.join(timeout=h.sizes.warmup_s + 300)
+    if failure:
+        raise failure[0]
+    archived = len(result.archived)
+    why: dict[str, int] = {}
+    for outcome in result.skipped:
+        why[outcome.detail[:80]] = why.get(outcome.detail[:80], 0) + 1
+    return (
+        {
+            "seconds": seconds,
+            "archived": archived,
+            "skipped": len(result.skipped),
+            "skipped_why": why,
+            "errors": list(result.errors)[:5],
+            "runs_per_s": archived / seconds if seconds else 0.0,
+            "runs_per_transaction": getattr(runner, "RUNS_PER_TRANSACTION", 1),
+        },
+        loaded["result"],
+    )
+
+
+def measure_archive(
+    harness: Harness,
+    summarize: Callable[[LoadResult, str | None], dict[str, Any]],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    from bench import fixtures
+
+    runs = max(1, int(getattr(harness.args, "archive_runs", 2000)))
+    out: dict[str, Any] = {"runs": runs, "mean_actions": MEAN_ACTIONS, "clients": CLIENTS}
+    keys = fixtures.agent_keys(tenant_slug=TENANT, count=CLIENTS)
+    fixtures.load_bench_policies(harness.log_dir)
+    log(f"archive: seeding ~{runs} runs of ~{MEAN_ACTIONS} actions over a year (bench.size_seed)")
+    out["seed"] = seed(harness, runs)
+    headers = {i: {"Authorization": f"Bearer {keys[i][1]}"} for i in range(CLIENTS)}
+    window = harness.sizes.warmup_s + harness.sizes.window_s
+    baseline_runs = fixtures.fresh_runs(keys=keys, per_client=int(250 * window / PER_RUN / CLIENTS) + 2)
+    during_runs = fixtures.fresh_runs(keys=keys, per_client=int(250 * 120 / PER_RUN / CLIENTS) + 2)
+    out["archive"] = _configure(harness)
+    time.sleep(1.1)  # every seeded run is past its one-second window (and the fresh runs are running)
+    web = harness.start_web("web-archive")
+    try:
+        log(f"archive: append baseline, {CLIENTS} clients, no archiver")
+        params = {"runs": baseline_runs, "per_run": PER_RUN, "headers_per_client": headers}
+        out["append_before"] = summarize(
+            harness.load("record_action", CLIENTS, params, web=web), "record_action"
+        )
+        log(f"archive: one archive_runs pass over the closed runs while {CLIENTS} clients append")
+        params = {"runs": during_runs, "per_run": PER_RUN, "headers_per_client": headers}
+        out["pass"], during = _pass_under_append(harness, params, web, limit=runs)
+        out["append_during"] = summarize(during, "record_action")
+    finally:
+        web.stop()
+    return out
