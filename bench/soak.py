@@ -265,7 +265,8 @@ class Operator:
                 except ValueError:
                     return response.status, None
             except (OSError, http.client.HTTPException):
-                self.conn.close()
+                if self.conn is not None:
+                    self.conn.close()
                 self.conn = None
         self.statuses[f"{op}:0"] += 1
         return 0, None
@@ -365,7 +366,8 @@ def _load_policies(path: Path, policies: dict[str, Any]) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(policies, indent=2))
-    call_command("load_policies", str(path), verbosity=0, stdout=io.StringIO())
+    # Its warnings (auto-approved deleting compensators) are for a person editing policies, not here.
+    call_command("load_policies", str(path), verbosity=0, stdout=io.StringIO(), stderr=io.StringIO())
 
 
 def _keys(agents: int) -> tuple[list[str], str]:
@@ -618,11 +620,12 @@ def analyse(
         Run.objects.filter(tenant__slug=TENANT, external_id__endswith="-ok").values_list("pk", flat=True)
     )
     queued = set(RecoveryItem.objects.filter(tenant__slug=TENANT).values_list("run_id", flat=True))
-    unwinds = list(
-        Unwind.objects.filter(tenant__slug=TENANT)
+    unwinds: list[dict[str, Any]] = [
+        dict(u)
+        for u in Unwind.objects.filter(tenant__slug=TENANT)
         .order_by("created_at")
         .values("pk", "run_id", "status", "created_at", "finished_at")
-    )
+    ]
     by_run: dict[str, list[dict[str, Any]]] = {}
     for unwind in unwinds:
         by_run.setdefault(unwind["run_id"], []).append(unwind)

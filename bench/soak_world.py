@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import secrets
+import sys
 import threading
 import time
 from collections import Counter
@@ -234,6 +235,11 @@ def _world_handler(world: World) -> type[BaseHTTPRequestHandler]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A worker SIGKILLed with its keep-alive connection open resets it: part of the script.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 @contextmanager
