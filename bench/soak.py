@@ -183,6 +183,9 @@ class Supervisor:
         from bench import procs
 
         with self.lock:
+            # Checked under the lock ``stop`` takes: nothing is started once it has begun.
+            if self.stopping.is_set():
+                return
             self.proc = procs.start(
                 f"soak-worker-{len(self.pids)}", procs.worker_command(), self.env, self.log_dir
             )
@@ -213,8 +216,8 @@ class Supervisor:
         return time.time()
 
     def stop(self) -> None:
-        self.stopping.set()
         with self.lock:
+            self.stopping.set()
             proc = self.proc
         if proc is not None and proc.popen.poll() is None:
             horses = descendants(proc.popen.pid)
