@@ -19,7 +19,6 @@ The agents and the World are in bench/soak_world.py, the report's section in ben
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import random
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.soak_world import STEPS, TENANT, World, serve_world
+from bench.soak_world import STEPS, TENANT, Operator, World, serve_world
 
 
 @dataclass
@@ -230,97 +229,6 @@ class Supervisor:
                 with suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         self.thread.join(timeout=30)
-
-
-# --- The operator -------------------------------------------------------------------------------
-
-
-class Operator:
-    """A person at the recovery queue, through the API with an operator key: every open item is
-    compensated as soon as it is seen (an item an unwind reopened is open again, and compensated
-    again). Polls every ``interval_s``; its requests are bounded by that and by ``stop``."""
-
-    def __init__(self, port: int, secret: str, t0: Callable[[], float], interval_s: float = 0.5) -> None:
-        self.port, self.interval_s, self.t0 = port, interval_s, t0
-        self.headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
-        self.decisions: list[dict[str, Any]] = []
-        self.statuses: Counter[str] = Counter()
-        self.polls = 0
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="soak-operator")
-        self.conn: http.client.HTTPConnection | None = None
-
-    def _request(self, op: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        payload = json.dumps(body).encode() if body is not None else None
-        for _attempt in range(2):
-            if self.conn is None:
-                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-            try:
-                self.conn.request(method, path, body=payload, headers=self.headers)
-                response = self.conn.getresponse()
-                raw = response.read()
-                if response.will_close:
-                    self.conn.close()
-                    self.conn = None
-                self.statuses[f"{op}:{response.status}"] += 1
-                try:
-                    return response.status, json.loads(raw) if raw else None
-                except ValueError:
-                    return response.status, None
-            except (OSError, http.client.HTTPException):
-                if self.conn is not None:
-                    self.conn.close()
-                self.conn = None
-        self.statuses[f"{op}:0"] += 1
-        return 0, None
-
-    def _open_items(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        path = "/api/v1/recovery?status=open&limit=200"
-        for _page in range(50):
-            status, data = self._request("list", "GET", path)
-            if status != 200 or not isinstance(data, dict):
-                break
-            items += data.get("items", [])
-            cursor = data.get("next_cursor")
-            if not cursor:
-                break
-            path = f"/api/v1/recovery?status=open&limit=200&cursor={cursor}"
-        return items
-
-    def _loop(self) -> None:
-        while not self.stopping.is_set():
-            self.polls += 1
-            # Oldest first: the queue is worked in the order the failures came in.
-            for item in reversed(self._open_items()):
-                if self.stopping.is_set():
-                    break
-                asked = time.time()
-                status, data = self._request(
-                    "compensate",
-                    "POST",
-                    f"/api/v1/recovery/{item['id']}/compensate",
-                    {"reason": "soak: undo the failed onboarding"},
-                )
-                if status == 202 and isinstance(data, dict):
-                    self.decisions.append(
-                        {
-                            "item_id": item["id"],
-                            "run_id": data.get("run_id") or item.get("run_id"),
-                            "unwind_id": data.get("id"),
-                            "at_s": asked - self.t0(),
-                        }
-                    )
-            self.stopping.wait(self.interval_s)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(timeout=60)
-        if self.conn is not None:
-            self.conn.close()
 
 
 # --- The run ------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The soak's two outside parties (issue 39, bench/soak.py): the agents' loop, which runs in
-loadgen's client processes (so nothing here imports Django at import time), and the World, the
-tools' compensating endpoints that count what they receive per idempotency key."""
+"""The soak's outside parties (issue 39, bench/soak.py): the agents' loop, which runs in loadgen's
+client processes (so nothing here imports Django at import time); the World, the tools'
+compensating endpoints that count what they receive per idempotency key; and the operator, who
+compensates through the API."""
 
 from __future__ import annotations
 
@@ -254,3 +255,94 @@ def serve_world(delay_s: float) -> Iterator[World]:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+# --- The operator -------------------------------------------------------------------------------
+
+
+class Operator:
+    """A person at the recovery queue, through the API with an operator key: every open item is
+    compensated as soon as it is seen (an item an unwind reopened is open again, and compensated
+    again). Polls every ``interval_s``; its requests are bounded by that and by ``stop``."""
+
+    def __init__(self, port: int, secret: str, t0: Callable[[], float], interval_s: float = 0.5) -> None:
+        self.port, self.interval_s, self.t0 = port, interval_s, t0
+        self.headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+        self.decisions: list[dict[str, Any]] = []
+        self.statuses: Counter[str] = Counter()
+        self.polls = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="soak-operator")
+        self.conn: http.client.HTTPConnection | None = None
+
+    def _request(self, op: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        payload = json.dumps(body).encode() if body is not None else None
+        for _attempt in range(2):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            try:
+                self.conn.request(method, path, body=payload, headers=self.headers)
+                response = self.conn.getresponse()
+                raw = response.read()
+                if response.will_close:
+                    self.conn.close()
+                    self.conn = None
+                self.statuses[f"{op}:{response.status}"] += 1
+                try:
+                    return response.status, json.loads(raw) if raw else None
+                except ValueError:
+                    return response.status, None
+            except (OSError, http.client.HTTPException):
+                if self.conn is not None:
+                    self.conn.close()
+                self.conn = None
+        self.statuses[f"{op}:0"] += 1
+        return 0, None
+
+    def _open_items(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        path = "/api/v1/recovery?status=open&limit=200"
+        for _page in range(50):
+            status, data = self._request("list", "GET", path)
+            if status != 200 or not isinstance(data, dict):
+                break
+            items += data.get("items", [])
+            cursor = data.get("next_cursor")
+            if not cursor:
+                break
+            path = f"/api/v1/recovery?status=open&limit=200&cursor={cursor}"
+        return items
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            self.polls += 1
+            # Oldest first: the queue is worked in the order the failures came in.
+            for item in reversed(self._open_items()):
+                if self.stopping.is_set():
+                    break
+                asked = time.time()
+                status, data = self._request(
+                    "compensate",
+                    "POST",
+                    f"/api/v1/recovery/{item['id']}/compensate",
+                    {"reason": "soak: undo the failed onboarding"},
+                )
+                if status == 202 and isinstance(data, dict):
+                    self.decisions.append(
+                        {
+                            "item_id": item["id"],
+                            "run_id": data.get("run_id") or item.get("run_id"),
+                            "unwind_id": data.get("id"),
+                            "at_s": asked - self.t0(),
+                        }
+                    )
+            self.stopping.wait(self.interval_s)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=60)
+        if self.conn is not None:
+            self.conn.close()
