@@ -14,7 +14,8 @@ idempotency key and each undo took effect once at the tool; that no succeeded ru
 5xx answers; and the undo latency (the operator's decision, the unwind's ``created_at``, to its
 last step done, the unwind's ``finished_at``) during and after the load.
 
-The agents and the World are in bench/soak_world.py, the report's section in bench/soak_report.py.
+The agents, the World and the operator are in bench/soak_world.py, the report's section in
+bench/soak_report.py.
 """
 
 from __future__ import annotations
