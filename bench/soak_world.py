@@ -54,12 +54,14 @@ def _call(
         except (OSError, http.client.HTTPException, ValueError):
             status, data = 0, None
             client.conn.close()
-        keep = record(op, started, status, expected)
-        if status == expected or not keep:
-            return status, data, keep
-        if attempt and status == 409:
-            # The earlier attempt did it and its answer was lost: the transition is done.
-            return expected, data, keep
+        # A retry whose earlier attempt went through but lost its answer: a record is replayed (200
+        # for its 201), a transition (the 200s) is already made (409). Neither is an error.
+        done_before = attempt > 0 and (
+            status == 200 if expected == 201 else status == 409 and expected == 200
+        )
+        keep = record(op, started, status, status if done_before else expected)
+        if status == expected or done_before or not keep:
+            return (expected if done_before else status), data, keep
         if 0 < status < 500:
             return status, data, keep
         time.sleep(0.5 * (attempt + 1))
