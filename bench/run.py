@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -983,7 +984,16 @@ def soak_sizes(args: argparse.Namespace) -> Any:
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (a caller's timeout, a CI job cancelled) unwinds like an error: every phase's
+    ``finally`` stops the processes it started and the database is dropped. Killed outright, the
+    web servers, workers and redis-servers the phases start in sessions of their own live on."""
+    del frame
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

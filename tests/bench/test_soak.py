@@ -54,7 +54,7 @@ def test_undo_keeps_up_under_load_a_worker_kill_and_a_redis_outage(own_redis):
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         logs = Path(tmp) / "logs"
-        completed = subprocess.run(
+        harness = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -76,19 +76,27 @@ def test_undo_keeps_up_under_load_a_worker_kill_and_a_redis_outage(own_redis):
             ],
             cwd=ROOT,
             env=env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=880,
         )
+        try:
+            stdout, stderr = harness.communicate(timeout=840)
+        except subprocess.TimeoutExpired:
+            # SIGTERM first: the harness then stops what it started (its processes live in
+            # sessions of their own, which a SIGKILL of the harness would leave running).
+            harness.terminate()
+            stdout, stderr = harness.communicate(timeout=60)
+            raise AssertionError(f"the soak did not finish within 840 s:\n{stdout[-3000:]}") from None
         results = json.loads((logs / "results.json").read_text())
         worker_logs = "\n".join(
             f"--- {p.name} ---\n{p.read_text(errors='replace')[-1500:]}"
             for p in sorted(logs.glob("soak-worker-*.log"))
         )
-    assert completed.returncode == 0 and not results["errors"], (
+    assert harness.returncode == 0 and not results["errors"], (
         results["errors"],
-        completed.stdout[-4000:],
-        completed.stderr[-4000:],
+        stdout[-4000:],
+        stderr[-4000:],
     )
     soak = results["sections"]["soak"]
     # Nothing left running: the soak's redis-server(s), web and workers all stopped.
