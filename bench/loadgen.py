@@ -410,6 +410,15 @@ def scenario_post_raw(
             return
 
 
+def scenario_onboarding_saga(
+    client: Client, index: int, params: dict[str, Any], record: Callable[..., bool]
+) -> None:
+    """The soak's agent (issue 39, bench/soak_world.py): onboarding sagas one after another."""
+    from bench.soak_world import agent_sagas
+
+    agent_sagas(client, index, params, record)
+
+
 SCENARIOS: dict[str, Callable[..., None]] = {
     "post_json": scenario_post_json,
     "post_raw": scenario_post_raw,
@@ -421,6 +430,7 @@ SCENARIOS: dict[str, Callable[..., None]] = {
     "get_path": scenario_get_path,
     "heartbeat": scenario_heartbeat,
     "full_step": scenario_full_step,
+    "onboarding_saga": scenario_onboarding_saga,
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench import audit_stream, reads, size, tracing
+from bench import audit_stream, reads, size, soak_report, tracing
 from bench.dashboard import BENCH_INDEXES
 
 SECTIONS = (
@@ -22,6 +22,7 @@ SECTIONS = (
     "Workers scale-out",
     "Bulk decisions",
     "At size",
+    "Soak",
     "Targets",
 )
 # The hot-path figures of one server configuration (bench.run's ``hot_path``), in order.
@@ -107,6 +108,7 @@ def _rows(results: dict[str, Any]) -> list[list[str]]:
         *_hot_path_rows(sec.get("servers", {}), base),
         *_workers_rows(sec.get("workers", {})),
         *_bulk_rows(sec.get("bulk", {})),
+        *soak_report.rows(sec.get("soak", {})),
     ]
     # Rows without a server-CPU figure get a dash in that column.
     return [r if len(r) == len(HEADER) else [*r[:7], "–", *r[7:]] for r in rows]
@@ -394,6 +396,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         *_hot_path_targets(results),
         *_bulk_targets(sec.get("bulk", {})),
         *size.targets(sec.get("size", {})),
+        *soak_report.targets(sec.get("soak", {})),
     ]
 
 
@@ -767,6 +770,7 @@ def _markdown(
             *_workers_markdown(sec.get("workers", {})),
             *_bulk_markdown(sec.get("bulk", {})),
             *size.markdown(sec.get("size", {})),
+            *soak_report.markdown(sec.get("soak", {})),
             *_closing_markdown(results),
         ]
     )

@@ -22,15 +22,20 @@ Phases, in order (each figure is measured in this run; nothing is carried over f
      them all on one Procfile worker while 16 clients append (bench/bulk.py, issue 31);
   8. size: a year of history in its own database (10M actions, ~30M audit events by COPY), then
      the append, the pages and API lists, a governed tool call and retention at that size
-     (bench/size.py, issue 30).
+     (bench/size.py, issue 30);
+  9. soak: 8 agents record onboarding sagas for 90 s, a third failing, an operator compensating
+     each through the API, the one Procfile worker SIGKILLed at 30 s and restarted, the soak's own
+     Redis down 6 s at 55 s (bench/soak.py, issue 39).
 It prints one table and writes docs/BENCHMARKS.md (``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -341,6 +346,7 @@ class Harness:
         self.redis_url = args.redis_url
         self.port = args.port
         self.log_dir = Path(args.log_dir)
+        self.soak_sizes = soak_sizes(args)
         self.results: dict[str, Any] = {"sections": {}, "errors": [], "notes": []}
         self.env: dict[str, str] = {}
         self.worker: procs.Proc | None = None
@@ -886,6 +892,13 @@ class Harness:
 
         self.section("size").update(size.measure(self, summarize, log))
 
+    # Phase 9 ----------------------------------------------------------------------------------
+
+    def soak(self) -> None:
+        from bench import soak
+
+        self.section("soak").update(soak.measure(self, summarize, log))
+
     # Driver -----------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -908,6 +921,7 @@ class Harness:
             ("bulk", self.bulk),
             ("archive", self.archive),
             ("size", self.size),
+            ("soak", self.soak),
         ]
         only = set(self.args.only.split(",")) if self.args.only else None
         for name, phase in phases:
@@ -940,7 +954,52 @@ class Harness:
         return 1 if self.results["errors"] else 0
 
 
+def soak_options(parser: argparse.ArgumentParser) -> None:
+    """The soak's knobs (issue 39); unset, the size's (full: 90 s, 8 agents, kill at 30 s, Redis
+    down 6 s at 55 s; --smoke: seconds)."""
+    group = parser.add_argument_group("soak (issue 39)")
+    group.add_argument("--soak-duration", type=float, default=None, help="seconds of load")
+    group.add_argument("--soak-agents", type=int, default=None, help="agents recording sagas")
+    group.add_argument(
+        "--soak-kill-at", type=float, default=None, help="SIGKILL the worker this long in (<0: never)"
+    )
+    group.add_argument(
+        "--soak-outage-at", type=float, default=None, help="stop Redis this long in (<0: never)"
+    )
+    group.add_argument("--soak-outage", type=float, default=None, help="seconds Redis stays down")
+    group.add_argument(
+        "--soak-observe",
+        type=float,
+        default=None,
+        help="seconds to keep watching after the load (not a target)",
+    )
+
+
+def soak_sizes(args: argparse.Namespace) -> Any:
+    from bench import soak
+
+    base = soak.SMOKE if args.smoke else soak.FULL
+    overrides = {
+        "duration_s": args.soak_duration,
+        "agents": args.soak_agents,
+        "kill_at_s": args.soak_kill_at,
+        "outage_at_s": args.soak_outage_at,
+        "outage_s": args.soak_outage,
+        "observe_s": args.soak_observe,
+    }
+    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (a caller's timeout, a CI job cancelled) unwinds like an error: every phase's
+    ``finally`` stops the processes it started and the database is dropped. Killed outright, the
+    web servers, workers and redis-servers the phases start in sessions of their own live on."""
+    del frame
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -964,7 +1023,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default="",
         help="comma-separated phases: baselines,append,traces,unauthenticated,record_size,audit_stream,"
-        "dashboard,reads,unwind,servers,workers,bulk,archive,size",
+        "dashboard,reads,unwind,servers,workers,bulk,archive,size,soak",
     )
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--actions-per-run", type=int, default=None)
@@ -1010,6 +1069,7 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("BENCH_SIZE_DATABASE_URL", ""),
         help="the size phase's own database (default: --database-url's name + '_size'; dropped unless --keep-db)",
     )
+    soak_options(parser)
     parser.add_argument(
         "--render",
         metavar="RESULTS_JSON",
