@@ -192,7 +192,7 @@ def _step_lease_expired(*, step_id: str, now: datetime) -> bool:
         attempt=step.attempts,
         max_attempts=step.max_attempts,
         reason=message,
-        code="lease_expired",
+        cause="lease_expired",
     )
     return True
 

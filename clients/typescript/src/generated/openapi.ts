@@ -1271,6 +1271,11 @@ export interface components {
         };
         /** BulkOut */
         BulkOut: {
+            /**
+             * Abort Code
+             * @description Why the system stopped it: authority_lost (its starter may no longer decide in the tenant: abort_reason says how); empty when an operator aborted it or it did not stop.
+             */
+            abort_code: string;
             /** Abort Reason */
             abort_reason: string;
             /** Action */
@@ -1337,6 +1342,11 @@ export interface components {
              * @description How many of the runs' compensations have a step an approver must grant (compensate only).
              */
             needs_approval: number;
+            /**
+             * Needs Approval Capped
+             * @description needs_approval was counted over only part of the runs (the newest items' first 2000 runs, at most 50000 of their actions): a lower bound.
+             */
+            needs_approval_capped: boolean;
             /**
              * Sample
              * @description At most 10 of the items, newest first.
