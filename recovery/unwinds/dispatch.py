@@ -92,3 +92,27 @@ def enqueue_step(step_id: str, *, step_timeout_s: float, delay_s: float | None =
             UnwindStep.objects.filter(pk=step_id, status=UnwindStep.Status.QUEUED).update(job_id=job_id)
 
     transaction.on_commit(push)
+
+
+# --- Which jobs need a work horse of their own ---------------------------------------------------
+
+# The jobs of an unwind, and the argument naming the unwind or one of its steps.
+_UNWIND_JOBS = {"recovery.jobs.unwind_advance": "unwind_id", "recovery.jobs.step_run": "step_id"}
+
+
+def job_calls_code_in_process(func_name: str, kwargs: dict[str, object]) -> bool:
+    """Whether a job may call a compensator registered in this process (Python code: the one kind
+    a forked work horse isolates, docs/RECOVERY.md "Which jobs fork"). A webhook or MCP compensator
+    is an HTTP call under its deadline (``ledger.deadline``), run as well in the worker's process;
+    a job this cannot judge is answered True (forked)."""
+    argument = _UNWIND_JOBS.get(func_name)
+    key = kwargs.get(argument) if argument else None
+    if not isinstance(key, str):
+        return True
+    registered = compensators.registered_in_process()
+    if not registered:
+        return False
+    unfinished = UnwindStep.objects.exclude(status__in=UnwindStep.FINISHED).filter(tool__in=registered)
+    if argument == "unwind_id":
+        return unfinished.filter(unwind_id=key).exists()
+    return unfinished.filter(unwind__steps__pk=key).exists()

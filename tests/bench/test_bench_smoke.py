@@ -30,6 +30,12 @@ def _assert_plans_measured(append: dict, report: str) -> None:
     assert "actions through plans of 5" in report
 
 
+def _results_of(completed: subprocess.CompletedProcess[str], written) -> dict:
+    # A harness that died before its figures were written says why (its own output).
+    assert written.exists(), (completed.returncode, completed.stdout[-4000:], completed.stderr[-4000:])
+    return json.loads(written.read_text())
+
+
 # The soak phase (issue 39) adds about a minute at smoke size: its own web and worker start.
 @pytest.mark.timeout(720)
 def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, own_redis):
@@ -59,7 +65,7 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
         text=True,
         timeout=700,
     )
-    results = json.loads((tmp_path / "logs" / "results.json").read_text())
+    results = _results_of(completed, tmp_path / "logs" / "results.json")
     failed = {e["phase"]: e["traceback"] for e in results["errors"]}
     assert completed.returncode == 0 and not failed, (
         failed,

@@ -27,6 +27,7 @@ from ledger import metrics, metrics_endpoint, telemetry
 from recovery import compensators, jobs, worker_liveness
 from recovery.audit_stream import config as audit_stream
 from recovery.scheduling import Ticker
+from recovery.unwinds import dispatch
 
 # The order is the order served: decisions (unwind steps) first, then what people wait to hear,
 # then the rest (bulk chunks, the periodic duties that are jobs: docs/RECOVERY.md).
@@ -40,16 +41,34 @@ QUEUES = ("compensations", "notifications", "default")
 # database work, under the same hard timeout (SIGALRM, in this main thread).
 FORKED_QUEUES = ("compensations",)
 
+# Seconds between RQ's maintenance passes (its registries cleaned, the scheduler's lock taken over
+# when its holder died), against RQ's 600.
+MAINTENANCE_INTERVAL_S = 30
+
 
 class SagaWorker(worker_liveness.ResilientWorker):
     # rq backs off up to 60 s between reconnection attempts; a worker should notice a restarted
     # Redis within seconds, because committed decisions are waiting for it.
     max_connection_wait_time = 5.0
     forked_queues: frozenset[str] = frozenset(FORKED_QUEUES)
+    # --fork all: every job of those queues forked, whatever it calls (the parent commit's way).
+    fork_every_job = False
     _in_process = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # RQ's maintenance pass is also when a worker takes over the scheduler (delayed jobs: the
+        # bulk's waiting lanes, retries) from one that died: a SIGKILLed worker's lock lives 61 s,
+        # and at RQ's default of 10 minutes its successor moved no delayed job for that long.
+        kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL_S)
+        super().__init__(*args, **kwargs)
+
     def execute_job(self, job: Job, queue: Queue) -> None:
-        if queue.name in self.forked_queues:
+        # A horse for what isolation buys something for: an unwind whose steps may call Python
+        # compensators registered in this process (one indexed query); webhooks and MCP calls are
+        # bounded by their deadline and the job's hard timeout, in process (docs/RECOVERY.md).
+        if queue.name in self.forked_queues and (
+            self.fork_every_job or dispatch.job_calls_code_in_process(job.func_name or "", job.kwargs)
+        ):
             # The horse must not share this process's database connection: closed here, opened
             # again by the next job run in this process.
             reset_db_connections()
@@ -104,7 +123,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--fork",
             default=",".join(FORKED_QUEUES),
-            help="The queues whose jobs get a forked work horse (comma-separated; 'all' or 'none').",
+            help=(
+                "The queues whose jobs may get a forked work horse, given to an unwind whose steps call "
+                "Python compensators of this process (comma-separated); 'all': every job forked; 'none'."
+            ),
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -139,6 +161,7 @@ class Command(BaseCommand):
             worker = get_worker(*queues, worker_class=SagaWorker, name=options["name"])
             assert isinstance(worker, SagaWorker)  # django_rq's signature says only Worker
             worker.forked_queues = _forked(options["fork"], queues)
+            worker.fork_every_job = options["fork"].strip() == "all"
             return worker
 
         def run(worker: worker_liveness.ResilientWorker) -> None:
