@@ -1112,7 +1112,7 @@ def _workers_markdown(workers: dict[str, Any]) -> list[str]:
         f"signature and takes {workers.get('delay_ms', 200):.0f} ms to answer. Each trial fails its own runs, "
         "one step each (independent steps), starts all their unwinds in one transaction (the jobs reach Redis "
         "together when it commits, and the clock starts there) and stops at the last unwind's `finished_at`, "
-        "with 1, then 4 processes of the Procfile's worker line, each warmed by a few uncounted steps.",
+        "with 1, 2, then 4 processes of the Procfile's worker line, each warmed by a few uncounted steps.",
         "",
     ]
     trials = workers.get("trials", {})
@@ -1130,6 +1130,15 @@ def _workers_markdown(workers: dict[str, Any]) -> list[str]:
         )
     if workers.get("speedup"):
         out += ["", f"Speed-up: **{workers['speedup']:.2f}x** (target ≥ 3.5x, issue 39)."]
+    noop = workers.get("noop", {}).get("trials", {}).get("1")
+    if noop:
+        out += [
+            "",
+            f"The same steps against a receiver that answers at once, one worker process: {noop['steps']} "
+            f"no-op webhook steps in {noop['seconds']:.2f} s = **{noop['steps_per_s']:.1f} steps/s** "
+            f"({noop['per_step_ms']:.1f} ms a step; issue 39: at least half of RQ's in-process no-op job "
+            "rate, the Unwind section's L3 on the `simple` candidate).",
+        ]
     out.append("")
     return out
 

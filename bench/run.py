@@ -877,14 +877,12 @@ class Harness:
         # throughput on no-op webhook steps, to hold against RQ's in-process no-op job rate (the
         # unwind phase's L3 on the SimpleWorker candidate; issue 39's target is at least half).
         log(f"workers: {self.sizes.scale_steps} no-op webhook compensations by 1 Procfile worker process")
-        self.section("workers_noop").update(
-            scale.measure(
-                steps=self.sizes.scale_steps,
-                worker_counts=(1,),
-                delay_s=0.0,
-                log_dir=self.log_dir,
-                start_workers=self.start_workers,
-            )
+        self.section("workers")["noop"] = scale.measure(
+            steps=self.sizes.scale_steps,
+            worker_counts=(1,),
+            delay_s=0.0,
+            log_dir=self.log_dir,
+            start_workers=self.start_workers,
         )
 
     # Phase 7 ----------------------------------------------------------------------------------

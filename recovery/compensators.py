@@ -168,11 +168,6 @@ def state_reader(tool: str) -> Callable[[ReaderFn], ReaderFn]:
     return decorate
 
 
-def registered_in_process() -> frozenset[str]:
-    """The tools whose compensator is Python code registered in this process (``@compensator``)."""
-    return frozenset(_REGISTRY)
-
-
 def compensator_row(*, tenant_id: int, tool: str) -> Compensator | None:
     """The policy-file row that serves ``tool`` for the tenant (``ledger.upstreams``, which also
     needs it below the recovery layer)."""

@@ -10,6 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger.conf import saga
+from ledger.models import Compensator
 from recovery import compensators, queueing
 from recovery.models import Unwind, UnwindStep
 
@@ -101,18 +102,20 @@ _UNWIND_JOBS = {"recovery.jobs.unwind_advance": "unwind_id", "recovery.jobs.step
 
 
 def job_calls_code_in_process(func_name: str, kwargs: dict[str, object]) -> bool:
-    """Whether a job may call a compensator registered in this process (Python code: the one kind
-    a forked work horse isolates, docs/RECOVERY.md "Which jobs fork"). A webhook or MCP compensator
-    is an HTTP call under its deadline (``ledger.deadline``), run as well in the worker's process;
-    a job this cannot judge is answered True (forked)."""
+    """Whether a job may call Python code as a compensator (a policy file's ``python`` row or one
+    registered in this process with ``@compensator``): the one kind a forked work horse isolates
+    (docs/RECOVERY.md "Which jobs fork"). An unwind whose unfinished steps are each served by a
+    webhook or MCP row makes only HTTP calls under their deadline (``ledger.deadline``), run as well
+    in the worker's process. A job this cannot judge is answered True (forked)."""
     argument = _UNWIND_JOBS.get(func_name)
     key = kwargs.get(argument) if argument else None
     if not isinstance(key, str):
         return True
-    registered = compensators.registered_in_process()
-    if not registered:
-        return False
-    unfinished = UnwindStep.objects.exclude(status__in=UnwindStep.FINISHED).filter(tool__in=registered)
-    if argument == "unwind_id":
-        return unfinished.filter(unwind_id=key).exists()
-    return unfinished.filter(unwind__steps__pk=key).exists()
+    where = {"unwind_id": key} if argument == "unwind_id" else {"unwind__steps__pk": key}
+    unfinished = UnwindStep.objects.exclude(status__in=UnwindStep.FINISHED).filter(**where)
+    served = set(unfinished.values_list("unwind__run__tenant_id", "tool").distinct())
+    for tenant_id, tool in served:
+        row = compensators.compensator_row(tenant_id=tenant_id, tool=tool)
+        if row is None or row.kind not in (Compensator.Kind.WEBHOOK, Compensator.Kind.MCP):
+            return True
+    return False

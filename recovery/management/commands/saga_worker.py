@@ -62,6 +62,13 @@ class SagaWorker(worker_liveness.ResilientWorker):
         kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL_S)
         super().__init__(*args, **kwargs)
 
+    @property
+    def dequeue_timeout(self) -> int:
+        # An idle worker waits on its queues this long before it looks up again (heartbeat, the
+        # maintenance pass): RQ's 405 s kept a worker with nothing queued from taking over the
+        # scheduler whose delayed jobs (a bulk's waiting lanes) were all there was to do.
+        return min(super().dequeue_timeout, MAINTENANCE_INTERVAL_S)
+
     def execute_job(self, job: Job, queue: Queue) -> None:
         # A horse for what isolation buys something for: an unwind whose steps may call Python
         # compensators registered in this process (one indexed query); webhooks and MCP calls are
