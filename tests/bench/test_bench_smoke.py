@@ -226,4 +226,5 @@ def _check_workers(workers: dict, counts: set[str] | None = None) -> None:
     for trial in trials.values():
         assert trial["unwind_statuses"] == ["completed"] and trial["receiver_refused"] == 0, trial
         assert trial["receiver_calls"] == trial["steps"] == workers["steps"], trial
-    assert trials["4"]["receiver_max_concurrent"] > 1, trials
+    if "4" in trials:  # four processes took steps at once (the no-op trial has one)
+        assert trials["4"]["receiver_max_concurrent"] > 1, trials
