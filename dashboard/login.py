@@ -32,7 +32,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard.sso.conf import local_login_enabled, sso
-from ledger.throttle import client_network
+from infra.throttle import client_network
 
 
 def login_options() -> dict[str, Any]:
@@ -48,7 +48,7 @@ def login_options() -> dict[str, Any]:
 
 def client_ip(request: HttpRequest) -> str | None:
     """The address a login attempt is counted against (settings.AXES_CLIENT_IP_CALLABLE): the
-    API throttle's rule (``ledger.throttle.client_network``), an IPv6 client's /64 written as the
+    API throttle's rule (``infra.throttle.client_network``), an IPv6 client's /64 written as the
     network's first address (axes stores an IP address, not a network). None when there is no
     usable address."""
     network = client_network(request)

@@ -25,9 +25,10 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email, validate_slug
 from django.db import transaction
 
-from ledger import errors, staff
+from infra import errors
+from infra.env import env_secret, read_secret_file
+from ledger import staff
 from ledger.audit import Actor
-from ledger.env import env_secret, read_secret_file
 from ledger.models import AgentKey, Membership, Tenant
 from ledger.policies.errors import PolicyFileError
 from ledger.policies.load import PolicyDocument, policy_file_load, policy_file_parse, policy_file_read

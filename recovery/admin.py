@@ -15,7 +15,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from ledger import errors
+from infra import errors
 from ledger.admin import (
     BigTableAdmin,
     ReadOnlyAdmin,

@@ -21,10 +21,10 @@ from django.contrib.auth import get_user_model
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
+from infra.conf import saga
+from infra.hashing import sha256_hex
 from ledger.audit import Actor, audit_record
-from ledger.conf import saga
-from ledger.hashing import sha256_hex
 from ledger.models import Action, AgentKey, Membership, Run
 from ledger.policies.deadlines import ApprovalDeadline, is_role
 from ledger.rules import reason_required

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from ledger.env import env_secret
-from ledger.throttle import parse_rate
+from infra.env import env_secret
+from infra.throttle import parse_rate
 
 # The callback's URL name (dashboard/auth_urls.py): the redirect URI registered at the provider
 # is this path on SAGA_PUBLIC_URL's host, /oidc/callback/.

@@ -23,7 +23,7 @@ from dashboard.login import login_options
 from dashboard.sso import discovery
 from dashboard.sso.backend import FAILURE_ATTR
 from dashboard.sso.conf import local_login_enabled, oidc_setting, sso
-from ledger import throttle
+from infra import throttle
 
 log = structlog.get_logger(__name__)
 

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from dashboard.presenters.charts import bar_chart
 from dashboard.templatetags.dashboard import ago, duration
+from infra.durations import ago_words, duration_short, duration_words
 from ledger.audit import Actor
-from ledger.durations import ago_words, duration_short, duration_words
 from ledger.models import Run
 from ledger.services import runs
 from ledger.transitions import run_state_phrase

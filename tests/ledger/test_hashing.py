@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ledger.hashing import canonical_json, canonical_json_bytes, sha256_hex
+from infra.hashing import canonical_json, canonical_json_bytes, sha256_hex
 from ledger.services.actions.payload import action_payload_hash
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, Run
 from ledger.services import checkpoints, runs

@@ -18,7 +18,7 @@ from rq import SimpleWorker
 from saga_client.signing import verify_signature
 from slack_sdk.models.blocks import Block
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from recovery import approval_deadlines, channels, compensators, sweeper
 from recovery.models import Approval, Notification, NotificationChannel, Unwind, UnwindStep

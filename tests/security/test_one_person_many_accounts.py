@@ -21,7 +21,7 @@ import pytest
 from dashboard.models import SsoIdentity
 from dashboard.sso import discovery
 from dashboard.sso.conf import SsoSettings
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Membership
 from ledger.services import runs

@@ -30,7 +30,7 @@ from django.utils import timezone
 from rq import SimpleWorker
 from saga_client.signing import derive_secret, signed_headers, verify_signature
 
-from ledger import errors, outbound
+from infra import errors, outbound
 from ledger.audit import Actor
 from ledger.models import Event, IdempotencyRecord, Run
 from ledger.services import runs

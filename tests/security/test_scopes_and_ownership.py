@@ -19,7 +19,7 @@ import httpx
 import pytest
 from django.db import IntegrityError, transaction
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, AgentKey, Checkpoint, Compensator, Event, PolicySet, Run, Tenant, ToolPolicy
 from ledger.services import checkpoints

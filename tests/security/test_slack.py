@@ -35,8 +35,8 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from rq import SimpleWorker
 
+from infra.hashing import sha256_hex
 from ledger.audit import Actor
-from ledger.hashing import sha256_hex
 from ledger.models import Action, Event
 from ledger.services import runs
 from ledger.staff import membership_set

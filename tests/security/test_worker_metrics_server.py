@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.django_db(
 
 TOKEN = secrets.token_urlsafe(24)
 IDLE = 150  # more connections than the worker has threads, far fewer than MAX_CONNECTIONS
-# The bound docs/SECURITY.md promises (ledger.metrics_endpoint.REQUEST_TIMEOUT_S).
+# The bound docs/SECURITY.md promises (infra.metrics_endpoint.REQUEST_TIMEOUT_S).
 REQUEST_TIMEOUT_S = 10.0
 
 

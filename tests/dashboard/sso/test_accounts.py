@@ -13,7 +13,7 @@ from django.db import connection
 from dashboard.models import SsoIdentity, SsoMembership
 from dashboard.permissions import Capability, can, tenant_ids_for
 from dashboard.sso.accounts import Profile, sso_sign_in
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Event, Membership, Tenant
 from recovery.models import Approval
