@@ -39,8 +39,8 @@ from typing import Any
 from infra.hashing import sha256_hex
 from infra.ids import new_id
 from ledger.services.actions.payload import action_payload_hash
-from recovery.items import search_text_for
 from recovery.management.commands.seed_bench import TOOL_WEIGHTS, TOOLS
+from recovery.transitions.items import search_text_for
 
 GENESIS = "0" * 64
 BATCH_RUNS = 2000

@@ -18,8 +18,8 @@ def _failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo"
     from ledger.audit import Actor
     from ledger.models import AgentKey
     from ledger.services import runs
-    from recovery.services.approving import action_record_gated
-    from recovery.services.reports import run_fail_and_queue
+    from recovery.actions.approvals import action_record_gated
+    from recovery.actions.reports import run_fail_and_queue
 
     key = AgentKey.objects.select_related("tenant").filter(tenant__slug=TENANT).first()
     if key is None:
@@ -47,7 +47,7 @@ def _failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo"
 
 def _start(item: Any, user: Any) -> Any:
     from ledger.audit import Actor
-    from recovery.services.compensating import unwind_start
+    from recovery.actions.compensations import unwind_start
 
     return unwind_start(item=item, actor=Actor.for_user(user), reason="benchmark")
 

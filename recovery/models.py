@@ -280,7 +280,7 @@ class Approval(models.Model):
     reason = models.TextField(blank=True, default="")
     expires_at = models.DateTimeField()
     # How many distinct people must grant it (the policy's or rule's ``approvers``); the first
-    # N-1 grants are ApprovalGrant rows and leave it pending (recovery.approvals.approval_decide).
+    # N-1 grants are ApprovalGrant rows and leave it pending (recovery.transitions.approvals.approval_decide).
     approvers_required = models.PositiveSmallIntegerField(default=1, db_default=1)
     # An approval asked again after this one expired or was rejected (the new one links back).
     previous = models.OneToOneField(
@@ -360,7 +360,7 @@ class AgentCommand(models.Model):
         PENDING = "pending", "Pending"
         ACKED = "acked", "Acknowledged"
         # Withdrawn before the agent acknowledged it: the run ended, was cancelled or failed again
-        # (recovery.commands.commands_cancel_pending). An agent pulls only pending commands.
+        # (recovery.actions.commands.commands_cancel_pending). An agent pulls only pending commands.
         CANCELLED = "cancelled", "Cancelled"
 
     id = models.CharField(primary_key=True, max_length=40, default=ids.new_command_id, editable=False)
@@ -572,7 +572,7 @@ class Notification(models.Model):
 class SlackApp(models.Model):
     """A tenant's Slack app: its signing secret verifies Slack's requests; approval messages then
     carry buttons. ``operator_owned``: the installation's app (``SAGA_SLACK_SIGNING_SECRET``), where
-    a press decides; otherwise a press only asks (``recovery.channels.slack_press_decides``)."""
+    a press decides; otherwise a press only asks (``recovery.actions.channels.slack_press_decides``)."""
 
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="slack_app")
     signing_secret = models.CharField(max_length=200, blank=True)

@@ -38,7 +38,7 @@ from infra.hashing import sha256_hex
 from infra.ids import new_id
 from ledger.models import Tenant
 from ledger.services.actions.payload import action_payload_hash
-from recovery.items import search_text_for
+from recovery.transitions.items import search_text_for
 
 if TYPE_CHECKING:
     import psycopg
