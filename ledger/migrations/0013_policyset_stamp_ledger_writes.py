@@ -4,7 +4,7 @@ import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations
 
-from ledger.sql import LoadFunction
+from ledger.sql.versions import LoadFunction
 
 # The ledger's hot writes, each one server-side call: recording an action (with its start, when
 # asked) and moving an action its agent reports on (start, succeed, fail), and the audit event

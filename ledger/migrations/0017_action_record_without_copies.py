@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-from ledger.sql import LoadFunction
+from ledger.sql.versions import LoadFunction
 
 # ``saga_action_record`` version 2 (ledger/sql): version 1 (ledger/0013) without two whole copies
 # of the action it inserts (issue 26, point 8: measured on a record with a megabyte of small

@@ -15,7 +15,7 @@ Its SQL is ``ledger/sql/saga_archived_run_events_delete.v1.sql``.
 
 from django.db import migrations
 
-from ledger.sql import LoadFunction
+from ledger.sql.versions import LoadFunction
 
 
 class Migration(migrations.Migration):

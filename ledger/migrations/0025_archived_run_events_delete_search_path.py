@@ -14,7 +14,7 @@ body has no state of its own to migrate back).
 
 from django.db import migrations
 
-from ledger.sql import LoadFunction
+from ledger.sql.versions import LoadFunction
 
 
 class Migration(migrations.Migration):

@@ -2,7 +2,7 @@
 
 import sys
 
-from ledger.sql import digest, sql_of
+from ledger.sql.versions import digest, sql_of
 
 if __name__ == "__main__":
     print(digest(sql_of(sys.argv[1], int(sys.argv[2]))))

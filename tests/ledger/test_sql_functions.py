@@ -1,5 +1,5 @@
-"""The ledger's PostgreSQL functions are what ``ledger/sql`` says (its docstring: one file per
-version, the newest the current definition, a loaded version frozen):
+"""The ledger's PostgreSQL functions are what ``ledger/sql`` says (``ledger.sql.versions``: one file
+per version, the newest the current definition, a loaded version frozen):
 
 - the migrated database defines each function exactly as its newest file does (compared with the
   same file loaded into a scratch schema: body, settings, SECURITY DEFINER, privileges), and no
@@ -19,8 +19,8 @@ from django.db import connection
 from django.db.migrations import RunSQL
 from django.db.migrations.loader import MigrationLoader
 
-from ledger import sql
-from ledger.sql import LoadFunction, VersionChanged
+from ledger.sql import versions
+from ledger.sql.versions import LoadFunction, VersionChanged
 
 SCRATCH = "saga_sql_scratch"
 CREATES_A_FUNCTION = re.compile(r"CREATE\s+(OR\s+REPLACE\s+)?FUNCTION\s+(public\.)?saga_", re.IGNORECASE)
@@ -80,7 +80,7 @@ def loads_problems(loads: list[tuple[str, str, int]], on_file: dict[str, list[in
 
 
 def test_the_folder_holds_the_ledgers_functions():
-    assert sql.newest() == {
+    assert versions.newest() == {
         "saga_action_move": 1,
         "saga_action_record": 2,
         "saga_archived_run_events_delete": 2,
@@ -95,10 +95,10 @@ def test_the_migrated_database_defines_each_function_as_its_newest_file():
         search_path = cursor.fetchone()[0]
         cursor.execute(f"CREATE SCHEMA {SCRATCH}")
         cursor.execute(f"SET LOCAL search_path = {SCRATCH}, public")
-        for function, version in sql.newest().items():
-            cursor.execute(sql.sql_of(function, version))
+        for function, version in versions.newest().items():
+            cursor.execute(versions.sql_of(function, version))
         cursor.execute("SELECT set_config('search_path', %s, true)", [search_path])
-    for function in sql.newest():
+    for function in versions.newest():
         assert _definition("public", function) == _definition(SCRATCH, function), function
     # The definer function's settings, spelled out: what its file must keep.
     text, acl = _definition("public", "saga_archived_run_events_delete")
@@ -116,7 +116,7 @@ def test_the_database_has_no_saga_function_without_a_file():
             " WHERE n.nspname = 'public' AND p.proname LIKE 'saga\\_%'"
         )
         names = {row[0] for row in cursor.fetchall()}
-    assert names == set(sql.newest())
+    assert names == set(versions.newest())
 
 
 def test_the_latest_migrations_load_the_newest_files_and_nothing_else_creates_a_function():
@@ -128,7 +128,7 @@ def test_the_latest_migrations_load_the_newest_files_and_nothing_else_creates_a_
             elif isinstance(operation, RunSQL) and CREATES_A_FUNCTION.search(str(operation.sql)):
                 inline.append(migration)
     assert loads, "no migration loads a function: the plan was not read"
-    assert loads_problems(loads, sql.versions()) == []
+    assert loads_problems(loads, versions.versions()) == []
     assert inline == [], "these migrations create a saga_ function without a file in ledger/sql"
 
 
@@ -154,19 +154,19 @@ def _write(folder: Path, name: str, text: str) -> None:
 def test_a_loaded_version_whose_sql_changed_is_refused(tmp_path):
     body = "CREATE OR REPLACE FUNCTION saga_f() RETURNS int LANGUAGE sql AS 'SELECT 1';\n"
     _write(tmp_path, "saga_f.v1.sql", "-- what it does\n" + body)
-    digest = sql.digest(body)
-    assert sql.frozen_sql("saga_f", 1, digest, tmp_path) == body
+    digest = versions.digest(body)
+    assert versions.frozen_sql("saga_f", 1, digest, tmp_path) == body
     # Its comment is documentation: corrected, the version is the same.
     _write(tmp_path, "saga_f.v1.sql", "-- what it does, and why\n--\n" + body)
-    assert sql.frozen_sql("saga_f", 1, digest, tmp_path) == body
+    assert versions.frozen_sql("saga_f", 1, digest, tmp_path) == body
     _write(tmp_path, "saga_f.v1.sql", "-- what it does\n" + body.replace("1", "2"))
     with pytest.raises(
         VersionChanged, match=r"saga_f\.v1\.sql is not the SQL its migration loads.*version 2"
     ):
-        sql.frozen_sql("saga_f", 1, digest, tmp_path)
+        versions.frozen_sql("saga_f", 1, digest, tmp_path)
 
 
 def test_a_file_that_is_not_a_version_is_refused(tmp_path):
     _write(tmp_path, "saga_f.sql", "")
     with pytest.raises(ValueError, match=r"saga_f\.sql: not <function>\.v<N>\.sql"):
-        sql.versions(tmp_path)
+        versions.versions(tmp_path)
