@@ -1,5 +1,4 @@
-"""README's Python client example runs as written (issue 28, point 1; it used to stop on
-``NameError: hr``).
+"""README's Python client example runs as written.
 
 The code block is read from README.md, not copied here, and run as its reader runs it: a script in
 its own process, ``SAGA_URL`` and ``SAGA_API_KEY`` in its environment, against a live server with
