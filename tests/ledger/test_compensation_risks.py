@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from ledger.compensation_risks import destructive_words, unattended_destructive_compensations
+from ledger.policies.compensation_risks import destructive_words, unattended_destructive_compensations
 from ledger.models import ToolPolicy
 
 pytestmark = pytest.mark.django_db
