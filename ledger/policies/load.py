@@ -25,9 +25,9 @@ from pydantic import ValidationError
 
 from infra.hashing import canonical_json, sha256_hex
 from ledger.audit import Actor, audit_record
-from ledger.policies.compensation_risks import unattended_destructive_compensations
 from ledger.models import Compensator, PolicySet, Tenant, ToolPolicy
 from ledger.policies.agent_safety import AGENT_SAFETY, agent_safety_translate
+from ledger.policies.compensation_risks import unattended_destructive_compensations
 from ledger.policies.deadlines import escalation_problems
 from ledger.policies.errors import PolicyFileError, Problems, entry_of, validation_problems
 from ledger.policies.retention import retention_problems

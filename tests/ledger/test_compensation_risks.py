@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from ledger.policies.compensation_risks import destructive_words, unattended_destructive_compensations
 from ledger.models import ToolPolicy
+from ledger.policies.compensation_risks import destructive_words, unattended_destructive_compensations
 
 pytestmark = pytest.mark.django_db
 
