@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "README.md"
 HEADING = "## Where things are"
 NOT_MAPPED_ONE_BY_ONE = {"demo"}
+# Top-level packages that are not the server: the bench harness and the suite.
+OUTSIDE_THE_SERVER = {"bench", "tests"}
 
 
 def server_packages(root: Path = ROOT) -> list[str]:
@@ -91,6 +93,17 @@ def map_problems(root: Path = ROOT) -> list[str]:
 def test_the_map_names_every_module_and_only_paths_that_exist() -> None:
     problems = map_problems()
     assert not problems, "\n".join(problems)
+
+
+def test_every_top_level_package_is_installed_or_named_as_outside_the_server() -> None:
+    """A new top-level package (``infra/``, say) is mapped only once pyproject.toml installs it: one
+    left out of the install would be missing from the map without a word."""
+    packages = {path.parent.name for path in ROOT.glob("*/__init__.py")}
+    outside = packages - set(server_packages()) - NOT_MAPPED_ONE_BY_ONE
+    assert outside <= OUTSIDE_THE_SERVER, (
+        f"top-level packages neither installed by pyproject.toml nor named in {__name__}'s "
+        f"OUTSIDE_THE_SERVER: {sorted(outside - OUTSIDE_THE_SERVER)}"
+    )
 
 
 def test_the_check_finds_a_missing_module_and_a_stale_row(tmp_path: Path) -> None:
