@@ -16,9 +16,9 @@ from unittest import mock
 import pytest
 from django.db import connection, transaction
 
+from infra.hashing import canonical_json
 from ledger.archive.format import ArchiveReport, _ChainCheck
 from ledger.audit import GENESIS, Actor, _hashed_fields, audit_record, event_template, link_problem, slot
-from ledger.hashing import canonical_json
 from ledger.models import Event, Run, Tenant
 
 VECTORS_FILE = Path(__file__).resolve().parents[2] / "clients" / "spec" / "vectors" / "audit_events.json"

@@ -34,8 +34,8 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger.hashing import sha256_hex
-from ledger.ids import new_id
+from infra.hashing import sha256_hex
+from infra.ids import new_id
 from ledger.models import Tenant
 from ledger.services.actions.payload import action_payload_hash
 from recovery.items import search_text_for
@@ -224,7 +224,7 @@ APPROVAL_COLUMNS = [
 
 
 def ulid_at(prefix: str, when: datetime) -> str:
-    """An id in ``ledger.ids``' format whose time part is ``when``: seeded ids sort like real ones."""
+    """An id in ``infra.ids``' format whose time part is ``when``: seeded ids sort like real ones."""
     return new_id(prefix, at=when)
 
 
