@@ -5,7 +5,7 @@
   says they stand in front — with an IPv6 client counted by its /64. One host commonly holds a
   whole /64, so counting single IPv6 addresses would let it take a fresh address per guess.
 - What locks (``LockoutHandler``, settings.AXES_HANDLER): the (username, address) pair after
-  ``AXES_FAILURE_LIMIT`` failures, as before, and also the username alone after
+  ``AXES_FAILURE_LIMIT`` failures, and also the username alone after
   ``LOGIN_USERNAME_FAILURE_LIMIT`` failures from any number of addresses, so guessing one account's
   password from many addresses stops too.
 - What the person is told (``locked_out``, settings.AXES_LOCKOUT_CALLABLE): the login page again,

@@ -445,7 +445,7 @@ def _policies(inputs: BootstrapInputs, tenant: Tenant | None, report: BootstrapR
 def _hand_over_issued(inputs: BootstrapInputs, report: BootstrapReport, *, may_print: bool) -> None:
     """Where the keys the server issued go, before the transaction commits (a key nobody received
     is never left active). A deploy job's stdout is its log, kept and shown to whoever reads the
-    Job (issue 40 item 14): with ``SAGA_BOOTSTRAP_ISSUED_KEYS_FILE``, each key is appended to that
+    Job: with ``SAGA_BOOTSTRAP_ISSUED_KEYS_FILE``, each key is appended to that
     file (created 0600) as a JSON line and named on stdout by its prefix only; without it a key is
     printed only to a terminal (``may_print``), else the run is refused."""
     if not report.issued:

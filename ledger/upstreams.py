@@ -1,4 +1,4 @@
-"""Which upstream performed a forward call, and whether a compensator reaches it (issue 26, 9).
+"""Which upstream performed a forward call, and whether a compensator reaches it.
 
 A gateway (``saga-mcp``) records each call with ``via``: its own identity and the upstream MCP
 server it forwarded the call to (a Streamable HTTP URL, or the command it starts over stdio). An

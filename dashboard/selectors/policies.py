@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.compensation_risks import CompensationWarning, unattended_destructive_compensations
 from ledger.models import Compensator, Tenant, ToolPolicy
+from ledger.policies.compensation_risks import CompensationWarning, unattended_destructive_compensations
 from ledger.policies.deadlines import deadline_summary
 from ledger.policies.resolve import policies_in_force, policy_settings_for
 from ledger.policies.rule_compile import compile_rules

@@ -25,9 +25,9 @@ from pydantic import ValidationError
 
 from infra.hashing import canonical_json, sha256_hex
 from ledger.audit import Actor, audit_record
-from ledger.compensation_risks import unattended_destructive_compensations
 from ledger.models import Compensator, PolicySet, Tenant, ToolPolicy
 from ledger.policies.agent_safety import AGENT_SAFETY, agent_safety_translate
+from ledger.policies.compensation_risks import unattended_destructive_compensations
 from ledger.policies.deadlines import escalation_problems
 from ledger.policies.errors import PolicyFileError, Problems, entry_of, validation_problems
 from ledger.policies.retention import retention_problems
@@ -348,7 +348,7 @@ def policy_load_warnings(*, tenant: Tenant | None) -> list[str]:
     """Every warning about a scope's policies, in one list: compensations whose compensator does
     not reach the upstream that performed their tool, so undoing them waits for a person every time
     (``ledger.upstreams``; each tenant of the global scope); then compensating tools that delete or
-    move money and run unattended (``ledger.compensation_risks``)."""
+    move money and run unattended (``ledger.policies.compensation_risks``)."""
     checked = [tenant] if tenant is not None else list(Tenant.objects.order_by("slug"))
     warnings = [
         f"tenant {each.slug}: {mismatch['message']}"

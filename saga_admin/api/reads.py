@@ -1,4 +1,4 @@
-"""The agent's hot reads, one statement each (issue 30, item 4: reads as fast as writes).
+"""The agent's hot reads, one statement each.
 
 Each read is one round trip to PostgreSQL, as the append is (``ledger.services.writes``): the run
 the key reaches (``ledger.selectors.reach_owner``, the one rule of ``run_reach``) and everything

@@ -1,4 +1,4 @@
-"""Issue 30, item 4: the agent's reads are one statement each (``saga_admin.api.reads``) and answer
+"""The agent's reads are one statement each (``saga_admin.api.reads``) and answer
 exactly what the ORM's reads answered, byte for byte; their cost does not grow with the run."""
 
 from __future__ import annotations

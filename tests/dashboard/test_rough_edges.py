@@ -1,4 +1,4 @@
-"""The rough edges a new user noticed (issue 31, point 5): one way to say a duration, "just now",
+"""The rough edges a new user noticed: one way to say a duration, "just now",
 state names read as sentences, "could not be undone" only once someone decided, no bulk bar with
 nothing to tick, no gap after "Approvals" in the nav, and one rule for the suggested decision."""
 

@@ -1,5 +1,5 @@
 """``canonical_json_bytes`` is ``canonical_json`` spelled faster, never differently: payload hashes
-stored before it existed must still match a retry's (issue 26, point 8)."""
+stored before it existed must still match a retry's."""
 
 from __future__ import annotations
 

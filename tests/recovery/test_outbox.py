@@ -1,4 +1,4 @@
-"""Notifications through the outbox (issue 16, points 4, 5 and 8): rows written with their event,
+"""Notifications through the outbox: rows written with their event,
 delivered by RQ workers with retries and backoff, claimed by compare-and-set, re-enqueued by the
 sweeper; tenant channels (signed webhook, Slack, e-mail) with their choice of events and minimum
 risk; reminders at half an approval's expiry, once; links to the exact page."""

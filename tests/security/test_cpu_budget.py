@@ -1,4 +1,4 @@
-"""Issue 26, point 8 (and point 7's URL-bearing requests): a valid key does not buy the server's CPU.
+"""A valid key does not buy the server's CPU.
 
 - Per-key limits count body bytes as well as requests (``SAGA_THROTTLE_BYTES``), from the headers:
   a key over its bytes gets 429 ``rate_limited`` with ``Retry-After`` before its body is sent,

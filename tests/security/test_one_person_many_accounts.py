@@ -1,4 +1,4 @@
-"""One person with a local account and a single sign-on account is one approver (issue 40, item 5).
+"""One person with a local account and a single sign-on account is one approver.
 
 An SSO rollout gives every person who had a local account a second one (the provider's account,
 keyed by issuer and ``sub``), and the local account's approver keys keep working with

@@ -1,4 +1,4 @@
-"""A hostile endpoint holds a worker no longer than its deadline (issue 40, item 2).
+"""A hostile endpoint holds a worker no longer than its deadline.
 
 httpx's timeouts bound each read, not the request: an endpoint that sends one byte every 0.1 s
 under a 1 s timeout never times out, and held the worker that called it for as long as it kept

@@ -1,5 +1,4 @@
-"""One tenant's names under a zone that never answers cannot make another tenant's URLs fail
-(issue 40, item 11).
+"""One tenant's names under a zone that never answers cannot make another tenant's URLs fail.
 
 The outbound guard resolves names on threads of their own, and a lookup cannot be interrupted: a
 stuck one holds its thread until the C library gives up. With one pool of 4 threads per process for

@@ -1,4 +1,4 @@
-"""A receiver of signed requests is not crashed by the timestamp header (issue 40, item 12).
+"""A receiver of signed requests is not crashed by the timestamp header.
 
 ``X-Saga-Timestamp`` arrives before anything is authenticated. One of more than 4,300 digits made ``int()``
 raise ``ValueError`` (Python's limit on converting long digit strings), and one of a few hundred

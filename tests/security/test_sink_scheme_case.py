@@ -1,5 +1,5 @@
 """A tenant's audit sink cannot get the audit log sent in clear text by writing its scheme in
-capitals (issue 40, item 9).
+capitals.
 
 ``check_url`` read the scheme through httpx (lower case) and let ``TCP+TLS://`` pass the rule that
 the audit log never crosses the network in clear text; ``Sink.tls`` read the text as written, found

@@ -1,4 +1,4 @@
-"""Slack cannot be used to approve as someone else (issue 26, point 3).
+"""Slack cannot be used to approve as someone else.
 
 Everything here goes over real HTTP to the live server, with requests signed the way Slack signs
 them (``tests/support/slack.py``), answers posted by a real RQ job to a real receiver standing in

@@ -1,4 +1,4 @@
-"""Issue 40, item 10: the worker's own ``/metrics`` port (``SAGA_WORKER_METRICS_PORT``) is reachable
+"""The worker's own ``/metrics`` port (``SAGA_WORKER_METRICS_PORT``) is reachable
 from other hosts, so whoever can connect to it tries to tie the worker up: many connections that
 never send a request, and one that sends its head a byte at a time. The real ``saga_worker``
 process serves it; its thread count is read from ``/proc``."""

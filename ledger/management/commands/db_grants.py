@@ -17,7 +17,7 @@ from ledger.models import ArchivedRun, Event, SignedHead
 
 # The functions the application may call that do what its own privileges do not allow, each
 # checking for itself that it may: retention's removal of an archived run's audit events
-# (ledger/0024). PostgreSQL lets every role execute a new function; their migrations revoke that.
+# (ledger/sql). PostgreSQL lets every role execute a new function; their files revoke that.
 DEFINER_FUNCTIONS = ("saga_archived_run_events_delete(text)",)
 
 # Tables the application only appends to and reads.
@@ -37,7 +37,7 @@ def grants_for(role: str) -> list[str]:
     statements = [
         # No role but the owner creates objects in ``public``: an object there (an operator, a
         # function, a table shadowing one) is found by name by whoever's search_path lists the
-        # schema, a SECURITY DEFINER function once among them (issue 40 item 3). PostgreSQL 15
+        # schema, a SECURITY DEFINER function once among them. PostgreSQL 15
         # and later start without PUBLIC's CREATE there; a cluster upgraded from before keeps it.
         "REVOKE CREATE ON SCHEMA public FROM PUBLIC;",
         f"REVOKE CREATE ON SCHEMA public FROM {quoted};",
