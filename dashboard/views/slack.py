@@ -42,6 +42,7 @@ from django.views.decorators.http import require_POST
 from dashboard.permissions import Capability, can
 from dashboard.presenters.approval_cards import grants_line
 from infra.conf import saga
+from infra.error_bodies import error_body
 from infra.errors import SagaError
 from infra.ids import looks_like_id
 from infra.throttle import client_address, fixed_window
@@ -57,7 +58,7 @@ log = structlog.get_logger(__name__)
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message, "details": {}}}, status=status)
+    return JsonResponse(error_body(code, message), status=status)
 
 
 def _too_many(code: str, message: str, retry_after: float) -> JsonResponse:

@@ -7,9 +7,10 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
+from infra.error_bodies import ErrorOut
 from ledger import selectors as ledger_selectors
 from recovery.actions import approvals
-from saga_admin.api.auth import ErrorOut, agent_auth
+from saga_admin.api.auth import agent_auth
 from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of
 from saga_admin.api.idempotency import json_response
 from saga_admin.api.schemas.actions import actions_out
