@@ -1,7 +1,7 @@
 """The decisions: recovery items, approvals, unwinds and their steps, agent commands.
 
-State fields here are written only through ``ledger.transitions.compare_and_set``, with the
-tables at the end of this module, by the recovery modules (items, approvals, commands, unwinds).
+Items and unwinds move by ``ledger.transitions.compare_and_set`` over the tables at the end of this
+module; approvals and commands by updates under their own locks (each write says why).
 """
 
 from __future__ import annotations
@@ -632,7 +632,7 @@ class SlackLinkCode(models.Model):
         return f"Slack link code of {self.user_id} in {self.tenant_id}"
 
 
-# --- State machines (moved only by ledger.transitions.compare_and_set) -----------------------
+# --- State machines (checked by ledger.transitions.compare_and_set) ---------------------------
 
 ITEM_TRANSITIONS: dict[str, set[str]] = {
     # Resume and close resolve an open item; an unwind claims it first and resolves it when done,
