@@ -20,7 +20,7 @@ from dashboard.selectors import runs as run_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError, ValidationFailed
-from ledger.models import Action
+from ledger.models import Action, Run
 from recovery import planner
 from recovery import selectors as recovery_selectors
 from recovery import trail as recovery_trail
@@ -190,15 +190,24 @@ def _partial_marks(actions: list[Action], kept_ids: set[str]) -> dict[str, set[s
     return {"kept_ids": kept_ids, "undone_ids": undone}
 
 
+def _run_to_operate(request: HtmxHttpRequest, run_id: str) -> Run | HttpResponse:
+    """The run an operator decides about from its page, or the page that says it is not there
+    when the user cannot see it; refuses one whose tenant the user does not operate."""
+    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
+    if run is None:
+        return common.run_missing(request, run_id)
+    require(request.user, Capability.OPERATE, run.tenant_id)
+    return run
+
+
 @require_http_methods(["GET", "POST"])
 @login_required
 def run_flag(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     """Flag a run for review (any run, also a succeeded one): GET shows what will happen, POST
     puts it in the recovery queue, where it is compensated, resumed or closed like a failed run."""
-    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
-    if run is None:
-        return common.run_missing(request, run_id)
-    require(request.user, Capability.OPERATE, run.tenant_id)
+    run = _run_to_operate(request, run_id)
+    if isinstance(run, HttpResponse):
+        return run
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -230,10 +239,9 @@ def run_flag(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
 @login_required
 def run_cancel(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     """Cancel a run: GET shows exactly what will happen (the confirmation), POST does it."""
-    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
-    if run is None:
-        return common.run_missing(request, run_id)
-    require(request.user, Capability.OPERATE, run.tenant_id)
+    run = _run_to_operate(request, run_id)
+    if isinstance(run, HttpResponse):
+        return run
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:

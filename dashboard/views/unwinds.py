@@ -31,6 +31,18 @@ def _get_step_for_user(request: HttpRequest, step_id: str, capability: Capabilit
     return step
 
 
+def _step_and_reason(request: HttpRequest, step_id: str) -> tuple[UnwindStep, str, str | None]:
+    """The step an operator decides about, where its page is (the run's unwind section), and the
+    reason they gave: None when the form was invalid, its error already in the page's messages."""
+    step = _get_step_for_user(request, step_id, Capability.OPERATE)
+    back = common.run_url(step.unwind.run_id, "unwind")
+    form = ReasonForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, common.form_errors(form))
+        return step, back, None
+    return step, back, form.cleaned_data["reason"]
+
+
 @require_GET
 @login_required
 def unwind_progress(request: HtmxHttpRequest, unwind_id: str) -> HttpResponse:
@@ -84,20 +96,15 @@ def unwind_stop(request: HtmxHttpRequest, unwind_id: str) -> HttpResponse:
 def step_ask_again(request: HtmxHttpRequest, step_id: str) -> HttpResponse:
     """A step whose approval expired or was rejected: ask the approvers again (same tool, same
     args); the compensation waits on the step until they decide."""
-    step = _get_step_for_user(request, step_id, Capability.OPERATE)
-    back = common.run_url(step.unwind.run_id, "unwind")
-    form = ReasonForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, common.form_errors(form))
+    step, back, reason = _step_and_reason(request, step_id)
+    if reason is None:
         return common.done(request, back)
     approval = Approval.objects.filter(step=step).first()
     if approval is None:
         messages.error(request, "This step has no approval to ask again for.")
         return common.done(request, back)
     try:
-        approvals.approval_request_again(
-            approval=approval, actor=common.actor(request), reason=form.cleaned_data["reason"]
-        )
+        approvals.approval_request_again(approval=approval, actor=common.actor(request), reason=reason)
     except SagaError as exc:
         return common.refused(request, exc, back)
     messages.success(
@@ -109,15 +116,12 @@ def step_ask_again(request: HtmxHttpRequest, step_id: str) -> HttpResponse:
 
 
 def _step_decision(request: HtmxHttpRequest, step_id: str, *, skip: bool) -> HttpResponse:
-    step = _get_step_for_user(request, step_id, Capability.OPERATE)
-    back = common.run_url(step.unwind.run_id, "unwind")
-    form = ReasonForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, common.form_errors(form))
+    step, back, reason = _step_and_reason(request, step_id)
+    if reason is None:
         return common.done(request, back)
     service = compensations.step_skip if skip else compensations.step_retry
     try:
-        service(step=step, actor=common.actor(request), reason=form.cleaned_data["reason"])
+        service(step=step, actor=common.actor(request), reason=reason)
     except SagaError as exc:
         return common.refused(request, exc, back)
     messages.success(
