@@ -1,5 +1,5 @@
 """The soak's section of the benchmark report (issue 39; bench/soak.py measures it): targets,
-rows of the one table, and the Markdown section, after bench/report.py's conventions."""
+rows of the one table, and the Markdown section, after bench/tables.py's conventions."""
 
 from __future__ import annotations
 
