@@ -95,7 +95,7 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 bench: install services $(VENV)/.bench-installed ## The benchmarks (docs/BENCHMARKS.md; BENCH_ARGS)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
-# The "At size" phase alone (issue 30): a year of history (10M actions, ~30M audit events) in its
+# The "At size" phase alone: a year of history (10M actions, ~30M audit events) in its
 # own database, then the pages, the append, a governed tool call and retention against it.
 bench-size: install services $(VENV)/.bench-installed ## The 'At size' phase of the benchmarks alone (BENCH_ARGS)
 	$(PY) -m bench.run --only size --out artifacts/bench-size/BENCHMARKS.md --log-dir artifacts/bench-size $(BENCH_ARGS)

@@ -7,7 +7,7 @@ from typing import Any
 from django import forms
 
 from dashboard.selectors.queue import AGE_CHOICES, SORTS, QueueView
-from ledger.errors import SagaError
+from infra.errors import SagaError
 from ledger.models import Risk
 from ledger.rules import REASON_MAX_LENGTH, REASON_REQUIRED, reason_required
 from ledger.services.pauses import pause_patterns

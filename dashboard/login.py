@@ -5,7 +5,7 @@
   says they stand in front — with an IPv6 client counted by its /64. One host commonly holds a
   whole /64, so counting single IPv6 addresses would let it take a fresh address per guess.
 - What locks (``LockoutHandler``, settings.AXES_HANDLER): the (username, address) pair after
-  ``AXES_FAILURE_LIMIT`` failures, as before, and also the username alone after
+  ``AXES_FAILURE_LIMIT`` failures, and also the username alone after
   ``LOGIN_USERNAME_FAILURE_LIMIT`` failures from any number of addresses, so guessing one account's
   password from many addresses stops too.
 - What the person is told (``locked_out``, settings.AXES_LOCKOUT_CALLABLE): the login page again,
@@ -32,7 +32,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard.sso.conf import local_login_enabled, sso
-from ledger.throttle import client_network
+from infra.throttle import client_network
 
 
 def login_options() -> dict[str, Any]:
@@ -48,7 +48,7 @@ def login_options() -> dict[str, Any]:
 
 def client_ip(request: HttpRequest) -> str | None:
     """The address a login attempt is counted against (settings.AXES_CLIENT_IP_CALLABLE): the
-    API throttle's rule (``ledger.throttle.client_network``), an IPv6 client's /64 written as the
+    API throttle's rule (``infra.throttle.client_network``), an IPv6 client's /64 written as the
     network's first address (axes stores an IP address, not a network). None when there is no
     usable address."""
     network = client_network(request)

@@ -9,7 +9,7 @@ from typing import Any
 
 from django import forms
 
-from ledger.errors import SagaError
+from infra.errors import SagaError
 from ledger.models import Run
 from ledger.run_filter import AGENT_MAX_LENGTH, SEARCH_MAX_LENGTH, RunFilter
 

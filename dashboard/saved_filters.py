@@ -24,7 +24,7 @@ from django.utils.http import urlencode
 from dashboard.forms import QueueFilterForm
 from dashboard.models import SavedFilter
 from dashboard.selectors import queue as queue_selectors
-from ledger import errors
+from infra import errors
 
 MAX_PER_USER = 50
 # The queue's own paging and polling parameters: where the list was, not what it filters.

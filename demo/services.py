@@ -29,7 +29,7 @@ from demo.models import (
     WorkspaceLicense,
     WorldRequest,
 )
-from ledger.hashing import sha256_hex
+from infra.hashing import sha256_hex
 
 LICENSE_PRICES_CENTS = {"business-starter": 700, "business-standard": 1400, "business-plus": 2200}
 TICKET_PRIORITIES = ("low", "normal", "high", "urgent")

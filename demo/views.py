@@ -26,7 +26,7 @@ from dashboard.selectors.tenants import visible_tenants
 from demo import services
 from demo.models import CrmContact, CrmTicket, HrUser, OutboxEmail, Payment, WorkspaceLicense
 from demo.services import WorldResult
-from ledger.signing import verify_signature
+from infra.signing import verify_signature
 
 SECRET_ENV = "SAGA_DEMO_WORLD_SECRET"
 

@@ -19,7 +19,8 @@ from django.db import models
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
-from ledger import errors, staff
+from infra import errors
+from ledger import staff
 from ledger.audit import Actor
 from ledger.audit_models import ArchivedRun, AuditSignCursor, SignedHead
 from ledger.models import (

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger.hashing import canonical_json, sha256_hex
+from infra.hashing import canonical_json, sha256_hex
 from ledger.models import AgentKey, Event, Run, Tenant
 
 if TYPE_CHECKING:

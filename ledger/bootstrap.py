@@ -25,9 +25,10 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email, validate_slug
 from django.db import transaction
 
-from ledger import errors, staff
+from infra import errors
+from infra.env import env_secret, read_secret_file
+from ledger import staff
 from ledger.audit import Actor
-from ledger.env import env_secret, read_secret_file
 from ledger.models import AgentKey, Membership, Tenant
 from ledger.policies.errors import PolicyFileError
 from ledger.policies.load import PolicyDocument, policy_file_load, policy_file_parse, policy_file_read
@@ -444,7 +445,7 @@ def _policies(inputs: BootstrapInputs, tenant: Tenant | None, report: BootstrapR
 def _hand_over_issued(inputs: BootstrapInputs, report: BootstrapReport, *, may_print: bool) -> None:
     """Where the keys the server issued go, before the transaction commits (a key nobody received
     is never left active). A deploy job's stdout is its log, kept and shown to whoever reads the
-    Job (issue 40 item 14): with ``SAGA_BOOTSTRAP_ISSUED_KEYS_FILE``, each key is appended to that
+    Job: with ``SAGA_BOOTSTRAP_ISSUED_KEYS_FILE``, each key is appended to that
     file (created 0600) as a JSON line and named on stdout by its prefix only; without it a key is
     printed only to a terminal (``may_print``), else the run is refused."""
     if not report.issued:

@@ -13,11 +13,11 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
-from ledger import ids
+from infra import ids
+from infra.json_text import JSONField
 from ledger.append_only import append_only_triggers
 from ledger.audit_models import ArchivedRun, AuditSignCursor, SignedHead
 from ledger.choices import RISK_ORDER, ActionClass, ApprovalMode, CompensationStrategy, Risk, max_risk
-from ledger.json_text import JSONField
 from ledger.policy_models import Compensator, Pause, PolicySet, PolicyStamp, ToolPolicy
 
 __all__ = [

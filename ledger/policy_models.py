@@ -9,9 +9,9 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from ledger import ids
+from infra import ids
+from infra.json_text import JSONField
 from ledger.choices import ActionClass, ApprovalMode, CompensationStrategy, Risk
-from ledger.json_text import JSONField
 
 _BUMP_POLICY_STAMP = (
     "INSERT INTO ledger_policystamp (id, version) VALUES (1, nextval('ledger_policystamp_version_seq')) "

@@ -1,6 +1,6 @@
 """How long the two stores the worker prunes keep their rows: the Idempotency-Key records (the API's
 replay store) and the notification outbox's finished rows. Read once, from the environment, when
-the settings load, in the one duration grammar (``ledger.durations``: ``36h``, ``7d``, ``90d``);
+the settings load, in the one duration grammar (``infra.durations``: ``36h``, ``7d``, ``90d``);
 a value that is not a duration, or is below the store's floor, stops every process with a message
 naming the variable (manage.py and the web process turn it into one line).
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ledger.durations import duration_read, duration_words
+from infra.durations import duration_read, duration_words
 
 DAY_S = 86400
 # Beyond this a window is a typo (and a date that far back overflows).

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import connection
 
-from ledger import metrics
+from infra import metrics
 
 BATCH = 5000
 MAX_BATCH = 50_000

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger import errors
+from infra import errors
 from ledger.models import Action, ActionClass
 
 REASON_MAX_LENGTH = 2000

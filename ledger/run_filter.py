@@ -22,9 +22,9 @@ from datetime import datetime
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from ledger import errors
+from infra import errors
+from infra.pagination import NEWEST_FIRST, Key, Page, merged_keyset_page
 from ledger.models import Action, Run, Tenant
-from ledger.pagination import NEWEST_FIRST, Key, Page, merged_keyset_page
 from ledger.tool_names import TOOL_NAME_MAX_LENGTH
 
 Tenants = Tenant | Iterable[Tenant] | Iterable[int]

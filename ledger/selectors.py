@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 
 from django.db.models import Model, Q, QuerySet, Subquery
 
-from ledger import errors
+from infra import errors
+from infra.pagination import Key, Page, keyset_page
 from ledger.models import Action, ActionClass, AgentKey, ArchivedRun, Checkpoint, Run, Tenant
-from ledger.pagination import Key, Page, keyset_page
 from ledger.rules import COMPENSATABLE_CLASSES, is_pivot, pivot_order_warning
 
 M = TypeVar("M", bound=Model)

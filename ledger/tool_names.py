@@ -23,7 +23,7 @@ import fnmatch
 import re
 import string
 
-from ledger import errors
+from infra import errors
 
 TOOL_NAME_MAX_LENGTH = 200
 # JSON-Schema/pydantic patterns (documented in the OpenAPI document). ``\Z``-free on purpose:

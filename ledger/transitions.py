@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from django.db.models import Model
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor, audit_record
 from ledger.models import Action, Run
 

@@ -1,4 +1,4 @@
-"""Which upstream performed a forward call, and whether a compensator reaches it (issue 26, 9).
+"""Which upstream performed a forward call, and whether a compensator reaches it.
 
 A gateway (``saga-mcp``) records each call with ``via``: its own identity and the upstream MCP
 server it forwarded the call to (a Streamable HTTP URL, or the command it starts over stdio). An
@@ -21,9 +21,7 @@ from urllib.parse import urlsplit
 
 from django.db.models import Q
 
-from ledger.models import Action, Compensator, Tenant
-from ledger.policies.resolve import policy_resolve
-from ledger.services.actions.compensation import mandated_compensation_tool
+from ledger.models import Action, Compensator
 
 # How many of a tenant's newest gateway-recorded actions the policy checks read (a bounded index
 # scan of ``action_via_recent``, not the whole ledger).
@@ -96,13 +94,13 @@ class Reach:
         where = "a stdio upstream no compensator can reach" if stdio else "that server"
         return (
             f"upstream mismatch: the action was performed on {self.performed_on} (through "
-            f"{self.gateway or 'a gateway'}), but {tool} goes to {_goes_to(self.compensator)}, not "
+            f"{self.gateway or 'a gateway'}), but {tool} goes to {goes_to(self.compensator)}, not "
             f"{where}; undoing it there "
             "would leave the effect in place, so a person must check and approve this step"
         )
 
 
-def _goes_to(compensator: str) -> str:
+def goes_to(compensator: str) -> str:
     if upstream_key(compensator):
         return f"an MCP server at {compensator}"
     return f"a {compensator} compensator" if compensator else "no registered compensator"
@@ -160,35 +158,3 @@ def recent_upstreams(*, tenant_id: int) -> list[tuple[str, str]]:
         if upstream:
             pairs.setdefault((tool, upstream), None)
     return list(pairs)
-
-
-def policy_upstream_mismatches(*, tenant: Tenant) -> list[dict[str, Any]]:
-    """The tool/compensator pairs of the tenant's policies known not to reach the upstream that
-    performed the tool: for each (tool, upstream) of its recent gateway-recorded actions, the
-    compensating tool the policy in force names for that tool, and where its compensator goes.
-    What is knowable: upstreams come only from recorded actions (the server never learns of a
-    gateway that has recorded nothing), and a tool whose compensation the agent names has none to
-    check here (the planner still checks each step). A Python compensator registered in code is
-    not seen here (it is not MCP, so it reaches no upstream either)."""
-    found: list[dict[str, Any]] = []
-    for tool, upstream in recent_upstreams(tenant_id=tenant.pk):
-        compensation_tool = mandated_compensation_tool(policy_resolve(tenant=tenant, tool=tool), tool=tool)
-        if not compensation_tool:
-            continue
-        reach = compensator_reach(
-            via={"upstream": upstream}, row=compensator_row(tenant_id=tenant.pk, tool=compensation_tool)
-        )
-        if reach is None or reach.reaches:
-            continue
-        found.append(
-            {
-                "tool": tool,
-                "compensation_tool": compensation_tool,
-                "performed_on": upstream,
-                "compensator": reach.compensator,
-                "message": f"{tool} was performed on {upstream} (recorded through a gateway), but its "
-                f"compensation {compensation_tool} goes to {_goes_to(reach.compensator)}: undoing it "
-                "will wait for a person.",
-            }
-        )
-    return found

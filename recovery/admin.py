@@ -15,7 +15,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from ledger import errors
+from infra import errors
 from ledger.admin import (
     BigTableAdmin,
     ReadOnlyAdmin,
@@ -310,7 +310,7 @@ class SlackUserLinkAdmin(_TenantChoiceMixin, TenantScopedAdmin):
     list_filter = [tenant_filter("tenant")]
     list_select_related = ["tenant", "user"]
     raw_id_fields = ["user"]
-    # A tenant admin sees who is linked, not as which Slack user (issue 40): superusers see all.
+    # A tenant admin sees who is linked, not as which Slack user: superusers see all.
     _SLACK_IDS = ("team_id", "slack_user_id")
 
     def get_list_display(self, request: HttpRequest) -> Any:

@@ -21,10 +21,10 @@ from django.contrib.auth import get_user_model
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
+from infra.conf import saga
+from infra.hashing import sha256_hex
 from ledger.audit import Actor, audit_record
-from ledger.conf import saga
-from ledger.hashing import sha256_hex
 from ledger.models import Action, AgentKey, Membership, Run
 from ledger.policies.deadlines import ApprovalDeadline, is_role
 from ledger.rules import reason_required
@@ -146,7 +146,7 @@ def person_of(actor: Actor) -> int | None:
 
 def same_person(person: int | None) -> frozenset[int]:
     """Every account that is ``person`` (user ids): the account itself and every account with the
-    same e-mail address, case aside (issue 40, item 5). One person with a local account and a
+    same e-mail address, case aside. One person with a local account and a
     single sign-on account is one approver: an address is on an SSO account only when the provider
     verified it (``dashboard.sso.backend``), and a local account's is the installation's word, so
     an admin links two accounts explicitly by giving the local one the other's address. Until then

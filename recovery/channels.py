@@ -7,7 +7,7 @@ may only remove, and that no change of secret survives. Each change is audited o
 chain; no secret is ever written to the audit log.
 
 The rules for a channel's destination live on the model (``NotificationChannel.clean``: e-mail
-addresses, or a URL ``ledger.outbound.check_url`` accepts), which the Django admin's forms call
+addresses, or a URL ``infra.outbound.check_url`` accepts), which the Django admin's forms call
 too; these services call ``full_clean`` before saving.
 """
 
@@ -24,9 +24,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
+from infra.conf import saga
 from ledger.audit import Actor, audit_record
-from ledger.conf import saga
 from ledger.models import Membership, Tenant
 from recovery.models import (
     Notification,

@@ -11,9 +11,9 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
+from infra.conf import saga
 from ledger.audit import Actor, audit_record
-from ledger.conf import saga
 from ledger.models import Checkpoint, Run
 from recovery.models import AgentCommand
 from recovery.notifications import command_push, outbox

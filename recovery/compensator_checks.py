@@ -37,11 +37,12 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from ledger import deadline, upstreams
+from infra import deadline
+from infra.conf import saga
+from infra.signing import signed_headers
+from ledger import upstreams
 from ledger.audit import Actor, audit_record
-from ledger.conf import saga
 from ledger.models import Compensator, Tenant
-from ledger.signing import signed_headers
 from recovery import compensators
 from recovery.models import CompensatorCheck
 

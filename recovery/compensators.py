@@ -43,11 +43,12 @@ from mcp import MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND, CallToolResult, RequestParamsMeta, TextContent
 
-from ledger import deadline, upstreams
-from ledger.conf import saga
+from infra import deadline
+from infra.conf import saga
+from infra.signing import signed_headers
+from ledger import upstreams
 from ledger.models import CompensationStrategy, Compensator
 from ledger.policies.resolve import StampCache
-from ledger.signing import signed_headers
 
 log = structlog.get_logger(__name__)
 
@@ -345,7 +346,7 @@ def _ssl_context() -> ssl.SSLContext:
 def webhook_client() -> httpx.Client:
     """This process's client for compensator webhooks (thread-safe). Never follows a redirect: a
     3xx is the endpoint's answer (retried, then failed, like a 5xx), not a place to send the signed
-    step. Send with ``ledger.deadline.request``: one deadline per call (the client refuses a
+    step. Send with ``infra.deadline.request``: one deadline per call (the client refuses a
     request without one)."""
     global _webhook_client
     with _webhook_client_lock:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from django.db import models
 
-from ledger import errors
+from infra import errors
 from ledger.models import Action, Run
 from ledger.services.runs import CANCELLABLE
 from ledger.transitions import RUN_TRANSITIONS, run_state_phrase

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
+from infra.hashing import sha256_hex
 from ledger.audit import Actor, audit_record
-from ledger.hashing import sha256_hex
 from ledger.models import Action, ActionClass, Checkpoint, Membership, Run, max_risk
 from ledger.selectors import checkpoint_latest
 from ledger.transitions import transition

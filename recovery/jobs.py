@@ -73,7 +73,7 @@ def notifications_prune() -> int:
 def sessions_prune() -> None:
     """Expired sessions deleted, as ``manage.py clearsessions`` does (the session engine's own
     ``clear_expired``): nothing else removes a session nobody signs out of, such as the one each
-    anonymous single sign-on start writes (issue 40 item 7)."""
+    anonymous single sign-on start writes."""
     import_module(settings.SESSION_ENGINE).SessionStore.clear_expired()
 
 

@@ -2,7 +2,7 @@
 
 Two kinds. Counters and histograms that move where the thing happens (an unwind step's outcome,
 the time its compensator took), in whichever process does it, kept in the multiprocess files
-(``ledger.metrics``). And gauges read from PostgreSQL and Redis when Prometheus scrapes
+(``infra.metrics``). And gauges read from PostgreSQL and Redis when Prometheus scrapes
 (``ScrapeCollector``), never kept in a process: open items, pending approvals, the notification
 outbox, unwinds in flight, the RQ queues and workers. Each is one indexed query or one Redis call.
 """
@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from rq import worker_registration
 from rq.utils import missing_keys
 
-from ledger import metrics as process_metrics
+from infra import metrics as process_metrics
 from ledger.models import Tenant
 from recovery.models import Approval, Notification, RecoveryItem, Unwind, UnwindStep
 

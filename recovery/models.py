@@ -12,8 +12,8 @@ from django.core.validators import validate_email
 from django.db import models
 from django.db.models import Q
 
-from ledger import errors, ids, outbound
-from ledger.json_text import JSONField
+from infra import errors, ids, outbound
+from infra.json_text import JSONField
 from ledger.models import RISK_ORDER, Action, AgentKey, Checkpoint, Event, Risk, Run, Tenant
 
 
@@ -428,7 +428,7 @@ CHANNEL_EVENTS = [e for e in NotificationEvent.values if e != NotificationEvent.
 
 class NotificationChannel(models.Model):
     """Where a tenant's notifications go. ``target``: comma-separated e-mail addresses, or the
-    webhook / Slack incoming-webhook URL (checked by ``ledger.outbound.check_url`` when saved and
+    webhook / Slack incoming-webhook URL (checked by ``infra.outbound.check_url`` when saved and
     again before each send). ``secret`` signs webhook bodies (the compensator scheme)."""
 
     class Kind(models.TextChoices):

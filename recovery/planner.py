@@ -44,8 +44,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger import errors, upstreams
-from ledger.hashing import sha256_hex
+from infra import errors
+from infra.hashing import sha256_hex
+from ledger import upstreams
 from ledger.models import (
     Action,
     ActionClass,

@@ -42,8 +42,8 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from infra.conf import saga
 from ledger import audit_signing, pruning
-from ledger.conf import saga
 from ledger.models import Run
 from ledger.services import idempotency
 from recovery import approval_deadlines, queueing

@@ -13,9 +13,9 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
+from infra.pagination import Page, keyset_page
 from ledger.models import Action, ActionClass, Checkpoint, Risk, Run, Tenant
-from ledger.pagination import Page, keyset_page
 from ledger.selectors import checkpoint_latest, get_for_tenants
 from ledger.services.runs import CANCELLABLE
 from ledger.tool_names import TOOL_NAME_MAX_LENGTH, check_tool_name, glob_regex, is_glob

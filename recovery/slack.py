@@ -4,7 +4,7 @@ of the arguments shown, and only when they are shown whole), the signature check
 sends back, the parsing of those payloads (button presses, the ``/saga link`` command), hostile
 until checked, and the messages that answer them.
 
-Sending is ``recovery.notifications``'s business (through ``ledger.outbound``'s guard, like every
+Sending is ``recovery.notifications``'s business (through ``infra.outbound``'s guard, like every
 URL a tenant chose); deciding is ``recovery.services``'s. This module only shapes and checks.
 """
 

@@ -18,7 +18,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from rq.job import JobStatus
 
-from ledger.conf import saga
+from infra.conf import saga
 from recovery import approval_deadlines, queueing
 from recovery.compensators import Outcome
 from recovery.models import Notification, Unwind, UnwindStep
@@ -249,7 +249,7 @@ def _notifications_lost(
     waited implausibly long and its job is not waiting in the queue (started by a worker that
     died, taken off the queue and never started, left scheduled). A job still waiting in the
     queue is not lost however long the backlog: handing it a second job would only lengthen the
-    backlog (each pass another job per row, as before issue 39)."""
+    backlog (each pass another job per row)."""
     stale = [
         (notification_id, job_id, state)
         for (notification_id, job_id, updated_at), state in zip(rows, states, strict=True)

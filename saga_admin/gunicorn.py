@@ -1,5 +1,5 @@
 """The web process's gunicorn configuration (the Procfile's ``-c python:saga_admin.gunicorn``):
-each start of the web removes the Prometheus multiprocess files (``ledger.metrics``) of processes
+each start of the web removes the Prometheus multiprocess files (``infra.metrics``) of processes
 that are gone, and gunicorn's own lines — the access log and its error log — are JSON lines like
 the application's (``JsonLogger``).
 
@@ -101,7 +101,7 @@ logger_class = JsonLogger
 def on_starting(server: Any) -> None:
     """In the master, before any worker is forked: a new deployment's counters start from zero
     (Prometheus's ``rate()`` and ``increase()`` take the reset in their stride)."""
-    from ledger import metrics
+    from infra import metrics
 
     removed = metrics.forget_dead_processes()
     server.log.info(

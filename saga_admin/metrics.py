@@ -1,7 +1,7 @@
 """``GET /metrics``: Prometheus's text exposition for the whole deployment on this host, and the
 request-duration histogram every web request feeds.
 
-The scrape adds up the multiprocess files of every web and worker process (``ledger.metrics``)
+The scrape adds up the multiprocess files of every web and worker process (``infra.metrics``)
 and reads the gauges that live in PostgreSQL and Redis (``recovery.metrics.ScrapeCollector``).
 It is behind ``Authorization: Bearer $SAGA_METRICS_TOKEN``: 404 while no token is configured (the
 endpoint does not exist), 401 without the token or with another. Like the probes it is never
@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ledger import metrics as process_metrics
-from ledger import metrics_endpoint
+from infra import metrics as process_metrics
+from infra import metrics_endpoint
 from recovery import metrics as recovery_metrics
 
 # Where a request went, by its path: few values, known in advance, so every series exists (at

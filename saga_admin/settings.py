@@ -16,12 +16,12 @@ import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-# Prometheus's multiprocess directory (ledger.metrics), ready before any library builds a metric
+# Prometheus's multiprocess directory (infra.metrics), ready before any library builds a metric
 # as it is imported (django-rq's admin does): a missing or unwritable PROMETHEUS_MULTIPROC_DIR
 # stops every process here, naming it.
-import ledger.metrics  # noqa: F401, I001 - first, on purpose
+import infra.metrics  # noqa: F401, I001 - first, on purpose
 from dashboard.sso.conf import authentication_backends, sso_settings_from_env
-from ledger.env import env_secret
+from infra.env import env_secret
 from ledger.prune_windows import idempotency_retention_s, notification_retention_s
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -61,7 +61,7 @@ SAGA_DEMO = env_bool("SAGA_DEMO", False)
 # saga_admin/wsgi.py turn this error into one line).
 DEBUG = env_bool("DEBUG", False)
 # Secrets (this one, DATABASE_URL, REDIS_URL and the SAGA_* secrets) may come from a mounted file
-# instead: NAME_FILE=/run/secrets/name (ledger.env; both set, or an unreadable file, refuse to
+# instead: NAME_FILE=/run/secrets/name (infra.env; both set, or an unreadable file, refuse to
 # start naming them).
 SECRET_KEY = env_secret("SECRET_KEY").strip()
 if not SECRET_KEY:
@@ -385,7 +385,7 @@ SAGA: dict[str, Any] = {
     # The bearer token GET /metrics (Prometheus) requires; unset, /metrics is 404.
     "METRICS_TOKEN": env_secret("SAGA_METRICS_TOKEN").strip(),
     # A worker that does not share the web's metrics directory (its own container or pod) serves
-    # its own GET /metrics on this port, behind the same token (ledger.metrics_endpoint); unset: none.
+    # its own GET /metrics on this port, behind the same token (infra.metrics_endpoint); unset: none.
     "WORKER_METRICS_PORT": os.environ.get("SAGA_WORKER_METRICS_PORT", ""),
 }
 

@@ -80,7 +80,7 @@ def server_error(request: HttpRequest) -> HttpResponse:
     """Django's 500, reached for an exception no view or API handler answered: one raised in a
     middleware (the API gate's key lookup, the session's) or by a page. The database down answers
     503 with Retry-After instead, in the API's error shape under /api/; anything else is Django's
-    500 page, as before."""
+    500 page."""
     if database_down(sys.exc_info()[1]):  # Django calls this inside its except block
         if is_api_request(request):
             return database_unavailable()

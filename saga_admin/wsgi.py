@@ -5,12 +5,12 @@ import os
 from django.core.exceptions import ImproperlyConfigured
 from django.core.wsgi import get_wsgi_application
 
-from ledger import telemetry
+from infra import telemetry
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "saga_admin.settings")
 try:
     # Traces, when OTEL_EXPORTER_OTLP_ENDPOINT is set: before the application is built, so Django's
-    # instrumentation middleware is in place (ledger/telemetry.py; nothing happens otherwise).
+    # instrumentation middleware is in place (infra/telemetry.py; nothing happens otherwise).
     telemetry.telemetry_start(service="saga-admin-web", django=True)
     application = get_wsgi_application()
 except ImproperlyConfigured as exc:

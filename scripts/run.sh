@@ -355,7 +355,7 @@ cat <<EOF
   Prometheus metrics:      curl -H "Authorization: Bearer $metrics_token" $BASE_URL/metrics
                            (docs/OPERATIONS.md, "Metrics and alerts"; the charts page is $BASE_URL/insights/)
   MCP gateway (saga-mcp):  $MCP_GATEWAY_URL  (Streamable HTTP: point an MCP host or mcp.Client at it;
-                           its calls are the tools people.*, its sessions runs of mcp-agent; README, "The MCP demo")
+                           its calls are the tools people.*, its sessions runs of mcp-agent; docs/MCP.md, "The demo under make run")
   Demo MCP server:         $SAGA_DEMO_MCP_URL  (what reached it: $MCP_JOURNAL)
   Logs:                    $LOGS/ (web, worker, demo-agents, mcp-upstream, mcp-gateway, redis)
   Notifications:           Acme's on-call e-mails are printed to $LOGS/worker.log (console e-mail backend)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, Compensator, Event, PolicySet, Run, Tenant, ToolPolicy
 from ledger.policies.load import LoadReport, policy_file_load, policy_file_parse

@@ -1,4 +1,4 @@
-"""gunicorn's own lines are JSON lines, as the README promises of the logs: the Procfile's web line
+"""gunicorn's own lines are JSON lines, as docs/CONFIGURATION.md promises of the logs: the web line
 started as a deployment starts it, a few requests (one with a key in its query string), and every
 line of its output parsed as one JSON object — the access log's one per request with its fields."""
 

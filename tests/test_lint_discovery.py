@@ -1,4 +1,4 @@
-"""`pip install ./clients/python`, as README says, does not break `make lint` (issue 28, point 1).
+"""`pip install ./clients/python`, as docs/INTEGRATING.md says, does not break `make lint`.
 
 That install builds in the source folder and leaves clients/python/build/lib/saga_client: a second
 copy of every client module, which `mypy .` found too and stopped on ("Duplicate module named

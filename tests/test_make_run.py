@@ -1,6 +1,5 @@
-"""`make run` is safe to run twice, and `make manage` reaches the playground's database (issue 20,
-points 1 and 2); its MCP demo gateway answers and its MCP session is in the queue (issue 18,
-point 4).
+"""`make run` is safe to run twice, and `make manage` reaches the playground's database; its MCP
+demo gateway answers and its MCP session is in the queue.
 
 Real processes, no mocks: ``scripts/run.sh`` in this working tree with a throwaway data directory
 (``SAGA_RUN_DATA``: its own PostgreSQL, Redis, keys and logs), no live demo traffic and a free
@@ -235,7 +234,7 @@ def _check_the_first_run_is_up(said: str, url: str, data_dir: Path) -> tuple[Pro
     URL, the Redis port)."""
     assert "cleaned up after an earlier make run" in said
     assert get(f"{url}/healthz")[0] == 200
-    # The app's own pages, as in a deployment: not Django's technical 404 (issue 20, point 8).
+    # The app's own pages, as in a deployment: not Django's technical 404.
     status, body = get(f"{url}/no-such-page/")
     assert status == 404 and b"There is nothing here" in body and b"URLconf" not in body
     assert get(f"{url}/static/favicon.svg")[0] == 200  # hashed static files served with DEBUG off

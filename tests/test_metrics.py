@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.test import Client
 
-from ledger import metrics as process_metrics
+from infra import metrics as process_metrics
 from ledger.audit import Actor
 from recovery import metrics as recovery_metrics
 from recovery.models import RecoveryItem

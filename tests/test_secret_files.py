@@ -1,5 +1,5 @@
 """Secrets from mounted files: every secret setting NAME may come from NAME_FILE instead
-(ledger.env); both set, or a file that cannot be used, refuse to start naming them. And
+(infra.env); both set, or a file that cannot be used, refuse to start naming them. And
 manage.py bootstrap run as a deploy job runs it: from variables and files only, twice."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 
-from ledger.env import MAX_SECRET_FILE_BYTES, env_secret
+from infra.env import MAX_SECRET_FILE_BYTES, env_secret
 from ledger.models import AgentKey, Event, Membership, Tenant
 from ledger.services import keys
 from tests.support.processes import ROOT, database_url_for_subprocesses

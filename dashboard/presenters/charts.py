@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ledger.durations import duration_short
+from infra.durations import duration_short
 
 ROW_HEIGHT = 28
 BAR_HEIGHT = 18

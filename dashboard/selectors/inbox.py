@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from dashboard import permissions
 from dashboard.permissions import Someone
-from ledger.pagination import OLDEST_FIRST, keyset_page
+from infra.pagination import OLDEST_FIRST, keyset_page
 from recovery import selectors as recovery_selectors
 from recovery.models import Approval
 

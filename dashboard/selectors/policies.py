@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.compensation_risks import CompensationWarning, unattended_destructive_compensations
 from ledger.models import Compensator, Tenant, ToolPolicy
+from ledger.policies.compensation_risks import CompensationWarning, unattended_destructive_compensations
 from ledger.policies.deadlines import deadline_summary
 from ledger.policies.resolve import policies_in_force, policy_settings_for
 from ledger.policies.rule_compile import compile_rules
-from ledger.upstreams import compensators_in_force, policy_upstream_mismatches
+from ledger.policies.upstream_reach import policy_upstream_mismatches
+from ledger.upstreams import compensators_in_force
 from recovery.compensator_checks import check_flag, latest_checks
 from recovery.models import CompensatorCheck
 
@@ -96,7 +97,7 @@ class TenantPolicies:
     # The default policy's approval deadline in words.
     default_deadline: str = ""
     # Tool/compensator pairs whose compensator does not reach the upstream the tool was recorded
-    # on (``ledger.upstreams.policy_upstream_mismatches``).
+    # on (``ledger.policies.upstream_reach.policy_upstream_mismatches``).
     upstream_mismatches: list[dict[str, Any]] = field(default_factory=list)
     # Compensating tools that delete or move money and run unattended (the residual risk).
     compensation_warnings: list[CompensationWarning] = field(default_factory=list)

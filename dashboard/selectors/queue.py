@@ -28,10 +28,10 @@ from django.utils import timezone
 
 from dashboard import permissions
 from dashboard.permissions import Someone
-from ledger.conf import saga
-from ledger.ids import looks_like_id
+from infra.conf import saga
+from infra.ids import looks_like_id
+from infra.pagination import Key, keyset_page
 from ledger.models import Risk
-from ledger.pagination import Key, keyset_page
 from recovery.approvals import pending_q
 from recovery.commands import overdue_before
 from recovery.models import AgentCommand, Approval, RecoveryItem

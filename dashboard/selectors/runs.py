@@ -11,8 +11,8 @@ from django.db.models import Case, Prefetch, Value, When
 
 from dashboard import permissions
 from dashboard.permissions import Someone
+from infra.pagination import Key, Page, cursor_after, keyset_page
 from ledger.models import Action, Checkpoint, Event, Run
-from ledger.pagination import Key, Page, cursor_after, keyset_page
 from ledger.selectors import checkpoints_for_run, run_warnings
 from recovery.approvals import pending_q
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep

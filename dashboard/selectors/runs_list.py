@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from dashboard import permissions
 from dashboard.permissions import Someone
-from ledger.conf import saga
-from ledger.errors import ValidationFailed
+from infra.conf import saga
+from infra.errors import ValidationFailed
 from ledger.models import Run
 from ledger.run_filter import RunFilter, runs_page
 from recovery.models import RecoveryItem

@@ -49,7 +49,7 @@ def _verified_email(userinfo: dict[str, Any], payload: dict[str, Any]) -> str:
     """The person's e-mail address only when the provider says it verified it (``email_verified``
     true, in the answer that gave the address): an address is who a person is for the approval
     rules (``recovery.approvals.same_person``) and where approval details are sent, so one the
-    person merely typed is neither (issue 40, item 5). "" otherwise."""
+    person merely typed is neither. "" otherwise."""
     for claims_ in (userinfo, payload):
         email = _text(claims_, "email")
         if email:

@@ -3,7 +3,7 @@ saga_admin/settings.py into ``settings.SAGA_SSO``), checked when the process sta
 configuration refuses to start, naming what is missing, rather than showing a button that fails.
 
 SSO is off while ``SAGA_OIDC_ISSUER`` is unset, and then nothing changes: no button, no callback
-(404), password sign-in as before. ``SAGA_LOCAL_LOGIN=0`` turns password sign-in off, and is
+(404), password sign-in only. ``SAGA_LOCAL_LOGIN=0`` turns password sign-in off, and is
 refused without SSO (nobody could sign in at all).
 
 mozilla-django-oidc reads its own ``OIDC_*`` Django settings; ours are named for operators and
@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from ledger.env import env_secret
-from ledger.throttle import parse_rate
+from infra.env import env_secret
+from infra.throttle import parse_rate
 
 # The callback's URL name (dashboard/auth_urls.py): the redirect URI registered at the provider
 # is this path on SAGA_PUBLIC_URL's host, /oidc/callback/.
@@ -47,8 +47,8 @@ class SsoSettings:
     timeout_s: float = 10.0
     local_login: bool = True
     # How many sign-ins one client address may start (``/oidc/authenticate/`` without one under
-    # way) per window: each writes a session row for its state, nonce and PKCE verifier (issue 40
-    # item 7). As high as the API's unauthenticated rate: an office signs in from one address.
+    # way) per window: each writes a session row for its state, nonce and PKCE verifier. As
+    # high as the API's unauthenticated rate: an office signs in from one address.
     start_rate: str = "60/m"
 
     @property

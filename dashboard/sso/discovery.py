@@ -13,7 +13,7 @@ import httpx
 from django.core.exceptions import ImproperlyConfigured
 
 from dashboard.sso.conf import SsoSettings, check_provider_url
-from ledger import deadline
+from infra import deadline
 
 CACHE_S = 3600.0
 _MAX_DOCUMENT_BYTES = 512 * 1024

@@ -13,8 +13,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
 
-from ledger.conf import saga
-from ledger.durations import ago_words, duration_short
+from infra.conf import saga
+from infra.durations import ago_words, duration_short
 from recovery import decisions
 
 register = template.Library()
@@ -153,7 +153,7 @@ def status_badge(status: str, label: str = "") -> str:
 
 @register.filter
 def duration(seconds: float | None) -> str:
-    """A measured duration on a card: the one short form (``ledger.durations.duration_short``),
+    """A measured duration on a card: the one short form (``infra.durations.duration_short``),
     the same the charts print."""
     return duration_short(seconds)
 
@@ -161,7 +161,7 @@ def duration(seconds: float | None) -> str:
 @register.filter
 def ago(when: datetime | str | int | float | None) -> str:
     """How long ago ``when`` was, for a sentence: "just now", "6 minutes ago"
-    (``ledger.durations.ago_words``). ``when``: a datetime, the ISO string an item's details keep,
+    (``infra.durations.ago_words``). ``when``: a datetime, the ISO string an item's details keep,
     or a number of seconds already elapsed."""
     if isinstance(when, int | float):
         return ago_words(when)

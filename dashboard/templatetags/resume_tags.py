@@ -8,8 +8,8 @@ from typing import Any
 
 from django import template
 
-from ledger.conf import saga
-from ledger.durations import duration_words
+from infra.conf import saga
+from infra.durations import duration_words
 from ledger.models import Run
 from recovery import commands
 
@@ -18,7 +18,7 @@ register = template.Library()
 
 @register.filter
 def in_words(seconds: int | float | None) -> str:
-    """A duration for a sentence: "40 seconds", "2 hours 5 minutes" (``ledger.durations``)."""
+    """A duration for a sentence: "40 seconds", "2 hours 5 minutes" (``infra.durations``)."""
     return duration_words(seconds)
 
 

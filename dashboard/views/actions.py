@@ -13,7 +13,7 @@ from dashboard.permissions import Capability, require
 from dashboard.selectors import runs as run_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.errors import SagaError
+from infra.errors import SagaError
 from ledger.models import Action
 from ledger.services.actions import moves
 

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 from dashboard.permissions import Capability, require_tenant, tenant_ids_with
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.errors import SagaError
+from infra.errors import SagaError
 from ledger.models import Tenant
 from recovery.audit_stream import config, delivery
 from recovery.audit_stream.models import AuditSink
@@ -26,7 +26,7 @@ from recovery.decisions import refusal_sentence
 
 
 class AuditSinkForm(forms.Form):
-    """A tenant's sink. The URL is checked by the service (``ledger.outbound``: public addresses,
+    """A tenant's sink. The URL is checked by the service (``infra.outbound``: public addresses,
     or hosts the operator allows); its refusal comes back as this form's error."""
 
     kind = forms.ChoiceField(label="Kind", choices=AuditSink.Kind.choices)

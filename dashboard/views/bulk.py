@@ -19,8 +19,8 @@ from dashboard.permissions import Capability, TenantPermissions, require, tenant
 from dashboard.selectors import tenants as tenant_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.conf import saga
-from ledger.errors import SagaError
+from infra.conf import saga
+from infra.errors import SagaError
 from ledger.models import Tenant
 from recovery import selectors
 from recovery.bulk.models import BulkItem, BulkOperation

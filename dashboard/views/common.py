@@ -16,9 +16,9 @@ from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefre
 from django_htmx.middleware import HtmxDetails
 
 from dashboard.permissions import tenant_ids_for
+from infra.errors import SagaError
 from ledger import selectors as ledger_selectors
 from ledger.audit import Actor
-from ledger.errors import SagaError
 from recovery import decisions as recovery_decisions
 
 M = TypeVar("M", bound=Model)

@@ -21,7 +21,7 @@ from dashboard.selectors import live
 from dashboard.templatetags.dashboard import pretty_json
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.errors import SagaError
+from infra.errors import SagaError
 from recovery import approvals as recovery_approvals
 from recovery import decisions as recovery_decisions
 from recovery.models import Approval

@@ -15,8 +15,8 @@ from dashboard.permissions import Capability, require
 from dashboard.selectors import runs as run_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.conf import saga
-from ledger.errors import PlanChanged, SagaError
+from infra.conf import saga
+from infra.errors import PlanChanged, SagaError
 from ledger.selectors import checkpoints_for_run
 from recovery import commands as recovery_commands
 from recovery import compensator_checks, planner

@@ -21,8 +21,8 @@ from dashboard.forms import ChannelForm, SlackAppForm
 from dashboard.permissions import Capability, require, require_tenant, tenant_ids_with
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.errors import SagaError
-from ledger.ids import looks_like_id
+from infra.errors import SagaError
+from infra.ids import looks_like_id
 from ledger.models import Membership, Tenant
 from recovery import channels
 from recovery.decisions import refusal_sentence

@@ -19,7 +19,7 @@ from dashboard.permissions import Capability, can, require, tenant_ids_for, tena
 from dashboard.selectors import tenants as tenant_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.errors import NotFound, SagaError
+from infra.errors import NotFound, SagaError
 from ledger.models import Pause, Tenant
 from ledger.services import pauses as ledger_pauses
 

@@ -22,8 +22,8 @@ from dashboard.selectors import runs_list as runs_selectors
 from dashboard.selectors import tenants as tenant_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.conf import saga
-from ledger.errors import SagaError
+from infra.conf import saga
+from infra.errors import SagaError
 from ledger.models import Risk, Run, Tenant
 from recovery.models import RecoveryItem
 from recovery.services import bulk

@@ -19,7 +19,7 @@ from dashboard.selectors import live
 from dashboard.selectors import runs as run_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.errors import SagaError, ValidationFailed
+from infra.errors import SagaError, ValidationFailed
 from ledger.models import Action
 from recovery import planner
 from recovery import selectors as recovery_selectors

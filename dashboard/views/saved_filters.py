@@ -14,7 +14,7 @@ from dashboard.models import SavedFilter
 from dashboard.selectors import tenants as tenant_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger import errors
+from infra import errors
 
 
 def _queue(query: str = "") -> str:

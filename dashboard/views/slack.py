@@ -41,12 +41,12 @@ from django.views.decorators.http import require_POST
 
 from dashboard.permissions import Capability, can
 from dashboard.presenters.approval_cards import grants_line
+from infra.conf import saga
+from infra.errors import SagaError
+from infra.ids import looks_like_id
+from infra.throttle import client_address, fixed_window
 from ledger.audit import Actor
-from ledger.conf import saga
-from ledger.errors import SagaError
-from ledger.ids import looks_like_id
 from ledger.models import Tenant
-from ledger.throttle import client_address, fixed_window
 from recovery import channels, slack
 from recovery.decisions import refusal_sentence
 from recovery.models import Approval, SlackApp

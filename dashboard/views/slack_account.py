@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from dashboard.permissions import Capability, require_tenant, tenant_ids_with
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.errors import SagaError
+from infra.errors import SagaError
 from ledger.models import Tenant
 from recovery import channels
 from recovery.decisions import refusal_sentence

@@ -23,7 +23,7 @@ from django.views.decorators.http import require_http_methods
 from dashboard.permissions import Capability, tenant_ids_with
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.errors import SagaError
+from infra.errors import SagaError
 from recovery import slack
 from recovery.decisions import refusal_sentence
 from recovery.models import Approval

@@ -23,14 +23,14 @@ from dashboard.login import login_options
 from dashboard.sso import discovery
 from dashboard.sso.backend import FAILURE_ATTR
 from dashboard.sso.conf import local_login_enabled, oidc_setting, sso
-from ledger import throttle
+from infra import throttle
 
 log = structlog.get_logger(__name__)
 
 # How long the session a sign-in starts in lives while nobody is signed in to it: it holds the
 # state, nonce and PKCE verifier for the provider's answer, which a person gives within minutes.
 # Every anonymous start writes such a row; short-lived, the hourly ``recovery.jobs.sessions_prune``
-# deletes it soon after, rather than SESSION_COOKIE_AGE later or never (issue 40 item 7).
+# deletes it soon after, rather than SESSION_COOKIE_AGE later or never.
 SSO_STATE_MAX_AGE_S = 10 * 60
 
 # Why the login page is shown again after single sign-on (``?sso=``), in words.

@@ -15,7 +15,7 @@ from dashboard.permissions import Capability, TenantPermissions, require, tenant
 from dashboard.selectors import runs as run_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
-from ledger.errors import SagaError
+from infra.errors import SagaError
 from recovery.models import Approval, Unwind, UnwindStep
 from recovery.services import approving, compensating
 

@@ -28,9 +28,9 @@ from decimal import Decimal
 from typing import IO, Any
 from uuid import UUID
 
+from infra.hashing import canonical_json
 from ledger.audit import GENESIS, _event_digest, _hashed_fields
 from ledger.audit_signing import key_id, signature_matches
-from ledger.hashing import canonical_json
 from ledger.models import Event
 
 FORMAT = "saga-admin-run-archive"

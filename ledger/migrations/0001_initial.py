@@ -2,7 +2,7 @@
 
 import django.contrib.postgres.fields
 import django.db.models.deletion
-import ledger.ids
+import infra.ids
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.conf import settings
@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Action',
             fields=[
-                ('id', models.CharField(default=ledger.ids.new_action_id, editable=False, max_length=40, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=infra.ids.new_action_id, editable=False, max_length=40, primary_key=True, serialize=False)),
                 ('seq', models.PositiveIntegerField()),
                 ('tool', models.CharField(max_length=200)),
                 ('target_type', models.CharField(blank=True, default='', max_length=100)),
@@ -62,7 +62,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='AgentKey',
             fields=[
-                ('id', models.CharField(default=ledger.ids.new_key_id, editable=False, max_length=40, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=infra.ids.new_key_id, editable=False, max_length=40, primary_key=True, serialize=False)),
                 ('name', models.CharField(max_length=200)),
                 ('prefix', models.CharField(max_length=32, unique=True)),
                 ('key_hash', models.CharField(max_length=64)),
@@ -87,7 +87,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Run',
             fields=[
-                ('id', models.CharField(default=ledger.ids.new_run_id, editable=False, max_length=40, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=infra.ids.new_run_id, editable=False, max_length=40, primary_key=True, serialize=False)),
                 ('agent', models.CharField(max_length=200)),
                 ('request', models.TextField()),
                 ('external_id', models.CharField(blank=True, default='', max_length=200)),
@@ -205,7 +205,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Checkpoint',
             fields=[
-                ('id', models.CharField(default=ledger.ids.new_checkpoint_id, editable=False, max_length=40, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=infra.ids.new_checkpoint_id, editable=False, max_length=40, primary_key=True, serialize=False)),
                 ('name', models.CharField(max_length=200)),
                 ('state', models.JSONField(blank=True, default=dict)),
                 ('completed_action_ids', django.contrib.postgres.fields.ArrayField(base_field=models.CharField(max_length=40), blank=True, default=list, size=None)),

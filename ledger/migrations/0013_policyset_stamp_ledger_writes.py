@@ -5,7 +5,7 @@ import pgtrigger.migrations
 from django.db import migrations
 
 
-# The ledger's hot writes, each one server-side call (issue 19): recording an action (with its
+# The ledger's hot writes, each one server-side call: recording an action (with its
 # start, when asked) and moving an action its agent reports on (start, succeed, fail). Python
 # keeps every rule: it resolves the policy, builds the row and the audit events' canonical text
 # (ledger.audit.event_template) and passes the sets of states a rule allows; these functions only

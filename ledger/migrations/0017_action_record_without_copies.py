@@ -3,8 +3,8 @@
 from django.db import migrations
 
 # ``saga_action_record`` (ledger/0013) as it was, but without two whole copies of the action it
-# inserts (issue 26, point 8: measured on a record with a megabyte of small objects in its args,
-# 165 → 90 ms of database CPU, of which ~60 ms is PostgreSQL parsing the JSON text once):
+# inserts (measured on a record with a megabyte of small objects in its args, 165 → 90 ms of
+# database CPU, of which ~60 ms is PostgreSQL parsing the JSON text once):
 # - the row is populated from the payload and then given its seq, run and tenant, where
 #   ``p->'action' || jsonb_build_object(…)`` rebuilt the whole action (jsonb's concatenation walks
 #   every nested value of its operands into a new document);

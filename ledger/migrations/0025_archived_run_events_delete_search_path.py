@@ -1,5 +1,5 @@
 """``saga_archived_run_events_delete`` (ledger/0024) redefined with ``search_path = pg_catalog,
-pg_temp``: issue 40 item 3.
+pg_temp``.
 
 It runs as its owner (SECURITY DEFINER), and 0024's search_path listed ``public``, a schema an
 upgraded cluster lets every role create objects in. A ``public.=(varchar, text)`` created by the

@@ -1,6 +1,6 @@
 """The ``agentSafety`` layout of a policy file, translated into the native one: camelCase keys,
 upper-case enum values, a policy per tool name, its own compensation words, durations such as
-``"30s"`` (``ledger.durations``). The result goes through the native layout's validation
+``"30s"`` (``infra.durations``). The result goes through the native layout's validation
 (``ledger.policies.schema``), so both layouts mean the same thing once loaded; what cannot be
 translated is reported here, naming its place."""
 
@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ledger.durations import parse_duration
+from infra.durations import parse_duration
 from ledger.models import ActionClass, CompensationStrategy
 from ledger.policies.errors import Problems
 

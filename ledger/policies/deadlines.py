@@ -19,8 +19,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from pydantic_core import PydanticCustomError
 
-from ledger.conf import saga
-from ledger.durations import duration_read
+from infra.conf import saga
+from infra.durations import duration_read
 from ledger.models import Membership, Tenant
 
 REJECT = "reject"

@@ -23,17 +23,17 @@ import structlog
 from django.db import connection, transaction
 from pydantic import ValidationError
 
+from infra.hashing import canonical_json, sha256_hex
 from ledger.audit import Actor, audit_record
-from ledger.compensation_risks import unattended_destructive_compensations
-from ledger.hashing import canonical_json, sha256_hex
 from ledger.models import Compensator, PolicySet, Tenant, ToolPolicy
 from ledger.policies.agent_safety import AGENT_SAFETY, agent_safety_translate
+from ledger.policies.compensation_risks import unattended_destructive_compensations
 from ledger.policies.deadlines import escalation_problems
 from ledger.policies.errors import PolicyFileError, Problems, entry_of, validation_problems
 from ledger.policies.retention import retention_problems
 from ledger.policies.rule_checks import limits_problems, rules_problems
 from ledger.policies.schema import DefaultPolicyIn, PolicyFileIn, PolicyIn
-from ledger.upstreams import policy_upstream_mismatches
+from ledger.policies.upstream_reach import policy_upstream_mismatches
 
 logger = structlog.get_logger(__name__)
 
@@ -348,7 +348,7 @@ def policy_load_warnings(*, tenant: Tenant | None) -> list[str]:
     """Every warning about a scope's policies, in one list: compensations whose compensator does
     not reach the upstream that performed their tool, so undoing them waits for a person every time
     (``ledger.upstreams``; each tenant of the global scope); then compensating tools that delete or
-    move money and run unattended (``ledger.compensation_risks``)."""
+    move money and run unattended (``ledger.policies.compensation_risks``)."""
     checked = [tenant] if tenant is not None else list(Tenant.objects.order_by("slug"))
     warnings = [
         f"tenant {each.slug}: {mismatch['message']}"

@@ -16,8 +16,8 @@ from typing import Any, Generic, TypeVar
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
-from ledger import errors
-from ledger.conf import saga
+from infra import errors
+from infra.conf import saga
 from ledger.models import (
     RISK_ORDER,
     ActionClass,
@@ -361,3 +361,14 @@ def policies_in_force(*, tenant: Tenant) -> list[ToolPolicy]:
         p for p in ToolPolicy.objects.filter(tenant__isnull=True).order_by("tool") if p.tool not in overridden
     ]
     return sorted(own + shared, key=lambda p: p.tool)
+
+
+def mandated_compensation_tool(policy: ResolvedPolicy, *, tool: str) -> str:
+    """The compensating tool the forward tool's policy names ("" when it leaves it to the agent)."""
+    if policy.action_class == ActionClass.READ_ONLY:
+        return ""
+    if policy.compensation == CompensationStrategy.SNAPSHOT:
+        return policy.compensation_tool or f"{tool}.restore"
+    if policy.compensation_tool and policy.compensation != CompensationStrategy.NONE:
+        return policy.compensation_tool
+    return ""

@@ -3,7 +3,7 @@ PostgreSQL, and where it is archived then (``recovery.archive`` does the archivi
 
 ``"audit": {"retention": {"closed_runs": "90d", "archive": "s3://bucket/prefix"}}`` (``closedRuns``
 in the agentSafety layout), per tenant or global; a tenant's whole ``retention`` wins over the
-global one. ``closed_runs`` is a duration of the policy grammar (``ledger.durations``: ``1s``,
+global one. ``closed_runs`` is a duration of the policy grammar (``infra.durations``: ``1s``,
 ``15m``, ``90d``), more than nothing and at most ``MAX_DAYS``. ``archive`` is a destination the
 operator allows (``ledger.archive.destinations``): a tenant admin writes it, so it is checked when
 the file is loaded and again before every archive.
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from infra.conf import saga
+from infra.durations import UNIT_SECONDS, duration_read
 from ledger.archive.destinations import Destination, DestinationError, destination_check
-from ledger.conf import saga
-from ledger.durations import UNIT_SECONDS, duration_read
 
 KEYS = ("closed_runs", "archive")
 MAX_DAYS = 36500

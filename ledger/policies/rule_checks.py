@@ -8,7 +8,7 @@ import math
 import re
 from typing import Any
 
-from ledger.durations import Duration, duration_read
+from infra.durations import Duration, duration_read
 from ledger.models import ApprovalMode, Risk
 from ledger.policies.rules import (
     COMBINATORS,
@@ -35,7 +35,7 @@ _SEGMENT = re.compile(r"^[^.\s]{1,100}$")
 
 
 def limit_window(value: Any) -> Duration | None:
-    """A limit's window (``ledger.durations``): a whole number of seconds above 0, written as a
+    """A limit's window (``infra.durations``): a whole number of seconds above 0, written as a
     duration; None for anything else."""
     duration = duration_read(value) if isinstance(value, str) else None
     if duration is None or not isinstance(duration.seconds, int) or duration.seconds < 1:

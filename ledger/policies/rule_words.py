@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ledger.durations import duration_read
+from infra.durations import duration_read
 from ledger.models import ApprovalMode
 from ledger.policies.rules import OPERATORS, is_int, is_number
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db import transaction
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor, audit_record
 from ledger.models import Action, Checkpoint, Run
 from ledger.services.runs import run_assert_accepts_writes, run_lock

@@ -22,8 +22,8 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from infra.conf import saga
 from ledger import pruning
-from ledger.conf import saga
 from ledger.models import Action, IdempotencyRecord
 from ledger.prune_windows import IDEMPOTENCY
 

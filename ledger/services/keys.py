@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
+from infra.conf import saga
+from infra.hashing import sha256_hex
 from ledger.audit import Actor, audit_record
-from ledger.conf import saga
-from ledger.hashing import sha256_hex
 from ledger.models import AgentKey, Membership, Tenant
 
 if TYPE_CHECKING:

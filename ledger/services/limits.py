@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import connection
 
-from ledger import errors
+from infra import errors
 from ledger.policies.resolve import ResolvedPolicy
 from ledger.policies.rules import Limit, is_number, value_at
 

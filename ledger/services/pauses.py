@@ -35,10 +35,10 @@ from django.db.models import JSONField, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
+from infra.pagination import NEWEST_FIRST, Page, keyset_page
 from ledger.audit import Actor, audit_record
 from ledger.models import Action, Event, Pause, Run, Tenant
-from ledger.pagination import NEWEST_FIRST, Page, keyset_page
 from ledger.rules import reason_required
 from ledger.tool_names import check_tool_name
 

@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from ledger import errors, outbound
+from infra import errors, outbound
 from ledger.audit import Actor, audit_record
 from ledger.models import Action, Run, Tenant
 from ledger.policies.resolve import policy_stamp_subquery
@@ -80,7 +80,7 @@ def run_create(
     resume_url: str = "",
     metadata: dict[str, Any] | None = None,
 ) -> Run:
-    """A new running run. A ``resume_url`` must pass the outbound guard (``ledger.outbound``:
+    """A new running run. A ``resume_url`` must pass the outbound guard (``infra.outbound``:
     http(s), a public host or one the operator allows) or nothing is created (422
     ``url_not_allowed``); it is checked again whenever a command is pushed there. An active pause
     covering the agent refuses the run (409 ``paused``; audited on the tenant's chain)."""

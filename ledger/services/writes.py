@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from django.db import connection
 
-from ledger import json_text, metrics
+from infra import json_text, metrics
 from ledger.models import Action
 from ledger.rows import model_from_row
 
@@ -54,7 +54,7 @@ def _encode(payload: dict[str, Any]) -> str:
 
 def _decode(value: str | bytes) -> Any:
     """The function's answer (the action's row, args and all, for a move or a replay), decoded by
-    orjson unless it may hold an integer beyond 64 bits (``ledger.json_text.loads``)."""
+    orjson unless it may hold an integer beyond 64 bits (``infra.json_text.loads``)."""
     return json_text.loads(value)
 
 

@@ -23,9 +23,9 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from infra.conf import saga
 from ledger.archive.storage import Storage, StorageError, storage_for
 from ledger.audit_signing import signing_key
-from ledger.conf import saga
 from ledger.models import Run, Tenant
 from ledger.policies.retention import Retention, RetentionError
 from recovery.archive.policy import tenant_retentions

@@ -2,7 +2,7 @@
 
 The installation's sinks come from the environment (``settings.AUDIT_STREAM``: trusted, as the
 operator's own configuration); a tenant's from its ``AuditSink`` rows, whose URL is hostile and goes
-through ``ledger.outbound.check_url`` when saved and again before every send. The key
+through ``infra.outbound.check_url`` when saved and again before every send. The key
 (``SAGA_AUDIT_KEY`` or ``SAGA_AUDIT_KEY_FILE``) lives outside the database, so whoever can write
 the database cannot forge a chain head; it is required only when some sink is configured.
 """
@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
-from ledger import errors, outbound
+from infra import errors, outbound
 from ledger.audit import Actor, audit_record
 from ledger.models import Tenant
 from recovery.audit_stream.models import AuditCursor, AuditSink, shown_url
@@ -156,7 +156,7 @@ def check_tenant_sink(
     *, kind: str, url: str, token: str, tenant_id: int | None = None
 ) -> outbound.CheckedUrl:
     """A tenant's sink as asked for: the kind known, the URL's size, scheme, and where it points
-    (``ledger.outbound``: public addresses, or hosts the operator allows), the token's size.
+    (``infra.outbound``: public addresses, or hosts the operator allows), the token's size.
     Raises ``errors.ValidationFailed`` or ``errors.UrlNotAllowed`` (422), naming the field. The name
     resolves in the tenant's share of the resolver (``tenant_id``; the installation's without)."""
     if kind not in AuditSink.Kind.values:

@@ -29,7 +29,7 @@ import structlog
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger.conf import saga
+from infra.conf import saga
 from ledger.models import Event, Tenant
 from recovery.audit_stream import config, records, transport
 from recovery.audit_stream.models import AuditCursor, AuditSink, shown_url

@@ -7,7 +7,7 @@
   not a silent loss.
 - HEC: one POST of the batch, ``Authorization: Splunk <token>``; any 2xx is delivered.
 
-A tenant's sink is hostile: its URL is checked again (``ledger.outbound``) and the connection goes
+A tenant's sink is hostile: its URL is checked again (``infra.outbound``) and the connection goes
 to the addresses checked, never to a fresh DNS answer; the installation's are the operator's.
 """
 
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ledger import deadline, errors, outbound
+from infra import deadline, errors, outbound
 from recovery.audit_stream import config, records
 from recovery.audit_stream.models import AuditSink
 

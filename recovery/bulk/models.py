@@ -6,8 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
-from ledger import ids
-from ledger.json_text import JSONField
+from infra import ids
+from infra.json_text import JSONField
 from ledger.models import AgentKey, Tenant
 
 # At most this many item errors are kept on the operation (the rest are counted in ``failed``).

@@ -2,7 +2,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    """Whose signing secret a tenant's Slack app has (issue 40, item 1): the installation
+    """Whose signing secret a tenant's Slack app has: the installation
     operator's (a press decides) or a tenant admin's (a press is a request to confirm). Existing
     apps were all set by tenant admins or with a per-tenant secret: not operator-owned."""
 

@@ -1,7 +1,7 @@
 """Pushing resume and cancel commands to a run's resume_url, signed with the run's agent's own
 secret. ``delivered_at`` stays NULL until the agent's endpoint accepted one; the sweeper retries
 (``recovery.commands.commands_redeliver_due``). The URL an agent chose goes through
-``ledger.outbound`` (checked, pinned, no redirects), and a refused one is final.
+``infra.outbound`` (checked, pinned, no redirects), and a refused one is final.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from ledger import errors, outbound
+from infra import errors, outbound
+from infra.conf import saga
+from infra.signing import signed_headers
+from ledger import resume_secrets
 from ledger.audit import Actor, audit_record
-from ledger.conf import saga
-from ledger.signing import signed_headers
 from recovery import queueing
 from recovery.models import AgentCommand
 
@@ -43,13 +44,13 @@ def enqueue_command_delivery(*, command_id: str) -> None:
 
 def deliver_command(*, command_id: str) -> bool:
     """POST a resume/cancel command to the run's resume_url, signed with the run's agent's own
-    resume secret (``ledger.outbound.resume_secret``: per tenant and agent). The signed body names
+    resume secret (``ledger.resume_secrets.resume_secret``: per tenant and agent). The signed body names
     the tenant, the agent, the run and the destination (``url``), so a receiver that checks them
     (``saga_client.verify_signature(..., url=...)``) accepts neither another agent's command nor one
     captured on its way to another URL. Returns True when delivered (or nothing to do).
 
     The URL is checked again here, and the request goes to the address this check approved
-    (``ledger.outbound.post``): a name that resolved to a public address when the run was created
+    (``infra.outbound.post``): a name that resolved to a public address when the run was created
     and to an internal one now is refused. A refusal is final — recorded on the command, audited on
     the run, never retried (the agent can still pull the command). A failure that may pass (the
     endpoint is down or answered non-2xx, a redirect included, or the name does not resolve right
@@ -61,7 +62,7 @@ def deliver_command(*, command_id: str) -> bool:
         return True  # withdrawn before it got there: the agent must not act on it
     if command.delivery_attempts >= MAX_DELIVERY_ATTEMPTS:
         return False  # refused, or out of attempts: a stray job changes nothing
-    agent = outbound.run_agent(command.run)
+    agent = resume_secrets.run_agent(command.run)
     payload = {
         "command_id": command.pk,
         "kind": command.kind,
@@ -100,7 +101,7 @@ def _command_post(
     (``deliver_command``)."""
     body = json.dumps(payload, sort_keys=True, default=str).encode()
     headers = {"Content-Type": "application/json", "Idempotency-Key": command.pk}
-    secret = outbound.resume_secret(command.tenant, agent)
+    secret = resume_secrets.resume_secret(command.tenant, agent)
     if secret:
         headers.update(signed_headers(secret, body))
     try:

@@ -4,7 +4,7 @@ may pass is retried with exponential backoff, and the sweeper re-enqueues rows w
 (Redis down when it was enqueued, a worker killed). So Redis or a channel being down delays a
 notification and loses nothing. Also the answer to a Slack interaction (``slack_respond``).
 
-URLs a tenant chose go through ``ledger.outbound`` (checked, pinned, no redirects); the operator's
+URLs a tenant chose go through ``infra.outbound`` (checked, pinned, no redirects); the operator's
 own SAGA_NOTIFY_WEBHOOKS do not.
 """
 
@@ -24,9 +24,9 @@ from django.core.mail import send_mail
 from django.db.models import F, Q
 from django.utils import timezone
 
-from ledger import deadline, errors, outbound
-from ledger.conf import saga
-from ledger.signing import signed_headers
+from infra import deadline, errors, outbound
+from infra.conf import saga
+from infra.signing import signed_headers
 from recovery import queueing, slack
 from recovery.models import AgentCommand, Approval, Notification, SlackApp
 from recovery.notifications.outbox import Event, Kind, enqueue_delivery

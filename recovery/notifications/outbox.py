@@ -17,8 +17,8 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from ledger.conf import saga
-from ledger.hashing import canonical_json_bytes
+from infra.conf import saga
+from infra.hashing import canonical_json_bytes
 from ledger.models import Risk, Run, Tenant
 from recovery import queueing
 from recovery.deadline_words import clock, deadline_line, escalation_who_words

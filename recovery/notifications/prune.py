@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from infra.conf import saga
 from ledger import pruning
-from ledger.conf import saga
 from ledger.prune_windows import NOTIFICATIONS
 from recovery.models import Notification
 

@@ -12,9 +12,9 @@ from typing import Any, TypedDict
 import structlog
 from django.db import DatabaseError, transaction
 
-from ledger import errors
+from infra import errors
+from infra.hashing import sha256_hex
 from ledger.audit import Actor, audit_record
-from ledger.hashing import sha256_hex
 from ledger.models import Action, Run
 from ledger.policies.deadlines import ApprovalDeadline
 from ledger.rules import reason_required

@@ -10,9 +10,9 @@ from typing import Any
 
 from django.db import transaction
 
-from ledger import errors
+from infra import errors
+from infra.conf import saga
 from ledger.audit import Actor
-from ledger.conf import saga
 from ledger.models import Risk
 from ledger.rules import reason_required
 from recovery import decisions

@@ -38,7 +38,7 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, Tenant
 from ledger.rules import reason_required

@@ -37,9 +37,9 @@ from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
+from infra.conf import saga
 from ledger.audit import Actor, audit_context, audit_record
-from ledger.conf import saga
 from ledger.models import AgentKey, Membership
 from recovery import decisions, queueing
 from recovery.bulk.models import ERRORS_KEPT, BulkItem, BulkOperation

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import RISK_ORDER, Action, Risk, Run
 from ledger.policies.resolve import policy_settings_for

@@ -11,8 +11,8 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from infra.conf import saga
 from ledger.audit import Actor
-from ledger.conf import saga
 from ledger.models import Run
 from recovery import approval_deadlines, approvals
 from recovery.models import AgentCommand, Approval

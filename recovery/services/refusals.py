@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import structlog
 from django.db import DatabaseError, transaction
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor, audit_record
 from ledger.models import Action, Run
 from recovery.planner import Plan

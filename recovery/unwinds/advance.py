@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import Case, When
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.policies.deadlines import ApprovalDeadline
 from recovery import approvals

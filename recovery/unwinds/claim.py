@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import errors, tracing, upstreams
+from infra import errors, tracing
+from ledger import upstreams
 from ledger.models import Action
 from ledger.services.actions import moves
 from recovery import compensators
@@ -34,7 +35,7 @@ class Claim:
     tenant_id: int
     request: CompensationRequest
     lease_s: int = 0
-    # The unwind's trace context (``ledger.tracing``): every step's span joins the unwind's trace.
+    # The unwind's trace context (``infra.tracing``): every step's span joins the unwind's trace.
     trace: Mapping[str, str] = field(default_factory=dict)
 
     def span(self) -> AbstractContextManager[Span | None]:

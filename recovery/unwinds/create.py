@@ -9,7 +9,7 @@ from dataclasses import asdict
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ledger import errors, ids, tracing
+from infra import errors, ids, tracing
 from ledger.audit import Actor, audit_record
 from ledger.models import Run
 from ledger.policies.resolve import policy_settings_for
@@ -25,7 +25,7 @@ def unwind_create(
     the run to ``compensating``)."""
     knobs = policy_settings_for(run.tenant).unwind_settings
     unwind_id = ids.new_unwind_id()
-    # The unwind's trace (when traces are on): its steps, run by any worker, join it (ledger.tracing).
+    # The unwind's trace (when traces are on): its steps, run by any worker, join it (infra.tracing).
     trace = tracing.unwind_span_started(unwind_id=unwind_id, run=run, automatic=automatic)
     frozen = {**plan.as_dict(), "settings": asdict(knobs), **({"trace": trace} if trace else {})}
     try:

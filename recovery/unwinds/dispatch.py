@@ -9,7 +9,7 @@ import math
 from django.db import transaction
 from django.utils import timezone
 
-from ledger.conf import saga
+from infra.conf import saga
 from ledger.models import Compensator
 from recovery import compensators, queueing
 from recovery.models import Unwind, UnwindStep
@@ -105,7 +105,7 @@ def job_calls_code_in_process(func_name: str, kwargs: dict[str, object]) -> bool
     """Whether a job may call Python code as a compensator (a policy file's ``python`` row or one
     registered in this process with ``@compensator``): the one kind a forked work horse isolates
     (docs/RECOVERY.md "Which jobs fork"). An unwind whose unfinished steps are each served by a
-    webhook or MCP row makes only HTTP calls under their deadline (``ledger.deadline``), run as well
+    webhook or MCP row makes only HTTP calls under their deadline (``infra.deadline``), run as well
     in the worker's process. A job this cannot judge is answered True (forked)."""
     argument = _UNWIND_JOBS.get(func_name)
     key = kwargs.get(argument) if argument else None

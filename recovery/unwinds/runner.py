@@ -14,7 +14,7 @@ import structlog
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from ledger import errors, tracing
+from infra import errors, tracing
 from ledger.services.actions import moves
 from recovery import compensators, metrics
 from recovery.compensators import Outcome

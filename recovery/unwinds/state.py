@@ -10,7 +10,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.transitions import transition
 from recovery import items, metrics

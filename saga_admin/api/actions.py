@@ -13,7 +13,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import Query, Router
 
-from ledger import errors
+from infra import errors
 from ledger import selectors as ledger_selectors
 from ledger.models import Action
 from ledger.services.actions import moves

@@ -18,8 +18,8 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
 from ninja.operation import Operation
 
-from ledger import errors
-from ledger.conf import saga
+from infra import errors
+from infra.conf import saga
 from saga_admin.api import (
     actions,
     approvals,

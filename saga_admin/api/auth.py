@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from ninja import Schema
 from ninja.security import HttpBearer
 
-from ledger import errors
+from infra import errors
 from ledger.models import AgentKey
 from saga_admin.api.limits import request_key
 

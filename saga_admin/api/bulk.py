@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja import Router, Status
 
-from ledger import errors
+from infra import errors
 from recovery import selectors
 from recovery.services import bulk_filter
 from saga_admin.api.auth import AUTH_ERRORS, operator_auth

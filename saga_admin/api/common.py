@@ -17,10 +17,10 @@ from django.http import HttpRequest
 from ninja import Schema
 from ninja.params.functions import Header
 
-from ledger import errors
+from infra import errors
+from infra.ids import looks_like_id
 from ledger import selectors as ledger_selectors
 from ledger.audit import Actor
-from ledger.ids import looks_like_id
 from ledger.models import Action, AgentKey, Run, Tenant
 from saga_admin.api.auth import AUTH_ERRORS, ErrorOut
 from saga_admin.api.idempotency import HEADER, KEY_PATTERN, REPLAYED_HEADER
@@ -59,7 +59,7 @@ def actor_of(request: HttpRequest) -> Actor:
 
 
 def check_id(kind: str, pk: str) -> None:
-    """A path's id that cannot be one (``ledger.ids``) is not looked up: the same 404 as an
+    """A path's id that cannot be one (``infra.ids``) is not looked up: the same 404 as an
     unknown id."""
     if not looks_like_id(pk):
         raise errors.NotFound.for_id(kind, pk)

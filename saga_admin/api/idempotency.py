@@ -23,8 +23,8 @@ from typing import Any
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.http import HttpRequest, HttpResponse
 
-from ledger import errors
-from ledger.hashing import canonical_json_bytes
+from infra import errors
+from infra.hashing import canonical_json_bytes
 from ledger.models import IdempotencyRecord, Tenant
 from saga_admin.api.limits import parsed_body
 from saga_admin.api.renderers import render_json

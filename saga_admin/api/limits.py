@@ -23,7 +23,7 @@ The per-key limits are counted here too, from the headers, after authentication 
 body is read: requests (``SAGA_THROTTLE_RATE``) and body bytes by declared length
 (``SAGA_THROTTLE_BYTES``), as fixed-window counters in Django's cache (Redis in production), so
 every web process shares one count; both move in one round trip. The per-address count of refused
-requests is the same kind of counter (``ledger.throttle.fixed_windows``), keyed by address; URL-bearing requests
+requests is the same kind of counter (``infra.throttle.fixed_windows``), keyed by address; URL-bearing requests
 (``refuse_over_url_rate``, called by the operations that take a URL) another, keyed by API key.
 """
 
@@ -44,11 +44,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpR
 from django.urls import Resolver404, resolve
 from ninja.parser import Parser
 
-from ledger import json_text
-from ledger.conf import saga
+from infra import json_text
+from infra.conf import saga
+from infra.throttle import Window, client_address, fixed_window, fixed_windows
 from ledger.models import AgentKey
 from ledger.services.keys import agent_key_authenticate
-from ledger.throttle import Window, client_address, fixed_window, fixed_windows
 
 log = structlog.get_logger(__name__)
 

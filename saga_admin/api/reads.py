@@ -1,4 +1,4 @@
-"""The agent's hot reads, one statement each (issue 30, item 4: reads as fast as writes).
+"""The agent's hot reads, one statement each.
 
 Each read is one round trip to PostgreSQL, as the append is (``ledger.services.writes``): the run
 the key reaches (``ledger.selectors.reach_owner``, the one rule of ``run_reach``) and everything
@@ -19,9 +19,9 @@ from typing import Any
 
 from django.db import connection
 
-from ledger import errors, json_text
+from infra import errors, json_text
+from infra.pagination import NEWEST_FIRST, cursor_after, cursor_values
 from ledger.models import Action, ActionClass, AgentKey, Checkpoint, Run
-from ledger.pagination import NEWEST_FIRST, cursor_after, cursor_values
 from ledger.rows import model_from_row
 from ledger.rules import COMPENSATABLE_CLASSES
 from ledger.selectors import ACTIONS_IN_ORDER, RUN_DETAIL_ACTIONS, reach_owner, run_warnings

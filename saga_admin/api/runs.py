@@ -14,10 +14,10 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import Query, Router
 
-from ledger import errors
+from infra import errors
+from infra.pagination import NEWEST_FIRST, keyset_page
 from ledger import selectors as ledger_selectors
 from ledger.audit import Actor
-from ledger.pagination import NEWEST_FIRST, keyset_page
 from ledger.selectors import run_get
 from ledger.services import runs
 from recovery import selectors as recovery_selectors
@@ -73,7 +73,7 @@ def run_create(
     request: HttpRequest, payload: RunIn, idempotency_key: str | None = idempotency_header()
 ) -> HttpResponse:
     if payload.resume_url:
-        # The service resolves the URL's host (ledger.outbound): counted per key first.
+        # The service resolves the URL's host (infra.outbound): counted per key first.
         refused = refuse_over_url_rate(request)
         if refused is not None:
             return refused

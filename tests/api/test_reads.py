@@ -1,4 +1,4 @@
-"""Issue 30, item 4: the agent's reads are one statement each (``saga_admin.api.reads``) and answer
+"""The agent's reads are one statement each (``saga_admin.api.reads``) and answer
 exactly what the ORM's reads answered, byte for byte; their cost does not grow with the run."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from infra.pagination import NEWEST_FIRST, keyset_page
 from ledger import selectors as ledger_selectors
 from ledger.models import AgentKey, Checkpoint, Run
-from ledger.pagination import NEWEST_FIRST, keyset_page
 from recovery import selectors as recovery_selectors
 from saga_admin.api.renderers import render_json
 from saga_admin.api.schemas.actions import ActionPageOut, actions_out

@@ -1,4 +1,4 @@
-"""Issue 19, point 1: each of the agent's hot writes is one round trip to PostgreSQL, counted on
+"""Each of the agent's hot writes is one round trip to PostgreSQL, counted on
 the wire (libpq's protocol trace of the request's connection: every ``ReadyForQuery`` the server
 sends ends one round trip, BEGIN and COMMIT included), not by what Django logs. The guarantees
 those writes keep are the ledger's own tests (idempotency under concurrency, the audit chain,
@@ -107,7 +107,7 @@ def test_a_heartbeat_is_one_write_and_the_read_of_pending_commands(api, warm):
 
 
 def test_a_plan_of_five_is_one_round_trip_per_action_and_three_for_the_plan(api, warm):
-    """Issue 30: a plan takes the request's cost once; in the database each of its actions is the
+    """A plan takes the request's cost once; in the database each of its actions is the
     single record's one round trip, and the plan adds its transaction (BEGIN, COMMIT) and the one
     statement that takes all of its keys' locks."""
     actions = [

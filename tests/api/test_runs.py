@@ -211,7 +211,8 @@ def test_commands_are_pushed_to_the_resume_url_signed_for_the_receiver(api, alic
     import httpx
     from saga_client import verify_signature
 
-    from ledger import outbound
+    from infra import outbound
+    from ledger import resume_secrets
     from recovery.notifications.command_push import deliver_command
 
     settings.SAGA = {
@@ -235,7 +236,7 @@ def test_commands_are_pushed_to_the_resume_url_signed_for_the_receiver(api, alic
     [(url, content, headers)] = received
     assert url == "https://agent.internal/saga/commands"
     # Signed with the agent's own secret (manage.py resume_secret), not the master.
-    agent_secret = outbound.resume_secret(Run.objects.get(pk=run["id"]).tenant, "onboarding-agent")
+    agent_secret = resume_secrets.resume_secret(Run.objects.get(pk=run["id"]).tenant, "onboarding-agent")
     assert verify_signature(agent_secret, headers, content, url="https://agent.internal/saga/commands")
     assert not verify_signature("master-secret", headers, content)
     assert headers["Idempotency-Key"] == command.pk

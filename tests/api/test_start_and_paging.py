@@ -1,4 +1,4 @@
-"""Issue 19, point 5: ``start: true`` on record (one call instead of two), and bounded run reads
+"""``start: true`` on record (one call instead of two), and bounded run reads
 (the run's detail shows its newest 100 actions and ``actions_next``; ``/runs/{id}/actions`` pages
 them all, oldest first)."""
 

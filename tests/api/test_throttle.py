@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from ledger.throttle import parse_rate
+from infra.throttle import parse_rate
 from tests.support.api import Api, error_of
 
 pytestmark = pytest.mark.django_db

@@ -1,5 +1,5 @@
 """One specification of the webhook signature (clients/spec/vectors/signatures.json), two
-implementations: the server's (ledger.signing, what the server distribution ships) and the Python
+implementations: the server's (infra.signing, what the server distribution ships) and the Python
 client's (saga_client.signing, what receivers use). Both must give every vector's answer, so the
 server signs exactly what a client accepts without importing the client."""
 
@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 import saga_client.signing as client_signing
 
-import ledger.signing as server_signing
+import infra.signing as server_signing
 
 SPEC = json.loads(
     (Path(__file__).resolve().parents[2] / "clients" / "spec" / "vectors" / "signatures.json").read_text(

@@ -10,7 +10,7 @@ import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Run
 from ledger.services import runs

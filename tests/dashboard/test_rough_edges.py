@@ -1,4 +1,4 @@
-"""The rough edges a new user noticed (issue 31, point 5): one way to say a duration, "just now",
+"""The rough edges a new user noticed: one way to say a duration, "just now",
 state names read as sentences, "could not be undone" only once someone decided, no bulk bar with
 nothing to tick, no gap after "Approvals" in the nav, and one rule for the suggested decision."""
 
@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from dashboard.presenters.charts import bar_chart
 from dashboard.templatetags.dashboard import ago, duration
+from infra.durations import ago_words, duration_short, duration_words
 from ledger.audit import Actor
-from ledger.durations import ago_words, duration_short, duration_words
 from ledger.models import Run
 from ledger.services import runs
 from ledger.transitions import run_state_phrase

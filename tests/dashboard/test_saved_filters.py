@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from dashboard import saved_filters
 from dashboard.models import SavedFilter
-from ledger import errors
+from infra import errors
 from recovery.models import RecoveryItem
 from tests.factories import onboarding_run
 

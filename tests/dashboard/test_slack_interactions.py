@@ -1,4 +1,4 @@
-"""Approve where people are (issue 16, point 6): Approve / Reject pressed in Slack, answered at
+"""Approve where people are: Approve / Reject pressed in Slack, answered at
 ``POST /integrations/slack/interactions``. Signed requests from a mapped approver decide, through
 the dashboard's own services; everything else is refused and changes nothing."""
 

@@ -7,8 +7,8 @@ import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
+from infra.hashing import sha256_hex
 from ledger.audit import Actor
-from ledger.hashing import sha256_hex
 from ledger.models import Action
 from recovery.models import Approval
 from recovery.services.compensating import unwind_start

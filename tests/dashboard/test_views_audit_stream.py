@@ -91,7 +91,7 @@ def test_an_installation_sinks_error_and_lag_are_shown(
     settings.AUDIT_STREAM = {"SYSLOG_URL": "tcp+tls://siem.example:6514", "KEY": ""}
     audit_record(tenant=tenant, actor=Actor.system("t"), kind="test.event", subject="t:1")
     AuditCursor.objects.create(sink="syslog", tenant=tenant, last_error="ConnectionRefusedError: refused")
-    # The installation's sink's error is for installation admins (issue 40, item 13).
+    # The installation's sink's error is for installation admins.
     alice.is_superuser = True
     alice.save(update_fields=["is_superuser"])
     client.force_login(alice)

@@ -196,7 +196,7 @@ def test_an_admin_connects_slack_and_removes_slack_links_but_cannot_make_one(cli
     assert typed.status_code == 404 and not SlackUserLink.objects.exists()
 
     link = link_slack_user(tenant=tenant, user=bob, team_id="T0ACME", slack_user_id="UBOB")
-    # Who is linked, not as which Slack user (issue 40, item 1).
+    # Who is linked, not as which Slack user.
     listed = client.get(SETTINGS).content.decode()
     assert f"<td>{bob.get_username()}</td>" in listed and "UBOB" not in listed
     removed = client.post(f"/notifications/slack-users/{link.pk}/remove", {"next": "settings"})

@@ -7,7 +7,7 @@ import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Event, Pause
 from ledger.services import pauses

@@ -1,5 +1,5 @@
-"""The policies page names the compensating tools that delete or move money and run unattended
-(issue 26, point 11): the same warning ``load_policies`` prints, per tenant as its policies are in
+"""The policies page names the compensating tools that delete or move money and run unattended: the
+same warning ``load_policies`` prints, per tenant as its policies are in
 force."""
 
 from __future__ import annotations

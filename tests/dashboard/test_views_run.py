@@ -226,7 +226,7 @@ def test_equal_timestamps_do_not_skip_or_repeat_actions_across_pages(
 def test_the_run_page_and_its_load_more_run_as_many_queries_for_5000_actions_as_for_a_few(
     client, tenant, agent, alice, django_assert_max_num_queries
 ):
-    """The page reads one page of the ledger whatever its length (issue 30: 5,000 actions)."""
+    """The page reads one page of the ledger whatever its length."""
     from ledger.models import Action
 
     small, _ = onboarding_run(tenant, agent, name="Small", email="small@company.com")

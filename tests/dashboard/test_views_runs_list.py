@@ -12,8 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from infra.pagination import MAX_CURSOR_LENGTH
 from ledger.models import Run
-from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.services import runs
 from recovery.services.reports import run_fail_and_queue
 from tests.factories import load_reliability_policies, perform_action, record

@@ -1,4 +1,4 @@
-"""Small things a newcomer read wrong (issue 20, point 8)."""
+"""Small things a newcomer read wrong."""
 
 from __future__ import annotations
 

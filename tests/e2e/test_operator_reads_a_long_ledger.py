@@ -1,6 +1,6 @@
 """An operator reads a long run's ledger: the page opens on its newest actions, "Load more" (htmx)
 brings each page before them in place, every action once and in order, until there is no more;
-the correction trail arrives by a request of its own once the page is up (issue 30, item 4)."""
+the correction trail arrives by a request of its own once the page is up."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from tests.support.processes import ROOT
 PROVIDER = "Test IdP"
 ALICE = {
     "email": "alice@example.com",
-    "email_verified": True,  # an unverified address is not stored (issue 40, item 5)
+    "email_verified": True,  # an unverified address is not stored
     "preferred_username": "alice",
     "name": "Alice Approver",
 }

@@ -370,7 +370,7 @@ def test_issued_and_imported_keys_share_one_format(tenant):
 
 
 def test_an_issued_key_never_reaches_a_job_log(deployment, db, monkeypatch, tmp_path):
-    """Issue 40 item 14: a deploy Job's stdout is its log, kept and shown to whoever may read the
+    """A deploy Job's stdout is its log, kept and shown to whoever may read the
     Job. Run as a Job runs it (stdout not a terminal) with no file for issued keys, bootstrap
     refuses to issue one (nothing is created, no key printed); with the file, the key is written
     there (0600) and stdout names only its prefix."""

@@ -1,4 +1,4 @@
-"""The residual risk of compensations built from what agents report (issue 26, point 11):
+"""The residual risk of compensations built from what agents report:
 ``manage.py load_policies`` warns when a compensating tool that deletes or moves money is governed
 by an ``approval: auto`` policy, and stays quiet once its policy asks a person."""
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from ledger.compensation_risks import destructive_words, unattended_destructive_compensations
 from ledger.models import ToolPolicy
+from ledger.policies.compensation_risks import destructive_words, unattended_destructive_compensations
 
 pytestmark = pytest.mark.django_db
 

@@ -1,14 +1,14 @@
-"""One duration grammar (``ledger.durations``) for a limit's window, the agentSafety step time-out
+"""One duration grammar (``infra.durations``) for a limit's window, the agentSafety step time-out
 and a rate's period: each reader takes every spelling the grammar has, and adds only its own
 range (a rate's period also its unit in a word, "100/day")."""
 
 import pytest
 
-from ledger.durations import duration_read, parse_duration
+from infra.durations import duration_read, parse_duration
+from infra.throttle import parse_rate
 from ledger.policies.rule_checks import limits_problems
 from ledger.policies.rule_compile import compile_rules
 from ledger.policies.rule_words import describe_limit
-from ledger.throttle import parse_rate
 
 
 @pytest.mark.parametrize(

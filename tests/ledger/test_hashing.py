@@ -1,5 +1,5 @@
 """``canonical_json_bytes`` is ``canonical_json`` spelled faster, never differently: payload hashes
-stored before it existed must still match a retry's (issue 26, point 8)."""
+stored before it existed must still match a retry's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ledger.hashing import canonical_json, canonical_json_bytes, sha256_hex
+from infra.hashing import canonical_json, canonical_json_bytes, sha256_hex
 from ledger.services.actions.payload import action_payload_hash
 
 

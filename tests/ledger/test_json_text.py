@@ -1,4 +1,4 @@
-"""``ledger.json_text``: the ledger's jsonb columns spelled and read by orjson, never less exact
+"""``infra.json_text``: the ledger's jsonb columns spelled and read by orjson, never less exact
 than Django's own field (the standard library) — an integer beyond 64 bits, a dict with non-string
 keys, text that merely looks numeric — and the same value PostgreSQL stores either way."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from ledger import json_text
+from infra import json_text
 from ledger.audit import Actor
 from ledger.models import Action, Run
 from recovery.models import Approval
@@ -111,5 +111,5 @@ def test_the_field_deconstructs_to_itself_without_its_defaults() -> None:
     """Pass: migrations name the ledger's field and no encoder or decoder (the field's own), so a
     model's columns can change spelling without a migration per column."""
     _, path, _, kwargs = Action._meta.get_field("args").deconstruct()
-    assert path == "ledger.json_text.JSONField"
+    assert path == "infra.json_text.JSONField"
     assert "encoder" not in kwargs and "decoder" not in kwargs

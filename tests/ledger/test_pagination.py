@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from ledger import errors
+from infra import errors
+from infra.pagination import MAX_CURSOR_LENGTH, NEWEST_FIRST, keyset_page
 from ledger.models import Run
-from ledger.pagination import MAX_CURSOR_LENGTH, NEWEST_FIRST, keyset_page
 from tests.factories import make_run
 
 FORGED = [

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from ledger.durations import parse_duration
+from infra.durations import parse_duration
 from ledger.models import Compensator, Event, PolicySet, ToolPolicy
 from ledger.policies.errors import PolicyFileError
 from ledger.policies.load import policy_file_parse

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger import errors
+from infra import errors
 from ledger.models import RISK_ORDER, Risk
 from ledger.policies.resolve import ResolvedPolicy
 from ledger.policies.rule_compile import compile_rules

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ledger import errors, selectors
+from infra import errors
+from ledger import selectors
 from ledger.audit import Actor
 from ledger.models import Action, Run
 from ledger.services import keys

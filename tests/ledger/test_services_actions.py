@@ -7,7 +7,8 @@ import functools
 
 import pytest
 
-from ledger import errors, selectors
+from infra import errors
+from ledger import selectors
 from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, Run
 from ledger.services import checkpoints, runs

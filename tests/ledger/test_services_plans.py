@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from ledger import errors
+from infra import errors
 from ledger.models import Action, Run
 from ledger.services.actions.plans import MAX_PLAN_ACTIONS, plan_record
 from ledger.services.actions.recording import key_lock_name

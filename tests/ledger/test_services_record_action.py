@@ -7,7 +7,7 @@ import threading
 import pytest
 from django.db import IntegrityError, connection
 
-from ledger import errors
+from infra import errors
 from ledger.models import Action, Event, Run
 from ledger.services.actions import moves, recording
 from tests.factories import auto_policy, make_run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Event, Run
 from ledger.services import runs

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from ledger import telemetry, tracing
+from infra import telemetry, tracing
 from tests.support.processes import ROOT
 
 # What a web process has loaded once the WSGI application is built: traces' state, and the
@@ -18,7 +18,7 @@ from tests.support.processes import ROOT
 PROBE = """
 import json, sys
 import saga_admin.wsgi
-from ledger import telemetry, tracing
+from infra import telemetry, tracing
 from ledger.services.actions import recording
 print(json.dumps({
     "provider": telemetry.telemetry_provider() is not None,

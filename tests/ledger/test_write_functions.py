@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledger import errors
+from infra import errors
 from ledger.audit import audit_heads_verify, audit_verify
 from ledger.models import Action, Compensator, Event, PolicySet, ToolPolicy
 from ledger.services import writes

@@ -18,7 +18,7 @@ import trustme
 from django.core.management import CommandError, call_command
 from django.db import connections, transaction
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor, audit_record
 from ledger.models import Event, Run, Tenant
 from recovery.audit_stream import config, delivery, records

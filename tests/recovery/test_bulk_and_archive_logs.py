@@ -1,4 +1,4 @@
-"""Issue 39, item 5, for bulk decisions and the archiver: every error is one structured log event
+"""For bulk decisions and the archiver: every error is one structured log event
 at WARNING or above, naming what it is about (the bulk, run and item; the tenant) and the reason,
 so an operator's log search finds each one once."""
 

@@ -8,7 +8,7 @@ import django_rq
 import pytest
 from django.test import Client
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, Run
 from ledger.services import checkpoints, runs

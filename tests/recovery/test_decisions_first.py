@@ -1,4 +1,4 @@
-"""Undo keeps up (issue 39): a real ``saga_worker`` takes an unwind step before any backlog of
+"""Undo keeps up: a real ``saga_worker`` takes an unwind step before any backlog of
 housekeeping, and says in its log, as structured events, every compensation step that did not end
 well; RQ's per-job lines stay out of it unless asked for."""
 

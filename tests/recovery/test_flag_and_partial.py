@@ -1,4 +1,4 @@
-"""Flagging any run for review, and partial, confirmed compensation (issue 15, points 3 and 4):
+"""Flagging any run for review, and partial, confirmed compensation:
 services driven in-process (no worker), then the operator API through the whole URL stack."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, Run
 from ledger.services import checkpoints, runs

@@ -1,4 +1,4 @@
-"""Nothing stuck (issue 15, point 5): an expired or rejected approval is asked again, a long
+"""Nothing stuck: an expired or rejected approval is asked again, a long
 compensation step keeps its lease while its worker lives, a running unwind is stopped between
 steps, and a compensator removed after the unwind was planned fails naming itself. Services, the
 API through the real URL stack, the dashboard views, and real ``saga_worker`` processes where
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, Compensator, Event, Run
 from ledger.services import runs

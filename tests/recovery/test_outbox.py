@@ -1,4 +1,4 @@
-"""Notifications through the outbox (issue 16, points 4, 5 and 8): rows written with their event,
+"""Notifications through the outbox: rows written with their event,
 delivered by RQ workers with retries and backoff, claimed by compare-and-set, re-enqueued by the
 sweeper; tenant channels (signed webhook, Slack, e-mail) with their choice of events and minimum
 risk; reminders at half an approval's expiry, once; links to the exact page."""
@@ -18,7 +18,7 @@ from rq import SimpleWorker
 from saga_client.signing import verify_signature
 from slack_sdk.models.blocks import Block
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from recovery import approval_deadlines, channels, compensators, sweeper
 from recovery.models import Approval, Notification, NotificationChannel, Unwind, UnwindStep

@@ -1,4 +1,4 @@
-"""The periodic pass (issue 39): an idle pass is one cheap question per duty and enqueues nothing;
+"""The periodic pass: an idle pass is one cheap question per duty and enqueues nothing;
 the notification sweep reads a bounded batch through its partial index however big the outbox;
 approval expiries and escalations are said as structured warnings."""
 

@@ -23,7 +23,8 @@ from django.utils import timezone
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ledger import metrics, pruning
+from infra import metrics
+from ledger import pruning
 from ledger.audit import Actor
 from ledger.models import Action, IdempotencyRecord, Run
 from ledger.prune_windows import idempotency_retention_s, notification_retention_s

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from dashboard.forms import QueueFilterForm
-from ledger import errors
+from infra import errors
 from recovery.selectors import QueueFilter
 from saga_admin.api.schemas.queue import ItemFilters
 

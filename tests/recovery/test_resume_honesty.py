@@ -1,4 +1,4 @@
-"""Resume is honest (issue 20, point 6): a resume the agent does not pick up is shown and announced
+"""Resume is honest: a resume the agent does not pick up is shown and announced
 once; a run someone resumed is never undone behind their back when its agent turns out to be lost;
 ending a run withdraws the resume its agent never acknowledged."""
 

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, Event, Run
 from ledger.services import checkpoints, runs

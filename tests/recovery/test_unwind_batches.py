@@ -17,9 +17,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rq.job import JobStatus
 
-from ledger import errors
+from infra import errors
+from infra.conf import saga
 from ledger.audit import Actor, audit_verify
-from ledger.conf import saga
 from ledger.models import Action, Event
 from ledger.services import runs
 from ledger.services.actions import moves
@@ -333,11 +333,11 @@ def test_a_refused_advance_keeps_the_outcome_of_the_step_that_ran(
 
 
 def _counts_a_metric(callback) -> bool:
-    """An on-commit callback of ledger.metrics or recovery.metrics (a counter's inc, or a closure
+    """An on-commit callback of infra.metrics or recovery.metrics (a counter's inc, or a closure
     of those modules)."""
     owner = getattr(callback, "__self__", None)
     module = type(owner).__module__ if owner is not None else getattr(callback, "__module__", "")
-    return module.startswith(("prometheus_client", "ledger.metrics", "recovery.metrics"))
+    return module.startswith(("prometheus_client", "infra.metrics", "recovery.metrics"))
 
 
 def _statements(tenant, agent, alice, steps: int) -> int:

@@ -247,7 +247,7 @@ def test_an_approval_gated_step_pauses_the_unwind_until_a_second_person_approves
     assert unwind.status == Unwind.Status.PAUSED
     assert webhooks.calls == []  # LIFO: nothing after the gated step runs either
 
-    from ledger import errors
+    from infra import errors
 
     with pytest.raises(errors.SelfApproval):
         approval_approve(approval=approval, actor=Actor.for_user(alice), reason="my own request")

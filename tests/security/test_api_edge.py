@@ -19,7 +19,7 @@ import pytest
 from django.core.cache import caches
 from django.test import Client
 
-from ledger import throttle
+from infra import throttle
 from ledger.audit import Actor
 from ledger.models import Run
 from ledger.services.keys import agent_key_create, agent_key_revoke

@@ -1,4 +1,4 @@
-"""One person, one approver (issue 26, point 4): an approver key belongs to a person, a person's
+"""One person, one approver: an approver key belongs to a person, a person's
 login and every key they own count once towards ``approvers: N`` (409 ``already_granted``), and
 none of them grants what that person asked for (403 ``self_approval``) — whether they asked as the
 owner of the agent key that recorded the action, as the owner of the operator key that decided a

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def test_the_bootstrap_secrets_stay_out_of_the_build_context() -> None:
-    """Issue 40 item 14: DEPLOY.md has the admin's password and agent keys written under
+    """DEPLOY.md has the admin's password and agent keys written under
     bootstrap/ beside compose.yaml; without an ignore line, ``docker compose build`` sent them to
     the builder (and a ``COPY . …`` would bake them into a layer). Docker's rule: a pattern leaves
     out the path it matches and everything under it."""

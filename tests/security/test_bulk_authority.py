@@ -1,4 +1,4 @@
-"""Issue 40, item 4: a bulk decision does not outlive its starter's authority. The worker acts as
+"""A bulk decision does not outlive its starter's authority. The worker acts as
 the stored user or key across up to 50,000 items; each chunk re-checks that they may still decide
 in the tenant, and a bulk whose starter lost the right stops (``aborted``, ``abort_code``
 ``authority_lost``), is audited, and says why. The attack: start a bulk, lose the right (fired,

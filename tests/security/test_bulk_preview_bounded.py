@@ -1,4 +1,4 @@
-"""Issue 40, item 15: the bulk preview is bounded. It runs in the web request, and its
+"""The bulk preview is bounded. It runs in the web request, and its
 ``needs_approval`` walked every action of every matching run: a filter over thousands of long runs
 held a web thread (and the database) for as long as that took. The preview now walks at most
 ``PREVIEW_RUNS`` runs and ``PREVIEW_ACTIONS`` actions (saying when it stopped short), and its

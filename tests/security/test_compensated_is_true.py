@@ -1,4 +1,4 @@
-"""Issue 26, point 9: "compensated" is true.
+"""A run that reads "compensated" is compensated.
 
 A gateway records which upstream performed each call (``via``); an undo reaches it only through an
 MCP compensator on that same upstream. Any other compensator — another MCP server, a webhook, a

@@ -1,4 +1,4 @@
-"""Issue 26, point 8 (and point 7's URL-bearing requests): a valid key does not buy the server's CPU.
+"""A valid key does not buy the server's CPU.
 
 - Per-key limits count body bytes as well as requests (``SAGA_THROTTLE_BYTES``), from the headers:
   a key over its bytes gets 429 ``rate_limited`` with ``Retry-After`` before its body is sent,
@@ -23,9 +23,9 @@ import orjson
 import pytest
 from django.core.cache import caches
 
-from ledger import hashing, outbound, throttle
+from infra import hashing, outbound, throttle
+from infra.hashing import canonical_json
 from ledger.audit import Actor
-from ledger.hashing import canonical_json
 from ledger.models import Action, Run
 from ledger.services.keys import agent_key_create
 from recovery.models import Approval
@@ -325,7 +325,7 @@ def test_a_near_limit_record_that_waits_for_approval_binds_and_announces_its_arg
 ):
     """Pass: a near-limit record of a tool that needs a person (the default policy) opens its
     approval without the standard library spelling or reading the megabyte: not for the approval's
-    args hash, not for the approval's and the action's jsonb columns (``ledger.json_text``), not
+    args hash, not for the approval's and the action's jsonb columns (``infra.json_text``), not
     for the notification (which shows the args cut, with no Approve button in Slack: the inbox
     shows them whole); the hash is the one ``canonical_json`` gives. Before, the hash and an
     indented copy for every notification cost more than the rest of the record together."""
@@ -385,7 +385,7 @@ def test_an_idempotency_key_fingerprints_a_megabyte_body_without_the_standard_li
     """Pass: a run created with an ``Idempotency-Key`` and ~900 KB of metadata is fingerprinted
     without the standard library's canonical JSON (orjson spells the same bytes), and the same
     request sent again is still recognised as the same one (replayed, nothing new created)."""
-    from ledger import hashing
+    from infra import hashing
 
     spelled: list[int] = []
     _spy(

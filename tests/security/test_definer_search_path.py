@@ -1,4 +1,4 @@
-"""Issue 40 item 3: the one SECURITY DEFINER function (``saga_archived_run_events_delete``, which
+"""The one SECURITY DEFINER function (``saga_archived_run_events_delete``, which
 retention calls to remove an archived run's audit events) cannot be made to run the application
 role's code as its owner.
 

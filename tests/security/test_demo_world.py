@@ -1,4 +1,4 @@
-"""The demo stays a demo (issue 26, point 10): /demo-world/ — pretend systems that take signed
+"""The demo stays a demo: /demo-world/ — pretend systems that take signed
 writes and a page of their tables — is served only when SAGA_DEMO is on (``make run`` sets it),
 and its page shows a person only the rows of their own tenants."""
 

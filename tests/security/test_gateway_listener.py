@@ -88,7 +88,7 @@ def test_with_a_token_every_http_request_must_carry_it(tmp_path: Path):
 
 @pytest.mark.parametrize("host", ["127.0.0.2", "127.0.0.1"])
 def test_a_tokenless_loopback_listener_refuses_a_rebound_name(host, tmp_path: Path):
-    """Issue 40 item 14, the DNS-rebinding attack: a web page on attacker.example whose name was
+    """The DNS-rebinding attack: a web page on attacker.example whose name was
     rebound to the gateway's loopback address makes the browser send requests there with
     ``Host: attacker.example:<port>`` (and that Origin). ``is_loopback`` lets 127.0.0.2 run without
     a token, so it must be protected like 127.0.0.1, which the MCP SDK alone covers."""

@@ -1,4 +1,4 @@
-"""Compensations are governed, not requested (issue 14, point 1).
+"""Compensations are governed, not requested.
 
 An agent's compensation is a request: a tool that is not a registered compensator is refused
 (422 ``unknown_compensator``), a tool other than the one its policy names too (422

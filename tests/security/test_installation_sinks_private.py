@@ -1,4 +1,4 @@
-"""The installation's SIEM sink is the operator's (issue 40, item 13): its URL (a SIEM's address,
+"""The installation's SIEM sink is the operator's: its URL (a SIEM's address,
 perhaps with a token in its query) and its last error (what the SIEM answered) are shown on the
 audit stream page to installation admins (superusers) only — never to each tenant's operators and
 admins, who still see how far behind their own events are, and everything about their own sinks."""

@@ -14,8 +14,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from infra.conf import saga
 from ledger.audit import Actor
-from ledger.conf import saga
 from ledger.services.keys import agent_key_create, agent_key_revoke, key_cache_clear
 from tests.support.processes import ROOT, database_url_for_subprocesses
 

@@ -17,8 +17,8 @@ from django.test import Client
 from django.urls import reverse
 from saga_client.signing import signed_headers, verify_signature
 
+from infra.hashing import sha256_hex
 from ledger.audit import Actor
-from ledger.hashing import sha256_hex
 from ledger.models import AgentKey
 from ledger.services.keys import agent_key_create, agent_key_revoke
 from saga_admin.logs import json_formatter

@@ -114,7 +114,7 @@ def acme_world(tenant, agent, bob):
         "bulk_id": bulk.pk,
         "pk": str(saved.pk),
         "archived_run_id": archived.run_id,
-        # A Slack press's confirmation link (issue 40, item 1): Bob's, on Acme's approval.
+        # A Slack press's confirmation link: Bob's, on Acme's approval.
         "token": slack.press_token(
             slack.PressRequest(
                 approval_id=approval.pk,

@@ -1,4 +1,4 @@
-"""One person with a local account and a single sign-on account is one approver (issue 40, item 5).
+"""One person with a local account and a single sign-on account is one approver.
 
 An SSO rollout gives every person who had a local account a second one (the provider's account,
 keyed by issuer and ``sub``), and the local account's approver keys keep working with
@@ -21,7 +21,7 @@ import pytest
 from dashboard.models import SsoIdentity
 from dashboard.sso import discovery
 from dashboard.sso.conf import SsoSettings
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Membership
 from ledger.services import runs

@@ -1,4 +1,4 @@
-"""The dashboard's and the operator's surfaces (issue 14, points 6 and 8): the RQ dashboard is for
+"""The dashboard's and the operator's surfaces: the RQ dashboard is for
 superusers only; login lockout is per (username, address) pair and the login page says for how
 long; staff passwords pass Django's validators; the settings fail closed (no SECRET_KEY with DEBUG
 off: nothing starts); and no key, secret or password ever reaches a log line."""

@@ -1,7 +1,6 @@
-"""Outbound requests go only where an operator allowed (issue 14, point 2); a refusal tells the
-agent only "not allowed" and the operator why (issue 26, point 7); each agent's pushed commands
-are signed with a secret of its own and name their destination (issue 26, point 6; issue 14,
-point 8 had it per tenant).
+"""Outbound requests go only where an operator allowed; a refusal tells the
+agent only "not allowed" and the operator why; each agent's pushed commands
+are signed with a secret of its own and name their destination.
 
 Over real HTTP: runs are created through a live server, commands are pushed by the real RQ job to
 a real local receiver. Made-up names are answered by a stand-in for the system resolver (``dns``),
@@ -30,7 +29,7 @@ from django.utils import timezone
 from rq import SimpleWorker
 from saga_client.signing import derive_secret, signed_headers, verify_signature
 
-from ledger import errors, outbound
+from infra import errors, outbound
 from ledger.audit import Actor
 from ledger.models import Event, IdempotencyRecord, Run
 from ledger.services import runs

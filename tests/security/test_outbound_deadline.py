@@ -1,9 +1,9 @@
-"""A hostile endpoint holds a worker no longer than its deadline (issue 40, item 2).
+"""A hostile endpoint holds a worker no longer than its deadline.
 
 httpx's timeouts bound each read, not the request: an endpoint that sends one byte every 0.1 s
 under a 1 s timeout never times out, and held the worker that called it for as long as it kept
 dribbling (with one worker, every tenant's queue behind it). Every outbound call now has one
-deadline for the whole call (``ledger.deadline``), and a stalled audit sink backs off exactly as a
+deadline for the whole call (``infra.deadline``), and a stalled audit sink backs off exactly as a
 failing one does.
 
 The endpoint here is a real HTTP server on this machine, in a thread, that sends its answer one
@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from dashboard.sso import discovery
 from dashboard.sso.conf import SsoSettings
-from ledger import deadline
+from infra import deadline
 from ledger.audit import Actor, audit_record
 from ledger.models import Event, Run, Tenant
 from recovery import channels, commands, compensators

@@ -1,4 +1,4 @@
-"""A DNS server that never answers cannot hold a request or a worker (issue 26, point 7): the
+"""A DNS server that never answers cannot hold a request or a worker: the
 outbound guard gives name resolution ``SAGA_OUTBOUND_RESOLVE_TIMEOUT_S`` (1 s by default), then
 refuses the name as unresolvable.
 

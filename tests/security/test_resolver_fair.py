@@ -1,11 +1,10 @@
-"""One tenant's names under a zone that never answers cannot make another tenant's URLs fail
-(issue 40, item 11).
+"""One tenant's names under a zone that never answers cannot make another tenant's URLs fail.
 
 The outbound guard resolves names on threads of their own, and a lookup cannot be interrupted: a
 stuck one holds its thread until the C library gives up. With one pool of 4 threads per process for
 every tenant, a tenant that sent a few ``resume_url``s under a zone whose DNS server never answers
 filled the pool, and every other tenant's checks waited behind them and were refused as
-unresolvable. The threads are now shared out per tenant (``ledger.outbound._FairResolver``).
+unresolvable. The threads are now shared out per tenant (``infra.outbound._FairResolver``).
 
 Nothing stands in for the resolver: a real web server (the Procfile's gunicorn) runs in a mount
 namespace of its own whose /etc/resolv.conf names a DNS server of this test, which answers names

@@ -1,4 +1,4 @@
-"""Rules fail closed on types (issue 26, point 5), over the whole URL stack with real keys.
+"""Rules fail closed on types, over the whole URL stack with real keys.
 
 The agent is hostile and the tool behind a call may be lenient: it may read ``"5000"`` as 5000 or
 ``["gbp"]`` as ``"gbp"``. So where a rule compares a value that is present but of another kind

@@ -1,4 +1,4 @@
-"""Scopes (agent, operator, approver), self-approval and run ownership (issue 14, points 3 and 4).
+"""Scopes (agent, operator, approver), self-approval and run ownership.
 
 Personas: agent A is Acme's onboarding agent (``agent_key``), agent B Acme's billing agent (a key of
 its own), the supervisor automation holds the operator scope (``operator_key``), the approval bot
@@ -19,7 +19,7 @@ import httpx
 import pytest
 from django.db import IntegrityError, transaction
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, AgentKey, Checkpoint, Compensator, Event, PolicySet, Run, Tenant, ToolPolicy
 from ledger.services import checkpoints

@@ -1,4 +1,4 @@
-"""Issue 40, item 8: secrets in URLs must not reach a trace backend or a log file.
+"""Secrets in URLs must not reach a trace backend or a log file.
 
 An outgoing request's URL is often its credential (a Slack incoming webhook's path; a compensator's
 webhook, an agent's ``resume_url`` or a SIEM's HEC URL with a token in its path or query; Slack's

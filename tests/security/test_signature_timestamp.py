@@ -1,9 +1,9 @@
-"""A receiver of signed requests is not crashed by the timestamp header (issue 40, item 12).
+"""A receiver of signed requests is not crashed by the timestamp header.
 
 ``X-Saga-Timestamp`` arrives before anything is authenticated. One of more than 4,300 digits made ``int()``
 raise ``ValueError`` (Python's limit on converting long digit strings), and one of a few hundred
 digits made the subtraction from now raise ``OverflowError``: a 500 in every receiver built on
-``verify_signature``, the server's (``ledger.signing``) and the client library's
+``verify_signature``, the server's (``infra.signing``) and the client library's
 (``saga_client.signing``) alike. Both now answer False, and the vectors say so for every client
 (``clients/spec/vectors/signatures.json``).
 """
@@ -19,7 +19,7 @@ import httpx
 import pytest
 import saga_client.signing as client_signing
 
-import ledger.signing as server_signing
+import infra.signing as server_signing
 
 SECRET = "whsec-test-0123456789"
 BODY = b'{"command":"resume"}'

@@ -1,10 +1,10 @@
 """A tenant's audit sink cannot get the audit log sent in clear text by writing its scheme in
-capitals (issue 40, item 9).
+capitals.
 
 ``check_url`` read the scheme through httpx (lower case) and let ``TCP+TLS://`` pass the rule that
 the audit log never crosses the network in clear text; ``Sink.tls`` read the text as written, found
 no ``tcp+tls://`` and sent the batch over plain TCP. Both now read the one parse
-(``ledger.outbound.url_scheme``). The sink here is a real TCP listener that keeps the first bytes
+(``infra.outbound.url_scheme``). The sink here is a real TCP listener that keeps the first bytes
 it is sent: a TLS ClientHello, never a syslog frame.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor, audit_record
 from ledger.models import Tenant
 from recovery.audit_stream import config, delivery

@@ -1,4 +1,4 @@
-"""Slack cannot be used to approve as someone else (issue 26, point 3).
+"""Slack cannot be used to approve as someone else.
 
 Everything here goes over real HTTP to the live server, with requests signed the way Slack signs
 them (``tests/support/slack.py``), answers posted by a real RQ job to a real receiver standing in
@@ -35,8 +35,8 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from rq import SimpleWorker
 
+from infra.hashing import sha256_hex
 from ledger.audit import Actor
-from ledger.hashing import sha256_hex
 from ledger.models import Action, Event
 from ledger.services import runs
 from ledger.staff import membership_set

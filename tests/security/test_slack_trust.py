@@ -1,4 +1,4 @@
-"""Whose secret signs a Slack press decides what the press is (issue 40, item 1).
+"""Whose secret signs a Slack press decides what the press is.
 
 The attack: a tenant admin sets a signing secret of their own choosing (or connected the app and
 so knows the real one), reads off the notification settings which Slack user is which approver,

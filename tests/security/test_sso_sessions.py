@@ -1,4 +1,4 @@
-"""Issue 40 item 7: with single sign-on on, every anonymous ``GET /oidc/authenticate/`` wrote a
+"""With single sign-on on, every anonymous ``GET /oidc/authenticate/`` wrote a
 session row (the sign-in's state, nonce and PKCE verifier) that lived SESSION_COOKIE_AGE, and
 nothing ever removed it: anyone could fill the sessions table. Now one client address starts only
 ``SAGA_OIDC_START_RATE`` sign-ins per window (429 after), the row an anonymous start writes

@@ -1,4 +1,4 @@
-"""Issue 40 item 6: a tool glob the queue cannot match (``[z-a]``, ``[!]``) is a 422 or a form
+"""A tool glob the queue cannot match (``[z-a]``, ``[!]``) is a 422 or a form
 error on every path that filters the recovery queue by tool, never a 500. Those globs once became
 invalid PostgreSQL regular expressions: the operator API's queue list, its bulk preview, the
 dashboard's queue and bulk preview answered 500, and a saved filter holding one broke its owner's

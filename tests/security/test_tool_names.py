@@ -10,7 +10,7 @@ import pytest
 from django.core import mail
 from rq import SimpleWorker
 
-from ledger import errors
+from infra import errors
 from ledger.models import Action, Event, Pause, ToolPolicy
 from ledger.policies.errors import PolicyFileError
 from ledger.policies.load import policy_file_parse

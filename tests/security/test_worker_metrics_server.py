@@ -1,4 +1,4 @@
-"""Issue 40, item 10: the worker's own ``/metrics`` port (``SAGA_WORKER_METRICS_PORT``) is reachable
+"""The worker's own ``/metrics`` port (``SAGA_WORKER_METRICS_PORT``) is reachable
 from other hosts, so whoever can connect to it tries to tie the worker up: many connections that
 never send a request, and one that sends its head a byte at a time. The real ``saga_worker``
 process serves it; its thread count is read from ``/proc``."""
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.django_db(
 
 TOKEN = secrets.token_urlsafe(24)
 IDLE = 150  # more connections than the worker has threads, far fewer than MAX_CONNECTIONS
-# The bound docs/SECURITY.md promises (ledger.metrics_endpoint.REQUEST_TIMEOUT_S).
+# The bound docs/SECURITY.md promises (infra.metrics_endpoint.REQUEST_TIMEOUT_S).
 REQUEST_TIMEOUT_S = 10.0
 
 

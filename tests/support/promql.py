@@ -133,7 +133,7 @@ def own_process_samples() -> dict[str, float]:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.multiprocess import MultiProcessCollector
 
-    from ledger.metrics import multiprocess_dir
+    from infra.metrics import multiprocess_dir
 
     with tempfile.TemporaryDirectory() as folder:
         for file in multiprocess_dir().glob(f"*_{os.getpid()}.db"):

@@ -3,7 +3,7 @@
 The field names are the server's output schemas (``saga_admin/api/schemas/``, described in
 docs/API.md); a timestamp is its ISO 8601 text, and a field the server may leave empty is
 ``None``. They are plain dicts at run time: reading ``run["status"]`` or ``action["result"]`` is
-as before, a type checker now knows the keys.
+plain dict access, and a type checker knows the keys.
 """
 
 from __future__ import annotations

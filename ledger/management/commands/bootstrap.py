@@ -4,7 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import bootstrap, errors
+from infra import errors
+from ledger import bootstrap
 from ledger.services import keys
 
 

@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.services import keys
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import errors, staff
+from infra import errors
+from ledger import staff
 from ledger.audit import Actor
 from ledger.models import Membership
 from ledger.services import keys

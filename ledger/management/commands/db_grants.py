@@ -37,7 +37,7 @@ def grants_for(role: str) -> list[str]:
     statements = [
         # No role but the owner creates objects in ``public``: an object there (an operator, a
         # function, a table shadowing one) is found by name by whoever's search_path lists the
-        # schema, a SECURITY DEFINER function once among them (issue 40 item 3). PostgreSQL 15
+        # schema, a SECURITY DEFINER function once among them. PostgreSQL 15
         # and later start without PUBLIC's CREATE there; a cluster upgraded from before keeps it.
         "REVOKE CREATE ON SCHEMA public FROM PUBLIC;",
         f"REVOKE CREATE ON SCHEMA public FROM {quoted};",

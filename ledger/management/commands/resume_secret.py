@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import outbound
+from ledger import resume_secrets
 from ledger.models import AgentKey, Tenant
 
 
@@ -31,7 +31,7 @@ class Command(BaseCommand):
         name = agent.strip()
         if not name:
             raise CommandError("--agent needs the agent's name (the --name of its keys).")
-        secret = outbound.resume_secret(owner, name)
+        secret = resume_secrets.resume_secret(owner, name)
         if not secret:
             raise CommandError(
                 "SAGA_RESUME_WEBHOOK_SECRET is not set: commands are pushed unsigned. Set it (the same "

@@ -5,7 +5,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import AgentKey
 from ledger.services import keys

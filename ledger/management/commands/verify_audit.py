@@ -4,12 +4,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from infra.conf import saga
 from ledger.archive.destinations import DestinationError, destination_parse
 from ledger.archive.storage import StorageError, storage_for
 from ledger.archive.verify import archives_verify
 from ledger.audit import audit_heads_verify
 from ledger.audit_signing import audit_verify_signed, signing_key
-from ledger.conf import saga
 
 
 class Command(BaseCommand):

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import errors
+from infra import errors
 from ledger.models import ActionClass, CompensationStrategy
 from ledger.policies.compensation_args import TemplateUnfillable, compensation_args_fill
-from ledger.policies.resolve import ResolvedPolicy
+from ledger.policies.resolve import ResolvedPolicy, mandated_compensation_tool
 
 # "Is this tool a registered compensator for the tenant?": the registry has rows here (the policy
 # file's compensators) and Python compensators registered in code in the recovery layer, which
@@ -31,17 +31,6 @@ class Compensation:
     args: Any  # literal args, or the template they are filled from
     template: Any  # the template the step's args are filled from at plan time; None: literal
     warnings: list[dict[str, Any]]
-
-
-def mandated_compensation_tool(policy: ResolvedPolicy, *, tool: str) -> str:
-    """The compensating tool the forward tool's policy names ("" when it leaves it to the agent)."""
-    if policy.action_class == ActionClass.READ_ONLY:
-        return ""
-    if policy.compensation == CompensationStrategy.SNAPSHOT:
-        return policy.compensation_tool or f"{tool}.restore"
-    if policy.compensation_tool and policy.compensation != CompensationStrategy.NONE:
-        return policy.compensation_tool
-    return ""
 
 
 def _agent_strategy(policy: ResolvedPolicy) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import errors, metrics
+from infra import errors, metrics
 from ledger.audit import Actor, audit_record, event_template, slot
 from ledger.models import Action, Run
 from ledger.rules import reason_required

@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 from django.utils import timezone
 
+from infra.hashing import canonical_json_bytes
+from infra.ids import new_action_id
 from ledger.audit import Actor, event_template
-from ledger.hashing import canonical_json_bytes
-from ledger.ids import new_action_id
 from ledger.models import Action, ActionClass, CompensationStrategy, Run
 from ledger.policies.resolve import ResolvedPolicy
 from ledger.policies.rules import RulesApplied
@@ -91,7 +91,7 @@ class ActionCall:
     target_type: str
     target_id: str
     args: Any
-    args_json: bytes  # ``args`` as canonical JSON (ledger.hashing.canonical_json_bytes)
+    args_json: bytes  # ``args`` as canonical JSON (infra.hashing.canonical_json_bytes)
     intent: dict[str, Any]
     before_snapshot: Any
     compensation: dict[str, Any] | None

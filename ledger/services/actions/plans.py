@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from django.db import OperationalError, connection, transaction
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, Run
 from ledger.services.actions.compensation import CompensatorCheck

@@ -16,9 +16,9 @@ from typing import Any
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from ledger import errors, tracing
+from infra import errors, tracing
+from infra.hashing import canonical_json_bytes
 from ledger.audit import Actor
-from ledger.hashing import canonical_json_bytes
 from ledger.models import Action, ActionClass, ApprovalMode, Run, Tenant
 from ledger.policies.resolve import ResolvedPolicy, policy_resolve, policy_stamp_cached
 from ledger.rules import COMPENSATABLE_CLASSES, NOT_A_PIVOT, pivot_order_warning
@@ -69,7 +69,7 @@ class RecordedAction:
 Gate = Callable[[Action], None]
 
 
-@tracing.traced_tool_call  # an execute_tool span, when traces are on (ledger.tracing)
+@tracing.traced_tool_call  # an execute_tool span, when traces are on (infra.tracing)
 def action_record(
     *,
     run: Run,

@@ -2,8 +2,8 @@
 
 import django.db.models.deletion
 import django.db.models.expressions
-import ledger.ids
-import ledger.json_text
+import infra.ids
+import infra.json_text
 from django.conf import settings
 from django.db import migrations, models
 
@@ -22,9 +22,9 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='BulkOperation',
             fields=[
-                ('id', models.CharField(default=ledger.ids.new_bulk_id, editable=False, max_length=40, primary_key=True, serialize=False)),
+                ('id', models.CharField(default=infra.ids.new_bulk_id, editable=False, max_length=40, primary_key=True, serialize=False)),
                 ('action', models.CharField(choices=[('compensate', 'Compensate'), ('close', 'Close'), ('resume', 'Resume'), ('cancel', 'Cancel the run')], max_length=16)),
-                ('filter', ledger.json_text.JSONField(default=dict)),
+                ('filter', infra.json_text.JSONField(default=dict)),
                 ('reason', models.TextField()),
                 ('status', models.CharField(choices=[('running', 'Running'), ('finished', 'Finished'), ('aborted', 'Aborted')], default='running', max_length=16)),
                 ('requested_by_label', models.CharField(max_length=200)),
@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
                 ('done', models.PositiveIntegerField(default=0)),
                 ('failed', models.PositiveIntegerField(default=0)),
                 ('skipped', models.PositiveIntegerField(default=0)),
-                ('errors', ledger.json_text.JSONField(blank=True, default=list)),
+                ('errors', infra.json_text.JSONField(blank=True, default=list)),
                 ('abort_reason', models.TextField(blank=True, default='')),
                 ('aborted_by_label', models.CharField(blank=True, default='', max_length=200)),
                 ('job_id', models.CharField(blank=True, default='', max_length=100)),

@@ -4,9 +4,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from infra.conf import saga
+from infra.durations import duration_words
 from ledger import pruning
-from ledger.conf import saga
-from ledger.durations import duration_words
 from ledger.services import idempotency
 from recovery.notifications import prune as notifications
 

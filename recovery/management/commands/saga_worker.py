@@ -23,7 +23,7 @@ from rq.job import Job
 from rq.logutils import setup_loghandlers
 from rq.worker import WorkerStatus
 
-from ledger import metrics, metrics_endpoint, telemetry
+from infra import metrics, metrics_endpoint, telemetry
 from recovery import compensators, jobs, worker_liveness
 from recovery.audit_stream import config as audit_stream
 from recovery.scheduling import Ticker
@@ -100,7 +100,7 @@ class SagaWorker(worker_liveness.ResilientWorker):
         return super().get_heartbeat_ttl(job, working_time)
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:
-        # The horses of one worker, one at a time, share one metrics file (ledger.metrics).
+        # The horses of one worker, one at a time, share one metrics file (infra.metrics).
         metrics.as_work_horse()
         super().main_work_horse(job, queue)
 
@@ -142,7 +142,7 @@ class Command(BaseCommand):
         level = {2: "INFO", 3: "DEBUG"}.get(options["verbosity"], settings.RQ_LOG_LEVEL)
         setup_loghandlers(level)
         queues = options["queues"] or list(QUEUES)
-        # Traces, when OTEL_EXPORTER_OTLP_ENDPOINT is set (ledger/telemetry.py); before any fork.
+        # Traces, when OTEL_EXPORTER_OTLP_ENDPOINT is set (infra/telemetry.py); before any fork.
         try:
             telemetry.telemetry_start(service="saga-admin-worker")
         except ImproperlyConfigured as exc:

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Tenant
 from recovery import channels

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger.env import env_secret
+from infra.env import env_secret
 from recovery.audit_stream import records
 
 

@@ -9,8 +9,8 @@ from typing import Any, Literal
 from ninja import Schema
 from pydantic import ConfigDict, Field
 
+from infra.pagination import MAX_CURSOR_LENGTH
 from ledger.models import Action, Run
-from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.rules import REASON_MAX_LENGTH
 from recovery import selectors as recovery_selectors
 from recovery.models import Approval

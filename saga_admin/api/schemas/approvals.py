@@ -8,7 +8,7 @@ from typing import Any, Literal
 from ninja import Schema
 from pydantic import Field
 
-from ledger.pagination import MAX_CURSOR_LENGTH
+from infra.pagination import MAX_CURSOR_LENGTH
 from recovery.models import Approval, ApprovalGrant
 from saga_admin.api.schemas.common import Out, ReasonIn
 

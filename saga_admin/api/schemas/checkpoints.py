@@ -9,8 +9,8 @@ from typing import Any, Literal
 from ninja import Schema
 from pydantic import Field
 
+from infra.pagination import MAX_CURSOR_LENGTH
 from ledger.models import Checkpoint
-from ledger.pagination import MAX_CURSOR_LENGTH
 from saga_admin.api.schemas.common import ActionId, JSONObject, JSONValue, Out, StrictIn, fields_of
 
 RecoveryMode = Literal["resume_or_compensate", "resume_only", "compensate_only"]

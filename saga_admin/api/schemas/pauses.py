@@ -7,8 +7,8 @@ from datetime import datetime
 from ninja import Schema
 from pydantic import Field
 
+from infra.pagination import MAX_CURSOR_LENGTH
 from ledger.models import Pause
-from ledger.pagination import MAX_CURSOR_LENGTH
 from ledger.rules import REASON_MAX_LENGTH
 from ledger.services import pauses as ledger_pauses
 from saga_admin.api.schemas.common import Out, StrictIn

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from ninja import Schema
 from pydantic import Field, StringConstraints
 
-from ledger.pagination import MAX_CURSOR_LENGTH
+from infra.pagination import MAX_CURSOR_LENGTH
 from ledger.tool_names import TOOL_GLOB_RULE
 from recovery import selectors
 from recovery.models import RecoveryItem

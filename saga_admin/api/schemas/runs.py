@@ -9,8 +9,8 @@ from typing import Any, Literal
 from ninja import Schema
 from pydantic import Field
 
+from infra.pagination import MAX_CURSOR_LENGTH
 from ledger.models import Run
-from ledger.pagination import MAX_CURSOR_LENGTH
 from saga_admin.api.schemas.actions import ActionOut
 from saga_admin.api.schemas.checkpoints import CheckpointOut
 from saga_admin.api.schemas.commands import CommandOut
@@ -31,7 +31,7 @@ class RunIn(StrictIn):
     user_id: str = Field("", max_length=200)
     goal: str = Field("", max_length=5000)
     trace_url: HttpUrlStr = ""
-    # Checked by the run_create service (ledger.outbound), not here: http(s) and a public or
+    # Checked by the run_create service (infra.outbound), not here: http(s) and a public or
     # operator-allowed host, else 422 url_not_allowed.
     resume_url: str = Field(
         "",

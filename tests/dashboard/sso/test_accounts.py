@@ -13,7 +13,7 @@ from django.db import connection
 from dashboard.models import SsoIdentity, SsoMembership
 from dashboard.permissions import Capability, can, tenant_ids_for
 from dashboard.sso.accounts import Profile, sso_sign_in
-from ledger import errors
+from infra import errors
 from ledger.audit import Actor
 from ledger.models import Event, Membership, Tenant
 from recovery.models import Approval
@@ -191,7 +191,7 @@ def test_a_renamed_sso_approver_still_counts_once(big_charge):
 
 def test_two_sso_accounts_sharing_a_verified_email_are_one_approver(big_charge):
     """Two users (two provider accounts), but one address the provider verified: one person for
-    the approval rules (issue 40, item 5), never a second pair of eyes."""
+    the approval rules, never a second pair of eyes."""
     one = _sign_in("sub-1", {"acme": "approver"}, email="team@example.com").user
     two = _sign_in("sub-2", {"acme": "approver"}, email="Team@Example.com").user
     assert one.pk != two.pk

@@ -158,7 +158,7 @@ def transport_security(host: str) -> TransportSecuritySettings | None:
     whose Origin, if any, is this machine, are served (421 / 403 otherwise). The SDK turns it on
     only for the literals 127.0.0.1, localhost and ::1, so ``--listen 127.0.0.2:…`` or
     ``LOCALHOST`` once ran tokenless and open to a web page whose name had been rebound to that
-    address (issue 40 item 14). Beyond loopback, None: the token guards it (``options_from``
+    address. Beyond loopback, None: the token guards it (``options_from``
     refuses such a listener without one)."""
     if not is_loopback(host):
         return None

@@ -58,7 +58,7 @@ class SagaSettings:
     notify_max_attempts: int
     public_url: str
     resume_webhook_secret: str
-    # Outbound requests to URLs tenants or agents chose (ledger.outbound)
+    # Outbound requests to URLs tenants or agents chose (infra.outbound)
     outbound_allowed_hosts: tuple[str, ...]
     outbound_resolve_timeout_s: float
     # Retention's archives (ledger.archive, recovery.archive): the destinations the operator

@@ -24,8 +24,8 @@ from django.db.models.fields.tuple_lookups import Tuple, TupleGreaterThan, Tuple
 from django.db.models.lookups import Lookup
 from django.utils.dateparse import parse_datetime
 
-from ledger import errors
-from ledger.ids import looks_like_id
+from infra import errors
+from infra.ids import looks_like_id
 
 M = TypeVar("M", bound=Model)
 

@@ -145,7 +145,7 @@ class UrlNotAllowed(ValidationFailed):
 
     ``message`` and ``details`` are what the caller is told. Why the URL was refused is kept apart
     for the operator's audit log and never sent to the caller: ``reason`` (one of
-    ``ledger.outbound``'s reason constants), ``operator_message`` (the full sentence) and
+    ``infra.outbound``'s reason constants), ``operator_message`` (the full sentence) and
     ``resolved_address`` (the refused address a name resolved to)."""
 
     code = "url_not_allowed"

@@ -1,6 +1,6 @@
 """The spans the ledger and the unwind engine make, when traces are on.
 
-``ledger.telemetry`` switches traces on at a process's start-up (only when an OTLP endpoint is
+``infra.telemetry`` switches traces on at a process's start-up (only when an OTLP endpoint is
 configured) by calling ``switch_on``. Until then nothing here imports OpenTelemetry and each
 helper costs one look at a module global: the ledger's hot path pays nothing for traces it does
 not send.
@@ -30,7 +30,7 @@ _tracer: Tracer | None = None
 
 
 def switch_on() -> None:
-    """Called once per process by ``ledger.telemetry`` after its tracer provider is set."""
+    """Called once per process by ``infra.telemetry`` after its tracer provider is set."""
     global _tracer  # noqa: PLW0603 - the one switch, set at start-up
     from opentelemetry import trace
 

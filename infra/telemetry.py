@@ -6,7 +6,7 @@ Off unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPO
 ``saga_worker`` command) exports spans over OTLP/HTTP (protobuf) with the SDK's batch processor,
 instruments Django (an incoming ``traceparent`` joins the caller's trace), psycopg, redis and httpx
 (an outgoing request, a compensator's webhook among them, carries ``traceparent`` on), and switches
-on the ledger's own spans (``ledger.tracing``). With the variable unset, this module imports no
+on the ledger's own spans (``infra.tracing``). With the variable unset, this module imports no
 OpenTelemetry at all.
 
 URLs in spans are scheme, host and route only (``url_hooks``): an outgoing request's URL is often
@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ledger import tracing
+from infra import tracing
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

@@ -17,8 +17,8 @@ from django.core.cache.backends.redis import RedisCache
 from django.http import HttpRequest
 from redis.exceptions import RedisError
 
-from ledger.conf import saga
-from ledger.durations import period_read
+from infra.conf import saga
+from infra.durations import period_read
 
 log = structlog.get_logger(__name__)
 
@@ -69,7 +69,7 @@ _SIZES = {
 
 def parse_rate(rate: str) -> tuple[int, int]:
     """ "6000/m" → (6000, 60); "10/5s" → (10, 5); a byte rate may name its unit: "10MiB/m" →
-    (10485760, 60). The period is a duration of whole seconds (``ledger.durations.period_read``:
+    (10485760, 60). The period is a duration of whole seconds (``infra.durations.period_read``:
     "/m" is a minute, "/day" a day, no period a second)."""
     count, _, period = rate.partition("/")
     duration = period_read(period)

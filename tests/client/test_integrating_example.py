@@ -1,11 +1,11 @@
-"""README's Python client example runs as written (issue 28, point 1; it used to stop on
-``NameError: hr``).
+"""docs/INTEGRATING.md's Python client example runs as written: its stand-in systems are defined
+in the block itself, so a reader who copies it gets a script that runs, not a ``NameError``.
 
-The code block is read from README.md, not copied here, and run as its reader runs it: a script in
-its own process, ``SAGA_URL`` and ``SAGA_API_KEY`` in its environment, against a live server with
-what README says the reader has: `make run`'s demo setup (its tenants and policies, through
-``demo.setup.demo_setup`` as ``seed_demo --setup-only`` loads them) and a key made by step 1 of
-"Integrating your agent" (``create_agent_key --tenant acme --name my-agent``).
+The code block is read from docs/INTEGRATING.md, not copied here, and run as its reader runs it: a
+script in its own process, ``SAGA_URL`` and ``SAGA_API_KEY`` in its environment, against a live
+server with what the page says the reader has: `make run`'s demo setup (its tenants and policies,
+through ``demo.setup.demo_setup`` as ``seed_demo --setup-only`` loads them) and a key made by step 1
+of its "Four steps" (``create_agent_key --tenant acme --name my-agent``).
 """
 
 from __future__ import annotations
@@ -26,22 +26,24 @@ from tests.support.processes import ROOT
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def readme_client_example() -> str:
-    """The Python block of README's "The Python client" section (the one importing Saga)."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### The Python client", 1)[1].split("\n### ", 1)[0]
+def integrating_client_example() -> str:
+    """The Python block of docs/INTEGRATING.md's "The Python client" section (the one importing Saga)."""
+    doc = (ROOT / "docs" / "INTEGRATING.md").read_text(encoding="utf-8")
+    section = doc.split("### The Python client", 1)[1].split("\n### ", 1)[0]
     blocks = [block for block in re.findall(r"```python\n(.*?)```", section, re.S) if "import Saga" in block]
-    assert len(blocks) == 1, "README's Python client section should hold one example importing Saga"
+    assert len(blocks) == 1, (
+        "docs/INTEGRATING.md's Python client section should hold one example importing Saga"
+    )
     return blocks[0]
 
 
-def test_readme_python_client_example_runs_as_written(live_server, tmp_path):
+def test_integrating_python_client_example_runs_as_written(live_server, tmp_path):
     demo_setup(base_url=live_server.url)
     out = StringIO()
     call_command("create_agent_key", "--tenant", "acme", "--name", "my-agent", stdout=out)
     key = out.getvalue().rstrip("\n").splitlines()[-1]
     script = tmp_path / "onboarding.py"
-    script.write_text(readme_client_example(), encoding="utf-8")
+    script.write_text(integrating_client_example(), encoding="utf-8")
     env = {name: os.environ[name] for name in ("PATH", "HOME") if name in os.environ}
     done = subprocess.run(
         [sys.executable, str(script)],

@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ledger import metrics
+from infra import metrics
 
 PORT_VARIABLE = "SAGA_WORKER_METRICS_PORT"
 

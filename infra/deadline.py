@@ -127,9 +127,7 @@ class DeadlineTransport(httpx.HTTPTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if _DEADLINE.get() is None:
-            raise RuntimeError(
-                "An outbound request without a deadline: send it with ledger.deadline.request."
-            )
+            raise RuntimeError("An outbound request without a deadline: send it with infra.deadline.request.")
         return super().handle_request(request)
 
 

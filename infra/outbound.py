@@ -19,9 +19,7 @@ signed. URLs the operator of the installation configures (compensator webhooks i
   that resolved to a public address when it was checked cannot be re-pointed at an internal one
   between the check and the connection (DNS rebinding). It never follows redirects, and its
   ``timeout`` is one deadline for the whole call, every address tried included
-  (``ledger.deadline``): an endpoint that dribbles its answer holds the caller no longer.
-- ``resume_secret`` is one agent's own key (per tenant and agent name) for signing the commands
-  pushed to it.
+  (``infra.deadline``): an endpoint that dribbles its answer holds the caller no longer.
 """
 
 from __future__ import annotations
@@ -36,17 +34,13 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 from django.core.exceptions import ImproperlyConfigured
 
-from ledger import deadline, errors
-from ledger.conf import saga
-from ledger.signing import derive_secret
-
-if TYPE_CHECKING:
-    from ledger.models import Run, Tenant
+from infra import deadline, errors
+from infra.conf import saga
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -303,28 +297,6 @@ def post(
             extensions=extensions,
             follow_redirects=False,
         )
-
-
-def resume_secret(tenant: Tenant, agent: str) -> str:
-    """The key that signs the commands pushed to one agent — ``agent`` is the agent's name (the
-    name of the key that created the run) in ``tenant``: HMAC-SHA256 of ``resume:<slug>:<agent>``
-    under ``SAGA_RESUME_WEBHOOK_SECRET``. Each agent verifies with a secret of its own, so no agent
-    can sign a command another agent would accept (of its own tenant or another: a slug has no
-    ``:``, so no two (tenant, agent) pairs share a context). Empty when no master is set (commands
-    are then pushed unsigned)."""
-    master = saga().resume_webhook_secret
-    return derive_secret(master, resume_secret_context(tenant.slug, agent)) if master else ""
-
-
-def resume_secret_context(tenant_slug: str, agent: str) -> str:
-    """The derivation context of one agent's resume secret (see ``resume_secret``)."""
-    return f"resume:{tenant_slug}:{agent}"
-
-
-def run_agent(run: Run) -> str:
-    """The agent a run's commands are for: the authenticated agent that created it (its key's
-    name), or, for a run created without a key, the agent it declared."""
-    return run.owner or run.agent
 
 
 # --- Helpers ---------------------------------------------------------------------------------
