@@ -16,7 +16,7 @@ from bench.tables import machine_limit, measured_row
 if TYPE_CHECKING:
     from bench.harness import Harness
 
-# The actions of one plan in the append phase's plan measurement (issue 30: "plans of 5").
+# The actions of one plan in the append phase's plan measurement (the targets speak of plans of 5).
 PLAN_SIZE = 5
 
 
@@ -67,7 +67,7 @@ def phase(h: Harness) -> None:
         for op_summary in entry.values():
             op_summary["errors"] = result.error_count()
         s[f"record_action_limited_{n}"] = entry
-        # The same actions recorded through plans (POST /runs/{id}/plan, issue 30): the
+        # The same actions recorded through plans (POST /runs/{id}/plan): the
         # request's cost paid once per PLAN_SIZE actions. Throughput counts plans; the actions
         # recorded per second are PLAN_SIZE times it, p99 is per request (per plan).
         log(f"ledger append over HTTP: record_plan of {PLAN_SIZE}, {n} clients")

@@ -1,4 +1,4 @@
-"""The archiver's rate on its own (issue 39, item 3): about ``--archive-runs`` runs of ~10 actions
+"""The archiver's rate on its own: about ``--archive-runs`` runs of ~10 actions
 over a year, with their audit chains, seeded by ``bench.size_seed`` (COPY) with a retention of one
 second (every closed run is due), then one
 ``archive_runs`` pass over them (in this process, as ``manage.py archive_runs`` runs it) while 16

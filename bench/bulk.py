@@ -1,4 +1,4 @@
-"""Bulk decisions by filter at scale (issue 31's targets): the preview of a filter matching N open
+"""Bulk decisions by filter at scale, against their targets: the preview of a filter matching N open
 items, then a bulk that closes all of them on the Procfile's worker, while agents keep appending.
 
 - N open recovery items of one reason in one tenant, written by ``seed_bench`` (COPY, the shapes
@@ -362,7 +362,7 @@ def phase(h: Harness) -> None:
 # --- The report -----------------------------------------------------------------------------
 
 
-# Issue 31's targets for bulk decisions by filter (full size: 10,000 items).
+# The targets for bulk decisions by filter (full size: 10,000 items).
 BULK_PREVIEW_MS = 1000
 BULK_SECONDS = 120
 BULK_APPEND_P99_MS = 150

@@ -1,4 +1,4 @@
-"""``make bench``'s reads phase (issue 30, item 4): reads as fast as writes.
+"""``make bench``'s reads phase: reads as fast as writes.
 
 On one server (the Procfile's web line, the product's settings), 16 clients each with their own
 agent key: the append (record action, fresh runs, ten actions each), then the reads an agent (or
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from bench.harness import Harness
 
 CLIENTS = 16
-# The ledgers the run page is measured with (issue 30: "with 200 and with 5,000 actions").
+# The ledgers the run page is measured with (the target: "with 200 and with 5,000 actions").
 RUN_PAGE_ACTIONS = (200, 5000)
 # The API reads compared with the append, in the order measured: (op, label, path template).
 API_READS = (
@@ -46,7 +46,7 @@ API_READS = (
     ("actions", "GET a run's actions", "/api/v1/runs/{run}/actions"),
     ("runs", "GET the newest runs", "/api/v1/runs?limit=50"),
 )
-# Issue 30's targets: every read at least the append's rate (16 clients); every page p95 < 100 ms.
+# The targets: every read at least the append's rate (16 clients); every page p95 < 100 ms.
 READ_RATIO = 1.0
 PAGE_P95_MS = 100
 

@@ -33,7 +33,7 @@ RECORD_SIZE_PAIRS = (
 
 def phase(h: Harness) -> None:
     """A record with just under 1 MiB of args against a small one, one client each, on the
-    Procfile's web line (issue 26, point 8): what a valid key's megabyte costs the server,
+    Procfile's web line: what a valid key's megabyte costs the server,
     parsed, hashed, stored and echoed back; for a tool that needs no approval and for one that
     waits for a person (its approval binds and stores the args too). The per-key byte budget is set out of reach here,
     as the request rate is."""
@@ -92,7 +92,7 @@ def targets(sec: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
 
 
 def _checks(sizes: dict[str, Any] | None) -> list[tuple[str, str, bool | None]]:
-    """The 10× target (issue 26, point 8) per pair of ``RECORD_SIZE_PAIRS``: server CPU and p50."""
+    """The 10× target per pair of ``RECORD_SIZE_PAIRS``: server CPU and p50."""
     if sizes is None:
         return []
     out: list[tuple[str, str, bool | None]] = []

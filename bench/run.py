@@ -11,7 +11,7 @@ Phases, in order (each figure is measured in this run; nothing is carried over f
      what a POST without a valid key costs, tiny and 1 MiB (refused before the body is read);
      then a record with just under 1 MiB of args against a small one;
   3. dashboard at scale after ``seed_bench``: timings over HTTP, query counts at two data sizes,
-     EXPLAIN (ANALYZE) of every query the pages run; then reads (bench/reads.py, issue 30): the
+     EXPLAIN (ANALYZE) of every query the pages run; then reads (bench/reads.py): the
      agent's GETs against the append at 16 clients, the run page with 200 and 5,000 actions;
   4. unwind throughput with no-op Python compensators on the Procfile's worker;
   5. servers: the hot path (append, the framework floor, heartbeat, the full step; 16 clients) on
@@ -19,13 +19,13 @@ Phases, in order (each figure is measured in this run; nothing is carried over f
      granian), one after another; the restated targets come from the Procfile's line;
   6. workers: 200 I/O-bound compensations (a 200 ms webhook) by 1, then 4 Procfile workers;
   7. bulk: 10k open items of one reason, the bulk preview of their filter, then a bulk that closes
-     them all on one Procfile worker while 16 clients append (bench/bulk.py, issue 31);
+     them all on one Procfile worker while 16 clients append (bench/bulk.py);
   8. size: a year of history in its own database (10M actions, ~30M audit events by COPY), then
      the append, the pages and API lists, a governed tool call and retention at that size
-     (bench/size.py, issue 30);
+     (bench/size.py);
   9. soak: 8 agents record onboarding sagas for 90 s, a third failing, an operator compensating
      each through the API, the one Procfile worker SIGKILLed at 30 s and restarted, the soak's own
-     Redis down 6 s at 55 s (bench/soak.py, issue 39).
+     Redis down 6 s at 55 s (bench/soak.py).
 It prints one table and writes docs/BENCHMARKS.md (``--out``).
 """
 

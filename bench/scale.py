@@ -188,7 +188,7 @@ def measure(
 
 
 # Worker processes compared in the scale-out section, and the downstream delay of each call.
-# Issue 39 asks 1, 2 and 4 worker processes measured (4 ≥ 3.5x 1 on I/O-bound steps).
+# The target asks 1, 2 and 4 worker processes measured (4 ≥ 3.5x 1 on I/O-bound steps).
 SCALE_WORKERS = (1, 2, 4)
 SCALE_DELAY_S = 0.2
 
@@ -209,7 +209,7 @@ def phase(h: Harness) -> None:
     )
     # The same steps against a receiver that answers at once: one worker's compensation
     # throughput on no-op webhook steps, to hold against RQ's in-process no-op job rate (the
-    # unwind phase's L3 on the SimpleWorker candidate; issue 39's target is at least half).
+    # unwind phase's L3 on the SimpleWorker candidate; the target is at least half).
     log(f"workers: {h.sizes.scale_steps} no-op webhook compensations by 1 Procfile worker process")
     h.section("workers")["noop"] = measure(
         steps=h.sizes.scale_steps,

@@ -15,7 +15,7 @@ from bench.tables import fmt, machine_limit, measured_row, ratio_of
 if TYPE_CHECKING:
     from bench.harness import Harness
 
-# Web server configurations compared on the hot path (issue 19): whole web lines as the Procfile
+# Web server configurations compared on the hot path: whole web lines as the Procfile
 # would carry them, each a sensible choice for this 2-core machine. A line equal to the Procfile's
 # (after bash's expansion, in the same environment) is measured once, as the Procfile's.
 # Neither keeps X-Forwarded-For as the client address: REMOTE_ADDR stays the peer, and the API
@@ -58,7 +58,7 @@ HOT_PATH = {
 
 
 def hot_path(h: Harness, web: procs.Proc, keys: list[tuple[str, str]]) -> dict[str, Any]:
-    """The four figures of issue 19 at 16 clients on one running web server: append (record
+    """The hot path's four figures at 16 clients on one running web server: append (record
     an action), the framework floor (GET a run's checkpoints), heartbeat, the full step
     (record with ``start: true`` → succeed)."""
     n = len(keys)
@@ -133,7 +133,7 @@ def rows(servers: dict[str, Any], base: dict[str, Any]) -> list[list[str]]:
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
-    """Issue 19's restated targets, from the Procfile's server in the servers section (append,
+    """The hot path's restated targets, from the Procfile's server in the servers section (append,
     floor, heartbeat and full step measured one after another on the same running server) and
     the baselines of the same run."""
     sec = results.get("sections", {})

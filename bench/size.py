@@ -1,4 +1,4 @@
-"""Proof at size (issue 30, item 5; and item 2's before/after): the ledger with a year of history.
+"""Proof at size (and the growing tables' before/after): the ledger with a year of history.
 
 In its own database (``--size-database-url``, default the benchmark database's name + ``_size``):
 ``size_seed`` writes ``size_actions`` actions (10 million at full size) with their audit events

@@ -6,7 +6,7 @@ from typing import Any
 
 from bench.size_world import CLIENTS, GROWING, LOAD_TENANT, RETENTION
 
-# Targets (docs/BENCHMARKS.md, issue 30).
+# Targets (docs/BENCHMARKS.md).
 PAGE_P95_MS = 100
 APPEND_P99_MS = 100
 GOVERNED_P50_MS = 10
@@ -140,7 +140,7 @@ def _seed_markdown(sec: dict[str, Any]) -> list[str]:
 
 
 def _index_sizes(sizes: dict[str, Any]) -> list[str]:
-    """Each index of the two biggest tables, largest first (issue 30 item 2: indexes stay small)."""
+    """Each index of the two biggest tables, largest first (indexes stay small)."""
     out = []
     for table in ("ledger_event", "ledger_action"):
         each = sizes.get(table, {}).get("each_index")

@@ -2,7 +2,7 @@
 
 What ``make bench``'s "At size" phase (``bench/size.py``) measures against. ``seed_bench`` fills
 the dashboard's tables for the pages; this fills everything that grows with traffic, the audit
-log included, at the issue's size (10 million actions, ~30 million events) in minutes:
+log included, at the target's size (10 million actions, ~30 million events) in minutes:
 
 - runs are generated in time order (a year, evenly spread: steady traffic), so ids, chains and
   ``created_at`` grow the way a live system's do and most indexes take their rows at their right

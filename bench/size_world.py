@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-# The tables that grow with traffic (issue 30, item 2), and the small ones beside them.
+# The tables that grow with traffic, and the small ones beside them.
 GROWING = (
     "ledger_event",
     "ledger_action",

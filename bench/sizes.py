@@ -33,7 +33,7 @@ class Sizes:
     # how long it may (then it is reported as timed out).
     bulk_expected_s: float
     bulk_timeout_s: float
-    # The "at size" phase (bench/size.py, issue 30 item 5): actions seeded (events ~3 per action),
+    # The "at size" phase (bench/size.py): actions seeded (events ~3 per action),
     # open items, the run page's two sizes, chains verified, governed steps timed, runs per archive
     # batch and how long the rest of retention may take.
     size_actions: int = 10_000_000

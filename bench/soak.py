@@ -1,4 +1,4 @@
-"""Soak (issue 39): undo keeps up under load and faults.
+"""Soak: undo keeps up under load and faults.
 
 Agents record onboarding sagas (create the HR record, provision the licence, send the welcome
 email) over the API for the load's length, every third saga failing; an operator, through the API
@@ -77,7 +77,7 @@ SMOKE = SoakSizes(duration_s=6, agents=2, kill_at_s=2, outage_at_s=3.5, outage_s
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """The soak's knobs (issue 39); unset, the size's (full: 90 s, 8 agents, kill at 30 s, Redis
+    """The soak's knobs; unset, the size's (full: 90 s, 8 agents, kill at 30 s, Redis
     down 6 s at 55 s; --smoke: seconds)."""
     group = parser.add_argument_group("soak (issue 39)")
     group.add_argument("--soak-duration", type=float, default=None, help="seconds of load")

@@ -1,4 +1,4 @@
-"""Issue 39: what a job costs on each of RQ's worker options, and what the periodic pass costs.
+"""What a job costs on each of RQ's worker options, and what the periodic pass costs.
 
 Each option is started as a real process on a fresh database and this run's Redis database, then
 timed on the same work: L3 no-op jobs on ``notifications`` and on ``compensations`` (a batch), and
