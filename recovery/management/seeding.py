@@ -28,8 +28,8 @@ import random
 from datetime import datetime, timedelta
 from typing import Any
 
-from ledger.hashing import sha256_hex
-from ledger.ids import new_id
+from infra.hashing import sha256_hex
+from infra.ids import new_id
 from ledger.services.actions.payload import action_payload_hash
 from recovery.items import search_text_for
 
