@@ -98,7 +98,7 @@ def _pass_under_append(
         if not control.wait_window(timeout=300):
             raise RuntimeError("the append load's window did not begin within 300 s")
         started = time.perf_counter()
-        result = runner.archive_runs(limit=limit)
+        result = runner.runs_archive(limit=limit)
         seconds = time.perf_counter() - started
     finally:
         control.stop()

@@ -201,8 +201,8 @@ def profile(items: int) -> dict[str, Any]:
 
     from ledger.audit import Actor
     from ledger.models import AgentKey
+    from recovery.actions import bulk_filter, bulk_worker
     from recovery.selectors import QueueFilter
-    from recovery.services import bulk_filter
 
     seed(items)
     key = AgentKey.objects.select_related("tenant").get(tenant__slug=TENANT, name="bench-bulk-operator")
@@ -218,7 +218,7 @@ def profile(items: int) -> dict[str, Any]:
     with CaptureQueriesContext(connection) as captured:
         started = time.perf_counter()
         profiler.enable()
-        while bulk_filter.bulk_advance_chunk(bulk_id=bulk.pk, max_items=items, budget_s=3600):
+        while bulk_worker.bulk_advance_chunk(bulk_id=bulk.pk, max_items=items, budget_s=3600):
             pass
         profiler.disable()
         elapsed = time.perf_counter() - started

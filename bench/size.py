@@ -11,7 +11,7 @@ In its own database (``--size-database-url``, default the benchmark database's n
    EXPLAIN (ANALYZE) of every query, naming each sequential scan of a big table;
 4. a governed tool call at one agent: ``run.step`` of the Python client (record with
    ``start: true``, call the tool, succeed) against the same tool called bare;
-5. retention, when the archiver (``recovery.archive.archive_runs``) is there: one batch of
+5. retention, when the archiver (``recovery.archive.runs_archive``) is there: one batch of
    ``archive_batch`` runs (100k) while 16 clients append, then the rest, ``VACUUM FULL``, the
    sizes again and ``verify_audit`` on what is live and what is archived.
 """

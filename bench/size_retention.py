@@ -1,4 +1,4 @@
-"""The "At size" phase's retention, when the archiver (``recovery.archive.archive_runs``) is there:
+"""The "At size" phase's retention, when the archiver (``recovery.archive.runs_archive``) is there:
 one batch of ``archive_batch`` runs while 16 clients append, then the rest of retention, ``VACUUM
 FULL`` of the growing tables, their sizes again, and the audit log verified on what is live and
 what is archived."""
@@ -27,7 +27,7 @@ def _archiver() -> Any:
         from recovery.archive import runner
     except ImportError:
         return None
-    return runner if hasattr(runner, "archive_runs") else None
+    return runner if hasattr(runner, "runs_archive") else None
 
 
 def _configure_retention(h: Harness, archive_url: str) -> None:
@@ -62,7 +62,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _archived(result: Any) -> int:
-    """How many runs an ``archive_runs`` call moved, whatever shape it answers in (a count, a
+    """How many runs an ``runs_archive`` call moved, whatever shape it answers in (a count, a
     list, a mapping or an object with a count)."""
     if isinstance(result, bool) or result is None:
         return 0
@@ -83,7 +83,7 @@ def _archived(result: Any) -> int:
 def _batch_under_append(
     h: Harness, archive: Any, append_params: dict[str, Any], web: Any
 ) -> tuple[Any, float, Any]:
-    """One ``archive_runs`` batch, started once 16 clients' append window has begun; the window
+    """One ``runs_archive`` batch, started once 16 clients' append window has begun; the window
     ends when the batch does. (its result, its seconds, the append's LoadResult)"""
     control = LoadControl()
     loaded: dict[str, Any] = {}
@@ -103,7 +103,7 @@ def _batch_under_append(
         if not control.wait_window(timeout=300):
             raise RuntimeError("the append load's window did not begin within 300 s")
         t = time.perf_counter()
-        result = archive.archive_runs(limit=h.sizes.archive_batch)
+        result = archive.runs_archive(limit=h.sizes.archive_batch)
         seconds = time.perf_counter() - t
     finally:
         control.stop()
@@ -190,7 +190,7 @@ def retention(
     if archive is None:
         return {
             "available": False,
-            "note": "archiver not available (recovery.archive.archive_runs is not in this tree)",
+            "note": "archiver not available (recovery.archive.runs_archive is not in this tree)",
         }
     if h.sizes.archive_batch <= 0:
         return {"available": False, "note": "not run in this measurement (--size-archive-batch 0)"}
@@ -222,7 +222,7 @@ def retention(
     settings.SAGA = {**settings.SAGA, "ARCHIVE_ALLOWED_URLS": [archive_url]}
     _configure_retention(h, archive_url)
     t = time.perf_counter()
-    out["dry_run"] = _outcome(archive.archive_runs(dry_run=True))
+    out["dry_run"] = _outcome(archive.runs_archive(dry_run=True))
     out["dry_run_s"] = time.perf_counter() - t
     log(f"size: one archive batch of {h.sizes.archive_batch} runs while {CLIENTS} clients append")
     result, out["batch_s"], during = _batch_under_append(h, archive, append_params, web)
@@ -232,7 +232,7 @@ def retention(
     t = time.perf_counter()
     rounds = []
     while time.perf_counter() - t < h.sizes.retention_timeout_s:
-        moved = _archived(archive.archive_runs(limit=h.sizes.archive_batch))
+        moved = _archived(archive.runs_archive(limit=h.sizes.archive_batch))
         rounds.append(moved)
         if not moved:
             break

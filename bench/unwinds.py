@@ -27,8 +27,8 @@ def failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo",
     from ledger.models import AgentKey
     from ledger.services import runs
     from ledger.services.actions import moves
-    from recovery.services.approving import action_record_gated
-    from recovery.services.reports import run_fail_and_queue
+    from recovery.actions.approvals import action_record_gated
+    from recovery.actions.reports import run_fail_and_queue
 
     key = AgentKey.objects.select_related("tenant").filter(tenant__slug=TENANT).first()
     if key is None:
@@ -56,7 +56,7 @@ def failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo",
 
 def start_unwind(item: Any, user: Any) -> Any:
     from ledger.audit import Actor
-    from recovery.services.compensating import unwind_start
+    from recovery.actions.compensations import unwind_start
 
     return unwind_start(item=item, actor=Actor.for_user(user), reason="benchmark")
 

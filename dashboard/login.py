@@ -32,6 +32,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard.sso.conf import local_login_enabled, sso
+from infra.durations import duration_words
 from infra.throttle import client_network
 
 
@@ -92,14 +93,7 @@ class LockoutHandler(AxesDatabaseHandler):
 
 def duration_text(delta: timedelta) -> str:
     """``timedelta(minutes=90)`` → "1 hour 30 minutes"; seconds only below a minute."""
-    total = max(int(delta.total_seconds()), 1)
-    if total < 60:
-        return f"{total} second{'s' if total != 1 else ''}"
-    hours, minutes = divmod(round(total / 60), 60)
-    parts = [f"{hours} hour{'s' if hours != 1 else ''}"] if hours else []
-    if minutes:
-        parts.append(f"{minutes} minute{'s' if minutes != 1 else ''}")
-    return " ".join(parts)
+    return duration_words(max(int(delta.total_seconds()), 1), rounded=True, largest="hour")
 
 
 def lockout_message(cool_off: timedelta | None, *, every_address: bool = False) -> str:

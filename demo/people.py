@@ -14,9 +14,9 @@ from django.db import close_old_connections, transaction
 
 from demo import services as world
 from ledger.audit import Actor
-from recovery.approvals import pending_q
+from recovery.actions.approvals import approval_approve
 from recovery.models import Approval
-from recovery.services.approving import approval_approve
+from recovery.transitions.approvals import pending_q
 
 
 def approve_when_asked(

@@ -20,7 +20,7 @@ from ledger.audit import Actor
 from ledger.models import AgentKey, Membership, Tenant
 from ledger.policies.load import LoadReport, policy_file_load, policy_file_parse, policy_file_read
 from ledger.services import keys
-from recovery import channels
+from recovery.actions import channels
 from recovery.models import NotificationChannel
 
 POLICY_DIR = Path(__file__).resolve().parent / "policies"

@@ -109,19 +109,39 @@ def duration_short(seconds: float | None) -> str:
     return f"{minutes}m {secs}s"
 
 
-def duration_words(seconds: float | None) -> str:
-    """A duration for a sentence: "40 seconds", "1 minute", "2 hours 5 minutes", "1 day 3 hours"
-    (its two largest units). None → "—"."""
+_WORD_UNITS = (("day", 86400), ("hour", 3600), ("minute", 60))
+
+
+def _counted(count: int, unit: str) -> str:
+    return f"{count} {unit}{'s' if count != 1 else ''}"
+
+
+def duration_words(
+    seconds: float | None, *, parts: int = 2, rounded: bool = False, largest: str = "day"
+) -> str:
+    """A duration for a sentence: "40 seconds", "1 minute", "2 hours 5 minutes", "1 day 3 hours".
+    Seconds are said only under a minute. None → "—"; a negative span reads as its size.
+
+    ``parts``: how many units at most, the largest first (units that are zero are skipped).
+    ``rounded``: the count is rounded rather than cut — to the second under a minute, else to the
+    minute, or with ``parts=1`` to the one unit said ("12 minutes" for 11 min 59 s).
+    ``largest``: the largest unit said ("hour": "48 hours" rather than "2 days")."""
     if seconds is None:
         return "—"
-    whole = int(abs(seconds))
-    if whole < 60:
-        return f"{whole} second{'s' if whole != 1 else ''}"
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes = rest // 60
-    parts = [(days, "day"), (hours, "hour"), (minutes, "minute")]
-    return " ".join([f"{n} {unit}{'s' if n != 1 else ''}" for n, unit in parts if n][:2])
+    value = abs(float(seconds))
+    if value < 60:
+        return _counted(round(value) if rounded else int(value), "second")
+    units = _WORD_UNITS[[unit for unit, _ in _WORD_UNITS].index(largest) :]
+    if parts == 1:
+        unit, size = next((unit, size) for unit, size in units if value >= size)
+        return _counted(round(value / size) if rounded else int(value // size), unit)
+    rest = (round(value / 60) if rounded else int(value // 60)) * 60
+    said = []
+    for unit, size in units:
+        count, rest = divmod(rest, size)
+        if count:
+            said.append(_counted(count, unit))
+    return " ".join(said[:parts])
 
 
 def ago_words(seconds: float | None) -> str:

@@ -1,4 +1,21 @@
-"""The audit log: ``audit_record`` is the only writer, ``audit_verify`` the checker.
+"""The audit log: every event is made here, ``audit_verify`` checks them.
+
+Two writers append to it, and both take the event's content from this module:
+
+- ``audit_record`` writes an event from Python, in the caller's transaction: every event but the
+  hot writes';
+- the hot writes (recording an action, moving one its agent reports on) are one call each of a
+  database function (``saga_action_record``, ``saga_action_move``: ``ledger/sql``, called through
+  ``ledger.services.writes``), so their events are inserted by ``saga_event_insert`` inside that
+  call. ``event_template`` builds each of them, its canonical text in parts around the values only
+  the database knows; the database fills those in, links the event to its chain's head under the
+  run's row lock and hashes it as ``_event_digest`` does. ``clients/spec/vectors/audit_events.json``
+  holds both writers and the checkers to the same hashes.
+
+Nothing else in the application inserts events (the benchmark's seed, ``bench/size_seed.py``,
+copies chains hashed the same way into a database of its own). Only retention removes any: a
+run's whole chain, once archived, by ``saga_archived_run_events_delete`` (``ledger/sql``, called
+by ``recovery.archive.remove``); the log's triggers refuse every other UPDATE, DELETE and TRUNCATE.
 
 Every event is hash-chained to the previous event of its chain (its run, or the tenant's run-less
 events). Two concurrent transitions must never both link to the same predecessor:
@@ -177,7 +194,7 @@ def audit_record(
     return event
 
 
-# --- Events written by the database (ledger/0013: the hot path's one call per write) -----------
+# --- Events written by the database (ledger/sql: the hot path's one call per write) ------------
 
 # A value only the database knows when the event is built (the state an action left, its attempt
 # or completion number, the run of an action it moves): a ``Slot`` in the event's fields. The

@@ -3,7 +3,7 @@ policies (``ledger.policy_models``), the signed audit heads (``ledger.audit_mode
 shared vocabularies (``ledger.choices``) re-exported.
 
 State fields here are written only by ``ledger.services`` (and, for the states a recovery
-decision drives, by ``recovery.services`` through the ledger's own transition functions).
+decision drives, by ``recovery.actions`` through the ledger's own transition functions).
 """
 
 from __future__ import annotations

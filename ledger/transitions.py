@@ -28,7 +28,7 @@ M = TypeVar("M", bound=Model)
 RUN_TRANSITIONS: dict[str, set[str]] = {
     Run.Status.RUNNING: {Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.CANCELLED},
     # A verification that fails after the agent reported success reopens the run. A run flagged
-    # for review (recovery.services.resolving.run_flag) is compensated or resumed like a failed one.
+    # for review (recovery.actions.resolutions.run_flag) is compensated or resumed like a failed one.
     Run.Status.SUCCEEDED: {Run.Status.FAILED, Run.Status.COMPENSATING, Run.Status.RUNNING},
     Run.Status.FAILED: {Run.Status.COMPENSATING, Run.Status.RUNNING, Run.Status.CLOSED},
     Run.Status.CANCELLED: {Run.Status.COMPENSATING, Run.Status.CLOSED},
@@ -63,7 +63,7 @@ ACTION_TRANSITIONS: dict[str, set[str]] = {
     Action.Status.AWAITING_APPROVAL: {Action.Status.APPROVED, Action.Status.REJECTED},
     Action.Status.APPROVED: {Action.Status.RUNNING},
     # Asked again after its approval expired or was rejected
-    # (recovery.services.approving.approval_request_again).
+    # (recovery.actions.approvals.approval_request_again).
     Action.Status.REJECTED: {Action.Status.AWAITING_APPROVAL},
     Action.Status.RUNNING: {Action.Status.SUCCEEDED, Action.Status.FAILED, Action.Status.UNKNOWN},
     Action.Status.UNKNOWN: {Action.Status.SUCCEEDED, Action.Status.FAILED},

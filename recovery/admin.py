@@ -3,7 +3,7 @@ agent commands and notifications. Decisions are taken in the dashboard or the op
 services audit them and enqueue the work; an edit here would do neither, so there is none.
 
 Notification channels and the Slack app are settings, not decisions: tenant admins manage them
-here as in the dashboard, through the same services (``recovery.channels``). The Slack app's
+here as in the dashboard, through the same services (``recovery.actions.channels``). The Slack app's
 signing secret can be replaced, never read back; Slack user links can be removed, never made."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ledger.admin import (
 )
 from ledger.audit import Actor
 from ledger.models import Tenant
-from recovery import channels
+from recovery.actions import channels
 from recovery.audit_stream import config as audit_stream
 from recovery.audit_stream.models import AuditCursor, AuditSink
 from recovery.bulk.models import BulkItem, BulkOperation
@@ -193,7 +193,7 @@ class _TenantChoiceMixin:
 
 @admin.register(NotificationChannel)
 class NotificationChannelAdmin(_TenantChoiceMixin, TenantScopedAdmin):
-    """Saved through ``recovery.channels`` (audited); the model's ``clean`` checks the destination
+    """Saved through ``recovery.actions.channels`` (audited); the model's ``clean`` checks the destination
     (e-mail addresses, or a URL the outbound guard accepts) and the form shows its refusal."""
 
     list_display = ["name", "tenant", "kind", "min_risk", "enabled", "updated_at"]
@@ -420,7 +420,7 @@ class AuditCursorAdmin(ReadOnlyAdmin):
 
 @admin.register(BulkOperation)
 class BulkOperationAdmin(ReadOnlyAdmin):
-    """Bulk decisions by filter (recovery.services.bulk_filter): started, followed and aborted in
+    """Bulk decisions by filter (recovery.actions.bulk_filter): started, followed and aborted in
     the dashboard or the operator API, shown here."""
 
     list_display = ["id", "tenant", "action", "status", "total", "done", "failed", "skipped", "started_at"]

@@ -1,6 +1,6 @@
 """Approval deadlines, as the periodic sweeps keep them (API.md, "Approval deadlines per policy"):
 each approval carries its policy's window (``timeout_s``), what a timeout does (``on_timeout``)
-and to whom it escalates (``escalate_to``), set when it is asked for (``recovery.approvals``).
+and to whom it escalates (``escalate_to``), set when it is asked for (``recovery.transitions.approvals``).
 
 - **Reminder**: once per window, half way through it (``remind_at``), to the tenant's channels
   that take ``approval.reminder``.
@@ -8,7 +8,7 @@ and to whom it escalates (``escalate_to``), set when it is asked for (``recovery
   from then on, with a fresh window of the same length from the sweep that escalated it; the new
   approvers are told once (``approval.escalated``), and reminded half way through their window.
 - **Expiry** (``reject``, or a second timeout): the approval becomes ``expired`` with reason
-  ``timed_out`` and what it gated is refused (``recovery.services.periodic``), announced as
+  ``timed_out`` and what it gated is refused (``recovery.actions.periodic``), announced as
   ``approval.expired``.
 
 Each step is one compare-and-set (or a row lock taken with SKIP LOCKED) in the transaction that
@@ -26,9 +26,9 @@ from django.db import transaction
 from django.db.models import DurationField, ExpressionWrapper, F, Q, QuerySet
 
 from ledger.audit import Actor, audit_record
-from recovery.approvals import deadline_window, escalates_now_q, escalation_emails
 from recovery.models import Approval
 from recovery.notifications import outbox
+from recovery.transitions.approvals import deadline_window, escalates_now_q, escalation_emails
 
 DEADLINE = Actor.system("approval-deadline")
 

@@ -7,19 +7,13 @@ from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
 
+from infra.durations import duration_words
 from recovery.models import Approval
-
-_UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
 
 
 def span_words(delta: timedelta) -> str:
     """A span in its largest unit, rounded: ``12 minutes`` (for 11 min 59 s), ``1 hour``, ``3 days``."""
-    seconds = max(0.0, delta.total_seconds())
-    for unit, size in _UNITS:
-        if seconds >= size or unit == "second":
-            count = round(seconds / size)
-            return f"{count} {unit}{'' if count == 1 else 's'}"
-    return "0 seconds"  # unreachable: "second" always matches
+    return duration_words(max(0.0, delta.total_seconds()), parts=1, rounded=True)
 
 
 def clock(moment: datetime, now: datetime) -> str:

@@ -24,7 +24,7 @@ from recovery.models import ITEM_TRANSITIONS, Approval, RecoveryItem, Unwind, Un
 from recovery.unwinds.state import PROBLEMS, STOPPABLE
 
 # Resume and close resolve an item that waits for a decision; an item an unwind has claimed is
-# that unwind's to resolve (recovery.services.resolving.item_resume / item_close use this as allowed_from).
+# that unwind's to resolve (recovery.actions.resolutions.item_resume / item_close use this as allowed_from).
 DECIDABLE_ITEM = (RecoveryItem.Status.OPEN,)
 # A run being compensated is not flagged: its unwind decides what happens next (run_flag).
 NOT_FLAGGABLE = (Run.Status.COMPENSATING,)

@@ -16,12 +16,12 @@ from rq import get_current_job
 
 from ledger import audit_signing
 from ledger.services import idempotency
-from recovery import commands, sweeper
+from recovery import sweeper
+from recovery.actions import bulk_worker, commands, periodic
 from recovery.archive import runner as archive
 from recovery.audit_stream import delivery as audit_stream
 from recovery.notifications import delivery
 from recovery.notifications import prune as notifications_pruning
-from recovery.services import bulk_filter, bulk_worker, periodic
 from recovery.unwinds import dispatch, runner
 
 log = structlog.get_logger(__name__)
@@ -29,8 +29,8 @@ log = structlog.get_logger(__name__)
 
 def unwind_advance(*, unwind_id: str) -> None:
     # Advances the unwind and runs its steps in this job for up to a batch (one job, not two,
-    # per step; the sweeper still calls the one-move service ``recovery.unwinds.advance.unwind_advance``).
-    runner.unwind_run_steps(unwind_id=unwind_id)
+    # per step; the sweeper still calls the one-move service ``recovery.unwinds.advance.unwind_advance_move``).
+    runner.unwind_advance(unwind_id=unwind_id)
 
 
 def step_run(*, step_id: str) -> str | None:
@@ -40,22 +40,22 @@ def step_run(*, step_id: str) -> str | None:
 
 
 def sweep() -> dict[str, int]:
-    report = sweeper.steps_sweep()
+    report = sweeper.sweep()
     if report.leases_expired or report.reenqueued:
         log.info("jobs.sweep", **vars(report))
     return vars(report)
 
 
 def approvals_expire() -> int:
-    return periodic.approvals_expire_due()
+    return periodic.approvals_expire()
 
 
 def agents_detect_lost() -> int:
-    return periodic.runs_fail_lost_agents()
+    return periodic.agents_detect_lost()
 
 
 def commands_redeliver() -> int:
-    return commands.commands_redeliver_due()
+    return commands.commands_redeliver()
 
 
 def commands_flag_overdue() -> int:
@@ -63,7 +63,7 @@ def commands_flag_overdue() -> int:
 
 
 def idempotency_prune() -> int:
-    return idempotency.idempotency_records_prune()
+    return idempotency.idempotency_prune()
 
 
 def notifications_prune() -> int:
@@ -93,7 +93,7 @@ def slack_respond(*, response_url: str, message: dict[str, Any]) -> bool:
 
 
 def audit_stream_deliver() -> dict[str, int]:
-    return audit_stream.stream_deliver()
+    return audit_stream.audit_stream_deliver()
 
 
 def audit_heads_sign() -> int:
@@ -103,7 +103,7 @@ def audit_heads_sign() -> int:
 def runs_archive() -> dict[str, int]:
     """Retention's periodic duty (``recovery.archive.runner``): a bounded pass over every tenant."""
     try:
-        result = archive.archive_runs()
+        result = archive.runs_archive()
     except archive.ArchiveNotConfigured as exc:
         log.error("archive.error", reason="not_configured", message=str(exc))
         return {"archived": 0, "skipped": 0, "errors": 1}
@@ -115,7 +115,7 @@ def bulk_advance(*, bulk_id: str) -> str:
     """A chunk of one lane of a bulk decision, then the lane's successor at the back of the queue
     (other operators' jobs run in between; a lane waiting on other lanes' claims looks again a
     little later); a lost job is the periodic ``bulks_sweep``'s to replace."""
-    lane = bulk_worker.bulk_advance_lane(bulk_id=bulk_id)
+    lane = bulk_worker.bulk_advance(bulk_id=bulk_id)
     if lane is bulk_worker.Lane.DONE:
         return "done"
     job = get_current_job()
@@ -128,7 +128,7 @@ def bulk_advance(*, bulk_id: str) -> str:
 
 
 def bulks_sweep() -> int:
-    handed = bulk_filter.bulks_sweep()
+    handed = bulk_worker.bulks_sweep()
     if handed:
         log.info("jobs.bulks_sweep", handed=handed)
     return handed

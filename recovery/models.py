@@ -1,7 +1,7 @@
 """The decisions: recovery items, approvals, unwinds and their steps, agent commands.
 
-State fields here are written only through ``ledger.transitions.compare_and_set``, with the
-tables at the end of this module, by the recovery modules (items, approvals, commands, unwinds).
+Items and unwinds move by ``ledger.transitions.compare_and_set`` over the tables at the end of this
+module; approvals and commands by updates under their own locks (each write says why).
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ class Approval(models.Model):
     reason = models.TextField(blank=True, default="")
     expires_at = models.DateTimeField()
     # How many distinct people must grant it (the policy's or rule's ``approvers``); the first
-    # N-1 grants are ApprovalGrant rows and leave it pending (recovery.approvals.approval_decide).
+    # N-1 grants are ApprovalGrant rows and leave it pending (recovery.transitions.approvals.approval_decide).
     approvers_required = models.PositiveSmallIntegerField(default=1, db_default=1)
     # An approval asked again after this one expired or was rejected (the new one links back).
     previous = models.OneToOneField(
@@ -360,7 +360,7 @@ class AgentCommand(models.Model):
         PENDING = "pending", "Pending"
         ACKED = "acked", "Acknowledged"
         # Withdrawn before the agent acknowledged it: the run ended, was cancelled or failed again
-        # (recovery.commands.commands_cancel_pending). An agent pulls only pending commands.
+        # (recovery.actions.commands.commands_cancel_pending). An agent pulls only pending commands.
         CANCELLED = "cancelled", "Cancelled"
 
     id = models.CharField(primary_key=True, max_length=40, default=ids.new_command_id, editable=False)
@@ -572,7 +572,7 @@ class Notification(models.Model):
 class SlackApp(models.Model):
     """A tenant's Slack app: its signing secret verifies Slack's requests; approval messages then
     carry buttons. ``operator_owned``: the installation's app (``SAGA_SLACK_SIGNING_SECRET``), where
-    a press decides; otherwise a press only asks (``recovery.channels.slack_press_decides``)."""
+    a press decides; otherwise a press only asks (``recovery.actions.channels.slack_press_decides``)."""
 
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="slack_app")
     signing_secret = models.CharField(max_length=200, blank=True)
@@ -632,7 +632,7 @@ class SlackLinkCode(models.Model):
         return f"Slack link code of {self.user_id} in {self.tenant_id}"
 
 
-# --- State machines (moved only by ledger.transitions.compare_and_set) -----------------------
+# --- State machines (checked by ledger.transitions.compare_and_set) ---------------------------
 
 ITEM_TRANSITIONS: dict[str, set[str]] = {
     # Resume and close resolve an open item; an unwind claims it first and resolves it when done,

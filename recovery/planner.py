@@ -29,7 +29,7 @@ play no part.
 (``ledger.upstreams``); with any other compensator the step needs a person whatever its policy
 says, its ``upstream`` shows where the action was performed and where the compensator goes, its
 note and the plan's ``upstream_mismatch`` warning say why, and no automatic compensation starts
-(``recovery.services``). The worker checks again before it calls (``recovery.compensators``).
+(``recovery.actions``). The worker checks again before it calls (``recovery.compensators``).
 
 ``plan_hash`` fingerprints the whole plan as the preview shows it (every step, in order: its
 action, compensating tool, args, strategy, whether it can be undone and whether it needs an

@@ -1,7 +1,7 @@
 """Putting work on RQ, always after the decision is committed, never failing the decision.
 
 PostgreSQL is the source of truth and Redis only carries work: when Redis is unreachable the
-enqueue is logged and dropped, and the sweeper (``recovery.sweeper.steps_sweep``) finds the
+enqueue is logged and dropped, and the sweeper (``recovery.sweeper.sweep``) finds the
 committed-but-not-carried-out work and enqueues it again once Redis is back.
 
 Jobs are referenced by dotted path so services never import the job module (no import cycle).

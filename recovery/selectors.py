@@ -19,10 +19,10 @@ from ledger.models import Action, ActionClass, Checkpoint, Risk, Run, Tenant
 from ledger.selectors import checkpoint_latest, get_for_tenants
 from ledger.services.runs import CANCELLABLE
 from ledger.tool_names import TOOL_NAME_MAX_LENGTH, check_tool_name, glob_regex, is_glob
-from recovery.approvals import pending_q
 from recovery.bulk.models import BulkItem, BulkOperation
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import PLANNABLE_STATUSES
+from recovery.transitions.approvals import pending_q
 
 Tenants = Tenant | Iterable[Tenant] | Iterable[int]
 
@@ -295,7 +295,7 @@ def approval_get(*, tenants: Tenants, approval_id: str) -> Approval:
 
 
 def approvals_pending(*, tenants: Tenants, now: datetime | None = None) -> QuerySet[Approval]:
-    """Approvals waiting for a decision (``recovery.approvals.pending_q``: not past their expiry),
+    """Approvals waiting for a decision (``recovery.transitions.approvals.pending_q``: not past their expiry),
     the inbox's and the badge's one definition."""
     return Approval.objects.filter(pending_q(now=now), tenant_id__in=_tenant_ids(tenants))
 
@@ -474,7 +474,7 @@ def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) 
 @dataclass(frozen=True)
 class CancelPreview:
     """What cancelling ``run`` does, as the operator's confirmation shows it (and as
-    ``recovery.services.cancelling.run_cancel`` then does it, in one transaction)."""
+    ``recovery.actions.cancellations.run_cancel`` then does it, in one transaction)."""
 
     run: Run
     running: list[Action]  # become ``unknown``: someone confirms whether each happened

@@ -5,7 +5,7 @@ sends back, the parsing of those payloads (button presses, the ``/saga link`` co
 until checked, and the messages that answer them.
 
 Sending is ``recovery.notifications``'s business (through ``infra.outbound``'s guard, like every
-URL a tenant chose); deciding is ``recovery.services``'s. This module only shapes and checks.
+URL a tenant chose); deciding is ``recovery.actions``'s. This module only shapes and checks.
 """
 
 from __future__ import annotations

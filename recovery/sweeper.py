@@ -3,7 +3,7 @@
 PostgreSQL is the source of truth and Redis only carries work, so a lost job (Redis restarted, a
 worker SIGKILLed with its work horse, an enqueue while Redis was down) leaves a trace in the
 database: a running step whose lease expired, a queued step whose job is gone, a running unwind
-with nothing in flight whose advance job is gone. The worker's ticker runs ``steps_sweep`` every
+with nothing in flight whose advance job is gone. The worker's ticker runs ``sweep`` every
 SAGA_SWEEP_INTERVAL_S.
 """
 
@@ -22,7 +22,7 @@ from infra.conf import saga
 from recovery import approval_deadlines, queueing
 from recovery.compensators import Outcome
 from recovery.models import Notification, Unwind, UnwindStep
-from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.advance import unwind_advance_move
 from recovery.unwinds.dispatch import drive_job_timeout, enqueue_step, step_lease_seconds, step_timeout_of
 from recovery.unwinds.runner import step_record_outcome
 from recovery.unwinds.state import ENGINE, IN_FLIGHT, step_transition
@@ -37,7 +37,7 @@ class SweepReport:
     advanced: int = 0
 
 
-def steps_sweep(*, now: datetime | None = None) -> SweepReport:
+def sweep(*, now: datetime | None = None) -> SweepReport:
     """Find committed work that nobody is carrying out and hand it to a worker again."""
     now = now or timezone.now()
     report = SweepReport()
@@ -65,7 +65,7 @@ def steps_sweep(*, now: datetime | None = None) -> SweepReport:
     return report
 
 
-# The rows one pass of ``steps_sweep`` reads of each kind: bounded under any backlog.
+# The rows one pass of ``sweep`` reads of each kind: bounded under any backlog.
 STEP_BATCH = 200
 
 # Where the last pass over the queued steps stopped (by id, per process): a backlog longer than a
@@ -74,7 +74,7 @@ _step_cursor: dict[str, str] = {}
 
 
 def _queued_steps_reenqueue(*, now: datetime, interval: float) -> int:
-    """``steps_sweep``'s second duty: the queued steps handed to a job again (how many)."""
+    """``sweep``'s second duty: the queued steps handed to a job again (how many)."""
     reenqueued = 0
     queued = UnwindStep.objects.filter(status=UnwindStep.Status.QUEUED, unwind__status=Unwind.Status.RUNNING)
     if "queued" in _step_cursor:
@@ -118,7 +118,7 @@ def _queued_steps_reenqueue(*, now: datetime, interval: float) -> int:
 
 
 def _idle_unwinds_advance(*, now: datetime, interval: float) -> int:
-    """``steps_sweep``'s third duty: the running unwinds with nothing in flight advanced (how many)."""
+    """``sweep``'s third duty: the running unwinds with nothing in flight advanced (how many)."""
     advanced = 0
     for unwind_id, job_id in (
         Unwind.objects.filter(status=Unwind.Status.RUNNING, updated_at__lt=now - timedelta(seconds=interval))
@@ -131,7 +131,7 @@ def _idle_unwinds_advance(*, now: datetime, interval: float) -> int:
             break  # Redis is down: nothing can be enqueued now; the next sweep looks again
         if will_run:
             continue
-        unwind_advance(unwind_id=unwind_id)
+        unwind_advance_move(unwind_id=unwind_id)
         advanced += 1
     return advanced
 

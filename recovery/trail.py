@@ -292,7 +292,7 @@ def _reviewers(run: Run) -> list[dict[str, Any]]:
                 "subject": "",
                 "reason": event.reason,
                 "at": event.created_at,
-                # Decided as part of a bulk decision by filter (recovery.services.bulk_filter).
+                # Decided as part of a bulk decision by filter (recovery.actions.bulk_filter).
                 "bulk_id": str((event.data or {}).get("bulk_id", "")),
             }
         )

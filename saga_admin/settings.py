@@ -320,7 +320,7 @@ SAGA: dict[str, Any] = {
     # The installation's own Slack app's signing secret, which only the operator holds: a tenant
     # connected to it (`manage.py slack_app --tenant SLUG --installation-app`) decides with a press.
     # A tenant whose admin set a secret of its own only asks, and the person confirms in the
-    # dashboard (recovery.channels).
+    # dashboard (recovery.actions.channels).
     "SLACK_SIGNING_SECRET": env_secret("SAGA_SLACK_SIGNING_SECRET").strip(),
     # Recovery engine
     "STEP_LEASE_S": env_int("SAGA_STEP_LEASE_S", 45),

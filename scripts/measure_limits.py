@@ -29,7 +29,7 @@ from ledger.models import Tenant  # noqa: E402
 from ledger.policies.load import policy_file_load, policy_file_parse  # noqa: E402
 from ledger.services import runs  # noqa: E402
 from ledger.services.keys import agent_key_create  # noqa: E402
-from recovery.services.approving import action_record_gated  # noqa: E402
+from recovery.actions.approvals import action_record_gated  # noqa: E402
 
 BASE = {"tool": "bench.charge", "risk": "low", "approval": "auto", "action_class": "internal_update"}
 CASES = {

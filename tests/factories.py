@@ -22,9 +22,9 @@ from ledger.models import Action, Compensator, Event, PolicySet, Run, Tenant, To
 from ledger.policies.load import LoadReport, policy_file_load, policy_file_parse
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves, recording
+from recovery.actions.approvals import action_record_gated
+from recovery.actions.reports import action_fail_and_queue, run_fail_and_queue
 from recovery.models import Approval, RecoveryItem
-from recovery.services.approving import action_record_gated
-from recovery.services.reports import action_fail_and_queue, run_fail_and_queue
 from tests.support.api import Api
 from tests.support.processes import WebhookServer
 

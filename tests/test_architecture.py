@@ -8,8 +8,9 @@ observability) ← ``ledger`` (the record) ←
 not import each other) ← the project shell (``saga_admin`` settings and urls) and ``demo`` ←
 ``bench`` (the benchmark harness: a tool over all of it, which nothing imports; the installed
 distribution does not carry it).
-Inside ``recovery`` the decisions (the ``recovery.services`` package) sit on top: nothing below
-them imports them.
+Inside ``recovery`` the modules stand in groups (``RECOVERY_GROUPS``): the models and plumbing, the
+single-object transitions the engine makes, the reads and the engine, the one write layer
+(``recovery.actions``), and what calls it (the jobs, the admin, the management commands).
 
 Every import counts, function-level ones included (an import inside a function is still a
 dependency; moving it there only hides a cycle), and so does ``importlib`` reaching a module by
@@ -73,7 +74,7 @@ def _raw_imports(path: Path, module: str) -> Iterator[str]:
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
             yield base
-            # ``from recovery import services`` depends on the module recovery.services.
+            # ``from recovery import actions`` depends on the module recovery.actions.
             yield from (f"{base}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Call):
             name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
@@ -127,14 +128,14 @@ def test_it_finds_the_modules_it_checks():
     assert {
         "infra.outbound",
         "ledger.models",
-        "recovery.services.compensating",
+        "recovery.actions.compensations",
         "saga_admin.api.app",
         "dashboard.views.queue",
     } <= set(MODULES)
-    assert "recovery.items" in imports_of("recovery.services.compensating")
-    assert "ledger.services.runs" in imports_of("recovery.services.compensating")
+    assert "recovery.transitions.items" in imports_of("recovery.actions.compensations")
+    assert "ledger.services.runs" in imports_of("recovery.actions.compensations")
     # A package's ``__init__`` is a module too (``from recovery.unwinds import advance`` imports both).
-    assert {"recovery.unwinds", "recovery.unwinds.advance"} <= imports_of("recovery.services.approving")
+    assert {"recovery.unwinds", "recovery.unwinds.advance"} <= imports_of("recovery.actions.approvals")
     # The harness's entry point and the phases it runs are read too.
     assert {"bench.harness", "bench.report", "bench.size"} <= imports_of("bench.run")
 
@@ -162,167 +163,134 @@ def test_it_keeps_the_api_and_the_dashboard_apart():
     assert {module: targets for module, targets in crossing.items() if targets} == {}
 
 
-DECISIONS = "recovery.services"
-
-
-def _is_decisions(module: str) -> bool:
-    return module == DECISIONS or module.startswith(f"{DECISIONS}.")
-
-
-def test_it_keeps_the_decisions_module_on_top_of_recovery():
-    """The decisions (recovery.services, a package) call items, approvals, commands and the
-    engine; none of them (nor anything else in recovery but the jobs the worker runs) calls them
-    back, and every one of them stands on a floor above the rest of recovery."""
-    callers = sorted(
-        module
-        for module in MODULES
-        if module.startswith("recovery.")
-        and not _is_decisions(module)
-        and any(_is_decisions(target) for target in imports_of(module))
-    )
-    assert callers == ["recovery.jobs"]
-    decisions = {m for m in RECOVERY_FLOORS if _is_decisions(m) and m != DECISIONS}
-    below = set(RECOVERY_FLOORS) - decisions - {DECISIONS, "recovery.jobs"}
-    assert decisions and min(map(_recovery_floor, decisions)) > max(map(_recovery_floor, below))
-
-
-# Inside recovery, each module's floor: a module imports only recovery modules on lower floors.
-# A new module must be given its floor here, which is where its place in the layering is decided.
-# A package's ``__init__`` holds only a docstring naming its modules: it imports nothing, so it
-# stands on the ground floor (importing ``from recovery.unwinds import advance`` imports it too).
-RECOVERY_FLOORS = {
-    # What everything stands on: the models and the plumbing (queues, compensator calls, mail).
-    "recovery": 0,
-    "recovery.notifications": 0,
-    "recovery.unwinds": 0,
-    "recovery.services": 0,
-    "recovery.models": 0,
-    "recovery.queueing": 0,
-    "recovery.compensators": 0,
-    "recovery.slack": 0,
-    # Telling people and agents: raising a notification, pushing a command; delivering a row.
-    "recovery.notifications.outbox": 2,
-    "recovery.notifications.command_push": 1,
-    "recovery.notifications.delivery": 3,
-    # Pruning the outbox's finished rows (over the models; the batches are ledger.pruning's).
-    "recovery.notifications.prune": 1,
-    "recovery.planner": 1,
-    "recovery.trail": 1,
-    # An approval's deadline in words (the inbox card, notifications, Slack).
-    "recovery.deadline_words": 1,
-    # Checking a compensator with the protocol's harmless calls (over the compensator calls).
-    "recovery.compensator_checks": 1,
-    # The worker process surviving Redis outages (over nothing of recovery: rq and the filesystem).
-    "recovery.worker_liveness": 0,
-    # The periodic duties' "anything due?" questions and the ticker (over the approval deadlines;
-    # it runs the duties through the worker command, which hands it recovery.jobs).
-    "recovery.scheduling": 5,
-    # The engine's Prometheus metrics: counted where steps move, read from the models when scraped.
-    "recovery.metrics": 1,
-    "recovery.admin": 4,
-    # Each object's own transitions.
-    "recovery.items": 3,
-    "recovery.approvals": 3,
-    "recovery.commands": 3,
-    "recovery.channels": 3,
-    # The reads, and the engine over the objects it moves: what every verb of it shares, then
-    # create, claim and finish, then advance (which claims and finishes) and the operator's
-    # moves, then the runner (which records an outcome and advances); the sweeper over it all.
-    "recovery.selectors": 4,
-    # Approval deadlines as the sweeps keep them: reminders, escalation (over the approvals).
-    "recovery.approval_deadlines": 4,
-    "recovery.unwinds.state": 4,
-    "recovery.unwinds.dispatch": 4,
-    "recovery.unwinds.create": 5,
-    "recovery.unwinds.claim": 5,
-    "recovery.unwinds.finish": 5,
-    "recovery.unwinds.advance": 6,
-    "recovery.unwinds.moves": 6,
-    "recovery.unwinds.runner": 7,
-    "recovery.sweeper": 8,
-    # Which decisions are possible now, and refusals in words (over the engine's state sets).
-    "recovery.decisions": 5,
-    # The decisions the UI and the API call (refusals audited under each; compensating under the
-    # reports that auto-compensate and the bulk decisions; the periodic duties over approving and
-    # the reports), then what the worker runs.
-    "recovery.services.refusals": 9,
-    "recovery.services.approving": 10,
-    "recovery.services.compensating": 10,
-    "recovery.services.resolving": 10,
-    "recovery.services.cancelling": 10,
-    "recovery.services.reports": 11,
-    "recovery.services.bulk": 11,
-    # The bulk's worker half (lanes, claims, the authority re-check) under its service half.
-    "recovery.services.bulk_worker": 11,
-    "recovery.services.bulk_filter": 12,
-    "recovery.services.periodic": 12,
-    "recovery.jobs": 13,
-    # The audit stream to a SIEM: its sinks and messages, how they are sent, the cursor moving.
-    "recovery.audit_stream": 0,
-    # Bulk decisions by filter: their own tables (the decisions are recovery.services.bulk_filter).
-    "recovery.bulk": 0,
-    "recovery.bulk.models": 0,
-    "recovery.audit_stream.models": 0,
-    "recovery.audit_stream.config": 1,
-    "recovery.audit_stream.records": 1,
-    "recovery.audit_stream.transport": 3,
-    "recovery.audit_stream.delivery": 4,
-    # Retention: each tenant's window and destination, what belongs to a run, its files written,
-    # its removal, and the pass over every tenant (over the audit stream's delivery: a run is
-    # archived only once the stream has its events).
-    "recovery.archive": 0,
-    "recovery.archive.policy": 1,
-    "recovery.archive.records": 1,
-    "recovery.archive.write": 2,
-    "recovery.archive.remove": 3,
-    "recovery.archive.runner": 5,
-}
-
-
-def _recovery_floor(module: str) -> int:
-    if module.startswith(
+# Inside recovery, the groups in order, lowest first: a module imports only recovery modules of its
+# own group or a lower one. Inside a group anything may import anything but a cycle (the cycle
+# test above covers every module). A module's group is that of the longest prefix naming it, so a
+# new module of a sub-package joins its package's group; a new top-level module must be named here,
+# which is where its place in the layering is decided.
+RECOVERY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # The models and the plumbing: queues, compensator calls, telling people and agents (the
+    # notification outbox, command pushes, Slack's shapes), the planner, the trail, the metrics, and
+    # the sub-packages that are their own tables and duties (the audit stream, retention, the bulk
+    # tables) over nothing of the rest.
+    (
+        "plumbing",
         (
-            "recovery.migrations",
-            "recovery.management",
-            "recovery.audit_stream.migrations",
-            "recovery.bulk.migrations",
-        )
-    ):
-        return 14 if module.startswith("recovery.management") else 0
-    return RECOVERY_FLOORS[module]
+            "recovery",
+            "recovery.models",
+            "recovery.queueing",
+            "recovery.compensators",
+            "recovery.compensator_checks",
+            "recovery.slack",
+            "recovery.worker_liveness",
+            "recovery.metrics",
+            "recovery.planner",
+            "recovery.trail",
+            "recovery.deadline_words",
+            "recovery.notifications",
+            "recovery.audit_stream",
+            "recovery.archive",
+            "recovery.bulk",
+        ),
+    ),
+    # Single-object transitions the engine itself makes (an item leaving the queue when its unwind
+    # finishes, a step's approval asked for or withdrawn): below the engine so that it can call them.
+    ("transitions", ("recovery.transitions",)),
+    # The reads and the engine: the queue's selectors, which decisions are possible now, approval
+    # deadlines as the sweeps keep them, the unwind engine, the sweeper and the ticker.
+    (
+        "engine",
+        (
+            "recovery.selectors",
+            "recovery.decisions",
+            "recovery.approval_deadlines",
+            "recovery.unwinds",
+            "recovery.sweeper",
+            "recovery.scheduling",
+        ),
+    ),
+    # The one write layer: the service functions the UI, the API, Slack and the bulk job call.
+    ("actions", ("recovery.actions",)),
+    # What runs the actions: the worker's jobs, the Django admin and the management commands.
+    ("callers", ("recovery.jobs", "recovery.admin", "recovery.management")),
+)
+RECOVERY_MIGRATIONS = ("recovery.migrations", "recovery.audit_stream.migrations", "recovery.bulk.migrations")
 
 
-def test_it_gives_every_recovery_module_a_floor():
-    unplaced = sorted(
-        m
-        for m in MODULES
-        if m.split(".")[0] == "recovery"
-        and m not in RECOVERY_FLOORS
-        and not m.startswith(
-            (
-                "recovery.migrations",
-                "recovery.management",
-                "recovery.audit_stream.migrations",
-                "recovery.bulk.migrations",
-            )
-        )
-    )
-    assert unplaced == []
+def _recovery_group(module: str) -> int | None:
+    """The index of the module's group in RECOVERY_GROUPS (None for a module no group names)."""
+    best: tuple[int, int] | None = None  # (prefix length, group)
+    for index, (_name, prefixes) in enumerate(RECOVERY_GROUPS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(f"{prefix}.")) and (
+                best is None or len(prefix) > best[0]
+            ):
+                best = (len(prefix), index)
+    return best[1] if best else None
 
 
-def test_it_keeps_recovery_layered_items_engine_decisions():
-    upward = {
-        module: sorted(
+def _recovery_modules() -> list[str]:
+    return [m for m in MODULES if m.split(".")[0] == "recovery" and not m.startswith(RECOVERY_MIGRATIONS)]
+
+
+def _recovery_upward() -> dict[str, list[str]]:
+    """Each recovery module's imports of a recovery module in a higher group."""
+    upward = {}
+    for module in _recovery_modules():
+        group = _recovery_group(module)
+        assert group is not None, module
+        targets = sorted(
             t
             for t in imports_of(module)
             if t.split(".")[0] == "recovery"
             and t in MODULES
-            and _recovery_floor(t) >= _recovery_floor(module)
+            and not t.startswith(RECOVERY_MIGRATIONS)
+            and (_recovery_group(t) or 0) > group
         )
-        for module in MODULES
-        if module.split(".")[0] == "recovery" and module in RECOVERY_FLOORS
+        if targets:
+            upward[module] = targets
+    return upward
+
+
+def test_it_gives_every_recovery_module_a_group():
+    unplaced = sorted(m for m in _recovery_modules() if _recovery_group(m) is None)
+    assert unplaced == []
+    # The groups named are the ones the code has: a prefix naming no module is a stale entry.
+    stale = sorted(
+        prefix
+        for _name, prefixes in RECOVERY_GROUPS
+        for prefix in prefixes
+        if not any(m == prefix or m.startswith(f"{prefix}.") for m in _recovery_modules())
+    )
+    assert stale == []
+
+
+def test_it_keeps_recovery_layered_plumbing_transitions_engine_actions_callers():
+    assert _recovery_upward() == {}
+
+
+def test_it_keeps_the_actions_on_top_of_recovery():
+    """Nothing in recovery below the callers imports the write layer but the write layer itself."""
+    actions = next(i for i, (name, _prefixes) in enumerate(RECOVERY_GROUPS) if name == "actions")
+    callers = sorted(
+        module
+        for module in _recovery_modules()
+        if (_recovery_group(module) or 0) < actions
+        and any(_recovery_group(t) == actions for t in imports_of(module) if t.split(".")[0] == "recovery")
+    )
+    assert callers == []
+    assert _recovery_group("recovery.actions.approvals") == actions
+    assert _recovery_group("recovery.unwinds.runner") == actions - 1
+
+
+def test_it_catches_an_upward_import_inside_recovery(tmp_path, monkeypatch):
+    """The group rule can fail: the engine calling an action (inside a function, even) is upward."""
+    rogue = tmp_path / "rogue.py"
+    rogue.write_text("def f():\n    from recovery.actions import approvals\n")
+    monkeypatch.setitem(MODULES, "recovery.unwinds.rogue", rogue)
+    assert _recovery_upward() == {
+        "recovery.unwinds.rogue": ["recovery.actions", "recovery.actions.approvals"]
     }
-    assert {module: targets for module, targets in upward.items() if targets} == {}
 
 
 def _cycles() -> list[list[str]]:
@@ -456,13 +424,13 @@ def test_it_catches_a_hidden_upward_import(tmp_path, monkeypatch):
     rogue = tmp_path / "rogue.py"
     rogue.write_text(
         "import importlib\n"
-        "def f():\n    from recovery import services\n"
+        "def f():\n    from recovery import actions\n"
         "def g():\n    return importlib.import_module('saga_admin.api.app')\n"
     )
     monkeypatch.setitem(MODULES, "ledger.rogue", rogue)
-    assert {"recovery.services", "saga_admin.api.app"} <= imports_of("ledger.rogue")
+    assert {"recovery.actions", "saga_admin.api.app"} <= imports_of("ledger.rogue")
     assert all(
-        _layer(target) > _layer("ledger.rogue") for target in ("recovery.services", "saga_admin.api.app")
+        _layer(target) > _layer("ledger.rogue") for target in ("recovery.actions", "saga_admin.api.app")
     )
 
 

@@ -20,8 +20,8 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
 from ledger.audit import Actor
+from recovery.actions.compensations import unwind_start
 from recovery.models import Unwind
-from recovery.services.compensating import unwind_start
 from tests.factories import HR_PATH, HR_SECRET, WS_PATH, WS_SECRET, load_onboarding_policies, onboarding_saga
 from tests.support import promql
 from tests.support.processes import (

@@ -32,10 +32,10 @@ from infra.conf import saga
 from infra.ids import looks_like_id
 from infra.pagination import Key, keyset_page
 from ledger.models import Risk
-from recovery.approvals import pending_q
-from recovery.commands import overdue_before
+from recovery.actions.commands import overdue_before
 from recovery.models import AgentCommand, Approval, RecoveryItem
 from recovery.selectors import QueueFilter
+from recovery.transitions.approvals import pending_q
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations

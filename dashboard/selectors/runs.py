@@ -14,8 +14,8 @@ from dashboard.permissions import Someone
 from infra.pagination import Key, Page, cursor_after, keyset_page
 from ledger.models import Action, Checkpoint, Event, Run
 from ledger.selectors import checkpoints_for_run, run_warnings
-from recovery.approvals import pending_q
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.transitions.approvals import pending_q
 
 # A run page shows the newest checkpoints and audit events and says how many older ones there are:
 # an agent that checkpoints in a loop must not make the operator's page unbounded.

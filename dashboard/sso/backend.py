@@ -48,8 +48,8 @@ def _text(claims_: dict[str, Any], name: str) -> str:
 def _verified_email(userinfo: dict[str, Any], payload: dict[str, Any]) -> str:
     """The person's e-mail address only when the provider says it verified it (``email_verified``
     true, in the answer that gave the address): an address is who a person is for the approval
-    rules (``recovery.approvals.same_person``) and where approval details are sent, so one the
-    person merely typed is neither. "" otherwise."""
+    rules (``recovery.transitions.approvals.same_person``) and where approval details are sent, so
+    one the person merely typed is neither. "" otherwise."""
     for claims_ in (userinfo, payload):
         email = _text(claims_, "email")
         if email:

@@ -11,7 +11,7 @@ from django import template
 from infra.conf import saga
 from infra.durations import duration_words
 from ledger.models import Run
-from recovery import commands
+from recovery.actions import commands
 
 register = template.Library()
 

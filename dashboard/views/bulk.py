@@ -1,7 +1,7 @@
 """Bulk decisions by filter: from the queue's filter bar to a preview (counts by risk and reason, a
 sample, how many compensations would wait for an approver), the decision with a typed
 confirmation past a threshold, and the bulk's page (live progress, what was decided, skipped or
-refused, abort). The decisions are ``recovery.services.bulk_filter``'s."""
+refused, abort). The decisions are ``recovery.actions.bulk_filter``'s."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from infra.conf import saga
 from infra.errors import SagaError
 from ledger.models import Tenant
 from recovery import selectors
+from recovery.actions import bulk_filter
 from recovery.bulk.models import BulkItem, BulkOperation
 from recovery.selectors import QueueFilter
-from recovery.services import bulk_filter
 
 SHOWN_PER_OUTCOME = 50
 

@@ -22,10 +22,10 @@ from dashboard.templatetags.dashboard import pretty_json
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
-from recovery import approvals as recovery_approvals
 from recovery import decisions as recovery_decisions
+from recovery.actions import approvals as approval_actions
 from recovery.models import Approval
-from recovery.services import approving
+from recovery.transitions import approvals as recovery_approvals
 
 
 def _get_approval_for_user(request: HttpRequest, approval_id: str, capability: Capability) -> Approval:
@@ -49,7 +49,7 @@ def _keys_owned(request: HttpRequest) -> recovery_approvals.OwnedKeys:
 
 
 def _people(request: HttpRequest) -> frozenset[int]:
-    """Every account of the signed-in person (``recovery.approvals.same_person``), read once per
+    """Every account of the signed-in person (``recovery.transitions.approvals.same_person``), read once per
     request however many cards ask."""
     people: frozenset[int] | None = getattr(request, "_saga_people", None)
     if people is None:
@@ -115,7 +115,7 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
     if form.is_valid():
         try:
             if approve:
-                decided = approving.approval_approve(
+                decided = approval_actions.approval_approve(
                     approval=approval,
                     actor=common.actor(request),
                     reason=form.cleaned_data["reason"],
@@ -128,7 +128,7 @@ def _approval_decision(request: HtmxHttpRequest, approval_id: str, *, approve: b
                         "another approver must grant it too."
                     )
             else:
-                approving.approval_reject(
+                approval_actions.approval_reject(
                     approval=approval, actor=common.actor(request), reason=form.cleaned_data["reason"]
                 )
         except SagaError as exc:

@@ -18,13 +18,13 @@ from dashboard.views.common import HtmxHttpRequest
 from infra.conf import saga
 from infra.errors import PlanChanged, SagaError
 from ledger.selectors import checkpoints_for_run
-from recovery import commands as recovery_commands
 from recovery import compensator_checks, planner
 from recovery import decisions as recovery_decisions
-from recovery import items as recovery_items
 from recovery import selectors as recovery_selectors
+from recovery.actions import commands as recovery_commands
+from recovery.actions import compensations, refusals, resolutions
 from recovery.models import RecoveryItem
-from recovery.services import compensating, refusals, resolving
+from recovery.transitions import items as recovery_items
 
 
 def _get_item_for_user(request: HttpRequest, item_id: str, capability: Capability) -> RecoveryItem:
@@ -181,7 +181,7 @@ def _compensation_start(
     """Start the compensation as confirmed (``plan``: what the operator saw), saying what runs and
     what is kept; a plan that changed meanwhile is shown again instead of starting anything."""
     try:
-        unwind = compensating.unwind_start(
+        unwind = compensations.unwind_start(
             item=item,
             actor=common.actor(request),
             reason=reason,
@@ -226,7 +226,7 @@ def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     form = ResumeForm(request.POST or None, checkpoints=checkpoints)
     if request.method == "POST" and form.is_valid():
         try:
-            resolving.item_resume(
+            resolutions.item_resume(
                 item=item,
                 actor=common.actor(request),
                 reason=form.cleaned_data["reason"],
@@ -249,7 +249,7 @@ def item_resume(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
             "preview": preview,
             "form": form,
             "checkpoint": checkpoint,
-            # Whether anyone is there to pick the resume up (recovery.commands: the one rule).
+            # Whether anyone is there to pick the resume up (recovery.actions.commands: the one rule).
             "pulse": recovery_commands.agent_pulse(run=item.run),
             "ack_timeout_s": saga().resume_ack_timeout_s,
         },
@@ -265,7 +265,7 @@ def item_close(request: HtmxHttpRequest, item_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            resolving.item_close(item=item, actor=common.actor(request), reason=form.cleaned_data["reason"])
+            resolutions.item_close(item=item, actor=common.actor(request), reason=form.cleaned_data["reason"])
         except SagaError as exc:
             return common.refused(request, exc, common.run_url(item.run_id))
         messages.success(request, "Closed. Nothing was undone; the reason is in the audit log.")

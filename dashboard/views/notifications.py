@@ -3,7 +3,7 @@ attempts, last error, next attempt) for operators and admins, and a tenant's not
 settings for its admins — channels (add, edit, delete, send a test), the Slack app (its signing
 secret: write-only, never shown again) and which Slack users are which dashboard users (listed;
 removed in ``dashboard.views.slack_account``, never made by an admin). The services are
-``recovery.channels``; these views parse, check the role and call them."""
+``recovery.actions.channels``; these views parse, check the role and call them."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
 from infra.ids import looks_like_id
 from ledger.models import Membership, Tenant
-from recovery import channels
+from recovery.actions import channels
 from recovery.decisions import refusal_sentence
 from recovery.models import Notification, NotificationChannel, NotificationEvent, SlackApp, SlackUserLink
 

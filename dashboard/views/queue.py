@@ -25,8 +25,8 @@ from dashboard.views.common import HtmxHttpRequest
 from infra.conf import saga
 from infra.errors import SagaError
 from ledger.models import Risk, Run, Tenant
+from recovery.actions import bulk
 from recovery.models import RecoveryItem
-from recovery.services import bulk
 
 
 def _queue_view(
@@ -79,7 +79,7 @@ def _saved_and_counts(
 
 
 def _selectable(item: RecoveryItem, operable: set[int]) -> bool:
-    """An item the ticked bulk takes (``recovery.services.bulk``), in a tenant the user operates."""
+    """An item the ticked bulk takes (``recovery.actions.bulk``), in a tenant the user operates."""
     return bulk.ticked_bulk_takes(item) and item.tenant_id in operable
 
 

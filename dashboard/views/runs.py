@@ -24,8 +24,8 @@ from ledger.models import Action
 from recovery import planner
 from recovery import selectors as recovery_selectors
 from recovery import trail as recovery_trail
+from recovery.actions import cancellations, resolutions
 from recovery.models import RecoveryItem
-from recovery.services import cancelling, resolving
 
 # How many of a run's warnings its page lists (the rest are counted).
 WARNINGS_SHOWN = 20
@@ -202,7 +202,7 @@ def run_flag(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            item = resolving.run_flag(
+            item = resolutions.run_flag(
                 run=run, actor=common.actor(request), reason=form.cleaned_data["reason"]
             )
         except SagaError as exc:
@@ -237,7 +237,7 @@ def run_cancel(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            outcome = cancelling.run_cancel(
+            outcome = cancellations.run_cancel(
                 run=run, actor=common.actor(request), reason=form.cleaned_data["reason"]
             )
         except SagaError as exc:

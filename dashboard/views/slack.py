@@ -15,12 +15,12 @@ without its app's secret, and Slack's own addresses are never blocked by someone
 A press: the Slack user (team id + user id) must be linked — by themself — to an active dashboard
 user of that tenant who holds the approver role, and the approval must be that tenant's; Approve
 carries the hash of the arguments its message showed and approves only while the approval's
-arguments still hash to it. The decision is ``recovery.services.approving.approval_approve`` /
+arguments still hash to it. The decision is ``recovery.actions.approvals.approval_approve`` /
 ``approval_reject`` — the dashboard's own, so the same rules hold (four eyes: whoever asked cannot
 grant; an expired or decided approval is refused) — on the installation's Slack app, whose
 secret only the operator holds. On an app whose secret a tenant admin set (and could sign with as
 anyone), a press decides nothing: its answer links to ``dashboard.views.slack_confirm``, where the
-linked person confirms it signed in as themself (``recovery.channels.slack_press_decides``).
+linked person confirms it signed in as themself (``recovery.actions.channels.slack_press_decides``).
 Answers: 200 with the outcome posted back through the payload's ``response_url`` — the message
 replaced with the decision and who made it, or a refusal (or the request to confirm) only the
 presser sees. A replayed press finds the approval decided and is refused.
@@ -42,22 +42,23 @@ from django.views.decorators.http import require_POST
 from dashboard.permissions import Capability, can
 from dashboard.presenters.approval_cards import grants_line
 from infra.conf import saga
+from infra.error_bodies import error_body
 from infra.errors import SagaError
 from infra.ids import looks_like_id
 from infra.throttle import client_address, fixed_window
 from ledger.audit import Actor
 from ledger.models import Tenant
-from recovery import channels, slack
+from recovery import slack
+from recovery.actions import approvals, channels
 from recovery.decisions import refusal_sentence
 from recovery.models import Approval, SlackApp
 from recovery.notifications import delivery, outbox
-from recovery.services import approving
 
 log = structlog.get_logger(__name__)
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message, "details": {}}}, status=status)
+    return JsonResponse(error_body(code, message), status=status)
 
 
 def _too_many(code: str, message: str, retry_after: float) -> JsonResponse:
@@ -257,11 +258,11 @@ def _decide(interaction: slack.Interaction, tenant: Tenant, approval: Approval, 
     reason = f"{verb} in Slack by {user.get_username()} (Slack user {interaction.user_name})"
     try:
         if interaction.approve:
-            decided = approving.approval_approve(
+            decided = approvals.approval_approve(
                 approval=approval, actor=actor, reason=reason, shown_args_hash=interaction.args_hash
             )
         else:
-            decided = approving.approval_reject(approval=approval, actor=actor, reason=reason)
+            decided = approvals.approval_reject(approval=approval, actor=actor, reason=reason)
     except SagaError as exc:
         return _refuse(interaction, f"Not decided: {refusal_sentence(exc)}", why=exc.code)
     summary = f"{decided.tool} ({decided.risk} risk) on run {decided.run_id}"
@@ -305,7 +306,7 @@ def _decide(interaction: slack.Interaction, tenant: Tenant, approval: Approval, 
 @require_POST
 def commands(request: HttpRequest) -> HttpResponse:
     """``/saga link TENANT CODE``: the Slack user who typed it becomes the dashboard user the code
-    was shown to (``recovery.channels.slack_link_redeem``). The answer is the command's reply,
+    was shown to (``recovery.actions.channels.slack_link_redeem``). The answer is the command's reply,
     shown only to them."""
     received = _form(request)
     if received is None:

@@ -1,6 +1,6 @@
 """Your Slack account: where a signed-in user links their own Slack account to their dashboard
 user, tenant by tenant, and removes a link. The only way a link is made: the page shows the user a
-one-time code (``recovery.channels.slack_link_code_issue``, for ``request.user`` and nobody else),
+one-time code (``recovery.actions.channels.slack_link_code_issue``, for ``request.user`` and nobody else),
 which they send from Slack with ``/saga link TENANT CODE`` — a request Slack signs for the Slack
 user who typed it (``dashboard.views.slack.commands``). An admin can remove links, never make one."""
 
@@ -21,7 +21,7 @@ from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
 from ledger.models import Tenant
-from recovery import channels
+from recovery.actions import channels
 from recovery.decisions import refusal_sentence
 from recovery.models import SlackApp, SlackUserLink
 

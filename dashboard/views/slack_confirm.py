@@ -25,9 +25,9 @@ from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
 from recovery import slack
+from recovery.actions import approvals
 from recovery.decisions import refusal_sentence
 from recovery.models import Approval
-from recovery.services import approving
 
 TEMPLATE = "dashboard/slack_press_confirm.html"
 
@@ -91,11 +91,11 @@ def _confirm(request: HtmxHttpRequest, approval: Approval, press: slack.PressReq
     )
     try:
         if press.approve:
-            decided = approving.approval_approve(
+            decided = approvals.approval_approve(
                 approval=approval, actor=actor, reason=reason, shown_args_hash=press.args_hash
             )
         else:
-            decided = approving.approval_reject(approval=approval, actor=actor, reason=reason)
+            decided = approvals.approval_reject(approval=approval, actor=actor, reason=reason)
     except SagaError as exc:
         return _refusal(request, f"Not decided: {refusal_sentence(exc)}", exc.status)
     messages.success(

@@ -16,8 +16,8 @@ from dashboard.selectors import runs as run_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
+from recovery.actions import approvals, compensations
 from recovery.models import Approval, Unwind, UnwindStep
-from recovery.services import approving, compensating
 
 
 def _get_step_for_user(request: HttpRequest, step_id: str, capability: Capability) -> UnwindStep:
@@ -61,7 +61,7 @@ def unwind_stop(request: HtmxHttpRequest, unwind_id: str) -> HttpResponse:
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            stopped = compensating.unwind_stop(
+            stopped = compensations.unwind_stop(
                 unwind=unwind, actor=common.actor(request), reason=form.cleaned_data["reason"]
             )
         except SagaError as exc:
@@ -95,7 +95,7 @@ def step_ask_again(request: HtmxHttpRequest, step_id: str) -> HttpResponse:
         messages.error(request, "This step has no approval to ask again for.")
         return common.done(request, back)
     try:
-        approving.approval_request_again(
+        approvals.approval_request_again(
             approval=approval, actor=common.actor(request), reason=form.cleaned_data["reason"]
         )
     except SagaError as exc:
@@ -115,7 +115,7 @@ def _step_decision(request: HtmxHttpRequest, step_id: str, *, skip: bool) -> Htt
     if not form.is_valid():
         messages.error(request, common.form_errors(form))
         return common.done(request, back)
-    service = compensating.step_skip if skip else compensating.step_retry
+    service = compensations.step_skip if skip else compensations.step_retry
     try:
         service(step=step, actor=common.actor(request), reason=form.cleaned_data["reason"])
     except SagaError as exc:

@@ -5,8 +5,9 @@ A run's folder holds two files. ``records.jsonl.gz`` (or ``records.jsonl``): one
 ``{"type": "run" | "action" | "checkpoint" | "event" | …, "row": {every column}}``, the run first,
 the audit chain's events last, in chain order; an event line carries every hashed field and its
 ``id``, ``prev_hash`` and ``hash``, so the chain is recomputed from ``GENESIS`` with the audit log's
-own hashing (``ledger.audit``). ``manifest.json``: the format and version, the tenant, the run,
-when it was archived, the records file's name, SHA-256, size, line count and counts by type, the
+own hashing (``ledger.audit``; ``clients/spec/vectors/audit_events.json`` specifies it for a
+verifier in any language). ``manifest.json``: the format and version, the tenant, the run, when it
+was archived, the records file's name, SHA-256, size, line count and counts by type, the
 chain (its name, length, head, first and last event id), the key's fingerprint and ``signature``:
 HMAC-SHA256 under ``SAGA_AUDIT_KEY`` of the manifest's canonical JSON without its signature. The
 records' SHA-256 is in the signed manifest, so editing any line (and re-compressing) or the

@@ -4,205 +4,11 @@ import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations
 
+from ledger.sql.versions import LoadFunction
 
-# The ledger's hot writes, each one server-side call: recording an action (with its
-# start, when asked) and moving an action its agent reports on (start, succeed, fail). Python
-# keeps every rule: it resolves the policy, builds the row and the audit events' canonical text
-# (ledger.audit.event_template) and passes the sets of states a rule allows; these functions only
-# do, under the same locks as the Python path, what needs the database: the idempotency key's
-# lock and lookup, the run's row lock and state, the chain head, the inserts and updates. Where a
-# check needs Python (an active pause's patterns, a pivot's warning, a changed policy) the record
-# function changes nothing and answers "checks": the service then takes the Python path, whose
-# last statement is this same function with "checked": true. See ledger/services/writes.py.
-RECORD_SQL = r"""
-CREATE OR REPLACE FUNCTION saga_action_record(p jsonb) RETURNS jsonb
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_tenant bigint := (p->>'tenant_id')::bigint;
-    v_run text := p->>'run_id';
-    v_owner text := coalesce(p->>'run_owner', '');
-    v_key text := p->'action'->>'idempotency_key';
-    v_checked boolean := coalesce((p->>'checked')::boolean, false);
-    v_timeout text := current_setting('lock_timeout');
-    v_found jsonb;
-    v_status text;
-    v_head text;
-    v_count integer;
-    v_seq integer;
-    v_hash text;
-    v_event jsonb;
-BEGIN
-    -- The key's lock (the wait bounded by lock_timeout_ms: 55P03 for a stuck first request), then
-    -- its row: a replay hands back the action as it is, and whether the caller reaches its run.
-    PERFORM set_config('lock_timeout', (p->>'lock_timeout_ms') || 'ms', true);
-    PERFORM pg_advisory_xact_lock(hashtextextended('action-key:' || v_tenant || ':' || v_key, 0));
-    PERFORM set_config('lock_timeout', v_timeout, true);
-    SELECT to_jsonb(a) INTO v_found FROM ledger_action a
-        WHERE a.tenant_id = v_tenant AND a.idempotency_key = v_key;
-    IF v_found IS NOT NULL THEN
-        RETURN jsonb_build_object(
-            'outcome', 'replay',
-            'action', v_found,
-            'reachable', EXISTS (
-                SELECT 1 FROM ledger_run r
-                WHERE r.id = v_run AND r.tenant_id = v_tenant AND (v_owner = '' OR r.owner = v_owner)
-            )
-        );
-    END IF;
-    -- The run, locked, in the caller's tenant (and agent's, for an agent's key).
-    SELECT r.status, r.audit_head, r.action_count INTO v_status, v_head, v_count FROM ledger_run r
-        WHERE r.id = v_run AND r.tenant_id = v_tenant AND (v_owner = '' OR r.owner = v_owner)
-        FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN jsonb_build_object('outcome', 'not_found');
-    END IF;
-    IF v_status = ANY (ARRAY(SELECT jsonb_array_elements_text(p->'closed'))) THEN
-        RETURN jsonb_build_object('outcome', 'closed', 'current', v_status);
-    END IF;
-    IF NOT v_checked AND (
-        (SELECT s.version FROM ledger_policystamp s WHERE s.id = 1) IS DISTINCT FROM (p->>'stamp')::bigint
-        OR EXISTS (SELECT 1 FROM ledger_pause pa WHERE pa.tenant_id = v_tenant AND pa.lifted_at IS NULL)
-        OR (
-            (p->>'pivot_class') IS NOT NULL AND EXISTS (
-                SELECT 1 FROM ledger_action x
-                WHERE x.run_id = v_run AND x.action_class = p->>'pivot_class'
-                    AND NOT (x.status = ANY (ARRAY(SELECT jsonb_array_elements_text(p->'not_a_pivot'))))
-            )
-        )
-    ) THEN
-        RETURN jsonb_build_object('outcome', 'checks');
-    END IF;
-    v_seq := v_count + 1;
-    INSERT INTO ledger_action
-        SELECT * FROM jsonb_populate_record(
-            NULL::ledger_action,
-            p->'action' || jsonb_build_object('seq', v_seq, 'run_id', v_run, 'tenant_id', v_tenant)
-        );
-    v_head := CASE WHEN v_head = '' THEN repeat('0', 64) ELSE v_head END;
-    FOR v_event IN SELECT e FROM jsonb_array_elements(p->'events') e LOOP
-        v_hash := saga_event_insert(v_event, v_head, '{}'::jsonb);
-        v_head := v_hash;
-    END LOOP;
-    UPDATE ledger_run SET audit_head = v_head, action_count = v_seq WHERE id = v_run;
-    RETURN jsonb_build_object('outcome', 'created', 'seq', v_seq, 'audit_head', v_head);
-END
-$fn$;
-"""
-
-# One audit event of a run's chain, linked to ``prev``: its canonical text (ledger.audit) is
-# ``parts`` joined by the values of ``slots`` (what only the database knows, such as the state an
-# action left or its completion number, from ``vals``), hashed as the Python chain hashes
-# (sha256 of prev + "." + text); its data likewise; ``vals``' run and chain, when set, are the
-# event's. Returns the event's hash.
-EVENT_SQL = r"""
-CREATE OR REPLACE FUNCTION saga_event_insert(e jsonb, prev text, vals jsonb) RETURNS text
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_text text := '';
-    v_data text := '';
-    v_hash text;
-    i integer;
-BEGIN
-    FOR i IN 0 .. jsonb_array_length(e->'parts') - 1 LOOP
-        v_text := v_text || (e->'parts'->>i)
-            || coalesce((vals->(e->'slots'->>i))::text, '');
-    END LOOP;
-    FOR i IN 0 .. jsonb_array_length(e->'data_parts') - 1 LOOP
-        v_data := v_data || (e->'data_parts'->>i)
-            || coalesce((vals->(e->'data_slots'->>i))::text, '');
-    END LOOP;
-    v_hash := encode(sha256(convert_to(prev || '.' || v_text, 'UTF8')), 'hex');
-    INSERT INTO ledger_event (
-        tenant_id, run_id, chain, kind, subject_type, subject_id, from_state, to_state,
-        actor_type, actor_id, actor_label, reason, data, created_at, prev_hash, hash
-    ) VALUES (
-        (e->>'tenant')::bigint, coalesce(vals->>'run', e->>'run'), coalesce(vals->>'chain', e->>'chain'),
-        e->>'kind', e->>'subject_type',
-        e->>'subject_id', coalesce(vals->>(e->>'from_slot'), e->>'from_state'), e->>'to_state',
-        e->>'actor_type', e->>'actor_id', e->>'actor_label', e->>'reason', v_data::jsonb,
-        (e->>'created_at')::timestamptz, prev, v_hash
-    );
-    RETURN v_hash;
-END
-$fn$;
-"""
-
-# An action its agent reports on: start (planned/approved/failed → running), succeed, fail.
-# ``p``: the action (scoped to the tenant and, for an agent's key, its agent), the target state,
-# the states it may leave (``allowed``, and ``allowed_unless_approval`` for an action that needs
-# no approval), the run states closed to it, ``pause_check`` (any active pause of the tenant →
-# "checks": Python decides), ``counter`` ("attempts" or "completion_seq": counted here, under the
-# run's lock), the columns to set, and the event. Answers the action as it is now.
-MOVE_SQL = r"""
-CREATE OR REPLACE FUNCTION saga_action_move(p jsonb) RETURNS jsonb
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_tenant bigint := (p->>'tenant_id')::bigint;
-    v_owner text := coalesce(p->>'run_owner', '');
-    v_run text;
-    v_status text;
-    v_head text;
-    v_completions integer;
-    v_row ledger_action;
-    v_new ledger_action;
-    v_set jsonb := coalesce(p->'set', '{}'::jsonb);
-    v_vals jsonb;
-    v_hash text;
-BEGIN
-    SELECT a.run_id INTO v_run FROM ledger_action a JOIN ledger_run r ON r.id = a.run_id
-        WHERE a.id = p->>'action_id' AND a.tenant_id = v_tenant AND (v_owner = '' OR r.owner = v_owner);
-    IF NOT FOUND THEN
-        RETURN jsonb_build_object('outcome', 'not_found');
-    END IF;
-    -- The run first, as every writer of its chain does; then the action, read under that lock.
-    SELECT r.status, r.audit_head, r.completion_count INTO v_status, v_head, v_completions
-        FROM ledger_run r WHERE r.id = v_run FOR UPDATE;
-    SELECT * INTO v_row FROM ledger_action a WHERE a.id = p->>'action_id' FOR UPDATE;
-    IF v_status = ANY (ARRAY(SELECT jsonb_array_elements_text(p->'closed'))) THEN
-        RETURN jsonb_build_object('outcome', 'closed', 'current', v_status, 'action', to_jsonb(v_row));
-    END IF;
-    IF coalesce((p->>'pause_check')::boolean, false)
-        AND EXISTS (SELECT 1 FROM ledger_pause pa WHERE pa.tenant_id = v_tenant AND pa.lifted_at IS NULL)
-    THEN
-        RETURN jsonb_build_object('outcome', 'checks', 'action', to_jsonb(v_row));
-    END IF;
-    IF NOT (
-        v_row.status = ANY (ARRAY(SELECT jsonb_array_elements_text(p->'allowed')))
-        OR (NOT v_row.requires_approval
-            AND v_row.status = ANY (ARRAY(SELECT jsonb_array_elements_text(p->'allowed_unless_approval'))))
-    ) THEN
-        RETURN jsonb_build_object('outcome', 'refused', 'current', v_row.status, 'action', to_jsonb(v_row));
-    END IF;
-    v_vals := jsonb_build_object('from', v_row.status, 'run', v_run, 'chain', 'run:' || v_run);
-    IF p->>'counter' = 'attempts' THEN
-        v_vals := v_vals || jsonb_build_object('attempt', v_row.attempts + 1);
-        v_set := v_set || jsonb_build_object('attempts', v_row.attempts + 1);
-    ELSIF p->>'counter' = 'completion_seq' THEN
-        v_completions := v_completions + 1;
-        v_vals := v_vals || jsonb_build_object('completion_seq', v_completions);
-        v_set := v_set || jsonb_build_object('completion_seq', v_completions);
-    END IF;
-    v_new := jsonb_populate_record(v_row, v_set || jsonb_build_object('status', p->>'to'));
-    UPDATE ledger_action SET
-        status = v_new.status, updated_at = v_new.updated_at, attempts = v_new.attempts,
-        started_at = v_new.started_at, completed_at = v_new.completed_at, error = v_new.error,
-        error_layer = v_new.error_layer, retryable = v_new.retryable, result = v_new.result,
-        after_snapshot = v_new.after_snapshot, completion_seq = v_new.completion_seq
-        WHERE id = v_row.id;
-    v_hash := saga_event_insert(
-        p->'event', CASE WHEN v_head = '' THEN repeat('0', 64) ELSE v_head END, v_vals
-    );
-    UPDATE ledger_run SET audit_head = v_hash, completion_count = v_completions WHERE id = v_run;
-    RETURN jsonb_build_object('outcome', 'moved', 'from', v_row.status, 'action', to_jsonb(v_new));
-END
-$fn$;
-"""
-
-DROP_SQL = (
-    "DROP FUNCTION IF EXISTS saga_action_move(jsonb);"
-    " DROP FUNCTION IF EXISTS saga_action_record(jsonb);"
-    " DROP FUNCTION IF EXISTS saga_event_insert(jsonb, text, jsonb);"
-)
+# The ledger's hot writes, each one server-side call: recording an action (with its start, when
+# asked) and moving an action its agent reports on (start, succeed, fail), and the audit event
+# both append. Their SQL, and why it is so, is in ledger/sql.
 
 
 class Migration(migrations.Migration):
@@ -226,5 +32,22 @@ class Migration(migrations.Migration):
                 ),
             ),
         ),
-        migrations.RunSQL(EVENT_SQL + RECORD_SQL + MOVE_SQL, DROP_SQL),
+        LoadFunction(
+            "saga_event_insert",
+            1,
+            sha256="5439933884f7eb14f6bb00755a0ea5b7458efd3b1ee9b5620a1a2253a41993c5",
+            reverse_sql="DROP FUNCTION IF EXISTS saga_event_insert(jsonb, text, jsonb);",
+        ),
+        LoadFunction(
+            "saga_action_record",
+            1,
+            sha256="5f932cc021b762f63ff13f53f21c152d7c2b2c7db39d44e918998beadf512e50",
+            reverse_sql="DROP FUNCTION IF EXISTS saga_action_record(jsonb);",
+        ),
+        LoadFunction(
+            "saga_action_move",
+            1,
+            sha256="0006bb19bf8925300514cca6a1f8da3bc7b749104c28ff061afb9ed554bad2e7",
+            reverse_sql="DROP FUNCTION IF EXISTS saga_action_move(jsonb);",
+        ),
     ]

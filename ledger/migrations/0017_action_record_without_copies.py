@@ -2,166 +2,17 @@
 
 from django.db import migrations
 
-# ``saga_action_record`` (ledger/0013) as it was, but without two whole copies of the action it
-# inserts (measured on a record with a megabyte of small objects in its args, 165 → 90 ms of
-# database CPU, of which ~60 ms is PostgreSQL parsing the JSON text once):
+from ledger.sql.versions import LoadFunction
+
+# ``saga_action_record`` version 2 (ledger/sql): version 1 (ledger/0013) without two whole copies
+# of the action it inserts (measured on a record with a megabyte of small objects in its args,
+# 165 → 90 ms of database CPU, of which ~60 ms is PostgreSQL parsing the JSON text once):
 # - the row is populated from the payload and then given its seq, run and tenant, where
 #   ``p->'action' || jsonb_build_object(…)`` rebuilt the whole action (jsonb's concatenation walks
 #   every nested value of its operands into a new document);
 # - the idempotency key is read by path (``#>>``), where ``p->'action'->>…`` first made a copy of
 #   the action.
 # Everything else — locks, order, answers — is the same; ledger.services.writes calls it as before.
-RECORD_SQL = r"""
-CREATE OR REPLACE FUNCTION saga_action_record(p jsonb) RETURNS jsonb
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_tenant bigint := (p->>'tenant_id')::bigint;
-    v_run text := p->>'run_id';
-    v_owner text := coalesce(p->>'run_owner', '');
-    v_key text := p #>> '{action,idempotency_key}';
-    v_checked boolean := coalesce((p->>'checked')::boolean, false);
-    v_timeout text := current_setting('lock_timeout');
-    v_found jsonb;
-    v_status text;
-    v_head text;
-    v_count integer;
-    v_seq integer;
-    v_hash text;
-    v_event jsonb;
-    v_row ledger_action;
-BEGIN
-    -- The key's lock (the wait bounded by lock_timeout_ms: 55P03 for a stuck first request), then
-    -- its row: a replay hands back the action as it is, and whether the caller reaches its run.
-    PERFORM set_config('lock_timeout', (p->>'lock_timeout_ms') || 'ms', true);
-    PERFORM pg_advisory_xact_lock(hashtextextended('action-key:' || v_tenant || ':' || v_key, 0));
-    PERFORM set_config('lock_timeout', v_timeout, true);
-    SELECT to_jsonb(a) INTO v_found FROM ledger_action a
-        WHERE a.tenant_id = v_tenant AND a.idempotency_key = v_key;
-    IF v_found IS NOT NULL THEN
-        RETURN jsonb_build_object(
-            'outcome', 'replay',
-            'action', v_found,
-            'reachable', EXISTS (
-                SELECT 1 FROM ledger_run r
-                WHERE r.id = v_run AND r.tenant_id = v_tenant AND (v_owner = '' OR r.owner = v_owner)
-            )
-        );
-    END IF;
-    -- The run, locked, in the caller's tenant (and agent's, for an agent's key).
-    SELECT r.status, r.audit_head, r.action_count INTO v_status, v_head, v_count FROM ledger_run r
-        WHERE r.id = v_run AND r.tenant_id = v_tenant AND (v_owner = '' OR r.owner = v_owner)
-        FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN jsonb_build_object('outcome', 'not_found');
-    END IF;
-    IF v_status = ANY (ARRAY(SELECT jsonb_array_elements_text(p->'closed'))) THEN
-        RETURN jsonb_build_object('outcome', 'closed', 'current', v_status);
-    END IF;
-    IF NOT v_checked AND (
-        (SELECT s.version FROM ledger_policystamp s WHERE s.id = 1) IS DISTINCT FROM (p->>'stamp')::bigint
-        OR EXISTS (SELECT 1 FROM ledger_pause pa WHERE pa.tenant_id = v_tenant AND pa.lifted_at IS NULL)
-        OR (
-            (p->>'pivot_class') IS NOT NULL AND EXISTS (
-                SELECT 1 FROM ledger_action x
-                WHERE x.run_id = v_run AND x.action_class = p->>'pivot_class'
-                    AND NOT (x.status = ANY (ARRAY(SELECT jsonb_array_elements_text(p->'not_a_pivot'))))
-            )
-        )
-    ) THEN
-        RETURN jsonb_build_object('outcome', 'checks');
-    END IF;
-    v_seq := v_count + 1;
-    v_row := jsonb_populate_record(NULL::ledger_action, p->'action');
-    v_row.seq := v_seq;
-    v_row.run_id := v_run;
-    v_row.tenant_id := v_tenant;
-    INSERT INTO ledger_action SELECT v_row.*;
-    v_head := CASE WHEN v_head = '' THEN repeat('0', 64) ELSE v_head END;
-    FOR v_event IN SELECT e FROM jsonb_array_elements(p->'events') e LOOP
-        v_hash := saga_event_insert(v_event, v_head, '{}'::jsonb);
-        v_head := v_hash;
-    END LOOP;
-    UPDATE ledger_run SET audit_head = v_head, action_count = v_seq WHERE id = v_run;
-    RETURN jsonb_build_object('outcome', 'created', 'seq', v_seq, 'audit_head', v_head);
-END
-$fn$;
-"""
-
-# The function as ledger/0013 created it (its copy of the action included).
-PREVIOUS_RECORD_SQL = r"""
-CREATE OR REPLACE FUNCTION saga_action_record(p jsonb) RETURNS jsonb
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_tenant bigint := (p->>'tenant_id')::bigint;
-    v_run text := p->>'run_id';
-    v_owner text := coalesce(p->>'run_owner', '');
-    v_key text := p->'action'->>'idempotency_key';
-    v_checked boolean := coalesce((p->>'checked')::boolean, false);
-    v_timeout text := current_setting('lock_timeout');
-    v_found jsonb;
-    v_status text;
-    v_head text;
-    v_count integer;
-    v_seq integer;
-    v_hash text;
-    v_event jsonb;
-BEGIN
-    -- The key's lock (the wait bounded by lock_timeout_ms: 55P03 for a stuck first request), then
-    -- its row: a replay hands back the action as it is, and whether the caller reaches its run.
-    PERFORM set_config('lock_timeout', (p->>'lock_timeout_ms') || 'ms', true);
-    PERFORM pg_advisory_xact_lock(hashtextextended('action-key:' || v_tenant || ':' || v_key, 0));
-    PERFORM set_config('lock_timeout', v_timeout, true);
-    SELECT to_jsonb(a) INTO v_found FROM ledger_action a
-        WHERE a.tenant_id = v_tenant AND a.idempotency_key = v_key;
-    IF v_found IS NOT NULL THEN
-        RETURN jsonb_build_object(
-            'outcome', 'replay',
-            'action', v_found,
-            'reachable', EXISTS (
-                SELECT 1 FROM ledger_run r
-                WHERE r.id = v_run AND r.tenant_id = v_tenant AND (v_owner = '' OR r.owner = v_owner)
-            )
-        );
-    END IF;
-    -- The run, locked, in the caller's tenant (and agent's, for an agent's key).
-    SELECT r.status, r.audit_head, r.action_count INTO v_status, v_head, v_count FROM ledger_run r
-        WHERE r.id = v_run AND r.tenant_id = v_tenant AND (v_owner = '' OR r.owner = v_owner)
-        FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN jsonb_build_object('outcome', 'not_found');
-    END IF;
-    IF v_status = ANY (ARRAY(SELECT jsonb_array_elements_text(p->'closed'))) THEN
-        RETURN jsonb_build_object('outcome', 'closed', 'current', v_status);
-    END IF;
-    IF NOT v_checked AND (
-        (SELECT s.version FROM ledger_policystamp s WHERE s.id = 1) IS DISTINCT FROM (p->>'stamp')::bigint
-        OR EXISTS (SELECT 1 FROM ledger_pause pa WHERE pa.tenant_id = v_tenant AND pa.lifted_at IS NULL)
-        OR (
-            (p->>'pivot_class') IS NOT NULL AND EXISTS (
-                SELECT 1 FROM ledger_action x
-                WHERE x.run_id = v_run AND x.action_class = p->>'pivot_class'
-                    AND NOT (x.status = ANY (ARRAY(SELECT jsonb_array_elements_text(p->'not_a_pivot'))))
-            )
-        )
-    ) THEN
-        RETURN jsonb_build_object('outcome', 'checks');
-    END IF;
-    v_seq := v_count + 1;
-    INSERT INTO ledger_action
-        SELECT * FROM jsonb_populate_record(
-            NULL::ledger_action,
-            p->'action' || jsonb_build_object('seq', v_seq, 'run_id', v_run, 'tenant_id', v_tenant)
-        );
-    v_head := CASE WHEN v_head = '' THEN repeat('0', 64) ELSE v_head END;
-    FOR v_event IN SELECT e FROM jsonb_array_elements(p->'events') e LOOP
-        v_hash := saga_event_insert(v_event, v_head, '{}'::jsonb);
-        v_head := v_hash;
-    END LOOP;
-    UPDATE ledger_run SET audit_head = v_head, action_count = v_seq WHERE id = v_run;
-    RETURN jsonb_build_object('outcome', 'created', 'seq', v_seq, 'audit_head', v_head);
-END
-$fn$;
-"""
 
 
 class Migration(migrations.Migration):
@@ -170,5 +21,10 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunSQL(RECORD_SQL, PREVIOUS_RECORD_SQL),
+        LoadFunction(
+            "saga_action_record",
+            2,
+            sha256="8027b180bc134e0227085be3b982a2854fc0e27b8c7387ff914e70a1119c902b",
+            previous=(1, "5f932cc021b762f63ff13f53f21c152d7c2b2c7db39d44e918998beadf512e50"),
+        ),
     ]

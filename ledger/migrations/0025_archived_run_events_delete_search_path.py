@@ -7,77 +7,14 @@ application's role is an exact match for ``ledger_run.id = p_run_id``, so Postgr
 ``pg_catalog.=(text, text)`` and ran it as the owner: it could delete the whole audit log and grant
 the role DELETE and TRUNCATE. Now only ``pg_catalog`` is searched (``pg_temp`` named last, where
 PostgreSQL never looks for functions or operators anyway), and every table is named
-``public.<table>``; ``db_grants`` also revokes CREATE on ``public``. The body is otherwise 0024's.
+``public.<table>``; ``db_grants`` also revokes CREATE on ``public``. The body is otherwise 0024's
+(``ledger/sql/saga_archived_run_events_delete.v2.sql``; reversed, version 1 again: a function
+body has no state of its own to migrate back).
 """
-
-import importlib
 
 from django.db import migrations
 
-CREATE = r"""
-CREATE OR REPLACE FUNCTION saga_archived_run_events_delete(p_run_id text) RETURNS bigint
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_chain text := 'run:' || p_run_id;
-    v_tenant bigint;
-    v_head text;
-    v_events bigint;
-    v_count bigint;
-    v_newest text;
-    v_triggers text[];
-    v_previous text;
-    v_deleted bigint;
-BEGIN
-    PERFORM 1 FROM public.ledger_run WHERE id = p_run_id FOR UPDATE;
-    SELECT tenant_id, head, events INTO v_tenant, v_head, v_events
-        FROM public.ledger_archivedrun WHERE run_id = p_run_id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'run % is not archived: its audit events stay', p_run_id
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    SELECT count(*) INTO v_count FROM public.ledger_event WHERE chain = v_chain;
-    SELECT hash INTO v_newest FROM public.ledger_event WHERE chain = v_chain ORDER BY id DESC LIMIT 1;
-    IF v_count <> v_events OR v_newest IS DISTINCT FROM v_head THEN
-        RAISE EXCEPTION 'run %: its audit chain (% events) is not the one archived (% events): its events stay',
-            p_run_id, v_count, v_events USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    IF EXISTS (SELECT 1 FROM public.ledger_event WHERE run_id = p_run_id AND chain <> v_chain) THEN
-        RAISE EXCEPTION 'run %: events of other chains name it: its events stay', p_run_id
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    IF NOT EXISTS (
-        SELECT 1 FROM public.ledger_signedhead
-        WHERE chain = v_chain AND position = v_events AND head = v_head
-    ) THEN
-        RAISE EXCEPTION 'run %: no signed head vouches for the archived chain: its events stay', p_run_id
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    IF NOT EXISTS (
-        SELECT 1 FROM public.ledger_event
-        WHERE chain = 'tenant:' || v_tenant AND kind = 'run.archived' AND subject_type = 'run'
-            AND subject_id = p_run_id AND data ->> 'head' = v_head
-    ) THEN
-        RAISE EXCEPTION 'run %: its archive is not recorded on its tenant''s chain: its events stay', p_run_id
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    SELECT array_agg(tgname::text) INTO v_triggers FROM pg_catalog.pg_trigger
-        WHERE tgrelid = 'public.ledger_event'::regclass AND tgname LIKE 'pgtrigger\_event\_append\_only\_%';
-    v_previous := current_setting('pgtrigger.ignore', true);
-    PERFORM set_config('pgtrigger.ignore', '{' || array_to_string(v_triggers, ',') || '}', true);
-    DELETE FROM public.ledger_event WHERE chain = v_chain;
-    GET DIAGNOSTICS v_deleted = ROW_COUNT;
-    PERFORM set_config('pgtrigger.ignore', coalesce(v_previous, ''), true);
-    RETURN v_deleted;
-END;
-$$;
-REVOKE ALL ON FUNCTION saga_archived_run_events_delete(text) FROM PUBLIC;
-"""
-
-# Reversing restores 0024's definition (a function body has no state of its own to migrate back).
-PREVIOUS = importlib.import_module("ledger.migrations.0024_archived_run_events_delete").CREATE
+from ledger.sql.versions import LoadFunction
 
 
 class Migration(migrations.Migration):
@@ -85,4 +22,11 @@ class Migration(migrations.Migration):
         ("ledger", "0024_archived_run_events_delete"),
     ]
 
-    operations = [migrations.RunSQL(CREATE, PREVIOUS)]
+    operations = [
+        LoadFunction(
+            "saga_archived_run_events_delete",
+            2,
+            sha256="6b5bf0c9cd9c6bc046accbbf62d8e03dc7cdb0d36fa7cc77e2b9f0278be4f66b",
+            previous=(1, "362fc68ca5f9664d057f87d61e49d615deadea22e06066428d27c803d4c45c25"),
+        ),
+    ]

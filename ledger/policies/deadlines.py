@@ -7,7 +7,7 @@ approves, ``approver`` or ``admin``, or a username).
 The checks of the values, one place for both layouts of a policy file and its default policy
 (``ledger.policies.schema``); the check of an ``escalate_to`` username against the scope it is
 loaded into (``escalation_problems``, which needs the database); and ``ApprovalDeadline``, what an
-approval carries of its policy (``recovery.approvals``).
+approval carries of its policy (``recovery.transitions.approvals``).
 """
 
 from __future__ import annotations

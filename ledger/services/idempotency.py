@@ -60,7 +60,7 @@ def idempotency_cutoff(now: datetime | None = None) -> datetime:
     return (now or timezone.now()) - timedelta(seconds=window_s)
 
 
-def idempotency_records_prune(
+def idempotency_prune(
     *, now: datetime | None = None, batch_size: int = pruning.BATCH, dry_run: bool = False
 ) -> int:
     """Delete the records past the window that nothing still needs, ``batch_size`` per statement

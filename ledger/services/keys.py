@@ -313,7 +313,7 @@ def _agent_key_lookup(raw_key: str) -> AgentKey | None:
     if split is None:
         return None
     prefix, secret_part = split
-    # The owner comes along: an approver key's grants are its owner's (recovery.approvals).
+    # The owner comes along: an approver key's grants are its owner's (recovery.transitions.approvals).
     key = AgentKey.objects.select_related("tenant", "owner").filter(prefix=prefix).first()
     # Compare even when no key matched, so timing does not tell valid prefixes apart.
     stored = key.key_hash if key else "0" * 64

@@ -240,7 +240,7 @@ def run_cancel(*, run: Run, actor: Actor, reason: str) -> Run:
 @transaction.atomic
 def run_compensation_started(*, run: Run, actor: Actor, reason: str) -> Run:
     """→ compensating. An action still ``running`` becomes ``unknown`` in the same transaction
-    (the agent can no longer report it). ``recovery.services.compensating.unwind_start`` refuses a
+    (the agent can no longer report it). ``recovery.actions.compensations.unwind_start`` refuses a
     run with running actions before it gets here; this keeps any other path from leaving one
     running forever."""
     _run_transition(run, to=Run.Status.COMPENSATING, actor=actor, kind="run.compensating", reason=reason)
@@ -279,7 +279,7 @@ def run_compensation_finished(
 def run_resume(*, run: Run, actor: Actor, reason: str) -> Run:
     # ``last_heartbeat_at`` stays the agent's own: the resume form and the lost-agent monitor must
     # not mistake an operator's click for a sign of life (the monitor counts the silence from the
-    # resume command instead, recovery.services.periodic.runs_fail_lost_agents).
+    # resume command instead, recovery.actions.periodic.agents_detect_lost).
     return _run_transition(
         run,
         to=Run.Status.RUNNING,

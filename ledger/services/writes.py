@@ -1,5 +1,5 @@
 """The database side of the ledger's hot writes: one call of a server-side function per write
-(``ledger/0013``: ``saga_action_record``, ``saga_action_move``), and the row it answers read back
+(``ledger/sql``: ``saga_action_record``, ``saga_action_move``), and the row it answers read back
 into a model instance. The rules stay in ``ledger.services.actions`` (``recording``, ``moves``),
 which build what the functions insert and pass the sets of states each rule allows; this module
 only carries it.

@@ -3,6 +3,6 @@
 
 ``policy``: each tenant's retention; ``records``: what belongs to a run (every model that
 references it) and what keeps it open; ``write``: a run's files written and confirmed; ``remove``:
-the transaction that records the archive and deletes the run; ``runner``: ``archive_runs``, the
+the transaction that records the archive and deletes the run; ``runner``: ``runs_archive``, the
 worker's periodic duty and ``manage.py archive_runs``.
 """

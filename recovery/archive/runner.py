@@ -1,4 +1,4 @@
-"""``archive_runs``: the runs closed longer than their tenant's retention window, archived and
+"""``runs_archive``: the runs closed longer than their tenant's retention window, archived and
 removed (the worker's periodic duty, ``manage.py archive_runs``).
 
 Per tenant with a retention (``recovery.archive.policy``), oldest finished first, at most
@@ -188,7 +188,7 @@ def _archive_batch(
         result.archived.append(RunOutcome(written.run_id, tenant.slug, written.manifest_url))
 
 
-def archive_runs(
+def runs_archive(
     *, tenant: Tenant | None = None, dry_run: bool = False, limit: int | None = None
 ) -> ArchiveResult:
     """Archive the runs past their tenant's retention window (every tenant's, or ``tenant``'s), at

@@ -77,7 +77,7 @@ def backoff_s(failures: int) -> float:
     return float(min(config_.retry_backoff_max_s, config_.retry_backoff_base_s * 2 ** max(0, failures - 1)))
 
 
-def stream_deliver() -> dict[str, int]:
+def audit_stream_deliver() -> dict[str, int]:
     """One pass over every sink and tenant (the periodic job). No sink: nothing, not a query more."""
     sinks = config.all_sinks()
     if not sinks:

@@ -4,5 +4,5 @@ queue filter matches, carried out by a worker item by item.
 ``models``: the operation (``BulkOperation``: who asked, the filter, the action, the reason,
 progress, the first errors) and one row per matched item (``BulkItem``: the item as it was when
 the bulk started, and its outcome, written in the transaction of the item's decision). The
-decisions themselves are ``recovery.services.bulk_filter``'s.
+decisions themselves are ``recovery.actions.bulk_filter``'s.
 """

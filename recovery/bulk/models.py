@@ -56,7 +56,7 @@ class BulkOperation(models.Model):
     # The RQ job carrying its first lane's next chunk (``jobs[0]``). Not a state: the periodic
     # sweep asks Redis about it before handing a running bulk that has not moved to a job again.
     job_id = models.CharField(max_length=100, blank=True, default="")
-    # Every lane's job (``recovery.services.bulk_worker``: the lanes decide in parallel); empty for
+    # Every lane's job (``recovery.actions.bulk_worker``: the lanes decide in parallel); empty for
     # a bulk started before lanes, whose one lane is ``job_id``.
     jobs = JSONField(default=list, db_default=[], blank=True)
     # Why it stopped when the system stopped it ("": an operator aborted it, or it did not stop):

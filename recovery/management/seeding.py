@@ -31,7 +31,7 @@ from typing import Any
 from infra.hashing import sha256_hex
 from infra.ids import new_id
 from ledger.services.actions.payload import action_payload_hash
-from recovery.items import search_text_for
+from recovery.transitions.items import search_text_for
 
 # Tenants of unequal size: one big customer dominates, as in most multi-tenant installs.
 TENANTS = [("acme", "Acme Corp", 0.6), ("globex", "Globex", 0.3), ("initech", "Initech", 0.1)]

@@ -1,6 +1,6 @@
 """Pushing resume and cancel commands to a run's resume_url, signed with the run's agent's own
 secret. ``delivered_at`` stays NULL until the agent's endpoint accepted one; the sweeper retries
-(``recovery.commands.commands_redeliver_due``). The URL an agent chose goes through
+(``recovery.actions.commands.commands_redeliver``). The URL an agent chose goes through
 ``infra.outbound`` (checked, pinned, no redirects), and a refused one is final.
 """
 

@@ -133,7 +133,8 @@ def _record(row: Notification, attempt: Attempt) -> str:
             updates["last_error"] = f"Gave up after {row.attempts} attempts: {attempt.error}"[:2000]
             attempt = Attempt("failed", attempt.error, attempt.status_code)
         updates.update(status=Notification.Status.FAILED, next_attempt_at=None)
-    # Fenced: a worker whose lease expired (and was replaced) records nothing.
+    # Fenced: a worker whose lease expired (and was replaced) records nothing. Not compare_and_set:
+    # a lost lease is a count of 0 answered below, not an error, and the outbox has no transition table.
     recorded = Notification.objects.filter(
         pk=row.pk, status=Notification.Status.SENDING, lease_token=row.lease_token
     ).update(**updates)

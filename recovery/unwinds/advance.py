@@ -14,8 +14,8 @@ from django.utils import timezone
 from infra import errors
 from ledger.audit import Actor
 from ledger.policies.deadlines import ApprovalDeadline
-from recovery import approvals
 from recovery.models import Approval, Unwind, UnwindStep
+from recovery.transitions import approvals
 from recovery.unwinds.claim import Claim, step_start
 from recovery.unwinds.dispatch import enqueue_advance, enqueue_step, step_timeout_of
 from recovery.unwinds.finish import unwind_finish
@@ -85,7 +85,7 @@ def advance_locked(unwind: Unwind, *, claim: bool) -> Claim | None:
 
 
 @transaction.atomic
-def unwind_advance(*, unwind_id: str) -> Unwind | None:
+def unwind_advance_move(*, unwind_id: str) -> Unwind | None:
     """Move the unwind one step forward: the next step is queued and its job enqueued. Safe to
     call any number of times, from any process."""
     unwind = lock_unwind(unwind_id)
@@ -96,7 +96,7 @@ def unwind_advance(*, unwind_id: str) -> Unwind | None:
 
 @transaction.atomic
 def unwind_advance_and_claim(*, unwind_id: str) -> Claim | None:
-    """As ``unwind_advance``, but the next step is claimed for the caller (a worker that runs it
+    """As ``unwind_advance_move``, but the next step is claimed for the caller (a worker that runs it
     now) instead of being handed to a job of its own."""
     unwind = lock_unwind(unwind_id)
     return advance_locked(unwind, claim=True) if unwind is not None else None

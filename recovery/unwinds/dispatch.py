@@ -62,7 +62,7 @@ def drive_job_timeout(*, step_timeout_s: float | None = None) -> int:
 
 def enqueue_advance(unwind_id: str) -> None:
     """Hand the unwind to an advance job after the caller's transaction commits; the job runs the
-    unwind's steps itself (``unwind_run_steps``) for up to a batch. The job's id is written on the
+    unwind's steps itself (``unwind_advance``) for up to a batch. The job's id is written on the
     unwind in the caller's transaction, so from the commit on the sweeper knows which job carries
     the advance (one not in Redis yet gets a sweep interval to arrive: ``recovery.sweeper``)."""
     job_id = queueing.new_job_id()

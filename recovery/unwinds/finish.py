@@ -8,9 +8,9 @@ from typing import Any
 
 from ledger.models import Risk, Run, max_risk
 from ledger.services import runs
-from recovery import items
 from recovery.models import RecoveryItem, Unwind, UnwindStep
 from recovery.notifications import outbox
+from recovery.transitions import items
 from recovery.unwinds.state import ENGINE, PROBLEMS, all_steps, unwind_set_status
 
 

@@ -13,8 +13,8 @@ from ledger.models import Run
 from ledger.rules import reason_required
 from ledger.services import runs
 from ledger.services.actions import moves as action_moves
-from recovery import approvals, items
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
+from recovery.transitions import approvals, items
 from recovery.unwinds.dispatch import enqueue_advance
 from recovery.unwinds.finish import stop_report
 from recovery.unwinds.state import (

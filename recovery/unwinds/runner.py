@@ -120,7 +120,7 @@ def step_run(*, step_id: str, batch_s: float = 0.0) -> Outcome | None:
     return _carry_out(step_claim(step_id=step_id), batch_s=batch_s)
 
 
-def unwind_run_steps(*, unwind_id: str, batch_s: float | None = None) -> Outcome | None:
+def unwind_advance(*, unwind_id: str, batch_s: float | None = None) -> Outcome | None:
     """Advance the unwind and run its steps here, back to back, for up to ``batch_s`` seconds
     (the worker's job for an unwind); then its next step is queued with a job of its own."""
     claim = unwind_advance_and_claim(unwind_id=unwind_id)
@@ -142,7 +142,7 @@ def _step_record(
     (``claim_next``), or, when the caller's batch is spent, queued with a job of its own at the
     back of the queue. Either way the next step is in flight when this commits, so the sweeper
     sees a queued step with a live job, not an unwind with nothing in flight."""
-    # The unwind is locked before the step, the order unwind_advance, unwind_stop and the
+    # The unwind is locked before the step, the order unwind_advance_move, unwind_stop and the
     # operator's decisions take them in; read under its lock, its status is current (a stop that
     # committed a moment ago is seen).
     unwind_id = next_of or UnwindStep.objects.filter(pk=step_id).values_list("unwind_id", flat=True).first()

@@ -13,8 +13,9 @@ from django.utils import timezone
 from infra import errors
 from ledger.audit import Actor
 from ledger.transitions import transition
-from recovery import items, metrics
+from recovery import metrics
 from recovery.models import STEP_TRANSITIONS, UNWIND_TRANSITIONS, Unwind, UnwindStep
+from recovery.transitions import items
 
 ENGINE = items.ENGINE
 IN_FLIGHT = (UnwindStep.Status.QUEUED, UnwindStep.Status.RUNNING, UnwindStep.Status.AWAITING_APPROVAL)

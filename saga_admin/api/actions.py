@@ -3,7 +3,7 @@ reports how it went (succeeded, failed, verified, reconciled); it reads one, or 
 
 Every state change goes through ``ledger.services`` or, where one request spans the record and a
 decision about it (an action that needs an approval, a failure that opens a recovery item),
-through the ``recovery.services`` function that wraps the ledger's in the same transaction.
+through the ``recovery.actions`` function that wraps the ledger's in the same transaction.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ledger import selectors as ledger_selectors
 from ledger.models import Action
 from ledger.services.actions import moves
 from recovery import selectors as recovery_selectors
-from recovery.services import approving, reports
+from recovery.actions import approvals, reports
 from saga_admin.api import reads
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
 from saga_admin.api.common import (
@@ -105,7 +105,7 @@ def action_record(
             "The body's idempotency_key and the Idempotency-Key header differ.",
             details={"idempotency_key": payload.idempotency_key, "header": idempotency_key},
         )
-    recorded = approving.action_record_gated(
+    recorded = approvals.action_record_gated(
         run=run,
         actor=actor_of(request),
         tool=payload.tool,

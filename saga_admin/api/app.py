@@ -20,6 +20,7 @@ from ninja.operation import Operation
 
 from infra import errors
 from infra.conf import saga
+from infra.error_bodies import error_body
 from saga_admin.api import (
     actions,
     approvals,
@@ -55,9 +56,7 @@ def error_response(
     message: str,
     details: dict[str, Any] | None = None,
 ) -> HttpResponse:
-    return api.create_response(
-        request, {"error": {"code": code, "message": message, "details": details or {}}}, status=status
-    )
+    return api.create_response(request, error_body(code, message, details), status=status)
 
 
 # The operation ids of the OpenAPI document, which generated clients name their methods after, by

@@ -3,7 +3,7 @@ expired or rejected one.
 
 Only approver keys decide (an operator key does not: an automation holding one key would approve
 its own requests), and never what their own agent or automation asked for (403 self_approval,
-recovery.approvals.is_requester).
+recovery.transitions.approvals.is_requester).
 
 Every decision carries a required reason and is audited with the key as actor; another tenant's
 object is a 404.
@@ -17,8 +17,8 @@ from ninja import Query, Router, Status
 from ledger.audit import Actor
 from ledger.selectors import get_for_tenants, run_reach
 from recovery import selectors
+from recovery.actions import approvals
 from recovery.models import Approval
-from recovery.services import approving
 from saga_admin.api.auth import AUTH_ERRORS, approver_auth, operator_auth, reader_auth
 from saga_admin.api.common import WRITE_ERRORS, key_of
 from saga_admin.api.schemas.approvals import (
@@ -58,7 +58,7 @@ def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> App
 def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) -> Status[ApprovalOut]:
     key = key_of(request)
     approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
-    decided = approving.approval_approve(
+    decided = approvals.approval_approve(
         approval=approval,
         actor=Actor.for_key(key),
         reason=body.reason,
@@ -77,7 +77,7 @@ def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) ->
 def approval_reject(request: HttpRequest, approval_id: str, body: ReasonIn) -> Status[ApprovalOut]:
     key = key_of(request)
     approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
-    decided = approving.approval_reject(approval=approval, actor=Actor.for_key(key), reason=body.reason)
+    decided = approvals.approval_reject(approval=approval, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, ApprovalOut.from_orm(decided))
 
 
@@ -96,5 +96,5 @@ def approval_request_again(request: HttpRequest, approval_id: str, body: ReasonI
         pk=approval_id,
         tenants=key.tenant,
     )
-    asked = approving.approval_request_again(approval=approval, actor=Actor.for_key(key), reason=body.reason)
+    asked = approvals.approval_request_again(approval=approval, actor=Actor.for_key(key), reason=body.reason)
     return Status(201, ApprovalOut.from_orm(asked))

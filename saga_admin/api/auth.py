@@ -1,8 +1,6 @@
-"""Pieces every API router shares: the error schema, the key authentication and its scopes."""
+"""Pieces every API router shares: the error responses, the key authentication and its scopes."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import structlog
 from django.http import HttpRequest
@@ -10,19 +8,9 @@ from ninja import Schema
 from ninja.security import HttpBearer
 
 from infra import errors
+from infra.error_bodies import ErrorOut
 from ledger.models import AgentKey
 from saga_admin.api.limits import request_key
-
-
-class ErrorBody(Schema):
-    code: str
-    message: str
-    details: dict[str, Any] = {}
-
-
-class ErrorOut(Schema):
-    error: ErrorBody
-
 
 # The error responses every authenticated operation may return; operations add their own (409).
 # 400/413/415 come from the body checks in saga_admin.api.limits, 429 from the throttle, and 500 is

@@ -1,6 +1,6 @@
 """Bulk decisions by filter (the ``operator`` scope): preview what a filter matches, start one
 decision over all of it, follow its progress, abort it. The decisions are
-``recovery.services.bulk_filter``'s; another tenant's bulk is a 404."""
+``recovery.actions.bulk_filter``'s; another tenant's bulk is a 404."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ninja import Router, Status
 
 from infra import errors
 from recovery import selectors
-from recovery.services import bulk_filter
+from recovery.actions import bulk_filter
 from saga_admin.api.auth import AUTH_ERRORS, operator_auth
 from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of
 from saga_admin.api.schemas.bulk import BulkIn, BulkOut, BulkPreviewOut, BulkStartOut

@@ -8,8 +8,8 @@ from django.http import HttpRequest
 from ninja import Router
 
 from ledger import selectors as ledger_selectors
-from recovery import commands
 from recovery import selectors as recovery_selectors
+from recovery.actions import commands
 from recovery.models import AgentCommand
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
 from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of, run_for, tenant_of

@@ -18,11 +18,12 @@ from ninja import Schema
 from ninja.params.functions import Header
 
 from infra import errors
+from infra.error_bodies import ErrorOut
 from infra.ids import looks_like_id
 from ledger import selectors as ledger_selectors
 from ledger.audit import Actor
 from ledger.models import Action, AgentKey, Run, Tenant
-from saga_admin.api.auth import AUTH_ERRORS, ErrorOut
+from saga_admin.api.auth import AUTH_ERRORS
 from saga_admin.api.idempotency import HEADER, KEY_PATTERN, REPLAYED_HEADER
 
 # Errors of operations that change state: 409 for a transition the state machine refuses, a run

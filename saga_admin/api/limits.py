@@ -46,6 +46,7 @@ from ninja.parser import Parser
 
 from infra import json_text
 from infra.conf import saga
+from infra.error_bodies import error_body
 from infra.throttle import Window, client_address, fixed_window, fixed_windows
 from ledger.models import AgentKey
 from ledger.services.keys import agent_key_authenticate
@@ -87,9 +88,7 @@ class BodyRejected(Exception):
 
 
 def error_json(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> JsonResponse:
-    response = JsonResponse(
-        {"error": {"code": code, "message": message, "details": details or {}}}, status=status
-    )
+    response = JsonResponse(error_body(code, message, details), status=status)
     # The gate answers before CommonMiddleware would add it; without it a client could only know
     # the answer is complete when the connection closes, and the server may keep it open while it
     # discards the unread body.

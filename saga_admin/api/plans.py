@@ -1,5 +1,5 @@
 """Plans: an agent records the steps it means to take, several planned actions of one run in one
-request, all or nothing (``recovery.services.approving.plan_record_gated``, which records each as
+request, all or nothing (``recovery.actions.approvals.plan_record_gated``, which records each as
 the single record does and opens every approval the plan needs in the same transaction)."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
+from infra.error_bodies import ErrorOut
 from ledger import selectors as ledger_selectors
-from recovery.services import approving
-from saga_admin.api.auth import ErrorOut, agent_auth
+from recovery.actions import approvals
+from saga_admin.api.auth import agent_auth
 from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of
 from saga_admin.api.idempotency import json_response
 from saga_admin.api.schemas.actions import actions_out
@@ -39,7 +40,7 @@ def plan_record(request: HttpRequest, run_id: str, payload: ActionPlanIn) -> Htt
     # A reference, not a read: each record locks the run's row scoped to this tenant and agent
     # (404 for an unknown, another tenant's or another agent's run).
     run = ledger_selectors.run_reference_for_write(key=key_of(request), run_id=run_id)
-    plan = approving.plan_record_gated(
+    plan = approvals.plan_record_gated(
         run=run,
         actor=actor_of(request),
         actions=[

@@ -15,8 +15,8 @@ from ledger.audit import Actor
 from ledger.models import Checkpoint
 from ledger.selectors import get_for_tenants, run_get
 from recovery import selectors
+from recovery.actions import compensations, resolutions
 from recovery.planner import compensation_plan
-from recovery.services import compensating, resolving
 from saga_admin.api.auth import AUTH_ERRORS, operator_auth
 from saga_admin.api.common import WRITE_ERRORS, key_of
 from saga_admin.api.schemas.commands import CommandOut
@@ -75,7 +75,7 @@ def recovery_detail(request: HttpRequest, item_id: str, selection: Query[PlanQue
 def recovery_compensate(request: HttpRequest, item_id: str, body: CompensateIn) -> Status[UnwindOut]:
     key = key_of(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
-    unwind = compensating.unwind_start(
+    unwind = compensations.unwind_start(
         item=item,
         actor=Actor.for_key(key),
         reason=body.reason,
@@ -97,7 +97,7 @@ def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Statu
     checkpoint = None
     if body.checkpoint_id:
         checkpoint = get_for_tenants(Checkpoint.objects.all(), pk=body.checkpoint_id, tenants=key.tenant)
-    command = resolving.item_resume(
+    command = resolutions.item_resume(
         item=item, actor=Actor.for_key(key), reason=body.reason, checkpoint=checkpoint
     )
     return Status(202, CommandOut.from_orm(command))
@@ -107,7 +107,7 @@ def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Statu
 def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Status[ItemOut]:
     key = key_of(request)
     item = selectors.item_get(tenants=key.tenant, item_id=item_id)
-    resolving.item_close(item=item, actor=Actor.for_key(key), reason=body.reason)
+    resolutions.item_close(item=item, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, ItemOut.from_orm(selectors.item_get(tenants=key.tenant, item_id=item_id)))
 
 
@@ -119,5 +119,5 @@ def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Status
 def run_flag(request: HttpRequest, run_id: str, body: ReasonIn) -> Status[ItemOut]:
     key = key_of(request)
     run = run_get(tenant=key.tenant, run_id=run_id)
-    item = resolving.run_flag(run=run, actor=Actor.for_key(key), reason=body.reason)
+    item = resolutions.run_flag(run=run, actor=Actor.for_key(key), reason=body.reason)
     return Status(201, ItemOut.from_orm(selectors.item_get(tenants=key.tenant, item_id=item.pk)))

@@ -3,7 +3,7 @@ correction trail; an operator cancels one (the ``operator`` scope, with the rest
 API under the ``recovery`` tag).
 
 Every state change goes through ``ledger.services`` or, where one request spans the record and a
-decision about it (a failure that opens a recovery item), through the ``recovery.services``
+decision about it (a failure that opens a recovery item), through the ``recovery.actions``
 function that wraps the ledger's in the same transaction.
 """
 
@@ -21,7 +21,7 @@ from ledger.audit import Actor
 from ledger.selectors import run_get
 from ledger.services import runs
 from recovery import selectors as recovery_selectors
-from recovery.services import cancelling, reports
+from recovery.actions import cancellations, reports
 from recovery.trail import run_trail
 from saga_admin.api import reads
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, operator_auth, reader_auth
@@ -216,7 +216,7 @@ def run_cancel(
     actor = Actor.for_key(key)
 
     def produce() -> tuple[int, Any]:
-        outcome = cancelling.run_cancel(run=run, actor=actor, reason=body.reason)
+        outcome = cancellations.run_cancel(run=run, actor=actor, reason=body.reason)
         cancelled = RunCancelOut(
             **dict(RunOut.from_orm(outcome.run)),
             command=CommandOut.from_orm(outcome.command),

@@ -12,7 +12,7 @@ from ninja import Router, Status
 
 from ledger.audit import Actor
 from recovery import selectors
-from recovery.services import compensating
+from recovery.actions import compensations
 from saga_admin.api.auth import AUTH_ERRORS, operator_auth
 from saga_admin.api.common import WRITE_ERRORS, key_of
 from saga_admin.api.schemas.common import ReasonIn
@@ -36,7 +36,7 @@ def unwind_detail(request: HttpRequest, unwind_id: str) -> UnwindOut:
 def unwind_stop(request: HttpRequest, unwind_id: str, body: ReasonIn) -> Status[UnwindOut]:
     key = key_of(request)
     unwind = selectors.unwind_get(tenants=key.tenant, unwind_id=unwind_id)
-    compensating.unwind_stop(unwind=unwind, actor=Actor.for_key(key), reason=body.reason)
+    compensations.unwind_stop(unwind=unwind, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, UnwindOut.from_orm(selectors.unwind_get(tenants=key.tenant, unwind_id=unwind_id)))
 
 
@@ -48,7 +48,7 @@ def unwind_stop(request: HttpRequest, unwind_id: str, body: ReasonIn) -> Status[
 def step_retry(request: HttpRequest, step_id: str, body: ReasonIn) -> Status[StepOut]:
     key = key_of(request)
     step = selectors.step_get(tenants=key.tenant, step_id=step_id)
-    compensating.step_retry(step=step, actor=Actor.for_key(key), reason=body.reason)
+    compensations.step_retry(step=step, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, StepOut.from_orm(selectors.step_get(tenants=key.tenant, step_id=step_id)))
 
 
@@ -60,5 +60,5 @@ def step_retry(request: HttpRequest, step_id: str, body: ReasonIn) -> Status[Ste
 def step_skip(request: HttpRequest, step_id: str, body: ReasonIn) -> Status[StepOut]:
     key = key_of(request)
     step = selectors.step_get(tenants=key.tenant, step_id=step_id)
-    compensating.step_skip(step=step, actor=Actor.for_key(key), reason=body.reason)
+    compensations.step_skip(step=step, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, StepOut.from_orm(selectors.step_get(tenants=key.tenant, step_id=step_id)))

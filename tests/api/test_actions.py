@@ -4,8 +4,8 @@ import pytest
 
 from ledger.audit import Actor
 from ledger.models import Action, Run
+from recovery.actions.approvals import approval_approve, approval_reject
 from recovery.models import Approval, RecoveryItem
-from recovery.services.approving import approval_approve, approval_reject
 from tests.factories import new_action, new_run
 from tests.support.api import error_of
 

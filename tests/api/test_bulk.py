@@ -11,9 +11,9 @@ import pytest
 
 from ledger.audit import Actor
 from ledger.models import Event
+from recovery.actions.resolutions import item_close
 from recovery.bulk.models import BulkItem, BulkOperation
 from recovery.models import RecoveryItem, Unwind, UnwindStep
-from recovery.services.resolving import item_close
 from tests.factories import auto_policy
 from tests.recovery.bulk_support import crm_policies, failing_runs
 from tests.support.processes import wait_for

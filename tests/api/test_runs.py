@@ -7,7 +7,7 @@ import pytest
 from ledger.audit import Actor
 from ledger.models import Run
 from ledger.services import runs
-from recovery import commands as recovery_commands
+from recovery.actions import commands as recovery_commands
 from recovery.models import RecoveryItem
 from tests.factories import new_action, new_run
 from tests.support.api import error_of

@@ -17,7 +17,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from recovery import commands as recovery_commands
+from recovery.actions import commands as recovery_commands
 from saga_admin.wsgi import application
 
 # Module level, not a fixture: schemathesis.pytest.from_fixture breaks under pytest 9.
@@ -32,7 +32,7 @@ def world(keep_test_connection, agent_key, onboarding_policies):
     """Real objects for the generated requests to hit, so the handlers behind the 404s run too."""
     from ledger.audit import Actor
     from ledger.services import checkpoints, runs
-    from recovery.services.approving import action_record_gated
+    from recovery.actions.approvals import action_record_gated
 
     actor = Actor.for_key(agent_key[0])
     run = runs.run_create(tenant=agent_key[0].tenant, actor=actor, agent="onboarding", request="Onboard Ashu")

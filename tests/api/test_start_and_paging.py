@@ -13,9 +13,9 @@ from ledger.audit import Actor, audit_verify
 from ledger.models import Action, AgentKey, Event, Run
 from ledger.services.actions import recording
 from ledger.services.keys import key_cache_clear
+from recovery.actions.approvals import action_record_gated
+from recovery.actions.resolutions import item_close
 from recovery.models import Approval, RecoveryItem
-from recovery.services.approving import action_record_gated
-from recovery.services.resolving import item_close
 from tests.factories import new_action, new_run
 from tests.support.api import Api, error_of
 

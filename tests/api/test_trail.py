@@ -7,8 +7,8 @@ from ledger.audit import Actor
 from ledger.models import Action, Run
 from ledger.services import runs
 from ledger.services.actions import moves
+from recovery.actions.approvals import approval_reject
 from recovery.models import Approval, Unwind, UnwindStep
-from recovery.services.approving import approval_reject
 from tests.factories import new_action, new_run
 
 pytestmark = pytest.mark.django_db

@@ -11,8 +11,8 @@ from saga_client import ApprovalPending, ApprovalRejected, AsyncSaga, Saga, Saga
 
 from ledger.audit import Actor
 from ledger.models import Action, Run
+from recovery.actions.approvals import approval_approve, approval_reject
 from recovery.models import Approval, RecoveryItem
-from recovery.services.approving import approval_approve, approval_reject
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ from saga_client import ApprovalTimedOut, Conflict, RunCancelled
 
 from ledger.audit import Actor
 from ledger.models import Run
-from recovery.services.cancelling import run_cancel
+from recovery.actions.cancellations import run_cancel
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -304,14 +304,14 @@ def test_injected_graph_state_reaches_the_tool_but_is_not_recorded(saga):
 def test_a_call_nobody_decided_before_its_deadline_is_the_frameworks_rejection_saying_so(saga):
     from saga_client import ApprovalDeadlinePassed
 
-    from recovery.services.periodic import approvals_expire_due
+    from recovery.actions.periodic import approvals_expire
 
     payments = Payments()
     graph = scripted_agent([charge_tool(payments, raise_on_reject=True)], CHARGE)
     with pytest.raises(ToolRejected) as raised, saga.run(agent="onboarding", request="Charge"):
         graph.invoke({"messages": [HumanMessage("Charge c-9")]}, CONFIG)
         approval = Approval.objects.get(status="pending")
-        assert approvals_expire_due(now=approval.expires_at) == 1  # the sweep, at the deadline
+        assert approvals_expire(now=approval.expires_at) == 1  # the sweep, at the deadline
         graph.invoke(Command(resume=True), CONFIG)
     assert isinstance(raised.value.rejected, ApprovalDeadlinePassed)
     assert raised.value.reason == "timed_out"

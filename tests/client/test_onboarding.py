@@ -12,9 +12,9 @@ from saga_client import ApprovalRejected, ApprovalTimeout
 
 from ledger.audit import Actor
 from ledger.models import Action, Compensator, Run, ToolPolicy
-from recovery import commands as recovery_commands
+from recovery.actions import commands as recovery_commands
+from recovery.actions.approvals import approval_approve, approval_reject
 from recovery.models import Approval, RecoveryItem
-from recovery.services.approving import approval_approve, approval_reject
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -206,7 +206,7 @@ def test_the_example_runs_against_the_server(live_server, agent_key, onboarding_
 
 
 def test_a_call_nobody_decided_before_its_deadline_is_rejected_in_the_sdk_saying_so(async_saga):
-    from recovery.services.periodic import approvals_expire_due
+    from recovery.actions.periodic import approvals_expire
 
     payments = Payments()
     agent, _ = billing_agent(payments, CHARGE)
@@ -215,7 +215,7 @@ def test_a_call_nobody_decided_before_its_deadline_is_rejected_in_the_sdk_saying
         async with async_saga() as saga, saga.run(agent="billing", request="Charge"):
             result = await Runner.run(agent, "Charge c-9", run_config=NO_TRACING)
             approval = await asyncio.to_thread(Approval.objects.get, status="pending")
-            assert await asyncio.to_thread(approvals_expire_due, now=approval.expires_at) == 1
+            assert await asyncio.to_thread(approvals_expire, now=approval.expires_at) == 1
             state = await saga_decisions(result, timeout_s=10)
             return await Runner.run(agent, state, run_config=NO_TRACING)
 

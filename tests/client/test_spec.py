@@ -70,7 +70,7 @@ _CODE_PATTERNS = [
 
 def _server_codes() -> set[str]:
     found: set[str] = set()
-    for package in ("ledger", "recovery", "saga_admin"):
+    for package in ("infra", "ledger", "recovery", "saga_admin"):
         for path in (ROOT / package).rglob("*.py"):
             if "migrations" in path.parts:
                 continue

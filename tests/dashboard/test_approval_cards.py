@@ -17,11 +17,11 @@ from ledger.audit import Actor
 from ledger.models import Compensator, ToolPolicy
 from ledger.services import runs
 from ledger.services.actions import moves
+from recovery.actions.approvals import action_record_gated, approval_approve
+from recovery.actions.compensations import unwind_start
+from recovery.actions.reports import run_fail_and_queue
 from recovery.models import Approval
-from recovery.services.approving import action_record_gated, approval_approve
-from recovery.services.compensating import unwind_start
-from recovery.services.reports import run_fail_and_queue
-from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.advance import unwind_advance_move
 from tests.factories import gated_run, load_onboarding_policies, onboarding_saga
 
 pytestmark = pytest.mark.django_db
@@ -54,7 +54,7 @@ def _inbox(client, user) -> str:
 
 
 def _step_approval(unwind) -> Approval:
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     return Approval.objects.get(step__unwind=unwind, status=Approval.Status.PENDING)
 
 

@@ -15,11 +15,11 @@ from ledger.audit import Actor
 from ledger.models import Run
 from ledger.services import runs
 from recovery import decisions
+from recovery.actions.cancellations import run_cancel
+from recovery.actions.compensations import unwind_start
+from recovery.actions.reports import run_fail_and_queue
+from recovery.actions.resolutions import item_close, item_resume
 from recovery.models import RecoveryItem, Unwind, UnwindStep
-from recovery.services.cancelling import run_cancel
-from recovery.services.compensating import unwind_start
-from recovery.services.reports import run_fail_and_queue
-from recovery.services.resolving import item_close, item_resume
 from tests.factories import load_onboarding_policies, perform_action
 
 pytestmark = pytest.mark.django_db

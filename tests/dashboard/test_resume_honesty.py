@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from ledger.audit import Actor
 from ledger.models import Run
-from recovery import commands
+from recovery.actions import commands
+from recovery.actions.periodic import agents_detect_lost
+from recovery.actions.resolutions import item_resume
 from recovery.models import AgentCommand
-from recovery.services.periodic import runs_fail_lost_agents
-from recovery.services.resolving import item_resume
 
 SILENCE_WARNING = "The agent has not been heard from for"
 
@@ -103,7 +103,7 @@ def test_the_queue_row_of_a_run_lost_after_a_resume_says_who_resumed_it(client, 
     command = item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     AgentCommand.objects.filter(pk=command.pk).update(created_at=timezone.now() - timedelta(hours=1))
     Run.objects.filter(pk=run.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
-    assert runs_fail_lost_agents() == 1
+    assert agents_detect_lost() == 1
 
     queue = _text(client.get(reverse("dashboard:queue")))
     assert (

@@ -19,10 +19,11 @@ from ledger.audit import Actor
 from ledger.models import Run
 from ledger.services import runs
 from ledger.transitions import run_state_phrase
-from recovery import decisions, items
+from recovery import decisions
+from recovery.actions.resolutions import item_close
 from recovery.models import RecoveryItem
-from recovery.services.resolving import item_close
 from recovery.trail import run_trail
+from recovery.transitions import items
 from tests.factories import onboarding_run, perform_action
 
 ROOT = Path(__file__).resolve().parents[2]

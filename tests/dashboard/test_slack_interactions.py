@@ -19,7 +19,7 @@ from slack_sdk.models.blocks import Block
 
 from ledger.audit import Actor
 from ledger.models import Action, Event
-from recovery import channels
+from recovery.actions import channels
 from recovery.models import Approval, Notification
 from recovery.notifications.delivery import slack_respond
 from tests.factories import gated_run

@@ -10,9 +10,9 @@ from django.urls import reverse
 from infra.hashing import sha256_hex
 from ledger.audit import Actor
 from ledger.models import Action
+from recovery.actions.compensations import unwind_start
 from recovery.models import Approval
-from recovery.services.compensating import unwind_start
-from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.advance import unwind_advance_move
 from tests.factories import gated_run, onboarding_run
 
 pytestmark = pytest.mark.django_db
@@ -159,7 +159,7 @@ def test_whoever_asked_cannot_grant_it_and_is_told_so(client, tenant, agent, dav
     run, item = onboarding_run(tenant, agent)
     ToolPolicy.objects.filter(tool="workspace.cancel_license").update(risk="low", approval="manual")
     unwind = unwind_start(item=item, actor=Actor.for_user(dave), reason="undo")
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
     client.force_login(dave)
     page = client.get(INBOX).content.decode()

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from recovery.actions import bulk_filter, bulk_worker
 from recovery.bulk.models import BulkOperation
 from recovery.models import RecoveryItem
-from recovery.services import bulk_filter
 from tests.recovery.bulk_support import crm_policies, failing_runs
 
 pytestmark = pytest.mark.django_db
@@ -58,13 +58,13 @@ def test_it_previews_decides_and_aborts(client, alice, crm_items, django_capture
     page = client.get(response["Location"]).content.decode()
     assert 'data-bulk-status="running"' in page and "Abort" in page
 
-    bulk_filter.bulk_advance_chunk(bulk_id=bulk.pk, max_items=1)
+    bulk_worker.bulk_advance_chunk(bulk_id=bulk.pk, max_items=1)
     poll = client.get(response["Location"], headers={"HX-Request": "true", "HX-Target": "bulk-progress"})
     assert poll.status_code == 200 and 'data-count="done">1<' in poll.content.decode()
 
     abort = client.post(reverse("dashboard:bulk-abort", args=[bulk.pk]), {"reason": "enough"})
     assert abort.status_code == 303
-    bulk_filter.bulk_advance_chunk(bulk_id=bulk.pk)
+    bulk_worker.bulk_advance_chunk(bulk_id=bulk.pk)
     bulk.refresh_from_db()
     assert (bulk.status, bulk.done) == ("aborted", 1)
     assert RecoveryItem.objects.filter(pk__in=[i.pk for i in crm_items], status="open").count() == 2

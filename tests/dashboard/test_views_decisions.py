@@ -10,9 +10,9 @@ from django.urls import reverse
 from ledger.audit import Actor
 from ledger.models import Action, Run
 from ledger.services import runs
+from recovery.actions.compensations import unwind_start
 from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
-from recovery.services.compensating import unwind_start
-from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.advance import unwind_advance_move
 from recovery.unwinds.runner import step_run
 from tests.factories import load_onboarding_policies, onboarding_run, perform_action
 
@@ -170,7 +170,7 @@ def test_an_operator_assigns_and_unassigns(client, failed_run, alice):
 
 def _failed_step(run, item, user) -> UnwindStep:
     unwind = unwind_start(item=item, actor=Actor.for_user(user), reason="undo")
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     step = unwind.steps.get(position=0)
     step_run(step_id=step.pk)  # no compensator is registered: the step fails
     step.refresh_from_db()

@@ -43,7 +43,7 @@ def _url(item):
 
 
 def _queued(run, agent):
-    from recovery.services.reports import run_fail_and_queue
+    from recovery.actions.reports import run_fail_and_queue
 
     return run_fail_and_queue(run=run, actor=agent, error="boom").item
 

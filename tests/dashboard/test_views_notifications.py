@@ -11,7 +11,7 @@ from django.contrib.messages import get_messages
 from ledger.audit import Actor
 from ledger.models import Event
 from ledger.staff import membership_set
-from recovery import channels
+from recovery.actions import channels
 from recovery.models import Notification, NotificationChannel, SlackApp, SlackUserLink
 from recovery.notifications.delivery import notification_deliver
 from tests.support.slack import link_slack_user

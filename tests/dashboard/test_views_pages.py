@@ -9,8 +9,8 @@ from django.urls import reverse
 
 from ledger.audit import Actor
 from ledger.models import Compensator, ToolPolicy
-from recovery.services.approving import approval_approve
-from recovery.services.resolving import item_close
+from recovery.actions.approvals import approval_approve
+from recovery.actions.resolutions import item_close
 from tests.factories import charge_policy, gated_run, load_policy_file, onboarding_run
 
 pytestmark = pytest.mark.django_db

@@ -123,7 +123,7 @@ def test_the_banner_shows_on_the_run_a_pause_stopped_though_it_never_used_the_to
     """The run had used only hr.create_user; the pause of payments.* refused its first refund. The
     refusal is on the run (an ``action.refused`` event, no action row), and the banner names the
     pause and the refused tool there — and not on another run of the tenant it did not stop."""
-    from recovery.services.approving import action_record_gated
+    from recovery.actions.approvals import action_record_gated
 
     stopped, untouched = make_run(tenant, agent), make_run(tenant, agent)
     for run in (stopped, untouched):

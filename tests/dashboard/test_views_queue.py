@@ -6,8 +6,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from recovery import items as recovery_items
 from recovery.models import RecoveryItem
+from recovery.transitions import items as recovery_items
 from tests.factories import onboarding_run
 
 pytestmark = pytest.mark.django_db

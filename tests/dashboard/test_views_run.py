@@ -6,8 +6,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from ledger.services import runs
-from recovery.services.compensating import unwind_start
-from recovery.services.reports import run_fail_and_queue
+from recovery.actions.compensations import unwind_start
+from recovery.actions.reports import run_fail_and_queue
 from tests.factories import load_onboarding_policies, onboarding_run, perform_action
 
 pytestmark = pytest.mark.django_db

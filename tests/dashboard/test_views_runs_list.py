@@ -15,7 +15,7 @@ from django.utils import timezone
 from infra.pagination import MAX_CURSOR_LENGTH
 from ledger.models import Run
 from ledger.services import runs
-from recovery.services.reports import run_fail_and_queue
+from recovery.actions.reports import run_fail_and_queue
 from tests.factories import load_reliability_policies, perform_action, record
 
 pytestmark = pytest.mark.django_db

@@ -46,7 +46,7 @@ def test_a_resume_without_any_checkpoint_says_so_once_and_offers_no_checkpoint_t
     from django.urls import reverse
 
     from ledger.services import runs
-    from recovery.services.reports import run_fail_and_queue
+    from recovery.actions.reports import run_fail_and_queue
     from tests.factories import load_onboarding_policies, perform_action
 
     load_onboarding_policies()

@@ -33,8 +33,8 @@ def test_the_seeded_mcp_session_fails_into_the_queue_and_compensating_it_undoes_
 
     from ledger.audit import Actor
     from ledger.models import Action, Compensator, Run
+    from recovery.actions.compensations import unwind_start
     from recovery.models import RecoveryItem
-    from recovery.services.compensating import unwind_start
 
     with http_upstream(tmp_path) as upstream:
         # What make run does: the setup with the server's URL, then the gateway's key by name.

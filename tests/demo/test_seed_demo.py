@@ -99,8 +99,8 @@ def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
     from demo.setup import agent_secret
     from ledger.audit import Actor
     from ledger.models import Action, AgentKey, Run
+    from recovery.actions.compensations import unwind_start
     from recovery.models import Approval, RecoveryItem
-    from recovery.services.compensating import unwind_start
 
     call_command("seed_demo", url=live_server.url)
 
@@ -202,7 +202,7 @@ def test_a_resumed_onboarding_run_sends_the_corrected_welcome_email_and_succeeds
     from demo.setup import agent_secret, demo_setup
     from ledger.audit import Actor
     from ledger.models import Run
-    from recovery.services.resolving import item_resume
+    from recovery.actions.resolutions import item_resume
 
     demo_setup(base_url=live_server.url)
     demo = agents.Demo(

@@ -18,8 +18,8 @@ from saga_client.signing import verify_signature
 
 from ledger.audit import Actor
 from ledger.models import Compensator
+from recovery.actions.compensations import unwind_start
 from recovery.models import Approval, RecoveryItem, Unwind
-from recovery.services.compensating import unwind_start
 from tests.factories import gated_run, onboarding_run
 from tests.support.browser import WEBHOOK_SECRET, login, screenshot
 

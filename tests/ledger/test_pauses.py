@@ -12,7 +12,7 @@ from ledger.audit import Actor
 from ledger.models import Action, Event, Pause, Run
 from ledger.services import pauses, runs
 from ledger.services.keys import agent_key_create
-from recovery.services.approving import action_record_gated
+from recovery.actions.approvals import action_record_gated
 from tests.factories import make_run, record
 
 

@@ -120,7 +120,7 @@ RUN_SERVICES = {
     "cancel": (lambda run, actor: runs.run_cancel(run=run, actor=actor, reason="x"), {"running", "failed"}),
     "compensation_started": (
         lambda run, actor: runs.run_compensation_started(run=run, actor=actor, reason="x"),
-        # succeeded, closed, compensated: a run flagged for review (recovery.services.resolving.run_flag).
+        # succeeded, closed, compensated: a run flagged for review (recovery.actions.resolutions.run_flag).
         {"failed", "cancelled", "succeeded", "closed", "compensated"},
     ),
     "compensated": (

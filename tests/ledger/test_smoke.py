@@ -40,7 +40,7 @@ def test_it_records_runs_and_actions_through_the_state_machine(tenant, agent):
 
 def test_it_gates_a_risky_action_behind_an_approval_bound_to_its_args(tenant, agent, bob):
     from ledger.audit import Actor
-    from recovery.services.approving import action_record_gated, approval_approve
+    from recovery.actions.approvals import action_record_gated, approval_approve
 
     run = runs.run_create(tenant=tenant, actor=agent, agent="payments", request="Refund order 7")
     recorded = action_record_gated(

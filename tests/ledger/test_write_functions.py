@@ -1,4 +1,4 @@
-"""The ledger's write functions (``ledger/0013``: ``saga_action_record``, ``saga_action_move``,
+"""The ledger's write functions (``ledger/sql``: ``saga_action_record``, ``saga_action_move``,
 ``saga_event_insert``) on their own: the chain the database extends is the chain Python verifies,
 whatever the content; a write that relied on this process's copy of the policies is refused by the
 database once they changed, and the checked path applies the new ones; the database decides only

@@ -14,9 +14,9 @@ from django.utils import timezone
 
 from ledger.audit import Actor
 from ledger.models import Run, Tenant
-from recovery.services.approving import action_record_gated, approval_reject
-from recovery.services.reports import run_fail_and_queue
-from recovery.services.resolving import item_close
+from recovery.actions.approvals import action_record_gated, approval_reject
+from recovery.actions.reports import run_fail_and_queue
+from recovery.actions.resolutions import item_close
 from tests.factories import load_onboarding_policies, load_policy_file, onboarding_saga
 
 KEY = "test-archive-key-0123456789abcdef"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from ledger.audit import Actor
 from ledger.models import Tenant
 from ledger.services import runs
+from recovery.actions.reports import run_fail_and_queue
 from recovery.models import RecoveryItem
-from recovery.services.reports import run_fail_and_queue
 from tests.factories import auto_policy, perform_action
 
 

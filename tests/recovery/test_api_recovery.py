@@ -13,10 +13,10 @@ from django.utils import timezone
 from ledger.audit import Actor
 from ledger.models import Event, Run
 from ledger.services import runs
+from recovery.actions.compensations import unwind_start
+from recovery.actions.reports import run_fail_and_queue
 from recovery.models import Approval, RecoveryItem, Unwind
-from recovery.services.compensating import unwind_start
-from recovery.services.reports import run_fail_and_queue
-from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.advance import unwind_advance_move
 from tests.factories import load_onboarding_policies, onboarding_saga
 
 
@@ -141,7 +141,7 @@ def test_approvals_are_for_approver_keys_only(api, tenant, agent, alice, approve
     load_onboarding_policies(license_risk="high")
     saga = onboarding_saga(tenant, agent)
     unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
     for response in (
         api.get("/api/v1/approvals"),
@@ -158,7 +158,7 @@ def test_approvals_can_be_listed_approved_and_rejected(approver_key, tenant, age
     load_onboarding_policies(license_risk="high")
     saga = onboarding_saga(tenant, agent)
     unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
 
     inbox = api.get("/api/v1/approvals").json()["items"]

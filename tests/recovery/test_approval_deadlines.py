@@ -21,11 +21,11 @@ from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, Event, ToolPolicy
 from recovery import approval_deadlines, slack, sweeper
+from recovery.actions.approvals import approval_approve, approval_reject
+from recovery.actions.compensations import unwind_start
+from recovery.actions.periodic import approvals_expire
 from recovery.models import Approval, Notification, NotificationChannel, UnwindStep
-from recovery.services.approving import approval_approve, approval_reject
-from recovery.services.compensating import unwind_start
-from recovery.services.periodic import approvals_expire_due
-from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.advance import unwind_advance_move
 from tests.factories import gated_run, load_onboarding_policies, onboarding_saga
 from tests.support.api import Api, error_of
 
@@ -83,8 +83,8 @@ def test_a_timeout_rejects_the_action_and_the_agent_sees_timed_out(tenant, agent
     )
 
     # Not yet due: nothing happens.
-    assert approvals_expire_due(now=approval.expires_at - timedelta(seconds=1)) == 0
-    assert approvals_expire_due(now=approval.expires_at) == 1
+    assert approvals_expire(now=approval.expires_at - timedelta(seconds=1)) == 0
+    assert approvals_expire(now=approval.expires_at) == 1
     approval.refresh_from_db()
     action.refresh_from_db()
     assert (approval.status, approval.reason) == ("expired", "timed_out")
@@ -94,7 +94,7 @@ def test_a_timeout_rejects_the_action_and_the_agent_sees_timed_out(tenant, agent
     [announced] = Notification.objects.filter(channel=channel, event="approval.expired")
     assert "Timed out" in announced.body["summary"] and announced.subject_id == approval.pk
     # A second sweep finds nothing more to do, and a late decision is refused.
-    assert approvals_expire_due(now=approval.expires_at + timedelta(minutes=1)) == 0
+    assert approvals_expire(now=approval.expires_at + timedelta(minutes=1)) == 0
     with pytest.raises(errors.InvalidTransition):
         approval_reject(approval=approval, actor=Actor.for_user(_approver(tenant)), reason="late")
 
@@ -131,7 +131,7 @@ def test_escalation_goes_once_to_the_named_role_and_a_second_timeout_rejects(
     deadline = approval.expires_at
 
     # Two sweepers reach the deadline together: one escalates, and the new approvers hear once.
-    results = _together(*[lambda: approvals_expire_due(now=deadline + timedelta(seconds=2))] * 2)
+    results = _together(*[lambda: approvals_expire(now=deadline + timedelta(seconds=2))] * 2)
     assert results == [0, 0]
     approval.refresh_from_db()
     assert approval.status == "pending" and approval.escalated_at is not None
@@ -159,8 +159,8 @@ def test_escalation_goes_once_to_the_named_role_and_a_second_timeout_rejects(
     assert "Escalated to admin" in page and "then it is rejected." in page
 
     # A later sweep before the fresh deadline changes nothing; at it, the approval expires.
-    assert approvals_expire_due(now=approval.expires_at - timedelta(seconds=1)) == 0
-    assert approvals_expire_due(now=approval.expires_at) == 1
+    assert approvals_expire(now=approval.expires_at - timedelta(seconds=1)) == 0
+    assert approvals_expire(now=approval.expires_at) == 1
     approval.refresh_from_db()
     action.refresh_from_db()
     assert (approval.status, approval.reason, action.status) == ("expired", "timed_out", "rejected")
@@ -174,14 +174,14 @@ def test_escalation_goes_once_to_the_named_role_and_a_second_timeout_rejects(
 def test_an_escalated_approval_is_granted_by_the_person_it_went_to(tenant, agent, bob, dave):
     _refund_deadline(approval_timeout_s=60, on_timeout="escalate", escalate_to="dave")
     _run, action, approval = gated_run(tenant, agent)
-    approvals_expire_due(now=approval.expires_at)
+    approvals_expire(now=approval.expires_at)
     with pytest.raises(errors.Forbidden):
         approval_approve(approval=approval, actor=Actor.for_user(bob), reason="ok")
     decided = approval_approve(approval=approval, actor=Actor.for_user(dave), reason="ok, escalated to me")
     action.refresh_from_db()
     assert decided.status == "approved" and action.status == Action.Status.APPROVED
     # Decided: its deadline is over, whatever the sweep says later.
-    assert approvals_expire_due(now=decided.expires_at + timedelta(hours=1)) == 0
+    assert approvals_expire(now=decided.expires_at + timedelta(hours=1)) == 0
 
 
 def test_the_reminder_goes_once_in_each_window(tenant, agent):
@@ -201,7 +201,7 @@ def test_the_reminder_goes_once_in_each_window(tenant, agent):
     assert len(_events(approval, "approval.reminded")) == 1
 
     # Escalated at the deadline: the new approvers get a reminder of their own, once.
-    approvals_expire_due(now=start + timedelta(minutes=61))
+    approvals_expire(now=start + timedelta(minutes=61))
     approval.refresh_from_db()
     assert approval.reminded_at is None
     assert sweeper.notifications_sweep(now=start + timedelta(minutes=80)).reminders == 0
@@ -230,9 +230,7 @@ def test_an_approval_decided_just_as_it_times_out_is_never_both(tenant, agent, b
             # The sweep's clock just past the deadline: it expires whatever is still pending. (At
             # exactly the deadline it is not yet due, and an approver whose own clock had passed
             # it on a loaded machine is refused too: neither, until the next sweep.)
-            lambda approval=approval: approvals_expire_due(
-                now=approval.expires_at + timedelta(milliseconds=1)
-            ),
+            lambda approval=approval: approvals_expire(now=approval.expires_at + timedelta(milliseconds=1)),
         )
         approval.refresh_from_db()
         if approval.status == "pending":
@@ -240,7 +238,7 @@ def test_an_approval_decided_just_as_it_times_out_is_never_both(tenant, agent, b
             # the approver, its own clock past the deadline by then, was refused. The next sweep
             # expires it; still never both.
             assert isinstance(decided, errors.ApprovalExpired | errors.InvalidTransition) and swept == 0
-            swept = approvals_expire_due(now=approval.expires_at + timedelta(milliseconds=1))
+            swept = approvals_expire(now=approval.expires_at + timedelta(milliseconds=1))
             approval.refresh_from_db()
         action.refresh_from_db()
         if approval.status == "approved":
@@ -259,10 +257,10 @@ def test_a_compensation_steps_approval_keeps_the_compensating_tools_deadline(ten
     ToolPolicy.objects.filter(tenant=None, tool="workspace.cancel_license").update(approval_timeout_s=120)
     saga = onboarding_saga(tenant, agent)
     unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
     assert approval.tool == "workspace.cancel_license" and approval.timeout_s == 120
-    assert approvals_expire_due(now=approval.created_at + timedelta(seconds=121)) == 1
+    assert approvals_expire(now=approval.created_at + timedelta(seconds=121)) == 1
     step = UnwindStep.objects.get(pk=approval.step_id)
     assert step.status == UnwindStep.Status.FAILED and "timed_out" in step.error
 
@@ -323,7 +321,7 @@ def test_the_people_an_approval_is_escalated_to_are_written_to_themselves(tenant
     nameless = get_user_model().objects.create_user("nameless", email="")
     nameless.memberships.create(tenant=tenant, role="admin")
     _run, _action, approval = gated_run(tenant, agent)
-    approvals_expire_due(now=approval.expires_at)
+    approvals_expire(now=approval.expires_at)
 
     [told] = Notification.objects.filter(event="approval.escalated", env_target=Notification.PEOPLE)
     assert told.context["recipients"] == ["dave@acme.example"]
@@ -339,7 +337,7 @@ def test_the_people_an_approval_is_escalated_to_are_written_to_themselves(tenant
     # Escalated to a person without an address: no e-mail row (the channels still hear).
     _refund_deadline(approval_timeout_s=60, on_timeout="escalate", escalate_to="nameless")
     _run, _action, second = gated_run(tenant, agent)
-    approvals_expire_due(now=second.expires_at)
+    approvals_expire(now=second.expires_at)
     second.refresh_from_db()
     assert second.escalated_at is not None
     assert not Notification.objects.filter(subject_id=second.pk, env_target=Notification.PEOPLE).exists()

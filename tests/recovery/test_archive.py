@@ -57,7 +57,7 @@ def test_a_closed_run_past_its_window_is_archived_whole_and_removed(acme_retenti
     assert before["action"] >= 4 and before["checkpoint"] == 1 and before["approval"] == 1
     assert before["recovery_item"] == 1 and events > 5
 
-    result = runner.archive_runs()
+    result = runner.runs_archive()
 
     manifest_url = f"file://{acme_retention}/acme/runs/{run.pk}/manifest.json"
     assert [(o.run_id, o.detail) for o in result.archived] == [(run.pk, manifest_url)]
@@ -158,14 +158,14 @@ def test_a_run_with_anything_open_is_left_and_said_why(acme_retention, tenant, a
     out = StringIO()
     call_command("archive_runs", dry_run=True, stdout=out)
     assert f"left {gated.pk} (tenant acme): an approval is pending" in out.getvalue()
-    result = runner.archive_runs()
+    result = runner.runs_archive()
     assert [o.run_id for o in result.archived] == [run.pk]
     assert Run.objects.filter(pk__in=[gated.pk, pending.pk]).count() == 2
 
 
 def test_editing_any_archived_line_or_the_manifest_makes_verify_fail(acme_retention, tenant, agent):
     run = age(closed_run(tenant, agent))
-    runner.archive_runs()
+    runner.runs_archive()
     folder = acme_retention / "acme" / "runs" / run.pk
     records, manifest = folder / "records.jsonl.gz", folder / "manifest.json"
     original_records, original_manifest = records.read_bytes(), manifest.read_bytes()
@@ -221,7 +221,7 @@ def test_editing_any_archived_line_or_the_manifest_makes_verify_fail(acme_retent
 
 def test_a_manifest_copied_into_another_runs_folder_does_not_pass_for_it(acme_retention, tenant, agent):
     run = age(closed_run(tenant, agent))
-    runner.archive_runs()
+    runner.runs_archive()
     source = acme_retention / "acme" / "runs" / run.pk
     target = acme_retention / "acme" / "runs" / "run_someoneelse"
     target.mkdir()
@@ -236,7 +236,7 @@ def test_a_manifest_copied_into_another_runs_folder_does_not_pass_for_it(acme_re
 
 def test_another_key_does_not_verify_and_no_key_is_a_clear_error(acme_retention, tenant, agent, settings):
     age(closed_run(tenant, agent))
-    runner.archive_runs()
+    runner.runs_archive()
     settings.AUDIT_KEY = "another key entirely"
     with pytest.raises(CommandError):
         call_command(
@@ -279,7 +279,7 @@ def test_files_written_but_not_committed_are_written_again_by_the_next_pass(acme
     run = age(closed_run(tenant, agent))
     first = _write_only(run, tenant, compress=True)
     assert Run.objects.filter(pk=run.pk).exists()
-    result = runner.archive_runs()
+    result = runner.runs_archive()
     assert [o.run_id for o in result.archived] == [run.pk]
     assert ArchivedRun.objects.get(run_id=run.pk).head == first.head
     assert "Archive intact" in verify_archive(folder_url(acme_retention))[0]
@@ -294,7 +294,7 @@ def test_a_run_that_moved_after_its_archive_was_written_stays_live(acme_retentio
     assert "it changed after its archive was written" in archive_commit(written, key=KEY.encode())
     assert Run.objects.filter(pk=run.pk).exists() and not ArchivedRun.objects.exists()
     # The next pass archives it as it is now.
-    assert [o.run_id for o in runner.archive_runs().archived] == [run.pk]
+    assert [o.run_id for o in runner.runs_archive().archived] == [run.pk]
     assert ArchivedRun.objects.get(run_id=run.pk).events == written.events + 1
 
 
@@ -310,7 +310,7 @@ def test_a_destination_the_operator_no_longer_allows_archives_nothing(
 ):
     run = age(closed_run(tenant, agent))
     allow(settings, "file:///somewhere/else")
-    result = runner.archive_runs()
+    result = runner.runs_archive()
     assert (
         result.archived == [] and "is not at or under a destination the operator allows" in result.errors[0]
     )
@@ -328,7 +328,7 @@ def test_tenants_are_archived_each_under_its_own_folder_and_the_tenants_own_rete
     globex_agent = Actor.for_key(outsider_key[0])
     globex_young = age(closed_run(other_tenant, globex_agent, email="g1@globex.com"))
     globex_old = age(closed_run(other_tenant, globex_agent, email="g2@globex.com"), days=31)
-    result = runner.archive_runs()
+    result = runner.runs_archive()
     assert sorted((o.tenant, o.run_id) for o in result.archived) == sorted(
         [("acme", acme.pk), ("globex", globex_old.pk)]
     )
@@ -336,7 +336,7 @@ def test_tenants_are_archived_each_under_its_own_folder_and_the_tenants_own_rete
     assert (archive / "globex" / "runs" / globex_old.pk / "manifest.json").exists()
     assert (archive / "acme" / "runs" / acme.pk / "manifest.json").exists()
     # --tenant and --limit
-    assert runner.archive_runs(tenant=tenant).archived == []
+    assert runner.runs_archive(tenant=tenant).archived == []
 
 
 ROLE = "saga_app_archiver"
@@ -367,7 +367,7 @@ def test_the_least_privileged_role_archives_through_the_function_and_deletes_not
     Run.objects.filter(pk=other.pk).update(status=Run.Status.FAILED)  # not archived
     _as_app_role()
     try:
-        assert [o.run_id for o in runner.archive_runs().archived] == [run.pk]
+        assert [o.run_id for o in runner.runs_archive().archived] == [run.pk]
         assert not Event.objects.filter(chain=f"run:{run.pk}").exists()
         # The role still cannot delete events itself, pgtrigger's bypass or not.
         assert "permission denied" in _refused(
@@ -415,7 +415,7 @@ def test_a_run_the_audit_stream_has_not_delivered_yet_is_left(acme_retention, te
     AuditSink.objects.create(
         tenant=tenant, kind=AuditSink.Kind.HEC, url="https://siem.example.com/hec", token="t"
     )
-    result = runner.archive_runs()
+    result = runner.runs_archive()
     assert result.archived == []
     assert [(o.run_id, o.detail) for o in result.skipped] == [
         (run.pk, "the audit stream has not yet delivered its events to https://siem.example.com/hec")
@@ -429,5 +429,5 @@ def test_live_verify_audit_still_passes_for_the_rest_after_an_archive(acme_reten
     age(closed_run(tenant, agent))
     closed_run(tenant, agent, email="live@company.com")
     audit_heads_sign()
-    runner.archive_runs()
+    runner.runs_archive()
     call_command("verify_audit", stdout=StringIO(), stderr=StringIO())

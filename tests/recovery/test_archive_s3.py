@@ -31,7 +31,7 @@ def bucket(s3, settings) -> str:
 def test_runs_are_archived_to_s3_and_verify_from_there(bucket, s3, tenant, agent, operator_key):
     retention(tenant, f"s3://{bucket}/saga/prod")
     first, second = age(closed_run(tenant, agent)), age(closed_run(tenant, agent, email="b@company.com"))
-    result = runner.archive_runs()
+    result = runner.runs_archive()
     assert sorted(o.run_id for o in result.archived) == sorted([first.pk, second.pk]) and result.errors == []
     assert not Run.objects.filter(pk__in=[first.pk, second.pk]).exists()
     assert (
@@ -75,7 +75,7 @@ def test_verify_reaches_s3_through_boto3s_own_endpoint_setting(
 ):
     retention(tenant, f"s3://{bucket}/saga")
     age(closed_run(tenant, agent))
-    runner.archive_runs()
+    runner.runs_archive()
     settings.SAGA = {**settings.SAGA, "ARCHIVE_S3_ENDPOINT_URL": ""}
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
     assert "Archive intact" in verify_archive(f"s3://{bucket}/saga")[0]
@@ -95,6 +95,6 @@ def test_an_unreachable_store_archives_nothing_and_says_so(bucket, tenant, agent
     retention(tenant, f"s3://{bucket}/saga")
     run = age(closed_run(tenant, agent))
     settings.SAGA = {**settings.SAGA, "ARCHIVE_S3_ENDPOINT_URL": "http://127.0.0.1:9"}
-    result = runner.archive_runs()
+    result = runner.runs_archive()
     assert result.archived == [] and result.errors and "cannot write" in result.errors[0]
     assert Run.objects.filter(pk=run.pk).exists() and not ArchivedRun.objects.exists()

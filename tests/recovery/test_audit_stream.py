@@ -90,7 +90,7 @@ def _all_ids(tenant: Tenant) -> list[int]:
 
 def test_no_sink_configured_is_no_work(stream: dict[str, Any], tenant: Tenant) -> None:
     _write(tenant, 2)
-    assert delivery.stream_deliver() == {"sinks": 0, "sent": 0}
+    assert delivery.audit_stream_deliver() == {"sinks": 0, "sent": 0}
     assert not AuditCursor.objects.exists()
 
 
@@ -102,7 +102,7 @@ def test_syslog_gets_every_event_in_order_with_a_signed_head(
     # The ledger's hot path: the events its one server-side call writes.
     action = record(run, agent, "k-1")
     _write(tenant, 6)
-    delivery.stream_deliver()
+    delivery.audit_stream_deliver()
 
     received = syslog.received()
     assert syslog.errors == []
@@ -143,7 +143,7 @@ def test_syslog_gets_every_event_in_order_with_a_signed_head(
     assert any("seq 3 is missing" in p for p in records.verify_stream(dropped, KEY.encode()).problems)
 
     # Nothing new: nothing sent again.
-    delivery.stream_deliver()
+    delivery.audit_stream_deliver()
     assert len([m for m in syslog.received() if m.msgid == "audit"]) == len(events)
 
 
@@ -200,10 +200,10 @@ def test_a_sink_down_delays_and_loses_nothing(
 ) -> None:
     stream["SYSLOG_URL"] = syslog.url()
     _write(tenant, 3)
-    delivery.stream_deliver()
+    delivery.audit_stream_deliver()
     syslog.stop()
     _write(tenant, 5)
-    delivery.stream_deliver()
+    delivery.audit_stream_deliver()
     cursor = AuditCursor.objects.get(sink="syslog", tenant=tenant)
     assert cursor.failures == 1 and "Connection refused" in cursor.last_error
     (status,) = delivery.sink_statuses(tenant_ids=[tenant.pk])
@@ -211,7 +211,7 @@ def test_a_sink_down_delays_and_loses_nothing(
 
     syslog.start()
     _write(tenant, 2)
-    delivery.stream_deliver()
+    delivery.audit_stream_deliver()
     events = [m.json for m in syslog.received() if m.msgid == "audit"]
     assert [e["id"] for e in events] == _all_ids(tenant)
     assert [e["seq"] for e in events] == list(range(1, 11))
@@ -227,7 +227,7 @@ def test_an_event_committed_after_a_later_id_is_not_skipped(
     stream["SYSLOG_URL"] = syslog.url()
     # Two runs: two chains, so neither writer waits for the other's chain head.
     slow_run, fast_run = make_run(tenant, agent), make_run(tenant, agent)
-    delivery.stream_deliver()
+    delivery.audit_stream_deliver()
     before = len(syslog.received())
     inserted, release, done = threading.Event(), threading.Event(), threading.Event()
     slow_id: list[int] = []
@@ -247,12 +247,12 @@ def test_an_event_committed_after_a_later_id_is_not_skipped(
     assert inserted.wait(30)
     fast_id = _write(tenant, 1, kind="test.fast", run=fast_run)[0]
     assert slow_id[0] < fast_id
-    delivery.stream_deliver()
+    delivery.audit_stream_deliver()
     assert [m.json["id"] for m in syslog.received()[before:] if m.msgid == "audit"] == [fast_id]
     release.set()
     assert done.wait(30)
     thread.join()
-    delivery.stream_deliver()
+    delivery.audit_stream_deliver()
     events = [m.json for m in syslog.received()[before:] if m.msgid == "audit"]
     assert [e["id"] for e in events] == [fast_id, slow_id[0]]
     assert events[1]["seq"] == events[0]["seq"] + 1
@@ -266,12 +266,12 @@ def test_syslog_over_tls_with_the_operators_ca(
     try:
         stream["SYSLOG_URL"] = receiver.url()
         _write(tenant, 3)
-        delivery.stream_deliver()  # without the CA file: the certificate is not trusted
+        delivery.audit_stream_deliver()  # without the CA file: the certificate is not trusted
         cursor = AuditCursor.objects.get(sink="syslog", tenant=tenant)
         assert "CERTIFICATE_VERIFY_FAILED" in cursor.last_error and receiver.received() == []
 
         stream["SYSLOG_CA_FILE"] = _ca_file(ca, tmp_path)
-        delivery.stream_deliver()
+        delivery.audit_stream_deliver()
         events = [m.json for m in receiver.received() if m.msgid == "audit"]
         assert [e["id"] for e in events] == _all_ids(tenant)
     finally:
@@ -285,11 +285,11 @@ def test_hec_over_https_batched_with_its_token(
     try:
         stream.update(HEC_URL=receiver.url(), HEC_TOKEN="wrong", HEC_CA_FILE=_ca_file(ca, tmp_path))
         _write(tenant, 6)
-        delivery.stream_deliver()
+        delivery.audit_stream_deliver()
         assert "HTTP 401" in AuditCursor.objects.get(sink="hec", tenant=tenant).last_error
 
         stream["HEC_TOKEN"] = receiver.token
-        delivery.stream_deliver()
+        delivery.audit_stream_deliver()
         envelopes = receiver.received()
         assert {e["sourcetype"] for e in envelopes} == {"saga:audit"}
         events = [e["event"] for e in envelopes if e["event"]["type"] == "audit_event"]
@@ -303,7 +303,7 @@ def test_hec_over_https_batched_with_its_token(
 def test_no_key_no_stream(stream: dict[str, Any], syslog: SyslogReceiver, tenant: Tenant) -> None:
     stream.update(SYSLOG_URL=syslog.url(), KEY="")
     _write(tenant, 1)
-    delivery.stream_deliver()
+    delivery.audit_stream_deliver()
     assert syslog.received() == []
     assert "SAGA_AUDIT_KEY" in AuditCursor.objects.get(sink="syslog", tenant=tenant).last_error
     assert any("SAGA_AUDIT_KEY" in p for p in config.check_installation())
@@ -323,7 +323,7 @@ def test_a_tenants_sinks_get_its_own_events_only(
         config.sink_set(tenant=tenant, actor=actor, kind="hec", url=hec.url(), token=hec.token, enabled=True)
         _write(other_tenant, 2)
         _write(tenant, 2)
-        delivery.stream_deliver()
+        delivery.audit_stream_deliver()
         events = [m.json for m in syslog.received() if m.msgid == "audit"]
         assert [e["id"] for e in events] == _all_ids(tenant)
         hec_events = [e["event"] for e in hec.received() if e["event"]["type"] == "audit_event"]
@@ -413,8 +413,8 @@ def test_verify_audit_stream_command(
 ) -> None:
     stream["SYSLOG_URL"] = syslog.url()
     _write(tenant, 5)
-    delivery.stream_deliver()
-    delivery.stream_deliver()  # a second head (HEAD_INTERVAL_S 0) over the same events
+    delivery.audit_stream_deliver()
+    delivery.audit_stream_deliver()  # a second head (HEAD_INTERVAL_S 0) over the same events
     lines = [m.msgid + " " + m.text for m in syslog.received()]
     received = tmp_path / "received.log"
     received.write_text("\n".join([lines[0], *lines]) + "\n", encoding="utf-8")  # a duplicate too
@@ -465,7 +465,7 @@ def test_a_receiver_that_never_closes_fails_the_batch_within_the_timeout(
         stream["TIMEOUT_S"] = 1.0
         _write(tenant, 2)
         started = time.monotonic()
-        delivery.stream_deliver()
+        delivery.audit_stream_deliver()
         assert time.monotonic() - started < 4
         cursor = AuditCursor.objects.get(sink="syslog", tenant=tenant)
         assert cursor.failures == 1 and cursor.position == 0
@@ -484,7 +484,7 @@ def test_an_installation_url_that_cannot_be_parsed_stops_only_its_own_sink(
         tenant=tenant, actor=Actor.system("test"), kind="syslog", url=syslog.url(), token="", enabled=True
     )
     _write(tenant, 2)
-    delivery.stream_deliver()  # no exception out of the pass
+    delivery.audit_stream_deliver()  # no exception out of the pass
     broken = AuditCursor.objects.get(sink="syslog", tenant=tenant)
     assert broken.failures == 1 and broken.last_error.startswith("ValueError")
     events = [m.json for m in syslog.received() if m.msgid == "audit"]

@@ -10,8 +10,8 @@ from structlog.testing import capture_logs
 from ledger.audit import Actor
 from ledger.models import Action
 from recovery import jobs
+from recovery.actions import bulk_filter, bulk_worker
 from recovery.selectors import QueueFilter
-from recovery.services import bulk_filter
 from tests.recovery.archive_support import KEY, age, allow, closed_run, folder_url, retention
 from tests.recovery.bulk_support import crm_policies, failing_runs
 
@@ -34,7 +34,7 @@ def test_each_refused_bulk_item_is_one_warning_naming_its_run_and_reason(tenant,
         expected_count=3,
     )
     with capture_logs() as logs:
-        while bulk_filter.bulk_advance_chunk(bulk_id=bulk.pk):
+        while bulk_worker.bulk_advance_chunk(bulk_id=bulk.pk):
             pass
     bulk.refresh_from_db()
     assert (bulk.status, bulk.failed) == ("finished", 3)

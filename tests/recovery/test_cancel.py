@@ -14,11 +14,11 @@ from ledger.models import Action, Checkpoint, Event, Run
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves
 from recovery import selectors
+from recovery.actions.cancellations import run_cancel
+from recovery.actions.compensations import unwind_start
+from recovery.actions.reports import run_fail_and_queue
+from recovery.actions.resolutions import item_resume
 from recovery.models import AgentCommand, RecoveryItem, Unwind
-from recovery.services.cancelling import run_cancel
-from recovery.services.compensating import unwind_start
-from recovery.services.reports import run_fail_and_queue
-from recovery.services.resolving import item_resume
 from tests.factories import (
     force_status,
     load_onboarding_policies,

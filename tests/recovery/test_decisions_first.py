@@ -10,8 +10,8 @@ import django_rq
 import pytest
 
 from ledger.audit import Actor
+from recovery.actions.compensations import unwind_start
 from recovery.models import Unwind, UnwindStep
-from recovery.services.compensating import unwind_start
 from tests.factories import HR_PATH, WS_PATH, load_onboarding_policies, onboarding_saga
 from tests.support.processes import Reply, dump_worker_logs, wait_for
 

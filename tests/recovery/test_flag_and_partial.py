@@ -13,11 +13,11 @@ from ledger.models import Action, Checkpoint, Event, Run
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves
 from recovery import compensators, planner, trail
+from recovery.actions.compensations import unwind_start
+from recovery.actions.reports import run_fail_and_queue
+from recovery.actions.resolutions import item_close, item_resume, run_flag
 from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
-from recovery.services.compensating import unwind_start
-from recovery.services.reports import run_fail_and_queue
-from recovery.services.resolving import item_close, item_resume, run_flag
-from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.advance import unwind_advance_move
 from recovery.unwinds.claim import step_claim
 from recovery.unwinds.runner import step_record_outcome
 from tests.factories import load_reliability_policies, perform_action
@@ -74,7 +74,7 @@ def _hire(tenant, agent, *, finish: str = "succeed") -> Hire:
 def _drive(unwind: Unwind) -> Unwind:
     """Carry the unwind out in-process, every compensator answering "done"."""
     for _ in range(20):
-        unwind_advance(unwind_id=unwind.pk)
+        unwind_advance_move(unwind_id=unwind.pk)
         step = unwind.steps.filter(status=UnwindStep.Status.QUEUED).first()
         if step is None:
             break

@@ -20,11 +20,11 @@ from ledger.models import Action, Compensator, Event, Run
 from ledger.services import runs
 from ledger.services.keys import agent_key_create
 from recovery import compensators
+from recovery.actions.approvals import approval_approve, approval_request_again
+from recovery.actions.compensations import unwind_start, unwind_stop
+from recovery.actions.periodic import approvals_expire
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
-from recovery.services.approving import approval_approve, approval_request_again
-from recovery.services.compensating import unwind_start, unwind_stop
-from recovery.services.periodic import approvals_expire_due
-from recovery.unwinds.advance import unwind_advance, unwind_advance_and_claim
+from recovery.unwinds.advance import unwind_advance_and_claim, unwind_advance_move
 from recovery.unwinds.runner import step_record_outcome, step_run
 from tests.factories import (
     HR_PATH,
@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def _expire(approval: Approval) -> None:
-    assert approvals_expire_due(now=approval.expires_at + timedelta(seconds=1)) >= 1
+    assert approvals_expire(now=approval.expires_at + timedelta(seconds=1)) >= 1
     approval.refresh_from_db()
     assert approval.status == Approval.Status.EXPIRED
 
@@ -158,7 +158,7 @@ def _compensators_in_python() -> None:
 def _run_queued_steps(unwind: Unwind) -> None:
     """Drive the unwind in-process until nothing is queued (what a worker does)."""
     for _ in range(10):
-        unwind_advance(unwind_id=unwind.pk)
+        unwind_advance_move(unwind_id=unwind.pk)
         queued = unwind.steps.filter(status=UnwindStep.Status.QUEUED).first()
         if queued is None:
             return
@@ -172,12 +172,12 @@ def test_an_operator_asks_again_for_an_expired_step_approval_and_the_first_reque
     _compensators_in_python()
     saga = onboarding_saga(tenant, agent)
     unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo the hire")
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
     step = approval.step
     _expire(approval)
     # The unwind goes on with the other step: asking again waits until it has finished.
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     operator = Api(operator_key[1])
     early = operator.post(f"/approvals/{approval.pk}/request-again", {"reason": "ask bob"})
     assert early.status_code == 409 and "finished its other steps" in error_of(early)["message"]
@@ -306,7 +306,7 @@ def test_stopping_a_paused_unwind_withdraws_the_approval_it_waits_for(tenant, ag
     load_onboarding_policies(license_risk="critical")
     saga = onboarding_saga(tenant, agent)
     unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
     assert Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.PAUSED
 

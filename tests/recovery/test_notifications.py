@@ -15,8 +15,8 @@ from saga_client.signing import verify_signature
 
 from ledger.models import ToolPolicy
 from ledger.services import runs
-from recovery.services.approving import action_record_gated
-from recovery.services.reports import run_fail_and_queue
+from recovery.actions.approvals import action_record_gated
+from recovery.actions.reports import run_fail_and_queue
 
 SECRET = "notify-secret"
 

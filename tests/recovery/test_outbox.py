@@ -20,13 +20,14 @@ from slack_sdk.models.blocks import Block
 
 from infra import errors
 from ledger.audit import Actor
-from recovery import approval_deadlines, channels, compensators, sweeper
+from recovery import approval_deadlines, compensators, sweeper
+from recovery.actions import channels
+from recovery.actions.approvals import approval_reject
+from recovery.actions.compensations import unwind_start
 from recovery.models import Approval, Notification, NotificationChannel, Unwind, UnwindStep
 from recovery.notifications.delivery import notification_deliver
 from recovery.notifications.outbox import notify
-from recovery.services.approving import approval_reject
-from recovery.services.compensating import unwind_start
-from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.advance import unwind_advance_move
 from recovery.unwinds.claim import step_claim
 from recovery.unwinds.runner import step_record_outcome
 from tests.factories import gated_run, load_onboarding_policies, onboarding_run
@@ -340,12 +341,12 @@ def test_a_failed_step_and_the_finished_unwind_are_announced_with_links(
     unwind = unwind_start(item=item, actor=Actor.for_user(alice), reason="undo the hire")
     outcomes = [compensators.Outcome.failed("licence API said no"), compensators.Outcome.done()]
     for outcome in outcomes:
-        unwind_advance(unwind_id=unwind.pk)
+        unwind_advance_move(unwind_id=unwind.pk)
         step = unwind.steps.get(status=UnwindStep.Status.QUEUED)
         claim = step_claim(step_id=step.pk)
         assert claim is not None
         step_record_outcome(step_id=step.pk, token=claim.token, outcome=outcome)
-    unwind_advance(unwind_id=unwind.pk)  # nothing left: it finishes
+    unwind_advance_move(unwind_id=unwind.pk)  # nothing left: it finishes
     assert Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.FAILED
 
     rows = {r.event: r for r in Notification.objects.filter(channel__isnull=False)}

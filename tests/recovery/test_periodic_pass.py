@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from ledger.models import ToolPolicy
 from recovery import scheduling, sweeper
+from recovery.actions.periodic import approvals_expire
 from recovery.models import Notification
-from recovery.services.periodic import approvals_expire_due
 from tests.factories import gated_run, load_onboarding_policies
 
 pytestmark = pytest.mark.django_db
@@ -147,10 +147,10 @@ def test_an_approval_expiry_and_an_escalation_are_each_one_structured_warning(te
     run, _action, approval = gated_run(tenant, agent)
     caplog.set_level(logging.WARNING)
 
-    approvals_expire_due(now=approval.expires_at + timedelta(seconds=1))
+    approvals_expire(now=approval.expires_at + timedelta(seconds=1))
     [escalated] = _warnings(caplog, "approvals.escalated")
     approval.refresh_from_db()
-    approvals_expire_due(now=approval.expires_at + timedelta(seconds=1))
+    approvals_expire(now=approval.expires_at + timedelta(seconds=1))
     [expired] = _warnings(caplog, "approvals.expired")
 
     for said in (escalated, expired):

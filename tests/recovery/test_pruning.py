@@ -61,7 +61,7 @@ def _keys() -> set[str]:
 def test_a_replay_within_the_window_still_answers_the_original(api: Api) -> None:
     first = api.post("/runs", RUN, headers={"Idempotency-Key": "run-1"})
     _age("run-1", 6 * DAY + timedelta(hours=23))  # the window is 7 days
-    assert idempotency.idempotency_records_prune() == 0
+    assert idempotency.idempotency_prune() == 0
     again = api.post("/runs", RUN, headers={"Idempotency-Key": "run-1"})
     assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
     assert again.json() == first.json() and Run.objects.count() == 1
@@ -73,7 +73,7 @@ def test_past_the_window_the_key_is_forgotten(api: Api, settings: Any) -> None:
     _age("old", 2 * DAY + timedelta(minutes=1))
     _age("recent", 2 * DAY - timedelta(minutes=1))
     settings.SAGA = {**settings.SAGA, "IDEMPOTENCY_RETENTION_S": 2 * 86400}
-    assert idempotency.idempotency_records_prune() == 1
+    assert idempotency.idempotency_prune() == 1
     assert _keys() == {"recent"}
     # The documented consequence: the same key is a new request again.
     fresh = api.post("/runs", RUN, headers={"Idempotency-Key": "old"})
@@ -85,8 +85,8 @@ def test_a_window_below_the_floor_given_after_start_up_counts_as_the_floor(api: 
     api.post("/runs", RUN, headers={"Idempotency-Key": "k"})
     settings.SAGA = {**settings.SAGA, "IDEMPOTENCY_RETENTION_S": 60}
     _age("k", timedelta(hours=23))
-    assert idempotency.idempotency_records_prune() == 0
-    assert idempotency.idempotency_records_prune(now=timezone.now() + timedelta(hours=2)) == 1
+    assert idempotency.idempotency_prune() == 0
+    assert idempotency.idempotency_prune(now=timezone.now() + timedelta(hours=2)) == 1
 
 
 @pytest.mark.parametrize("status", ["planned", "awaiting_approval", "approved", "running", "unknown"])
@@ -99,8 +99,8 @@ def test_the_records_of_an_action_still_in_play_are_kept_whatever_their_age(
     assert started.status_code == 200 and started.json()["status"] == "running"
     force_status(Action.objects.get(pk=action["id"]), status)
     _age("create-ashu:start:1", 90 * DAY)
-    assert idempotency.idempotency_records_prune() == 0
-    assert idempotency.idempotency_records_prune(dry_run=True) == 0
+    assert idempotency.idempotency_prune() == 0
+    assert idempotency.idempotency_prune(dry_run=True) == 0
     assert _keys() == {"create-ashu:start:1"}
     if status == "running":
         # A second caller of the action still learns that the first one started it.
@@ -122,7 +122,7 @@ def test_once_the_action_is_over_its_records_go_with_the_window(api: Api, onboar
     assert done.status_code == 200, done.content
     _age("create-ashu:start:1", 8 * DAY)
     _age("create-ashu:succeed:1", 8 * DAY)
-    assert idempotency.idempotency_records_prune() == 2
+    assert idempotency.idempotency_prune() == 2
     assert not IdempotencyRecord.objects.exists()
     # The action's own recording key is the action row: untouched, still replayed.
     replay = api.post(
@@ -154,7 +154,7 @@ def test_another_tenants_live_action_keeps_nothing_of_this_tenant(tenant: Any, o
         response_status=404,
     )
     _age("guess", 8 * DAY)
-    assert idempotency.idempotency_records_prune() == 1
+    assert idempotency.idempotency_prune() == 1
 
 
 def _old_records(tenant: Any, count: int, *, age: timedelta = 8 * DAY, prefix: str = "bulk") -> None:
@@ -171,7 +171,7 @@ def _old_records(tenant: Any, count: int, *, age: timedelta = 8 * DAY, prefix: s
 def test_it_deletes_in_batches_of_bounded_size(tenant: Any) -> None:
     _old_records(tenant, 12_345)
     with CaptureQueriesContext(connection) as ctx:
-        assert idempotency.idempotency_records_prune(batch_size=5000) == 12_345
+        assert idempotency.idempotency_prune(batch_size=5000) == 12_345
     deletes = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("DELETE")]
     assert len(deletes) == 3  # 5000, 5000, 2345: no statement touches more than a batch
     assert not IdempotencyRecord.objects.exists()
@@ -219,7 +219,7 @@ def test_two_prunes_at_once_delete_each_row_once_and_never_wait_on_each_other(te
     def prune() -> None:
         try:
             start.wait(10)
-            counts.append(idempotency.idempotency_records_prune(batch_size=500))
+            counts.append(idempotency.idempotency_prune(batch_size=500))
         except BaseException as exc:  # noqa: BLE001 - reported below
             failures.append(exc)
         finally:
@@ -379,11 +379,11 @@ def test_pruned_rows_are_counted_once_committed_and_a_dry_run_counts_nothing(
     _old_notifications(tenant, {"failed": 4}, age=40 * DAY)
     before = _pruned("idempotency"), _pruned("notifications")
     with django_capture_on_commit_callbacks(execute=True):
-        assert idempotency.idempotency_records_prune(dry_run=True) == 30
+        assert idempotency.idempotency_prune(dry_run=True) == 30
         assert notifications.notifications_prune(dry_run=True) == 4
     assert (_pruned("idempotency"), _pruned("notifications")) == before
     with django_capture_on_commit_callbacks(execute=True):
-        idempotency.idempotency_records_prune(batch_size=7)
+        idempotency.idempotency_prune(batch_size=7)
         notifications.notifications_prune()
     assert (_pruned("idempotency"), _pruned("notifications")) == (before[0] + 30, before[1] + 4)
 

@@ -17,14 +17,15 @@ from rq import SimpleWorker
 from ledger.audit import Actor
 from ledger.models import Event, Run
 from ledger.services import runs
-from recovery import commands, jobs, scheduling
+from recovery import jobs, scheduling
+from recovery.actions import commands
+from recovery.actions.cancellations import run_cancel
+from recovery.actions.compensations import unwind_start
+from recovery.actions.periodic import agents_detect_lost
+from recovery.actions.reports import run_fail_and_queue
+from recovery.actions.resolutions import item_close, item_resume
 from recovery.models import AgentCommand, Notification, RecoveryItem, Unwind
 from recovery.notifications.command_push import deliver_command
-from recovery.services.cancelling import run_cancel
-from recovery.services.compensating import unwind_start
-from recovery.services.periodic import runs_fail_lost_agents
-from recovery.services.reports import run_fail_and_queue
-from recovery.services.resolving import item_close, item_resume
 from tests.factories import HR_PATH, HR_SECRET, WS_PATH, WS_SECRET, load_onboarding_policies, perform_action
 from tests.support.api import Api
 from tests.support.processes import WebhookServer, dump_worker_logs, serve_webhooks
@@ -171,11 +172,11 @@ def test_an_agent_lost_after_a_resume_is_not_compensated_automatically(tenant, a
     command = item_resume(item=item, actor=Actor.for_user(alice), reason="the gateway is back")
     _silent_since(run, 900)
     # A resume is not a heartbeat, but the silence counts from it: not lost right after the resume.
-    assert runs_fail_lost_agents() == 1  # the control only
+    assert agents_detect_lost() == 1  # the control only
     assert Unwind.objects.get(run=control).automatic
 
     _age(command, 301)
-    assert runs_fail_lost_agents() == 1
+    assert agents_detect_lost() == 1
 
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED and run.failure_reason == "agent_lost"
@@ -254,7 +255,7 @@ def test_an_ended_run_does_not_list_its_resume(tenant, agent, alice, notify, age
     run, item = _onboarding_failed(tenant, agent, notify)
     resume = item_resume(item=item, actor=Actor.for_user(alice), reason="go on")
     runs.run_fail(run=Run.objects.get(pk=run.pk), actor=agent, error="gave up")
-    from recovery import items
+    from recovery.transitions import items
 
     reopened = items.item_open_or_update(run=Run.objects.get(pk=run.pk), reason="failed", actor=agent)
     assert _listed(agent_api, run) == [("resume", "pending")]

@@ -15,15 +15,17 @@ from ledger.audit import Actor
 from ledger.models import Action, Event, Run
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves
-from recovery import commands, compensators, items, planner, selectors, sweeper
+from recovery import compensators, planner, selectors, sweeper
+from recovery.actions import commands
+from recovery.actions.approvals import action_record_gated, approval_approve, approval_reject
+from recovery.actions.bulk import items_bulk_close
+from recovery.actions.compensations import step_retry, unwind_start, unwind_stop
+from recovery.actions.periodic import agents_detect_lost, approvals_expire
+from recovery.actions.reports import action_fail_and_queue, run_fail_and_queue
+from recovery.actions.resolutions import item_close, item_resume
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
-from recovery.services.approving import action_record_gated, approval_approve, approval_reject
-from recovery.services.bulk import items_bulk_close
-from recovery.services.compensating import step_retry, unwind_start, unwind_stop
-from recovery.services.periodic import approvals_expire_due, runs_fail_lost_agents
-from recovery.services.reports import action_fail_and_queue, run_fail_and_queue
-from recovery.services.resolving import item_close, item_resume
-from recovery.unwinds.advance import unwind_advance
+from recovery.transitions import items
+from recovery.unwinds.advance import unwind_advance_move
 from recovery.unwinds.claim import step_claim
 from recovery.unwinds.runner import step_record_outcome
 from tests.factories import load_onboarding_policies, onboarding_saga
@@ -146,7 +148,7 @@ def test_two_concurrent_compensate_requests_produce_one_unwind(tenant, agent, al
 
 def _claimed_first_step(saga, alice):
     unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     step = unwind.steps.get(position=0)
     assert step.status == UnwindStep.Status.QUEUED
     claim = step_claim(step_id=step.pk)
@@ -162,7 +164,7 @@ def test_a_worker_that_lost_its_lease_cannot_record_an_outcome(tenant, agent, al
     assert step_claim(step_id=step.pk) is None
 
     UnwindStep.objects.filter(pk=step.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    report = sweeper.steps_sweep()
+    report = sweeper.sweep()
     assert report.leases_expired == 1
     step.refresh_from_db()
     assert step.status == UnwindStep.Status.QUEUED and "Lease expired" in step.error
@@ -199,11 +201,11 @@ def test_a_step_out_of_attempts_fails_and_the_run_ends_with_an_item_listing_what
     assert step.status == UnwindStep.Status.FAILED and step.error.startswith("Gave up after 1 attempts")
 
     # alert_and_continue: the next step still runs.
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     second = unwind.steps.get(position=1)
     claim2 = step_claim(step_id=second.pk)
     step_record_outcome(step_id=second.pk, token=claim2.token, outcome=compensators.Outcome.done())
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
 
     unwind.refresh_from_db()
     assert unwind.status == Unwind.Status.FAILED
@@ -215,10 +217,10 @@ def test_a_step_out_of_attempts_fails_and_the_run_ends_with_an_item_listing_what
     # Retry by the operator: the run goes back to compensating and the step runs again.
     step_retry(step=step, actor=Actor.for_user(alice), reason="license API is back")
     assert Run.objects.get(pk=saga.run.pk).status == Run.Status.COMPENSATING
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     claim3 = step_claim(step_id=step.pk)
     step_record_outcome(step_id=step.pk, token=claim3.token, outcome=compensators.Outcome.done())
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     assert Run.objects.get(pk=saga.run.pk).status == Run.Status.COMPENSATED
     assert RecoveryItem.objects.get(pk=item.pk).resolution == "compensated"
 
@@ -234,7 +236,7 @@ def test_halt_stops_the_unwind_at_the_first_failure(tenant, agent, alice):
     unwind, step, claim = _claimed_first_step(saga, alice)
     assert unwind.on_failure == Unwind.OnFailure.HALT
     step_record_outcome(step_id=step.pk, token=claim.token, outcome=compensators.Outcome.failed("400"))
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     unwind.refresh_from_db()
     assert unwind.status == Unwind.Status.FAILED
     assert unwind.steps.get(position=1).status == UnwindStep.Status.PENDING
@@ -249,7 +251,7 @@ def _gated_unwind(tenant, agent, alice):
     load_onboarding_policies(license_risk="critical")
     saga = onboarding_saga(tenant, agent)
     unwind = unwind_start(item=saga.item, actor=Actor.for_user(alice), reason="undo")
-    unwind_advance(unwind_id=unwind.pk)
+    unwind_advance_move(unwind_id=unwind.pk)
     approval = Approval.objects.get(step__unwind=unwind)
     return saga, unwind, approval
 
@@ -259,7 +261,7 @@ def test_an_unanswered_compensation_approval_expires_and_the_step_fails(tenant, 
     assert Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.PAUSED
     assert approval.expires_at > timezone.now() + timedelta(hours=23)
 
-    assert approvals_expire_due(now=approval.expires_at + timedelta(seconds=1)) == 1
+    assert approvals_expire(now=approval.expires_at + timedelta(seconds=1)) == 1
     approval.refresh_from_db()
     assert approval.status == Approval.Status.EXPIRED
     step = approval.step
@@ -354,7 +356,7 @@ def test_a_run_without_heartbeats_is_failed_as_agent_lost(tenant, agent, setting
     Run.objects.filter(pk=run.pk).update(last_heartbeat_at=timezone.now() - timedelta(minutes=10))
     alive = runs.run_create(tenant=tenant, actor=agent, agent="a", request="still here")
 
-    assert runs_fail_lost_agents() == 1
+    assert agents_detect_lost() == 1
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED
     item = RecoveryItem.objects.get(run=run)
@@ -375,7 +377,7 @@ def test_an_undelivered_resume_command_is_pushed_again(
     import django_rq
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert commands.commands_redeliver_due() == 1
+        assert commands.commands_redeliver() == 1
     queued = django_rq.get_queue("notifications").jobs
     assert [job.kwargs for job in queued] == [{"command_id": command.pk}]
 
@@ -440,13 +442,13 @@ def test_a_run_waiting_for_an_approval_is_not_lost_and_its_silence_counts_from_t
     run, action, approval = gated_run(tenant, agent)
     long_ago = timezone.now() - timedelta(minutes=10)
     Run.objects.filter(pk=run.pk).update(last_heartbeat_at=long_ago, created_at=long_ago)
-    assert runs_fail_lost_agents() == 0
+    assert agents_detect_lost() == 0
 
     # Decided just now: the agent has the timeout from the decision to come back.
     Approval.objects.filter(pk=approval.pk).update(status="approved", decided_at=timezone.now())
-    assert runs_fail_lost_agents() == 0
+    assert agents_detect_lost() == 0
 
     # Decided long ago and silent since: lost.
     Approval.objects.filter(pk=approval.pk).update(decided_at=long_ago)
-    assert runs_fail_lost_agents() == 1
+    assert agents_detect_lost() == 1
     assert Run.objects.get(pk=run.pk).status == Run.Status.FAILED

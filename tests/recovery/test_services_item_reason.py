@@ -3,9 +3,9 @@ from __future__ import annotations
 from ledger.models import ToolPolicy
 from ledger.services import runs
 from ledger.services.actions import moves, recording
-from recovery import items as recovery_items
+from recovery.actions.reports import action_fail_and_queue, run_fail_and_queue
 from recovery.models import RecoveryItem
-from recovery.services.reports import action_fail_and_queue, run_fail_and_queue
+from recovery.transitions import items as recovery_items
 
 
 def test_it_keeps_the_specific_reason_when_the_agent_then_fails_the_run(tenant, agent):

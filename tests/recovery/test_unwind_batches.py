@@ -24,14 +24,14 @@ from ledger.models import Action, Event
 from ledger.services import runs
 from ledger.services.actions import moves
 from recovery import compensators, jobs, sweeper
+from recovery.actions.approvals import action_record_gated
+from recovery.actions.compensations import unwind_start
+from recovery.actions.reports import run_fail_and_queue
 from recovery.models import Unwind, UnwindStep
-from recovery.services.approving import action_record_gated
-from recovery.services.compensating import unwind_start
-from recovery.services.reports import run_fail_and_queue
 from recovery.unwinds.advance import unwind_advance_and_claim
 from recovery.unwinds.dispatch import drive_job_timeout
 from recovery.unwinds.finish import unwind_finish
-from recovery.unwinds.runner import unwind_run_steps
+from recovery.unwinds.runner import unwind_advance
 
 TOOL = "tests.batch_undo"
 calls: list[int] = []
@@ -120,7 +120,7 @@ def test_a_spent_batch_queues_the_next_step_at_the_back_of_the_queue(
     django_rq.get_queue("compensations").empty()
 
     with django_capture_on_commit_callbacks(execute=True):
-        unwind_run_steps(unwind_id=unwind.pk, batch_s=0)
+        unwind_advance(unwind_id=unwind.pk, batch_s=0)
 
     assert calls == [2]
     assert _statuses(unwind) == ["done", "queued", "pending"]
@@ -132,7 +132,7 @@ def test_a_spent_batch_queues_the_next_step_at_the_back_of_the_queue(
     # The sweeper sees a queued step with a live job (not an idle unwind to advance again).
     assert following.job_id == queued[0].id
     assert queued[0].timeout == drive_job_timeout()
-    assert sweeper.steps_sweep().reenqueued == 0 and _statuses(unwind)[1] == "queued"
+    assert sweeper.sweep().reenqueued == 0 and _statuses(unwind)[1] == "queued"
 
     jobs.step_run(step_id=following.pk)
     assert calls == [2, 1, 0] and _statuses(unwind) == ["done", "done", "done"]
@@ -142,7 +142,7 @@ def test_a_retry_ends_the_batch_and_the_next_step_waits_for_it(tenant, agent, al
     unwind = _unwind(tenant, agent, alice, steps=3)
     script.append(ConnectionError("the tool is down"))
 
-    unwind_run_steps(unwind_id=unwind.pk)
+    unwind_advance(unwind_id=unwind.pk)
 
     assert calls == [2]
     step = unwind.steps.get(position=0)
@@ -158,7 +158,7 @@ def test_a_worker_dying_mid_batch_leaves_one_leased_step_that_the_sweeper_takes_
     script.extend([None, SystemExit("killed")])
 
     with pytest.raises(SystemExit):
-        unwind_run_steps(unwind_id=unwind.pk)
+        unwind_advance(unwind_id=unwind.pk)
 
     assert _statuses(unwind) == ["done", "running", "pending"]
     lost = unwind.steps.get(position=1)
@@ -167,7 +167,7 @@ def test_a_worker_dying_mid_batch_leaves_one_leased_step_that_the_sweeper_takes_
     assert unwind_advance_and_claim(unwind_id=unwind.pk) is None
 
     UnwindStep.objects.filter(pk=lost.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    report = sweeper.steps_sweep()
+    report = sweeper.sweep()
     assert report.leases_expired == 1
     jobs.step_run(step_id=lost.pk)
 
@@ -196,12 +196,12 @@ def test_the_first_step_runs_in_the_advance_job_and_a_crash_in_it_is_retaken_by_
     # the call: one running step, leased, that nothing else touches while the lease holds.
     step = unwind.steps.get()
     assert (step.status, step.attempts, step.lease_token) == ("running", 1, 1)
-    assert sweeper.steps_sweep() == sweeper.SweepReport()
+    assert sweeper.sweep() == sweeper.SweepReport()
     UnwindStep.objects.filter(pk=step.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     queue.empty()
 
     with django_capture_on_commit_callbacks(execute=True):
-        report = sweeper.steps_sweep()
+        report = sweeper.sweep()
 
     assert (report.leases_expired, report.advanced) == (1, 0)
     # The step is handed back with a job of its own (in this test's single transaction the
@@ -227,7 +227,7 @@ def test_the_sweeper_leaves_an_unwind_to_its_advance_job_while_rq_holds_it(
     # here would only queue its step with a second job and leave the first one nothing to do.
     Unwind.objects.filter(pk=unwind.pk).update(updated_at=timezone.now() - timedelta(hours=1))
 
-    assert sweeper.steps_sweep().advanced == 0
+    assert sweeper.sweep().advanced == 0
     assert [job.id for job in queue.jobs] == [advance.id] and _statuses(unwind) == ["pending", "pending"]
 
     # A work horse that died before claiming a step leaves its job "started" for good (RQ notices
@@ -235,12 +235,12 @@ def test_the_sweeper_leaves_an_unwind_to_its_advance_job_while_rq_holds_it(
     advance.set_status(JobStatus.STARTED)
     advance.started_at = datetime.now(UTC) - timedelta(seconds=1)
     advance.save()
-    assert sweeper.steps_sweep().advanced == 0
+    assert sweeper.sweep().advanced == 0
     advance.started_at = datetime.now(UTC) - timedelta(minutes=5)
     advance.save()
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert sweeper.steps_sweep().advanced == 1
+        assert sweeper.sweep().advanced == 1
 
     assert _statuses(unwind) == ["queued", "pending"]
     assert [job.func_name for job in queue.jobs] == ["recovery.jobs.unwind_advance", "recovery.jobs.step_run"]
@@ -261,11 +261,11 @@ def test_an_advance_job_a_dead_worker_took_off_the_queue_is_not_waited_for(
     assert queue.jobs == [] and advance.get_status() == JobStatus.QUEUED
 
     # Just taken: its worker may be about to start it.
-    assert sweeper.steps_sweep().advanced == 0
+    assert sweeper.sweep().advanced == 0
     advance.enqueued_at = datetime.now(UTC) - timedelta(minutes=5)
     advance.save()
     with django_capture_on_commit_callbacks(execute=True):
-        assert sweeper.steps_sweep().advanced == 1
+        assert sweeper.sweep().advanced == 1
 
     assert _statuses(unwind) == ["queued", "pending"]
     assert [job.func_name for job in queue.jobs] == ["recovery.jobs.step_run"]
@@ -281,14 +281,14 @@ def test_an_advance_job_gets_a_sweep_interval_to_reach_redis_then_the_sweeper_ad
     unwind.refresh_from_db()
     queue = django_rq.get_queue("compensations")
     assert unwind.job_id and queue.jobs == []
-    assert sweeper.steps_sweep().advanced == 0
+    assert sweeper.sweep().advanced == 0
 
     # A sweep interval on, the job never arrived (Redis was down, or restarted empty).
     Unwind.objects.filter(pk=unwind.pk).update(
         updated_at=timezone.now() - timedelta(seconds=saga().sweep_interval_s + 1)
     )
     with django_capture_on_commit_callbacks(execute=True):
-        assert sweeper.steps_sweep().advanced == 1
+        assert sweeper.sweep().advanced == 1
 
     assert _statuses(unwind) == ["queued", "pending"]
     assert [job.func_name for job in queue.jobs] == ["recovery.jobs.step_run"]
@@ -312,7 +312,7 @@ def test_a_refused_advance_keeps_the_outcome_of_the_step_that_ran(
     django_rq.get_queue("compensations").empty()
 
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        unwind_run_steps(unwind_id=unwind.pk)
+        unwind_advance(unwind_id=unwind.pk)
 
     # Both compensations ran and are recorded, although finishing the unwind was refused...
     assert calls == [1, 0] and _statuses(unwind) == ["done", "done"]

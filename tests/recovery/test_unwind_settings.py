@@ -9,8 +9,8 @@ from ledger.audit import Actor
 from ledger.policies.errors import PolicyFileError
 from ledger.policies.load import policy_file_load, policy_file_parse
 from ledger.policies.resolve import policy_settings_for
+from recovery.actions.compensations import unwind_start
 from recovery.models import Unwind
-from recovery.services.compensating import unwind_start
 from tests.factories import load_onboarding_policies, onboarding_saga
 
 LOADER = Actor.system("tests")

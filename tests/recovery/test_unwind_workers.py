@@ -14,9 +14,9 @@ from rq.job import Job
 
 from ledger.audit import Actor
 from ledger.models import Action, Event, Run
+from recovery.actions.approvals import approval_approve
+from recovery.actions.compensations import step_skip, unwind_start
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
-from recovery.services.approving import approval_approve
-from recovery.services.compensating import step_skip, unwind_start
 from tests.factories import HR_PATH, WS_PATH, load_onboarding_policies, onboarding_saga
 from tests.support.processes import Reply, dump_worker_logs, wait_for
 

@@ -51,8 +51,8 @@ def world(keep_test_connection, fuzz_key):
     """A failed run with an open item, so operator endpoints reach their handlers too."""
     from ledger.audit import Actor
     from ledger.services import runs
-    from recovery.services.approving import action_record_gated
-    from recovery.services.reports import run_fail_and_queue
+    from recovery.actions.approvals import action_record_gated
+    from recovery.actions.reports import run_fail_and_queue
 
     actor = Actor.for_key(fuzz_key[0])
     run = runs.run_create(tenant=fuzz_key[0].tenant, actor=actor, agent="fuzz", request="fuzz me")

@@ -10,10 +10,10 @@ import pytest
 
 from ledger.audit import Actor
 from ledger.models import Event
+from recovery.actions import bulk_filter
 from recovery.bulk.models import BulkItem, BulkOperation
 from recovery.models import RecoveryItem
 from recovery.selectors import QueueFilter
-from recovery.services import bulk_filter
 from tests.recovery.bulk_support import crm_policies, failing_runs
 from tests.support.processes import dump_worker_logs, wait_for
 

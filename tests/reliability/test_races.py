@@ -18,10 +18,10 @@ from ledger.audit import Actor
 from ledger.models import Action, Checkpoint, Event, IdempotencyRecord, Run
 from ledger.services import checkpoints, runs
 from ledger.services.actions import moves
+from recovery.actions.approvals import action_record_gated
+from recovery.actions.reports import run_fail_and_queue
+from recovery.actions.resolutions import item_close
 from recovery.models import AgentCommand, RecoveryItem, Unwind
-from recovery.services.approving import action_record_gated
-from recovery.services.reports import run_fail_and_queue
-from recovery.services.resolving import item_close
 from tests.factories import failed_saga, load_reliability_policies
 from tests.support.api import Api
 from tests.support.processes import wait_for

@@ -11,8 +11,8 @@ import pytest
 
 from ledger.audit import Actor
 from ledger.models import Event
+from recovery.actions.compensations import unwind_start
 from recovery.models import RecoveryItem, Unwind, UnwindStep
-from recovery.services.compensating import unwind_start
 from tests.factories import UNDO_PATH, failed_saga, load_reliability_policies
 from tests.reliability.history import Acknowledged, check_events, check_history
 from tests.support.processes import FAST_ENGINE, Reply, dump_worker_logs, wait_for

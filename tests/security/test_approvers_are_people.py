@@ -24,9 +24,9 @@ from django.core.management import CommandError, call_command
 from ledger import staff
 from ledger.audit import Actor
 from ledger.models import AgentKey, Compensator, Event, Tenant, ToolPolicy
+from recovery.actions.compensations import unwind_start
 from recovery.models import Approval, ApprovalGrant, RecoveryItem
-from recovery.services.compensating import unwind_start
-from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.advance import unwind_advance_move
 from tests.factories import charge_policy, issue_key, load_policy_file
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.django_db(transaction=True)]
@@ -193,7 +193,7 @@ def _failed_onboarding(agent: httpx.Client) -> str:
 
 def _step_approval(unwind_id: str) -> Approval:
     """The engine's next move, as a job makes it: the undo step now waits for this approval."""
-    unwind_advance(unwind_id=unwind_id)
+    unwind_advance_move(unwind_id=unwind_id)
     return Approval.objects.get(step__unwind_id=unwind_id)
 
 

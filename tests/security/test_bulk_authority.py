@@ -15,10 +15,10 @@ from ledger.audit import Actor
 from ledger.models import AgentKey, Event, Membership
 from ledger.services.keys import agent_key_revoke
 from ledger.staff import membership_remove, membership_set
+from recovery.actions import bulk_filter, bulk_worker
 from recovery.bulk.models import BulkItem, BulkOperation
 from recovery.models import RecoveryItem
 from recovery.selectors import QueueFilter
-from recovery.services import bulk_filter
 from tests.recovery.bulk_support import crm_policies, failing_runs
 
 pytestmark = pytest.mark.django_db
@@ -73,12 +73,12 @@ def test_a_bulk_stops_when_its_starter_loses_the_right_to_decide(loss, tenant, a
         expected_count=ITEMS,
     )
     # The first chunk runs while the starter may decide.
-    assert bulk_filter.bulk_advance_chunk(bulk_id=bulk.pk, max_items=1)
+    assert bulk_worker.bulk_advance_chunk(bulk_id=bulk.pk, max_items=1)
     assert BulkOperation.objects.get(pk=bulk.pk).done == 1
 
     lose(alice, key)
     # The worker's next chunks: not one more item is decided as someone who may no longer decide.
-    while bulk_filter.bulk_advance_chunk(bulk_id=bulk.pk, max_items=1):
+    while bulk_worker.bulk_advance_chunk(bulk_id=bulk.pk, max_items=1):
         pass
 
     stopped = BulkOperation.objects.get(pk=bulk.pk)
@@ -105,9 +105,9 @@ def test_a_bulk_goes_on_while_its_starter_keeps_the_right(tenant, agent, alice, 
         actor=Actor.for_user(dave),
         expected_count=2,
     )
-    assert bulk_filter.bulk_advance_chunk(bulk_id=bulk.pk, max_items=1)
+    assert bulk_worker.bulk_advance_chunk(bulk_id=bulk.pk, max_items=1)
     membership_set(user=dave, tenant=tenant, role=Membership.Role.OPERATOR, actor=ADMIN)
-    while bulk_filter.bulk_advance_chunk(bulk_id=bulk.pk, max_items=1):
+    while bulk_worker.bulk_advance_chunk(bulk_id=bulk.pk, max_items=1):
         pass
     done = BulkOperation.objects.get(pk=bulk.pk)
     assert (done.status, done.abort_code, done.done) == ("finished", "", 2)

@@ -17,8 +17,8 @@ from django.db import connection
 from django.db.models.signals import post_init
 
 from ledger.models import Action
+from recovery.actions import bulk_filter
 from recovery.selectors import QueueFilter
-from recovery.services import bulk_filter
 from tests.factories import auto_policy
 from tests.recovery.bulk_support import crm_policies, failing_runs
 

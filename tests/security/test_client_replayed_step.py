@@ -24,8 +24,8 @@ from saga_client import AsyncSaga, Saga, StepInDoubt
 
 from ledger.audit import Actor
 from ledger.models import Action
+from recovery.actions.approvals import approval_approve
 from recovery.models import Approval
-from recovery.services.approving import approval_approve
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(90)]

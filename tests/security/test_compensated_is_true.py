@@ -29,7 +29,7 @@ from ledger.audit import Actor
 from ledger.models import Action, Compensator, Event, PolicySet, Run, ToolPolicy
 from ledger.upstreams import upstream_key
 from recovery.models import Approval, Unwind, UnwindStep
-from recovery.unwinds.runner import step_run, unwind_run_steps
+from recovery.unwinds.runner import step_run, unwind_advance
 from tests.support.api import Api, error_of
 from tests.support.mcp_servers import http_gateway, http_upstream
 from tests.support.processes import ROOT, dump_worker_logs, wait_for
@@ -337,7 +337,7 @@ def test_a_worker_does_not_call_a_compensator_that_stopped_reaching_the_upstream
     Compensator.objects.filter(tool="people.delete_user").update(
         kind="python", url="", mcp_tool="", python_path=f"{__name__}.delete_user"
     )
-    unwind_run_steps(unwind_id=unwind_id, batch_s=5)
+    unwind_advance(unwind_id=unwind_id, batch_s=5)
     assert python_calls == []
     step_row = UnwindStep.objects.get(unwind_id=unwind_id)
     assert step_row.status == UnwindStep.Status.FAILED and "upstream mismatch" in step_row.error
@@ -360,7 +360,7 @@ def test_an_approved_mismatched_step_runs_once_a_person_decided(
     unwind_id = operator.post(
         f"/recovery/{failed['recovery_item']['id']}/compensate", {"reason": "undo"}
     ).json()["id"]
-    unwind_run_steps(unwind_id=unwind_id, batch_s=5)
+    unwind_advance(unwind_id=unwind_id, batch_s=5)
     approval = Approval.objects.get(step__unwind_id=unwind_id)
     assert python_calls == []
     # The approver is told why this automatic-looking step waits for them.

@@ -12,9 +12,9 @@ from django.urls import reverse
 from ledger.audit import Actor
 from ledger.models import Compensator
 from recovery import compensators
+from recovery.actions.compensations import unwind_start
 from recovery.compensators import CompensationRequest
 from recovery.models import Unwind, UnwindStep
-from recovery.services.compensating import unwind_start
 from tests.factories import HR_PATH, HR_SECRET, WS_PATH, WS_SECRET, load_onboarding_policies, onboarding_saga
 from tests.support.processes import Reply, dump_worker_logs, serve_webhooks, wait_for
 

@@ -79,7 +79,7 @@ def _retention_runs_and_the_log_stays_append_only(tenant, agent) -> None:
     run = age(closed_run(tenant, agent))
     other = closed_run(tenant, agent, email="other@company.com")  # young: stays
     kept = Event.objects.filter(chain=f"run:{other.pk}").count()
-    assert [o.run_id for o in runner.archive_runs().archived] == [run.pk]
+    assert [o.run_id for o in runner.runs_archive().archived] == [run.pk]
     assert not Run.objects.filter(pk=run.pk).exists()
     assert not _may("DELETE") and not _may("TRUNCATE")
     refused = pytest.raises(DatabaseError, match="permission denied")

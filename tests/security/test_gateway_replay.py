@@ -28,8 +28,8 @@ from django.core.signals import request_started
 
 from ledger.audit import Actor
 from ledger.models import Action
+from recovery.actions.approvals import approval_approve
 from recovery.models import Approval
-from recovery.services.approving import approval_approve
 from tests.support.mcp_servers import gateway_command, gateway_env
 from tests.support.processes import ROOT, free_port, wait_for
 

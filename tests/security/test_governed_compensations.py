@@ -27,7 +27,7 @@ from ledger.policies.load import policies_load_file
 from recovery import compensators
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.unwinds.claim import step_claim
-from recovery.unwinds.runner import step_run, unwind_run_steps
+from recovery.unwinds.runner import step_run, unwind_advance
 from tests.support.api import Api, error_of
 
 pytestmark = pytest.mark.timeout(120)
@@ -173,8 +173,8 @@ def test_an_agent_named_refund_waits_for_a_human_even_with_auto_compensation_on(
         unwind = operator.post(f"/recovery/{item_id}/compensate", json={"reason": "undo the run"})
         assert unwind.status_code == 202, unwind.text
         unwind_id = unwind.json()["id"]
-        unwind_run_steps(unwind_id=unwind_id, batch_s=5)
-        unwind_run_steps(unwind_id=unwind_id, batch_s=5)  # a second job changes nothing
+        unwind_advance(unwind_id=unwind_id, batch_s=5)
+        unwind_advance(unwind_id=unwind_id, batch_s=5)  # a second job changes nothing
 
         progress = operator.get(f"/unwinds/{unwind_id}").json()
         assert progress["status"] == "paused"
@@ -196,7 +196,7 @@ def test_an_agent_named_refund_waits_for_a_human_even_with_auto_compensation_on(
         rejected = approver.post(f"/approvals/{approval['id']}/reject", json={"reason": "not a refund"})
         assert rejected.status_code == 200, rejected.text
 
-    unwind_run_steps(unwind_id=unwind_id, batch_s=5)
+    unwind_advance(unwind_id=unwind_id, batch_s=5)
     assert compensator_calls == []  # never ran
     step_row = UnwindStep.objects.get(unwind_id=unwind_id)
     assert step_row.status == UnwindStep.Status.FAILED and "rejected" in step_row.error
@@ -226,7 +226,7 @@ def test_an_approved_refund_runs_once_with_exactly_the_args_the_approver_saw(
         agent.post(f"/actions/{action['id']}/succeed", json={"result": {}}).raise_for_status()
         item_id = agent.post(f"/runs/{run['id']}/fail", json={"error": "x"}).json()["recovery_item"]["id"]
         unwind_id = operator.post(f"/recovery/{item_id}/compensate", json={"reason": "undo"}).json()["id"]
-        unwind_run_steps(unwind_id=unwind_id, batch_s=5)
+        unwind_advance(unwind_id=unwind_id, batch_s=5)
         assert compensator_calls == []
         (approval,) = approver.get("/approvals", params={"kind": "compensation"}).json()["items"]
         approved = approver.post(
@@ -364,7 +364,7 @@ def test_the_policy_templates_are_filled_from_the_approved_edited_args_and_the_r
         frozen = operator.get(f"/unwinds/{unwind_id}").json()["steps"]
         assert [(s["tool"], s["args"]) for s in frozen] == [("workspace.cancel_license", filled)]
 
-    unwind_run_steps(unwind_id=unwind_id, batch_s=5)
+    unwind_advance(unwind_id=unwind_id, batch_s=5)
     assert compensator_calls == [
         {"tool": "workspace.cancel_license", "args": filled, "action_id": action["id"]}
     ]
@@ -397,7 +397,7 @@ def test_a_path_the_action_lacks_fails_the_step_naming_it(policies, agent_key, o
     (step,) = operator.get(f"/recovery/{item_id}").json()["plan"]["steps"]
     assert "$args.sku" in step["args_error"] and "$args.sku" in step["note"]
     unwind_id = failed_run["unwind"]["id"]  # low risk throughout: compensated automatically
-    unwind_run_steps(unwind_id=unwind_id, batch_s=5)
+    unwind_advance(unwind_id=unwind_id, batch_s=5)
 
     failed = UnwindStep.objects.get(unwind_id=unwind_id)
     assert failed.status == UnwindStep.Status.FAILED and "$args.sku" in failed.error
@@ -409,7 +409,7 @@ def test_a_path_the_action_lacks_fails_the_step_naming_it(policies, agent_key, o
     # Retrying cannot conjure the value: it fails again, naming the path again.
     retried = operator.post(f"/unwind-steps/{failed.pk}/retry", {"reason": "try again"})
     assert retried.status_code == 200, retried.content
-    unwind_run_steps(unwind_id=unwind_id, batch_s=5)
+    unwind_advance(unwind_id=unwind_id, batch_s=5)
     failed.refresh_from_db()
     assert failed.status == UnwindStep.Status.FAILED and "$args.sku" in failed.error
     assert compensator_calls == []
@@ -467,7 +467,7 @@ def test_auto_compensation_runs_when_the_forward_and_compensating_risks_are_with
     agent.post(f"/actions/{action_id}/succeed", {"result": {"license_id": "L-1"}})
     failed = agent.post(f"/runs/{run_id}/fail", {"error": "x"}).json()
     assert failed["unwind"] is not None and failed["unwind"]["automatic"] is True
-    unwind_run_steps(unwind_id=failed["unwind"]["id"], batch_s=5)
+    unwind_advance(unwind_id=failed["unwind"]["id"], batch_s=5)
     assert [c["tool"] for c in compensator_calls] == ["workspace.cancel_license"]
 
     # The same run shape, but cancelling a licence is now medium risk: no automatic undo.
@@ -658,7 +658,7 @@ def test_an_approval_gated_compensation_step_is_never_claimed_before_it_is_appro
     agent.post(f"/actions/{action_id}/succeed", {"result": {}})
     item_id = agent.post(f"/runs/{run_id}/fail", {"error": "x"}).json()["recovery_item"]["id"]
     unwind_id = operator.post(f"/recovery/{item_id}/compensate", {"reason": "undo"}).json()["id"]
-    unwind_run_steps(unwind_id=unwind_id, batch_s=5)
+    unwind_advance(unwind_id=unwind_id, batch_s=5)
     step = UnwindStep.objects.get(unwind_id=unwind_id)
     assert step.status == UnwindStep.Status.AWAITING_APPROVAL
     assert step_claim(step_id=step.pk) is None

@@ -165,7 +165,7 @@ def test_logs_carry_request_tenant_and_run_but_never_a_key(tenant, agent, operat
     tenant and the run id; no log line contains the raw API key or its secret part (sent in the
     Authorization header, valid or not)."""
     from ledger.services import runs
-    from recovery.services.reports import run_fail_and_queue
+    from recovery.actions.reports import run_fail_and_queue
 
     run = runs.run_create(tenant=tenant, actor=agent, agent="x", request="y")
     item = run_fail_and_queue(run=run, actor=agent, error="boom").item

@@ -16,13 +16,14 @@ from ledger.audit import Actor
 from ledger.models import Compensator
 from ledger.services import checkpoints, pauses, runs
 from ledger.services.actions import moves
-from recovery import channels, commands, slack
+from recovery import slack
+from recovery.actions import channels, commands
+from recovery.actions.approvals import action_record_gated
+from recovery.actions.bulk_filter import bulk_start
+from recovery.actions.compensations import unwind_start
+from recovery.actions.reports import run_fail_and_queue
 from recovery.models import Approval
 from recovery.selectors import QueueFilter
-from recovery.services.approving import action_record_gated
-from recovery.services.bulk_filter import bulk_start
-from recovery.services.compensating import unwind_start
-from recovery.services.reports import run_fail_and_queue
 from tests.factories import gated_run, issue_key
 from tests.support.api import Api
 from tests.support.archived import archive_run_for_test

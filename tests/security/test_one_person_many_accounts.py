@@ -25,9 +25,9 @@ from infra import errors
 from ledger.audit import Actor
 from ledger.models import Membership
 from ledger.services import runs
-from recovery import approvals
+from recovery.actions.approvals import action_record_gated, approval_approve
 from recovery.models import Approval
-from recovery.services.approving import action_record_gated, approval_approve
+from recovery.transitions import approvals
 from tests.factories import charge_policy, issue_key, load_policy_file
 from tests.support.api import Api
 from tests.support.hostile_oidc import CLIENT_ID, CLIENT_SECRET, HostileProvider, hostile_provider

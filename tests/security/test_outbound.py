@@ -34,7 +34,7 @@ from ledger.audit import Actor
 from ledger.models import Event, IdempotencyRecord, Run
 from ledger.services import runs
 from ledger.services.keys import agent_key_create
-from recovery import commands
+from recovery.actions import commands
 from recovery.models import AgentCommand
 from recovery.notifications.command_push import deliver_command
 from tests.support.api import Api, error_of
@@ -385,7 +385,7 @@ def test_a_dns_answer_that_changed_since_creation_is_refused_at_send_time(
         assert pulled["delivered_at"] is None
 
     # No retry storm: the sweeper does not queue it again, a stray job changes nothing.
-    assert commands.commands_redeliver_due(now=timezone.now() + timedelta(hours=1)) == 0
+    assert commands.commands_redeliver(now=timezone.now() + timedelta(hours=1)) == 0
     assert deliver_command(command_id=command_id) is False
     assert receiver.calls == []
     assert Event.objects.filter(run_id=run_id, kind="command.delivery_refused").count() == 1
@@ -409,7 +409,7 @@ def test_a_name_that_does_not_resolve_at_send_time_is_retried_not_refused(
     assert not command.delivery_error.startswith("Refused")
     assert not Event.objects.filter(kind="command.delivery_refused").exists()
     AgentCommand.objects.filter(pk=command.pk).update(created_at=timezone.now() - timedelta(minutes=5))
-    assert commands.commands_redeliver_due() == 1
+    assert commands.commands_redeliver() == 1
 
 
 def test_the_request_goes_to_the_checked_address_not_a_fresh_answer(dns, receiver, settings):

@@ -31,7 +31,8 @@ from dashboard.sso.conf import SsoSettings
 from infra import deadline
 from ledger.audit import Actor, audit_record
 from ledger.models import Event, Run, Tenant
-from recovery import channels, commands, compensators
+from recovery import compensators
+from recovery.actions import channels, commands
 from recovery.audit_stream import config, delivery
 from recovery.audit_stream.models import AuditCursor, AuditSink
 from recovery.models import AgentCommand
@@ -269,7 +270,7 @@ def test_a_stalled_audit_sink_backs_off_like_a_failing_one_and_the_other_tenants
             audit_record(tenant=tenant, actor=actor, kind="test.event", subject="thing:1")
             audit_record(tenant=other_tenant, actor=actor, kind="test.event", subject="thing:2")
 
-        _, took = _timed(delivery.stream_deliver)
+        _, took = _timed(delivery.audit_stream_deliver)
 
         assert _within_the_deadline(took), took
         stalled = AuditCursor.objects.get(sink=_sink_name(tenant), tenant=tenant)
@@ -282,7 +283,7 @@ def test_a_stalled_audit_sink_backs_off_like_a_failing_one_and_the_other_tenants
         )
 
         connections = dribbler.connections
-        _, took_again = _timed(delivery.stream_deliver)
+        _, took_again = _timed(delivery.audit_stream_deliver)
         assert dribbler.connections == connections and took_again < DEADLINE_S
         assert AuditCursor.objects.get(pk=stalled.pk).failures == 1
     finally:

@@ -31,7 +31,7 @@ import pytest
 
 from ledger.audit import Actor
 from ledger.models import Event, Run
-from recovery import commands
+from recovery.actions import commands
 from recovery.models import AgentCommand
 from tests.support.processes import ROOT, database_url_for_subprocesses, free_port, wait_for
 

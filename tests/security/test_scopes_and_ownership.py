@@ -24,9 +24,9 @@ from ledger.audit import Actor
 from ledger.models import Action, AgentKey, Checkpoint, Compensator, Event, PolicySet, Run, Tenant, ToolPolicy
 from ledger.services import checkpoints
 from ledger.services.keys import agent_key_create, agent_key_revoke
-from recovery import commands
+from recovery.actions import commands
 from recovery.models import AgentCommand, Approval, UnwindStep
-from recovery.unwinds.advance import unwind_advance
+from recovery.unwinds.advance import unwind_advance_move
 from tests.factories import issue_key
 from tests.support.api import Api, error_of
 from tests.support.processes import ROOT, database_url_for_subprocesses
@@ -210,7 +210,7 @@ def test_the_operator_who_decided_a_compensation_cannot_approve_its_step(
     ops = http(ops_secret)
     unwind = ops.post(f"/recovery/{item_id}/compensate", json={"reason": "undo the half-onboarding"})
     assert unwind.status_code == 202, unwind.text
-    unwind_advance(unwind_id=unwind.json()["id"])  # the engine's next move, as a job does it
+    unwind_advance_move(unwind_id=unwind.json()["id"])  # the engine's next move, as a job does it
     approval = Approval.objects.get(step__unwind_id=unwind.json()["id"])
     assert (approval.kind, approval.requested_by_key_id) == (Approval.Kind.COMPENSATION, ops_key.pk)
 

@@ -26,10 +26,10 @@ import pytest
 
 from ledger.audit import Actor
 from ledger.models import Compensator
-from recovery import channels
+from recovery.actions import channels
+from recovery.actions.compensations import unwind_start
 from recovery.models import AgentCommand, Notification, Unwind
 from recovery.notifications.delivery import enqueue_slack_respond
-from recovery.services.compensating import unwind_start
 from tests.factories import HR_PATH, HR_SECRET, WS_PATH, WS_SECRET, load_onboarding_policies, onboarding_saga
 from tests.support.otlp import OtlpReceiver, ReceivedSpan, serve_otlp
 from tests.support.processes import (

@@ -84,7 +84,7 @@ def test_a_tls_scheme_in_capitals_sends_the_audit_log_over_tls_not_in_clear_text
     with transaction.atomic():
         audit_record(tenant=tenant, actor=Actor.system("test"), kind="test.secret_event", subject="thing:1")
 
-    delivery.stream_deliver()
+    delivery.audit_stream_deliver()
 
     assert listener.got.wait(5)
     [first] = listener.received

@@ -40,9 +40,9 @@ from ledger.audit import Actor
 from ledger.models import Action, Event
 from ledger.services import runs
 from ledger.staff import membership_set
-from recovery import channels
+from recovery.actions import channels
+from recovery.actions.approvals import action_record_gated
 from recovery.models import Approval, SlackApp, SlackLinkCode, SlackUserLink
-from recovery.services.approving import action_record_gated
 from saga_admin.logs import json_formatter
 from tests.factories import gated_run, load_onboarding_policies
 from tests.support.receivers import Receiver, serve_receiver

@@ -39,9 +39,9 @@ from ledger.audit import Actor
 from ledger.models import Event
 from ledger.services import runs
 from ledger.staff import membership_set
-from recovery import channels
+from recovery.actions import channels
+from recovery.actions.approvals import action_record_gated, approval_approve
 from recovery.models import Approval, SlackUserLink
-from recovery.services.approving import action_record_gated, approval_approve
 from tests.factories import charge_policy, gated_run, issue_key, load_policy_file
 from tests.support.receivers import Receiver, serve_receiver
 from tests.support.slack import clear_slack_counters, link_slack_user, sign

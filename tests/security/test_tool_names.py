@@ -16,9 +16,9 @@ from ledger.policies.errors import PolicyFileError
 from ledger.policies.load import policy_file_parse
 from ledger.services import runs
 from ledger.services.actions import recording
+from recovery.actions.approvals import action_record_gated
 from recovery.models import Notification
 from recovery.notifications.outbox import notify_approval_requested
-from recovery.services.approving import action_record_gated
 from tests.factories import new_run
 from tests.support.api import Api, error_of
 

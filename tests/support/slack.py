@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from django.core.cache import caches
 
-from recovery import channels
+from recovery.actions import channels
 
 
 def sign(body: bytes, *, secret: str, at: int | None = None) -> dict[str, str]:

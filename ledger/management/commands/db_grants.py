@@ -17,7 +17,7 @@ from ledger.models import ArchivedRun, Event, SignedHead
 
 # The functions the application may call that do what its own privileges do not allow, each
 # checking for itself that it may: retention's removal of an archived run's audit events
-# (ledger/0024). PostgreSQL lets every role execute a new function; their migrations revoke that.
+# (ledger/sql). PostgreSQL lets every role execute a new function; their files revoke that.
 DEFINER_FUNCTIONS = ("saga_archived_run_events_delete(text)",)
 
 # Tables the application only appends to and reads.

@@ -179,7 +179,7 @@ def _tenant_of(run: Run) -> Tenant:
 
 def key_lock_name(tenant_id: int, idempotency_key: str) -> str:
     """The advisory lock an idempotency key's writers serialise on. ``saga_action_record`` builds
-    the same name in SQL (``ledger/0013``); a test holds this one and sees the function wait."""
+    the same name in SQL (``ledger/sql``); a test holds this one and sees the function wait."""
     return f"action-key:{tenant_id}:{idempotency_key}"
 
 

@@ -37,7 +37,7 @@ class Command(BaseCommand):
             if scope is None:
                 raise CommandError(f"No tenant with slug {tenant!r}; nothing was archived.")
         try:
-            result = runner.archive_runs(tenant=scope, dry_run=dry_run, limit=limit)
+            result = runner.runs_archive(tenant=scope, dry_run=dry_run, limit=limit)
         except runner.ArchiveNotConfigured as exc:
             raise CommandError(str(exc)) from None
         verb = "would archive" if dry_run else "archived"

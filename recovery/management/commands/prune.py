@@ -43,7 +43,7 @@ class Command(BaseCommand):
                 "idempotency",
                 "Idempotency-Key records",
                 config.idempotency_retention_s,
-                idempotency.idempotency_records_prune,
+                idempotency.idempotency_prune,
             ),
             (
                 "notifications",

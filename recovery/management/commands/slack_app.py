@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from infra import errors
 from ledger.audit import Actor
 from ledger.models import Tenant
-from recovery import channels
+from recovery.actions import channels
 
 
 class Command(BaseCommand):

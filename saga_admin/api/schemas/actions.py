@@ -13,7 +13,7 @@ from infra.pagination import MAX_CURSOR_LENGTH
 from ledger.models import Action, Run
 from ledger.rules import REASON_MAX_LENGTH
 from recovery import selectors as recovery_selectors
-from recovery.models import Approval
+from recovery.models import Approval, ApprovalGrant
 from saga_admin.api.schemas.approvals import (
     ESCALATE_TO_DOC,
     ESCALATED_AT_DOC,
@@ -145,11 +145,37 @@ class ApprovalSummaryOut(Out):
     escalate_to: str | None = Field(None, description=ESCALATE_TO_DOC)
     escalated_at: datetime | None = Field(None, description=ESCALATED_AT_DOC)
 
+    @staticmethod
+    def resolve_edited(approval: Approval) -> bool:
+        return bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash
 
+    @staticmethod
+    def resolve_grants(approval: Approval) -> list[ApprovalGrant]:
+        return approval_grants(approval)
+
+    @staticmethod
+    def resolve_escalate_to(approval: Approval) -> str | None:
+        return approval.escalate_to or None
+
+
+# An action's compensation, read from the action's ``compensation_*`` fields (a comment, not a
+# docstring: a schema's docstring would become its description in the OpenAPI document).
 class CompensationOut(Out):
     strategy: str
     tool: str
     args: JSONValue = None
+
+    @staticmethod
+    def resolve_strategy(action: Action) -> str:
+        return action.compensation_strategy
+
+    @staticmethod
+    def resolve_tool(action: Action) -> str:
+        return action.compensation_tool
+
+    @staticmethod
+    def resolve_args(action: Action) -> Any:
+        return action.compensation_args
 
 
 class ViaOut(Out):
@@ -208,37 +234,12 @@ def action_out(action: Action, *, approval: Approval | None = None, validate: bo
     """The action as the API shows it. ``validate=False``: its values as they are, for an
     operation whose response schema (ninja's one pass over what it returns) validates and orders
     them anyway; the reads (``saga_admin.api.reads``) skip a second pass over every action."""
-    compensation = None
-    if action.compensation_tool or action.compensation_strategy != "none":
-        compensation = {
-            "strategy": action.compensation_strategy,
-            "tool": action.compensation_tool,
-            "args": action.compensation_args,
-        }
-    approval_data = None
-    if approval is not None:
-        approval_data = {
-            "id": approval.pk,
-            "status": approval.status,
-            "risk": approval.risk,
-            "expires_at": approval.expires_at,
-            "decided_at": approval.decided_at,
-            "reason": approval.reason,
-            "args_hash": approval.args_hash,
-            "approved_args": approval.approved_args,
-            "approved_args_hash": approval.approved_args_hash,
-            "edited": bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash,
-            "approvers_required": approval.approvers_required,
-            "grants": approval_grants(approval),
-            "on_timeout": approval.on_timeout,
-            "escalate_to": approval.escalate_to or None,
-            "escalated_at": approval.escalated_at,
-        }
+    has_compensation = action.compensation_tool or action.compensation_strategy != "none"
     data = {
         **fields_of(action, ActionOut),
         "run_id": action.run_id,
-        "approval": approval_data,
-        "compensation": compensation,
+        "approval": ApprovalSummaryOut.from_orm(approval) if approval is not None else None,
+        "compensation": CompensationOut.from_orm(action) if has_compensation else None,
     }
     if not validate:
         return data

@@ -9,9 +9,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ledger.rules import REASON_MAX_LENGTH
+from recovery.actions.bulk_filter import MAX_ITEMS, PREVIEW_ACTIONS, PREVIEW_RUNS, SAMPLE_SIZE
 from recovery.bulk.models import ERRORS_KEPT
 from recovery.selectors import FILTER_TEXT_MAX_LENGTH, QueueFilter
-from recovery.services.bulk_filter import MAX_ITEMS, PREVIEW_ACTIONS, PREVIEW_RUNS, SAMPLE_SIZE
 from saga_admin.api.schemas.common import Out, StrictIn
 from saga_admin.api.schemas.queue import (
     AGENT_DOC,

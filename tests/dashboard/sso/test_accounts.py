@@ -16,8 +16,8 @@ from dashboard.sso.accounts import Profile, sso_sign_in
 from infra import errors
 from ledger.audit import Actor
 from ledger.models import Event, Membership, Tenant
+from recovery.actions.approvals import approval_approve
 from recovery.models import Approval
-from recovery.services.approving import approval_approve
 from tests.factories import charge_policy, load_policy_file, new_run
 from tests.support.api import Api
 

@@ -15,9 +15,10 @@ from ledger.audit import Actor, audit_record
 from ledger.models import Action, Run
 from ledger.services import runs
 from ledger.services.actions import moves
-from recovery import commands, items
+from recovery.actions import commands
+from recovery.actions.compensations import AUTO_COMPENSATOR, auto_compensable, auto_compensate
 from recovery.models import AgentCommand, RecoveryItem, Unwind
-from recovery.services.compensating import AUTO_COMPENSATOR, auto_compensable, auto_compensate
+from recovery.transitions import items
 
 
 @dataclass(frozen=True)

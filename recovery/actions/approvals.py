@@ -24,9 +24,10 @@ from ledger.services.actions import plans, recording
 from ledger.services.actions.compensation import CompensatorCheck
 from ledger.services.actions.plans import RecordedPlan
 from ledger.services.actions.recording import Gate, RecordedAction
-from recovery import approvals, compensators
+from recovery import compensators
+from recovery.actions.refusals import audits_refusals
 from recovery.models import Approval
-from recovery.services.refusals import audits_refusals
+from recovery.transitions import approvals
 from recovery.unwinds import advance, moves
 
 log = structlog.get_logger(__name__)

@@ -16,9 +16,9 @@ from ledger.audit import Actor
 from ledger.models import Risk
 from ledger.rules import reason_required
 from recovery import decisions
+from recovery.actions.compensations import unwind_start
+from recovery.actions.resolutions import item_close
 from recovery.models import RecoveryItem, Unwind
-from recovery.services.compensating import unwind_start
-from recovery.services.resolving import item_close
 
 
 @dataclass(frozen=True)

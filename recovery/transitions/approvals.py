@@ -1,5 +1,5 @@
 """Approvals: a person's go-ahead for a risky action or compensation step, bound to a hash of the
-exact arguments shown. Asked for by ``recovery.services`` (an action whose policy needs a human)
+exact arguments shown. Asked for by ``recovery.actions`` (an action whose policy needs a human)
 and by the unwind engine (a compensation step); decided by an approver, or expired by the sweeper.
 
 Whoever asked — the agent key that recorded the action, the operator who decided the compensation
@@ -8,7 +8,7 @@ credentials, approve: a person's logins (every account with their verified e-mai
 ``same_person``) and every key those own (``AgentKey.owner``) are one approver, counted once
 towards ``approvers: N`` and never granting what that person asked for, through whichever of
 their credentials they asked. An approver key without an owner decides
-nothing. What a decision then means for the action or the step is ``recovery.services``'s
+nothing. What a decision then means for the action or the step is ``recovery.actions``'s
 business: this module only asks, decides and expires.
 """
 
@@ -436,6 +436,8 @@ def approval_decide(
         "decided_by_key": actor.key,
         **updates,
     }
+    # Not compare_and_set: decided under the row lock above, which the N-approver grants need too,
+    # and without touching updated_at (approvals have no transition table; the CHECK holds states).
     for name, value in fields.items():
         setattr(current, name, value)
     current.save(update_fields=list(fields))
@@ -540,6 +542,7 @@ def approval_expire(*, approval_id: str, now: datetime) -> Approval | None:
     )
     if approval is None:
         return None
+    # Not compare_and_set: the row is locked (skip_locked) and updated_at stays as it was.
     approval.status = Approval.Status.EXPIRED
     approval.decided_at = now
     approval.reason = TIMED_OUT
@@ -556,6 +559,7 @@ def approval_withdraw(*, approval: Approval, actor: Actor, reason: str) -> Appro
     )
     if current.status != Approval.Status.PENDING:
         return None
+    # Not compare_and_set: the row is locked above and updated_at stays as it was.
     current.status = Approval.Status.EXPIRED
     current.decided_at = timezone.now()
     current.reason = f"withdrawn: {reason}"

@@ -12,9 +12,11 @@ from ledger.audit import Actor, audit_record
 from ledger.models import Checkpoint, Run
 from ledger.rules import reason_required
 from ledger.services import runs
-from recovery import commands, decisions, items, selectors
+from recovery import decisions, selectors
+from recovery.actions import commands
+from recovery.actions.refusals import audits_refusals, refuse_unknown_outcomes
 from recovery.models import AgentCommand, RecoveryItem
-from recovery.services.refusals import audits_refusals, refuse_unknown_outcomes
+from recovery.transitions import items
 
 
 @audits_refusals("resume")

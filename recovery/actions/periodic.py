@@ -14,16 +14,17 @@ from django.utils import timezone
 from infra.conf import saga
 from ledger.audit import Actor
 from ledger.models import Run
-from recovery import approval_deadlines, approvals
+from recovery import approval_deadlines
+from recovery.actions.approvals import approval_settle
+from recovery.actions.reports import run_fail_and_queue
 from recovery.models import AgentCommand, Approval
 from recovery.notifications import outbox
-from recovery.services.approving import approval_settle
-from recovery.services.reports import run_fail_and_queue
+from recovery.transitions import approvals
 
 log = structlog.get_logger(__name__)
 
 
-def approvals_expire_due(*, now: datetime | None = None) -> int:
+def approvals_expire(*, now: datetime | None = None) -> int:
     """Keep the approval deadlines (a periodic job; ``recovery.approval_deadlines``): a pending
     approval past its deadline whose policy says ``escalate`` goes, once, to ``escalate_to`` with
     a fresh deadline; any other expires with reason ``timed_out``, its gated action becomes
@@ -76,7 +77,7 @@ def _say(event: str, approval: Approval, *, reason: str) -> None:
 TIMED_OUT_REASON = "timed_out: nobody decided before the approval deadline"
 
 
-def runs_fail_lost_agents(*, now: datetime | None = None) -> int:
+def agents_detect_lost(*, now: datetime | None = None) -> int:
     """Runs still ``running`` with no heartbeat for SAGA HEARTBEAT_TIMEOUT_S, and no approval of
     theirs open or decided within it: the agent is gone.
     Each fails into the recovery queue as ``agent_lost`` (in its own transaction). A resumed run

@@ -1,4 +1,4 @@
-"""The worker's part of a bulk decision by filter (``recovery.services.bulk_filter`` starts it).
+"""The worker's part of a bulk decision by filter (``recovery.actions.bulk_filter`` starts it).
 
 A bulk runs in ``lanes``: up to ``SAGA_BULK_LANES`` chains of jobs, each deciding a chunk then
 queueing its successor at the back of the queue, so N workers decide one bulk N items at a time.
@@ -42,11 +42,11 @@ from infra.conf import saga
 from ledger.audit import Actor, audit_context, audit_record
 from ledger.models import AgentKey, Membership
 from recovery import decisions, queueing
+from recovery.actions.cancellations import run_cancel
+from recovery.actions.compensations import unwind_start
+from recovery.actions.resolutions import item_close, item_resume
 from recovery.bulk.models import ERRORS_KEPT, BulkItem, BulkOperation
 from recovery.models import RecoveryItem
-from recovery.services.cancelling import run_cancel
-from recovery.services.compensating import unwind_start
-from recovery.services.resolving import item_close, item_resume
 
 log = structlog.get_logger(__name__)
 
@@ -153,6 +153,8 @@ def _stop(bulk: BulkOperation, why: str) -> None:
         tally(locked.pk)
         locked.refresh_from_db()
         now = timezone.now()
+        # Not compare_and_set: decided under the bulk's row lock with its items in the same pass,
+        # and a bulk's states have no transition table.
         BulkOperation.objects.filter(pk=locked.pk).update(
             status=BulkOperation.Status.ABORTED,
             abort_reason=message,
@@ -376,7 +378,7 @@ def _finish(bulk_id: str) -> None:
 # --- A lane's chunk --------------------------------------------------------------------------------
 
 
-def bulk_advance_lane(
+def bulk_advance(
     *, bulk_id: str, max_items: int = CHUNK_ITEMS, budget_s: float = CHUNK_SECONDS, claimer: str = ""
 ) -> Lane:
     """One chunk of one lane: the starter's authority checked, up to ``max_items`` items claimed
@@ -423,7 +425,7 @@ def bulk_advance_chunk(
     *, bulk_id: str, max_items: int = CHUNK_ITEMS, budget_s: float = CHUNK_SECONDS
 ) -> bool:
     """A chunk, as one lane; True when items are left for a next one."""
-    return bulk_advance_lane(bulk_id=bulk_id, max_items=max_items, budget_s=budget_s) is not Lane.DONE
+    return bulk_advance(bulk_id=bulk_id, max_items=max_items, budget_s=budget_s) is not Lane.DONE
 
 
 # --- Jobs: hand-over and the sweep -----------------------------------------------------------------

@@ -9,7 +9,7 @@ item a queue filter matches, for the day hundreds of runs fail the same way.
 - ``bulk_start``: refuses an empty filter (``filter_required``) and a count other than the one
   the operator confirmed (``count_changed``), then snapshots the matching items (their status and
   ``updated_at``) and hands the operation to a worker.
-- ``bulk_advance_chunk`` (``recovery.services.bulk_worker``): what the workers do, a chunk at a
+- ``bulk_advance_chunk`` (``recovery.actions.bulk_worker``): what the workers do, a chunk at a
   time in parallel lanes, each item claimed under a lease and decided in its own short
   transaction by the ordinary decision service (``unwind_start``, ``item_close``,
   ``item_resume``, ``run_cancel``: the same planner, policies and approvals; a step that needs a
@@ -19,11 +19,12 @@ item a queue filter matches, for the day hundreds of runs fail the same way.
   decides an item twice. An item that changed since the snapshot is skipped, never forced. Every
   chunk re-checks that the starter may still decide: one who lost the right stops the bulk.
 - ``bulk_abort``: no further item is started; the decisions made stand.
-- ``bulks_sweep``: the periodic safety net that hands a running bulk whose job was lost to a
-  worker again.
+- ``bulks_sweep`` (``recovery.actions.bulk_worker``): the periodic safety net that hands a
+  running bulk whose job was lost to a worker again.
 
-The ticked bulk of at most ``SAGA_BULK_MAX_ITEMS`` low-risk items (``recovery.services.bulk``) is
-another, older path and stays as it is.
+The ticked bulk of at most ``SAGA_BULK_MAX_ITEMS`` low-risk items (``recovery.actions.bulk``) is
+the queue page's synchronous one: its outcome per item is on the page that answers the press, which
+a worker's bulk cannot give.
 """
 
 from __future__ import annotations
@@ -43,23 +44,11 @@ from ledger.audit import Actor
 from ledger.models import Action, Tenant
 from ledger.rules import reason_required
 from recovery import queueing
+from recovery.actions.bulk_worker import enqueue, lanes_for, record, tally
 from recovery.bulk.models import BulkItem, BulkOperation
 from recovery.models import RecoveryItem
 from recovery.planner import runs_needing_approval
 from recovery.selectors import QueueFilter
-from recovery.services.bulk_worker import (
-    CHANGED,
-    CHUNK_ITEMS,
-    CHUNK_SECONDS,
-    QUEUE,
-    bulk_advance_chunk,
-    bulk_hand_over,
-    bulks_sweep,
-    enqueue,
-    lanes_for,
-    record,
-    tally,
-)
 
 log = structlog.get_logger(__name__)
 
@@ -76,8 +65,6 @@ PREVIEW_ACTIONS = 50_000
 PREVIEW_TIMEOUT_MS = 5_000
 
 ACTIONS = tuple(BulkOperation.Action.values)
-# The worker's constants, named here too (their home is recovery.services.bulk_worker).
-_WORKER = (CHANGED, CHUNK_ITEMS, CHUNK_SECONDS, QUEUE)
 
 
 class PreviewTimeout(errors.ServiceUnavailable):
@@ -334,9 +321,3 @@ def bulk_abort(*, bulk: BulkOperation, actor: Actor, reason: str) -> BulkOperati
         )
     locked.refresh_from_db()
     return locked
-
-
-# --- The worker's part: recovery.services.bulk_worker (re-exported for the jobs and the tests) ----
-
-
-__all__ = ["bulk_advance_chunk", "bulk_hand_over", "bulks_sweep"]

@@ -1,6 +1,6 @@
 """Recovery items: a run that needs a decision, with the reason it is in the queue. At most one
 unresolved item per run; a run that fails again in another way updates it. Opened by the agent's
-reports (through ``recovery.services``), by the sweeper's duties and by the unwind engine; claimed
+reports (through ``recovery.actions``), by the sweeper's duties and by the unwind engine; claimed
 by an unwind, resolved by a decision, reopened when a compensation leaves something undone."""
 
 from __future__ import annotations

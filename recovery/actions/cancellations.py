@@ -12,9 +12,11 @@ from ledger.audit import Actor
 from ledger.models import Action, Run
 from ledger.rules import reason_required
 from ledger.services import runs
-from recovery import commands, items, selectors
+from recovery import selectors
+from recovery.actions import commands
+from recovery.actions.refusals import audits_refusals
 from recovery.models import AgentCommand, RecoveryItem
-from recovery.services.refusals import audits_refusals
+from recovery.transitions import items
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,11 @@ from ledger.models import RISK_ORDER, Action, Risk, Run
 from ledger.policies.resolve import policy_settings_for
 from ledger.rules import reason_required
 from ledger.services import runs
-from recovery import commands, items
+from recovery.actions import commands
+from recovery.actions.refusals import audits_refusals, refuse_unknown_outcomes
 from recovery.models import RecoveryItem, Unwind, UnwindStep
 from recovery.planner import compensation_plan
-from recovery.services.refusals import audits_refusals, refuse_unknown_outcomes
+from recovery.transitions import items
 from recovery.unwinds import create, moves
 
 AUTO_COMPENSATOR = Actor.system("auto-compensate")

@@ -56,6 +56,8 @@ def command_issue(
 @transaction.atomic
 def command_ack(*, command: AgentCommand, actor: Actor) -> AgentCommand:
     """pending → acked. Acknowledging twice is harmless (agents retry)."""
+    # Not compare_and_set: an agent command has no updated_at (the helper writes one) and no
+    # transition table; a lost race is a count of 0 here, not an error.
     updated = AgentCommand.objects.filter(pk=command.pk, status=AgentCommand.Status.PENDING).update(
         status=AgentCommand.Status.ACKED, acked_at=timezone.now()
     )
@@ -73,7 +75,7 @@ def command_ack(*, command: AgentCommand, actor: Actor) -> AgentCommand:
     return command
 
 
-def commands_redeliver_due(*, now: datetime | None = None) -> int:
+def commands_redeliver(*, now: datetime | None = None) -> int:
     """Commands for runs with a resume_url that their endpoint has not accepted yet (the first
     push failed, or Redis was down when it was to be sent) are pushed again, a bounded number of
     times; agents can always pull them regardless. A command whose URL was refused counts as out
@@ -110,7 +112,8 @@ def commands_cancel_pending(
     for command in AgentCommand.objects.filter(
         run_id=run.pk, status=AgentCommand.Status.PENDING, kind__in=list(kinds)
     ).order_by("created_at"):
-        # Compare-and-set: an acknowledgement that got there first wins (the agent has it).
+        # Compare-and-set: an acknowledgement that got there first wins (the agent has it). Not
+        # through compare_and_set, as in command_ack: no updated_at, no transition table.
         if (
             AgentCommand.objects.filter(pk=command.pk, status=AgentCommand.Status.PENDING).update(
                 status=AgentCommand.Status.CANCELLED, cancelled_at=now
