@@ -1,4 +1,4 @@
-"""The archiver's rate on its own (issue 39, item 3): about ``--archive-runs`` runs of ~10 actions
+"""The archiver's rate on its own: about ``--archive-runs`` runs of ~10 actions
 over a year, with their audit chains, seeded by ``bench.size_seed`` (COPY) with a retention of one
 second (every closed run is due), then one
 ``archive_runs`` pass over them (in this process, as ``manage.py archive_runs`` runs it) while 16
@@ -15,12 +15,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from bench import fixtures
 from bench.loadgen import LoadControl, LoadResult
+from bench.size_world import tenants_and_keys
+from bench.stats import log, summarize
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from bench.run import Harness
+    from bench.harness import Harness
 
 TENANT = "bench-archive"
 CLIENTS = 16
@@ -36,7 +37,6 @@ def seed(h: Harness, runs: int) -> dict[str, Any]:
     from django.db import connection
 
     from bench import size_seed
-    from bench.size import _tenants_and_keys
 
     spec = size_seed.Spec(
         actions=runs * MEAN_ACTIONS,
@@ -47,7 +47,7 @@ def seed(h: Harness, runs: int) -> dict[str, Any]:
         big_runs=(),
         workers=2,
         drop_all_indexes=False,
-        tenants=_tenants_and_keys(),
+        tenants=tenants_and_keys(),
     )
     connection.close()
     out = size_seed.seed(h.database_url, spec, log=lambda _: None)
@@ -60,8 +60,6 @@ def _configure(h: Harness) -> str:
     from django.conf import settings
     from django.core.management import call_command
 
-    from bench.fixtures import BENCH_POLICIES
-
     folder = (h.log_dir / "archive-phase").resolve()
     folder.mkdir(parents=True, exist_ok=True)
     url = f"file://{folder}"
@@ -70,7 +68,7 @@ def _configure(h: Harness) -> str:
         settings.AUDIT_KEY = key
     os.environ["SAGA_ARCHIVE_ALLOWED_URLS"] = url
     settings.SAGA = {**settings.SAGA, "ARCHIVE_ALLOWED_URLS": [url]}
-    document = {**BENCH_POLICIES, "audit": {"retention": {"closed_runs": RETENTION, "archive": url}}}
+    document = {**fixtures.BENCH_POLICIES, "audit": {"retention": {"closed_runs": RETENTION, "archive": url}}}
     path = h.log_dir / "archive-phase-policies.json"
     path.write_text(json.dumps(document, indent=2))
     call_command("load_policies", str(path), verbosity=0, stdout=io.StringIO())
@@ -125,13 +123,7 @@ def _pass_under_append(
     )
 
 
-def measure_archive(
-    harness: Harness,
-    summarize: Callable[[LoadResult, str | None], dict[str, Any]],
-    log: Callable[[str], None],
-) -> dict[str, Any]:
-    from bench import fixtures
-
+def measure(harness: Harness) -> dict[str, Any]:
     runs = max(1, int(getattr(harness.args, "archive_runs", 2000)))
     out: dict[str, Any] = {"runs": runs, "mean_actions": MEAN_ACTIONS, "clients": CLIENTS}
     keys = fixtures.agent_keys(tenant_slug=TENANT, count=CLIENTS)
@@ -158,3 +150,7 @@ def measure_archive(
     finally:
         web.stop()
     return out
+
+
+def phase(h: Harness) -> None:
+    h.section("archive").update(measure(h))

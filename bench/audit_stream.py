@@ -20,8 +20,13 @@ import socketserver
 import threading
 from typing import TYPE_CHECKING, Any
 
+from bench import fixtures, procs
+from bench.sizes import CLIENT_COUNTS
+from bench.stats import log, summarize
+from bench.tables import machine_limit, measured_row
+
 if TYPE_CHECKING:
-    from bench.run import Harness
+    from bench.harness import Harness
 
 MODES = ("before", "off", "on")
 LABELS = {
@@ -71,10 +76,7 @@ def _sql(statements: tuple[str, ...]) -> None:
             cursor.execute(statement)
 
 
-def measure(harness: Harness) -> dict[str, Any]:
-    from bench import fixtures, procs
-    from bench.run import CLIENT_COUNTS, log, summarize
-
+def phase(harness: Harness) -> None:
     section: dict[str, Any] = harness.section("audit_stream")
     clients = max(CLIENT_COUNTS)
     keys = fixtures.agent_keys(tenant_slug="bench-stream", count=clients)
@@ -96,7 +98,7 @@ def measure(harness: Harness) -> dict[str, Any]:
                 worker = procs.start(
                     f"worker-audit-{modes[-1]}", procs.worker_command(), env, harness.log_dir
                 )
-                harness._wait_worker_registered(worker)
+                harness.wait_worker_registered(worker)
                 try:
                     for mode in modes:
                         _sql(_DROP if mode == "before" else _RESTORE)
@@ -127,7 +129,6 @@ def measure(harness: Harness) -> dict[str, Any]:
         web.stop()
         sink.shutdown()
         sink.server_close()
-    return section
 
 
 def _in_process(key_id: str, *, records: int, rounds: int) -> dict[str, Any]:
@@ -179,14 +180,12 @@ def _in_process(key_id: str, *, records: int, rounds: int) -> dict[str, Any]:
 
 
 def rows(section: dict[str, Any], base: dict[str, Any]) -> list[list[str]]:
-    from bench.report import _limit, _measured_row
-
     out = []
     before = section.get("before", {}).get("throughput")
     for mode in MODES:
         entry = section.get(mode)
         if entry:
-            row = _measured_row(f"{LABELS[mode]} (16 clients)", entry, _limit(base, 16))
+            row = measured_row(f"{LABELS[mode]} (16 clients)", entry, machine_limit(base, 16))
             if before and mode != "before":
                 row[0] += f" [{entry['throughput'] / before:.0%} of before]"
             out.append(row)

@@ -1,4 +1,6 @@
-"""L1 (raw PostgreSQL inserts) and L3 (raw RQ no-op jobs): what this machine can do at best."""
+"""``make bench``'s baselines phase: what this machine can do at best. L1 raw PostgreSQL inserts,
+L2 a no-op WSGI app under the Procfile's web line (bench/noop_wsgi.py), L3 raw RQ no-op jobs on
+the Procfile's worker (and on each candidate worker); every other figure is held against them."""
 
 from __future__ import annotations
 
@@ -9,9 +11,17 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from bench import procs
+from bench.harness import CANDIDATES
 from bench.loadgen import LoadResult, Sample
+from bench.sizes import CLIENT_COUNTS, CLIENT_PROCESSES
+from bench.stats import log, summarize
+from bench.tables import fmt, measured_row
+
+if TYPE_CHECKING:
+    from bench.harness import Harness
 
 L1_TABLE = "bench_l1_action"
 
@@ -189,3 +199,100 @@ def l3_chain(*, redis_url: str, length: int, queue_name: str = "default", timeou
         time.sleep(0.002)
     # The last job's own timestamp, so polling granularity does not count against RQ.
     return RQResult(jobs=length, seconds=float(stamp) - started_wall)
+
+
+# --- The phase ------------------------------------------------------------------------------
+
+
+def phase(h: Harness) -> None:
+    """L1 at 1 and 16 connections, L2 at 1 and 16 clients, L3 batched and chained on each worker."""
+    s = h.section("baselines")
+    libpq_url = h.database_url
+    l1_prepare(libpq_url)
+    for n in CLIENT_COUNTS:
+        log(f"L1 raw INSERT, {n} connection(s)")
+        result = l1_run(
+            dsn=libpq_url,
+            connections=n,
+            processes=min(CLIENT_PROCESSES, n),
+            warmup_s=h.sizes.warmup_s,
+            window_s=h.sizes.window_s,
+        )
+        s[f"L1_{n}"] = summarize(result)
+
+    body = {
+        "tool": "bench.update_record",
+        "target_type": "record",
+        "target_id": "r-1",
+        "args": {"field": "status", "value": "active", "n": 1},
+        "idempotency_key": "x" * 40,
+        "intent": {"reasoning": "benchmark: set the record active", "confidence": 0.9},
+        "compensation": {"tool": "bench.undo", "args": {"n": 1}},
+    }
+    web = h.start_web("l2-noop", app="bench.noop_wsgi:application", ready_path="/")
+    try:
+        for n in CLIENT_COUNTS:
+            log(f"L2 no-op WSGI app under the Procfile's web line, {n} client(s)")
+            result = h.load("post_json", n, {"path": "/api/v1/noop", "body": body}, web=web)
+            s[f"L2_{n}"] = summarize(result)
+    finally:
+        web.stop()
+
+    s["L3_worker_class"] = procs.worker_class_name(h.env)
+    for candidate in (None, *CANDIDATES):
+        suffix = "_candidate" if candidate else ""
+        log(f"L3 raw RQ no-op jobs on the {candidate or 'Procfile'} worker")
+        worker = h.start_worker(candidate)
+        try:
+            l3_batch(redis_url=h.redis_url, jobs=max(5, h.sizes.l3_jobs // 10))  # warm-up
+            batch = l3_batch(redis_url=h.redis_url, jobs=h.sizes.l3_jobs)
+            chain = l3_chain(redis_url=h.redis_url, length=h.sizes.l3_chain)
+        finally:
+            worker.stop()
+        for key, r in ((f"L3_batch{suffix}", batch), (f"L3_chain{suffix}", chain)):
+            s[key] = {
+                "jobs": r.jobs,
+                "seconds": r.seconds,
+                "jobs_per_s": r.jobs_per_s,
+                "per_job_ms": r.per_job_ms,
+            }
+
+
+# --- The report -----------------------------------------------------------------------------
+
+
+def rows(base: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for n in (1, 16):
+        rows.append(measured_row(f"L1 raw INSERT ({n} conn)", base.get(f"L1_{n}")))
+        rows.append(measured_row(f"L2 no-op WSGI ({n} clients)", base.get(f"L2_{n}")))
+    for kind in ("L3_batch", "L3_chain", "L3_batch_candidate", "L3_chain_candidate"):
+        entry = base.get(kind)
+        if entry:
+            how = "batch" if kind.startswith("L3_batch") else "chained"
+            who = "candidate SimpleWorker" if kind.endswith("_candidate") else "Procfile worker"
+            rows.append(
+                [
+                    f"L3 RQ no-op, {how} ({entry['jobs']} jobs, {who})",
+                    "1 worker",
+                    fmt(entry["jobs_per_s"]),
+                    fmt(entry["per_job_ms"], 2) + " /job",
+                    "–",
+                    "–",
+                    "0",
+                    "–",
+                ]
+            )
+    return rows
+
+
+def markdown(base: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for key in ("L1_1", "L1_16", "L2_1", "L2_16"):
+        e = base.get(key)
+        if e:
+            out.append(
+                f"- {key}: {e['count']:,} requests in {e['window_s']:.0f} s, client CPU {e['client_cpu_s']:.1f} s, "
+                f"errors {e['errors']} {e.get('error_detail') or ''}"
+            )
+    return out

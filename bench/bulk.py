@@ -1,4 +1,4 @@
-"""Bulk decisions by filter at scale (issue 31's targets): the preview of a filter matching N open
+"""Bulk decisions by filter at scale, against their targets: the preview of a filter matching N open
 items, then a bulk that closes all of them on the Procfile's worker, while agents keep appending.
 
 - N open recovery items of one reason in one tenant, written by ``seed_bench`` (COPY, the shapes
@@ -24,13 +24,14 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from bench import fixtures
 from bench.loadgen import Client, LoadControl, LoadResult, percentile
 from bench.procs import ROOT
+from bench.stats import log, summarize
+from bench.tables import fmt, load_row
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from bench.run import Harness
+    from bench.harness import Harness
 
 TENANT = "bench-bulk"
 REASON = "failed"
@@ -306,13 +307,7 @@ def _bulk_under_load(
     return bulk, loaded["result"]
 
 
-def measure(
-    harness: Harness,
-    summarize: Callable[[LoadResult, str | None], dict[str, Any]],
-    log: Callable[[str], None],
-) -> dict[str, Any]:
-    from bench import fixtures
-
+def measure(harness: Harness) -> dict[str, Any]:
     sizes = harness.sizes
     items = sizes.bulk_items
     out: dict[str, Any] = {"items": items, "action": ACTION, "clients": CLIENTS}
@@ -357,4 +352,192 @@ def measure(
     # After the workers stopped (it would take the profile's job): nothing else of the bench runs.
     log(f"bulk: profile of {sizes.bulk_profile_items} items decided in this process")
     out["profile"] = profile(sizes.bulk_profile_items)
+    return out
+
+
+def phase(h: Harness) -> None:
+    h.section("bulk").update(measure(h))
+
+
+# --- The report -----------------------------------------------------------------------------
+
+
+# The targets for bulk decisions by filter (full size: 10,000 items).
+BULK_PREVIEW_MS = 1000
+BULK_SECONDS = 120
+BULK_APPEND_P99_MS = 150
+
+
+def rows(bulk: dict[str, Any]) -> list[list[str]]:
+    """The bulk phase (bench/bulk.py): the preview, the bulk itself, the append before and during."""
+    rows: list[list[str]] = []
+    items = bulk.get("items", 0)
+    preview = bulk.get("preview")
+    if preview:
+        rows.append(
+            [
+                f"bulk: preview of a filter matching {items:,} items",
+                "1",
+                "–",
+                fmt(preview["p50_ms"], 2),
+                fmt(preview["p95_ms"], 2),
+                "–",
+                fmt(sum(preview["errors"].values())),
+                f"{preview['samples']} samples, max {preview['max_ms']:,.0f} ms",
+            ]
+        )
+    run = bulk.get("bulk")
+    if run:
+        rows.append(
+            [
+                f"bulk: close {run['total']:,} items ({bulk.get('clients', 16)} clients appending)",
+                "1 worker",
+                fmt(run["items_per_s"]) + " items",
+                fmt(run["ms_per_item"], 2) + " /item",
+                (fmt(run["seconds"], 1) + " s total") if run["seconds"] is not None else "not finished",
+                "–",
+                fmt(run["failed"]),
+                f"{run['status']}: {run['done']:,} done, {run['failed']:,} failed, {run['skipped']:,} skipped",
+            ]
+        )
+    before, during = bulk.get("append_before"), bulk.get("append_during")
+    if before:
+        rows.append(
+            load_row(
+                f"bulk: append, record action ({before['clients']} clients), no bulk", before, "baseline"
+            )
+        )
+    if during:
+        note = "–"
+        if before and before.get("p99_ms"):
+            note = f"p99 {during['p99_ms'] / before['p99_ms']:.2f}x the baseline's"
+        rows.append(
+            load_row(
+                f"bulk: append, record action ({during['clients']} clients), during the bulk", during, note
+            )
+        )
+    return rows
+
+
+def targets(bulk: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    items = bulk.get("items") or 10_000
+    names = (
+        f"bulk preview of a filter matching {items:,} items < {BULK_PREVIEW_MS / 1000:.0f} s (issue 31)",
+        f"bulk decides {items:,} close decisions in < {BULK_SECONDS // 60} minutes, every one decided (issue 31)",
+        f"append p99 ≤ {BULK_APPEND_P99_MS} ms (16 clients) while the bulk runs (issue 31)",
+    )
+    out: list[tuple[str, str, bool | None]] = []
+    preview = bulk.get("preview")
+    if preview:
+        right = preview["counts"] == [preview["expected"]] and not preview["errors"]
+        out.append(
+            (
+                names[0],
+                f"p50 {preview['p50_ms']:,.0f} ms, p95 {preview['p95_ms']:,.0f} ms over {preview['samples']} "
+                f"previews; count {', '.join(map(str, preview['counts'])) or 'none'}"
+                + (f", errors {preview['errors']}" if preview["errors"] else ""),
+                preview["p95_ms"] < BULK_PREVIEW_MS and right,
+            )
+        )
+    else:
+        out.append((names[0], "not measured", None))
+    run = bulk.get("bulk")
+    if run:
+        seconds = run["seconds"]
+        out.append(
+            (
+                names[1],
+                (
+                    f"{seconds:,.1f} s ({run['items_per_s']:,.1f} items/s)"
+                    if seconds is not None
+                    else "not finished"
+                )
+                + f"; {run['done']:,} of {run['total']:,} done, {run['failed']:,} failed, {run['skipped']:,} skipped",
+                seconds is not None
+                and seconds < BULK_SECONDS
+                and run["done"] == run["total"] == items
+                and not run["failed"]
+                and not run["skipped"],
+            )
+        )
+    else:
+        out.append((names[1], "not measured", None))
+    during, before = bulk.get("append_during"), bulk.get("append_before")
+    if during:
+        out.append(
+            (
+                names[2],
+                f"p99 {during['p99_ms']:,.1f} ms during ({during['count']:,} appends, {during['errors']} errors)"
+                + (f"; {before['p99_ms']:,.1f} ms just before, no bulk" if before else ""),
+                during["p99_ms"] <= BULK_APPEND_P99_MS and during["errors"] == 0,
+            )
+        )
+    else:
+        out.append((names[2], "not measured", None))
+    return out
+
+
+def markdown(bulk: dict[str, Any]) -> list[str]:
+    out = [
+        "## Bulk decisions",
+        "",
+        "Bulk decisions by filter at scale (`bench/bulk.py`, issue 31): N failed runs, each with an open "
+        "recovery item of one reason, in one tenant (`seed_bench --tenant --reason`, COPY); the Procfile's web "
+        "line and one Procfile worker. Over HTTP with an operator key: `POST /api/v1/recovery/bulk` with "
+        "`preview: true` for that reason (the first, warming up, not counted); the append (record action, 16 "
+        "clients, agents of the same tenant) alone for one window; then the same append again and, once its "
+        "window has begun, the bulk `close` started with the previewed `expected_count` and "
+        "`GET /api/v1/recovery/bulk/{id}` polled until it finished; the append's window ends there. The "
+        "bulk's time is the server's (`finished_at - started_at`). Last, a profile: a second bulk of fresh "
+        "items decided in the benchmark process by the job's own function (`bulk_advance_chunk`), without "
+        "RQ or load, its queries counted and its Python time profiled.",
+        "",
+    ]
+    run = bulk.get("bulk")
+    if not run:
+        return [*out, "Not measured in this run.", ""]
+    preview, before, during = (
+        bulk.get("preview", {}),
+        bulk.get("append_before", {}),
+        bulk.get("append_during", {}),
+    )
+    seconds = f"{run['seconds']:,.1f} s" if run["seconds"] is not None else "not finished"
+    out += [
+        f"- seeded: {bulk.get('seed', {}).get('output', '?')}",
+        f"- preview ({preview.get('samples', 0)} samples): p50 {preview.get('p50_ms', 0):,.0f} ms, "
+        f"p95 {preview.get('p95_ms', 0):,.0f} ms, max {preview.get('max_ms', 0):,.0f} ms; counted "
+        f"{preview.get('counts')} of {preview.get('expected')}",
+        f"- bulk {run['id']}: {run['status']} in {seconds} ({run['ms_per_item']:,.1f} ms per item; "
+        f"seen finished by the poll after {run['observed_s']:,.1f} s; starting it took "
+        f"{run['start_request_ms']:,.0f} ms); {run['done']:,} done, {run['failed']:,} failed, "
+        f"{run['skipped']:,} skipped of {run['total']:,}"
+        + (f"; first refusals {run['errors']}" if run["errors"] else ""),
+        f"- the tenant's items afterwards (status/resolution): {bulk.get('database')}",
+        f"- append before: {before.get('throughput', 0):,.1f}/s, p50 {before.get('p50_ms', 0):,.1f} ms, "
+        f"p99 {before.get('p99_ms', 0):,.1f} ms; during: {during.get('throughput', 0):,.1f}/s, "
+        f"p50 {during.get('p50_ms', 0):,.1f} ms, p99 {during.get('p99_ms', 0):,.1f} ms over "
+        f"{during.get('window_s', 0):,.0f} s, {during.get('errors', 0)} errors",
+    ]
+    prof = bulk.get("profile")
+    if prof:
+        out += [
+            f"- profile ({prof['decided']} items in process): {prof['ms_per_item']:,.1f} ms per item, "
+            f"{prof['queries_per_item']:.1f} queries per item ({prof['sql_ms_per_item']:,.1f} ms of them in "
+            f"PostgreSQL round trips); statements per item: "
+            + ", ".join(f"{k} {v}" for k, v in prof["statements_per_item"].items())
+            + (
+                "; their time per item (ms): "
+                + ", ".join(f"{k} {v}" for k, v in prof["sql_ms_per_item_by_statement"].items())
+                if prof.get("sql_ms_per_item_by_statement")
+                else ""
+            ),
+            "",
+            "| function (cumulative, per item) | calls | ms |",
+            "|---|---|---|",
+            *[
+                f"| `{row['function']}` | {row['calls_per_item']} | {row['ms_per_item']:,.1f} |"
+                for row in prof["python_top"]
+            ],
+        ]
+    out.append("")
     return out

@@ -1,9 +1,12 @@
-"""Dashboard at scale: seed, pick the pages, count their queries, EXPLAIN them.
+"""``make bench``'s dashboard phase: seed, pick the pages, count their queries, EXPLAIN them, time
+them over HTTP.
 
 Query counts and plans come from running each page in-process under
 ``CaptureQueriesContext`` (the same settings, database and code the web processes use); the
-timings come from the web processes over HTTP (see ``bench.run``), which also report their query
-counts in the bench-only ``X-Bench-Queries`` header, so the two can be cross-checked.
+timings come from the web processes over HTTP (``phase``), which also report their query
+counts in the bench-only ``X-Bench-Queries`` header, so the two can be cross-checked. The pieces
+(``operator``, ``seed``, ``pages``, ``query_counts``, ``explain_pages``, ``session_cookie``) serve
+the reads and the size phases too.
 """
 
 from __future__ import annotations
@@ -13,8 +16,15 @@ import io
 import json
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
+
+from bench.loadgen import percentile, run_load
+from bench.stats import log
+from bench.tables import fmt, short_sql
+
+if TYPE_CHECKING:
+    from bench.harness import Harness
 
 OPERATOR = "bench-operator"
 OPERATOR_PASSWORD = "Correct-Horse-Battery-7"  # noqa: S105 - a throwaway bench database
@@ -100,7 +110,7 @@ def table_sizes() -> dict[str, int]:
     return sizes
 
 
-def _client(user: Any) -> Any:
+def client_for(user: Any) -> Any:
     from django.test import Client
 
     # The web processes' ALLOWED_HOSTS (production settings) do not include "testserver".
@@ -112,7 +122,7 @@ def _client(user: Any) -> Any:
 def session_cookie(user: Any) -> str:
     """A real session for the operator, as after signing in (the login form itself is not what is
     measured)."""
-    client = _client(user)
+    client = client_for(user)
     return f"sessionid={client.cookies['sessionid'].value}"
 
 
@@ -136,7 +146,7 @@ def pages(*, user: Any, deep_pages: int, big_run_actions: int) -> list[tuple[str
     from ledger.models import Run
 
     queue = _url("dashboard:queue", "/")
-    client = _client(user)
+    client = client_for(user)
     deep = queue
     for _ in range(deep_pages):
         response = client.get(deep)
@@ -182,7 +192,7 @@ def query_counts(*, user: Any, pages: list[Any]) -> dict[str, Any]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    client = _client(user)
+    client = client_for(user)
     out = {}
     for page in pages:
         # (name, path) or (name, path, headers): an htmx request sends its headers.
@@ -217,7 +227,7 @@ def _walk(plan: dict[str, Any], out: list[dict[str, Any]]) -> None:
         _walk(child, out)
 
 
-def _table_rows() -> dict[str, float]:
+def table_rows() -> dict[str, float]:
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -236,7 +246,7 @@ def explain_pages(
     those indexes are dropped first inside a transaction that is rolled back."""
     from django.db import connection, transaction
 
-    rows = _table_rows()
+    rows = table_rows()
     big = {t for t, n in rows.items() if n >= BIG_ROWS}
     with transaction.atomic():
         if without:
@@ -252,7 +262,7 @@ def _explain(*, user: Any, pages: list[tuple[str, str]], big: set[str]) -> dict[
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    client = _client(user)
+    client = client_for(user)
     report: dict[str, Any] = {}
     for name, path in pages:
         client.get(path)
@@ -304,3 +314,196 @@ def explain_sqls(sqls: list[str], *, big: set[str]) -> dict[str, Any]:
         "main": [{**q, "sql": q["sql"][:600]} for q in queries[:3]],
         "with_seq_scans": [{**q, "sql": q["sql"][:600]} for q in queries if q["seq_scans_big"]],
     }
+
+
+# --- The phase ------------------------------------------------------------------------------
+
+
+def phase(h: Harness) -> None:
+    s = h.section("dashboard")
+    sizes = h.sizes
+    small_runs = max(10, int(sizes.runs * sizes.small_fraction))
+    ratio = small_runs / sizes.runs
+    seed_small = dict(
+        runs=small_runs,
+        actions_per_run=sizes.actions_per_run,
+        open_items=max(5, int(sizes.open_items * ratio)),
+        pending_approvals=max(2, int(sizes.pending_approvals * ratio)),
+        resolved_items=max(2, int(sizes.resolved_items * ratio)),
+        big_run_actions=sizes.big_run_actions,
+    )
+    seed_rest = dict(
+        runs=sizes.runs - small_runs,
+        actions_per_run=sizes.actions_per_run,
+        open_items=sizes.open_items - seed_small["open_items"],
+        pending_approvals=sizes.pending_approvals - seed_small["pending_approvals"],
+        resolved_items=sizes.resolved_items - seed_small["resolved_items"],
+        big_run_actions=sizes.big_run_actions,
+    )
+    user = operator()
+    log(f"seed_bench (small): {seed_small}")
+    s["seed_small"] = seed(seed_small)
+    pages_small = pages(user=user, deep_pages=sizes.deep_pages, big_run_actions=sizes.big_run_actions)
+    s["queries_small"] = query_counts(user=user, pages=pages_small)
+    log(f"seed_bench (rest): {seed_rest}")
+    s["seed_full"] = seed(seed_rest)
+    s["data"] = table_sizes()
+    pages_full = pages(user=user, deep_pages=sizes.deep_pages, big_run_actions=sizes.big_run_actions)
+    s["pages"] = {name: path for name, path in pages_full}
+    s["queries_full"] = query_counts(user=user, pages=pages_full)
+    log("EXPLAIN ANALYZE of every query the pages run")
+    s["explain"] = explain_pages(user=user, pages=pages_full)
+    # Before/after for the indexes this harness's findings added (same data, same run).
+    s["explain_without_bench_indexes"] = explain_pages(user=user, pages=pages_full, without=BENCH_INDEXES)
+    cookie = session_cookie(user)
+    web = h.start_web("web-dashboard", settings_module="bench.settings")
+    try:
+        log("dashboard pages over HTTP, 1 client")
+        timings: dict[str, Any] = {}
+        for name, path in pages_full:
+            result = run_load(
+                scenario="get_pages",
+                host="127.0.0.1",
+                port=h.port,
+                clients=1,
+                processes=1,
+                warmup_s=0,
+                window_s=3600,
+                params={"pages": [(name, path)], "max_requests_per_client": sizes.page_samples + 2},
+                headers={"Cookie": cookie},
+            )
+            lat = result.latencies(name)[:]
+            # The first two requests warm the worker's caches (templates, connection); drop
+            # them by start time, not by speed.
+            ordered = sorted((x for x in result.samples if x.op == name), key=lambda x: x.started)[2:]
+            lat = sorted(x.latency for x in ordered)
+            timings[name] = {
+                "count": len(lat),
+                "p50_ms": percentile(lat, 50) * 1000,
+                "p95_ms": percentile(lat, 95) * 1000,
+                "errors": result.error_count(),
+                "error_detail": dict(result.errors),
+                "http_queries": sorted(result.queries.get(name, set())),
+            }
+        s["timings"] = timings
+    finally:
+        web.stop()
+
+
+# --- The report -----------------------------------------------------------------------------
+
+
+def rows(dash: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for name, t in dash.get("timings", {}).items():
+        q_small = dash.get("queries_small", {}).get(name, {}).get("queries")
+        q_full = dash.get("queries_full", {}).get(name, {}).get("queries")
+        rows.append(
+            [
+                f"page: {name}",
+                "1",
+                "–",
+                fmt(t.get("p50_ms"), 1),
+                fmt(t.get("p95_ms"), 1),
+                "–",
+                fmt(t.get("errors")),
+                f"{fmt(q_full)} queries (small data: {fmt(q_small)})",
+            ]
+        )
+    return rows
+
+
+def targets(sec: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    out: list[tuple[str, str, bool | None]] = []
+    dash = sec.get("dashboard", {})
+    timings = dash.get("timings", {})
+    if timings:
+        for name, t in timings.items():
+            out.append(
+                (f"{name}: p95 < 150 ms", f"p95 {t['p95_ms']:.1f} ms", t["p95_ms"] < 150 and not t["errors"])
+            )
+        small, full = dash.get("queries_small", {}), dash.get("queries_full", {})
+        for name in timings:
+            qs, qf = small.get(name, {}).get("queries"), full.get(name, {}).get("queries")
+            out.append(
+                (
+                    f"{name}: query count independent of data size",
+                    f"{qs} queries at {dash.get('seed_small', {}).get('options', {}).get('runs', '?')} runs, "
+                    f"{qf} at full size",
+                    qs == qf and qs is not None,
+                )
+            )
+        for name, e in dash.get("explain", {}).items():
+            out.append(
+                (
+                    f"{name}: no sequential scan over the ledger tables",
+                    "index scans only"
+                    if not e["seq_scans_big"]
+                    else "Seq Scan on " + ", ".join(e["seq_scans_big"]),
+                    not e["seq_scans_big"],
+                )
+            )
+    else:
+        out.append(
+            (
+                "pages p95 < 150 ms, query counts independent of size, EXPLAIN uses indexes",
+                "not measured",
+                None,
+            )
+        )
+    return out
+
+
+def markdown(sec: dict[str, Any]) -> list[str]:
+    dash = sec.get("dashboard", {})
+    out = [
+        "",
+        "## Dashboard",
+        "",
+        "Filled with `manage.py seed_bench` (COPY) in two steps, so query counts are compared at two data sizes "
+        "in the same run; pages fetched over HTTP by one client as a logged-in operator of the three seeded "
+        "tenants (first two fetches of each page dropped as warm-up). Query counts come from running each "
+        "page in-process under `CaptureQueriesContext`; the web processes report theirs in a bench-only "
+        "header (`bench.settings`), shown as *http*.",
+        "",
+    ]
+    if dash:
+        for key in ("seed_small", "seed_full"):
+            if key in dash:
+                out.append(f"- {key}: {dash[key]['output']} ({dash[key]['seconds']:.1f} s wall)")
+        if "data" in dash:
+            out.append("- rows: " + ", ".join(f"{k} {v:,}" for k, v in dash["data"].items()))
+        out.append("")
+        out.append("| page | URL | p50 ms | p95 ms | queries (small → full) | http | errors |")
+        out.append("|---|---|---|---|---|---|---|")
+        for name, t in dash.get("timings", {}).items():
+            qs = dash.get("queries_small", {}).get(name, {}).get("queries")
+            qf = dash.get("queries_full", {}).get(name, {}).get("queries")
+            out.append(
+                f"| {name} | `{dash.get('pages', {}).get(name, '')}` | {t['p50_ms']:.1f} | {t['p95_ms']:.1f} | "
+                f"{qs} → {qf} | {t.get('http_queries')} | {t['errors']} |"
+            )
+        out += ["", "### EXPLAIN (ANALYZE) of the pages' queries", ""]
+        before = dash.get("explain_without_bench_indexes", {})
+        for name, e in dash.get("explain", {}).items():
+            seq = ", ".join(e["seq_scans_big"]) or "none"
+            small = ", ".join(e.get("seq_scans_small", [])) or "none"
+            out.append(
+                f"**{name}** — {e['selects']} SELECTs, {e['total_execution_ms']:.1f} ms executing in total; "
+                f"sequential scans over big ledger tables: {seq} (over small ones, the planner's choice: {small})"
+            )
+            b = before.get(name)
+            if b:
+                out.append("")
+                out.append(
+                    "*Before* the benchmark-motivated indexes "
+                    f"({', '.join(f'`{i}`' for i in BENCH_INDEXES)}; same data, dropped in a rolled-back "
+                    f"transaction): {b['total_execution_ms']:.1f} ms; sequential scans over big tables: "
+                    f"{', '.join(b['seq_scans_big']) or 'none'}"
+                )
+            out.append("")
+            for q in e["main"]:
+                out.append(f"- {q['execution_ms']:.2f} ms: {', '.join(q['scans']) or 'no table scan'}")
+                out.append(f"  `{short_sql(q['sql'])}`")
+            out.append("")
+    return out

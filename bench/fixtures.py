@@ -19,7 +19,7 @@ BENCH_POLICIES: dict[str, Any] = {
             "action_class": "internal_update",
             "compensation": "custom",
         },
-        # The same, with two limits every record checks (issue 16: limits on the hot path): a count
+        # The same, with two limits every record checks (limits are on the hot path): a count
         # per agent and a sum per tenant, both far out of reach, so each record pays the locks and
         # the count over its window and is never held back by them.
         {

@@ -1,4 +1,4 @@
-"""``make bench``'s reads phase (issue 30, item 4): reads as fast as writes.
+"""``make bench``'s reads phase: reads as fast as writes.
 
 On one server (the Procfile's web line, the product's settings), 16 clients each with their own
 agent key: the append (record action, fresh runs, ten actions each), then the reads an agent (or
@@ -26,13 +26,18 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from bench import dashboard, fixtures
 from bench.loadgen import percentile, run_load
+from bench.stats import log, summarize
+from bench.tables import load_row
+
+if TYPE_CHECKING:
+    from bench.harness import Harness
 
 CLIENTS = 16
-# The ledgers the run page is measured with (issue 30: "with 200 and with 5,000 actions").
+# The ledgers the run page is measured with (the target: "with 200 and with 5,000 actions").
 RUN_PAGE_ACTIONS = (200, 5000)
 # The API reads compared with the append, in the order measured: (op, label, path template).
 API_READS = (
@@ -41,7 +46,7 @@ API_READS = (
     ("actions", "GET a run's actions", "/api/v1/runs/{run}/actions"),
     ("runs", "GET the newest runs", "/api/v1/runs?limit=50"),
 )
-# Issue 30's targets: every read at least the append's rate (16 clients); every page p95 < 100 ms.
+# The targets: every read at least the append's rate (16 clients); every page p95 < 100 ms.
 READ_RATIO = 1.0
 PAGE_P95_MS = 100
 
@@ -89,8 +94,6 @@ def measure_pages(*, port: int, user: Any, pages: list[Any], samples: int) -> di
     (``bench.dashboard.query_counts``), for ``pages`` as ``(name, path[, headers])``; the web
     server on ``port`` must run ``bench.settings``. Returns ``{name: {p50_ms, p95_ms, queries,
     http_queries, bytes, status, ...}}``."""
-    from bench import dashboard
-
     timings = page_timings(port=port, cookie=dashboard.session_cookie(user), pages=pages, samples=samples)
     counts = dashboard.query_counts(user=user, pages=pages)
     return {name: {**timings[name], **counts.get(name, {})} for name in timings}
@@ -110,7 +113,6 @@ def run_pages(*, user: Any, actions: int, deep: int = 10) -> list[Any]:
     """The run page of the newest seeded failed run with ``actions`` actions, its Load more (the
     htmx request, ``deep`` pages in: the operator scrolling back through the ledger) and its
     correction trail (the request the page makes for it once it is up)."""
-    from bench import dashboard
     from ledger.models import Run
 
     run_id = (
@@ -123,11 +125,11 @@ def run_pages(*, user: Any, actions: int, deep: int = 10) -> list[Any]:
         return []
     path = f"/runs/{run_id}/"
     out: list[Any] = [(f"run page ({actions:,} actions)", path)]
-    trail = re.search(r'hx-get="([^"]*/trail)"', dashboard._client(user).get(path).content.decode())
+    trail = re.search(r'hx-get="([^"]*/trail)"', dashboard.client_for(user).get(path).content.decode())
     if trail:
         htmx = {"HX-Request": "true", "HX-Target": "trail-slot"}
         out.append((f"run page ({actions:,} actions): its correction trail (htmx)", trail.group(1), htmx))
-    client = dashboard._client(user)
+    client = dashboard.client_for(user)
     link = _load_more_link(client.get(path).content.decode())
     hops = 0
     while link is not None and hops < deep:
@@ -170,10 +172,7 @@ def _paths(runs: list[str], template: str) -> dict[int, str]:
     return {i: template.format(run=run) for i, run in enumerate(runs)}
 
 
-def _api(
-    harness: Any, summarize: Callable[..., dict[str, Any]], log: Callable[[str], None]
-) -> dict[str, Any]:
-    from bench import fixtures
+def _api(harness: Harness) -> dict[str, Any]:
     from ledger.audit import Actor
     from ledger.models import AgentKey, Run
     from ledger.services.checkpoints import checkpoint_write
@@ -226,9 +225,7 @@ def _api(
     return out
 
 
-def _pages(harness: Any, log: Callable[[str], None]) -> dict[str, Any]:
-    from bench import dashboard
-
+def _pages(harness: Harness) -> dict[str, Any]:
     user = dashboard.operator()
     seeds = []
     for actions in RUN_PAGE_ACTIONS:
@@ -262,10 +259,12 @@ def _pages(harness: Any, log: Callable[[str], None]) -> dict[str, Any]:
     return {"seeds": seeds, "pages": measured}
 
 
-def measure(
-    harness: Any, summarize: Callable[..., dict[str, Any]], log: Callable[[str], None]
-) -> dict[str, Any]:
-    return {"api": _api(harness, summarize, log), **_pages(harness, log)}
+def measure(harness: Harness) -> dict[str, Any]:
+    return {"api": _api(harness), **_pages(harness)}
+
+
+def phase(h: Harness) -> None:
+    h.section("reads").update(measure(h))
 
 
 # --- The report -----------------------------------------------------------------------------------
@@ -276,14 +275,14 @@ def _append_rate(api: dict[str, Any]) -> float | None:
     return sum(rates) / len(rates) if rates else None
 
 
-def rows(sec: dict[str, Any], row: Callable[[str, dict[str, Any], str], list[str]]) -> list[list[str]]:
+def rows(sec: dict[str, Any]) -> list[list[str]]:
     api = sec.get("api", {})
     out: list[list[str]] = []
     append = _append_rate(api)
     queries = api.get("queries", {})
     for key, label in (("append", "append: record action"), ("append_again", "append again: record action")):
         if api.get(key):
-            out.append(row(f"reads: {label} ({CLIENTS} clients)", api[key], "baseline"))
+            out.append(load_row(f"reads: {label} ({CLIENTS} clients)", api[key], "baseline"))
     for op, label, _template in API_READS:
         entry = api.get(op)
         if not entry:
@@ -291,7 +290,7 @@ def rows(sec: dict[str, Any], row: Callable[[str, dict[str, Any], str], list[str
         note = f"{entry['throughput'] / append:.2f}x the append" if append else "–"
         if op in queries:
             note += f"; {queries[op]['queries']} queries"
-        out.append(row(f"reads: {label} ({CLIENTS} clients)", entry, note))
+        out.append(load_row(f"reads: {label} ({CLIENTS} clients)", entry, note))
     for name, page in sec.get("pages", {}).items():
         out.append(
             [

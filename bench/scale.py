@@ -1,4 +1,5 @@
-"""Workers scale out: I/O-bound compensations finished by one worker process, then by several.
+"""``make bench``'s workers phase (its section: "Workers scale-out"): I/O-bound compensations
+finished by one worker process, then by several.
 
 Every step's compensator is a webhook whose receiver (a threaded HTTP server in this process)
 takes ``delay_s`` (200 ms) per call, as a slow downstream API does: the worker spends its time
@@ -19,9 +20,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saga_client.signing import verify_signature
+
+from bench import fixtures
+from bench.stats import log
+from bench.tables import fmt
+from bench.unwinds import TENANT, failed_run, fixtures_have_key, operator, start_unwind, wait_finished
+
+if TYPE_CHECKING:
+    from bench.harness import Harness
 
 TOOL = "bench.webhook_undo"
 
@@ -100,24 +109,21 @@ def serve(delay_s: float) -> Iterator[Receiver]:
 
 
 def _failed_runs(count: int, *, label: str) -> list[Any]:
-    from bench.unwinds import _failed_run
-
-    return [_failed_run(steps=1, index=i, compensation_tool=TOOL, label=label) for i in range(count)]
+    return [failed_run(steps=1, index=i, compensation_tool=TOOL, label=label) for i in range(count)]
 
 
 def _trial(*, steps: int, workers: int, user: Any, receiver: Receiver, timeout_s: float) -> dict[str, Any]:
     from django.db import transaction
 
-    from bench.unwinds import _start, _wait
     from recovery.models import UnwindStep
 
     runs = _failed_runs(steps, label=f"{workers}w")
     receiver.reset()
     with transaction.atomic():
-        ids = [_start(item, user).pk for _, item in runs]
+        ids = [start_unwind(item, user).pk for _, item in runs]
         # The jobs are queued when this transaction commits (transaction.on_commit): all at once.
         started = time.time()
-    done = _wait(ids, timeout_s)
+    done = wait_finished(ids, timeout_s)
     ends = [d["finished_at"].timestamp() if d["finished_at"] else d["observed"] for d in done.values()]
     elapsed = max(ends) - started
     statuses: dict[str, int] = {}
@@ -149,9 +155,6 @@ def measure(
 ) -> dict[str, Any]:
     """``start_workers(n)`` starts n Procfile worker processes and returns them once all are
     registered (the harness's job); each trial stops them afterwards."""
-    from bench import fixtures
-    from bench.unwinds import TENANT, _operator, fixtures_have_key
-
     out: dict[str, Any] = {"delay_ms": delay_s * 1000, "steps": steps, "trials": {}}
     with serve(delay_s) as receiver:
         fixtures.load_bench_policies(
@@ -162,7 +165,7 @@ def measure(
         )
         if not fixtures_have_key():
             fixtures.agent_keys(tenant_slug=TENANT, count=1)
-        user = _operator()
+        user = operator()
         for n in worker_counts:
             workers = start_workers(n)
             try:
@@ -178,4 +181,120 @@ def measure(
     first, last = str(worker_counts[0]), str(worker_counts[-1])
     if first in trials and last in trials and trials[last]["seconds"]:
         out["speedup"] = trials[first]["seconds"] / trials[last]["seconds"]
+    return out
+
+
+# --- The phase ------------------------------------------------------------------------------
+
+
+# Worker processes compared in the scale-out section, and the downstream delay of each call.
+# The target asks 1, 2 and 4 worker processes measured (4 ≥ 3.5x 1 on I/O-bound steps).
+SCALE_WORKERS = (1, 2, 4)
+SCALE_DELAY_S = 0.2
+
+
+def phase(h: Harness) -> None:
+    log(
+        f"workers: {h.sizes.scale_steps} webhook compensations of {SCALE_DELAY_S * 1000:.0f} ms "
+        f"by {' then '.join(map(str, SCALE_WORKERS))} Procfile worker process(es)"
+    )
+    h.section("workers").update(
+        measure(
+            steps=h.sizes.scale_steps,
+            worker_counts=SCALE_WORKERS,
+            delay_s=SCALE_DELAY_S,
+            log_dir=h.log_dir,
+            start_workers=h.start_workers,
+        )
+    )
+    # The same steps against a receiver that answers at once: one worker's compensation
+    # throughput on no-op webhook steps, to hold against RQ's in-process no-op job rate (the
+    # unwind phase's L3 on the SimpleWorker candidate; the target is at least half).
+    log(f"workers: {h.sizes.scale_steps} no-op webhook compensations by 1 Procfile worker process")
+    h.section("workers")["noop"] = measure(
+        steps=h.sizes.scale_steps,
+        worker_counts=(1,),
+        delay_s=0.0,
+        log_dir=h.log_dir,
+        start_workers=h.start_workers,
+    )
+
+
+# --- The report -----------------------------------------------------------------------------
+
+
+def rows(workers: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for n, trial in workers.get("trials", {}).items():
+        rows.append(
+            [
+                f"workers: {trial['steps']} webhook steps of {workers.get('delay_ms', 0):.0f} ms",
+                f"{n} worker(s)",
+                fmt(trial["steps_per_s"]) + " steps",
+                fmt(trial["per_step_ms"], 2) + " /step",
+                fmt(trial["seconds"], 2) + " s total",
+                "–",
+                fmt(trial["step_statuses"].get("failed", 0) + trial["receiver_refused"]),
+                f"≤ {trial['receiver_max_concurrent']} calls at once",
+            ]
+        )
+    return rows
+
+
+def targets(workers: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    out: list[tuple[str, str, bool | None]] = []
+    trials = workers.get("trials", {})
+    if workers.get("speedup") and trials:
+        counts = sorted(trials, key=int)
+        one, many = trials[counts[0]], trials[counts[-1]]
+        clean = all(t["unwind_statuses"] == ["completed"] for t in trials.values())
+        out.append(
+            (
+                f"{counts[-1]} worker processes finish {many['steps']} I/O-bound steps ≥ 3× faster than {counts[0]}",
+                f"{one['seconds']:.1f} s vs {many['seconds']:.1f} s = {workers['speedup']:.2f}x",
+                workers["speedup"] >= 3 and clean,
+            )
+        )
+    else:
+        out.append(("4 worker processes finish 200 I/O-bound steps ≥ 3× faster than 1", "not measured", None))
+    return out
+
+
+def markdown(workers: dict[str, Any]) -> list[str]:
+    out = [
+        "## Workers scale-out",
+        "",
+        "I/O-bound compensations: every step's compensator is a webhook (loaded from the policy file, as an "
+        "operator configures one) whose receiver, a threaded HTTP server in the benchmark process, checks the "
+        f"signature and takes {workers.get('delay_ms', 200):.0f} ms to answer. Each trial fails its own runs, "
+        "one step each (independent steps), starts all their unwinds in one transaction (the jobs reach Redis "
+        "together when it commits, and the clock starts there) and stops at the last unwind's `finished_at`, "
+        "with 1, 2, then 4 processes of the Procfile's worker line, each warmed by a few uncounted steps.",
+        "",
+    ]
+    trials = workers.get("trials", {})
+    if not trials:
+        return [*out, "Not measured in this run.", ""]
+    out += [
+        "| worker processes | steps | seconds | steps /s | ms per step | receiver calls at once (max) | "
+        "unwinds | steps by status |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n, t in sorted(trials.items(), key=lambda kv: int(kv[0])):
+        out.append(
+            f"| {n} | {t['steps']} | {t['seconds']:.2f} | {t['steps_per_s']:.1f} | {t['per_step_ms']:.1f} | "
+            f"{t['receiver_max_concurrent']} | {', '.join(t['unwind_statuses'])} | {t['step_statuses']} |"
+        )
+    if workers.get("speedup"):
+        out += ["", f"Speed-up: **{workers['speedup']:.2f}x** (target ≥ 3.5x, issue 39)."]
+    noop = workers.get("noop", {}).get("trials", {}).get("1")
+    if noop:
+        out += [
+            "",
+            f"The same steps against a receiver that answers at once, one worker process: {noop['steps']} "
+            f"no-op webhook steps in {noop['seconds']:.2f} s = **{noop['steps_per_s']:.1f} steps/s** "
+            f"({noop['per_step_ms']:.1f} ms a step; issue 39: at least half of RQ's in-process no-op job "
+            "rate, the Unwind section's L3 on the `simple` candidate).",
+        ]
+    out.append("")
     return out

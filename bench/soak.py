@@ -1,4 +1,4 @@
-"""Soak (issue 39): undo keeps up under load and faults.
+"""Soak: undo keeps up under load and faults.
 
 Agents record onboarding sagas (create the HR record, provision the licence, send the welcome
 email) over the API for the load's length, every third saga failing; an operator, through the API
@@ -20,6 +20,8 @@ bench/soak_report.py.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import random
@@ -34,9 +36,16 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from bench import machine, procs
+from bench.environment import child_env
+from bench.loadgen import LoadControl, percentile, run_load
 from bench.soak_world import STEPS, TENANT, Operator, World, serve_world
+from bench.stats import log, summarize
+
+if TYPE_CHECKING:
+    from bench.harness import Harness
 
 
 @dataclass
@@ -65,6 +74,40 @@ class SoakSizes:
 
 FULL = SoakSizes()
 SMOKE = SoakSizes(duration_s=6, agents=2, kill_at_s=2, outage_at_s=3.5, outage_s=1, observe_s=120)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The soak's knobs; unset, the size's (full: 90 s, 8 agents, kill at 30 s, Redis
+    down 6 s at 55 s; --smoke: seconds)."""
+    group = parser.add_argument_group("soak (issue 39)")
+    group.add_argument("--soak-duration", type=float, default=None, help="seconds of load")
+    group.add_argument("--soak-agents", type=int, default=None, help="agents recording sagas")
+    group.add_argument(
+        "--soak-kill-at", type=float, default=None, help="SIGKILL the worker this long in (<0: never)"
+    )
+    group.add_argument(
+        "--soak-outage-at", type=float, default=None, help="stop Redis this long in (<0: never)"
+    )
+    group.add_argument("--soak-outage", type=float, default=None, help="seconds Redis stays down")
+    group.add_argument(
+        "--soak-observe",
+        type=float,
+        default=None,
+        help="seconds to keep watching after the load (not a target)",
+    )
+
+
+def sizes_from(args: argparse.Namespace) -> SoakSizes:
+    base = SMOKE if args.smoke else FULL
+    overrides = {
+        "duration_s": args.soak_duration,
+        "agents": args.soak_agents,
+        "kill_at_s": args.soak_kill_at,
+        "outage_at_s": args.soak_outage_at,
+        "outage_s": args.soak_outage,
+        "observe_s": args.soak_observe,
+    }
+    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
 # --- The harness's own Redis and the supervised worker ----------------------------------------
@@ -180,8 +223,6 @@ class Supervisor:
         self.thread = threading.Thread(target=self._watch, daemon=True, name="soak-supervisor")
 
     def _spawn(self) -> None:
-        from bench import procs
-
         with self.lock:
             # Checked under the lock ``stop`` takes: nothing is started once it has begun.
             if self.stopping.is_set():
@@ -347,11 +388,9 @@ class Soak:
     """One soak: its Redis, the World, the web and the supervised worker, the operator, the faults
     and the agents' load; ``run`` returns the section's figures and leaves nothing running."""
 
-    def __init__(self, harness: Any, log: Callable[[str], None]) -> None:
-        from bench.loadgen import LoadControl
-
+    def __init__(self, harness: Harness) -> None:
         self.harness, self.log = harness, log
-        self.sizes: SoakSizes = harness.soak_sizes
+        self.sizes: SoakSizes = sizes_from(harness.args)
         self.log_dir: Path = harness.log_dir
         self.redis = OwnRedis(self.log_dir)
         self.control = LoadControl()
@@ -366,9 +405,6 @@ class Soak:
 
     def _start(self, world: World) -> list[str]:
         """The policies and keys, then the web and the worker on the soak's Redis: the agents' keys."""
-        from bench import procs
-        from bench.run import child_env
-
         _load_policies(self.log_dir / "soak-policies.json", _policies(world))
         agent_secrets, operator_secret = _keys(self.sizes.agents)
         env = child_env(
@@ -394,8 +430,6 @@ class Soak:
             self.events.extend(_faults(self.sizes, self.t0, self.supervisor, self.redis))
 
     def _load(self, agent_secrets: list[str]) -> Any:
-        from bench.loadgen import run_load
-
         sizes = self.sizes
         return run_load(
             scenario="onboarding_saga",
@@ -430,9 +464,7 @@ class Soak:
             "queued_run_statuses": statuses,
         }
 
-    def run(self, summarize: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-        from bench import machine
-
+    def run(self) -> dict[str, Any]:
         sizes = self.sizes
         out: dict[str, Any] = {"sizes": sizes.as_dict(), "load_before": machine.loadavg()}
         self.redis.start()
@@ -494,10 +526,8 @@ class Soak:
         return [*self.redis.pids, *workers, *([self.web.popen.pid] if self.web else [])]
 
 
-def measure(
-    harness: Any, summarize: Callable[..., dict[str, Any]], log: Callable[[str], None]
-) -> dict[str, Any]:
-    return Soak(harness, log).run(summarize)
+def phase(h: Harness) -> None:
+    h.section("soak").update(Soak(h).run())
 
 
 def _status_counts(result: Any) -> dict[str, int]:
@@ -508,8 +538,6 @@ def _status_counts(result: Any) -> dict[str, int]:
 
 
 def _percentiles(values: list[float]) -> dict[str, Any]:
-    from bench.loadgen import percentile
-
     ordered = sorted(values)
     return {
         "count": len(ordered),

@@ -1,5 +1,5 @@
-"""The soak's section of the benchmark report (issue 39; bench/soak.py measures it): targets,
-rows of the one table, and the Markdown section, after bench/report.py's conventions."""
+"""The soak's section of the benchmark report (bench/soak.py measures it): targets,
+rows of the one table, and the Markdown section, after bench/tables.py's conventions."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def server_errors(section: dict[str, Any]) -> dict[str, int]:
 
 
 def targets(section: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
-    """Issue 39's targets: (target, what was measured, met?) — None when not measured."""
+    """The soak's targets: (target, what was measured, met?) — None when not measured."""
     if not section.get("compensation"):
         return [("Soak (issue 39): undo keeps up under load and faults", "not measured", None)]
     sizes = section["sizes"]

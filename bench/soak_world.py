@@ -1,4 +1,4 @@
-"""The soak's outside parties (issue 39, bench/soak.py): the agents' loop, which runs in loadgen's
+"""The soak's outside parties (bench/soak.py): the agents' loop, which runs in loadgen's
 client processes (so nothing here imports Django at import time); the World, the tools'
 compensating endpoints that count what they receive per idempotency key; and the operator, who
 compensates through the API."""

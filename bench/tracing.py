@@ -13,15 +13,20 @@ from __future__ import annotations
 import gzip
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bench import procs
+from bench import fixtures, procs
+from bench.sizes import CLIENT_COUNTS
+from bench.stats import log, summarize
+from bench.tables import load_row
 
-CLIENT_COUNTS = (1, 16)
+if TYPE_CHECKING:
+    from bench.harness import Harness
+
 ROUNDS = ("off", "on", "off_again")
 OTEL_PREFIX = "OTEL_"
 
@@ -85,12 +90,8 @@ def serve_sink() -> Iterator[Sink]:
         httpd.server_close()
 
 
-def measure(
-    harness: Any, summarize: Callable[..., dict[str, Any]], log: Callable[[str], None]
-) -> dict[str, Any]:
+def measure(harness: Harness) -> dict[str, Any]:
     """The traces phase's figures: ``{round: {"record_action_N": summary}}`` plus what the sink got."""
-    from bench import fixtures
-
     keys = fixtures.agent_keys(tenant_slug="bench-traces", count=max(CLIENT_COUNTS))
     fixtures.load_bench_policies(harness.log_dir)
     per_run = 10
@@ -125,10 +126,14 @@ def measure(
     return out
 
 
+def phase(h: Harness) -> None:
+    h.section("traces").update(measure(h))
+
+
 # --- The report ----------------------------------------------------------------------------------
 
 
-def rows(traces: dict[str, Any], row: Callable[[str, dict[str, Any], str], list[str]]) -> list[list[str]]:
+def rows(traces: dict[str, Any]) -> list[list[str]]:
     out: list[list[str]] = []
     for n in CLIENT_COUNTS:
         off = traces.get("off", {}).get(f"record_action_{n}")
@@ -139,7 +144,7 @@ def rows(traces: dict[str, Any], row: Callable[[str, dict[str, Any], str], list[
             note = "–"
             if round_name != "off" and off and off.get("throughput"):
                 note = f"{entry['throughput'] / off['throughput']:.0%} of off"
-            out.append(row(f"traces {label}: record action ({n} clients)", entry, note))
+            out.append(load_row(f"traces {label}: record action ({n} clients)", entry, note))
     return out
 
 

@@ -1,23 +1,32 @@
-"""Unwind throughput: runs whose every action has a no-op Python compensator, failed and then
-compensated through the product's own services, carried out by the Procfile's worker."""
+"""``make bench``'s unwind phase: runs whose every action has a no-op Python compensator, failed and
+then compensated through the product's own services, carried out by the Procfile's worker (and by
+each candidate worker). ``failed_run``, ``start_unwind``, ``wait_finished`` and ``operator`` serve
+the workers' scale-out (bench/scale.py) too."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ledger.services.actions import moves
+from bench import fixtures
+from bench.harness import CANDIDATES
+from bench.stats import log
+from bench.tables import fmt, ratio_of
+
+if TYPE_CHECKING:
+    from bench.harness import Harness
 
 TENANT = "bench"
 
 
-def _failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo", label: str = "") -> Any:
+def failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo", label: str = "") -> Any:
     """A run with ``steps`` succeeded actions, each registering ``compensation_tool``, failed and
     in the recovery queue: (run, item)."""
     from ledger.audit import Actor
     from ledger.models import AgentKey
     from ledger.services import runs
+    from ledger.services.actions import moves
     from recovery.actions.approvals import action_record_gated
     from recovery.actions.reports import run_fail_and_queue
 
@@ -45,14 +54,14 @@ def _failed_run(*, steps: int, index: int, compensation_tool: str = "bench.undo"
     return run, outcome.item
 
 
-def _start(item: Any, user: Any) -> Any:
+def start_unwind(item: Any, user: Any) -> Any:
     from ledger.audit import Actor
     from recovery.actions.compensations import unwind_start
 
     return unwind_start(item=item, actor=Actor.for_user(user), reason="benchmark")
 
 
-def _wait(unwind_ids: list[str], timeout_s: float) -> dict[str, Any]:
+def wait_finished(unwind_ids: list[str], timeout_s: float) -> dict[str, Any]:
     from recovery.models import Unwind
 
     finished = {Unwind.Status.COMPLETED, Unwind.Status.FAILED, Unwind.Status.CANCELLED}
@@ -73,7 +82,7 @@ def _wait(unwind_ids: list[str], timeout_s: float) -> dict[str, Any]:
     return done
 
 
-def _operator() -> Any:
+def operator() -> Any:
     import io
 
     from django.contrib.auth import get_user_model
@@ -94,9 +103,9 @@ def _measure(runs: list[Any], user: Any, timeout_s: float) -> dict[str, Any]:
     from recovery.models import UnwindStep
 
     started_wall = time.time()
-    unwinds = [_start(item, user) for _, item in runs]
+    unwinds = [start_unwind(item, user) for _, item in runs]
     ids = [u.pk for u in unwinds]
-    done = _wait(ids, timeout_s)
+    done = wait_finished(ids, timeout_s)
     # The engine's own finished_at stamps the end; polling granularity does not count.
     ends = [d["finished_at"].timestamp() if d["finished_at"] else d["observed"] for d in done.values()]
     elapsed = max(ends) - started_wall
@@ -118,17 +127,15 @@ def _measure(runs: list[Any], user: Any, timeout_s: float) -> dict[str, Any]:
 
 
 def measure(*, steps: int, concurrent: int, log_dir: Path) -> dict[str, Any]:
-    from bench import fixtures
-
     fixtures.load_bench_policies(log_dir)
     if not fixtures_have_key():
         fixtures.agent_keys(tenant_slug=TENANT, count=1)
-    user = _operator()
+    user = operator()
     # Warm the worker (imports, first connections) with one short unwind that is not counted.
-    warm = [_failed_run(steps=2, index=-1)]
+    warm = [failed_run(steps=2, index=-1)]
     _measure(warm, user, timeout_s=120)
-    single = _measure([_failed_run(steps=steps, index=0)], user, timeout_s=300)
-    many = _measure([_failed_run(steps=steps, index=i + 1) for i in range(concurrent)], user, timeout_s=900)
+    single = _measure([failed_run(steps=steps, index=0)], user, timeout_s=300)
+    many = _measure([failed_run(steps=steps, index=i + 1) for i in range(concurrent)], user, timeout_s=900)
     return {"single": single, "concurrent": many, "steps_per_unwind": steps}
 
 
@@ -136,3 +143,124 @@ def fixtures_have_key() -> bool:
     from ledger.models import AgentKey
 
     return AgentKey.objects.filter(tenant__slug=TENANT).exists()
+
+
+# --- The phase ------------------------------------------------------------------------------
+
+
+def phase(h: Harness) -> None:
+    s = h.section("unwind")
+    candidates = list(CANDIDATES)
+    for candidate in (None, *candidates):
+        log(
+            f"unwinds on the {candidate or 'Procfile'} worker: 1 x {h.sizes.unwind_steps} steps, "
+            f"then {h.sizes.concurrent_unwinds} concurrent"
+        )
+        worker = h.start_worker(candidate)
+        try:
+            measured = measure(
+                steps=h.sizes.unwind_steps,
+                concurrent=h.sizes.concurrent_unwinds,
+                log_dir=h.log_dir,
+            )
+        finally:
+            worker.stop()
+        if candidate:
+            s.setdefault("candidates", {})[candidate] = measured
+        else:
+            s.update(measured)
+
+
+# --- The report -----------------------------------------------------------------------------
+
+
+def rows(unwind: dict[str, Any], base: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    sources = [(unwind, "L3_chain", "Procfile worker")]
+    for name, measured in unwind.get("candidates", {}).items():
+        # Compared with the L3 no-op job of the same worker class (the candidate worker's).
+        sources.append((measured, "L3_chain_candidate", f"candidate {name}"))
+    for source, chain_key, who in sources:
+        chain = base.get(chain_key, {}).get("per_job_ms")
+        for key, label in (
+            ("single", "unwind: 1 x {n} steps"),
+            ("concurrent", "unwind: {c} concurrent x {n} steps"),
+        ):
+            u = source.get(key)
+            if u:
+                ratio = ratio_of(u["per_step_ms"], chain)
+                rows.append(
+                    [
+                        label.format(n=source.get("steps_per_unwind"), c=u["unwinds"]) + f" ({who})",
+                        "1 worker",
+                        fmt(u["steps_per_s"]) + " steps",
+                        fmt(u["per_step_ms"], 2) + " /step",
+                        fmt(u["seconds"], 2) + " s total",
+                        "–",
+                        "–",
+                        f"{ratio:.2f}x L3 chained job" if ratio else "–",
+                    ]
+                )
+    return rows
+
+
+def targets(sec: dict[str, Any], base: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    out: list[tuple[str, str, bool | None]] = []
+    unwind = sec.get("unwind", {})
+    chain = base.get("L3_chain", {}).get("per_job_ms")
+    single = unwind.get("single")
+    if single and chain:
+        out.append(
+            (
+                "unwind step overhead ≤ 2× an L3 no-op job (chained, same worker)",
+                f"{single['per_step_ms']:.1f} ms/step vs {chain:.1f} ms/job = {single['per_step_ms'] / chain:.2f}x",
+                single["per_step_ms"] <= 2 * chain,
+            )
+        )
+        n = unwind.get("steps_per_unwind")
+        out.append(
+            (
+                f"a {n}-step no-op unwind completes in < 2 s",
+                f"{single['seconds']:.2f} s",
+                single["seconds"] < 2.0 and single["unwind_statuses"] == ["completed"],
+            )
+        )
+    else:
+        out.append(("unwind step overhead ≤ 2× L3; 50-step unwind < 2 s", "not measured", None))
+    return out
+
+
+def markdown(sec: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    unwind = sec.get("unwind", {})
+    out = [
+        "## Unwind",
+        "",
+        "Runs whose actions each registered the `bench.undo` compensation (a Python no-op compensator), failed "
+        "into the recovery queue and compensated with the product's own services; one Procfile worker carries "
+        "the steps out. Time from the Compensate decision to the unwind's `finished_at`.",
+        "",
+    ]
+    for key in ("single", "concurrent"):
+        u = unwind.get(key)
+        if u:
+            out.append(
+                f"- {key}: {u['unwinds']} unwind(s), {u['steps']} steps in {u['seconds']:.2f} s = "
+                f"{u['per_step_ms']:.1f} ms/step ({u['steps_per_s']:.1f} steps/s); unwinds "
+                f"{u['unwind_statuses']}, steps {u['step_statuses']}"
+            )
+    chain = base.get("L3_chain")
+    if chain:
+        out.append(f"- L3 chained no-op job on the same worker: {chain['per_job_ms']:.1f} ms/job")
+    for name, cand in unwind.get("candidates", {}).items():
+        for key in ("single", "concurrent"):
+            u = cand.get(key)
+            if u:
+                out.append(
+                    f"- candidate `{name}` (`bench/candidate_worker.py`), {key}: {u['unwinds']} unwind(s), "
+                    f"{u['steps']} steps in {u['seconds']:.2f} s = {u['per_step_ms']:.1f} ms/step; "
+                    f"unwinds {u['unwind_statuses']}"
+                )
+    chain = base.get("L3_chain_candidate")
+    if chain:
+        out.append(f"- L3 chained no-op job on the candidate worker: {chain['per_job_ms']:.1f} ms/job")
+    return out

@@ -1,4 +1,4 @@
-"""Issue 39: what a job costs on each of RQ's worker options, and what the periodic pass costs.
+"""What a job costs on each of RQ's worker options, and what the periodic pass costs.
 
 Each option is started as a real process on a fresh database and this run's Redis database, then
 timed on the same work: L3 no-op jobs on ``notifications`` and on ``compensations`` (a batch), and
@@ -21,8 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import procs
-from bench.run import ROOT, child_env, drop_database, fresh_database, setup_django
+from bench import baselines, procs, unwinds
+from bench.databases import drop_database, fresh_database
+from bench.environment import child_env, setup_django
+from bench.procs import ROOT
 
 SAGA_WORKER = "python -m saga_admin saga_worker compensations notifications default"
 OPTIONS = {
@@ -62,8 +64,6 @@ def _wait_gone(redis_url: str, timeout: float = 30) -> None:
 def measure_option(
     name: str, command: str, *, env: dict[str, str], redis_url: str, args: Any
 ) -> dict[str, Any]:
-    from bench import baselines, unwinds
-
     proc = procs.start(name.split()[0], command, env, Path(args.log_dir))
     try:
         _wait_registered(redis_url, 2 if "pool" in name else 1)
