@@ -422,9 +422,9 @@ def rows(bulk: dict[str, Any]) -> list[list[str]]:
 def targets(bulk: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     items = bulk.get("items") or 10_000
     names = (
-        f"bulk preview of a filter matching {items:,} items < {BULK_PREVIEW_MS / 1000:.0f} s (issue 31)",
-        f"bulk decides {items:,} close decisions in < {BULK_SECONDS // 60} minutes, every one decided (issue 31)",
-        f"append p99 ≤ {BULK_APPEND_P99_MS} ms (16 clients) while the bulk runs (issue 31)",
+        f"bulk preview of a filter matching {items:,} items < {BULK_PREVIEW_MS / 1000:.0f} s",
+        f"bulk decides {items:,} close decisions in < {BULK_SECONDS // 60} minutes, every one decided",
+        f"append p99 ≤ {BULK_APPEND_P99_MS} ms (16 clients) while the bulk runs",
     )
     out: list[tuple[str, str, bool | None]] = []
     preview = bulk.get("preview")
@@ -481,7 +481,7 @@ def markdown(bulk: dict[str, Any]) -> list[str]:
     out = [
         "## Bulk decisions",
         "",
-        "Bulk decisions by filter at scale (`bench/bulk.py`, issue 31): N failed runs, each with an open "
+        "Bulk decisions by filter at scale (`bench/bulk.py`): N failed runs, each with an open "
         "recovery item of one reason, in one tenant (`seed_bench --tenant --reason`, COPY); the Procfile's web "
         "line and one Procfile worker. Over HTTP with an operator key: `POST /api/v1/recovery/bulk` with "
         "`preview: true` for that reason (the first, warming up, not counted); the append (record action, 16 "

@@ -286,14 +286,14 @@ def markdown(workers: dict[str, Any]) -> list[str]:
             f"{t['receiver_max_concurrent']} | {', '.join(t['unwind_statuses'])} | {t['step_statuses']} |"
         )
     if workers.get("speedup"):
-        out += ["", f"Speed-up: **{workers['speedup']:.2f}x** (target ≥ 3.5x, issue 39)."]
+        out += ["", f"Speed-up: **{workers['speedup']:.2f}x** (target ≥ 3.5x)."]
     noop = workers.get("noop", {}).get("trials", {}).get("1")
     if noop:
         out += [
             "",
             f"The same steps against a receiver that answers at once, one worker process: {noop['steps']} "
             f"no-op webhook steps in {noop['seconds']:.2f} s = **{noop['steps_per_s']:.1f} steps/s** "
-            f"({noop['per_step_ms']:.1f} ms a step; issue 39: at least half of RQ's in-process no-op job "
+            f"({noop['per_step_ms']:.1f} ms a step; the target: at least half of RQ's in-process no-op job "
             "rate, the Unwind section's L3 on the `simple` candidate).",
         ]
     out.append("")

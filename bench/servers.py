@@ -141,22 +141,20 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     hot = sec.get("servers", {}).get("configs", {}).get("Procfile")
     limit = machine_limit(sec.get("baselines", {}), 16)
     if not hot:
-        out.append(("hot path on the Procfile's server (issue 19 targets)", "not measured", None))
+        out.append(("hot path on the Procfile's server (targets)", "not measured", None))
     else:
         append, floor, heartbeat = hot["append"], hot["floor"], hot["heartbeat"]
         if limit:
             ratio = append["throughput"] / limit
             out.append(
                 (
-                    "append (16 clients) ≥ 0.10 of min(L1, L2) (issue 19)",
+                    "append (16 clients) ≥ 0.10 of min(L1, L2)",
                     f"{append['throughput']:,.0f}/s = {ratio:.2f} of {limit:,.0f}/s",
                     ratio >= 0.10,
                 )
             )
         else:
-            out.append(
-                ("append (16 clients) ≥ 0.10 of min(L1, L2) (issue 19)", "baselines not measured", None)
-            )
+            out.append(("append (16 clients) ≥ 0.10 of min(L1, L2)", "baselines not measured", None))
         floor_ratio = ratio_of(append["throughput"], floor["throughput"]) or 0.0
         out.append(
             (
@@ -165,12 +163,10 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                 floor_ratio >= 0.60,
             )
         )
-        out.append(
-            ("append p99 ≤ 150 ms (issue 19)", f"p99 {append['p99_ms']:.1f} ms", append["p99_ms"] <= 150)
-        )
+        out.append(("append p99 ≤ 150 ms", f"p99 {append['p99_ms']:.1f} ms", append["p99_ms"] <= 150))
         out.append(
             (
-                "append: zero errors (issue 19)",
+                "append: zero errors",
                 f"{append['errors']} errors {append.get('error_detail') or ''}".strip(),
                 append["errors"] == 0,
             )

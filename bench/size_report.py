@@ -116,7 +116,7 @@ def _seed_markdown(sec: dict[str, Any]) -> list[str]:
     chk = sec.get("check", {})
     verdict = "pass" if chk.get("ok") else "FAIL " + str(chk.get("problems"))
     return [
-        "A year of history in its own database (`bench/size_seed.py`, issue 30 item 5): runs evenly spread "
+        "A year of history in its own database (`bench/size_seed.py`): runs evenly spread "
         "over 365 days, 1 to 60 actions each (mean ~15) plus a failed run of 200 and one of 5,000 actions in "
         "the queue; every run's audit chain (run.created, per action recorded/started/succeeded or failed, "
         "the run's end, its recovery item's events) hashed as `ledger.audit` hashes it; runs of the last "

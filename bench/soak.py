@@ -79,7 +79,7 @@ SMOKE = SoakSizes(duration_s=6, agents=2, kill_at_s=2, outage_at_s=3.5, outage_s
 def add_options(parser: argparse.ArgumentParser) -> None:
     """The soak's knobs; unset, the size's (full: 90 s, 8 agents, kill at 30 s, Redis
     down 6 s at 55 s; --smoke: seconds)."""
-    group = parser.add_argument_group("soak (issue 39)")
+    group = parser.add_argument_group("soak")
     group.add_argument("--soak-duration", type=float, default=None, help="seconds of load")
     group.add_argument("--soak-agents", type=int, default=None, help="agents recording sagas")
     group.add_argument(

@@ -24,7 +24,7 @@ def server_errors(section: dict[str, Any]) -> dict[str, int]:
 def targets(section: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     """The soak's targets: (target, what was measured, met?) — None when not measured."""
     if not section.get("compensation"):
-        return [("Soak (issue 39): undo keeps up under load and faults", "not measured", None)]
+        return [("Soak: undo keeps up under load and faults", "not measured", None)]
     sizes = section["sizes"]
     comp, idem, untouched = section["compensation"], section["idempotency"], section["untouched"]
     last = comp["last_done_after_load_s"]
@@ -40,13 +40,13 @@ def targets(section: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     return [
         (
             f"soak: every failed run compensated within {sizes['deadline_s']:.0f} s of the load's end, "
-            "one worker (issue 39)",
+            "one worker",
             f"{comp['compensated']}/{comp['failed_runs']} compensated; {comp['late_or_missing']} late or not at all; "
             + (f"last done {last:+.1f} s after the load" if last is not None else "none done"),
             compensated_ok,
         ),
         (
-            "soak: one idempotency key per undo, its effect once at the tool (issue 39)",
+            "soak: one idempotency key per undo, its effect once at the tool",
             f"{idem['calls']} calls, {idem['actions_called']} actions; {idem['calls_without_key']} without a key, "
             f"{idem['calls_with_a_foreign_key']} with another step's key, {idem['actions_with_several_keys']} actions "
             f"with several keys, {idem['actions_with_several_effects']} with several effects, "
@@ -54,12 +54,12 @@ def targets(section: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
             key_ok,
         ),
         (
-            "soak: no succeeded run touched (issue 39)",
+            "soak: no succeeded run touched",
             f"{untouched['touched']} of {untouched['succeeded_runs']} succeeded runs touched",
             untouched["touched"] == 0 and untouched["succeeded_runs"] > 0,
         ),
         (
-            "soak: no unexpected 5xx (issue 39)",
+            "soak: no unexpected 5xx",
             ", ".join(f"{k} x{v}" for k, v in sorted(errors.items())) or "none",
             not errors,
         ),
@@ -111,7 +111,7 @@ def markdown(section: dict[str, Any]) -> list[str]:
         "",
         "## Soak",
         "",
-        "Issue 39 (`bench/soak.py`): undo keeps up under load and faults. Agents, each with its own key, record "
+        "The soak (`bench/soak.py`): undo keeps up under load and faults. Agents, each with its own key, record "
         "onboarding sagas over the API (the Procfile's web line): create the HR record, provision the licence, send "
         "the welcome email, each recorded with `start: true` and succeeded; every third saga fails (at the email, "
         "or every other time at the licence: two or one steps to undo) and the run is failed into the recovery "

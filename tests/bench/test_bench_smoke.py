@@ -22,7 +22,7 @@ from tests.support.processes import ROOT, database_url_for_subprocesses, free_po
 
 
 def _assert_plans_measured(append: dict, report: str) -> None:
-    """The append's actions recorded through plans of 5 (issue 30): counted, error-free, and
+    """The append's actions recorded through plans of 5: counted, error-free, and
     reported as actions per second with the latency per plan."""
     plan = append["record_plan_16"]["record_plan"]
     assert plan["count"] > 0 and plan["errors"] == 0, plan
@@ -36,7 +36,7 @@ def _results_of(completed: subprocess.CompletedProcess[str], written) -> dict:
     return json.loads(written.read_text())
 
 
-# The soak phase (issue 39) adds about a minute at smoke size: its own web and worker start.
+# The soak phase adds about a minute at smoke size: its own web and worker start.
 @pytest.mark.timeout(720)
 def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, own_redis):
     out = tmp_path / "BENCHMARKS.md"
@@ -83,18 +83,18 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
         sections["append"]
     )
     assert sections["append"]["record_action_16"]["record_action"]["count"] > 0
-    # The same append on a tool whose policy has two limits (issue 16), counted and error-free.
+    # The same append on a tool whose policy has two limits, counted and error-free.
     limited = sections["append"]["record_action_limited_16"]["record_action"]
     assert limited["count"] > 0 and limited["errors"] == 0
     assert "tool with 2 limits" in report
     _assert_plans_measured(sections["append"], report)
-    # The append with traces off, on (exported to a local OTLP sink) and off again (issue 29), the
+    # The append with traces off, on (exported to a local OTLP sink) and off again, the
     # exported spans decoded: each recorded call's execute_tool span among them.
     traces = sections["traces"]
     assert all(traces[r]["record_action_16"]["count"] > 0 for r in ("off", "on", "off_again"))
     assert traces["on"]["record_action_16"]["errors"] == 0
     assert traces["exported"]["by_name"].get("execute_tool", 0) > 0
-    # A record with just under 1 MiB of args beside a small one (issue 26, point 8), both recorded,
+    # A record with just under 1 MiB of args beside a small one, both recorded,
     # for a tool that needs no approval and for one that waits for a person.
     sizes = sections["record_size"]
     assert set(sizes) == {"small", "megabyte", "small_gated", "megabyte_gated"}
@@ -142,7 +142,7 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
 
 
 def _check_reads(reads: dict, report: str) -> None:
-    """Issue 30, item 4: every read measured beside the append on one server, error-free, one
+    """Every read measured beside the append on one server, error-free, one
     query each; the run page with 200 and 5,000 actions, its Load more and its trail, timed and
     counted, the page's queries the same for both lengths."""
     api = reads["api"]
@@ -165,7 +165,7 @@ def _check_audit_stream(stream: dict, report: str) -> None:
 
 
 def _check_size(size: dict, report: str) -> None:
-    """The 'at size' phase (issue 30): its own database seeded with chains that verify, every page
+    """The 'at size' phase: its own database seeded with chains that verify, every page
     and API list served without an error and EXPLAINed, the append and the governed call measured,
     and retention measured or said to be not available."""
     assert size["seed"]["counts"]["actions"] > 0 and size["seed"]["counts"]["events"] > 0
@@ -185,7 +185,7 @@ def _check_size(size: dict, report: str) -> None:
 
 
 def _check_bulk(bulk: dict, report: str) -> None:
-    """Bulk decisions by filter (issue 31): every preview counted the seeded items, the bulk closed
+    """Bulk decisions by filter: every preview counted the seeded items, the bulk closed
     each of them on the worker (none failed or skipped) while the append ran, and the in-process
     profile decided its own items; the report states the three targets."""
     items = bulk["items"]
@@ -206,7 +206,7 @@ def _check_bulk(bulk: dict, report: str) -> None:
 
 
 def _check_soak(soak: dict, report: str) -> None:
-    """The soak (issue 39) ran its script at smoke size: load, the worker killed, Redis down and up
+    """The soak ran its script at smoke size: load, the worker killed, Redis down and up
     again; its targets are asserted by tests/bench/test_soak.py on a longer window."""
     assert [e["event"] for e in soak["events"]] == [
         "worker SIGKILLed",

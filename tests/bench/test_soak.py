@@ -1,4 +1,4 @@
-"""Issue 39's soak, shortened: the harness of `make bench`'s soak phase (bench/soak.py), run as
+"""The soak, shortened: the harness of `make bench`'s soak phase (bench/soak.py), run as
 `bench.run --only soak` with 20 s of load by 4 agents, the worker SIGKILLed at 6 s and the soak's
 own Redis down for 3 s at 12 s, and its targets asserted.
 
