@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import migrations, models
 
-# The same rule as recovery.services.item_search_text, for the items that exist already.
+# The same rule as recovery.transitions.items.item_search_text, for the items that exist already.
 BACKFILL = """
 UPDATE recovery_recoveryitem AS item
    SET search_text = lower(
