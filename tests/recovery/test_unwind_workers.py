@@ -86,10 +86,13 @@ def test_unwinds_started_together_cost_one_job_each_however_long_they_wait(
 ):
     load_onboarding_policies(webhooks=webhooks)
     # Four unwinds of two 0.3 s steps on one worker: the last waits behind ~2 s of calls, longer
-    # than the sweep interval (1 s here), so sweeps run while advance jobs are still queued.
+    # than the sweep interval (1 s here), so sweeps run while advance jobs are still queued. The
+    # batch is long enough that no job hands its unwind on (a loaded machine can take longer than
+    # the default 2 s for two steps, and the hand-over is a step_run job by design): every
+    # step_run seen would be the sweeper's.
     webhooks.default_delay_s = 0.3
     sagas = [onboarding_saga(tenant, agent, email=f"hire{i}@company.com") for i in range(4)]
-    worker = start_worker()
+    worker = start_worker(SAGA_UNWIND_BATCH_S="60")
 
     with transaction.atomic():
         started = [
