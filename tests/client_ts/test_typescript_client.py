@@ -92,7 +92,9 @@ def test_the_packed_package_installs_alone_into_an_empty_project_and_its_example
 ):
     packed = npm.run(npm.npm, "pack", "--json", "--pack-destination", str(tmp_path))
     assert packed.returncode == 0, report(packed)
-    tarball = tmp_path / json.loads(packed.stdout)[0]["filename"]
+    (manifest,) = json.loads(packed.stdout)
+    tarball = tmp_path / manifest["filename"]
+    assert "LICENSE" in {f["path"] for f in manifest["files"]}  # Apache-2.0 (tests/test_licence.py)
     project = tmp_path / "project"
     project.mkdir()
     (project / "package.json").write_text(json.dumps({"name": "empty", "private": True, "type": "module"}))
