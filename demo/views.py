@@ -120,6 +120,15 @@ def _webhook_args(payload: dict[str, Any]) -> dict[str, Any]:
     return args if isinstance(args, dict) else {}
 
 
+def _target_email(payload: dict[str, Any]) -> str:
+    """The person a compensation of an HR or workspace action undoes: the args' ``email``, else the
+    action's target id (both of those tools' targets are ``("user", email)``)."""
+    email = _webhook_args(payload).get("email") or payload.get("target_id")
+    if not isinstance(email, str) or not email:
+        raise BadRequest("args.email (or target_id) is required.", field="args.email")
+    return email
+
+
 def _after_snapshot(payload: dict[str, Any]) -> dict[str, Any]:
     after = payload.get("after_snapshot")
     return after if isinstance(after, dict) else {}
@@ -217,18 +226,14 @@ def hr_user(request: HttpRequest, payload: dict[str, Any], email: str) -> Handle
 @require_POST
 @world_endpoint("hr.delete_user")
 def saga_delete_user(request: HttpRequest, payload: dict[str, Any]) -> Handler:
-    email = _webhook_args(payload).get("email") or payload.get("target_id")
-    if not isinstance(email, str) or not email:
-        raise BadRequest("args.email (or target_id) is required.", field="args.email")
+    email = _target_email(payload)
     return lambda: services.hr_user_delete(email=email, after_snapshot=payload.get("after_snapshot"))
 
 
 @require_POST
 @world_endpoint("workspace.cancel_license")
 def saga_cancel_license(request: HttpRequest, payload: dict[str, Any]) -> Handler:
-    email = _webhook_args(payload).get("email") or payload.get("target_id")
-    if not isinstance(email, str) or not email:
-        raise BadRequest("args.email (or target_id) is required.", field="args.email")
+    email = _target_email(payload)
     return lambda: services.license_cancel(email=email, after_snapshot=payload.get("after_snapshot"))
 
 
