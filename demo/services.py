@@ -285,12 +285,20 @@ def ticket_read(*, ticket_id: str) -> WorldResult:
     return WorldResult(200, {"state": ticket.snapshot()})
 
 
-def _ticket_changes(changes: dict[str, Any]) -> WorldResult | None:
-    unknown = sorted(set(changes) - set(CrmTicket.EDITABLE))
+def _edit_refused(changes: dict[str, Any], *, editable: tuple[str, ...], what: str) -> WorldResult | None:
+    """A CRM edit's refusal (422), or None: only the record's editable fields, each a text."""
+    unknown = sorted(set(changes) - set(editable))
     if unknown:
         return _error(422, "not_editable", f"Fields {', '.join(unknown)} cannot be changed.", fields=unknown)
     if not all(isinstance(value, str) for value in changes.values()):
-        return _error(422, "invalid_value", "Ticket fields take text values.")
+        return _error(422, "invalid_value", f"{what} fields take text values.")
+    return None
+
+
+def _ticket_changes(changes: dict[str, Any]) -> WorldResult | None:
+    refused = _edit_refused(changes, editable=CrmTicket.EDITABLE, what="Ticket")
+    if refused is not None:
+        return refused
     if "priority" in changes and changes["priority"] not in TICKET_PRIORITIES:
         return _error(422, "invalid_priority", f"priority must be one of {', '.join(TICKET_PRIORITIES)}.")
     return None
@@ -356,11 +364,9 @@ CONTACT_EDITABLE = ("tier", "owner", "email")
 
 
 def contact_update(*, contact_id: str, changes: dict[str, Any]) -> WorldResult:
-    unknown = sorted(set(changes) - set(CONTACT_EDITABLE))
-    if unknown:
-        return _error(422, "not_editable", f"Fields {', '.join(unknown)} cannot be changed.", fields=unknown)
-    if not all(isinstance(value, str) for value in changes.values()):
-        return _error(422, "invalid_value", "Contact fields take text values.")
+    refused = _edit_refused(changes, editable=CONTACT_EDITABLE, what="Contact")
+    if refused is not None:
+        return refused
     contact = CrmContact.objects.select_for_update().filter(pk=contact_id).first()
     if contact is None:
         return _error(404, "not_found", f"No contact {contact_id}.")
