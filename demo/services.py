@@ -50,6 +50,14 @@ def _error(status: int, code: str, message: str, **details: Any) -> WorldResult:
     return WorldResult(status, {"error": {"code": code, "message": message, "details": details}})
 
 
+def _state(record: Any, *, missing: str) -> WorldResult:
+    """A read's answer: the record's snapshot as its state, or 404 ``not_found`` saying what is
+    ``missing``."""
+    if record is None:
+        return _error(404, "not_found", missing)
+    return WorldResult(200, {"state": record.snapshot()})
+
+
 def _drifted(*, expected: Any, actual: Any, what: str) -> WorldResult:
     return _error(
         412,
@@ -154,10 +162,7 @@ def hr_user_delete(*, email: str, after_snapshot: Any = None) -> WorldResult:
 
 
 def hr_user_read(*, email: str) -> WorldResult:
-    user = HrUser.objects.filter(email=email).first()
-    if user is None:
-        return _error(404, "not_found", f"No HR record for {email}.")
-    return WorldResult(200, {"state": user.snapshot()})
+    return _state(HrUser.objects.filter(email=email).first(), missing=f"No HR record for {email}.")
 
 
 def hr_user_edit_by_person(*, email: str, who: str, **changes: Any) -> WorldResult:
@@ -279,10 +284,7 @@ def email_send_correction(*, message_id: int, body: str = "") -> WorldResult:
 
 
 def ticket_read(*, ticket_id: str) -> WorldResult:
-    ticket = CrmTicket.objects.filter(pk=ticket_id).first()
-    if ticket is None:
-        return _error(404, "not_found", f"No ticket {ticket_id}.")
-    return WorldResult(200, {"state": ticket.snapshot()})
+    return _state(CrmTicket.objects.filter(pk=ticket_id).first(), missing=f"No ticket {ticket_id}.")
 
 
 def _edit_refused(changes: dict[str, Any], *, editable: tuple[str, ...], what: str) -> WorldResult | None:
@@ -354,10 +356,7 @@ def ticket_restore(*, ticket_id: str, before_snapshot: Any, after_snapshot: Any)
 
 
 def contact_read(*, contact_id: str) -> WorldResult:
-    contact = CrmContact.objects.filter(pk=contact_id).first()
-    if contact is None:
-        return _error(404, "not_found", f"No contact {contact_id}.")
-    return WorldResult(200, {"state": contact.snapshot()})
+    return _state(CrmContact.objects.filter(pk=contact_id).first(), missing=f"No contact {contact_id}.")
 
 
 CONTACT_EDITABLE = ("tier", "owner", "email")
