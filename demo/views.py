@@ -134,6 +134,16 @@ def _after_snapshot(payload: dict[str, Any]) -> dict[str, Any]:
     return after if isinstance(after, dict) else {}
 
 
+def _made_id(payload: dict[str, Any], name: str, kind: type) -> Any:
+    """An id the world made when the action ran (a payment's, a sent message's): the compensation's
+    args' ``name``, else the after snapshot's, since the agent cannot know it when it records the
+    action. Required, of type ``kind`` (a text id not empty)."""
+    value = _webhook_args(payload).get(name) or _after_snapshot(payload).get(name)
+    if not isinstance(value, kind) or value == "":
+        raise BadRequest(f"args.{name} (or after_snapshot.{name}) is required.", field=f"args.{name}")
+    return value
+
+
 # --- Forward operations (what the agents call) ------------------------------------------------
 
 
@@ -241,12 +251,7 @@ def saga_cancel_license(request: HttpRequest, payload: dict[str, Any]) -> Handle
 @world_endpoint("email.send_correction")
 def saga_send_correction(request: HttpRequest, payload: dict[str, Any]) -> Handler:
     args = _webhook_args(payload)
-    after = _after_snapshot(payload)
-    message_id = args.get("message_id") or after.get("message_id")
-    if not isinstance(message_id, int):
-        raise BadRequest(
-            "args.message_id (or after_snapshot.message_id) is required.", field="args.message_id"
-        )
+    message_id = _made_id(payload, "message_id", int)
     # No body (or not a string): the world writes its standard correction text.
     body = args.get("body")
     if not isinstance(body, str):
@@ -271,13 +276,7 @@ def saga_restore_ticket(request: HttpRequest, payload: dict[str, Any]) -> Handle
 @world_endpoint("payments.refund_charge")
 def saga_refund(request: HttpRequest, payload: dict[str, Any]) -> Handler:
     args = _webhook_args(payload)
-    after = _after_snapshot(payload)
-    # The agent cannot know the payment id when it records the charge; the after snapshot does.
-    payment_id = args.get("payment_id") or after.get("payment_id")
-    if not isinstance(payment_id, str) or not payment_id:
-        raise BadRequest(
-            "args.payment_id (or after_snapshot.payment_id) is required.", field="args.payment_id"
-        )
+    payment_id = _made_id(payload, "payment_id", str)
     reason = args.get("reason")
     if not isinstance(reason, str):
         reason = "saga compensation"
