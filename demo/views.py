@@ -134,6 +134,12 @@ def _after_snapshot(payload: dict[str, Any]) -> dict[str, Any]:
     return after if isinstance(after, dict) else {}
 
 
+def _text_arg(payload: dict[str, Any], name: str, *, default: str) -> str:
+    """An optional text of the compensation's args: ``default`` when it is missing or not a text."""
+    value = _webhook_args(payload).get(name)
+    return value if isinstance(value, str) else default
+
+
 def _made_id(payload: dict[str, Any], name: str, kind: type) -> Any:
     """An id the world made when the action ran (a payment's, a sent message's): the compensation's
     args' ``name``, else the after snapshot's, since the agent cannot know it when it records the
@@ -250,12 +256,9 @@ def saga_cancel_license(request: HttpRequest, payload: dict[str, Any]) -> Handle
 @require_POST
 @world_endpoint("email.send_correction")
 def saga_send_correction(request: HttpRequest, payload: dict[str, Any]) -> Handler:
-    args = _webhook_args(payload)
     message_id = _made_id(payload, "message_id", int)
     # No body (or not a string): the world writes its standard correction text.
-    body = args.get("body")
-    if not isinstance(body, str):
-        body = ""
+    body = _text_arg(payload, "body", default="")
     return lambda: services.email_send_correction(message_id=message_id, body=body)
 
 
@@ -275,11 +278,8 @@ def saga_restore_ticket(request: HttpRequest, payload: dict[str, Any]) -> Handle
 @require_POST
 @world_endpoint("payments.refund_charge")
 def saga_refund(request: HttpRequest, payload: dict[str, Any]) -> Handler:
-    args = _webhook_args(payload)
     payment_id = _made_id(payload, "payment_id", str)
-    reason = args.get("reason")
-    if not isinstance(reason, str):
-        reason = "saga compensation"
+    reason = _text_arg(payload, "reason", default="saga compensation")
     return lambda: services.payment_refund(payment_id=payment_id, reason=reason)
 
 
