@@ -1,5 +1,6 @@
 """Helpers for ``scripts/run.sh`` and ``scripts/manage.sh``: the embedded PostgreSQL under
-``.data/pg``, free ports, waiting for a URL, and the one-playground-per-data-directory rule.
+``.data/pg``, free ports, waiting for a URL (and for the server run.sh started to be the one
+listening on its port), and the one-playground-per-data-directory rule.
 Standard library plus the ``pgserver`` wheel (the ``local`` extra), so it runs from the venv
 before Django is configured.
 
