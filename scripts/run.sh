@@ -432,10 +432,11 @@ mcp_key=""
 MCP_GATEWAY_URL="http://127.0.0.1:$bound_port/mcp"
 
 say "Seeding demo runs through the API (the first time; later starts find them in place)"
-"$PY" manage.py seed_demo --url "$BASE_URL" --mcp-gateway "$MCP_GATEWAY_URL" 2>&1 | tee -a "$LOGS/seed.log"
+# --no-setup: the setup ran a moment ago (--setup-only, above); doing it again only costs seconds.
+"$PY" manage.py seed_demo --url "$BASE_URL" --no-setup --mcp-gateway "$MCP_GATEWAY_URL" 2>&1 | tee -a "$LOGS/seed.log"
 
 if [ "${SAGA_DEMO_TRAFFIC:-1}" != "0" ]; then
-  start demo-agents "$PY" manage.py seed_demo --url "$BASE_URL" --continuous
+  start demo-agents "$PY" manage.py seed_demo --url "$BASE_URL" --no-setup --continuous
 fi
 
 metrics_token="\$SAGA_METRICS_TOKEN"  # the one you passed

@@ -115,3 +115,10 @@ def test_an_mcp_url_that_is_not_one_is_refused_with_a_clear_error(db: Any) -> No
     with pytest.raises(CommandError, match="mcp-url"):
         _seed_demo(url="http://127.0.0.1:8000", setup_only=True, mcp_url="file:///etc/passwd")
     assert not Compensator.objects.filter(tool__startswith="people.").exists()
+
+
+def test_setup_only_and_no_setup_together_are_refused(db: Any) -> None:
+    # make run's seeding step skips the setup its --setup-only step has just done; both at once
+    # would do nothing at all, silently.
+    with pytest.raises(CommandError, match="--setup-only and --no-setup"):
+        _seed_demo(url="http://127.0.0.1:8000", setup_only=True, no_setup=True)
