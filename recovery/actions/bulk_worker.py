@@ -41,11 +41,12 @@ from infra import errors
 from infra.conf import saga
 from ledger.audit import Actor, audit_context, audit_record
 from ledger.models import AgentKey, Membership
+from ledger.transitions import compare_and_set
 from recovery import decisions, queueing
 from recovery.actions.cancellations import run_cancel
 from recovery.actions.compensations import unwind_start
 from recovery.actions.resolutions import item_close, item_resume
-from recovery.bulk.models import ERRORS_KEPT, BulkItem, BulkOperation
+from recovery.bulk.models import BULK_TRANSITIONS, ERRORS_KEPT, BulkItem, BulkOperation
 from recovery.models import RecoveryItem
 
 log = structlog.get_logger(__name__)
@@ -153,15 +154,19 @@ def _stop(bulk: BulkOperation, why: str) -> None:
         tally(locked.pk)
         locked.refresh_from_db()
         now = timezone.now()
-        # Not compare_and_set: decided under the bulk's row lock with its items in the same pass,
-        # and a bulk's states have no transition table.
-        BulkOperation.objects.filter(pk=locked.pk).update(
-            status=BulkOperation.Status.ABORTED,
-            abort_reason=message,
-            abort_code=AUTHORITY_LOST,
-            aborted_by_label=BULK.label[:200],
-            finished_at=now,
-            updated_at=now,
+        # Under the bulk's row lock, read running there; its items are released in the same pass.
+        compare_and_set(
+            locked,
+            table=BULK_TRANSITIONS,
+            to=BulkOperation.Status.ABORTED,
+            current=locked.status,
+            updates={
+                "abort_reason": message,
+                "abort_code": AUTHORITY_LOST,
+                "aborted_by_label": BULK.label[:200],
+                "finished_at": now,
+                "updated_at": now,
+            },
         )
         BulkItem.objects.filter(bulk_id=locked.pk, outcome=BulkItem.Outcome.PENDING).update(
             claimed_by="", claimed_until=None
@@ -359,8 +364,13 @@ def _finish(bulk_id: str) -> None:
             return
         tally(bulk_id)
         now = timezone.now()
-        BulkOperation.objects.filter(pk=bulk_id).update(
-            status=BulkOperation.Status.FINISHED, finished_at=now, updated_at=now
+        # Under the row lock, read running there.
+        compare_and_set(
+            bulk,
+            table=BULK_TRANSITIONS,
+            to=BulkOperation.Status.FINISHED,
+            current=bulk.status,
+            updates={"finished_at": now, "updated_at": now},
         )
         bulk.refresh_from_db()
         record(

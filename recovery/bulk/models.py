@@ -93,6 +93,15 @@ class BulkOperation(models.Model):
         return self.done + self.failed + self.skipped
 
 
+# A bulk runs until its last item is decided (finished), or until an operator aborts it or its
+# starter loses the right to carry it on (aborted). Each move is under the operation's row lock.
+BULK_TRANSITIONS: dict[str, set[str]] = {
+    BulkOperation.Status.RUNNING: {BulkOperation.Status.FINISHED, BulkOperation.Status.ABORTED},
+    BulkOperation.Status.FINISHED: set(),
+    BulkOperation.Status.ABORTED: set(),
+}
+
+
 class BulkItem(models.Model):
     """One matched item: its state when the bulk started (an item changed since is skipped, never
     forced) and its outcome, written in the same transaction as its decision, so a worker killed
