@@ -128,16 +128,18 @@ def _writes_status(call: ast.Call, *, carrying: set[str], assigned: set[str]) ->
 
 
 def _sql_sets_status(tree: ast.AST) -> set[int]:
+    """The lines of SQL strings (f-strings' literal parts too) that set a status."""
     found = set()
     for node in ast.walk(tree):
-        text = ""
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             text = node.value
         elif isinstance(node, ast.JoinedStr):
             text = "".join(
                 p.value for p in node.values if isinstance(p, ast.Constant) and isinstance(p.value, str)
             )
-        if text and SQL_SETS_STATUS.search(text):
+        else:
+            continue
+        if SQL_SETS_STATUS.search(text):
             found.add(node.lineno)
     return found
 
