@@ -10,7 +10,8 @@ there first makes this one update nothing. Its callers differ only in what losin
 - ``try_compare_and_set`` answers None instead (an agent acknowledging a command twice, a worker
   whose lease was fenced off: the caller goes on either way);
 - ``compare_and_set_rows`` moves a queryset's rows in one UPDATE and counts those that moved (an
-  outbox claim, a sweep giving up on a batch).
+  outbox claim, a sweep giving up on a batch, a bulk item's ``outcome``: its status by another
+  name).
 
 A caller that holds the row's lock (``select_for_update``) passes the state it read there as
 ``current``: the UPDATE then cannot lose, and the lock stays the caller's. ``updated_at`` is
@@ -19,8 +20,9 @@ written with the move when the model has one (approvals and agent commands have 
 The tables of the recovery app's objects sit beside their models or in the module that owns
 their states: items, unwinds and steps in ``recovery/models.py``; approvals in
 ``recovery.transitions.approvals``; agent commands in ``recovery.actions.commands``; bulk
-operations in ``recovery.bulk.models``; the outbox in ``recovery.notifications.delivery``. The
-record does not know about the decisions, but the decisions use the same compare-and-set.
+operations and their items' outcomes in ``recovery.bulk.models``; the outbox in
+``recovery.notifications.delivery``. The record does not know about the decisions, but the
+decisions use the same compare-and-set.
 """
 
 from __future__ import annotations
@@ -112,9 +114,10 @@ def _move(
     sources: Iterable[str],
     updates: Mapping[str, Any] | None,
     when: Mapping[str, Q] | None = None,
+    column: str = "status",
 ) -> tuple[int, dict[str, Any]]:
-    """The one UPDATE behind every status change: ``rows`` whose status is one of ``sources`` (and,
-    in a state ``when`` names, that also meet its condition) become ``to``, with ``updates``.
+    """The one UPDATE behind every status change: ``rows`` whose ``column`` is one of ``sources``
+    (and, in a state ``when`` names, that also meet its condition) become ``to``, with ``updates``.
     ``updated_at`` is written when the model has one (a queryset's UPDATE skips ``auto_now``);
     ``updates`` may set it, so that it reads the same clock as the caller's other columns.
     Returns how many rows moved, and the columns written."""
@@ -123,8 +126,8 @@ def _move(
         return 0, {}  # no state may become ``to``: an empty condition would match every row
     condition = Q()
     for state in sources:
-        condition |= Q(status=state) & (when or {}).get(state, Q())
-    fields: dict[str, Any] = {"status": to}
+        condition |= Q(**{column: state}) & (when or {}).get(state, Q())
+    fields: dict[str, Any] = {column: to}
     if any(field.name == "updated_at" for field in rows.model._meta.concrete_fields):
         fields["updated_at"] = timezone.now()
     fields.update(updates or {})
@@ -217,17 +220,19 @@ def compare_and_set_rows(
     allowed_from: Iterable[str] | None = None,
     when: Mapping[str, Q] | None = None,
     updates: Mapping[str, Any] | None = None,
+    column: str = "status",
 ) -> int:
     """Move every row of ``rows`` whose status is a source of ``to`` (``allowed_from`` narrows
     them) in one UPDATE; return how many moved. A row another process moved first, or that is
     in no source state, is left as it is: counted out, not an error. ``when``: a further condition
     per source state, which a row in that state must also meet (an outbox claim takes a pending
-    row when it is due, a sending one when its lease expired)."""
+    row when it is due, a sending one when its lease expired). ``column``: the state's column when
+    it is not ``status`` (a bulk item's ``outcome``)."""
     sources = list(allowed_from) if allowed_from is not None else _sources_for(table, to)
     unknown = set(when or {}) - set(sources)
     if unknown:
         raise ValueError(f"{sorted(unknown)} cannot become {to}: a condition for no source state")
-    return _move(rows, to=to, sources=sources, updates=updates, when=when)[0]
+    return _move(rows, to=to, sources=sources, updates=updates, when=when, column=column)[0]
 
 
 def transition(

@@ -6,7 +6,8 @@ A module writes a status directly when it passes ``status`` to a queryset's ``up
 ``update_or_create``'s defaults), names it in ``save(update_fields=…)`` or ``bulk_update(…)``,
 spreads into one of those a dict it put a ``status`` in, assigns ``obj.status`` and then saves
 ``obj`` whole, or runs SQL that sets it. Inserts (``create``, ``bulk_create``, the benchmark
-seeding's COPY) are a row's first state, not a change, and are not counted.
+seeding's COPY) are a row's first state, not a change, and are not counted. A bulk item's
+``outcome`` is its status under another name, and is held to the same rule.
 
 Left out, each for its reason: the helper itself; migrations, which run against the historical
 models of their time (neither the helper nor today's tables describe those); and the test suite,
@@ -23,8 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("ledger", "recovery", "saga_admin", "dashboard", "infra")
 HELPER = "ledger/transitions.py"
 WRITES = {"update", "update_or_create", "bulk_update", "save"}
+# The state columns: every model's ``status``, and a bulk item's ``outcome``.
+STATES = frozenset({"status", "outcome"})
 # ``UPDATE … SET … status =`` before any WHERE (a WHERE comparing the status is a read).
-SQL_SETS_STATUS = re.compile(r"\bUPDATE\b.*?\bSET\b(?:(?!\bWHERE\b).)*?\bstatus\s*=", re.I | re.S)
+SQL_SETS_STATUS = re.compile(
+    rf"\bUPDATE\b.*?\bSET\b(?:(?!\bWHERE\b).)*?\b(?:{'|'.join(sorted(STATES))})\s*=", re.I | re.S
+)
 
 
 def _names_status(node: ast.AST) -> bool:
@@ -32,14 +37,14 @@ def _names_status(node: ast.AST) -> bool:
     keyword."""
     for child in ast.walk(node):
         if isinstance(child, ast.Dict) and any(
-            isinstance(key, ast.Constant) and key.value == "status" for key in child.keys
+            isinstance(key, ast.Constant) and key.value in STATES for key in child.keys
         ):
             return True
         if isinstance(child, (ast.List, ast.Tuple, ast.Set)) and any(
-            isinstance(elt, ast.Constant) and elt.value == "status" for elt in child.elts
+            isinstance(elt, ast.Constant) and elt.value in STATES for elt in child.elts
         ):
             return True
-        if isinstance(child, ast.Call) and any(k.arg == "status" for k in child.keywords):
+        if isinstance(child, ast.Call) and any(k.arg in STATES for k in child.keywords):
             return True
     return False
 
@@ -61,7 +66,7 @@ def _status_dicts(function: ast.AST) -> set[str]:
                     isinstance(target, ast.Subscript)
                     and isinstance(target.value, ast.Name)
                     and isinstance(target.slice, ast.Constant)
-                    and target.slice.value == "status"
+                    and target.slice.value in STATES
                 ):
                     names.add(target.value.id)
         if (
@@ -69,7 +74,7 @@ def _status_dicts(function: ast.AST) -> set[str]:
             and isinstance(node.func, ast.Attribute)
             and node.func.attr == "update"
             and isinstance(node.func.value, ast.Name)
-            and (any(k.arg == "status" for k in node.keywords) or any(_names_status(a) for a in node.args))
+            and (any(k.arg in STATES for k in node.keywords) or any(_names_status(a) for a in node.args))
         ):
             names.add(node.func.value.id)
     return names
@@ -89,7 +94,7 @@ def _status_assigned(function: ast.AST) -> set[str]:
         for target in targets:
             if (
                 isinstance(target, ast.Attribute)
-                and target.attr == "status"
+                and target.attr in STATES
                 and isinstance(target.value, ast.Name)
             ):
                 names.add(target.value.id)
@@ -100,7 +105,7 @@ def _status_assigned(function: ast.AST) -> set[str]:
             and len(node.args) >= 2
             and isinstance(node.args[0], ast.Name)
             and isinstance(node.args[1], ast.Constant)
-            and node.args[1].value == "status"
+            and node.args[1].value in STATES
         ):
             names.add(node.args[0].id)
     return names
@@ -116,7 +121,7 @@ def _writes_status(call: ast.Call, *, carrying: set[str], assigned: set[str]) ->
     if verb == "save" and fields is None:
         # A whole save writes every column, the status just assigned too.
         return isinstance(receiver, ast.Name) and receiver.id in assigned
-    if any(k.arg == "status" for k in call.keywords):
+    if any(k.arg in STATES for k in call.keywords):
         return True  # a queryset's update, or a dict's on its way to one (``updates.update(status=…)``)
     passed = [*call.args, *(k.value for k in call.keywords)] if verb != "save" else [fields]
     if verb != "update" and any(_names_status(arg) for arg in passed if arg is not None):
@@ -225,6 +230,7 @@ PLANTED = {
     "bulk_update": "def f(M, objs):\n    M.objects.bulk_update(objs, ['status'])\n",
     "bulk_update by keyword": "def f(M, objs):\n    M.objects.bulk_update(objs, fields=('at', 'status'))\n",
     "update_or_create": "def f(M):\n    M.objects.update_or_create(pk=1, defaults={'status': 'x'})\n",
+    "another state column": "def f(rows):\n    rows.filter(pk=1).update(outcome='done', code='')\n",
     "raw SQL": "def f(c):\n    c.execute('UPDATE t SET at = now(), status = %s WHERE id = %s', [1, 2])\n",
 }
 

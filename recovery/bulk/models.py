@@ -146,3 +146,13 @@ class BulkItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.bulk_id}/{self.item_id} ({self.outcome})"
+
+
+# An item's outcome is written once, in the transaction of its decision (or of the failure that
+# stopped it), while it is still pending.
+BULK_ITEM_OUTCOMES: dict[str, set[str]] = {
+    BulkItem.Outcome.PENDING: {BulkItem.Outcome.DONE, BulkItem.Outcome.FAILED, BulkItem.Outcome.SKIPPED},
+    BulkItem.Outcome.DONE: set(),
+    BulkItem.Outcome.FAILED: set(),
+    BulkItem.Outcome.SKIPPED: set(),
+}
