@@ -208,8 +208,25 @@ def test_it_moves_every_status_through_the_compare_and_set():
 
 
 def test_the_helper_is_the_one_that_writes():
-    # The helper's own UPDATE is the shape this test looks for: the exclusion is what lets it be.
-    assert _status_writes_in((ROOT / HELPER).read_text()) != []
+    """The exclusion is no blind spot: it holds the one UPDATE (``_move``), of ``status`` unless
+    its caller names another state column."""
+    tree = ast.parse((ROOT / HELPER).read_text())
+    move = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_move")
+    defaults = {
+        arg.arg: default.value
+        for arg, default in zip(move.args.kwonlyargs, move.args.kw_defaults, strict=True)
+        if isinstance(default, ast.Constant)
+    }
+    assert defaults.get("column") == "status"
+    spread_updates = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "update"
+        and any(k.arg is None for k in n.keywords)
+    ]
+    assert len(spread_updates) == 1 and spread_updates[0] in list(ast.walk(move))
 
 
 PLANTED = {
