@@ -144,9 +144,8 @@ def _move_one(
     current: str | None,
     where: Mapping[str, Any] | None,
 ) -> tuple[bool, str]:
-    """(True, the status it moved from) or (False, the status that stopped it: the one the caller
-    saw, not a source here, or the one the row had when the UPDATE matched nothing: None read
-    yet)."""
+    """(True, the state it moved from); (False, the state the caller saw) when that is no source
+    of ``to``; (False, "") when the UPDATE matched nothing (the row's state is not read here)."""
     sources = list(allowed_from) if allowed_from is not None else _sources_for(table, to)
     model = type(obj)
     if current is None and len(sources) == 1:
@@ -222,7 +221,7 @@ def compare_and_set_rows(
     updates: Mapping[str, Any] | None = None,
     column: str = "status",
 ) -> int:
-    """Move every row of ``rows`` whose status is a source of ``to`` (``allowed_from`` narrows
+    """Move every row of ``rows`` whose state is a source of ``to`` (``allowed_from`` narrows
     them) in one UPDATE; return how many moved. A row another process moved first, or that is
     in no source state, is left as it is: counted out, not an error. ``when``: a further condition
     per source state, which a row in that state must also meet (an outbox claim takes a pending
