@@ -7,7 +7,7 @@ import { AsyncLocalStorage } from "node:async_hooks";
 import { Api } from "./api.js";
 import { NoActiveRun } from "./errors.js";
 import { Http, type Settings } from "./http.js";
-import { Run, type StepContext } from "./run.js";
+import { Run, type StepArgs, type StepContext } from "./run.js";
 import type { Action, ActionVerify, Checkpoint, Command, Compensation, Policies, Run as RunData, RunDetail, Target, Trail } from "./types.js";
 
 export interface SagaOptions {
@@ -49,7 +49,7 @@ export interface ToolOptions<A> {
 }
 
 /** A function each call of which is a step of the run active in its async context. */
-export type SagaTool<A extends Record<string, unknown>, R> = ((args: A) => Promise<R>) & { readonly toolName: string };
+export type SagaTool<A extends StepArgs, R> = ((args: A) => Promise<R>) & { readonly toolName: string };
 
 const active = new AsyncLocalStorage<Run>();
 
@@ -164,8 +164,9 @@ export class Saga {
    * Make each call of `fn` a step of the run active in the caller's async context (the innermost
    * `saga.run(...)` scope), with its one argument object as the step's `args`. `target` and
    * `compensate` may be functions of those args. Called outside a run it throws `NoActiveRun`.
+   * The argument may be of any object type, an `interface` too (not an array or a primitive).
    */
-  tool<A extends Record<string, unknown>, R>(
+  tool<A extends StepArgs, R>(
     name: string,
     fn: (args: A, context: StepContext) => R | Promise<R>,
     options: ToolOptions<A> = {},
