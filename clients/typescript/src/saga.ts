@@ -51,7 +51,11 @@ export interface ToolOptions<A> {
 /** A function each call of which is a step of the run active in its async context. */
 export type SagaTool<A extends StepArgs, R> = ((args: A) => Promise<R>) & { readonly toolName: string };
 
-const active = new AsyncLocalStorage<Run>();
+// One store per process, not per copy of this module: the ESM build (`import`) and the CommonJS
+// one (`require`) can both be loaded in one process (an app that requires the client, a library
+// that imports it), and a tool of either must see a run scope of the other.
+const ACTIVE_RUN = Symbol.for("@saga-admin/client.active-run");
+const active = ((globalThis as { [ACTIVE_RUN]?: AsyncLocalStorage<Run> })[ACTIVE_RUN] ??= new AsyncLocalStorage<Run>());
 
 /** The run of the innermost `saga.run(...)` scope this code runs in, if any. */
 export function currentRun(): Run | undefined {
