@@ -95,6 +95,12 @@ def test_the_typescript_suite_passes_against_a_live_server(
 def test_the_packed_package_installs_alone_into_an_empty_project_and_its_example_runs(
     npm: Npm, live_server, agent_key, onboarding_policies, tmp_path: Path
 ):
+    # Before `npm ci` (a fresh checkout) packing says what to do, not `tsc: not found`.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(PACKAGE / "package.json", bare / "package.json")
+    unready = npm.run(npm.npm, "run", "-s", "prepack", cwd=bare)
+    assert unready.returncode != 0 and "run npm ci first (then npm pack)" in unready.stderr, report(unready)
     # `npm pack` right after `npm ci` (the fixture), as from a fresh checkout: nothing built
     # beforehand, so its `prepack` builds `dist` (ESM and CommonJS) with the locked tsc.
     shutil.rmtree(PACKAGE / "dist", ignore_errors=True)
