@@ -24,7 +24,7 @@ from recovery.compensators import Outcome
 from recovery.models import Notification, Unwind, UnwindStep
 from recovery.unwinds.advance import unwind_advance_move
 from recovery.unwinds.dispatch import drive_job_timeout, enqueue_step, step_lease_seconds, step_timeout_of
-from recovery.unwinds.runner import step_record_outcome
+from recovery.unwinds.runner import step_log_fields, step_record_outcome
 from recovery.unwinds.state import ENGINE, IN_FLIGHT, step_transition
 
 log = structlog.get_logger(__name__)
@@ -183,17 +183,7 @@ def _step_lease_expired(*, step_id: str, now: datetime) -> bool:
         data={"attempt": step.attempts, "lease_token": step.lease_token},
     )
     enqueue_step(step.pk, step_timeout_s=step_timeout_of(step.unwind))
-    log.warning(
-        "unwinds.step_retried",
-        run_id=unwind.run_id,
-        unwind_id=unwind.pk,
-        step_id=step.pk,
-        tool=step.tool or step.action.tool,
-        attempt=step.attempts,
-        max_attempts=step.max_attempts,
-        reason=message,
-        cause="lease_expired",
-    )
+    log.warning("unwinds.step_retried", **step_log_fields(step), reason=message, cause="lease_expired")
     return True
 
 
