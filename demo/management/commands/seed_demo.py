@@ -98,10 +98,7 @@ class Command(BaseCommand):
         logging.getLogger("httpx2").setLevel(logging.WARNING)
         logging.getLogger("mcp").setLevel(logging.WARNING)
         url = url.rstrip("/")
-        if setup_only and no_setup:
-            raise CommandError("--setup-only and --no-setup ask for opposite things; give one.")
-        if not no_setup:
-            self._setup(url, mcp_url)
+        self._setup(url, mcp_url, setup_only=setup_only, skip=no_setup)
         if setup_only:
             return
 
@@ -132,7 +129,13 @@ class Command(BaseCommand):
         finally:
             demo.close()
 
-    def _setup(self, url: str, mcp_url: str) -> None:
+    def _setup(self, url: str, mcp_url: str, *, setup_only: bool, skip: bool) -> None:
+        """The demo setup, unless ``skip`` (--no-setup: make run's --setup-only step has just
+        done it)."""
+        if setup_only and skip:
+            raise CommandError("--setup-only and --no-setup ask for opposite things; give one.")
+        if skip:
+            return
         try:
             setup = demo_setup(base_url=url, mcp_url=mcp_url)
         except PolicyFileError as exc:
