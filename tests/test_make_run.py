@@ -570,6 +570,9 @@ def test_stopping_make_run_or_a_second_make_run_is_not_reported_as_an_error(data
     env = child_env(data_dir, PORT=str(free_port()))
     pid, fd = pty.fork()
     if pid == 0:  # the child: make run in the pseudo-terminal
+        # As in a terminal: a suite started in the background (`pytest &`) ignores SIGINT, and a
+        # shell cannot trap a signal ignored when it started.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.chdir(ROOT)
         os.execvpe(MAKE, MAKE_RUN, env)
     out = bytearray()
