@@ -227,12 +227,20 @@ class Api:
         return list(data["commands"])
 
     def complete_run(
-        self, run_id: str, summary: str = "", *, idempotency_key: str | None = None
+        self,
+        run_id: str,
+        summary: str = "",
+        *,
+        withdraw_approvals: bool = False,
+        idempotency_key: str | None = None,
     ) -> Flow[RunDict]:
+        body: dict[str, Any] = {"summary": summary}
+        if withdraw_approvals:
+            body["withdraw_approvals"] = True
         return self.call(
             "POST",
             f"/runs/{run_id}/complete",
-            json_body={"summary": summary},
+            json_body=body,
             idempotency_key=idempotency_key or f"complete-{run_id}",
         )
 
@@ -243,11 +251,14 @@ class Api:
         *,
         failed_action_id: str | None = None,
         reason: str = "failed",
+        withdraw_approvals: bool = False,
         idempotency_key: str | None = None,
     ) -> Flow[RunFailDict]:
         body: dict[str, Any] = {"error": error[:_MAX_ERROR] or "failed", "reason": reason}
         if failed_action_id:
             body["failed_action_id"] = failed_action_id
+        if withdraw_approvals:
+            body["withdraw_approvals"] = True
         return self.call(
             "POST",
             f"/runs/{run_id}/fail",
