@@ -137,7 +137,9 @@ def _too_deep(max_depth: int, *, at: str | None) -> BodyRejected:
     details: dict[str, Any] = {"max_depth": max_depth}
     if at is not None:
         details["at"] = at
-    return BodyRejected(422, "invalid_request", f"The JSON body is nested deeper than {max_depth} levels.", details)
+    return BodyRejected(
+        422, "invalid_request", f"The JSON body is nested deeper than {max_depth} levels.", details
+    )
 
 
 def _path(entry: Any, key: Any = None) -> str:
