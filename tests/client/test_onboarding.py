@@ -258,10 +258,19 @@ def test_a_run_left_with_a_recorded_step_awaiting_approval_is_parked_not_complet
     assert Action.objects.get(pk=recorded["id"]).status == "rejected"
 
 
-def test_an_unknown_tool_is_gated_by_the_default_policy(saga):
+def test_an_unknown_tool_is_gated_by_the_default_policy_and_the_client_says_so_once(saga, caplog):
     assert not ToolPolicy.objects.filter(tool="db.drop_table").exists()
-    with pytest.raises(ApprovalTimeout), saga.run(agent="ops", request="Clean up") as run:
-        run.step("db.drop_table", args={"table": "users"}, do=lambda: None, approval_timeout_s=0.2)
+    with caplog.at_level("WARNING", logger="saga_client"):
+        with pytest.raises(ApprovalTimeout), saga.run(agent="ops", request="Clean up") as run:
+            run.step("db.drop_table", args={"table": "users"}, do=lambda: None, approval_timeout_s=0.2)
+        with saga.run(agent="ops", request="Clean up again") as again:
+            again.record("db.drop_table", args={"table": "orders"})
+            again.complete("left for later", withdraw_approvals=True)
+    said = [r.getMessage() for r in caplog.records if "No policy names db.drop_table" in r.getMessage()]
+    assert said == [
+        "saga: No policy names db.drop_table; the default applied (risk high, approval manual). "
+        "Check the tool's name, or add a policy for it."
+    ]
 
 
 def test_heartbeat_returns_commands_and_ack_clears_them(saga, alice):
