@@ -3,7 +3,9 @@ each role grants a fixed set of capabilities. Views hide what a role may not use
 again on the server (``require``), so a hand-crafted POST is refused with 403.
 
 Tenant visibility is separate from capabilities: an object in a tenant the user has no
-membership in is not found (404), never forbidden, so its existence does not leak.
+membership in is not found (404), never forbidden, so its existence does not leak. The tenants a
+user sees are their memberships (a superuser's too): ``tenant_ids_for``, ``tenants_for`` (the
+pickers) and ``reach_for``, the ``ledger.scoping.Reach`` every lookup on their behalf narrows to.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
 from ledger.models import Membership, Tenant
+from ledger.scoping import Reach
 
 
 class Capability(enum.StrEnum):
@@ -55,6 +58,16 @@ def roles_for(user: Someone) -> dict[int, str]:
 
 def tenant_ids_for(user: Someone) -> list[int]:
     return sorted(roles_for(user))
+
+
+def tenants_for(user: Someone) -> list[Tenant]:
+    """The tenants a user sees, by slug (the tenant pickers of the queue, insights, policies and
+    pauses pages)."""
+    return list(Tenant.objects.filter(pk__in=tenant_ids_for(user)).order_by("slug"))
+
+
+def reach_for(user: Someone) -> Reach:
+    return Reach.of_tenants(tenant_ids_for(user))
 
 
 def can(user: Someone, capability: Capability, tenant_id: int) -> bool:

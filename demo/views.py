@@ -22,7 +22,7 @@ from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from dashboard.selectors.tenants import visible_tenants
+from dashboard.permissions import tenants_for
 from demo import services
 from demo.models import CrmContact, CrmTicket, HrUser, OutboxEmail, Payment, WorkspaceLicense
 from demo.services import WorldResult
@@ -291,7 +291,7 @@ def saga_refund(request: HttpRequest, payload: dict[str, Any]) -> Handler:
 def overview(request: HttpRequest) -> HttpResponse:
     """What the pretend systems hold right now, to watch a compensation put them back: the rows
     of the signed-in person's tenants only (their memberships), as on every other page."""
-    tenants = [t.slug for t in visible_tenants(user=request.user)]
+    tenants = [t.slug for t in tenants_for(request.user)]
     mine = {"tenant_slug__in": tenants}
     context = {
         "hr_users": HrUser.objects.filter(**mine).order_by("-created_at")[:50],

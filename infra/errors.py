@@ -43,7 +43,7 @@ class RunArchived(SagaError):
     """410 ``archived``: the run was moved to its archive by retention (``ledger.models.ArchivedRun``)
     and removed from the database; ``details``: ``archive`` (the URL of its manifest) and
     ``archived_at``. Only said to a caller who could have reached the run: anyone else gets the
-    ``NotFound`` of a run that never existed (``ledger.selectors.archived_run_for_key``)."""
+    ``NotFound`` of a run that never existed (``ledger.selectors.archived_run_get``)."""
 
     status = 410
     code = "archived"

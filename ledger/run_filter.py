@@ -16,7 +16,6 @@ trigram index over the run's request and external id (where pg_trgm exists).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -24,10 +23,10 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from infra import errors
 from infra.pagination import NEWEST_FIRST, Key, Page, merged_keyset_page
-from ledger.models import Action, Run, Tenant
+from ledger import scoping
+from ledger.models import Action, Run
+from ledger.scoping import Tenants
 from ledger.tool_names import TOOL_NAME_MAX_LENGTH
-
-Tenants = Tenant | Iterable[Tenant] | Iterable[int]
 
 # Runs newest first: when they started, then the id (unique: a cursor never skips or repeats).
 RUNS_ORDER: tuple[Key, ...] = NEWEST_FIRST
@@ -40,14 +39,6 @@ _TOOL_FILTER = re.compile(rf"[A-Za-z0-9_.:/\-*?]{{1,{TOOL_NAME_MAX_LENGTH}}}")
 TOOL_FILTER_RULE = "an exact tool name (letters, digits, . _ - : /) or a glob with * and ?, like crm.update_*"
 # Control characters: PostgreSQL refuses a NUL in text, and none belongs in a name or a search.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _tenant_ids(tenants: Tenants) -> list[int]:
-    return (
-        [tenants.pk]
-        if isinstance(tenants, Tenant)
-        else [t.pk if isinstance(t, Tenant) else t for t in tenants]
-    )
 
 
 def _refuse(field: str, message: str) -> errors.ValidationFailed:
@@ -107,7 +98,7 @@ class RunFilter:
 
     def runs(self, *, tenants: Tenants) -> QuerySet[Run]:
         """The runs of ``tenants`` that every field but the search matches."""
-        tenant_ids = _tenant_ids(tenants)
+        tenant_ids = scoping.tenant_ids(tenants)
         queryset = Run.objects.filter(tenant_id__in=tenant_ids)
         if self.tenant_slug:
             queryset = queryset.filter(tenant__slug=self.tenant_slug)
@@ -132,7 +123,7 @@ class RunFilter:
         """The runs the search names exactly, as a run id, an external id, an action id or an
         action's target id; each is found through its own index (a union, not one OR across the
         tables, which no index serves)."""
-        tenant_ids = _tenant_ids(tenants)
+        tenant_ids = scoping.tenant_ids(tenants)
         term = self.search
         by_action = Action.objects.filter(tenant_id__in=tenant_ids)
         ids = (
@@ -169,7 +160,7 @@ def runs_page(
     # One page per tenant, merged: each reads its own newest runs (``run_tenant_*`` indexes), so a
     # neighbour tenant's burst of runs never lies between a tenant and its own (PostgreSQL cannot
     # walk one index in order for several tenants under a LIMIT; it would filter the global order).
-    tenant_ids = _tenant_ids(tenants)
+    tenant_ids = scoping.tenant_ids(tenants)
     matched = [run_filter.matching(tenants=[tenant_id]) for tenant_id in tenant_ids] or [
         run_filter.matching(tenants=tenant_ids)
     ]

@@ -1,115 +1,64 @@
-"""Reads shared by the API and the dashboard. Every lookup is scoped to a tenant (or a set of
-tenants): another tenant's object is simply not found."""
+"""Reads shared by the API and the dashboard. Every lookup is narrowed to the caller's reach
+(``ledger.scoping``): another tenant's object, or another agent's run, is simply not found."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any
 
-from django.db.models import Model, Q, QuerySet, Subquery
+from django.db.models import Q, QuerySet, Subquery
 
-from infra import errors
 from infra.pagination import Key, Page, keyset_page
-from ledger.models import Action, ActionClass, AgentKey, ArchivedRun, Checkpoint, Run, Tenant
+from ledger.models import Action, ActionClass, AgentKey, ArchivedRun, Checkpoint, Run
 from ledger.rules import COMPENSATABLE_CLASSES, is_pivot, pivot_order_warning
-
-M = TypeVar("M", bound=Model)
-
-
-def get_for_tenants(
-    queryset: QuerySet[M], *, pk: str, tenants: Tenant | Iterable[Tenant] | Iterable[int]
-) -> M:
-    tenant_ids = [tenants.pk] if isinstance(tenants, Tenant) else [getattr(t, "pk", t) for t in tenants]
-    obj = queryset.filter(pk=pk, tenant_id__in=tenant_ids).first()
-    if obj is None:
-        raise errors.NotFound.for_id(queryset.model.__name__, str(pk))
-    return obj
+from ledger.scoping import Reach
 
 
-def run_get(*, tenant: Tenant, run_id: str) -> Run:
-    return get_for_tenants(Run.objects.select_related("tenant"), pk=run_id, tenants=tenant)
+def run_get(*, reach: Reach, run_id: str) -> Run:
+    return reach.get(Run.objects.select_related("tenant"), run_id, owner_field="owner")
 
 
-def action_get(*, tenant: Tenant, action_id: str) -> Action:
-    return get_for_tenants(Action.objects.select_related("run", "run__tenant"), pk=action_id, tenants=tenant)
+def action_get(*, reach: Reach, action_id: str) -> Action:
+    return reach.get(Action.objects.select_related("run", "run__tenant"), action_id, owner_field="run__owner")
 
 
-# --- What an API key reaches ------------------------------------------------------------------
+def runs_reached(*, reach: Reach) -> QuerySet[Run]:
+    """The runs ``reach`` lists (newest first is the caller's ordering)."""
+    return reach.filter(Run.objects, owner_field="owner")
 
 
-def run_reach(key: AgentKey, *, write: bool = False, path: str = "") -> Q:
-    """The one rule for which of its tenant's runs an API key reaches, as a filter on a run
-    (``path=""``) or on an object through its run (``path="run__"``).
-
-    A run belongs to the agent that created it: the name of the creating key (``Run.owner``).
-    Every key issued with that name is the same agent, so a rotated key keeps access and older
-    keys keep it until revoked. An ``agent`` key reaches only its agent's runs; a key with the
-    ``operator`` scope *reads* every run of its tenant, but writes as an agent (actions,
-    checkpoints, heartbeats, complete, fail, command acks) reach its own agent's runs only. A run
-    out of reach is not found, exactly like another tenant's."""
-    owner = reach_owner(key, write=write)
-    return Q(**{f"{path}owner": owner}) if owner is not None else Q()
-
-
-def reach_owner(key: AgentKey, *, write: bool = False) -> str | None:
-    """``run_reach`` as a value: the owner the key's runs must have, or None for every run of its
-    tenant (what a one-statement read, ``saga_admin.api.reads``, passes to its SQL)."""
-    if write or AgentKey.Scope.OPERATOR not in key.scopes:
-        return key.name
-    return None
-
-
-def run_get_for_key(*, key: AgentKey, run_id: str, write: bool = False) -> Run:
-    return get_for_tenants(
-        Run.objects.select_related("tenant").filter(run_reach(key, write=write)),
-        pk=run_id,
-        tenants=key.tenant,
-    )
-
-
-def archived_run_get(*, run_id: str, tenant_ids: Iterable[int], reach: Q | None = None) -> ArchivedRun | None:
-    """The tombstone of a run retention archived (``ArchivedRun``), if it was one of the tenants'
-    ``tenant_ids`` and is within ``reach`` (a ``run_reach`` filter: ``ArchivedRun.owner`` is the
-    run's); else None.
+def archived_run_get(*, reach: Reach, run_id: str) -> ArchivedRun | None:
+    """The tombstone of a run retention archived (``ArchivedRun``, whose ``owner`` is the run's),
+    if ``reach`` could have read that run; else None.
     Asked only after the run itself was not found, so a live run costs nothing more: the API
-    (``archived_run_for_key``) and the dashboard answer 410 with it instead of 404."""
-    found = ArchivedRun.objects.filter(pk=run_id, tenant_id__in=tenant_ids)
-    return found.filter(reach).first() if reach is not None else found.first()
-
-
-def archived_run_for_key(*, key: AgentKey, run_id: str) -> ArchivedRun | None:
-    """The tombstone of an archived run ``key`` could have read (``run_reach``: an agent key its own
-    agent's, an operator key any of its tenant's). Reading decides, for a write too: a run gone to
-    its archive takes no writes from anyone, and saying so tells a caller nothing a read would not;
-    anyone else gets the 404 of a run that never existed."""
-    return archived_run_get(run_id=run_id, tenant_ids=[key.tenant_id], reach=run_reach(key))
-
-
-def action_get_for_key(*, key: AgentKey, action_id: str, write: bool = False) -> Action:
-    return get_for_tenants(
-        Action.objects.select_related("run", "run__tenant").filter(run_reach(key, write=write, path="run__")),
-        pk=action_id,
-        tenants=key.tenant,
-    )
-
-
-def runs_for_key(key: AgentKey) -> QuerySet[Run]:
-    """The runs ``key`` may list (newest first is the caller's ordering)."""
-    return Run.objects.filter(run_reach(key), tenant_id=key.tenant_id)
+    (``saga_admin.api.common.archived_instead``, with the key's reach for reading: a run gone to
+    its archive takes no writes from anyone, and saying so tells a caller nothing a read would
+    not) and the dashboard answer 410 with it instead of 404; anyone else gets the 404 of a run
+    that never existed."""
+    return reach.first(ArchivedRun.objects, run_id, owner_field="owner")
 
 
 def run_reference_for_write(*, key: AgentKey, run_id: str) -> Run:
     """A reference (not a read) to the run ``key`` writes to as its agent, for a service that locks
-    the row itself: ``ledger.services.runs.run_lock`` scopes the lock to the reference's tenant and
-    owner, so another tenant's or another agent's run is not found there."""
-    return Run(pk=run_id, tenant=key.tenant, owner=key.name)
+    the row itself: ``ledger.services.runs.run_lock`` narrows the lock to the reference's reach
+    (``Reach.of_reference``: its tenant and owner), so another tenant's or another agent's run is
+    not found there."""
+    return Run(pk=run_id, tenant=key.tenant, owner=_writer(key))
 
 
 def action_reference_for_write(*, key: AgentKey, action_id: str) -> Action:
     """A reference (not a read) to an action ``key`` reports on as its agent, for a service whose
     write scopes it itself (``ledger.services.actions.moves``: its tenant, and runs whose owner is the
-    reference's ``owner``, the key's agent, ``run_reach``); out of reach, it is not found."""
-    return Action(pk=action_id, tenant=key.tenant, owner=key.name)
+    reference's ``owner``, the key's agent, ``Reach.of_key(write=True)``); out of reach, it is not
+    found."""
+    return Action(pk=action_id, tenant=key.tenant, owner=_writer(key))
+
+
+def _writer(key: AgentKey) -> str:
+    """The owner a key writes as (``ledger.scoping``'s owner rule: always its own agent)."""
+    owner = Reach.of_key(key, write=True).owner
+    assert owner is not None
+    return owner
 
 
 def checkpoints_for_run(*, run: Run) -> QuerySet[Checkpoint]:

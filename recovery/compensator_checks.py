@@ -200,7 +200,7 @@ def run_harmless(row: Compensator) -> list[CaseResult]:
     return _python(row)
 
 
-def visible_compensator(*, tenant: Tenant, compensator_id: int) -> Compensator | None:
+def compensator_in_force(*, tenant: Tenant, compensator_id: int) -> Compensator | None:
     """A compensator the tenant's pages list (``upstreams.compensators_in_force``): its own, or a
     global one it does not override."""
     in_force = upstreams.compensators_in_force(tenant_id=tenant.pk)

@@ -1,7 +1,8 @@
 """Reads shared by the operator API and the dashboard: the recovery queue (one filter, one
 search), the approval inbox (one rule for "pending"), items, unwinds and steps, a run's pending
-commands and the resume preview. Every lookup is tenant-scoped: another tenant's object is simply
-not found (404, never 403, so existence does not leak)."""
+commands and the resume preview. Every lookup is narrowed to the caller's reach
+(``ledger.scoping``): another tenant's object is simply not found (404, never 403, so existence
+does not leak)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,16 @@ from django.utils import timezone
 
 from infra import errors
 from infra.pagination import Page, keyset_page
-from ledger.models import Action, ActionClass, Checkpoint, Risk, Run, Tenant
-from ledger.selectors import checkpoint_latest, get_for_tenants
+from ledger import scoping
+from ledger.models import Action, ActionClass, Checkpoint, Risk, Run
+from ledger.scoping import Reach, Tenants
+from ledger.selectors import checkpoint_latest
 from ledger.services.runs import CANCELLABLE
 from ledger.tool_names import TOOL_NAME_MAX_LENGTH, check_tool_name, glob_regex, is_glob
 from recovery.bulk.models import BulkItem, BulkOperation
 from recovery.models import AgentCommand, Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.planner import PLANNABLE_STATUSES
 from recovery.transitions.approvals import pending_q
-
-Tenants = Tenant | Iterable[Tenant] | Iterable[int]
 
 # The longest text each of the filter's fields takes (longer is a 422, not a slow query).
 FILTER_TEXT_MAX_LENGTH = {
@@ -39,14 +40,6 @@ FILTER_TEXT_MAX_LENGTH = {
 QUEUE_STATUSES = ("unresolved", *RecoveryItem.Status.values, "all")
 # Newest first by id: ids are time-ordered ULIDs.
 _BY_ID_DESC = (("id", True),)
-
-
-def _tenant_ids(tenants: Tenants) -> list[int]:
-    return (
-        [tenants.pk]
-        if isinstance(tenants, Tenant)
-        else [t.pk if isinstance(t, Tenant) else t for t in tenants]
-    )
 
 
 def _choice(name: str, value: str | None, choices: Iterable[str]) -> str | None:
@@ -123,7 +116,7 @@ class QueueFilter:
 
     def items(self, *, tenants: Tenants, now: datetime | None = None) -> QuerySet[RecoveryItem]:
         """The items of ``tenants`` the filter matches."""
-        tenant_ids = _tenant_ids(tenants)
+        tenant_ids = scoping.tenant_ids(tenants)
         queryset = RecoveryItem.objects.filter(tenant_id__in=tenant_ids)
         if self.status == "unresolved":
             queryset = queryset.filter(status__in=RecoveryItem.UNRESOLVED)
@@ -204,11 +197,10 @@ def item_unresolved(*, run: Run) -> RecoveryItem | None:
     return RecoveryItem.objects.filter(run=run, status__in=RecoveryItem.UNRESOLVED).first()
 
 
-def item_get(*, tenants: Tenants, item_id: str) -> RecoveryItem:
-    return get_for_tenants(
+def item_get(*, reach: Reach, item_id: str) -> RecoveryItem:
+    return reach.get(
         RecoveryItem.objects.select_related("run", "run__tenant", "failed_action", "assignee", "claimed_by"),
-        pk=item_id,
-        tenants=tenants,
+        item_id,
     )
 
 
@@ -221,8 +213,8 @@ def item_age_seconds(item: RecoveryItem, *, now: datetime | None = None) -> int:
 # --- Bulk decisions by filter ----------------------------------------------------------------
 
 
-def bulk_get(*, tenants: Tenants, bulk_id: str) -> BulkOperation:
-    return get_for_tenants(BulkOperation.objects.select_related("tenant"), pk=bulk_id, tenants=tenants)
+def bulk_get(*, reach: Reach, bulk_id: str) -> BulkOperation:
+    return reach.get(BulkOperation.objects.select_related("tenant"), bulk_id)
 
 
 def bulk_items(*, bulk: BulkOperation, outcome: str, limit: int = 50) -> list[BulkItem]:
@@ -246,8 +238,8 @@ def bulks_for_run(*, run_id: str) -> list[BulkOperation]:
 # --- Unwinds and steps -----------------------------------------------------------------------
 
 
-def unwind_get(*, tenants: Tenants, unwind_id: str) -> Unwind:
-    return get_for_tenants(Unwind.objects.select_related("run", "item"), pk=unwind_id, tenants=tenants)
+def unwind_get(*, reach: Reach, unwind_id: str) -> Unwind:
+    return reach.get(Unwind.objects.select_related("run", "item"), unwind_id)
 
 
 def unwind_steps(*, unwind: Unwind) -> list[UnwindStep]:
@@ -258,15 +250,12 @@ def unwinds_for_run(*, run_id: str) -> list[Unwind]:
     return list(Unwind.objects.filter(run_id=run_id).order_by("-created_at"))
 
 
-def step_get(*, tenants: Tenants, step_id: str) -> UnwindStep:
-    step = (
-        UnwindStep.objects.select_related("unwind", "unwind__run", "action")
-        .filter(pk=step_id, unwind__tenant_id__in=_tenant_ids(tenants))
-        .first()
+def step_get(*, reach: Reach, step_id: str) -> UnwindStep:
+    return reach.get(
+        UnwindStep.objects.select_related("unwind", "unwind__run", "action"),
+        step_id,
+        tenant_field="unwind__tenant_id",
     )
-    if step is None:
-        raise errors.NotFound.for_id("UnwindStep", step_id)
-    return step
 
 
 # --- Approvals ---------------------------------------------------------------------------------
@@ -286,18 +275,14 @@ def latest_action_approvals(
     return {approval.action_id: approval for approval in queryset.order_by("created_at", "id")}
 
 
-def approval_get(*, tenants: Tenants, approval_id: str) -> Approval:
-    return get_for_tenants(
-        Approval.objects.select_related("run", "run__tenant", "action", "step"),
-        pk=approval_id,
-        tenants=tenants,
-    )
+def approval_get(*, reach: Reach, approval_id: str) -> Approval:
+    return reach.get(Approval.objects.select_related("run", "run__tenant", "action", "step"), approval_id)
 
 
 def approvals_pending(*, tenants: Tenants, now: datetime | None = None) -> QuerySet[Approval]:
     """Approvals waiting for a decision (``recovery.transitions.approvals.pending_q``: not past their expiry),
     the inbox's and the badge's one definition."""
-    return Approval.objects.filter(pending_q(now=now), tenant_id__in=_tenant_ids(tenants))
+    return Approval.objects.filter(pending_q(now=now), tenant_id__in=scoping.tenant_ids(tenants))
 
 
 def approvals_list(
@@ -313,7 +298,7 @@ def approvals_list(
     if status == Approval.Status.PENDING:
         queryset = approvals_pending(tenants=tenants)
     else:
-        queryset = Approval.objects.filter(tenant_id__in=_tenant_ids(tenants))
+        queryset = Approval.objects.filter(tenant_id__in=scoping.tenant_ids(tenants))
         if status and status != "all":
             _choice("status", status, Approval.Status.values)
             queryset = queryset.filter(status=status)

@@ -1,6 +1,6 @@
 """The run page's reads: the run, its ledger, newest checkpoints and audit events (bounded, with
 how many older ones there are), its recovery item, latest unwind with its steps, and pending
-approvals. Every read is scoped to the user's tenants."""
+approvals. Every read is narrowed to the user's reach (their tenants, ``ledger.scoping``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from typing import Any
 
 from django.db.models import Case, Prefetch, Value, When
 
-from dashboard import permissions
-from dashboard.permissions import Someone
 from infra.pagination import Key, Page, cursor_after, keyset_page
 from ledger.models import Action, Checkpoint, Event, Run
+from ledger.scoping import Reach
 from ledger.selectors import checkpoints_for_run, run_warnings
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
 from recovery.transitions.approvals import pending_q
@@ -46,24 +45,19 @@ def newest_checkpoints(*, run: Run, limit: int = RUN_PAGE_CHECKPOINTS) -> tuple[
     return checkpoints, older
 
 
-def run_for_user(*, user: Someone, run_id: str) -> Run | None:
-    return (
-        Run.objects.select_related("tenant", "failed_action")
-        .filter(pk=run_id, tenant_id__in=permissions.tenant_ids_for(user))
-        .first()
-    )
+def page_run(*, reach: Reach, run_id: str) -> Run | None:
+    """The run a run page shows, if it is within ``reach`` (``dashboard.permissions.reach_for``)."""
+    return reach.first(Run.objects.select_related("tenant", "failed_action"), run_id, owner_field="owner")
 
 
-def unwind_with_steps(*, unwind_id: str, tenant_ids: list[int]) -> Unwind | None:
-    return (
-        Unwind.objects.select_related("run", "tenant", "requested_by")
-        .prefetch_related(
+def unwind_with_steps(*, reach: Reach, unwind_id: str) -> Unwind | None:
+    return reach.first(
+        Unwind.objects.select_related("run", "tenant", "requested_by").prefetch_related(
             Prefetch(
                 "steps", queryset=UnwindStep.objects.select_related("action", "approval").order_by("position")
             )
-        )
-        .filter(pk=unwind_id, tenant_id__in=tenant_ids)
-        .first()
+        ),
+        unwind_id,
     )
 
 
@@ -104,7 +98,7 @@ def run_item(*, run: Run) -> RecoveryItem | None:
 
 def run_latest_unwind(*, run: Run) -> Unwind | None:
     latest = Unwind.objects.filter(run=run).order_by("-created_at").values_list("pk", flat=True).first()
-    return unwind_with_steps(unwind_id=latest, tenant_ids=[run.tenant_id]) if latest else None
+    return unwind_with_steps(reach=Reach.of_tenants([run.tenant_id]), unwind_id=latest) if latest else None
 
 
 def run_pending_approvals(*, run: Run) -> list[Approval]:

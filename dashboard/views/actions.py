@@ -19,7 +19,7 @@ from ledger.services.actions import moves
 
 
 def _get_action_for_user(request: HttpRequest, action_id: str, capability: Capability) -> Action:
-    action = common.visible(Action.objects.select_related("run__tenant"), action_id, request)
+    action = common.get_or_404(Action.objects.select_related("run__tenant"), action_id, request)
     require(request.user, capability, action.tenant_id)
     return action
 

@@ -15,8 +15,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HTMX_STOP_POLLING
 
 from dashboard.forms import BulkByFilterForm, QueueFilterForm, ReasonForm
-from dashboard.permissions import Capability, TenantPermissions, require, tenant_ids_with
-from dashboard.selectors import tenants as tenant_selectors
+from dashboard.permissions import Capability, TenantPermissions, require, tenant_ids_with, tenants_for
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.conf import saga
@@ -33,9 +32,7 @@ SHOWN_PER_OUTCOME = 50
 def _tenant_for_bulk(request: HttpRequest, queue_filter: QueueFilter) -> Tenant | None:
     """The one tenant a bulk decides in: the filter's, or the only one the user operates in."""
     operable = [
-        t
-        for t in tenant_selectors.visible_tenants(user=request.user)
-        if t.pk in set(tenant_ids_with(request.user, Capability.OPERATE))
+        t for t in tenants_for(request.user) if t.pk in set(tenant_ids_with(request.user, Capability.OPERATE))
     ]
     if queue_filter.tenant_slug:
         chosen = [t for t in operable if t.slug == queue_filter.tenant_slug]
@@ -47,7 +44,7 @@ def _tenant_for_bulk(request: HttpRequest, queue_filter: QueueFilter) -> Tenant 
 @login_required
 def bulk_preview(request: HtmxHttpRequest) -> HttpResponse:
     """GET: what the queue's filter (the same query string) matches now; POST: start the bulk."""
-    tenants = tenant_selectors.visible_tenants(user=request.user)
+    tenants = tenants_for(request.user)
     filter_form = QueueFilterForm(request.GET, tenants=tenants)
     view = filter_form.view()
     queue_filter = view.queue_filter
@@ -123,7 +120,7 @@ def _bulk_context(request: HttpRequest, bulk: BulkOperation) -> dict[str, object
 @require_GET
 @login_required
 def bulk_detail(request: HtmxHttpRequest, bulk_id: str) -> HttpResponse:
-    bulk = common.visible(BulkOperation.objects.select_related("tenant"), bulk_id, request)
+    bulk = common.get_or_404(BulkOperation.objects.select_related("tenant"), bulk_id, request)
     context = _bulk_context(request, bulk)
     if request.htmx and request.htmx.target == "bulk-progress":
         response = render(request, "dashboard/bulk.html#bulk-progress", context)
@@ -136,7 +133,7 @@ def bulk_detail(request: HtmxHttpRequest, bulk_id: str) -> HttpResponse:
 @require_POST
 @login_required
 def bulk_abort(request: HtmxHttpRequest, bulk_id: str) -> HttpResponse:
-    bulk = common.visible(BulkOperation.objects.select_related("tenant"), bulk_id, request)
+    bulk = common.get_or_404(BulkOperation.objects.select_related("tenant"), bulk_id, request)
     require(request.user, Capability.OPERATE, bulk.tenant_id)
     back = reverse("dashboard:bulk-detail", args=[bulk.pk])
     form = ReasonForm(request.POST)

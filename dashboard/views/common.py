@@ -1,7 +1,8 @@
 """What every dashboard view shares: the request type (htmx's details on it), who is acting, the
 answer after a decision (a 303, or htmx's client-side redirect) or a refusal (a message, never a
-500), a form's errors in one line, the run page's address, an object looked up in the user's
-tenants only (404 otherwise) and a confirmation page (or its htmx partial)."""
+500), a form's errors in one line, the run page's address, an object looked up within the user's
+reach only (``get_or_404``: their tenants, 404 otherwise) and a confirmation page (or its htmx
+partial)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from django.urls import reverse
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefresh
 from django_htmx.middleware import HtmxDetails
 
-from dashboard.permissions import tenant_ids_for
+from dashboard.permissions import reach_for
 from infra.errors import SagaError
 from ledger import selectors as ledger_selectors
 from ledger.audit import Actor
@@ -57,9 +58,10 @@ def run_url(run_id: str, anchor: str = "") -> str:
     return reverse("dashboard:run-detail", args=[run_id]) + (f"#{anchor}" if anchor else "")
 
 
-def visible(queryset: QuerySet[M], pk: str, request: HttpRequest, *, tenant_field: str = "tenant_id") -> M:
-    """The object if it is in one of the user's tenants; otherwise 404, so it does not leak."""
-    obj = queryset.filter(pk=pk, **{f"{tenant_field}__in": tenant_ids_for(request.user)}).first()
+def get_or_404(queryset: QuerySet[M], pk: str, request: HttpRequest, *, tenant_field: str = "tenant_id") -> M:
+    """The object if it is within the user's reach (``permissions.reach_for``: one of their
+    tenants); otherwise 404, so it does not leak."""
+    obj = reach_for(request.user).first(queryset, pk, tenant_field=tenant_field)
     if obj is None:
         raise Http404(f"No such {queryset.model._meta.verbose_name}.")
     return obj
@@ -70,7 +72,7 @@ def run_missing(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     tenants: 410 with where its archive is and how to verify it, when retention archived it in one
     of them (``ledger.selectors.archived_run_get``); otherwise 404, exactly as for a run that never
     existed. Only a missing run pays for the lookup. The run page's poll is told to reload the page."""
-    archived = ledger_selectors.archived_run_get(run_id=run_id, tenant_ids=tenant_ids_for(request.user))
+    archived = ledger_selectors.archived_run_get(reach=reach_for(request.user), run_id=run_id)
     if archived is None:
         raise Http404("No such run.")
     if request.htmx:

@@ -29,7 +29,7 @@ from recovery.transitions import approvals as recovery_approvals
 
 
 def _get_approval_for_user(request: HttpRequest, approval_id: str, capability: Capability) -> Approval:
-    approval = common.visible(
+    approval = common.get_or_404(
         Approval.objects.select_related("run__tenant", *inbox_selectors.APPROVAL_CARD_RELATED),
         approval_id,
         request,

@@ -10,9 +10,9 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from dashboard.permissions import tenants_for
 from dashboard.presenters import charts
 from dashboard.selectors import insights as insights_selectors
-from dashboard.selectors import tenants as tenant_selectors
 from dashboard.views.common import HtmxHttpRequest
 from ledger.models import Risk
 
@@ -21,7 +21,7 @@ from ledger.models import Risk
 @login_required
 def insights(request: HtmxHttpRequest) -> HttpResponse:
     window = request.GET.get("window", "7d")
-    tenants = tenant_selectors.visible_tenants(user=request.user)
+    tenants = tenants_for(request.user)
     tenant = request.GET.get("tenant", "")
     data = insights_selectors.insights(user=request.user, window=window, tenant=tenant)
     return render(

@@ -28,7 +28,7 @@ from recovery.transitions import items as recovery_items
 
 
 def _get_item_for_user(request: HttpRequest, item_id: str, capability: Capability) -> RecoveryItem:
-    item = common.visible(
+    item = common.get_or_404(
         RecoveryItem.objects.select_related("run__tenant", "tenant", "failed_action"), item_id, request
     )
     require(request.user, capability, item.tenant_id)

@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from dashboard.forms import ChannelForm, SlackAppForm
-from dashboard.permissions import Capability, require, require_tenant, tenant_ids_with
+from dashboard.permissions import Capability, reach_for, require, require_tenant, tenant_ids_with
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
@@ -145,10 +145,8 @@ def channel_create(request: HtmxHttpRequest, slug: str) -> HttpResponse:
 def _get_channel_for_admin(request: HtmxHttpRequest, channel_id: str) -> NotificationChannel:
     channel = None
     if looks_like_id(channel_id):
-        channel = (
-            NotificationChannel.objects.select_related("tenant")
-            .filter(pk=channel_id, tenant_id__in=tenant_ids_with(request.user, Capability.VIEW))
-            .first()
+        channel = reach_for(request.user).first(
+            NotificationChannel.objects.select_related("tenant"), channel_id
         )
     if channel is None:
         raise Http404("No such channel.")

@@ -15,8 +15,15 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from dashboard.forms import PauseForm, ReasonForm
-from dashboard.permissions import Capability, can, require, tenant_ids_for, tenant_ids_with
-from dashboard.selectors import tenants as tenant_selectors
+from dashboard.permissions import (
+    Capability,
+    can,
+    reach_for,
+    require,
+    tenant_ids_for,
+    tenant_ids_with,
+    tenants_for,
+)
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import NotFound, SagaError
@@ -58,14 +65,14 @@ def _accepted_again(*, agent: str, tool: str) -> str:
 
 
 def _page_context(request: HtmxHttpRequest, form: PauseForm, tenants: list[Tenant]) -> dict[str, Any]:
-    visible = tenant_ids_for(request.user)
-    active = ledger_pauses.pauses_list(tenant_ids=visible, status="active", limit=ACTIVE_SHOWN, strict=False)
-    lifted = ledger_pauses.pauses_list(tenant_ids=visible, status="lifted", limit=LIFTED_SHOWN, strict=False)
+    seen = tenant_ids_for(request.user)
+    active = ledger_pauses.pauses_list(tenant_ids=seen, status="active", limit=ACTIVE_SHOWN, strict=False)
+    lifted = ledger_pauses.pauses_list(tenant_ids=seen, status="lifted", limit=LIFTED_SHOWN, strict=False)
     operable = set(tenant_ids_with(request.user, Capability.OPERATE))
     return {
         "form": form,
         "can_pause": bool(tenants),
-        "several_tenants": len(visible) > 1,
+        "several_tenants": len(seen) > 1,
         "active": [
             {
                 "pause": p,
@@ -92,11 +99,7 @@ def _page_context(request: HtmxHttpRequest, form: PauseForm, tenants: list[Tenan
 def pauses(request: HtmxHttpRequest) -> HttpResponse:
     """GET: the page. POST: a pause — first the confirmation (what will be refused, how many
     running runs match), then, with ``confirmed``, the pause itself."""
-    tenants = [
-        t
-        for t in tenant_selectors.visible_tenants(user=request.user)
-        if can(request.user, Capability.OPERATE, t.pk)
-    ]
+    tenants = [t for t in tenants_for(request.user) if can(request.user, Capability.OPERATE, t.pk)]
     form = PauseForm(request.POST or None, tenants=tenants)
     partial = "dashboard/pauses.html#pause-form" if request.htmx else "dashboard/pauses.html"
     if request.method != "POST":
@@ -137,7 +140,7 @@ def pauses(request: HtmxHttpRequest) -> HttpResponse:
 
 def _get_pause_for_user(request: HtmxHttpRequest, pause_id: str) -> Pause:
     try:
-        pause = ledger_pauses.pause_get(tenant_ids=tenant_ids_for(request.user), pause_id=pause_id)
+        pause = ledger_pauses.pause_get(reach=reach_for(request.user), pause_id=pause_id)
     except NotFound:
         raise Http404("No such pause.") from None
     require(request.user, Capability.OPERATE, pause.tenant_id)

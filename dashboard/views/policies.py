@@ -9,9 +9,8 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.permissions import Capability, can, require_tenant
+from dashboard.permissions import Capability, can, require_tenant, tenants_for
 from dashboard.selectors import policies as policy_selectors
-from dashboard.selectors import tenants as tenant_selectors
 from dashboard.views.common import HtmxHttpRequest, actor, done
 from recovery import compensator_checks
 
@@ -19,7 +18,7 @@ from recovery import compensator_checks
 @require_GET
 @login_required
 def policies(request: HtmxHttpRequest) -> HttpResponse:
-    tenants = tenant_selectors.visible_tenants(user=request.user)
+    tenants = tenants_for(request.user)
     return render(
         request,
         "dashboard/policies.html",
@@ -48,7 +47,7 @@ def compensator_check(request: HtmxHttpRequest, tenant_id: int, compensator_id: 
     only (recovery.compensator_checks): admins of the tenant. Another tenant's compensator, or one
     the tenant overrides, is 404 as a tenant that is not the reader's is."""
     tenant = require_tenant(request.user, Capability.ADMINISTER, pk=tenant_id)
-    row = compensator_checks.visible_compensator(tenant=tenant, compensator_id=compensator_id)
+    row = compensator_checks.compensator_in_force(tenant=tenant, compensator_id=compensator_id)
     if row is None:
         raise Http404("No such compensator.")
     check = compensator_checks.compensator_check(

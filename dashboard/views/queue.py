@@ -16,10 +16,9 @@ from django_htmx.http import HTMX_STOP_POLLING
 from dashboard import saved_filters
 from dashboard.forms import BulkForm, QueueFilterForm
 from dashboard.models import SavedFilter
-from dashboard.permissions import Capability, require, tenant_ids_with
+from dashboard.permissions import Capability, require, tenant_ids_with, tenants_for
 from dashboard.selectors import queue as queue_selectors
 from dashboard.selectors import runs_list as runs_selectors
-from dashboard.selectors import tenants as tenant_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.conf import saga
@@ -86,7 +85,7 @@ def _selectable(item: RecoveryItem, operable: set[int]) -> bool:
 @require_GET
 @login_required
 def queue(request: HtmxHttpRequest) -> HttpResponse:
-    tenants = tenant_selectors.visible_tenants(user=request.user)
+    tenants = tenants_for(request.user)
     form, view = _queue_view(request, tenants)
     page = queue_selectors.queue_page(user=request.user, view=view, cursor=request.GET.get("cursor", ""))
     operable = set(tenant_ids_with(request.user, Capability.OPERATE))
@@ -133,7 +132,7 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
 def queue_new(request: HtmxHttpRequest) -> HttpResponse:
     """The auto-refresh poll: how many items arrived since the page was rendered, without
     touching the list the operator is reading."""
-    tenants = tenant_selectors.visible_tenants(user=request.user)
+    tenants = tenants_for(request.user)
     _form, view = _queue_view(request, tenants)
     try:
         since = parse_datetime(request.GET.get("since", ""))

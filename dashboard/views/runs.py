@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HTMX_STOP_POLLING
 
 from dashboard.forms import ReasonForm, ReconcileForm
-from dashboard.permissions import Capability, TenantPermissions, require
+from dashboard.permissions import Capability, TenantPermissions, reach_for, require
 from dashboard.selectors import live
 from dashboard.selectors import runs as run_selectors
 from dashboard.views import common
@@ -34,7 +34,7 @@ WARNINGS_SHOWN = 20
 @require_GET
 @login_required
 def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
-    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
+    run = run_selectors.page_run(reach=reach_for(request.user), run_id=run_id)
     if run is None:
         return common.run_missing(request, run_id)
     # The ledger is shown a page at a time, newest first (where a run fails): the page is served
@@ -106,7 +106,7 @@ def run_trail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     """The run's correction trail: what the run page loads into its trail slot once it is shown
     (htmx), so the page's own request never builds a trail that lists every change of a long run;
     without JavaScript, a page of its own."""
-    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
+    run = run_selectors.page_run(reach=reach_for(request.user), run_id=run_id)
     if run is None:
         return common.run_missing(request, run_id)
     trail = recovery_trail.run_trail(run=run)
@@ -121,7 +121,7 @@ def run_live(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     """The run page's poll (``dashboard.selectors.live``): 204 when nothing it shows changed; otherwise the
     new poller and an out-of-band swap of each changed region. 286 stops polling once the run
     is settled."""
-    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
+    run = run_selectors.page_run(reach=reach_for(request.user), run_id=run_id)
     if run is None:
         return common.run_missing(request, run_id)
     try:
@@ -193,7 +193,7 @@ def _partial_marks(actions: list[Action], kept_ids: set[str]) -> dict[str, set[s
 def _run_to_operate(request: HtmxHttpRequest, run_id: str) -> Run | HttpResponse:
     """The run an operator decides about from its page, or the page that says it is not there
     when the user cannot see it; refuses one whose tenant the user does not operate."""
-    run = run_selectors.run_for_user(user=request.user, run_id=run_id)
+    run = run_selectors.page_run(reach=reach_for(request.user), run_id=run_id)
     if run is None:
         return common.run_missing(request, run_id)
     require(request.user, Capability.OPERATE, run.tenant_id)

@@ -11,10 +11,9 @@ from django.shortcuts import render
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
-from dashboard.permissions import Capability, tenant_ids_with
+from dashboard.permissions import Capability, tenant_ids_with, tenants_for
 from dashboard.run_filter_form import RunFilterForm
 from dashboard.selectors import runs_list as runs_selectors
-from dashboard.selectors import tenants as tenant_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from ledger.run_filter import RunFilter
@@ -27,7 +26,7 @@ FILTER_FIELDS = ("q", "tenant", "agent", "status", "tool", "after", "before")
 @require_GET
 @login_required
 def runs_list(request: HtmxHttpRequest) -> HttpResponse:
-    tenants = tenant_selectors.visible_tenants(user=request.user)
+    tenants = tenants_for(request.user)
     form = RunFilterForm(request.GET or None, tenants=tenants)
     run_filter, problems = form.run_filter() if request.GET else (RunFilter(), [])
     page = runs_selectors.RunsPage()

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 
 from dashboard import saved_filters
 from dashboard.models import SavedFilter
-from dashboard.selectors import tenants as tenant_selectors
+from dashboard.permissions import tenants_for
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra import errors
@@ -37,7 +37,7 @@ def saved_filter_create(request: HtmxHttpRequest) -> HttpResponse:
             user=request.user,
             name=str(request.POST.get("name", "")),
             query=query,
-            tenants=tenant_selectors.visible_tenants(user=request.user),
+            tenants=tenants_for(request.user),
         )
     except errors.ValidationFailed as exc:
         messages.error(request, exc.message)

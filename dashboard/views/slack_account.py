@@ -16,7 +16,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.permissions import Capability, require_tenant, tenant_ids_with
+from dashboard.permissions import Capability, reach_for, require_tenant, tenant_ids_with
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
@@ -79,11 +79,7 @@ def slack_link_code(request: HtmxHttpRequest, slug: str) -> HttpResponse:
 @login_required
 def slack_link_remove(request: HtmxHttpRequest, link_id: int) -> HttpResponse:
     """Remove a link: the linked user themself, or an admin of its tenant."""
-    link = (
-        SlackUserLink.objects.select_related("tenant", "user")
-        .filter(pk=link_id, tenant_id__in=tenant_ids_with(request.user, Capability.VIEW))
-        .first()
-    )
+    link = reach_for(request.user).first(SlackUserLink.objects.select_related("tenant", "user"), link_id)
     if link is None:
         raise Http404("No such Slack link.")
     administers = link.tenant_id in tenant_ids_with(request.user, Capability.ADMINISTER)

@@ -20,7 +20,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from dashboard.permissions import Capability, tenant_ids_with
+from dashboard.permissions import Capability, reach_for, tenant_ids_with
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
@@ -51,10 +51,8 @@ def slack_press_confirm(request: HtmxHttpRequest, token: str) -> HttpResponse:
         )
     # Another tenant's approval is not found (never reveal it exists); one of this person's
     # tenants pressed as someone else, or by someone who does not approve there, is refused.
-    approval = (
-        Approval.objects.select_related("run", "tenant")
-        .filter(pk=press.approval_id, tenant_id__in=tenant_ids_with(request.user, Capability.VIEW))
-        .first()
+    approval = reach_for(request.user).first(
+        Approval.objects.select_related("run", "tenant"), press.approval_id
     )
     if approval is None:
         return _refusal(request, "No such approval among those you see.", 404)

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HTMX_STOP_POLLING
 
 from dashboard.forms import ReasonForm
-from dashboard.permissions import Capability, TenantPermissions, require, tenant_ids_for
+from dashboard.permissions import Capability, TenantPermissions, reach_for, require
 from dashboard.selectors import runs as run_selectors
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
@@ -21,7 +21,7 @@ from recovery.models import Approval, Unwind, UnwindStep
 
 
 def _get_step_for_user(request: HttpRequest, step_id: str, capability: Capability) -> UnwindStep:
-    step = common.visible(
+    step = common.get_or_404(
         UnwindStep.objects.select_related("unwind__run__tenant", "action"),
         step_id,
         request,
@@ -46,7 +46,7 @@ def _step_and_reason(request: HttpRequest, step_id: str) -> tuple[UnwindStep, st
 @require_GET
 @login_required
 def unwind_progress(request: HtmxHttpRequest, unwind_id: str) -> HttpResponse:
-    unwind = run_selectors.unwind_with_steps(unwind_id=unwind_id, tenant_ids=tenant_ids_for(request.user))
+    unwind = run_selectors.unwind_with_steps(reach=reach_for(request.user), unwind_id=unwind_id)
     if unwind is None:
         raise Http404("No such unwind.")
     context = {
@@ -65,7 +65,7 @@ def unwind_progress(request: HtmxHttpRequest, unwind_id: str) -> HttpResponse:
 def unwind_stop(request: HtmxHttpRequest, unwind_id: str) -> HttpResponse:
     """Stop a running compensation between steps: GET shows exactly what will happen to each step
     (the confirmation), POST does it."""
-    unwind = run_selectors.unwind_with_steps(unwind_id=unwind_id, tenant_ids=tenant_ids_for(request.user))
+    unwind = run_selectors.unwind_with_steps(reach=reach_for(request.user), unwind_id=unwind_id)
     if unwind is None:
         raise Http404("No such unwind.")
     require(request.user, Capability.OPERATE, unwind.tenant_id)

@@ -40,6 +40,7 @@ from infra.pagination import NEWEST_FIRST, Page, keyset_page
 from ledger.audit import Actor, audit_record
 from ledger.models import Action, Event, Pause, Run, Tenant
 from ledger.rules import reason_required
+from ledger.scoping import Reach
 from ledger.tool_names import check_tool_name
 
 log = structlog.get_logger(__name__)
@@ -343,8 +344,8 @@ def lifted_by_label(pause: Pause) -> str:
     return pause.lifted_by_key.name if pause.lifted_by_key is not None else ""
 
 
-def _pauses(tenant_ids: Sequence[int]) -> QuerySet[Pause]:
-    return Pause.objects.filter(tenant_id__in=tenant_ids).select_related(
+def _pauses() -> QuerySet[Pause]:
+    return Pause.objects.select_related(
         "tenant", "created_by", "created_by_key", "lifted_by", "lifted_by_key"
     )
 
@@ -363,7 +364,7 @@ def pauses_list(
         raise errors.ValidationFailed(
             f"status must be one of {', '.join(STATUSES)}.", details={"status": status[:40]}
         )
-    queryset = _pauses(tenant_ids)
+    queryset = _pauses().filter(tenant_id__in=tenant_ids)
     if status == "active":
         queryset = queryset.filter(lifted_at__isnull=True)
     elif status == "lifted":
@@ -371,9 +372,10 @@ def pauses_list(
     return keyset_page(queryset, keys=NEWEST_FIRST, cursor=cursor, limit=limit, strict=strict)
 
 
-def pause_get(*, tenant_ids: Sequence[int], pause_id: str) -> Pause:
-    """The pause, if it is in one of ``tenant_ids``; otherwise the same 404 as an unknown id."""
-    pause = _pauses(tenant_ids).filter(pk=pause_id[:40]).first()
+def pause_get(*, reach: Reach, pause_id: str) -> Pause:
+    """The pause, if it is within ``reach`` (``ledger.scoping``); otherwise the same 404 as an
+    unknown id."""
+    pause = reach.first(_pauses(), pause_id[:40])
     if pause is None:
         raise errors.NotFound.for_id("Pause", pause_id)
     return pause
@@ -392,7 +394,9 @@ def pauses_on_run(*, run: Run) -> list[PauseOnRun]:
     actions (its ``action.refused`` events with code ``paused``: the run a pause actually stopped,
     though nothing of the refused tool was recorded), and those that cover its agent or a tool it
     has used. One query when its tenant has no active pause, three when it has."""
-    active = list(_pauses([run.tenant_id]).filter(lifted_at__isnull=True).order_by("created_at", "id"))
+    active = list(
+        _pauses().filter(tenant_id__in=[run.tenant_id], lifted_at__isnull=True).order_by("created_at", "id")
+    )
     if not active:
         return []
     tools = set(Action.objects.filter(run=run).values_list("tool", flat=True).distinct())

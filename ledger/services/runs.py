@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 from django.db import connection, transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 
 from infra import errors, outbound
@@ -15,6 +14,7 @@ from ledger.audit import Actor, audit_record
 from ledger.models import Action, Run, Tenant
 from ledger.policies.resolve import policy_stamp_subquery
 from ledger.rules import reason_required
+from ledger.scoping import Reach
 from ledger.services import pauses
 from ledger.transitions import ACTION_TRANSITIONS, RUN_TRANSITIONS, transition
 
@@ -31,14 +31,6 @@ class PolicyStampAnnotation(TypedDict):
     active_pauses: list[list[str]]
 
 
-def run_scope(run: Run) -> QuerySet[Run]:
-    """The row ``run`` names: its id within ``run.tenant_id`` and, when the instance carries an
-    owner (a reference built for an agent's key, ``ledger.selectors.run_reference_for_write``),
-    that agent's. Another tenant's or another agent's run is then simply not there."""
-    runs = Run.objects.filter(pk=run.pk, tenant_id=run.tenant_id)
-    return runs.filter(owner=run.owner) if run.owner else runs
-
-
 @overload
 def run_lock(run: Run, *, policy_stamp: Literal[True]) -> WithAnnotations[Run, PolicyStampAnnotation]: ...
 @overload
@@ -46,13 +38,18 @@ def run_lock(run: Run, *, policy_stamp: Literal[False] = ...) -> Run: ...
 
 
 def run_lock(run: Run, *, policy_stamp: bool = False) -> Run:
-    """The run's row, locked for this transaction and read fresh. Scoped by ``run_scope``, so a
-    reference built from a client's run id (``Run(pk=…, tenant=…, owner=…)``) finds only its
+    """The run's row, locked for this transaction and read fresh. Narrowed to the reference's reach
+    (``ledger.scoping.Reach.of_reference``), so a reference built from a client's run id
+    (``Run(pk=…, tenant=…, owner=…)``, ``ledger.selectors.run_reference_for_write``) finds only its
     tenant's (and agent's) run. The tenant is taken over from ``run`` when it is loaded (it cannot
     change), not re-read.
     ``policy_stamp``: also read, in the same statement, the tool-policy stamp (``.policy_stamp``)
     and the tenant's active pauses (``.active_pauses``)."""
-    runs = run_scope(run).select_for_update(of=("self",))
+    runs = (
+        Reach.of_reference(run)
+        .filter(Run.objects, run.pk, owner_field="owner")
+        .select_for_update(of=("self",))
+    )
     if policy_stamp:
         runs = runs.annotate(
             policy_stamp=policy_stamp_subquery(), active_pauses=pauses.active_pauses_subquery()
@@ -102,7 +99,7 @@ def run_create(
         resume_url=resume_url,
         metadata=metadata or {},
         created_by_key=actor.key,
-        # The run belongs to the agent whose key created it (ledger.selectors.run_reach).
+        # The run belongs to the agent whose key created it (ledger.scoping's owner rule).
         owner=owner,
         last_heartbeat_at=now,
     )
@@ -120,8 +117,8 @@ def run_create(
 
 def run_heartbeat(*, run: Run, note: str = "") -> Run:
     """Not a transition and not audited: a heartbeat only proves the agent is alive. One
-    statement, scoped as ``run_scope`` (a reference built for an agent's key finds only its own
-    run; else 404), answering the run's status."""
+    statement, narrowed as ``run_lock`` is (``Reach.of_reference``: a reference built for an
+    agent's key finds only its own run; else 404), answering the run's status."""
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(

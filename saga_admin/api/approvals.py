@@ -15,12 +15,11 @@ from django.http import HttpRequest
 from ninja import Query, Router, Status
 
 from ledger.audit import Actor
-from ledger.selectors import get_for_tenants, run_reach
 from recovery import selectors
 from recovery.actions import approvals
 from recovery.models import Approval
 from saga_admin.api.auth import AUTH_ERRORS, approver_auth, operator_auth, reader_auth
-from saga_admin.api.common import WRITE_ERRORS, key_of
+from saga_admin.api.common import WRITE_ERRORS, key_of, reach_of, tenant_reach_of
 from saga_admin.api.schemas.approvals import (
     ApprovalFilters,
     ApprovalOut,
@@ -57,7 +56,7 @@ def approvals_list(request: HttpRequest, filters: Query[ApprovalFilters]) -> App
 )
 def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) -> Status[ApprovalOut]:
     key = key_of(request)
-    approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
+    approval = selectors.approval_get(reach=tenant_reach_of(request), approval_id=approval_id)
     decided = approvals.approval_approve(
         approval=approval,
         actor=Actor.for_key(key),
@@ -76,7 +75,7 @@ def approval_approve(request: HttpRequest, approval_id: str, body: ApproveIn) ->
 )
 def approval_reject(request: HttpRequest, approval_id: str, body: ReasonIn) -> Status[ApprovalOut]:
     key = key_of(request)
-    approval = selectors.approval_get(tenants=key.tenant, approval_id=approval_id)
+    approval = selectors.approval_get(reach=tenant_reach_of(request), approval_id=approval_id)
     decided = approvals.approval_reject(approval=approval, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, ApprovalOut.from_orm(decided))
 
@@ -91,10 +90,10 @@ def approval_request_again(request: HttpRequest, approval_id: str, body: ReasonI
     key = key_of(request)
     # An agent key reaches only its own runs' approvals (another agent's is a 404, like another
     # tenant's); who may ask again for which kind is the service's rule.
-    approval = get_for_tenants(
-        Approval.objects.select_related("run__tenant", "action", "step").filter(run_reach(key, path="run__")),
-        pk=approval_id,
-        tenants=key.tenant,
+    approval = reach_of(request).get(
+        Approval.objects.select_related("run__tenant", "action", "step"),
+        approval_id,
+        owner_field="run__owner",
     )
     asked = approvals.approval_request_again(approval=approval, actor=Actor.for_key(key), reason=body.reason)
     return Status(201, ApprovalOut.from_orm(asked))

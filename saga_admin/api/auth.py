@@ -54,7 +54,7 @@ class KeyAuth(HttpBearer):
 # Writes as an agent: starting runs, recording actions, reporting on them (owner's runs only).
 agent_auth = KeyAuth(AgentKey.Scope.AGENT)
 # Reading runs, actions, checkpoints, commands, trail and policies: the agent reads its own runs,
-# a key with the operator scope every run of its tenant (ledger.selectors.run_reach).
+# a key with the operator scope every run of its tenant (ledger.scoping.Reach.of_key).
 reader_auth = KeyAuth(AgentKey.Scope.AGENT, AgentKey.Scope.OPERATOR)
 # The recovery queue, unwinds and steps.
 operator_auth = KeyAuth(AgentKey.Scope.OPERATOR)

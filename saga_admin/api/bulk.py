@@ -11,7 +11,7 @@ from infra import errors
 from recovery import selectors
 from recovery.actions import bulk_filter
 from saga_admin.api.auth import AUTH_ERRORS, operator_auth
-from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of
+from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of, tenant_reach_of
 from saga_admin.api.schemas.bulk import BulkIn, BulkOut, BulkPreviewOut, BulkStartOut
 from saga_admin.api.schemas.common import ReasonIn
 
@@ -52,7 +52,7 @@ def bulk_create(request: HttpRequest, body: BulkIn) -> Status[BulkPreviewOut] | 
 )
 def bulk_detail(request: HttpRequest, bulk_id: str) -> BulkOut:
     check_id("BulkOperation", bulk_id)
-    return BulkOut.from_orm(selectors.bulk_get(tenants=key_of(request).tenant, bulk_id=bulk_id))
+    return BulkOut.from_orm(selectors.bulk_get(reach=tenant_reach_of(request), bulk_id=bulk_id))
 
 
 @router.post(
@@ -62,5 +62,5 @@ def bulk_detail(request: HttpRequest, bulk_id: str) -> BulkOut:
 )
 def bulk_abort(request: HttpRequest, bulk_id: str, body: ReasonIn) -> BulkOut:
     check_id("BulkOperation", bulk_id)
-    bulk = selectors.bulk_get(tenants=key_of(request).tenant, bulk_id=bulk_id)
+    bulk = selectors.bulk_get(reach=tenant_reach_of(request), bulk_id=bulk_id)
     return BulkOut.from_orm(bulk_filter.bulk_abort(bulk=bulk, actor=actor_of(request), reason=body.reason))

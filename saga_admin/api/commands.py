@@ -7,12 +7,11 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Router
 
-from ledger import selectors as ledger_selectors
 from recovery import selectors as recovery_selectors
 from recovery.actions import commands
 from recovery.models import AgentCommand
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
-from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of, run_for, tenant_of
+from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, reach_of, run_for
 from saga_admin.api.schemas.commands import AgentCommandsOut, CommandOut, command_out
 
 # Writes as an agent unless an operation says ``auth=reader_auth`` (saga_admin.api.common).
@@ -37,11 +36,7 @@ def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
 )
 def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
     check_id("Command", command_id)
-    command = ledger_selectors.get_for_tenants(
-        AgentCommand.objects.select_related("run__tenant", "checkpoint").filter(
-            ledger_selectors.run_reach(key_of(request), write=True, path="run__")
-        ),
-        pk=command_id,
-        tenants=tenant_of(request),
+    command = reach_of(request, write=True).get(
+        AgentCommand.objects.select_related("run__tenant", "checkpoint"), command_id, owner_field="run__owner"
     )
     return command_out(commands.command_ack(command=command, actor=actor_of(request)))

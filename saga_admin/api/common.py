@@ -1,12 +1,14 @@
-"""What the routers share: who is calling (its key, tenant and actor), the reach of a key over
-runs and actions, the errors of an operation that writes, and the Idempotency-Key header.
+"""What the routers share: who is calling (its key, tenant, actor and reach), a key's runs and
+actions, the errors of an operation that writes, and the Idempotency-Key header.
 
 The routers (one module per resource) are authentication + typed parsing + one service call; the
 pieces here are the ones each of them would otherwise spell again. No router imports another.
 
 The agents' routers write as an agent (the ``agent`` scope) unless an operation says
 ``auth=reader_auth``: reads also serve keys with the ``operator`` scope. Which runs a key reaches
-is ``ledger.selectors.run_reach``: an agent its own runs, an operator key every run for reading.
+is ``ledger.scoping.Reach.of_key`` (``reach_of``): an agent its own runs, an operator key every run
+for reading. What has no agent of its own (items, unwinds, approvals, bulk decisions) an operator
+key reaches in its whole tenant (``tenant_reach_of``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from infra.ids import looks_like_id
 from ledger import selectors as ledger_selectors
 from ledger.audit import Actor
 from ledger.models import Action, AgentKey, Run, Tenant
+from ledger.scoping import Reach
 from saga_admin.api.auth import AUTH_ERRORS
 from saga_admin.api.idempotency import HEADER, KEY_PATTERN, REPLAYED_HEADER
 
@@ -59,6 +62,18 @@ def actor_of(request: HttpRequest) -> Actor:
     return Actor.for_key(key_of(request))
 
 
+def reach_of(request: HttpRequest, *, write: bool = False) -> Reach:
+    """What the caller's key reaches over runs (and what is theirs), reading or, with ``write``,
+    writing as its agent (``ledger.scoping``)."""
+    return Reach.of_key(key_of(request), write=write)
+
+
+def tenant_reach_of(request: HttpRequest) -> Reach:
+    """The caller's whole tenant: what the operator's routes look up (items, unwinds, steps,
+    approvals, bulk decisions, checkpoints, a run to flag or cancel)."""
+    return Reach.of_tenants(tenant_of(request))
+
+
 def check_id(kind: str, pk: str) -> None:
     """A path's id that cannot be one (``infra.ids``) is not looked up: the same 404 as an
     unknown id."""
@@ -70,15 +85,16 @@ def run_for(request: HttpRequest, run_id: str, *, write: bool = False) -> Run:
     """The run, if the key reaches it (reading or, with ``write``, writing as its agent); else the
     same 404 as an unknown id or another tenant's run."""
     check_id("Run", run_id)
-    return ledger_selectors.run_get_for_key(key=key_of(request), run_id=run_id, write=write)
+    return ledger_selectors.run_get(reach=reach_of(request, write=write), run_id=run_id)
 
 
 def archived_instead(request: HttpRequest, exc: errors.SagaError) -> errors.SagaError:
     """The answer for a run-scoped operation (a ``{run_id}`` in its path) whose run was not found:
     410 ``archived`` if retention archived that run and the key could have read it
-    (``ledger.selectors.archived_run_for_key``), else the 404 itself. Asked by the API's error
-    handler, so only a request already failing with 404 pays for the lookup; every operation under
-    ``/runs/{run_id}``, a write too, answers the same, whichever step found the run missing."""
+    (``ledger.selectors.archived_run_get`` with the key's reach for reading), else the 404 itself.
+    Asked by the API's error handler, so only a request already failing with 404 pays for the
+    lookup; every operation under ``/runs/{run_id}``, a write too, answers the same, whichever
+    step found the run missing."""
     if type(exc) is not errors.NotFound:
         return exc
     match = request.resolver_match
@@ -86,13 +102,13 @@ def archived_instead(request: HttpRequest, exc: errors.SagaError) -> errors.Saga
     key = getattr(request, "auth", None)
     if not isinstance(run_id, str) or not looks_like_id(run_id) or not isinstance(key, AgentKey):
         return exc
-    archived = ledger_selectors.archived_run_for_key(key=key, run_id=run_id)
+    archived = ledger_selectors.archived_run_get(reach=Reach.of_key(key), run_id=run_id)
     return errors.RunArchived.for_run(archived) if archived is not None else exc
 
 
 def action_for(request: HttpRequest, action_id: str, *, write: bool = False) -> Action:
     check_id("Action", action_id)
-    return ledger_selectors.action_get_for_key(key=key_of(request), action_id=action_id, write=write)
+    return ledger_selectors.action_get(reach=reach_of(request, write=write), action_id=action_id)
 
 
 def action_reference(request: HttpRequest, action_id: str) -> Action:

@@ -13,7 +13,7 @@ from ninja import Query, Router, Status
 from ledger.audit import Actor
 from ledger.services import pauses as ledger_pauses
 from saga_admin.api.auth import AUTH_ERRORS, operator_auth
-from saga_admin.api.common import WRITE_ERRORS, key_of
+from saga_admin.api.common import WRITE_ERRORS, key_of, tenant_reach_of
 from saga_admin.api.schemas.common import ReasonIn
 from saga_admin.api.schemas.pauses import PauseFilters, PauseIn, PauseOut, PausePageOut
 
@@ -51,6 +51,6 @@ def pause_list(request: HttpRequest, filters: Query[PauseFilters]) -> PausePageO
 )
 def pause_lift(request: HttpRequest, pause_id: str, body: ReasonIn) -> Status[PauseOut]:
     key = key_of(request)
-    pause = ledger_pauses.pause_get(tenant_ids=[key.tenant_id], pause_id=pause_id)
+    pause = ledger_pauses.pause_get(reach=tenant_reach_of(request), pause_id=pause_id)
     lifted = ledger_pauses.pause_lift(pause=pause, actor=Actor.for_key(key), reason=body.reason)
     return Status(200, PauseOut.from_orm(lifted))

@@ -13,12 +13,12 @@ from ninja import Query, Router, Status
 
 from ledger.audit import Actor
 from ledger.models import Checkpoint
-from ledger.selectors import get_for_tenants, run_get
+from ledger.selectors import run_get
 from recovery import selectors
 from recovery.actions import compensations, resolutions
 from recovery.planner import compensation_plan
 from saga_admin.api.auth import AUTH_ERRORS, operator_auth
-from saga_admin.api.common import WRITE_ERRORS, key_of
+from saga_admin.api.common import WRITE_ERRORS, key_of, tenant_reach_of
 from saga_admin.api.schemas.commands import CommandOut
 from saga_admin.api.schemas.common import ReasonIn
 from saga_admin.api.schemas.queue import (
@@ -54,7 +54,7 @@ def recovery_list(request: HttpRequest, filters: Query[ItemFilters]) -> ItemPage
     summary="A recovery item with its compensation plan and resume preview",
 )
 def recovery_detail(request: HttpRequest, item_id: str, selection: Query[PlanQuery]) -> ItemDetailOut:
-    item = selectors.item_get(tenants=key_of(request).tenant, item_id=item_id)
+    item = selectors.item_get(reach=tenant_reach_of(request), item_id=item_id)
     plan = compensation_plan(
         run=item.run, action_ids=selection.action_ids, to_checkpoint=selection.to_checkpoint
     )
@@ -74,7 +74,7 @@ def recovery_detail(request: HttpRequest, item_id: str, selection: Query[PlanQue
 )
 def recovery_compensate(request: HttpRequest, item_id: str, body: CompensateIn) -> Status[UnwindOut]:
     key = key_of(request)
-    item = selectors.item_get(tenants=key.tenant, item_id=item_id)
+    item = selectors.item_get(reach=tenant_reach_of(request), item_id=item_id)
     unwind = compensations.unwind_start(
         item=item,
         actor=Actor.for_key(key),
@@ -93,10 +93,10 @@ def recovery_compensate(request: HttpRequest, item_id: str, body: CompensateIn) 
 )
 def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Status[CommandOut]:
     key = key_of(request)
-    item = selectors.item_get(tenants=key.tenant, item_id=item_id)
+    item = selectors.item_get(reach=tenant_reach_of(request), item_id=item_id)
     checkpoint = None
     if body.checkpoint_id:
-        checkpoint = get_for_tenants(Checkpoint.objects.all(), pk=body.checkpoint_id, tenants=key.tenant)
+        checkpoint = tenant_reach_of(request).get(Checkpoint.objects.all(), body.checkpoint_id)
     command = resolutions.item_resume(
         item=item, actor=Actor.for_key(key), reason=body.reason, checkpoint=checkpoint
     )
@@ -106,9 +106,9 @@ def recovery_resume(request: HttpRequest, item_id: str, body: ResumeIn) -> Statu
 @router.post("/recovery/{item_id}/close", response={200: ItemOut, **WRITE_ERRORS}, summary="Close the item")
 def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Status[ItemOut]:
     key = key_of(request)
-    item = selectors.item_get(tenants=key.tenant, item_id=item_id)
+    item = selectors.item_get(reach=tenant_reach_of(request), item_id=item_id)
     resolutions.item_close(item=item, actor=Actor.for_key(key), reason=body.reason)
-    return Status(200, ItemOut.from_orm(selectors.item_get(tenants=key.tenant, item_id=item_id)))
+    return Status(200, ItemOut.from_orm(selectors.item_get(reach=tenant_reach_of(request), item_id=item_id)))
 
 
 @router.post(
@@ -118,6 +118,6 @@ def recovery_close(request: HttpRequest, item_id: str, body: ReasonIn) -> Status
 )
 def run_flag(request: HttpRequest, run_id: str, body: ReasonIn) -> Status[ItemOut]:
     key = key_of(request)
-    run = run_get(tenant=key.tenant, run_id=run_id)
+    run = run_get(reach=tenant_reach_of(request), run_id=run_id)
     item = resolutions.run_flag(run=run, actor=Actor.for_key(key), reason=body.reason)
-    return Status(201, ItemOut.from_orm(selectors.item_get(tenants=key.tenant, item_id=item.pk)))
+    return Status(201, ItemOut.from_orm(selectors.item_get(reach=tenant_reach_of(request), item_id=item.pk)))

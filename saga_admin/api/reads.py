@@ -1,7 +1,7 @@
 """The agent's hot reads, one statement each.
 
 Each read is one round trip to PostgreSQL, as the append is (``ledger.services.writes``): the run
-the key reaches (``ledger.selectors.reach_owner``, the one rule of ``run_reach``) and everything
+the key reaches (``ledger.scoping.Reach.of_key``, the one owner rule, as values) and everything
 the response shows of it, selected together as one jsonb value, then turned into the model
 instances the schemas' ``*_out`` functions already present (``ledger.rows.model_from_row``), so
 the response is the one the ORM's reads gave, byte for byte. A run the key does not reach is
@@ -24,7 +24,8 @@ from infra.pagination import NEWEST_FIRST, cursor_after, cursor_values
 from ledger.models import Action, ActionClass, AgentKey, Checkpoint, Run
 from ledger.rows import model_from_row
 from ledger.rules import COMPENSATABLE_CLASSES
-from ledger.selectors import ACTIONS_IN_ORDER, RUN_DETAIL_ACTIONS, reach_owner, run_warnings
+from ledger.scoping import Reach
+from ledger.selectors import ACTIONS_IN_ORDER, RUN_DETAIL_ACTIONS, run_warnings
 from recovery.models import Approval, ApprovalGrant, RecoveryItem
 from saga_admin.api.schemas.actions import actions_out
 from saga_admin.api.schemas.checkpoints import checkpoint_out
@@ -64,7 +65,7 @@ def _select(sql: str, params: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def _params(key: AgentKey, run_id: str) -> tuple[str, dict[str, Any]]:
-    owner = reach_owner(key)
+    owner = Reach.of_key(key).owner
     run_sql = _RUN + (_OWNED if owner is not None else "")
     return run_sql, {
         "run_id": run_id,

@@ -32,8 +32,10 @@ from saga_admin.api.common import (
     check_id,
     idempotency_header,
     key_of,
+    reach_of,
     run_for,
     tenant_of,
+    tenant_reach_of,
 )
 from saga_admin.api.idempotency import idempotent_response
 from saga_admin.api.limits import refuse_over_url_rate
@@ -92,7 +94,7 @@ def run_create(
     summary="List runs (newest first): an agent's own, or every run of the tenant for an operator key",
 )
 def run_list(request: HttpRequest, filters: Query[RunListQuery]) -> dict[str, Any]:
-    queryset = ledger_selectors.runs_for_key(key_of(request))
+    queryset = ledger_selectors.runs_reached(reach=reach_of(request))
     for field in ("status", "agent", "external_id"):
         value = getattr(filters, field)
         if value is not None:
@@ -218,7 +220,7 @@ def run_cancel(
     idempotency_key: str | None = idempotency_header(),
 ) -> HttpResponse:
     key = key_of(request)
-    run = run_get(tenant=key.tenant, run_id=run_id)
+    run = run_get(reach=tenant_reach_of(request), run_id=run_id)
     actor = Actor.for_key(key)
 
     def produce() -> tuple[int, Any]:

@@ -14,7 +14,7 @@ from ledger.audit import Actor
 from recovery import selectors
 from recovery.actions import compensations
 from saga_admin.api.auth import AUTH_ERRORS, operator_auth
-from saga_admin.api.common import WRITE_ERRORS, key_of
+from saga_admin.api.common import WRITE_ERRORS, key_of, tenant_reach_of
 from saga_admin.api.schemas.common import ReasonIn
 from saga_admin.api.schemas.unwinds import StepOut, UnwindOut
 
@@ -25,7 +25,7 @@ router = Router(tags=["recovery"], auth=operator_auth)
     "/unwinds/{unwind_id}", response={200: UnwindOut, **AUTH_ERRORS}, summary="An unwind and its steps"
 )
 def unwind_detail(request: HttpRequest, unwind_id: str) -> UnwindOut:
-    return UnwindOut.from_orm(selectors.unwind_get(tenants=key_of(request).tenant, unwind_id=unwind_id))
+    return UnwindOut.from_orm(selectors.unwind_get(reach=tenant_reach_of(request), unwind_id=unwind_id))
 
 
 @router.post(
@@ -35,9 +35,11 @@ def unwind_detail(request: HttpRequest, unwind_id: str) -> UnwindOut:
 )
 def unwind_stop(request: HttpRequest, unwind_id: str, body: ReasonIn) -> Status[UnwindOut]:
     key = key_of(request)
-    unwind = selectors.unwind_get(tenants=key.tenant, unwind_id=unwind_id)
+    unwind = selectors.unwind_get(reach=tenant_reach_of(request), unwind_id=unwind_id)
     compensations.unwind_stop(unwind=unwind, actor=Actor.for_key(key), reason=body.reason)
-    return Status(200, UnwindOut.from_orm(selectors.unwind_get(tenants=key.tenant, unwind_id=unwind_id)))
+    return Status(
+        200, UnwindOut.from_orm(selectors.unwind_get(reach=tenant_reach_of(request), unwind_id=unwind_id))
+    )
 
 
 @router.post(
@@ -47,9 +49,9 @@ def unwind_stop(request: HttpRequest, unwind_id: str, body: ReasonIn) -> Status[
 )
 def step_retry(request: HttpRequest, step_id: str, body: ReasonIn) -> Status[StepOut]:
     key = key_of(request)
-    step = selectors.step_get(tenants=key.tenant, step_id=step_id)
+    step = selectors.step_get(reach=tenant_reach_of(request), step_id=step_id)
     compensations.step_retry(step=step, actor=Actor.for_key(key), reason=body.reason)
-    return Status(200, StepOut.from_orm(selectors.step_get(tenants=key.tenant, step_id=step_id)))
+    return Status(200, StepOut.from_orm(selectors.step_get(reach=tenant_reach_of(request), step_id=step_id)))
 
 
 @router.post(
@@ -59,6 +61,6 @@ def step_retry(request: HttpRequest, step_id: str, body: ReasonIn) -> Status[Ste
 )
 def step_skip(request: HttpRequest, step_id: str, body: ReasonIn) -> Status[StepOut]:
     key = key_of(request)
-    step = selectors.step_get(tenants=key.tenant, step_id=step_id)
+    step = selectors.step_get(reach=tenant_reach_of(request), step_id=step_id)
     compensations.step_skip(step=step, actor=Actor.for_key(key), reason=body.reason)
-    return Status(200, StepOut.from_orm(selectors.step_get(tenants=key.tenant, step_id=step_id)))
+    return Status(200, StepOut.from_orm(selectors.step_get(reach=tenant_reach_of(request), step_id=step_id)))

@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from infra.pagination import NEWEST_FIRST, keyset_page
 from ledger import selectors as ledger_selectors
 from ledger.models import AgentKey, Checkpoint, Run
+from ledger.scoping import Reach
 from recovery import selectors as recovery_selectors
 from saga_admin.api.renderers import render_json
 from saga_admin.api.schemas.actions import ActionPageOut, actions_out
@@ -32,7 +33,7 @@ def _as_served(schema: Any, body: dict[str, Any]) -> bytes:
 
 def _orm_run_detail(key: AgentKey, run_id: str) -> bytes:
     """GET /runs/{id} as the ORM's five reads answered it before (the reference)."""
-    run = ledger_selectors.run_get_for_key(key=key, run_id=run_id)
+    run = ledger_selectors.run_get(reach=Reach.of_key(key), run_id=run_id)
     newest, more = ledger_selectors.run_actions_newest(run=run)
     checkpoint = ledger_selectors.checkpoint_latest(run=run)
     return _as_served(
@@ -49,13 +50,13 @@ def _orm_run_detail(key: AgentKey, run_id: str) -> bytes:
 
 
 def _orm_actions(key: AgentKey, run_id: str, cursor: str | None, limit: int) -> bytes:
-    run = ledger_selectors.run_get_for_key(key=key, run_id=run_id)
+    run = ledger_selectors.run_get(reach=Reach.of_key(key), run_id=run_id)
     rows = ledger_selectors.run_actions_page(run=run, cursor=cursor, limit=limit)
     return _as_served(ActionPageOut, {"items": actions_out(run, rows.items), "next_cursor": rows.next_cursor})
 
 
 def _orm_checkpoints(key: AgentKey, run_id: str, cursor: str | None, limit: int) -> bytes:
-    run = ledger_selectors.run_get_for_key(key=key, run_id=run_id)
+    run = ledger_selectors.run_get(reach=Reach.of_key(key), run_id=run_id)
     rows = keyset_page(Checkpoint.objects.filter(run=run), keys=NEWEST_FIRST, cursor=cursor, limit=limit)
     return _as_served(
         CheckpointPageOut, {"items": [checkpoint_out(c) for c in rows.items], "next_cursor": rows.next_cursor}

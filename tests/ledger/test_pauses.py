@@ -10,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, Event, Pause, Run
+from ledger.scoping import Reach
 from ledger.services import pauses, runs
 from ledger.services.keys import agent_key_create
 from recovery.actions.approvals import action_record_gated
@@ -243,7 +244,7 @@ def test_it_lists_active_lifted_and_all_newest_first(tenant, other_tenant, alice
     with pytest.raises(errors.ValidationFailed):
         pauses.pauses_list(tenant_ids=[tenant.pk], status="paused")
     with pytest.raises(errors.NotFound):
-        pauses.pause_get(tenant_ids=[other_tenant.pk], pause_id=first.pk)
+        pauses.pause_get(reach=Reach.of_tenants([other_tenant.pk]), pause_id=first.pk)
 
 
 def test_it_says_which_active_pauses_cover_a_run(tenant, agent, alice_actor):
@@ -273,7 +274,7 @@ def test_a_pause_covers_the_run_it_refused_with_the_tools_it_refused(tenant, age
             _record_gated(run, agent, key, tool="payments.refund")
     assert pauses.pauses_on_run(run=run) == [
         pauses.PauseOnRun(
-            pause=pauses.pause_get(tenant_ids=[tenant.pk], pause_id=pause.pk),
+            pause=pauses.pause_get(reach=Reach.of_tenants([tenant.pk]), pause_id=pause.pk),
             refused_tools=("payments.refund",),
         )
     ]

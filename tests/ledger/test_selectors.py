@@ -8,6 +8,7 @@ from infra import errors
 from ledger import selectors
 from ledger.audit import Actor
 from ledger.models import Action, Run
+from ledger.scoping import Reach
 from ledger.services import keys
 from tests.factories import auto_policy, make_run, record
 
@@ -20,30 +21,30 @@ def outsider(outsider_key):
 def test_it_finds_a_run_and_an_action_of_the_tenant(tenant, agent):
     run = make_run(tenant, agent)
     action = record(run, agent, "k1")
-    assert selectors.run_get(tenant=tenant, run_id=run.pk) == run
-    assert selectors.action_get(tenant=tenant, action_id=action.pk) == action
+    assert selectors.run_get(reach=Reach.of_tenants(tenant), run_id=run.pk) == run
+    assert selectors.action_get(reach=Reach.of_tenants(tenant), action_id=action.pk) == action
 
 
 def test_it_does_not_find_another_tenants_run_or_action(tenant, other_tenant, agent):
     run = make_run(tenant, agent)
     action = record(run, agent, "k1")
     with pytest.raises(errors.NotFound) as excinfo:
-        selectors.run_get(tenant=other_tenant, run_id=run.pk)
+        selectors.run_get(reach=Reach.of_tenants(other_tenant), run_id=run.pk)
     assert excinfo.value.status == 404
     with pytest.raises(errors.NotFound):
-        selectors.action_get(tenant=other_tenant, action_id=action.pk)
+        selectors.action_get(reach=Reach.of_tenants(other_tenant), action_id=action.pk)
 
 
 def test_it_does_not_find_an_unknown_id(tenant):
     with pytest.raises(errors.NotFound, match="Run run_nope not found"):
-        selectors.run_get(tenant=tenant, run_id="run_nope")
+        selectors.run_get(reach=Reach.of_tenants(tenant), run_id="run_nope")
 
 
 def test_it_accepts_several_tenants_for_staff_lookups(tenant, other_tenant, agent, outsider):
     theirs = make_run(other_tenant, outsider)
-    assert selectors.get_for_tenants(Run.objects, pk=theirs.pk, tenants=[tenant, other_tenant]) == theirs
+    assert Reach.of_tenants([tenant, other_tenant]).get(Run.objects, theirs.pk) == theirs
     with pytest.raises(errors.NotFound):
-        selectors.get_for_tenants(Run.objects, pk=theirs.pk, tenants=[tenant.pk])
+        Reach.of_tenants([tenant.pk]).get(Run.objects, theirs.pk)
 
 
 def test_it_records_actions_in_the_runs_tenant_whoever_asks(tenant, other_tenant, agent, outsider):

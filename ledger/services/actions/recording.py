@@ -23,10 +23,11 @@ from ledger.audit import Actor
 from ledger.models import Action, ActionClass, ApprovalMode, Run, Tenant
 from ledger.policies.resolve import ResolvedPolicy, policy_resolve, policy_stamp_cached
 from ledger.rules import COMPENSATABLE_CLASSES, NOT_A_PIVOT, pivot_order_warning
+from ledger.scoping import Reach
 from ledger.services import limits, pauses, writes
 from ledger.services.actions.compensation import Compensation, CompensatorCheck, compensation_for
 from ledger.services.actions.payload import ActionCall, canonical_payload_hash, new_action_row, record_payload
-from ledger.services.runs import run_assert_accepts_writes, run_lock, run_scope
+from ledger.services.runs import run_assert_accepts_writes, run_lock
 from ledger.tool_names import check_tool_name
 
 
@@ -321,7 +322,9 @@ def _replay(existing: Action, *, run: Run, payload_hash: str, reachable: bool | 
     """The action a key was first used for, when the caller may have it. ``reachable``: whether
     the caller reaches ``run``, when already known."""
     if (existing.run_id != run.pk or run.owner) and not (
-        reachable if reachable is not None else run_scope(run).exists()
+        reachable
+        if reachable is not None
+        else Reach.of_reference(run).filter(Run.objects, run.pk, owner_field="owner").exists()
     ):
         # ``run`` may be a reference built from the client's run id: an unknown (or another
         # tenant's, or another agent's) run is a 404 whatever the key, as it was before the key
