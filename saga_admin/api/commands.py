@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.http import HttpRequest
 from ninja import Router
 
@@ -13,7 +11,7 @@ from recovery.actions import commands
 from recovery.models import AgentCommand
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
 from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of, run_for, tenant_of
-from saga_admin.api.schemas.commands import AgentCommandsOut, CommandOut, command_out
+from saga_admin.api.schemas.commands import AgentCommandsOut, CommandOut
 
 # Writes as an agent unless an operation says ``auth=reader_auth`` (saga_admin.api.common).
 router = Router(tags=["agents"], auth=agent_auth)
@@ -25,9 +23,10 @@ router = Router(tags=["agents"], auth=agent_auth)
     auth=reader_auth,
     summary="Pending resume/cancel commands for the agent",
 )
-def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
+def run_commands(request: HttpRequest, run_id: str) -> AgentCommandsOut:
     run = run_for(request, run_id)
-    return {"commands": [command_out(command) for command in recovery_selectors.commands_pending(run=run)]}
+    pending = recovery_selectors.commands_pending(run=run)
+    return AgentCommandsOut(commands=[CommandOut.from_orm(command) for command in pending])
 
 
 @router.post(
@@ -35,7 +34,7 @@ def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
     response={200: CommandOut, **WRITE_ERRORS},
     summary="Acknowledge a command (harmless to repeat)",
 )
-def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
+def command_ack(request: HttpRequest, command_id: str) -> CommandOut:
     check_id("Command", command_id)
     command = ledger_selectors.get_for_tenants(
         AgentCommand.objects.select_related("run__tenant", "checkpoint").filter(
@@ -44,4 +43,4 @@ def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
         pk=command_id,
         tenants=tenant_of(request),
     )
-    return command_out(commands.command_ack(command=command, actor=actor_of(request)))
+    return CommandOut.from_orm(commands.command_ack(command=command, actor=actor_of(request)))
