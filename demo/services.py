@@ -50,6 +50,14 @@ def _error(status: int, code: str, message: str, **details: Any) -> WorldResult:
     return WorldResult(status, {"error": {"code": code, "message": message, "details": details}})
 
 
+def _state(record: Any, *, missing: str) -> WorldResult:
+    """A read's answer: the record's snapshot as its state, or 404 ``not_found`` saying what is
+    ``missing``."""
+    if record is None:
+        return _error(404, "not_found", missing)
+    return WorldResult(200, {"state": record.snapshot()})
+
+
 def _drifted(*, expected: Any, actual: Any, what: str) -> WorldResult:
     return _error(
         412,
@@ -154,10 +162,7 @@ def hr_user_delete(*, email: str, after_snapshot: Any = None) -> WorldResult:
 
 
 def hr_user_read(*, email: str) -> WorldResult:
-    user = HrUser.objects.filter(email=email).first()
-    if user is None:
-        return _error(404, "not_found", f"No HR record for {email}.")
-    return WorldResult(200, {"state": user.snapshot()})
+    return _state(HrUser.objects.filter(email=email).first(), missing=f"No HR record for {email}.")
 
 
 def hr_user_edit_by_person(*, email: str, who: str, **changes: Any) -> WorldResult:
@@ -279,18 +284,23 @@ def email_send_correction(*, message_id: int, body: str = "") -> WorldResult:
 
 
 def ticket_read(*, ticket_id: str) -> WorldResult:
-    ticket = CrmTicket.objects.filter(pk=ticket_id).first()
-    if ticket is None:
-        return _error(404, "not_found", f"No ticket {ticket_id}.")
-    return WorldResult(200, {"state": ticket.snapshot()})
+    return _state(CrmTicket.objects.filter(pk=ticket_id).first(), missing=f"No ticket {ticket_id}.")
 
 
-def _ticket_changes(changes: dict[str, Any]) -> WorldResult | None:
-    unknown = sorted(set(changes) - set(CrmTicket.EDITABLE))
+def _edit_refused(changes: dict[str, Any], *, editable: tuple[str, ...], what: str) -> WorldResult | None:
+    """A CRM edit's refusal (422), or None: only the record's editable fields, each a text."""
+    unknown = sorted(set(changes) - set(editable))
     if unknown:
         return _error(422, "not_editable", f"Fields {', '.join(unknown)} cannot be changed.", fields=unknown)
     if not all(isinstance(value, str) for value in changes.values()):
-        return _error(422, "invalid_value", "Ticket fields take text values.")
+        return _error(422, "invalid_value", f"{what} fields take text values.")
+    return None
+
+
+def _ticket_changes(changes: dict[str, Any]) -> WorldResult | None:
+    refused = _edit_refused(changes, editable=CrmTicket.EDITABLE, what="Ticket")
+    if refused is not None:
+        return refused
     if "priority" in changes and changes["priority"] not in TICKET_PRIORITIES:
         return _error(422, "invalid_priority", f"priority must be one of {', '.join(TICKET_PRIORITIES)}.")
     return None
@@ -346,21 +356,16 @@ def ticket_restore(*, ticket_id: str, before_snapshot: Any, after_snapshot: Any)
 
 
 def contact_read(*, contact_id: str) -> WorldResult:
-    contact = CrmContact.objects.filter(pk=contact_id).first()
-    if contact is None:
-        return _error(404, "not_found", f"No contact {contact_id}.")
-    return WorldResult(200, {"state": contact.snapshot()})
+    return _state(CrmContact.objects.filter(pk=contact_id).first(), missing=f"No contact {contact_id}.")
 
 
 CONTACT_EDITABLE = ("tier", "owner", "email")
 
 
 def contact_update(*, contact_id: str, changes: dict[str, Any]) -> WorldResult:
-    unknown = sorted(set(changes) - set(CONTACT_EDITABLE))
-    if unknown:
-        return _error(422, "not_editable", f"Fields {', '.join(unknown)} cannot be changed.", fields=unknown)
-    if not all(isinstance(value, str) for value in changes.values()):
-        return _error(422, "invalid_value", "Contact fields take text values.")
+    refused = _edit_refused(changes, editable=CONTACT_EDITABLE, what="Contact")
+    if refused is not None:
+        return refused
     contact = CrmContact.objects.select_for_update().filter(pk=contact_id).first()
     if contact is None:
         return _error(404, "not_found", f"No contact {contact_id}.")

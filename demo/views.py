@@ -120,9 +120,34 @@ def _webhook_args(payload: dict[str, Any]) -> dict[str, Any]:
     return args if isinstance(args, dict) else {}
 
 
+def _target_email(payload: dict[str, Any]) -> str:
+    """The person a compensation of an HR or workspace action undoes: the args' ``email``, else the
+    action's target id (both of those tools' targets are ``("user", email)``)."""
+    email = _webhook_args(payload).get("email") or payload.get("target_id")
+    if not isinstance(email, str) or not email:
+        raise BadRequest("args.email (or target_id) is required.", field="args.email")
+    return email
+
+
 def _after_snapshot(payload: dict[str, Any]) -> dict[str, Any]:
     after = payload.get("after_snapshot")
     return after if isinstance(after, dict) else {}
+
+
+def _text_arg(payload: dict[str, Any], name: str, *, default: str) -> str:
+    """An optional text of the compensation's args: ``default`` when it is missing or not a text."""
+    value = _webhook_args(payload).get(name)
+    return value if isinstance(value, str) else default
+
+
+def _made_id(payload: dict[str, Any], name: str, kind: type) -> Any:
+    """An id the world made when the action ran (a payment's, a sent message's): the compensation's
+    args' ``name``, else the after snapshot's, since the agent cannot know it when it records the
+    action. Required, of type ``kind`` (a text id not empty)."""
+    value = _webhook_args(payload).get(name) or _after_snapshot(payload).get(name)
+    if not isinstance(value, kind) or value == "":
+        raise BadRequest(f"args.{name} (or after_snapshot.{name}) is required.", field=f"args.{name}")
+    return value
 
 
 # --- Forward operations (what the agents call) ------------------------------------------------
@@ -217,35 +242,23 @@ def hr_user(request: HttpRequest, payload: dict[str, Any], email: str) -> Handle
 @require_POST
 @world_endpoint("hr.delete_user")
 def saga_delete_user(request: HttpRequest, payload: dict[str, Any]) -> Handler:
-    email = _webhook_args(payload).get("email") or payload.get("target_id")
-    if not isinstance(email, str) or not email:
-        raise BadRequest("args.email (or target_id) is required.", field="args.email")
+    email = _target_email(payload)
     return lambda: services.hr_user_delete(email=email, after_snapshot=payload.get("after_snapshot"))
 
 
 @require_POST
 @world_endpoint("workspace.cancel_license")
 def saga_cancel_license(request: HttpRequest, payload: dict[str, Any]) -> Handler:
-    email = _webhook_args(payload).get("email") or payload.get("target_id")
-    if not isinstance(email, str) or not email:
-        raise BadRequest("args.email (or target_id) is required.", field="args.email")
+    email = _target_email(payload)
     return lambda: services.license_cancel(email=email, after_snapshot=payload.get("after_snapshot"))
 
 
 @require_POST
 @world_endpoint("email.send_correction")
 def saga_send_correction(request: HttpRequest, payload: dict[str, Any]) -> Handler:
-    args = _webhook_args(payload)
-    after = _after_snapshot(payload)
-    message_id = args.get("message_id") or after.get("message_id")
-    if not isinstance(message_id, int):
-        raise BadRequest(
-            "args.message_id (or after_snapshot.message_id) is required.", field="args.message_id"
-        )
+    message_id = _made_id(payload, "message_id", int)
     # No body (or not a string): the world writes its standard correction text.
-    body = args.get("body")
-    if not isinstance(body, str):
-        body = ""
+    body = _text_arg(payload, "body", default="")
     return lambda: services.email_send_correction(message_id=message_id, body=body)
 
 
@@ -265,17 +278,8 @@ def saga_restore_ticket(request: HttpRequest, payload: dict[str, Any]) -> Handle
 @require_POST
 @world_endpoint("payments.refund_charge")
 def saga_refund(request: HttpRequest, payload: dict[str, Any]) -> Handler:
-    args = _webhook_args(payload)
-    after = _after_snapshot(payload)
-    # The agent cannot know the payment id when it records the charge; the after snapshot does.
-    payment_id = args.get("payment_id") or after.get("payment_id")
-    if not isinstance(payment_id, str) or not payment_id:
-        raise BadRequest(
-            "args.payment_id (or after_snapshot.payment_id) is required.", field="args.payment_id"
-        )
-    reason = args.get("reason")
-    if not isinstance(reason, str):
-        reason = "saga compensation"
+    payment_id = _made_id(payload, "payment_id", str)
+    reason = _text_arg(payload, "reason", default="saga compensation")
     return lambda: services.payment_refund(payment_id=payment_id, reason=reason)
 
 

@@ -390,6 +390,15 @@ def _checkpoint_for(run: Run, checkpoint: Checkpoint | None) -> Checkpoint | Non
     return checkpoint
 
 
+def _naming(code: str, lead: str, actions: list[Action]) -> dict[str, Any]:
+    """A resume warning about some actions: ``lead`` and their tools in its message, their ids."""
+    return {
+        "code": code,
+        "message": f"{lead}: " + ", ".join(a.tool for a in actions) + ".",
+        "action_ids": [a.pk for a in actions],
+    }
+
+
 def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) -> ResumePreview:
     """What a resume from ``checkpoint`` (default: the latest) would mean. A checkpoint is stale
     when actions succeeded after it was written (its ``completion_mark``): the agent, restarting
@@ -436,24 +445,10 @@ def resume_preview(*, item: RecoveryItem, checkpoint: Checkpoint | None = None) 
         )
     if repeats:
         warnings.append(
-            {
-                "code": "repeats_non_idempotent",
-                "message": "A resume would repeat irreversible actions: "
-                + ", ".join(a.tool for a in repeats)
-                + ".",
-                "action_ids": [a.pk for a in repeats],
-            }
+            _naming("repeats_non_idempotent", "A resume would repeat irreversible actions", repeats)
         )
     if unknown:
-        warnings.append(
-            {
-                "code": "outcome_unknown",
-                "message": "Reconcile unknown outcomes before resuming: "
-                + ", ".join(a.tool for a in unknown)
-                + ".",
-                "action_ids": [a.pk for a in unknown],
-            }
-        )
+        warnings.append(_naming("outcome_unknown", "Reconcile unknown outcomes before resuming", unknown))
     preview = ResumePreview(
         run=run, checkpoint=chosen, succeeded_after=after, repeats=repeats, unknown=unknown, warnings=warnings
     )

@@ -15,12 +15,13 @@ without its app's secret, and Slack's own addresses are never blocked by someone
 A press: the Slack user (team id + user id) must be linked — by themself — to an active dashboard
 user of that tenant who holds the approver role, and the approval must be that tenant's; Approve
 carries the hash of the arguments its message showed and approves only while the approval's
-arguments still hash to it. The decision is ``recovery.actions.approvals.approval_approve`` /
-``approval_reject`` — the dashboard's own, so the same rules hold (four eyes: whoever asked cannot
-grant; an expired or decided approval is refused) — on the installation's Slack app, whose
-secret only the operator holds. On an app whose secret a tenant admin set (and could sign with as
-anyone), a press decides nothing: its answer links to ``dashboard.views.slack_confirm``, where the
-linked person confirms it signed in as themself (``recovery.actions.channels.slack_press_decides``).
+arguments still hash to it. The decision is ``recovery.actions.approvals.approval_decide_press``
+(``approval_approve`` / ``approval_reject``) — the dashboard's own, so the same rules hold (four
+eyes: whoever asked cannot grant; an expired or decided approval is refused) — on the
+installation's Slack app, whose secret only the operator holds. On an app whose secret a tenant
+admin set (and could sign with as anyone), a press decides nothing: its answer links to
+``dashboard.views.slack_confirm``, where the linked person confirms it signed in as themself
+(``recovery.actions.channels.slack_press_decides``).
 Answers: 200 with the outcome posted back through the payload's ``response_url`` — the message
 replaced with the decision and who made it, or a refusal (or the request to confirm) only the
 presser sees. A replayed press finds the approval decided and is refused.
@@ -257,12 +258,13 @@ def _decide(interaction: slack.Interaction, tenant: Tenant, approval: Approval, 
     verb = "Approved" if interaction.approve else "Rejected"
     reason = f"{verb} in Slack by {user.get_username()} (Slack user {interaction.user_name})"
     try:
-        if interaction.approve:
-            decided = approvals.approval_approve(
-                approval=approval, actor=actor, reason=reason, shown_args_hash=interaction.args_hash
-            )
-        else:
-            decided = approvals.approval_reject(approval=approval, actor=actor, reason=reason)
+        decided = approvals.approval_decide_press(
+            approval=approval,
+            actor=actor,
+            approve=interaction.approve,
+            shown_args_hash=interaction.args_hash,
+            reason=reason,
+        )
     except SagaError as exc:
         return _refuse(interaction, f"Not decided: {refusal_sentence(exc)}", why=exc.code)
     summary = f"{decided.tool} ({decided.risk} risk) on run {decided.run_id}"

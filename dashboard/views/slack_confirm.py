@@ -90,12 +90,13 @@ def _confirm(request: HtmxHttpRequest, approval: Approval, press: slack.PressReq
         "confirmed in the dashboard"
     )
     try:
-        if press.approve:
-            decided = approvals.approval_approve(
-                approval=approval, actor=actor, reason=reason, shown_args_hash=press.args_hash
-            )
-        else:
-            decided = approvals.approval_reject(approval=approval, actor=actor, reason=reason)
+        decided = approvals.approval_decide_press(
+            approval=approval,
+            actor=actor,
+            approve=press.approve,
+            shown_args_hash=press.args_hash,
+            reason=reason,
+        )
     except SagaError as exc:
         return _refusal(request, f"Not decided: {refusal_sentence(exc)}", exc.status)
     messages.success(

@@ -235,6 +235,18 @@ def approval_reject(*, approval: Approval, actor: Actor, reason: str) -> Approva
     return decided
 
 
+def approval_decide_press(
+    *, approval: Approval, actor: Actor, approve: bool, shown_args_hash: str, reason: str
+) -> Approval:
+    """What a Slack Approve or Reject press decides, pressed in Slack or confirmed in the
+    dashboard: an approve grants only the arguments the press's message showed."""
+    if approve:
+        return approval_approve(
+            approval=approval, actor=actor, reason=reason, shown_args_hash=shown_args_hash
+        )
+    return approval_reject(approval=approval, actor=actor, reason=reason)
+
+
 @audits_refusals("request_approval_again")
 @transaction.atomic
 def approval_request_again(*, approval: Approval, actor: Actor, reason: str) -> Approval:

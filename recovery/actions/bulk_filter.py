@@ -43,9 +43,10 @@ from infra import errors
 from ledger.audit import Actor
 from ledger.models import Action, Tenant
 from ledger.rules import reason_required
+from ledger.transitions import compare_and_set
 from recovery import queueing
 from recovery.actions.bulk_worker import enqueue, lanes_for, record, tally
-from recovery.bulk.models import BulkItem, BulkOperation
+from recovery.bulk.models import BULK_TRANSITIONS, BulkItem, BulkOperation
 from recovery.models import RecoveryItem
 from recovery.planner import runs_needing_approval
 from recovery.selectors import QueueFilter
@@ -301,12 +302,18 @@ def bulk_abort(*, bulk: BulkOperation, actor: Actor, reason: str) -> BulkOperati
         tally(locked.pk)
         locked.refresh_from_db()
         now = timezone.now()
-        BulkOperation.objects.filter(pk=locked.pk).update(
-            status=BulkOperation.Status.ABORTED,
-            abort_reason=reason,
-            aborted_by_label=actor.label[:200],
-            finished_at=now,
-            updated_at=now,
+        # Under the row lock, read running there.
+        compare_and_set(
+            locked,
+            table=BULK_TRANSITIONS,
+            to=BulkOperation.Status.ABORTED,
+            current=locked.status,
+            updates={
+                "abort_reason": reason,
+                "aborted_by_label": actor.label[:200],
+                "finished_at": now,
+                "updated_at": now,
+            },
         )
         record(
             locked,

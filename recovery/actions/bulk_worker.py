@@ -41,11 +41,12 @@ from infra import errors
 from infra.conf import saga
 from ledger.audit import Actor, audit_context, audit_record
 from ledger.models import AgentKey, Membership
+from ledger.transitions import compare_and_set, compare_and_set_rows
 from recovery import decisions, queueing
 from recovery.actions.cancellations import run_cancel
 from recovery.actions.compensations import unwind_start
 from recovery.actions.resolutions import item_close, item_resume
-from recovery.bulk.models import ERRORS_KEPT, BulkItem, BulkOperation
+from recovery.bulk.models import BULK_ITEM_OUTCOMES, BULK_TRANSITIONS, ERRORS_KEPT, BulkItem, BulkOperation
 from recovery.models import RecoveryItem
 
 log = structlog.get_logger(__name__)
@@ -153,15 +154,19 @@ def _stop(bulk: BulkOperation, why: str) -> None:
         tally(locked.pk)
         locked.refresh_from_db()
         now = timezone.now()
-        # Not compare_and_set: decided under the bulk's row lock with its items in the same pass,
-        # and a bulk's states have no transition table.
-        BulkOperation.objects.filter(pk=locked.pk).update(
-            status=BulkOperation.Status.ABORTED,
-            abort_reason=message,
-            abort_code=AUTHORITY_LOST,
-            aborted_by_label=BULK.label[:200],
-            finished_at=now,
-            updated_at=now,
+        # Under the bulk's row lock, read running there; its items are released in the same pass.
+        compare_and_set(
+            locked,
+            table=BULK_TRANSITIONS,
+            to=BulkOperation.Status.ABORTED,
+            current=locked.status,
+            updates={
+                "abort_reason": message,
+                "abort_code": AUTHORITY_LOST,
+                "aborted_by_label": BULK.label[:200],
+                "finished_at": now,
+                "updated_at": now,
+            },
         )
         BulkItem.objects.filter(bulk_id=locked.pk, outcome=BulkItem.Outcome.PENDING).update(
             claimed_by="", claimed_until=None
@@ -237,9 +242,19 @@ def _changed(item: RecoveryItem, row: BulkItem) -> str:
 
 
 def _settle(row: BulkItem, *, outcome: str, code: str = "", message: str = "") -> None:
-    """Write the item's outcome (in the item's transaction; the counters follow per chunk)."""
-    BulkItem.objects.filter(pk=row.pk).update(
-        outcome=outcome, code=code, message=message[:2000], decided_at=timezone.now(), claimed_until=None
+    """Write the item's outcome (in the item's transaction, under its row lock, read pending
+    there; the counters follow per chunk)."""
+    compare_and_set_rows(
+        BulkItem.objects.filter(pk=row.pk),
+        table=BULK_ITEM_OUTCOMES,
+        to=outcome,
+        column="outcome",
+        updates={
+            "code": code,
+            "message": message[:2000],
+            "decided_at": timezone.now(),
+            "claimed_until": None,
+        },
     )
 
 
@@ -310,12 +325,17 @@ def _fail_stuck_item(bulk_id: str, row: BulkItem, exc: Exception) -> None:
         exc_info=exc,
     )
     with transaction.atomic():
-        BulkItem.objects.filter(pk=row.pk, outcome=BulkItem.Outcome.PENDING).update(
-            outcome=BulkItem.Outcome.FAILED,
-            code="internal_error",
-            message=str(exc)[:300],
-            decided_at=timezone.now(),
-            claimed_until=None,
+        compare_and_set_rows(
+            BulkItem.objects.filter(pk=row.pk),
+            table=BULK_ITEM_OUTCOMES,
+            to=BulkItem.Outcome.FAILED,
+            column="outcome",
+            updates={
+                "code": "internal_error",
+                "message": str(exc)[:300],
+                "decided_at": timezone.now(),
+                "claimed_until": None,
+            },
         )
 
 
@@ -359,8 +379,13 @@ def _finish(bulk_id: str) -> None:
             return
         tally(bulk_id)
         now = timezone.now()
-        BulkOperation.objects.filter(pk=bulk_id).update(
-            status=BulkOperation.Status.FINISHED, finished_at=now, updated_at=now
+        # Under the row lock, read running there.
+        compare_and_set(
+            bulk,
+            table=BULK_TRANSITIONS,
+            to=BulkOperation.Status.FINISHED,
+            current=bulk.status,
+            updates={"finished_at": now, "updated_at": now},
         )
         bulk.refresh_from_db()
         record(

@@ -58,6 +58,21 @@ def _validated(channel: NotificationChannel) -> None:
         raise errors.ValidationFailed(message, details={"fields": fields}) from None
 
 
+def _save(channel: NotificationChannel) -> None:
+    """Checked, then saved; a tenant's channel names are unique (its constraint), so a taken name
+    is a refusal that says so, not a database error."""
+    _validated(channel)
+    try:
+        with transaction.atomic():
+            channel.save()
+    except IntegrityError:
+        raise errors.Conflict(
+            f"This tenant already has a channel named {channel.name!r}.",
+            details={"name": channel.name},
+            code="channel_name_taken",
+        ) from None
+
+
 def _channel_data(channel: NotificationChannel) -> dict[str, Any]:
     # What the audit log keeps of a channel: never its secret (nor a Slack hook URL, which is one).
     shown_target = channel.target if channel.kind == NotificationChannel.Kind.EMAIL else "(URL)"
@@ -107,16 +122,7 @@ def channel_create(
         enabled=enabled,
         created_by=actor.user,
     )
-    _validated(channel)
-    try:
-        with transaction.atomic():
-            channel.save()
-    except IntegrityError:
-        raise errors.Conflict(
-            f"This tenant already has a channel named {channel.name!r}.",
-            details={"name": channel.name},
-            code="channel_name_taken",
-        ) from None
+    _save(channel)
     audit_record(
         tenant=tenant, actor=actor, kind="channel.created", subject=channel, data=_channel_data(channel)
     )
@@ -146,16 +152,7 @@ def channel_update(*, channel: NotificationChannel, actor: Actor, **fields: Any)
             current.secret = generated = new_webhook_secret()
     else:
         current.secret = ""
-    _validated(current)
-    try:
-        with transaction.atomic():
-            current.save()
-    except IntegrityError:
-        raise errors.Conflict(
-            f"This tenant already has a channel named {current.name!r}.",
-            details={"name": current.name},
-            code="channel_name_taken",
-        ) from None
+    _save(current)
     data = {**_channel_data(current), "secret_changed": bool(secret)}
     audit_record(tenant=current.tenant, actor=actor, kind="channel.updated", subject=current, data=data)
     return SavedChannel(current, generated)

@@ -234,17 +234,20 @@ def _say(event: str, step: UnwindStep, *, reason: str, **more: Any) -> None:
     wrong, in the logs"): a retry at WARNING, a step that ends failed, drifted or given up at
     ERROR; named by run, step, tool and attempt, with the reason."""
     level = log.warning if event == "unwinds.step_retried" else log.error
-    level(
-        event,
-        run_id=step.unwind.run_id,
-        unwind_id=step.unwind_id,
-        step_id=step.pk,
-        tool=step.tool or step.action.tool,
-        attempt=step.attempts,
-        max_attempts=step.max_attempts,
-        reason=reason,
-        **more,
-    )
+    level(event, **step_log_fields(step), reason=reason, **more)
+
+
+def step_log_fields(step: UnwindStep) -> dict[str, Any]:
+    """What names a step in an ``unwinds.step_*`` event, whichever process logs it (the runner
+    here, the sweeper for an expired lease): its run, unwind, id, tool and attempt."""
+    return {
+        "run_id": step.unwind.run_id,
+        "unwind_id": step.unwind_id,
+        "step_id": step.pk,
+        "tool": step.tool or step.action.tool,
+        "attempt": step.attempts,
+        "max_attempts": step.max_attempts,
+    }
 
 
 def _settled_as(outcome: Outcome, *, attempts: int, stopped: bool) -> tuple[str, str, str]:

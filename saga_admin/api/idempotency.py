@@ -20,11 +20,12 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.http import HttpRequest, HttpResponse
 
 from infra import errors
 from infra.hashing import canonical_json_bytes
+from infra.lock_waits import in_flight_on_lock_timeout
 from ledger.models import IdempotencyRecord, Tenant
 from saga_admin.api.limits import parsed_body
 from saga_admin.api.renderers import render_json
@@ -108,7 +109,13 @@ def _claim(request: HttpRequest, *, tenant: Tenant, key: str, fingerprint: str) 
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL lock_timeout = %s", [f"{int(IN_FLIGHT_WAIT_MS)}ms"])
     try:
-        with transaction.atomic():
+        with (
+            in_flight_on_lock_timeout(
+                "A request with this Idempotency-Key is still being processed; retry shortly.",
+                details={"idempotency_key": key},
+            ),
+            transaction.atomic(),
+        ):
             IdempotencyRecord.objects.create(
                 tenant=tenant,
                 key=key,
@@ -119,13 +126,6 @@ def _claim(request: HttpRequest, *, tenant: Tenant, key: str, fingerprint: str) 
         return None
     except IntegrityError:
         pass
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
-            raise errors.IdempotencyKeyInFlight(
-                "A request with this Idempotency-Key is still being processed; retry shortly.",
-                details={"idempotency_key": key},
-            ) from exc
-        raise
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL lock_timeout TO DEFAULT")

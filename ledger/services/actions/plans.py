@@ -22,6 +22,7 @@ import structlog
 from django.db import OperationalError, connection, transaction
 
 from infra import errors
+from infra.lock_waits import in_flight_on_lock_timeout, sqlstate
 from ledger.audit import Actor
 from ledger.models import Action, Run
 from ledger.services.actions.compensation import CompensatorCheck
@@ -91,7 +92,7 @@ def plan_record(
                 )
         except OperationalError as exc:
             # A deadlock can only be retried from the start of a transaction of our own.
-            if _sqlstate(exc) != "40P01" or connection.in_atomic_block:
+            if sqlstate(exc) != "40P01" or connection.in_atomic_block:
                 raise
             log.info("plan.deadlock", run_id=run.pk, attempt=attempt)
     raise errors.ServiceUnavailable(
@@ -174,21 +175,19 @@ def _lock_keys(run: Run, keys: list[str], *, lock_timeout_ms: int) -> None:
     statement in sorted order; each record then takes its key's lock again, which this transaction
     already holds."""
     names = sorted({key_lock_name(run.tenant_id, key) for key in keys})
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SET LOCAL lock_timeout = %s; SELECT "
-                + ", ".join("pg_advisory_xact_lock(hashtextextended(%s, 0))" for _ in names)
-                + "; SET LOCAL lock_timeout TO DEFAULT",
-                [f"{int(lock_timeout_ms)}ms", *names],
-            )
-    except OperationalError as exc:
-        if _sqlstate(exc) == "55P03":  # lock_not_available
-            raise errors.IdempotencyKeyInFlight(
-                "An action of this plan is still being recorded by another request; retry shortly.",
-                details={"idempotency_keys": keys[:MAX_PLAN_ACTIONS]},
-            ) from exc
-        raise
+    with (
+        in_flight_on_lock_timeout(
+            "An action of this plan is still being recorded by another request; retry shortly.",
+            details={"idempotency_keys": keys[:MAX_PLAN_ACTIONS]},
+        ),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(
+            "SET LOCAL lock_timeout = %s; SELECT "
+            + ", ".join("pg_advisory_xact_lock(hashtextextended(%s, 0))" for _ in names)
+            + "; SET LOCAL lock_timeout TO DEFAULT",
+            [f"{int(lock_timeout_ms)}ms", *names],
+        )
 
 
 def _mixed_keys(recorded: list[RecordedAction], one: RecordedAction) -> errors.IdempotencyKeyReused:
@@ -199,7 +198,3 @@ def _mixed_keys(recorded: list[RecordedAction], one: RecordedAction) -> errors.I
         "again must be the same plan. Nothing was recorded.",
         details={"known": known, "new": new},
     )
-
-
-def _sqlstate(exc: OperationalError) -> str | None:
-    return getattr(exc.__cause__, "sqlstate", None)

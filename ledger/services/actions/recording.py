@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from infra import errors, tracing
 from infra.hashing import canonical_json_bytes
+from infra.lock_waits import in_flight_on_lock_timeout
 from ledger.audit import Actor
 from ledger.models import Action, ActionClass, ApprovalMode, Run, Tenant
 from ledger.policies.resolve import ResolvedPolicy, policy_resolve, policy_stamp_cached
@@ -150,18 +151,15 @@ def action_record(
         lock_timeout_ms=lock_timeout_ms,
     )
     try:
-        recorded = _record_at_once(call, is_compensator=is_compensator, on_gated=on_gated)
-        if recorded is None:
-            with transaction.atomic():
-                recorded = _record_checked(call, is_compensator=is_compensator, on_gated=on_gated)
-        return recorded
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
-            raise errors.IdempotencyKeyInFlight(
-                "An action with this idempotency key is still being recorded; retry shortly.",
-                details={"idempotency_key": idempotency_key},
-            ) from exc
-        raise
+        with in_flight_on_lock_timeout(
+            "An action with this idempotency key is still being recorded; retry shortly.",
+            details={"idempotency_key": idempotency_key},
+        ):
+            recorded = _record_at_once(call, is_compensator=is_compensator, on_gated=on_gated)
+            if recorded is None:
+                with transaction.atomic():
+                    recorded = _record_checked(call, is_compensator=is_compensator, on_gated=on_gated)
+            return recorded
     except IntegrityError:
         # Only reachable if a writer bypassed the advisory lock; the row exists now.
         existing = (
