@@ -151,38 +151,13 @@ def _stop(bulk: BulkOperation, why: str) -> None:
         locked = BulkOperation.objects.select_for_update().select_related("tenant").get(pk=bulk.pk)
         if locked.status != BulkOperation.Status.RUNNING:
             return
-        tally(locked.pk)
-        locked.refresh_from_db()
-        now = timezone.now()
-        # Under the bulk's row lock, read running there; its items are released in the same pass.
-        compare_and_set(
-            locked,
-            table=BULK_TRANSITIONS,
-            to=BulkOperation.Status.ABORTED,
-            current=locked.status,
-            updates={
-                "abort_reason": message,
-                "abort_code": AUTHORITY_LOST,
-                "aborted_by_label": BULK.label[:200],
-                "finished_at": now,
-                "updated_at": now,
-            },
-        )
-        BulkItem.objects.filter(bulk_id=locked.pk, outcome=BulkItem.Outcome.PENDING).update(
-            claimed_by="", claimed_until=None
-        )
-        record(
+        bulk_aborted(
             locked,
             actor=BULK,
-            kind="bulk.aborted",
             reason=message,
-            to_state=BulkOperation.Status.ABORTED,
+            code=AUTHORITY_LOST,
             cause=AUTHORITY_LOST,
             requested_by=locked.requested_by_label,
-            done=locked.done,
-            failed=locked.failed,
-            skipped=locked.skipped,
-            left=locked.total - locked.decided,
         )
     log.warning(
         "bulk.stopped",
@@ -191,6 +166,45 @@ def _stop(bulk: BulkOperation, why: str) -> None:
         reason=AUTHORITY_LOST,
         requested_by=bulk.requested_by_label,
         message=why,
+    )
+
+
+def bulk_aborted(locked: BulkOperation, *, actor: Actor, reason: str, code: str = "", **data: Any) -> None:
+    """running → aborted, under the bulk's row lock (the caller's, which read it running): its
+    counters made exact at the abort (the lanes count theirs per chunk), its unstarted items'
+    claims released, audited ``bulk.aborted`` with the counts (and ``data``). The one way a bulk
+    is aborted: by an operator (``bulk_filter.bulk_abort``) or because its starter lost the right
+    (``_stop``)."""
+    tally(locked.pk)
+    locked.refresh_from_db()
+    now = timezone.now()
+    compare_and_set(
+        locked,
+        table=BULK_TRANSITIONS,
+        to=BulkOperation.Status.ABORTED,
+        current=locked.status,
+        updates={
+            "abort_reason": reason,
+            "abort_code": code,
+            "aborted_by_label": actor.label[:200],
+            "finished_at": now,
+            "updated_at": now,
+        },
+    )
+    BulkItem.objects.filter(bulk_id=locked.pk, outcome=BulkItem.Outcome.PENDING).update(
+        claimed_by="", claimed_until=None
+    )
+    record(
+        locked,
+        actor=actor,
+        kind="bulk.aborted",
+        reason=reason,
+        to_state=BulkOperation.Status.ABORTED,
+        **data,
+        done=locked.done,
+        failed=locked.failed,
+        skipped=locked.skipped,
+        left=locked.total - locked.decided,
     )
 
 
