@@ -14,7 +14,7 @@ from ledger.tool_names import TOOL_GLOB_RULE
 from recovery import selectors
 from recovery.models import RecoveryItem
 from recovery.selectors import FILTER_TEXT_MAX_LENGTH, QueueFilter
-from saga_admin.api.schemas.common import Out, ReasonIn, fields_of
+from saga_admin.api.schemas.common import Out, ReasonIn
 
 
 class ResumeIn(ReasonIn):
@@ -271,12 +271,3 @@ class ItemDetailOut(ItemOut):
     plan: PlanOut
     resume_preview: ResumePreviewOut
     unwinds: list[str]
-
-
-def recovery_item_out(item: RecoveryItem | None, *, validate: bool = True) -> dict[str, Any] | None:
-    """``validate=False``: the values as they are, for a response schema to validate (see
-    ``saga_admin.api.schemas.actions.action_out``)."""
-    if item is None:
-        return None
-    data = {**fields_of(item, RecoveryItemOut), "failed_action_id": item.failed_action_id}
-    return RecoveryItemOut.model_validate(data).model_dump(mode="json") if validate else data
