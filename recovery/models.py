@@ -1,7 +1,7 @@
 """The decisions: recovery items, approvals, unwinds and their steps, agent commands.
 
-Items and unwinds move by ``ledger.transitions.compare_and_set`` over the tables at the end of this
-module; approvals and commands by updates under their own locks (each write says why).
+Every status here moves by ``ledger.transitions``'s compare-and-set: items, unwinds and steps over the
+tables at the end of this module, the others over their owners' (``ledger.transitions`` names them).
 """
 
 from __future__ import annotations

@@ -19,9 +19,11 @@ from django.utils import timezone
 from rq.job import JobStatus
 
 from infra.conf import saga
+from ledger.transitions import compare_and_set_rows
 from recovery import approval_deadlines, queueing
 from recovery.compensators import Outcome
 from recovery.models import Notification, Unwind, UnwindStep
+from recovery.notifications.delivery import NOTIFICATION_TRANSITIONS
 from recovery.unwinds.advance import unwind_advance_move
 from recovery.unwinds.dispatch import drive_job_timeout, enqueue_step, step_lease_seconds, step_timeout_of
 from recovery.unwinds.runner import step_log_fields, step_record_outcome
@@ -271,13 +273,16 @@ def notifications_sweep(*, now: datetime | None = None) -> NotificationSweepRepo
     # A sending row out of attempts whose worker died will not be claimed again: it failed.
     spent = [pk for pk, _job, _at, attempts, most in sending if attempts >= most]
     if spent:
-        report.given_up = Notification.objects.filter(
-            pk__in=spent, status=Notification.Status.SENDING, lease_expires_at__lt=now
-        ).update(
-            status=Notification.Status.FAILED,
-            lease_expires_at=None,
-            last_error="The worker sending it was lost, and no attempts are left.",
-            updated_at=now,
+        report.given_up = compare_and_set_rows(
+            Notification.objects.filter(pk__in=spent, lease_expires_at__lt=now),
+            table=NOTIFICATION_TRANSITIONS,
+            to=Notification.Status.FAILED,
+            allowed_from=[Notification.Status.SENDING],
+            updates={
+                "lease_expires_at": None,
+                "last_error": "The worker sending it was lost, and no attempts are left.",
+                "updated_at": now,
+            },
         )
         for pk in spent:
             log.error(

@@ -44,7 +44,7 @@ from ledger.audit import Actor
 from ledger.models import Action, Tenant
 from ledger.rules import reason_required
 from recovery import queueing
-from recovery.actions.bulk_worker import enqueue, lanes_for, record, tally
+from recovery.actions.bulk_worker import bulk_aborted, enqueue, lanes_for, record
 from recovery.bulk.models import BulkItem, BulkOperation
 from recovery.models import RecoveryItem
 from recovery.planner import runs_needing_approval
@@ -297,27 +297,6 @@ def bulk_abort(*, bulk: BulkOperation, actor: Actor, reason: str) -> BulkOperati
                 to=BulkOperation.Status.ABORTED,
                 message=f"Bulk {locked.pk} is {locked.status}; only a running bulk can be aborted.",
             )
-        # The counters exact at the abort (the lanes count theirs per chunk).
-        tally(locked.pk)
-        locked.refresh_from_db()
-        now = timezone.now()
-        BulkOperation.objects.filter(pk=locked.pk).update(
-            status=BulkOperation.Status.ABORTED,
-            abort_reason=reason,
-            aborted_by_label=actor.label[:200],
-            finished_at=now,
-            updated_at=now,
-        )
-        record(
-            locked,
-            actor=actor,
-            kind="bulk.aborted",
-            reason=reason,
-            to_state=BulkOperation.Status.ABORTED,
-            done=locked.done,
-            failed=locked.failed,
-            skipped=locked.skipped,
-            left=locked.total - locked.decided,
-        )
+        bulk_aborted(locked, actor=actor, reason=reason)
     locked.refresh_from_db()
     return locked

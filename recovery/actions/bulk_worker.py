@@ -41,11 +41,12 @@ from infra import errors
 from infra.conf import saga
 from ledger.audit import Actor, audit_context, audit_record
 from ledger.models import AgentKey, Membership
+from ledger.transitions import compare_and_set, compare_and_set_rows
 from recovery import decisions, queueing
 from recovery.actions.cancellations import run_cancel
 from recovery.actions.compensations import unwind_start
 from recovery.actions.resolutions import item_close, item_resume
-from recovery.bulk.models import ERRORS_KEPT, BulkItem, BulkOperation
+from recovery.bulk.models import BULK_ITEM_OUTCOMES, BULK_TRANSITIONS, ERRORS_KEPT, BulkItem, BulkOperation
 from recovery.models import RecoveryItem
 
 log = structlog.get_logger(__name__)
@@ -150,34 +151,13 @@ def _stop(bulk: BulkOperation, why: str) -> None:
         locked = BulkOperation.objects.select_for_update().select_related("tenant").get(pk=bulk.pk)
         if locked.status != BulkOperation.Status.RUNNING:
             return
-        tally(locked.pk)
-        locked.refresh_from_db()
-        now = timezone.now()
-        # Not compare_and_set: decided under the bulk's row lock with its items in the same pass,
-        # and a bulk's states have no transition table.
-        BulkOperation.objects.filter(pk=locked.pk).update(
-            status=BulkOperation.Status.ABORTED,
-            abort_reason=message,
-            abort_code=AUTHORITY_LOST,
-            aborted_by_label=BULK.label[:200],
-            finished_at=now,
-            updated_at=now,
-        )
-        BulkItem.objects.filter(bulk_id=locked.pk, outcome=BulkItem.Outcome.PENDING).update(
-            claimed_by="", claimed_until=None
-        )
-        record(
+        bulk_aborted(
             locked,
             actor=BULK,
-            kind="bulk.aborted",
             reason=message,
-            to_state=BulkOperation.Status.ABORTED,
+            code=AUTHORITY_LOST,
             cause=AUTHORITY_LOST,
             requested_by=locked.requested_by_label,
-            done=locked.done,
-            failed=locked.failed,
-            skipped=locked.skipped,
-            left=locked.total - locked.decided,
         )
     log.warning(
         "bulk.stopped",
@@ -186,6 +166,45 @@ def _stop(bulk: BulkOperation, why: str) -> None:
         reason=AUTHORITY_LOST,
         requested_by=bulk.requested_by_label,
         message=why,
+    )
+
+
+def bulk_aborted(locked: BulkOperation, *, actor: Actor, reason: str, code: str = "", **data: Any) -> None:
+    """running → aborted, under the bulk's row lock (the caller's, which read it running): its
+    counters made exact at the abort (the lanes count theirs per chunk), its unstarted items'
+    claims released, audited ``bulk.aborted`` with the counts (and ``data``). The one way a bulk
+    is aborted: by an operator (``bulk_filter.bulk_abort``) or because its starter lost the right
+    (``_stop``)."""
+    tally(locked.pk)
+    locked.refresh_from_db()
+    now = timezone.now()
+    compare_and_set(
+        locked,
+        table=BULK_TRANSITIONS,
+        to=BulkOperation.Status.ABORTED,
+        current=locked.status,
+        updates={
+            "abort_reason": reason,
+            "abort_code": code,
+            "aborted_by_label": actor.label[:200],
+            "finished_at": now,
+            "updated_at": now,
+        },
+    )
+    BulkItem.objects.filter(bulk_id=locked.pk, outcome=BulkItem.Outcome.PENDING).update(
+        claimed_by="", claimed_until=None
+    )
+    record(
+        locked,
+        actor=actor,
+        kind="bulk.aborted",
+        reason=reason,
+        to_state=BulkOperation.Status.ABORTED,
+        **data,
+        done=locked.done,
+        failed=locked.failed,
+        skipped=locked.skipped,
+        left=locked.total - locked.decided,
     )
 
 
@@ -237,9 +256,19 @@ def _changed(item: RecoveryItem, row: BulkItem) -> str:
 
 
 def _settle(row: BulkItem, *, outcome: str, code: str = "", message: str = "") -> None:
-    """Write the item's outcome (in the item's transaction; the counters follow per chunk)."""
-    BulkItem.objects.filter(pk=row.pk).update(
-        outcome=outcome, code=code, message=message[:2000], decided_at=timezone.now(), claimed_until=None
+    """Write the item's outcome (in the item's transaction, under its row lock, read pending
+    there; the counters follow per chunk)."""
+    compare_and_set_rows(
+        BulkItem.objects.filter(pk=row.pk),
+        table=BULK_ITEM_OUTCOMES,
+        to=outcome,
+        column="outcome",
+        updates={
+            "code": code,
+            "message": message[:2000],
+            "decided_at": timezone.now(),
+            "claimed_until": None,
+        },
     )
 
 
@@ -310,12 +339,17 @@ def _fail_stuck_item(bulk_id: str, row: BulkItem, exc: Exception) -> None:
         exc_info=exc,
     )
     with transaction.atomic():
-        BulkItem.objects.filter(pk=row.pk, outcome=BulkItem.Outcome.PENDING).update(
-            outcome=BulkItem.Outcome.FAILED,
-            code="internal_error",
-            message=str(exc)[:300],
-            decided_at=timezone.now(),
-            claimed_until=None,
+        compare_and_set_rows(
+            BulkItem.objects.filter(pk=row.pk),
+            table=BULK_ITEM_OUTCOMES,
+            to=BulkItem.Outcome.FAILED,
+            column="outcome",
+            updates={
+                "code": "internal_error",
+                "message": str(exc)[:300],
+                "decided_at": timezone.now(),
+                "claimed_until": None,
+            },
         )
 
 
@@ -359,8 +393,13 @@ def _finish(bulk_id: str) -> None:
             return
         tally(bulk_id)
         now = timezone.now()
-        BulkOperation.objects.filter(pk=bulk_id).update(
-            status=BulkOperation.Status.FINISHED, finished_at=now, updated_at=now
+        # Under the row lock, read running there.
+        compare_and_set(
+            bulk,
+            table=BULK_TRANSITIONS,
+            to=BulkOperation.Status.FINISHED,
+            current=bulk.status,
+            updates={"finished_at": now, "updated_at": now},
         )
         bulk.refresh_from_db()
         record(

@@ -15,11 +15,21 @@ from infra import errors
 from infra.conf import saga
 from ledger.audit import Actor, audit_record
 from ledger.models import Checkpoint, Run
+from ledger.transitions import try_compare_and_set
 from recovery.models import AgentCommand
 from recovery.notifications import command_push, outbox
 
 MAX_COMMAND_DELIVERY_ATTEMPTS = command_push.MAX_DELIVERY_ATTEMPTS
 COMMAND_MONITOR = Actor.system("command-monitor")
+
+# A command waits for its agent until the agent acknowledges it, or it is withdrawn first (the
+# run ended, was cancelled or failed again). Whichever comes first wins; the other changes
+# nothing (an agent acknowledging a withdrawn command, or one it acknowledged already).
+COMMAND_TRANSITIONS: dict[str, set[str]] = {
+    AgentCommand.Status.PENDING: {AgentCommand.Status.ACKED, AgentCommand.Status.CANCELLED},
+    AgentCommand.Status.ACKED: set(),
+    AgentCommand.Status.CANCELLED: set(),
+}
 
 
 @transaction.atomic
@@ -56,13 +66,12 @@ def command_issue(
 @transaction.atomic
 def command_ack(*, command: AgentCommand, actor: Actor) -> AgentCommand:
     """pending → acked. Acknowledging twice is harmless (agents retry)."""
-    # Not compare_and_set: an agent command has no updated_at (the helper writes one) and no
-    # transition table; a lost race is a count of 0 here, not an error.
-    updated = AgentCommand.objects.filter(pk=command.pk, status=AgentCommand.Status.PENDING).update(
-        status=AgentCommand.Status.ACKED, acked_at=timezone.now()
+    # A lost race (acknowledged already, or withdrawn) is no error: agents retry.
+    acked = try_compare_and_set(
+        command, table=COMMAND_TRANSITIONS, to=AgentCommand.Status.ACKED, updates={"acked_at": timezone.now()}
     )
     command.refresh_from_db()
-    if updated:
+    if acked is not None:
         audit_record(
             tenant=command.run.tenant,
             run=command.run,
@@ -112,16 +121,17 @@ def commands_cancel_pending(
     for command in AgentCommand.objects.filter(
         run_id=run.pk, status=AgentCommand.Status.PENDING, kind__in=list(kinds)
     ).order_by("created_at"):
-        # Compare-and-set: an acknowledgement that got there first wins (the agent has it). Not
-        # through compare_and_set, as in command_ack: no updated_at, no transition table.
+        # An acknowledgement that got there first wins (the agent has it).
         if (
-            AgentCommand.objects.filter(pk=command.pk, status=AgentCommand.Status.PENDING).update(
-                status=AgentCommand.Status.CANCELLED, cancelled_at=now
+            try_compare_and_set(
+                command,
+                table=COMMAND_TRANSITIONS,
+                to=AgentCommand.Status.CANCELLED,
+                updates={"cancelled_at": now},
             )
-            != 1
+            is None
         ):
             continue
-        command.status, command.cancelled_at = AgentCommand.Status.CANCELLED, now
         audit_record(
             tenant=run.tenant,
             run=run,

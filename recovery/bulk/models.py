@@ -93,6 +93,15 @@ class BulkOperation(models.Model):
         return self.done + self.failed + self.skipped
 
 
+# A bulk runs until its last item is decided (finished), or until an operator aborts it or its
+# starter loses the right to carry it on (aborted). Each move is under the operation's row lock.
+BULK_TRANSITIONS: dict[str, set[str]] = {
+    BulkOperation.Status.RUNNING: {BulkOperation.Status.FINISHED, BulkOperation.Status.ABORTED},
+    BulkOperation.Status.FINISHED: set(),
+    BulkOperation.Status.ABORTED: set(),
+}
+
+
 class BulkItem(models.Model):
     """One matched item: its state when the bulk started (an item changed since is skipped, never
     forced) and its outcome, written in the same transaction as its decision, so a worker killed
@@ -137,3 +146,13 @@ class BulkItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.bulk_id}/{self.item_id} ({self.outcome})"
+
+
+# An item's outcome is written once, in the transaction of its decision (or of the failure that
+# stopped it), while it is still pending.
+BULK_ITEM_OUTCOMES: dict[str, set[str]] = {
+    BulkItem.Outcome.PENDING: {BulkItem.Outcome.DONE, BulkItem.Outcome.FAILED, BulkItem.Outcome.SKIPPED},
+    BulkItem.Outcome.DONE: set(),
+    BulkItem.Outcome.FAILED: set(),
+    BulkItem.Outcome.SKIPPED: set(),
+}

@@ -27,6 +27,7 @@ from django.utils import timezone
 from infra import deadline, errors, outbound
 from infra.conf import saga
 from infra.signing import signed_headers
+from ledger.transitions import compare_and_set_rows, try_compare_and_set
 from recovery import queueing, slack
 from recovery.models import AgentCommand, Approval, Notification, SlackApp
 from recovery.notifications.outbox import Event, Kind, enqueue_delivery
@@ -36,6 +37,18 @@ log = structlog.get_logger(__name__)
 
 # How many attempts a row remembers (the dashboard's Notifications page shows them).
 HISTORY_KEPT = 10
+
+_Status = Notification.Status
+# An outbox row is claimed (sending) by one worker at a time, and claimed again when that worker's
+# lease expires; the attempt's outcome ends it (delivered, dropped, failed) or puts it back to wait
+# for its next attempt (pending). A sweep fails a sending row out of attempts whose worker was lost.
+NOTIFICATION_TRANSITIONS: dict[str, set[str]] = {
+    _Status.PENDING: {_Status.SENDING},
+    _Status.SENDING: {_Status.SENDING, _Status.DELIVERED, _Status.DROPPED, _Status.PENDING, _Status.FAILED},
+    _Status.DELIVERED: set(),
+    _Status.DROPPED: set(),
+    _Status.FAILED: set(),
+}
 
 
 @dataclass(frozen=True)
@@ -63,19 +76,20 @@ def notification_claim(*, notification_id: str) -> Notification | None:
     by compare-and-set: of two workers holding jobs for one row, one sends and the other finds
     nothing. Counts the attempt and takes a new fencing token."""
     now = timezone.now()
-    claimed = (
-        Notification.objects.filter(pk=notification_id, attempts__lt=F("max_attempts"))
-        .filter(
-            Q(status=Notification.Status.PENDING, next_attempt_at__lte=now)
-            | Q(status=Notification.Status.SENDING, lease_expires_at__lt=now)
-        )
-        .update(
-            status=Notification.Status.SENDING,
-            attempts=F("attempts") + 1,
-            lease_token=F("lease_token") + 1,
-            lease_expires_at=now + timedelta(seconds=_lease_s()),
-            updated_at=now,
-        )
+    claimed = compare_and_set_rows(
+        Notification.objects.filter(pk=notification_id, attempts__lt=F("max_attempts")),
+        table=NOTIFICATION_TRANSITIONS,
+        to=Notification.Status.SENDING,
+        when={
+            Notification.Status.PENDING: Q(next_attempt_at__lte=now),
+            Notification.Status.SENDING: Q(lease_expires_at__lt=now),
+        },
+        updates={
+            "attempts": F("attempts") + 1,
+            "lease_token": F("lease_token") + 1,
+            "lease_expires_at": now + timedelta(seconds=_lease_s()),
+            "updated_at": now,
+        },
     )
     if claimed != 1:
         return None
@@ -120,25 +134,31 @@ def _record(row: Notification, attempt: Attempt) -> str:
     }
     delay: float | None = None
     if attempt.outcome == "delivered":
-        updates.update(status=Notification.Status.DELIVERED, delivered_at=now, next_attempt_at=None)
+        to = Notification.Status.DELIVERED
+        updates.update(delivered_at=now, next_attempt_at=None)
     elif attempt.outcome == "dropped":
-        updates.update(status=Notification.Status.DROPPED, next_attempt_at=None)
+        to = Notification.Status.DROPPED
+        updates.update(next_attempt_at=None)
     elif attempt.outcome == "retry" and row.attempts < row.max_attempts:
         delay = notification_backoff_s(row.attempts)
-        updates.update(
-            status=Notification.Status.PENDING, next_attempt_at=now + timedelta(seconds=delay), job_id=""
-        )
+        to = Notification.Status.PENDING
+        updates.update(next_attempt_at=now + timedelta(seconds=delay), job_id="")
     else:
         if attempt.outcome == "retry":
             updates["last_error"] = f"Gave up after {row.attempts} attempts: {attempt.error}"[:2000]
             attempt = Attempt("failed", attempt.error, attempt.status_code)
-        updates.update(status=Notification.Status.FAILED, next_attempt_at=None)
-    # Fenced: a worker whose lease expired (and was replaced) records nothing. Not compare_and_set:
-    # a lost lease is a count of 0 answered below, not an error, and the outbox has no transition table.
-    recorded = Notification.objects.filter(
-        pk=row.pk, status=Notification.Status.SENDING, lease_token=row.lease_token
-    ).update(**updates)
-    if recorded != 1:
+        to = Notification.Status.FAILED
+        updates.update(next_attempt_at=None)
+    # Fenced: a worker whose lease expired (and was replaced) records nothing, and is told so.
+    recorded = try_compare_and_set(
+        row,
+        table=NOTIFICATION_TRANSITIONS,
+        to=to,
+        current=Notification.Status.SENDING,
+        where={"lease_token": row.lease_token},
+        updates=updates,
+    )
+    if recorded is None:
         log.warning("notifications.outcome_fenced", notification_id=row.pk, outcome=attempt.outcome)
         return "fenced"
     log_method = log.info if attempt.outcome == "delivered" else log.warning

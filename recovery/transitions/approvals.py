@@ -29,12 +29,23 @@ from ledger.models import Action, AgentKey, Membership, Run
 from ledger.policies.deadlines import ApprovalDeadline, is_role
 from ledger.rules import reason_required
 from ledger.services.keys import APPROVER_ROLES
+from ledger.transitions import compare_and_set
 from recovery.deadline_words import escalation_who_words
 from recovery.models import Approval, ApprovalGrant, UnwindStep
 from recovery.notifications import outbox
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+
+# An approval is decided once: granted or rejected by a person, or expired (its deadline passed,
+# or the unwind that asked for it was stopped). Asking again opens a new approval linked to it
+# (``approval_ask_again``); an escalation keeps it pending. Every move is under the row's lock.
+APPROVAL_TRANSITIONS: dict[str, set[str]] = {
+    Approval.Status.PENDING: {Approval.Status.APPROVED, Approval.Status.REJECTED, Approval.Status.EXPIRED},
+    Approval.Status.APPROVED: set(),
+    Approval.Status.REJECTED: set(),
+    Approval.Status.EXPIRED: set(),
+}
 
 
 def approval_expiry_from(now: datetime | None = None) -> datetime:
@@ -429,18 +440,14 @@ def approval_decide(
     ):
         return current
     fields = {
-        "status": to,
         "decided_at": timezone.now(),
         "reason": reason,
         "decided_by": actor.user,
         "decided_by_key": actor.key,
         **updates,
     }
-    # Not compare_and_set: decided under the row lock above, which the N-approver grants need too,
-    # and without touching updated_at (approvals have no transition table; the CHECK holds states).
-    for name, value in fields.items():
-        setattr(current, name, value)
-    current.save(update_fields=list(fields))
+    # Under the row lock above (which the N-approver grants need too), read pending there.
+    compare_and_set(current, table=APPROVAL_TRANSITIONS, to=to, current=current.status, updates=fields)
     return current
 
 
@@ -542,11 +549,14 @@ def approval_expire(*, approval_id: str, now: datetime) -> Approval | None:
     )
     if approval is None:
         return None
-    # Not compare_and_set: the row is locked (skip_locked) and updated_at stays as it was.
-    approval.status = Approval.Status.EXPIRED
-    approval.decided_at = now
-    approval.reason = TIMED_OUT
-    approval.save(update_fields=["status", "decided_at", "reason"])
+    # Locked above (skip_locked), and read pending there.
+    compare_and_set(
+        approval,
+        table=APPROVAL_TRANSITIONS,
+        to=Approval.Status.EXPIRED,
+        current=Approval.Status.PENDING,
+        updates={"decided_at": now, "reason": TIMED_OUT},
+    )
     return approval
 
 
@@ -559,11 +569,14 @@ def approval_withdraw(*, approval: Approval, actor: Actor, reason: str) -> Appro
     )
     if current.status != Approval.Status.PENDING:
         return None
-    # Not compare_and_set: the row is locked above and updated_at stays as it was.
-    current.status = Approval.Status.EXPIRED
-    current.decided_at = timezone.now()
-    current.reason = f"withdrawn: {reason}"
-    current.save(update_fields=["status", "decided_at", "reason"])
+    # Locked above, and read pending there.
+    compare_and_set(
+        current,
+        table=APPROVAL_TRANSITIONS,
+        to=Approval.Status.EXPIRED,
+        current=Approval.Status.PENDING,
+        updates={"decided_at": timezone.now(), "reason": f"withdrawn: {reason}"},
+    )
     audit_record(
         tenant=current.run.tenant,
         run=current.run,

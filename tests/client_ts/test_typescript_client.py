@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,10 @@ def _worker_story(log: str) -> str:
 def test_the_package_type_checks_strictly_and_its_generated_types_are_current(npm: Npm, tmp_path: Path):
     checked = npm.npx("tsc", "--noEmit", "--strict", "-p", "tsconfig.json")
     assert checked.returncode == 0, report(checked)
+    # What integrators compile with (`exactOptionalPropertyTypes` too): interface-typed step args
+    # are taken, what is not a JSON object is refused (`// @ts-expect-error` in test/types).
+    types = npm.npx("tsc", "-p", "tsconfig.types.json")
+    assert types.returncode == 0, report(types)
     # The API's types are openapi-typescript's output for the committed document, never edited.
     fresh = tmp_path / "openapi.ts"
     generated = npm.npx("openapi-typescript", "../spec/openapi.json", "-o", str(fresh))
@@ -90,11 +95,24 @@ def test_the_typescript_suite_passes_against_a_live_server(
 def test_the_packed_package_installs_alone_into_an_empty_project_and_its_example_runs(
     npm: Npm, live_server, agent_key, onboarding_policies, tmp_path: Path
 ):
+    # Before `npm ci` (a fresh checkout) packing says what to do, not `tsc: not found`.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(PACKAGE / "package.json", bare / "package.json")
+    unready = npm.run(npm.npm, "run", "-s", "prepack", cwd=bare)
+    assert unready.returncode != 0 and "run npm ci first (then npm pack)" in unready.stderr, report(unready)
+    # `npm pack` right after `npm ci` (the fixture), as from a fresh checkout: nothing built
+    # beforehand, so its `prepack` builds `dist` (ESM and CommonJS) with the locked tsc.
+    shutil.rmtree(PACKAGE / "dist", ignore_errors=True)
     packed = npm.run(npm.npm, "pack", "--json", "--pack-destination", str(tmp_path))
     assert packed.returncode == 0, report(packed)
     (manifest,) = json.loads(packed.stdout)
     tarball = tmp_path / manifest["filename"]
-    assert "LICENSE" in {f["path"] for f in manifest["files"]}  # Apache-2.0 (tests/test_licence.py)
+    files = {f["path"] for f in manifest["files"]}
+    assert "LICENSE" in files  # Apache-2.0 (tests/test_licence.py)
+    assert {"dist/index.js", "dist/index.d.ts", "dist/cjs/index.js", "dist/cjs/package.json"} <= files, (
+        sorted(files)
+    )
     project = tmp_path / "project"
     project.mkdir()
     (project / "package.json").write_text(json.dumps({"name": "empty", "private": True, "type": "module"}))
@@ -130,3 +148,30 @@ def test_the_packed_package_installs_alone_into_an_empty_project_and_its_example
         cwd=project,
     )
     assert adapters.returncode == 0 and adapters.stdout.split() == ["function", "function"], report(adapters)
+
+    # CommonJS: `require` gets the same client (its own build), and a tool of either build sees a
+    # run scope of the other (one process, one active-run store).
+    required = npm.run("node", "--input-type=commonjs", "-e", _REQUIRE_CHECK, cwd=project)
+    assert required.returncode == 0, report(required)
+    expected = ["function", "function", "function", "SagaConfigError:url", "run_cjs", "run_cjs"]
+    assert required.stdout.split() == expected, report(required)
+
+
+# Run in the empty project that installed the tarball: the CommonJS entries, and one run scope seen
+# from both builds (a scripted `fetch` stands in for the server).
+_REQUIRE_CHECK = """
+const client = require("@saga-admin/client");
+const ai = require("@saga-admin/client/ai");
+const oa = require("@saga-admin/client/openai-agents");
+console.log(typeof client.Saga, typeof ai.sagaTool, typeof oa.sagaFunctionTool);
+try { new client.Saga({ key: "sk_test" }); } catch (e) { console.log(`${e.name}:${e.option}`); }
+const answer = async (url, init) => {
+  const created = init.method === "POST" && String(url).endsWith("/runs");
+  const body = JSON.stringify({ id: "run_cjs", status: created ? "running" : "succeeded" });
+  return new Response(body, { status: 200, headers: { "Content-Type": "application/json" } });
+};
+const saga = new client.Saga({ url: "http://saga.invalid", key: "sk_test", fetch: answer, heartbeatIntervalS: 0 });
+import("@saga-admin/client").then((esm) =>
+  saga.run({ agent: "a", request: "r" }, async () => [client.currentRun()?.id, esm.currentRun()?.id]),
+).then((ids) => console.log(ids.join(" ")), (e) => { console.error(e); process.exit(1); });
+"""

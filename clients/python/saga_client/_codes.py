@@ -64,6 +64,7 @@ CLIENT_CODES = frozenset(
         "approval_deadline_passed",
         "approval_timeout",
         "args_edited",
+        "invalid_config",
         "invalid_response",
         "no_active_run",
         "run_not_open",

@@ -8,8 +8,7 @@
  */
 import { Saga } from "@saga-admin/client";
 import { sagaDecisions, sagaFunctionTool } from "@saga-admin/client/openai-agents";
-import { Agent, Usage, run as runAgent, tool, type Model, type ModelRequest, type ModelResponse } from "@openai/agents";
-import { setTracingDisabled } from "@openai/agents-core";
+import { Agent, Usage, run as runAgent, setTracingDisabled, tool, type Model, type ModelRequest, type ModelResponse } from "@openai/agents";
 import { z } from "zod";
 
 /** The charges the payment provider made (what the tool did, for the example to show). */

@@ -20,6 +20,21 @@ export class SagaError extends Error {
   }
 }
 
+/**
+ * The client was constructed with a setting it cannot work with — no server URL (an unset
+ * `SAGA_URL`, say), one that is not an http(s) URL, no key. Thrown by `new Saga(...)` itself,
+ * naming the option, so a deployment's missing variable fails at start-up rather than at its first
+ * step (as an unreachable server, after the retries).
+ */
+export class SagaConfigError extends SagaError {
+  /** The option at fault (`url`, `key`). */
+  readonly option: string;
+  constructor(option: string, message: string) {
+    super(message, "invalid_config");
+    this.option = option;
+  }
+}
+
 /** The server could not be reached after the client's own retries (`cause`: the fetch error). */
 export class SagaUnavailable extends SagaError {
   readonly attempts: number;

@@ -4,7 +4,7 @@
  * (`clients/spec/errors.json`, `retry`), the same as the Python client's.
  */
 import { RETRY_CODES, RETRY_STATUS } from "./generated/codes.js";
-import { SagaError, SagaUnavailable, errorFromAnswer } from "./errors.js";
+import { SagaConfigError, SagaError, SagaUnavailable, errorFromAnswer } from "./errors.js";
 
 /** The header with which the server marks an answer replayed from an earlier request's record. */
 export const REPLAYED_HEADER = "Idempotent-Replayed";
@@ -42,6 +42,52 @@ export interface RequestOptions {
   signal?: AbortSignal | undefined;
 }
 
+/**
+ * The `url` and `key` a client was given, refused with `SagaConfigError` naming the option when it
+ * could never work: a missing or empty value (typically an unset environment variable passed on,
+ * `process.env.SAGA_URL`), or a URL that does not parse or is not http(s). Without this, an unset
+ * URL would fail at the first call with a `TypeError`, and an unparsable one be retried as an
+ * unreachable server.
+ */
+export function checkConnection(url: unknown, key: unknown): void {
+  if (typeof url !== "string" || url.trim() === "") {
+    throw new SagaConfigError(
+      "url",
+      `Saga: the server's URL (option \`url\`) is ${describeValue(url)}: pass it, e.g. \`new Saga({ url: process.env.SAGA_URL, ... })\` ` +
+        "with SAGA_URL set to https://saga.example.com.",
+    );
+  }
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    throw new SagaConfigError(
+      "url",
+      `Saga: the server's URL (option \`url\`, e.g. SAGA_URL) ${JSON.stringify(url)} is not a URL: give it with its scheme and host, e.g. https://saga.example.com.`,
+    );
+  }
+  if (parsed.protocol !== "http:" && parsed.protocol !== "https:") {
+    throw new SagaConfigError(
+      "url",
+      `Saga: the server's URL (option \`url\`, e.g. SAGA_URL) ${JSON.stringify(url)} is not an http(s) URL: e.g. https://saga.example.com.`,
+    );
+  }
+  if (typeof key !== "string" || key.trim() === "") {
+    throw new SagaConfigError(
+      "key",
+      `Saga: the API key (option \`key\`) is ${describeValue(key)}: pass an agent key, e.g. \`new Saga({ key: process.env.SAGA_AGENT_KEY, ... })\` ` +
+        "with SAGA_AGENT_KEY set (manage.py create_agent_key --tenant SLUG --name NAME).",
+    );
+  }
+}
+
+function describeValue(value: unknown): string {
+  if (value === undefined) return "undefined (not set)";
+  if (value === null) return "null";
+  if (typeof value === "string") return "empty";
+  return `a ${typeof value}, not a string`;
+}
+
 export function apiRoot(url: string): string {
   const base = url.replace(/\/+$/, "");
   return base.endsWith("/api/v1") ? base : `${base}/api/v1`;
@@ -73,6 +119,7 @@ export class Http {
   private readonly fetchImpl: typeof fetch;
 
   constructor(url: string, key: string, settings: Settings, fetchImpl?: typeof fetch) {
+    checkConnection(url, key);
     this.root = apiRoot(url);
     this.settings = settings;
     this.headers = {

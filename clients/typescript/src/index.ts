@@ -10,6 +10,7 @@ export {
   type CheckpointOptions,
   type PlanStepOptions,
   type RecordOptions,
+  type StepArgs,
   type StepContext,
   type StepOptions,
 } from "./run.js";
@@ -30,6 +31,7 @@ export {
   RunCancelled,
   SagaAPIError,
   SagaAuthError,
+  SagaConfigError,
   SagaError,
   SagaUnavailable,
   ServerError,

@@ -28,7 +28,14 @@ export interface StepContext {
   signal: AbortSignal;
 }
 
-export interface StepOptions<A extends Record<string, unknown> = Record<string, unknown>, R = unknown> {
+/**
+ * What a step's args may be: any object type — an `interface`, a type alias, a `Record` — since the
+ * API takes a JSON object. Primitives, `null`, arrays and functions are refused (arrays and
+ * functions are objects to TypeScript, but have a `length`).
+ */
+export type StepArgs = object & { readonly length?: never };
+
+export interface StepOptions<A extends StepArgs = Record<string, unknown>, R = unknown> {
   tool: string;
   /** Gets the effective args (an approver may have edited them) and the step's context. */
   do: (args: A, context: StepContext) => R | Promise<R>;
@@ -49,7 +56,8 @@ export interface StepOptions<A extends Record<string, unknown> = Record<string, 
 export interface RecordOptions {
   tool: string;
   target?: Target | null;
-  args?: Record<string, unknown>;
+  /** Any object (an `interface` too): the API takes a JSON object. */
+  args?: object;
   compensate?: Compensation | null;
   intent?: Record<string, unknown>;
   idempotencyKey?: string;
@@ -256,10 +264,10 @@ export class Run {
    * throws `StepInDoubt` while that call runs. `do` throwing records the action failed (unknown
    * after a timeout) and rethrows the same error.
    */
-  async step<A extends Record<string, unknown>, R>(options: StepOptions<A, R>): Promise<R> {
+  async step<A extends StepArgs, R>(options: StepOptions<A, R>): Promise<R> {
     this.requireOpen();
     const callArgs = (options.args ?? {}) as A;
-    const [key, body] = this.actionRequest({ ...options, args: callArgs });
+    const [key, body] = this.actionRequest({ ...options, args: callArgs as Record<string, unknown> });
     body["start"] = true;
     const snapshot = typeof options.before === "function" ? await (options.before as () => unknown)() : options.before;
     if (snapshot !== undefined && snapshot !== null) body["before_snapshot"] = snapshot;
@@ -291,7 +299,7 @@ export class Run {
     return value;
   }
 
-  private async execute<A extends Record<string, unknown>, R>(
+  private async execute<A extends StepArgs, R>(
     recorded: Action,
     startedHere: boolean,
     options: StepOptions<A, R>,
@@ -380,7 +388,7 @@ export class Run {
   }
 
   /** Call `do`; when it throws, record the action failed and rethrow the same error. */
-  private async call<A extends Record<string, unknown>, R>(action: Action, options: StepOptions<A, R>, args: A): Promise<R> {
+  private async call<A extends StepArgs, R>(action: Action, options: StepOptions<A, R>, args: A): Promise<R> {
     try {
       return await options.do(args, { action, signal: this.signal });
     } catch (error) {

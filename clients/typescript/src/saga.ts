@@ -7,7 +7,7 @@ import { AsyncLocalStorage } from "node:async_hooks";
 import { Api } from "./api.js";
 import { NoActiveRun } from "./errors.js";
 import { Http, type Settings } from "./http.js";
-import { Run, type StepContext } from "./run.js";
+import { Run, type StepArgs, type StepContext } from "./run.js";
 import type { Action, ActionVerify, Checkpoint, Command, Compensation, Policies, Run as RunData, RunDetail, Target, Trail } from "./types.js";
 
 export interface SagaOptions {
@@ -49,9 +49,13 @@ export interface ToolOptions<A> {
 }
 
 /** A function each call of which is a step of the run active in its async context. */
-export type SagaTool<A extends Record<string, unknown>, R> = ((args: A) => Promise<R>) & { readonly toolName: string };
+export type SagaTool<A extends StepArgs, R> = ((args: A) => Promise<R>) & { readonly toolName: string };
 
-const active = new AsyncLocalStorage<Run>();
+// One store per process, not per copy of this module: the ESM build (`import`) and the CommonJS
+// one (`require`) can both be loaded in one process (an app that requires the client, a library
+// that imports it), and a tool of either must see a run scope of the other.
+const ACTIVE_RUN = Symbol.for("@saga-admin/client.active-run");
+const active = ((globalThis as { [ACTIVE_RUN]?: AsyncLocalStorage<Run> })[ACTIVE_RUN] ??= new AsyncLocalStorage<Run>());
 
 /** The run of the innermost `saga.run(...)` scope this code runs in, if any. */
 export function currentRun(): Run | undefined {
@@ -164,8 +168,9 @@ export class Saga {
    * Make each call of `fn` a step of the run active in the caller's async context (the innermost
    * `saga.run(...)` scope), with its one argument object as the step's `args`. `target` and
    * `compensate` may be functions of those args. Called outside a run it throws `NoActiveRun`.
+   * The argument may be of any object type, an `interface` too (not an array or a primitive).
    */
-  tool<A extends Record<string, unknown>, R>(
+  tool<A extends StepArgs, R>(
     name: string,
     fn: (args: A, context: StepContext) => R | Promise<R>,
     options: ToolOptions<A> = {},

@@ -28,4 +28,4 @@ export type ErrorBody = Schemas["ErrorOut"];
 /** What a step acts on: `[type, id]`, e.g. `["user", "ashu@company.com"]`. */
 export type Target = readonly [string, string];
 /** What undoes a step: `[tool, args]`, e.g. `["hr.delete_user", {email}]`. */
-export type Compensation = readonly [string, Record<string, unknown>];
+export type Compensation = readonly [string, object];

@@ -4,8 +4,7 @@
  * and two agents' Saga tools of one SDK name are each asked about as themselves. The first part
  * needs no server; the SDK runs against the live one.
  */
-import { Agent, RunContext, Usage, run as runAgent, tool, type Model, type ModelRequest, type ModelResponse } from "@openai/agents";
-import { setTracingDisabled } from "@openai/agents-core";
+import { Agent, RunContext, Usage, run as runAgent, setTracingDisabled, tool, type Model, type ModelRequest, type ModelResponse } from "@openai/agents";
 import { beforeEach, describe, expect, it } from "vitest";
 import { z } from "zod";
 

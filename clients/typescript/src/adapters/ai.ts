@@ -16,21 +16,22 @@
 import type { Tool, ToolApprovalResponse, ToolExecutionOptions, ToolModelMessage } from "ai";
 
 import { ApprovalPending, ApprovalRejected, ApprovalTimedOut, NoActiveRun, rejectionFor, rejectionWords } from "../errors.js";
-import type { Run } from "../run.js";
+import type { Run, StepArgs } from "../run.js";
 import { currentRun } from "../saga.js";
 import type { Action, Compensation, Target } from "../types.js";
 
 type Args = Record<string, unknown>;
 
-export interface SagaToolOptions {
-  target?: Target | ((args: Args) => Target | null) | null;
-  compensate?: Compensation | ((args: Args) => Compensation | null) | null;
+/** `target` and `compensate` are values or functions of the tool's input (`INPUT`, any object type). */
+export interface SagaToolOptions<A extends StepArgs = Args> {
+  target?: Target | ((args: A) => Target | null) | null;
+  compensate?: Compensation | ((args: A) => Compensation | null) | null;
   intent?: Record<string, unknown>;
 }
 
 interface Registered {
   name: string;
-  record(run: Run, args: Args): Promise<Action>;
+  record(run: Run, args: StepArgs): Promise<Action>;
 }
 
 const registry = new WeakMap<object, Registered>();
@@ -42,17 +43,21 @@ function activeRun(name: string): Run {
 }
 
 /** `tool` with each execution a step named `name` (`hr.create_user`) of the active run. */
-export function sagaTool<INPUT extends Args, OUTPUT>(name: string, tool: Tool<INPUT, OUTPUT>, options: SagaToolOptions = {}): Tool<INPUT, OUTPUT> {
+export function sagaTool<INPUT extends StepArgs, OUTPUT>(
+  name: string,
+  tool: Tool<INPUT, OUTPUT>,
+  options: SagaToolOptions<INPUT> = {},
+): Tool<INPUT, OUTPUT> {
   const execute = tool.execute;
   if (!execute) throw new TypeError(`sagaTool(${name}): the tool has no execute function to record.`);
-  const request = <A extends Args>(args: A) => ({
+  const request = (args: INPUT) => ({
     tool: name,
     args,
     target: (typeof options.target === "function" ? options.target(args) : options.target) ?? null,
     compensate: (typeof options.compensate === "function" ? options.compensate(args) : options.compensate) ?? null,
     ...(options.intent ? { intent: options.intent } : {}),
   });
-  const record = (run: Run, args: Args): Promise<Action> => run.record(request(args));
+  const record = (run: Run, args: StepArgs): Promise<Action> => run.record(request(args as INPUT));
   const wrapped: Tool<INPUT, OUTPUT> = {
     ...tool,
     // Asked before the call and again when an approved call is about to run (the SDK denies an
