@@ -13,13 +13,13 @@ from infra.pagination import MAX_CURSOR_LENGTH
 from ledger.models import Action
 from ledger.rules import REASON_MAX_LENGTH
 from recovery import selectors as recovery_selectors
-from recovery.models import Approval, ApprovalGrant
+from recovery.models import Approval
 from saga_admin.api.schemas.approvals import (
     ESCALATE_TO_DOC,
     ESCALATED_AT_DOC,
     ON_TIMEOUT_DOC,
     ApprovalGrantOut,
-    approval_grants,
+    ApprovalShown,
 )
 from saga_admin.api.schemas.common import JSONObject, JSONValue, Out, StrictIn, ToolName
 from saga_admin.api.schemas.queue import RecoveryItemOut
@@ -124,7 +124,7 @@ class ActionPageQuery(Schema):
     limit: int = Field(100, ge=1, le=500)
 
 
-class ApprovalSummaryOut(Out):
+class ApprovalSummaryOut(ApprovalShown):
     id: str
     status: Literal["pending", "approved", "rejected", "expired"]
     risk: str
@@ -148,14 +148,6 @@ class ApprovalSummaryOut(Out):
     @staticmethod
     def resolve_edited(approval: Approval) -> bool:
         return bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash
-
-    @staticmethod
-    def resolve_grants(approval: Approval) -> list[ApprovalGrant]:
-        return approval_grants(approval)
-
-    @staticmethod
-    def resolve_escalate_to(approval: Approval) -> str | None:
-        return approval.escalate_to or None
 
 
 # An action's compensation, read from the action's ``compensation_*`` fields (a comment, not a
