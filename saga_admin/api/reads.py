@@ -17,9 +17,10 @@ the ORM's reads is tested (tests/api/test_reads.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection
+from django.db.models import Model
 
 from infra import errors, json_text
 from infra.pagination import NEWEST_FIRST, cursor_after, cursor_values
@@ -33,6 +34,8 @@ from saga_admin.api.schemas.actions import ActionPageOut, actions_shown
 from saga_admin.api.schemas.checkpoints import CheckpointOut, CheckpointPageOut
 from saga_admin.api.schemas.queue import RecoveryItemOut
 from saga_admin.api.schemas.runs import RunDetailOut, RunOut, WarningOut
+
+M = TypeVar("M", bound=Model)
 
 # The run the key reaches: its id, its tenant and, for an agent key (or a write), its owner.
 _RUN = "SELECT * FROM ledger_run WHERE id = %(run_id)s AND tenant_id = %(tenant_id)s"
@@ -117,23 +120,39 @@ def _next_cursor(rows: list[Any], keys: Sequence[tuple[str, bool]], limit: int) 
     return cursor_after([getattr(rows[limit - 1], name) for name, _ in keys])
 
 
-def checkpoint_page(*, key: AgentKey, run_id: str, cursor: str | None, limit: int) -> CheckpointPageOut:
-    """``GET /runs/{id}/checkpoints``: a page of the run's checkpoints, newest first."""
+def _run_page(
+    model: type[M],
+    *,
+    key: AgentKey,
+    run_id: str,
+    cursor: str | None,
+    limit: int,
+    ordering: Sequence[tuple[str, bool]],
+    beside: str = "",
+) -> tuple[list[M], dict[str, Any]]:
+    """One page (``limit`` + 1 rows, for the next cursor) of the rows of ``model`` that belong to
+    the run the key reaches, in ``ordering``, in one statement; with ``beside`` (``'name', sql``
+    pairs over ``page``) read in the same statement. Returns the rows and the whole answer."""
     run_sql, params = _params(key, run_id)
-    after, after_params = _after(NEWEST_FIRST, cursor, "c")
-    order = _order(NEWEST_FIRST, "c")
+    after, after_params = _after(ordering, cursor, "p")
+    order = _order(ordering, "p")
     sql = f"""
         WITH run AS ({run_sql}),
         page AS (
-            SELECT c.* FROM ledger_checkpoint c WHERE c.run_id = (SELECT id FROM run){after}
+            SELECT p.* FROM {model._meta.db_table} p WHERE p.run_id = (SELECT id FROM run){after}
             ORDER BY {order} LIMIT %(limit)s
         )
         SELECT jsonb_build_object(
             'run', (SELECT to_jsonb(run.id) FROM run),
-            'checkpoints', (SELECT coalesce(jsonb_agg(to_jsonb(c) ORDER BY {order}), '[]'::jsonb) FROM page c)
+            'rows', (SELECT coalesce(jsonb_agg(to_jsonb(p) ORDER BY {order}), '[]'::jsonb) FROM page p){beside}
         )"""  # noqa: S608 - fixed fragments of this module; every value is a parameter
     answer = _select(sql, {**params, **after_params, "limit": limit + 1}, run_id)
-    rows = [model_from_row(Checkpoint, row) for row in answer["checkpoints"]]
+    return [model_from_row(model, row) for row in answer["rows"]], answer
+
+
+def checkpoint_page(*, key: AgentKey, run_id: str, cursor: str | None, limit: int) -> CheckpointPageOut:
+    """``GET /runs/{id}/checkpoints``: a page of the run's checkpoints, newest first."""
+    rows, _ = _run_page(Checkpoint, key=key, run_id=run_id, cursor=cursor, limit=limit, ordering=NEWEST_FIRST)
     return CheckpointPageOut(
         items=[CheckpointOut.from_orm(checkpoint) for checkpoint in rows[:limit]],
         next_cursor=_next_cursor(rows, NEWEST_FIRST, limit),
@@ -142,22 +161,15 @@ def checkpoint_page(*, key: AgentKey, run_id: str, cursor: str | None, limit: in
 
 def actions_page(*, key: AgentKey, run_id: str, cursor: str | None, limit: int) -> ActionPageOut:
     """``GET /runs/{id}/actions``: a page of the run's actions, oldest first, with their approvals."""
-    run_sql, params = _params(key, run_id)
-    after, after_params = _after(ACTIONS_IN_ORDER, cursor, "a")
-    order = _order(ACTIONS_IN_ORDER, "a")
-    sql = f"""
-        WITH run AS ({run_sql}),
-        page AS (
-            SELECT a.* FROM ledger_action a WHERE a.run_id = (SELECT id FROM run){after}
-            ORDER BY {order} LIMIT %(limit)s
-        )
-        SELECT jsonb_build_object(
-            'run', (SELECT to_jsonb(run.id) FROM run),
-            'actions', (SELECT coalesce(jsonb_agg(to_jsonb(a) ORDER BY {order}), '[]'::jsonb) FROM page a),
-            'approvals', {_APPROVALS}
-        )"""  # noqa: S608 - fixed fragments of this module; every value is a parameter
-    answer = _select(sql, {**params, **after_params, "limit": limit + 1}, run_id)
-    rows = [model_from_row(Action, row) for row in answer["actions"]]
+    rows, answer = _run_page(
+        Action,
+        key=key,
+        run_id=run_id,
+        cursor=cursor,
+        limit=limit,
+        ordering=ACTIONS_IN_ORDER,
+        beside=f", 'approvals', {_APPROVALS}",
+    )
     return ActionPageOut(
         items=actions_shown(rows[:limit], _approvals(answer["approvals"])),
         next_cursor=_next_cursor(rows, ACTIONS_IN_ORDER, limit),
