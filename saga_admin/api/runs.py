@@ -151,8 +151,13 @@ def run_complete(
     run = run_for(request, run_id, write=True)
 
     def produce() -> tuple[int, Any]:
-        runs.run_complete(run=run, actor=actor_of(request), summary=payload.summary if payload else "")
-        return 200, RunOut.from_orm(run).json_ready()
+        completed = reports.run_complete(
+            run=run,
+            actor=actor_of(request),
+            summary=payload.summary if payload else "",
+            withdraw_approvals=payload.withdraw_approvals if payload else False,
+        )
+        return 200, RunOut.from_orm(completed).json_ready()
 
     return idempotent_response(request, tenant=tenant_of(request), key=idempotency_key, produce=produce)
 
@@ -177,6 +182,7 @@ def run_fail(
             error=payload.error,
             reason=payload.reason,
             failed_action=failed_action,
+            withdraw_approvals=payload.withdraw_approvals,
         )
         failed = RunFailOut(
             **dict(RunOut.from_orm(outcome.run)),

@@ -70,7 +70,7 @@ def _orm_checkpoints(key: AgentKey, run_id: str, cursor: str | None, limit: int)
 
 
 @pytest.fixture
-def busy_run(api: Api, onboarding_policies, tenant) -> dict[str, Any]:
+def busy_run(api: Api, approver_key, onboarding_policies, tenant) -> dict[str, Any]:
     """A run with most of what a read shows: an irreversible e-mail then a reversible step (a
     pivot-order warning), compensations, a gateway, an unknown outcome, a charge two people must
     approve (one has), agent JSON with a key order of its own and an integer beyond 64 bits,
@@ -112,23 +112,27 @@ def busy_run(api: Api, onboarding_policies, tenant) -> dict[str, Any]:
     first = Checkpoint.objects.filter(run_id=run_id).order_by("created_at").first()
     assert first is not None
     Checkpoint.objects.filter(run_id=run_id).update(created_at=first.created_at)
-    assert (
-        api.post(f"/runs/{run_id}/fail", {"error": "boom", "failed_action_id": lic["id"]}).status_code == 200
+    # One of the two approvers grants the charge; the run then fails, withdrawing it (a run does
+    # not end with an approval outstanding): the read shows the grant on the withdrawn approval.
+    approval_id = charge.json()["approval"]["id"]
+    assert Api(approver_key[1]).post(f"/approvals/{approval_id}/approve", {"reason": "ok"}).status_code == 200
+    failed = api.post(
+        f"/runs/{run_id}/fail", {"error": "boom", "failed_action_id": lic["id"], "withdraw_approvals": True}
     )
+    assert failed.status_code == 200, failed.content
     return run
 
 
-def test_the_reads_answer_what_the_orms_reads_answered_byte_for_byte(api, agent_key, approver_key, busy_run):
+def test_the_reads_answer_what_the_orms_reads_answered_byte_for_byte(api, agent_key, busy_run):
     run_id = busy_run["id"]
     key = agent_key[0]
-    approval_id = api.get(f"/runs/{run_id}").json()["actions"][-1]["approval"]["id"]
-    assert Api(approver_key[1]).post(f"/approvals/{approval_id}/approve", {"reason": "ok"}).status_code == 200
     detail = api.get(f"/runs/{run_id}")
     assert detail.status_code == 200
     assert detail.content == _orm_run_detail(key, run_id)
     codes = [w["code"] for w in detail.json()["warnings"]]
     assert "pivot_order" in codes and "outcome_unknown" in codes
-    assert len(detail.json()["actions"][-1]["approval"]["grants"]) == 1
+    shown = detail.json()["actions"][-1]["approval"]
+    assert len(shown["grants"]) == 1 and shown["status"] == "expired"
     # Every page of the actions and the checkpoints, the cursors included.
     for path, reference, limit in (
         (f"/runs/{run_id}/actions", _orm_actions, 2),

@@ -56,8 +56,15 @@ class HeartbeatIn(StrictIn):
     note: str = Field("", max_length=2000)
 
 
+_WITHDRAW_APPROVALS = (
+    "Withdraw the approvals the run's actions still wait for (each action is rejected): without "
+    "it, a run with an action awaiting approval is refused with 409 pending_approvals."
+)
+
+
 class RunCompleteIn(StrictIn):
     summary: str = Field("", max_length=20000)
+    withdraw_approvals: bool = Field(False, description=_WITHDRAW_APPROVALS)
 
 
 class RunFailIn(StrictIn):
@@ -66,6 +73,7 @@ class RunFailIn(StrictIn):
     reason: str = Field(
         "failed", max_length=64, description="Recovery reason; unknown values count as 'failed'."
     )
+    withdraw_approvals: bool = Field(False, description=_WITHDRAW_APPROVALS)
 
 
 class WarningOut(Out):
