@@ -112,6 +112,14 @@ class ApprovalPending(Conflict):
     code = "approval_pending"
 
 
+class PendingApprovals(Conflict):
+    """Completing or failing a run while actions of it still wait for a person's approval: the
+    approval would stay in the inbox for a run that is over. The caller decides them first, or
+    withdraws them (``withdraw_approvals``)."""
+
+    code = "pending_approvals"
+
+
 class ApprovalRejected(Conflict):
     code = "approval_rejected"
 

@@ -460,6 +460,7 @@ class CancelPreview:
     running: list[Action]  # become ``unknown``: someone confirms whether each happened
     unknown: list[Action]  # already ``unknown``
     changed: list[Action]  # succeeded and not read-only: stay as they are until someone decides
+    awaiting: list[Action]  # awaiting approval: their approvals are withdrawn (and they rejected)
     item: RecoveryItem | None  # the run's unresolved item (updated, not duplicated)
     agent_told_by_push: bool  # a resume_url gets the signed cancel command too
 
@@ -482,6 +483,7 @@ def cancel_preview(*, run: Run) -> CancelPreview:
         changed=[
             a for a in actions if a.status in PLANNABLE_STATUSES and a.action_class != ActionClass.READ_ONLY
         ],
+        awaiting=[a for a in actions if a.status == Action.Status.AWAITING_APPROVAL],
         item=item_unresolved(run=run),
         agent_told_by_push=bool(run.resume_url),
     )

@@ -234,6 +234,31 @@ def onboarding_policies(db):
 # --- A Redis of our own, and real worker processes -------------------------------------------
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _redis_left_as_found() -> Iterator[None]:
+    """The machine's Redis database this session enqueues into (REDIS_URL's; one per xdist worker)
+    is left as the session found it: every key the session created there (RQ's jobs, results and
+    queues, throttle windows, the scheduler's claims) is deleted at its end. Set up first, so it is
+    torn down last, after the live servers and worker processes that write there."""
+    import redis
+    from django.conf import settings
+
+    connection = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=10)
+    try:
+        found = set(connection.scan_iter(count=1000))
+    except redis.RedisError:
+        found = None  # no Redis at the start: the tests that need it say so themselves
+    yield
+    if found is None:
+        return
+    try:
+        created = [key for key in connection.scan_iter(count=1000) if key not in found]
+        for start in range(0, len(created), 500):
+            connection.delete(*created[start : start + 500])
+    except redis.RedisError:
+        pass  # Redis went away meanwhile (an outage test's restart): nothing left to tidy here
+
+
 @pytest.fixture(scope="session")
 def redis_server(django_db_setup: Any) -> Iterator[RedisServer]:
     """A redis-server of the suite's own, never the machine's shared one, so a test may stop or

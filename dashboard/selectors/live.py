@@ -1,7 +1,8 @@
 """The run page, live: one poll that sends back only the regions whose state changed.
 
-The page carries a fingerprint ("mark") of each region it shows (header, recovery item, unwind,
-pending approvals, ledger, audit log, the nav badge). The poll sends them back; the answer is
+The page carries a fingerprint ("mark") of each region it shows (header, the decision notice,
+the resume-wait panel, recovery item, unwind, pending approvals, ledger, audit log, the nav
+badge). The poll sends them back; the answer is
 204 when nothing changed, otherwise the new poller plus an out-of-band swap of each changed
 region. Regions that hold what a person types (the open decision panels) are never swapped,
 only emptied when their decision is no longer possible. Polling is fast while something is in
@@ -19,12 +20,14 @@ from django.utils.http import urlencode
 
 from dashboard.permissions import Someone
 from dashboard.selectors import inbox
+from infra.durations import ago_words
 from ledger.models import Action, Event, Run
+from recovery.actions import commands
 from recovery.decisions import RunDecisions, decisions_for
 from recovery.models import Approval, RecoveryItem, Unwind
 from recovery.unwinds.state import STOPPABLE
 
-REGIONS = ("header", "item", "unwind", "approvals", "actions", "audit", "nav")
+REGIONS = ("header", "notices", "resume", "item", "unwind", "approvals", "actions", "audit", "nav")
 FAST = "2s"  # something is in flight: a compensation, a running agent, an approval
 SLOW = "10s"  # the run waits for a person's decision (someone else may take it)
 
@@ -71,8 +74,13 @@ def live_state(
         if item is not None
         else None
     )
+    wait = commands.resume_waiting(run=run)
     marks = {
         "header": _mark(run.status, run.finished_at, run.error, item_state),
+        # The notice after a decision tells the state it left the run in: it follows the run's
+        # status and whether a resume is still waiting for its agent, not the item's assignee.
+        "notices": _mark(run.status, wait.command.pk if wait else None),
+        "resume": _resume_mark(run, wait),
         "item": _mark(item_state, unwind_state, step_states),
         "unwind": _mark(unwind_state, step_states),
         "approvals": _mark([a.pk for a in approvals]),
@@ -92,6 +100,23 @@ def live_state(
         decisions=decisions_for(run=run, item=item, unwind=unwind),
         upto=upto,
         item_id=item.pk if item is not None else "",
+    )
+
+
+def _resume_mark(run: Run, wait: commands.ResumeWait | None) -> str:
+    """What the resume-wait panel says: which command, how long it waited and the agent has been
+    silent (in the words shown), whether it is overdue, heard from, pushed."""
+    if wait is None:
+        return _mark(None)
+    pulse = commands.agent_pulse(run=run)
+    return _mark(
+        wait.command.pk,
+        ago_words(wait.waited_s),
+        wait.overdue,
+        wait.heard_since,
+        wait.command.delivered_at,
+        pulse.heard_at,
+        ago_words(pulse.silent_s),
     )
 
 

@@ -172,6 +172,9 @@ def run_live(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             trail=recovery_trail.run_trail(run=run),
             **_partial_marks(shown, recovery_trail.kept_action_ids(run=run)),
         )
+    if "header" in changed and "trail" not in context:
+        # The trail tells the run's state too ("… and the run is running"): it follows the header.
+        context["trail"] = recovery_trail.run_trail(run=run)
     if "audit" in changed:
         page.events, page.older_events = run_selectors.run_events(run=run)
     response = render(request, "dashboard/run_detail.html#live", context)

@@ -7,13 +7,18 @@ agent records ``hr.create_user(email=victim)``, reports success, fails, and hope
 should not be ``approval: auto``. This module names the ones that are; ``manage.py load_policies``
 prints them and the dashboard's policies page shows them (docs/SECURITY.md, Residual risk).
 
-"Deletes or moves money" is known two ways, either enough:
+The compensating tool's own policy is read first, and a name only where the policy leaves it open:
 
-- **by name**: a word of the tool's name (split at ``.``, ``_``, ``-``, ``/``, ``:`` and
-  camelCase) is one of ``DESTRUCTIVE_VERBS`` (``hr.delete_user``, ``payments.refund``,
-  ``billing.createTransfer``); a whole word, so ``payments.restore`` is not a payment;
-- **by class**: the compensating tool's own policy says ``external_irreversible`` (what it does
-  cannot be undone in turn).
+- **by class**: its policy says ``external_irreversible`` (what it does cannot be undone in
+  turn): flagged. Its policy says it can be undone (``external_reversible``, ``draft_only``,
+  ``read_only``): the author judged it, and it is not flagged whatever its name (a licence
+  cancelled is provisioned again: ``workspace.cancel_license``).
+- **by name**, otherwise (``internal_update``, or the default policy): a word of a name it goes by
+  (split at ``.``, ``_``, ``-``, ``/``, ``:`` and camelCase) is one of ``DESTRUCTIVE_VERBS``
+  (``hr.delete_user``, ``payments.refund``, ``billing.createTransfer``); a whole word, so
+  ``payments.restore`` is not a payment. The names it goes by are its own and, for a registered
+  compensator, what it calls: the MCP tool, the Python callable, the webhook's last path segment
+  (``inventory.undo_add`` calling the MCP tool ``remove_item``).
 
 The compensating tools of a scope are every tool a policy in force names as its
 ``compensation_tool`` and every compensator registered in the database (which an agent may name
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from django.db.models import Q
 
@@ -61,6 +67,30 @@ def destructive_words(tool: str) -> list[str]:
     return [word for word in dict.fromkeys(words) if word in DESTRUCTIVE_VERBS]
 
 
+# The classes whose policy says what the tool does can itself be undone.
+UNDOABLE_CLASSES = frozenset({ActionClass.READ_ONLY, ActionClass.DRAFT_ONLY, ActionClass.EXTERNAL_REVERSIBLE})
+
+
+def callee_name(row: Compensator) -> str:
+    """What a registered compensator calls, by name: the MCP tool, the Python callable, the
+    webhook's last path segment ("" when there is none)."""
+    if row.kind == Compensator.Kind.MCP:
+        return row.mcp_tool
+    if row.kind == Compensator.Kind.PYTHON:
+        return row.python_path.rsplit(".", 1)[-1]
+    return urlsplit(row.url).path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _by_name(tool: str, callees: list[str]) -> str:
+    """Why a name says it deletes or moves money ("" when none does)."""
+    if words := destructive_words(tool):
+        return f"deletes or moves money (its name says {', '.join(words)})"
+    for callee in callees:
+        if words := destructive_words(callee):
+            return f"deletes or moves money (it calls {callee}, whose name says {', '.join(words)})"
+    return ""
+
+
 @dataclass(frozen=True)
 class CompensationWarning:
     """A compensating tool that deletes or moves money and runs without an approval of its own."""
@@ -91,8 +121,11 @@ def unattended_destructive_compensations(*, tenant: Tenant | None) -> list[Compe
     for policy in policies:
         if policy.compensation_tool:
             named_by.setdefault(policy.compensation_tool, []).append(f"named by {policy.tool}")
-    for tool in Compensator.objects.filter(scope).values_list("tool", flat=True):
-        named_by.setdefault(tool, []).append("a registered compensator")
+    callees: dict[str, list[str]] = {}
+    for row in Compensator.objects.filter(scope):
+        named_by.setdefault(row.tool, []).append("a registered compensator")
+        if callee := callee_name(row):
+            callees.setdefault(row.tool, []).append(callee)
     default = policy_settings_for(tenant).default_policy
     warnings = []
     for tool, by in sorted(named_by.items()):
@@ -103,14 +136,12 @@ def unattended_destructive_compensations(*, tenant: Tenant | None) -> list[Compe
             pattern = "*default*"
             approval = str(default.get("approval", ApprovalMode.MANUAL))
             action_class = str(default.get("action_class", ActionClass.EXTERNAL_IRREVERSIBLE))
-        if approval != ApprovalMode.AUTO:
+        if approval != ApprovalMode.AUTO or action_class in UNDOABLE_CLASSES:
             continue
-        words = destructive_words(tool)
-        if words:
-            why = f"deletes or moves money (its name says {', '.join(words)})"
-        elif action_class == ActionClass.EXTERNAL_IRREVERSIBLE:
+        why = _by_name(tool, callees.get(tool, []))
+        if not why and action_class == ActionClass.EXTERNAL_IRREVERSIBLE:
             why = "cannot be undone in turn (its policy classes it external_irreversible)"
-        else:
+        if not why:
             continue
         warnings.append(
             CompensationWarning(tool=tool, policy=pattern, why=why, named_by=tuple(dict.fromkeys(by)))

@@ -244,15 +244,26 @@ POLICY_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _upsert(model: type[Any], *, lookup: dict[str, Any], values: dict[str, Any]) -> str:
-    """Create or update one row; return "created", "updated" or "unchanged". An unchanged row is
-    not saved at all, so its ``loaded_at`` stays put and a repeat load changes nothing."""
+def _upsert(
+    model: type[Any],
+    *,
+    lookup: dict[str, Any],
+    values: dict[str, Any],
+    provenance: dict[str, Any] | None = None,
+) -> str:
+    """Create or update one row; return "created", "updated" or "unchanged", judged by ``values``
+    (what the row is). An unchanged row is not saved, so its ``loaded_at`` stays put and a repeat
+    load changes nothing; the report counts only what the file changed (the same policies from
+    another path change no row). ``provenance`` (where the row came from: the file) is written
+    with a change of the row only: a row keeps the file that last changed it."""
     obj = model.objects.select_for_update().filter(**lookup).first()
+    provenance = provenance or {}
     if obj is None:
-        model.objects.create(**lookup, **values)
+        model.objects.create(**lookup, **values, **provenance)
         return "created"
     if all(getattr(obj, name) == value for name, value in values.items()):
         return "unchanged"
+    values = {**values, **provenance}
     for name, value in values.items():
         setattr(obj, name, value)
     obj.save()
@@ -291,17 +302,26 @@ def policy_file_load(
             "unwind": document.unwind,
             "auto_compensate": document.auto_compensate,
             "audit": document.audit,
-            "source": source,
-            "content_hash": document.content_hash,
         },
+        provenance={"source": source, "content_hash": document.content_hash},
     )
     getattr(report, outcome).append("policy set")
+    # The policy set names the file in force, whatever of it changed (a policy, or nothing). Only
+    # when it names another: an UPDATE, even of no row, moves the policy stamp (its trigger).
+    stale_provenance = PolicySet.objects.filter(tenant=tenant).exclude(
+        source=source, content_hash=document.content_hash
+    )
+    if stale_provenance.exists():
+        stale_provenance.update(source=source, content_hash=document.content_hash)
 
     for policy in document.policies:
         # A policy the file lists without rules has none, whatever it had before.
         values = {**POLICY_DEFAULTS, **{k: v for k, v in policy.items() if k != "tool"}}
         outcome = _upsert(
-            ToolPolicy, lookup={"tenant": tenant, "tool": policy["tool"]}, values={**values, "source": source}
+            ToolPolicy,
+            lookup={"tenant": tenant, "tool": policy["tool"]},
+            values=values,
+            provenance={"source": source},
         )
         getattr(report, outcome).append(f"policy {policy['tool']}")
     # Deleting only when there is something to delete: an empty DELETE still fires the statement-
@@ -314,7 +334,7 @@ def policy_file_load(
 
     for tool, spec in document.compensators.items():
         outcome = _upsert(
-            Compensator, lookup={"tenant": tenant, "tool": tool}, values={**spec, "source": source}
+            Compensator, lookup={"tenant": tenant, "tool": tool}, values=spec, provenance={"source": source}
         )
         getattr(report, outcome).append(f"compensator {tool}")
     stale_comp = Compensator.objects.filter(tenant=tenant).exclude(tool__in=list(document.compensators))

@@ -24,6 +24,7 @@ from ledger.services.actions import plans, recording
 from ledger.services.actions.compensation import CompensatorCheck
 from ledger.services.actions.plans import RecordedPlan
 from ledger.services.actions.recording import Gate, RecordedAction
+from ledger.transitions import run_state_phrase
 from recovery import compensators
 from recovery.actions.refusals import audits_refusals
 from recovery.models import Approval
@@ -265,3 +266,59 @@ def approval_request_again(*, approval: Approval, actor: Actor, reason: str) -> 
     action_moves.action_await_approval_again(action=action, actor=actor, reason=reason)
     previous.run = action.run  # as the ledger just locked it, with its audit chain head
     return approvals.approval_ask_again(previous=previous, actor=actor, reason=reason)
+
+
+# --- Approvals nobody needs any more: the run they belong to is over ---------------------------
+
+
+def action_approvals_lock(*, run: Run) -> list[Approval]:
+    """The pending approvals of ``run``'s actions, locked. Taken before the run's own lock, the
+    order an approver's decision takes them in (the approval, then the action's move under the
+    run's lock), so ending a run while someone approves waits rather than deadlocks."""
+    return list(
+        Approval.objects.select_for_update(of=("self",))
+        .filter(run_id=run.pk, kind=Approval.Kind.ACTION, status=Approval.Status.PENDING)
+        .select_related("action")
+        .order_by("pk")
+    )
+
+
+def action_approvals_settle_for_end(*, run: Run, actor: Actor, withdraw: bool, ending: str) -> list[Approval]:
+    """Before ``run`` ends (``ending``: the status it is about to take, for the words): the actions
+    still awaiting approval are refused (``PendingApprovals``, naming each), or with ``withdraw``
+    their approvals are withdrawn (``approval.withdrawn``: out of the inbox, a late decision
+    refused) and each action is rejected. Returns the withdrawn approvals. Under the run's lock
+    (the caller's), so no action of the run is recorded or decided between this and the run's own
+    move; ``action_approvals_lock`` first."""
+    awaiting = list(
+        Action.objects.filter(run_id=run.pk, status=Action.Status.AWAITING_APPROVAL).order_by("seq")
+    )
+    if not awaiting:
+        return []
+    if not withdraw:
+        several = len(awaiting) != 1
+        listed = ", ".join(f"{a.pk} ({a.tool})" for a in awaiting)
+        raise errors.PendingApprovals(
+            f"Run {run.pk} has {len(awaiting)} action{'s' if several else ''} waiting for approval: "
+            f"{listed}. Wait for the decision{'s' if several else ''}, or send withdraw_approvals: "
+            f"true to withdraw {'them' if several else 'it'} (the run cannot end while an approver "
+            "may still act on it).",
+            details={"run_id": run.pk, "action_ids": [a.pk for a in awaiting]},
+        )
+    reason = f"the run {run_state_phrase(ending)} while it waited"
+    pending = {
+        approval.action_id: approval
+        for approval in Approval.objects.filter(
+            action_id__in=[a.pk for a in awaiting], kind=Approval.Kind.ACTION, status=Approval.Status.PENDING
+        ).order_by("pk")
+    }
+    withdrawn = []
+    for action in awaiting:
+        approval = pending.get(action.pk)
+        if approval is not None:
+            gone = approvals.approval_withdraw(approval=approval, actor=actor, reason=reason)
+            if gone is not None:
+                withdrawn.append(gone)
+        action.run = run
+        action_moves.action_reject(action=action, actor=actor, reason=f"Approval withdrawn: {reason}.")
+    return withdrawn

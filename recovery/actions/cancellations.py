@@ -14,6 +14,7 @@ from ledger.rules import reason_required
 from ledger.services import runs
 from recovery import selectors
 from recovery.actions import commands
+from recovery.actions.approvals import action_approvals_lock, action_approvals_settle_for_end
 from recovery.actions.refusals import audits_refusals
 from recovery.models import AgentCommand, RecoveryItem
 from recovery.transitions import items
@@ -37,6 +38,8 @@ def run_cancel(*, run: Run, actor: Actor, reason: str) -> CancelOutcome:
       them): someone confirms whether each happened before anything is undone.
     - The agent's next write is refused (409 ``run_not_accepting_actions``) and a ``cancel``
       command waits for it (heartbeat, GET commands; pushed signed to its ``resume_url``).
+    - The actions awaiting approval are rejected and their approvals withdrawn
+      (``approval.withdrawn``): they leave the inbox.
     - When the run changed something (succeeded or unknown actions) it goes to the recovery queue
       with reason ``cancelled``, so a person decides whether to undo it; an unresolved item of the
       run is updated rather than duplicated (and so is one without anything to decide).
@@ -46,11 +49,14 @@ def run_cancel(*, run: Run, actor: Actor, reason: str) -> CancelOutcome:
     # The item before the run: the order the other decisions take them in (unwind_start, close,
     # flag), so a cancel racing one of them waits for it instead of deadlocking.
     list(RecoveryItem.objects.select_for_update().filter(run_id=run.pk, status__in=RecoveryItem.UNRESOLVED))
+    action_approvals_lock(run=run)
     run = runs.run_lock(run)
     # What the confirmation showed, read again under the run's lock: neither the agent nor another
     # operator can start or finish an action of the run until this transaction ends.
     preview = selectors.cancel_preview(run=run)
     runs.run_cancel(run=run, actor=actor, reason=reason)
+    # Nobody is to approve what the agent of a cancelled run waited to do.
+    action_approvals_settle_for_end(run=run, actor=actor, withdraw=True, ending=Run.Status.CANCELLED)
     moved = list(Action.objects.filter(pk__in=[a.pk for a in preview.running]).order_by("seq"))
     item = None
     if preview.queues:

@@ -127,6 +127,8 @@ def agents_detect_lost(*, now: datetime | None = None) -> int:
                 run=run,
                 actor=Actor.system("heartbeat-monitor"),
                 reason="agent_lost",
+                # No agent is left to decide what an approval it waited for was for.
+                withdraw_approvals=True,
                 error=f"No heartbeat for {since} (threshold "
                 f"{saga().heartbeat_timeout_s}s): the agent is presumed lost.",
             )

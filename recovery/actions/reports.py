@@ -1,6 +1,7 @@
-"""The agent's reports that put a run in the recovery queue: a failed run (auto-compensated when
-the policy allows, withheld when a person resumed it), a failed action whose outcome is unknown,
-a verification mismatch.
+"""The agent's reports of how its run ended, and those that put a run in the recovery queue: a
+completed run, a failed run (auto-compensated when the policy allows, withheld when a person
+resumed it), a failed action whose outcome is unknown, a verification mismatch. A run does not
+end while one of its actions waits for approval, unless the agent withdraws it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ledger.models import Action, Run
 from ledger.services import runs
 from ledger.services.actions import moves
 from recovery.actions import commands
+from recovery.actions.approvals import action_approvals_lock, action_approvals_settle_for_end
 from recovery.actions.compensations import AUTO_COMPENSATOR, auto_compensable, auto_compensate
 from recovery.models import AgentCommand, RecoveryItem, Unwind
 from recovery.transitions import items
@@ -29,10 +31,37 @@ class FailOutcome:
 
 
 @transaction.atomic
+def run_complete(*, run: Run, actor: Actor, summary: str = "", withdraw_approvals: bool = False) -> Run:
+    """The agent reports its run succeeded: running → succeeded. Refused (409
+    ``pending_approvals``) while an action of the run awaits approval, unless
+    ``withdraw_approvals``: then those approvals are withdrawn and the actions rejected first, in
+    the same transaction. Returns the run as it is now."""
+    action_approvals_lock(run=run)
+    run = runs.run_lock(run)
+    action_approvals_settle_for_end(
+        run=run, actor=actor, withdraw=withdraw_approvals, ending=Run.Status.SUCCEEDED
+    )
+    return runs.run_complete(run=run, actor=actor, summary=summary)
+
+
+@transaction.atomic
 def run_fail_and_queue(
-    *, run: Run, actor: Actor, error: str, reason: str = "failed", failed_action: Action | None = None
+    *,
+    run: Run,
+    actor: Actor,
+    error: str,
+    reason: str = "failed",
+    failed_action: Action | None = None,
+    withdraw_approvals: bool = False,
 ) -> FailOutcome:
-    """The agent reports its run failed: record it and put the run in the recovery queue."""
+    """The agent reports its run failed: record it and put the run in the recovery queue. Refused
+    (409 ``pending_approvals``) while an action of the run awaits approval, unless
+    ``withdraw_approvals`` (as ``run_complete``)."""
+    action_approvals_lock(run=run)
+    run = runs.run_lock(run)
+    action_approvals_settle_for_end(
+        run=run, actor=actor, withdraw=withdraw_approvals, ending=Run.Status.FAILED
+    )
     item_reason = reason if reason in RecoveryItem.Reason.values else RecoveryItem.Reason.FAILED
     runs.run_fail(run=run, actor=actor, error=error, reason=item_reason, failed_action=failed_action)
     resumed = _resume_failed_again(run=run, actor=actor)

@@ -42,15 +42,15 @@ from saga_admin.api.schemas.actions import (
     ActionSucceedIn,
     ActionVerifyIn,
     ActionVerifyOut,
-    action_out,
+    action_shown,
 )
-from saga_admin.api.schemas.queue import recovery_item_out
+from saga_admin.api.schemas.queue import RecoveryItemOut
 
 # Writes as an agent unless an operation says ``auth=reader_auth`` (saga_admin.api.common).
 router = Router(tags=["agents"], auth=agent_auth)
 
 
-def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
+def _action_out(action: Action, *, fresh: bool = False) -> ActionOut:
     """The action as the API shows it. ``fresh``: the instance already holds what this request
     read and wrote in its transaction (a service's compare-and-set sets the fields it updates), so
     it is not read again. Only an action that needs approval can have one (approvals of actions
@@ -62,7 +62,7 @@ def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
         if action.requires_approval
         else None
     )
-    return action_out(action, approval=approval)
+    return action_shown(action, approval)
 
 
 @router.get(
@@ -71,7 +71,7 @@ def _action_body(action: Action, *, fresh: bool = False) -> dict[str, Any]:
     auth=reader_auth,
     summary="A run's actions, oldest first (cursor pagination, limit ≤ 500)",
 )
-def run_actions(request: HttpRequest, run_id: str, page: Query[ActionPageQuery]) -> dict[str, Any]:
+def run_actions(request: HttpRequest, run_id: str, page: Query[ActionPageQuery]) -> ActionPageOut:
     check_id("Run", run_id)
     return reads.actions_page(key=key_of(request), run_id=run_id, cursor=page.cursor, limit=page.limit)
 
@@ -121,7 +121,7 @@ def action_record(
     )
     # A new action is built from the row just inserted (and its approval, when one was opened);
     # a replay was read from the database by the service.
-    body = _action_body(recorded.action, fresh=True)
+    body = _action_out(recorded.action, fresh=True).json_ready()
     return json_response(201, body) if recorded.created else json_response(200, body, replayed=True)
 
 
@@ -131,9 +131,9 @@ def action_record(
     auth=reader_auth,
     summary="An action with its approval decision (poll this while awaiting_approval)",
 )
-def action_detail(request: HttpRequest, action_id: str) -> dict[str, Any]:
+def action_detail(request: HttpRequest, action_id: str) -> ActionOut:
     # Just read (with its run): not read again.
-    return _action_body(action_for(request, action_id), fresh=True)
+    return _action_out(action_for(request, action_id), fresh=True)
 
 
 @router.post(
@@ -148,7 +148,7 @@ def action_start(
 
     def produce() -> tuple[int, Any]:
         moves.action_start(action=action, actor=actor_of(request))
-        return 200, _action_body(action, fresh=True)
+        return 200, _action_out(action, fresh=True).json_ready()
 
     return idempotent_response(request, tenant=tenant_of(request), key=idempotency_key, produce=produce)
 
@@ -172,7 +172,7 @@ def action_succeed(
             result=payload.result,
             after_snapshot=payload.after_snapshot,
         )
-        return 200, _action_body(action, fresh=True)
+        return 200, _action_out(action, fresh=True).json_ready()
 
     return idempotent_response(request, tenant=tenant_of(request), key=idempotency_key, produce=produce)
 
@@ -199,7 +199,7 @@ def action_fail(
             layer=payload.layer,
             outcome_unknown=payload.outcome_unknown,
         )
-        return 200, _action_body(action, fresh=True)
+        return 200, _action_out(action, fresh=True).json_ready()
 
     return idempotent_response(request, tenant=tenant_of(request), key=idempotency_key, produce=produce)
 
@@ -226,7 +226,11 @@ def action_verify(
             actual=payload.actual,
             reason=payload.reason,
         )
-        return 200, {**_action_body(action), "recovery_item": recovery_item_out(item)}
+        verified = ActionVerifyOut(
+            **dict(_action_out(action)),
+            recovery_item=RecoveryItemOut.from_orm(item) if item is not None else None,
+        )
+        return 200, verified.json_ready()
 
     return idempotent_response(request, tenant=tenant_of(request), key=idempotency_key, produce=produce)
 
@@ -253,6 +257,6 @@ def action_reconcile(
             result=payload.result,
             after_snapshot=payload.after_snapshot,
         )
-        return 200, _action_body(action)
+        return 200, _action_out(action).json_ready()
 
     return idempotent_response(request, tenant=tenant_of(request), key=idempotency_key, produce=produce)

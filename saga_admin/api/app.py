@@ -120,11 +120,12 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
     fields = []
     for err in exc.errors:
         loc = [str(part) for part in err.get("loc", ())]
-        # ninja's loc is (source, [body parameter name,] field…); agents think in field names.
+        # ninja's loc is (source, [body parameter name,] field…); agents think in field names, and
+        # the operation's parameter name (``payload``) is the framework's, not the body's: dropped.
         path = loc[2:] if len(loc) > 2 and loc[0] == "body" else loc[1:] if len(loc) > 1 else loc
         fields.append(
             {
-                "loc": loc,
+                "loc": [loc[0], *path] if loc else loc,
                 "field": ".".join(path),
                 "message": err.get("msg", "invalid"),
                 "type": err.get("type", ""),

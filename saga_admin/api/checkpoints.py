@@ -28,7 +28,6 @@ from saga_admin.api.schemas.checkpoints import (
     CheckpointOut,
     CheckpointPageOut,
     PageQuery,
-    checkpoint_out,
 )
 
 # Writes as an agent unless an operation says ``auth=reader_auth`` (saga_admin.api.common).
@@ -48,7 +47,7 @@ def checkpoint_create(
 
     def produce() -> tuple[int, Any]:
         checkpoint = checkpoints.checkpoint_write(run=run, actor=actor_of(request), **payload.model_dump())
-        return 201, checkpoint_out(checkpoint)
+        return 201, CheckpointOut.from_orm(checkpoint).json_ready()
 
     return idempotent_response(request, tenant=tenant_of(request), key=idempotency_key, produce=produce)
 
@@ -59,7 +58,7 @@ def checkpoint_create(
     auth=reader_auth,
     summary="A run's checkpoints, newest first",
 )
-def checkpoint_list(request: HttpRequest, run_id: str, page: Query[PageQuery]) -> dict[str, Any]:
+def checkpoint_list(request: HttpRequest, run_id: str, page: Query[PageQuery]) -> CheckpointPageOut:
     check_id("Run", run_id)
     return reads.checkpoint_page(key=key_of(request), run_id=run_id, cursor=page.cursor, limit=page.limit)
 
@@ -70,8 +69,8 @@ def checkpoint_list(request: HttpRequest, run_id: str, page: Query[PageQuery]) -
     auth=reader_auth,
     summary="A run's latest checkpoint (404 when it has none)",
 )
-def checkpoint_latest(request: HttpRequest, run_id: str) -> dict[str, Any]:
+def checkpoint_latest(request: HttpRequest, run_id: str) -> CheckpointOut:
     checkpoint = ledger_selectors.checkpoint_latest(run=run_for(request, run_id))
     if checkpoint is None:
         raise errors.NotFound(f"Run {run_id} has no checkpoint yet.", details={"run_id": run_id})
-    return checkpoint_out(checkpoint)
+    return CheckpointOut.from_orm(checkpoint)

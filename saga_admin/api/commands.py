@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.http import HttpRequest
 from ninja import Router
 
@@ -12,7 +10,7 @@ from recovery.actions import commands
 from recovery.models import AgentCommand
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
 from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, reach_of, run_for
-from saga_admin.api.schemas.commands import AgentCommandsOut, CommandOut, command_out
+from saga_admin.api.schemas.commands import AgentCommandsOut, CommandOut
 
 # Writes as an agent unless an operation says ``auth=reader_auth`` (saga_admin.api.common).
 router = Router(tags=["agents"], auth=agent_auth)
@@ -24,9 +22,10 @@ router = Router(tags=["agents"], auth=agent_auth)
     auth=reader_auth,
     summary="Pending resume/cancel commands for the agent",
 )
-def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
+def run_commands(request: HttpRequest, run_id: str) -> AgentCommandsOut:
     run = run_for(request, run_id)
-    return {"commands": [command_out(command) for command in recovery_selectors.commands_pending(run=run)]}
+    pending = recovery_selectors.commands_pending(run=run)
+    return AgentCommandsOut(commands=[CommandOut.from_orm(command) for command in pending])
 
 
 @router.post(
@@ -34,9 +33,9 @@ def run_commands(request: HttpRequest, run_id: str) -> dict[str, Any]:
     response={200: CommandOut, **WRITE_ERRORS},
     summary="Acknowledge a command (harmless to repeat)",
 )
-def command_ack(request: HttpRequest, command_id: str) -> dict[str, Any]:
+def command_ack(request: HttpRequest, command_id: str) -> CommandOut:
     check_id("Command", command_id)
     command = reach_of(request, write=True).get(
         AgentCommand.objects.select_related("run__tenant", "checkpoint"), command_id, owner_field="run__owner"
     )
-    return command_out(commands.command_ack(command=command, actor=actor_of(request)))
+    return CommandOut.from_orm(commands.command_ack(command=command, actor=actor_of(request)))

@@ -121,12 +121,7 @@ def check_json_value(value: Any, *, max_depth: int) -> None:
         current, depth = entry[0], entry[1]
         if isinstance(current, dict | list):
             if depth > max_depth:
-                raise BodyRejected(
-                    422,
-                    "invalid_request",
-                    f"The JSON body is nested deeper than {max_depth} levels.",
-                    {"max_depth": max_depth, "at": _path(entry)},
-                )
+                raise _too_deep(max_depth, at=_path(entry))
             items = current.items() if isinstance(current, dict) else enumerate(current)
             for key, child in items:
                 if isinstance(key, str):
@@ -134,6 +129,17 @@ def check_json_value(value: Any, *, max_depth: int) -> None:
                 stack.append((child, depth + 1, entry, key))
         elif isinstance(current, str):
             _check_string(current, entry)
+
+
+def _too_deep(max_depth: int, *, at: str | None) -> BodyRejected:
+    """The refusal of a body nested past the limit, with where (``at``) when the walk found it (a
+    body too deep for the parser itself is refused before any walk)."""
+    details: dict[str, Any] = {"max_depth": max_depth}
+    if at is not None:
+        details["at"] = at
+    return BodyRejected(
+        422, "invalid_request", f"The JSON body is nested deeper than {max_depth} levels.", details
+    )
 
 
 def _path(entry: Any, key: Any = None) -> str:
@@ -198,8 +204,9 @@ def _nested_deeper_than(raw: bytes, max_depth: int) -> bool:
     return True
 
 
-def _parse_exactly(raw: bytes) -> Any:
-    """The standard library's parser: every integer exactly, and the precise refusal (400)."""
+def _parse_exactly(raw: bytes, *, max_depth: int) -> Any:
+    """The standard library's parser: every integer exactly, and the precise refusal (400). A body
+    nested past what the parser recurses through is past the nesting limit too, and named so."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -208,8 +215,10 @@ def _parse_exactly(raw: bytes) -> Any:
         ) from None
     try:
         return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        details = {"line": exc.lineno, "column": exc.colno} if isinstance(exc, json.JSONDecodeError) else {}
+    except RecursionError:
+        raise _too_deep(max_depth, at=None) from None
+    except json.JSONDecodeError as exc:
+        details = {"line": exc.lineno, "column": exc.colno}
         raise BodyRejected(400, "invalid_json", "The request body is not valid JSON.", details) from None
     except ValueError as exc:  # e.g. an integer with more digits than Python will convert
         raise BodyRejected(400, "invalid_json", f"The request body is not valid JSON: {exc}.") from None
@@ -226,11 +235,11 @@ def parse_json_body(raw: bytes, *, max_depth: int) -> Any:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        value = _parse_exactly(raw)
+        value = _parse_exactly(raw, max_depth=max_depth)
         check_json_value(value, max_depth=max_depth)
         return value
     if json_text.may_hold_long_integer(raw):
-        value = _parse_exactly(raw)
+        value = _parse_exactly(raw, max_depth=max_depth)
     if (b"\\u0000" in raw and _NUL_ESCAPE.search(raw)) or _nested_deeper_than(raw, max_depth):
         check_json_value(value, max_depth=max_depth)
     return value

@@ -13,7 +13,7 @@ from recovery.actions import approvals
 from saga_admin.api.auth import agent_auth
 from saga_admin.api.common import WRITE_ERRORS, actor_of, check_id, key_of
 from saga_admin.api.idempotency import json_response
-from saga_admin.api.schemas.actions import actions_out
+from saga_admin.api.schemas.actions import actions_shown, approvals_shown
 from saga_admin.api.schemas.plans import ActionPlanIn, ActionPlanOut
 
 router = Router(tags=["agents"], auth=agent_auth)
@@ -59,5 +59,6 @@ def plan_record(request: HttpRequest, run_id: str, payload: ActionPlanIn) -> Htt
             for action in payload.actions
         ],
     )
-    body = {"actions": actions_out(run, plan.actions), "warnings": plan.warnings}
+    shown = actions_shown(plan.actions, approvals_shown(run.pk, plan.actions))
+    body = {"actions": [action.json_ready() for action in shown], "warnings": plan.warnings}
     return json_response(201, body) if plan.created else json_response(200, body, replayed=True)

@@ -3,21 +3,24 @@
 Each read is one round trip to PostgreSQL, as the append is (``ledger.services.writes``): the run
 the key reaches (``ledger.scoping.Reach.of_key``, the one owner rule, as values) and everything
 the response shows of it, selected together as one jsonb value, then turned into the model
-instances the schemas' ``*_out`` functions already present (``ledger.rows.model_from_row``), so
-the response is the one the ORM's reads gave, byte for byte. A run the key does not reach is
-the same 404 as an unknown id. The rules stay where they are: the order of a run's
-actions and checkpoints (``ledger.selectors``), which actions a warning can concern
-(``ledger.rules``, passed in as values), the unresolved statuses of an item and which approval an
-action shows (``recovery.selectors.latest_action_approvals``: the newest of the action kind).
-Equality with the ORM's reads is tested (tests/api/test_reads.py).
+instances the ORM would have read (``ledger.rows.model_from_row``) and read by the same output
+schemas as every other response (``XOut.from_orm``), so the response is the one the ORM's reads
+give, byte for byte. Each read returns its response schema, built once from those instances:
+ninja does not validate it again. A run the key does not reach is the same 404 as an unknown id.
+The rules stay where they are: the order of a run's actions and checkpoints
+(``ledger.selectors``), which actions a warning can concern (``ledger.rules``, passed in as
+values), the unresolved statuses of an item and which approval an action shows
+(``recovery.selectors.latest_action_approvals``: the newest of the action kind). Equality with
+the ORM's reads is tested (tests/api/test_reads.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection
+from django.db.models import Model
 
 from infra import errors, json_text
 from infra.pagination import NEWEST_FIRST, cursor_after, cursor_values
@@ -27,10 +30,12 @@ from ledger.rules import COMPENSATABLE_CLASSES
 from ledger.scoping import Reach
 from ledger.selectors import ACTIONS_IN_ORDER, RUN_DETAIL_ACTIONS, run_warnings
 from recovery.models import Approval, ApprovalGrant, RecoveryItem
-from saga_admin.api.schemas.actions import actions_out
-from saga_admin.api.schemas.checkpoints import checkpoint_out
-from saga_admin.api.schemas.queue import recovery_item_out
-from saga_admin.api.schemas.runs import run_out
+from saga_admin.api.schemas.actions import ActionPageOut, actions_shown
+from saga_admin.api.schemas.checkpoints import CheckpointOut, CheckpointPageOut
+from saga_admin.api.schemas.queue import RecoveryItemOut
+from saga_admin.api.schemas.runs import RunDetailOut, RunOut, WarningOut
+
+M = TypeVar("M", bound=Model)
 
 # The run the key reaches: its id, its tenant and, for an agent key (or a write), its owner.
 _RUN = "SELECT * FROM ledger_run WHERE id = %(run_id)s AND tenant_id = %(tenant_id)s"
@@ -115,52 +120,60 @@ def _next_cursor(rows: list[Any], keys: Sequence[tuple[str, bool]], limit: int) 
     return cursor_after([getattr(rows[limit - 1], name) for name, _ in keys])
 
 
-def checkpoint_page(*, key: AgentKey, run_id: str, cursor: str | None, limit: int) -> dict[str, Any]:
+def _run_page(
+    model: type[M],
+    *,
+    key: AgentKey,
+    run_id: str,
+    cursor: str | None,
+    limit: int,
+    ordering: Sequence[tuple[str, bool]],
+    beside: str = "",
+) -> tuple[list[M], dict[str, Any]]:
+    """One page (``limit`` + 1 rows, for the next cursor) of the rows of ``model`` that belong to
+    the run the key reaches, in ``ordering``, in one statement; with ``beside`` (``'name', sql``
+    pairs over ``page``) read in the same statement. Returns the rows and the whole answer."""
+    run_sql, params = _params(key, run_id)
+    after, after_params = _after(ordering, cursor, "p")
+    order = _order(ordering, "p")
+    sql = f"""
+        WITH run AS ({run_sql}),
+        page AS (
+            SELECT p.* FROM {model._meta.db_table} p WHERE p.run_id = (SELECT id FROM run){after}
+            ORDER BY {order} LIMIT %(limit)s
+        )
+        SELECT jsonb_build_object(
+            'run', (SELECT to_jsonb(run.id) FROM run),
+            'rows', (SELECT coalesce(jsonb_agg(to_jsonb(p) ORDER BY {order}), '[]'::jsonb) FROM page p){beside}
+        )"""  # noqa: S608 - fixed fragments of this module; every value is a parameter
+    answer = _select(sql, {**params, **after_params, "limit": limit + 1}, run_id)
+    return [model_from_row(model, row) for row in answer["rows"]], answer
+
+
+def checkpoint_page(*, key: AgentKey, run_id: str, cursor: str | None, limit: int) -> CheckpointPageOut:
     """``GET /runs/{id}/checkpoints``: a page of the run's checkpoints, newest first."""
-    run_sql, params = _params(key, run_id)
-    after, after_params = _after(NEWEST_FIRST, cursor, "c")
-    order = _order(NEWEST_FIRST, "c")
-    sql = f"""
-        WITH run AS ({run_sql}),
-        page AS (
-            SELECT c.* FROM ledger_checkpoint c WHERE c.run_id = (SELECT id FROM run){after}
-            ORDER BY {order} LIMIT %(limit)s
-        )
-        SELECT jsonb_build_object(
-            'run', (SELECT to_jsonb(run.id) FROM run),
-            'checkpoints', (SELECT coalesce(jsonb_agg(to_jsonb(c) ORDER BY {order}), '[]'::jsonb) FROM page c)
-        )"""  # noqa: S608 - fixed fragments of this module; every value is a parameter
-    answer = _select(sql, {**params, **after_params, "limit": limit + 1}, run_id)
-    rows = [model_from_row(Checkpoint, row) for row in answer["checkpoints"]]
-    return {
-        "items": [checkpoint_out(checkpoint, validate=False) for checkpoint in rows[:limit]],
-        "next_cursor": _next_cursor(rows, NEWEST_FIRST, limit),
-    }
+    rows, _ = _run_page(Checkpoint, key=key, run_id=run_id, cursor=cursor, limit=limit, ordering=NEWEST_FIRST)
+    return CheckpointPageOut(
+        items=[CheckpointOut.from_orm(checkpoint) for checkpoint in rows[:limit]],
+        next_cursor=_next_cursor(rows, NEWEST_FIRST, limit),
+    )
 
 
-def actions_page(*, key: AgentKey, run_id: str, cursor: str | None, limit: int) -> dict[str, Any]:
+def actions_page(*, key: AgentKey, run_id: str, cursor: str | None, limit: int) -> ActionPageOut:
     """``GET /runs/{id}/actions``: a page of the run's actions, oldest first, with their approvals."""
-    run_sql, params = _params(key, run_id)
-    after, after_params = _after(ACTIONS_IN_ORDER, cursor, "a")
-    order = _order(ACTIONS_IN_ORDER, "a")
-    sql = f"""
-        WITH run AS ({run_sql}),
-        page AS (
-            SELECT a.* FROM ledger_action a WHERE a.run_id = (SELECT id FROM run){after}
-            ORDER BY {order} LIMIT %(limit)s
-        )
-        SELECT jsonb_build_object(
-            'run', (SELECT to_jsonb(run.id) FROM run),
-            'actions', (SELECT coalesce(jsonb_agg(to_jsonb(a) ORDER BY {order}), '[]'::jsonb) FROM page a),
-            'approvals', {_APPROVALS}
-        )"""  # noqa: S608 - fixed fragments of this module; every value is a parameter
-    answer = _select(sql, {**params, **after_params, "limit": limit + 1}, run_id)
-    rows = [model_from_row(Action, row) for row in answer["actions"]]
-    run = Run(pk=run_id, tenant_id=key.tenant_id)
-    return {
-        "items": actions_out(run, rows[:limit], approvals=_approvals(answer["approvals"]), validate=False),
-        "next_cursor": _next_cursor(rows, ACTIONS_IN_ORDER, limit),
-    }
+    rows, answer = _run_page(
+        Action,
+        key=key,
+        run_id=run_id,
+        cursor=cursor,
+        limit=limit,
+        ordering=ACTIONS_IN_ORDER,
+        beside=f", 'approvals', {_APPROVALS}",
+    )
+    return ActionPageOut(
+        items=actions_shown(rows[:limit], _approvals(answer["approvals"])),
+        next_cursor=_next_cursor(rows, ACTIONS_IN_ORDER, limit),
+    )
 
 
 # The actions a warning can concern (ledger.selectors.run_warnings): an unknown outcome, a possible
@@ -182,7 +195,7 @@ _WARNING_ROWS = """
     ))"""
 
 
-def run_detail(*, key: AgentKey, run_id: str, path: str) -> dict[str, Any]:
+def run_detail(*, key: AgentKey, run_id: str, path: str) -> RunDetailOut:
     """``GET /runs/{id}``: the run, its newest actions (with their approvals), its latest
     checkpoint, its unresolved recovery item and its warnings (over the whole run)."""
     run_sql, params = _params(key, run_id)
@@ -235,12 +248,14 @@ def run_detail(*, key: AgentKey, run_id: str, path: str) -> dict[str, Any]:
         )
         for row in answer["warnings"]
     ]
-    return {
-        **run_out(run, validate=False),
-        "actions": actions_out(run, newest, approvals=_approvals(answer["approvals"]), validate=False),
+    return RunDetailOut(
+        **dict(RunOut.from_orm(run)),
+        actions=actions_shown(newest, _approvals(answer["approvals"])),
         # The whole list from its start (``path`` is this run's path, under any prefix).
-        "actions_next": f"{path}/actions" if more else None,
-        "latest_checkpoint": checkpoint_out(checkpoint, validate=False) if checkpoint else None,
-        "recovery_item": recovery_item_out(item, validate=False),
-        "warnings": run_warnings(run=run, actions=candidates),
-    }
+        actions_next=f"{path}/actions" if more else None,
+        latest_checkpoint=CheckpointOut.from_orm(checkpoint) if checkpoint else None,
+        recovery_item=RecoveryItemOut.from_orm(item) if item else None,
+        warnings=[
+            WarningOut.model_validate(warning) for warning in run_warnings(run=run, actions=candidates)
+        ],
+    )

@@ -39,9 +39,9 @@ from saga_admin.api.common import (
 )
 from saga_admin.api.idempotency import idempotent_response
 from saga_admin.api.limits import refuse_over_url_rate
-from saga_admin.api.schemas.commands import CommandOut, command_out
+from saga_admin.api.schemas.commands import CommandOut
 from saga_admin.api.schemas.common import ReasonIn
-from saga_admin.api.schemas.queue import RecoveryItemOut, recovery_item_out
+from saga_admin.api.schemas.queue import RecoveryItemOut
 from saga_admin.api.schemas.runs import (
     HeartbeatIn,
     HeartbeatOut,
@@ -55,7 +55,7 @@ from saga_admin.api.schemas.runs import (
     RunOut,
     RunPageOut,
     TrailOut,
-    run_out,
+    UnwindRefOut,
 )
 
 # Writes as an agent unless an operation says ``auth=reader_auth`` (saga_admin.api.common).
@@ -82,7 +82,7 @@ def run_create(
 
     def produce() -> tuple[int, Any]:
         run = runs.run_create(tenant=tenant_of(request), actor=actor_of(request), **payload.model_dump())
-        return 201, run_out(run)
+        return 201, RunOut.from_orm(run).json_ready()
 
     return idempotent_response(request, tenant=tenant_of(request), key=idempotency_key, produce=produce)
 
@@ -93,7 +93,7 @@ def run_create(
     auth=reader_auth,
     summary="List runs (newest first): an agent's own, or every run of the tenant for an operator key",
 )
-def run_list(request: HttpRequest, filters: Query[RunListQuery]) -> dict[str, Any]:
+def run_list(request: HttpRequest, filters: Query[RunListQuery]) -> RunPageOut:
     queryset = ledger_selectors.runs_reached(reach=reach_of(request))
     for field in ("status", "agent", "external_id"):
         value = getattr(filters, field)
@@ -104,8 +104,8 @@ def run_list(request: HttpRequest, filters: Query[RunListQuery]) -> dict[str, An
                 )
             queryset = queryset.filter(**{field: value})
     page = keyset_page(queryset, keys=NEWEST_FIRST, cursor=filters.cursor, limit=filters.limit)
-    # The response schema validates the runs' values (one pass, not one per run and one more).
-    return {"items": [run_out(run, validate=False) for run in page.items], "next_cursor": page.next_cursor}
+    # Built once, from the runs: ninja does not validate an output it is handed again.
+    return RunPageOut(items=[RunOut.from_orm(run) for run in page.items], next_cursor=page.next_cursor)
 
 
 @router.get(
@@ -114,7 +114,7 @@ def run_list(request: HttpRequest, filters: Query[RunListQuery]) -> dict[str, An
     auth=reader_auth,
     summary="A run with its newest actions (at most 100; `actions_next` pages them all)",
 )
-def run_detail(request: HttpRequest, run_id: str) -> dict[str, Any]:
+def run_detail(request: HttpRequest, run_id: str) -> RunDetailOut:
     check_id("Run", run_id)
     # One statement (saga_admin.api.reads); request.path is this run's path, under any prefix.
     return reads.run_detail(key=key_of(request), run_id=run_id, path=request.path)
@@ -135,7 +135,9 @@ def run_heartbeat(request: HttpRequest, run_id: str, payload: HeartbeatIn | None
         "run_id": run.pk,
         "status": run.status,
         "last_heartbeat_at": run.last_heartbeat_at,
-        "commands": [command_out(command) for command in recovery_selectors.commands_pending(run=run)],
+        "commands": [
+            CommandOut.from_orm(command) for command in recovery_selectors.commands_pending(run=run)
+        ],
     }
 
 
@@ -149,8 +151,13 @@ def run_complete(
     run = run_for(request, run_id, write=True)
 
     def produce() -> tuple[int, Any]:
-        runs.run_complete(run=run, actor=actor_of(request), summary=payload.summary if payload else "")
-        return 200, run_out(run)
+        completed = reports.run_complete(
+            run=run,
+            actor=actor_of(request),
+            summary=payload.summary if payload else "",
+            withdraw_approvals=payload.withdraw_approvals if payload else False,
+        )
+        return 200, RunOut.from_orm(completed).json_ready()
 
     return idempotent_response(request, tenant=tenant_of(request), key=idempotency_key, produce=produce)
 
@@ -175,15 +182,14 @@ def run_fail(
             error=payload.error,
             reason=payload.reason,
             failed_action=failed_action,
+            withdraw_approvals=payload.withdraw_approvals,
         )
-        unwind = outcome.unwind
-        return 200, {
-            **run_out(outcome.run),
-            "recovery_item": recovery_item_out(outcome.item),
-            "unwind": {"id": unwind.pk, "status": unwind.status, "automatic": unwind.automatic}
-            if unwind
-            else None,
-        }
+        failed = RunFailOut(
+            **dict(RunOut.from_orm(outcome.run)),
+            recovery_item=RecoveryItemOut.from_orm(outcome.item) if outcome.item is not None else None,
+            unwind=UnwindRefOut.from_orm(outcome.unwind) if outcome.unwind is not None else None,
+        )
+        return 200, failed.json_ready()
 
     return idempotent_response(request, tenant=tenant_of(request), key=idempotency_key, produce=produce)
 

@@ -109,6 +109,14 @@ def test_an_unknown_tool_gets_the_conservative_default_and_waits_for_approval(ap
     body = response.json()
     assert body["risk"] == "high" and body["requires_approval"] is True
     assert body["status"] == "awaiting_approval"
+    # Said, not silent: a mistyped tool name lands here and waits for an approval nobody expected.
+    (warning,) = [w for w in body["warnings"] if w["code"] == "default_policy"]
+    assert warning["message"] == (
+        "No policy names db.drop_table; the default applied (risk high, approval manual). "
+        "Check the tool's name, or add a policy for it."
+    )
+    named = new_action(api, run["id"])
+    assert "default_policy" not in {w["code"] for w in named["warnings"]}
     assert body["approval"]["status"] == "pending" and body["approval"]["id"].startswith("apr_")
     assert body["approval"]["expires_at"]
 

@@ -219,9 +219,33 @@ def test_json_nested_too_deep_is_422(api, settings):
     assert error_of(response)["details"]["max_depth"] == 5
 
 
-def test_a_pathologically_deep_body_does_not_crash_the_parser(api):
-    raw = "[" * 100000 + "]" * 100000
-    assert api.post("/runs", raw=raw).status_code in (400, 422)
+@pytest.mark.parametrize("levels", [2000, 100000])
+def test_a_body_too_deep_for_the_parser_is_refused_naming_the_nesting_limit(api, settings, levels):
+    # Past what both parsers recurse through: the answer is the nesting limit, not "not valid JSON".
+    limit = settings.SAGA["MAX_JSON_DEPTH"]
+    for raw in (
+        "[" * levels + "]" * levels,
+        '{"agent": "a", "metadata": ' + '{"x": ' * levels + "1" + "}" * levels + "}",
+    ):
+        response = api.post("/runs", raw=raw)
+        assert response.status_code == 422, response.content
+        error = error_of(response)
+        assert error["code"] == "invalid_request"
+        assert error["message"] == f"The JSON body is nested deeper than {limit} levels."
+        assert error["details"] == {"max_depth": limit}
+
+
+def test_a_validation_error_locates_the_field_in_the_body_not_in_the_framework(api):
+    response = api.post("/runs", {"request": "r", "metadata": {"a": 1}, "extra": 1})
+    assert response.status_code == 422
+    errors = {e["field"]: e for e in error_of(response)["details"]["errors"]}
+    assert errors["agent"]["loc"] == ["body", "agent"] and errors["agent"]["type"] == "missing"
+    assert errors["extra"]["loc"] == ["body", "extra"]
+    # Query parameters keep their source too.
+    listed = api.get("/runs", {"limit": "many"})
+    assert listed.status_code == 422
+    (limit,) = error_of(listed)["details"]["errors"]
+    assert (limit["loc"], limit["field"]) == (["query", "limit"], "limit")
 
 
 @pytest.mark.parametrize("value", ["nul \u0000 byte", "\ud800"])

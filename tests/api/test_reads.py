@@ -15,10 +15,10 @@ from ledger.models import AgentKey, Checkpoint, Run
 from ledger.scoping import Reach
 from recovery import selectors as recovery_selectors
 from saga_admin.api.renderers import render_json
-from saga_admin.api.schemas.actions import ActionPageOut, actions_out
-from saga_admin.api.schemas.checkpoints import CheckpointPageOut, checkpoint_out
-from saga_admin.api.schemas.queue import recovery_item_out
-from saga_admin.api.schemas.runs import RunDetailOut, run_out
+from saga_admin.api.schemas.actions import ActionPageOut, actions_shown, approvals_shown
+from saga_admin.api.schemas.checkpoints import CheckpointOut, CheckpointPageOut
+from saga_admin.api.schemas.queue import RecoveryItemOut
+from saga_admin.api.schemas.runs import RunDetailOut, RunOut
 from tests.api.test_round_trips import round_trips
 from tests.factories import charge_policy, load_policy_file, new_action, new_run
 from tests.support.api import Api, error_of
@@ -27,8 +27,12 @@ TWO_FOR_BIG = [{"if": {"arg": "amount", "gt": 10000}, "then": {"risk": "critical
 
 
 def _as_served(schema: Any, body: dict[str, Any]) -> bytes:
-    """What ninja made of a view's return value: its response schema's one pass, then the renderer."""
+    """What ninja makes of a view's return value: its response schema's one pass, then the renderer."""
     return render_json(schema.model_validate(body).model_dump())
+
+
+def _shown(actions: list[Any], run_id: str) -> list[Any]:
+    return actions_shown(actions, approvals_shown(run_id, actions))
 
 
 def _orm_run_detail(key: AgentKey, run_id: str) -> bytes:
@@ -36,14 +40,15 @@ def _orm_run_detail(key: AgentKey, run_id: str) -> bytes:
     run = ledger_selectors.run_get(reach=Reach.of_key(key), run_id=run_id)
     newest, more = ledger_selectors.run_actions_newest(run=run)
     checkpoint = ledger_selectors.checkpoint_latest(run=run)
+    item = recovery_selectors.item_unresolved(run=run)
     return _as_served(
         RunDetailOut,
         {
-            **run_out(run),
-            "actions": actions_out(run, newest),
+            **dict(RunOut.from_orm(run)),
+            "actions": _shown(newest, run.pk),
             "actions_next": f"/api/v1/runs/{run_id}/actions" if more else None,
-            "latest_checkpoint": checkpoint_out(checkpoint) if checkpoint else None,
-            "recovery_item": recovery_item_out(recovery_selectors.item_unresolved(run=run)),
+            "latest_checkpoint": CheckpointOut.from_orm(checkpoint) if checkpoint else None,
+            "recovery_item": RecoveryItemOut.from_orm(item) if item else None,
             "warnings": ledger_selectors.run_warnings(run=run),
         },
     )
@@ -52,19 +57,20 @@ def _orm_run_detail(key: AgentKey, run_id: str) -> bytes:
 def _orm_actions(key: AgentKey, run_id: str, cursor: str | None, limit: int) -> bytes:
     run = ledger_selectors.run_get(reach=Reach.of_key(key), run_id=run_id)
     rows = ledger_selectors.run_actions_page(run=run, cursor=cursor, limit=limit)
-    return _as_served(ActionPageOut, {"items": actions_out(run, rows.items), "next_cursor": rows.next_cursor})
+    return _as_served(ActionPageOut, {"items": _shown(rows.items, run.pk), "next_cursor": rows.next_cursor})
 
 
 def _orm_checkpoints(key: AgentKey, run_id: str, cursor: str | None, limit: int) -> bytes:
     run = ledger_selectors.run_get(reach=Reach.of_key(key), run_id=run_id)
     rows = keyset_page(Checkpoint.objects.filter(run=run), keys=NEWEST_FIRST, cursor=cursor, limit=limit)
     return _as_served(
-        CheckpointPageOut, {"items": [checkpoint_out(c) for c in rows.items], "next_cursor": rows.next_cursor}
+        CheckpointPageOut,
+        {"items": [CheckpointOut.from_orm(c) for c in rows.items], "next_cursor": rows.next_cursor},
     )
 
 
 @pytest.fixture
-def busy_run(api: Api, onboarding_policies, tenant) -> dict[str, Any]:
+def busy_run(api: Api, approver_key, onboarding_policies, tenant) -> dict[str, Any]:
     """A run with most of what a read shows: an irreversible e-mail then a reversible step (a
     pivot-order warning), compensations, a gateway, an unknown outcome, a charge two people must
     approve (one has), agent JSON with a key order of its own and an integer beyond 64 bits,
@@ -106,23 +112,27 @@ def busy_run(api: Api, onboarding_policies, tenant) -> dict[str, Any]:
     first = Checkpoint.objects.filter(run_id=run_id).order_by("created_at").first()
     assert first is not None
     Checkpoint.objects.filter(run_id=run_id).update(created_at=first.created_at)
-    assert (
-        api.post(f"/runs/{run_id}/fail", {"error": "boom", "failed_action_id": lic["id"]}).status_code == 200
+    # One of the two approvers grants the charge; the run then fails, withdrawing it (a run does
+    # not end with an approval outstanding): the read shows the grant on the withdrawn approval.
+    approval_id = charge.json()["approval"]["id"]
+    assert Api(approver_key[1]).post(f"/approvals/{approval_id}/approve", {"reason": "ok"}).status_code == 200
+    failed = api.post(
+        f"/runs/{run_id}/fail", {"error": "boom", "failed_action_id": lic["id"], "withdraw_approvals": True}
     )
+    assert failed.status_code == 200, failed.content
     return run
 
 
-def test_the_reads_answer_what_the_orms_reads_answered_byte_for_byte(api, agent_key, approver_key, busy_run):
+def test_the_reads_answer_what_the_orms_reads_answered_byte_for_byte(api, agent_key, busy_run):
     run_id = busy_run["id"]
     key = agent_key[0]
-    approval_id = api.get(f"/runs/{run_id}").json()["actions"][-1]["approval"]["id"]
-    assert Api(approver_key[1]).post(f"/approvals/{approval_id}/approve", {"reason": "ok"}).status_code == 200
     detail = api.get(f"/runs/{run_id}")
     assert detail.status_code == 200
     assert detail.content == _orm_run_detail(key, run_id)
     codes = [w["code"] for w in detail.json()["warnings"]]
     assert "pivot_order" in codes and "outcome_unknown" in codes
-    assert len(detail.json()["actions"][-1]["approval"]["grants"]) == 1
+    shown = detail.json()["actions"][-1]["approval"]
+    assert len(shown["grants"]) == 1 and shown["status"] == "expired"
     # Every page of the actions and the checkpoints, the cursors included.
     for path, reference, limit in (
         (f"/runs/{run_id}/actions", _orm_actions, 2),

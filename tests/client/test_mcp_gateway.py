@@ -19,7 +19,7 @@ from mcp import Client, StdioServerParameters
 from mcp_types import RequestParamsMeta
 
 from ledger.models import Action, Run
-from recovery.models import RecoveryItem
+from recovery.models import Approval, RecoveryItem
 from tests.support.archived import archive_run_for_test
 from tests.support.mcp_servers import (
     Upstream,
@@ -280,6 +280,10 @@ def test_a_rejected_or_undecided_call_is_a_tool_error_and_never_reaches_the_upst
             live_server.url, upstream.url, agent_key[1], tmp_path, "--approval-timeout", "1.5"
         ) as gateway_url:
             timed_out, rejected = asyncio.run(scenario(gateway_url))
+        # The session ended with the gateway: the approval its timed-out call waited for is
+        # withdrawn with the run, not left in an approver's inbox for a run that is over.
+        assert not Approval.objects.filter(status="pending").exists()
+        assert Approval.objects.filter(reason__startswith="withdrawn: the run").count() == 1
         assert timed_out.is_error and "within 1.5 s" in text_of(timed_out)
         assert rejected.is_error and "rejected" in text_of(rejected) and "not today" in text_of(rejected)
         assert upstream.tools_called() == []

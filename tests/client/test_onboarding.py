@@ -8,7 +8,7 @@ import time
 
 import pytest
 from django.db import connection
-from saga_client import ApprovalRejected, ApprovalTimeout
+from saga_client import ApprovalRejected, ApprovalTimeout, Conflict
 
 from ledger.audit import Actor
 from ledger.models import Action, Compensator, Run, ToolPolicy
@@ -233,13 +233,44 @@ def test_an_approval_that_never_comes_times_out(saga):
             do=lambda: pytest.fail("must not run"),
             approval_timeout_s=0.3,
         )
-    assert Action.objects.get(run_id=run.id).status == "awaiting_approval"
+    # The block raised, so the run failed, and the approval it gave up on is withdrawn with it:
+    # nobody is left to approve a step of a run that is over.
+    assert Run.objects.get(pk=run.id).status == "failed"
+    action = Action.objects.get(run_id=run.id)
+    assert action.status == "rejected"
+    assert action.approvals.get().reason.startswith("withdrawn: the run failed")
 
 
-def test_an_unknown_tool_is_gated_by_the_default_policy(saga):
+def test_a_run_left_with_a_recorded_step_awaiting_approval_is_parked_not_completed(saga):
+    with saga.run(agent="onboarding", request="Refund order 7") as run:
+        recorded = run.record("payments.charge", args={"amount": 300})
+        assert recorded["status"] == "awaiting_approval"
+    # The clean exit could not complete it (409 pending_approvals): it stays running, for the
+    # approval, as a step that raised ApprovalPending leaves it.
+    assert Run.objects.get(pk=run.id).status == "running"
+    assert Action.objects.get(pk=recorded["id"]).approvals.get().status == "pending"
+
+    with pytest.raises(Conflict) as refused:
+        run.complete("all done")
+    assert refused.value.code == "pending_approvals" and recorded["id"] in str(refused.value)
+    completed = run.complete("all done", withdraw_approvals=True)
+    assert completed["status"] == "succeeded"
+    assert Action.objects.get(pk=recorded["id"]).status == "rejected"
+
+
+def test_an_unknown_tool_is_gated_by_the_default_policy_and_the_client_says_so_once(saga, caplog):
     assert not ToolPolicy.objects.filter(tool="db.drop_table").exists()
-    with pytest.raises(ApprovalTimeout), saga.run(agent="ops", request="Clean up") as run:
-        run.step("db.drop_table", args={"table": "users"}, do=lambda: None, approval_timeout_s=0.2)
+    with caplog.at_level("WARNING", logger="saga_client"):
+        with pytest.raises(ApprovalTimeout), saga.run(agent="ops", request="Clean up") as run:
+            run.step("db.drop_table", args={"table": "users"}, do=lambda: None, approval_timeout_s=0.2)
+        with saga.run(agent="ops", request="Clean up again") as again:
+            again.record("db.drop_table", args={"table": "orders"})
+            again.complete("left for later", withdraw_approvals=True)
+    said = [r.getMessage() for r in caplog.records if "No policy names db.drop_table" in r.getMessage()]
+    assert said == [
+        "saga: No policy names db.drop_table; the default applied (risk high, approval manual). "
+        "Check the tool's name, or add a policy for it."
+    ]
 
 
 def test_heartbeat_returns_commands_and_ack_clears_them(saga, alice):

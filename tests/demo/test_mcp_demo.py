@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 
 from demo import mcp_agent
 from tests.support.mcp_servers import http_gateway, http_upstream
-from tests.support.processes import dump_worker_logs, wait_for
+from tests.support.processes import dump_worker_logs, wait_for, work_under_way
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -92,6 +92,7 @@ def test_the_seeded_mcp_session_fails_into_the_queue_and_compensating_it_undoes_
                 timeout=60,
                 interval=0.25,
                 what="the MCP session's run to be compensated",
+                progress=work_under_way(worker.log_path),
             )
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{dump_worker_logs([worker])}") from exc

@@ -18,7 +18,7 @@ import pytest
 from django.core.management import call_command
 
 from demo import agents
-from tests.support.processes import ROOT, database_url_for_subprocesses, descendants, wait_for
+from tests.support.processes import ROOT, database_url_for_subprocesses, descendants, wait_for, work_under_way
 
 SECRET = "seed-test-world-secret-0123456789"
 # Short enough to see the lost agent within seconds; long enough that no healthy run (each takes
@@ -124,6 +124,7 @@ def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
             timeout=60,
             interval=0.25,
             what=f"the queue to hold exactly {expected} (it holds {_open_reasons()})",
+            progress=work_under_way(tmp_path / "worker.log"),
         )
     finally:
         stop.set()
@@ -169,6 +170,7 @@ def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
         timeout=60,
         interval=0.25,
         what="the onboarding run to be compensated",
+        progress=work_under_way(tmp_path / "worker.log"),
     )
     assert not HrUser.objects.filter(email="ashu@acme.example").exists()
     assert WorkspaceLicense.objects.get(email="ashu@acme.example").status == WorkspaceLicense.Status.CANCELLED

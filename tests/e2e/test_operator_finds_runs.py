@@ -43,9 +43,11 @@ def test_an_operator_finds_a_succeeded_run_by_id_and_flags_it(page, two_runs, al
     # The Runs page opens the run an id names.
     expect(page.get_by_role("heading", name="Welcome Ashu Kumar")).to_be_visible()
     assert page.url.endswith(f"/runs/{done.pk}/")
+    # Never in the recovery queue: its page is reached from the Runs list, and says so.
+    expect(page.get_by_role("navigation", name="Breadcrumb")).to_contain_text("Runs")
 
     # Or from the Runs page itself, by the nav link and its search box.
-    page.get_by_role("link", name="Runs", exact=True).click()
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Runs", exact=True).click()
     expect(page.locator(f"tr[data-run='{done.pk}']")).to_be_visible()
     page.get_by_label("Run, action or target id, or text").fill(done.pk)
     page.get_by_role("button", name="Find").click()
@@ -66,7 +68,7 @@ def test_an_operator_finds_a_succeeded_run_by_id_and_flags_it(page, two_runs, al
 def test_an_operator_finds_a_running_run_by_filter_and_cancels_it_from_its_row(page, two_runs, alice):
     done, running = two_runs
     login(page, "alice")
-    page.get_by_role("link", name="Runs", exact=True).click()
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Runs", exact=True).click()
     page.get_by_label("Status").select_option("running")
     page.get_by_label("Tool").fill("rel.do_crm_*")
     page.get_by_role("button", name="Find").click()
@@ -86,7 +88,7 @@ def test_an_operator_finds_a_running_run_by_filter_and_cancels_it_from_its_row(p
     assert Run.objects.get(pk=running.pk).status == Run.Status.CANCELLED
 
     # Back on the list, the cancelled run offers no Cancel any more.
-    page.get_by_role("link", name="Runs", exact=True).click()
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Runs", exact=True).click()
     cancelled = page.locator(f"tr[data-run='{running.pk}']")
     expect(cancelled).to_contain_text("Cancelled")
     expect(cancelled.get_by_role("link", name=re.compile("Cancel…"))).to_have_count(0)

@@ -126,3 +126,57 @@ def test_it_matches_whole_words_only():
     assert destructive_words("stripe/refund:payout") == ["refund", "payout"]
     for harmless in ("payments.restore", "crm.undelete_contact", "hr.update_payroll", "ws.cancellation_note"):
         assert destructive_words(harmless) == [], harmless
+
+
+def test_a_policy_that_says_the_tool_can_be_undone_is_believed_whatever_its_name(tmp_path):
+    data = {
+        "policies": [
+            _policy("ws.provision", compensation_tool="workspace.cancel_license"),
+            # Its policy says a cancelled licence is provisioned again: not flagged for "cancel".
+            _policy("workspace.cancel_license", action_class="external_reversible"),
+            _policy("docs.draft", compensation_tool="docs.delete_draft"),
+            _policy("docs.delete_draft", action_class="draft_only"),
+            # Its policy leaves it open (an internal update): the name still counts.
+            _policy("hr.create_user", compensation_tool="hr.delete_user"),
+            _policy("hr.delete_user"),
+        ],
+    }
+    _load(tmp_path, data)
+    assert [w.tool for w in unattended_destructive_compensations(tenant=None)] == ["hr.delete_user"]
+
+
+def test_an_alias_is_judged_by_what_it_calls_too(tmp_path):
+    data = {
+        "policies": [
+            _policy("inventory.add_item", compensation_tool="inventory.undo_add"),
+            _policy("inventory.undo_add"),
+            _policy("crm.add_note", compensation_tool="crm.undo_note"),
+            _policy("crm.undo_note"),
+            _policy("billing.add_credit", compensation_tool="billing.undo_credit"),
+            _policy("billing.undo_credit"),
+        ],
+        "compensators": {
+            "inventory.undo_add": {"mcp": "http://127.0.0.1:9/mcp", "tool": "remove_item"},
+            "crm.undo_note": {
+                "webhook": "https://crm.internal/saga/purge_note",
+                "secret_env": "CRM_SAGA_SECRET",
+            },
+            "billing.undo_credit": {"python": "billing.compensators.restore_balance"},
+        },
+    }
+    _load(tmp_path, data)
+    found = {w.tool: w.why for w in unattended_destructive_compensations(tenant=None)}
+    assert found == {
+        "inventory.undo_add": "deletes or moves money (it calls remove_item, whose name says remove)",
+        "crm.undo_note": "deletes or moves money (it calls purge_note, whose name says purge)",
+    }
+
+
+def test_the_demo_policies_do_not_flag_the_licence_they_can_provision_again():
+    from pathlib import Path
+
+    demo = Path(__file__).resolve().parents[2] / "demo" / "policies" / "native.json"
+    call_command("load_policies", str(demo), stdout=StringIO(), stderr=StringIO())
+    flagged = {w.tool for w in unattended_destructive_compensations(tenant=None)}
+    assert "workspace.cancel_license" not in flagged and "people.revoke_license" not in flagged
+    assert "hr.delete_user" in flagged  # an automatic delete built from reported args is still named

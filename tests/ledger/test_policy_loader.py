@@ -346,3 +346,31 @@ def test_it_keeps_a_literal_webhook_secret(db, tmp_path):
     )
     load(str(path))
     assert Compensator.objects.get().secret == "s3cret-s3cret-s3cret"
+
+
+def test_the_report_counts_what_the_file_changed_not_where_it_was_read_from(db, tenant, tmp_path: Path):
+    load(NATIVE)
+    # The same policies from another path: nothing changed, no row is written, no event.
+    copy = tmp_path / "copy.json"
+    copy.write_text(Path(NATIVE).read_text("utf-8"))
+
+    def rows() -> list[tuple]:
+        return list(ToolPolicy.objects.order_by("pk").values_list()) + list(
+            Compensator.objects.order_by("pk").values_list()
+        )
+
+    before, events = rows(), Event.objects.count()
+    out = load(str(copy))
+    assert "0 created, 0 updated, 6 unchanged" in out
+    assert rows() == before and Event.objects.count() == events  # loaded_at and source included
+    assert PolicySet.objects.get(tenant=None).source == str(copy)  # it names the file in force
+
+    # One policy changed: one row updated, and the report says one.
+    document = json.loads(copy.read_text("utf-8"))
+    changed = next(p for p in document["policies"] if p["tool"] == "hr.create_user")
+    changed["risk"] = "critical" if changed.get("risk") != "critical" else "high"
+    copy.write_text(json.dumps(document))
+    out = load(str(copy))
+    assert "0 created, 1 updated, 5 unchanged" in out
+    assert ToolPolicy.objects.get(tool="hr.create_user").source == str(copy)
+    assert ToolPolicy.objects.get(tool="payments.charge").source == NATIVE

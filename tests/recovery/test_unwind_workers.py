@@ -18,7 +18,7 @@ from recovery.actions.approvals import approval_approve
 from recovery.actions.compensations import step_skip, unwind_start
 from recovery.models import Approval, RecoveryItem, Unwind, UnwindStep
 from tests.factories import HR_PATH, WS_PATH, load_onboarding_policies, onboarding_saga
-from tests.support.processes import Reply, dump_worker_logs, wait_for
+from tests.support.processes import Reply, dump_worker_logs, wait_for, work_under_way
 
 # Real saga_worker processes carrying unwinds out: the slow lane (`make test-fast` leaves it out).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
@@ -31,7 +31,12 @@ def _finished(unwind: Unwind) -> Unwind | None:
 
 def _wait_finished(unwind: Unwind, workers: list, timeout: float = 30) -> Unwind:
     try:
-        return wait_for(lambda: _finished(unwind), timeout=timeout, what=f"unwind {unwind.pk} to finish")
+        return wait_for(
+            lambda: _finished(unwind),
+            timeout=timeout,
+            what=f"unwind {unwind.pk} to finish",
+            progress=work_under_way(*(worker.log_path for worker in workers)),
+        )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{dump_worker_logs(workers)}") from exc
 

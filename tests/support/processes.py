@@ -63,15 +63,48 @@ def quiet_port() -> int:
 
 
 def wait_for(
-    predicate: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.1, what: str = ""
+    predicate: Callable[[], Any],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.1,
+    what: str = "",
+    progress: Callable[[], Any] | None = None,
 ) -> Any:
+    """``predicate``'s first truthy value, polled every ``interval``; AssertionError after
+    ``timeout``. With ``progress`` (a reading of the work under way: a count of audit events, the
+    size of a worker's log), ``timeout`` is how long nothing may happen rather than how long the
+    work may take: each change of the reading starts it again, so a loaded machine that is slow
+    but moving does not fail the test, and a stuck one still does (the test's own time limit
+    bounds the whole wait)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    seen = progress() if progress is not None else None
+    while True:
         value = predicate()
         if value:
             return value
+        now = time.monotonic()
+        if progress is not None:
+            reading = progress()
+            if reading != seen:
+                seen, deadline = reading, now + timeout
+        if now >= deadline:
+            break
         time.sleep(interval)
+    if progress is not None:
+        raise AssertionError(f"nothing happened for {timeout}s while waiting for {what or predicate}")
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def work_under_way(*logs: Path) -> Callable[[], tuple[int, ...]]:
+    """The progress reading of a wait on worker processes (``wait_for(progress=…)``): how many
+    audit events exist, and how long each of the workers' logs is (a worker that starts, retries
+    or backs off writes there before it writes an event)."""
+    from ledger.models import Event
+
+    def reading() -> tuple[int, ...]:
+        return (Event.objects.count(), *(log.stat().st_size if log.exists() else 0 for log in logs))
+
+    return reading
 
 
 # --- A Redis of our own ----------------------------------------------------------------------

@@ -41,6 +41,7 @@ API_CODES = frozenset(
         "owner_required",
         "paused",
         "payload_too_large",
+        "pending_approvals",
         "plan_changed",
         "policy_denied",
         "preview_timeout",

@@ -11,10 +11,11 @@ and its steps, built on these, are in ``saga_client._run``.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union, cast
 
@@ -44,6 +45,8 @@ from saga_client.responses import (
     RunPageDict,
     TrailDict,
 )
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -136,6 +139,19 @@ def default_headers(api_key: str) -> dict[str, str]:
 class Api:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # The tools the server said no policy names (``default_policy``), each logged once.
+        self.defaulted_tools: set[str] = set()
+
+    def note_warnings(self, actions: Sequence[Mapping[str, Any]]) -> None:
+        """Log, once per tool for this client, a recorded action's ``default_policy`` warning: no
+        policy names the tool (a mistyped name, most often), so the default applied and the step
+        may wait for an approval nobody expected."""
+        for action in actions:
+            for warning in action.get("warnings") or ():
+                tool = str(action.get("tool", ""))
+                if warning.get("code") == "default_policy" and tool not in self.defaulted_tools:
+                    self.defaulted_tools.add(tool)
+                    log.warning("saga: %s", warning.get("message", f"no policy names {tool}"))
 
     def backoff(self, attempt: int, retry_after: str | None = None) -> float:
         s = self.settings
@@ -227,12 +243,20 @@ class Api:
         return list(data["commands"])
 
     def complete_run(
-        self, run_id: str, summary: str = "", *, idempotency_key: str | None = None
+        self,
+        run_id: str,
+        summary: str = "",
+        *,
+        withdraw_approvals: bool = False,
+        idempotency_key: str | None = None,
     ) -> Flow[RunDict]:
+        body: dict[str, Any] = {"summary": summary}
+        if withdraw_approvals:
+            body["withdraw_approvals"] = True
         return self.call(
             "POST",
             f"/runs/{run_id}/complete",
-            json_body={"summary": summary},
+            json_body=body,
             idempotency_key=idempotency_key or f"complete-{run_id}",
         )
 
@@ -243,11 +267,14 @@ class Api:
         *,
         failed_action_id: str | None = None,
         reason: str = "failed",
+        withdraw_approvals: bool = False,
         idempotency_key: str | None = None,
     ) -> Flow[RunFailDict]:
         body: dict[str, Any] = {"error": error[:_MAX_ERROR] or "failed", "reason": reason}
         if failed_action_id:
             body["failed_action_id"] = failed_action_id
+        if withdraw_approvals:
+            body["withdraw_approvals"] = True
         return self.call(
             "POST",
             f"/runs/{run_id}/fail",
@@ -273,14 +300,20 @@ class Api:
     def record_plan(self, run_id: str, actions: list[dict[str, Any]]) -> Flow[Reply]:
         """Several actions in one request, all or nothing. Safe to send again: a plan whose keys
         were all recorded is answered as a replay (200), never recorded twice."""
-        return self.request("POST", f"/runs/{run_id}/plan", json_body={"actions": actions}, retry_safe=True)
+        reply = yield from self.request(
+            "POST", f"/runs/{run_id}/plan", json_body={"actions": actions}, retry_safe=True
+        )
+        self.note_warnings(reply.data.get("actions") or [])
+        return reply
 
     def record_action(self, run_id: str, *, tool: str, idempotency_key: str, **fields: Any) -> Flow[Reply]:
-        return self.request(
+        reply = yield from self.request(
             "POST",
             f"/runs/{run_id}/actions",
             json_body={"tool": tool, "idempotency_key": idempotency_key, **fields},
         )
+        self.note_warnings([reply.data])
+        return reply
 
     def get_action(self, action_id: str) -> Flow[ActionDict]:
         return self.call("GET", f"/actions/{action_id}")

@@ -116,13 +116,25 @@ class RunCore:
             log.info("saga: run %s was cancelled by an operator", self.id)
             return
         if exc is None:
-            yield from self._complete()
+            try:
+                yield from self._complete()
+            except Conflict as refused:
+                if refused.code != "pending_approvals":
+                    raise
+                # A step recorded (or planned) but not taken still waits for a person: parked, as
+                # above; the server named the steps, and ``complete(withdraw_approvals=True)``
+                # (or ``fail``) ends the run without them.
+                log.info("saga: run %s left running: %s", self.id, refused)
             return
         try:
+            # The block raised: the steps still waiting for approval will not be taken (a wait for
+            # approval that timed out raised here too), so their approvals are withdrawn with the
+            # failure rather than left in an approver's inbox for a run that is over.
             yield from self._fail(
                 f"{type(exc).__name__}: {exc}",
                 failed_action_id=self._failed_action_id,
                 reason=self._failure_reason,
+                withdraw_approvals=True,
             )
         except RunCancelled:
             # Cancelled while the block was failing: nothing to report, nothing gone wrong here.
@@ -132,17 +144,26 @@ class RunCore:
             # will still find a silent run.
             log.exception("saga: could not report the failure of run %s", self.id)
 
-    def _complete(self, summary: str = "") -> Flow[RunDict]:
-        self.run = yield from self._api.complete_run(self.id, summary)
+    def _complete(self, summary: str = "", *, withdraw_approvals: bool = False) -> Flow[RunDict]:
+        self.run = yield from self._api.complete_run(self.id, summary, withdraw_approvals=withdraw_approvals)
         self._finished = True
         return self.run
 
     def _fail(
-        self, error: str, *, failed_action_id: str | None = None, reason: str = "failed"
+        self,
+        error: str,
+        *,
+        failed_action_id: str | None = None,
+        reason: str = "failed",
+        withdraw_approvals: bool = False,
     ) -> Flow[RunFailDict]:
         self._finished = True
         failed = yield from self._api.fail_run(
-            self.id, error, failed_action_id=failed_action_id, reason=reason
+            self.id,
+            error,
+            failed_action_id=failed_action_id,
+            reason=reason,
+            withdraw_approvals=withdraw_approvals,
         )
         self.run = failed
         return failed

@@ -236,9 +236,21 @@ class AsyncSaga:
         return await self._drive(self.api.heartbeat(run_id, note))
 
     async def complete_run(
-        self, run_id: str, summary: str = "", *, idempotency_key: str | None = None
+        self,
+        run_id: str,
+        summary: str = "",
+        *,
+        withdraw_approvals: bool = False,
+        idempotency_key: str | None = None,
     ) -> RunDict:
-        return await self._drive(self.api.complete_run(run_id, summary, idempotency_key=idempotency_key))
+        """``withdraw_approvals``: withdraw the approvals the run's actions still wait for (each
+        action is rejected); without it such a run is refused (``Conflict``, code
+        ``pending_approvals``, naming them)."""
+        return await self._drive(
+            self.api.complete_run(
+                run_id, summary, withdraw_approvals=withdraw_approvals, idempotency_key=idempotency_key
+            )
+        )
 
     async def fail_run(
         self,
@@ -247,14 +259,17 @@ class AsyncSaga:
         *,
         failed_action_id: str | None = None,
         reason: str = "failed",
+        withdraw_approvals: bool = False,
         idempotency_key: str | None = None,
     ) -> RunFailDict:
+        """``withdraw_approvals``: as ``complete_run``."""
         return await self._drive(
             self.api.fail_run(
                 run_id,
                 error,
                 failed_action_id=failed_action_id,
                 reason=reason,
+                withdraw_approvals=withdraw_approvals,
                 idempotency_key=idempotency_key,
             )
         )
@@ -409,13 +424,28 @@ class AsyncRun(AsyncRunBase):
         await self.client._drive(self._exit(exc))
         return False  # re-raise
 
-    async def complete(self, summary: str = "") -> RunDict:
-        return await self.client._drive(self._complete(summary))
+    async def complete(self, summary: str = "", *, withdraw_approvals: bool = False) -> RunDict:
+        """Complete the run. A run with a step still waiting for approval is refused
+        (``Conflict``, code ``pending_approvals``) unless ``withdraw_approvals``: then those
+        approvals are withdrawn and the steps rejected. (The context manager's clean exit leaves
+        such a run running instead: parked for the approval.)"""
+        return await self.client._drive(self._complete(summary, withdraw_approvals=withdraw_approvals))
 
     async def fail(
-        self, error: str, *, failed_action_id: str | None = None, reason: str = "failed"
+        self,
+        error: str,
+        *,
+        failed_action_id: str | None = None,
+        reason: str = "failed",
+        withdraw_approvals: bool = False,
     ) -> RunFailDict:
-        return await self.client._drive(self._fail(error, failed_action_id=failed_action_id, reason=reason))
+        """Fail the run (into the recovery queue). ``withdraw_approvals``: as ``complete``; the
+        context manager's exit on an exception always withdraws them."""
+        return await self.client._drive(
+            self._fail(
+                error, failed_action_id=failed_action_id, reason=reason, withdraw_approvals=withdraw_approvals
+            )
+        )
 
     async def record(
         self,

@@ -235,8 +235,22 @@ class Saga:
     def heartbeat(self, run_id: str, note: str = "") -> list[CommandDict]:
         return self._drive(self.api.heartbeat(run_id, note))
 
-    def complete_run(self, run_id: str, summary: str = "", *, idempotency_key: str | None = None) -> RunDict:
-        return self._drive(self.api.complete_run(run_id, summary, idempotency_key=idempotency_key))
+    def complete_run(
+        self,
+        run_id: str,
+        summary: str = "",
+        *,
+        withdraw_approvals: bool = False,
+        idempotency_key: str | None = None,
+    ) -> RunDict:
+        """``withdraw_approvals``: withdraw the approvals the run's actions still wait for (each
+        action is rejected); without it such a run is refused (``Conflict``, code
+        ``pending_approvals``, naming them)."""
+        return self._drive(
+            self.api.complete_run(
+                run_id, summary, withdraw_approvals=withdraw_approvals, idempotency_key=idempotency_key
+            )
+        )
 
     def fail_run(
         self,
@@ -245,14 +259,17 @@ class Saga:
         *,
         failed_action_id: str | None = None,
         reason: str = "failed",
+        withdraw_approvals: bool = False,
         idempotency_key: str | None = None,
     ) -> RunFailDict:
+        """``withdraw_approvals``: as ``complete_run``."""
         return self._drive(
             self.api.fail_run(
                 run_id,
                 error,
                 failed_action_id=failed_action_id,
                 reason=reason,
+                withdraw_approvals=withdraw_approvals,
                 idempotency_key=idempotency_key,
             )
         )
@@ -399,11 +416,28 @@ class Run(RunBase):
         self.client._drive(self._exit(exc))
         return False  # re-raise
 
-    def complete(self, summary: str = "") -> RunDict:
-        return self.client._drive(self._complete(summary))
+    def complete(self, summary: str = "", *, withdraw_approvals: bool = False) -> RunDict:
+        """Complete the run. A run with a step still waiting for approval is refused
+        (``Conflict``, code ``pending_approvals``) unless ``withdraw_approvals``: then those
+        approvals are withdrawn and the steps rejected. (The context manager's clean exit leaves
+        such a run running instead: parked for the approval.)"""
+        return self.client._drive(self._complete(summary, withdraw_approvals=withdraw_approvals))
 
-    def fail(self, error: str, *, failed_action_id: str | None = None, reason: str = "failed") -> RunFailDict:
-        return self.client._drive(self._fail(error, failed_action_id=failed_action_id, reason=reason))
+    def fail(
+        self,
+        error: str,
+        *,
+        failed_action_id: str | None = None,
+        reason: str = "failed",
+        withdraw_approvals: bool = False,
+    ) -> RunFailDict:
+        """Fail the run (into the recovery queue). ``withdraw_approvals``: as ``complete``; the
+        context manager's exit on an exception always withdraws them."""
+        return self.client._drive(
+            self._fail(
+                error, failed_action_id=failed_action_id, reason=reason, withdraw_approvals=withdraw_approvals
+            )
+        )
 
     def record(
         self,

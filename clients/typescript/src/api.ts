@@ -48,12 +48,24 @@ export class Api {
     });
     return data.commands;
   }
-  completeRun(runId: string, summary = "", signal?: Signal): Promise<Run> {
-    return this.http.call("POST", `/runs/${runId}/complete`, { body: { summary }, idempotencyKey: completeKey(runId), signal });
+  /** `withdrawApprovals`: withdraw the approvals the run's steps still wait for (each is
+   * rejected); without it such a run is refused (409 `pending_approvals`, naming them). */
+  completeRun(runId: string, summary = "", signal?: Signal, withdrawApprovals = false): Promise<Run> {
+    const body: Body = { summary };
+    if (withdrawApprovals) body["withdraw_approvals"] = true;
+    return this.http.call("POST", `/runs/${runId}/complete`, { body, idempotencyKey: completeKey(runId), signal });
   }
-  failRun(runId: string, error: string, failedActionId: string | null, reason = "failed", signal?: Signal): Promise<RunFail> {
+  failRun(
+    runId: string,
+    error: string,
+    failedActionId: string | null,
+    reason = "failed",
+    signal?: Signal,
+    withdrawApprovals = false,
+  ): Promise<RunFail> {
     const body: Body = { error: error.slice(0, MAX_ERROR) || "failed", reason };
     if (failedActionId) body["failed_action_id"] = failedActionId;
+    if (withdrawApprovals) body["withdraw_approvals"] = true;
     return this.http.call("POST", `/runs/${runId}/fail`, { body, idempotencyKey: randomKey(`fail-${runId}`), signal });
   }
   async commands(runId: string, signal?: Signal): Promise<Command[]> {

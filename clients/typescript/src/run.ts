@@ -159,11 +159,24 @@ export class Run {
       return;
     }
     if (!hadError) {
-      await this.complete();
+      try {
+        await this.complete();
+      } catch (refused) {
+        // A step recorded (or planned) but not taken still waits for a person: parked, as above;
+        // `complete(summary, { withdrawApprovals: true })` (or `fail`) ends the run without it.
+        if (!(refused instanceof Conflict && refused.code === "pending_approvals")) throw refused;
+      }
       return;
     }
     try {
-      await this.fail(describe(error), { failedActionId: this.failedActionId, reason: this.failureReason });
+      // The scope threw: the steps still waiting for approval will not be taken (a wait that timed
+      // out threw here too), so their approvals are withdrawn with the failure, not left in an
+      // approver's inbox for a run that is over.
+      await this.fail(describe(error), {
+        failedActionId: this.failedActionId,
+        reason: this.failureReason,
+        withdrawApprovals: true,
+      });
     } catch (reportError) {
       if (reportError instanceof RunCancelled) return; // cancelled meanwhile: nothing to report
       // The original error matters more than a failed report; the sweeper still finds a silent run.
@@ -175,15 +188,30 @@ export class Run {
     return this.controller.signal.aborted && this.controller.signal.reason === error;
   }
 
-  async complete(summary = ""): Promise<RunData> {
-    this.data = await this.api.completeRun(this.id, summary);
+  /** Complete the run. A run with a step still waiting for approval is refused (`Conflict`, code
+   * `pending_approvals`) unless `withdrawApprovals`: then those approvals are withdrawn and the
+   * steps rejected. (A scope's clean end leaves such a run running instead, parked for it.) */
+  async complete(summary = "", options: { withdrawApprovals?: boolean } = {}): Promise<RunData> {
+    this.data = await this.api.completeRun(this.id, summary, undefined, options.withdrawApprovals ?? false);
     this.finished = true;
     return this.data;
   }
 
-  async fail(error: string, options: { failedActionId?: string | null; reason?: string } = {}): Promise<RunFail> {
+  /** Fail the run (into the recovery queue). `withdrawApprovals`: as `complete`; a scope that
+   * throws always withdraws them. */
+  async fail(
+    error: string,
+    options: { failedActionId?: string | null; reason?: string; withdrawApprovals?: boolean } = {},
+  ): Promise<RunFail> {
     this.finished = true;
-    const failed = await this.api.failRun(this.id, error, options.failedActionId ?? null, options.reason ?? "failed");
+    const failed = await this.api.failRun(
+      this.id,
+      error,
+      options.failedActionId ?? null,
+      options.reason ?? "failed",
+      undefined,
+      options.withdrawApprovals ?? false,
+    );
     this.data = failed;
     return failed;
   }

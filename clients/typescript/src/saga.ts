@@ -236,11 +236,24 @@ export class Saga {
   heartbeat(runId: string, note = ""): Promise<Command[]> {
     return this.api.heartbeat(runId, note);
   }
-  completeRun(runId: string, summary = ""): Promise<RunData> {
-    return this.api.completeRun(runId, summary);
+  /** `withdrawApprovals`: withdraw the approvals the run's steps still wait for (each is rejected);
+   * without it such a run is refused (`Conflict`, code `pending_approvals`, naming them). */
+  completeRun(runId: string, summary = "", options: { withdrawApprovals?: boolean } = {}): Promise<RunData> {
+    return this.api.completeRun(runId, summary, undefined, options.withdrawApprovals ?? false);
   }
-  failRun(runId: string, error: string, options: { failedActionId?: string; reason?: string } = {}): Promise<RunData> {
-    return this.api.failRun(runId, error, options.failedActionId ?? null, options.reason ?? "failed");
+  failRun(
+    runId: string,
+    error: string,
+    options: { failedActionId?: string; reason?: string; withdrawApprovals?: boolean } = {},
+  ): Promise<RunData> {
+    return this.api.failRun(
+      runId,
+      error,
+      options.failedActionId ?? null,
+      options.reason ?? "failed",
+      undefined,
+      options.withdrawApprovals ?? false,
+    );
   }
   commands(runId: string): Promise<Command[]> {
     return this.api.commands(runId);

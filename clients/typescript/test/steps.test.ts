@@ -5,7 +5,7 @@
  */
 import { afterEach, describe, expect, it, vi } from "vitest";
 
-import { ApprovalPending, ApprovalRejected, ApprovalTimedOut, NoActiveRun, RunCancelled, StepInDoubt, type Run } from "../src/index.js";
+import { ApprovalPending, ApprovalRejected, ApprovalTimedOut, Conflict, NoActiveRun, RunCancelled, StepInDoubt, type Run } from "../src/index.js";
 import { agentSaga, approver, noServer, operator, pendingApproval, unique, waitFor } from "./live.js";
 
 afterEach(() => {
@@ -120,14 +120,39 @@ describe.skipIf(noServer)("an approval wait", () => {
     expect((await saga.getRun(runId)).status).toBe("failed");
   });
 
-  it("times out as ApprovalTimedOut with the reason", async () => {
+  it("times out as ApprovalTimedOut with the reason, and the failed run withdraws the approval", async () => {
     const saga = agentSaga();
-    const outcome = saga.run({ agent: "onboarding", request: "Pay the invoice" }, (run) =>
-      run.step({ tool: "payments.charge", target: ["invoice", unique("NW")], args: { amount: 10 }, do: () => "never", approvalTimeoutS: 0.3 }),
-    );
+    let runId = "";
+    const outcome = saga.run({ agent: "onboarding", request: "Pay the invoice" }, (run) => {
+      runId = run.id;
+      return run.step({ tool: "payments.charge", target: ["invoice", unique("NW")], args: { amount: 10 }, do: () => "never", approvalTimeoutS: 0.3 });
+    });
     await expect(outcome).rejects.toSatisfy(
       (e: unknown) => e instanceof ApprovalTimedOut && e.code === "approval_timeout" && e.reason.startsWith("nobody decided"),
     );
+    // Nobody is left to approve a step of a run that is over: the approval leaves the inbox.
+    const detail = await saga.getRun(runId);
+    expect(detail.status).toBe("failed");
+    expect(detail.actions.map((a) => [a.tool, a.status])).toEqual([["payments.charge", "rejected"]]);
+    expect(detail.actions[0]?.approval?.status).toBe("expired");
+  });
+
+  it("parks a run whose recorded step still waits for approval, and completes it only when told to withdraw", async () => {
+    const saga = agentSaga();
+    let runId = "";
+    let actionId = "";
+    await saga.run({ agent: "onboarding", request: "Pay later" }, async (run) => {
+      runId = run.id;
+      const recorded = await run.record({ tool: "payments.charge", target: ["invoice", unique("NW")], args: { amount: 10 } });
+      expect(recorded.status).toBe("awaiting_approval");
+      actionId = recorded.id;
+    });
+    expect((await saga.getRun(runId)).status).toBe("running");
+    await expect(saga.completeRun(runId, "done")).rejects.toSatisfy(
+      (e: unknown) => e instanceof Conflict && e.code === "pending_approvals" && e.message.includes(actionId),
+    );
+    expect((await saga.completeRun(runId, "done", { withdrawApprovals: true })).status).toBe("succeeded");
+    expect((await saga.getAction(actionId)).status).toBe("rejected");
   });
 
   it("with wait: false, leaves the run running and raises ApprovalPending", async () => {

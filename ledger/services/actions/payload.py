@@ -113,6 +113,15 @@ def new_action_row(
     """The action row to insert (its ``seq`` is the database's) and its audit events: recorded,
     and started when ``call.start`` and it needs no approval."""
     warnings = list(undo.warnings)
+    if policy.scope == "default":
+        # A mistyped tool name lands here too, and then waits for an approval nobody expected.
+        warnings.append(
+            {
+                "code": "default_policy",
+                "message": f"No policy names {call.tool}; the default applied (risk {policy.risk}, "
+                f"approval {policy.approval}). Check the tool's name, or add a policy for it.",
+            }
+        )
     if (
         undo.strategy == CompensationStrategy.NONE
         and policy.action_class == ActionClass.EXTERNAL_IRREVERSIBLE

@@ -4,24 +4,24 @@ action as the API shows it (with its approval, when it needs one)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from ninja import Schema
 from pydantic import ConfigDict, Field
 
 from infra.pagination import MAX_CURSOR_LENGTH
-from ledger.models import Action, Run
+from ledger.models import Action
 from ledger.rules import REASON_MAX_LENGTH
 from recovery import selectors as recovery_selectors
-from recovery.models import Approval, ApprovalGrant
+from recovery.models import Approval
 from saga_admin.api.schemas.approvals import (
     ESCALATE_TO_DOC,
     ESCALATED_AT_DOC,
     ON_TIMEOUT_DOC,
     ApprovalGrantOut,
-    approval_grants,
+    ApprovalShown,
 )
-from saga_admin.api.schemas.common import JSONObject, JSONValue, Out, StrictIn, ToolName, fields_of
+from saga_admin.api.schemas.common import JSONObject, JSONValue, Out, StrictIn, ToolName
 from saga_admin.api.schemas.queue import RecoveryItemOut
 
 ErrorLayer = Literal["model", "tool", "workflow"]
@@ -124,7 +124,7 @@ class ActionPageQuery(Schema):
     limit: int = Field(100, ge=1, le=500)
 
 
-class ApprovalSummaryOut(Out):
+class ApprovalSummaryOut(ApprovalShown):
     id: str
     status: Literal["pending", "approved", "rejected", "expired"]
     risk: str
@@ -148,14 +148,6 @@ class ApprovalSummaryOut(Out):
     @staticmethod
     def resolve_edited(approval: Approval) -> bool:
         return bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash
-
-    @staticmethod
-    def resolve_grants(approval: Approval) -> list[ApprovalGrant]:
-        return approval_grants(approval)
-
-    @staticmethod
-    def resolve_escalate_to(approval: Approval) -> str | None:
-        return approval.escalate_to or None
 
 
 # An action's compensation, read from the action's ``compensation_*`` fields (a comment, not a
@@ -183,7 +175,16 @@ class ViaOut(Out):
     upstream: str
 
 
+# The approval an action shows is not one of its attributes: the caller reads it (the newest of the
+# action's, ``recovery.selectors.latest_action_approvals``) and hands it on in the validation's
+# context under this key (``action_shown``).
+APPROVAL = "approval"
+
+
 class ActionOut(Out):
+    # The agent's free-form JSON (up to a megabyte each), handed on as it is (``Out.json_ready``).
+    AS_IS: ClassVar[frozenset[str]] = frozenset({"args", "before_snapshot", "after_snapshot", "result"})
+
     id: str
     run_id: str
     seq: int
@@ -218,6 +219,15 @@ class ActionOut(Out):
     started_at: datetime | None = None
     completed_at: datetime | None = None
 
+    @staticmethod
+    def resolve_approval(action: Action, context: Any) -> Approval | None:
+        return context.get(APPROVAL) if isinstance(context, dict) else None
+
+    @staticmethod
+    def resolve_compensation(action: Action) -> Action | None:
+        has_compensation = action.compensation_tool or action.compensation_strategy != "none"
+        return action if has_compensation else None
+
 
 class ActionPageOut(Out):
     items: list[ActionOut]
@@ -230,37 +240,18 @@ class ActionVerifyOut(ActionOut):
     recovery_item: RecoveryItemOut | None = None
 
 
-def action_out(action: Action, *, approval: Approval | None = None, validate: bool = True) -> dict[str, Any]:
-    """The action as the API shows it. ``validate=False``: its values as they are, for an
-    operation whose response schema (ninja's one pass over what it returns) validates and orders
-    them anyway; the reads (``saga_admin.api.reads``) skip a second pass over every action."""
-    has_compensation = action.compensation_tool or action.compensation_strategy != "none"
-    data = {
-        **fields_of(action, ActionOut),
-        "run_id": action.run_id,
-        "approval": ApprovalSummaryOut.from_orm(approval) if approval is not None else None,
-        "compensation": CompensationOut.from_orm(action) if has_compensation else None,
-    }
-    if not validate:
-        return data
-    out = ActionOut.model_validate(data).model_dump(mode="json", exclude=set(_AGENT_JSON))
-    # The agent's own JSON is handed on as it is: it is JSON already (parsed from a request, or read
-    # from a jsonb column), and converting it for JSON would walk every value of up to a megabyte.
-    return {name: data.get(name) if name in _AGENT_JSON else out[name] for name in ActionOut.model_fields}
+def action_shown(action: Action, approval: Approval | None = None) -> ActionOut:
+    """The action as the API shows it, with ``approval``: the newest of the action's, which the
+    caller read (only an action that requires approval has one)."""
+    return ActionOut.model_validate(action, context={APPROVAL: approval})
 
 
-# The fields of an action that hold an agent's free-form JSON (see ``action_out``).
-_AGENT_JSON = frozenset({"args", "before_snapshot", "after_snapshot", "result"})
+def actions_shown(actions: list[Action], approvals: dict[str, Approval]) -> list[ActionOut]:
+    """Actions as the API shows them, each with its approval in ``approvals`` (by action id)."""
+    return [action_shown(action, approvals.get(action.pk)) for action in actions]
 
 
-def actions_out(
-    run: Run, rows: list[Action], *, approvals: dict[str, Approval] | None = None, validate: bool = True
-) -> list[dict[str, Any]]:
-    """Actions as the API shows them, with their approvals (the newest of each action, by action
-    id), given or read in one query for all of them (``validate``: see ``action_out``)."""
-    if approvals is None:
-        gated = [action.pk for action in rows if action.requires_approval]
-        approvals = (
-            recovery_selectors.latest_action_approvals(run_id=run.pk, action_ids=gated) if gated else {}
-        )
-    return [action_out(action, approval=approvals.get(action.pk), validate=validate) for action in rows]
+def approvals_shown(run_id: str, actions: list[Action]) -> dict[str, Approval]:
+    """The approvals ``actions`` show (the newest of each, by action id), in one query for all."""
+    gated = [action.pk for action in actions if action.requires_approval]
+    return recovery_selectors.latest_action_approvals(run_id=run_id, action_ids=gated) if gated else {}

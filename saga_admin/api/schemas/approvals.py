@@ -60,7 +60,22 @@ ESCALATE_TO_DOC = (
 ESCALATED_AT_DOC = "When it escalated (null: not escalated); since then only escalate_to decides it."
 
 
-class ApprovalOut(Out):
+class ApprovalShown(Out):
+    """What an approval shows that it does not hold as shown, for both ways it is shown (the
+    inbox's ``ApprovalOut``, an action's ``ApprovalSummaryOut``): its grants (read only when it
+    needs several people) and whom it escalates to (null: nobody). No fields of its own: each
+    schema declares them, in its order."""
+
+    @staticmethod
+    def resolve_grants(approval: Approval) -> list[ApprovalGrant]:
+        return approval_grants(approval)
+
+    @staticmethod
+    def resolve_escalate_to(approval: Approval) -> str | None:
+        return approval.escalate_to or None
+
+
+class ApprovalOut(ApprovalShown):
     id: str
     kind: str
     run_id: str
@@ -92,14 +107,6 @@ class ApprovalOut(Out):
     on_timeout: Literal["reject", "escalate"] = Field("reject", description=ON_TIMEOUT_DOC)
     escalate_to: str | None = Field(None, description=ESCALATE_TO_DOC)
     escalated_at: datetime | None = Field(None, description=ESCALATED_AT_DOC)
-
-    @staticmethod
-    def resolve_grants(approval: Approval) -> list[ApprovalGrant]:
-        return approval_grants(approval)
-
-    @staticmethod
-    def resolve_escalate_to(approval: Approval) -> str | None:
-        return approval.escalate_to or None
 
 
 class ApprovalPageOut(Out):

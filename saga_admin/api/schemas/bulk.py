@@ -37,15 +37,7 @@ class BulkFilterIn(StrictIn):
     q: str | None = Field(None, max_length=FILTER_TEXT_MAX_LENGTH["search"], description=Q_DOC)
 
     def queue_filter(self) -> QueueFilter:
-        return queue_filter_of(
-            status=self.status,
-            reason=self.reason,
-            risk=self.risk,
-            older_than=self.older_than,
-            agent=self.agent,
-            tool=self.tool,
-            q=self.q,
-        )
+        return queue_filter_of(self)
 
 
 class BulkIn(StrictIn):

@@ -4,14 +4,13 @@ the checkpoint as the API shows it."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from ninja import Schema
 from pydantic import Field
 
 from infra.pagination import MAX_CURSOR_LENGTH
-from ledger.models import Checkpoint
-from saga_admin.api.schemas.common import ActionId, JSONObject, JSONValue, Out, StrictIn, fields_of
+from saga_admin.api.schemas.common import ActionId, JSONObject, JSONValue, Out, StrictIn
 
 RecoveryMode = Literal["resume_or_compensate", "resume_only", "compensate_only"]
 
@@ -51,10 +50,3 @@ class CheckpointOut(Out):
 class CheckpointPageOut(Out):
     items: list[CheckpointOut]
     next_cursor: str | None = None
-
-
-def checkpoint_out(checkpoint: Checkpoint, *, validate: bool = True) -> dict[str, Any]:
-    """``validate=False``: the values as they are, for a response schema to validate (see
-    ``saga_admin.api.schemas.actions.action_out``)."""
-    data = {**fields_of(checkpoint, CheckpointOut), "run_id": checkpoint.run_id}
-    return CheckpointOut.model_validate(data).model_dump(mode="json") if validate else data

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from ninja import Schema
 from pydantic import Field
 
-from recovery.models import AgentCommand
 from saga_admin.api.schemas.checkpoints import CheckpointOut
 from saga_admin.api.schemas.common import Out
 
@@ -36,7 +35,3 @@ class CommandOut(Out):
 
 class AgentCommandsOut(Schema):
     commands: list[CommandOut]
-
-
-def command_out(command: AgentCommand) -> dict[str, Any]:
-    return CommandOut.from_orm(command).model_dump(mode="json")

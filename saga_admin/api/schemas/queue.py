@@ -14,7 +14,7 @@ from ledger.tool_names import TOOL_GLOB_RULE
 from recovery import selectors
 from recovery.models import RecoveryItem
 from recovery.selectors import FILTER_TEXT_MAX_LENGTH, QueueFilter
-from saga_admin.api.schemas.common import Out, ReasonIn, fields_of
+from saga_admin.api.schemas.common import Out, ReasonIn
 
 
 class ResumeIn(ReasonIn):
@@ -63,27 +63,20 @@ TOOL_DOC = f"Only items whose failed action's tool is this name or glob (crm.upd
 Q_DOC = "Text search: an item, run, external or target id, else part of the failing tool's name or the run's request."
 
 
-def queue_filter_of(
-    *,
-    status: str | None,
-    reason: str | None,
-    risk: str | None,
-    older_than: int | None,
-    agent: str | None,
-    tool: str | None,
-    q: str | None,
-    run: str | None = None,
-) -> QueueFilter:
-    """The queue's one filter (``recovery.selectors.QueueFilter``; 422 for an unknown value)."""
+def queue_filter_of(fields: Any) -> QueueFilter:
+    """The queue's one filter (``recovery.selectors.QueueFilter``; 422 for an unknown value), from
+    the filter fields of a query (``ItemFilters``) or of a bulk decision's body (``BulkFilterIn``,
+    which has no ``run``)."""
+    older_than = fields.older_than
     return QueueFilter(
-        status=status or "unresolved",
-        reason=reason or "",
-        risk=risk or "",
+        status=fields.status or "unresolved",
+        reason=fields.reason or "",
+        risk=fields.risk or "",
         older_than=timedelta(minutes=older_than) if older_than is not None else None,
-        run_id=run or "",
-        agent=agent or "",
-        tool=tool or "",
-        search=q or "",
+        run_id=getattr(fields, "run", None) or "",
+        agent=fields.agent or "",
+        tool=fields.tool or "",
+        search=fields.q or "",
     )
 
 
@@ -102,16 +95,7 @@ class ItemFilters(Schema):  # query strings: lax on purpose ("50" is a number he
     limit: int = Field(50, ge=1, le=200)
 
     def queue_filter(self) -> QueueFilter:
-        return queue_filter_of(
-            status=self.status,
-            reason=self.reason,
-            risk=self.risk,
-            older_than=self.older_than,
-            agent=self.agent,
-            tool=self.tool,
-            q=self.q,
-            run=self.run,
-        )
+        return queue_filter_of(self)
 
 
 class RecoveryItemOut(Out):
@@ -271,12 +255,3 @@ class ItemDetailOut(ItemOut):
     plan: PlanOut
     resume_preview: ResumePreviewOut
     unwinds: list[str]
-
-
-def recovery_item_out(item: RecoveryItem | None, *, validate: bool = True) -> dict[str, Any] | None:
-    """``validate=False``: the values as they are, for a response schema to validate (see
-    ``saga_admin.api.schemas.actions.action_out``)."""
-    if item is None:
-        return None
-    data = {**fields_of(item, RecoveryItemOut), "failed_action_id": item.failed_action_id}
-    return RecoveryItemOut.model_validate(data).model_dump(mode="json") if validate else data

@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from ninja import Schema
 from pydantic import Field
 
 from infra.pagination import MAX_CURSOR_LENGTH
-from ledger.models import Run
 from saga_admin.api.schemas.actions import ActionOut
 from saga_admin.api.schemas.checkpoints import CheckpointOut
 from saga_admin.api.schemas.commands import CommandOut
-from saga_admin.api.schemas.common import ActionId, HttpUrlStr, JSONObject, Out, StrictIn, fields_of
+from saga_admin.api.schemas.common import ActionId, HttpUrlStr, JSONObject, Out, StrictIn
 from saga_admin.api.schemas.queue import RecoveryItemOut
 
 RunStatus = Literal["running", "succeeded", "failed", "cancelled", "compensating", "compensated", "closed"]
@@ -57,8 +56,15 @@ class HeartbeatIn(StrictIn):
     note: str = Field("", max_length=2000)
 
 
+_WITHDRAW_APPROVALS = (
+    "Withdraw the approvals the run's actions still wait for (each action is rejected): without "
+    "it, a run with an action awaiting approval is refused with 409 pending_approvals."
+)
+
+
 class RunCompleteIn(StrictIn):
     summary: str = Field("", max_length=20000)
+    withdraw_approvals: bool = Field(False, description=_WITHDRAW_APPROVALS)
 
 
 class RunFailIn(StrictIn):
@@ -67,6 +73,7 @@ class RunFailIn(StrictIn):
     reason: str = Field(
         "failed", max_length=64, description="Recovery reason; unknown values count as 'failed'."
     )
+    withdraw_approvals: bool = Field(False, description=_WITHDRAW_APPROVALS)
 
 
 class WarningOut(Out):
@@ -192,10 +199,3 @@ class RunCancelOut(RunOut):
     recovery_item: RecoveryItemOut | None = Field(
         None, description="The run's item (reason cancelled) when it changed something; else null."
     )
-
-
-def run_out(run: Run, *, validate: bool = True) -> dict[str, Any]:
-    """``validate=False``: the values as they are, for a response schema to validate (see
-    ``saga_admin.api.schemas.actions.action_out``)."""
-    data = {**fields_of(run, RunOut), "failed_action_id": run.failed_action_id}
-    return RunOut.model_validate(data).model_dump(mode="json") if validate else data

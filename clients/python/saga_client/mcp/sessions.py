@@ -168,7 +168,8 @@ class GatewaySessions:
 
     async def end_session(self, session: Session, *, why: str) -> None:
         """Finish a session's run: failed when a failed call was not since retried successfully
-        (it lands in the recovery queue), completed otherwise."""
+        (it lands in the recovery queue), completed otherwise. The approvals its calls still waited
+        for are withdrawn with it: the session that would have made those calls is gone."""
         if session.ended:
             return
         session.ended = True
@@ -186,11 +187,15 @@ class GatewaySessions:
                     f"The MCP session ended ({why}) after {count} failed call(s) that were not retried "
                     f"successfully; the last: {message}"[:20000],
                     failed_action_id=action_id,
+                    withdraw_approvals=True,
                     idempotency_key=f"mcp-end-{session.run_id}",
                 )
             else:
                 await self.saga.complete_run(
-                    session.run_id, f"MCP session ended ({why}).", idempotency_key=f"mcp-end-{session.run_id}"
+                    session.run_id,
+                    f"MCP session ended ({why}).",
+                    withdraw_approvals=True,
+                    idempotency_key=f"mcp-end-{session.run_id}",
                 )
         except SagaError as exc:
             # The run stays running; without heartbeats the server's stuck-run sweep takes it.

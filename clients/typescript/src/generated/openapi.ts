@@ -2186,6 +2186,12 @@ export interface components {
              * @default
              */
             summary: string;
+            /**
+             * Withdraw Approvals
+             * @description Withdraw the approvals the run's actions still wait for (each action is rejected): without it, a run with an action awaiting approval is refused with 409 pending_approvals.
+             * @default false
+             */
+            withdraw_approvals: boolean;
         };
         /** RunDetailOut */
         RunDetailOut: {
@@ -2266,6 +2272,12 @@ export interface components {
              * @default failed
              */
             reason: string;
+            /**
+             * Withdraw Approvals
+             * @description Withdraw the approvals the run's actions still wait for (each action is rejected): without it, a run with an action awaiting approval is refused with 409 pending_approvals.
+             * @default false
+             */
+            withdraw_approvals: boolean;
         };
         /** RunFailOut */
         RunFailOut: {
