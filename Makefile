@@ -52,9 +52,12 @@ test-fast: install services ## The unit lanes only: no lint, browser, reliabilit
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "$(FAST_LANES)" $(PYTEST_ARGS)
 
 # The playground, in the foreground until Ctrl-C. One per data directory (.data, or SAGA_RUN_DATA):
-# a second start refuses and says how to reach or stop the first (scripts/run.sh).
+# a second start refuses and says how to reach or stop the first (scripts/run.sh). Stopped by
+# Ctrl-C or `make stop` it exits 0. Its refusal is exit status 3 for scripts that call run.sh;
+# here it is the answer to "is my playground up?" (yes, there), so make ends quietly instead of
+# printing an "Error 3" that reads like a crash under the message.
 run: install ## The playground: PostgreSQL, Redis, web, worker and saga-mcp, with a seeded demo
-	bash scripts/run.sh
+	@bash scripts/run.sh || { rc=$$?; [ $$rc = 3 ] || exit $$rc; }
 
 # manage.py against the running playground, with the environment it wrote to .data/env:
 #   make manage ARGS="create_agent_key --tenant acme --name my-agent"

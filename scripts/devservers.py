@@ -1,5 +1,6 @@
 """Helpers for ``scripts/run.sh`` and ``scripts/manage.sh``: the embedded PostgreSQL under
-``.data/pg``, free ports, waiting for a URL, and the one-playground-per-data-directory rule.
+``.data/pg``, free ports, waiting for a URL (and for the server run.sh started to be the one
+listening on its port), and the one-playground-per-data-directory rule.
 Standard library plus the ``pgserver`` wheel (the ``local`` extra), so it runs from the venv
 before Django is configured.
 
@@ -11,7 +12,7 @@ before Django is configured.
     python scripts/devservers.py port-free 8000 --host 0.0.0.0  # ... on that address
     python scripts/devservers.py bind-host 0.0.0.0              # SAGA_RUN_HOST checked: "BIND URLHOST"
     python scripts/devservers.py wait-url http://127.0.0.1:8000/healthz 60
-    python scripts/devservers.py wait-url http://127.0.0.1:8765/mcp 30 --any-status
+    python scripts/devservers.py wait-own http://127.0.0.1:8765/mcp PID 30   # ... answered by PID's session
     python scripts/devservers.py status .data                   # the running playground, or exit 1
     python scripts/devservers.py already-running .data          # run.sh's refusal (lock held)
     python scripts/devservers.py check-leftovers .data          # run.sh, once it holds the lock
@@ -174,6 +175,122 @@ def wait_url(url: str, timeout_s: float, *, any_status: bool = False) -> None:
         time.sleep(0.3)
     wanted = "at all" if any_status else "200"
     raise SystemExit(f"{url} did not answer {wanted} within {timeout_s:.0f}s (last: {last})")
+
+
+# --- Is the listener on a port the process we started? ----------------------------------------
+
+# A server that lost its port to another program exits (or never listens), and whoever holds the
+# port answers its URL instead: waiting for "any answer" would take a stranger (another
+# playground's gateway, say) for ours. run.sh starts each server as the leader of its own session
+# (setsid); a listener is ours when a process of that session holds its socket.
+
+# Where a server bound on loopback may be answered from: loopback itself and the wildcards.
+_LOCAL_LISTEN = {"127.0.0.1", "0.0.0.0", "::", "::1", "::ffff:127.0.0.1"}  # noqa: S104
+
+
+def _decode_address(hex_address: str) -> str:
+    """An address as /proc/net/tcp{,6} write it: 32-bit words in host (little-endian) order."""
+    raw = b"".join(bytes.fromhex(hex_address[i : i + 8])[::-1] for i in range(0, len(hex_address), 8))
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
+def listening_inodes(port: int) -> set[int]:
+    """The socket inodes of every TCP socket listening on ``port`` where a connection to
+    127.0.0.1 may land (loopback or a wildcard address), from the kernel's tables."""
+    found: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                address, hex_port = fields[1].split(":")
+                # 0A: LISTEN.
+                if (
+                    fields[3] == "0A"
+                    and int(hex_port, 16) == port
+                    and _decode_address(address) in _LOCAL_LISTEN
+                ):
+                    found.add(int(fields[9]))
+    return found
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes: set[int] = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[3])
+
+
+def _holders(inodes: set[int]) -> list[str]:
+    """Who holds these sockets, as "pid N (command)", as far as /proc lets us see."""
+    held = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _socket_inodes(int(entry.name)) & inodes:
+            with contextlib.suppress(OSError):
+                comm = (entry / "comm").read_text().strip()
+                held.append(f"pid {entry.name} ({comm})")
+    return held
+
+
+def listener_state(port: int, leader: int) -> str:
+    """``"ours"`` when something listens on ``port`` and every such listener belongs to the
+    session ``leader`` leads; ``"none"`` when nothing listens yet; ``"foreign"`` when another
+    program holds a listener there (alone, or beside ours: then connections may reach either)."""
+    listening = listening_inodes(port)
+    if not listening:
+        return "none"
+    ours: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _session_of(int(entry.name)) == leader:
+            ours |= _socket_inodes(int(entry.name))
+    return "ours" if listening <= ours else "foreign"
+
+
+# wait-own's exit status when another program answers on the port: run.sh then tries another
+# port (or, for a port you chose, refuses).
+PORT_TAKEN = 3
+
+
+def wait_own(url: str, leader: int, timeout_s: float) -> int:
+    """Wait until the server ``run.sh`` started as session leader ``leader`` listens on ``url``'s
+    port and answers there (any HTTP status: an MCP endpoint answers a bare GET with a 4xx).
+    0 when it does; ``PORT_TAKEN`` when another program listens on that port; 1 when it exits
+    first or does not answer in time."""
+    port = urllib.parse.urlsplit(url).port
+    assert port is not None, url
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = listener_state(port, leader)
+        if state == "foreign":
+            held = ", ".join(_holders(listening_inodes(port))) or "a process this user cannot see"
+            print(
+                f"port {port} is taken by another program ({held}), not by the server this make run started."
+            )
+            return PORT_TAKEN
+        if _start_time(leader) is None:
+            print(f"the server meant for port {port} exited before it listened there.")
+            return 1
+        if state == "ours":
+            try:
+                wait_url(url, max(deadline - time.monotonic(), 1.0), any_status=True)
+            except SystemExit as exc:
+                print(exc)
+                return 1
+            return 0
+        time.sleep(0.2)
+    print(f"the server meant for port {port} did not listen there within {timeout_s:.0f}s.")
+    return 1
 
 
 # --- One playground per data directory -----------------------------------------------------
@@ -388,6 +505,10 @@ def _parser() -> argparse.ArgumentParser:
     wait.add_argument("url")
     wait.add_argument("timeout", type=float)
     wait.add_argument("--any-status", action="store_true")
+    own = sub.add_parser("wait-own")
+    own.add_argument("url")
+    own.add_argument("leader", type=int)
+    own.add_argument("timeout", type=float)
     for name in ("status", "already-running", "check-leftovers", "stop"):
         sub.add_parser(name).add_argument("data", type=Path)
     return parser
@@ -413,6 +534,8 @@ def main(argv: list[str]) -> None:
         _ports(args)
     elif args.command == "wait-url":
         wait_url(args.url, args.timeout, any_status=args.any_status)
+    elif args.command == "wait-own":
+        sys.exit(wait_own(args.url, args.leader, args.timeout))
     elif args.command == "status":
         sys.exit(playground_status(args.data))
     elif args.command == "already-running":

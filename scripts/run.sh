@@ -3,16 +3,23 @@
 #
 # Without DATABASE_URL it starts a real PostgreSQL kept in .data/pg (the pgserver wheel, on a unix
 # socket inside that directory); without REDIS_URL a real redis-server kept in .data/redis on a
-# free port. Then it migrates, collects static files, loads the demo policies and logins, starts
-# the Procfile's web and worker lines, then the demo MCP server and a saga-mcp gateway in front of
-# it, seeds the demo runs through the real API (one of them an MCP session through that gateway),
-# starts the demo agents' live traffic and prints the URLs and logins. Ctrl-C (or TERM, or `make stop`) stops
-# everything it started, in reverse order. Logs: .data/logs/.
+# free port. Then it starts the demo MCP server while it migrates and collects static files, loads
+# the demo policies and logins, starts the Procfile's web and worker lines, then a saga-mcp gateway
+# in front of that server, seeds the demo runs through the real API (one of them an MCP session
+# through that gateway), starts the demo agents' live traffic and prints the URLs and logins.
+# Ctrl-C (or TERM, or `make stop`) stops everything it started, in reverse order, and exits 0: the
+# playground stopped as asked. Logs: .data/logs/.
+#
+# The demo MCP server's and the gateway's ports are each chosen just before that server starts,
+# and nothing is pointed at one until devservers.py wait-own has seen that the socket listening
+# there belongs to the process started here: a port another program took first (another
+# playground starting at the same moment) is never mistaken for ours; the next free one is tried.
 #
 # One playground per data directory, checked before anything starts: while a make run holds
 # .data/run.lock (an flock the kernel drops when this script dies, however it dies), a second
 # start refuses, says where the first one is and how to stop it or run a second one beside it
-# (another clone, or SAGA_RUN_DATA + PORT), and starts and stops nothing. A start that finds the
+# (another clone, or SAGA_RUN_DATA + PORT), and starts and stops nothing; it exits 3, which
+# `make run` turns into a quiet 0 (the message is the answer; "Error 3" under it read as a crash). A start that finds the
 # files of a dead run cleans them up, unless what that run started is still alive (then it refuses
 # and `make stop` stops it). An explicit PORT in use refuses before PostgreSQL or Redis start. It
 # never stops a server it did not start.
@@ -29,8 +36,11 @@
 # 127.0.0.1), SAGA_DEMO_WORLD_SECRET, DEBUG (default 0: the app's own error pages), SECRET_KEY (default: one
 # generated once and kept in .data/secret-key), SAGA_OUTBOUND_ALLOWED_HOSTS (default: the demo
 # world's host:port), SAGA_RESUME_WEBHOOK_SECRET, SAGA_METRICS_TOKEN (GET /metrics' bearer token;
-# default: one generated once and kept in .data/metrics-token). The demo MCP server takes 8765 or the next free
-# port, its gateway the next free one after it (SAGA_DEMO_MCP_URL is set to the server's URL).
+# default: one generated once and kept in .data/metrics-token), SAGA_RUN_MCP_PORT (exact port for the
+# demo MCP server; default 8765 or the next free one; SAGA_DEMO_MCP_URL is set to its URL),
+# SAGA_RUN_GATEWAY_PORT (exact port for its gateway; default the next free one after the server's).
+# A port named by PORT, SAGA_RUN_MCP_PORT or SAGA_RUN_GATEWAY_PORT that is in use is refused
+# before anything starts.
 set -euo pipefail
 CALLER_DIR=$(pwd)
 cd "$(dirname "$0")/.."
@@ -53,7 +63,7 @@ say() { printf '\033[1m==> %s\033[0m \033[2m(%ss)\033[0m\n' "$*" "$SECONDS"; }
 exec 9>>"$DATA/run.lock"
 if ! flock -n 9; then
   "$PY" scripts/devservers.py already-running "$DATA"
-  exit 1
+  exit 3
 fi
 "$PY" scripts/devservers.py check-leftovers "$DATA" 9>&- || exit 1
 printf 'pid=%s\n' "$$" >"$DATA/run.info"
@@ -96,7 +106,9 @@ stop_all() {
   fi
   rm -f "$DATA/env" "$DATA/run.procs" "$DATA/run.info"
 }
-trap 'stop_all; exit 130' INT TERM HUP
+# Ctrl-C, TERM (`make stop`) and a closed terminal are how a playground is meant to end: once
+# everything is stopped, that is a success (0), not the 130 of an interrupted program.
+trap 'stop_all; exit 0' INT TERM HUP
 trap 'stop_all' EXIT
 
 # The playground serves demo logins whose passwords are published: its web listens on this
@@ -127,6 +139,24 @@ if [ -n "${PORT:-}" ]; then
 else
   PORT=$("$PY" scripts/devservers.py free-port 8000 --host "$WEB_BIND_HOST")
 fi
+# The demo MCP server's and its gateway's ports, when you name them: the same promise as PORT.
+for knob in SAGA_RUN_MCP_PORT SAGA_RUN_GATEWAY_PORT; do
+  value=${!knob:-}
+  [ -n "$value" ] || continue
+  if ! [[ $value =~ ^[0-9]+$ ]] || ((value < 1 || value > 65535)); then
+    echo "$knob=$value is not a port number; nothing was started." >&2
+    exit 1
+  fi
+  if [ "$value" = "$PORT" ] || { [ "$knob" = SAGA_RUN_GATEWAY_PORT ] && [ "$value" = "${SAGA_RUN_MCP_PORT:-}" ]; }; then
+    echo "$knob=$value is already the port of another server of this make run; nothing was started." >&2
+    exit 1
+  fi
+  if ! "$PY" scripts/devservers.py port-free "$value"; then
+    echo "$knob=$value is in use by another program; nothing was started." >&2
+    echo "Pick another port, or unset $knob to take the next free one." >&2
+    exit 1
+  fi
+done
 BASE_URL="http://$url_host:$PORT"
 printf 'url=%s\n' "$BASE_URL" >>"$DATA/run.info"
 
@@ -150,6 +180,70 @@ start() {
   procs+=("$name:$!")
   echo "$name $! $(proc_start $!)" >>"$DATA/run.procs"
 }
+
+# The pid (session leader) of the process started as NAME.
+pid_of() {
+  local entry
+  for entry in "${procs[@]}"; do [ "${entry%%:*}" != "$1" ] || echo "${entry##*:}"; done
+}
+
+# forget NAME: stop the process started as NAME (it lost its port) and strike it from the records.
+forget() {
+  local pid entry kept=()
+  pid=$(pid_of "$1")
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  for entry in "${procs[@]}"; do [ "${entry%%:*}" = "$1" ] || kept+=("$entry"); done
+  procs=("${kept[@]}")
+  grep -v "^$1 " "$DATA/run.procs" >"$DATA/run.procs.tmp" || true
+  mv "$DATA/run.procs.tmp" "$DATA/run.procs"
+}
+
+# start_on_port [--no-wait|--started] NAME KNOB FIRST URL_TEMPLATE COMMAND...: start a server on a
+# port and wait until the server answering there is the one started here (devservers.py wait-own:
+# the listener's socket belongs to its session), not whatever else took the port meanwhile. The
+# port is KNOB's value (refused if another program takes it first) or the first free one from
+# FIRST, chosen just before the server binds it; a lost race moves on to the next free one. In the
+# command and URL_TEMPLATE, @PORT@ stands for the port. Sets $bound_port. --no-wait only starts it
+# (at $bound_port), so that other work overlaps its start; the same call with --started then waits.
+start_on_port() {
+  local mode=wait
+  case $1 in --no-wait | --started) mode=${1#--}; shift ;; esac
+  local name=$1 knob=$2 first=$3 template=$4 rc port tries
+  shift 4
+  for tries in 1 2 3 4 5; do
+    if [ "$mode" = started ]; then
+      port=$bound_port
+      mode=wait
+    else
+      port=${!knob:-}
+      [ -n "$port" ] || port=$("$PY" scripts/devservers.py free-port "$first" --except "$PORT" ${SAGA_RUN_MCP_PORT:-} \
+        ${SAGA_RUN_GATEWAY_PORT:-} ${taken_ports[@]+"${taken_ports[@]}"} 9>&-)
+      start "$name" "${@//@PORT@/$port}"
+      bound_port=$port
+      [ "$mode" = wait ] || return 0
+    fi
+    rc=0
+    "$PY" scripts/devservers.py wait-own "${template//@PORT@/$port}" "$(pid_of "$name")" 60 9>&- || rc=$?
+    if [ "$rc" = 0 ]; then
+      taken_ports+=("$port")
+      return 0
+    fi
+    if [ "$rc" = 3 ] && [ -z "${!knob:-}" ]; then
+      echo "    ($name: another program took port $port first; trying the next free one)"
+      forget "$name"
+      first=$((port + 1))
+      continue
+    fi
+    [ "$rc" != 3 ] || echo "$knob=$port: another program took it before $name could; pick another port." >&2
+    tail -n 30 "$LOGS/$name.log" >&2
+    exit 1
+  done
+  echo "$name lost its port to another program five times in a row; giving up." >&2
+  exit 1
+}
+taken_ports=()
 
 # The command of a Procfile line, so `make run` starts exactly what a deployment starts.
 procfile_cmd() {
@@ -176,13 +270,17 @@ if [ -z "${REDIS_URL:-}" ]; then
   REDIS_URL="redis://127.0.0.1:$redis_port/0"
 fi
 
-# The demo MCP server and the saga-mcp gateway in front of it start once the web is up; their ports
-# are chosen now, so that the policies the setup loads send the people.* tools' MCP compensators
-# to the server's real URL (seed_demo reads SAGA_DEMO_MCP_URL, as `make manage` does from .data/env).
-mcp_port=$("$PY" scripts/devservers.py free-port 8765 --except "$PORT")
-gateway_port=$("$PY" scripts/devservers.py free-port $((mcp_port + 1)) --except "$PORT")
-export SAGA_DEMO_MCP_URL="http://127.0.0.1:$mcp_port/mcp"
-MCP_GATEWAY_URL="http://127.0.0.1:$gateway_port/mcp"
+# The MCP demo: the in-memory HR + workspace MCP server (Streamable HTTP), and later saga-mcp in
+# front of it recording every call as the agent "mcp-agent". Neither is a part of Saga Admin, so
+# neither gets its secrets or its database; the gateway gets its own agent key in its environment
+# only (a key on a command line is readable by every user of the machine). Both serve with
+# uvicorn, which would take the web's WEB_CONCURRENCY as a number of workers: they do not get it.
+# The server needs nothing of Saga Admin, so it starts now, on the port chosen this moment, and
+# is checked to be the one answering there (start_on_port) before the setup points the people.*
+# tools' MCP compensators at its URL (seed_demo reads SAGA_DEMO_MCP_URL, as `make manage` does
+# from .data/env).
+no_server_env=(env -u SECRET_KEY -u SAGA_DEMO_WORLD_SECRET -u SAGA_RESUME_WEBHOOK_SECRET -u DATABASE_URL
+  -u REDIS_URL -u WEB_CONCURRENCY -u PORT)
 MCP_JOURNAL="$LOGS/mcp-upstream-journal.jsonl"
 
 # The demo world's webhook secret: the web (receiver) and the worker (sender) must share it, and
@@ -284,7 +382,7 @@ write_env() {
 if [ "${SAGA_DEMO_SSO:-0}" = "1" ]; then
   say "Starting a local OpenID Provider for single sign-on (SAGA_DEMO_SSO=1)"
   bash scripts/ensure-oidc-peer.sh 9>&-
-  oidc_port=$("$PY" scripts/devservers.py free-port 9400 --except "$PORT" "$mcp_port" "$gateway_port")
+  oidc_port=$("$PY" scripts/devservers.py free-port 9400 --except "$PORT" ${SAGA_RUN_MCP_PORT:-} ${SAGA_RUN_GATEWAY_PORT:-})
   [ -s "$DATA/oidc-client-secret" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$DATA/oidc-client-secret")
   [ -s "$DATA/oidc-accounts.json" ] || cat >"$DATA/oidc-accounts.json" <<'JSON'
 {
@@ -306,10 +404,16 @@ JSON
   "$PY" scripts/devservers.py wait-url "$SAGA_OIDC_ISSUER/.well-known/openid-configuration" 30 || { tail -n 30 "$LOGS/oidc-provider.log"; exit 1; }
 fi
 
-say "Preparing the database"
-write_env
+say "Preparing the database and starting the demo MCP server"
+mcp_server=(mcp-upstream SAGA_RUN_MCP_PORT 8765 "http://127.0.0.1:@PORT@/mcp" "${no_server_env[@]}" "$PY"
+  clients/python/examples/hr_workspace_mcp.py --http "127.0.0.1:@PORT@")
+HR_MCP_JOURNAL="$MCP_JOURNAL" start_on_port --no-wait "${mcp_server[@]}"
 "$PY" manage.py migrate --noinput >"$LOGS/migrate.log" 2>&1 || { tail -n 30 "$LOGS/migrate.log"; exit 1; }
 "$PY" manage.py collectstatic --noinput >"$LOGS/collectstatic.log" 2>&1 || { tail -n 30 "$LOGS/collectstatic.log"; exit 1; }
+HR_MCP_JOURNAL="$MCP_JOURNAL" start_on_port --started "${mcp_server[@]}"
+mcp_port=$bound_port
+export SAGA_DEMO_MCP_URL="http://127.0.0.1:$mcp_port/mcp"
+write_env
 
 say "Loading the demo policies and logins"
 "$PY" manage.py seed_demo --url "$BASE_URL" --setup-only
@@ -319,28 +423,20 @@ start worker bash -c "$(procfile_cmd worker)"
 start web bash -c "$(procfile_cmd web)"
 "$PY" scripts/devservers.py wait-url "$BASE_URL/healthz" 60 || { tail -n 30 "$LOGS/web.log"; exit 1; }
 
-# The MCP demo: the in-memory HR + workspace MCP server (Streamable HTTP), and saga-mcp in front of
-# it recording every call as the agent "mcp-agent". Neither is a part of Saga Admin, so neither
-# gets its secrets or its database; the gateway gets its own agent key in its environment only
-# (a key on a command line is readable by every user of the machine). Both serve with uvicorn, which
-# would take the web's WEB_CONCURRENCY as a number of workers: they do not get it either.
-no_server_env=(env -u SECRET_KEY -u SAGA_DEMO_WORLD_SECRET -u SAGA_RESUME_WEBHOOK_SECRET -u DATABASE_URL
-  -u REDIS_URL -u WEB_CONCURRENCY -u PORT)
-say "Starting the demo MCP server ($SAGA_DEMO_MCP_URL) and the saga-mcp gateway ($MCP_GATEWAY_URL)"
-HR_MCP_JOURNAL="$MCP_JOURNAL" start mcp-upstream "${no_server_env[@]}" "$PY" clients/python/examples/hr_workspace_mcp.py \
-  --http "127.0.0.1:$mcp_port"
-"$PY" scripts/devservers.py wait-url "$SAGA_DEMO_MCP_URL" 30 --any-status || { tail -n 30 "$LOGS/mcp-upstream.log"; exit 1; }
+say "Starting the saga-mcp gateway in front of the demo MCP server ($SAGA_DEMO_MCP_URL)"
 mcp_key=$("$PY" manage.py seed_demo --print-key acme-mcp-gateway)
-SAGA_API_KEY="$mcp_key" start mcp-gateway "${no_server_env[@]}" saga-mcp --saga-url "$BASE_URL" \
-  --upstream "$SAGA_DEMO_MCP_URL" --listen "127.0.0.1:$gateway_port" --namespace people --agent mcp-agent
+SAGA_API_KEY="$mcp_key" start_on_port mcp-gateway SAGA_RUN_GATEWAY_PORT $((mcp_port + 1)) \
+  "http://127.0.0.1:@PORT@/mcp" "${no_server_env[@]}" saga-mcp --saga-url "$BASE_URL" \
+  --upstream "$SAGA_DEMO_MCP_URL" --listen "127.0.0.1:@PORT@" --namespace people --agent mcp-agent
 mcp_key=""
-"$PY" scripts/devservers.py wait-url "$MCP_GATEWAY_URL" 60 --any-status || { tail -n 30 "$LOGS/mcp-gateway.log"; exit 1; }
+MCP_GATEWAY_URL="http://127.0.0.1:$bound_port/mcp"
 
 say "Seeding demo runs through the API (the first time; later starts find them in place)"
-"$PY" manage.py seed_demo --url "$BASE_URL" --mcp-gateway "$MCP_GATEWAY_URL" 2>&1 | tee -a "$LOGS/seed.log"
+# --no-setup: the setup ran a moment ago (--setup-only, above); doing it again only costs seconds.
+"$PY" manage.py seed_demo --url "$BASE_URL" --no-setup --mcp-gateway "$MCP_GATEWAY_URL" 2>&1 | tee -a "$LOGS/seed.log"
 
 if [ "${SAGA_DEMO_TRAFFIC:-1}" != "0" ]; then
-  start demo-agents "$PY" manage.py seed_demo --url "$BASE_URL" --continuous
+  start demo-agents "$PY" manage.py seed_demo --url "$BASE_URL" --no-setup --continuous
 fi
 
 metrics_token="\$SAGA_METRICS_TOKEN"  # the one you passed

@@ -58,7 +58,11 @@ def test_the_seeded_mcp_session_fails_into_the_queue_and_compensating_it_undoes_
             assert "failed into the recovery queue" in said[0] and "is not an email address" in said[0]
             # A second seed finds the session's run and plays nothing.
             assert mcp_agent.seed_session(base_url=live_server.url, key=key, gateway_url=gateway_url) is None
+        # The first seeding played the session once: one run, one queue item, one create_user
+        # upstream (a second would fail there, "A user … already exists", into a second item).
         assert upstream.tools_called() == ["create_user", "assign_license", "send_email"]
+        assert Run.objects.filter(agent=mcp_agent.AGENT).count() == 1
+        assert RecoveryItem.objects.filter(run__agent=mcp_agent.AGENT).count() == 1
 
         recorded = Run.objects.get(pk=run["id"])
         assert (recorded.agent, recorded.tenant.slug) == ("mcp-agent", "acme")
@@ -112,3 +116,10 @@ def test_an_mcp_url_that_is_not_one_is_refused_with_a_clear_error(db: Any) -> No
     with pytest.raises(CommandError, match="mcp-url"):
         _seed_demo(url="http://127.0.0.1:8000", setup_only=True, mcp_url="file:///etc/passwd")
     assert not Compensator.objects.filter(tool__startswith="people.").exists()
+
+
+def test_setup_only_and_no_setup_together_are_refused(db: Any) -> None:
+    # make run's seeding step skips the setup its --setup-only step has just done; both at once
+    # would do nothing at all, silently.
+    with pytest.raises(CommandError, match="--setup-only and --no-setup"):
+        _seed_demo(url="http://127.0.0.1:8000", setup_only=True, no_setup=True)

@@ -44,6 +44,11 @@ class Command(BaseCommand):
             help="Only tenants, policies, logins, keys and world data; no agent runs.",
         )
         parser.add_argument(
+            "--no-setup",
+            action="store_true",
+            help="Skip the setup (make run has just done it with --setup-only): only the agents' runs.",
+        )
+        parser.add_argument(
             "--mcp-url",
             default=os.environ.get("SAGA_DEMO_MCP_URL", ""),
             metavar="URL",
@@ -75,6 +80,7 @@ class Command(BaseCommand):
         continuous: bool,
         every: float,
         setup_only: bool,
+        no_setup: bool,
         mcp_url: str,
         mcp_gateway: str,
         print_key: str | None,
@@ -92,11 +98,7 @@ class Command(BaseCommand):
         logging.getLogger("httpx2").setLevel(logging.WARNING)
         logging.getLogger("mcp").setLevel(logging.WARNING)
         url = url.rstrip("/")
-        try:
-            setup = demo_setup(base_url=url, mcp_url=mcp_url)
-        except PolicyFileError as exc:
-            raise CommandError(f"{exc} (is --mcp-url / SAGA_DEMO_MCP_URL an http(s) URL?)") from None
-        self.stdout.write(f"Demo policies: {policy_summary(setup.policy_reports)}")
+        self._setup(url, mcp_url, setup_only=setup_only, skip=no_setup)
         if setup_only:
             return
 
@@ -126,6 +128,19 @@ class Command(BaseCommand):
                 self._continuous(demo, every)
         finally:
             demo.close()
+
+    def _setup(self, url: str, mcp_url: str, *, setup_only: bool, skip: bool) -> None:
+        """The demo setup, unless ``skip`` (--no-setup: make run's --setup-only step has just
+        done it)."""
+        if setup_only and skip:
+            raise CommandError("--setup-only and --no-setup ask for opposite things; give one.")
+        if skip:
+            return
+        try:
+            setup = demo_setup(base_url=url, mcp_url=mcp_url)
+        except PolicyFileError as exc:
+            raise CommandError(f"{exc} (is --mcp-url / SAGA_DEMO_MCP_URL an http(s) URL?)") from None
+        self.stdout.write(f"Demo policies: {policy_summary(setup.policy_reports)}")
 
     def _print_logins(self) -> None:
         self.stdout.write("Demo logins (dashboard at /, Django admin at /admin/):")
