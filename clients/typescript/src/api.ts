@@ -25,7 +25,23 @@ type Body = Record<string, unknown>;
 const randomKey = (prefix: string): string => `${prefix}-${crypto.randomUUID()}`;
 
 export class Api {
+  /** The tools the server said no policy names (`default_policy`), each said once. */
+  readonly defaultedTools = new Set<string>();
+
   constructor(readonly http: Http) {}
+
+  /** Say, once per tool for this client, a recorded action's `default_policy` warning: no policy
+   * names the tool (a mistyped name, most often), so the default applied and the step may wait
+   * for an approval nobody expected. */
+  noteWarnings(actions: readonly Action[]): void {
+    for (const action of actions) {
+      for (const warning of action.warnings ?? []) {
+        if (warning["code"] !== "default_policy" || this.defaultedTools.has(action.tool)) continue;
+        this.defaultedTools.add(action.tool);
+        console.warn(`saga: ${String(warning["message"] ?? `no policy names ${action.tool}`)}`);
+      }
+    }
+  }
 
   createRun(fields: Body, idempotencyKey?: string, signal?: Signal): Promise<Run> {
     return this.http.call("POST", "/runs", { body: fields, idempotencyKey: idempotencyKey ?? randomKey("run"), signal });
@@ -81,15 +97,19 @@ export class Api {
     return this.http.call("GET", "/policies", { signal });
   }
 
-  recordAction(runId: string, tool: string, idempotencyKey: string, fields: Body, signal?: Signal): Promise<Reply<Action>> {
-    return this.http.request("POST", `/runs/${runId}/actions`, {
+  async recordAction(runId: string, tool: string, idempotencyKey: string, fields: Body, signal?: Signal): Promise<Reply<Action>> {
+    const reply = await this.http.request<Action>("POST", `/runs/${runId}/actions`, {
       body: { tool, idempotency_key: idempotencyKey, ...fields },
       signal,
     });
+    this.noteWarnings([reply.data]);
+    return reply;
   }
   /** Several actions in one request, all or nothing; safe to send again (a plan whose keys were all recorded is a replay). */
-  recordPlan(runId: string, actions: Body[], signal?: Signal): Promise<Reply<Plan>> {
-    return this.http.request("POST", `/runs/${runId}/plan`, { body: { actions }, retrySafe: true, signal });
+  async recordPlan(runId: string, actions: Body[], signal?: Signal): Promise<Reply<Plan>> {
+    const reply = await this.http.request<Plan>("POST", `/runs/${runId}/plan`, { body: { actions }, retrySafe: true, signal });
+    this.noteWarnings(reply.data.actions);
+    return reply;
   }
   getAction(actionId: string, signal?: Signal): Promise<Action> {
     return this.http.call("GET", `/actions/${actionId}`, { signal });

@@ -167,6 +167,24 @@ describe.skipIf(noServer)("an approval wait", () => {
   });
 });
 
+describe.skipIf(noServer)("a tool no policy names", () => {
+  it("is said once per tool: the default policy applied (a mistyped name, most often)", async () => {
+    const saga = agentSaga();
+    const warned = vi.spyOn(console, "warn").mockImplementation(() => undefined);
+    for (const table of ["users", "orders"]) {
+      await saga.run({ agent: "ops", request: `Clean up ${table}` }, async (run) => {
+        const recorded = await run.record({ tool: "db.drop_table", args: { table } });
+        expect(recorded.warnings.map((w) => w["code"])).toContain("default_policy");
+        await run.complete("left for later", { withdrawApprovals: true });
+      });
+    }
+    const said = warned.mock.calls.map((call) => String(call[0])).filter((line) => line.includes("db.drop_table"));
+    expect(said).toEqual([
+      "saga: No policy names db.drop_table; the default applied (risk high, approval manual). Check the tool's name, or add a policy for it.",
+    ]);
+  });
+});
+
 describe.skipIf(noServer)("an operator's cancel", () => {
   it("surfaces as RunCancelled, and the client does not try to fail the cancelled run", async () => {
     const saga = agentSaga({ heartbeatIntervalS: 0 });
