@@ -15,11 +15,12 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from demo.models import AgentCredential, CrmContact, CrmTicket, HrUser, Payment, WorkspaceLicense
-from ledger import staff
+from ledger import staff, upstreams
 from ledger.audit import Actor
 from ledger.models import AgentKey, Membership, Tenant
 from ledger.policies.load import LoadReport, policy_file_load, policy_file_parse, policy_file_read
 from ledger.services import keys
+from recovery import compensator_checks
 from recovery.actions import channels
 from recovery.models import NotificationChannel
 
@@ -286,6 +287,31 @@ def demo_setup(*, base_url: str, mcp_url: str = "") -> DemoSetup:
     world_seed()
     notification_channels_ensure(tenants)
     return DemoSetup(tenants=tenants, policy_reports=reports)
+
+
+def compensators_check() -> str:
+    """Check the demo's own compensators, once they can answer (the web, its demo world and the
+    demo MCP server are up: the seeding step), with the protocol's harmless cases
+    (``recovery.compensator_checks``): each one in force for a demo tenant that has no passing
+    check where it points now. A first playground then shows none "never checked"; a later start
+    checks only what is new or failed. Returns what it did, in a sentence."""
+    checked, passed, failed = 0, 0, []
+    for tenant in Tenant.objects.filter(slug__in=list(TENANTS)).order_by("slug"):
+        rows = upstreams.compensators_in_force(tenant_id=tenant.pk)
+        latest = compensator_checks.latest_checks(tenant=tenant, rows=rows)
+        for row in rows:
+            if (done := latest.get(row.tool)) is not None and done.ok:
+                continue
+            check = compensator_checks.compensator_check(tenant=tenant, actor=SEEDER, user=None, row=row)
+            checked += 1
+            if check.ok:
+                passed += 1
+            else:
+                failed.append(f"{tenant.slug}/{row.tool}")
+    if not checked:
+        return "all checked already."
+    said = f"{checked} checked, {passed} passed"
+    return f"{said}; failed: {', '.join(failed)} (see the Policies page)." if failed else f"{said}."
 
 
 def policy_summary(reports: list[LoadReport]) -> str:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,46 @@ def _open_reasons() -> dict[str, str]:
     }
 
 
+def _none_never_checked(said: str) -> Any:
+    """Asserts the seed said what it checked and no compensator in force for Acme is flagged
+    "never been checked"; returns the checks of its webhook compensator ``hr.delete_user`` (one,
+    after a first seed)."""
+    from ledger import upstreams
+    from ledger.models import Tenant
+    from recovery import compensator_checks
+    from recovery.models import CompensatorCheck
+
+    assert "Demo compensators: " in said
+    acme = Tenant.objects.get(slug="acme")
+    flags = compensator_checks.check_flags(
+        tenant=acme, tools=[row.tool for row in upstreams.compensators_in_force(tenant_id=acme.pk)]
+    )
+    assert flags and not [tool for tool, flag in flags.items() if "never been checked" in flag], flags
+    checks = CompensatorCheck.objects.filter(tenant=acme, tool="hr.delete_user")
+    assert checks.count() == 1
+    return checks
+
+
+def _seed_again_adds_nothing(url: str, webhook_checks: Any) -> None:
+    from django.contrib.auth import get_user_model
+
+    from demo.models import AgentCredential
+    from ledger.models import AgentKey, Run
+
+    def counts() -> tuple[int, ...]:
+        return (
+            Run.objects.count(),
+            AgentKey.objects.count(),
+            AgentCredential.objects.count(),
+            get_user_model().objects.count(),
+        )
+
+    before = counts()
+    call_command("seed_demo", url=url)
+    assert counts() == before
+    assert not webhook_checks.get().ok or webhook_checks.count() == 1  # passed: not checked again
+
+
 @pytest.mark.slow
 def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
     live_server: Any, saga_worker: subprocess.Popen[bytes], world_secret: str, tmp_path: Path
@@ -95,14 +136,19 @@ def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
     from django.contrib.auth import get_user_model
 
     from demo import people
-    from demo.models import AgentCredential, HrUser, WorkspaceLicense
+    from demo.models import HrUser, WorkspaceLicense
     from demo.setup import agent_secret
     from ledger.audit import Actor
-    from ledger.models import Action, AgentKey, Run
+    from ledger.models import Action, Run
     from recovery.actions.compensations import unwind_start
     from recovery.models import Approval, RecoveryItem
 
-    call_command("seed_demo", url=live_server.url)
+    seeded = StringIO()
+    call_command("seed_demo", url=live_server.url, stdout=seeded)
+
+    # The seed checked the demo's own compensators: none is shown "never checked", and what
+    # passed is not checked again on the next seed (asserted below).
+    webhook_checks = _none_never_checked(seeded.getvalue())
 
     demo = agents.Demo(
         base_url=live_server.url,
@@ -142,20 +188,8 @@ def test_it_seeds_one_item_per_failure_story_and_compensation_fixes_the_world(
     pivot_run = Run.objects.get(external_id="demo:refund-pivot")
     assert any(w["code"] == "pivot_order" for a in pivot_run.actions.all() for w in a.warnings)
 
-    # Seeding again adds nothing: no runs, keys or logins twice.
-    counts = (
-        Run.objects.count(),
-        AgentKey.objects.count(),
-        AgentCredential.objects.count(),
-        get_user_model().objects.count(),
-    )
-    call_command("seed_demo", url=live_server.url)
-    assert (
-        Run.objects.count(),
-        AgentKey.objects.count(),
-        AgentCredential.objects.count(),
-        get_user_model().objects.count(),
-    ) == counts
+    # Seeding again adds nothing: no runs, keys or logins twice, no check of what passed.
+    _seed_again_adds_nothing(live_server.url, webhook_checks)
 
     # Alice compensates the onboarding run; the worker undoes it in the demo world.
     onboarding = Run.objects.get(external_id="demo:onboard-ashu")

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from demo import agents, mcp_agent, people
-from demo.setup import AGENT_KEYS, agent_secret, demo_setup, logins_table, policy_summary
+from demo.setup import AGENT_KEYS, agent_secret, compensators_check, demo_setup, logins_table, policy_summary
 from demo.views import SECRET_ENV
 from ledger.policies.errors import PolicyFileError
 
@@ -123,6 +123,8 @@ class Command(BaseCommand):
                 if played is None:
                     self.stdout.write("Demo MCP session: already there.")
             if not continuous:
+                # Now that everything they call is up: no demo compensator shows "never checked".
+                self.stdout.write(f"Demo compensators: {compensators_check()}")
                 self._print_logins()
             if continuous:
                 self._continuous(demo, every)
