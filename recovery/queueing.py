@@ -17,6 +17,7 @@ import django_rq
 import structlog
 from redis.exceptions import RedisError
 from rq.exceptions import NoSuchJobError
+from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 
@@ -159,16 +160,23 @@ def job_will_run(job_id: str, *, queue: str = "default", started_within_s: float
         # A worker takes a job off its queue (into the queue's intermediate list) before it marks
         # it started; one killed in between leaves it "queued" but in no queue, and RQ fails it
         # only at a worker's maintenance pass, ten minutes or more later. Such a job is judged as a
-        # started one would be, from when it was enqueued.
+        # started one would be, from when it was first seen taken off (RQ's own first-seen mark of
+        # its intermediate list, set here when no one has yet): not from when it was enqueued,
+        # which for a job that waited behind a backlog is long before the moment it was taken.
         queue_key = Queue(job.origin, connection=connection).key
         dequeued = status == JobStatus.QUEUED and connection.lpos(queue_key, job.id) is None
+        taken_at = None
+        if dequeued:
+            intermediate = IntermediateQueue(queue_key, connection)
+            intermediate.set_first_seen(job.id)
+            taken_at = intermediate.get_first_seen(job.id)
     except NoSuchJobError:
         return False
     except RedisError:
         return None
     if status in WAITING_STATUSES and not dequeued:
         return True
-    since = job.enqueued_at if dequeued else job.started_at
+    since = taken_at if dequeued else job.started_at
     if (status != JobStatus.STARTED and not dequeued) or since is None:
         return False
     since = since if since.tzinfo else since.replace(tzinfo=UTC)

@@ -348,7 +348,8 @@ def test_it_does_not_count_a_rejected_pivot(tenant, agent, bob):
 def test_it_warns_about_an_irreversible_action_without_a_correction(tenant, agent):
     run = make_run(tenant, agent)
     action = record(run, agent, "k", tool="github.delete_repository")
-    assert [w["code"] for w in action.warnings] == ["irreversible_without_correction"]
+    # No policy names it: the default (irreversible) applied, and both are said.
+    assert [w["code"] for w in action.warnings] == ["default_policy", "irreversible_without_correction"]
 
 
 def test_it_writes_a_checkpoint_referencing_the_runs_actions(run, agent):

@@ -262,8 +262,15 @@ def test_an_advance_job_a_dead_worker_took_off_the_queue_is_not_waited_for(
 
     # Just taken: its worker may be about to start it.
     assert sweeper.sweep().advanced == 0
+    # However long it waited in the queue before: the grace counts from when it was taken off.
     advance.enqueued_at = datetime.now(UTC) - timedelta(minutes=5)
     advance.save()
+    assert sweeper.sweep().advanced == 0
+    # Taken off five minutes ago (RQ's first-seen mark of its intermediate list) and never started.
+    intermediate = queue.intermediate_queue
+    queue.connection.set(
+        intermediate.get_first_seen_key(advance.id), (datetime.now(UTC) - timedelta(minutes=5)).timestamp()
+    )
     with django_capture_on_commit_callbacks(execute=True):
         assert sweeper.sweep().advanced == 1
 

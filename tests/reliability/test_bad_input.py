@@ -57,7 +57,8 @@ def world(keep_test_connection, fuzz_key):
     actor = Actor.for_key(fuzz_key[0])
     run = runs.run_create(tenant=fuzz_key[0].tenant, actor=actor, agent="fuzz", request="fuzz me")
     action = action_record_gated(run=run, actor=actor, tool="fuzz.tool", idempotency_key="fz-1").action
-    item = run_fail_and_queue(run=run, actor=actor, error="fuzzed").item
+    # The run ends withdrawing its action's approval (a run does not end with one outstanding).
+    item = run_fail_and_queue(run=run, actor=actor, error="fuzzed", withdraw_approvals=True).item
     return {"run_id": run.pk, "action_id": action.pk, "item_id": item.pk}
 
 
