@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -37,6 +38,17 @@ def test_the_npm_package_declares_apache_2_and_packs_the_licence():
 @pytest.mark.slow
 @pytest.mark.parametrize("folder", [".", "clients/python"], ids=["saga-admin", "saga-admin-client"])
 def test_the_built_wheel_declares_apache_2_and_carries_the_licence(folder: str, tmp_path: Path):
+    # Built from a copy of the tracked files: setuptools writes build/ beside the sources it
+    # builds, and one left in the checkout makes mypy see every module twice.
+    source = tmp_path / "source"
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "--", folder], cwd=ROOT, capture_output=True, check=True
+    )
+    for name in filter(None, tracked.stdout.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    wheels = tmp_path / "wheels"
     built = subprocess.run(
         [
             sys.executable,
@@ -46,8 +58,8 @@ def test_the_built_wheel_declares_apache_2_and_carries_the_licence(folder: str, 
             "--quiet",
             "--no-deps",
             "--wheel-dir",
-            str(tmp_path),
-            str(ROOT / folder),
+            str(wheels),
+            str(source / folder),
         ],
         capture_output=True,
         text=True,
@@ -55,7 +67,8 @@ def test_the_built_wheel_declares_apache_2_and_carries_the_licence(folder: str, 
         env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
     )
     assert built.returncode == 0, built.stdout + built.stderr
-    (wheel,) = tmp_path.glob("*.whl")
+    assert not (ROOT / folder / "build").exists()
+    (wheel,) = wheels.glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         (metadata_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
