@@ -99,6 +99,8 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
       const args = parsed(input);
       if (args === undefined) return invalidArguments(name);
       const run = activeRun(name);
+      // The SDK hands a failed call to the model and carries on: the run's end rule decides.
+      run.failUnretriedSteps = true;
       try {
         return await run.step({
           ...request(args),
