@@ -241,7 +241,11 @@ class Gateway(GatewaySessions):
             await self.upstream.ensure_reachable()
         except NotReached as exc:
             reason = exc.reason
-        except Exception as exc:  # noqa: BLE001 - whatever stops the ping, the call waits for it
+        except TimeoutError:
+            reason = "it did not answer a ping within 10 s"
+        except MCPError as exc:
+            if not lost_after_sending(exc):
+                return ""  # it answered (an upstream without ping is still there): go on
             reason = describe_error(exc)
         else:
             return ""

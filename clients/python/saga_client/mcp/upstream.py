@@ -66,8 +66,9 @@ def lost_after_sending(exc: BaseException) -> bool:
 
 
 class _Refusals(httpx2.AsyncBaseTransport):
-    """Around the HTTP transport to the upstream: a refused connection, or one lost mid-request,
-    is answered as a JSON-RPC error (``NOT_CONNECTED`` / ``CONNECTION_LOST``) instead of raised."""
+    """Around the HTTP transport to the upstream: a refused connection, or one lost (or timed
+    out) mid-request, is answered as a JSON-RPC error (``NOT_CONNECTED`` / ``CONNECTION_LOST``)
+    instead of raised."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
         self.inner = inner
@@ -75,10 +76,9 @@ class _Refusals(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         try:
             return await self.inner.handle_async_request(request)
-        except httpx2.ConnectError as exc:
-            code, what = NOT_CONNECTED, f"the upstream refused the connection ({exc or type(exc).__name__})"
-        except httpx2.TimeoutException:
-            raise
+        except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:
+            # No connection, so nothing was sent.
+            code, what = NOT_CONNECTED, f"the upstream refused the connection ({_describe(exc)})"
         except httpx2.TransportError as exc:
             code, what = (
                 CONNECTION_LOST,
@@ -150,7 +150,11 @@ class UpstreamLink:
             except Exception as exc:  # noqa: BLE001 - a session that broke is replaced, not fatal
                 if not started:
                     raise
-                log.debug("the upstream session of %s closed: %s", self.label, exc)
+                log.warning("saga-mcp: the upstream session of %s broke: %s", self.label, _describe(exc))
+            finally:
+                if self._client is client:
+                    # Broke, not replaced: the next request finds no session and opens one.
+                    self._client = None
 
         await self._task_group.start(hold)
         previous = self._close
@@ -243,7 +247,7 @@ class UpstreamLink:
         ``NotReached`` when it still cannot be reached."""
 
         async def send(client: Client) -> Any:
-            with anyio.fail_after(30):
+            with anyio.fail_after(10):
                 return await client.send_ping()
 
         try:
