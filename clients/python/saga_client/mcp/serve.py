@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import anyio.abc
 import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
@@ -125,6 +126,7 @@ async def serve(options: Options, environ: Mapping[str, str]) -> None:
         saga = await stack.enter_async_context(
             AsyncSaga(options.saga_url, options.api_key, retries=2, backoff_s=0.2, max_backoff_s=1.0)
         )
+        refused: GatewayError | None = None
         async with anyio.create_task_group() as tg:
             try:
                 # No deadline around opening: the client's task group must outlive the scope it
@@ -133,27 +135,42 @@ async def serve(options: Options, environ: Mapping[str, str]) -> None:
                 with anyio.fail_after(30):
                     await upstream.list_tools()
             except Exception as exc:  # noqa: BLE001 - whatever stops the upstream from answering, said once
-                tg.cancel_scope.cancel()
-                raise GatewayError(
+                # Raised once the task group is done: from inside, it would come out wrapped in
+                # an exception group rather than as the one sentence it is.
+                refused = GatewayError(
                     f"saga-mcp: the upstream MCP server {label} did not answer ({describe_error(exc)}). "
                     "Check --upstream: nothing was started.",
                     status=1,
-                ) from None
-            gateway = Gateway(options, upstream, saga, upstream_label=label)
-            gateway_ref.append(gateway)
-            gateway.run_with(tg)
-            tg.start_soon(gateway.reap_idle)
-            try:
-                if options.listen is None:
-                    await _serve_stdio(gateway)
-                else:
-                    await _serve_http(gateway, *options.listen)
-            finally:
-                await gateway.end_all(
-                    why="the gateway stopped" if options.listen else "the client disconnected"
                 )
                 await upstream.close()
                 tg.cancel_scope.cancel()
+            else:
+                await _serve_with(gateway_ref, options, upstream, saga, label, tg)
+        if refused is not None:
+            raise refused
+
+
+async def _serve_with(
+    gateway_ref: list[Gateway],
+    options: Options,
+    upstream: UpstreamLink,
+    saga: AsyncSaga,
+    label: str,
+    tg: anyio.abc.TaskGroup,
+) -> None:
+    gateway = Gateway(options, upstream, saga, upstream_label=label)
+    gateway_ref.append(gateway)
+    gateway.run_with(tg)
+    tg.start_soon(gateway.reap_idle)
+    try:
+        if options.listen is None:
+            await _serve_stdio(gateway)
+        else:
+            await _serve_http(gateway, *options.listen)
+    finally:
+        await gateway.end_all(why="the gateway stopped" if options.listen else "the client disconnected")
+        await upstream.close()
+        tg.cancel_scope.cancel()
 
 
 def target_again(target: Any) -> Any:
