@@ -2,7 +2,8 @@
 request-duration histogram every web request feeds.
 
 The scrape adds up the multiprocess files of every web and worker process (``infra.metrics``;
-our families only, with the build info: ``infra.exposition``) and reads the gauges that live in PostgreSQL and Redis (``recovery.metrics.ScrapeCollector``).
+our families only, with the build info: ``infra.exposition``) and reads the gauges that live in
+PostgreSQL and Redis (``recovery.metrics.ScrapeCollector``).
 It is behind ``Authorization: Bearer $SAGA_METRICS_TOKEN``: 404 while no token is configured (the
 endpoint does not exist), 401 without the token or with another. Like the probes it is never
 redirected to HTTPS, to the login or to a trailing slash.

@@ -46,9 +46,16 @@ def test_the_unit_tests_can_fail(tmp_path: Path) -> None:
     rules = tmp_path / promql.RULES.name
     text = rules.read_text()
     assert text.count("saga_unwind_step_oldest_in_flight_seconds) > 900") == 1
-    rules.write_text(text.replace("saga_unwind_step_oldest_in_flight_seconds) > 900", "saga_unwind_step_oldest_in_flight_seconds) > 899"))
+    rules.write_text(
+        text.replace(
+            "saga_unwind_step_oldest_in_flight_seconds) > 900",
+            "saga_unwind_step_oldest_in_flight_seconds) > 899",
+        )
+    )
     done = promtool("test", "rules", RULE_TESTS.name, cwd=tmp_path)
-    assert done.returncode != 0 and "name: SagaUnwindStuck" in done.stdout + done.stderr, done.stdout + done.stderr
+    assert done.returncode != 0 and "name: SagaUnwindStuck" in done.stdout + done.stderr, (
+        done.stdout + done.stderr
+    )
 
 
 def test_every_alert_is_tested_firing_and_silent() -> None:
@@ -69,7 +76,9 @@ def test_every_alert_has_a_runbook_section_in_operations_md() -> None:
         url = rule["annotations"].get("runbook_url", "")
         parts = urlsplit(url)
         assert url.startswith(f"{RUNBOOK_BASE}#"), (name, url)
-        assert parts.fragment in sections, f"{name}: {url}: no heading #{parts.fragment} in docs/OPERATIONS.md"
+        assert parts.fragment in sections, (
+            f"{name}: {url}: no heading #{parts.fragment} in docs/OPERATIONS.md"
+        )
         # Its own section, named for it: the runbook an on-call person lands on is this alert's.
         assert parts.fragment == name.lower(), (name, url)
     assert f"{RUNBOOK_BASE.rsplit('/docs/', 1)[0]}/docs/" in promql.RULES.read_text()  # the header says so
@@ -78,7 +87,9 @@ def test_every_alert_has_a_runbook_section_in_operations_md() -> None:
 def test_check_metrics_refuses_what_it_refused_in_our_scrapes() -> None:
     """The checker the live scrapes go through (tests/test_metrics_live.py) can fail: django-rq's
     summary named as a counter, as every scrape carried it before our namespace filter."""
-    refused = "# HELP rq_request_processing_seconds_total x\n# TYPE rq_request_processing_seconds_total summary\n"
+    refused = (
+        "# HELP rq_request_processing_seconds_total x\n# TYPE rq_request_processing_seconds_total summary\n"
+    )
     refused += "rq_request_processing_seconds_total_count 0.0\nrq_request_processing_seconds_total_sum 0.0\n"
     try:
         check_metrics(refused)

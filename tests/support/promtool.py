@@ -10,8 +10,12 @@ from pathlib import Path
 PROMTOOL = "/usr/bin/promtool"
 
 
-def promtool(*args: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    assert shutil.which(PROMTOOL), f"{PROMTOOL} is missing: `make promtool` installs Debian's (package prometheus)"
+def promtool(
+    *args: str, stdin: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    assert shutil.which(PROMTOOL), (
+        f"{PROMTOOL} is missing: `make promtool` installs Debian's (package prometheus)"
+    )
     return subprocess.run(
         [PROMTOOL, *args], input=stdin, capture_output=True, text=True, timeout=120, cwd=cwd, check=False
     )
@@ -22,4 +26,6 @@ def check_metrics(exposition: str) -> None:
     findings, such as a summary named ``_total``, are printed and exit 3)."""
     done = promtool("check", "metrics", stdin=exposition)
     findings = (done.stdout + done.stderr).strip()
-    assert done.returncode == 0 and not findings, f"promtool check metrics exited {done.returncode}:\n{findings}"
+    assert done.returncode == 0 and not findings, (
+        f"promtool check metrics exited {done.returncode}:\n{findings}"
+    )
