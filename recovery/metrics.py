@@ -224,10 +224,11 @@ def _unwinds_families(now: datetime) -> list[Metric]:
 
 def _audit_stream_families(slugs: dict[int, str], now: datetime) -> list[Metric]:
     """Each sink's lag per tenant (the installation's sinks, ``syslog`` and ``hec``, carry every
-    tenant; a tenant's own, ``tenant:<id>``, its tenant only). No sink configured: no series and
-    no query. In a savepoint of its own: a sink's first pass, before it has delivered anything,
-    counts every event of the tenant, which at size may outlast the statement timeout; then only
-    these two families are left out (logged), not the scrape's other gauges."""
+    tenant; a tenant's own, ``tenant:<id>``, its tenant only): the Audit stream page's own reading.
+    No sink configured: no series, and two small queries (the tenants, their sinks). In a savepoint
+    of its own: a sink's first pass, before it has delivered anything, counts every event of the
+    tenant, which at size may outlast the statement timeout; then only these two families are left
+    out (logged), not the scrape's other gauges."""
     events = _gauge(
         "saga_audit_stream_undelivered_events",
         "Audit events not yet delivered to the sink (0 when it has every one), by sink and tenant.",

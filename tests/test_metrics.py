@@ -31,6 +31,7 @@ from ledger.models import Event, Tenant
 from recovery import jobs, scheduling
 from recovery import metrics as recovery_metrics
 from recovery.audit_stream import delivery
+from recovery.audit_stream.models import AuditCursor
 from recovery.models import RecoveryItem
 from tests.factories import gated_run, new_action, new_run, onboarding_run
 from tests.support import promql
@@ -418,6 +419,19 @@ def test_the_audit_stream_lag_is_per_sink_and_tenant_and_falls_to_zero_once_deli
         assert _scrape(client)[undelivered] == 2
     finally:
         syslog.stop()
+
+
+def test_a_failing_audit_stream_lag_leaves_out_only_its_own_families(
+    client: Client, token: str, tenant: Tenant, own_redis: RedisServer, syslog_sink: str
+) -> None:
+    """The lag's query fails in PostgreSQL (here a cursor whose snapshot no longer parses; at size,
+    the statement timeout of a sink's first pass): its savepoint is rolled back, and the rest of
+    the database's gauges, read in the same transaction, still answer."""
+    AuditCursor.objects.create(sink="syslog", tenant=tenant, done_snapshot="not a snapshot")
+    samples = _scrape(client)
+    assert samples["saga_database_up"] == 1
+    assert samples['saga_approvals_pending{tenant="acme"}'] == 0
+    assert not any(key.startswith("saga_audit_stream_") for key in samples)
 
 
 # --- Where the files live -------------------------------------------------------------------------
