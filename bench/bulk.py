@@ -483,7 +483,8 @@ def markdown(bulk: dict[str, Any]) -> list[str]:
         "",
         "Bulk decisions by filter at scale (`bench/bulk.py`): N failed runs, each with an open "
         "recovery item of one reason, in one tenant (`seed_bench --tenant --reason`, COPY); the Procfile's web "
-        f"line and {bulk.get('workers', 1)} Procfile worker process(es), the bulk's lanes sharing them. Over HTTP with an operator key: `POST /api/v1/recovery/bulk` with "
+        f"line and {bulk.get('workers', 1)} Procfile worker process(es), the bulk's lanes sharing them. "
+        "Over HTTP with an operator key: `POST /api/v1/recovery/bulk` with "
         "`preview: true` for that reason (the first, warming up, not counted); the append (record action, 16 "
         "clients, agents of the same tenant) alone for one window; then the same append again and, once its "
         "window has begun, the bulk `close` started with the previewed `expected_count` and "
