@@ -17,9 +17,11 @@
 from __future__ import annotations
 
 import ipaddress
+import threading
 from datetime import timedelta
 from typing import Any
 
+import structlog
 from axes.handlers.database import AxesDatabaseHandler
 from axes.helpers import get_client_username, get_cool_off, get_failure_limit
 from axes.models import AccessAttempt
@@ -32,8 +34,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard.sso.conf import local_login_enabled, sso
+from infra.conf import saga
 from infra.durations import duration_words
 from infra.throttle import client_network
+
+log = structlog.get_logger(__name__)
+_warned = threading.Event()
 
 
 def login_options() -> dict[str, Any]:
@@ -52,6 +58,17 @@ def client_ip(request: HttpRequest) -> str | None:
     API throttle's rule (``infra.throttle.client_network``), an IPv6 client's /64 written as the
     network's first address (axes stores an IP address, not a network). None when there is no
     usable address."""
+    if saga().trusted_proxy_hops == 0 and request.META.get("HTTP_X_FORWARDED_FOR") and not _warned.is_set():
+        _warned.set()
+        # A proxy stands in front that no setting names: every client it forwards has its address,
+        # so five wrong passwords from anyone lock that username out for everyone behind it. Said
+        # once per process, loudly: the fix is the deployment's (docs/DEPLOY.md, "Proxies").
+        log.warning(
+            "login.untrusted_proxy",
+            remote_addr=request.META.get("REMOTE_ADDR", ""),
+            hint="a sign-in came with X-Forwarded-For while SAGA_TRUSTED_PROXY_HOPS=0: behind a "
+            "proxy, every client is counted as the proxy's address; set SAGA_TRUSTED_PROXY_HOPS",
+        )
     network = client_network(request)
     if isinstance(network, ipaddress.IPv6Network):
         return str(network.network_address)

@@ -69,3 +69,32 @@ def test_behind_our_proxy_each_client_is_counted_by_the_address_the_proxy_saw(al
     locked = _login("alice", PASSWORD, address=proxy, forwarded="192.0.2.99, 203.0.113.50")
     assert locked.status_code == 429
     assert _signed_in(_login("alice", PASSWORD, address=proxy, forwarded="203.0.113.51"))
+
+
+def test_a_proxy_no_setting_names_is_said_in_the_log_once(alice, settings):
+    """Pass: with SAGA_TRUSTED_PROXY_HOPS=0 (the default), a sign-in without X-Forwarded-For logs
+    nothing about proxies; the first one with it (a proxy stands in front, and every client it
+    forwards is counted as the proxy's address) logs ``login.untrusted_proxy`` naming the setting,
+    and later ones do not repeat it. With the hop trusted, nothing is logged."""
+    from structlog.testing import capture_logs
+
+    from dashboard import login
+
+    def warnings() -> list[dict]:
+        return [line for line in logs if line["event"] == "login.untrusted_proxy"]
+
+    login._warned.clear()
+    with capture_logs() as logs:
+        _login("alice", "guess", address="10.0.0.2")
+        assert warnings() == []
+        _login("alice", "guess", address="10.0.0.2", forwarded="203.0.113.50")
+        _login("alice", "guess", address="10.0.0.2", forwarded="203.0.113.51")
+    assert len(warnings()) == 1
+    assert "SAGA_TRUSTED_PROXY_HOPS" in warnings()[0]["hint"]
+    assert warnings()[0]["remote_addr"] == "10.0.0.2"
+
+    login._warned.clear()
+    settings.SAGA = {**settings.SAGA, "TRUSTED_PROXY_HOPS": 1}
+    with capture_logs() as logs:
+        _login("alice", "guess", address="10.0.0.2", forwarded="203.0.113.52")
+    assert warnings() == []
