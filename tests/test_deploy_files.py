@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.promtool import promtool
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".venv" / "bin"
 ENTRYPOINT_COMMANDS = {"web", "worker", "migrate"}
@@ -505,9 +507,7 @@ def test_prometheus_scrapes_the_web_and_the_worker_pods_with_the_metrics_token(t
         job["authorization"]["credentials_file"] = str(token)
     checked_file = tmp_path / "prometheus.yml"
     checked_file.write_text(yaml.safe_dump(scrape))
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool (Debian's prometheus package) is not on PATH"
-    done = _run([promtool, "check", "config", str(checked_file)])
+    done = promtool("check", "config", str(checked_file))  # make promtool installs Debian's
     assert done.returncode == 0, done.stdout + done.stderr
     # The token the pods read is the Secret's key the docs create, and the base names it.
     deploy_doc = (ROOT / "docs" / "DEPLOY.md").read_text()
