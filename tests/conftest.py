@@ -287,8 +287,8 @@ def pgbouncer(django_db_setup: Any) -> Iterator[PgBouncer]:
         password=db["PASSWORD"],
         databases=[db["NAME"]],
     )
-    server.start()
     try:
+        server.start()  # a start that fails still leaves its folder (and any process) to stop()
         yield server
     finally:
         server.stop()
