@@ -30,9 +30,11 @@ browser: ## Make sure Debian's Chromium is there for the browser tests
 promtool: ## Make sure Debian's promtool is there (package prometheus)
 	bash scripts/ensure-promtool.sh
 
-# The OpenID Provider the single sign-on tests start (tests/peers/oidc), from its npm lock file.
-peers: ## Install the test peers from their lock files (npm ci of tests/peers/oidc)
+# The OpenID Provider the single sign-on tests start (tests/peers/oidc), from its npm lock file;
+# Debian's PgBouncer, which the pooler tests start in front of PostgreSQL (tests/support/pgbouncer.py).
+peers: ## Install the test peers (npm ci of tests/peers/oidc; Debian's pgbouncer)
 	bash scripts/ensure-oidc-peer.sh
+	bash scripts/ensure-pgbouncer.sh
 
 # Lint first: a type error or an unformatted file fails fast, before the suite.
 # Static files are collected as production serves them (hashed, with the manifest DEBUG=0 pages

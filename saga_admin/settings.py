@@ -152,12 +152,27 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# Behind a connection pooler (SAGA_DB_POOLER: unset for a direct connection, `session` or
+# `transaction` for PgBouncer's pool modes; docs/DEPLOY.md, "Behind PgBouncer"). A pooler refuses
+# the `options` startup parameter outright (PgBouncer: "unsupported startup parameter: options"),
+# so behind one the settings send none; transaction pooling also hands each transaction whichever
+# server connection is free, so a server-side cursor (QuerySet.iterator()'s, WITH HOLD outside a
+# transaction) may be gone by the next fetch: Django declares none.
+SAGA_DB_POOLER = os.environ.get("SAGA_DB_POOLER", "").strip().lower()
+if SAGA_DB_POOLER not in {"", "session", "transaction"}:
+    raise ImproperlyConfigured(
+        f"SAGA_DB_POOLER={SAGA_DB_POOLER!r}: set it to `transaction` or `session` (PgBouncer's pool "
+        "mode in front of PostgreSQL), or leave it unset for a direct connection."
+    )
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = SAGA_DB_POOLER == "transaction"
 # Short OLTP queries only: PostgreSQL's JIT compiled the plans of the dashboard's aggregates over
 # a million actions, adding 20-40 ms to queries that run in a few (docs/BENCHMARKS.md).
-# Added to whatever libpq options DATABASE_URL carries, not in their place. (Behind PgBouncer,
-# which refuses the startup parameter, set it on the role instead: ALTER ROLE … SET jit = off.)
-_db_options = DATABASES["default"].setdefault("OPTIONS", {})
-_db_options["options"] = f"{_db_options.get('options', '')} -c jit=off".strip()
+# SAGA_DB_JIT_OFF=1 adds `-c jit=off` to whatever libpq options DATABASE_URL carries (not in their
+# place). On by default for a direct connection; off by default behind a pooler, which would
+# refuse every connection for it: there the role carries it (ALTER ROLE … SET jit = off).
+if env_bool("SAGA_DB_JIT_OFF", not SAGA_DB_POOLER):
+    _db_options = DATABASES["default"].setdefault("OPTIONS", {})
+    _db_options["options"] = f"{_db_options.get('options', '')} -c jit=off".strip()
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_secret("REDIS_URL", "redis://127.0.0.1:6379/0")
