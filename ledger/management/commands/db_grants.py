@@ -68,6 +68,9 @@ def grants_for(role: str) -> list[str]:
         for function in DEFINER_FUNCTIONS:
             cursor.execute("SELECT to_regprocedure(%s) IS NOT NULL", [function])
             if cursor.fetchone()[0]:
+                # Again here, not only in the function's file: a restore with --no-acl (or a
+                # restore as another owner) brings PUBLIC's default EXECUTE back.
+                statements.append(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC;")
                 statements.append(f"GRANT EXECUTE ON FUNCTION {function} TO {quoted};")
     return statements
 
