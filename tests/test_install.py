@@ -364,6 +364,41 @@ def _interpreter() -> str:
     return str(Path(real.stdout.strip()).parent)
 
 
+def _the_app_role_appends_and_cannot_rewrite(
+    app_url: str, postgres: PasswordPostgres, chain: str, worker: subprocess.Popen[bytes], logs: Path
+) -> None:
+    """The worker signs ``chain``'s head as the application's role; that role is refused every
+    rewrite of the audit log; and every connection of the two processes is that role's."""
+    with psycopg.connect(app_url, autocommit=True) as app:
+        wait_for(
+            lambda: (
+                app.execute("SELECT 1 FROM ledger_signedhead WHERE chain = %s", [chain]).fetchone()
+                or worker.poll() is not None
+            ),
+            timeout=60,
+            what="the worker to sign the run's chain head",
+        )
+        assert worker.poll() is None, _logs(logs)
+        events = app.execute("SELECT count(*) FROM ledger_event").fetchone()
+        assert events and events[0] > 0
+        for statement in (
+            "DELETE FROM ledger_event",
+            "UPDATE ledger_event SET reason = 'rewritten'",
+            "TRUNCATE ledger_event",
+            "ALTER TABLE ledger_event DISABLE TRIGGER ALL",
+            "DELETE FROM ledger_signedhead",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute(statement)
+        assert app.execute("SELECT count(*) FROM ledger_event").fetchone() == events
+    with psycopg.connect(postgres.superuser_url, autocommit=True) as admin:
+        logins = admin.execute(
+            "SELECT DISTINCT usename FROM pg_stat_activity WHERE datname = 'saga'"
+            " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        ).fetchall()
+    assert logins == [("saga_app",)], logins  # both processes, and nothing else, as the app role
+
+
 def test_deploy_md_step_by_step_on_a_fresh_venv(
     tmp_path: Path, private_postgres: PasswordPostgres, own_redis: RedisServer
 ) -> None:
@@ -383,7 +418,10 @@ def test_deploy_md_step_by_step_on_a_fresh_venv(
     port = free_port()
     # What this test adds to the doc's configuration: its own port, one small web, and the worker
     # signing the chain heads every second (so that it writes, as the application's role).
-    knobs = f"export PORT={port} WEB_CONCURRENCY=1 WEB_THREADS=2 SAGA_AUDIT_KEY={secrets.token_hex(32)} SAGA_AUDIT_SIGN_INTERVAL_S=1\n"
+    knobs = (
+        f"export PORT={port} WEB_CONCURRENCY=1 WEB_THREADS=2"
+        f" SAGA_AUDIT_KEY={secrets.token_hex(32)} SAGA_AUDIT_SIGN_INTERVAL_S=1\n"
+    )
     env = _base_env(f"{_interpreter()}:/usr/local/bin:/usr/bin:/bin")
 
     def script(name: str) -> list[str]:
@@ -421,7 +459,7 @@ def test_deploy_md_step_by_step_on_a_fresh_venv(
         )
         assert worker.poll() is None, _logs(tmp_path)
         checked = step("check", timeout=120)
-        assert checked.splitlines()[0] == "healthy", checked
+        assert checked.splitlines()[0] == "healthy" == checked.splitlines()[-1], checked
         assert '{"database": "ok", "redis": "ok", "pages": "ok"}' in checked, checked
         assert '{"database": "ok", "redis": "ok"}' in checked, checked
 
@@ -430,38 +468,17 @@ def test_deploy_md_step_by_step_on_a_fresh_venv(
         started = httpx.post(
             f"{base}/api/v1/runs",
             json={"agent": "onboarding-agent", "request": "Onboard the new hire"},
-            headers={"Authorization": f"Bearer {key}", "X-Forwarded-Proto": "https", "Host": "saga.example.com"},
+            headers={
+                "Authorization": f"Bearer {key}",
+                "X-Forwarded-Proto": "https",
+                "Host": "saga.example.com",
+            },
             timeout=30,
         )
         assert started.status_code == 201, (started.text, _logs(tmp_path))
-        chain = f"run:{started.json()['id']}"
-        with psycopg.connect(app_url, autocommit=True) as app:
-            # The worker, as the application's role, signs the new chain's head.
-            wait_for(
-                lambda: app.execute("SELECT 1 FROM ledger_signedhead WHERE chain = %s", [chain]).fetchone()
-                or worker.poll() is not None,
-                timeout=60,
-                what="the worker to sign the run's chain head",
-            )
-            assert worker.poll() is None, _logs(tmp_path)
-            events = app.execute("SELECT count(*) FROM ledger_event").fetchone()
-            assert events and events[0] > 0
-            for statement in (
-                "DELETE FROM ledger_event",
-                "UPDATE ledger_event SET reason = 'rewritten'",
-                "TRUNCATE ledger_event",
-                "ALTER TABLE ledger_event DISABLE TRIGGER ALL",
-                "DELETE FROM ledger_signedhead",
-            ):
-                with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                    app.execute(statement)
-            assert app.execute("SELECT count(*) FROM ledger_event").fetchone() == events
-        with psycopg.connect(private_postgres.superuser_url, autocommit=True) as admin:
-            logins = admin.execute(
-                "SELECT DISTINCT usename FROM pg_stat_activity WHERE datname = 'saga'"
-                " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
-            ).fetchall()
-        assert logins == [("saga_app",)], logins  # both processes, and nothing else, as the app role
+        _the_app_role_appends_and_cannot_rewrite(
+            app_url, private_postgres, f"run:{started.json()['id']}", worker, tmp_path
+        )
 
         # The next release, while they serve: nothing to migrate, grants again, nothing to bootstrap.
         again = step("release")
