@@ -305,6 +305,8 @@ DEPLOY_MD = ROOT / "docs" / "DEPLOY.md"
 SECTION = "## 1. Procfile or a PaaS"
 # The doc's blocks: build, configure (run before each later one), once, release, web, worker, check.
 STEPS = ("build", "configure", "once", "release", "web", "worker", "check")
+# And the backup's: dump, restore as the owner, grant, verify_audit as the application's role.
+RESTORE_SECTION = "## Backup and restore"
 
 
 class PasswordPostgres(PostgresServer):
@@ -338,14 +340,22 @@ def private_postgres() -> Iterator[PasswordPostgres]:
         server.remove()
 
 
-def _doc_steps() -> dict[str, str]:
-    """The section's ``sh`` blocks, by the step each is."""
+def _sh_blocks(heading: str) -> list[str]:
+    """The ``sh`` blocks of DEPLOY.md's section ``heading``, in order."""
     text = DEPLOY_MD.read_text()
-    section = text[text.index(SECTION) :]
-    section = section[: section.index("\n## ", len(SECTION))]
-    blocks = re.findall(r"^```sh\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
+    section = text[text.index(heading) :]
+    end = section.find("\n## ", len(heading))
+    section = section if end < 0 else section[:end]
+    return re.findall(r"^```sh\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
+
+
+def _doc_steps() -> dict[str, str]:
+    """The Procfile path's ``sh`` blocks, by the step each is, and the restore's."""
+    blocks = _sh_blocks(SECTION)
     assert len(blocks) == len(STEPS), f"{SECTION} has {len(blocks)} sh blocks, not {len(STEPS)}"
-    return dict(zip(STEPS, blocks, strict=True))
+    restore = _sh_blocks(RESTORE_SECTION)
+    assert len(restore) == 1, f"{RESTORE_SECTION} has {len(restore)} sh blocks, not 1"
+    return {**dict(zip(STEPS, blocks, strict=True)), "restore": restore[0]}
 
 
 def test_the_doc_runs_the_procfiles_lines_as_they_are() -> None:
@@ -397,6 +407,26 @@ def _the_app_role_appends_and_cannot_rewrite(
             " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
         ).fetchall()
     assert logins == [("saga_app",)], logins  # both processes, and nothing else, as the app role
+
+
+def _restored_as_the_owner(postgres: PasswordPostgres) -> None:
+    """Everything restored belongs to the owner, the definer function first of all, and the
+    application's role is refused a rewrite there as well."""
+    restored = postgres.superuser_url.replace("/postgres?", "/saga_restored?")
+    with psycopg.connect(restored, autocommit=True) as admin:
+        owners = admin.execute(
+            "SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc"
+            " WHERE pronamespace = 'public'::regnamespace"
+            " UNION SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class"
+            " WHERE relnamespace = 'public'::regnamespace"
+        ).fetchall()
+        assert owners == [("saga_owner",)], owners
+    app_url = f"postgres://saga_app:app-password@127.0.0.1:{postgres.port}/saga_restored"
+    with (
+        psycopg.connect(app_url, autocommit=True) as app,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        app.execute("DELETE FROM ledger_event")
 
 
 def test_deploy_md_step_by_step_on_a_fresh_venv(
@@ -486,6 +516,10 @@ def test_deploy_md_step_by_step_on_a_fresh_venv(
         # The next release, while they serve: nothing to migrate, grants again, nothing to bootstrap.
         again = step("release")
         assert "No migrations to apply." in again and again.rstrip().endswith("Nothing changed."), again
+        restored = step("restore")
+        assert "Granted saga_app what the application needs" in restored, restored
+        assert re.search(r"\b\d+ events checked\.", restored) and "intact" in restored, restored
+        _restored_as_the_owner(private_postgres)
     finally:
         _stop(web)
         _stop(worker)
