@@ -410,17 +410,23 @@ def _the_app_role_appends_and_cannot_rewrite(
 
 
 def _restored_as_the_owner(postgres: PasswordPostgres) -> None:
-    """Everything restored belongs to the owner, the definer function first of all, and the
+    """Everything restored belongs to the owner, the definer function first of all (but what a
+    trusted extension brings, which PostgreSQL gives the bootstrap superuser), and the
     application's role is refused a rewrite there as well."""
     restored = postgres.superuser_url.replace("/postgres?", "/saga_restored?")
+    not_an_extensions = "NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = o.oid AND d.deptype = 'e')"
     with psycopg.connect(restored, autocommit=True) as admin:
         owners = admin.execute(
-            "SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc"
-            " WHERE pronamespace = 'public'::regnamespace"
-            " UNION SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class"
-            " WHERE relnamespace = 'public'::regnamespace"
+            "SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc o"
+            f" WHERE pronamespace = 'public'::regnamespace AND {not_an_extensions}"
+            " UNION SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class o"
+            f" WHERE relnamespace = 'public'::regnamespace AND {not_an_extensions}"
         ).fetchall()
         assert owners == [("saga_owner",)], owners
+        definer = admin.execute(
+            "SELECT pg_get_userbyid(proowner) FROM pg_proc WHERE proname = 'saga_archived_run_events_delete'"
+        ).fetchall()
+        assert definer == [("saga_owner",)], definer
     app_url = f"postgres://saga_app:app-password@127.0.0.1:{postgres.port}/saga_restored"
     with (
         psycopg.connect(app_url, autocommit=True) as app,
