@@ -34,9 +34,10 @@ ENV PATH=/opt/saga/venv/bin:$PATH \
 WORKDIR /opt/saga
 USER ${SAGA_UID}:${SAGA_UID}
 EXPOSE 8000
-# Liveness only (/livez checks no dependency): a database outage restarts no container. The
-# worker's own check is `python -m saga_admin.probe worker` (compose.yaml, deploy/kubernetes/).
-HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-m", "saga_admin.probe", "web"]
+# One image, one check of what each container runs (the entrypoint exports SAGA_PROCESS): a web
+# container by GET /livez (liveness only: a database outage restarts no container), a worker
+# container by its worker's heartbeat in Redis, a one-shot command (migrate) healthy while it runs.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=30s --retries=3 \
+    CMD ["python", "-m", "saga_admin.probe"]
 ENTRYPOINT ["/opt/saga/entrypoint.sh"]
 CMD ["web"]

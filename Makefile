@@ -40,12 +40,13 @@ peers: ## Install the test peers from their lock files (npm ci of tests/peers/oi
 # The suite runs in TEST_WORKERS parallel pytest-xdist workers (tests/support/parallel.py): each
 # its own test database and Redis database (REDIS_URL's and the next ones). 3 measured fastest on
 # a 2-core machine: the tests mostly wait on worker processes, browsers and the network.
-# TEST_WORKERS=0 runs serially; PYTEST_ARGS adds to (or overrides) the command line.
+# TEST_WORKERS=0 runs serially; PYTEST_ARGS adds to (or overrides) the command line. The 40 slowest
+# tests are listed at the end (--durations), so a run says where the suite's time goes.
 TEST_WORKERS ?= 3
 COLLECTSTATIC := DEBUG=0 SECRET_KEY=collectstatic-signs-nothing $(PY) manage.py collectstatic --noinput -v0
 test: lint services browser peers promtool ## Lint, then the whole suite (TEST_WORKERS, PYTEST_ARGS)
 	$(COLLECTSTATIC)
-	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=40 $(PYTEST_ARGS)
 
 # The unit lanes, for the loop between two edits: no lint, no browser tests (e2e), no fault
 # injection (reliability), none of the tests marked slow (pyproject's markers; tests/conftest.py

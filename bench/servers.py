@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 # would carry them, each a sensible choice for this 2-core machine. A line equal to the Procfile's
 # (after bash's expansion, in the same environment) is measured once, as the Procfile's.
 # Neither keeps X-Forwarded-For as the client address: REMOTE_ADDR stays the peer, and the API
-# believes forwarded addresses only as far as SAGA_TRUSTED_PROXY_HOPS says; the scheme comes from
-# X-Forwarded-Proto through Django's SECURE_PROXY_SSL_HEADER whichever server runs.
+# believes forwarded addresses only as far as SAGA_TRUSTED_PROXY_HOPS says. The scheme is the
+# server's own (gunicorn's from X-Forwarded-Proto of the peers it trusts; Django reads no forwarded
+# header): the bench runs plain HTTP with SECURE_SSL_REDIRECT=0, so no candidate is favoured.
 
 
 def _gunicorn(options: str) -> str:

@@ -121,10 +121,11 @@ def _spy_summary(raw: str) -> dict[str, Any]:
 
 
 def measure_worker(
-    *, steps: int, top: int, env: dict[str, str], redis_url: str, log_dir: str
+    *, steps: int, env: dict[str, str], redis_url: str, log_dir: str, workers: int = 1, delay_s: float = 0.0
 ) -> dict[str, Any]:
-    """The same unwinds carried out by one real process of the Procfile's worker line, sampled by
-    py-spy (``--idle``: waiting counts too) from the commit that queues them to the last one done."""
+    """The same unwinds carried out by ``workers`` real processes of the Procfile's worker line
+    (against a receiver that takes ``delay_s`` to answer), each sampled by py-spy (``--idle``:
+    waiting counts too) from the commit that queues them to the last one done."""
     import shutil
     import subprocess
     import sys
@@ -140,15 +141,19 @@ def measure_worker(
     from recovery.models import UnwindStep
 
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    worker = procs.start("unwind-profile-worker", procs.worker_command(), env, Path(log_dir))
+    started_procs = [
+        procs.start(f"unwind-profile-worker{workers}-{i}", procs.worker_command(), env, Path(log_dir))
+        for i in range(workers)
+    ]
+    label = f"w{workers}d{int(delay_s * 1000)}"
     try:
         redis = Redis.from_url(redis_url)
         deadline = time.monotonic() + 120
-        while worker.popen.pid not in {w.pid for w in Worker.all(connection=redis)}:
+        while not {p.popen.pid for p in started_procs} <= {w.pid for w in Worker.all(connection=redis)}:
             if time.monotonic() > deadline:
-                raise RuntimeError("the worker did not register within 120 s")
+                raise RuntimeError("the workers did not register within 120 s")
             time.sleep(0.2)
-        with serve(0.0) as receiver:
+        with serve(delay_s) as receiver:
             fixtures.load_bench_policies(
                 Path(log_dir),
                 compensators={
@@ -157,54 +162,65 @@ def measure_worker(
             )
             fixtures.agent_keys(tenant_slug=TENANT, count=1)
             user = operator()
-            warm = [failed_run(steps=1, index=i, compensation_tool=TOOL, label="wwarm") for i in range(5)]
-            wait_finished([start_unwind(item, user).pk for _, item in warm], 120)
-            runs = [
-                failed_run(steps=1, index=i, compensation_tool=TOOL, label="worker") for i in range(steps)
+            warm = [
+                failed_run(steps=1, index=i, compensation_tool=TOOL, label=f"warm{label}")
+                for i in range(2 * workers + 3)
             ]
-            cpu_before = worker.cpu_seconds()
-            raw = Path(log_dir) / "unwind-profile-worker.spy"
-            sampler = subprocess.Popen(  # noqa: S603 - py-spy from this venv, on our own child
-                [
-                    spy,
-                    "record",
-                    "--idle",
-                    "--subprocesses",
-                    "-r",
-                    "200",
-                    "-f",
-                    "raw",
-                    "-o",
-                    str(raw),
-                    "-p",
-                    str(worker.popen.pid),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            wait_finished([start_unwind(item, user).pk for _, item in warm], 120)
+            runs = [failed_run(steps=1, index=i, compensation_tool=TOOL, label=label) for i in range(steps)]
+            receiver.reset()
+            cpu_before = [p.cpu_seconds() for p in started_procs]
+            raws = [Path(log_dir) / f"unwind-profile-{label}-{i}.spy" for i in range(workers)]
+            samplers = [
+                subprocess.Popen(  # noqa: S603 - py-spy from this venv, on our own child
+                    [
+                        spy,
+                        "record",
+                        "--idle",
+                        "-r",
+                        "200",
+                        "-f",
+                        "raw",
+                        "-o",
+                        str(raw),
+                        "-p",
+                        str(p.popen.pid),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for raw, p in zip(raws, started_procs, strict=True)
+            ]
             time.sleep(1.0)  # py-spy attached
             with transaction.atomic():
                 ids = [start_unwind(item, user).pk for _, item in runs]
                 started = time.time()
-            done = wait_finished(ids, 60 + steps)
+            done = wait_finished(ids, 60 + steps * (1 + delay_s))
             ends = [
                 d["finished_at"].timestamp() if d["finished_at"] else d["observed"] for d in done.values()
             ]
             elapsed = max(ends) - started
-            cpu = worker.cpu_seconds() - cpu_before
-            sampler.send_signal(2)
-            sampler.wait(timeout=60)
+            cpu = sum(p.cpu_seconds() - before for p, before in zip(started_procs, cpu_before, strict=True))
+            for sampler in samplers:
+                sampler.send_signal(2)
+            for sampler in samplers:
+                sampler.wait(timeout=60)
         statuses = Counter(UnwindStep.objects.filter(unwind_id__in=ids).values_list("status", flat=True))
-        spied = _spy_summary(raw.read_text() if raw.exists() else "")
+        spied = _spy_summary("\n".join(raw.read_text() for raw in raws if raw.exists()))
     finally:
-        worker.stop()
+        for p in started_procs:
+            p.stop()
     return {
+        "workers": workers,
+        "delay_ms": delay_s * 1000,
         "steps": steps,
         "seconds": elapsed,
         "per_step_ms": elapsed / steps * 1000,
+        "steps_per_s": steps / elapsed if elapsed else 0.0,
         "worker_cpu_ms_per_step": cpu / steps * 1000,
         "step_statuses": dict(statuses),
         "receiver_calls": receiver.calls,
+        "receiver_max_concurrent": receiver.max_in_flight,
         "py_spy": spied,
     }
 
@@ -341,6 +357,15 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also the same unwinds on one real Procfile worker, under py-spy",
     )
+    parser.add_argument(
+        "--scale",
+        default="",
+        help="comma-separated worker counts (e.g. 1,4): the same unwinds against a receiver taking --delay-ms, "
+        "on that many Procfile workers each, all under py-spy (the workers phase's I/O-bound steps taken apart)",
+    )
+    parser.add_argument(
+        "--delay-ms", type=float, default=200.0, help="the receiver's answer time for --scale"
+    )
     args = parser.parse_args(argv)
     database_url = os.environ["BENCH_DATABASE_URL"]
     redis_url = os.environ["REDIS_URL"]
@@ -359,7 +384,16 @@ def main(argv: list[str] | None = None) -> None:
         out = measure(steps=args.steps, top=args.top, redis_url=redis_url, log_dir=args.log_dir)
         if args.worker:
             out["worker"] = measure_worker(
-                steps=args.steps, top=args.top, env=env, redis_url=redis_url, log_dir=args.log_dir
+                steps=args.steps, env=env, redis_url=redis_url, log_dir=args.log_dir
+            )
+        for count in [int(n) for n in args.scale.split(",") if n.strip()]:
+            out.setdefault("scale", {})[str(count)] = measure_worker(
+                steps=args.steps,
+                env=env,
+                redis_url=redis_url,
+                log_dir=args.log_dir,
+                workers=count,
+                delay_s=args.delay_ms / 1000,
             )
     finally:
         from django.db import connections
@@ -376,6 +410,15 @@ def main(argv: list[str] | None = None) -> None:
             f"{w['per_step_ms']:.1f} ms a step, {w['worker_cpu_ms_per_step']:.1f} ms of the worker's CPU a step "
             f"(py-spy on its main thread, {w['py_spy']['main_thread_samples']} samples at 200/s, waiting "
             "included, from just before the commit to just after the last step):"
+        )
+        for part in w["py_spy"]["parts"]:
+            print(f"  {part['share'] * 100:5.1f}%  {part['part']}")
+    for count, w in out.get("scale", {}).items():
+        print(
+            f"{count} Procfile worker(s), {w['steps']} steps against a {w['delay_ms']:.0f} ms receiver: "
+            f"{w['seconds']:.2f} s = {w['steps_per_s']:.2f} steps/s, {w['worker_cpu_ms_per_step']:.1f} ms of "
+            f"the workers' CPU a step, at most {w['receiver_max_concurrent']} calls at once; their main threads "
+            f"({w['py_spy']['main_thread_samples']} samples):"
         )
         for part in w["py_spy"]["parts"]:
             print(f"  {part['share'] * 100:5.1f}%  {part['part']}")

@@ -8,6 +8,9 @@
   ``AXES_FAILURE_LIMIT`` failures, and also the username alone after
   ``LOGIN_USERNAME_FAILURE_LIMIT`` failures from any number of addresses, so guessing one account's
   password from many addresses stops too.
+- Which browser it is (``dashboard.known_devices``): one that signed in as the username before is
+  counted by itself, not by its address, so others' guesses from behind the same address (a proxy
+  no setting names) do not lock it out.
 - What the person is told (``locked_out``, settings.AXES_LOCKOUT_CALLABLE): the login page again,
   with a plain sentence saying why and for how long, instead of axes' own bare text.
 - What the login page offers (``login_options``): the password form unless SAGA_LOCAL_LOGIN=0, and
@@ -17,9 +20,11 @@
 from __future__ import annotations
 
 import ipaddress
+import threading
 from datetime import timedelta
 from typing import Any
 
+import structlog
 from axes.handlers.database import AxesDatabaseHandler
 from axes.helpers import get_client_username, get_cool_off, get_failure_limit
 from axes.models import AccessAttempt
@@ -31,9 +36,14 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 
+from dashboard import known_devices
 from dashboard.sso.conf import local_login_enabled, sso
+from infra.conf import saga
 from infra.durations import duration_words
 from infra.throttle import client_network
+
+log = structlog.get_logger(__name__)
+_warned = threading.Event()
 
 
 def login_options() -> dict[str, Any]:
@@ -52,6 +62,17 @@ def client_ip(request: HttpRequest) -> str | None:
     API throttle's rule (``infra.throttle.client_network``), an IPv6 client's /64 written as the
     network's first address (axes stores an IP address, not a network). None when there is no
     usable address."""
+    if saga().trusted_proxy_hops == 0 and request.META.get("HTTP_X_FORWARDED_FOR") and not _warned.is_set():
+        _warned.set()
+        # A proxy stands in front that no setting names: every client it forwards has its address,
+        # so five wrong passwords from anyone lock that username out for everyone behind it. Said
+        # once per process, loudly: the fix is the deployment's (docs/DEPLOY.md, "Proxies").
+        log.warning(
+            "login.untrusted_proxy",
+            remote_addr=request.META.get("REMOTE_ADDR", ""),
+            hint="a sign-in came with X-Forwarded-For while SAGA_TRUSTED_PROXY_HOPS=0: behind a "
+            "proxy, every client is counted as the proxy's address; set SAGA_TRUSTED_PROXY_HOPS",
+        )
     network = client_network(request)
     if isinstance(network, ipaddress.IPv6Network):
         return str(network.network_address)
@@ -82,13 +103,33 @@ class LockoutHandler(AxesDatabaseHandler):
     the (username, address) pair (settings.AXES_LOCKOUT_PARAMETERS), and the failures counted for
     an attempt are the pair's, or the limit itself once the username has had
     ``LOGIN_USERNAME_FAILURE_LIMIT`` failures from all addresses together: axes then locks
-    (and refuses the next attempt) exactly as it does for the pair, with the same cool-off."""
+    (and refuses the next attempt) exactly as it does for the pair, with the same cool-off.
+
+    A known device (``dashboard.known_devices``) is counted by its own failures in place of the
+    pair's: the ceiling per username still holds it."""
 
     def get_failures(self, request: HttpRequest, credentials: dict[str, Any] | None = None) -> int:
-        pair = super().get_failures(request, credentials)
+        own = known_device_failures(request, credentials)
+        pair = own if own is not None else super().get_failures(request, credentials)
         if username_ceiling_reached(request, credentials):
             return max(pair, int(get_failure_limit(request, credentials)))
         return int(pair)
+
+    def user_login_failed(
+        self, sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any
+    ) -> None:
+        if request is not None:
+            device = known_devices.device_for(request, get_client_username(request, credentials))
+            if device is not None:  # before axes counts: it asks get_failures whether to lock
+                known_devices.count_failure(device, get_cool_off(request))
+        super().user_login_failed(sender, credentials, request, **kwargs)
+
+
+def known_device_failures(request: HttpRequest, credentials: dict[str, Any] | None = None) -> int | None:
+    """The failures of the known device this attempt comes from; None when it is not one (or Redis
+    cannot say), and the address is what counts."""
+    device = known_devices.device_for(request, get_client_username(request, credentials))
+    return known_devices.failures(device) if device is not None else None
 
 
 def duration_text(delta: timedelta) -> str:
@@ -96,12 +137,13 @@ def duration_text(delta: timedelta) -> str:
     return duration_words(max(int(delta.total_seconds()), 1), rounded=True, largest="hour")
 
 
-def lockout_message(cool_off: timedelta | None, *, every_address: bool = False) -> str:
-    why = (
-        "Too many failed sign-ins for this account from many addresses."
-        if every_address
-        else "Too many failed sign-ins for this account from your address."
-    )
+def lockout_message(cool_off: timedelta | None, *, every_address: bool = False, device: bool = False) -> str:
+    if every_address:
+        why = "Too many failed sign-ins for this account from many addresses."
+    elif device:
+        why = "Too many failed sign-ins for this account from this browser."
+    else:
+        why = "Too many failed sign-ins for this account from your address."
     if cool_off is None:
         where = "to this account" if every_address else "from here"
         return f"{why} Signing in {where} is locked until an administrator lifts the lock."
@@ -123,7 +165,9 @@ def locked_out(
         "form": AuthenticationForm(request, initial={"username": username}),
         "next": request.POST.get("next") or request.GET.get("next", ""),
         "lockout_message": lockout_message(
-            cool_off, every_address=username_ceiling_reached(request, credentials)
+            cool_off,
+            every_address=username_ceiling_reached(request, credentials),
+            device=known_device_failures(request, credentials) is not None,
         ),
     }
     response = render(request, "registration/login.html", context, status=429)

@@ -1,8 +1,13 @@
 """``python -m saga_admin.probe [web|worker]``: the container's health check, exit 0 when healthy.
 
-- ``web`` (the default, the image's HEALTHCHECK): ``GET /livez`` on this container's own port
-  (``PORT``, 8000 if unset). Liveness only: a database outage must not get every web container
-  restarted.
+- no argument (the image's HEALTHCHECK): whatever this container runs. The entrypoint exports
+  ``SAGA_PROCESS`` (web, worker, migrate or the command's name) before it execs the process, so the
+  container's main process (pid 1; ``--pid``) carries it in its environment: ``web`` and ``worker``
+  are checked as below; a one-shot command (``migrate``, ``create_agent_key`` ...) has nothing
+  long-running to check and is healthy while it runs. One image, one HEALTHCHECK, and the worker's
+  container is judged by the worker's check, not by a web port it never opens.
+- ``web``: ``GET /livez`` on this container's own port (``PORT``, 8000 if unset). Liveness only: a
+  database outage must not get every web container restarted.
 - ``worker``: an RQ worker of this host (the container's hostname) has sent its heartbeat to Redis
   within ``--max-age`` seconds. 480 by default: an idle RQ worker beats each time its wait for a
   job times out (every 405 s at RQ's default worker TTL of 420 s), and Redis drops a worker that
@@ -10,6 +15,10 @@
   within seconds (recovery/worker_liveness.py). While Redis does not answer, a worker process of
   this container that is alive and waiting for it is healthy: each one touches its beat file
   every few seconds (``SAGA_WORKER_BEAT_DIR``), and a restart would not bring Redis back.
+- ``worker --ready`` (Kubernetes' readiness probe): the same heartbeat, and no allowance for an
+  outage: Redis answers and this host's worker is registered there (so it takes jobs), and
+  PostgreSQL answers (every job reads and writes it). A worker waiting out an outage is alive,
+  not ready: a rollout does not count it as capacity, and it is not restarted either.
 
 Standard library and the installed server only: the image has no curl.
 """
@@ -37,8 +46,9 @@ def probe_web(port: str, timeout: float) -> str | None:
     return None if status == 200 else f"/livez answered {status}"
 
 
-def probe_worker(max_age: float) -> str | None:
-    """None when a worker of this host has beaten recently, else what went wrong."""
+def probe_worker(max_age: float, *, ready: bool = False) -> str | None:
+    """None when a worker of this host has beaten recently, else what went wrong. ``ready``: and
+    Redis and PostgreSQL answer (no allowance for a worker waiting out an outage)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "saga_admin.settings")
     import django
 
@@ -50,9 +60,18 @@ def probe_worker(max_age: float) -> str | None:
     try:
         workers = Worker.all(connection=django_rq.get_connection("default"))
     except Exception as exc:  # noqa: BLE001 - any failure to ask Redis is the answer
-        if waiting_workers():
+        if not ready and waiting_workers():
             return None  # alive, waiting for Redis: restarting it would not help
         return f"Redis did not answer ({type(exc).__name__}: {exc}) and no worker process here beats"
+    if ready:
+        from django.db import connection
+
+        try:
+            connection.ensure_connection()
+        except Exception as exc:  # noqa: BLE001 - any failure to reach PostgreSQL is the answer
+            return f"PostgreSQL did not answer ({type(exc).__name__})"
+        finally:
+            connection.close()
     now = datetime.now(UTC)
     ages = [
         (now - beat.replace(tzinfo=beat.tzinfo or UTC)).total_seconds()
@@ -86,6 +105,20 @@ def waiting_workers() -> list[int]:
     return alive
 
 
+def container_process(pid: int = 1) -> str:
+    """What this container runs: ``SAGA_PROCESS`` in the environment of its main process (the
+    entrypoint exports it before exec), else this process's own; "" when neither says."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        environ = []
+    for entry in environ:
+        name, _, value = entry.partition(b"=")
+        if name == b"SAGA_PROCESS":
+            return value.decode(errors="replace")
+    return os.environ.get("SAGA_PROCESS", "")
+
+
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -102,16 +135,30 @@ def _running(pid: int) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m saga_admin.probe", description=__doc__.split("\n")[0])
-    parser.add_argument("process", nargs="?", choices=["web", "worker"], default="web")
+    parser.add_argument(
+        "process", nargs="?", choices=["web", "worker"], help="default: what the container runs"
+    )
     parser.add_argument("--timeout", type=float, default=4.0, help="seconds /livez may take (web)")
     parser.add_argument(
         "--max-age", type=float, default=480.0, help="seconds since the last heartbeat (worker)"
     )
+    parser.add_argument(
+        "--ready", action="store_true", help="worker: ready to take jobs (Redis and PostgreSQL answer)"
+    )
+    parser.add_argument(
+        "--pid", type=int, default=1, help="the container's main process, whose SAGA_PROCESS says what runs"
+    )
     args = parser.parse_args(argv)
-    if args.process == "web":
+    process = args.process or container_process(args.pid)
+    if process == "web":
         problem = probe_web(os.environ.get("PORT", "8000"), args.timeout)
+    elif process == "worker":
+        problem = probe_worker(args.max_age, ready=args.ready)
+    elif process:
+        print(f"healthy: {process} is a one-shot command, with nothing long-running to check")
+        return
     else:
-        problem = probe_worker(args.max_age)
+        problem = "SAGA_PROCESS is not set: this container was not started by the image's entrypoint"
     if problem:
         sys.exit(f"unhealthy: {problem}")
     print("healthy")

@@ -231,7 +231,9 @@ STORAGES = {
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
 # /healthz, /livez, /readyz and /metrics answer plain HTTP and any Host, for load balancers,
 # probes and Prometheus: ProbeMiddleware answers them before SecurityMiddleware's redirect.
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# No SECURE_PROXY_SSL_HEADER: Django would believe X-Forwarded-Proto from whoever sends it. The
+# scheme is gunicorn's wsgi.url_scheme, which it sets from X-Forwarded-Proto only for a peer in
+# SAGA_TRUSTED_PROXY_IPS (the Procfile's --forwarded-allow-ips); anyone else's header is ignored.
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 SESSION_COOKIE_HTTPONLY = True

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.promtool import promtool
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".venv" / "bin"
 ENTRYPOINT_COMMANDS = {"web", "worker", "migrate"}
@@ -82,8 +84,12 @@ def test_the_image_is_multi_stage_non_root_and_checks_its_own_health() -> None:
     user = [arguments for instruction, arguments in final if instruction == "USER"]
     assert user and user[-1] not in {"root", "0", "0:0"}, user
     assert any(i == "ARG" and a == "SAGA_UID=10001" for i, a in final)
+    # One check for every container of the image, of what that container runs (the probe reads
+    # SAGA_PROCESS, which the entrypoint exports): not the web's /livez for the worker's container.
     healthcheck = " ".join(a for i, a in final if i == "HEALTHCHECK")
-    assert '"saga_admin.probe", "web"' in healthcheck
+    assert healthcheck.endswith('CMD ["python", "-m", "saga_admin.probe"]'), healthcheck
+    entrypoint = (ROOT / "deploy" / "docker" / "entrypoint.sh").read_text()
+    assert "export SAGA_PROCESS" in entrypoint and "SAGA_PROCESS=$command" in entrypoint
     assert ("ENTRYPOINT", '["/opt/saga/entrypoint.sh"]') in final
     assert ("CMD", '["web"]') in final
     env = " ".join(a for i, a in final if i == "ENV")
@@ -335,3 +341,213 @@ def test_the_example_overlay_pins_the_image_and_its_own_namespace() -> None:
     assert config["data"]["SAGA_BOOTSTRAP_TENANT"] == "acme"
     assert config["data"]["DEBUG"] == "0"  # merged with the base's, not replacing it
     assert docs[("Deployment", "saga-admin-worker")]["spec"]["replicas"] == 3
+
+
+# --- Proxies: who is believed (docs/DEPLOY.md, "Proxies") -----------------------------------------
+
+
+def _procfile_web() -> str:
+    line = next(x for x in (ROOT / "Procfile").read_text().splitlines() if x.startswith("web:"))
+    return line
+
+
+def test_the_web_believes_x_forwarded_proto_from_the_configured_proxies_only() -> None:
+    """gunicorn sets the scheme from X-Forwarded-Proto for SAGA_TRUSTED_PROXY_IPS only (loopback
+    unless configured), and Django does not read the header itself; tests/security/
+    test_behind_a_proxy.py proves it over the wire."""
+    web = _procfile_web()
+    assert "'*'" not in web and '"*"' not in web
+    assert '--forwarded-allow-ips "${SAGA_TRUSTED_PROXY_IPS:-127.0.0.1,::1}"' in web
+    settings_text = (ROOT / "saga_admin" / "settings.py").read_text()
+    assert not re.search(r"^SECURE_PROXY_SSL_HEADER\s*=", settings_text, flags=re.MULTILINE)
+
+
+def test_compose_publishes_the_web_on_loopback_and_ships_its_proxy_settings() -> None:
+    compose = _compose()
+    services = compose["services"]
+    assert services["web"]["ports"] == ["${SAGA_BIND:-127.0.0.1}:${SAGA_HTTP_PORT:-8000}:8000"]
+    for name in ("postgres", "redis", "migrate", "worker"):
+        assert "ports" not in services[name], f"{name} is published"
+    for name in ("migrate", "web", "worker"):
+        env = services[name]["environment"]
+        assert env["SAGA_TRUSTED_PROXY_HOPS"] == "${SAGA_TRUSTED_PROXY_HOPS:-1}", name
+        trusted = env["SAGA_TRUSTED_PROXY_IPS"]
+        assert trusted.startswith("${SAGA_TRUSTED_PROXY_IPS:-") and "*" not in trusted, name
+    # The worker's warm shutdown outlasts the longest compensator call (SAGA_STEP_MAX_S, 900 s).
+    grace = services["worker"]["stop_grace_period"]
+    assert grace.endswith("s") and int(grace[:-1]) >= 900, grace
+
+
+# --- Kubernetes as an SRE expects it ----------------------------------------------------------------
+
+
+def _config(docs: dict[tuple[str, str], dict[str, Any]]) -> dict[str, str]:
+    return next(d for (kind, _), d in docs.items() if kind == "ConfigMap")["data"]
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels and matchExpressions with In) against a pod's labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def _pod_labels(docs: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[str, str]]:
+    return {
+        name: d["spec"]["template"]["metadata"]["labels"]
+        for (kind, name), d in docs.items()
+        if kind in {"Deployment", "Job"}
+    }
+
+
+def _namespace_peer(peer: dict[str, Any]) -> str:
+    return peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+
+
+@pytest.mark.parametrize("tree", KUSTOMIZE_TREES)
+def test_network_policies_admit_only_the_ingress_controller_to_the_web(tree: str) -> None:
+    docs = _documents(tree)
+    policies = {name: d["spec"] for (kind, name), d in docs.items() if kind == "NetworkPolicy"}
+    pods = _pod_labels(docs)
+    web, worker, migrate = pods["saga-admin-web"], pods["saga-admin-worker"], pods["saga-admin-migrate"]
+    # Everything of ours is denied both ways unless a policy allows it.
+    deny = policies["saga-admin-default-deny"]
+    assert set(deny["policyTypes"]) == {"Ingress", "Egress"}
+    assert "ingress" not in deny and "egress" not in deny
+    assert all(_selects(deny["podSelector"], labels) for labels in pods.values())
+
+    def ingress_for(labels: dict[str, str]) -> list[dict[str, Any]]:
+        return [
+            rule
+            for spec in policies.values()
+            if "Ingress" in spec["policyTypes"] and _selects(spec["podSelector"], labels)
+            for rule in spec.get("ingress", [])
+        ]
+
+    # The web: its http port, from the Ingress controller's namespace (and Prometheus's, for
+    # /metrics) and from nowhere else; the worker: its metrics port, from Prometheus only;
+    # the migrate Job: from nobody.
+    web_rules = ingress_for(web)
+    assert web_rules and all(r["ports"] == [{"port": "http", "protocol": "TCP"}] for r in web_rules)
+    assert {_namespace_peer(p) for r in web_rules for p in r["from"]} == {"ingress-nginx", "monitoring"}
+    assert all("podSelector" not in p and "ipBlock" not in p for r in web_rules for p in r["from"])
+    worker_rules = ingress_for(worker)
+    assert {_namespace_peer(p) for r in worker_rules for p in r["from"]} == {"monitoring"}
+    assert all(r["ports"] == [{"port": "metrics", "protocol": "TCP"}] for r in worker_rules)
+    assert ingress_for(migrate) == []
+    if tree.endswith("example"):
+        # The controller the policy names is the one the example's Ingress is for.
+        assert docs[("Ingress", "saga-admin")]["spec"]["ingressClassName"] == "nginx"
+
+    def egress_ports(labels: dict[str, str]) -> set[int]:
+        return {
+            port["port"]
+            for spec in policies.values()
+            if "Egress" in spec["policyTypes"] and _selects(spec["podSelector"], labels)
+            for rule in spec.get("egress", [])
+            for port in rule["ports"]
+        }
+
+    # DNS for every pod; the database and Redis for the web, the worker and the migrate Job;
+    # HTTPS out (compensators, webhooks, sinks, SSO) for the web and the worker, not the Job.
+    for labels in (web, worker, migrate):
+        assert {53, 5432, 6379} <= egress_ports(labels), labels
+    assert 443 in egress_ports(web) and 443 in egress_ports(worker) and 443 not in egress_ports(migrate)
+    dns = policies["saga-admin-egress-dns"]["egress"][0]
+    assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+    outbound = policies["saga-admin-egress-outbound"]["egress"][0]["to"][0]["ipBlock"]
+    assert "169.254.169.254/32" in outbound["except"], "the cloud metadata address is not a compensator"
+
+
+@pytest.mark.parametrize("tree", KUSTOMIZE_TREES)
+def test_web_and_worker_spread_drain_and_stop_as_they_should(tree: str) -> None:
+    docs = _documents(tree)
+    config = _config(docs)
+    for name in ("saga-admin-web", "saga-admin-worker"):
+        pod = docs[("Deployment", name)]["spec"]["template"]
+        spread = pod["spec"]["topologySpreadConstraints"]
+        assert {c["topologyKey"] for c in spread} == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+        for constraint in spread:
+            assert _selects(constraint["labelSelector"], pod["metadata"]["labels"]), name
+            assert constraint["maxSkew"] == 1 and constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+    web = docs[("Deployment", "saga-admin-web")]["spec"]["template"]["spec"]
+    pre_stop = web["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep" and int(pre_stop[1]) >= 5
+    # The sleep and gunicorn's 30 s graceful stop both fit in the grace.
+    assert web["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + 30
+    worker = docs[("Deployment", "saga-admin-worker")]["spec"]["template"]["spec"]
+    # From the same manifest: the longest compensator call the worker's ConfigMap allows.
+    assert worker["terminationGracePeriodSeconds"] >= int(config["SAGA_STEP_MAX_S"])
+    container = worker["containers"][0]
+    assert container["readinessProbe"]["exec"]["command"] == [
+        "python",
+        "-m",
+        "saga_admin.probe",
+        "worker",
+        "--ready",
+    ]
+    # One proxy hop in front (the Ingress controller), believed from the pod network, not anyone.
+    assert config["SAGA_TRUSTED_PROXY_HOPS"] == "1"
+    assert config["SAGA_TRUSTED_PROXY_IPS"] and "*" not in config["SAGA_TRUSTED_PROXY_IPS"]
+
+
+@pytest.mark.parametrize("tree", KUSTOMIZE_TREES)
+def test_every_image_is_pinned_to_a_release_not_latest(tree: str) -> None:
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert version
+    for name, pod in _workloads(_documents(tree)).items():
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            image = container["image"]
+            repository, _, tag = image.rpartition(":")
+            assert repository and tag and tag != "latest" and "/" not in tag, (name, image)
+            if tree.endswith("base"):
+                assert tag == version.group(1), "the base names the release it was written for"
+
+
+def test_prometheus_scrapes_the_web_and_the_worker_pods_with_the_metrics_token(tmp_path: Path) -> None:
+    """deploy/prometheus/scrape-kubernetes.yml keeps exactly the web pods' http port and the
+    worker pods' metrics port of the rendered overlay, in its namespace, each with the bearer token
+    (SAGA_METRICS_TOKEN, the saga-admin Secret's key, as the docs have you create it). promtool
+    checks the file; Debian's promtool is built without Kubernetes discovery, so it is shown the
+    jobs with a static target in its place (and a token file that exists)."""
+    path = ROOT / "deploy" / "prometheus" / "scrape-kubernetes.yml"
+    scrape = yaml.safe_load(path.read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    docs = _documents(KUSTOMIZE_TREES[1])
+    namespace = docs[("Deployment", "saga-admin-web")]["metadata"]["namespace"]
+    for job_name, deployment, port in (
+        ("saga-admin-web", "saga-admin-web", 8000),
+        ("saga-admin-worker", "saga-admin-worker", 9100),
+    ):
+        job = jobs[job_name]
+        assert job["authorization"]["type"] == "Bearer" and job["authorization"]["credentials_file"]
+        assert job["kubernetes_sd_configs"] == [{"role": "pod", "namespaces": {"names": [namespace]}}]
+        keep = next(r for r in job["relabel_configs"] if r.get("action") == "keep")
+        pod = docs[("Deployment", deployment)]["spec"]["template"]
+        labels = pod["metadata"]["labels"]
+        [named] = [p for p in pod["spec"]["containers"][0]["ports"] if p["containerPort"] == port]
+        wanted = [labels["app.kubernetes.io/name"], labels["app.kubernetes.io/component"], named["name"]]
+        assert keep["regex"] == ";".join(wanted), job_name
+    token = tmp_path / "token"
+    token.write_text("t")
+    for job in scrape["scrape_configs"]:
+        job.pop("kubernetes_sd_configs")
+        job["static_configs"] = [{"targets": ["pod:8000"]}]
+        job["authorization"]["credentials_file"] = str(token)
+    checked_file = tmp_path / "prometheus.yml"
+    checked_file.write_text(yaml.safe_dump(scrape))
+    done = promtool("check", "config", str(checked_file))  # make promtool installs Debian's
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The token the pods read is the Secret's key the docs create, and the base names it.
+    deploy_doc = (ROOT / "docs" / "DEPLOY.md").read_text()
+    assert "--from-literal=SAGA_METRICS_TOKEN=" in deploy_doc
+    assert (
+        "SAGA_METRICS_TOKEN" in (ROOT / "deploy" / "kubernetes" / "base" / "kustomization.yaml").read_text()
+    )
+    for name in ("saga-admin-web", "saga-admin-worker"):
+        refs = docs[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+        assert {"secretRef": {"name": "saga-admin"}} in refs, name

@@ -18,7 +18,7 @@ from django.utils.http import urlencode
 from django.views import View
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
-from dashboard import permissions
+from dashboard import known_devices, permissions
 from dashboard.login import login_options
 from dashboard.sso import discovery
 from dashboard.sso.backend import FAILURE_ATTR
@@ -65,6 +65,13 @@ class SagaLoginView(LoginView):
                 status=403,
             )
         response: HttpResponse = super().post(request, *args, **kwargs)
+        return response
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        response: HttpResponse = super().form_valid(form)
+        # This browser is known for this username now: another client's guesses from its address
+        # do not lock it out (dashboard.known_devices).
+        known_devices.issue(response, form.get_user().get_username())
         return response
 
 

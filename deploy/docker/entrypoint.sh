@@ -28,6 +28,10 @@ procfile_line() {
 
 command=${1:-web}
 [ "$#" -gt 0 ] && shift
+# What this container runs, in the main process's environment: the image's HEALTHCHECK
+# (python -m saga_admin.probe) reads it to check the web as a web and the worker as a worker.
+SAGA_PROCESS=$command
+export SAGA_PROCESS
 
 case "$command" in
     web | worker)

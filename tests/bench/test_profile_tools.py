@@ -44,7 +44,18 @@ def _run(module: list[str], *, database: str, redis_url: str, tmp_path) -> dict:
 @pytest.mark.timeout(600)
 def test_the_unwind_profile_takes_a_one_step_unwind_apart_in_process_and_on_a_worker(tmp_path, own_redis):
     out = _run(
-        ["bench.unwind_profile", "--steps", "4", "--top", "5", "--worker"],
+        [
+            "bench.unwind_profile",
+            "--steps",
+            "4",
+            "--top",
+            "5",
+            "--worker",
+            "--scale",
+            "2",
+            "--delay-ms",
+            "50",
+        ],
         database=f"saga_bench_uprof_{os.getpid()}",
         redis_url=own_redis.url,
         tmp_path=tmp_path,
@@ -61,7 +72,15 @@ def test_the_unwind_profile_takes_a_one_step_unwind_apart_in_process_and_on_a_wo
     assert worker["receiver_calls"] >= 4
     spied = worker["py_spy"]
     assert spied["main_thread_samples"] > 0
-    assert {p["frame"] for p in spied["parts"]} >= {"unwind_advance (runner.py)", "dequeue_job_and_maintain_ttl"}
+    assert {p["frame"] for p in spied["parts"]} >= {
+        "unwind_advance (runner.py)",
+        "dequeue_job_and_maintain_ttl",
+    }
+    scaled = out["scale"]["2"]
+    assert scaled["workers"] == 2 and scaled["delay_ms"] == 50
+    assert scaled["step_statuses"] == {"done": 4}
+    assert scaled["receiver_calls"] == 4
+    assert scaled["py_spy"]["main_thread_samples"] > 0
 
 
 @pytest.mark.timeout(600)

@@ -1,8 +1,9 @@
 """The API gate decides "is this an API request" on ``path_info``, the path within the application,
 so a ``SCRIPT_NAME`` prefix cannot walk a request past it.
 
-Under the Procfile's gunicorn (``--forwarded-allow-ips '*'``) any client may send a ``SCRIPT_NAME``
-header (gunicorn's default ``forwarder_headers``), and an installation mounted under a prefix sets
+Under gunicorn a peer it trusts as a proxy (``--forwarded-allow-ips``: the Procfile's
+``SAGA_TRUSTED_PROXY_IPS``, here ``*``) may send a ``SCRIPT_NAME`` header (gunicorn's default
+``forwarder_headers``), and an installation mounted under a prefix sets
 it for every request (``SCRIPT_NAME=/saga``). Either way the full path is ``/<prefix>/api/…`` while
 the URL resolver still routes ``path_info`` (``/api/…``) to the API. A gate that looked at the full
 path let such requests reach the views without its refusals: no per-address throttle for requests
