@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from tests.factories import HR_PATH, WS_PATH, load_onboarding_policies, onboardi
 from tests.support.processes import (
     RedisServer,
     Reply,
+    Worker,
     database_url_for_subprocesses,
     dump_worker_logs,
     free_port,
@@ -149,6 +150,39 @@ class SentinelServer:
             self.process.wait(timeout=10)
 
 
+class Replica:
+    """A second ``redis-server``, a replica of ``primary``, which the sentinel may promote."""
+
+    def __init__(self, primary: RedisServer, folder: Path) -> None:
+        self.port = quiet_port()
+        binary = shutil.which("redis-server")
+        assert binary
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--replicaof",
+                "127.0.0.1",
+                str(primary.port),
+            ],
+            stdout=(folder / "replica.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
 @pytest.fixture
 def sentinel(tmp_path: Path) -> Iterator[tuple[RedisServer, SentinelServer]]:
     primary = RedisServer()
@@ -163,27 +197,21 @@ def sentinel(tmp_path: Path) -> Iterator[tuple[RedisServer, SentinelServer]]:
         primary.stop()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-@pytest.mark.django_db(transaction=True)
-def test_the_web_and_a_worker_carry_out_an_unwind_through_sentinel(
-    tenant, agent, operator_key, webhooks, sentinel, tmp_path
-):
-    primary, watcher = sentinel
-    through_sentinel = {
+def _through(watcher: SentinelServer) -> dict[str, str]:
+    return {
         "REDIS_URL": UNREACHABLE_URL,
         "REDIS_SENTINELS": f"127.0.0.1:{watcher.port}",
         "REDIS_SENTINEL_MASTER": MASTER,
     }
-    load_onboarding_policies(webhooks=webhooks)
-    # The licence's first cancellation is refused: its retry waits in RQ's scheduler (a delayed
-    # job), which a worker's scheduler moves to the queue, through Sentinel too.
-    webhooks.script[WS_PATH] = [Reply(503, {"error": "busy"})]
-    saga = onboarding_saga(tenant, agent)
+
+
+@contextmanager
+def _web_and_worker(watcher: SentinelServer, folder: Path) -> Iterator[tuple[str, Worker]]:
+    """The Procfile's web and a worker, both given only the sentinel; yields the web's URL."""
     port = free_port()
     web_env = {
         **os.environ,
-        **through_sentinel,
+        **_through(watcher),
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "DATABASE_URL": database_url_for_subprocesses(),
         "PORT": str(port),
@@ -191,36 +219,98 @@ def test_the_web_and_a_worker_carry_out_an_unwind_through_sentinel(
         "WEB_CONCURRENCY": "1",
         "LOG_LEVEL": "WARNING",
     }
-    worker = spawn_worker(redis_url=UNREACHABLE_URL, log_path=tmp_path / "worker.log", env=through_sentinel)
-    in_primary = redis.Redis(port=primary.port, db=3)
+    worker = spawn_worker(redis_url=UNREACHABLE_URL, log_path=folder / "worker.log", env=_through(watcher))
     try:
-        with procfile_web(web_env, tmp_path / "web.log"):
-            base = f"http://127.0.0.1:{port}"
-            ready = httpx.get(f"{base}/readyz", timeout=10)
-            assert ready.status_code == 200, ready.text
-            assert ready.json()["redis"] == "ok"
-
-            response = httpx.post(
-                f"{base}/api/v1/recovery/{saga.item.pk}/compensate",
-                json={"reason": "through sentinel"},
-                headers={"Authorization": f"Bearer {operator_key[1]}"},
-                timeout=10,
-            )
-            assert response.status_code == 202, response.text
-            unwind = Unwind.objects.get(pk=response.json()["id"])
-            try:
-                wait_for(
-                    lambda: Unwind.objects.get(pk=unwind.pk).status == Unwind.Status.COMPLETED,
-                    timeout=45,
-                    what="the unwind to complete",
-                )
-            except AssertionError as exc:
-                raise AssertionError(f"{exc}\n{dump_worker_logs([worker])}") from exc
-        assert [c.path for c in webhooks.calls] == [WS_PATH, WS_PATH, HR_PATH]
-        # Everything in the primary the sentinel named, database 3 of REDIS_URL: the worker's
-        # registration, the jobs it ran, and the API's throttle counters (the cache).
-        assert in_primary.scard("rq:workers") >= 1
-        assert any(in_primary.scan_iter("rq:job:*"))
-        assert any(in_primary.scan_iter("saga:*"))
+        with procfile_web(web_env, folder / "web.log"):
+            yield f"http://127.0.0.1:{port}", worker
     finally:
         worker.stop()
+
+
+def _compensate(base: str, item_id: str, key: str, worker: Worker) -> None:
+    """An operator's compensate through the web, and the unwind carried out."""
+    response = httpx.post(
+        f"{base}/api/v1/recovery/{item_id}/compensate",
+        json={"reason": "through sentinel"},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=10,
+    )
+    assert response.status_code == 202, response.text
+    unwind_id = response.json()["id"]
+    try:
+        wait_for(
+            lambda: Unwind.objects.get(pk=unwind_id).status == Unwind.Status.COMPLETED,
+            timeout=45,
+            what="the unwind to complete",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{dump_worker_logs([worker])}") from exc
+
+
+def _ready(base: str) -> None:
+    ready = httpx.get(f"{base}/readyz", timeout=10)
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["redis"] == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.django_db(transaction=True)
+def test_the_web_and_a_worker_carry_out_an_unwind_through_sentinel(
+    tenant, agent, operator_key, webhooks, sentinel, tmp_path
+):
+    primary, watcher = sentinel
+    load_onboarding_policies(webhooks=webhooks)
+    # The licence's first cancellation is refused: its retry waits in RQ's scheduler (a delayed
+    # job), which a worker's scheduler moves to the queue, through Sentinel too.
+    webhooks.script[WS_PATH] = [Reply(503, {"error": "busy"})]
+    saga = onboarding_saga(tenant, agent)
+    with _web_and_worker(watcher, tmp_path) as (base, worker):
+        _ready(base)
+        _compensate(base, saga.item.pk, operator_key[1], worker)
+    assert [c.path for c in webhooks.calls] == [WS_PATH, WS_PATH, HR_PATH]
+    # Everything in the primary the sentinel named, database 3 of REDIS_URL: the worker's
+    # registration, the jobs it ran, and the API's throttle counters (the cache).
+    in_primary = redis.Redis(port=primary.port, db=3)
+    assert in_primary.scard("rq:workers") >= 1
+    assert any(in_primary.scan_iter("rq:job:*"))
+    assert any(in_primary.scan_iter("saga:*"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.django_db(transaction=True)
+def test_after_a_failover_the_same_web_and_worker_carry_on_with_the_new_primary(
+    tenant, agent, operator_key, webhooks, sentinel, tmp_path
+):
+    """The sentinel promotes the replica (``SENTINEL FAILOVER``); the web and the worker, not
+    restarted, find the new primary: ``/readyz`` ok, and a second unwind is carried out there."""
+    primary, watcher = sentinel
+    replica = Replica(primary, tmp_path)
+    try:
+        control = redis.Redis(port=watcher.port, decode_responses=True)
+        wait_for(lambda: control.sentinel_slaves(MASTER), timeout=30, what="the sentinel to find the replica")
+        load_onboarding_policies(webhooks=webhooks)
+        before = onboarding_saga(tenant, agent)
+        after = onboarding_saga(tenant, agent, name="Bea Brown", email="bea@company.com")
+        with _web_and_worker(watcher, tmp_path) as (base, worker):
+            _compensate(base, before.item.pk, operator_key[1], worker)
+            assert control.execute_command("SENTINEL", "FAILOVER", MASTER)
+            wait_for(
+                lambda: tuple(control.sentinel_get_master_addr_by_name(MASTER))[1] == replica.port,
+                timeout=30,
+                what="the replica to be promoted",
+            )
+            wait_for(lambda: _answers_ok(base), timeout=30, what="/readyz through the new primary")
+            _compensate(base, after.item.pk, operator_key[1], worker)
+            assert worker.process.poll() is None  # the same worker process throughout
+        assert redis.Redis(port=replica.port, db=3).info("replication")["role"] == "master"
+    finally:
+        replica.stop()
+
+
+def _answers_ok(base: str) -> bool:
+    with suppress(httpx.HTTPError):
+        response = httpx.get(f"{base}/readyz", timeout=5)
+        return response.status_code == 200 and response.json()["redis"] == "ok"
+    return False
