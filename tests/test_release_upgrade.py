@@ -9,7 +9,9 @@ database of its own and a Redis of its own:
 1. the previous release is installed: ``migrate``, ``bootstrap`` (a tenant and an agent key), its
    web (the Procfile's line of that release) and its worker;
 2. an agent records steps through the web all along: a run, an action recorded and started,
-   succeeded, the run read back and completed. Every answer must be the one expected;
+   succeeded, the run read back and completed; every fourth run failed instead, and an operator
+   compensates it. Every answer must be the one expected, and at the end of each phase every
+   unwind asked for so far has completed (carried out by the workers running then);
 3. this release's ``migrate`` runs while the previous release's web and worker serve;
 4. this release's web and worker start; the traffic moves to the new web; the old processes stop;
 5. rolled back: the previous release's web and worker start again on the migrated schema, the
@@ -41,11 +43,14 @@ import httpx
 import psycopg
 import pytest
 
+from ledger.services.keys import agent_key_new_secret
 from tests.support.processes import (
     RedisServer,
+    WebhookServer,
     database_url_for_subprocesses,
     descendants,
     free_port,
+    serve_webhooks,
     wait_for,
 )
 
@@ -53,19 +58,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[1]
 CHANGELOG = ROOT / "CHANGELOG.md"
-# The traffic's tool: read-only, no approval (the default policy would ask for one).
-POLICIES = {
-    "agentSafety": {
-        "policies": {
-            "crm.read_*": {
-                "risk": "LOW",
-                "approval": "AUTO",
-                "actionClass": "READ_ONLY",
-                "compensation": "NONE",
-            }
-        }
+# The traffic's tools: a read-only one, and one undone by a webhook (the test's own server).
+UNDO_PATH, UNDO_SECRET = "/hr/delete_user", "upgrade-undo-secret-0123456789"
+
+
+def _policies(undo_url: str) -> dict:
+    return {
+        "policies": [
+            {"tool": "crm.read_account", "risk": "low", "approval": "auto", "action_class": "read_only"},
+            {
+                "tool": "hr.create_user",
+                "risk": "medium",
+                "approval": "auto",
+                "action_class": "internal_update",
+                "compensation": "custom",
+                "compensation_tool": "hr.delete_user",
+            },
+            {"tool": "hr.delete_user", "risk": "low", "approval": "auto", "action_class": "internal_update"},
+        ],
+        "compensators": {"hr.delete_user": {"webhook": undo_url, "secret": UNDO_SECRET}},
     }
-}
 
 
 def previous_release() -> tuple[str, str]:
@@ -171,51 +183,87 @@ class Deployment:
 
 
 class Traffic(threading.Thread):
-    """An agent's steps, one after another, against whichever web ``target`` names at the time."""
+    """An agent's steps, one after another, against whichever web ``target`` names at the time:
+    mostly a read-only tool call recorded, started, succeeded, read back and the run completed;
+    every fourth, a user created, then the run failed and an operator compensating it (the unwind
+    is the worker's, checked by ``unwinds_done``)."""
 
-    def __init__(self, key: str, target: str) -> None:
+    def __init__(self, agent_key: str, operator_key: str, target: str) -> None:
         super().__init__(daemon=True)
-        self.key = key
+        self.keys = {"agent": agent_key, "operator": operator_key}
         self.target = target
         self.stopping = threading.Event()
         self.steps = 0
+        self.unwinds: list[str] = []
         self.failures: list[str] = []
 
     def run(self) -> None:
-        with httpx.Client(headers={"Authorization": f"Bearer {self.key}"}, timeout=10) as client:
+        with httpx.Client(timeout=10) as client:
             while not self.stopping.is_set():
                 try:
-                    self._step(client, self.target)
+                    self._step(client, self.target, undone=self.steps % 4 == 3)
                     self.steps += 1
                 except (AssertionError, httpx.HTTPError) as exc:
                     self.failures.append(f"step {self.steps} on {self.target}: {exc}")
 
-    def _step(self, client: httpx.Client, base: str) -> None:
-        def call(method: str, path: str, status: int, body: object = None) -> dict:
-            response = client.request(method, f"{base}/api/v1{path}", json=body)
-            assert response.status_code == status, (
-                f"{method} {path}: {response.status_code} {response.text[:300]}"
-            )
-            return response.json()
+    def _call(
+        self, client: httpx.Client, base: str, who: str, method: str, path: str, status: int, body=None
+    ):
+        headers = {"Authorization": f"Bearer {self.keys[who]}"}
+        response = client.request(method, f"{base}/api/v1{path}", json=body, headers=headers)
+        assert response.status_code == status, (
+            f"{method} {path}: {response.status_code} {response.text[:300]}"
+        )
+        return response.json()
+
+    def _step(self, client: httpx.Client, base: str, *, undone: bool) -> None:
+        def agent(method: str, path: str, status: int, body: object = None) -> dict:
+            return self._call(client, base, "agent", method, path, status, body)
 
         n = uuid.uuid4().hex[:12]
-        run = call("POST", "/runs", 201, {"agent": "upgrader", "request": f"step {n}"})
-        action = call(
-            "POST",
-            f"/runs/{run['id']}/actions",
-            201,
-            {"tool": "crm.read_account", "idempotency_key": f"k-{n}", "args": {"n": n}, "start": True},
+        run = agent("POST", "/runs", 201, {"agent": "upgrader", "request": f"step {n}"})
+        tool, args = (
+            ("hr.create_user", {"email": f"{n}@example.com"}) if undone else ("crm.read_account", {"n": n})
         )
-        call("POST", f"/actions/{action['id']}/succeed", 200, {"result": {"ok": n}})
-        detail = call("GET", f"/runs/{run['id']}", 200)
+        body = {"tool": tool, "idempotency_key": f"k-{n}", "args": args, "start": True}
+        action = agent("POST", f"/runs/{run['id']}/actions", 201, body)
+        agent("POST", f"/actions/{action['id']}/succeed", 200, {"result": {"ok": n}})
+        detail = agent("GET", f"/runs/{run['id']}", 200)
         assert [a["status"] for a in detail["actions"]] == ["succeeded"], detail["actions"]
-        call("POST", f"/runs/{run['id']}/complete", 200, {"summary": "done"})
+        if not undone:
+            agent("POST", f"/runs/{run['id']}/complete", 200, {"summary": "done"})
+            return
+        failed = agent("POST", f"/runs/{run['id']}/fail", 200, {"error": "the next step broke"})
+        item = failed["recovery_item"]["id"]
+        unwind = self._call(
+            client, base, "operator", "POST", f"/recovery/{item}/compensate", 202, {"reason": "undo"}
+        )
+        self.unwinds.append(unwind["id"])
 
-    def moved_on(self, steps: int = 3, timeout: float = 60) -> None:
+    def moved_on(self, steps: int = 4, timeout: float = 60) -> None:
         """Wait until ``steps`` more steps have succeeded (on whatever ``target`` is now)."""
         goal = self.steps + steps
         wait_for(lambda: self.steps >= goal or self.failures, timeout=timeout, what=f"{steps} more steps")
         assert not self.failures, "\n".join(self.failures[:5])
+
+    def unwinds_done(self, timeout: float = 60) -> None:
+        """Every unwind asked for so far completed (by whichever worker runs now)."""
+        asked = list(self.unwinds)
+        assert asked, "no unwind was asked for yet"
+
+        def statuses() -> dict[str, str]:
+            with httpx.Client(timeout=10) as client:
+                return {
+                    unwind: self._call(client, self.target, "operator", "GET", f"/unwinds/{unwind}", 200)[
+                        "status"
+                    ]
+                    for unwind in asked
+                }
+
+        try:
+            wait_for(lambda: set(statuses().values()) == {"completed"}, timeout=timeout, what="the unwinds")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {statuses()}") from exc
 
 
 @pytest.fixture
@@ -256,13 +304,15 @@ def _schema(url: str) -> str:
     )
 
 
-def _bootstrap_files(folder: Path, key: str) -> dict[str, str]:
-    """The bootstrap variables of the deployment (a tenant, the agent's key, the traffic's policy),
-    their files written into ``folder``."""
-    (folder / "bot.key").write_text(key)
-    keys = {"keys": [{"name": "upgrader", "scopes": ["agent"], "secret_file": "bot.key"}]}
-    (folder / "keys.json").write_text(json.dumps(keys))
-    (folder / "policies.json").write_text(json.dumps(POLICIES))
+def _bootstrap_files(folder: Path, keys: dict[str, str], undo_url: str) -> dict[str, str]:
+    """The bootstrap variables of the deployment (a tenant, the agent's and the operator's keys,
+    the traffic's policies), their files written into ``folder``."""
+    listed = []
+    for scope, key in keys.items():
+        (folder / f"{scope}.key").write_text(key)
+        listed.append({"name": f"upgrade-{scope}", "scopes": [scope], "secret_file": f"{scope}.key"})
+    (folder / "keys.json").write_text(json.dumps({"keys": listed}))
+    (folder / "policies.json").write_text(json.dumps(_policies(undo_url)))
     return {
         "SAGA_BOOTSTRAP_TENANT": "acme",
         "SAGA_BOOTSTRAP_AGENT_KEYS_FILE": str(folder / "keys.json"),
@@ -298,52 +348,11 @@ def test_upgrade_from_the_previous_release_under_traffic_and_roll_back(
     redis.start()
     deployment = Deployment(env=_environment(tmp_path, upgraded_url, redis.url), logs=tmp_path)
     try:
-        # 1. The previous release, installed as its DEPLOY.md said: migrate, bootstrap, processes.
-        key = deployment.run(previous, "bootstrap", "--print-new-key").strip()
-        bootstrap_env = _bootstrap_files(tmp_path, key)
-        deployment.run(previous, "migrate", "--noinput", "-v0")
-        deployment.run(previous, "bootstrap", extra=bootstrap_env)
-        old_port = free_port()
-        old_web = deployment.start(previous, "web", old_port)
-        old_worker = deployment.start(previous, "worker")
-
-        traffic = Traffic(key, f"http://127.0.0.1:{old_port}")
-        traffic.start()
-        traffic.moved_on()
-
-        # 2. This release's migrations, while the previous release serves.
-        out = deployment.run(current, "migrate", "--noinput")
-        assert "Applying" in out, "the upgrade applied no migration: the previous release is this one"
-        deployment.run(current, "bootstrap", extra=bootstrap_env)
-        traffic.moved_on()
-        deployment.alive(old_web)
-        deployment.alive(old_worker)
-
-        # 3. This release's processes; the traffic moves to them; the previous release's stop.
-        new_port = free_port()
-        new_web = deployment.start(current, "web", new_port)
-        new_worker = deployment.start(current, "worker")
-        traffic.target = f"http://127.0.0.1:{new_port}"
-        traffic.moved_on()
-        deployment.stop(old_web)
-        deployment.stop(old_worker)
-        traffic.moved_on()
-
-        # 4. Rolled back: the previous release's code on the migrated schema.
-        back_port = free_port()
-        back_web = deployment.start(previous, "web", back_port)
-        back_worker = deployment.start(previous, "worker")
-        traffic.target = f"http://127.0.0.1:{back_port}"
-        traffic.moved_on()
-        deployment.stop(new_web)
-        deployment.stop(new_worker)
-        traffic.moved_on()
-        deployment.alive(back_web)
-        deployment.alive(back_worker)
-
-        traffic.stopping.set()
-        traffic.join(timeout=30)
-        assert not traffic.failures, "\n".join(traffic.failures[:5])
+        with serve_webhooks({UNDO_PATH: UNDO_SECRET}) as undo:
+            _upgrade_and_roll_back(deployment, previous, current, undo, tmp_path)
+        # Each unwind undid its user once, with the signature the compensator expects.
+        assert undo.calls and all(call.signature_ok for call in undo.calls)
+        assert len({call.key for call in undo.calls}) == len(undo.calls)
     finally:
         deployment.stop_all()
         redis.stop()
@@ -352,3 +361,59 @@ def test_upgrade_from_the_previous_release_under_traffic_and_roll_back(
     deployment.env["DATABASE_URL"] = fresh_url
     deployment.run(current, "migrate", "--noinput", "-v0")
     assert _schema(upgraded_url) == _schema(fresh_url)
+
+
+def _upgrade_and_roll_back(
+    deployment: Deployment, previous: Tree, current: Tree, undo: WebhookServer, folder: Path
+) -> None:
+    # 1. The previous release, installed as its DEPLOY.md said: migrate, bootstrap, processes.
+    # The key format is the same in both releases (bootstrap --print-new-key's).
+    keys = {scope: agent_key_new_secret() for scope in ("agent", "operator")}
+    bootstrap_env = _bootstrap_files(folder, keys, undo.url(UNDO_PATH))
+    deployment.run(previous, "migrate", "--noinput", "-v0")
+    deployment.run(previous, "bootstrap", extra=bootstrap_env)
+    old_port = free_port()
+    old_web = deployment.start(previous, "web", old_port)
+    old_worker = deployment.start(previous, "worker")
+    traffic = Traffic(keys["agent"], keys["operator"], f"http://127.0.0.1:{old_port}")
+    traffic.start()
+    traffic.moved_on()
+    traffic.unwinds_done()
+
+    # 2. This release's migrations, while the previous release serves and undoes.
+    out = deployment.run(current, "migrate", "--noinput")
+    assert "Applying" in out, "the upgrade applied no migration: the previous release is this one"
+    deployment.run(current, "bootstrap", extra=bootstrap_env)
+    traffic.moved_on()
+    traffic.unwinds_done()
+    deployment.alive(old_web)
+    deployment.alive(old_worker)
+
+    # 3. This release's processes beside the previous release's (either worker may take a job the
+    # other release's web queued); the traffic moves to the new web; the previous release's stop.
+    new_port = free_port()
+    new_web = deployment.start(current, "web", new_port)
+    new_worker = deployment.start(current, "worker")
+    traffic.target = f"http://127.0.0.1:{new_port}"
+    traffic.moved_on()
+    deployment.stop(old_web)
+    deployment.stop(old_worker)
+    traffic.moved_on()
+    traffic.unwinds_done()
+
+    # 4. Rolled back: the previous release's code on the migrated schema.
+    back_port = free_port()
+    back_web = deployment.start(previous, "web", back_port)
+    back_worker = deployment.start(previous, "worker")
+    traffic.target = f"http://127.0.0.1:{back_port}"
+    traffic.moved_on()
+    deployment.stop(new_web)
+    deployment.stop(new_worker)
+    traffic.moved_on()
+    traffic.unwinds_done()
+    deployment.alive(back_web)
+    deployment.alive(back_worker)
+
+    traffic.stopping.set()
+    traffic.join(timeout=30)
+    assert not traffic.failures, "\n".join(traffic.failures[:5])
