@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help install lock run manage stop test test-fast services browser peers lint fmt bench bench-size bench-smoke clean
+.PHONY: help install lock run manage stop test test-fast services browser peers promtool lint fmt bench bench-size bench-smoke clean
 
 # The client is its own distribution (clients/python); the server, the demo and the tests use it
 # as an integrator does, installed editable beside the server.
@@ -34,6 +34,10 @@ services: ## Make sure PostgreSQL and Redis are up
 browser: ## Make sure Debian's Chromium is there for the browser tests
 	bash scripts/ensure-chromium.sh
 
+# Debian's promtool: the alert rules' unit tests and the scrapes' checks (tests/test_promtool.py).
+promtool: ## Make sure Debian's promtool is there (package prometheus)
+	bash scripts/ensure-promtool.sh
+
 # The OpenID Provider the single sign-on tests start (tests/peers/oidc), from its npm lock file.
 peers: ## Install the test peers from their lock files (npm ci of tests/peers/oidc)
 	bash scripts/ensure-oidc-peer.sh
@@ -47,7 +51,7 @@ peers: ## Install the test peers from their lock files (npm ci of tests/peers/oi
 # TEST_WORKERS=0 runs serially; PYTEST_ARGS adds to (or overrides) the command line.
 TEST_WORKERS ?= 3
 COLLECTSTATIC := DEBUG=0 SECRET_KEY=collectstatic-signs-nothing $(PY) manage.py collectstatic --noinput -v0
-test: lint services browser peers ## Lint, then the whole suite (TEST_WORKERS, PYTEST_ARGS)
+test: lint services browser peers promtool ## Lint, then the whole suite (TEST_WORKERS, PYTEST_ARGS)
 	$(COLLECTSTATIC)
 	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 

@@ -1,8 +1,10 @@
 """The archiver's rate on its own: about ``--archive-runs`` runs of ~10 actions
 over a year, with their audit chains, seeded by ``bench.size_seed`` (COPY) with a retention of one
 second (every closed run is due), then one
-``archive_runs`` pass over them (in this process, as ``manage.py archive_runs`` runs it) while 16
-agents append, against the append alone just before. The size phase measures the same archiver at
+``archive_runs`` pass over them, or over ``--archive-limit`` of them (the rate at a big table's size
+without archiving all of it: ``--archive-runs 100000 --archive-limit 3000`` is 1M actions), in this
+process as ``manage.py archive_runs`` runs it, while 16 agents append, against the append alone
+just before. The size phase measures the same archiver at
 a year's size; this phase is the one a shared machine finishes in a few minutes.
 """
 
@@ -125,7 +127,8 @@ def _pass_under_append(
 
 def measure(harness: Harness) -> dict[str, Any]:
     runs = max(1, int(getattr(harness.args, "archive_runs", 2000)))
-    out: dict[str, Any] = {"runs": runs, "mean_actions": MEAN_ACTIONS, "clients": CLIENTS}
+    limit = min(runs, int(getattr(harness.args, "archive_limit", None) or runs))
+    out: dict[str, Any] = {"runs": runs, "limit": limit, "mean_actions": MEAN_ACTIONS, "clients": CLIENTS}
     keys = fixtures.agent_keys(tenant_slug=TENANT, count=CLIENTS)
     fixtures.load_bench_policies(harness.log_dir)
     log(f"archive: seeding ~{runs} runs of ~{MEAN_ACTIONS} actions over a year (bench.size_seed)")
@@ -143,9 +146,9 @@ def measure(harness: Harness) -> dict[str, Any]:
         out["append_before"] = summarize(
             harness.load("record_action", CLIENTS, params, web=web), "record_action"
         )
-        log(f"archive: one archive_runs pass over the closed runs while {CLIENTS} clients append")
+        log(f"archive: one archive_runs pass over {limit} of the closed runs while {CLIENTS} clients append")
         params = {"runs": during_runs, "per_run": PER_RUN, "headers_per_client": headers}
-        out["pass"], during = _pass_under_append(harness, params, web, limit=runs)
+        out["pass"], during = _pass_under_append(harness, params, web, limit=limit)
         out["append_during"] = summarize(during, "record_action")
     finally:
         web.stop()
@@ -154,3 +157,82 @@ def measure(harness: Harness) -> dict[str, Any]:
 
 def phase(h: Harness) -> None:
     h.section("archive").update(measure(h))
+
+
+# --- The archiver taken apart: ``python -m bench.archive --profile N`` ---------------------------
+
+
+def profile(limit: int, top: int) -> dict[str, Any]:
+    """One ``runs_archive`` pass over ``limit`` due runs of a database this phase seeded and kept
+    (``--keep-db``), in this process, under ``cProfile`` with every statement counted."""
+    import cProfile
+    import pstats
+
+    from django.db import connection
+
+    from bench.unwind_profile import _Statements
+    from recovery.archive import runner
+
+    counter = _Statements()
+    prof = cProfile.Profile()
+    started, started_cpu = time.perf_counter(), time.process_time()
+    with connection.execute_wrapper(counter):
+        prof.enable()
+        result = runner.runs_archive(limit=limit)
+        prof.disable()
+    seconds, cpu = time.perf_counter() - started, time.process_time() - started_cpu
+    archived = len(result.archived) or 1
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][3], reverse=True)  # type: ignore[attr-defined]
+    return {
+        "archived": len(result.archived),
+        "skipped": len(result.skipped),
+        "seconds": seconds,
+        "runs_per_s": len(result.archived) / seconds if seconds else 0.0,
+        "ms_per_run": seconds / archived * 1000,
+        "cpu_ms_per_run": cpu / archived * 1000,
+        "sql_ms_per_run": counter.seconds / archived * 1000,
+        "statements_per_run": sum(counter.kinds.values()) / archived,
+        "statement_kinds_per_run": {k: round(v / archived, 2) for k, v in counter.kinds.most_common(15)},
+        "top_cumulative": [
+            {
+                "function": f"{f[0].split('site-packages/')[-1].split('/work/main/')[-1]}:{f[1]} {f[2]}",
+                "cumulative_ms_per_run": v[3] / archived * 1000,
+                "own_ms_per_run": v[2] / archived * 1000,
+            }
+            for f, v in rows[:top]
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from bench.environment import child_env, setup_django
+
+    parser = argparse.ArgumentParser(description=profile.__doc__)
+    parser.add_argument("--profile", type=int, required=True, help="due runs the profiled pass archives")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--log-dir", required=True, help="the kept run's --log-dir (its archive folder)")
+    args = parser.parse_args(argv)
+    from pathlib import Path
+
+    folder = (Path(args.log_dir) / "archive-phase").resolve()
+    env = child_env(
+        database_url=os.environ["BENCH_DATABASE_URL"],
+        redis_url=os.environ["REDIS_URL"],
+        port=0,
+        settings_module="saga_admin.settings",
+    )
+    env["SAGA_AUDIT_KEY"] = os.environ.get(
+        "SAGA_AUDIT_KEY", "bench-archive-audit-key-not-for-production-0123456789"
+    )
+    env["SAGA_ARCHIVE_ALLOWED_URLS"] = f"file://{folder}"
+    os.environ.update(env)
+    setup_django(env)
+    out = profile(args.profile, args.top)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -3,7 +3,7 @@ items, then a bulk that closes all of them on the Procfile's worker, while agent
 
 - N open recovery items of one reason in one tenant, written by ``seed_bench`` (COPY, the shapes
   the dashboard phase uses; every item ``open``, none claimed, so every one is decidable);
-- the Procfile's web line and one Procfile worker;
+- the Procfile's web line and ``--bulk-workers`` Procfile workers (the bulk's lanes share them);
 - over HTTP with an operator key of that tenant: ``POST /api/v1/recovery/bulk`` with
   ``preview: true`` several times (the first, warming the web process, is not counted);
 - the append (``record_action``, 16 clients, the tenant's own agents) alone for one window: the
@@ -391,7 +391,7 @@ def rows(bulk: dict[str, Any]) -> list[list[str]]:
         rows.append(
             [
                 f"bulk: close {run['total']:,} items ({bulk.get('clients', 16)} clients appending)",
-                "1 worker",
+                f"{bulk.get('workers', 1)} worker(s)",
                 fmt(run["items_per_s"]) + " items",
                 fmt(run["ms_per_item"], 2) + " /item",
                 (fmt(run["seconds"], 1) + " s total") if run["seconds"] is not None else "not finished",
@@ -483,7 +483,8 @@ def markdown(bulk: dict[str, Any]) -> list[str]:
         "",
         "Bulk decisions by filter at scale (`bench/bulk.py`): N failed runs, each with an open "
         "recovery item of one reason, in one tenant (`seed_bench --tenant --reason`, COPY); the Procfile's web "
-        "line and one Procfile worker. Over HTTP with an operator key: `POST /api/v1/recovery/bulk` with "
+        f"line and {bulk.get('workers', 1)} Procfile worker process(es), the bulk's lanes sharing them. "
+        "Over HTTP with an operator key: `POST /api/v1/recovery/bulk` with "
         "`preview: true` for that reason (the first, warming up, not counted); the append (record action, 16 "
         "clients, agents of the same tenant) alone for one window; then the same append again and, once its "
         "window has begun, the bulk `close` started with the previewed `expected_count` and "

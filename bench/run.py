@@ -169,6 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--archive-runs", type=int, default=2000, help="closed runs the archive phase seeds and archives"
     )
+    parser.add_argument(
+        "--archive-limit",
+        type=int,
+        default=None,
+        help="runs the timed archive pass takes (default: all it seeded): the rate at a big table's size "
+        "without archiving all of it",
+    )
     parser.add_argument("--page-samples", type=int, default=None, help="timed fetches of each dashboard page")
     parser.add_argument(
         "--size-actions",

@@ -84,8 +84,56 @@ def measure_option(
         _wait_gone(redis_url)
 
 
-def measure_pass(*, redis_url: str, backlog: int) -> dict[str, Any]:
-    """The periodic pass in this process: idle, then over ``backlog`` lost outbox rows."""
+def _outbox_history(tenant: Any, rows: int) -> None:
+    """``rows`` outbox rows that an idle pass must not work on: delivered (most), failed for good,
+    dropped, and pending with a retry due in an hour: what a busy installation's outbox holds
+    between prunes."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from recovery.models import Notification
+
+    now = timezone.now()
+    status = Notification.Status
+    fates = [status.DELIVERED] * 17 + [status.FAILED, status.DROPPED, status.PENDING]
+    batch: list[Notification] = []
+    for i in range(rows):
+        fate = fates[i % len(fates)]
+        batch.append(
+            Notification(
+                tenant=tenant,
+                channel_name="bench",
+                kind="webhook",
+                env_target="http://127.0.0.1:9/",
+                event="step.failed",
+                subject_id=f"h{i}",
+                status=fate,
+                attempts=1,
+                next_attempt_at=now + timedelta(hours=1) if fate == status.PENDING else None,
+            )
+        )
+        if len(batch) == 10000:
+            Notification.objects.bulk_create(batch)
+            batch = []
+    Notification.objects.bulk_create(batch)
+
+
+def _ledger_size() -> dict[str, int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE ledger_action, ledger_event, recovery_notification")
+        cursor.execute(
+            "SELECT relname, reltuples::bigint FROM pg_class WHERE relname IN "
+            "('ledger_action', 'ledger_event', 'ledger_run', 'recovery_notification')"
+        )
+        return dict(cursor.fetchall())
+
+
+def measure_pass(*, redis_url: str, backlog: int, outbox: int = 0) -> dict[str, Any]:  # noqa: PLR0915 - one measurement, in order
+    """The periodic pass in this process: idle (beside ``outbox`` rows of history that are not
+    due), then over ``backlog`` lost outbox rows."""
     from datetime import timedelta
 
     from django.db import connection
@@ -115,6 +163,12 @@ def measure_pass(*, redis_url: str, backlog: int) -> dict[str, Any]:
         return elapsed, len(queries), report
 
     Notification.objects.all().delete()
+    tenant = Tenant.objects.order_by("pk").first() or Tenant.objects.create(slug="bench", name="bench")
+    if outbox:
+        _outbox_history(tenant, outbox)
+    sizes = _ledger_size()
+    one_pass()  # warm: the first pass plans every question
+    cpu.clear()
     idle = [one_pass() for _ in range(20)]
     idle_ms = statistics.median(t for t, _q, _r in idle) * 1000
     per_duty = {}
@@ -124,7 +178,6 @@ def measure_pass(*, redis_url: str, backlog: int) -> dict[str, Any]:
             for _ in range(10):
                 periodic.due(timezone.now())
             per_duty[periodic.func.rsplit(".", 1)[1]] = round((time.perf_counter() - started) * 100, 2)
-    tenant = Tenant.objects.order_by("pk").first() or Tenant.objects.create(slug="bench", name="bench")
     now = timezone.now()
     Notification.objects.bulk_create(
         [
@@ -153,7 +206,7 @@ def measure_pass(*, redis_url: str, backlog: int) -> dict[str, Any]:
 
     redis.delete("rq:queue:notifications")
     waiting = Queue("notifications", connection=redis).enqueue("bench.jobs.noop")
-    Notification.objects.update(job_id=waiting.id, updated_at=timezone.now())
+    Notification.objects.filter(subject_id="s").update(job_id=waiting.id, updated_at=timezone.now())
     sweeper._notification_cursor.clear()
     alive = []
     for _ in range(5):
@@ -164,6 +217,8 @@ def measure_pass(*, redis_url: str, backlog: int) -> dict[str, Any]:
     Notification.objects.all().delete()
     interval = 5.0
     return {
+        "table_rows": sizes,
+        "outbox_history": outbox,
         "idle_pass_ms": idle_ms,
         "idle_pass_cpu_ms": statistics.median(cpu) * 1000,
         "idle_pass_queries": idle[-1][1],
@@ -186,11 +241,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrent", type=int, default=10)
     parser.add_argument("--backlog", type=int, default=20000)
     parser.add_argument("--only", default="", help="comma-separated option names' first words")
+    parser.add_argument("--pass-only", action="store_true", help="only the periodic pass, no worker option")
+    parser.add_argument(
+        "--existing",
+        action="store_true",
+        help="BENCH_DATABASE_URL is a seeded database (a --keep-db run's): measure on it, do not drop it",
+    )
+    parser.add_argument("--outbox", type=int, default=0, help="outbox rows of history beside the idle pass")
     parser.add_argument("--log-dir", default=str(ROOT / "artifacts" / "bench-workers"))
     args = parser.parse_args(argv)
     database_url = os.environ["BENCH_DATABASE_URL"]
     redis_url = os.environ["REDIS_URL"]
-    fresh_database(database_url)
+    if not args.existing:
+        fresh_database(database_url)
     env = child_env(
         database_url=database_url, redis_url=redis_url, port=0, settings_module="saga_admin.settings"
     )
@@ -204,14 +267,19 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {}
     try:
         for name, command in OPTIONS.items():
-            if args.only and name.split()[0] not in args.only.split(","):
+            if args.pass_only or (args.only and name.split()[0] not in args.only.split(",")):
                 continue
             print(f"measuring {name} …", flush=True)
             results[name] = measure_option(name, command, env=env, redis_url=redis_url, args=args)
             print(json.dumps(results[name]), flush=True)
-        results["periodic pass"] = measure_pass(redis_url=redis_url, backlog=args.backlog)
+        results["periodic pass"] = measure_pass(redis_url=redis_url, backlog=args.backlog, outbox=args.outbox)
     finally:
-        drop_database(database_url)
+        if args.existing:
+            from recovery.models import Notification
+
+            Notification.objects.filter(channel_name="bench").delete()
+        else:
+            drop_database(database_url)
     print(json.dumps(results, indent=2, default=str))
     for name, r in results.items():
         if "noop_notifications_ms" in r:

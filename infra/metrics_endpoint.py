@@ -29,11 +29,10 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.multiprocess import MultiProcessCollector
 
-from infra import metrics
+from infra import exposition as process_exposition
 
 PORT_VARIABLE = "SAGA_WORKER_METRICS_PORT"
 
@@ -70,9 +69,7 @@ def port_from(raw: str) -> int | None:
 
 
 def exposition() -> bytes:
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(metrics.MULTIPROCESS_DIR))  # type: ignore[no-untyped-call]
-    return generate_latest(registry)
+    return generate_latest(process_exposition.process_registry())
 
 
 def _plain(status: str, text: str, *extra: tuple[str, str]) -> Answer:

@@ -4,7 +4,9 @@ Two kinds. Counters and histograms that move where the thing happens (an unwind 
 the time its compensator took), in whichever process does it, kept in the multiprocess files
 (``infra.metrics``). And gauges read from PostgreSQL and Redis when Prometheus scrapes
 (``ScrapeCollector``), never kept in a process: open items, pending approvals, the notification
-outbox, unwinds in flight, the RQ queues and workers. Each is one indexed query or one Redis call.
+outbox, unwinds in flight, the audit stream's lag per sink, the RQ queues and workers, the
+periodic ticker's last pass. Each is one indexed query or one Redis call (the audit stream's: one
+per sink and tenant, as its dashboard page reads them).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from rq.utils import missing_keys
 
 from infra import metrics as process_metrics
 from ledger.models import Tenant
+from recovery.audit_stream import delivery as audit_stream
 from recovery.models import Approval, Notification, RecoveryItem, Unwind, UnwindStep
 
 log = structlog.get_logger(__name__)
@@ -117,6 +120,7 @@ def _database_families(now: datetime) -> list[Metric]:
             *_approvals_families(slugs, now),
             *_notifications_families(now),
             *_unwinds_families(now),
+            *_audit_stream_families(slugs, now),
         ]
 
 
@@ -218,8 +222,49 @@ def _unwinds_families(now: datetime) -> list[Metric]:
     return [active, in_flight]
 
 
+def _audit_stream_families(slugs: dict[int, str], now: datetime) -> list[Metric]:
+    """Each sink's lag per tenant (the installation's sinks, ``syslog`` and ``hec``, carry every
+    tenant; a tenant's own, ``tenant:<id>``, its tenant only): the Audit stream page's own reading.
+    No sink configured: no series, and two small queries (the tenants, their sinks). In a savepoint
+    of its own: a sink's first pass, before it has delivered anything, counts every event of the
+    tenant, which at size may outlast the statement timeout; then only these two families are left
+    out (logged), not the scrape's other gauges."""
+    events = _gauge(
+        "saga_audit_stream_undelivered_events",
+        "Audit events not yet delivered to the sink (0 when it has every one), by sink and tenant.",
+        ["sink", "tenant"],
+    )
+    lag = _gauge(
+        "saga_audit_stream_lag_seconds",
+        "Age of the oldest audit event not yet delivered to the sink (0 when it has every one), "
+        "by sink and tenant.",
+        ["sink", "tenant"],
+    )
+    try:
+        with transaction.atomic():
+            statuses = audit_stream.sink_statuses(tenant_ids=list(slugs))
+    except Exception:  # noqa: BLE001 - the other gauges still answer
+        log.warning("metrics.audit_stream_lag_unavailable", exc_info=True)
+        return []
+    for status in statuses:
+        labels = [status.sink.name, status.tenant.slug]
+        events.add_metric(labels, float(status.behind))
+        lag.add_metric(labels, _age(now, status.oldest_undelivered_at))
+    return [events, lag]
+
+
 def _age(now: datetime, since: datetime | None) -> float:
     return max((now - since).total_seconds(), 0.0) if since is not None else 0.0
+
+
+# The periodic ticker's last whole pass (recovery.scheduling): the unix time, in Redis, so the
+# web's scrape reads one value for the whole deployment, however many workers tick.
+PERIODIC_LAST_TICK_KEY = "saga:periodic:last-tick"
+
+
+def periodic_ticked(redis: Any, at: float) -> None:
+    """A ticker finished a pass at ``at`` (``time.time()``)."""
+    redis.set(PERIODIC_LAST_TICK_KEY, repr(at))
 
 
 def _redis_families() -> list[Metric]:
@@ -235,4 +280,11 @@ def _redis_families() -> list[Metric]:
         # Read only: RQ's own cleanup of the registry is not run from a scrape.
         keys = sorted(worker_registration.get_keys(queue=queue))
         workers.add_metric([name], float(len(keys) - len(missing_keys(queue.connection, keys))))
-    return [jobs, workers]
+    tick = _gauge(
+        "saga_periodic_last_tick_timestamp_seconds",
+        "Unix time of the last whole pass of the periodic duties by any worker's ticker (0 when "
+        "none is recorded: no ticker has run since Redis was last emptied).",
+    )
+    last = django_rq.get_connection("default").get(PERIODIC_LAST_TICK_KEY)
+    tick.add_metric([], float(last) if last else 0.0)
+    return [jobs, workers, tick]

@@ -47,6 +47,7 @@ from ledger import audit_signing, pruning
 from ledger.models import Run
 from ledger.services import idempotency
 from recovery import approval_deadlines, queueing
+from recovery import metrics as recovery_metrics
 from recovery.archive import policy as archive_policy
 from recovery.audit_stream import config as audit_stream
 from recovery.bulk.models import BulkOperation
@@ -258,6 +259,9 @@ def tick_report(run: Runner, *, now: datetime | None = None) -> TickReport:
             log.exception("scheduling.duty_failed", duty=periodic.func)
             report.failed.append(periodic.func)
             close_old_connections()
+    # A whole pass (a duty's own failure included: it is logged and retried): the scrape's
+    # saga_periodic_last_tick_timestamp_seconds, which SagaPeriodicStale watches.
+    recovery_metrics.periodic_ticked(redis, time.time())
     return report
 
 

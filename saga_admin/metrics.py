@@ -1,8 +1,9 @@
 """``GET /metrics``: Prometheus's text exposition for the whole deployment on this host, and the
 request-duration histogram every web request feeds.
 
-The scrape adds up the multiprocess files of every web and worker process (``infra.metrics``)
-and reads the gauges that live in PostgreSQL and Redis (``recovery.metrics.ScrapeCollector``).
+The scrape adds up the multiprocess files of every web and worker process (``infra.metrics``;
+our families only, with the build info: ``infra.exposition``) and reads the gauges that live in
+PostgreSQL and Redis (``recovery.metrics.ScrapeCollector``).
 It is behind ``Authorization: Bearer $SAGA_METRICS_TOKEN``: 404 while no token is configured (the
 endpoint does not exist), 401 without the token or with another. Like the probes it is never
 redirected to HTTPS, to the login or to a trailing slash.
@@ -16,12 +17,10 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.multiprocess import MultiProcessCollector
 
-from infra import metrics as process_metrics
-from infra import metrics_endpoint
+from infra import exposition, metrics_endpoint
 from recovery import metrics as recovery_metrics
 
 # Where a request went, by its path: few values, known in advance, so every series exists (at
@@ -102,7 +101,6 @@ def metrics(request: HttpRequest) -> HttpResponse:
         response = HttpResponse("Only GET.\n", status=405, content_type="text/plain; charset=utf-8")
         response["Allow"] = "GET, HEAD"
         return response
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(process_metrics.MULTIPROCESS_DIR))  # type: ignore[no-untyped-call]
+    registry = exposition.process_registry()
     registry.register(recovery_metrics.ScrapeCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_PLAIN_0_0_4)

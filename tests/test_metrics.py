@@ -6,26 +6,39 @@ exposed. The scrape of a live gunicorn and a live worker is tests/test_metrics_l
 from __future__ import annotations
 
 import base64
+import importlib.metadata
 import os
+import platform
 import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from django.db import transaction
 from django.test import Client
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
+from infra import exposition
 from infra import metrics as process_metrics
-from ledger.audit import Actor
+from ledger.audit import Actor, audit_record
+from ledger.models import Event, Tenant
+from recovery import jobs, scheduling
 from recovery import metrics as recovery_metrics
+from recovery.audit_stream import delivery
+from recovery.audit_stream.models import AuditCursor
 from recovery.models import RecoveryItem
 from tests.factories import gated_run, new_action, new_run, onboarding_run
 from tests.support import promql
 from tests.support.api import Api
 from tests.support.processes import ROOT, RedisServer
+from tests.support.promtool import check_metrics
+from tests.support.siem import SyslogReceiver
 
 pytestmark = pytest.mark.django_db
 
@@ -36,6 +49,14 @@ TOKEN = "scrape-token-0123456789abcdef"
 def token(settings: Any) -> str:
     settings.SAGA = {**settings.SAGA, "METRICS_TOKEN": TOKEN}
     return TOKEN
+
+
+@pytest.fixture
+def syslog_sink(settings: Any) -> str:
+    """An installation syslog sink: the audit stream's lag has a series per tenant. Nothing is
+    sent to it here (no worker runs); a test that delivers starts a receiver of its own."""
+    settings.AUDIT_STREAM = {**settings.AUDIT_STREAM, "SYSLOG_URL": "tcp://127.0.0.1:9"}
+    return "syslog"
 
 
 def _scrape(client: Client, token: str = TOKEN) -> dict[str, float]:
@@ -176,11 +197,16 @@ NAMED = {
     "saga_rq_workers",
     "saga_database_up",
     "saga_redis_up",
+    "saga_build_info",
+    "saga_periodic_last_tick_timestamp_seconds",
+    # With a sink configured (each test here that checks this list configures one).
+    "saga_audit_stream_undelivered_events",
+    "saga_audit_stream_lag_seconds",
 }
 
 
 def test_every_named_metric_is_exposed_before_anything_happened(
-    client: Client, token: str, tenant: Any, own_redis: RedisServer
+    client: Client, token: str, tenant: Any, own_redis: RedisServer, syslog_sink: str
 ) -> None:
     samples = _scrape(client)
     assert {key.split("{", 1)[0] for key in samples} >= NAMED
@@ -198,6 +224,7 @@ def test_every_named_metric_is_exposed_before_anything_happened(
         assert samples[f'saga_rq_queue_jobs{{queue="{queue}"}}'] == 0
         assert samples[f'saga_rq_workers{{queue="{queue}"}}'] == 0
     assert samples["saga_database_up"] == 1 and samples["saga_redis_up"] == 1
+    assert samples["saga_periodic_last_tick_timestamp_seconds"] == 0  # no ticker has run
 
 
 def test_recording_through_the_api_moves_the_ledger_and_request_metrics(
@@ -312,6 +339,99 @@ def test_with_redis_down_the_scrape_answers_without_its_gauges(
     assert samples["saga_redis_up"] == 0 and samples["saga_database_up"] == 1
     assert not any(key.startswith("saga_rq_") for key in samples)
     assert samples['saga_approvals_pending{tenant="acme"}'] == 0
+
+
+def test_the_scrape_passes_promtool_and_holds_only_our_namespace(
+    client: Client, token: str, tenant: Any, own_redis: RedisServer, syslog_sink: str
+) -> None:
+    """django-rq's import-time summary is in this process's files (its URLs are loaded), named as
+    promtool refuses; the scrape leaves it, and anything else outside ``saga_``, out."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(process_metrics.MULTIPROCESS_DIR))
+    assert "rq_request_processing_seconds_total" in generate_latest(registry).decode()
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    text = response.content.decode()
+    check_metrics(text)
+    assert {name for name in promql.exposed_names(text) if not name.startswith("saga_")} == set()
+
+
+def test_the_build_info_names_the_version_revision_and_python(
+    client: Client, token: str, own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    infos = {k: v for k, v in _scrape(client).items() if k.startswith("saga_build_info")}
+    labels = f'python="{platform.python_version()}",revision="{commit}",version="{importlib.metadata.version("saga-admin")}"'
+    assert infos == {f"saga_build_info{{{labels}}}": 1.0}
+    # A build says its revision (an image has no checkout to ask).
+    monkeypatch.setenv(exposition.REVISION_VARIABLE, "v0.1.0-3-gabc1234")
+    exposition.revision.cache_clear()
+    try:
+        assert exposition.revision() == "v0.1.0-3-gabc1234"
+        assert 'revision="v0.1.0-3-gabc1234"' in next(
+            k for k in _scrape(client) if k.startswith("saga_build_info")
+        )
+    finally:
+        monkeypatch.delenv(exposition.REVISION_VARIABLE)
+        exposition.revision.cache_clear()
+
+
+def test_the_periodic_ticker_records_its_last_pass(
+    client: Client, token: str, own_redis: RedisServer
+) -> None:
+    assert _scrape(client)["saga_periodic_last_tick_timestamp_seconds"] == 0
+    before = time.time()
+    scheduling.tick(jobs.periodic_run)
+    after = time.time()
+    assert before <= _scrape(client)["saga_periodic_last_tick_timestamp_seconds"] <= after
+    own_redis.flush()  # Redis emptied: no pass recorded until the next one
+    assert _scrape(client)["saga_periodic_last_tick_timestamp_seconds"] == 0
+
+
+def _audit_events(tenant: Tenant, count: int) -> None:
+    for n in range(count):
+        with transaction.atomic():
+            audit_record(tenant=tenant, actor=Actor.system("test"), kind="test.event", subject=f"thing:{n}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_audit_stream_lag_is_per_sink_and_tenant_and_falls_to_zero_once_delivered(
+    client: Client, token: str, settings: Any, tenant: Tenant, other_tenant: Tenant, own_redis: RedisServer
+) -> None:
+    syslog = SyslogReceiver().start()
+    try:
+        settings.AUDIT_STREAM = {"KEY": "test-audit-key-0123456789", "SYSLOG_URL": syslog.url(), "BATCH": 100}
+        _audit_events(tenant, 3)
+        samples = _scrape(client)
+        undelivered = 'saga_audit_stream_undelivered_events{sink="syslog",tenant="acme"}'
+        lag = 'saga_audit_stream_lag_seconds{sink="syslog",tenant="acme"}'
+        assert samples[undelivered] == Event.objects.filter(tenant=tenant).count() >= 3
+        assert samples[lag] > 0
+        assert samples['saga_audit_stream_undelivered_events{sink="syslog",tenant="globex"}'] == (
+            Event.objects.filter(tenant=other_tenant).count()
+        )
+        delivery.audit_stream_deliver()
+        assert syslog.errors == [] and syslog.received()
+        samples = _scrape(client)
+        assert (samples[undelivered], samples[lag]) == (0, 0)
+        _audit_events(tenant, 2)  # written after the pass: behind by exactly those
+        assert _scrape(client)[undelivered] == 2
+    finally:
+        syslog.stop()
+
+
+def test_a_failing_audit_stream_lag_leaves_out_only_its_own_families(
+    client: Client, token: str, tenant: Tenant, own_redis: RedisServer, syslog_sink: str
+) -> None:
+    """The lag's query fails in PostgreSQL (here a cursor whose snapshot no longer parses; at size,
+    the statement timeout of a sink's first pass): its savepoint is rolled back, and the rest of
+    the database's gauges, read in the same transaction, still answer."""
+    AuditCursor.objects.create(sink="syslog", tenant=tenant, done_snapshot="not a snapshot")
+    samples = _scrape(client)
+    assert samples["saga_database_up"] == 1
+    assert samples['saga_approvals_pending{tenant="acme"}'] == 0
+    assert not any(key.startswith("saga_audit_stream_") for key in samples)
 
 
 # --- Where the files live -------------------------------------------------------------------------
@@ -429,10 +549,36 @@ def test_an_expression_that_is_not_promql_is_caught() -> None:
 
 
 def test_rules_and_dashboard_select_only_metrics_this_server_exposes(
-    client: Client, token: str, tenant: Any, own_redis: RedisServer
+    client: Client, token: str, tenant: Any, own_redis: RedisServer, syslog_sink: str
 ) -> None:
     names = {key.split("{", 1)[0] for key in _scrape(client)}
     queries = promql.rule_queries() + promql.dashboard_queries()
     assert len(queries) > 20
     missing = {q.where: sorted(q.metrics - names) for q in queries if not q.metrics <= names}
     assert not missing, missing
+
+
+def test_every_dashboard_query_is_scoped_by_environment_job_and_instance() -> None:
+    dashboard = promql.load_dashboard()
+    variables = [v["name"] for v in dashboard["templating"]["list"]]
+    # Chosen in this order, each narrowing the next; tenant last, among the chosen instances.
+    assert variables == ["datasource", "environment", "job", "instance", "tenant"]
+    unscoped = {
+        f"{panel['title']!r} {target['refId']}": promql.unscoped(target["expr"])
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        if promql.unscoped(target["expr"])
+    }
+    assert not unscoped, unscoped
+    # The variables' own queries: each narrowed by the ones above it.
+    chosen: dict[str, str] = {}
+    for variable in dashboard["templating"]["list"][1:]:
+        query = variable["query"]["query"]
+        assert variable["definition"] == query and variable["allValue"] == ".*" and variable["includeAll"]
+        selector = query.removeprefix("label_values(").rsplit(",", 1)[0]
+        assert promql.unscoped(selector, chosen) == [], (variable["name"], query)
+        chosen[variable["name"]] = f"${variable['name']}"
+    # The check can fail: a selector that forgets one.
+    assert promql.unscoped('sum(rate(saga_http_requests_total{job=~"$job", instance=~"$instance"}[5m]))') == [
+        'saga_http_requests_total{job=~"$job",instance=~"$instance"}'.replace("$", "VAR_")
+    ]

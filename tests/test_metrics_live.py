@@ -2,7 +2,8 @@
 processes, its hooks) and a real ``saga_worker``, sharing one metrics directory as processes of
 one host do. Traffic goes through the web (an agent records actions) and through the worker (an
 unwind's steps call a compensating service); one scrape of the web shows both, added up, and
-every metric the alert rules and the Grafana dashboard under deploy/ select."""
+every metric the alert rules and the Grafana dashboard under deploy/ select. Every scrape, of
+the web and of a worker's own port, passes Debian's ``promtool check metrics`` with no finding."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +36,14 @@ from tests.support.processes import (
     serve_webhooks,
     wait_for,
 )
+from tests.support.promtool import check_metrics
 from tests.test_metrics import NAMED
 
 # Whole processes (gunicorn and a worker): the slow lane.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.django_db(transaction=True)]
 
 TOKEN = secrets.token_urlsafe(24)
+REVISION = "0123456789abcdef0123456789abcdef01234567"  # as a build sets SAGA_REVISION
 
 
 @dataclass
@@ -48,10 +52,13 @@ class Web:
     process: subprocess.Popen[bytes]
     log: Path
 
-    def scrape(self) -> dict[str, float]:
+    def scrape_text(self) -> str:
         response = httpx.get(f"{self.base}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=20)
         assert response.status_code == 200, response.text
-        return promql.exposed(response.text)
+        return response.text
+
+    def scrape(self) -> dict[str, float]:
+        return promql.exposed(self.scrape_text())
 
 
 @dataclass
@@ -95,6 +102,10 @@ def web(metrics_dir: MetricsDir, own_redis: RedisServer, tmp_path: Path) -> Iter
         "WEB_THREADS": "2",
         "SAGA_METRICS_TOKEN": TOKEN,
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir.path),
+        "SAGA_REVISION": REVISION,
+        # An installation sink, for the audit stream's lag (the web only reads it; the worker
+        # here has no sink and sends nothing).
+        "SAGA_AUDIT_SYSLOG_URL": "tcp://127.0.0.1:9",
     }
     log = tmp_path / "web.log"
     with procfile_web(env, log) as process:
@@ -132,8 +143,11 @@ def test_one_scrape_of_the_web_adds_up_its_processes_and_the_workers(
     # gunicorn's master removed what a process that is gone left, before it started its workers;
     # the file of a process still running stays.
     assert not metrics_dir.gone.exists() and metrics_dir.running.exists()
+    check_metrics(web.scrape_text())
     before = web.scrape()
     assert {key.split("{", 1)[0] for key in before} >= NAMED
+    build = [key for key in before if key.startswith("saga_build_info")]
+    assert len(build) == 1 and f'revision="{REVISION}"' in build[0] and before[build[0]] == 1
     # From start-up, at zero until they move.
     for key in (
         'saga_ledger_writes_total{kind="record"}',
@@ -150,11 +164,18 @@ def test_one_scrape_of_the_web_adds_up_its_processes_and_the_workers(
 
     with serve_webhooks({HR_PATH: HR_SECRET, WS_PATH: WS_SECRET}) as hooks:
         load_onboarding_policies(webhooks=hooks)
+        started = time.time()
         worker = start_worker(PROMETHEUS_MULTIPROC_DIR=str(metrics_dir.path))
         wait_for(
             lambda: web.scrape()['saga_rq_workers{queue="compensations"}'] == 1,
             timeout=60,
             what="the worker to be counted alive",
+        )
+        # Its ticker's passes, read by the web's scrape from Redis.
+        wait_for(
+            lambda: web.scrape()["saga_periodic_last_tick_timestamp_seconds"] >= started,
+            timeout=60,
+            what="the worker's ticker to record a pass",
         )
         _record_through_the_web(web, agent_key[1], count=3)
         saga = onboarding_saga(tenant, agent)  # recorded here, failed into the queue
@@ -172,7 +193,9 @@ def test_one_scrape_of_the_web_adds_up_its_processes_and_the_workers(
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{dump_worker_logs([worker])}") from exc
         assert unwind.status == Unwind.Status.COMPLETED
-        after = web.scrape()
+        text = web.scrape_text()
+        check_metrics(text)
+        after = promql.exposed(text)
 
     def moved(key: str) -> float:
         return after[key] - before[key]
@@ -186,6 +209,9 @@ def test_one_scrape_of_the_web_adds_up_its_processes_and_the_workers(
     assert moved("saga_unwind_step_duration_seconds_count") == 2
     assert moved('saga_ledger_writes_total{kind="move"}') >= 2
     assert after['saga_recovery_items_open{reason="failed",tenant="acme"}'] == 0
+    # The events those writes audited wait for the sink no worker here delivers to.
+    assert moved('saga_audit_stream_undelivered_events{sink="syslog",tenant="acme"}') > 0
+    assert after['saga_audit_stream_lag_seconds{sink="syslog",tenant="acme"}'] > 0
     # Webhook steps run in the worker's own process (no horse: docs/RECOVERY.md, "Which jobs
     # fork"), and a horse, where one is forked, shares one file: never a file per job.
     horse_files = sorted(path.name for path in metrics_dir.path.glob("counter_*-horse.db"))
@@ -244,7 +270,9 @@ def test_a_worker_in_its_own_container_serves_its_own_metrics(
             raise AssertionError(f"{exc}\n{dump_worker_logs([worker])}") from exc
     scraped = httpx.get(url, headers=bearer, timeout=20)
     assert scraped.status_code == 200 and scraped.headers["Content-Type"].startswith("text/plain")
+    check_metrics(scraped.text)
     exposed = promql.exposed(scraped.text)
+    assert [key for key in exposed if key.startswith("saga_build_info")] != []
     assert exposed['saga_unwind_steps_total{outcome="done"}'] == 2
     assert exposed["saga_unwind_step_duration_seconds_count"] == 2
     # The gauges read from PostgreSQL and Redis are the web's: a worker's scrape never repeats them.

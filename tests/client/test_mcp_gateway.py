@@ -424,6 +424,7 @@ def test_an_upstream_that_is_down_at_startup_is_a_clear_error(tmp_path):
     )
     assert done.returncode == 1
     assert f"the upstream MCP server {dead} did not answer".encode() in done.stderr
+    assert b"Traceback" not in done.stderr, done.stderr.decode()  # one sentence, not a stack
 
 
 def test_the_example_policy_file_loads_as_documented(db, tenant):

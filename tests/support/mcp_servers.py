@@ -57,7 +57,7 @@ def upstream_env(journal_path: Path, **extra: str) -> dict[str, str]:
     return {**env, "HR_MCP_JOURNAL": str(journal_path), "PYTHONUNBUFFERED": "1", **extra}
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
     try:
         # A GET without a session is refused by the MCP endpoint, but it answers: the server is up.
         httpx.get(url, timeout=1.0)
@@ -68,25 +68,35 @@ def _answers(url: str) -> bool:
 
 @contextmanager
 def http_upstream(tmp_path: Path, **env: str) -> Iterator[Upstream]:
-    """The demo upstream serving Streamable HTTP on a free port."""
+    """The demo upstream serving Streamable HTTP on a free port (``restart_http`` stops it and
+    starts it again on the same port, its journal kept: an upstream that restarted)."""
     port = free_port()
     upstream = Upstream(journal_path=tmp_path / f"journal-{port}.jsonl", url=f"http://127.0.0.1:{port}/mcp")
-    log = (tmp_path / f"upstream-{port}.log").open("wb")
-    upstream.process = subprocess.Popen(
-        [*upstream.command(), "--http", f"127.0.0.1:{port}"],
-        env=upstream_env(upstream.journal_path, **env),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
     try:
-        wait_for(
-            lambda: _answers(upstream.url), timeout=30, what=f"the upstream MCP server at {upstream.url}"
-        )
+        _start_http(upstream, tmp_path, port, env)
         yield upstream
     finally:
         upstream.stop()
-        log.close()
+
+
+def _start_http(upstream: Upstream, tmp_path: Path, port: int, env: dict[str, str]) -> None:
+    with (tmp_path / f"upstream-{port}.log").open("ab") as log:
+        upstream.process = subprocess.Popen(
+            [*upstream.command(), "--http", f"127.0.0.1:{port}"],
+            env=upstream_env(upstream.journal_path, **env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    wait_for(lambda: answers(upstream.url), timeout=30, what=f"the upstream MCP server at {upstream.url}")
+
+
+def restart_http(upstream: Upstream, tmp_path: Path, **env: str) -> None:
+    """Stop ``upstream`` (an ``http_upstream``) and start it again on the same port: a new
+    process that knows none of the old one's sessions."""
+    upstream.stop()
+    port = int(upstream.url.rsplit(":", 1)[1].split("/", 1)[0])
+    _start_http(upstream, tmp_path, port, env)
 
 
 def stdio_upstream(tmp_path: Path) -> Upstream:
@@ -149,7 +159,7 @@ def http_gateway(
         url = f"http://{host}:{port}/mcp"
         try:
             wait_for(
-                lambda: _answers(url) or process.poll() is not None, timeout=30, what="the gateway to listen"
+                lambda: answers(url) or process.poll() is not None, timeout=30, what="the gateway to listen"
             )
             assert process.poll() is None, log_path.read_text()
             yield url

@@ -24,8 +24,13 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "saga-admin-dashboard.json"
 # before the query reaches Prometheus.
 _GRAFANA_DURATION = re.compile(r"\$__\w+|\$\{__\w+\}")
 _GRAFANA_VARIABLE = re.compile(r"\$\{\w+\}|\$\w+")
-# A template variable's query: Grafana's label_values(metric, label), not PromQL.
-_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*\w+\s*\)\s*$")
+# A template variable's query: Grafana's label_values(selector, label), not PromQL; the selector
+# (a metric, with label matchers or not) is.
+_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(.+?)\s*,\s*(\w+)\s*\)\s*$")
+# The dashboard's selectors: every panel's every series selector matches each, so one dashboard
+# shows one environment, job or instance at a time (Grafana's "All" is the regular expression .*,
+# which also matches a series without the label).
+SCOPE = {"environment": "$environment", "job": "$job", "instance": "$instance"}
 
 
 def selected_metrics(expr: str) -> set[str]:
@@ -103,9 +108,35 @@ def dashboard_queries() -> list[Query]:
             continue
         query = variable["query"]["query"] if isinstance(variable["query"], dict) else variable["query"]
         match = _LABEL_VALUES.match(query)
-        assert match, f"variable {variable['name']}: not label_values(metric, label): {query!r}"
-        queries.append(Query(f"variable {variable['name']}", query, frozenset({match.group(1)})))
+        assert match, f"variable {variable['name']}: not label_values(selector, label): {query!r}"
+        queries.append(
+            Query(
+                f"variable {variable['name']}",
+                match.group(1),
+                frozenset(selected_metrics(grafana_promql(match.group(1)))),
+            )
+        )
     return queries
+
+
+def unscoped(expr: str, scope: dict[str, str] = SCOPE) -> list[str]:
+    """The series selectors of a dashboard expression that do not match every label of ``scope``
+    against its variable (``label=~"$variable"``): as written, before Grafana substitutes them."""
+    # Each variable stands in as a literal PromQL parses; what stands for a duration, as Grafana's.
+    marked = _GRAFANA_VARIABLE.sub(
+        lambda m: "VAR_" + m.group(0).strip("${}"), _GRAFANA_DURATION.sub("5m", expr)
+    )
+    wanted = {(label, "VAR_" + variable.lstrip("$")) for label, variable in scope.items()}
+    missing: list[str] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            matched = {(m.name, m.value) for m in node.matchers.matchers if m.op == promql_parser.MatchOp.Re}
+            if not wanted <= matched:
+                missing.append(str(node))
+
+    promql_parser.walk(promql_parser.parse(marked), pre_visit=visit)
+    return missing
 
 
 def exposed(text: str) -> dict[str, float]:

@@ -16,6 +16,7 @@ from typing import Any, TypedDict, cast
 import httpx
 
 from saga_client._core import DONE_STATES, Api, Flow, Invoke, Reply, rejection
+from saga_client._failures import UnretriedFailures
 from saga_client.errors import ApprovalPending, Conflict, RunCancelled, SagaError, StepInDoubt
 from saga_client.responses import ActionDict, CheckpointDict, PlanDict, RunDict, RunFailDict
 
@@ -88,6 +89,11 @@ class RunCore:
         self._failed_action_id: str | None = None
         # What the run's failure report calls it: a timed-out step must be reconciled first.
         self._failure_reason = "failed"
+        # The steps whose call failed and that were not retried successfully since, and whether
+        # they fail the run at a clean exit. The adapters set it: their frameworks hand a tool's
+        # exception to the model and carry on, so the block ends cleanly after a failed step.
+        self.unretried = UnretriedFailures()
+        self.fail_unretried_steps = False
 
     # Lifecycle --------------------------------------------------------------------------------
 
@@ -114,6 +120,9 @@ class RunCore:
             # An operator cancelled the run: it is finished, and failing it could only be refused.
             self._finished = True
             log.info("saga: run %s was cancelled by an operator", self.id)
+            return
+        if exc is None and self.fail_unretried_steps and self.unretried:
+            yield from self._fail_unretried()
             return
         if exc is None:
             try:
@@ -143,6 +152,18 @@ class RunCore:
             # The original exception matters more than a failed report; the heartbeat sweeper
             # will still find a silent run.
             log.exception("saga: could not report the failure of run %s", self.id)
+
+    def _fail_unretried(self) -> Flow[None]:
+        """A clean exit after a failed step that was not retried successfully: the run fails, as
+        ``saga-mcp`` fails such a session (``saga_client._failures``)."""
+        verdict = self.unretried.verdict("The run ended")
+        assert verdict is not None
+        report, action_id = verdict
+        log.warning("saga: run %s failed: %s", self.id, report)
+        try:
+            yield from self._fail(report, failed_action_id=action_id, withdraw_approvals=True)
+        except RunCancelled:
+            log.info("saga: run %s was cancelled by an operator", self.id)
 
     def _complete(self, summary: str = "", *, withdraw_approvals: bool = False) -> Flow[RunDict]:
         self.run = yield from self._api.complete_run(self.id, summary, withdraw_approvals=withdraw_approvals)
@@ -283,6 +304,7 @@ class RunCore:
         action: ActionDict = reply.data
         if action["status"] in DONE_STATES:
             self._settled(action)
+            self.unretried.succeeded(tool, call_args)
             return action["result"]
         # Started by this very call (``start: true``) only when the answer is not a replay. A
         # replayed ``running`` may be another caller's start (another process running the same
@@ -311,6 +333,7 @@ class RunCore:
         # An earlier failed step that was retried successfully is no longer the run's culprit.
         self._failed_action_id = None
         self._failure_reason = "failed"
+        self.unretried.succeeded(tool, call_args)
         return value
 
     def _execute(
@@ -345,7 +368,7 @@ class RunCore:
                     return action["result"]
                 raise StepInDoubt(action)
         self.pending_approvals.pop(action["id"], None)
-        value = yield from self._call(action, do, (effective_args,) if takes_args else ())
+        value = yield from self._call(action, do, (effective_args,) if takes_args else (), call_args)
         try:
             after_snapshot = (yield Invoke(after, (value,))) if callable(after) else after
         except Exception:
@@ -370,12 +393,17 @@ class RunCore:
             action = yield from self._api.wait_for_approval(action, timeout_s=approval_timeout_s)
         return action
 
-    def _call(self, action: ActionDict, do: Callable[..., Any], args: tuple[Any, ...]) -> Flow[Any]:
+    def _call(
+        self, action: ActionDict, do: Callable[..., Any], args: tuple[Any, ...], call_args: dict[str, Any]
+    ) -> Flow[Any]:
         """Call ``do``; when it raises, record the action failed (its outcome unknown after a
         timeout) and re-raise the same exception."""
         try:
             value = yield Invoke(do, args)
         except BaseException as exc:
+            self.unretried.failed(
+                action["tool"], call_args, action["id"], f"{action['tool']}: {type(exc).__name__}: {exc}"
+            )
             unknown = is_timeout(exc)
             if unknown:
                 self._failure_reason = "outcome_unknown"

@@ -120,7 +120,7 @@ def test_a_stdio_upstream_is_started_without_the_gateways_secrets():
     assert isinstance(target, StdioServerParameters)
     assert (target.command, target.args) == ("python", ["server.py", "--port", "1"])
     assert target.env == {"PATH": "/bin", "HR_DB": "db"}
-    assert upstream_target("http://hr.internal/mcp", environ) == "http://hr.internal/mcp"
+    assert upstream_target("http://hr.internal/mcp", environ).url == "http://hr.internal/mcp"
     assert is_url("https://x") and not is_url("python server.py")
     with pytest.raises(GatewayError, match="--upstream is empty"):
         upstream_target("   ", environ)

@@ -56,11 +56,14 @@ class Upstream:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.answer = answer if answer is not None else types.CallToolResult(content=[text("created")])
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+    async def call_tool(self, name: str, arguments: dict[str, Any], *, timeout_s: float | None = None) -> Any:
         self.calls.append((name, arguments))
         if isinstance(self.answer, BaseException):
             raise self.answer
         return self.answer
+
+    async def ensure_reachable(self) -> None:
+        return None
 
 
 def text(value: str) -> Any:
@@ -231,7 +234,8 @@ def test_an_upstream_failure_is_recorded_and_told(failure, unknown, says):
     assert script.paths()[2] == "POST /actions/act_1/fail"
     assert (failed["outcome_unknown"], failed["retryable"]) == (unknown, not unknown)
     session = gw.sessions["s-1"]
-    assert [action_id for action_id, _ in session.failed.values()] == ["act_1"]
+    verdict = session.failed.verdict("The MCP session ended")
+    assert verdict is not None and verdict[1] == "act_1"
 
 
 def test_an_error_result_from_the_upstream_is_recorded_failed_and_passed_on():

@@ -42,5 +42,6 @@ export {
 } from "./errors.js";
 export { computeSignature, deriveSecret, signedHeaders, verifySignature, SIGNATURE_HEADER, TIMESTAMP_HEADER, type HeadersLike, type VerifyOptions } from "./signing.js";
 export { canonical, stepKey } from "./keys.js";
+export { UnretriedFailures } from "./failures.js";
 export { API_CODES, CLIENT_CODES, type ApiCode, type ClientCode } from "./generated/codes.js";
 export type * from "./types.js";

@@ -13,6 +13,7 @@ import {
   StepInDoubt,
   rejectionFor,
 } from "./errors.js";
+import { UnretriedFailures } from "./failures.js";
 import { sleep, type Reply } from "./http.js";
 import { canonical, stepKey } from "./keys.js";
 import type { Action, Checkpoint, Command, Compensation, Plan, Run as RunData, RunFail, Target, Trail } from "./types.js";
@@ -117,6 +118,14 @@ export class Run {
   readonly pendingApprovals = new Map<string, Action>();
   /** Aborted when the caller's signal aborts or an operator cancels the run. */
   readonly signal: AbortSignal;
+  /** The steps whose call failed and that were not retried successfully (same tool and args) since. */
+  readonly unretried = new UnretriedFailures();
+  /**
+   * Whether those fail the run at a clean end (`exit`), as `saga-mcp` fails such a session. The
+   * adapters set it: their frameworks hand a tool's error to the model and carry on, so the scope
+   * ends cleanly after a failed step. Code that catches a step's error itself has decided about it.
+   */
+  failUnretriedSteps = false;
 
   private readonly controller = new AbortController();
   private finished = false;
@@ -157,6 +166,18 @@ export class Run {
     if (hadError && (error instanceof RunCancelled || this.cancelledBy(error))) {
       this.finished = true;
       return;
+    }
+    if (!hadError && this.failUnretriedSteps) {
+      const verdict = this.unretried.verdict("The run ended");
+      if (verdict) {
+        console.warn(`saga: run ${this.id} failed: ${verdict.report}`);
+        try {
+          await this.fail(verdict.report, { failedActionId: verdict.actionId, withdrawApprovals: true });
+        } catch (refused) {
+          if (!(refused instanceof RunCancelled)) throw refused;
+        }
+        return;
+      }
     }
     if (!hadError) {
       try {
@@ -304,6 +325,7 @@ export class Run {
     const action = reply.data;
     if (DONE_STATES.has(action.status)) {
       this.settled(action);
+      this.unretried.succeededCall(options.tool, callArgs);
       return action.result as R;
     }
     // Started by this very call only when the answer is not a replay: a replayed `running` may be
@@ -324,6 +346,7 @@ export class Run {
     // An earlier failed step retried successfully is no longer the run's culprit.
     this.failedActionId = null;
     this.failureReason = "failed";
+    this.unretried.succeededCall(options.tool, callArgs);
     return value;
   }
 
@@ -353,7 +376,7 @@ export class Run {
       }
     }
     this.pendingApprovals.delete(action.id);
-    const value = await this.call(action, options, effective);
+    const value = await this.call(action, options, effective, callArgs);
     let afterSnapshot: unknown = options.after;
     if (typeof options.after === "function") {
       try {
@@ -416,12 +439,13 @@ export class Run {
   }
 
   /** Call `do`; when it throws, record the action failed and rethrow the same error. */
-  private async call<A extends StepArgs, R>(action: Action, options: StepOptions<A, R>, args: A): Promise<R> {
+  private async call<A extends StepArgs, R>(action: Action, options: StepOptions<A, R>, args: A, callArgs: A): Promise<R> {
     try {
       return await options.do(args, { action, signal: this.signal });
     } catch (error) {
       // Cancelled by an operator: the server already settled the action (unknown); nothing to report.
       if (error instanceof RunCancelled) throw error;
+      this.unretried.failedCall(options.tool, callArgs, action.id, `${options.tool}: ${describe(error)}`);
       const unknown = isTimeout(error);
       if (unknown) this.failureReason = "outcome_unknown";
       try {

@@ -92,6 +92,8 @@ def _blocking_call(
 
     def call(**kwargs: Any) -> Any:
         run: Run = require_run(sync_run, step_name, client="Saga")
+        # ToolNode may hand a failed call to the model and carry on: the run's end rule decides.
+        run.fail_unretried_steps = True
         while True:
             try:
                 return run.step(step_name, **step(kwargs, invoke))
@@ -113,6 +115,7 @@ def _async_call(
         run: AsyncRun | None = async_run.get()
         if run is None:  # a blocking Saga's run, in an async graph
             return await asyncio.to_thread(call, **kwargs)
+        run.fail_unretried_steps = True
         while True:
             try:
                 return await run.step(step_name, **step(kwargs, ainvoke))

@@ -19,6 +19,10 @@ request sent again with the same JSON-RPC id, or any replay of an action already
 answered with the first call's outcome (read back from the ledger, waiting while it still runs),
 never forwarded a second time.
 
+An upstream that restarts (404 "Session not found") or refuses connections for a while: the call
+was not accepted, so the gateway logs a warning, opens a new upstream session and sends it once
+more; a call whose connection broke after it was sent is recorded ``unknown``, never resent.
+
 Sessions: over stdio, the process is the session; over Streamable HTTP, an ``initialize``
 handshake opens one (``Mcp-Session-Id``) and a ``DELETE``, an idle time-out or the gateway's
 shutdown ends it. A client on the stateless 2026 protocol has no session: each call starts a run
@@ -35,5 +39,6 @@ The modules: ``cli`` (the command line and ``main``, the ``saga-mcp`` console sc
 saga_client.mcp`` runs it too), ``options`` (what a gateway runs with), ``serve`` (reaching the
 upstream, serving stdio or Streamable HTTP), ``gateway`` (one call: record, approve, forward,
 settle), ``sessions`` (sessions, their runs and how they end), ``results`` (the MCP results it
-answers and records), ``listener`` (the HTTP listener's token check and one request per id).
+answers and records), ``listener`` (the HTTP listener's token check and one request per id),
+``upstream`` (the upstream session, and opening a new one when the upstream lost it).
 """

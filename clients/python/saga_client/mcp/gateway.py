@@ -6,7 +6,6 @@ that moved its action to ``running`` forwards it; any other gets the first call'
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -16,7 +15,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import mcp_types as types
-from mcp import Client, MCPError
+from mcp import MCPError
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
@@ -37,13 +36,10 @@ from saga_client.mcp.results import (
     with_meta,
 )
 from saga_client.mcp.sessions import GatewaySessions, Session
+from saga_client.mcp.upstream import NotReached, UpstreamLink, lost_after_sending
 from saga_client.responses import ActionDict
 
 log = logging.getLogger(__name__)
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _approval(action: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -68,7 +64,9 @@ class Gateway(GatewaySessions):
     """The MCP server side (a low-level ``Server`` whose handlers pass the upstream's tools
     through) and the ledger side (an ``AsyncSaga``), joined per call."""
 
-    def __init__(self, options: Options, upstream: Client, saga: AsyncSaga, *, upstream_label: str) -> None:
+    def __init__(
+        self, options: Options, upstream: UpstreamLink, saga: AsyncSaga, *, upstream_label: str
+    ) -> None:
         self.options = options
         self.upstream = upstream
         self.saga = saga
@@ -99,7 +97,7 @@ class Gateway(GatewaySessions):
         if session is not None:
             session.touch()
             session.outbound = ctx.session
-        listed = await self.upstream.list_tools(cursor=params.cursor if params else None, cache_mode="bypass")
+        listed = await self.upstream.list_tools(params.cursor if params else None)
         return types.ListToolsResult(tools=listed.tools, next_cursor=listed.next_cursor)
 
     async def _call_tool(
@@ -165,6 +163,11 @@ class Gateway(GatewaySessions):
             if not started_here and action["status"] in ("planned", "approved"):
                 # Not started yet (approved while we waited): whoever starts it first forwards
                 # it; the start's shared key makes every later start of this attempt a replay.
+                # Its approval is spent by the start: make sure first that the upstream can take
+                # the call (a new session if it restarted meanwhile); else it stays approved.
+                unreachable = await self._unreachable(recorded_tool)
+                if unreachable:
+                    return tool_error(unreachable, run_id=run_id, action_id=action_id)
                 started = await self.saga.start_action_reply(action)
                 action, started_here = started.data, started.started_here
         except SagaError as exc:
@@ -186,31 +189,70 @@ class Gateway(GatewaySessions):
         action: ActionDict,
     ) -> types.CallToolResult:
         run_id, action_id = session.run_id, action["id"]
-        failure_key = _canonical([recorded_tool, arguments])
         try:
-            with anyio.fail_after(self.options.call_timeout_s):
-                result = await self.upstream.call_tool(name, arguments)
+            # Sent once more, on a new session, only when the upstream did not accept it
+            # (``saga_client.mcp.upstream``): one start, at most one call that ran.
+            result = await self.upstream.call_tool(name, arguments, timeout_s=self.options.call_timeout_s)
+        except NotReached as exc:
+            message = (
+                f"The upstream could not be reached, so {name} was not made: {exc.reason}. Saga Admin "
+                "records it failed; call it again once the upstream is back."
+            )
+            await self._settle(action, error=message)
+            session.failed.failed(recorded_tool, arguments, action_id, message)
+            return tool_error(message, run_id=run_id, action_id=action_id)
         except TimeoutError:
             message = (
                 f"The upstream did not answer {name} within {self.options.call_timeout_s:g} s. It may or may "
                 "not have happened: Saga Admin records it as unknown until someone checks."
             )
             await self._settle(action, error=message, outcome_unknown=True)
-            session.failed[failure_key] = (action_id, message)
+            session.failed.failed(recorded_tool, arguments, action_id, message)
+            return tool_error(message, run_id=run_id, action_id=action_id)
+        except MCPError as exc:
+            lost = lost_after_sending(exc)
+            # A connection that broke after the request went out: the call may have run upstream.
+            message = (
+                f"The connection to the upstream broke while {name} was being made ({exc.message}). It may "
+                "or may not have happened: Saga Admin records it as unknown until someone checks."
+                if lost
+                else f"The upstream failed {name}: {describe_error(exc)}"
+            )
+            await self._settle(action, error=message, outcome_unknown=lost)
+            session.failed.failed(recorded_tool, arguments, action_id, message)
             return tool_error(message, run_id=run_id, action_id=action_id)
         except Exception as exc:  # noqa: BLE001 - any upstream failure is the call's, recorded and told
             message = f"The upstream failed {name}: {describe_error(exc)}"
             await self._settle(action, error=message)
-            session.failed[failure_key] = (action_id, message)
+            session.failed.failed(recorded_tool, arguments, action_id, message)
             return tool_error(message, run_id=run_id, action_id=action_id)
         if result.is_error:
             message = result_text(result) or f"{name} returned an error"
             await self._settle(action, error=message)
-            session.failed[failure_key] = (action_id, message)
+            session.failed.failed(recorded_tool, arguments, action_id, message)
         else:
             await self._settle(action, result=recorded_result(result))
-            session.failed.pop(failure_key, None)
+            session.failed.succeeded(recorded_tool, arguments)
         return with_meta(result, run_id=run_id, action_id=action_id)
+
+    async def _unreachable(self, tool: str) -> str:
+        """Why the upstream cannot take a call now ("" when it can)."""
+        try:
+            await self.upstream.ensure_reachable()
+        except NotReached as exc:
+            reason = exc.reason
+        except TimeoutError:
+            reason = "it did not answer a ping within 10 s"
+        except MCPError as exc:
+            if not lost_after_sending(exc):
+                return ""  # it answered (an upstream without ping is still there): go on
+            reason = describe_error(exc)
+        else:
+            return ""
+        return (
+            f"The upstream could not be reached ({reason}), so {tool} was not started: its approval "
+            "still stands in Saga Admin. Call it again once the upstream is back."
+        )
 
     async def _first_outcome(self, tool: str, action: ActionDict, *, run_id: str) -> types.CallToolResult:
         """The answer to a request that did not start its action (sent again, or a replay of one

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import anyio.abc
 import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
@@ -24,16 +25,25 @@ from saga_client.aio import AsyncSaga
 from saga_client.mcp.gateway import Gateway, describe_error
 from saga_client.mcp.listener import TOKEN_ENV, OneRequestPerId, RequireToken
 from saga_client.mcp.options import REPLAY_WAIT_MARGIN_S, GatewayError, Options, is_loopback
+from saga_client.mcp.upstream import UpstreamLink
+from saga_client.mcp.upstream import http_client as upstream_http_client
+
+
+class _HttpTarget:
+    """An HTTP upstream: its URL and the HTTP client to reach it with (``target_again``)."""
+
+    def __init__(self, url: str, http_client: httpx2.AsyncClient | None) -> None:
+        self.url, self.http_client = url, http_client
 
 
 def upstream_target(
     upstream: str, environ: Mapping[str, str], http_client: httpx2.AsyncClient | None = None
 ) -> Any:
-    """A Streamable HTTP transport (over ``http_client`` when headers must be sent), or the
-    command line to start over stdio. The child gets the gateway's environment minus the Saga
-    Admin key and the listener's token: the upstream has no business with either."""
+    """An HTTP upstream (reached over ``http_client`` when given), or the command line to start
+    over stdio. The child gets the gateway's environment minus the Saga Admin key and the
+    listener's token: the upstream has no business with either."""
     if is_url(upstream):
-        return upstream if http_client is None else streamable_http_client(upstream, http_client=http_client)
+        return _HttpTarget(upstream, http_client)
     words = shlex.split(upstream)
     if not words:
         raise GatewayError(
@@ -103,43 +113,72 @@ async def serve(options: Options, environ: Mapping[str, str]) -> None:
 
     async with AsyncExitStack() as stack:
         http_client = None
-        if options.upstream_headers and is_url(options.upstream):
+        if is_url(options.upstream):
+            # Our own HTTP client, so that a refused or broken connection is an answer the link
+            # can act on rather than a crash of the SDK's transport (saga_client.mcp.upstream).
             headers = {name: environ[env] for name, env in options.upstream_headers}
-            http_client = await stack.enter_async_context(
-                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
-            )
+            http_client = await stack.enter_async_context(upstream_http_client(headers or None))
         target = upstream_target(options.upstream, environ, http_client)
-        upstream = Client(target, mode="legacy", message_handler=on_message, cache=None)
-        try:
-            # No deadline around entering: the client's task group must outlive the scope it
-            # is entered in (anyio refuses otherwise). A dead upstream fails fast on its own.
-            await stack.enter_async_context(upstream)
-            with anyio.fail_after(30):
-                await upstream.list_tools(cache_mode="bypass")
-        except Exception as exc:  # noqa: BLE001 - whatever stops the upstream from answering, said once
-            raise GatewayError(
-                f"saga-mcp: the upstream MCP server {label} did not answer ({describe_error(exc)}). "
-                "Check --upstream: nothing was started.",
-                status=1,
-            ) from None
+        upstream = UpstreamLink(
+            lambda: Client(target_again(target), mode="legacy", message_handler=on_message, cache=None),
+            label=label,
+        )
         saga = await stack.enter_async_context(
             AsyncSaga(options.saga_url, options.api_key, retries=2, backoff_s=0.2, max_backoff_s=1.0)
         )
-        gateway = Gateway(options, upstream, saga, upstream_label=label)
-        gateway_ref.append(gateway)
+        refused: GatewayError | None = None
         async with anyio.create_task_group() as tg:
-            gateway.run_with(tg)
-            tg.start_soon(gateway.reap_idle)
             try:
-                if options.listen is None:
-                    await _serve_stdio(gateway)
-                else:
-                    await _serve_http(gateway, *options.listen)
-            finally:
-                await gateway.end_all(
-                    why="the gateway stopped" if options.listen else "the client disconnected"
+                # No deadline around opening: the client's task group must outlive the scope it
+                # is entered in (anyio refuses otherwise). A dead upstream fails fast on its own.
+                await upstream.start(tg)
+                with anyio.fail_after(30):
+                    await upstream.list_tools()
+            except Exception as exc:  # noqa: BLE001 - whatever stops the upstream from answering, said once
+                # Raised once the task group is done: from inside, it would come out wrapped in
+                # an exception group rather than as the one sentence it is.
+                refused = GatewayError(
+                    f"saga-mcp: the upstream MCP server {label} did not answer ({describe_error(exc)}). "
+                    "Check --upstream: nothing was started.",
+                    status=1,
                 )
+                await upstream.close()
                 tg.cancel_scope.cancel()
+            else:
+                await _serve_with(gateway_ref, options, upstream, saga, label, tg)
+        if refused is not None:
+            raise refused
+
+
+async def _serve_with(
+    gateway_ref: list[Gateway],
+    options: Options,
+    upstream: UpstreamLink,
+    saga: AsyncSaga,
+    label: str,
+    tg: anyio.abc.TaskGroup,
+) -> None:
+    gateway = Gateway(options, upstream, saga, upstream_label=label)
+    gateway_ref.append(gateway)
+    gateway.run_with(tg)
+    tg.start_soon(gateway.reap_idle)
+    try:
+        if options.listen is None:
+            await _serve_stdio(gateway)
+        else:
+            await _serve_http(gateway, *options.listen)
+    finally:
+        await gateway.end_all(why="the gateway stopped" if options.listen else "the client disconnected")
+        await upstream.close()
+        tg.cancel_scope.cancel()
+
+
+def target_again(target: Any) -> Any:
+    """``target`` for one more ``Client``: a Streamable HTTP transport is made per connection
+    (``streamable_http_client`` is a one-shot context manager), the rest are reusable."""
+    if isinstance(target, _HttpTarget):
+        return streamable_http_client(target.url, http_client=target.http_client)
+    return target
 
 
 async def _serve_stdio(gateway: Gateway) -> None:

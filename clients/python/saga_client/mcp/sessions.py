@@ -19,6 +19,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.session import ServerSession
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from saga_client._failures import UnretriedFailures
 from saga_client.aio import AsyncSaga
 from saga_client.errors import SagaError
 from saga_client.mcp.options import Options
@@ -39,8 +40,8 @@ class Session:
     caller: str = ""
     run_id: str = ""
     calls: int = 0
-    # The calls that failed and were not since retried successfully, by (tool, arguments).
-    failed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # The calls that failed and were not since retried successfully (the run's end rule).
+    failed: UnretriedFailures = field(default_factory=UnretriedFailures)
     last_seen: float = field(default_factory=time.monotonic)
     in_flight: int = 0
     open_requests: int = 0
@@ -179,13 +180,12 @@ class GatewaySessions:
         if not session.run_id or session.cancelled:
             return
         try:
-            if session.failed:
-                action_id, message = list(session.failed.values())[-1]
-                count = len(session.failed)
+            verdict = session.failed.verdict(f"The MCP session ended ({why})")
+            if verdict is not None:
+                report, action_id = verdict
                 await self.saga.fail_run(
                     session.run_id,
-                    f"The MCP session ended ({why}) after {count} failed call(s) that were not retried "
-                    f"successfully; the last: {message}"[:20000],
+                    report,
                     failed_action_id=action_id,
                     withdraw_approvals=True,
                     idempotency_key=f"mcp-end-{session.run_id}",

@@ -63,6 +63,8 @@ def saga_function_tool(
         async def invoke(*args: Any, **kwargs: Any) -> Any:
             step = {**spec.step_arguments(args, kwargs), "wait": False}
             run = _active_run(spec.name)
+            # The SDK hands a failed call to the model and carries on: the run's end rule decides.
+            run.fail_unretried_steps = True
             if isinstance(run, AsyncRun):
                 return await run.step(spec.name, **step)
             return await asyncio.to_thread(run.step, spec.name, **step)

@@ -68,6 +68,8 @@ export function sagaTool<INPUT extends StepArgs, OUTPUT>(
     },
     execute: async (input: INPUT, executionOptions: ToolExecutionOptions) => {
       const run = activeRun(name);
+      // The SDK hands a failed call to the model and carries on: the run's end rule decides.
+      run.failUnretriedSteps = true;
       try {
         return await run.step<INPUT, OUTPUT>({
           ...request(input),

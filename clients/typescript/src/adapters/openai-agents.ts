@@ -22,7 +22,7 @@
  */
 import type { FunctionTool, RunContext, RunState, RunToolApprovalItem } from "@openai/agents";
 
-import { ApprovalPending, ApprovalRejected, NoActiveRun, rejectionFor, rejectionWords } from "../errors.js";
+import { ApprovalPending, ApprovalRejected, NoActiveRun, SagaError, rejectionFor, rejectionWords } from "../errors.js";
 import type { Run } from "../run.js";
 import { currentRun } from "../saga.js";
 import type { Action, Compensation, Target } from "../types.js";
@@ -35,6 +35,31 @@ export interface SagaFunctionToolOptions {
   target?: Target | ((args: Args) => Target | null) | null;
   compensate?: Compensation | ((args: Args) => Compensation | null) | null;
   intent?: Record<string, unknown>;
+  /**
+   * What the model reads when the call failed, for a tool built with `errorFunction: null` (its
+   * error then reaches Saga, which records the step failed): without it that error goes up to the
+   * SDK. A tool built with the SDK's default error function needs none (see `sdkFailure`).
+   */
+  errorFunction?: (context: RunContext<any>, error: unknown) => string | Promise<string>;
+}
+
+/**
+ * The SDK's default error function answers a failed call with this text (documented: "Always
+ * returns `An error occurred while running the tool. Please try again. Error: <error details>`")
+ * instead of throwing, so the call's failure would reach Saga as its result. Seen here, it is the
+ * failure it is: the step is recorded failed and the model reads the same text.
+ */
+const SDK_FAILURE = "An error occurred while running the tool. Please try again. Error: ";
+
+class SdkToolFailure extends Error {
+  constructor(readonly output: string) {
+    super(output.slice(SDK_FAILURE.length) || output);
+    this.name = "ToolFailed";
+  }
+}
+
+function sdkFailure(output: unknown): SdkToolFailure | undefined {
+  return typeof output === "string" && output.startsWith(SDK_FAILURE) ? new SdkToolFailure(output) : undefined;
 }
 
 interface Registered {
@@ -99,15 +124,26 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
       const args = parsed(input);
       if (args === undefined) return invalidArguments(name);
       const run = activeRun(name);
+      // The SDK hands a failed call to the model and carries on: the run's end rule decides.
+      run.failUnretriedSteps = true;
       try {
         return await run.step({
           ...request(args),
           wait: false,
-          do: (args) => tool.invoke(context, JSON.stringify(args), details),
+          do: async (args) => {
+            const output = await tool.invoke(context, JSON.stringify(args), details);
+            const failed = sdkFailure(output);
+            if (failed) throw failed;
+            return output;
+          },
         });
       } catch (error) {
-        // Saga's approval errors are the model's to read; every other error is the SDK's to handle.
+        // Saga's approval errors are the model's to read; a failure the SDK's error function
+        // answered is answered the same; every other error is the SDK's to handle, unless this
+        // tool says what the model reads instead.
         if (error instanceof ApprovalPending || error instanceof ApprovalRejected) return `Saga Admin: ${error.message}`;
+        if (error instanceof SdkToolFailure) return error.output;
+        if (options.errorFunction && !(error instanceof SagaError)) return options.errorFunction(context, error);
         throw error;
       }
     },
