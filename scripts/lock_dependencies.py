@@ -58,7 +58,9 @@ def resolved(roots: list[Requirement]) -> dict[str, str]:
     A requirement nothing here satisfies is an error: the venv is not the one the lock describes."""
     found: dict[str, str] = {}
     seen: set[tuple[str, frozenset[str]]] = set()
-    pending = [(requirement, set(requirement.extras)) for requirement in roots if _applies(requirement, set())]
+    pending = [
+        (requirement, set(requirement.extras)) for requirement in roots if _applies(requirement, set())
+    ]
     while pending:
         requirement, extras = pending.pop()
         name = canonicalize_name(requirement.name)
