@@ -21,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 # stops every process here, naming it.
 import infra.metrics  # noqa: F401, I001 - first, on purpose
 from dashboard.sso.conf import authentication_backends, sso_settings_from_env
+from infra import redis_connection
 from infra.env import env_secret
 from ledger.prune_windows import idempotency_retention_s, notification_retention_s
 
@@ -176,17 +177,18 @@ if env_bool("SAGA_DB_JIT_OFF", not SAGA_DB_POOLER):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_secret("REDIS_URL", "redis://127.0.0.1:6379/0")
+# One Redis server, or the primary Redis Sentinel names (REDIS_SENTINELS, REDIS_SENTINEL_MASTER):
+# every connection of every process comes from the two settings below (infra/redis_connection.py).
+REDIS_TARGET = redis_connection.redis_target(
+    REDIS_URL,
+    sentinels=os.environ.get("REDIS_SENTINELS", ""),
+    master=os.environ.get("REDIS_SENTINEL_MASTER", ""),
+    sentinel_password=env_secret("REDIS_SENTINEL_PASSWORD"),
+)
 # Shared by every web process: the API's per-key throttle counts live here.
-CACHES = {
-    "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "saga",
-        "TIMEOUT": 300,
-    }
-}
+CACHES = {"default": redis_connection.cache(REDIS_TARGET, KEY_PREFIX="saga", TIMEOUT=300)}
 RQ_QUEUES = {
-    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": env_int("SAGA_JOB_TIMEOUT_S", 300)}
+    name: redis_connection.rq_queue(REDIS_TARGET, DEFAULT_TIMEOUT=env_int("SAGA_JOB_TIMEOUT_S", 300))
     for name in ("default", "compensations", "notifications")
 }
 # Our own code enqueues with transaction.on_commit explicitly; django-rq's default

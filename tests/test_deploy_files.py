@@ -330,7 +330,7 @@ def test_the_example_overlay_pins_the_image_and_its_own_namespace() -> None:
     docs = _documents(KUSTOMIZE_TREES[1])
     for name, pod in _workloads(docs).items():
         for container in [*pod.get("initContainers", []), *pod["containers"]]:
-            assert container["image"] == "registry.example.com/saga-admin:0.1.0", name
+            assert container["image"] == "registry.example.com/saga-admin:0.2.0", name
     namespaced = [d for (kind, _), d in docs.items() if kind != "Namespace"]
     assert {d["metadata"].get("namespace") for d in namespaced} == {"saga"}
     ingress = docs[("Ingress", "saga-admin")]

@@ -24,6 +24,7 @@ Commit before running it: it tests HEAD, not the working tree."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import secrets
@@ -42,6 +43,7 @@ import httpx
 import psycopg
 import pytest
 import redis
+from packaging.utils import canonicalize_name
 from rq import Worker
 
 from tests.support.processes import (
@@ -130,7 +132,30 @@ def installed(tmp_path: Path) -> Path:
         timeout=600,
     )
     assert (prefix / "static" / "staticfiles.json").exists()
+    _assert_locked_versions(prefix / "venv" / "bin" / "python")
     return prefix
+
+
+def _assert_locked_versions(python: Path) -> None:
+    """The install took constraints.txt's version of every runtime dependency (``make lock``)."""
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    installed = {canonicalize_name(p["name"]): p["version"] for p in json.loads(listed.stdout)}
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version.strip()
+    differing = {
+        name: (version, installed.get(name))
+        for name, version in pins.items()
+        if installed.get(name) != version
+    }
+    assert not differing, f"installed versions differ from constraints.txt (locked, installed): {differing}"
 
 
 def _start(command: str, *, env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
