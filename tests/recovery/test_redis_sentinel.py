@@ -168,6 +168,10 @@ class Replica:
                 "",
                 "--appendonly",
                 "no",
+                # A replica writes the primary's snapshot to disk as it syncs (dump.rdb in its
+                # working directory, the checkout's, unless told otherwise).
+                "--dir",
+                str(folder),
                 "--replicaof",
                 "127.0.0.1",
                 str(primary.port),
