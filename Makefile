@@ -5,17 +5,25 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help install run manage stop test test-fast services browser peers promtool lint fmt bench bench-size bench-smoke clean
+.PHONY: help install lock run manage stop test test-fast services browser peers promtool lint fmt bench bench-size bench-smoke clean
 
 # The client is its own distribution (clients/python); the server, the demo and the tests use it
 # as an integrator does, installed editable beside the server.
-$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
+# The server's runtime dependencies at constraints.txt's versions, as the image installs them
+# (deploy/docker/install.sh), so the suite tests what ships; the tools resolve around them.
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ./clients/python -e '.[dev,local]'
+	$(PY) -m pip install -q -c constraints.txt -e ./clients/python -e '.[dev,local]'
 	touch $@
 
 install: $(VENV)/.installed ## Install the server, the client and the tools into .venv
+
+# constraints.txt again from the venv's versions of the server's runtime dependencies
+# (scripts/lock_dependencies.py; docs/DEPLOY.md, "Releases"). Not through install: a range raised
+# in pyproject.toml is installed first (`.venv/bin/pip install -e . -U NAME`), then locked.
+lock: ## Write constraints.txt from the venv (after upgrading a dependency in it)
+	$(PY) scripts/lock_dependencies.py
 
 # Make sure the machine's PostgreSQL and Redis are up (starting them with the documented
 # commands when they are not).
@@ -30,9 +38,11 @@ browser: ## Make sure Debian's Chromium is there for the browser tests
 promtool: ## Make sure Debian's promtool is there (package prometheus)
 	bash scripts/ensure-promtool.sh
 
-# The OpenID Provider the single sign-on tests start (tests/peers/oidc), from its npm lock file.
-peers: ## Install the test peers from their lock files (npm ci of tests/peers/oidc)
+# The OpenID Provider the single sign-on tests start (tests/peers/oidc), from its npm lock file;
+# Debian's PgBouncer, which the pooler tests start in front of PostgreSQL (tests/support/pgbouncer.py).
+peers: ## Install the test peers (npm ci of tests/peers/oidc; Debian's pgbouncer)
 	bash scripts/ensure-oidc-peer.sh
+	bash scripts/ensure-pgbouncer.sh
 
 # Lint first: a type error or an unformatted file fails fast, before the suite.
 # Static files are collected as production serves them (hashed, with the manifest DEBUG=0 pages

@@ -375,6 +375,25 @@ def link_problem(event: Event, prev_hash: str) -> str:
     return ""
 
 
+# Events read a statement at a time by audit_verify.
+_PAGE = 2000
+
+
+def _in_chain_order(events: QuerySet[Event]) -> Iterator[Event]:
+    """``events`` (ordered by chain desc, id), a page of ``_PAGE`` a statement, each page starting
+    after the last event of the one before (keyset: the rest of that chain, then the chains below
+    it, each an index range scan). Not ``QuerySet.iterator()``: its server-side cursor does not
+    survive PgBouncer's transaction pooling between two fetches, and with server-side cursors off
+    (SAGA_DB_POOLER=transaction) it would read every event into memory at once."""
+    page = list(events[:_PAGE])
+    while page:
+        yield from page
+        last = page[-1]
+        page = list(events.filter(chain=last.chain, id__gt=last.id)[:_PAGE])
+        if len(page) < _PAGE:
+            page += list(events.filter(chain__lt=last.chain)[: _PAGE - len(page)])
+
+
 def audit_verify(
     *,
     chain: str | None = None,
@@ -383,8 +402,9 @@ def audit_verify(
 ) -> tuple[int, BrokenLink | None]:
     """Walk every chain (or one) in id order; return (events checked, first broken link).
 
-    One streaming pass over (chain desc, id) — a backward scan of ``event_chain_latest`` — rather
-    than a query per chain: there is a chain per run, and the ledger has millions of runs. After
+    One pass over (chain desc, id) — a backward scan of ``event_chain_latest``, read a page at a
+    time (``_in_chain_order``) — rather than a query per chain: there is a chain per run, and the
+    ledger has millions of runs. After
     a chain's first break the rest of that chain is skipped (every later link is suspect), and the
     break with the lowest event id across chains is reported.
 
@@ -398,7 +418,7 @@ def audit_verify(
     if chain:
         events = events.filter(chain=chain)
     current_chain, prev_hash, skipping, position = None, GENESIS, False, 0
-    for event in events.iterator(chunk_size=2000):
+    for event in _in_chain_order(events):
         if event.chain != current_chain:
             current_chain, prev_hash, skipping, position = event.chain, GENESIS, False, 0
         if skipping:

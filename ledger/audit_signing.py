@@ -419,8 +419,9 @@ _ARCHIVED_RUNS_SQL = """
         SELECT s.position FROM ledger_signedhead s
         WHERE s.chain = 'run:' || a.run_id ORDER BY s.position DESC LIMIT 1
     ) top ON TRUE
-    {where}
+    WHERE a.run_id > %s {where}
     ORDER BY a.run_id
+    LIMIT %s
 """
 # What the tenant chain's ``run.archived`` event records of the archive, by the tombstone's names.
 _ARCHIVED_EVENT_FIELDS = ("run", "head", "events", "archive", "manifest_sha256")
@@ -434,23 +435,29 @@ def _check_archived_runs(
     (head, length, archive, manifest hash; that chain itself is verified above), and the head
     signed at the length it was archived with (reason ``archive``, or a signing pass's at that
     very length) with the tombstone's head and a signature that verifies; no signed head beyond
-    that length, and none of its events or its row left behind. One streaming pass over the
-    tombstones (a server-side cursor)."""
+    that length, and none of its events or its row left behind. One pass over the tombstones in
+    run id order, ``_CHUNK`` a statement, each after the last run of the one before (keyset: no
+    server-side cursor, which PgBouncer's transaction pooling loses between two fetches)."""
     kind, _, ident = (chain or "").partition(":")
     where, params = {
-        "run": ("WHERE a.run_id = %s", [ident]),
-        "tenant": ("WHERE a.tenant_id::text = %s", [ident]),
-    }.get(kind, ("WHERE FALSE" if chain else "", []))
+        "run": ("AND a.run_id = %s", [ident]),
+        "tenant": ("AND a.tenant_id::text = %s", [ident]),
+    }.get(kind, ("AND FALSE" if chain else "", []))
     own_key_id = key_id(key) if key else ""
-    with connection.chunked_cursor() as db:
-        # Constant text: only the filter above (a constant too) is spliced in.
-        db.execute(_ARCHIVED_RUNS_SQL.format(where=where), params)
-        while rows := db.fetchmany(_CHUNK):
-            for row in rows:
-                if len(report.problems) >= limit:
-                    return
-                report.archived_runs += 1
-                _check_archived_run(row, key, own_key_id, report)
+    after = ""  # every run id sorts after the empty string
+    while True:
+        with connection.cursor() as db:
+            # Constant text: only the filter above (a constant too) is spliced in.
+            db.execute(_ARCHIVED_RUNS_SQL.format(where=where), [after, *params, _CHUNK])
+            rows = db.fetchall()
+        for row in rows:
+            if len(report.problems) >= limit:
+                return
+            report.archived_runs += 1
+            _check_archived_run(row, key, own_key_id, report)
+        if len(rows) < _CHUNK:
+            return
+        after = rows[-1][0]
 
 
 def _check_archived_run(

@@ -43,6 +43,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from infra.conf import saga
+from infra.statement_bounds import StatementBound
 from ledger import audit_signing, pruning
 from ledger.models import Run
 from ledger.services import idempotency
@@ -276,27 +277,21 @@ class Ticker(threading.Thread):
 
     def run(self) -> None:
         interval = max(0.2, min(p.every_s for p in periodic_jobs()))
-        while not self._stop_event.is_set():
-            try:
-                _bound_statements()
-                tick(self._run)
-            except RedisError as exc:
-                log.warning("scheduling.tick_failed", error=str(exc))
-            except Exception:
-                log.exception("scheduling.tick_failed")
-            finally:
-                # A connection the pass broke (or one past DB_CONN_MAX_AGE) is not kept.
-                close_old_connections()
-            self._stop_event.wait(interval)
+        # On this thread's own connection, whichever server connection a pooler gives it: set per
+        # transaction, never on the session (infra.statement_bounds).
+        with connection.execute_wrapper(StatementBound(STATEMENT_TIMEOUT_MS)):
+            while not self._stop_event.is_set():
+                try:
+                    tick(self._run)
+                except RedisError as exc:
+                    log.warning("scheduling.tick_failed", error=str(exc))
+                except Exception:
+                    log.exception("scheduling.tick_failed")
+                finally:
+                    # A connection the pass broke (or one past DB_CONN_MAX_AGE) is not kept.
+                    close_old_connections()
+                self._stop_event.wait(interval)
         connection.close()
 
     def stop(self) -> None:
         self._stop_event.set()
-
-
-def _bound_statements() -> None:
-    # Set on this thread's own session, once per connection (close_old_connections may replace it).
-    if connection.connection is None or not getattr(connection, "_saga_ticker_bounded", False):
-        with connection.cursor() as cursor:
-            cursor.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
-        connection._saga_ticker_bounded = True  # type: ignore[attr-defined]

@@ -9,6 +9,12 @@ import sys
 
 def main(prog: str = "python -m saga_admin") -> None:
     """Run the management command ``sys.argv`` names; ``prog`` names the program in help and errors."""
+    if sys.argv[1:] == ["--version"]:
+        # The release (CHANGELOG.md), not Django's, which is what Django's own --version prints.
+        from infra.version import server_version
+
+        print(f"saga-admin {server_version()}")
+        return
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "saga_admin.settings")
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured

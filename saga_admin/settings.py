@@ -21,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 # stops every process here, naming it.
 import infra.metrics  # noqa: F401, I001 - first, on purpose
 from dashboard.sso.conf import authentication_backends, sso_settings_from_env
+from infra import redis_connection
 from infra.env import env_secret
 from ledger.prune_windows import idempotency_retention_s, notification_retention_s
 
@@ -152,26 +153,42 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# Behind a connection pooler (SAGA_DB_POOLER: unset for a direct connection, `session` or
+# `transaction` for PgBouncer's pool modes; docs/DEPLOY.md, "Behind PgBouncer"). A pooler refuses
+# the `options` startup parameter outright (PgBouncer: "unsupported startup parameter: options"),
+# so behind one the settings send none; transaction pooling also hands each transaction whichever
+# server connection is free, so a server-side cursor (QuerySet.iterator()'s, WITH HOLD outside a
+# transaction) may be gone by the next fetch: Django declares none.
+SAGA_DB_POOLER = os.environ.get("SAGA_DB_POOLER", "").strip().lower()
+if SAGA_DB_POOLER not in {"", "session", "transaction"}:
+    raise ImproperlyConfigured(
+        f"SAGA_DB_POOLER={SAGA_DB_POOLER!r}: set it to `transaction` or `session` (PgBouncer's pool "
+        "mode in front of PostgreSQL), or leave it unset for a direct connection."
+    )
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = SAGA_DB_POOLER == "transaction"
 # Short OLTP queries only: PostgreSQL's JIT compiled the plans of the dashboard's aggregates over
 # a million actions, adding 20-40 ms to queries that run in a few (docs/BENCHMARKS.md).
-# Added to whatever libpq options DATABASE_URL carries, not in their place. (Behind PgBouncer,
-# which refuses the startup parameter, set it on the role instead: ALTER ROLE … SET jit = off.)
-_db_options = DATABASES["default"].setdefault("OPTIONS", {})
-_db_options["options"] = f"{_db_options.get('options', '')} -c jit=off".strip()
+# SAGA_DB_JIT_OFF=1 adds `-c jit=off` to whatever libpq options DATABASE_URL carries (not in their
+# place). On by default for a direct connection; off by default behind a pooler, which would
+# refuse every connection for it: there the role carries it (ALTER ROLE … SET jit = off).
+if env_bool("SAGA_DB_JIT_OFF", not SAGA_DB_POOLER):
+    _db_options = DATABASES["default"].setdefault("OPTIONS", {})
+    _db_options["options"] = f"{_db_options.get('options', '')} -c jit=off".strip()
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_secret("REDIS_URL", "redis://127.0.0.1:6379/0")
+# One Redis server, or the primary Redis Sentinel names (REDIS_SENTINELS, REDIS_SENTINEL_MASTER):
+# every connection of every process comes from the two settings below (infra/redis_connection.py).
+REDIS_TARGET = redis_connection.redis_target(
+    REDIS_URL,
+    sentinels=os.environ.get("REDIS_SENTINELS", ""),
+    master=os.environ.get("REDIS_SENTINEL_MASTER", ""),
+    sentinel_password=env_secret("REDIS_SENTINEL_PASSWORD"),
+)
 # Shared by every web process: the API's per-key throttle counts live here.
-CACHES = {
-    "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "saga",
-        "TIMEOUT": 300,
-    }
-}
+CACHES = {"default": redis_connection.cache(REDIS_TARGET, KEY_PREFIX="saga", TIMEOUT=300)}
 RQ_QUEUES = {
-    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": env_int("SAGA_JOB_TIMEOUT_S", 300)}
+    name: redis_connection.rq_queue(REDIS_TARGET, DEFAULT_TIMEOUT=env_int("SAGA_JOB_TIMEOUT_S", 300))
     for name in ("default", "compensations", "notifications")
 }
 # Our own code enqueues with transaction.on_commit explicitly; django-rq's default

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support import parallel
+from tests.support.pgbouncer import PgBouncer
 from tests.support.processes import RedisServer, Worker, rq_pointed_at, spawn_worker
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -268,6 +269,27 @@ def redis_server(django_db_setup: Any) -> Iterator[RedisServer]:
     try:
         with rq_pointed_at(server):
             yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(django_db_setup: Any) -> Iterator[PgBouncer]:
+    """A PgBouncer of the suite's own in transaction pooling mode, in front of this process's test
+    database (its name known only now that pytest-django made it): ``pgbouncer.url()``."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    server = PgBouncer(
+        host=db["HOST"],
+        port=int(db["PORT"] or 5432),
+        user=db["USER"],
+        password=db["PASSWORD"],
+        databases=[db["NAME"]],
+    )
+    try:
+        server.start()  # a start that fails still leaves its folder (and any process) to stop()
+        yield server
     finally:
         server.stop()
 

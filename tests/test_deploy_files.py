@@ -166,7 +166,23 @@ def test_compose_migrates_once_then_starts_web_and_worker_on_healthy_services() 
     for name in ("migrate", "web", "worker"):
         env = services[name]["environment"]
         assert env["REDIS_URL"] == "redis://redis:6379/0"
-        assert env["DATABASE_URL"].startswith("postgres://saga:${POSTGRES_PASSWORD:?")
+
+
+def test_compose_runs_web_and_worker_as_the_role_that_owns_nothing() -> None:
+    """Only migrate logs in as the postgres image's POSTGRES_USER (the owner, a superuser); web and
+    worker log in as saga_app, which migrate creates and grants (the entrypoint's db_grants)."""
+    services = _compose()["services"]
+    owner = services["postgres"]["environment"]["POSTGRES_USER"]
+    app_url = (
+        "postgres://saga_app:${SAGA_APP_DB_PASSWORD:?set SAGA_APP_DB_PASSWORD in .env}@postgres:5432/saga"
+    )
+    migrate = services["migrate"]["environment"]
+    assert migrate["DATABASE_URL"].startswith(f"postgres://{owner}:${{POSTGRES_PASSWORD:?")
+    assert migrate["SAGA_APP_DATABASE_URL"] == app_url
+    for name in ("web", "worker"):
+        env = services[name]["environment"]
+        assert env["DATABASE_URL"] == app_url, name
+        assert "SAGA_APP_DATABASE_URL" not in env and "POSTGRES_PASSWORD" not in str(env), name
 
 
 def _documented_variables() -> set[str]:
@@ -293,11 +309,28 @@ def test_probes_service_autoscaler_and_disruption_budgets_point_at_the_right_pod
         assert selects(pdb["spec"]["selector"]["matchLabels"], deployment["spec"]["template"])
 
 
+@pytest.mark.parametrize("tree", KUSTOMIZE_TREES)
+def test_only_the_migrate_job_sees_the_owners_credentials(tree: str) -> None:
+    """The Job migrates as the owner (saga-admin-db-owner's DATABASE_URL, which wins over the one
+    in saga-admin) and grants the role of the application's URL; the pods never name the owner."""
+    workloads = _workloads(_documents(tree))
+    job = workloads["saga-admin-migrate"]["containers"][0]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in job["env"]}
+    assert env["DATABASE_URL"] == {"name": "saga-admin-db-owner", "key": "DATABASE_URL"}
+    assert env["SAGA_APP_DATABASE_URL"] == {"name": "saga-admin", "key": "DATABASE_URL"}
+    for name in ("saga-admin-web", "saga-admin-worker"):
+        pod = workloads[name]
+        assert "saga-admin-db-owner" not in yaml.safe_dump(pod), name
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            names = {e["name"] for e in container.get("env", [])}
+            assert not names & {"DATABASE_URL", "SAGA_APP_DATABASE_URL"}, name
+
+
 def test_the_example_overlay_pins_the_image_and_its_own_namespace() -> None:
     docs = _documents(KUSTOMIZE_TREES[1])
     for name, pod in _workloads(docs).items():
         for container in [*pod.get("initContainers", []), *pod["containers"]]:
-            assert container["image"] == "registry.example.com/saga-admin:0.1.0", name
+            assert container["image"] == "registry.example.com/saga-admin:0.2.0", name
     namespaced = [d for (kind, _), d in docs.items() if kind != "Namespace"]
     assert {d["metadata"].get("namespace") for d in namespaced} == {"saga"}
     ingress = docs[("Ingress", "saga-admin")]

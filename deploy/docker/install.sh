@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs the server as the container image runs it, into PREFIX:
-#   PREFIX/venv     a virtualenv with the server installed from SOURCE (pip install, not editable)
+#   PREFIX/venv     a virtualenv with the server installed from SOURCE (pip install, not editable),
+#                   its dependencies at SOURCE/constraints.txt's versions
 #   PREFIX/static   the static files, collected (hashed, with their manifest)
 #   PREFIX/Procfile the web and worker commands, which PREFIX/entrypoint.sh reads
 # The Dockerfile's build stage runs it, and tests/test_install.py runs it too, into a fresh folder
@@ -20,7 +21,10 @@ python=${PYTHON:-python3}
 
 mkdir -p "$prefix"
 "$python" -m venv "$prefix/venv"
-"$prefix/venv/bin/python" -m pip install --no-cache-dir --disable-pip-version-check --quiet "$source_dir"
+# Every runtime dependency at the version the suite ran against (constraints.txt, `make lock`):
+# the image installs what was tested, not whatever the ranges allow on the day it is built.
+"$prefix/venv/bin/python" -m pip install --no-cache-dir --disable-pip-version-check --quiet \
+    --constraint "$source_dir/constraints.txt" "$source_dir"
 
 # collectstatic signs nothing, but the settings refuse to load without a SECRET_KEY (fail closed):
 # a throwaway one, for this command only. Run from / so nothing of SOURCE is on the path: the

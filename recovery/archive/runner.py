@@ -6,24 +6,23 @@ Per tenant with a retention (``recovery.archive.policy``), oldest finished first
 model, each run's files written and confirmed (``write``), then the batch removed in one short
 transaction (``remove``). A run with anything open is left and said why, and so is one whose
 events the tenant's audit stream has not yet delivered. One archiver at a time per tenant (a
-session advisory lock, released by PostgreSQL if the process dies): another finds the tenant busy
-and leaves it. A kill at any point leaves each run live or archived, never half: the files are
+transaction-scoped advisory lock held on a connection of its own, ``infra.held_locks``: it works
+behind PgBouncer's transaction pooling, and PostgreSQL releases it if the process dies): another
+finds the tenant busy and leaves it. A kill at any point leaves each run live or archived, never half: the files are
 written before the transaction that removes the batch, and a run whose files were written but not
 committed is written again, whole, by the next pass.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import structlog
-from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from infra.conf import saga
+from infra.held_locks import HeldLock, LockLost, held_lock
 from ledger.archive.storage import Storage, StorageError, storage_for
 from ledger.audit_signing import signing_key
 from ledger.models import Run, Tenant
@@ -83,19 +82,20 @@ def _key(dry_run: bool) -> bytes:
     return key or b""
 
 
-@contextlib.contextmanager
-def _tenant_lock(tenant: Tenant) -> Iterator[bool]:
-    """A session lock on the tenant's archiving (True when this call holds it)."""
-    name = f"archive:{tenant.pk}"
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [name])
-        held = bool(cursor.fetchone()[0])
-    try:
-        yield held
-    finally:
-        if held:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [name])
+# Why a tenant's pass stopped, by what stopped it (the ``archive.error`` event's reason).
+_REASONS: dict[type[Exception], str] = {
+    StorageError: "storage_failed",
+    ArchiveRefused: "refused",
+    LockLost: "lock_lost",
+}
+
+
+def _reason(exc: Exception) -> str:
+    return next(reason for kind, reason in _REASONS.items() if isinstance(exc, kind))
+
+
+def _tenant_lock_name(tenant: Tenant) -> str:
+    return f"archive:{tenant.pk}"
 
 
 def _due(tenant: Tenant, retention: Retention) -> QuerySet[Run]:
@@ -104,7 +104,14 @@ def _due(tenant: Tenant, retention: Retention) -> QuerySet[Run]:
 
 
 def _tenant_pass(
-    tenant: Tenant, retention: Retention, *, result: ArchiveResult, key: bytes, limit: int, storage: Storage
+    tenant: Tenant,
+    retention: Retention,
+    *,
+    result: ArchiveResult,
+    key: bytes,
+    limit: int,
+    storage: Storage,
+    lock: HeldLock,
 ) -> int:
     """One tenant's due runs: archived (or, dry, listed); returns how many were taken on."""
     due = _due(tenant, retention)
@@ -133,6 +140,8 @@ def _tenant_pass(
             continue
         ready.append(run_id)
     for start in range(0, len(ready), RUNS_PER_TRANSACTION):
+        # Still the only archiver of this tenant before its next files are written.
+        lock.check()
         _archive_batch(
             ready[start : start + RUNS_PER_TRANSACTION],
             tenant,
@@ -212,8 +221,8 @@ def runs_archive(
             continue
         if remaining <= 0:
             break
-        with _tenant_lock(each) as held:
-            if not held:
+        with held_lock(_tenant_lock_name(each)) as lock:
+            if lock is None:
                 _error(
                     result,
                     each,
@@ -225,9 +234,8 @@ def runs_archive(
             try:
                 storage = storage_for(retention.archive, s3_endpoint_url=saga().archive_s3_endpoint_url)
                 remaining -= _tenant_pass(
-                    each, retention, result=result, key=key, limit=remaining, storage=storage
+                    each, retention, result=result, key=key, limit=remaining, storage=storage, lock=lock
                 )
-            except (StorageError, ArchiveRefused) as exc:
-                reason = "storage_failed" if isinstance(exc, StorageError) else "refused"
-                _error(result, each, reason=reason, message=str(exc))
+            except (StorageError, ArchiveRefused, LockLost) as exc:
+                _error(result, each, reason=_reason(exc), message=str(exc))
     return result

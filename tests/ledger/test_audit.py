@@ -275,3 +275,32 @@ def test_concurrent_writers_of_one_run_never_fork_its_chain(tenant, agent):
     assert [e.prev_hash for e in events[1:]] == [e.hash for e in events[:-1]]
     assert Run.objects.get(pk=run.pk).audit_head == events[-1].hash
     assert audit_verify(chain=f"run:{run.pk}") == (len(events), None)
+
+
+def test_verify_reads_the_chains_a_page_at_a_time_and_misses_nothing(tenant, agent, monkeypatch):
+    # Pages of 2 over chains of 3 to 6 events: pages end inside a chain and at its end.
+    made = []
+    for n in range(4):
+        run = make_run(tenant, agent)
+        for k in range(n):
+            record(run, agent, f"page-{n}-{k}")
+        runs.run_fail(run=run, actor=agent, error="boom")
+        made.append(run)
+    whole = audit_verify()
+    monkeypatch.setattr("ledger.audit._PAGE", 2)
+    statements: list[str] = []
+
+    def counted(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(counted):
+        paged = audit_verify()
+    assert paged == whole and whole[0] == Event.objects.count() and whole[1] is None
+    assert len(statements) > Event.objects.count() // 2  # page by page, not one statement
+
+    victim = Event.objects.filter(run=made[2], kind="action.recorded").order_by("id").last()
+    _tamper(victim, reason="rewritten")
+    checked, broken = audit_verify()
+    assert (broken.chain, broken.event_id) == (f"run:{made[2].pk}", victim.pk)
+    assert checked == whole[0] - 1  # the run's failure after the break is skipped

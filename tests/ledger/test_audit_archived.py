@@ -199,3 +199,24 @@ def test_a_signed_head_beyond_the_archived_length_is_named(keyed, finished):
     )
     failure = _verify_fails()
     assert "a signed head at position 5 is beyond the 3 events it was archived with" in failure
+
+
+def test_the_tombstones_are_read_a_page_at_a_time_and_none_is_missed(keyed, tenant, agent, monkeypatch):
+    # Pages of one tombstone over three archived runs (and filtered to one run or tenant), then a
+    # fourth passed off as archived, named.
+    archived = []
+    for n in range(4):
+        run = make_run(tenant, agent)
+        record(run, agent, f"page-{n}")
+        runs.run_fail(run=run, actor=agent, error="boom")
+        archived.append(run)
+    for run in archived[:3]:
+        archive_run_for_test(run, ARCHIVE)
+    monkeypatch.setattr(audit_signing, "_CHUNK", 1)
+    assert "3 archived runs checked" in _verify()
+    assert "1 archived run checked" in _verify("--chain", f"run:{archived[1].pk}")
+    assert "3 archived runs checked" in _verify("--chain", f"tenant:{tenant.pk}")
+    _tombstone(archived[3])
+    _delete_run(archived[3])
+    failure = _verify_fails()
+    assert f"archived run {archived[3].pk}" in failure and "holds no run.archived event for it" in failure

@@ -14,7 +14,7 @@ from rq import Worker as RqWorker
 from saga_client.signing import verify_signature
 
 from recovery.metrics import ScrapeCollector
-from recovery.models import AgentCommand, RecoveryItem, Unwind, UnwindStep
+from recovery.models import AgentCommand, Notification, RecoveryItem, Unwind, UnwindStep
 from saga_admin import probe
 from tests.factories import RESUME_PATH, RESUME_SECRET, UNDO_PATH, failed_saga, load_reliability_policies
 from tests.reliability.conftest import RESUME_AGENT_SECRET
@@ -174,6 +174,65 @@ def test_scenario_3_redis_restarted_empty_mid_unwind(
         lost_intents=0,
         server_errors=0,
     )
+
+
+NOTIFY_PATH, NOTIFY_SECRET = "/notify", "notify-secret"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_scenario_3f_redis_restarted_empty_before_any_worker_took_the_queued_work(
+    tenant, agent, operator_key, hooks, redis_server, start_worker, workers, settings
+):
+    """Pass: the run's "in the recovery queue" notification and an operator's compensate are
+    committed and their jobs queued in Redis while no worker runs; Redis restarts empty (the jobs
+    are gone); a worker started then delivers the notification (signed, once) and carries the
+    unwind out, LIFO, one effect per action: the sweeper handed both to it again from PostgreSQL
+    (docs/DEPLOY.md, "Redis")."""
+    hooks.secrets[NOTIFY_PATH] = NOTIFY_SECRET
+    notify_env = {"SAGA_NOTIFY_WEBHOOKS": hooks.url(NOTIFY_PATH), "SAGA_NOTIFY_WEBHOOK_SECRET": NOTIFY_SECRET}
+    settings.SAGA = {
+        **settings.SAGA,
+        "NOTIFY_WEBHOOKS": [hooks.url(NOTIFY_PATH)],
+        "NOTIFY_WEBHOOK_SECRET": NOTIFY_SECRET,
+    }
+    load_reliability_policies(hooks=hooks)
+    saga = failed_saga(tenant, agent, steps=2)
+    response = Api(operator_key[1]).post(f"/recovery/{saga.item.pk}/compensate", {"reason": "undo"})
+    assert response.status_code == 202
+    unwind_id = response.json()["id"]
+    notifications = list(Notification.objects.filter(run_id=saga.run.pk).values_list("pk", "job_id"))
+    assert notifications and all(job_id for _pk, job_id in notifications)
+    connection = django_rq.get_connection("default")
+    # The notification's delivery and the unwind's first job, waiting for a worker.
+    assert connection.llen("rq:queue:notifications") and connection.llen("rq:queue:compensations")
+
+    redis_server.stop()
+    redis_server.start()  # empty: both jobs are gone, the rows in PostgreSQL say what is owed
+    assert not connection.exists("rq:queue:notifications", "rq:queue:compensations")
+    start_worker(**notify_env)
+
+    try:
+        wait_for(lambda: _completed([unwind_id]), timeout=60, interval=0.2, what="the unwind to complete")
+        wait_for(
+            lambda: (
+                not Notification.objects.filter(
+                    pk__in=[pk for pk, _job in notifications], status__in=("pending", "sending")
+                ).exists()
+            ),
+            timeout=60,
+            what="the notifications to be delivered",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{dump_worker_logs(workers)}") from exc
+    delivered = Notification.objects.filter(pk__in=[pk for pk, _job in notifications])
+    assert {row.status for row in delivered} == {"delivered"}
+    assert all(
+        row.job_id != job_id for row, (_pk, job_id) in zip(delivered.order_by("pk"), sorted(notifications))
+    )
+    opened = [c for c in hooks.calls_to(NOTIFY_PATH) if c.body.get("event") == "recovery.opened"]
+    assert len(opened) == 1 and opened[0].signature_ok
+    undone = [(c.body["action_id"], c.body["attempt"]) for c in hooks.calls_to(UNDO_PATH)]
+    assert undone == [(a.pk, 1) for a in reversed(saga.actions)]
 
 
 # --- The worker outlives the outage --------------------------------------------------------------
