@@ -9,9 +9,9 @@
 - ``web``: ``GET /livez`` on this container's own port (``PORT``, 8000 if unset). Liveness only: a
   database outage must not get every web container restarted.
 - ``worker``: an RQ worker of this host (the container's hostname) has sent its heartbeat to Redis
-  within ``--max-age`` seconds. 480 by default: an idle RQ worker beats each time its wait for a
-  job times out (every 405 s at RQ's default worker TTL of 420 s), and Redis drops a worker that
-  has not beaten for its TTL + 60 s. A worker Redis forgot (restarted empty) registers again
+  within ``--max-age`` seconds. 480 by default: an idle ``saga_worker`` beats every 30 s (it caps
+  its wait for a job there; a plain RQ worker waits 405 s at RQ's default worker TTL of 420 s),
+  and Redis drops a worker that has not beaten for its TTL + 60 s. A worker Redis forgot (restarted empty) registers again
   within seconds (recovery/worker_liveness.py). While Redis does not answer, a worker process of
   this container that is alive and waiting for it is healthy: each one touches its beat file
   every few seconds (``SAGA_WORKER_BEAT_DIR``), and a restart would not bring Redis back.

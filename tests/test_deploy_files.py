@@ -455,7 +455,7 @@ def test_network_policies_admit_only_the_ingress_controller_to_the_web(tree: str
     # DNS for every pod; the database and Redis for the web, the worker and the migrate Job;
     # HTTPS out (compensators, webhooks, sinks, SSO) for the web and the worker, not the Job.
     for labels in (web, worker, migrate):
-        assert {53, 5432, 6379} <= egress_ports(labels), labels
+        assert {53, 5432, 6379, 26379} <= egress_ports(labels), labels
     assert 443 in egress_ports(web) and 443 in egress_ports(worker) and 443 not in egress_ports(migrate)
     dns = policies["saga-admin-egress-dns"]["egress"][0]
     assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
