@@ -1,6 +1,6 @@
 # Saga Admin's image: one entrypoint for the web, the worker, migrations and any management command
 # (deploy/docker/entrypoint.sh):
-#   docker build -t saga-admin .
+#   docker build -t saga-admin --build-arg SAGA_REVISION="$(git rev-parse HEAD)" .
 #   docker run --env-file .env saga-admin migrate      # then: web | worker | create_agent_key ...
 # docs/DEPLOY.md has the whole path; compose.yaml and deploy/kubernetes/ run this image.
 #
@@ -21,6 +21,9 @@ RUN sh deploy/docker/install.sh /src /opt/saga
 # copied in, owned by root and only readable by the unprivileged user that runs it.
 FROM ${PYTHON_IMAGE}
 ARG SAGA_UID=10001
+# The commit the image is built from, which saga_build_info reports (the image has no git checkout
+# to read it from): docker build --build-arg SAGA_REVISION="$(git rev-parse HEAD)" .
+ARG SAGA_REVISION=unknown
 RUN groupadd --system --gid "${SAGA_UID}" saga \
     && useradd --system --uid "${SAGA_UID}" --gid saga --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin saga
@@ -29,6 +32,7 @@ ENV PATH=/opt/saga/venv/bin:$PATH \
     DJANGO_SETTINGS_MODULE=saga_admin.settings \
     STATIC_ROOT=/opt/saga/static \
     PORT=8000 \
+    SAGA_REVISION=${SAGA_REVISION} \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /opt/saga
