@@ -29,6 +29,22 @@ refuses too, naming them, because it never stops or shares a server it did not s
 
 from __future__ import annotations
 
+import sys
+
+
+def _quiet_on_interrupt(kind: type[BaseException], value: BaseException, tb: object) -> None:
+    """Ctrl-C in make run's terminal reaches this helper too (one foreground process group), on
+    whatever line it is, an import included: run.sh's trap stops what was started and says so, and
+    a traceback here reads as a crash under that message. Python still ends by the signal."""
+    if issubclass(kind, KeyboardInterrupt):
+        return
+    sys.__excepthook__(kind, value, tb)  # type: ignore[arg-type]
+
+
+sys.excepthook = _quiet_on_interrupt
+
+# The imports come after the hook, so that an interrupt during them is quiet too.
+# ruff: noqa: E402
 import argparse
 import contextlib
 import fcntl
@@ -37,7 +53,6 @@ import os
 import pwd
 import signal
 import socket
-import sys
 import time
 import urllib.error
 import urllib.parse
