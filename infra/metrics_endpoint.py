@@ -17,16 +17,25 @@ connection costs a socket, never a thread; a request must arrive whole within
 ``MAX_HEAD_BYTES``; at most ``MAX_CONNECTIONS`` are open at once (more are closed at once); the
 token is checked on the request head before anything is read from disk, and the one scrape thread
 builds the exposition only for a request that carried it. Each answer closes its connection.
+
+The worker forks (RQ's scheduler process, work horses), and a fork holds a copy of every socket
+open at that moment: a connection closed here alone would stay open to its client for as long as
+that child lives (a scheduler started mid-request, for the worker's whole life). So a connection
+ends with a shutdown, which reaches the client whoever else holds the socket, and a child closes
+its copy of the listening socket at once, so the port is free when the worker lets it go.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import http.client
 import io
+import os
 import socket
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import generate_latest
@@ -46,6 +55,9 @@ MAX_HEAD_BYTES = 16 * 1024
 MAX_CONNECTIONS = 256
 
 Answer = tuple[str, list[tuple[str, str]], bytes]
+
+# Every server of this process, for the fork hook below.
+_SERVERS: weakref.WeakSet[MetricsServer] = weakref.WeakSet()
 
 
 def bearer_matches(header: str, token: str) -> bool:
@@ -117,6 +129,7 @@ class MetricsServer:
         self._scrape = ThreadPoolExecutor(max_workers=1, thread_name_prefix="saga-worker-metrics-scrape")
         self._stopped: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="saga-worker-metrics", daemon=True)
+        _SERVERS.add(self)
 
     def start(self) -> MetricsServer:
         self._thread.start()
@@ -150,6 +163,7 @@ class MetricsServer:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.open_connections >= self.max_connections:
+            _shut(writer, socket.SHUT_RDWR)
             writer.transport.abort()
             return
         self.open_connections += 1
@@ -157,7 +171,12 @@ class MetricsServer:
             async with asyncio.timeout(self.request_timeout_s):
                 await self._exchange(reader, writer)
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass  # a client that is slow, gone, or sends too much is closed on, with no answer owed
+            # A client that is slow, gone, or sends too much is closed on, with no answer owed.
+            _shut(writer, socket.SHUT_RDWR)
+        else:
+            # Answered: the end is sent once the answer has been (a shutdown after the buffer).
+            if writer.can_write_eof():
+                writer.write_eof()
         finally:
             self.open_connections -= 1
             writer.close()
@@ -191,6 +210,28 @@ class MetricsServer:
         if method != "HEAD":
             writer.write(body)
         await writer.drain()
+
+
+def _shut(writer: asyncio.StreamWriter, how: int) -> None:
+    connection = writer.get_extra_info("socket")
+    if connection is not None:
+        with contextlib.suppress(OSError):  # already gone
+            connection.shutdown(how)
+
+
+def _in_a_forked_child() -> None:
+    """A fork never serves: its copy of each listening socket is closed (detached first, so the
+    socket object left behind cannot close a later descriptor of the same number)."""
+    for server in list(_SERVERS):
+        try:
+            descriptor = server.socket.detach()
+        except OSError:
+            continue
+        if descriptor >= 0:
+            os.close(descriptor)
+
+
+os.register_at_fork(after_in_child=_in_a_forked_child)
 
 
 def serve(

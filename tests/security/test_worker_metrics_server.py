@@ -120,3 +120,61 @@ def test_a_connection_that_sends_no_whole_request_is_closed_after_the_timeout(wo
         assert slow_closed, "a request head trickled in a byte a second kept its connection open"
         wait_for(lambda: _closed_by_server(idle), timeout=5, what="the idle connection to be closed")
         assert time.monotonic() - opened >= REQUEST_TIMEOUT_S - 1
+
+
+@contextmanager
+def _a_forked_child() -> Iterator[int]:
+    """A child forked from this process as RQ forks its scheduler (``ForkProcess``) and horses,
+    living until the block ends; yields its process id."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    release = context.Event()
+    child = context.Process(target=release.wait, args=(60,), daemon=True)
+    child.start()
+    try:
+        yield child.pid or 0
+    finally:
+        release.set()
+        child.join(timeout=10)
+
+
+def test_a_connection_is_closed_at_its_timeout_while_a_fork_of_the_worker_holds_a_copy():
+    """Attack, as it happened in CI: the slow connection was open when the worker forked (RQ starts
+    its scheduler process on taking the scheduler lock, at a maintenance pass), so the child held a
+    copy of the socket and the close at the timeout never reached the client, for as long as the
+    child lived. Now the connection ends with a shutdown, which reaches the client anyway."""
+    from infra import metrics_endpoint
+
+    server = metrics_endpoint.serve(host="127.0.0.1", port=0, token=TOKEN, request_timeout_s=1.0)
+    try:
+        port = server.server_address[1]
+        with _idle_connections(port, 1) as (slow,):
+            slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            wait_for(lambda: server.open_connections == 1, timeout=5, what="the connection to be accepted")
+            with _a_forked_child():
+                opened = time.monotonic()
+                wait_for(lambda: _closed_by_server(slow), timeout=10, what="the slow connection to be closed")
+                assert time.monotonic() - opened < 5
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_fork_of_the_worker_does_not_keep_the_metrics_port():
+    """A child forked while the endpoint listens closes its copy of the listening socket: once the
+    worker closes it, the port is free (a restarted worker can listen on it again) even while the
+    child lives, and nobody's connection waits unanswered in a backlog nobody accepts."""
+    from infra import metrics_endpoint
+
+    server = metrics_endpoint.serve(host="127.0.0.1", port=0, token=TOKEN)
+    port = server.server_address[1]
+    with _a_forked_child():
+        assert _scrape(f"http://127.0.0.1:{port}/metrics").status_code == 200  # the parent still serves
+        server.shutdown()
+        server.server_close()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        again = metrics_endpoint.serve(host="127.0.0.1", port=port, token=TOKEN)
+        again.shutdown()
+        again.server_close()
