@@ -57,6 +57,10 @@ class SagaSettings:
     notify_webhook_secret: str
     notify_max_attempts: int
     public_url: str
+    # Approve and Reject links in approval e-mails (recovery.email_links): minutes they stay
+    # valid (0: none sent), and the highest risk they decide without a session ("none": no risk).
+    email_link_ttl_min: int
+    email_link_max_risk: str
     resume_webhook_secret: str
     # Outbound requests to URLs tenants or agents chose (infra.outbound)
     outbound_allowed_hosts: tuple[str, ...]
@@ -109,6 +113,8 @@ def saga() -> SagaSettings:
         notify_webhook_secret=str(raw["NOTIFY_WEBHOOK_SECRET"]),
         notify_max_attempts=int(raw.get("NOTIFY_MAX_ATTEMPTS", 10)),
         public_url=str(raw.get("PUBLIC_URL", "http://localhost:8000")).rstrip("/"),
+        email_link_ttl_min=max(0, int(raw.get("EMAIL_LINK_TTL_MIN", 15))),
+        email_link_max_risk=str(raw.get("EMAIL_LINK_MAX_RISK", "medium")),
         resume_webhook_secret=str(raw["RESUME_WEBHOOK_SECRET"]),
         outbound_allowed_hosts=tuple(raw["OUTBOUND_ALLOWED_HOSTS"]),
         outbound_resolve_timeout_s=float(raw["OUTBOUND_RESOLVE_TIMEOUT_S"]),

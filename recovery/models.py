@@ -351,6 +351,22 @@ class ApprovalGrant(models.Model):
         return f"{self.approval_id} granted by {self.label or self.approver}"
 
 
+class EmailLinkUse(models.Model):
+    """An e-mail decision link that was used (``recovery.email_links``): its nonce, recorded in the
+    transaction of the decision it made (or the refusal it met), so a link decides at most once —
+    of two uses racing, the second waits on the first's row and then finds it taken. A link never
+    used has no row: it is signed, not stored, and expires by itself."""
+
+    nonce = models.CharField(primary_key=True, max_length=64)
+    approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    decision = models.CharField(max_length=8)
+    used_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"E-mail link {self.decision} of {self.approval_id}, used"
+
+
 class AgentCommand(models.Model):
     class Kind(models.TextChoices):
         RESUME = "resume", "Resume"
