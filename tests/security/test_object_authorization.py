@@ -16,7 +16,7 @@ from ledger.audit import Actor
 from ledger.models import Compensator
 from ledger.services import checkpoints, pauses, runs
 from ledger.services.actions import moves
-from recovery import slack
+from recovery import email_links, slack
 from recovery.actions import channels, commands
 from recovery.actions.approvals import action_record_gated
 from recovery.actions.bulk_filter import bulk_start
@@ -123,6 +123,16 @@ def acme_world(tenant, agent, bob):
                 approve=True,
                 args_hash=approval.args_hash,
                 slack_user="T0ACME/UBOB",
+            )
+        ),
+        # An approval e-mail's decision link: Bob's, on Acme's approval.
+        "link": email_links.link_token(
+            email_links.DecisionLink(
+                approval_id=approval.pk,
+                user_id=bob.pk,
+                approve=True,
+                args_hash=approval.args_hash,
+                nonce="acme-world",
             )
         ),
     }
