@@ -32,8 +32,8 @@ from ledger.rules import REASON_MAX_LENGTH
 from ledger.services.keys import APPROVER_ROLES
 from recovery import email_links
 from recovery.actions import email_decisions
-from recovery.decisions import refusal_sentence
 from recovery.deadline_words import deadline_line
+from recovery.decisions import refusal_sentence
 from recovery.models import Approval, EmailLinkUse
 from recovery.transitions.approvals import same_person
 
@@ -66,7 +66,9 @@ def _answer(request: HttpRequest, token: str) -> HttpResponse:
                 410,
                 why="expired",
             )
-        return _refusal(request, "This link is not one Saga Admin made: nothing was decided.", 404, why="unknown")
+        return _refusal(
+            request, "This link is not one Saga Admin made: nothing was decided.", 404, why="unknown"
+        )
     signed_in = request.user.is_authenticated
     # Signed in, an approval of another tenant is not found (never reveal it exists).
     approvals = Approval.objects.select_related("run", "tenant")
@@ -146,7 +148,10 @@ def _person(request: HttpRequest, link: email_links.DecisionLink) -> Any:
     person = get_user_model().objects.filter(pk=link.user_id, is_active=True).first()
     if person is None:
         return _refusal(
-            request, "The person this link was sent to can no longer sign in: nothing was decided.", 403, why="inactive"
+            request,
+            "The person this link was sent to can no longer sign in: nothing was decided.",
+            403,
+            why="inactive",
         )
     return person
 
@@ -164,7 +169,9 @@ def _by(approval: Approval) -> str:
     return f" by {who}" if who else ""
 
 
-def _page(approval: Approval, link: email_links.DecisionLink, person: Any, *, signed_in: bool) -> dict[str, Any]:
+def _page(
+    approval: Approval, link: email_links.DecisionLink, person: Any, *, signed_in: bool
+) -> dict[str, Any]:
     granted = approval.grants.count() if approval.approvers_required > 1 else 0
     return {
         "approval": approval,
@@ -196,7 +203,10 @@ def _decide(
         )
     except email_decisions.LinkUsed:
         return _refusal(
-            request, "This link was used already, and a link works once: nothing more was decided.", 410, why="used"
+            request,
+            "This link was used already, and a link works once: nothing more was decided.",
+            410,
+            why="used",
         )
     except SagaError as exc:
         return _refusal(request, f"Not decided: {refusal_sentence(exc)}", exc.status, why=exc.code)

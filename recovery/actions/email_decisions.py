@@ -26,7 +26,9 @@ class LinkUsed(Exception):
     """The link decided (or was refused) once already: it does nothing again."""
 
 
-def approval_decide_by_email(*, link: DecisionLink, approval: Approval, actor: Actor, note: str = "") -> Approval:
+def approval_decide_by_email(
+    *, link: DecisionLink, approval: Approval, actor: Actor, note: str = ""
+) -> Approval:
     """``actor``'s (the link's person's) approval or rejection of ``approval``, as the link asks.
     Its nonce is taken first (a second use, even one racing this one, gets ``LinkUsed``); then the
     decision, by ``approval_decide_press``, approves only the arguments the e-mail was made for,

@@ -77,7 +77,9 @@ def test_an_approver_approves_from_the_email_without_signing_in(smtp, live_serve
     assert EmailLinkUse.objects.filter(approval=approval, user=bob, decision="approve").count() == 1
 
 
-def test_above_the_risk_threshold_the_link_signs_in_first_and_comes_back(smtp, live_server, tenant, agent, bob):
+def test_above_the_risk_threshold_the_link_signs_in_first_and_comes_back(
+    smtp, live_server, tenant, agent, bob
+):
     """Pass: at high risk (above the default medium), Bob's Reject link sends him to sign in,
     with the page as where to go next; signed in, he is back on it, and its button rejects."""
     give_address(bob, "bob@acme.test")
@@ -90,7 +92,9 @@ def test_above_the_risk_threshold_the_link_signs_in_first_and_comes_back(smtp, l
 
     with browser() as client:
         first = client.get(reject)
-        assert first.status_code == 302 and first.headers["Location"].startswith("/login/?next=/approvals/email/")
+        assert first.status_code == 302 and first.headers["Location"].startswith(
+            "/login/?next=/approvals/email/"
+        )
         nothing_decided(approval)
         back = sign_in(client, live_server.url, first, "bob")
         assert back.status_code == 302 and reject.endswith(back.headers["Location"])
@@ -124,7 +128,10 @@ def test_two_people_approve_from_their_own_emails_and_each_counts_once(smtp, ten
     assert second.status_code == 200 and 'data-done="approved"' in second.text
     approval.refresh_from_db()
     assert approval.status == Approval.Status.APPROVED
-    assert sorted(ApprovalGrant.objects.filter(approval=approval).values_list("label", flat=True)) == ["bob", "dave"]
+    assert sorted(ApprovalGrant.objects.filter(approval=approval).values_list("label", flat=True)) == [
+        "bob",
+        "dave",
+    ]
     assert decisions_recorded(approval) == ["approval.granted", "approval.approved"]
 
 
@@ -184,7 +191,9 @@ def test_an_escalation_mails_its_new_approvers_links_and_only_they_decide(smtp, 
     assert approval.status == Approval.Status.APPROVED and approval.decided_by == dave
 
 
-def test_links_off_and_people_who_may_not_decide_get_the_inbox_link_only(smtp, settings, tenant, agent, bob, carol):
+def test_links_off_and_people_who_may_not_decide_get_the_inbox_link_only(
+    smtp, settings, tenant, agent, bob, carol
+):
     """Pass: Carol (a viewer) gets no decision links for her address; with
     SAGA_EMAIL_LINK_TTL_MIN=0 nobody does, Bob included."""
     give_address(bob, "bob@acme.test")

@@ -47,7 +47,13 @@ def email_channel(tenant: Any, *addresses: str) -> None:
 
 
 def ask_approval(
-    tenant: Any, agent: Actor, *, risk: str = "medium", approvers: int = 1, amount: int = 48200, key: str = "pay-1"
+    tenant: Any,
+    agent: Actor,
+    *,
+    risk: str = "medium",
+    approvers: int = 1,
+    amount: int = 48200,
+    key: str = "pay-1",
 ) -> Approval:
     """An approval of ``payments.charge`` {amount, currency} at ``risk``, needing ``approvers``
     people (its policy's), its e-mails written to the outbox."""
@@ -132,7 +138,9 @@ def sign_in(client: httpx.Client, base: str, redirect: httpx.Response, username:
 def decisions_recorded(approval: Approval) -> list[str]:
     """The decision events on ``approval``'s record, in order."""
     return list(
-        Event.objects.filter(subject_id=approval.pk, kind__in=DECISION_KINDS).order_by("id").values_list("kind", flat=True)
+        Event.objects.filter(subject_id=approval.pk, kind__in=DECISION_KINDS)
+        .order_by("id")
+        .values_list("kind", flat=True)
     )
 
 
