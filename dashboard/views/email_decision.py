@@ -102,6 +102,16 @@ def _answer(request: HttpRequest, token: str) -> HttpResponse:
             403,
             why="not_approver",
         )
+    if refused := _stale(request, approval, link):
+        return refused
+    if request.method == "POST":
+        return _decide(request, link, approval, person)
+    return render(request, TEMPLATE, _page(approval, link, person, signed_in=signed_in))
+
+
+def _stale(request: HttpRequest, approval: Approval, link: email_links.DecisionLink) -> HttpResponse | None:
+    """The refusal of a link the approval moved past since its e-mail: decided, its arguments
+    changed, or its deadline passed (None: the link still stands for the approval as it is)."""
     if approval.status != Approval.Status.PENDING:
         return _refusal(
             request,
@@ -126,9 +136,7 @@ def _answer(request: HttpRequest, token: str) -> HttpResponse:
             409,
             why="past_deadline",
         )
-    if request.method == "POST":
-        return _decide(request, link, approval, person)
-    return render(request, TEMPLATE, _page(approval, link, person, signed_in=signed_in))
+    return None
 
 
 def _person(request: HttpRequest, link: email_links.DecisionLink) -> Any:

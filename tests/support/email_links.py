@@ -54,9 +54,10 @@ def ask_approval(
     approvers: int = 1,
     amount: int = 48200,
     key: str = "pay-1",
+    args: dict[str, Any] | None = None,
 ) -> Approval:
-    """An approval of ``payments.charge`` {amount, currency} at ``risk``, needing ``approvers``
-    people (its policy's), its e-mails written to the outbox."""
+    """An approval of ``payments.charge`` ``args`` (default {amount, currency}) at ``risk``,
+    needing ``approvers`` people (its policy's), its e-mails written to the outbox."""
     ToolPolicy.objects.update_or_create(
         tenant=tenant,
         tool="payments.charge",
@@ -74,7 +75,7 @@ def ask_approval(
         actor=agent,
         tool="payments.charge",
         idempotency_key=key,
-        args={"amount": amount, "currency": "EUR"},
+        args=args if args is not None else {"amount": amount, "currency": "EUR"},
     ).action
     return action.approvals.get()
 
