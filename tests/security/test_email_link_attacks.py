@@ -7,6 +7,8 @@ code, and nothing is decided — the database and the audit log say so."""
 
 from __future__ import annotations
 
+import io
+import logging
 import threading
 import time
 
@@ -20,6 +22,7 @@ from ledger.models import Event
 from recovery import email_links, slack
 from recovery.actions import approvals as approval_actions
 from recovery.models import Approval, EmailLinkUse
+from saga_admin.logs import json_formatter
 from tests.support.email_links import (
     ask_approval,
     browser,
@@ -338,3 +341,32 @@ def test_a_forged_or_altered_link_is_unknown(bobs_mail, live_server, tenant, age
     # Longer than any link made here: refused before its signature is read.
     assert email_links.link_from_token("x" * 5000) == (None, email_links.UNKNOWN)
     nothing_decided(approval)
+
+
+@pytest.fixture
+def json_logs():
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(json_formatter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    yield lambda: stream.getvalue()
+    root.removeHandler(handler)
+
+
+def test_a_links_token_never_reaches_the_logs(bobs_mail, tenant, agent, json_logs):
+    """Pass: a link refused (its request logged by Django as "Gone: <path>") and a link that
+    decides: no log line carries either token, only ``/approvals/email/[redacted]/``."""
+    ask_approval(tenant, agent)
+    deliver_mail()
+    mine = only_mail(bobs_mail, "bob@acme.test")
+    approve, reject = link(mine, "Approve"), link(mine, "Reject")
+    with browser() as client:
+        assert confirm(client, approve).status_code == 200
+        assert client.get(approve).status_code == 410
+        assert client.get(reject).status_code == 409
+    lines = json_logs()
+    assert "/approvals/email/[redacted]/" in lines
+    for url in (approve, reject):
+        token = url.rstrip("/").rsplit("/", 1)[1]
+        assert token not in lines and token.split(":")[0] not in lines
