@@ -57,7 +57,7 @@ class SagaSettings:
     notify_webhook_secret: str
     notify_max_attempts: int
     public_url: str
-    # Approve and Reject links in approval e-mails (recovery.email_links): minutes they stay
+    # Approve and Reject links in approval e-mails (recovery.notifications.email_links): minutes they stay
     # valid (0: none sent), and the highest risk they decide without a session ("none": no risk).
     email_link_ttl_min: int
     email_link_max_risk: str

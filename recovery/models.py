@@ -15,6 +15,7 @@ from django.db.models import Q
 from infra import errors, ids, outbound
 from infra.json_text import JSONField
 from ledger.models import RISK_ORDER, Action, AgentKey, Checkpoint, Event, Risk, Run, Tenant
+from recovery.email_link_models import EmailLinkUse  # noqa: F401 - re-exported (its own module)
 
 
 class RecoveryItem(models.Model):
@@ -292,10 +293,9 @@ class Approval(models.Model):
     reminded_at = models.DateTimeField(null=True, blank=True)
     # When the reminder is due: half way through the current window (recovery.approval_deadlines).
     remind_at = models.DateTimeField(null=True, blank=True)
-    # The deadline of the policy that asked for it (ledger.policies.deadlines): the window's
-    # length (None: an approval from before deadlines per policy), what a timeout does, and to
-    # whom it escalates; ``escalated_at`` once it did (then only ``escalate_to`` decides it, and
-    # its next timeout expires it).
+    # The deadline of the policy that asked for it (ledger.policies.deadlines): the window's length (None: an
+    # approval from before deadlines per policy), what a timeout does, and to whom it escalates;
+    # ``escalated_at`` once it did (then only ``escalate_to`` decides it, and its next timeout expires it).
     timeout_s = models.PositiveIntegerField(null=True, blank=True)
     on_timeout = models.CharField(max_length=16, default="reject", db_default="reject")
     escalate_to = models.CharField(max_length=150, blank=True, default="", db_default="")
@@ -349,22 +349,6 @@ class ApprovalGrant(models.Model):
 
     def __str__(self) -> str:
         return f"{self.approval_id} granted by {self.label or self.approver}"
-
-
-class EmailLinkUse(models.Model):
-    """An e-mail decision link that was used (``recovery.email_links``): its nonce, recorded in the
-    transaction of the decision it made (or the refusal it met), so a link decides at most once —
-    of two uses racing, the second waits on the first's row and then finds it taken. A link never
-    used has no row: it is signed, not stored, and expires by itself."""
-
-    nonce = models.CharField(primary_key=True, max_length=64)
-    approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="+")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
-    decision = models.CharField(max_length=8)
-    used_at = models.DateTimeField(auto_now_add=True)
-
-    def __str__(self) -> str:
-        return f"E-mail link {self.decision} of {self.approval_id}, used"
 
 
 class AgentCommand(models.Model):

@@ -388,7 +388,7 @@ SAGA: dict[str, Any] = {
     # (SAGA_NOTIFICATION_RETENTION, a duration: 30d; never below a day). Undelivered ones never are.
     "NOTIFICATION_RETENTION_S": notification_retention_s(),
     # An approval e-mail to a person who may decide it carries Approve and Reject links
-    # (recovery.email_links): signed, single-use, bound to the approval, the person and the
+    # (recovery.notifications.email_links): signed, single-use, bound to the approval, the person and the
     # arguments' hash, valid this many minutes (0: no decision links, only the inbox's). A link
     # decides without a session only for approvals of at most this risk (low, medium, high,
     # critical; "none": every link signs in first); above it, the link signs the person in first.

@@ -1,4 +1,4 @@
-"""The page an approval e-mail's Approve or Reject link opens (``recovery.email_links``).
+"""The page an approval e-mail's Approve or Reject link opens (``recovery.notifications.email_links``).
 
 ``GET`` (and ``HEAD``) only shows: the approval as it is now, its exact arguments, and a button
 to confirm the choice — a mail scanner or a browser's prefetch that follows the link decides
@@ -30,11 +30,11 @@ from ledger.audit import Actor
 from ledger.models import Membership
 from ledger.rules import REASON_MAX_LENGTH
 from ledger.services.keys import APPROVER_ROLES
-from recovery import email_links
 from recovery.actions import email_decisions
 from recovery.deadline_words import deadline_line
 from recovery.decisions import refusal_sentence
 from recovery.models import Approval, EmailLinkUse
+from recovery.notifications import email_links
 from recovery.transitions.approvals import same_person
 
 log = structlog.get_logger(__name__)

@@ -1,4 +1,4 @@
-"""Deciding an approval with an e-mail's link (``recovery.email_links``), confirmed on its page:
+"""Deciding an approval with an e-mail's link (``recovery.notifications.email_links``), confirmed on its page:
 the link's nonce is recorded, once, in the transaction of the decision, and the decision goes
 through the approvals' own services (``recovery.actions.approvals``), so every rule of a decision
 holds unchanged (four eyes, one grant per person, escalation, bound to the arguments shown).
@@ -13,8 +13,8 @@ from django.db import IntegrityError, transaction
 from infra import errors
 from ledger.audit import Actor, audit_context
 from recovery.actions import approvals
-from recovery.email_links import DecisionLink
 from recovery.models import Approval, EmailLinkUse
+from recovery.notifications.email_links import DecisionLink
 
 log = structlog.get_logger(__name__)
 

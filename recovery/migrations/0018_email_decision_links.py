@@ -4,7 +4,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    """The nonces of e-mail decision links that were used (recovery.email_links): one row each,
+    """The nonces of e-mail decision links that were used (recovery.notifications.email_links): one row each,
     its primary key the nonce, so a link decides at most once."""
 
     dependencies = [

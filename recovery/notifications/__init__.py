@@ -5,5 +5,7 @@ outbox, and resume/cancel commands pushed to a run's resume_url.
   in the event's transaction) and what each event says.
 - ``delivery``: delivering one outbox row (claim, send by e-mail, webhook or Slack, record the
   attempt, retry with backoff), and answering a Slack interaction.
+- ``email_links``: an approval e-mail's Approve and Reject links for the people who may decide
+  it (signed, bound, short-lived, single-use) and who gets them.
 - ``command_push``: pushing a resume or cancel command to its run's resume_url, signed.
 """

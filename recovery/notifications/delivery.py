@@ -28,8 +28,9 @@ from infra import deadline, errors, outbound
 from infra.conf import saga
 from infra.signing import signed_headers
 from ledger.transitions import compare_and_set_rows, try_compare_and_set
-from recovery import email_links, queueing, slack
+from recovery import queueing, slack
 from recovery.models import AgentCommand, Approval, Notification, SlackApp
+from recovery.notifications import email_links
 from recovery.notifications.outbox import Event, Kind, enqueue_delivery
 
 log = structlog.get_logger(__name__)

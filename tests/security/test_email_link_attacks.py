@@ -1,4 +1,4 @@
-"""Attacks on approval e-mails' Approve and Reject links (recovery.email_links): each link is
+"""Attacks on approval e-mails' Approve and Reject links (recovery.notifications.email_links): each link is
 mailed through a real SMTP server and attacked against the live server. A replayed link, one
 forwarded to another person, one for arguments that changed since, an expired one, one fetched by
 a mail scanner (GET, HEAD, a prefetch), one for an approval decided already, a forged one and a
@@ -19,9 +19,10 @@ from django.core import signing
 from infra.hashing import sha256_hex
 from ledger.audit import Actor
 from ledger.models import Event
-from recovery import email_links, slack
+from recovery import slack
 from recovery.actions import approvals as approval_actions
 from recovery.models import Approval, EmailLinkUse
+from recovery.notifications import email_links
 from saga_admin.logs import json_formatter
 from tests.support.email_links import (
     ask_approval,

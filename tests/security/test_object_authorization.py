@@ -16,13 +16,14 @@ from ledger.audit import Actor
 from ledger.models import Compensator
 from ledger.services import checkpoints, pauses, runs
 from ledger.services.actions import moves
-from recovery import email_links, slack
+from recovery import slack
 from recovery.actions import channels, commands
 from recovery.actions.approvals import action_record_gated
 from recovery.actions.bulk_filter import bulk_start
 from recovery.actions.compensations import unwind_start
 from recovery.actions.reports import run_fail_and_queue
 from recovery.models import Approval
+from recovery.notifications import email_links
 from recovery.selectors import QueueFilter
 from tests.factories import gated_run, issue_key
 from tests.support.api import Api
