@@ -22,6 +22,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
 from dashboard.permissions import Capability, reach_for, tenant_ids_with
@@ -51,6 +52,7 @@ def _refusal(request: HttpRequest, sentence: str, status: int, *, why: str) -> H
 
 
 @require_http_methods(["GET", "HEAD", "POST"])
+@never_cache  # the page shows an approval's arguments to whoever holds the link: kept nowhere
 def email_decision(request: HttpRequest, link: str) -> HttpResponse:
     return _answer(request, link)
 

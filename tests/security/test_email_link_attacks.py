@@ -263,7 +263,9 @@ def test_a_scanner_following_the_link_decides_nothing(bobs_mail, tenant, agent):
         url = link(mine, label)
         for headers in SCANNERS:
             with browser() as scanner:
-                assert scanner.get(url, headers=headers).status_code == 200
+                page = scanner.get(url, headers=headers)
+                # Kept by no cache on the way: the page shows the arguments to whoever holds the link.
+                assert page.status_code == 200 and "no-store" in page.headers["Cache-Control"]
                 head = scanner.head(url, headers=headers)
                 assert head.status_code == 200
                 # Following whatever redirect a scanner would: none (the page decides nothing).
