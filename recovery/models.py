@@ -6,6 +6,8 @@ tables at the end of this module, the others over their owners' (``ledger.transi
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
@@ -420,27 +422,62 @@ class NotificationEvent(models.TextChoices):
     UNWIND_FINISHED = "unwind.finished", "Unwind finished"
     COMMAND_OVERDUE = "command.overdue", "Resume not picked up"
     TEST = "notification.test", "Test notification"
+    # What became of something already announced: sent only to the PagerDuty channels that paged
+    # about it (recovery.notifications.pagerduty), never to the other kinds nor the environment's.
+    APPROVAL_GRANTED = "approval.granted", "Approval granted by one of several approvers"
+    APPROVAL_DECIDED = "approval.decided", "Approval decided (approved, rejected or withdrawn)"
+    RECOVERY_CLAIMED = "recovery.claimed", "Recovery item taken up (an unwind started)"
+    RECOVERY_RESOLVED = "recovery.resolved", "Recovery item resolved"
 
 
-# What a channel chooses from (a test is sent whatever it chose).
-CHANNEL_EVENTS = [e for e in NotificationEvent.values if e != NotificationEvent.TEST]
+# What became of an announced approval or item (see above).
+FOLLOW_UP_EVENTS = frozenset(
+    {
+        NotificationEvent.APPROVAL_GRANTED,
+        NotificationEvent.APPROVAL_DECIDED,
+        NotificationEvent.RECOVERY_CLAIMED,
+        NotificationEvent.RECOVERY_RESOLVED,
+    }
+)
+
+# What a channel chooses from, and what one that chose none gets (a test is sent whatever it chose).
+CHANNEL_EVENTS = [
+    e for e in NotificationEvent.values if e != NotificationEvent.TEST and e not in FOLLOW_UP_EVENTS
+]
+
+# What a PagerDuty channel chooses from, and what one that chose none pages about: approvals that
+# near their deadline (the reminder at half the window) or escalate, recovery items, and undo that
+# got stuck (a failed or drifted compensation step). Each opens an incident that what became of it
+# (FOLLOW_UP_EVENTS, and an approval's expiry) acknowledges or resolves.
+PAGEABLE_EVENTS = [
+    NotificationEvent.APPROVAL_REMINDER,
+    NotificationEvent.APPROVAL_ESCALATED,
+    NotificationEvent.RECOVERY_OPENED,
+    NotificationEvent.STEP_FAILED,
+]
+
+# A PagerDuty Events API v2 integration key ("routing key"): 32 letters and digits.
+ROUTING_KEY_PATTERN = re.compile(r"[A-Za-z0-9]{32}")
 
 
 class NotificationChannel(models.Model):
     """Where a tenant's notifications go. ``target``: comma-separated e-mail addresses, or the
     webhook / Slack incoming-webhook URL (checked by ``infra.outbound.check_url`` when saved and
-    again before each send). ``secret`` signs webhook bodies (the compensator scheme)."""
+    again before each send), or a PagerDuty channel's Events API endpoint ("": the installation's,
+    ``SAGA_PAGERDUTY_EVENTS_URL``). ``secret`` signs webhook bodies (the compensator scheme); a
+    PagerDuty channel's is its integration's routing key. Neither is ever shown back."""
 
     class Kind(models.TextChoices):
         EMAIL = "email", "E-mail"
         WEBHOOK = "webhook", "Signed webhook"
         SLACK = "slack", "Slack incoming webhook"
+        PAGERDUTY = "pagerduty", "PagerDuty (Events API v2)"
 
     id = models.CharField(primary_key=True, max_length=40, default=ids.new_channel_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="notification_channels")
     name = models.CharField(max_length=100)
     kind = models.CharField(max_length=16, choices=Kind.choices)
-    target = models.CharField(max_length=2000)
+    target = models.CharField(max_length=2000, blank=True)
     secret = models.CharField(max_length=500, blank=True, default="")
     events = JSONField(default=list, blank=True)
     min_risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.LOW)
@@ -456,7 +493,7 @@ class NotificationChannel(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="channel_name_per_tenant"),
             models.CheckConstraint(
-                condition=Q(kind__in=["email", "webhook", "slack"]), name="channel_kind_valid"
+                condition=Q(kind__in=["email", "webhook", "slack", "pagerduty"]), name="channel_kind_valid"
             ),
         ]
 
@@ -484,17 +521,48 @@ class NotificationChannel(models.Model):
                 # agent choosing a resume_url is told only that it is not allowed).
                 raise ValidationError({"target": exc.operator_message or exc.message}) from None
             self.target = self.target.strip()
-        unknown = (
-            [e for e in self.events if e not in CHANNEL_EVENTS] if isinstance(self.events, list) else [1]
-        )
+        elif self.kind == self.Kind.PAGERDUTY:
+            self._clean_pagerduty()
+        choices = self.choosable_events()
+        unknown = [e for e in self.events if e not in choices] if isinstance(self.events, list) else [1]
+        if unknown and self.kind == self.Kind.PAGERDUTY:
+            raise ValidationError(
+                {"events": f"A PagerDuty channel pages only about {', '.join(choices)}; not {unknown}."}
+            )
         if unknown:
             raise ValidationError({"events": f"Unknown events: {unknown}."})
 
+    def _clean_pagerduty(self) -> None:
+        self.secret = self.secret.strip()
+        if not ROUTING_KEY_PATTERN.fullmatch(self.secret):
+            raise ValidationError(
+                {
+                    "secret": "The routing key is the 32-character Integration Key of an Events API "
+                    "v2 integration (PagerDuty: Service → Integrations)."
+                }
+            )
+        self.target = self.target.strip()
+        if self.target:
+            # A tenant's own endpoint (another service region, say): where the guard lets a
+            # webhook go, and only over TLS, since every event carries the routing key.
+            try:
+                outbound.check_url(
+                    self.target, field="URL", tls=True, owner=outbound.owner_of(self.tenant_id)
+                )
+            except errors.UrlNotAllowed as exc:
+                raise ValidationError({"target": exc.operator_message or exc.message}) from None
+
+    def choosable_events(self) -> list[str]:
+        return PAGEABLE_EVENTS if self.kind == self.Kind.PAGERDUTY else CHANNEL_EVENTS
+
     def wants(self, event: str, risk: str) -> bool:
-        """Whether this channel takes ``event`` at ``risk`` (a test always goes through)."""
+        """Whether this channel takes ``event`` at ``risk`` (a test always goes through). A channel
+        that chose no events takes every one it could choose (``choosable_events``); what became
+        of an announced subject (``FOLLOW_UP_EVENTS``) is decided by
+        ``recovery.notifications.pagerduty``, not here."""
         if event == NotificationEvent.TEST:
             return True
-        chosen = event in self.events if self.events else True
+        chosen = event in self.events if self.events else event in self.choosable_events()
         return chosen and RISK_ORDER[Risk(risk or Risk.LOW)] >= RISK_ORDER[Risk(self.min_risk)]
 
 
