@@ -191,7 +191,7 @@ class _TenantChoiceMixin:
         return super().formfield_for_foreignkey(db_field, request, **kwargs)  # type: ignore[misc]
 
 
-class NotificationChannelForm(forms.ModelForm):
+class NotificationChannelForm(forms.ModelForm):  # type: ignore[type-arg]
     """A channel's secret (a webhook's signing secret, a PagerDuty routing key) is write-only: the
     field is never filled in, and left blank it keeps the stored one."""
 

@@ -449,7 +449,7 @@ CHANNEL_EVENTS = [
 # near their deadline (the reminder at half the window) or escalate, recovery items, and undo that
 # got stuck (a failed or drifted compensation step). Each opens an incident that what became of it
 # (FOLLOW_UP_EVENTS, and an approval's expiry) acknowledges or resolves.
-PAGEABLE_EVENTS = [
+PAGEABLE_EVENTS: list[str] = [
     NotificationEvent.APPROVAL_REMINDER,
     NotificationEvent.APPROVAL_ESCALATED,
     NotificationEvent.RECOVERY_OPENED,

@@ -185,13 +185,7 @@ def _send(row: Notification) -> Attempt:
     if over := _no_longer_relevant(row):
         return Attempt("dropped", over)
     if row.kind == Kind.EMAIL:
-        if channel is not None:
-            recipients = [a.strip() for a in channel.target.split(",") if a.strip()]
-        elif row.env_target == Notification.PEOPLE:
-            recipients = [str(a) for a in row.context.get("recipients") or []]
-        else:
-            recipients = list(saga().notify_emails)
-        return _send_email(row, recipients)
+        return _send_email(row, _recipients(row))
     if row.kind == Kind.SLACK:
         assert channel is not None  # environment channels are e-mail and webhooks
         return _post_checked(row, channel.target, _slack_body(row), headers={})
@@ -210,6 +204,14 @@ def _send(row: Notification) -> Attempt:
         # An operator's own SAGA_NOTIFY_WEBHOOKS entry: trusted, like compensator webhooks.
         return _post_trusted(row, row.env_target, content, headers)
     return _post_checked(row, channel.target, content, headers=headers)
+
+
+def _recipients(row: Notification) -> list[str]:
+    if row.channel is not None:
+        return [a.strip() for a in row.channel.target.split(",") if a.strip()]
+    if row.env_target == Notification.PEOPLE:
+        return [str(a) for a in row.context.get("recipients") or []]
+    return list(saga().notify_emails)
 
 
 def _no_longer_relevant(row: Notification) -> str:

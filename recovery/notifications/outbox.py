@@ -99,38 +99,12 @@ def notify(
     )
     for channel in chosen:
         if channel.kind == Kind.PAGERDUTY:
-            # One row per Events API event: what pages opens an incident, what became of its
-            # subject acknowledges or resolves it (recovery.notifications.pagerduty).
-            for action, incident in pagerduty.actions(
-                channel, event=event, subject_id=subject_id, run_id=run_id, risk=risk
-            ):
-                paged = {"action": action, "dedup_key": pagerduty.dedup_key(tenant.slug, incident)}
-                rows.append(
-                    Notification(
-                        channel=channel,
-                        channel_name=channel.name,
-                        kind=channel.kind,
-                        **{**common, "context": {**context, "pagerduty": paged}},
-                    )
-                )
+            rows += _pagerduty_rows(channel, common)
         elif channels is not None or channel.wants(event, risk):
             rows.append(Notification(channel=channel, channel_name=channel.name, kind=channel.kind, **common))
     # What became of an announced subject goes only to the PagerDuty channels that paged about it.
     if channels is None and event in CHANNEL_EVENTS:
-        config = saga()
-        if config.notify_emails:
-            rows.append(
-                Notification(channel_name="SAGA_NOTIFY_EMAILS", kind=Kind.EMAIL, env_target="email", **common)
-            )
-        for url in config.notify_webhooks:
-            rows.append(
-                Notification(
-                    channel_name=f"SAGA_NOTIFY_WEBHOOKS {httpx.URL(url).host}",
-                    kind=Kind.WEBHOOK,
-                    env_target=url,
-                    **common,
-                )
-            )
+        rows += _environment_rows(common)
     if people is not None and people[1]:
         who, addresses = people
         rows.append(
@@ -151,6 +125,51 @@ def notify(
             enqueue_delivery(notification_id=pk)
 
     transaction.on_commit(hand_over)
+    return rows
+
+
+def _environment_rows(common: dict[str, Any]) -> list[Notification]:
+    """The installation's own channels: SAGA_NOTIFY_EMAILS (one row) and each SAGA_NOTIFY_WEBHOOKS."""
+    config = saga()
+    rows = []
+    if config.notify_emails:
+        rows.append(
+            Notification(channel_name="SAGA_NOTIFY_EMAILS", kind=Kind.EMAIL, env_target="email", **common)
+        )
+    for url in config.notify_webhooks:
+        rows.append(
+            Notification(
+                channel_name=f"SAGA_NOTIFY_WEBHOOKS {httpx.URL(url).host}",
+                kind=Kind.WEBHOOK,
+                env_target=url,
+                **common,
+            )
+        )
+    return rows
+
+
+def _pagerduty_rows(channel: NotificationChannel, common: dict[str, Any]) -> list[Notification]:
+    """One row per Events API event: what pages opens an incident, what became of its subject
+    acknowledges or resolves it (``recovery.notifications.pagerduty``)."""
+    tenant: Tenant = common["tenant"]
+    rows = []
+    for action, incident in pagerduty.actions(
+        channel,
+        event=common["event"],
+        subject_id=common["subject_id"],
+        run_id=common["run_id"],
+        risk=common["risk"],
+    ):
+        paged = {"action": action, "dedup_key": pagerduty.dedup_key(tenant.slug, incident)}
+        context = {**common["context"], "pagerduty": paged}
+        rows.append(
+            Notification(
+                channel=channel,
+                channel_name=channel.name,
+                kind=channel.kind,
+                **{**common, "context": context},
+            )
+        )
     return rows
 
 

@@ -90,7 +90,9 @@ def actions(
         return [(RESOLVE, approval)] if _paged(channel, _APPROVAL_TRIGGERS, subject_id=subject_id) else []
     item = f"item:{subject_id}"
     if event == Event.RECOVERY_CLAIMED:
-        return [(ACKNOWLEDGE, item)] if _paged(channel, (Event.RECOVERY_OPENED,), subject_id=subject_id) else []
+        return (
+            [(ACKNOWLEDGE, item)] if _paged(channel, (Event.RECOVERY_OPENED,), subject_id=subject_id) else []
+        )
     if event == Event.RECOVERY_RESOLVED:
         found = []
         if _paged(channel, (Event.RECOVERY_OPENED,), subject_id=subject_id):

@@ -131,7 +131,11 @@ def test_the_receiver_checks_the_documented_shape(pagerduty):
     assert answer.json()["status"] == "invalid event" and answer.json()["errors"]
     answer = httpx.post(pagerduty.url(), json=good)
     assert answer.status_code == 202
-    assert answer.json() == {"status": "success", "message": "Event processed", "dedup_key": good["dedup_key"]}
+    assert answer.json() == {
+        "status": "success",
+        "message": "Event processed",
+        "dedup_key": good["dedup_key"],
+    }
 
 
 # --- Approvals ---------------------------------------------------------------------------------
@@ -160,7 +164,9 @@ def test_an_escalating_approval_pages_and_resolves_when_it_is_decided(tenant, ag
     )
     assert payload["component"] == f"run {approval.run_id}"
     assert payload["custom_details"]["id"] == approval.pk
-    assert event["links"] == [{"href": f"{PUBLIC}/approvals/#approval-{approval.pk}", "text": "Open in Saga Admin"}]
+    assert event["links"] == [
+        {"href": f"{PUBLIC}/approvals/#approval-{approval.pk}", "text": "Open in Saga Admin"}
+    ]
     assert event["client"] == "Saga Admin" and event["client_url"] == event["links"][0]["href"]
     assert trigger.context["pagerduty"] == {"action": "trigger", "dedup_key": key}
 
@@ -415,7 +421,14 @@ def test_the_routing_key_is_never_shown_back(tenant, dave, pagerduty, client):
     # Saved again with the key left blank: kept.
     answer = client.post(
         f"/notifications/channels/{channel.pk}/edit",
-        {"name": "on call", "kind": "pagerduty", "target": "", "secret": "", "min_risk": "critical", "enabled": "on"},
+        {
+            "name": "on call",
+            "kind": "pagerduty",
+            "target": "",
+            "secret": "",
+            "min_risk": "critical",
+            "enabled": "on",
+        },
     )
     assert answer.status_code == 303
     channel.refresh_from_db()

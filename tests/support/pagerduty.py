@@ -45,7 +45,9 @@ def problems(event: Any) -> list[str]:
         found.append("Length of 'routing_key' is incorrect (should be 32 characters)")
     action = event.get("event_action")
     if action not in ACTIONS:
-        found.append("'event_action' is missing or blank" if not action else f"'event_action' {action!r} is invalid")
+        found.append(
+            "'event_action' is missing or blank" if not action else f"'event_action' {action!r} is invalid"
+        )
     dedup = event.get("dedup_key")
     if dedup is not None and (not isinstance(dedup, str) or not dedup or len(dedup) > 255):
         found.append("'dedup_key' must be a string of 1 to 255 characters")
@@ -72,11 +74,7 @@ def _payload_problems(payload: Any) -> list[str]:
     if not isinstance(payload, dict):
         return ["'payload' is missing or not an object"]
     found = [f"Unknown payload field {name!r}." for name in sorted(set(payload) - PAYLOAD)]
-    summary = payload.get("summary")
-    if not isinstance(summary, str) or not summary.strip():
-        found.append("'payload.summary' is missing or blank")
-    elif len(summary) > 1024:
-        found.append("'payload.summary' is longer than 1024 characters")
+    found += _summary_problems(payload.get("summary"))
     source = payload.get("source")
     if not isinstance(source, str) or not source.strip():
         found.append("'payload.source' is missing or blank")
@@ -93,6 +91,14 @@ def _payload_problems(payload: Any) -> list[str]:
     if "custom_details" in payload and not isinstance(payload["custom_details"], dict | list | str):
         found.append("'payload.custom_details' must be an object")
     return found
+
+
+def _summary_problems(summary: Any) -> list[str]:
+    if not isinstance(summary, str) or not summary.strip():
+        return ["'payload.summary' is missing or blank"]
+    if len(summary) > 1024:
+        return ["'payload.summary' is longer than 1024 characters"]
+    return []
 
 
 @dataclass
