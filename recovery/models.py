@@ -409,7 +409,7 @@ class AgentCommand(models.Model):
         return label or (self.created_by.get_username() if self.created_by else "an operator")
 
 
-# --- Notifications: channels per tenant, the outbox, the Slack app --------------------------
+# --- Notifications: channels per tenant, the outbox (the Slack app: recovery.slack_models) -----
 
 
 class NotificationEvent(models.TextChoices):
@@ -432,12 +432,7 @@ class NotificationEvent(models.TextChoices):
 
 # What became of an announced approval or item (see above).
 FOLLOW_UP_EVENTS = frozenset(
-    {
-        NotificationEvent.APPROVAL_GRANTED,
-        NotificationEvent.APPROVAL_DECIDED,
-        NotificationEvent.RECOVERY_CLAIMED,
-        NotificationEvent.RECOVERY_RESOLVED,
-    }
+    {"approval.granted", "approval.decided", "recovery.claimed", "recovery.resolved"}
 )
 
 # What a channel chooses from, and what one that chose none gets (a test is sent whatever it chose).
@@ -445,16 +440,9 @@ CHANNEL_EVENTS = [
     e for e in NotificationEvent.values if e != NotificationEvent.TEST and e not in FOLLOW_UP_EVENTS
 ]
 
-# What a PagerDuty channel chooses from, and what one that chose none pages about: approvals that
-# near their deadline (the reminder at half the window) or escalate, recovery items, and undo that
-# got stuck (a failed or drifted compensation step). Each opens an incident that what became of it
-# (FOLLOW_UP_EVENTS, and an approval's expiry) acknowledges or resolves.
-PAGEABLE_EVENTS: list[str] = [
-    NotificationEvent.APPROVAL_REMINDER,
-    NotificationEvent.APPROVAL_ESCALATED,
-    NotificationEvent.RECOVERY_OPENED,
-    NotificationEvent.STEP_FAILED,
-]
+# What a PagerDuty channel chooses from (none chosen: all): approvals nearing their deadline (the
+# reminder at half the window) or escalating, recovery items, stuck undo (a failed or drifted step).
+PAGEABLE_EVENTS: list[str] = ["approval.reminder", "approval.escalated", "recovery.opened", "step.failed"]
 
 # A PagerDuty Events API v2 integration key ("routing key"): 32 letters and digits.
 ROUTING_KEY_PATTERN = re.compile(r"[A-Za-z0-9]{32}")
@@ -556,10 +544,8 @@ class NotificationChannel(models.Model):
         return PAGEABLE_EVENTS if self.kind == self.Kind.PAGERDUTY else CHANNEL_EVENTS
 
     def wants(self, event: str, risk: str) -> bool:
-        """Whether this channel takes ``event`` at ``risk`` (a test always goes through). A channel
-        that chose no events takes every one it could choose (``choosable_events``); what became
-        of an announced subject (``FOLLOW_UP_EVENTS``) is decided by
-        ``recovery.notifications.pagerduty``, not here."""
+        """Whether this channel takes ``event`` at ``risk`` (a test always goes through); one that
+        chose none takes every one it could choose (``FOLLOW_UP_EVENTS``: never asked here)."""
         if event == NotificationEvent.TEST:
             return True
         chosen = event in self.events if self.events else event in self.choosable_events()
@@ -637,69 +623,6 @@ class Notification(models.Model):
         return f"{self.id} {self.event} → {self.channel_name} ({self.status})"
 
 
-class SlackApp(models.Model):
-    """A tenant's Slack app: its signing secret verifies Slack's requests; approval messages then
-    carry buttons. ``operator_owned``: the installation's app (``SAGA_SLACK_SIGNING_SECRET``), where
-    a press decides; otherwise a press only asks (``recovery.actions.channels.slack_press_decides``)."""
-
-    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="slack_app")
-    signing_secret = models.CharField(max_length=200, blank=True)
-    operator_owned = models.BooleanField(default=False, db_default=False)
-    updated_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    updated_at = models.DateTimeField(auto_now=True)
-
-    def __str__(self) -> str:
-        return f"Slack app of {self.tenant_id}"
-
-
-class SlackUserLink(models.Model):
-    """A Slack user (workspace team id + user id) who is a dashboard user of the tenant: whose
-    button presses count as that user's decisions. Made only by that user (``SlackLinkCode``);
-    ``confirmed_at`` is when they did. A link without it was typed in by an admin before links
-    became self-service: it is listed so an admin can remove it, and counts for nothing."""
-
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="slack_user_links")
-    team_id = models.CharField(max_length=32)
-    slack_user_id = models.CharField(max_length=32)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
-    confirmed_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["tenant", "team_id", "slack_user_id"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["tenant", "team_id", "slack_user_id"], name="slack_user_once_per_tenant"
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"Slack link of user {self.user_id}"  # tenant admins see who, not which Slack user
-
-
-class SlackLinkCode(models.Model):
-    """A one-time code the dashboard showed a signed-in user so they can link their Slack account:
-    sent back from Slack in a signed command, it links the Slack user who sent it to this user, in
-    this tenant. Stored as a SHA-256 of the code (which is random: 80 bits), never the code; one
-    per user and tenant (asking again replaces it); deleted when used."""
-
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
-    code_hash = models.CharField(max_length=64, unique=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    expires_at = models.DateTimeField()
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["tenant", "user"], name="slack_link_code_once_per_user"),
-        ]
-
-    def __str__(self) -> str:
-        return f"Slack link code of {self.user_id} in {self.tenant_id}"
-
-
 # --- State machines (checked by ledger.transitions.compare_and_set) ---------------------------
 
 ITEM_TRANSITIONS: dict[str, set[str]] = {
@@ -766,3 +689,9 @@ STEP_TRANSITIONS: dict[str, set[str]] = {
     _Step.DONE: set(),
     _Step.SKIPPED: set(),
 }
+
+
+# Models of this app in a module of their own (a tenant's Slack app and its links), imported here.
+from recovery.slack_models import SlackApp as SlackApp  # noqa: E402
+from recovery.slack_models import SlackLinkCode as SlackLinkCode  # noqa: E402
+from recovery.slack_models import SlackUserLink as SlackUserLink  # noqa: E402

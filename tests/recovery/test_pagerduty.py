@@ -31,6 +31,7 @@ from recovery.actions.periodic import approvals_expire
 from recovery.actions.resolutions import item_close
 from recovery.models import Notification, NotificationChannel, UnwindStep
 from recovery.notifications.delivery import notification_deliver
+from recovery.notifications.outbox import notify
 from recovery.unwinds.advance import unwind_advance_move
 from recovery.unwinds.claim import step_claim
 from recovery.unwinds.runner import step_record_outcome
@@ -306,6 +307,24 @@ def test_other_channels_hear_nothing_new(tenant, agent, alice, bob, dave, pagerd
     approval_reject(approval=approval, actor=Actor.for_user(bob), reason="no")
     events = set(Notification.objects.values_list("event", flat=True))
     assert events == {"recovery.opened", "approval.requested"}
+
+
+def test_a_summary_past_pagerdutys_limit_is_cut_and_control_characters_go(tenant, dave, pagerduty):
+    _pd_channel(tenant, dave)
+    notify(
+        tenant=tenant,
+        event="recovery.opened",
+        subject_id="rec_long",
+        run_id="run_long",
+        summary="line one\nline two\t" + "x" * 5000,
+        path="/runs/run_long/",
+        risk="critical",
+    )
+    assert _deliver_all() == ["delivered"]
+    [event] = pagerduty.accepted()
+    summary = event["payload"]["summary"]
+    assert len(summary) == 1024 and summary.startswith("line one line two xxx")
+    assert event["payload"]["severity"] == "critical"
 
 
 # --- Answers ------------------------------------------------------------------------------------
