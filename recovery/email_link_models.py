@@ -1,5 +1,5 @@
-"""The e-mail decision links that were used (``recovery.notifications.email_links``). Re-exported
-by ``recovery.models``, where the approvals are."""
+"""The e-mail decision links that were used (``recovery.notifications.email_links``): a model of
+the ``recovery`` app, kept apart from ``recovery.models`` (which imports it)."""
 
 from __future__ import annotations
 

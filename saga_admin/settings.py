@@ -153,6 +153,10 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# Django's PostgreSQL backend with a health check of reused connections that needs no round trip
+# when the socket shows the server has not closed it (infra/postgresql/base.py): Django's
+# `SELECT 1` before each request's first query doubled every ledger write's round trips.
+DATABASES["default"]["ENGINE"] = "infra.postgresql"
 # Behind a connection pooler (SAGA_DB_POOLER: unset for a direct connection, `session` or
 # `transaction` for PgBouncer's pool modes; docs/DEPLOY.md, "Behind PgBouncer"). A pooler refuses
 # the `options` startup parameter outright (PgBouncer: "unsupported startup parameter: options"),
@@ -384,6 +388,11 @@ SAGA: dict[str, Any] = {
     # Attempts per notification (backoff as compensators: SAGA_RETRY_BACKOFF_BASE_S doubling up
     # to 10x SAGA_RETRY_BACKOFF_MAX_S), then it is marked failed.
     "NOTIFY_MAX_ATTEMPTS": env_int("SAGA_NOTIFY_MAX_ATTEMPTS", 10),
+    # Where PagerDuty channels that name no endpoint of their own send their events (the EU
+    # service region: https://events.eu.pagerduty.com/v2/enqueue). The operator's: trusted.
+    "PAGERDUTY_EVENTS_URL": os.environ.get(
+        "SAGA_PAGERDUTY_EVENTS_URL", "https://events.pagerduty.com/v2/enqueue"
+    ).strip(),
     # How long delivered, dropped and failed notifications are kept before the worker prunes them
     # (SAGA_NOTIFICATION_RETENTION, a duration: 30d; never below a day). Undelivered ones never are.
     "NOTIFICATION_RETENTION_S": notification_retention_s(),

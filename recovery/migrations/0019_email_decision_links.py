@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     its primary key the nonce, so a link decides at most once."""
 
     dependencies = [
-        ("recovery", "0017_slack_app_operator_owned"),
+        ("recovery", "0018_pagerduty_channel"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
