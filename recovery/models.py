@@ -300,6 +300,11 @@ class Approval(models.Model):
     on_timeout = models.CharField(max_length=16, default="reject", db_default="reject")
     escalate_to = models.CharField(max_length=150, blank=True, default="", db_default="")
     escalated_at = models.DateTimeField(null=True, blank=True)
+    # Handed over (``recovery.transitions.delegation``): the person its escalation named, who was
+    # away, and when it went to their delegate (``escalate_to`` names the delegate from then on).
+    # The person named may still decide it.
+    delegated_from = models.CharField(max_length=150, blank=True, default="", db_default="")
+    delegated_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
