@@ -18,7 +18,10 @@ class AwayForm(forms.Form):
     away_until = forms.DateTimeField(
         label="Away until (UTC)",
         input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"],
-        error_messages={"required": "Say until when you are away.", "invalid": "Away until: not a date and time."},
+        error_messages={
+            "required": "Say until when you are away.",
+            "invalid": "Away until: not a date and time.",
+        },
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
     )
     delegate = forms.CharField(

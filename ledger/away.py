@@ -196,21 +196,21 @@ def membership_away_set(
 
 def _loop_through(*, tenant: Tenant, start: Membership, back_to: User, now: datetime) -> list[str]:
     """The chain from ``start`` (the delegate) over the people away now that reaches ``back_to``
-    (their usernames), or [] when it does not."""
+    (their usernames), or [] when it does not. Followed to its end, however long (each person
+    once): a loop longer than ``CHAIN_MAX`` is a loop too."""
     chain: list[str] = []
     membership: Membership | None = start
     seen: set[int] = set()
-    while membership is not None and membership.user_id not in seen and len(chain) <= CHAIN_MAX:
+    while membership is not None and membership.user_id not in seen:
         seen.add(membership.user_id)
         if membership.away_until is None or membership.away_until <= now or membership.away_delegate is None:
             return []
-        chain.append(membership.away_delegate.get_username())
-        if membership.away_delegate_id == back_to.pk:
+        delegate = membership.away_delegate
+        chain.append(delegate.get_username())
+        if delegate.pk == back_to.pk:
             return chain
         membership = (
-            Membership.objects.select_related("away_delegate")
-            .filter(tenant=tenant, user_id=membership.away_delegate_id)
-            .first()
+            Membership.objects.select_related("away_delegate").filter(tenant=tenant, user=delegate).first()
         )
     return []
 

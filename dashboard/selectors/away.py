@@ -66,9 +66,7 @@ def delegate_choices(user: User, tenants: list[Tenant]) -> list[tuple[Tenant, li
     """Per tenant, the usernames of who may cover for ``user`` there: its other active approvers
     and admins."""
     rows = (
-        Membership.objects.filter(
-            tenant__in=tenants, role__in=COVERING_ROLES, user__is_active=True
-        )
+        Membership.objects.filter(tenant__in=tenants, role__in=COVERING_ROLES, user__is_active=True)
         .exclude(user=user)
         .order_by("user__username")
         .values_list("tenant_id", "user__username")

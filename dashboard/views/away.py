@@ -27,7 +27,9 @@ from ledger.models import Tenant
 from recovery.actions import away as away_actions
 
 
-def _context(request: HtmxHttpRequest, form: AwayForm, tenants: list[Tenant], error: str = "") -> dict[str, Any]:
+def _context(
+    request: HtmxHttpRequest, form: AwayForm, tenants: list[Tenant], error: str = ""
+) -> dict[str, Any]:
     assert isinstance(request.user, User)
     aways = away_selectors.own_aways(request.user)
     return {
@@ -67,7 +69,10 @@ def away(request: HtmxHttpRequest) -> HttpResponse:
     form = AwayForm(request.POST, tenants=tenants)
     if not form.is_valid():
         return render(
-            request, "dashboard/away.html", _context(request, form, tenants, common.form_errors(form)), status=422
+            request,
+            "dashboard/away.html",
+            _context(request, form, tenants, common.form_errors(form)),
+            status=422,
         )
     tenant = next(t for t in tenants if t.pk == form.cleaned_data["tenant"])
     username = form.cleaned_data["delegate"].strip()

@@ -34,7 +34,11 @@ def _window(approval: Approval, now: datetime) -> None:
     """A fresh window of the approval's length from ``now``, reminded half way through it."""
     timeout_s = approval.timeout_s or int((approval.expires_at - approval.created_at).total_seconds())
     window = deadline_window(now=now, timeout_s=max(1, timeout_s))
-    approval.expires_at, approval.remind_at, approval.reminded_at = window["expires_at"], window["remind_at"], None
+    approval.expires_at, approval.remind_at, approval.reminded_at = (
+        window["expires_at"],
+        window["remind_at"],
+        None,
+    )
 
 
 def approval_hand_over(approval: Approval, *, now: datetime, actor: Actor, tell: bool = True) -> Cover | None:
@@ -58,7 +62,14 @@ def approval_hand_over(approval: Approval, *, now: datetime, actor: Actor, tell:
     approval.delegated_at = now
     _window(approval, now)
     approval.save(
-        update_fields=["delegated_from", "escalate_to", "delegated_at", "expires_at", "remind_at", "reminded_at"]
+        update_fields=[
+            "delegated_from",
+            "escalate_to",
+            "delegated_at",
+            "expires_at",
+            "remind_at",
+            "reminded_at",
+        ]
     )
     run = approval.run
     audit_record(
@@ -81,11 +92,15 @@ def approval_hand_over(approval: Approval, *, now: datetime, actor: Actor, tell:
     approval.tenant = run.tenant
     if tell:
         email = (cover.delegate.email or "").strip()
-        outbox.notify_approval_delegated(approval, named=named, until=cover.until, emails=[email] if email else [])
+        outbox.notify_approval_delegated(
+            approval, named=named, until=cover.until, emails=[email] if email else []
+        )
     return cover
 
 
-def approvals_hand_over_for(*, tenant_id: int, username: str, actor: Actor, now: datetime | None = None) -> int:
+def approvals_hand_over_for(
+    *, tenant_id: int, username: str, actor: Actor, now: datetime | None = None
+) -> int:
     """Hand over every pending approval escalated to ``username`` in the tenant (they just set
     their away). Each under its row lock; one decided meanwhile is left alone. How many went. The
     caller holds the transaction."""

@@ -208,6 +208,10 @@ def test_a_chain_goes_to_the_first_person_present_and_stops_at_its_limit(tenant,
         _away(this, tenant, delegate)
     assert ledger_away.cover_for(tenant_id=tenant.pk, username="p0") is None
     assert ledger_away.cover_for(tenant_id=tenant.pk, username="p2") is not None
+    # However long, a chain back to the one setting it is a loop.
+    with pytest.raises(errors.ValidationFailed) as refused:
+        _away(people[-1], tenant, people[0])
+    assert refused.value.code == "away_loop"
     # A delegate who no longer approves covers nobody either.
     Membership.objects.filter(user=cat, tenant=tenant).update(role="viewer")
     assert ledger_away.cover_for(tenant_id=tenant.pk, username="ann") is None
@@ -262,7 +266,11 @@ def test_setting_and_clearing_an_away_is_audited(tenant):
     _away(ann, tenant, ben, now=now, days=2)
     [first] = _events("membership.away_set")
     assert first.actor_label == "ann"
-    assert first.data == {"user": "ann", "away_until": (now + timedelta(days=2)).isoformat(), "delegate": "ben"}
+    assert first.data == {
+        "user": "ann",
+        "away_until": (now + timedelta(days=2)).isoformat(),
+        "delegate": "ben",
+    }
     _away(ann, tenant, cat, now=now, days=4)
     second = _events("membership.away_set")[1]
     assert second.data["delegate"] == "cat" and second.data["replaces"]["delegate"] == "ben"
