@@ -57,7 +57,10 @@ def approval_hand_over(approval: Approval, *, now: datetime, actor: Actor, tell:
     if cover is None:
         return None
     delegate = cover.delegate.get_username()
-    approval.delegated_from = approval.delegated_from or named
+    # The person it was first escalated to stays on record (and may decide it), unless it now goes
+    # back to them: then it comes from whoever hands it over now.
+    first = approval.delegated_from or named
+    approval.delegated_from = named if first == delegate else first
     approval.escalate_to = delegate
     approval.delegated_at = now
     _window(approval, now)

@@ -143,11 +143,16 @@ def test_an_approval_already_escalated_goes_when_its_person_sets_away(tenant, ag
     assert told.context["recipients"] == ["ben@acme.example"]
     assert told.body["summary"].startswith("Delegated to ben: ann is away until")
 
+    # Setting away again hands over nothing more (it is ben's already).
+    assert _away(ann, tenant, ben, now=set_at).handed_over == 0
+    # ann back, ben away naming her: it goes back to ann, from ben.
+    away_actions.away_clear(user=ann, tenant=tenant, actor=Actor.for_user(ann), now=set_at)
+    assert _away(ben, tenant, ann, now=set_at + timedelta(seconds=5)).handed_over == 1
+    approval.refresh_from_db()
+    assert (approval.escalate_to, approval.delegated_from) == ("ann", "ben")
     # The old deadline is no deadline any more; the new one expires it.
     assert approvals_expire(now=old_deadline + timedelta(seconds=1)) == 0
     assert approvals_expire(now=approval.expires_at) == 1
-    # Setting away again hands over nothing more (it is ben's already).
-    assert _away(ann, tenant, ben).handed_over == 0
 
 
 def test_a_role_escalation_writes_to_an_away_member_through_their_delegate(tenant, agent):
