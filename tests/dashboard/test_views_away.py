@@ -202,3 +202,12 @@ def test_the_form_needs_its_csrf_token(tenant, bob):
     page = client.get(URL).content.decode()
     token = page.split('name="csrfmiddlewaretoken" value="')[1].split('"')[0]
     assert client.post(URL, {**body, "csrfmiddlewaretoken": token}).status_code == 303
+
+
+def test_the_django_admin_shows_an_away_and_never_edits_it(admin_client, tenant, bob):
+    member(tenant, "erin", "approver")
+    membership = Membership.objects.get(user=bob, tenant=tenant)
+    page = admin_client.get(f"/admin/ledger/membership/{membership.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "Away until" in html and 'name="away_until"' not in html and 'name="away_delegate"' not in html
