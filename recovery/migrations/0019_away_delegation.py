@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('recovery', '0017_slack_app_operator_owned'),
+        ('recovery', '0018_pagerduty_channel'),
     ]
 
     operations = [
