@@ -7,6 +7,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import render_to_string
@@ -16,6 +17,7 @@ from django.views.decorators.http import require_GET, require_POST
 from dashboard.forms import ApproveForm, ReasonForm
 from dashboard.permissions import Capability, can, require
 from dashboard.presenters import approval_cards
+from dashboard.selectors import away as away_selectors
 from dashboard.selectors import inbox as inbox_selectors
 from dashboard.selectors import live
 from dashboard.templatetags.dashboard import pretty_json
@@ -80,6 +82,8 @@ def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -
         "can_decide": can(request.user, Capability.APPROVE, approval.tenant_id) and not escalated_away,
         # Escalated to others: since its deadline passed, only they decide it.
         "escalated_away": escalated_away,
+        # Handed over from an away person (``recovery.transitions.delegation``): until when they are away.
+        "delegated_until": away_selectors.delegated_from_until(approval) if approval.delegated_from else None,
         # Whoever asked may reject but never grant (the service refuses: self_approval).
         "own_request": recovery_approvals.is_requester(
             approval, common.actor(request), owned=_keys_owned(request), people=_people(request)
@@ -97,6 +101,8 @@ def approvals(request: HtmxHttpRequest) -> HttpResponse:
         "cards": [_approval_card(request, approval) for approval in page.approvals],
         "next_cursor": page.next_cursor,
         "paged": bool(cursor),
+        # The signed-in person's aways and the ones they cover (``dashboard.selectors.away``).
+        "away_notes": away_selectors.away_notes(request.user) if isinstance(request.user, User) else [],
     }
     if request.htmx and request.htmx.target == "approvals-more":
         return render(request, "dashboard/approvals.html#approval-cards", context)

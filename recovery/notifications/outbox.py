@@ -264,9 +264,19 @@ def approval_lines(approval: Approval) -> list[str]:
     hash, ``approval.args_hash``, and offered only when they were not cut)."""
     return [
         f"{approval.get_kind_display()}: {approval.tool}",
+        *([delegated_line(approval)] if approval.delegated_from else []),
         deadline_line(approval),
         f"Args: {args_shown(approval.args)}",
     ]
+
+
+def delegated_line(approval: Approval) -> str:
+    """``Delegated from ann to bob at 14:05 UTC: ann is away.`` (the hand-over's words)."""
+    when = clock(approval.delegated_at, timezone.now()) if approval.delegated_at else "?"
+    return (
+        f"Delegated from {approval.delegated_from} to {approval.escalate_to} at {when}: "
+        f"{approval.delegated_from} is away."
+    )
 
 
 def _notify_approval_waiting(
@@ -313,18 +323,44 @@ def notify_approval_reminder(approval: Approval) -> list[Notification]:
 
 
 def notify_approval_escalated(
-    approval: Approval, *, missed: datetime, emails: list[str] | None = None
+    approval: Approval,
+    *,
+    missed: datetime,
+    emails: list[str] | None = None,
+    away_until: datetime | None = None,
 ) -> list[Notification]:
     """Nobody decided before the deadline: the approval now waits for ``escalate_to``, told once
     (the escalation's compare-and-set, ``recovery.approval_deadlines.approval_escalate``): the
-    tenant's channels, and by e-mail the people it now waits for (``emails``)."""
+    tenant's channels, and by e-mail the people it now waits for (``emails``). ``away_until``: it
+    was escalated to a person away until then and handed over to ``escalate_to``, their delegate."""
+    delegated = (
+        f" (delegate of {approval.delegated_from}, away until {clock(away_until, timezone.now())})"
+        if away_until is not None and approval.delegated_from
+        else ""
+    )
     return _notify_approval_waiting(
         approval,
         Event.APPROVAL_ESCALATED,
-        f"Escalated to {approval.escalate_to}: approval of {approval.tool} ({approval.risk} risk) on run "
-        f"{approval.run_id}, nobody decided by {clock(missed, timezone.now())}",
+        f"Escalated to {approval.escalate_to}{delegated}: approval of {approval.tool} ({approval.risk} risk) "
+        f"on run {approval.run_id}, nobody decided by {clock(missed, timezone.now())}",
         lines=[f"Now decided by {escalation_who_words(approval.escalate_to)} only."],
         people=(escalation_who_words(approval.escalate_to), emails or []),
+    )
+
+
+def notify_approval_delegated(
+    approval: Approval, *, named: str, until: datetime, emails: list[str]
+) -> list[Notification]:
+    """An escalated approval went from ``named``, who is away until ``until``, to their delegate
+    (``recovery.transitions.delegation``): the channels that take ``approval.escalated`` hear, and
+    the delegate is written to (``emails``)."""
+    return _notify_approval_waiting(
+        approval,
+        Event.APPROVAL_ESCALATED,
+        f"Delegated to {approval.escalate_to}: {named} is away until {clock(until, timezone.now())}; "
+        f"approval of {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
+        lines=[f"Now decided by {approval.escalate_to} (or {named})."],
+        people=(approval.escalate_to, emails),
     )
 
 
