@@ -260,7 +260,7 @@ class ChannelForm(forms.Form):
     target = forms.CharField(
         label="Send to",
         max_length=2000,
-        help_text="E-mail: addresses, comma-separated. Webhook and Slack: the URL.",
+        help_text="E-mail: addresses, comma-separated. Webhook, Slack and Teams: the URL.",
         widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
     )
     secret = forms.CharField(
@@ -275,7 +275,7 @@ class ChannelForm(forms.Form):
         required=False,
         choices=[(e, NotificationEvent(e).label) for e in CHANNEL_EVENTS],
         widget=forms.CheckboxSelectMultiple,
-        help_text="None ticked: every event.",
+        help_text="None ticked: every event (approval decisions only for Teams, which follows each card).",
     )
     min_risk = forms.ChoiceField(label="Minimum risk", choices=Risk.choices, initial=Risk.LOW)
     enabled = forms.BooleanField(label="Enabled", required=False, initial=True)

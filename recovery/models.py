@@ -415,6 +415,7 @@ class NotificationEvent(models.TextChoices):
     APPROVAL_REMINDER = "approval.reminder", "Approval reminder (half its window)"
     APPROVAL_ESCALATED = "approval.escalated", "Approval escalated (nobody decided in time)"
     APPROVAL_EXPIRED = "approval.expired", "Approval expired (timed out)"
+    APPROVAL_DECIDED = "approval.decided", "Approval decided (approved or rejected)"
     RECOVERY_OPENED = "recovery.opened", "Run in the recovery queue"
     STEP_FAILED = "step.failed", "Compensation step failed"
     UNWIND_FINISHED = "unwind.finished", "Unwind finished"
@@ -424,17 +425,24 @@ class NotificationEvent(models.TextChoices):
 
 # What a channel chooses from (a test is sent whatever it chose).
 CHANNEL_EVENTS = [e for e in NotificationEvent.values if e != NotificationEvent.TEST]
+# Events a channel takes only when it chose them, or when it is a kind that follows an approval's
+# card (Teams): a channel that chose no events ("every event"), and the environment's channels,
+# were set up before decisions were announced, and a decision the approver just made in the
+# dashboard is news to few of them.
+OPT_IN_EVENTS = frozenset({NotificationEvent.APPROVAL_DECIDED.value})
 
 
 class NotificationChannel(models.Model):
     """Where a tenant's notifications go. ``target``: comma-separated e-mail addresses, or the
-    webhook / Slack incoming-webhook URL (checked by ``infra.outbound.check_url`` when saved and
-    again before each send). ``secret`` signs webhook bodies (the compensator scheme)."""
+    webhook / Slack incoming-webhook / Teams Workflows-webhook URL (checked by
+    ``infra.outbound.check_url`` when saved and again before each send). ``secret`` signs webhook
+    bodies (the compensator scheme)."""
 
     class Kind(models.TextChoices):
         EMAIL = "email", "E-mail"
         WEBHOOK = "webhook", "Signed webhook"
         SLACK = "slack", "Slack incoming webhook"
+        TEAMS = "teams", "Microsoft Teams (Workflows webhook)"
 
     id = models.CharField(primary_key=True, max_length=40, default=ids.new_channel_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="notification_channels")
@@ -456,7 +464,7 @@ class NotificationChannel(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="channel_name_per_tenant"),
             models.CheckConstraint(
-                condition=Q(kind__in=["email", "webhook", "slack"]), name="channel_kind_valid"
+                condition=Q(kind__in=["email", "webhook", "slack", "teams"]), name="channel_kind_valid"
             ),
         ]
 
@@ -476,7 +484,7 @@ class NotificationChannel(models.Model):
                 except ValidationError:
                     raise ValidationError({"target": f"{address!r} is not an e-mail address."}) from None
             self.target = ", ".join(addresses)
-        elif self.kind in (self.Kind.WEBHOOK, self.Kind.SLACK):
+        elif self.kind in (self.Kind.WEBHOOK, self.Kind.SLACK, self.Kind.TEAMS):
             try:
                 outbound.check_url(self.target.strip(), field="URL", owner=outbound.owner_of(self.tenant_id))
             except errors.UrlNotAllowed as exc:
@@ -491,10 +499,15 @@ class NotificationChannel(models.Model):
             raise ValidationError({"events": f"Unknown events: {unknown}."})
 
     def wants(self, event: str, risk: str) -> bool:
-        """Whether this channel takes ``event`` at ``risk`` (a test always goes through)."""
+        """Whether this channel takes ``event`` at ``risk`` (a test always goes through). No events
+        chosen: every event, the opt-in ones (``OPT_IN_EVENTS``) only for a Teams channel, whose
+        decision card follows the approval's."""
         if event == NotificationEvent.TEST:
             return True
-        chosen = event in self.events if self.events else True
+        if self.events:
+            chosen = event in self.events
+        else:
+            chosen = event not in OPT_IN_EVENTS or self.kind == self.Kind.TEAMS
         return chosen and RISK_ORDER[Risk(risk or Risk.LOW)] >= RISK_ORDER[Risk(self.min_risk)]
 
 

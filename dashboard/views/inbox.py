@@ -1,5 +1,8 @@
 """The approval inbox: pending approvals as cards (``dashboard.presenters.approval_cards``), one
-page at a time, and approving or rejecting one (a whole card back for htmx, with the nav badge)."""
+page at a time, and approving or rejecting one (a whole card back for htmx, with the nav badge).
+``?approval=ID`` shows that one approval's card, whatever its status (a link from a Teams card),
+and ``&decide=approve`` or ``reject`` says which decision was chosen there, for the signed-in
+person to confirm with the card's own form: a GET never decides."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
 from recovery import decisions as recovery_decisions
+from recovery import teams
 from recovery.actions import approvals as approval_actions
 from recovery.models import Approval
 from recovery.transitions import approvals as recovery_approvals
@@ -91,6 +95,8 @@ def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -
 @require_GET
 @login_required
 def approvals(request: HtmxHttpRequest) -> HttpResponse:
+    if "approval" in request.GET:
+        return _one_approval(request)
     cursor = request.GET.get("cursor", "")
     page = inbox_selectors.approvals_pending(user=request.user, cursor=cursor)
     context = {
@@ -100,6 +106,20 @@ def approvals(request: HtmxHttpRequest) -> HttpResponse:
     }
     if request.htmx and request.htmx.target == "approvals-more":
         return render(request, "dashboard/approvals.html#approval-cards", context)
+    return render(request, "dashboard/approvals.html", context)
+
+
+def _one_approval(request: HtmxHttpRequest) -> HttpResponse:
+    """One approval's card (404 outside the user's tenants), with the decision a link chose
+    (``decide``; anything else is ignored) named above its form, for the person to confirm."""
+    approval = common.get_or_404(
+        Approval.objects.select_related("run__tenant", *inbox_selectors.APPROVAL_CARD_RELATED),
+        request.GET.get("approval", "")[:40],
+        request,
+    )
+    decide = request.GET.get("decide", "")
+    card = _approval_card(request, approval, decide=decide if decide in teams.DECISIONS else "")
+    context = {"cards": [card], "next_cursor": "", "paged": False, "one": approval}
     return render(request, "dashboard/approvals.html", context)
 
 

@@ -1,5 +1,5 @@
 """Delivering one outbox row: a worker job (``notification_deliver``) claims the row by
-compare-and-set, sends it (e-mail, signed webhook, Slack) and records the attempt; a failure that
+compare-and-set, sends it (e-mail, signed webhook, Slack, Teams) and records the attempt; a failure that
 may pass is retried with exponential backoff, and the sweeper re-enqueues rows whose job was lost
 (Redis down when it was enqueued, a worker killed). So Redis or a channel being down delays a
 notification and loses nothing. Also the answer to a Slack interaction (``slack_respond``).
@@ -22,14 +22,16 @@ import structlog
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db.models import F, Q
+from django.urls import reverse
 from django.utils import timezone
 
 from infra import deadline, errors, outbound
 from infra.conf import saga
 from infra.signing import signed_headers
 from ledger.transitions import compare_and_set_rows, try_compare_and_set
-from recovery import queueing, slack
+from recovery import queueing, slack, teams
 from recovery.models import AgentCommand, Approval, Notification, SlackApp
+from recovery.notifications import outbox
 from recovery.notifications.outbox import Event, Kind, enqueue_delivery
 
 log = structlog.get_logger(__name__)
@@ -194,6 +196,9 @@ def _send(row: Notification) -> Attempt:
     if row.kind == Kind.SLACK:
         assert channel is not None  # environment channels are e-mail and webhooks
         return _post_checked(row, channel.target, _slack_body(row), headers={})
+    if row.kind == Kind.TEAMS:
+        assert channel is not None
+        return _post_checked(row, channel.target, _teams_body(row), headers={})
     content = json.dumps(row.body, sort_keys=True).encode()
     secret = channel.secret if channel is not None else saga().notify_webhook_secret
     headers = dict(signed_headers(secret, content)) if secret else {}
@@ -266,6 +271,42 @@ def _slack_body(row: Notification) -> bytes:
     return json.dumps(message).encode()
 
 
+# The events whose card offers Approve… and Reject… while the approval waits.
+_TEAMS_DECIDING = (Event.APPROVAL_REQUESTED, Event.APPROVAL_REMINDER, Event.APPROVAL_ESCALATED)
+
+
+def _teams_body(row: Notification) -> bytes:
+    approval_id = str(row.context.get("approval_id") or "")
+    deciding = (
+        bool(approval_id)
+        and row.event in _TEAMS_DECIDING
+        and Approval.objects.filter(
+            pk=approval_id, tenant_id=row.tenant_id, status=Approval.Status.PENDING
+        ).exists()
+    )
+    inbox = outbox.public_url(reverse("dashboard:approvals"))
+    facts = [
+        (str(pair[0]), str(pair[1]))
+        for pair in row.context.get("facts") or []
+        if isinstance(pair, list | tuple) and len(pair) == 2
+    ]
+    message = teams.message(
+        summary=str(row.body.get("summary", "")),
+        url=str(row.body.get("url", "")),
+        risk=row.risk,
+        run_id=row.run_id,
+        lines=[str(line) for line in row.context.get("lines") or []],
+        facts=facts,
+        approve_url=teams.decision_url(approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_APPROVE)
+        if deciding
+        else "",
+        reject_url=teams.decision_url(approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_REJECT)
+        if deciding
+        else "",
+    )
+    return json.dumps(message).encode()
+
+
 def _slack_buttons_wanted(row: Notification, approval_id: str) -> bool:
     # Buttons only where a press can be verified (the tenant connected a Slack app) and can still
     # decide something (the approval is pending).
@@ -309,7 +350,8 @@ def _post_checked(row: Notification, url: str, content: bytes, *, headers: dict[
         )
     except httpx.HTTPError as exc:
         return Attempt("retry", f"{type(exc).__name__}: {exc}")
-    return _answer(response, what="Slack" if row.kind == Kind.SLACK else "The webhook")
+    what = {Kind.SLACK: "Slack", Kind.TEAMS: "Teams"}.get(row.kind, "The webhook")
+    return _answer(response, what=what)
 
 
 def _post_trusted(row: Notification, url: str, content: bytes, headers: dict[str, str]) -> Attempt:

@@ -23,6 +23,7 @@ from ledger.models import Risk, Run, Tenant
 from recovery import queueing
 from recovery.deadline_words import clock, deadline_line, escalation_who_words
 from recovery.models import (
+    OPT_IN_EVENTS,
     AgentCommand,
     Approval,
     Notification,
@@ -54,6 +55,7 @@ def notify(
     lines: list[str] | None = None,
     approval_id: str = "",
     args_hash: str = "",
+    facts: list[tuple[str, str]] | None = None,
     channels: list[NotificationChannel] | None = None,
     people: tuple[str, list[str]] | None = None,
 ) -> list[Notification]:
@@ -65,7 +67,10 @@ def notify(
     The webhook body is fixed here, once for all its channels: ``{event, tenant, id, run_id,
     summary, url, created_at}`` with ``id`` the subject's (approval, item, step, unwind, command).
     ``people``: (who, addresses) — one e-mail more, to these people themselves, whatever the
-    channels want (an escalation's new approvers)."""
+    channels want (an escalation's new approvers). ``facts``: (label, value) pairs a card shows
+    apart from ``lines`` (a Teams card's fact set: the tool, who asked, the deadline).
+
+    The environment's channels take every event but the opt-in ones (``OPT_IN_EVENTS``)."""
     now = timezone.now()
     body = {
         "event": event,
@@ -77,7 +82,9 @@ def notify(
         "created_at": now.isoformat(),
     }
     # ``args_hash``: the hash of the arguments ``lines`` show, which a Slack Approve button carries.
-    context = {"lines": lines or [], "approval_id": approval_id, "args_hash": args_hash}
+    context: dict[str, Any] = {"lines": lines or [], "approval_id": approval_id, "args_hash": args_hash}
+    if facts:
+        context["facts"] = [[label, value] for label, value in facts]
     common = {
         "tenant": tenant,
         "event": event,
@@ -98,7 +105,7 @@ def notify(
     for channel in chosen:
         if channels is not None or channel.wants(event, risk):
             rows.append(Notification(channel=channel, channel_name=channel.name, kind=channel.kind, **common))
-    if channels is None:
+    if channels is None and event not in OPT_IN_EVENTS:
         config = saga()
         if config.notify_emails:
             rows.append(
@@ -202,6 +209,31 @@ def approval_lines(approval: Approval) -> list[str]:
     ]
 
 
+def asked_by_words(approval: Approval) -> str:
+    """Who asked for an approval: the key that recorded it, the person, or else (an automatic
+    compensation) Saga Admin."""
+    if approval.requested_by_key_id is not None and approval.requested_by_key is not None:
+        return f"agent key {approval.requested_by_key.name}"
+    if approval.requested_by_id is not None and approval.requested_by is not None:
+        return approval.requested_by.get_username()
+    return "Saga Admin (an automatic compensation)"
+
+
+def approval_facts(approval: Approval, *, deadline: bool = True) -> list[tuple[str, str]]:
+    """What a card says of an approval besides its lines: the tool, what it gates, who asked and
+    (while it waits) the deadline in words."""
+    facts = [
+        ("Tool", approval.tool),
+        ("Kind", approval.get_kind_display()),
+        ("Asked by", asked_by_words(approval)),
+    ]
+    if approval.approvers_required > 1:
+        facts.append(("Approvers needed", str(approval.approvers_required)))
+    if deadline:
+        facts.append(("Deadline", deadline_line(approval)))
+    return facts
+
+
 def _notify_approval_waiting(
     approval: Approval,
     event: str,
@@ -223,6 +255,7 @@ def _notify_approval_waiting(
         lines=[*(lines or []), *approval_lines(approval)],
         approval_id=approval.pk,
         args_hash=approval.args_hash,
+        facts=approval_facts(approval),
         people=people,
     )
 
@@ -281,6 +314,38 @@ def notify_approval_expired(approval: Approval) -> list[Notification]:
             f"{approval.get_kind_display()}: {approval.tool}",
             f"Deadline: {clock(approval.expires_at, timezone.now())}; {gated} (reason timed_out).",
         ],
+        approval_id=approval.pk,
+        facts=approval_facts(approval, deadline=False),
+    )
+
+
+def notify_approval_decided(approval: Approval, *, by: str) -> list[Notification]:
+    """A person approved or rejected the approval (``by``: who, in words), in the decision's
+    transaction: the card that follows the request's. Opt-in (``OPT_IN_EVENTS``): Teams channels
+    take it unless they chose their events, other channels only when they chose it."""
+    outcome = approval.get_status_display()
+    edited = bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash
+    lines = [
+        f"{approval.get_kind_display()}: {approval.tool}",
+        f"Decision: {outcome} by {by} at {clock(approval.decided_at or timezone.now(), timezone.now())}",
+        f"Reason: {approval.reason or '(none)'}",
+    ]
+    if edited:
+        lines += [
+            "The approver edited the arguments before approving them; these were approved:",
+            f"Args: {args_shown(approval.approved_args)}",
+        ]
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_DECIDED,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=f"{outcome} by {by}: {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
+        path=reverse("dashboard:run-detail", args=[approval.run_id]),
+        risk=approval.risk,
+        lines=lines,
+        approval_id=approval.pk,
+        facts=[*approval_facts(approval, deadline=False), ("Decision", f"{outcome} by {by}")],
     )
 
 
