@@ -504,10 +504,8 @@ class NotificationChannel(models.Model):
         decision card follows the approval's."""
         if event == NotificationEvent.TEST:
             return True
-        if self.events:
-            chosen = event in self.events
-        else:
-            chosen = event not in OPT_IN_EVENTS or self.kind == self.Kind.TEAMS
+        opted_in = event not in OPT_IN_EVENTS or self.kind == self.Kind.TEAMS
+        chosen = event in self.events if self.events else opted_in
         return chosen and RISK_ORDER[Risk(risk or Risk.LOW)] >= RISK_ORDER[Risk(self.min_risk)]
 
 

@@ -11,9 +11,10 @@ it posted, so reminders, escalations, expiry and decisions post a card of their 
 it. Every other event gets a simpler card: its summary, what it says, and the link.
 
 Everything on a card is data: the card is built as dicts and serialised once, so no text (an
-argument, a tool name, a reason) can add JSON to it; text goes into TextRuns, which Teams shows
-as written (no Markdown), and into facts with Markdown's characters escaped; each piece is cut to
-a size that keeps the message well inside Teams' limit (about 28 KB), saying where it was cut.
+argument, a tool name, a reason) can add JSON to it; every text goes into a TextRun, which Teams
+shows as written (a TextBlock or a FactSet would read Markdown: a link in an argument would become
+a link); each piece is cut to a size that keeps the message well inside Teams' limit (about
+28 KB), saying where it was cut.
 
 Sending is ``recovery.notifications``'s business (through ``infra.outbound``'s guard, like every
 URL a tenant chose); this module only shapes.
@@ -21,7 +22,6 @@ URL a tenant chose); this module only shapes.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from urllib.parse import urlencode
 
@@ -43,8 +43,6 @@ ARGS_MAX = 12_000
 FACTS_MAX = 10
 
 _RISK_COLOR = {"low": "Good", "medium": "Warning", "high": "Attention", "critical": "Attention"}
-# The characters Teams' Markdown reads in a fact's value (a TextRun reads none).
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|>~<])")
 _ARGS_PREFIX = "Args: "
 
 
@@ -53,11 +51,6 @@ def cut(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text) - limit} more characters)"
-
-
-def markdown_escaped(text: str) -> str:
-    """``text`` with every character Markdown reads escaped, so it shows as written."""
-    return _MARKDOWN.sub(r"\\\1", text)
 
 
 def decision_url(*, approvals_url: str, approval_id: str, decide: str = "") -> str:
@@ -73,11 +66,18 @@ def _text(text: str, **style: Any) -> dict[str, Any]:
 
 
 def _facts(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    # Label in bold, then the value: TextRuns, so neither is read as Markdown (a FactSet's are).
     return {
-        "type": "FactSet",
-        "facts": [
-            {"title": markdown_escaped(cut(title, 60)), "value": markdown_escaped(cut(value, FACT_VALUE_MAX))}
-            for title, value in pairs[:FACTS_MAX]
+        "type": "Container",
+        "items": [
+            {
+                "type": "RichTextBlock",
+                "inlines": [
+                    {"type": "TextRun", "text": f"{cut(label, 60)}: ", "weight": "Bolder"},
+                    {"type": "TextRun", "text": cut(value, FACT_VALUE_MAX)},
+                ],
+            }
+            for label, value in pairs[:FACTS_MAX]
         ],
     }
 
@@ -101,7 +101,9 @@ def message(
     pairs = [("Risk", risk or "—"), ("Run", run_id or "—"), *(facts or [])]
     said = {value for _label, value in pairs}
     body: list[dict[str, Any]] = [
-        _text(cut(summary, SUMMARY_MAX), weight="Bolder", size="Medium", color=_RISK_COLOR.get(risk, "Default")),
+        _text(
+            cut(summary, SUMMARY_MAX), weight="Bolder", size="Medium", color=_RISK_COLOR.get(risk, "Default")
+        ),
         _facts(pairs),
     ]
     args = ""
@@ -117,7 +119,11 @@ def message(
         body.append(_text(f"… and {len(other) - LINES_MAX} more lines in Saga Admin.", isSubtle=True))
     if args:
         body.append(_text("Arguments", weight="Bolder"))
-        shown = args if len(args) <= ARGS_MAX else f"{args[:ARGS_MAX]}\n… cut here: the approval page shows them whole"
+        shown = (
+            args
+            if len(args) <= ARGS_MAX
+            else f"{args[:ARGS_MAX]}\n… cut here: the approval page shows them whole"
+        )
         body.append(
             {
                 "type": "Container",
@@ -127,9 +133,13 @@ def message(
         )
     actions: list[dict[str, Any]] = []
     if approve_url:
-        actions.append({"type": "Action.OpenUrl", "title": "Approve…", "url": approve_url, "style": "positive"})
+        actions.append(
+            {"type": "Action.OpenUrl", "title": "Approve…", "url": approve_url, "style": "positive"}
+        )
     if reject_url:
-        actions.append({"type": "Action.OpenUrl", "title": "Reject…", "url": reject_url, "style": "destructive"})
+        actions.append(
+            {"type": "Action.OpenUrl", "title": "Reject…", "url": reject_url, "style": "destructive"}
+        )
     actions.append({"type": "Action.OpenUrl", "title": "Open in Saga Admin", "url": url})
     if approve_url or reject_url:
         body.append(

@@ -6,11 +6,12 @@ person to confirm with the card's own form: a GET never decides."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -109,12 +110,19 @@ def approvals(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "dashboard/approvals.html", context)
 
 
+# What an approval id looks like (``apr_`` and a ULID); anything else is no approval, unread.
+_ID = re.compile(r"[A-Za-z0-9_]{1,40}")
+
+
 def _one_approval(request: HtmxHttpRequest) -> HttpResponse:
     """One approval's card (404 outside the user's tenants), with the decision a link chose
     (``decide``; anything else is ignored) named above its form, for the person to confirm."""
+    approval_id = request.GET.get("approval", "")
+    if not _ID.fullmatch(approval_id):
+        raise Http404("No such approval.")
     approval = common.get_or_404(
         Approval.objects.select_related("run__tenant", *inbox_selectors.APPROVAL_CARD_RELATED),
-        request.GET.get("approval", "")[:40],
+        approval_id,
         request,
     )
     decide = request.GET.get("decide", "")

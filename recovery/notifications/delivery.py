@@ -297,10 +297,14 @@ def _teams_body(row: Notification) -> bytes:
         run_id=row.run_id,
         lines=[str(line) for line in row.context.get("lines") or []],
         facts=facts,
-        approve_url=teams.decision_url(approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_APPROVE)
+        approve_url=teams.decision_url(
+            approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_APPROVE
+        )
         if deciding
         else "",
-        reject_url=teams.decision_url(approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_REJECT)
+        reject_url=teams.decision_url(
+            approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_REJECT
+        )
         if deciding
         else "",
     )

@@ -82,9 +82,12 @@ def notify(
         "created_at": now.isoformat(),
     }
     # ``args_hash``: the hash of the arguments ``lines`` show, which a Slack Approve button carries.
-    context: dict[str, Any] = {"lines": lines or [], "approval_id": approval_id, "args_hash": args_hash}
-    if facts:
-        context["facts"] = [[label, value] for label, value in facts]
+    context: dict[str, Any] = {
+        "lines": lines or [],
+        "approval_id": approval_id,
+        "args_hash": args_hash,
+        "facts": list(map(list, facts or [])),
+    }
     common = {
         "tenant": tenant,
         "event": event,

@@ -58,7 +58,9 @@ def card_problems(raw: bytes) -> str:
         message = json.loads(raw)
     except ValueError as exc:
         return f"not JSON: {exc}"
-    problems = [f"message: {e.message}" for e in jsonschema.Draft6Validator(MESSAGE_SCHEMA).iter_errors(message)]
+    problems = [
+        f"message: {e.message}" for e in jsonschema.Draft6Validator(MESSAGE_SCHEMA).iter_errors(message)
+    ]
     if problems:
         return "; ".join(problems)
     for index, attachment in enumerate(message["attachments"]):
