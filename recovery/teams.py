@@ -96,8 +96,9 @@ def message(
     """The Workflows / incoming-webhook message: ``{"type": "message", "attachments": [one
     Adaptive Card]}``. The card shows ``summary``, the risk and run, ``facts`` (label, value),
     ``lines`` (a line ``Args: …`` as the arguments, in monospace, cut past ``ARGS_MAX``; a line
-    already among the facts is not said twice) and buttons: "Approve…" and "Reject…" with
-    ``approve_url`` / ``reject_url`` (an approval still to decide), and "Open in Saga Admin"."""
+    that is a fact's value, or says ``Label: value`` of one, is not said twice) and buttons:
+    "Approve…" and "Reject…" with ``approve_url`` / ``reject_url`` (an approval still to decide),
+    and "Open in Saga Admin"."""
     pairs = [("Risk", risk or "—"), ("Run", run_id or "—"), *(facts or [])]
     said = {value for _label, value in pairs}
     body: list[dict[str, Any]] = [
@@ -111,7 +112,7 @@ def message(
     for line in lines:
         if line.startswith(_ARGS_PREFIX) and not args:
             args = line.removeprefix(_ARGS_PREFIX)
-        elif line not in said:
+        elif line not in said and line.partition(": ")[2] not in said - {""}:
             other.append(line)
     for line in other[:LINES_MAX]:
         body.append(_text(cut(line, LINE_MAX)))

@@ -276,15 +276,28 @@ _TEAMS_DECIDING = (Event.APPROVAL_REQUESTED, Event.APPROVAL_REMINDER, Event.APPR
 
 
 def _teams_body(row: Notification) -> bytes:
+    # Approve… and Reject… only while the approval can still be decided (pending, before its
+    # deadline); a card sent later links to its page alone.
     approval_id = str(row.context.get("approval_id") or "")
     deciding = (
         bool(approval_id)
         and row.event in _TEAMS_DECIDING
         and Approval.objects.filter(
-            pk=approval_id, tenant_id=row.tenant_id, status=Approval.Status.PENDING
+            pk=approval_id,
+            tenant_id=row.tenant_id,
+            status=Approval.Status.PENDING,
+            expires_at__gt=timezone.now(),
         ).exists()
     )
     inbox = outbox.public_url(reverse("dashboard:approvals"))
+    approve_url = reject_url = ""
+    if deciding:
+        approve_url = teams.decision_url(
+            approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_APPROVE
+        )
+        reject_url = teams.decision_url(
+            approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_REJECT
+        )
     facts = [
         (str(pair[0]), str(pair[1]))
         for pair in row.context.get("facts") or []
@@ -297,16 +310,8 @@ def _teams_body(row: Notification) -> bytes:
         run_id=row.run_id,
         lines=[str(line) for line in row.context.get("lines") or []],
         facts=facts,
-        approve_url=teams.decision_url(
-            approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_APPROVE
-        )
-        if deciding
-        else "",
-        reject_url=teams.decision_url(
-            approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_REJECT
-        )
-        if deciding
-        else "",
+        approve_url=approve_url,
+        reject_url=reject_url,
     )
     return json.dumps(message).encode()
 
@@ -354,7 +359,7 @@ def _post_checked(row: Notification, url: str, content: bytes, *, headers: dict[
         )
     except httpx.HTTPError as exc:
         return Attempt("retry", f"{type(exc).__name__}: {exc}")
-    what = {Kind.SLACK: "Slack", Kind.TEAMS: "Teams"}.get(row.kind, "The webhook")
+    what = {Kind.SLACK.value: "Slack", Kind.TEAMS.value: "Teams"}.get(row.kind, "The webhook")
     return _answer(response, what=what)
 
 
