@@ -425,18 +425,12 @@ class NotificationEvent(models.TextChoices):
 
 # What a channel chooses from (a test is sent whatever it chose).
 CHANNEL_EVENTS = [e for e in NotificationEvent.values if e != NotificationEvent.TEST]
-# Events a channel takes only when it chose them, or when it is a kind that follows an approval's
-# card (Teams): a channel that chose no events ("every event"), and the environment's channels,
-# were set up before decisions were announced, and a decision the approver just made in the
-# dashboard is news to few of them.
-OPT_IN_EVENTS = frozenset({NotificationEvent.APPROVAL_DECIDED.value})
 
 
 class NotificationChannel(models.Model):
     """Where a tenant's notifications go. ``target``: comma-separated e-mail addresses, or the
-    webhook / Slack incoming-webhook / Teams Workflows-webhook URL (checked by
-    ``infra.outbound.check_url`` when saved and again before each send). ``secret`` signs webhook
-    bodies (the compensator scheme)."""
+    webhook / Slack / Teams webhook URL (checked by ``infra.outbound.check_url`` when saved and
+    again before each send). ``secret`` signs webhook bodies (the compensator scheme)."""
 
     class Kind(models.TextChoices):
         EMAIL = "email", "E-mail"
@@ -492,20 +486,15 @@ class NotificationChannel(models.Model):
                 # agent choosing a resume_url is told only that it is not allowed).
                 raise ValidationError({"target": exc.operator_message or exc.message}) from None
             self.target = self.target.strip()
-        unknown = (
-            [e for e in self.events if e not in CHANNEL_EVENTS] if isinstance(self.events, list) else [1]
-        )
-        if unknown:
+        events = self.events if isinstance(self.events, list) else [self.events]
+        if unknown := [e for e in events if e not in CHANNEL_EVENTS]:
             raise ValidationError({"events": f"Unknown events: {unknown}."})
 
-    def wants(self, event: str, risk: str) -> bool:
-        """Whether this channel takes ``event`` at ``risk`` (a test always goes through). No events
-        chosen: every event, the opt-in ones (``OPT_IN_EVENTS``) only for a Teams channel, whose
-        decision card follows the approval's."""
+    def wants(self, event: str, risk: str, *, by_default: bool = True) -> bool:
+        """Whether it takes ``event`` at ``risk``: a test always; with no events chosen, ``by_default``."""
         if event == NotificationEvent.TEST:
             return True
-        opted_in = event not in OPT_IN_EVENTS or self.kind == self.Kind.TEAMS
-        chosen = event in self.events if self.events else opted_in
+        chosen = event in self.events if self.events else by_default
         return chosen and RISK_ORDER[Risk(risk or Risk.LOW)] >= RISK_ORDER[Risk(self.min_risk)]
 
 

@@ -1,8 +1,8 @@
 """A tenant's notification settings, as its admins manage them in the dashboard: channels (e-mail,
-signed webhook, Slack incoming webhook) with their choice of events and minimum risk, a test
-notification, the tenant's Slack app (its signing secret, write-only: a tenant's own, with which a
-press only asks, or the installation's, with which a press decides) and which Slack users are
-which dashboard users — a link each person makes for themself with a one-time code, that an admin
+signed webhook, Slack incoming webhook, Teams Workflows webhook) with their choice of events and
+minimum risk, a test notification, the tenant's Slack app (its signing secret, write-only: a
+tenant's own, with which a press only asks, or the installation's, with which a press decides) and
+which Slack users are which dashboard users — a link each person makes for themself with a one-time code, that an admin
 may only remove, and that no change of secret survives. Each change is audited on the tenant's
 chain; no secret is ever written to the audit log.
 

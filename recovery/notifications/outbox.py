@@ -23,7 +23,6 @@ from ledger.models import Risk, Run, Tenant
 from recovery import queueing
 from recovery.deadline_words import clock, deadline_line, escalation_who_words
 from recovery.models import (
-    OPT_IN_EVENTS,
     AgentCommand,
     Approval,
     Notification,
@@ -36,6 +35,13 @@ from recovery.models import (
 
 Event = NotificationEvent
 Kind = NotificationChannel.Kind
+
+# Events a channel takes only when it chose them, or, having chosen none ("every event"), when it
+# is a kind whose card they follow (Teams); the environment's channels never. Channels set up
+# before decisions were announced did not ask for them, and to most a decision made in the
+# dashboard is no news.
+OPT_IN_EVENTS = frozenset({Event.APPROVAL_DECIDED.value})
+OPT_IN_KINDS = frozenset({Kind.TEAMS.value})
 
 
 def public_url(path: str) -> str:
@@ -106,7 +112,8 @@ def notify(
         else list(NotificationChannel.objects.filter(tenant=tenant, enabled=True).order_by("name"))
     )
     for channel in chosen:
-        if channels is not None or channel.wants(event, risk):
+        by_default = event not in OPT_IN_EVENTS or channel.kind in OPT_IN_KINDS
+        if channels is not None or channel.wants(event, risk, by_default=by_default):
             rows.append(Notification(channel=channel, channel_name=channel.name, kind=channel.kind, **common))
     if channels is None and event not in OPT_IN_EVENTS:
         config = saga()
