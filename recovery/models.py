@@ -486,7 +486,7 @@ class NotificationChannel(models.Model):
                 # agent choosing a resume_url is told only that it is not allowed).
                 raise ValidationError({"target": exc.operator_message or exc.message}) from None
             self.target = self.target.strip()
-        events = self.events if isinstance(self.events, list) else [self.events]
+        events = self.events if isinstance(self.events, list) else [1]  # not a list: refused
         if unknown := [e for e in events if e not in CHANNEL_EVENTS]:
             raise ValidationError({"events": f"Unknown events: {unknown}."})
 

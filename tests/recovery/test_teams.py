@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import django_rq
 import httpx
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 from rq import SimpleWorker
@@ -463,3 +464,11 @@ def test_a_card_raised_while_redis_is_stopped_is_delivered_after_it_returns(
         assert buttons(card)["Approve…"] == _inbox(approval, "approve")
         row = wait_for(lambda: Notification.objects.filter(pk=row.pk, status="delivered").first(), timeout=10)
         assert row.attempts == 1
+
+
+def test_events_that_are_not_a_list_are_refused(tenant):
+    channel = NotificationChannel(tenant=tenant, name="t", kind="email", target="ops@acme.test")
+    channel.events = "approval.requested"  # a string would match its own substrings in wants()
+    with pytest.raises(ValidationError) as refused:
+        channel.full_clean(exclude=["tenant", "created_by"])
+    assert "Unknown events" in str(refused.value)
