@@ -253,21 +253,29 @@ class PauseForm(ReasonForm):
 
 class ChannelForm(forms.Form):
     """A notification channel. The destination is checked by the service (the model's rule: e-mail
-    addresses, or a URL the outbound guard accepts); its refusal comes back as this form's error."""
+    addresses, a URL the outbound guard accepts, a PagerDuty routing key); its refusal comes back
+    as this form's error."""
 
     name = forms.CharField(label="Name", max_length=100)
     kind = forms.ChoiceField(label="Kind", choices=NotificationChannel.Kind.choices)
     target = forms.CharField(
         label="Send to",
         max_length=2000,
-        help_text="E-mail: addresses, comma-separated. Webhook, Slack and Teams: the URL.",
+        required=False,
+        help_text=(
+            "E-mail: addresses, comma-separated. Webhook, Slack and Teams: the URL. PagerDuty: the "
+            "Events API endpoint, blank for the installation's."
+        ),
         widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
     )
     secret = forms.CharField(
-        label="Webhook secret",
+        label="Webhook secret or PagerDuty routing key",
         required=False,
         max_length=500,
-        help_text="Webhooks only. Leave blank to generate one (shown once) or keep the current one.",
+        help_text=(
+            "Webhooks: leave blank to generate one (shown once) or keep the current one. PagerDuty: "
+            "the integration's routing key (blank keeps the current one). Never shown again."
+        ),
         widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
     )
     events = forms.MultipleChoiceField(
@@ -275,7 +283,7 @@ class ChannelForm(forms.Form):
         required=False,
         choices=[(e, NotificationEvent(e).label) for e in CHANNEL_EVENTS],
         widget=forms.CheckboxSelectMultiple,
-        help_text="None ticked: every event (approval decisions only for Teams, which follows each card).",
+        help_text="None ticked: every event.",
     )
     min_risk = forms.ChoiceField(label="Minimum risk", choices=Risk.choices, initial=Risk.LOW)
     enabled = forms.BooleanField(label="Enabled", required=False, initial=True)

@@ -28,7 +28,6 @@ from ledger.transitions import run_state_phrase
 from recovery import compensators
 from recovery.actions.refusals import audits_refusals
 from recovery.models import Approval
-from recovery.notifications import outbox
 from recovery.transitions import approvals
 from recovery.unwinds import advance, moves
 
@@ -224,14 +223,7 @@ def approval_approve(
             "approved_args_hash": decided.approved_args_hash,
         },
     )
-    _announce_decision(decided, actor=actor)
     return decided
-
-
-def _announce_decision(decided: Approval, *, actor: Actor) -> None:
-    # In the decision's transaction, like every notification: rolled back with it.
-    decided.tenant = decided.run.tenant
-    outbox.notify_approval_decided(decided, by=approvals.approver_identity(actor)[1])
 
 
 @audits_refusals("reject")
@@ -241,7 +233,6 @@ def approval_reject(*, approval: Approval, actor: Actor, reason: str) -> Approva
         approval, to=Approval.Status.REJECTED, actor=actor, reason=reason, updates={}
     )
     approval_settle(decided, actor=actor, reason=reason)
-    _announce_decision(decided, actor=actor)
     return decided
 
 

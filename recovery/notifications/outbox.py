@@ -23,6 +23,7 @@ from ledger.models import Risk, Run, Tenant
 from recovery import queueing
 from recovery.deadline_words import clock, deadline_line, escalation_who_words
 from recovery.models import (
+    CHANNEL_EVENTS,
     AgentCommand,
     Approval,
     Notification,
@@ -32,16 +33,10 @@ from recovery.models import (
     Unwind,
     UnwindStep,
 )
+from recovery.notifications import pagerduty
 
 Event = NotificationEvent
 Kind = NotificationChannel.Kind
-
-# Events a channel takes only when it chose them, or, having chosen none ("every event"), when it
-# is a kind whose card they follow (Teams); the environment's channels never. Channels set up
-# before decisions were announced did not ask for them, and to most a decision made in the
-# dashboard is no news.
-OPT_IN_EVENTS = frozenset({Event.APPROVAL_DECIDED.value})
-OPT_IN_KINDS = frozenset({Kind.TEAMS.value})
 
 
 def public_url(path: str) -> str:
@@ -75,8 +70,7 @@ def notify(
     ``people``: (who, addresses) — one e-mail more, to these people themselves, whatever the
     channels want (an escalation's new approvers). ``facts``: (label, value) pairs a card shows
     apart from ``lines`` (a Teams card's fact set: the tool, who asked, the deadline).
-
-    The environment's channels take every event but the opt-in ones (``OPT_IN_EVENTS``)."""
+    """
     now = timezone.now()
     body = {
         "event": event,
@@ -112,24 +106,14 @@ def notify(
         else list(NotificationChannel.objects.filter(tenant=tenant, enabled=True).order_by("name"))
     )
     for channel in chosen:
-        by_default = event not in OPT_IN_EVENTS or channel.kind in OPT_IN_KINDS
-        if channels is not None or channel.wants(event, risk, by_default=by_default):
+        if channel.kind == Kind.PAGERDUTY:
+            rows += _pagerduty_rows(channel, common)
+        elif channels is not None or channel.wants(event, risk) or _follows_card(channel, event, risk):
             rows.append(Notification(channel=channel, channel_name=channel.name, kind=channel.kind, **common))
-    if channels is None and event not in OPT_IN_EVENTS:
-        config = saga()
-        if config.notify_emails:
-            rows.append(
-                Notification(channel_name="SAGA_NOTIFY_EMAILS", kind=Kind.EMAIL, env_target="email", **common)
-            )
-        for url in config.notify_webhooks:
-            rows.append(
-                Notification(
-                    channel_name=f"SAGA_NOTIFY_WEBHOOKS {httpx.URL(url).host}",
-                    kind=Kind.WEBHOOK,
-                    env_target=url,
-                    **common,
-                )
-            )
+    # What became of an announced subject goes only to the channels that announced it (PagerDuty's
+    # incident, Teams' card), never to the environment's.
+    if channels is None and event in CHANNEL_EVENTS:
+        rows += _environment_rows(common)
     if people is not None and people[1]:
         who, addresses = people
         rows.append(
@@ -150,6 +134,61 @@ def notify(
             enqueue_delivery(notification_id=pk)
 
     transaction.on_commit(hand_over)
+    return rows
+
+
+def _follows_card(channel: NotificationChannel, event: str, risk: str) -> bool:
+    """A Teams channel that took an approval's request card takes its decision's card too: a
+    webhook cannot update a card it posted, so the decision follows it."""
+    return (
+        channel.kind == Kind.TEAMS
+        and event == Event.APPROVAL_DECIDED
+        and channel.wants(Event.APPROVAL_REQUESTED, risk)
+    )
+
+
+def _environment_rows(common: dict[str, Any]) -> list[Notification]:
+    """The installation's own channels: SAGA_NOTIFY_EMAILS (one row) and each SAGA_NOTIFY_WEBHOOKS."""
+    config = saga()
+    rows = []
+    if config.notify_emails:
+        rows.append(
+            Notification(channel_name="SAGA_NOTIFY_EMAILS", kind=Kind.EMAIL, env_target="email", **common)
+        )
+    for url in config.notify_webhooks:
+        rows.append(
+            Notification(
+                channel_name=f"SAGA_NOTIFY_WEBHOOKS {httpx.URL(url).host}",
+                kind=Kind.WEBHOOK,
+                env_target=url,
+                **common,
+            )
+        )
+    return rows
+
+
+def _pagerduty_rows(channel: NotificationChannel, common: dict[str, Any]) -> list[Notification]:
+    """One row per Events API event: what pages opens an incident, what became of its subject
+    acknowledges or resolves it (``recovery.notifications.pagerduty``)."""
+    tenant: Tenant = common["tenant"]
+    rows = []
+    for action, incident in pagerduty.actions(
+        channel,
+        event=common["event"],
+        subject_id=common["subject_id"],
+        run_id=common["run_id"],
+        risk=common["risk"],
+    ):
+        paged = {"action": action, "dedup_key": pagerduty.dedup_key(tenant.slug, incident)}
+        context = {**common["context"], "pagerduty": paged}
+        rows.append(
+            Notification(
+                channel=channel,
+                channel_name=channel.name,
+                kind=channel.kind,
+                **{**common, "context": context},
+            )
+        )
     return rows
 
 
@@ -189,6 +228,36 @@ def notify_item_opened(item: RecoveryItem) -> list[Notification]:
         path=reverse("dashboard:run-detail", args=[run.pk]),
         risk=item.risk,
         lines=lines,
+    )
+
+
+def notify_item_claimed(item: RecoveryItem) -> list[Notification]:
+    """An unwind started on the item (it claimed it): acknowledges its PagerDuty incidents."""
+    run = item.run
+    return notify(
+        tenant=run.tenant,
+        event=Event.RECOVERY_CLAIMED,
+        subject_id=item.pk,
+        run_id=run.pk,
+        summary=f"Run {run.pk} is being compensated",
+        path=f"{reverse('dashboard:run-detail', args=[run.pk])}#unwind",
+        risk=item.risk,
+    )
+
+
+def notify_item_resolved(item: RecoveryItem) -> list[Notification]:
+    """The item was resolved (resumed, closed, compensated): resolves its PagerDuty incidents,
+    its run's stuck-undo one included."""
+    run = item.run
+    return notify(
+        tenant=run.tenant,
+        event=Event.RECOVERY_RESOLVED,
+        subject_id=item.pk,
+        run_id=run.pk,
+        summary=f"Run {run.pk}: recovery item {item.get_resolution_display().lower()}",
+        path=reverse("dashboard:run-detail", args=[run.pk]),
+        risk=item.risk,
+        lines=[f"Note: {item.resolution_note or '(none)'}"],
     )
 
 
@@ -329,15 +398,26 @@ def notify_approval_expired(approval: Approval) -> list[Notification]:
     )
 
 
-def notify_approval_decided(approval: Approval, *, by: str) -> list[Notification]:
-    """A person approved or rejected the approval (``by``: who, in words), in the decision's
-    transaction: the card that follows the request's. Opt-in (``OPT_IN_EVENTS``): Teams channels
-    take it unless they chose their events, other channels only when they chose it."""
-    outcome = approval.get_status_display()
+def decided_by_words(approval: Approval) -> str:
+    """Who decided an approval: the person, or the approver key and its owner."""
+    key = approval.decided_by_key if approval.decided_by_key_id is not None else None
+    if key is not None:
+        owner = key.owner.get_username() if key.owner is not None else ""
+        return f"{owner} (approver key {key.name})" if owner else f"approver key {key.name}"
+    return approval.decided_by.get_username() if approval.decided_by is not None else "Saga Admin"
+
+
+def notify_approval_decided(approval: Approval) -> list[Notification]:
+    """The approval was decided (approved, rejected) or withdrawn, in that transaction: resolves
+    its PagerDuty incident, and posts the card that follows a Teams channel's request card
+    (``_follows_card``); no other channel hears of it."""
+    withdrawn = approval.status == Approval.Status.EXPIRED
+    outcome = "Withdrawn" if withdrawn else approval.get_status_display()
+    by = "" if withdrawn else f" by {decided_by_words(approval)}"
     edited = bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash
     lines = [
         f"{approval.get_kind_display()}: {approval.tool}",
-        f"Decision: {outcome} by {by} at {clock(approval.decided_at or timezone.now(), timezone.now())}",
+        f"Decision: {outcome}{by} at {clock(approval.decided_at or timezone.now(), timezone.now())}",
         f"Reason: {approval.reason or '(none)'}",
     ]
     if edited:
@@ -350,12 +430,29 @@ def notify_approval_decided(approval: Approval, *, by: str) -> list[Notification
         event=Event.APPROVAL_DECIDED,
         subject_id=approval.pk,
         run_id=approval.run_id,
-        summary=f"{outcome} by {by}: {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
+        summary=f"{outcome}{by}: {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
         path=reverse("dashboard:run-detail", args=[approval.run_id]),
         risk=approval.risk,
         lines=lines,
         approval_id=approval.pk,
-        facts=[*approval_facts(approval, deadline=False), ("Decision", f"{outcome} by {by}")],
+        facts=[*approval_facts(approval, deadline=False), ("Decision", f"{outcome}{by}")],
+    )
+
+
+def notify_approval_granted(approval: Approval, *, grants: int) -> list[Notification]:
+    """One of the people an approval needs granted it and it still waits for the others:
+    acknowledges its PagerDuty incident (someone is on it)."""
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_GRANTED,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=(
+            f"Approval of {approval.tool} on run {approval.run_id}: granted by {grants} of "
+            f"{approval.approvers_required} people"
+        ),
+        path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
+        risk=approval.risk,
     )
 
 

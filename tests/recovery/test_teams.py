@@ -4,8 +4,8 @@ official Adaptive Card schema does not accept (``tests.support.teams``), so a br
 its row and the test. An approval's card shows the tool, risk, run, who asked, the arguments and
 the deadline, with Approve… / Reject… buttons that open the approval in the inbox with that
 decision chosen (a GET decides nothing); reminders, escalations, expiry and the decision post
-cards that follow it. The decision (``approval.decided``) goes to Teams channels and to channels
-that chose it, never to the others; "Send a test" works; a URL the guard refuses is refused on
+cards that follow it. The decision (``approval.decided``) goes to the Teams channels that took
+the request's card, never to other kinds; "Send a test" works; a URL the guard refuses is refused on
 save and before sending; Redis down delays a card and loses nothing."""
 
 from __future__ import annotations
@@ -218,58 +218,59 @@ def test_reminder_escalation_and_expiry_follow_the_card(tenant, agent, dave, out
 
 @pytest.mark.django_db(transaction=True)
 def test_a_reminder_sent_after_the_decision_offers_no_decision(tenant, agent, bob, dave, outbound_to):
-    _teams(tenant, dave, outbound_to.url(), events=["approval.reminder", "approval.decided"])
+    _teams(tenant, dave, outbound_to.url(), events=["approval.requested", "approval.reminder"])
     _run, _action, approval = gated_run(tenant, agent)
     approval_deadlines.approval_remind(approval_id=approval.pk, now=timezone.now())
     approval_reject(approval=approval, actor=Actor.for_user(bob), reason="wrong order")
-    _work()
+    _work()  # everything goes out after the decision
     statuses = dict(Notification.objects.values_list("event", "status"))
-    assert statuses == {"approval.reminder": "dropped", "approval.decided": "delivered"}
-    [decided] = cards(outbound_to)
+    assert statuses == {
+        "approval.requested": "delivered",
+        "approval.reminder": "dropped",
+        "approval.decided": "delivered",
+    }
+    requested, decided = cards(outbound_to)
+    assert buttons(requested) == {"Open in Saga Admin": _inbox(approval)}  # no decision left to open
     assert decided["fallbackText"].startswith("Rejected by bob") and "Approve…" not in buttons(decided)
 
 
-def test_a_decision_goes_to_teams_and_to_channels_that_chose_it_only(tenant, agent, bob, dave, settings):
+def test_a_decision_follows_the_request_card_to_teams_channels_only(tenant, agent, bob, dave, settings):
+    """The decision goes to each Teams channel that took the request's card, and to no other
+    channel (PagerDuty aside: tests/recovery/test_pagerduty.py), nor the environment's."""
     settings.SAGA = {
         **settings.SAGA,
         "NOTIFY_WEBHOOKS": ["https://ops.example/hook"],
         "NOTIFY_EMAILS": ["o@acme.test"],
     }
-    everything = NotificationChannel.objects.create(
-        tenant=tenant, name="all", kind="webhook", target="https://hooks.example/a"
-    )
-    chose_it = NotificationChannel.objects.create(
+    make = NotificationChannel.objects.create
+    make(tenant=tenant, name="all", kind="webhook", target="https://hooks.example/a")
+    make(tenant=tenant, name="slack", kind="slack", target="https://hooks.example/b")
+    teams_all = make(tenant=tenant, name="t-all", kind="teams", target="https://t.example/c")
+    teams_requests = make(
         tenant=tenant,
-        name="decisions",
-        kind="slack",
-        target="https://hooks.example/b",
-        events=["approval.decided"],
+        name="t-requests",
+        kind="teams",
+        target="https://t.example/d",
+        events=["approval.requested"],
     )
-    teams_all = NotificationChannel.objects.create(
-        tenant=tenant, name="t", kind="teams", target="https://t.example/c"
+    make(
+        tenant=tenant, name="t-queue", kind="teams", target="https://t.example/e", events=["recovery.opened"]
     )
-    teams_requests = NotificationChannel.objects.create(
-        tenant=tenant, name="t2", kind="teams", target="https://t.example/d", events=["approval.requested"]
-    )
+    make(tenant=tenant, name="t-critical", kind="teams", target="https://t.example/f", min_risk="critical")
     _run, _action, approval = gated_run(tenant, agent)
-    requested = set(
-        Notification.objects.filter(event="approval.requested").values_list("channel_name", flat=True)
-    )
-    assert {"all", "t", "t2", "SAGA_NOTIFY_EMAILS"} <= requested and "decisions" not in requested
+    assert approval.risk != "critical"
 
     approval_reject(approval=approval, actor=Actor.for_user(bob), reason="wrong order")
 
-    [row_a, row_b] = Notification.objects.filter(event="approval.decided").order_by("channel_name")
-    assert (row_a.channel_id, row_b.channel_id) == (chose_it.pk, teams_all.pk)
+    decided = Notification.objects.filter(event="approval.decided").order_by("channel_name")
+    assert [row.channel_id for row in decided] == [teams_all.pk, teams_requests.pk]
+    row = decided[0]
     assert (
-        row_b.body["summary"]
+        row.body["summary"]
         == f"Rejected by bob: payments.refund ({approval.risk} risk) on run {approval.run_id}"
     )
-    assert "Reason: wrong order" in row_b.context["lines"]
-    assert not Notification.objects.filter(
-        event="approval.decided", channel__in=[everything, teams_requests]
-    ).exists()
-    assert not Notification.objects.filter(event="approval.decided", channel=None).exists()
+    assert "Reason: wrong order" in row.context["lines"]
+    assert ["Decision", "Rejected by bob"] in row.context["facts"]
 
 
 def test_a_decision_that_rolls_back_announces_nothing(tenant, agent, bob):
