@@ -429,7 +429,7 @@ ROUTING_KEY_PATTERN = re.compile(r"[A-Za-z0-9]{32}")
 
 class NotificationChannel(models.Model):
     """Where a tenant's notifications go. ``target``: comma-separated e-mail addresses, or the
-    webhook / Slack incoming-webhook URL (checked by ``infra.outbound.check_url`` when saved and
+    webhook / Slack / Teams webhook URL (checked by ``infra.outbound.check_url`` when saved and
     again before each send), or a PagerDuty channel's Events API endpoint ("": the installation's,
     ``SAGA_PAGERDUTY_EVENTS_URL``). ``secret`` signs webhook bodies (the compensator scheme); a
     PagerDuty channel's is its integration's routing key. Neither is ever shown back."""
@@ -439,6 +439,7 @@ class NotificationChannel(models.Model):
         WEBHOOK = "webhook", "Signed webhook"
         SLACK = "slack", "Slack incoming webhook"
         PAGERDUTY = "pagerduty", "PagerDuty (Events API v2)"
+        TEAMS = "teams", "Microsoft Teams (Workflows webhook)"
 
     id = models.CharField(primary_key=True, max_length=40, default=ids.new_channel_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="notification_channels")
@@ -460,7 +461,8 @@ class NotificationChannel(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="channel_name_per_tenant"),
             models.CheckConstraint(
-                condition=Q(kind__in=["email", "webhook", "slack", "pagerduty"]), name="channel_kind_valid"
+                condition=Q(kind__in=["email", "webhook", "slack", "pagerduty", "teams"]),
+                name="channel_kind_valid",
             ),
         ]
 
@@ -480,7 +482,7 @@ class NotificationChannel(models.Model):
                 except ValidationError:
                     raise ValidationError({"target": f"{address!r} is not an e-mail address."}) from None
             self.target = ", ".join(addresses)
-        elif self.kind in (self.Kind.WEBHOOK, self.Kind.SLACK):
+        elif self.kind in (self.Kind.WEBHOOK, self.Kind.SLACK, self.Kind.TEAMS):
             try:
                 outbound.check_url(self.target.strip(), field="URL", owner=outbound.owner_of(self.tenant_id))
             except errors.UrlNotAllowed as exc:

@@ -1,14 +1,18 @@
 """The approval inbox: pending approvals as cards (``dashboard.presenters.approval_cards``), one
-page at a time, and approving or rejecting one (a whole card back for htmx, with the nav badge)."""
+page at a time, and approving or rejecting one (a whole card back for htmx, with the nav badge).
+``?approval=ID`` shows that one approval's card, whatever its status (a link from a Teams card),
+and ``&decide=approve`` or ``reject`` says which decision was chosen there, for the signed-in
+person to confirm with the card's own form: a GET never decides."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -25,6 +29,7 @@ from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
 from recovery import decisions as recovery_decisions
+from recovery import teams
 from recovery.actions import approvals as approval_actions
 from recovery.models import Approval
 from recovery.transitions import approvals as recovery_approvals
@@ -95,6 +100,8 @@ def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -
 @require_GET
 @login_required
 def approvals(request: HtmxHttpRequest) -> HttpResponse:
+    if "approval" in request.GET:
+        return _one_approval(request)
     cursor = request.GET.get("cursor", "")
     page = inbox_selectors.approvals_pending(user=request.user, cursor=cursor)
     context = {
@@ -106,6 +113,27 @@ def approvals(request: HtmxHttpRequest) -> HttpResponse:
     }
     if request.htmx and request.htmx.target == "approvals-more":
         return render(request, "dashboard/approvals.html#approval-cards", context)
+    return render(request, "dashboard/approvals.html", context)
+
+
+# What an approval id looks like (``apr_`` and a ULID); anything else is no approval, unread.
+_ID = re.compile(r"[A-Za-z0-9_]{1,40}")
+
+
+def _one_approval(request: HtmxHttpRequest) -> HttpResponse:
+    """One approval's card (404 outside the user's tenants), with the decision a link chose
+    (``decide``; anything else is ignored) named above its form, for the person to confirm."""
+    approval_id = request.GET.get("approval", "")
+    if not _ID.fullmatch(approval_id):
+        raise Http404("No such approval.")
+    approval = common.get_or_404(
+        Approval.objects.select_related("run__tenant", *inbox_selectors.APPROVAL_CARD_RELATED),
+        approval_id,
+        request,
+    )
+    decide = request.GET.get("decide", "")
+    card = _approval_card(request, approval, decide=decide if decide in teams.DECISIONS else "")
+    context = {"cards": [card], "next_cursor": "", "paged": False, "one": approval}
     return render(request, "dashboard/approvals.html", context)
 
 

@@ -56,6 +56,7 @@ def notify(
     lines: list[str] | None = None,
     approval_id: str = "",
     args_hash: str = "",
+    facts: list[tuple[str, str]] | None = None,
     channels: list[NotificationChannel] | None = None,
     people: tuple[str, list[str]] | None = None,
 ) -> list[Notification]:
@@ -67,7 +68,9 @@ def notify(
     The webhook body is fixed here, once for all its channels: ``{event, tenant, id, run_id,
     summary, url, created_at}`` with ``id`` the subject's (approval, item, step, unwind, command).
     ``people``: (who, addresses) — one e-mail more, to these people themselves, whatever the
-    channels want (an escalation's new approvers)."""
+    channels want (an escalation's new approvers). ``facts``: (label, value) pairs a card shows
+    apart from ``lines`` (a Teams card's fact set: the tool, who asked, the deadline).
+    """
     now = timezone.now()
     body = {
         "event": event,
@@ -79,7 +82,12 @@ def notify(
         "created_at": now.isoformat(),
     }
     # ``args_hash``: the hash of the arguments ``lines`` show, which a Slack Approve button carries.
-    context = {"lines": lines or [], "approval_id": approval_id, "args_hash": args_hash}
+    context: dict[str, Any] = {
+        "lines": lines or [],
+        "approval_id": approval_id,
+        "args_hash": args_hash,
+        "facts": list(map(list, facts or [])),
+    }
     common = {
         "tenant": tenant,
         "event": event,
@@ -100,9 +108,10 @@ def notify(
     for channel in chosen:
         if channel.kind == Kind.PAGERDUTY:
             rows += _pagerduty_rows(channel, common)
-        elif channels is not None or channel.wants(event, risk):
+        elif channels is not None or channel.wants(event, risk) or _follows_card(channel, event, risk):
             rows.append(Notification(channel=channel, channel_name=channel.name, kind=channel.kind, **common))
-    # What became of an announced subject goes only to the PagerDuty channels that paged about it.
+    # What became of an announced subject goes only to the channels that announced it (PagerDuty's
+    # incident, Teams' card), never to the environment's.
     if channels is None and event in CHANNEL_EVENTS:
         rows += _environment_rows(common)
     if people is not None and people[1]:
@@ -126,6 +135,16 @@ def notify(
 
     transaction.on_commit(hand_over)
     return rows
+
+
+def _follows_card(channel: NotificationChannel, event: str, risk: str) -> bool:
+    """A Teams channel that took an approval's request card takes its decision's card too: a
+    webhook cannot update a card it posted, so the decision follows it."""
+    return (
+        channel.kind == Kind.TEAMS
+        and event == Event.APPROVAL_DECIDED
+        and channel.wants(Event.APPROVAL_REQUESTED, risk)
+    )
 
 
 def _environment_rows(common: dict[str, Any]) -> list[Notification]:
@@ -279,6 +298,31 @@ def delegated_line(approval: Approval) -> str:
     )
 
 
+def asked_by_words(approval: Approval) -> str:
+    """Who asked for an approval: the key that recorded it, the person, or else (an automatic
+    compensation) Saga Admin."""
+    if approval.requested_by_key_id is not None and approval.requested_by_key is not None:
+        return f"agent key {approval.requested_by_key.name}"
+    if approval.requested_by_id is not None and approval.requested_by is not None:
+        return approval.requested_by.get_username()
+    return "Saga Admin (an automatic compensation)"
+
+
+def approval_facts(approval: Approval, *, deadline: bool = True) -> list[tuple[str, str]]:
+    """What a card says of an approval besides its lines: the tool, what it gates, who asked and
+    (while it waits) the deadline in words."""
+    facts = [
+        ("Tool", approval.tool),
+        ("Kind", approval.get_kind_display()),
+        ("Asked by", asked_by_words(approval)),
+    ]
+    if approval.approvers_required > 1:
+        facts.append(("Approvers needed", str(approval.approvers_required)))
+    if deadline:
+        facts.append(("Deadline", deadline_line(approval)))
+    return facts
+
+
 def _notify_approval_waiting(
     approval: Approval,
     event: str,
@@ -300,6 +344,7 @@ def _notify_approval_waiting(
         lines=[*(lines or []), *approval_lines(approval)],
         approval_id=approval.pk,
         args_hash=approval.args_hash,
+        facts=approval_facts(approval),
         people=people,
     )
 
@@ -384,6 +429,49 @@ def notify_approval_expired(approval: Approval) -> list[Notification]:
             f"{approval.get_kind_display()}: {approval.tool}",
             f"Deadline: {clock(approval.expires_at, timezone.now())}; {gated} (reason timed_out).",
         ],
+        approval_id=approval.pk,
+        facts=approval_facts(approval, deadline=False),
+    )
+
+
+def decided_by_words(approval: Approval) -> str:
+    """Who decided an approval: the person, or the approver key and its owner."""
+    key = approval.decided_by_key if approval.decided_by_key_id is not None else None
+    if key is not None:
+        owner = key.owner.get_username() if key.owner is not None else ""
+        return f"{owner} (approver key {key.name})" if owner else f"approver key {key.name}"
+    return approval.decided_by.get_username() if approval.decided_by is not None else "Saga Admin"
+
+
+def notify_approval_decided(approval: Approval) -> list[Notification]:
+    """The approval was decided (approved, rejected) or withdrawn, in that transaction: resolves
+    its PagerDuty incident, and posts the card that follows a Teams channel's request card
+    (``_follows_card``); no other channel hears of it."""
+    withdrawn = approval.status == Approval.Status.EXPIRED
+    outcome = "Withdrawn" if withdrawn else approval.get_status_display()
+    by = "" if withdrawn else f" by {decided_by_words(approval)}"
+    edited = bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash
+    lines = [
+        f"{approval.get_kind_display()}: {approval.tool}",
+        f"Decision: {outcome}{by} at {clock(approval.decided_at or timezone.now(), timezone.now())}",
+        f"Reason: {approval.reason or '(none)'}",
+    ]
+    if edited:
+        lines += [
+            "The approver edited the arguments before approving them; these were approved:",
+            f"Args: {args_shown(approval.approved_args)}",
+        ]
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_DECIDED,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=f"{outcome}{by}: {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
+        path=reverse("dashboard:run-detail", args=[approval.run_id]),
+        risk=approval.risk,
+        lines=lines,
+        approval_id=approval.pk,
+        facts=[*approval_facts(approval, deadline=False), ("Decision", f"{outcome}{by}")],
     )
 
 
@@ -401,21 +489,6 @@ def notify_approval_granted(approval: Approval, *, grants: int) -> list[Notifica
         ),
         path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
         risk=approval.risk,
-    )
-
-
-def notify_approval_decided(approval: Approval) -> list[Notification]:
-    """The approval was decided (approved, rejected) or withdrawn: resolves its PagerDuty
-    incident. Raised in the decision's transaction."""
-    return notify(
-        tenant=approval.tenant,
-        event=Event.APPROVAL_DECIDED,
-        subject_id=approval.pk,
-        run_id=approval.run_id,
-        summary=f"Approval of {approval.tool} on run {approval.run_id} {approval.status}",
-        path=reverse("dashboard:run-detail", args=[approval.run_id]),
-        risk=approval.risk,
-        lines=[f"Reason: {approval.reason or '(none)'}"],
     )
 
 
