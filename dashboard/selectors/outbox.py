@@ -5,9 +5,11 @@ still to be sent.
 
 Three queries whatever the outbox holds: the tenant channels with their figures as subqueries,
 the tenants with the installation channels' figures as subqueries, and the rows those name. Each
-subquery reads one short range of an index from its end (recovery/0018: ``notification_channel_
-latest`` by channel id, ``notification_env_channel_latest`` by tenant and name), so no request
-walks the outbox. Nothing here knows the channel kinds: a kind added later is shown like the rest.
+subquery reads one short range of an index from its end (recovery/0018: by channel id for a
+tenant's channel, by tenant and ``channel_name`` for an installation's), so no request walks the
+outbox; the backlog counts only undelivered rows. Two webhook URLs on one host share their name
+(``SAGA_NOTIFY_WEBHOOKS <host>``) and so their figures. Nothing here knows the channel kinds: a
+kind added later is shown like the rest.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def _pending(rows: QuerySet[Notification]) -> Coalesce:
 
 
 def _figures(rows: QuerySet[Notification], prefix: str) -> dict[str, Any]:
-    """The three subqueries of one channel's rows, as annotations named ``prefix``_…"""
+    """The subqueries of one channel's rows, as annotations named ``prefix``_…"""
     return {
         f"{prefix}_delivered": _newest(rows.filter(status=Status.DELIVERED)),
         f"{prefix}_failed": _newest(rows.filter(status=Status.FAILED)),
@@ -71,60 +73,71 @@ def _later(a: Notification | None, b: Notification | None) -> Notification | Non
     return a if a.created_at >= b.created_at else b
 
 
-def channel_statuses(*, tenant_ids: list[int]) -> list[ChannelStatus]:
-    """Every channel of these tenants (the caller's: nothing of another tenant is read), by
-    tenant, then the tenant's channels by name, then the installation's."""
-    channels = list(
+_FIGURES = ("delivered", "failed", "retrying")
+
+
+@dataclass(frozen=True)
+class _Found:
+    """One channel as the queries found it: what it is, and the row holding its annotations."""
+
+    tenant: Tenant
+    name: str
+    kind: str
+    channel: NotificationChannel | None
+    holder: Any
+    prefix: str
+
+    def pk(self, figure: str) -> str | None:
+        value: str | None = getattr(self.holder, f"{self.prefix}_{figure}")
+        return value
+
+
+def _found(tenant_ids: list[int]) -> list[_Found]:
+    channels = (
         NotificationChannel.objects.filter(tenant_id__in=tenant_ids)
         .select_related("tenant")
         .annotate(**_figures(Notification.objects.filter(channel_id=OuterRef("pk")), "c"))
         .order_by("tenant__slug", "name")
     )
+    found = [_Found(c.tenant, c.name, c.get_kind_display(), c, c, "c") for c in channels]
     envs = environment_channels()
-    tenants: list[Any] = []
-    if envs:
-        annotations: dict[str, Any] = {}
-        for i, env in enumerate(envs):
-            rows = Notification.objects.filter(
-                tenant_id=OuterRef("pk"), channel__isnull=True, channel_name=env.name
-            )
-            annotations.update(_figures(rows, f"e{i}"))
-        tenants = list(Tenant.objects.filter(pk__in=tenant_ids).annotate(**annotations).order_by("slug"))
-
-    wanted: set[str] = set()
-    for holder, prefixes in [(c, ["c"]) for c in channels] + [
-        (t, [f"e{i}" for i in range(len(envs))]) for t in tenants
-    ]:
-        for prefix in prefixes:
-            for figure in ("delivered", "failed", "retrying"):
-                if pk := getattr(holder, f"{prefix}_{figure}"):
-                    wanted.add(pk)
-    rows = Notification.objects.in_bulk(list(wanted)) if wanted else {}
-
-    def status(
-        tenant: Tenant, name: str, kind: str, channel: NotificationChannel | None, holder: Any, prefix: str
-    ) -> ChannelStatus:
-        return ChannelStatus(
-            tenant=tenant,
-            name=name,
-            kind=kind,
-            channel=channel,
-            last_delivered=rows.get(getattr(holder, f"{prefix}_delivered")),
-            last_failed=_later(
-                rows.get(getattr(holder, f"{prefix}_failed")), rows.get(getattr(holder, f"{prefix}_retrying"))
-            ),
-            pending=getattr(holder, f"{prefix}_pending"),
+    if not envs:
+        return found
+    annotations: dict[str, Any] = {}
+    for i, env in enumerate(envs):
+        rows = Notification.objects.filter(
+            tenant_id=OuterRef("pk"), channel__isnull=True, channel_name=env.name
         )
-
-    by_tenant: dict[int, list[ChannelStatus]] = {}
-    for c in channels:
-        by_tenant.setdefault(c.tenant_id, []).append(
-            status(c.tenant, c.name, c.get_kind_display(), c, c, "c")
-        )
-    for t in tenants:
+        annotations.update(_figures(rows, f"e{i}"))
+    kinds = dict(NotificationChannel.Kind.choices)
+    for tenant in Tenant.objects.filter(pk__in=tenant_ids).annotate(**annotations):
         for i, env in enumerate(envs):
-            label = dict(NotificationChannel.Kind.choices).get(env.kind, env.kind)
-            by_tenant.setdefault(t.pk, []).append(status(t, env.name, str(label), None, t, f"e{i}"))
-    order = sorted(by_tenant, key=lambda pk: by_tenant[pk][0].tenant.slug)
-    return [row for pk in order for row in by_tenant[pk]]
+            found.append(_Found(tenant, env.name, str(kinds.get(env.kind, env.kind)), None, tenant, f"e{i}"))
+    return found
 
+
+def channel_statuses(*, tenant_ids: list[int]) -> list[ChannelStatus]:
+    """Every channel of these tenants (the caller's: nothing of another tenant is read), by
+    tenant, then the tenant's channels by name, then the installation's."""
+    found = _found(tenant_ids)
+    wanted = [pk for f in found for figure in _FIGURES if (pk := f.pk(figure))]
+    rows = Notification.objects.in_bulk(wanted) if wanted else {}
+
+    def row(f: _Found, figure: str) -> Notification | None:
+        pk = f.pk(figure)
+        return rows.get(pk) if pk else None
+
+    statuses = [
+        ChannelStatus(
+            tenant=f.tenant,
+            name=f.name,
+            kind=f.kind,
+            channel=f.channel,
+            last_delivered=row(f, "delivered"),
+            last_failed=_later(row(f, "failed"), row(f, "retrying")),
+            pending=getattr(f.holder, f"{f.prefix}_pending"),
+        )
+        for f in found
+    ]
+    # By tenant (a stable sort keeps each tenant's own channels, by name, before the installation's).
+    return sorted(statuses, key=lambda s: s.tenant.slug)

@@ -53,21 +53,20 @@ _MEASURE = """
   }
   // What sticks out past the right edge, innermost first: what to fix when the page scrolls.
   const out = [];
+  const edge = root.clientWidth + 0.5;
+  const past = (el) => el.getClientRects().length && el.getBoundingClientRect().right > edge;
+  const named = (el) => `${el.tagName.toLowerCase()}.${[...el.classList].join('.')} "${el.textContent.trim().slice(0, 40)}"`;
   if (root.scrollWidth > root.clientWidth) {
     for (const el of document.body.querySelectorAll('*')) {
-      if (!el.getClientRects().length || el.getBoundingClientRect().right <= root.clientWidth + 0.5) continue;
-      if ([...el.children].some((c) => c.getClientRects().length && c.getBoundingClientRect().right > root.clientWidth + 0.5)) continue;
-      out.push(`${el.tagName.toLowerCase()}.${[...el.classList].join('.')} "${el.textContent.trim().slice(0, 40)}"`);
+      if (!past(el) || [...el.children].some(past)) continue;
+      out.push(named(el));
       if (out.length >= 5) break;
     }
     // Or text that overflows a box which itself fits.
     for (const el of document.body.querySelectorAll('*')) {
       if (out.length >= 5) break;
-      const box = el.getBoundingClientRect();
       if (getComputedStyle(el).overflowX !== 'visible' || el.scrollWidth <= el.clientWidth) continue;
-      if (box.left + el.scrollWidth > root.clientWidth + 0.5) {
-        out.push(`overflowing ${el.tagName.toLowerCase()}.${[...el.classList].join('.')} "${el.textContent.trim().slice(0, 40)}"`);
-      }
+      if (el.getBoundingClientRect().left + el.scrollWidth > edge) out.push(`overflowing ${named(el)}`);
     }
   }
   return {scroll: [root.scrollWidth, root.clientWidth], small, out};
