@@ -159,12 +159,17 @@ def test_an_operator_compensates_from_a_phone(phone, compensator_server, tenant,
     status = phone.locator(f"[data-channel-status='{channel.pk}']")
     expect(status).to_contain_text("item.opened")
     _fits(phone, "phone-outbox")
+    # Where a channel is set up and tested, too.
+    phone.goto("/notifications/settings/")
+    expect(phone.get_by_role("button", name="Send test notification to ops-mail")).to_be_visible()
+    _fits(phone, "phone-notification-settings")
 
     phone.set_viewport_size(LAPTOP)
     for path, name in (
         (f"/runs/{run.pk}/", "laptop-run"),
         (f"/items/{item.pk}/compensate", "laptop-compensate"),
         ("/notifications/", "laptop-outbox"),
+        ("/notifications/settings/", "laptop-notification-settings"),
     ):
         phone.goto(path)
         _fits(phone, name)
