@@ -153,6 +153,10 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+# Django's PostgreSQL backend with a health check of reused connections that needs no round trip
+# when the socket shows the server has not closed it (infra/postgresql/base.py): Django's
+# `SELECT 1` before each request's first query doubled every ledger write's round trips.
+DATABASES["default"]["ENGINE"] = "infra.postgresql"
 # Behind a connection pooler (SAGA_DB_POOLER: unset for a direct connection, `session` or
 # `transaction` for PgBouncer's pool modes; docs/DEPLOY.md, "Behind PgBouncer"). A pooler refuses
 # the `options` startup parameter outright (PgBouncer: "unsupported startup parameter: options"),

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse
 
 from infra import errors
@@ -104,31 +104,44 @@ def idempotent_response(
     return json_response(status, body)
 
 
+# The claim in one round trip: the wait for another request's uncommitted record of the same key
+# is bounded (``lock_timeout``, set for this statement's own row before it is inserted), the key
+# taken unless it exists (no exception, so no savepoint), and the bound lifted again for the rest of
+# the transaction (the operation's own lock waits are not cut short) in RETURNING. A key taken
+# already returns no row: the committed record is then read. Before, the same took six round trips
+# (SET LOCAL, SAVEPOINT, INSERT, RELEASE, SET LOCAL … TO DEFAULT), a third of a governed call's.
+_CLAIM = f"""
+INSERT INTO {IdempotencyRecord._meta.db_table}
+    (tenant_id, key, method, path, request_hash, state, created_at)
+SELECT %s, %s, %s, %s, %s, %s, now()
+FROM (SELECT set_config('lock_timeout', %s, true) AS bound) AS waiting
+WHERE waiting.bound IS NOT NULL
+ON CONFLICT (tenant_id, key) DO NOTHING
+RETURNING set_config('lock_timeout', (SELECT reset_val FROM pg_settings WHERE name = 'lock_timeout'), true)
+"""  # noqa: S608 - the table is the model's; every value is a parameter
+
+
 def _claim(request: HttpRequest, *, tenant: Tenant, key: str, fingerprint: str) -> HttpResponse | None:
     """Insert the key's record (None: we own it) or answer from the existing one."""
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL lock_timeout = %s", [f"{int(IN_FLIGHT_WAIT_MS)}ms"])
-    try:
-        with (
-            in_flight_on_lock_timeout(
-                "A request with this Idempotency-Key is still being processed; retry shortly.",
-                details={"idempotency_key": key},
-            ),
-            transaction.atomic(),
-        ):
-            IdempotencyRecord.objects.create(
-                tenant=tenant,
-                key=key,
-                method=request.method or "",
-                path=request.path[:500],
-                request_hash=fingerprint,
-            )
-        return None
-    except IntegrityError:
-        pass
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
+    params: list[str | int] = [
+        tenant.pk,
+        key,
+        request.method or "",
+        request.path[:500],
+        fingerprint,
+        IdempotencyRecord.State.IN_FLIGHT,
+        f"{int(IN_FLIGHT_WAIT_MS)}ms",
+    ]
+    with (
+        in_flight_on_lock_timeout(
+            "A request with this Idempotency-Key is still being processed; retry shortly.",
+            details={"idempotency_key": key},
+        ),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(_CLAIM, params)
+        if cursor.fetchone() is not None:
+            return None
     existing = IdempotencyRecord.objects.get(tenant=tenant, key=key)
     if existing.request_hash != fingerprint:
         raise errors.IdempotencyKeyReused(
