@@ -41,10 +41,29 @@ def phone(browser, live_server):
     context.close()
 
 
+def _slack_press_page(phone, pressed: Approval, user) -> str:
+    """A Slack press's confirmation page, as the link in Slack opens it on the phone; its token."""
+    token = slack.press_token(
+        slack.PressRequest(
+            approval_id=pressed.pk,
+            user_id=user.pk,
+            approve=True,
+            args_hash=pressed.args_hash,
+            slack_user="T0ACME/UDAVE",
+        )
+    )
+    phone.goto(f"/account/slack/confirm/{token}/")
+    expect(phone.get_by_role("button", name=re.compile("Confirm: approve"))).to_be_visible()
+    _fits(phone, "phone-slack-confirm")
+    pressed.refresh_from_db()
+    assert pressed.status == Approval.Status.PENDING
+    return token
+
+
 def test_an_approver_decides_from_a_phone(phone, tenant, agent, dave):
     _r1, approved_action, to_approve = gated_run(tenant, agent, amount=40)
     _r2, _rejected_action, to_reject = gated_run(tenant, agent, amount=75)
-    _r3, edited_action, to_edit = gated_run(tenant, agent, amount=120)
+    edited_run, edited_action, to_edit = gated_run(tenant, agent, amount=120)
     _r4, _a4, pressed = gated_run(tenant, agent, amount=15)
 
     login(phone, "dave")
@@ -52,6 +71,11 @@ def test_an_approver_decides_from_a_phone(phone, tenant, agent, dave):
     expect(phone.locator("[data-approval]")).to_have_count(4)
     _fits(phone, "phone-inbox", full_page=False)
     _fits(phone, "phone-inbox-full")
+    # The run's own page shows its approval too.
+    phone.goto(f"/runs/{edited_run.pk}/")
+    expect(phone.locator("#run-approvals-slot")).to_contain_text("payments.refund")
+    _fits(phone, "phone-run-approval")
+    phone.goto("/approvals/")
 
     card = phone.locator(f"#approval-{to_approve.pk}")
     card.get_by_label("Reason to approve").fill("Double charge confirmed")
@@ -84,21 +108,7 @@ def test_an_approver_decides_from_a_phone(phone, tenant, agent, dave):
     approved_action.refresh_from_db()
     assert approved_action.status == Action.Status.APPROVED
 
-    # A Slack press's confirmation page, as the link in Slack opens it on the phone.
-    token = slack.press_token(
-        slack.PressRequest(
-            approval_id=pressed.pk,
-            user_id=dave.pk,
-            approve=True,
-            args_hash=pressed.args_hash,
-            slack_user="T0ACME/UDAVE",
-        )
-    )
-    phone.goto(f"/account/slack/confirm/{token}/")
-    expect(phone.get_by_role("button", name=re.compile("Confirm: approve"))).to_be_visible()
-    _fits(phone, "phone-slack-confirm")
-    pressed.refresh_from_db()
-    assert pressed.status == Approval.Status.PENDING
+    token = _slack_press_page(phone, pressed, dave)
 
     # The approval pages fit a laptop too.
     phone.set_viewport_size(LAPTOP)
