@@ -253,21 +253,29 @@ class PauseForm(ReasonForm):
 
 class ChannelForm(forms.Form):
     """A notification channel. The destination is checked by the service (the model's rule: e-mail
-    addresses, or a URL the outbound guard accepts); its refusal comes back as this form's error."""
+    addresses, a URL the outbound guard accepts, a PagerDuty routing key); its refusal comes back
+    as this form's error."""
 
     name = forms.CharField(label="Name", max_length=100)
     kind = forms.ChoiceField(label="Kind", choices=NotificationChannel.Kind.choices)
     target = forms.CharField(
         label="Send to",
         max_length=2000,
-        help_text="E-mail: addresses, comma-separated. Webhook and Slack: the URL.",
+        required=False,
+        help_text=(
+            "E-mail: addresses, comma-separated. Webhook and Slack: the URL. PagerDuty: the Events "
+            "API endpoint, blank for the installation's."
+        ),
         widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
     )
     secret = forms.CharField(
-        label="Webhook secret",
+        label="Webhook secret or PagerDuty routing key",
         required=False,
         max_length=500,
-        help_text="Webhooks only. Leave blank to generate one (shown once) or keep the current one.",
+        help_text=(
+            "Webhooks: leave blank to generate one (shown once) or keep the current one. PagerDuty: "
+            "the integration's routing key (blank keeps the current one). Never shown again."
+        ),
         widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
     )
     events = forms.MultipleChoiceField(

@@ -56,6 +56,8 @@ class SagaSettings:
     notify_webhooks: tuple[str, ...]
     notify_webhook_secret: str
     notify_max_attempts: int
+    # The Events API endpoint of PagerDuty channels that name none (recovery.notifications.pagerduty).
+    pagerduty_events_url: str
     public_url: str
     resume_webhook_secret: str
     # Outbound requests to URLs tenants or agents chose (infra.outbound)
@@ -108,6 +110,7 @@ def saga() -> SagaSettings:
         notify_webhooks=tuple(raw["NOTIFY_WEBHOOKS"]),
         notify_webhook_secret=str(raw["NOTIFY_WEBHOOK_SECRET"]),
         notify_max_attempts=int(raw.get("NOTIFY_MAX_ATTEMPTS", 10)),
+        pagerduty_events_url=str(raw.get("PAGERDUTY_EVENTS_URL", "https://events.pagerduty.com/v2/enqueue")),
         public_url=str(raw.get("PUBLIC_URL", "http://localhost:8000")).rstrip("/"),
         resume_webhook_secret=str(raw["RESUME_WEBHOOK_SECRET"]),
         outbound_allowed_hosts=tuple(raw["OUTBOUND_ALLOWED_HOSTS"]),

@@ -191,11 +191,34 @@ class _TenantChoiceMixin:
         return super().formfield_for_foreignkey(db_field, request, **kwargs)  # type: ignore[misc]
 
 
+class NotificationChannelForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A channel's secret (a webhook's signing secret, a PagerDuty routing key) is write-only: the
+    field is never filled in, and left blank it keeps the stored one."""
+
+    class Meta:
+        model = NotificationChannel
+        fields = ["tenant", "name", "kind", "target", "secret", "events", "min_risk", "enabled"]
+        widgets = {"secret": forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"})}
+        help_texts = {
+            "secret": "Write-only. Webhooks: blank generates one (or keeps the current one). "
+            "PagerDuty: the routing key (blank keeps the current one)."
+        }
+
+    def clean_secret(self) -> str:
+        secret = str(self.cleaned_data.get("secret") or "")
+        if not secret and self.instance.pk:
+            stored = NotificationChannel.objects.filter(pk=self.instance.pk).values_list("secret", flat=True)
+            return stored.first() or ""
+        return secret
+
+
 @admin.register(NotificationChannel)
 class NotificationChannelAdmin(_TenantChoiceMixin, TenantScopedAdmin):
     """Saved through ``recovery.actions.channels`` (audited); the model's ``clean`` checks the destination
-    (e-mail addresses, or a URL the outbound guard accepts) and the form shows its refusal."""
+    (e-mail addresses, a URL the outbound guard accepts, a PagerDuty routing key) and the form shows
+    its refusal."""
 
+    form = NotificationChannelForm
     list_display = ["name", "tenant", "kind", "min_risk", "enabled", "updated_at"]
     list_filter = ["kind", "enabled", tenant_filter("tenant")]
     search_fields = ["name"]

@@ -6,6 +6,8 @@ tables at the end of this module, the others over their owners' (``ledger.transi
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
@@ -407,7 +409,7 @@ class AgentCommand(models.Model):
         return label or (self.created_by.get_username() if self.created_by else "an operator")
 
 
-# --- Notifications: channels per tenant, the outbox, the Slack app --------------------------
+# --- Notifications: channels per tenant, the outbox (the Slack app: recovery.slack_models) -----
 
 
 class NotificationEvent(models.TextChoices):
@@ -420,27 +422,50 @@ class NotificationEvent(models.TextChoices):
     UNWIND_FINISHED = "unwind.finished", "Unwind finished"
     COMMAND_OVERDUE = "command.overdue", "Resume not picked up"
     TEST = "notification.test", "Test notification"
+    # What became of something already announced: sent only to the PagerDuty channels that paged
+    # about it (recovery.notifications.pagerduty), never to the other kinds nor the environment's.
+    APPROVAL_GRANTED = "approval.granted", "Approval granted by one of several approvers"
+    APPROVAL_DECIDED = "approval.decided", "Approval decided (approved, rejected or withdrawn)"
+    RECOVERY_CLAIMED = "recovery.claimed", "Recovery item taken up (an unwind started)"
+    RECOVERY_RESOLVED = "recovery.resolved", "Recovery item resolved"
 
 
-# What a channel chooses from (a test is sent whatever it chose).
-CHANNEL_EVENTS = [e for e in NotificationEvent.values if e != NotificationEvent.TEST]
+# What became of an announced approval or item (see above).
+FOLLOW_UP_EVENTS = frozenset(
+    {"approval.granted", "approval.decided", "recovery.claimed", "recovery.resolved"}
+)
+
+# What a channel chooses from, and what one that chose none gets (a test is sent whatever it chose).
+CHANNEL_EVENTS = [
+    e for e in NotificationEvent.values if e != NotificationEvent.TEST and e not in FOLLOW_UP_EVENTS
+]
+
+# What a PagerDuty channel chooses from (none chosen: all): approvals nearing their deadline (the
+# reminder at half the window) or escalating, recovery items, stuck undo (a failed or drifted step).
+PAGEABLE_EVENTS: list[str] = ["approval.reminder", "approval.escalated", "recovery.opened", "step.failed"]
+
+# A PagerDuty Events API v2 integration key ("routing key"): 32 letters and digits.
+ROUTING_KEY_PATTERN = re.compile(r"[A-Za-z0-9]{32}")
 
 
 class NotificationChannel(models.Model):
     """Where a tenant's notifications go. ``target``: comma-separated e-mail addresses, or the
     webhook / Slack incoming-webhook URL (checked by ``infra.outbound.check_url`` when saved and
-    again before each send). ``secret`` signs webhook bodies (the compensator scheme)."""
+    again before each send), or a PagerDuty channel's Events API endpoint ("": the installation's,
+    ``SAGA_PAGERDUTY_EVENTS_URL``). ``secret`` signs webhook bodies (the compensator scheme); a
+    PagerDuty channel's is its integration's routing key. Neither is ever shown back."""
 
     class Kind(models.TextChoices):
         EMAIL = "email", "E-mail"
         WEBHOOK = "webhook", "Signed webhook"
         SLACK = "slack", "Slack incoming webhook"
+        PAGERDUTY = "pagerduty", "PagerDuty (Events API v2)"
 
     id = models.CharField(primary_key=True, max_length=40, default=ids.new_channel_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="notification_channels")
     name = models.CharField(max_length=100)
     kind = models.CharField(max_length=16, choices=Kind.choices)
-    target = models.CharField(max_length=2000)
+    target = models.CharField(max_length=2000, blank=True)
     secret = models.CharField(max_length=500, blank=True, default="")
     events = JSONField(default=list, blank=True)
     min_risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.LOW)
@@ -456,7 +481,7 @@ class NotificationChannel(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="channel_name_per_tenant"),
             models.CheckConstraint(
-                condition=Q(kind__in=["email", "webhook", "slack"]), name="channel_kind_valid"
+                condition=Q(kind__in=["email", "webhook", "slack", "pagerduty"]), name="channel_kind_valid"
             ),
         ]
 
@@ -484,17 +509,46 @@ class NotificationChannel(models.Model):
                 # agent choosing a resume_url is told only that it is not allowed).
                 raise ValidationError({"target": exc.operator_message or exc.message}) from None
             self.target = self.target.strip()
-        unknown = (
-            [e for e in self.events if e not in CHANNEL_EVENTS] if isinstance(self.events, list) else [1]
-        )
+        elif self.kind == self.Kind.PAGERDUTY:
+            self._clean_pagerduty()
+        choices = self.choosable_events()
+        unknown = [e for e in self.events if e not in choices] if isinstance(self.events, list) else [1]
+        if unknown and self.kind == self.Kind.PAGERDUTY:
+            raise ValidationError(
+                {"events": f"A PagerDuty channel pages only about {', '.join(choices)}; not {unknown}."}
+            )
         if unknown:
             raise ValidationError({"events": f"Unknown events: {unknown}."})
 
+    def _clean_pagerduty(self) -> None:
+        self.secret = self.secret.strip()
+        if not ROUTING_KEY_PATTERN.fullmatch(self.secret):
+            raise ValidationError(
+                {
+                    "secret": "The routing key is the 32-character Integration Key of an Events API "
+                    "v2 integration (PagerDuty: Service → Integrations)."
+                }
+            )
+        self.target = self.target.strip()
+        if self.target:
+            # A tenant's own endpoint (another service region, say): where the guard lets a
+            # webhook go, and only over TLS, since every event carries the routing key.
+            try:
+                outbound.check_url(
+                    self.target, field="URL", tls=True, owner=outbound.owner_of(self.tenant_id)
+                )
+            except errors.UrlNotAllowed as exc:
+                raise ValidationError({"target": exc.operator_message or exc.message}) from None
+
+    def choosable_events(self) -> list[str]:
+        return PAGEABLE_EVENTS if self.kind == self.Kind.PAGERDUTY else CHANNEL_EVENTS
+
     def wants(self, event: str, risk: str) -> bool:
-        """Whether this channel takes ``event`` at ``risk`` (a test always goes through)."""
+        """Whether this channel takes ``event`` at ``risk`` (a test always goes through); one that
+        chose none takes every one it could choose (``FOLLOW_UP_EVENTS``: never asked here)."""
         if event == NotificationEvent.TEST:
             return True
-        chosen = event in self.events if self.events else True
+        chosen = event in self.events if self.events else event in self.choosable_events()
         return chosen and RISK_ORDER[Risk(risk or Risk.LOW)] >= RISK_ORDER[Risk(self.min_risk)]
 
 
@@ -569,69 +623,6 @@ class Notification(models.Model):
         return f"{self.id} {self.event} → {self.channel_name} ({self.status})"
 
 
-class SlackApp(models.Model):
-    """A tenant's Slack app: its signing secret verifies Slack's requests; approval messages then
-    carry buttons. ``operator_owned``: the installation's app (``SAGA_SLACK_SIGNING_SECRET``), where
-    a press decides; otherwise a press only asks (``recovery.actions.channels.slack_press_decides``)."""
-
-    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="slack_app")
-    signing_secret = models.CharField(max_length=200, blank=True)
-    operator_owned = models.BooleanField(default=False, db_default=False)
-    updated_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    updated_at = models.DateTimeField(auto_now=True)
-
-    def __str__(self) -> str:
-        return f"Slack app of {self.tenant_id}"
-
-
-class SlackUserLink(models.Model):
-    """A Slack user (workspace team id + user id) who is a dashboard user of the tenant: whose
-    button presses count as that user's decisions. Made only by that user (``SlackLinkCode``);
-    ``confirmed_at`` is when they did. A link without it was typed in by an admin before links
-    became self-service: it is listed so an admin can remove it, and counts for nothing."""
-
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="slack_user_links")
-    team_id = models.CharField(max_length=32)
-    slack_user_id = models.CharField(max_length=32)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
-    confirmed_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["tenant", "team_id", "slack_user_id"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["tenant", "team_id", "slack_user_id"], name="slack_user_once_per_tenant"
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"Slack link of user {self.user_id}"  # tenant admins see who, not which Slack user
-
-
-class SlackLinkCode(models.Model):
-    """A one-time code the dashboard showed a signed-in user so they can link their Slack account:
-    sent back from Slack in a signed command, it links the Slack user who sent it to this user, in
-    this tenant. Stored as a SHA-256 of the code (which is random: 80 bits), never the code; one
-    per user and tenant (asking again replaces it); deleted when used."""
-
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
-    code_hash = models.CharField(max_length=64, unique=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    expires_at = models.DateTimeField()
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["tenant", "user"], name="slack_link_code_once_per_user"),
-        ]
-
-    def __str__(self) -> str:
-        return f"Slack link code of {self.user_id} in {self.tenant_id}"
-
-
 # --- State machines (checked by ledger.transitions.compare_and_set) ---------------------------
 
 ITEM_TRANSITIONS: dict[str, set[str]] = {
@@ -698,3 +689,9 @@ STEP_TRANSITIONS: dict[str, set[str]] = {
     _Step.DONE: set(),
     _Step.SKIPPED: set(),
 }
+
+
+# Models of this app in a module of their own (a tenant's Slack app and its links), imported here.
+from recovery.slack_models import SlackApp as SlackApp  # noqa: E402
+from recovery.slack_models import SlackLinkCode as SlackLinkCode  # noqa: E402
+from recovery.slack_models import SlackUserLink as SlackUserLink  # noqa: E402

@@ -381,6 +381,11 @@ SAGA: dict[str, Any] = {
     # Attempts per notification (backoff as compensators: SAGA_RETRY_BACKOFF_BASE_S doubling up
     # to 10x SAGA_RETRY_BACKOFF_MAX_S), then it is marked failed.
     "NOTIFY_MAX_ATTEMPTS": env_int("SAGA_NOTIFY_MAX_ATTEMPTS", 10),
+    # Where PagerDuty channels that name no endpoint of their own send their events (the EU
+    # service region: https://events.eu.pagerduty.com/v2/enqueue). The operator's: trusted.
+    "PAGERDUTY_EVENTS_URL": os.environ.get(
+        "SAGA_PAGERDUTY_EVENTS_URL", "https://events.pagerduty.com/v2/enqueue"
+    ).strip(),
     # How long delivered, dropped and failed notifications are kept before the worker prunes them
     # (SAGA_NOTIFICATION_RETENTION, a duration: 30d; never below a day). Undelivered ones never are.
     "NOTIFICATION_RETENTION_S": notification_retention_s(),

@@ -5,7 +5,7 @@ still to be sent.
 
 Three queries whatever the outbox holds: the tenant channels with their figures as subqueries,
 the tenants with the installation channels' figures as subqueries, and the rows those name. Each
-subquery reads one short range of an index from its end (recovery/0018: by channel id for a
+subquery reads one short range of an index from its end (recovery/0019: by channel id for a
 tenant's channel, by tenant and ``channel_name`` for an installation's), so no request walks the
 outbox; the backlog counts only undelivered rows. Two webhook URLs on one host share their name
 (``SAGA_NOTIFY_WEBHOOKS <host>``) and so their figures. Nothing here knows the channel kinds: a

@@ -1,5 +1,5 @@
 """A tenant's notification settings, as its admins manage them in the dashboard: channels (e-mail,
-signed webhook, Slack incoming webhook) with their choice of events and minimum risk, a test
+signed webhook, Slack incoming webhook, PagerDuty) with their choice of events and minimum risk, a test
 notification, the tenant's Slack app (its signing secret, write-only: a tenant's own, with which a
 press only asks, or the installation's, with which a press decides) and which Slack users are
 which dashboard users — a link each person makes for themself with a one-time code, that an admin
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 # Fields of a channel a person may set (the rest are the system's).
 EDITABLE = ("name", "kind", "target", "secret", "events", "min_risk", "enabled")
+# The kinds that keep a secret: a webhook's signing secret, a PagerDuty channel's routing key.
+_WITH_SECRET = (NotificationChannel.Kind.WEBHOOK, NotificationChannel.Kind.PAGERDUTY)
 
 
 def new_webhook_secret() -> str:
@@ -75,7 +77,10 @@ def _save(channel: NotificationChannel) -> None:
 
 def _channel_data(channel: NotificationChannel) -> dict[str, Any]:
     # What the audit log keeps of a channel: never its secret (nor a Slack hook URL, which is one).
+    # A PagerDuty channel's routing key is its secret: never here either.
     shown_target = channel.target if channel.kind == NotificationChannel.Kind.EMAIL else "(URL)"
+    if channel.kind == NotificationChannel.Kind.PAGERDUTY and not channel.target:
+        shown_target = "(the installation's endpoint)"
     return {
         "channel_id": channel.pk,
         "name": channel.name,
@@ -107,7 +112,8 @@ def channel_create(
     min_risk: str = "low",
     enabled: bool = True,
 ) -> SavedChannel:
-    """A new channel. A webhook without a secret gets a generated one (returned, shown once)."""
+    """A new channel. A webhook without a secret gets a generated one (returned, shown once); a
+    PagerDuty channel's secret is its routing key (required)."""
     generated = ""
     if kind == NotificationChannel.Kind.WEBHOOK and not secret:
         secret = generated = new_webhook_secret()
@@ -116,7 +122,7 @@ def channel_create(
         name=name.strip(),
         kind=kind,
         target=target.strip(),
-        secret=secret if kind == NotificationChannel.Kind.WEBHOOK else "",
+        secret=secret if kind in _WITH_SECRET else "",
         events=list(events or []),
         min_risk=min_risk,
         enabled=enabled,
@@ -131,7 +137,8 @@ def channel_create(
 
 @transaction.atomic
 def channel_update(*, channel: NotificationChannel, actor: Actor, **fields: Any) -> SavedChannel:
-    """Change a channel's settings (``EDITABLE``). A blank ``secret`` keeps the current one;
+    """Change a channel's settings (``EDITABLE``). A blank ``secret`` keeps the current one (a
+    webhook's, or a PagerDuty channel's routing key), unless the kind changes; for a webhook
     ``secret="generate"`` makes a new one (returned, shown once)."""
     unknown = set(fields) - set(EDITABLE)
     if unknown:
@@ -139,16 +146,20 @@ def channel_update(*, channel: NotificationChannel, actor: Actor, **fields: Any)
             f"Not a channel setting: {sorted(unknown)}.", details={"fields": sorted(unknown)}
         )
     current = NotificationChannel.objects.select_for_update().get(pk=channel.pk)
+    kind_before = current.kind
     generated = ""
     secret = fields.pop("secret", "")
-    if secret == "generate":
+    if secret == "generate" and fields.get("kind", current.kind) == NotificationChannel.Kind.WEBHOOK:
         secret = generated = new_webhook_secret()
     for name, value in fields.items():
         setattr(current, name, value.strip() if isinstance(value, str) else value)
-    if current.kind == NotificationChannel.Kind.WEBHOOK:
+    if current.kind != kind_before:
+        # A webhook's signing secret is no routing key, nor the other way round.
+        current.secret = ""
+    if current.kind in _WITH_SECRET:
         if secret:
             current.secret = secret
-        elif not current.secret:
+        elif not current.secret and current.kind == NotificationChannel.Kind.WEBHOOK:
             current.secret = generated = new_webhook_secret()
     else:
         current.secret = ""

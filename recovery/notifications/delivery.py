@@ -1,5 +1,5 @@
 """Delivering one outbox row: a worker job (``notification_deliver``) claims the row by
-compare-and-set, sends it (e-mail, signed webhook, Slack) and records the attempt; a failure that
+compare-and-set, sends it (e-mail, signed webhook, Slack, PagerDuty event) and records the attempt; a failure that
 may pass is retried with exponential backoff, and the sweeper re-enqueues rows whose job was lost
 (Redis down when it was enqueued, a worker killed). So Redis or a channel being down delays a
 notification and loses nothing. Also the answer to a Slack interaction (``slack_respond``).
@@ -30,6 +30,7 @@ from infra.signing import signed_headers
 from ledger.transitions import compare_and_set_rows, try_compare_and_set
 from recovery import queueing, slack
 from recovery.models import AgentCommand, Approval, Notification, SlackApp
+from recovery.notifications import pagerduty
 from recovery.notifications.outbox import Event, Kind, enqueue_delivery
 
 log = structlog.get_logger(__name__)
@@ -184,16 +185,18 @@ def _send(row: Notification) -> Attempt:
     if over := _no_longer_relevant(row):
         return Attempt("dropped", over)
     if row.kind == Kind.EMAIL:
-        if channel is not None:
-            recipients = [a.strip() for a in channel.target.split(",") if a.strip()]
-        elif row.env_target == Notification.PEOPLE:
-            recipients = [str(a) for a in row.context.get("recipients") or []]
-        else:
-            recipients = list(saga().notify_emails)
-        return _send_email(row, recipients)
+        return _send_email(row, _recipients(row))
     if row.kind == Kind.SLACK:
         assert channel is not None  # environment channels are e-mail and webhooks
         return _post_checked(row, channel.target, _slack_body(row), headers={})
+    if row.kind == Kind.PAGERDUTY:
+        assert channel is not None
+        event = json.dumps(pagerduty.event_body(row, routing_key=channel.secret)).encode()
+        if channel.target:
+            # The tenant's own endpoint: checked again now, like a webhook's URL, and over TLS only.
+            return _post_checked(row, channel.target, event, headers={}, tls=True)
+        # The installation's (SAGA_PAGERDUTY_EVENTS_URL): the operator's, trusted.
+        return _post_trusted(row, pagerduty.endpoint(channel), event, headers={})
     content = json.dumps(row.body, sort_keys=True).encode()
     secret = channel.secret if channel is not None else saga().notify_webhook_secret
     headers = dict(signed_headers(secret, content)) if secret else {}
@@ -201,6 +204,14 @@ def _send(row: Notification) -> Attempt:
         # An operator's own SAGA_NOTIFY_WEBHOOKS entry: trusted, like compensator webhooks.
         return _post_trusted(row, row.env_target, content, headers)
     return _post_checked(row, channel.target, content, headers=headers)
+
+
+def _recipients(row: Notification) -> list[str]:
+    if row.channel is not None:
+        return [a.strip() for a in row.channel.target.split(",") if a.strip()]
+    if row.env_target == Notification.PEOPLE:
+        return [str(a) for a in row.context.get("recipients") or []]
+    return list(saga().notify_emails)
 
 
 def _no_longer_relevant(row: Notification) -> str:
@@ -215,6 +226,8 @@ def _no_longer_relevant(row: Notification) -> str:
     ):
         what = "reminder" if row.event == Event.APPROVAL_REMINDER else "escalation"
         return f"Not sent: the approval was decided (or expired) before the {what} went out."
+    if row.kind == Kind.PAGERDUTY and pagerduty.resolved_since(row):
+        return "Not sent: its PagerDuty incident was resolved before this went out."
     return ""
 
 
@@ -277,6 +290,10 @@ def _slack_buttons_wanted(row: Notification, approval_id: str) -> bool:
     )
 
 
+def _what(row: Notification) -> str:
+    return {Kind.SLACK: "Slack", Kind.PAGERDUTY: "PagerDuty"}.get(Kind(row.kind), "The webhook")
+
+
 def _answer(response: httpx.Response, *, what: str) -> Attempt:
     code = response.status_code
     if response.is_success:
@@ -284,7 +301,8 @@ def _answer(response: httpx.Response, *, what: str) -> Attempt:
     if response.is_redirect:
         location = response.headers.get("Location", "")
         return Attempt("failed", f"{what} answered {code} (redirect to {location!r}, not followed)", code)
-    detail = response.text[:200].strip()
+    # PagerDuty says why it refused an event in JSON (400: invalid event, and its errors).
+    detail = pagerduty.refusal_detail(response) if what == "PagerDuty" else response.text[:200].strip()
     error = f"{what} answered {code}" + (f": {detail}" if detail else "")
     # 4xx is the receiver saying no (a revoked Slack hook answers 404 or 410, a bad payload 400):
     # asking again changes nothing. 408 and 429 say "later"; 5xx may pass.
@@ -293,11 +311,13 @@ def _answer(response: httpx.Response, *, what: str) -> Attempt:
     return Attempt("retry", error, code)
 
 
-def _post_checked(row: Notification, url: str, content: bytes, *, headers: dict[str, str]) -> Attempt:
+def _post_checked(
+    row: Notification, url: str, content: bytes, *, headers: dict[str, str], tls: bool = False
+) -> Attempt:
     """A URL a tenant chose: checked again now (it may resolve elsewhere than when it was saved)
     and sent to the address the check approved, never following a redirect."""
     try:
-        target = outbound.check_url(url, field="URL", owner=outbound.owner_of(row.tenant_id))
+        target = outbound.check_url(url, field="URL", tls=tls, owner=outbound.owner_of(row.tenant_id))
     except errors.UrlNotAllowed as exc:
         outcome = "retry" if exc.reason == outbound.UNRESOLVABLE else "failed"
         # Shown to the tenant's admins on the channel's deliveries, who chose the URL: why, in full.
@@ -309,7 +329,7 @@ def _post_checked(row: Notification, url: str, content: bytes, *, headers: dict[
         )
     except httpx.HTTPError as exc:
         return Attempt("retry", f"{type(exc).__name__}: {exc}")
-    return _answer(response, what="Slack" if row.kind == Kind.SLACK else "The webhook")
+    return _answer(response, what=_what(row))
 
 
 def _post_trusted(row: Notification, url: str, content: bytes, headers: dict[str, str]) -> Attempt:
@@ -321,7 +341,7 @@ def _post_trusted(row: Notification, url: str, content: bytes, headers: dict[str
             )
     except httpx.HTTPError as exc:
         return Attempt("retry", f"{type(exc).__name__}: {exc}")
-    return _answer(response, what="The webhook")
+    return _answer(response, what=_what(row))
 
 
 # --- Answering a Slack interaction -----------------------------------------------------------

@@ -24,6 +24,7 @@ from ledger.models import Risk, Run, Tenant
 from recovery import queueing
 from recovery.deadline_words import clock, deadline_line, escalation_who_words
 from recovery.models import (
+    CHANNEL_EVENTS,
     AgentCommand,
     Approval,
     Notification,
@@ -33,6 +34,7 @@ from recovery.models import (
     Unwind,
     UnwindStep,
 )
+from recovery.notifications import pagerduty
 
 Event = NotificationEvent
 Kind = NotificationChannel.Kind
@@ -116,13 +118,13 @@ def notify(
         else list(NotificationChannel.objects.filter(tenant=tenant, enabled=True).order_by("name"))
     )
     for channel in chosen:
-        if channels is not None or channel.wants(event, risk):
+        if channel.kind == Kind.PAGERDUTY:
+            rows += _pagerduty_rows(channel, common)
+        elif channels is not None or channel.wants(event, risk):
             rows.append(Notification(channel=channel, channel_name=channel.name, kind=channel.kind, **common))
-    if channels is None:
-        for env in environment_channels():
-            rows.append(
-                Notification(channel_name=env.name, kind=env.kind, env_target=env.env_target, **common)
-            )
+    # What became of an announced subject goes only to the PagerDuty channels that paged about it.
+    if channels is None and event in CHANNEL_EVENTS:
+        rows += _environment_rows(common)
     if people is not None and people[1]:
         who, addresses = people
         rows.append(
@@ -143,6 +145,39 @@ def notify(
             enqueue_delivery(notification_id=pk)
 
     transaction.on_commit(hand_over)
+    return rows
+
+
+def _environment_rows(common: dict[str, Any]) -> list[Notification]:
+    """The installation's own channels: SAGA_NOTIFY_EMAILS (one row) and each SAGA_NOTIFY_WEBHOOKS."""
+    return [
+        Notification(channel_name=env.name, kind=env.kind, env_target=env.env_target, **common)
+        for env in environment_channels()
+    ]
+
+
+def _pagerduty_rows(channel: NotificationChannel, common: dict[str, Any]) -> list[Notification]:
+    """One row per Events API event: what pages opens an incident, what became of its subject
+    acknowledges or resolves it (``recovery.notifications.pagerduty``)."""
+    tenant: Tenant = common["tenant"]
+    rows = []
+    for action, incident in pagerduty.actions(
+        channel,
+        event=common["event"],
+        subject_id=common["subject_id"],
+        run_id=common["run_id"],
+        risk=common["risk"],
+    ):
+        paged = {"action": action, "dedup_key": pagerduty.dedup_key(tenant.slug, incident)}
+        context = {**common["context"], "pagerduty": paged}
+        rows.append(
+            Notification(
+                channel=channel,
+                channel_name=channel.name,
+                kind=channel.kind,
+                **{**common, "context": context},
+            )
+        )
     return rows
 
 
@@ -182,6 +217,36 @@ def notify_item_opened(item: RecoveryItem) -> list[Notification]:
         path=reverse("dashboard:run-detail", args=[run.pk]),
         risk=item.risk,
         lines=lines,
+    )
+
+
+def notify_item_claimed(item: RecoveryItem) -> list[Notification]:
+    """An unwind started on the item (it claimed it): acknowledges its PagerDuty incidents."""
+    run = item.run
+    return notify(
+        tenant=run.tenant,
+        event=Event.RECOVERY_CLAIMED,
+        subject_id=item.pk,
+        run_id=run.pk,
+        summary=f"Run {run.pk} is being compensated",
+        path=f"{reverse('dashboard:run-detail', args=[run.pk])}#unwind",
+        risk=item.risk,
+    )
+
+
+def notify_item_resolved(item: RecoveryItem) -> list[Notification]:
+    """The item was resolved (resumed, closed, compensated): resolves its PagerDuty incidents,
+    its run's stuck-undo one included."""
+    run = item.run
+    return notify(
+        tenant=run.tenant,
+        event=Event.RECOVERY_RESOLVED,
+        subject_id=item.pk,
+        run_id=run.pk,
+        summary=f"Run {run.pk}: recovery item {item.get_resolution_display().lower()}",
+        path=reverse("dashboard:run-detail", args=[run.pk]),
+        risk=item.risk,
+        lines=[f"Note: {item.resolution_note or '(none)'}"],
     )
 
 
@@ -291,6 +356,38 @@ def notify_approval_expired(approval: Approval) -> list[Notification]:
             f"{approval.get_kind_display()}: {approval.tool}",
             f"Deadline: {clock(approval.expires_at, timezone.now())}; {gated} (reason timed_out).",
         ],
+    )
+
+
+def notify_approval_granted(approval: Approval, *, grants: int) -> list[Notification]:
+    """One of the people an approval needs granted it and it still waits for the others:
+    acknowledges its PagerDuty incident (someone is on it)."""
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_GRANTED,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=(
+            f"Approval of {approval.tool} on run {approval.run_id}: granted by {grants} of "
+            f"{approval.approvers_required} people"
+        ),
+        path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
+        risk=approval.risk,
+    )
+
+
+def notify_approval_decided(approval: Approval) -> list[Notification]:
+    """The approval was decided (approved, rejected) or withdrawn: resolves its PagerDuty
+    incident. Raised in the decision's transaction."""
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_DECIDED,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=f"Approval of {approval.tool} on run {approval.run_id} {approval.status}",
+        path=reverse("dashboard:run-detail", args=[approval.run_id]),
+        risk=approval.risk,
+        lines=[f"Reason: {approval.reason or '(none)'}"],
     )
 
 

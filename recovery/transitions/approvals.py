@@ -383,6 +383,7 @@ def _grant(current: Approval, *, actor: Actor, reason: str, updates: dict[str, A
         reason=reason,
         data={"grants": count, "approvers_required": current.approvers_required, "approver": label},
     )
+    outbox.notify_approval_granted(current, grants=count)
     return False
 
 
@@ -448,6 +449,7 @@ def approval_decide(
     }
     # Under the row lock above (which the N-approver grants need too), read pending there.
     compare_and_set(current, table=APPROVAL_TRANSITIONS, to=to, current=current.status, updates=fields)
+    outbox.notify_approval_decided(current)
     return current
 
 
@@ -588,6 +590,7 @@ def approval_withdraw(*, approval: Approval, actor: Actor, reason: str) -> Appro
         reason=reason,
         data={"step_id": current.step_id, "tool": current.tool},
     )
+    outbox.notify_approval_decided(current)
     return current
 
 

@@ -212,7 +212,7 @@ def item_claim(*, item: RecoveryItem, actor: Actor, reason: str = "") -> Recover
     updates: dict[str, Any] = {"claimed_by": actor.user, "claimed_at": timezone.now()}
     if actor.user is not None and item.assignee_id is None:
         updates["assignee"] = actor.user
-    return _item_transition(
+    claimed = _item_transition(
         item,
         to=RecoveryItem.Status.CLAIMED,
         actor=actor,
@@ -220,6 +220,8 @@ def item_claim(*, item: RecoveryItem, actor: Actor, reason: str = "") -> Recover
         reason=reason,
         updates=updates,
     )
+    outbox.notify_item_claimed(claimed)
+    return claimed
 
 
 def item_resolve(
@@ -243,7 +245,7 @@ def item_resolve(
     }
     if details is not None:
         updates["details"] = {**item.details, **details}
-    return _item_transition(
+    resolved = _item_transition(
         item,
         to=RecoveryItem.Status.RESOLVED,
         actor=actor,
@@ -253,6 +255,8 @@ def item_resolve(
         data={"resolution": resolution},
         allowed_from=allowed_from,
     )
+    outbox.notify_item_resolved(resolved)
+    return resolved
 
 
 def item_resolve_compensated(

@@ -159,7 +159,7 @@ def test_the_figures_take_three_queries_however_many_channels(tenant, other_tena
 
 
 def test_the_figures_read_the_channel_indexes_from_their_end(tenant, installation_channels):
-    """Each figure is an index range read from its end (recovery/0018), not the tenant's outbox
+    """Each figure is an index range read from its end (recovery/0019), not the tenant's outbox
     read and sorted: the plan names both indexes, and no step reads the table whole."""
     mail = _channel(tenant, "ops-mail")
     Notification.objects.bulk_create(

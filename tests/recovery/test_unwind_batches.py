@@ -68,6 +68,8 @@ def _fresh_script(db, tmp_path):
     call_command("load_policies", str(policies), verbosity=0, stdout=io.StringIO())
     calls.clear()
     script.clear()
+    # The tests count the jobs on the queue: none left there by an earlier test of this process.
+    django_rq.get_queue("compensations").empty()
     yield
     script.clear()
 

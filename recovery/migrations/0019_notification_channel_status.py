@@ -15,7 +15,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("recovery", "0017_slack_app_operator_owned")]
+    dependencies = [("recovery", "0018_pagerduty_channel")]
 
     operations = [
         migrations.RunSQL(
