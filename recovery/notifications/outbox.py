@@ -8,6 +8,7 @@ tells people: its summary, its link and its lines.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +38,25 @@ from recovery.notifications import pagerduty
 
 Event = NotificationEvent
 Kind = NotificationChannel.Kind
+
+
+@dataclass(frozen=True)
+class EnvironmentChannel:
+    """One of the installation's own channels, as its outbox rows name it (``channel_name``, with
+    ``channel`` None): ``SAGA_NOTIFY_EMAILS`` (all its addresses, one row) and each URL of
+    ``SAGA_NOTIFY_WEBHOOKS``."""
+
+    name: str
+    kind: str
+    env_target: str
+
+
+def environment_channels() -> list[EnvironmentChannel]:
+    config = saga()
+    found = [EnvironmentChannel("SAGA_NOTIFY_EMAILS", Kind.EMAIL, "email")] if config.notify_emails else []
+    for url in config.notify_webhooks:
+        found.append(EnvironmentChannel(f"SAGA_NOTIFY_WEBHOOKS {httpx.URL(url).host}", Kind.WEBHOOK, url))
+    return found
 
 
 def public_url(path: str) -> str:
@@ -149,22 +169,10 @@ def _follows_card(channel: NotificationChannel, event: str, risk: str) -> bool:
 
 def _environment_rows(common: dict[str, Any]) -> list[Notification]:
     """The installation's own channels: SAGA_NOTIFY_EMAILS (one row) and each SAGA_NOTIFY_WEBHOOKS."""
-    config = saga()
-    rows = []
-    if config.notify_emails:
-        rows.append(
-            Notification(channel_name="SAGA_NOTIFY_EMAILS", kind=Kind.EMAIL, env_target="email", **common)
-        )
-    for url in config.notify_webhooks:
-        rows.append(
-            Notification(
-                channel_name=f"SAGA_NOTIFY_WEBHOOKS {httpx.URL(url).host}",
-                kind=Kind.WEBHOOK,
-                env_target=url,
-                **common,
-            )
-        )
-    return rows
+    return [
+        Notification(channel_name=env.name, kind=env.kind, env_target=env.env_target, **common)
+        for env in environment_channels()
+    ]
 
 
 def _pagerduty_rows(channel: NotificationChannel, common: dict[str, Any]) -> list[Notification]:
