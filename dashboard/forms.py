@@ -263,8 +263,8 @@ class ChannelForm(forms.Form):
         max_length=2000,
         required=False,
         help_text=(
-            "E-mail: addresses, comma-separated. Webhook and Slack: the URL. PagerDuty: the Events "
-            "API endpoint, blank for the installation's."
+            "E-mail: addresses, comma-separated. Webhook, Slack and Teams: the URL. PagerDuty: the "
+            "Events API endpoint, blank for the installation's."
         ),
         widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
     )

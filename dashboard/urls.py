@@ -5,6 +5,7 @@ from django.urls import path
 from dashboard.views import (
     actions,
     audit_stream,
+    away,
     bulk,
     email_decision,
     inbox,
@@ -59,6 +60,7 @@ urlpatterns = [
     path("approvals/email/<str:link>/", email_decision.email_decision, name="email-decision"),
     path("approvals/<str:approval_id>/approve", inbox.approval_approve, name="approval-approve"),
     path("approvals/<str:approval_id>/reject", inbox.approval_reject, name="approval-reject"),
+    path("away/", away.away, name="away"),
     path("insights/", insights.insights, name="insights"),
     # The insights page's old address (/metrics, without the slash, is Prometheus's).
     path("metrics/", insights.insights_moved, name="insights-moved"),

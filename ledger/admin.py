@@ -170,7 +170,9 @@ class MembershipAdmin(TenantScopedAdmin):
         return request.user.is_superuser
 
     def get_readonly_fields(self, request: HttpRequest, obj: Membership | None = None) -> list[str]:
-        return ["user", "tenant", "created_at"] if obj else ["created_at"]
+        # Away is the person's own, set on the dashboard's away page (``ledger.away``): shown here, never edited.
+        away = ["away_until", "away_delegate", "away_since"]
+        return ["user", "tenant", "created_at", *away] if obj else ["created_at", *away]
 
     def save_model(self, request: HttpRequest, obj: Membership, form: Any, change: bool) -> None:
         # Through the service: it audits the role change and keeps is_staff in step with it.

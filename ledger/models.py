@@ -74,10 +74,22 @@ class Membership(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Away (``ledger.away``): until when this person is away from this tenant, who covers for them
+    # (another approver or admin of it), and since when. Away ends by itself at ``away_until``;
+    # all three are set together and cleared together.
+    away_until = models.DateTimeField(null=True, blank=True)
+    away_delegate = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    away_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["user", "tenant"], name="membership_one_role_per_tenant"),
+            models.CheckConstraint(
+                condition=Q(away_until__isnull=True) | ~Q(away_delegate=models.F("user")),
+                name="membership_away_not_own_delegate",
+            ),
             models.CheckConstraint(
                 condition=Q(role__in=["viewer", "operator", "approver", "admin"]),
                 name="membership_role_valid",

@@ -7,6 +7,8 @@ and to whom it escalates (``escalate_to``), set when it is asked for (``recovery
 - **Escalation** (``on_timeout: escalate``, once): at the deadline, only ``escalate_to`` decides it
   from then on, with a fresh window of the same length from the sweep that escalated it; the new
   approvers are told once (``approval.escalated``), and reminded half way through their window.
+- **Hand-over**: escalated to a person who is away (``ledger.away``), it goes on to whoever covers
+  for them, in the same step (``recovery.transitions.delegation``), and they are the ones told.
 - **Expiry** (``reject``, or a second timeout): the approval becomes ``expired`` with reason
   ``timed_out`` and what it gated is refused (``recovery.actions.periodic``), announced as
   ``approval.expired``.
@@ -28,6 +30,7 @@ from django.db.models import DurationField, ExpressionWrapper, F, Q, QuerySet
 from ledger.audit import Actor, audit_record
 from recovery.models import Approval
 from recovery.notifications import outbox
+from recovery.transitions import delegation
 from recovery.transitions.approvals import deadline_window, escalates_now_q, escalation_emails
 
 DEADLINE = Actor.system("approval-deadline")
@@ -133,5 +136,12 @@ def approval_escalate(*, approval_id: str, now: datetime) -> Approval | None:
             "timeout_s": timeout_s,
         },
     )
-    outbox.notify_approval_escalated(approval, missed=missed, emails=escalation_emails(approval))
+    # Escalated to a person who is away: to whoever covers for them, from now (the hand-over).
+    cover = delegation.approval_hand_over(approval, now=now, actor=DEADLINE, tell=False)
+    outbox.notify_approval_escalated(
+        approval,
+        missed=missed,
+        emails=escalation_emails(approval, now=now),
+        away_until=cover.until if cover is not None else None,
+    )
     return approval

@@ -1,4 +1,5 @@
-"""The decisions: recovery items, approvals, unwinds and their steps, agent commands.
+"""The decisions: recovery items, approvals (their grants: ``recovery.grant_models``), unwinds and
+their steps, agent commands.
 
 Every status here moves by ``ledger.transitions``'s compare-and-set: items, unwinds and steps over the
 tables at the end of this module, the others over their owners' (``ledger.transitions`` names them).
@@ -17,6 +18,7 @@ from django.db.models import Q
 from infra import errors, ids, outbound
 from infra.json_text import JSONField
 from ledger.models import RISK_ORDER, Action, AgentKey, Checkpoint, Event, Risk, Run, Tenant
+from recovery.grant_models import ApprovalGrant as ApprovalGrant
 
 
 class RecoveryItem(models.Model):
@@ -302,6 +304,10 @@ class Approval(models.Model):
     on_timeout = models.CharField(max_length=16, default="reject", db_default="reject")
     escalate_to = models.CharField(max_length=150, blank=True, default="", db_default="")
     escalated_at = models.DateTimeField(null=True, blank=True)
+    # Handed over (``recovery.transitions.delegation``): the person its escalation named, who was
+    # away and may still decide it, and when it went to their delegate (``escalate_to`` from then).
+    delegated_from = models.CharField(max_length=150, blank=True, default="", db_default="")
+    delegated_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -324,33 +330,6 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.tool} ({self.status})"
-
-
-class ApprovalGrant(models.Model):
-    """One person's grant of an approval that needs several (``Approval.approvers_required``).
-    ``approver`` identifies the person: ``user:<id>`` for a dashboard user, through their login or
-    an approver key they own (``AgentKey.owner``), so the same person granting twice, through
-    any of their credentials, is one grant (a unique constraint, whatever races). ``key:<name>``
-    is a grant made through a key before keys had owners."""
-
-    approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="grants")
-    approver = models.CharField(max_length=220)
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    key = models.ForeignKey(AgentKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    label = models.CharField(max_length=200, blank=True, default="")
-    reason = models.TextField(blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["created_at", "id"]
-        constraints = [
-            models.UniqueConstraint(fields=["approval", "approver"], name="approvalgrant_once_per_person"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.approval_id} granted by {self.label or self.approver}"
 
 
 class AgentCommand(models.Model):
@@ -450,7 +429,7 @@ ROUTING_KEY_PATTERN = re.compile(r"[A-Za-z0-9]{32}")
 
 class NotificationChannel(models.Model):
     """Where a tenant's notifications go. ``target``: comma-separated e-mail addresses, or the
-    webhook / Slack incoming-webhook URL (checked by ``infra.outbound.check_url`` when saved and
+    webhook / Slack / Teams webhook URL (checked by ``infra.outbound.check_url`` when saved and
     again before each send), or a PagerDuty channel's Events API endpoint ("": the installation's,
     ``SAGA_PAGERDUTY_EVENTS_URL``). ``secret`` signs webhook bodies (the compensator scheme); a
     PagerDuty channel's is its integration's routing key. Neither is ever shown back."""
@@ -460,6 +439,7 @@ class NotificationChannel(models.Model):
         WEBHOOK = "webhook", "Signed webhook"
         SLACK = "slack", "Slack incoming webhook"
         PAGERDUTY = "pagerduty", "PagerDuty (Events API v2)"
+        TEAMS = "teams", "Microsoft Teams (Workflows webhook)"
 
     id = models.CharField(primary_key=True, max_length=40, default=ids.new_channel_id, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="notification_channels")
@@ -481,7 +461,8 @@ class NotificationChannel(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="channel_name_per_tenant"),
             models.CheckConstraint(
-                condition=Q(kind__in=["email", "webhook", "slack", "pagerduty"]), name="channel_kind_valid"
+                condition=Q(kind__in=["email", "webhook", "slack", "pagerduty", "teams"]),
+                name="channel_kind_valid",
             ),
         ]
 
@@ -501,7 +482,7 @@ class NotificationChannel(models.Model):
                 except ValidationError:
                     raise ValidationError({"target": f"{address!r} is not an e-mail address."}) from None
             self.target = ", ".join(addresses)
-        elif self.kind in (self.Kind.WEBHOOK, self.Kind.SLACK):
+        elif self.kind in (self.Kind.WEBHOOK, self.Kind.SLACK, self.Kind.TEAMS):
             try:
                 outbound.check_url(self.target.strip(), field="URL", owner=outbound.owner_of(self.tenant_id))
             except errors.UrlNotAllowed as exc:

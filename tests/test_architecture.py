@@ -178,6 +178,7 @@ RECOVERY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "recovery",
             "recovery.models",
+            "recovery.grant_models",
             "recovery.queueing",
             "recovery.compensators",
             "recovery.compensator_checks",

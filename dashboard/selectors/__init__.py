@@ -8,6 +8,7 @@ tenants, and no list counts the ledger (keyset pages, capped counts over small i
 - ``runs``: the run page's bundle (ledger, checkpoints, audit events, item, unwind, approvals).
 - ``live``: the run page's poll: a fingerprint of each region, how often to poll, the nav badge.
 - ``inbox``: the approval inbox's pages and the pending count.
+- ``outbox``: the Notifications page's status of each channel (last delivery, last failure, backlog).
 - ``insights``: the insights page's aggregates.
 - ``policies``: the policies page's sections, one per tenant.
 - ``tenants``: the tenants a user sees.

@@ -1,13 +1,18 @@
 """The approval inbox: pending approvals as cards (``dashboard.presenters.approval_cards``), one
-page at a time, and approving or rejecting one (a whole card back for htmx, with the nav badge)."""
+page at a time, and approving or rejecting one (a whole card back for htmx, with the nav badge).
+``?approval=ID`` shows that one approval's card, whatever its status (a link from a Teams card),
+and ``&decide=approve`` or ``reject`` says which decision was chosen there, for the signed-in
+person to confirm with the card's own form: a GET never decides."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.contrib.auth.models import User
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -16,6 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 from dashboard.forms import ApproveForm, ReasonForm
 from dashboard.permissions import Capability, can, require
 from dashboard.presenters import approval_cards
+from dashboard.selectors import away as away_selectors
 from dashboard.selectors import inbox as inbox_selectors
 from dashboard.selectors import live
 from dashboard.templatetags.dashboard import pretty_json
@@ -23,6 +29,7 @@ from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
 from recovery import decisions as recovery_decisions
+from recovery import teams
 from recovery.actions import approvals as approval_actions
 from recovery.models import Approval
 from recovery.transitions import approvals as recovery_approvals
@@ -80,6 +87,8 @@ def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -
         "can_decide": can(request.user, Capability.APPROVE, approval.tenant_id) and not escalated_away,
         # Escalated to others: since its deadline passed, only they decide it.
         "escalated_away": escalated_away,
+        # Handed over from an away person (``recovery.transitions.delegation``): until when they are away.
+        "delegated_until": away_selectors.delegated_from_until(approval) if approval.delegated_from else None,
         # Whoever asked may reject but never grant (the service refuses: self_approval).
         "own_request": recovery_approvals.is_requester(
             approval, common.actor(request), owned=_keys_owned(request), people=_people(request)
@@ -91,15 +100,40 @@ def _approval_card(request: HtmxHttpRequest, approval: Approval, **extra: Any) -
 @require_GET
 @login_required
 def approvals(request: HtmxHttpRequest) -> HttpResponse:
+    if "approval" in request.GET:
+        return _one_approval(request)
     cursor = request.GET.get("cursor", "")
     page = inbox_selectors.approvals_pending(user=request.user, cursor=cursor)
     context = {
         "cards": [_approval_card(request, approval) for approval in page.approvals],
         "next_cursor": page.next_cursor,
         "paged": bool(cursor),
+        # The signed-in person's aways and the ones they cover (``dashboard.selectors.away``).
+        "away_notes": away_selectors.away_notes(request.user) if isinstance(request.user, User) else [],
     }
     if request.htmx and request.htmx.target == "approvals-more":
         return render(request, "dashboard/approvals.html#approval-cards", context)
+    return render(request, "dashboard/approvals.html", context)
+
+
+# What an approval id looks like (``apr_`` and a ULID); anything else is no approval, unread.
+_ID = re.compile(r"[A-Za-z0-9_]{1,40}")
+
+
+def _one_approval(request: HtmxHttpRequest) -> HttpResponse:
+    """One approval's card (404 outside the user's tenants), with the decision a link chose
+    (``decide``; anything else is ignored) named above its form, for the person to confirm."""
+    approval_id = request.GET.get("approval", "")
+    if not _ID.fullmatch(approval_id):
+        raise Http404("No such approval.")
+    approval = common.get_or_404(
+        Approval.objects.select_related("run__tenant", *inbox_selectors.APPROVAL_CARD_RELATED),
+        approval_id,
+        request,
+    )
+    decide = request.GET.get("decide", "")
+    card = _approval_card(request, approval, decide=decide if decide in teams.DECISIONS else "")
+    context = {"cards": [card], "next_cursor": "", "paged": False, "one": approval}
     return render(request, "dashboard/approvals.html", context)
 
 

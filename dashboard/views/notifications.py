@@ -1,5 +1,6 @@
-"""Notifications in the dashboard: the outbox (every notification and its attempts: status,
-attempts, last error, next attempt) for operators and admins, and a tenant's notification
+"""Notifications in the dashboard: the outbox (each channel's last delivery, last failure and
+backlog; every notification and its attempts: status, attempts, last error, next attempt) for
+operators and admins, and a tenant's notification
 settings for its admins — channels (add, edit, delete, send a test), the Slack app (its signing
 secret: write-only, never shown again) and which Slack users are which dashboard users (listed;
 removed in ``dashboard.views.slack_account``, never made by an admin). The services are
@@ -19,6 +20,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from dashboard.forms import ChannelForm, SlackAppForm
 from dashboard.permissions import Capability, reach_for, require, require_tenant, tenant_ids_with
+from dashboard.selectors.outbox import channel_statuses
 from dashboard.views import common
 from dashboard.views.common import HtmxHttpRequest
 from infra.errors import SagaError
@@ -46,6 +48,9 @@ def outbox(request: HtmxHttpRequest) -> HttpResponse:
         "dashboard/notifications.html",
         {
             "rows": rows,
+            # Each channel's last delivery, last failure and backlog, above the rows themselves.
+            "channel_statuses": channel_statuses(tenant_ids=tenant_ids),
+            "administered": set(administered),
             "status": status,
             "statuses": Notification.Status.choices,
             "several_tenants": len(tenant_ids) > 1,

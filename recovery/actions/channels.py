@@ -1,10 +1,10 @@
 """A tenant's notification settings, as its admins manage them in the dashboard: channels (e-mail,
-signed webhook, Slack incoming webhook, PagerDuty) with their choice of events and minimum risk, a test
-notification, the tenant's Slack app (its signing secret, write-only: a tenant's own, with which a
-press only asks, or the installation's, with which a press decides) and which Slack users are
-which dashboard users — a link each person makes for themself with a one-time code, that an admin
-may only remove, and that no change of secret survives. Each change is audited on the tenant's
-chain; no secret is ever written to the audit log.
+signed webhook, Slack incoming webhook, Teams Workflows webhook, PagerDuty) with their choice of
+events and minimum risk, a test notification, the tenant's Slack app (its signing secret,
+write-only: a tenant's own, with which a press only asks, or the installation's, with which a
+press decides) and which Slack users are which dashboard users — a link each person makes for
+themself with a one-time code, that an admin may only remove, and that no change of secret
+survives. Each change is audited on the tenant's chain; no secret is ever written to the audit log.
 
 The rules for a channel's destination live on the model (``NotificationChannel.clean``: e-mail
 addresses, or a URL ``infra.outbound.check_url`` accepts), which the Django admin's forms call

@@ -1,8 +1,8 @@
 """Delivering one outbox row: a worker job (``notification_deliver``) claims the row by
-compare-and-set, sends it (e-mail, signed webhook, Slack, PagerDuty event) and records the attempt; a failure that
-may pass is retried with exponential backoff, and the sweeper re-enqueues rows whose job was lost
-(Redis down when it was enqueued, a worker killed). So Redis or a channel being down delays a
-notification and loses nothing. Also the answer to a Slack interaction (``slack_respond``).
+compare-and-set, sends it (e-mail, signed webhook, Slack, Teams card, PagerDuty event) and records
+the attempt; a failure that may pass is retried with exponential backoff, and the sweeper
+re-enqueues rows whose job was lost (Redis down when it was enqueued, a worker killed). So Redis or
+a channel being down delays a notification and loses nothing. Also the answer to a Slack interaction (``slack_respond``).
 
 URLs a tenant chose go through ``infra.outbound`` (checked, pinned, no redirects); the operator's
 own SAGA_NOTIFY_WEBHOOKS do not.
@@ -22,15 +22,16 @@ import structlog
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 from django.db.models import F, Q
+from django.urls import reverse
 from django.utils import timezone
 
 from infra import deadline, errors, outbound
 from infra.conf import saga
 from infra.signing import signed_headers
 from ledger.transitions import compare_and_set_rows, try_compare_and_set
-from recovery import queueing, slack
+from recovery import queueing, slack, teams
 from recovery.models import AgentCommand, Approval, Notification, SlackApp
-from recovery.notifications import email_links, pagerduty
+from recovery.notifications import email_links, outbox, pagerduty
 from recovery.notifications.outbox import Event, Kind, enqueue_delivery
 
 log = structlog.get_logger(__name__)
@@ -189,6 +190,9 @@ def _send(row: Notification) -> Attempt:
     if row.kind == Kind.SLACK:
         assert channel is not None  # environment channels are e-mail and webhooks
         return _post_checked(row, channel.target, _slack_body(row), headers={})
+    if row.kind == Kind.TEAMS:
+        assert channel is not None
+        return _post_checked(row, channel.target, _teams_body(row), headers={})
     if row.kind == Kind.PAGERDUTY:
         assert channel is not None
         event = json.dumps(pagerduty.event_body(row, routing_key=channel.secret)).encode()
@@ -294,6 +298,51 @@ def _slack_body(row: Notification) -> bytes:
     return json.dumps(message).encode()
 
 
+# The events whose card offers Approve… and Reject… while the approval waits.
+_TEAMS_DECIDING = (Event.APPROVAL_REQUESTED, Event.APPROVAL_REMINDER, Event.APPROVAL_ESCALATED)
+
+
+def _teams_body(row: Notification) -> bytes:
+    # Approve… and Reject… only while the approval can still be decided (pending, before its
+    # deadline); a card sent later links to its page alone.
+    approval_id = str(row.context.get("approval_id") or "")
+    deciding = (
+        bool(approval_id)
+        and row.event in _TEAMS_DECIDING
+        and Approval.objects.filter(
+            pk=approval_id,
+            tenant_id=row.tenant_id,
+            status=Approval.Status.PENDING,
+            expires_at__gt=timezone.now(),
+        ).exists()
+    )
+    inbox = outbox.public_url(reverse("dashboard:approvals"))
+    approve_url = reject_url = ""
+    if deciding:
+        approve_url = teams.decision_url(
+            approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_APPROVE
+        )
+        reject_url = teams.decision_url(
+            approvals_url=inbox, approval_id=approval_id, decide=teams.DECIDE_REJECT
+        )
+    facts = [
+        (str(pair[0]), str(pair[1]))
+        for pair in row.context.get("facts") or []
+        if isinstance(pair, list | tuple) and len(pair) == 2
+    ]
+    message = teams.message(
+        summary=str(row.body.get("summary", "")),
+        url=str(row.body.get("url", "")),
+        risk=row.risk,
+        run_id=row.run_id,
+        lines=[str(line) for line in row.context.get("lines") or []],
+        facts=facts,
+        approve_url=approve_url,
+        reject_url=reject_url,
+    )
+    return json.dumps(message).encode()
+
+
 def _slack_buttons_wanted(row: Notification, approval_id: str) -> bool:
     # Buttons only where a press can be verified (the tenant connected a Slack app) and can still
     # decide something (the approval is pending).
@@ -306,7 +355,9 @@ def _slack_buttons_wanted(row: Notification, approval_id: str) -> bool:
 
 
 def _what(row: Notification) -> str:
-    return {Kind.SLACK: "Slack", Kind.PAGERDUTY: "PagerDuty"}.get(Kind(row.kind), "The webhook")
+    return {Kind.SLACK: "Slack", Kind.PAGERDUTY: "PagerDuty", Kind.TEAMS: "Teams"}.get(
+        Kind(row.kind), "The webhook"
+    )
 
 
 def _answer(response: httpx.Response, *, what: str) -> Attempt:

@@ -8,6 +8,7 @@ tells people: its summary, its link and its lines.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +40,25 @@ Event = NotificationEvent
 Kind = NotificationChannel.Kind
 
 
+@dataclass(frozen=True)
+class EnvironmentChannel:
+    """One of the installation's own channels, as its outbox rows name it (``channel_name``, with
+    ``channel`` None): ``SAGA_NOTIFY_EMAILS`` (all its addresses, one row) and each URL of
+    ``SAGA_NOTIFY_WEBHOOKS``."""
+
+    name: str
+    kind: str
+    env_target: str
+
+
+def environment_channels() -> list[EnvironmentChannel]:
+    config = saga()
+    found = [EnvironmentChannel("SAGA_NOTIFY_EMAILS", Kind.EMAIL, "email")] if config.notify_emails else []
+    for url in config.notify_webhooks:
+        found.append(EnvironmentChannel(f"SAGA_NOTIFY_WEBHOOKS {httpx.URL(url).host}", Kind.WEBHOOK, url))
+    return found
+
+
 def public_url(path: str) -> str:
     """The link to a dashboard page in a notification: SAGA_PUBLIC_URL + the page's path."""
     return f"{saga().public_url}{path}"
@@ -56,6 +76,7 @@ def notify(
     lines: list[str] | None = None,
     approval_id: str = "",
     args_hash: str = "",
+    facts: list[tuple[str, str]] | None = None,
     channels: list[NotificationChannel] | None = None,
     people: tuple[str, list[str]] | None = None,
 ) -> list[Notification]:
@@ -67,7 +88,9 @@ def notify(
     The webhook body is fixed here, once for all its channels: ``{event, tenant, id, run_id,
     summary, url, created_at}`` with ``id`` the subject's (approval, item, step, unwind, command).
     ``people``: (who, addresses) — one e-mail more, to these people themselves, whatever the
-    channels want (an escalation's new approvers)."""
+    channels want (an escalation's new approvers). ``facts``: (label, value) pairs a card shows
+    apart from ``lines`` (a Teams card's fact set: the tool, who asked, the deadline).
+    """
     now = timezone.now()
     body = {
         "event": event,
@@ -79,7 +102,12 @@ def notify(
         "created_at": now.isoformat(),
     }
     # ``args_hash``: the hash of the arguments ``lines`` show, which a Slack Approve button carries.
-    context = {"lines": lines or [], "approval_id": approval_id, "args_hash": args_hash}
+    context: dict[str, Any] = {
+        "lines": lines or [],
+        "approval_id": approval_id,
+        "args_hash": args_hash,
+        "facts": list(map(list, facts or [])),
+    }
     common = {
         "tenant": tenant,
         "event": event,
@@ -100,9 +128,10 @@ def notify(
     for channel in chosen:
         if channel.kind == Kind.PAGERDUTY:
             rows += _pagerduty_rows(channel, common)
-        elif channels is not None or channel.wants(event, risk):
+        elif channels is not None or channel.wants(event, risk) or _follows_card(channel, event, risk):
             rows.append(Notification(channel=channel, channel_name=channel.name, kind=channel.kind, **common))
-    # What became of an announced subject goes only to the PagerDuty channels that paged about it.
+    # What became of an announced subject goes only to the channels that announced it (PagerDuty's
+    # incident, Teams' card), never to the environment's.
     if channels is None and event in CHANNEL_EVENTS:
         rows += _environment_rows(common)
     if people is not None and people[1]:
@@ -128,24 +157,22 @@ def notify(
     return rows
 
 
+def _follows_card(channel: NotificationChannel, event: str, risk: str) -> bool:
+    """A Teams channel that took an approval's request card takes its decision's card too: a
+    webhook cannot update a card it posted, so the decision follows it."""
+    return (
+        channel.kind == Kind.TEAMS
+        and event == Event.APPROVAL_DECIDED
+        and channel.wants(Event.APPROVAL_REQUESTED, risk)
+    )
+
+
 def _environment_rows(common: dict[str, Any]) -> list[Notification]:
     """The installation's own channels: SAGA_NOTIFY_EMAILS (one row) and each SAGA_NOTIFY_WEBHOOKS."""
-    config = saga()
-    rows = []
-    if config.notify_emails:
-        rows.append(
-            Notification(channel_name="SAGA_NOTIFY_EMAILS", kind=Kind.EMAIL, env_target="email", **common)
-        )
-    for url in config.notify_webhooks:
-        rows.append(
-            Notification(
-                channel_name=f"SAGA_NOTIFY_WEBHOOKS {httpx.URL(url).host}",
-                kind=Kind.WEBHOOK,
-                env_target=url,
-                **common,
-            )
-        )
-    return rows
+    return [
+        Notification(channel_name=env.name, kind=env.kind, env_target=env.env_target, **common)
+        for env in environment_channels()
+    ]
 
 
 def _pagerduty_rows(channel: NotificationChannel, common: dict[str, Any]) -> list[Notification]:
@@ -264,9 +291,44 @@ def approval_lines(approval: Approval) -> list[str]:
     hash, ``approval.args_hash``, and offered only when they were not cut)."""
     return [
         f"{approval.get_kind_display()}: {approval.tool}",
+        *([delegated_line(approval)] if approval.delegated_from else []),
         deadline_line(approval),
         f"Args: {args_shown(approval.args)}",
     ]
+
+
+def delegated_line(approval: Approval) -> str:
+    """``Delegated from ann to bob at 14:05 UTC: ann is away.`` (the hand-over's words)."""
+    when = clock(approval.delegated_at, timezone.now()) if approval.delegated_at else "?"
+    return (
+        f"Delegated from {approval.delegated_from} to {approval.escalate_to} at {when}: "
+        f"{approval.delegated_from} is away."
+    )
+
+
+def asked_by_words(approval: Approval) -> str:
+    """Who asked for an approval: the key that recorded it, the person, or else (an automatic
+    compensation) Saga Admin."""
+    if approval.requested_by_key_id is not None and approval.requested_by_key is not None:
+        return f"agent key {approval.requested_by_key.name}"
+    if approval.requested_by_id is not None and approval.requested_by is not None:
+        return approval.requested_by.get_username()
+    return "Saga Admin (an automatic compensation)"
+
+
+def approval_facts(approval: Approval, *, deadline: bool = True) -> list[tuple[str, str]]:
+    """What a card says of an approval besides its lines: the tool, what it gates, who asked and
+    (while it waits) the deadline in words."""
+    facts = [
+        ("Tool", approval.tool),
+        ("Kind", approval.get_kind_display()),
+        ("Asked by", asked_by_words(approval)),
+    ]
+    if approval.approvers_required > 1:
+        facts.append(("Approvers needed", str(approval.approvers_required)))
+    if deadline:
+        facts.append(("Deadline", deadline_line(approval)))
+    return facts
 
 
 def _notify_approval_waiting(
@@ -290,6 +352,7 @@ def _notify_approval_waiting(
         lines=[*(lines or []), *approval_lines(approval)],
         approval_id=approval.pk,
         args_hash=approval.args_hash,
+        facts=approval_facts(approval),
         people=people,
     )
 
@@ -313,18 +376,44 @@ def notify_approval_reminder(approval: Approval) -> list[Notification]:
 
 
 def notify_approval_escalated(
-    approval: Approval, *, missed: datetime, emails: list[str] | None = None
+    approval: Approval,
+    *,
+    missed: datetime,
+    emails: list[str] | None = None,
+    away_until: datetime | None = None,
 ) -> list[Notification]:
     """Nobody decided before the deadline: the approval now waits for ``escalate_to``, told once
     (the escalation's compare-and-set, ``recovery.approval_deadlines.approval_escalate``): the
-    tenant's channels, and by e-mail the people it now waits for (``emails``)."""
+    tenant's channels, and by e-mail the people it now waits for (``emails``). ``away_until``: it
+    was escalated to a person away until then and handed over to ``escalate_to``, their delegate."""
+    delegated = (
+        f" (delegate of {approval.delegated_from}, away until {clock(away_until, timezone.now())})"
+        if away_until is not None and approval.delegated_from
+        else ""
+    )
     return _notify_approval_waiting(
         approval,
         Event.APPROVAL_ESCALATED,
-        f"Escalated to {approval.escalate_to}: approval of {approval.tool} ({approval.risk} risk) on run "
-        f"{approval.run_id}, nobody decided by {clock(missed, timezone.now())}",
+        f"Escalated to {approval.escalate_to}{delegated}: approval of {approval.tool} ({approval.risk} risk) "
+        f"on run {approval.run_id}, nobody decided by {clock(missed, timezone.now())}",
         lines=[f"Now decided by {escalation_who_words(approval.escalate_to)} only."],
         people=(escalation_who_words(approval.escalate_to), emails or []),
+    )
+
+
+def notify_approval_delegated(
+    approval: Approval, *, named: str, until: datetime, emails: list[str]
+) -> list[Notification]:
+    """An escalated approval went from ``named``, who is away until ``until``, to their delegate
+    (``recovery.transitions.delegation``): the channels that take ``approval.escalated`` hear, and
+    the delegate is written to (``emails``)."""
+    return _notify_approval_waiting(
+        approval,
+        Event.APPROVAL_ESCALATED,
+        f"Delegated to {approval.escalate_to}: {named} is away until {clock(until, timezone.now())}; "
+        f"approval of {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
+        lines=[f"Now decided by {approval.escalate_to} (or {named})."],
+        people=(approval.escalate_to, emails),
     )
 
 
@@ -348,6 +437,49 @@ def notify_approval_expired(approval: Approval) -> list[Notification]:
             f"{approval.get_kind_display()}: {approval.tool}",
             f"Deadline: {clock(approval.expires_at, timezone.now())}; {gated} (reason timed_out).",
         ],
+        approval_id=approval.pk,
+        facts=approval_facts(approval, deadline=False),
+    )
+
+
+def decided_by_words(approval: Approval) -> str:
+    """Who decided an approval: the person, or the approver key and its owner."""
+    key = approval.decided_by_key if approval.decided_by_key_id is not None else None
+    if key is not None:
+        owner = key.owner.get_username() if key.owner is not None else ""
+        return f"{owner} (approver key {key.name})" if owner else f"approver key {key.name}"
+    return approval.decided_by.get_username() if approval.decided_by is not None else "Saga Admin"
+
+
+def notify_approval_decided(approval: Approval) -> list[Notification]:
+    """The approval was decided (approved, rejected) or withdrawn, in that transaction: resolves
+    its PagerDuty incident, and posts the card that follows a Teams channel's request card
+    (``_follows_card``); no other channel hears of it."""
+    withdrawn = approval.status == Approval.Status.EXPIRED
+    outcome = "Withdrawn" if withdrawn else approval.get_status_display()
+    by = "" if withdrawn else f" by {decided_by_words(approval)}"
+    edited = bool(approval.approved_args_hash) and approval.approved_args_hash != approval.args_hash
+    lines = [
+        f"{approval.get_kind_display()}: {approval.tool}",
+        f"Decision: {outcome}{by} at {clock(approval.decided_at or timezone.now(), timezone.now())}",
+        f"Reason: {approval.reason or '(none)'}",
+    ]
+    if edited:
+        lines += [
+            "The approver edited the arguments before approving them; these were approved:",
+            f"Args: {args_shown(approval.approved_args)}",
+        ]
+    return notify(
+        tenant=approval.tenant,
+        event=Event.APPROVAL_DECIDED,
+        subject_id=approval.pk,
+        run_id=approval.run_id,
+        summary=f"{outcome}{by}: {approval.tool} ({approval.risk} risk) on run {approval.run_id}",
+        path=reverse("dashboard:run-detail", args=[approval.run_id]),
+        risk=approval.risk,
+        lines=lines,
+        approval_id=approval.pk,
+        facts=[*approval_facts(approval, deadline=False), ("Decision", f"{outcome}{by}")],
     )
 
 
@@ -365,21 +497,6 @@ def notify_approval_granted(approval: Approval, *, grants: int) -> list[Notifica
         ),
         path=f"{reverse('dashboard:approvals')}#approval-{approval.pk}",
         risk=approval.risk,
-    )
-
-
-def notify_approval_decided(approval: Approval) -> list[Notification]:
-    """The approval was decided (approved, rejected) or withdrawn: resolves its PagerDuty
-    incident. Raised in the decision's transaction."""
-    return notify(
-        tenant=approval.tenant,
-        event=Event.APPROVAL_DECIDED,
-        subject_id=approval.pk,
-        run_id=approval.run_id,
-        summary=f"Approval of {approval.tool} on run {approval.run_id} {approval.status}",
-        path=reverse("dashboard:run-detail", args=[approval.run_id]),
-        risk=approval.risk,
-        lines=[f"Reason: {approval.reason or '(none)'}"],
     )
 
 

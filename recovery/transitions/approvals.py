@@ -25,6 +25,7 @@ from infra import errors
 from infra.conf import saga
 from infra.hashing import sha256_hex
 from ledger.audit import Actor, audit_record
+from ledger.away import away_q, cover_for
 from ledger.models import Action, AgentKey, Membership, Run
 from ledger.policies.deadlines import ApprovalDeadline, is_role
 from ledger.rules import reason_required
@@ -620,7 +621,17 @@ def escalation_approver(approval: Approval, actor: Actor) -> bool:
     person = person_of(actor)
     if person is None:
         return False
-    return Membership.objects.filter(_escalation_members_q(approval), user_id=person).exists()
+    members = _escalation_members_q(approval)
+    if approval.delegated_from:
+        # Handed over while they were away (``recovery.transitions.delegation``): the person it was
+        # escalated to may still decide it, as well as their delegate.
+        members |= Q(
+            tenant_id=approval.tenant_id,
+            role__in=APPROVER_ROLES,
+            user__is_active=True,
+            user__username=approval.delegated_from,
+        )
+    return Membership.objects.filter(members, user_id=person).exists()
 
 
 # At most this many people are written to directly about one escalation (a role of a large
@@ -628,13 +639,25 @@ def escalation_approver(approval: Approval, actor: Actor) -> bool:
 ESCALATION_EMAILS_MAX = 50
 
 
-def escalation_emails(approval: Approval) -> list[str]:
-    """The e-mail addresses of the people an approval was escalated to (those who have one)."""
-    addresses = (
-        Membership.objects.filter(_escalation_members_q(approval))
+def escalation_emails(approval: Approval, *, now: datetime | None = None) -> list[str]:
+    """The e-mail addresses of the people an approval was escalated to (those who have one). One
+    who is away (``ledger.away``) is written to through whoever covers for them, when that person
+    may decide it too (holds the role it went to, or was handed it); when nobody does, it is still
+    theirs, and so is the e-mail."""
+    now = now or timezone.now()
+    members = Membership.objects.filter(_escalation_members_q(approval))
+    addresses = set(
+        members.exclude(away_q(now=now))
         .exclude(user__email="")
         .order_by("user__email")
         .values_list("user__email", flat=True)
         .distinct()[:ESCALATION_EMAILS_MAX]
     )
-    return list(addresses)
+    away = members.filter(away_q(now=now)).select_related("user").order_by("user__username")
+    for membership in away[:ESCALATION_EMAILS_MAX]:
+        cover = cover_for(tenant_id=approval.tenant_id, username=membership.user.get_username(), now=now)
+        if cover is not None and members.filter(user=cover.delegate).exists():
+            addresses.add(cover.delegate.email)
+        else:
+            addresses.add(membership.user.email)
+    return sorted(address for address in addresses if address)[:ESCALATION_EMAILS_MAX]

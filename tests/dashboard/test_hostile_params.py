@@ -46,7 +46,7 @@ PARAMS = {
     "/": ["cursor", "q", "tenant", "risk", "reason", "status", "age", "sort"],
     "/queue/new": ["since", "tenant", "risk", "reason", "status", "age", "q"],
     "/insights/": ["window", "tenant"],
-    "/approvals/": ["tenant", "cursor"],
+    "/approvals/": ["tenant", "cursor", "approval", "decide"],
 }
 
 

@@ -57,7 +57,7 @@ def test_the_plan_has_a_ticked_box_per_undoable_step_and_carries_its_hash(client
     assert f'name="plan_hash" value="{plan.plan_hash}"' in body
     for action in done:
         assert f'name="action_ids" value="{action.pk}" id="undo-{action.pk}" checked' in body
-        assert f"Undo #{action.seq} {action.tool}</label>" in body
+        assert f"Undo #{action.seq} {action.tool}</span></label>" in body
 
 
 def test_a_partial_choice_is_shown_back_before_anything_runs_then_runs_when_confirmed(

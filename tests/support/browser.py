@@ -21,8 +21,10 @@ def login(page: Any, username: str, password: str = "correct-horse-battery") -> 
     page.wait_for_url("**/")
 
 
-def screenshot(page: Any, name: str) -> Path:
+def screenshot(page: Any, name: str, *, full_page: bool = True) -> Path:
+    """The page as shown, under artifacts/screenshots; ``full_page=False``: only the viewport (a
+    phone's screen, small enough for the docs)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     return path

@@ -1,13 +1,13 @@
 """A local HTTP endpoint that keeps every request it gets and answers from a script: stands in for a
-tenant's webhook receiver, a Slack incoming webhook or a Slack ``response_url`` in the
-notification tests."""
+tenant's webhook receiver, a Slack incoming webhook, a Slack ``response_url`` or (with a ``check``:
+``tests.support.teams``) a Teams Workflows webhook in the notification tests."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
@@ -34,6 +34,8 @@ class Receiver:
     # Status codes to answer with, in order; then 200.
     script: list[int] = field(default_factory=list)
     delay_s: float = 0.0
+    # Checks each body: a complaint ("" when none) is answered 400 with it (a Teams card's schema).
+    check: Callable[[bytes], str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def url(self, path: str = "/hook") -> str:
@@ -61,6 +63,9 @@ def serve_receiver(**options: Any) -> Iterator[Receiver]:
                 time.sleep(receiver.delay_s)
             status = receiver.next_status()
             body = b"ok" if status < 400 else b"no_service"
+            complaint = receiver.check(raw) if receiver.check is not None else ""
+            if complaint:
+                status, body = 400, complaint.encode()[:2000]
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

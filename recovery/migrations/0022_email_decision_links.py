@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     its primary key the nonce, so a link decides at most once."""
 
     dependencies = [
-        ("recovery", "0018_pagerduty_channel"),
+        ("recovery", "0021_notification_channel_status"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
