@@ -7,6 +7,7 @@ from dashboard.views import (
     audit_stream,
     away,
     bulk,
+    email_decision,
     inbox,
     insights,
     items,
@@ -55,6 +56,8 @@ urlpatterns = [
     path("steps/<str:step_id>/skip", unwinds.step_skip, name="step-skip"),
     path("actions/<str:action_id>/reconcile", actions.action_reconcile, name="action-reconcile"),
     path("approvals/", inbox.approvals, name="approvals"),
+    # An approval e-mail's Approve or Reject link: GET shows, POST decides (recovery.notifications.email_links).
+    path("approvals/email/<str:link>/", email_decision.email_decision, name="email-decision"),
     path("approvals/<str:approval_id>/approve", inbox.approval_approve, name="approval-approve"),
     path("approvals/<str:approval_id>/reject", inbox.approval_reject, name="approval-reject"),
     path("away/", away.away, name="away"),

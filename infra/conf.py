@@ -59,6 +59,10 @@ class SagaSettings:
     # The Events API endpoint of PagerDuty channels that name none (recovery.notifications.pagerduty).
     pagerduty_events_url: str
     public_url: str
+    # Approve and Reject links in approval e-mails (recovery.notifications.email_links): minutes they stay
+    # valid (0: none sent), and the highest risk they decide without a session ("none": no risk).
+    email_link_ttl_min: int
+    email_link_max_risk: str
     resume_webhook_secret: str
     # Outbound requests to URLs tenants or agents chose (infra.outbound)
     outbound_allowed_hosts: tuple[str, ...]
@@ -112,6 +116,8 @@ def saga() -> SagaSettings:
         notify_max_attempts=int(raw.get("NOTIFY_MAX_ATTEMPTS", 10)),
         pagerduty_events_url=str(raw.get("PAGERDUTY_EVENTS_URL", "https://events.pagerduty.com/v2/enqueue")),
         public_url=str(raw.get("PUBLIC_URL", "http://localhost:8000")).rstrip("/"),
+        email_link_ttl_min=max(0, int(raw.get("EMAIL_LINK_TTL_MIN", 15))),
+        email_link_max_risk=str(raw.get("EMAIL_LINK_MAX_RISK", "medium")),
         resume_webhook_secret=str(raw["RESUME_WEBHOOK_SECRET"]),
         outbound_allowed_hosts=tuple(raw["OUTBOUND_ALLOWED_HOSTS"]),
         outbound_resolve_timeout_s=float(raw["OUTBOUND_RESOLVE_TIMEOUT_S"]),

@@ -672,7 +672,9 @@ STEP_TRANSITIONS: dict[str, set[str]] = {
 }
 
 
-# Models of this app in a module of their own (a tenant's Slack app and its links), imported here.
+# Models of this app in modules of their own (a tenant's Slack app and its links; the used e-mail
+# decision links), imported here.
+from recovery.email_link_models import EmailLinkUse as EmailLinkUse  # noqa: E402
 from recovery.slack_models import SlackApp as SlackApp  # noqa: E402
 from recovery.slack_models import SlackLinkCode as SlackLinkCode  # noqa: E402
 from recovery.slack_models import SlackUserLink as SlackUserLink  # noqa: E402

@@ -309,6 +309,13 @@ EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.conso
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "saga-admin@localhost")
 
 # --- Saga Admin knobs (all overridable from the environment) -------------------------------
+# The highest risk an e-mail decision link decides without a session (SAGA below).
+EMAIL_LINK_MAX_RISK = os.environ.get("SAGA_EMAIL_LINK_MAX_RISK", "medium").strip().lower()
+if EMAIL_LINK_MAX_RISK not in {"none", "low", "medium", "high", "critical"}:
+    raise ImproperlyConfigured(
+        f"SAGA_EMAIL_LINK_MAX_RISK={EMAIL_LINK_MAX_RISK!r}: set it to none, low, medium, high or "
+        "critical (the highest risk an e-mail's Approve or Reject link decides without signing in)."
+    )
 SAGA: dict[str, Any] = {
     # API
     "MAX_BODY_BYTES": env_int("SAGA_MAX_BODY_BYTES", 1024 * 1024),
@@ -389,6 +396,13 @@ SAGA: dict[str, Any] = {
     # How long delivered, dropped and failed notifications are kept before the worker prunes them
     # (SAGA_NOTIFICATION_RETENTION, a duration: 30d; never below a day). Undelivered ones never are.
     "NOTIFICATION_RETENTION_S": notification_retention_s(),
+    # An approval e-mail to a person who may decide it carries Approve and Reject links
+    # (recovery.notifications.email_links): signed, single-use, bound to the approval, the person and the
+    # arguments' hash, valid this many minutes (0: no decision links, only the inbox's). A link
+    # decides without a session only for approvals of at most this risk (low, medium, high,
+    # critical; "none": every link signs in first); above it, the link signs the person in first.
+    "EMAIL_LINK_TTL_MIN": env_int("SAGA_EMAIL_LINK_TTL_MIN", 15),
+    "EMAIL_LINK_MAX_RISK": EMAIL_LINK_MAX_RISK,
     # Where people reach this dashboard: the links in notifications point here.
     "PUBLIC_URL": os.environ.get("SAGA_PUBLIC_URL", "http://localhost:8000").rstrip("/"),
     # The master of the per-agent secrets that sign commands pushed to agents' resume_urls

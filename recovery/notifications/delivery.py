@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import structlog
 from django.conf import settings
-from django.core.mail import send_mail
+from django.core.mail import EmailMessage, get_connection
 from django.db.models import F, Q
 from django.urls import reverse
 from django.utils import timezone
@@ -31,7 +31,7 @@ from infra.signing import signed_headers
 from ledger.transitions import compare_and_set_rows, try_compare_and_set
 from recovery import queueing, slack, teams
 from recovery.models import AgentCommand, Approval, Notification, SlackApp
-from recovery.notifications import outbox, pagerduty
+from recovery.notifications import email_links, outbox, pagerduty
 from recovery.notifications.outbox import Event, Kind, enqueue_delivery
 
 log = structlog.get_logger(__name__)
@@ -239,9 +239,11 @@ def _no_longer_relevant(row: Notification) -> str:
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-def _email_text(row: Notification) -> tuple[str, str]:
+def _email_text(row: Notification, *, decide: list[str] | None = None) -> tuple[str, str]:
+    """Subject and text of the e-mail; ``decide``: one person's decision links
+    (``recovery.notifications.email_links``), between the lines and the inbox's link."""
     body = row.body
-    lines = row.context.get("lines") or []
+    lines = [*(row.context.get("lines") or []), *(["", *decide] if decide else [])]
     summary = str(body.get("summary", row.event))
     # A header may not carry a line break (Django refuses "\r" and "\n" with BadHeaderError, which
     # would fail the job on every retry), and no other control character belongs there either.
@@ -255,11 +257,24 @@ def _email_text(row: Notification) -> tuple[str, str]:
 
 
 def _send_email(row: Notification, recipients: list[str]) -> Attempt:
+    """One e-mail to the addresses of nobody who may decide (all of them, for anything but a
+    waiting approval), and one of its own to each person who may (``recovery.notifications.email_links``),
+    with their Approve and Reject links; all on one SMTP connection. A retry sends them all again
+    (with new links; the old ones stay bound to the same person and approval)."""
     if not recipients:
         return Attempt("failed", "No e-mail address to send to.")
     subject, text = _email_text(row)
+    approval = email_links.linked_approval(row)
+    people = email_links.deciders(tenant_id=row.tenant_id, addresses=recipients) if approval else {}
+    others = [address for address in recipients if address not in people]
+    sender = settings.DEFAULT_FROM_EMAIL
+    messages = [EmailMessage(subject, text, sender, others)] if others else []
+    if approval is not None:
+        for address, user_id in people.items():
+            _, personal = _email_text(row, decide=email_links.decision_lines(approval, user_id=user_id))
+            messages.append(EmailMessage(subject, personal, sender, [address]))
     try:
-        send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, recipients, fail_silently=False)
+        get_connection(fail_silently=False).send_messages(messages)
     except (OSError, smtplib.SMTPException) as exc:
         if isinstance(exc, smtplib.SMTPRecipientsRefused):
             return Attempt("failed", f"Recipients refused: {exc}")

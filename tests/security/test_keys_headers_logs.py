@@ -126,6 +126,7 @@ def test_every_dashboard_response_carries_the_csp(tenant, agent, alice, carol, m
         "compensator_id": "1",
         "pk": "1",
         "token": "not-a-press-token",
+        "link": "not-an-email-link",
     }
     checked = 0
     for user in (alice, carol, mallory, None):

@@ -23,6 +23,7 @@ from recovery.actions.bulk_filter import bulk_start
 from recovery.actions.compensations import unwind_start
 from recovery.actions.reports import run_fail_and_queue
 from recovery.models import Approval
+from recovery.notifications import email_links
 from recovery.selectors import QueueFilter
 from tests.factories import gated_run, issue_key
 from tests.support.api import Api
@@ -123,6 +124,16 @@ def acme_world(tenant, agent, bob):
                 approve=True,
                 args_hash=approval.args_hash,
                 slack_user="T0ACME/UBOB",
+            )
+        ),
+        # An approval e-mail's decision link: Bob's, on Acme's approval.
+        "link": email_links.link_token(
+            email_links.DecisionLink(
+                approval_id=approval.pk,
+                user_id=bob.pk,
+                approve=True,
+                args_hash=approval.args_hash,
+                nonce="acme-world",
             )
         ),
     }
