@@ -203,3 +203,49 @@ def test_metadata_naming_another_issuer_is_not_used(client, peer, settings, acme
     assert (response.status_code, response["Location"]) == (302, "/login/?sso=unavailable")
     page = client.get(response["Location"]).content.decode()
     assert f"{PROVIDER} cannot be reached just now" in page
+
+
+def test_an_email_link_above_the_risk_threshold_signs_in_through_the_provider_and_comes_back(
+    page, live_server, sso_on, acme, settings
+):
+    """Above ``SAGA_EMAIL_LINK_MAX_RISK`` a decision link signs its person in first, through SSO
+    where it is configured: Alice opens the Approve link of her e-mail, signs in at the provider,
+    lands back on the link's confirmation page and confirms; the approval is hers, via e-mail."""
+    from ledger.audit import Actor
+    from ledger.services.keys import agent_key_create
+    from recovery.models import Approval
+    from tests.support.email_links import (
+        ask_approval,
+        deliver_mail,
+        email_channel,
+        link,
+        mail_settings,
+        only_mail,
+    )
+    from tests.support.smtp import smtp_server
+
+    _sign_in_with_provider(page, live_server, first_time=True)  # her account, from the claims
+    page.wait_for_url(f"{live_server.url}/")
+    page.get_by_role("button", name="Sign out").click()
+    page.wait_for_url("**/login/")
+    key = agent_key_create(
+        tenant=acme, name="billing-agent", scopes=["agent"], actor=Actor.system("tests")
+    ).key
+    with smtp_server() as smtp:
+        mail_settings(settings, smtp, live_server)
+        email_channel(acme, ALICE["email"])
+        approval = ask_approval(acme, Actor.for_key(key), risk="critical")
+        deliver_mail()
+        approve = link(only_mail(smtp, ALICE["email"]), "Approve")
+
+    page.goto(approve)
+    page.wait_for_url(lambda url: "/login/?next=" in url)
+    page.get_by_role("link", name=f"Sign in with {PROVIDER}").click()  # the provider remembers her
+    page.wait_for_url(approve)
+    page.get_by_role("button", name="Confirm: approve these arguments").click()
+    page.wait_for_selector("text=Approved")
+    approval.refresh_from_db()
+    assert approval.status == Approval.Status.APPROVED
+    assert approval.decided_by == SsoIdentity.objects.get(subject="alice").user
+    assert approval.reason.startswith("Approved via e-mail by alice")
+    assert page.csp_violations == []
