@@ -264,11 +264,26 @@ def world_seed() -> None:
 DEMO_ONCALL = "oncall@acme.demo.saga.local"
 
 
+# Bob, Acme's approver: his approval e-mails carry his own Approve and Reject links
+# (recovery.notifications.email_links), printed in the worker's log like the on-call's.
+DEMO_APPROVERS = "bob@demo.saga.local"
+APPROVAL_EVENTS = ["approval.requested", "approval.reminder", "approval.escalated"]
+
+
 def notification_channels_ensure(tenants: dict[str, Tenant]) -> None:
-    """Acme's on-call e-mail channel: every event, any risk."""
+    """Acme's on-call e-mail channel (every event, any risk) and its approvers' (approvals only)."""
     if not NotificationChannel.objects.filter(tenant=tenants["acme"], name="On-call e-mail").exists():
         channels.channel_create(
             tenant=tenants["acme"], actor=SEEDER, name="On-call e-mail", kind="email", target=DEMO_ONCALL
+        )
+    if not NotificationChannel.objects.filter(tenant=tenants["acme"], name="Approvers' e-mail").exists():
+        channels.channel_create(
+            tenant=tenants["acme"],
+            actor=SEEDER,
+            name="Approvers' e-mail",
+            kind="email",
+            target=DEMO_APPROVERS,
+            events=APPROVAL_EVENTS,
         )
 
 
