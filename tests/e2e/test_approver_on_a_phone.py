@@ -75,6 +75,10 @@ def test_an_approver_decides_from_a_phone(phone, tenant, agent, dave):
     phone.goto(f"/runs/{edited_run.pk}/")
     expect(phone.locator("#run-approvals-slot")).to_contain_text("payments.refund")
     _fits(phone, "phone-run-approval")
+    # One approval's page, as a Teams card's Approve… opens it: the decision chosen, to confirm.
+    phone.goto(f"/approvals/?approval={pressed.pk}&decide=approve")
+    expect(phone.locator("[data-approval]")).to_have_count(1)
+    _fits(phone, "phone-one-approval")
     phone.goto("/approvals/")
 
     card = phone.locator(f"#approval-{to_approve.pk}")
