@@ -133,7 +133,6 @@ def membership_away_set(
             f"Only an approver or admin of {tenant.slug} sets an away there: nothing goes to "
             "anyone else to cover.",
             details={"tenant": tenant.slug},
-            code="away_not_allowed",
         )
     if until <= now:
         raise _refuse("away until must be in the future.", "away_until", "past")

@@ -36,8 +36,10 @@ def _results_of(completed: subprocess.CompletedProcess[str], written) -> dict:
     return json.loads(written.read_text())
 
 
-# The soak phase adds about a minute at smoke size: its own web and worker start.
-@pytest.mark.timeout(720)
+# The soak phase adds about a minute at smoke size: its own web and worker start. About 8 minutes
+# beside the rest of the suite on 2 cores; 12 when the machine is busier still (a fresh clone's
+# CI beside other work took more than 11). The bound catches a harness that hangs; it is no target.
+@pytest.mark.timeout(1020)
 def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, own_redis):
     out = tmp_path / "BENCHMARKS.md"
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
@@ -63,7 +65,7 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
         env=env,
         capture_output=True,
         text=True,
-        timeout=700,
+        timeout=1000,
     )
     results = _results_of(completed, tmp_path / "logs" / "results.json")
     failed = {e["phase"]: e["traceback"] for e in results["errors"]}
