@@ -35,6 +35,7 @@ from recovery.models import (
     Approval,
     ApprovalGrant,
     CompensatorCheck,
+    EmailLinkUse,
     Notification,
     NotificationChannel,
     RecoveryItem,
@@ -156,6 +157,18 @@ class ApprovalGrantAdmin(ReadOnlyAdmin):
     search_fields = ["=approval__id"]
     list_select_related = ["approval"]
     raw_id_fields = ["approval", "user", "key"]
+
+
+@admin.register(EmailLinkUse)
+class EmailLinkUseAdmin(ReadOnlyAdmin):
+    """The e-mail decision links that were used: a link's nonce, whose decision, when."""
+
+    tenant_field = "approval__tenant"
+    show_full_result_count = False
+    list_display = ["nonce", "approval", "user", "decision", "used_at"]
+    search_fields = ["=approval__id", "=nonce"]
+    list_select_related = ["approval", "user"]
+    raw_id_fields = ["approval", "user"]
 
 
 @admin.register(AgentCommand)

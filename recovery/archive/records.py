@@ -22,6 +22,7 @@ from recovery.models import (
     AgentCommand,
     Approval,
     ApprovalGrant,
+    EmailLinkUse,
     Notification,
     RecoveryItem,
     Unwind,
@@ -79,6 +80,8 @@ ARCHIVED: tuple[Archived, ...] = (
     Archived(UnwindStep, "unwind_step", "unwind__run_id"),
     Archived(Approval, "approval", "run_id"),
     Archived(ApprovalGrant, "approval_grant", "approval__run_id"),
+    # The e-mail decision links that were used on the run's approvals (their nonces).
+    Archived(EmailLinkUse, "email_link_use", "approval__run_id"),
     Archived(AgentCommand, "command", "run_id"),
     Archived(BulkItem, "bulk_item", "item__run_id"),
     Archived(Notification, "notification", "run_id"),
