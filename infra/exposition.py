@@ -37,6 +37,10 @@ REVISION_VARIABLE = "SAGA_REVISION"
 _SOURCE = Path(__file__).resolve().parents[1]
 
 
+# How many times a scrape lists the multiprocess directory when a file went between listing and reading.
+READ_ATTEMPTS = 5
+
+
 class OwnFamilies:
     """The multiprocess files' families in our namespace (``MultiProcessCollector``'s, filtered)."""
 
@@ -45,9 +49,20 @@ class OwnFamilies:
         self._files = MultiProcessCollector(None, path=str(path))  # type: ignore[no-untyped-call]
 
     def collect(self) -> Iterator[Metric]:
-        for family in self._files.collect():  # type: ignore[no-untyped-call]
+        for family in self._read():
             if family.name.startswith(NAMESPACE):
                 yield family
+
+    def _read(self) -> list[Metric]:
+        # A process that ends removes its file (a command, a work horse: infra.metrics), and one
+        # removed between the directory's listing and its read failed the whole scrape with a 500
+        # (FileNotFoundError). The listing is taken again: the window is a few microseconds wide.
+        for _ in range(READ_ATTEMPTS - 1):
+            try:
+                return list(self._files.collect())  # type: ignore[no-untyped-call]
+            except FileNotFoundError:
+                continue
+        return list(self._files.collect())  # type: ignore[no-untyped-call]
 
 
 class BuildInfo:
