@@ -35,6 +35,7 @@ from ledger.models import (
     PolicySet,
     PolicyStamp,
     Run,
+    StateReader,
     Tenant,
     ToolPolicy,
 )
@@ -382,6 +383,11 @@ class CompensatorAdmin(ReadOnlyAdmin):
         if obj.secret_env:
             return f"from ${obj.secret_env}"
         return "set (hidden)" if obj.secret else "—"
+
+
+@admin.register(StateReader)
+class StateReaderAdmin(CompensatorAdmin):
+    """The policy files' ``readers``: shown as compensators are, their secrets never."""
 
 
 @admin.register(IdempotencyRecord)

@@ -18,7 +18,7 @@ from infra.json_text import JSONField
 from ledger.append_only import append_only_triggers
 from ledger.audit_models import ArchivedRun, AuditSignCursor, SignedHead
 from ledger.choices import RISK_ORDER, ActionClass, ApprovalMode, CompensationStrategy, Risk, max_risk
-from ledger.policy_models import Compensator, Pause, PolicySet, PolicyStamp, ToolPolicy
+from ledger.policy_models import Compensator, Pause, PolicySet, PolicyStamp, StateReader, ToolPolicy
 
 __all__ = [
     "RISK_ORDER",
@@ -40,6 +40,7 @@ __all__ = [
     "Risk",
     "Run",
     "SignedHead",
+    "StateReader",
     "Tenant",
     "ToolPolicy",
     "max_risk",

@@ -85,6 +85,9 @@ class ToolPolicy(models.Model):
     # Templates for the compensating tool's args ("$args.<path>", "$result.<path>", "$target_id",
     # "$target_type"), filled from the forward action; None: the forward action's args as they are.
     compensation_args = JSONField(null=True, blank=True)
+    # The read that takes the before- and after-image of an update (``ledger.policies.before_images``):
+    # ``{"tool", "args", "path"}`` as the loader validated it; None: the agent supplies its snapshots.
+    before = JSONField(null=True, blank=True)
     # Rules on the call's args (first match wins) and rate/sum limits, as the loader validated
     # them; compiled once per policy-table version (ledger.policies.rule_compile, .resolve).
     rules = JSONField(default=list, blank=True)
@@ -221,3 +224,49 @@ class Compensator(models.Model):
         if self.kind == self.Kind.MCP:
             return f"{self.tool} → {self.mcp_tool} at {self.url}"
         return f"{self.tool} → {self.url or self.python_path}"
+
+
+class StateReader(models.Model):
+    """How the worker reads a target's current state through a read tool named by a policy's
+    ``before`` (the policy file's ``readers``): an MCP tool, a signed webhook or a Python callable.
+    The worker reads before an undo step (drift) and after it (verification)."""
+
+    class Kind(models.TextChoices):
+        WEBHOOK = "webhook", "HTTP webhook"
+        PYTHON = "python", "Python callable"
+        MCP = "mcp", "MCP tool"
+
+    tenant = models.ForeignKey(
+        "ledger.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="state_readers"
+    )
+    # The read tool as policies name it (``before.tool``).
+    tool = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    url = models.URLField(max_length=2000, blank=True, default="")
+    secret = models.CharField(max_length=500, blank=True, default="")
+    secret_env = models.CharField(max_length=200, blank=True, default="")
+    python_path = models.CharField(max_length=500, blank=True, default="")
+    mcp_tool = models.CharField(max_length=200, blank=True, default="")
+    headers_env = JSONField(blank=True, default=dict)
+    source = models.CharField(max_length=500, blank=True, default="")
+    loaded_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tool"]
+        triggers = [_stamp_trigger("statereader_stamp")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "tool"], name="statereader_unique_tool", nulls_distinct=False
+            ),
+            models.CheckConstraint(
+                condition=(Q(kind="webhook") & ~Q(url=""))
+                | (Q(kind="python") & ~Q(python_path=""))
+                | (Q(kind="mcp") & ~Q(url="") & ~Q(mcp_tool="")),
+                name="statereader_target_present",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.kind == self.Kind.MCP:
+            return f"reader {self.tool} → {self.mcp_tool} at {self.url}"
+        return f"reader {self.tool} → {self.url or self.python_path}"

@@ -207,6 +207,12 @@ class UnwindStep(models.Model):
     job_id = models.CharField(max_length=100, blank=True, default="")
     error = models.TextField(blank=True, default="")
     result = JSONField(null=True, blank=True)
+    # The reader's checks (the action's policy ``before``, recovery.readers): whether the value read
+    # back after the undo equals the before-image (None: no reader, or not done yet), and what the
+    # checks read: {"now": value before the undo, "read_back": value after it, "differences": [...],
+    # "reads": [{"phase": "drift"|"verify", "tool", "kind", "ok", "error", "at", "ms"}]}.
+    verified = models.BooleanField(null=True, blank=True)
+    read_checks = JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -205,6 +205,8 @@ def step_args(action: Action) -> Any:
         template,
         args=action.args,
         result=action.result,
+        before=action.before_snapshot,
+        after=action.after_snapshot,
         target_id=action.target_id,
         target_type=action.target_type,
     )

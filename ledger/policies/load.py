@@ -25,11 +25,12 @@ from pydantic import ValidationError
 
 from infra.hashing import canonical_json, sha256_hex
 from ledger.audit import Actor, audit_record
-from ledger.models import Compensator, PolicySet, Tenant, ToolPolicy
+from ledger.models import Compensator, PolicySet, StateReader, Tenant, ToolPolicy
 from ledger.policies.agent_safety import AGENT_SAFETY, agent_safety_translate
 from ledger.policies.compensation_risks import unattended_destructive_compensations
 from ledger.policies.deadlines import escalation_problems
 from ledger.policies.errors import PolicyFileError, Problems, entry_of, validation_problems
+from ledger.policies.resolve import policy_pick
 from ledger.policies.retention import retention_problems
 from ledger.policies.rule_checks import limits_problems, rules_problems
 from ledger.policies.schema import DefaultPolicyIn, PolicyFileIn, PolicyIn
@@ -53,6 +54,8 @@ class PolicyDocument:
     unwind: dict[str, Any]
     auto_compensate: dict[str, Any]
     audit: dict[str, Any]
+    # The ``before`` reads' readers for the worker (tool → ``StateReader`` fields).
+    readers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def content_hash(self) -> str:
@@ -64,6 +67,8 @@ class PolicyDocument:
                 "unwind": self.unwind,
                 "auto_compensate": self.auto_compensate,
                 "audit": self.audit,
+                # Only when the file has readers: a file without them hashes as it always did.
+                **({"readers": self.readers} if self.readers else {}),
             }
         )
 
@@ -84,6 +89,29 @@ def _rules_and_limits_problems(native: Any, prefix: str) -> list[str]:
             problems.extend(f"{entry}: {p}" for p in rules_problems(policy["rules"]))
         if policy.get("limits") is not None:
             problems.extend(f"{entry}: {p}" for p in limits_problems(policy["limits"]))
+    return problems
+
+
+def _before_reads_problems(parsed: PolicyFileIn, native: Any, prefix: str) -> list[str]:
+    """Each ``before`` whose read is not a read: the policy this file gives ``before.tool`` must be
+    ``read_only`` (a read that changed something would change it on every call it guards)."""
+    problems: list[str] = []
+    rows = [ToolPolicy(tool=p.tool, action_class=p.action_class) for p in parsed.policies]
+    for index, policy in enumerate(parsed.policies):
+        if policy.before is None:
+            continue
+        entry, _ = entry_of(("policies", index), native, prefix)
+        read = policy_pick(rows, policy.before.tool)
+        if read is None:
+            problems.append(
+                f'{entry}: before.tool: no policy in this file names "{policy.before.tool}"; the read '
+                "needs a policy of its own with action_class read_only"
+            )
+        elif read.action_class != "read_only":
+            problems.append(
+                f'{entry}: before.tool: "{policy.before.tool}" is governed by the policy for '
+                f'"{read.tool}", whose action_class is {read.action_class}; a read must be read_only'
+            )
     return problems
 
 
@@ -110,6 +138,8 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
         problems.items.extend(validation_problems(exc, native, prefix))
         parsed = None
     problems.items.extend(_rules_and_limits_problems(native, prefix))
+    if parsed is not None:
+        problems.items.extend(_before_reads_problems(parsed, native, prefix))
     if isinstance(native, dict):
         problems.items.extend(retention_problems(native.get("audit"), prefix))
     if problems.items or parsed is None:
@@ -130,9 +160,22 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
             **_deadline_fields(p),
             **({"rules": p.rules} if p.rules else {}),
             **({"limits": p.limits} if p.limits else {}),
+            **({"before": p.before.model_dump(exclude_none=True)} if p.before is not None else {}),
         }
         for p in parsed.policies
     ]
+    readers = {
+        tool: {
+            "kind": spec.kind,
+            "url": spec.webhook or spec.mcp or "",
+            "secret": spec.secret or "",
+            "secret_env": spec.secret_env or "",
+            "python_path": spec.python or "",
+            "mcp_tool": spec.tool or "",
+            "headers_env": dict(spec.headers_env or {}),
+        }
+        for tool, spec in parsed.readers.items()
+    }
     compensators = {
         tool: {
             "kind": spec.kind,
@@ -158,6 +201,7 @@ def policy_file_parse(data: Any, *, source: str = "policy file") -> PolicyDocume
         if parsed.auto_compensate
         else {},
         audit=json.loads(canonical_json(parsed.audit or {})),
+        readers=readers,
     )
 
 
@@ -241,6 +285,7 @@ POLICY_DEFAULTS: dict[str, Any] = {
     "approval_timeout_s": None,
     "on_timeout": "reject",
     "escalate_to": "",
+    "before": None,
 }
 
 
@@ -332,16 +377,10 @@ def policy_file_load(
     if stale_tools:
         stale.delete()
 
-    for tool, spec in document.compensators.items():
-        outcome = _upsert(
-            Compensator, lookup={"tenant": tenant, "tool": tool}, values=spec, provenance={"source": source}
-        )
-        getattr(report, outcome).append(f"compensator {tool}")
-    stale_comp = Compensator.objects.filter(tenant=tenant).exclude(tool__in=list(document.compensators))
-    stale_comps = list(stale_comp.order_by("tool").values_list("tool", flat=True))
-    report.removed.extend(f"compensator {tool}" for tool in stale_comps)
-    if stale_comps:
-        stale_comp.delete()
+    _replace_rows(
+        Compensator, "compensator", document.compensators, tenant=tenant, source=source, report=report
+    )
+    _replace_rows(StateReader, "reader", document.readers, tenant=tenant, source=source, report=report)
 
     # A repeat load writes nothing, not even an audit event: the log records changes.
     if report.changed:
@@ -362,6 +401,29 @@ def policy_file_load(
             )
     report.warnings = policy_load_warnings(tenant=tenant)
     return report
+
+
+def _replace_rows(
+    model: type[Compensator] | type[StateReader],
+    label: str,
+    rows: dict[str, dict[str, Any]],
+    *,
+    tenant: Tenant | None,
+    source: str,
+    report: LoadReport,
+) -> None:
+    """Make the scope's rows of ``model`` (compensators, readers: one per tool) exactly ``rows``."""
+    for tool, spec in rows.items():
+        outcome = _upsert(
+            model, lookup={"tenant": tenant, "tool": tool}, values=spec, provenance={"source": source}
+        )
+        getattr(report, outcome).append(f"{label} {tool}")
+    stale = model.objects.filter(tenant=tenant).exclude(tool__in=list(rows))
+    stale_tools = list(stale.order_by("tool").values_list("tool", flat=True))
+    report.removed.extend(f"{label} {tool}" for tool in stale_tools)
+    if stale_tools:
+        # Only when there is something to delete: an empty DELETE moves the policy stamp too.
+        stale.delete()
 
 
 def policy_load_warnings(*, tenant: Tenant | None) -> list[str]:

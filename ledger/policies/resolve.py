@@ -73,6 +73,9 @@ class ResolvedPolicy:
     approval_timeout_s: int | None = None
     on_timeout: str = "reject"
     escalate_to: str = ""
+    # The read that takes the action's before- and after-image (``ledger.policies.before_images``):
+    # ``{"tool", "args", "path"}``; None: the agent supplies its snapshots.
+    before: dict[str, Any] | None = None
     # The policy's rules and limits, compiled (``ledger.policies.rules``); not part of ``as_dict``.
     compiled: CompiledRules = field(default=NO_RULES, compare=False, repr=False)
 
@@ -86,6 +89,9 @@ class ResolvedPolicy:
 
     def as_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "compiled"}
+        if self.before is None:
+            # Only where the policy reads images: an action's frozen policy is as it was without.
+            del data["before"]
         data["requires_approval"] = self.requires_approval
         return data
 
@@ -331,6 +337,7 @@ def policy_resolve(*, tenant: Tenant, tool: str, stamp: int | None = None) -> Re
             approval_timeout_s=best.approval_timeout_s,
             on_timeout=best.on_timeout,
             escalate_to=best.escalate_to,
+            before=best.before,
             compiled=compiled,
         )
     settings_ = _SETTINGS.get(tenant.pk, stamp, lambda: policy_settings_for(tenant))

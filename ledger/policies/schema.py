@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic_core import PydanticCustomError
 
 from ledger.models import ActionClass, ApprovalMode, CompensationStrategy, Compensator, Risk
-from ledger.policies.compensation_args import compensation_args_problems
+from ledger.policies.compensation_args import before_args_problems, compensation_args_problems
 from ledger.policies.deadlines import deadline_problem, escalate_to_value, on_timeout_value, timeout_seconds
 from ledger.policies.rule_checks import approvers_need_manual
 from ledger.policies.rules import MAX_APPROVERS
@@ -224,6 +224,40 @@ def _check_compensation_args(value: Any) -> Any:
 CompensationArgs = Annotated[Any, AfterValidator(_check_compensation_args)]
 
 
+# A dotted path into a read's result ("contact", "item.price", "lines.0"): member names and list
+# indexes, no empty segment.
+_IMAGE_PATH = re.compile(r"^[^.\s$]+(\.[^.\s$]+)*$")
+
+
+def _check_image_path(value: str) -> str:
+    if len(value) > 500 or not _IMAGE_PATH.match(value):
+        raise PydanticCustomError(
+            "path",
+            "must be a dotted path into the read's result such as contact or item.price, got '{value}'",
+            {"value": value},
+        )
+    return value
+
+
+ImagePath = Annotated[str, AfterValidator(_check_image_path)]
+
+
+class BeforeIn(BaseModel):
+    """A policy's ``before``: the read that takes an update's before- and after-image."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tool: ExactTool
+    args: dict[str, Any] = Field(default_factory=dict)
+    path: ImagePath | None = None
+
+    @model_validator(mode="after")
+    def _args_fillable(self) -> BeforeIn:
+        if problems := before_args_problems(self.args):
+            raise PydanticCustomError("before", "{problems}", {"problems": "; ".join(problems)})
+        return self
+
+
 def _deadline_coherent(policy: DefaultPolicyIn | PolicyIn, approvers: int | None) -> None:
     if problem := deadline_problem(
         on_timeout=policy.on_timeout, escalate_to=policy.escalate_to, approvers=approvers
@@ -284,6 +318,8 @@ class PolicyIn(_Strict):
     # ("rules[1].if.gt: expected a number") and list every problem at once.
     rules: Any = None
     limits: Any = None
+    # The read that takes the before- and after-image (ledger.policies.before_images).
+    before: BeforeIn | None = None
 
     @model_validator(mode="after")
     def _coherent(self) -> PolicyIn:
@@ -306,6 +342,12 @@ class PolicyIn(_Strict):
             )
         if self.compensation == CompensationStrategy.NONE and self.compensation_tool:
             raise PydanticCustomError("policy", "compensation_tool: makes no sense with compensation none")
+        if self.before is not None and self.action_class == ActionClass.READ_ONLY:
+            raise PydanticCustomError(
+                "policy", "before: a read_only tool changes nothing, so it has no before-image to take"
+            )
+        if self.before is not None and self.before.tool == self.tool:
+            raise PydanticCustomError("policy", "before.tool: must be a read, not the tool itself")
         _compensation_args_coherent(self)
         _deadline_coherent(self, self.approvers)
         return self
@@ -367,6 +409,51 @@ class CompensatorIn(_Strict):
         return Compensator.Kind.PYTHON
 
 
+class ReaderIn(_Strict):
+    """How the worker reads a ``before`` tool (the file's ``readers``): exactly one of an MCP tool,
+    a signed webhook or a Python callable."""
+
+    webhook: HttpUrl | None = None
+    secret: str | None = Field(default=None, min_length=16, max_length=500)
+    secret_env: EnvName | None = None
+    python: DottedPath | None = None
+    mcp: HttpUrl | None = None
+    tool: McpToolName | None = None
+    headers_env: dict[HeaderName, EnvName] | None = Field(default=None, max_length=20)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ReaderIn:
+        if sum(kind is not None for kind in (self.webhook, self.python, self.mcp)) != 1:
+            raise PydanticCustomError("reader", "must have exactly one of webhook, python or mcp")
+        if self.webhook is not None and (self.secret is None) == (self.secret_env is None):
+            raise PydanticCustomError(
+                "reader", "a webhook needs exactly one of secret or secret_env (to sign its requests)"
+            )
+        if self.webhook is None and (self.secret is not None or self.secret_env is not None):
+            raise PydanticCustomError("reader", "secret and secret_env apply to webhooks only")
+        if self.mcp is not None and self.tool is None:
+            raise PydanticCustomError(
+                "reader", 'an mcp reader needs the tool to call on that server ("tool": "name")'
+            )
+        if self.mcp is None and (self.tool is not None or self.headers_env is not None):
+            raise PydanticCustomError("reader", "tool and headers_env apply to mcp readers only")
+        if self.headers_env is not None:
+            lowered = [name.lower() for name in self.headers_env]
+            if len(set(lowered)) != len(lowered):
+                raise PydanticCustomError(
+                    "reader", "headers_env names a header twice (header names ignore case)"
+                )
+        return self
+
+    @property
+    def kind(self) -> str:
+        if self.webhook is not None:
+            return Compensator.Kind.WEBHOOK
+        if self.mcp is not None:
+            return Compensator.Kind.MCP
+        return Compensator.Kind.PYTHON
+
+
 class UnwindIn(_Strict):
     on_compensation_failure: OnFailureValue | None = None
     step_timeout_s: PositiveSeconds | None = None
@@ -382,6 +469,7 @@ class PolicyFileIn(_Strict):
     default_policy: DefaultPolicyIn | None = None
     policies: list[PolicyIn] = Field(default_factory=list)
     compensators: dict[ExactTool, CompensatorIn] = Field(default_factory=dict)
+    readers: dict[ExactTool, ReaderIn] = Field(default_factory=dict)
     unwind: UnwindIn | None = None
     auto_compensate: AutoCompensateIn | None = None
     audit: dict[str, Any] | None = None

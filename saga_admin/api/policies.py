@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.utils.cache import patch_vary_headers
 from ninja import Router
 
+from ledger.models import PolicyStamp
 from ledger.policies.deadlines import approval_timeout_text, default_policy_shown
 from ledger.policies.resolve import policies_in_force, policy_settings_for
 from saga_admin.api.auth import AUTH_ERRORS, agent_auth, reader_auth
@@ -23,9 +25,22 @@ router = Router(tags=["agents"], auth=agent_auth)
     response={200: PoliciesOut, **AUTH_ERRORS},
     auth=reader_auth,
     summary="The tool policies in force",
+    description="Answers with an `ETag` that moves whenever any policy, compensator or reader is "
+    "loaded; send it back as `If-None-Match` and an unchanged answer is 304 with no body (what the "
+    "clients do to keep their copy current).",
 )
-def policy_list(request: HttpRequest) -> dict[str, Any]:
+def policy_list(request: HttpRequest, response: HttpResponse) -> dict[str, Any] | HttpResponse:
     tenant = tenant_of(request)
+    # The policy stamp moves with every write to the tables it covers (ledger.policy_models), so
+    # the same stamp means the same answer for this tenant.
+    stamp = PolicyStamp.objects.filter(pk=1).values_list("version", flat=True).first() or 0
+    etag = f'"policies-{tenant.pk}-{stamp}"'
+    if etag in [tag.strip() for tag in request.headers.get("If-None-Match", "").split(",")]:
+        not_modified = HttpResponse(status=304)
+        not_modified["ETag"] = etag
+        return not_modified
+    response["ETag"] = etag
+    patch_vary_headers(response, ["Authorization"])
     settings_ = policy_settings_for(tenant)
     return {
         "policies": [
@@ -43,6 +58,7 @@ def policy_list(request: HttpRequest) -> dict[str, Any]:
                 "escalate_to": p.escalate_to or None,
                 "rules": p.rules,
                 "limits": p.limits,
+                "before": p.before,
                 "scope": "tenant" if p.tenant_id else "global",
                 "source": p.source,
             }

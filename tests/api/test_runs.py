@@ -241,3 +241,19 @@ def test_commands_are_pushed_to_the_resume_url_signed_for_the_receiver(api, alic
     assert not verify_signature("master-secret", headers, content)
     assert headers["Idempotency-Key"] == command.pk
     assert json.loads(content)["kind"] == "resume"
+
+
+def test_the_policies_answer_carries_an_etag_that_moves_with_any_load(api, tenant):
+    """The clients keep their copy of the policies current with If-None-Match: the same ETag is a
+    304 with no body, and any policy written (here, a reader's) moves it."""
+    from ledger.models import StateReader
+
+    first = api.get("/policies")
+    etag = first["ETag"]
+    assert first.status_code == 200 and etag.startswith('"policies-')
+    again = api.get("/policies", headers={"If-None-Match": etag})
+    assert (again.status_code, again.content, again["ETag"]) == (304, b"", etag)
+    StateReader.objects.create(tool="crm.get_contact", kind="python", python_path="x.y")
+    moved = api.get("/policies", headers={"If-None-Match": etag})
+    assert moved.status_code == 200 and moved["ETag"] != etag
+    assert moved.json()["policies"] == first.json()["policies"]

@@ -36,6 +36,11 @@ class ToolPolicyOut(Schema):
     limits: list[JSONObject] = Field(
         default_factory=list, description="Count and sum limits over a sliding window."
     )
+    before: JSONObject | None = Field(
+        None,
+        description="The read that takes the before- and after-image of an update: "
+        '{"tool", "args", "path"} (API.md, "Before-images and verified undo"); null: none.',
+    )
     scope: Literal["tenant", "global"]
     source: str
 

@@ -233,7 +233,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The tool policies in force */
+        /**
+         * The tool policies in force
+         * @description Answers with an `ETag` that moves whenever any policy, compensator or reader is loaded; send it back as `If-None-Match` and an unchanged answer is 304 with no body (what the clients do to keep their copy current).
+         */
         get: operations["saga_admin_api_agents_policy_list"];
         put?: never;
         post?: never;
@@ -2528,6 +2531,13 @@ export interface components {
              * @default 1
              */
             approvers: number;
+            /**
+             * Before
+             * @description The read that takes the before- and after-image of an update: {"tool", "args", "path"} (API.md, "Before-images and verified undo"); null: none.
+             */
+            before?: {
+                [key: string]: unknown;
+            } | null;
             /** Compensation */
             compensation: string;
             /**
