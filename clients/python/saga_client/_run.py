@@ -11,13 +11,22 @@ import inspect
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
 import httpx
 
+from saga_client._before import take_after_image, take_image
 from saga_client._core import DONE_STATES, Api, Flow, Invoke, Reply, rejection
 from saga_client._failures import UnretriedFailures
-from saga_client.errors import ApprovalPending, Conflict, RunCancelled, SagaError, StepInDoubt
+from saga_client.errors import (
+    ApprovalPending,
+    BeforeImageFailed,
+    Conflict,
+    RunCancelled,
+    SagaError,
+    StepInDoubt,
+)
 from saga_client.responses import ActionDict, CheckpointDict, PlanDict, RunDict, RunFailDict
 
 log = logging.getLogger(__name__)
@@ -70,6 +79,14 @@ def accepts_argument(func: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):  # builtins without a signature: assume they take the args
         return True
     return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
+
+
+@dataclass(frozen=True)
+class _AfterRead:
+    """A step's after-image, to be read through its policy's ``before`` once the call succeeded."""
+
+    reads: Mapping[str, Any]
+    target: Target | None
 
 
 class RunCore:
@@ -234,6 +251,11 @@ class RunCore:
                 code="run_not_open",
             )
         key, body = self._action_request(tool, target, dict(args or {}), compensate, intent, idempotency_key)
+        reads = yield from self._api.policy_cache.before_of(self._api, tool)
+        if reads is not None:
+            body["before_snapshot"] = yield from take_image(
+                self._api, reads, tool=tool, args=body["args"], target=target
+            )
         reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
         action: ActionDict = reply.data
         return action
@@ -264,6 +286,12 @@ class RunCore:
             )
             before = step.get("before")
             snapshot = (yield Invoke(before)) if callable(before) else before
+            if before is None:
+                reads = yield from self._api.policy_cache.before_of(self._api, tool)
+                if reads is not None:
+                    snapshot = yield from take_image(
+                        self._api, reads, tool=tool, args=body["args"], target=step.get("target")
+                    )
             if snapshot is not None:
                 body["before_snapshot"] = snapshot
             if step.get("start"):
@@ -296,9 +324,23 @@ class RunCore:
         call_args = dict(args or {})
         key, body = self._action_request(tool, target, call_args, compensate, intent, idempotency_key)
         body["start"] = True
-        snapshot = (yield Invoke(before)) if callable(before) else before
+        # The policy's read takes the images the step is not given (``saga_client._before``).
+        reads = None
+        if before is None or after is None:
+            reads = yield from self._api.policy_cache.before_of(self._api, tool)
+        if before is None and reads is not None:
+            try:
+                snapshot = yield from take_image(self._api, reads, tool=tool, args=call_args, target=target)
+            except BeforeImageFailed as refused:
+                # Refused before it was recorded: a failed call all the same, for the run's end rule.
+                self.unretried.failed(tool, call_args, "", str(refused))
+                raise
+        else:
+            snapshot = (yield Invoke(before)) if callable(before) else before
         if snapshot is not None:
             body["before_snapshot"] = snapshot
+        if after is None and reads is not None:
+            after = _AfterRead(reads, target)
 
         reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
         action: ActionDict = reply.data
@@ -369,6 +411,12 @@ class RunCore:
                 raise StepInDoubt(action)
         self.pending_approvals.pop(action["id"], None)
         value = yield from self._call(action, do, (effective_args,) if takes_args else (), call_args)
+        if isinstance(after, _AfterRead):
+            after_snapshot = yield from take_after_image(
+                self._api, after.reads, tool=action["tool"], args=effective_args, target=after.target
+            )
+            yield from self._succeeded(action, value, after_snapshot)
+            return value
         try:
             after_snapshot = (yield Invoke(after, (value,))) if callable(after) else after
         except Exception:
