@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Generator, Mapping
+from typing import Any, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from saga_client._core import Api, Flow
+T = TypeVar("T")
+# A flow (``saga_client._core.Flow``), named here without importing it: ``_core`` imports this.
+Flow = Generator[Any, Any, T]
+
+
+class Api(Protocol):
+    """What the cache needs of ``saga_client._core.Api``."""
+
+    def request(self, method: str, path: str, *, headers: Mapping[str, str] | None = None) -> Flow[Any]: ...
 
 
 def _is_glob(pattern: str) -> bool:
