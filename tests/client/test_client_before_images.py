@@ -292,3 +292,95 @@ def test_the_langgraph_adapter_takes_the_images_with_no_agent_code_change(
     action = recorded(api, the_update(run.id).pk)
     assert (action["before_snapshot"], action["after_snapshot"]) == (ORIGINAL, CHANGED)
     assert Run.objects.get(pk=run.id).status == "succeeded"
+
+
+def test_the_openai_agents_adapter_takes_the_images_with_no_agent_code_change(
+    tenant, tmp_path, options, api, crm
+):
+    pytest.importorskip("agents")
+    from agents import Agent, RunConfig, Runner
+    from agents.testing import ScriptedModel, assistant_message, function_call
+    from saga_client.openai_agents import saga_function_tool
+
+    load(tenant, tmp_path)
+
+    @saga_function_tool(name="crm.get_contact")
+    def get_contact(id: str) -> dict:
+        """Read a contact."""
+        return crm.get_contact(id)
+
+    @saga_function_tool(name="crm.update_contact")
+    def update_contact(id: str, email: str) -> str:
+        """Change a contact's e-mail."""
+        crm.update_contact({"id": id, "email": email})
+        return "updated"
+
+    model = ScriptedModel(
+        [[function_call("update_contact", CHANGE, call_id="call_0")], [assistant_message("done")]]
+    )
+    agent = Agent(
+        name="crm", instructions="Keep contacts right.", model=model, tools=[get_contact, update_contact]
+    )
+
+    async def main() -> str:
+        async with AsyncSaga(**options) as saga, saga.run(agent="crm", request="Fix Ashu's e-mail") as run:
+            result = await Runner.run(agent, "Fix Ashu's e-mail", run_config=RunConfig(tracing_disabled=True))
+            assert result.interruptions == [] and result.final_output == "done"
+            return run.id
+
+    run_id = asyncio.run(main())
+    action = recorded(api, the_update(run_id).pk)
+    assert (action["before_snapshot"], action["after_snapshot"]) == (ORIGINAL, CHANGED)
+    assert crm.writes == [CHANGE]
+    model.assert_complete()
+
+
+def test_an_adapter_run_whose_read_failed_fails_and_nothing_is_changed(tenant, tmp_path, options, crm):
+    pytest.importorskip("langgraph")
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+    from saga_client.langgraph import saga_tools
+
+    load(tenant, tmp_path)
+
+    @tool
+    def get_contact(id: str) -> dict:
+        """Read a contact."""
+        raise ConnectionError("the CRM is down")
+
+    @tool
+    def update_contact(id: str, email: str) -> str:
+        """Change a contact's e-mail."""
+        crm.update_contact({"id": id, "email": email})
+        return "updated"
+
+    model = GenericFakeChatModel(
+        messages=iter(
+            [
+                AIMessage("", tool_calls=[{"name": "update_contact", "args": CHANGE, "id": "call_0"}]),
+                AIMessage("done"),
+            ]
+        )
+    )
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+    graph.add_node(
+        "tools", ToolNode(saga_tools([get_contact, update_contact], namespace="crm"), handle_tool_errors=True)
+    )
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    with Saga(**options) as saga, saga.run(agent="crm", request="Fix Ashu's e-mail") as run:
+        state = graph.compile().invoke({"messages": [HumanMessage("Fix Ashu's e-mail")]})
+    message = next(m for m in state["messages"] if isinstance(m, ToolMessage))
+    assert (
+        message.status == "error"
+        and "crm.get_contact" in message.content
+        and "the CRM is down" in message.content
+    )
+    assert crm.writes == [] and not Action.objects.filter(run_id=run.id).exists()
+    failed = Run.objects.get(pk=run.id)
+    assert failed.status == "failed" and "crm.update_contact was not called" in failed.error
