@@ -223,6 +223,24 @@ export class StepInDoubt extends SagaError {
   }
 }
 
+/**
+ * The step's policy has Saga take its before-image (`before`), and the read could not give one: no
+ * reader is registered for the read tool, the read threw, or its result has no value at the
+ * policy's path. The step was refused: nothing was recorded and `do` was not called (no update
+ * without its before-image). `read`: the read tool; `tool`: the step's; `reason`: why, in words.
+ */
+export class BeforeImageUnavailable extends SagaError {
+  readonly tool: string;
+  readonly read: string;
+  readonly reason: string;
+  constructor(tool: string, read: string, reason: string, options?: { cause?: unknown }) {
+    super(`${tool} was not run: its policy reads its before-image with ${read}, and ${reason}.`, "before_image_unavailable", options);
+    this.tool = tool;
+    this.read = read;
+    this.reason = reason;
+  }
+}
+
 /** A `saga.tool` function was called outside `saga.run(...)`. */
 export class NoActiveRun extends SagaError {
   constructor(message: string) {

@@ -20,6 +20,7 @@ export {
   ApprovalRejected,
   ApprovalTimedOut,
   ApprovalTimeout,
+  BeforeImageUnavailable,
   Conflict,
   InvalidRequest,
   NoActiveRun,
