@@ -6,7 +6,7 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it, vi } from "vitest";
 
-import { BeforeImageUnavailable, Saga, fillBeforeArgs, imageAt, imagesEqual, policyFor, readResult, type ToolPolicy } from "../src/index.js";
+import { BeforeImageUnavailable, Saga, type ReadContext, fillBeforeArgs, imageAt, imagesEqual, policyFor, readResult, type ToolPolicy } from "../src/index.js";
 
 const vectors = JSON.parse(readFileSync(new URL("../../spec/vectors/before_images.json", import.meta.url), "utf8"));
 
@@ -130,7 +130,7 @@ describe("a step whose policy reads its images", () => {
   it("takes an explicit before (value or function) instead of the read, and an explicit after", async () => {
     const api = scripted([policy("crm.update_contact", "global", BEFORE)]);
     const saga = new Saga({ url: "http://saga.invalid", key: "sk", fetch: api.fetch, heartbeatIntervalS: 0 });
-    const reader = vi.fn(async () => ({ contact: { email: "read@x" } }));
+    const reader = vi.fn(async (_args: Record<string, unknown>, _context: ReadContext) => ({ contact: { email: "read@x" } }));
     saga.reader("crm.get_contact", reader);
     const run = await saga.run({ agent: "a", request: "r" });
     await run.step({ ...update([]), before: () => ({ email: "given@x" }), after: { email: "given-after@x" } });
