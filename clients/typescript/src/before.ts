@@ -9,7 +9,7 @@
  * `saga.tool(name, fn)` and an adapter's wrapped tool (`sagaTool`, `sagaFunctionTool`) of that
  * name serve too, so an agent that has its read tools among its tools needs no change.
  */
-import { BeforeImageUnavailable } from "./errors.js";
+import { BeforeImageFailed } from "./errors.js";
 import { type BeforeRead, NoImage, TemplateUnfillable, fillBeforeArgs, imageAt, resultOfRead } from "./images.js";
 import { type PolicyCache, beforeOf } from "./policies.js";
 import type { Target } from "./types.js";
@@ -35,14 +35,15 @@ export interface ReadContext {
  */
 export type Reader = (args: Record<string, unknown>, context: ReadContext) => unknown;
 
-// The readers the adapters' wrapped tools serve, by Saga tool name: one map per process (as the
-// active run), so the ESM and CommonJS builds see each other's.
-const ADAPTER_READERS = Symbol.for("@saga-admin/client.tool-readers");
-const adapterReaders = ((globalThis as { [ADAPTER_READERS]?: Map<string, Reader> })[ADAPTER_READERS] ??= new Map<string, Reader>());
+// The readers the tools this process wrapped serve (`saga.tool` of any client, the adapters'), by
+// Saga tool name: one map per process (as the active run), so the ESM and CommonJS builds see
+// each other's.
+const TOOL_READERS = Symbol.for("@saga-admin/client.tool-readers");
+const toolReaders = ((globalThis as { [TOOL_READERS]?: Map<string, Reader> })[TOOL_READERS] ??= new Map<string, Reader>());
 
-/** An adapter's wrapped tool of this Saga name serves as the reader for it (the newest wins). */
+/** A wrapped tool of this Saga name serves as the reader for it (the most recently wrapped wins). */
 export function registerToolReader(tool: string, reader: Reader): void {
-  adapterReaders.set(tool, reader);
+  toolReaders.set(tool, reader);
 }
 
 /** A step's planned read: its policy's `before` and the filled args. */
@@ -53,21 +54,19 @@ export interface PlannedRead {
 }
 
 export class BeforeImages {
-  /** Readers named with `saga.reader(tool, fn)` (these win). */
+  /** Readers named with `saga.reader(tool, fn)` (these win over the tools'). */
   readonly readers = new Map<string, Reader>();
-  /** Readers of `saga.tool(name, fn)` functions. */
-  readonly toolReaders = new Map<string, Reader>();
 
   constructor(readonly policies: PolicyCache) {}
 
-  /** The reader the client calls for `tool`: `saga.reader`'s, else a `saga.tool`'s, else an adapter tool's. */
+  /** The reader the client calls for `tool`: `saga.reader`'s, else the newest tool of that name's. */
   readerFor(tool: string): Reader | undefined {
-    return this.readers.get(tool) ?? this.toolReaders.get(tool) ?? adapterReaders.get(tool);
+    return this.readers.get(tool) ?? toolReaders.get(tool);
   }
 
   /**
    * The read a step of `tool` with these args needs (undefined: its policy has no `before`).
-   * Args the call cannot fill refuse the step (`BeforeImageUnavailable`).
+   * Args the call cannot fill refuse the step (`BeforeImageFailed`).
    */
   async planned(tool: string, args: unknown, target: Target | null | undefined, signal?: AbortSignal): Promise<PlannedRead | undefined> {
     const before = beforeOf(await this.policies.policyFor(tool, signal));
@@ -80,21 +79,21 @@ export class BeforeImages {
       });
     } catch (error) {
       if (!(error instanceof TemplateUnfillable)) throw error;
-      throw new BeforeImageUnavailable(tool, before.tool, `its args cannot be filled from the call (${error.message})`, { cause: error });
+      throw new BeforeImageFailed(tool, before.tool, `its args cannot be filled: ${error.message}`, { cause: error });
     }
     const readArgs = typeof filled === "object" && filled !== null && !Array.isArray(filled) ? (filled as Record<string, unknown>) : {};
     return { step: tool, before, args: readArgs };
   }
 
-  /** The image the read gives now, or `BeforeImageUnavailable` naming the read and why. */
+  /** The image the read gives now, or `BeforeImageFailed` naming the read and why. */
   async take(read: PlannedRead, phase: "before" | "after", signal: AbortSignal, host?: unknown): Promise<unknown> {
     const name = read.before.tool;
     const reader = this.readerFor(name);
     if (!reader) {
-      throw new BeforeImageUnavailable(
+      throw new BeforeImageFailed(
         read.step,
         name,
-        `no reader is registered for ${name} (saga.reader("${name}", fn), or a saga.tool or adapter tool of that name)`,
+        `no reader is registered for ${name}: register one with saga.reader("${name}", fn) or wrap the read as a tool of that name, or give the step before`,
       );
     }
     let value: unknown;
@@ -102,13 +101,12 @@ export class BeforeImages {
       value = await reader(structuredClone(read.args), { tool: name, step: read.step, phase, signal, ...(host !== undefined ? { host } : {}) });
     } catch (error) {
       if (signal.aborted && error === signal.reason) throw error;
-      throw new BeforeImageUnavailable(read.step, name, `the read failed (${describe(error)})`, { cause: error });
+      throw new BeforeImageFailed(read.step, name, describe(error), { cause: error });
     }
     try {
       return imageAt(resultOfRead(value), read.before.path);
     } catch (error) {
-      const why = error instanceof NoImage ? error.message : describe(error);
-      throw new BeforeImageUnavailable(read.step, name, `it gave no image: ${why}`, { cause: error });
+      throw new BeforeImageFailed(read.step, name, error instanceof NoImage ? error.message : describe(error), { cause: error });
     }
   }
 }

@@ -224,19 +224,25 @@ export class StepInDoubt extends SagaError {
 }
 
 /**
- * The step's policy has Saga take its before-image (`before`), and the read could not give one: no
- * reader is registered for the read tool, the read threw, or its result has no value at the
- * policy's path. The step was refused: nothing was recorded and `do` was not called (no update
- * without its before-image). `read`: the read tool; `tool`: the step's; `reason`: why, in words.
+ * A step whose policy has `before` was refused before anything was recorded or called: its
+ * before-image could not be taken (no reader registered for the read, a read that threw, or a
+ * result with no value at the policy's path). `readTool` names the read and `reason` says why;
+ * `do` was not called (no update without its before-image).
  */
-export class BeforeImageUnavailable extends SagaError {
+export class BeforeImageFailed extends SagaError {
+  /** The step's tool. */
   readonly tool: string;
-  readonly read: string;
+  /** The read (the policy's `before.tool`). */
+  readonly readTool: string;
   readonly reason: string;
-  constructor(tool: string, read: string, reason: string, options?: { cause?: unknown }) {
-    super(`${tool} was not run: its policy reads its before-image with ${read}, and ${reason}.`, "before_image_unavailable", options);
+  constructor(tool: string, readTool: string, reason: string, options?: { cause?: unknown }) {
+    super(
+      `${tool} was not called: its policy takes a before-image through ${readTool}, and that read failed (${reason}). No update without its before-image.`,
+      "before_image_failed",
+      options,
+    );
     this.tool = tool;
-    this.read = read;
+    this.readTool = readTool;
     this.reason = reason;
   }
 }

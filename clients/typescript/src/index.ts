@@ -20,7 +20,7 @@ export {
   ApprovalRejected,
   ApprovalTimedOut,
   ApprovalTimeout,
-  BeforeImageUnavailable,
+  BeforeImageFailed,
   Conflict,
   InvalidRequest,
   NoActiveRun,

@@ -5,7 +5,7 @@
  * wins (`crm.update_*` beats `crm.*`). Globs are Python's `fnmatch` ones: `*`, `?`, `[seq]`, `[!seq]`.
  *
  * The copy is kept current cheaply: the answer and its `ETag` are kept, and at most every
- * `maxAgeS` seconds (when a step needs it) it is revalidated with `If-None-Match`; 304 keeps it.
+ * `refreshS` seconds (the client's `policyRefreshS`, when a step needs it) it is revalidated with `If-None-Match`; 304 keeps it.
  */
 import type { Api } from "./api.js";
 import type { BeforeRead } from "./images.js";
@@ -89,7 +89,7 @@ export function beforeOf(policy: ToolPolicy | undefined): BeforeRead | undefined
   return { tool: before["tool"], args: before["args"] ?? {}, path: typeof path === "string" && path ? path : null };
 }
 
-/** The tenant's policies, fetched when first needed and revalidated at most every `maxAgeS`. */
+/** The tenant's policies, fetched when first needed and revalidated at most every `refreshS`. */
 export class PolicyCache {
   private policies: ToolPolicy[] | undefined;
   private etag = "";
@@ -99,12 +99,12 @@ export class PolicyCache {
   constructor(
     private readonly api: Api,
     /** Seconds a copy is used without asking the server again (0: ask before every step that needs it). */
-    readonly maxAgeS: number,
+    readonly refreshS: number,
   ) {}
 
   /** The policies, from the copy while it is fresh, else revalidated (`If-None-Match`; 304 keeps it). */
   async current(signal?: AbortSignal): Promise<ToolPolicy[]> {
-    if (this.policies && (performance.now() - this.checkedAt) / 1000 < this.maxAgeS) return this.policies;
+    if (this.policies && (performance.now() - this.checkedAt) / 1000 < this.refreshS) return this.policies;
     // Concurrent steps share one request.
     this.inFlight ??= this.refresh(signal).finally(() => {
       this.inFlight = undefined;

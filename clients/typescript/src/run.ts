@@ -8,7 +8,7 @@ import {
   ApprovalPending,
   ApprovalRejected,
   ApprovalTimedOut,
-  BeforeImageUnavailable,
+  BeforeImageFailed,
   Conflict,
   RunCancelled,
   SagaError,
@@ -303,7 +303,7 @@ export class Run {
   /**
    * Put the step's before snapshot in the record's body: the one it was given (a value, or a
    * function called now), else the before-image its policy's read gives (once per step and
-   * process; a failed read refuses the step: `BeforeImageUnavailable`, nothing recorded). The
+   * process; a failed read refuses the step: `BeforeImageFailed`, nothing recorded). The
    * planned read, for the after-image.
    */
   private async beforeImage(
@@ -318,7 +318,7 @@ export class Run {
       try {
         return await this.images.planned(options.tool, options.args ?? {}, options.target, this.signal);
       } catch (error) {
-        if (error instanceof BeforeImageUnavailable) return undefined; // the given snapshot stands
+        if (error instanceof BeforeImageFailed) return undefined; // the given snapshot stands
         throw error;
       }
     }
@@ -328,7 +328,7 @@ export class Run {
     try {
       body["before_snapshot"] = await this.images.take(read, "before", this.signal, options.host);
     } catch (error) {
-      if (error instanceof BeforeImageUnavailable) {
+      if (error instanceof BeforeImageFailed) {
         // Nothing was recorded or run; the run's end rule still counts the call as failed.
         this.unretried.failedCall(options.tool, options.args ?? {}, "", error.message);
       }
@@ -439,7 +439,7 @@ export class Run {
       try {
         afterSnapshot = await this.images.take(read, "after", this.signal, options.host);
       } catch (error) {
-        if (!(error instanceof BeforeImageUnavailable)) throw error;
+        if (!(error instanceof BeforeImageFailed)) throw error;
         console.warn(`saga: ${action.tool} (${action.id}) succeeded, but its after-image was not taken: ${error.reason}.`);
         afterSnapshot = null;
       }

@@ -5,7 +5,7 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 
 import { Api } from "./api.js";
-import { BeforeImages, type Reader } from "./before.js";
+import { BeforeImages, type Reader, registerToolReader } from "./before.js";
 import { NoActiveRun } from "./errors.js";
 import { Http, type Settings } from "./http.js";
 import { PolicyCache } from "./policies.js";
@@ -33,7 +33,7 @@ export interface SagaOptions {
    * (default 5): it fetches them when a step first needs them (to know which steps' policies read
    * before-images) and then revalidates at most this often with `If-None-Match` (304: unchanged).
    */
-  policyMaxAgeS?: number;
+  policyRefreshS?: number;
 }
 
 export interface RunOptions {
@@ -92,7 +92,7 @@ export class Saga {
     this.api = new Api(http);
     this.apiUrl = http.root;
     this.heartbeatIntervalS = options.heartbeatIntervalS ?? 30;
-    this.images = new BeforeImages(new PolicyCache(this.api, options.policyMaxAgeS ?? 5));
+    this.images = new BeforeImages(new PolicyCache(this.api, options.policyRefreshS ?? 5));
   }
 
   /**
@@ -223,7 +223,7 @@ export class Saga {
     };
     // The same function serves as the reader of `name` when a policy's `before` names it: called
     // directly, not as a step (a read is not recorded).
-    this.images.toolReaders.set(name, (args, context) =>
+    registerToolReader(name, (args, context) =>
       fn(args as A, {
         signal: context.signal,
         get action(): never {

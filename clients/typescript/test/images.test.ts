@@ -6,7 +6,7 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it, vi } from "vitest";
 
-import { BeforeImageUnavailable, Saga, type ReadContext, fillBeforeArgs, imageAt, imagesEqual, policyFor, readResult, type ToolPolicy } from "../src/index.js";
+import { BeforeImageFailed, Saga, type ReadContext, fillBeforeArgs, imageAt, imagesEqual, policyFor, readResult, type ToolPolicy } from "../src/index.js";
 
 const vectors = JSON.parse(readFileSync(new URL("../../spec/vectors/before_images.json", import.meta.url), "utf8"));
 
@@ -116,13 +116,13 @@ describe("a step whose policy reads its images", () => {
       throw new Error("CRM is down");
     });
     const failed = await run.step(update(done)).catch((e: unknown) => e);
-    expect(failed).toBeInstanceOf(BeforeImageUnavailable);
-    expect(failed).toMatchObject({ code: "before_image_unavailable", read: "crm.get_contact", tool: "crm.update_contact" });
+    expect(failed).toBeInstanceOf(BeforeImageFailed);
+    expect(failed).toMatchObject({ code: "before_image_failed", readTool: "crm.get_contact", tool: "crm.update_contact" });
     expect((failed as Error).message).toBe(
-      "crm.update_contact was not run: its policy reads its before-image with crm.get_contact, and the read failed (Error: CRM is down).",
+      "crm.update_contact was not called: its policy takes a before-image through crm.get_contact, and that read failed (Error: CRM is down). No update without its before-image.",
     );
     saga.reader("crm.get_contact", async () => ({ content: [{ type: "text", text: '{"contact": null}' }] }));
-    await expect(run.step(update(done))).rejects.toThrow(/it gave no image: the read's result has null at 'contact'/);
+    await expect(run.step(update(done))).rejects.toThrow(/that read failed \(the read's result has null at 'contact'\)/);
     expect(done).toEqual([]);
     expect(api.calls.filter((c) => c.path === "/runs/run_1/actions")).toEqual([]);
   });
@@ -153,9 +153,9 @@ describe("a step whose policy reads its images", () => {
     expect(recorded.map((c) => [c.body.tool, c.body.before_snapshot])).toEqual([["crm.update_contact", { id: 7, email: "a@b" }]]);
   });
 
-  it("keeps the policies and revalidates them with If-None-Match at most every policyMaxAgeS", async () => {
+  it("keeps the policies and revalidates them with If-None-Match at most every policyRefreshS", async () => {
     const api = scripted([policy("crm.update_contact")]);
-    const saga = new Saga({ url: "http://saga.invalid", key: "sk", fetch: api.fetch, heartbeatIntervalS: 0, policyMaxAgeS: 3600 });
+    const saga = new Saga({ url: "http://saga.invalid", key: "sk", fetch: api.fetch, heartbeatIntervalS: 0, policyRefreshS: 3600 });
     const run = await saga.run({ agent: "a", request: "r" });
     await run.step(update([]));
     await run.step(update([]));

@@ -16,7 +16,7 @@
 import type { Tool, ToolApprovalResponse, ToolExecutionOptions, ToolModelMessage } from "ai";
 
 import { type ReadContext, registerToolReader } from "../before.js";
-import { ApprovalPending, ApprovalRejected, ApprovalTimedOut, BeforeImageUnavailable, NoActiveRun, rejectionFor, rejectionWords } from "../errors.js";
+import { ApprovalPending, ApprovalRejected, ApprovalTimedOut, BeforeImageFailed, NoActiveRun, rejectionFor, rejectionWords } from "../errors.js";
 import type { Run, StepArgs } from "../run.js";
 import { currentRun } from "../saga.js";
 import type { Action, Compensation, Target } from "../types.js";
@@ -73,7 +73,7 @@ export function sagaTool<INPUT extends StepArgs, OUTPUT>(
         action = await record(activeRun(name), input, approvalOptions);
       } catch (error) {
         // No before-image: the call is refused when it runs, with the reason for the model.
-        if (error instanceof BeforeImageUnavailable) return false;
+        if (error instanceof BeforeImageFailed) return false;
         throw error;
       }
       return action.requires_approval || action.status === "awaiting_approval" || action.status === "rejected";
@@ -90,7 +90,7 @@ export function sagaTool<INPUT extends StepArgs, OUTPUT>(
         });
       } catch (error) {
         // The SDK shows a tool's error to the model: say what Saga decided, in its words.
-        if (error instanceof ApprovalPending || error instanceof ApprovalRejected || error instanceof BeforeImageUnavailable) {
+        if (error instanceof ApprovalPending || error instanceof ApprovalRejected || error instanceof BeforeImageFailed) {
           throw new Error(`Saga Admin: ${error.message}`, { cause: error });
         }
         throw error;

@@ -23,7 +23,7 @@
 import type { FunctionTool, RunContext, RunState, RunToolApprovalItem } from "@openai/agents";
 
 import { registerToolReader } from "../before.js";
-import { ApprovalPending, ApprovalRejected, BeforeImageUnavailable, NoActiveRun, SagaError, rejectionFor, rejectionWords } from "../errors.js";
+import { ApprovalPending, ApprovalRejected, BeforeImageFailed, NoActiveRun, SagaError, rejectionFor, rejectionWords } from "../errors.js";
 import type { Run } from "../run.js";
 import { currentRun } from "../saga.js";
 import type { Action, Compensation, Target } from "../types.js";
@@ -134,7 +134,7 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
         action = await record(activeRun(name), args, { context });
       } catch (error) {
         // No before-image: the call is refused when it runs, with the reason for the model.
-        if (error instanceof BeforeImageUnavailable) return false;
+        if (error instanceof BeforeImageFailed) return false;
         throw error;
       }
       return action.status === "awaiting_approval" || action.status === "rejected";
@@ -160,7 +160,7 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
         // Saga's approval errors are the model's to read; a failure the SDK's error function
         // answered is answered the same; every other error is the SDK's to handle, unless this
         // tool says what the model reads instead.
-        if (error instanceof ApprovalPending || error instanceof ApprovalRejected || error instanceof BeforeImageUnavailable) {
+        if (error instanceof ApprovalPending || error instanceof ApprovalRejected || error instanceof BeforeImageFailed) {
           return `Saga Admin: ${error.message}`;
         }
         if (error instanceof SdkToolFailure) return error.output;

@@ -10,7 +10,7 @@ import { describe, expect, it } from "vitest";
 import { z } from "zod";
 
 import { sagaDecisions, sagaFunctionTool } from "../../src/adapters/openai-agents.js";
-import { BeforeImageUnavailable, type Action } from "../../src/index.js";
+import { BeforeImageFailed, type Action } from "../../src/index.js";
 import { agentSaga, noServer, unique } from "../live.js";
 
 setTracingDisabled(true);
@@ -83,16 +83,16 @@ describe.skipIf(noServer)("a step whose policy reads its before-image", () => {
         await run.step(update(newContact(), "x@example.com", ran));
       })
       .catch((error: unknown) => error);
-    expect(failed).toBeInstanceOf(BeforeImageUnavailable);
-    expect((failed as BeforeImageUnavailable).message).toBe(
-      "crm.update_contact was not run: its policy reads its before-image with crm.get_contact, and the read failed (Error: the CRM answered 503).",
+    expect(failed).toBeInstanceOf(BeforeImageFailed);
+    expect((failed as BeforeImageFailed).message).toBe(
+      "crm.update_contact was not called: its policy takes a before-image through crm.get_contact, and that read failed (Error: the CRM answered 503). No update without its before-image.",
     );
     // A contact the read does not find (null at `contact`) is no image either.
     saga.reader("crm.get_contact", async (args) => getContact(args));
     const missing = await saga
       .run({ agent: "crm", request: "Fix a contact that is not there" }, async (run) => run.step(update("nobody", "x@example.com", ran)))
       .catch((error: unknown) => error);
-    expect((missing as Error).message).toMatch(/crm\.get_contact, and it gave no image: the read's result has null at 'contact'/);
+    expect((missing as Error).message).toMatch(/through crm\.get_contact, and that read failed \(the read's result has null at 'contact'\)/);
     expect(ran).toEqual([]);
     const run = await saga.getRun(runId);
     expect(run.actions).toEqual([]);
@@ -183,7 +183,7 @@ describe.skipIf(noServer)("the OpenAI Agents SDK adapter", () => {
       const result = await runAgent(refused, "Change the e-mail");
       return { runId: run.id, output: String(result.finalOutput ?? "") };
     });
-    expect(second.output).toMatch(/^Done: Saga Admin: crm\.update_contact was not run: its policy reads its before-image with crm\.get_contact, and it gave no image/);
+    expect(second.output).toMatch(/^Done: Saga Admin: crm\.update_contact was not called: its policy takes a before-image through crm\.get_contact, and that read failed \(the read's result has null at 'contact'\)/);
     expect(ran).toEqual(["agent@example.com"]);
     const run = await saga.getRun(second.runId);
     expect([run.status, run.actions]).toEqual(["failed", []]);
