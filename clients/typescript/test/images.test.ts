@@ -6,6 +6,7 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it, vi } from "vitest";
 
+import { sagaTool } from "../src/adapters/ai.js";
 import { BeforeImageFailed, Saga, type ReadContext, fillBeforeArgs, imageAt, imagesEqual, policyFor, readResult, type ToolPolicy } from "../src/index.js";
 
 const vectors = JSON.parse(readFileSync(new URL("../../spec/vectors/before_images.json", import.meta.url), "utf8"));
@@ -75,6 +76,7 @@ function scripted(policies: ToolPolicy[]) {
     if (path === "/runs") return json({ id: "run_1", status: "running" });
     const action = { id: "act_1", run_id: "run_1", tool: body?.tool ?? "crm.update_contact", status: "running", attempt: 1, idempotency_key: "k", args: body?.args ?? { id: 7 }, result: null };
     if (path === "/runs/run_1/actions") return json(action);
+    if (path === "/runs/run_1/plan") return json({ actions: body.actions.map((a: any) => ({ ...action, ...a, status: "planned" })), warnings: [] });
     if (path.endsWith("/succeed")) return json({ ...action, status: "succeeded", result: body.result });
     if (path === "/runs/run_1/complete" || path === "/runs/run_1/fail") return json({ id: "run_1", status: "succeeded" });
     return json({});
@@ -168,5 +170,54 @@ describe("a step whose policy reads its images", () => {
     saga.images.policies.invalidate();
     await run.step({ ...update([]), before: { a: 1 }, after: { a: 2 } });
     expect(api.calls.filter((c) => c.path === "/policies")).toHaveLength(2);
+  });
+});
+
+describe("images through the AI SDK adapter and plans", () => {
+  it("reads the before-image once when the SDK asks needsApproval, and the after-image after execute", async () => {
+    const api = scripted([policy("crm.update_contact", "global", BEFORE)]);
+    const saga = new Saga({ url: "http://saga.invalid", key: "sk", fetch: api.fetch, heartbeatIntervalS: 0 });
+    const contact = { email: "old@x" };
+    const seen: string[] = [];
+    // The agent's two tools, as the SDK's `tool({...})` makes them: nothing about images.
+    sagaTool("crm.get_contact", {
+      inputSchema: {} as never,
+      execute: async (input: { id: number }, options: { toolCallId: string }) => {
+        seen.push(options.toolCallId);
+        return { contact: { id: input.id, ...contact } };
+      },
+    } as never);
+    const update = sagaTool("crm.update_contact", {
+      inputSchema: {} as never,
+      execute: async (input: { id: number; email: string }) => {
+        contact.email = input.email;
+        return { ok: true };
+      },
+    } as never) as unknown as {
+      needsApproval: (input: object, options: object) => Promise<boolean>;
+      execute: (input: object, options: object) => Promise<unknown>;
+    };
+    await saga.run({ agent: "a", request: "r" }, async () => {
+      const call = { toolCallId: "call-1", messages: [] };
+      expect(await update.needsApproval({ id: 7, email: "new@x" }, call)).toBe(false);
+      expect(await update.execute({ id: 7, email: "new@x" }, call)).toEqual({ ok: true });
+    });
+    expect(seen).toEqual(["call-1:before-image:crm.get_contact", "call-1:after-image:crm.get_contact"]);
+    const records = api.calls.filter((c) => c.path === "/runs/run_1/actions");
+    expect(records.map((c) => c.body.before_snapshot)).toEqual([
+      { id: 7, email: "old@x" },
+      undefined, // the step's record is a replay of the one needsApproval made: not read again
+    ]);
+    expect(api.calls.find((c) => c.path.endsWith("/succeed"))!.body.after_snapshot).toEqual({ id: 7, email: "new@x" });
+  });
+
+  it("sends a planned step's before-image with the plan", async () => {
+    const api = scripted([policy("crm.update_contact", "global", BEFORE)]);
+    const saga = new Saga({ url: "http://saga.invalid", key: "sk", fetch: api.fetch, heartbeatIntervalS: 0 });
+    saga.reader("crm.get_contact", async () => '{"contact": {"email": "old@x"}}');
+    const run = await saga.run({ agent: "a", request: "r" });
+    await run.plan([{ tool: "crm.update_contact", args: { id: 7, email: "new@x" } }, { tool: "crm.update_contact", args: { id: 8 }, before: { given: true } }]);
+    const planned = api.calls.find((c) => c.path === "/runs/run_1/plan")!.body.actions;
+    expect(planned.map((a: any) => a.before_snapshot)).toEqual([{ email: "old@x" }, { given: true }]);
   });
 });
