@@ -111,6 +111,9 @@ class RunCore:
         # exception to the model and carry on, so the block ends cleanly after a failed step.
         self.unretried = UnretriedFailures()
         self.fail_unretried_steps = False
+        # The before-images sent with the actions recorded ahead (``record``, ``plan``), by key:
+        # the step that runs such an action later is that action, its image taken already.
+        self._recorded_images: dict[str, Any] = {}
 
     # Lifecycle --------------------------------------------------------------------------------
 
@@ -257,6 +260,8 @@ class RunCore:
                 self._api, reads, tool=tool, args=body["args"], target=target
             )
         reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
+        if reads is not None:
+            self._recorded_images[key] = body["before_snapshot"]
         action: ActionDict = reply.data
         return action
 
@@ -267,6 +272,7 @@ class RunCore:
                 code="run_not_open",
             )
         actions: list[dict[str, Any]] = []
+        imaged: dict[str, Any] = {}
         for index, step in enumerate(steps):
             unknown = sorted(set(step) - PLAN_STEP_KEYS)
             if unknown or "tool" not in step:
@@ -292,12 +298,14 @@ class RunCore:
                     snapshot = yield from take_image(
                         self._api, reads, tool=tool, args=body["args"], target=step.get("target")
                     )
+                    imaged[key] = snapshot
             if snapshot is not None:
                 body["before_snapshot"] = snapshot
             if step.get("start"):
                 body["start"] = True
             actions.append({"tool": tool, "idempotency_key": key, **body})
         reply = yield from self._api.record_plan(self.id, actions)
+        self._recorded_images.update(imaged)
         plan: PlanDict = reply.data
         return plan
 
@@ -324,23 +332,9 @@ class RunCore:
         call_args = dict(args or {})
         key, body = self._action_request(tool, target, call_args, compensate, intent, idempotency_key)
         body["start"] = True
-        # The policy's read takes the images the step is not given (``saga_client._before``).
-        reads = None
-        if before is None or after is None:
-            reads = yield from self._api.policy_cache.before_of(self._api, tool)
-        if before is None and reads is not None:
-            try:
-                snapshot = yield from take_image(self._api, reads, tool=tool, args=call_args, target=target)
-            except BeforeImageFailed as refused:
-                # Refused before it was recorded: a failed call all the same, for the run's end rule.
-                self.unretried.failed(tool, call_args, "", str(refused))
-                raise
-        else:
-            snapshot = (yield Invoke(before)) if callable(before) else before
+        snapshot, after = yield from self._images(tool, key, call_args, target, before, after)
         if snapshot is not None:
             body["before_snapshot"] = snapshot
-        if after is None and reads is not None:
-            after = _AfterRead(reads, target)
 
         reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
         action: ActionDict = reply.data
@@ -377,6 +371,30 @@ class RunCore:
         self._failure_reason = "failed"
         self.unretried.succeeded(tool, call_args)
         return value
+
+    def _images(
+        self, tool: str, key: str, call_args: dict[str, Any], target: Target | None, before: Any, after: Any
+    ) -> Flow[tuple[Any, Any]]:
+        """A step's before-image and what takes its after-image: those it was given, else its
+        policy's read (``saga_client._before``) — the image sent with the action when it was
+        recorded ahead, or one read now (refused: ``BeforeImageFailed``)."""
+        reads = None
+        if before is None or after is None:
+            reads = yield from self._api.policy_cache.before_of(self._api, tool)
+        if before is not None or reads is None:
+            snapshot = (yield Invoke(before)) if callable(before) else before
+        elif key in self._recorded_images:
+            snapshot = self._recorded_images[key]  # recorded ahead with it: no second read
+        else:
+            try:
+                snapshot = yield from take_image(self._api, reads, tool=tool, args=call_args, target=target)
+            except BeforeImageFailed as refused:
+                # Refused before it was recorded: a failed call all the same, for the run's end rule.
+                self.unretried.failed(tool, call_args, "", str(refused))
+                raise
+        if after is None and reads is not None:
+            after = _AfterRead(reads, target)
+        return snapshot, after
 
     def _execute(
         self,
