@@ -44,6 +44,7 @@ def test_the_seeded_mcp_session_fails_into_the_queue_and_compensating_it_undoes_
             (upstream.url, "delete_user"),
             (upstream.url, "revoke_license"),
             (upstream.url, "send_correction"),
+            (upstream.url, "update_title"),
         }
         key = _seed_demo(print_key="acme-mcp-gateway").strip()
         assert key.startswith("sk_")
