@@ -89,9 +89,7 @@ async def play_session(
     default). Like any agent it stops at the first tool error; closing the session (the client's
     DELETE) is what ends the run."""
     results: list[CallToolResult] = []
-    async with Client(
-        gateway_url, mode="legacy", client_info=client_info, read_timeout_seconds=60
-    ) as client:
+    async with Client(gateway_url, mode="legacy", client_info=client_info, read_timeout_seconds=60) as client:
         for tool, args in session_calls() if calls is None else calls:
             result = await client.call_tool(tool, args)
             results.append(result)
@@ -146,7 +144,9 @@ def _seed(
             time.sleep(0.2)
     what = "failed into the recovery queue" if run["status"] == "failed" else run["status"]
     said = " ".join(getattr(block, "text", "") for block in refused.content) if refused.is_error else ""
-    log(f"  acme/{AGENT}: MCP {story} session through saga-mcp, {what}" + (f" ({said[:200]})" if said else ""))
+    log(
+        f"  acme/{AGENT}: MCP {story} session through saga-mcp, {what}" + (f" ({said[:200]})" if said else "")
+    )
     return run
 
 

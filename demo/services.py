@@ -215,7 +215,9 @@ def hr_title_restore(*, email: str, title: Any, after_snapshot: Any = None) -> W
     if user is None:
         return _error(404, "not_found", f"No HR record for {email}.")
     if user.title == title:
-        return _error(409, "already_restored", f"{email} already has the title {title!r}.", state=user.snapshot())
+        return _error(
+            409, "already_restored", f"{email} already has the title {title!r}.", state=user.snapshot()
+        )
     if not _matches(user.snapshot(), after_snapshot):
         return _drifted(expected=after_snapshot, actual=user.snapshot(), what=f"HR record {email}")
     user.title = title

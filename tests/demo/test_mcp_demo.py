@@ -122,7 +122,9 @@ async def _title_calls(url: str) -> dict[str, Any]:
                 "update_title", {"email": "priya.raman@acme.example", "title": "Support manager"}
             ),
             "after": await client.call_tool("get_user", {"email": "priya.raman@acme.example"}),
-            "blank": await client.call_tool("update_title", {"email": "priya.raman@acme.example", "title": " "}),
+            "blank": await client.call_tool(
+                "update_title", {"email": "priya.raman@acme.example", "title": " "}
+            ),
             "nobody": await client.call_tool("get_user", {"email": "nobody@acme.example"}),
         }
 
@@ -189,7 +191,11 @@ def test_the_seeded_promotion_session_updates_a_title_through_the_gateway_into_t
     assert title.args == {"email": "priya.raman@acme.example", "title": "Support manager"}
     # The update's frozen policy names its read, which the gateway takes the images with, and
     # its undo: the same tool with the title the read found before.
-    assert title.policy["before"] == {"tool": "people.get_user", "args": {"email": "$args.email"}, "path": "user"}
+    assert title.policy["before"] == {
+        "tool": "people.get_user",
+        "args": {"email": "$args.email"},
+        "path": "user",
+    }
     assert (title.compensation_tool, title.compensation_args) == (
         "people.update_title",
         {"email": "$args.email", "title": "$before.title"},

@@ -13,12 +13,15 @@ Forward tools and the tools that undo them:
 
 ``update_title(email, title)`` changes a user's job title; its undo is the same tool with the
 title it replaced, which Saga Admin reads before the call with ``get_user(email)`` (a policy's
-``before``: docs/MCP.md). ``list_users`` and ``get_user`` read the state. Every call that reaches a tool is appended to the JSON-lines file
+``before``: docs/MCP.md). ``list_users`` and ``get_user`` read the state.
+
+Every call that reaches a tool other than those two reads is appended to the JSON-lines file
 named by ``HR_MCP_JOURNAL`` (when set), with the ``Idempotency-Key`` header it came with, so a test
 or a demo can see exactly what reached this server and in which order, whichever transport carried
 it. With ``HR_MCP_DIRECTORY=acme`` the directory starts with Acme's employees (``DIRECTORIES``), as
-``make run``'s demo does; by default it starts empty. With ``HR_MCP_TOKEN`` set, the HTTP endpoint answers 401 unless a request carries
-``Authorization: Bearer <token>`` (what a Saga Admin MCP compensator's ``headers_env`` is for).
+``make run``'s demo does; by default it starts empty. With ``HR_MCP_TOKEN`` set, the HTTP endpoint
+answers 401 unless a request carries ``Authorization: Bearer <token>`` (what a Saga Admin MCP
+compensator's ``headers_env`` is for).
 
 Failures are tool errors (``isError``, raised as ``ToolError`` so the message reaches the caller), as
 a real server's would be: creating a user that exists,
