@@ -22,6 +22,7 @@ from typing import Any, TypeVar, Union, cast
 import httpx
 
 from saga_client._codes import RETRY_CODES, RETRY_STATUS
+from saga_client._policies import PolicyCache
 from saga_client._tracing import trace_headers
 from saga_client.errors import (
     ApprovalRejected,
@@ -99,6 +100,8 @@ class Reply:
     # The server answered from its idempotency record (``Idempotent-Replayed: true``): this
     # request changed nothing, an earlier one with the same key did.
     replayed: bool = False
+    # The answer's ETag (``GET /policies``), "" without one.
+    etag: str = ""
 
     @property
     def started_here(self) -> bool:
@@ -118,6 +121,9 @@ class Settings:
     poll_interval_s: float = 2.0
     max_poll_interval_s: float = 30.0
     approval_timeout_s: float = 3600.0
+    # How long the client uses its copy of the tenant's policies before it asks whether they
+    # changed (``If-None-Match``: 304 when not): ``saga_client._policies``.
+    policy_refresh_s: float = 5.0
 
 
 def api_root(base_url: str) -> str:
@@ -141,6 +147,10 @@ class Api:
         self.settings = settings
         # The tools the server said no policy names (``default_policy``), each logged once.
         self.defaulted_tools: set[str] = set()
+        # The tenant's policies as last read, and the readers registered on this client by read
+        # tool name (``saga.reader``): what a step whose policy has ``before`` needs.
+        self.policy_cache = PolicyCache(settings.policy_refresh_s)
+        self.readers: dict[str, Callable[..., Any]] = {}
 
     def note_warnings(self, actions: Sequence[Mapping[str, Any]]) -> None:
         """Log, once per tool for this client, a recorded action's ``default_policy`` warning: no
@@ -169,6 +179,7 @@ class Api:
         params: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
         retry_safe: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> Flow[Reply]:
         """One API call with retries; the reply, or a typed ``SagaError``.
 
@@ -177,9 +188,9 @@ class Api:
         every attempt, so a retry can never do a thing twice) and for writes that are harmless to
         repeat (``retry_safe``)."""
         # The caller's trace context (``_tracing``), taken here, in the caller's own context.
-        headers = trace_headers()
+        sent = {**trace_headers(), **(headers or {})}
         if idempotency_key:
-            headers["Idempotency-Key"] = idempotency_key
+            sent["Idempotency-Key"] = idempotency_key
         safe = (
             retry_safe
             or method == "GET"
@@ -190,7 +201,7 @@ class Api:
         while True:
             attempt += 1
             try:
-                response: httpx.Response = yield Send(method, path, json_body, params, headers)
+                response: httpx.Response = yield Send(method, path, json_body, params, sent)
             except httpx.TransportError as exc:
                 if not safe or attempt > self.settings.retries:
                     raise SagaUnavailable(
@@ -203,7 +214,13 @@ class Api:
                 continue
             if response.status_code < 400:
                 replayed = response.headers.get(REPLAYED_HEADER, "").lower() == "true"
-                return Reply(response.status_code, _decoded(response), resent=resent, replayed=replayed)
+                return Reply(
+                    response.status_code,
+                    _decoded(response),
+                    resent=resent,
+                    replayed=replayed,
+                    etag=response.headers.get("ETag", ""),
+                )
             error = error_from_response(response)
             retry = response.status_code in RETRY_STATUS or error.code in RETRY_CODES
             if not retry or not safe or attempt > self.settings.retries:

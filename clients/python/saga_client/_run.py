@@ -11,13 +11,22 @@ import inspect
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
 import httpx
 
+from saga_client._before import take_after_image, take_image
 from saga_client._core import DONE_STATES, Api, Flow, Invoke, Reply, rejection
 from saga_client._failures import UnretriedFailures
-from saga_client.errors import ApprovalPending, Conflict, RunCancelled, SagaError, StepInDoubt
+from saga_client.errors import (
+    ApprovalPending,
+    BeforeImageFailed,
+    Conflict,
+    RunCancelled,
+    SagaError,
+    StepInDoubt,
+)
 from saga_client.responses import ActionDict, CheckpointDict, PlanDict, RunDict, RunFailDict
 
 log = logging.getLogger(__name__)
@@ -72,6 +81,14 @@ def accepts_argument(func: Callable[..., Any]) -> bool:
     return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
 
 
+@dataclass(frozen=True)
+class _AfterRead:
+    """A step's after-image, to be read through its policy's ``before`` once the call succeeded."""
+
+    reads: Mapping[str, Any]
+    target: Target | None
+
+
 class RunCore:
     """A run's state and the flows of its lifecycle and steps, shared by ``Run`` and ``AsyncRun``."""
 
@@ -94,6 +111,9 @@ class RunCore:
         # exception to the model and carry on, so the block ends cleanly after a failed step.
         self.unretried = UnretriedFailures()
         self.fail_unretried_steps = False
+        # The before-images sent with the actions recorded ahead (``record``, ``plan``), by key:
+        # the step that runs such an action later is that action, its image taken already.
+        self._recorded_images: dict[str, Any] = {}
 
     # Lifecycle --------------------------------------------------------------------------------
 
@@ -234,7 +254,14 @@ class RunCore:
                 code="run_not_open",
             )
         key, body = self._action_request(tool, target, dict(args or {}), compensate, intent, idempotency_key)
+        reads = yield from self._api.policy_cache.before_of(self._api, tool)
+        if reads is not None:
+            body["before_snapshot"] = yield from take_image(
+                self._api, reads, tool=tool, args=body["args"], target=target
+            )
         reply = yield from self._api.record_action(self.id, tool=tool, idempotency_key=key, **body)
+        if reads is not None:
+            self._recorded_images[key] = body["before_snapshot"]
         action: ActionDict = reply.data
         return action
 
@@ -245,6 +272,7 @@ class RunCore:
                 code="run_not_open",
             )
         actions: list[dict[str, Any]] = []
+        imaged: dict[str, Any] = {}
         for index, step in enumerate(steps):
             unknown = sorted(set(step) - PLAN_STEP_KEYS)
             if unknown or "tool" not in step:
@@ -264,12 +292,20 @@ class RunCore:
             )
             before = step.get("before")
             snapshot = (yield Invoke(before)) if callable(before) else before
+            if before is None:
+                reads = yield from self._api.policy_cache.before_of(self._api, tool)
+                if reads is not None:
+                    snapshot = yield from take_image(
+                        self._api, reads, tool=tool, args=body["args"], target=step.get("target")
+                    )
+                    imaged[key] = snapshot
             if snapshot is not None:
                 body["before_snapshot"] = snapshot
             if step.get("start"):
                 body["start"] = True
             actions.append({"tool": tool, "idempotency_key": key, **body})
         reply = yield from self._api.record_plan(self.id, actions)
+        self._recorded_images.update(imaged)
         plan: PlanDict = reply.data
         return plan
 
@@ -296,7 +332,7 @@ class RunCore:
         call_args = dict(args or {})
         key, body = self._action_request(tool, target, call_args, compensate, intent, idempotency_key)
         body["start"] = True
-        snapshot = (yield Invoke(before)) if callable(before) else before
+        snapshot, after = yield from self._images(tool, key, call_args, target, before, after)
         if snapshot is not None:
             body["before_snapshot"] = snapshot
 
@@ -336,6 +372,30 @@ class RunCore:
         self.unretried.succeeded(tool, call_args)
         return value
 
+    def _images(
+        self, tool: str, key: str, call_args: dict[str, Any], target: Target | None, before: Any, after: Any
+    ) -> Flow[tuple[Any, Any]]:
+        """A step's before-image and what takes its after-image: those it was given, else its
+        policy's read (``saga_client._before``) — the image sent with the action when it was
+        recorded ahead, or one read now (refused: ``BeforeImageFailed``)."""
+        reads = None
+        if before is None or after is None:
+            reads = yield from self._api.policy_cache.before_of(self._api, tool)
+        if before is not None or reads is None:
+            snapshot = (yield Invoke(before)) if callable(before) else before
+        elif key in self._recorded_images:
+            snapshot = self._recorded_images[key]  # recorded ahead with it: no second read
+        else:
+            try:
+                snapshot = yield from take_image(self._api, reads, tool=tool, args=call_args, target=target)
+            except BeforeImageFailed as refused:
+                # Refused before it was recorded: a failed call all the same, for the run's end rule.
+                self.unretried.failed(tool, call_args, "", str(refused))
+                raise
+        if after is None and reads is not None:
+            after = _AfterRead(reads, target)
+        return snapshot, after
+
     def _execute(
         self,
         action: ActionDict,
@@ -369,6 +429,12 @@ class RunCore:
                 raise StepInDoubt(action)
         self.pending_approvals.pop(action["id"], None)
         value = yield from self._call(action, do, (effective_args,) if takes_args else (), call_args)
+        if isinstance(after, _AfterRead):
+            after_snapshot = yield from take_after_image(
+                self._api, after.reads, tool=action["tool"], args=effective_args, target=after.target
+            )
+            yield from self._succeeded(action, value, after_snapshot)
+            return value
         try:
             after_snapshot = (yield Invoke(after, (value,))) if callable(after) else after
         except Exception:

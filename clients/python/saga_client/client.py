@@ -61,6 +61,7 @@ from saga_client.responses import (
 from saga_client.tools import Tool, sync_run
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def drive(flow: Flow[T], perform: Perform) -> T:
@@ -100,8 +101,12 @@ class Saga:
         poll_interval_s: float = 2.0,
         max_poll_interval_s: float = 30.0,
         approval_timeout_s: float = 3600.0,
+        policy_refresh_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """``policy_refresh_s``: how long the client uses its copy of the tenant's policies (read
+        for the steps whose policy takes before-images) before it asks the server whether they
+        changed, a 304 when they did not."""
         self.api = Api(
             Settings(
                 retries=retries,
@@ -110,6 +115,7 @@ class Saga:
                 poll_interval_s=poll_interval_s,
                 max_poll_interval_s=max_poll_interval_s,
                 approval_timeout_s=approval_timeout_s,
+                policy_refresh_s=policy_refresh_s,
             )
         )
         # The API root this client talks to (links to the dashboard are made from it).
@@ -197,6 +203,20 @@ class Saga:
             intent=intent,
             approval_timeout_s=approval_timeout_s,
         )
+
+    def reader(self, name: str) -> Callable[[F], F]:
+        """Register the decorated function as this client's reader of the read tool ``name``:
+        for a step whose policy has ``before`` naming ``name``, the client calls it with the
+        read's args (by keyword) before the call and after it, and sends the value at the
+        policy's path as the action's before- and after-image. It returns the read's result (a
+        mapping, or a JSON object as text). Without one, a function wrapped as a tool of that
+        name (``@saga.tool(name)``, an adapter's) is the reader. The function is unchanged."""
+
+        def register(func: F) -> F:
+            self.api.readers[name] = func
+            return func
+
+        return register
 
     # Runs -----------------------------------------------------------------------------------
 

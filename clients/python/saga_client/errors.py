@@ -248,6 +248,22 @@ class StepInDoubt(SagaError):
         self.action = dict(action)
 
 
+class BeforeImageFailed(SagaError):
+    """A step whose policy has ``before`` was refused before anything was recorded or called: its
+    before-image could not be taken (no reader registered for the read, a read that raised, or a
+    result with no value at the policy's path). ``read_tool`` names the read and ``reason`` says
+    why; ``do`` was not called."""
+
+    code = "before_image_failed"
+
+    def __init__(self, tool: str, read_tool: str, reason: str) -> None:
+        self.tool, self.read_tool, self.reason = tool, read_tool, reason
+        super().__init__(
+            f"{tool} was not called: its policy takes a before-image through {read_tool}, and that "
+            f"read failed ({reason}). No update without its before-image."
+        )
+
+
 class NoActiveRun(SagaError):
     """A ``@saga.tool`` function was called outside ``with saga.run(...)`` (or ``async with``)."""
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
+from saga_client._before import register_tool_reader
 from saga_client.errors import NoActiveRun, SagaError
 
 if TYPE_CHECKING:
@@ -81,6 +82,9 @@ class ToolSpec:
         first = next(iter(self.signature.parameters), None)
         # A method's own object is how it is called, not what it is called with.
         self._skipped = {first} if first in ("self", "cls") else set()
+        if not self._skipped:
+            # The function reads ``name`` for a policy's ``before`` when no reader is registered.
+            register_tool_reader(name, func)
 
     def step_arguments(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """``run.step`` keyword arguments for one call. A call that does not fit the signature

@@ -13,11 +13,18 @@ Answer = Any  # (status, body[, headers]) or an exception to raise
 class Script:
     """Answers requests in order and keeps them; sync and async transports share one script."""
 
-    def __init__(self, *answers: Answer) -> None:
+    def __init__(self, *answers: Answer, policies: list[dict] | None = None) -> None:
         self.answers = list(answers)
         self.seen: list[httpx.Request] = []
+        # ``GET /policies`` (what a client reads to know which steps take before-images) is
+        # answered aside, with these policies, and kept apart from ``seen``.
+        self.policies = policies or []
+        self.policy_requests: list[httpx.Request] = []
 
     def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path.endswith("/api/v1/policies"):
+            self.policy_requests.append(request)
+            return httpx.Response(200, json={"policies": self.policies}, headers={"ETag": '"p-1"'})
         self.seen.append(request)
         if not self.answers:
             raise AssertionError(f"unexpected request {request.method} {request.url}")

@@ -13,6 +13,7 @@ from langchain_core.tools import tool as as_tool
 from langchain_core.utils.pydantic import get_fields
 from langgraph.types import interrupt
 
+from saga_client._before import register_tool_reader
 from saga_client.aio import AsyncRun
 from saga_client.client import Run
 from saga_client.errors import ApprovalPending, ApprovalRejected, rejection_words
@@ -63,6 +64,8 @@ def saga_tool(
             "wait": False,
         }
 
+    # The raw tool reads ``step_name`` for a policy's ``before`` (``saga_client._before``).
+    register_tool_reader(step_name, _reader(base))
     call = _blocking_call(step_name, step, base.invoke)
     acall = _async_call(step_name, step, base.ainvoke, call)
 
@@ -80,6 +83,14 @@ def saga_tool(
         return_direct=base.return_direct,
         handle_tool_error=on_error,
     )
+
+
+def _reader(base: BaseTool) -> Callable[..., Any]:
+    """The unwrapped tool as a reader: its input is the read's args; an async-only tool is
+    awaited (by ``AsyncSaga``; the blocking client refuses it)."""
+    if isinstance(base, StructuredTool) and base.func is None and base.coroutine is not None:
+        return lambda **args: base.ainvoke(args)
+    return lambda **args: base.invoke(args)
 
 
 StepArguments = Callable[[dict[str, Any], Callable[[dict[str, Any]], Any]], dict[str, Any]]
