@@ -21,7 +21,7 @@ from ledger.audit import Actor
 from ledger.models import Run, StateReader
 from ledger.policies.load import policy_file_load, policy_file_parse
 from recovery import compensators, jobs
-from recovery.actions.compensations import unwind_start
+from recovery.actions.compensations import step_retry, unwind_start
 from recovery.models import RecoveryItem, Unwind, UnwindStep
 from recovery.trail import run_trail
 from tests.support.api import Api
@@ -270,7 +270,9 @@ KINDS = ["mcp", "mcp-text", "webhook", "python"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_an_update_is_undone_exactly_and_verified(db, tenant, api, alice, crm, webhook_reader, kind):
+def test_an_update_is_undone_exactly_and_verified(
+    db, tenant, api, operator_key, alice, crm, webhook_reader, kind
+):
     _load(tenant, crm, _reader(kind, crm, webhook_reader))
     run = _record_update(api, crm, email="ana@wrong.example")
     assert crm.contact()["email"] == "ana@wrong.example"
@@ -294,8 +296,11 @@ def test_an_update_is_undone_exactly_and_verified(db, tenant, api, alice, crm, w
     [restored] = run_trail(run=Run.objects.get(pk=run["id"]))["restored"]
     assert restored["verified"] is True
     # The API shows the step's verdict and checks, and the trail's.
-    operator = api.get(f"/runs/{run['id']}/trail").json()
-    assert operator["restored"][0]["verified"] is True
+    assert api.get(f"/runs/{run['id']}/trail").json()["restored"][0]["verified"] is True
+    shown_unwind = Api(operator_key[1]).get(f"/unwinds/{unwind.pk}")
+    assert shown_unwind.status_code == 200, shown_unwind.content
+    [shown] = shown_unwind.json()["steps"]
+    assert shown["verified"] is True and shown["read_checks"] == checks
     if kind == "webhook":
         assert all(call["signature_ok"] for call in webhook_reader.calls)
         assert webhook_reader.calls[0]["body"] == {
@@ -447,4 +452,30 @@ def test_an_earlier_attempt_that_restored_the_value_is_not_undone_twice(
         ("drift", True),
     ]
     assert step.read_checks["read_back"] == ORIGINAL
+    assert Run.objects.get(pk=run["id"]).status == Run.Status.COMPENSATED
+
+
+def test_retry_anyway_after_a_drift_skips_the_drift_check_and_still_verifies(
+    db, tenant, api, alice, crm, webhook_reader
+):
+    _load(tenant, crm, _reader("webhook", crm, webhook_reader))
+    run = _record_update(api, crm, email="ana@wrong.example")
+    crm.edit_by_hand(email="ana@fixed-by-hand.example")
+    unwind = _undo(run, alice)
+    step = unwind.steps.get()
+    assert step.status == UnwindStep.Status.DRIFTED
+
+    # The operator looked and chose to put the agent's before-image back anyway.
+    step_retry(step=step, actor=Actor.for_user(alice), reason="the hand edit was a mistake too")
+    jobs.unwind_advance(unwind_id=unwind.pk)
+    for _ in range(5):
+        step.refresh_from_db()
+        if step.status != UnwindStep.Status.QUEUED:
+            break
+        jobs.step_run(step_id=step.pk)
+
+    step.refresh_from_db()
+    assert step.status == UnwindStep.Status.DONE and step.verified is True
+    assert crm.contact() == ORIGINAL
+    assert [r["phase"] for r in step.read_checks["reads"]] == ["drift", "verify"]
     assert Run.objects.get(pk=run["id"]).status == Run.Status.COMPENSATED
