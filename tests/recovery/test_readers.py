@@ -26,7 +26,7 @@ from recovery.models import RecoveryItem, Unwind, UnwindStep
 from recovery.trail import run_trail
 from tests.support.api import Api
 from tests.support.mcp_servers import answers
-from tests.support.processes import free_port, http_serving, wait_for
+from tests.support.processes import free_port, http_serving, wait_for, work_under_way
 
 CRM_SERVER = Path(__file__).resolve().parents[1] / "support" / "mcp_crm.py"
 READER_SECRET = "reader-secret-0123456789abcdef"
@@ -218,7 +218,7 @@ def _record_update(api: Api, crm: Crm, *, email: str) -> dict[str, Any]:
             "target_type": "contact",
             "target_id": "c-9",
             "args": {"id": "c-9", "email": email},
-            "idempotency_key": "update-c-9",
+            "idempotency_key": f"update-c-9-{email}",
             "before_snapshot": before,
         },
     )
@@ -479,3 +479,39 @@ def test_retry_anyway_after_a_drift_skips_the_drift_check_and_still_verifies(
     assert crm.contact() == ORIGINAL
     assert [r["phase"] for r in step.read_checks["reads"]] == ["drift", "verify"]
     assert Run.objects.get(pk=run["id"]).status == Run.Status.COMPENSATED
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_real_worker_checks_drift_and_verifies_through_an_mcp_reader(tenant, api, alice, crm, start_worker):
+    """The same checks in a real ``saga_worker`` process: one run's undo verified, another's
+    refused as drift (the hand edit kept)."""
+    _load(tenant, crm, _reader("mcp-text", crm))
+    undone = _record_update(api, crm, email="ana@wrong.example")
+    worker = start_worker()
+
+    item = RecoveryItem.objects.get(run_id=undone["id"])
+    unwind = unwind_start(item=item, actor=Actor.for_user(alice), reason="undo the wrong update")
+    wait_for(
+        lambda: Unwind.objects.filter(pk=unwind.pk, status=Unwind.Status.COMPLETED).exists(),
+        timeout=60,
+        what="the verified unwind",
+        progress=work_under_way(worker.log_path),
+    )
+    step = unwind.steps.get()
+    assert step.verified is True and crm.contact() == ORIGINAL
+    assert Run.objects.get(pk=undone["id"]).status == Run.Status.COMPENSATED
+
+    drifted = _record_update(api, crm, email="ana@second-wrong.example")
+    crm.edit_by_hand(email="ana@fixed-by-hand.example")
+    item = RecoveryItem.objects.get(run_id=drifted["id"])
+    unwind = unwind_start(item=item, actor=Actor.for_user(alice), reason="undo the second update")
+    wait_for(
+        lambda: Unwind.objects.filter(pk=unwind.pk, status=Unwind.Status.FAILED).exists(),
+        timeout=60,
+        what="the drifted unwind",
+        progress=work_under_way(worker.log_path),
+    )
+    assert unwind.steps.get().status == UnwindStep.Status.DRIFTED
+    assert crm.contact()["email"] == "ana@fixed-by-hand.example"
+    assert RecoveryItem.objects.get(run_id=drifted["id"]).reason == RecoveryItem.Reason.STATE_DRIFT
