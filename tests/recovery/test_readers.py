@@ -7,6 +7,7 @@ carried out by the worker's own jobs (in this process), the compensator an MCP t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -82,8 +83,6 @@ def crm(tmp_path_factory) -> Iterator[Crm]:
         "CRM_JOURNAL": str(server.journal_path),
         "PYTHONUNBUFFERED": "1",
     }
-    import os
-
     with (root / "crm.log").open("ab") as log:
         server.process = subprocess.Popen(
             [sys.executable, str(CRM_SERVER), "--http", f"127.0.0.1:{port}"],
