@@ -72,6 +72,10 @@ class Outcome:
     error: str = ""
     status_code: int | None = None
     code: str = ""  # a machine-readable cause, when the engine words the error itself
+    # The reader's checks around the call (recovery.readers.checks): whether the value read back
+    # is the before-image (None: no reader, or not read back), and this attempt's read_checks.
+    verified: bool | None = None
+    checks: dict[str, Any] | None = None
 
     @classmethod
     def done(cls, state: Any = None, *, status_code: int | None = None) -> Outcome:
@@ -124,6 +128,10 @@ class CompensationRequest:
     # is not called.
     upstream: str = ""
     person_approved: bool = False
+    # The action's frozen policy ``before`` (the read that takes its images) and the action's own
+    # args, which the read's args are filled from (recovery.readers.checks); None: no reader checks.
+    before: dict[str, Any] | None = None
+    action_args: Any = None
 
     def body(self) -> dict[str, Any]:
         return {

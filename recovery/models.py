@@ -37,6 +37,8 @@ class RecoveryItem(models.Model):
         OUTCOME_UNKNOWN = "outcome_unknown", "Outcome unknown"
         COMPENSATION_FAILED = "compensation_failed", "Compensation failed"
         STATE_DRIFT = "state_drift", "State drift"
+        # An undo the compensator acknowledged whose value the reader did not read back as it was.
+        NOT_RESTORED = "not_restored", "Undo not restored"
         MANUAL = "manual", "Manual"
         CANCELLED = "cancelled", "Run cancelled"
 

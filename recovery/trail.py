@@ -200,11 +200,16 @@ def run_trail(*, run: Run) -> dict[str, Any]:
                 else "undone by"
             )
             restored.append(
-                _entry(
-                    action,
-                    at=step.finished_at if step else None,
-                    how=f"{verb} {how}" if how else verb.split()[0],
-                )
+                {
+                    **_entry(
+                        action,
+                        at=step.finished_at if step else None,
+                        how=f"{verb} {how}" if how else verb.split()[0],
+                    ),
+                    # Read back as the before-image by the action's reader (recovery.readers);
+                    # false without a reader: undone as the compensator said, not proven.
+                    "verified": bool(step is not None and step.verified),
+                }
             )
         elif _still_to_undo(action, step):
             # An unwind in progress will get to it: not yet undone is not "could not be undone".

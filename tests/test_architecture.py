@@ -182,6 +182,7 @@ RECOVERY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "recovery.queueing",
             "recovery.compensators",
             "recovery.compensator_checks",
+            "recovery.readers",
             "recovery.slack",
             "recovery.worker_liveness",
             "recovery.metrics",

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -127,6 +127,8 @@ def step_start(
         upstream=upstreams.via_upstream(action.via),
         # A step that requires approval reaches a worker only once approved (advance_locked).
         person_approved=step.requires_approval,
+        before=_before_of(action),
+        action_args=action.args,
     )
     return Claim(
         step_id=step.pk,
@@ -137,3 +139,9 @@ def step_start(
         lease_s=lease_s,
         trace=(step.unwind.plan or {}).get("trace") or {},
     )
+
+
+def _before_of(action: Action) -> dict[str, Any] | None:
+    """The read the action's frozen policy names in ``before`` (None when it names none)."""
+    before = action.policy.get("before") if isinstance(action.policy, dict) else None
+    return before if isinstance(before, dict) else None

@@ -23,10 +23,41 @@ def _left_over(steps: list[UnwindStep]) -> list[dict[str, Any]]:
             "action_tool": s.action.tool,
             "status": s.status,
             "error": s.error,
+            # The reader's verdict (recovery.readers.checks): False for an undo that did not come
+            # back (not_restored), with what differs.
+            "verified": s.verified,
+            "differences": (s.read_checks or {}).get("differences") or []
+            if isinstance(s.read_checks, dict)
+            else [],
         }
         for s in steps
         if s.status in PROBLEMS or s.status == UnwindStep.Status.PENDING
     ]
+
+
+def _not_restored(entry: dict[str, Any]) -> bool:
+    return entry["status"] == UnwindStep.Status.FAILED and entry.get("verified") is False
+
+
+def _reopen_reason(left: list[dict[str, Any]]) -> str:
+    """Why the item goes back to the queue: ``state_drift`` when only drifted steps are left,
+    ``not_restored`` when the rest are undos acknowledged but not read back as they were,
+    else ``compensation_failed``."""
+    problems = [entry for entry in left if entry["status"] in PROBLEMS]
+    if problems and all(entry["status"] == UnwindStep.Status.DRIFTED for entry in problems):
+        return RecoveryItem.Reason.STATE_DRIFT
+    if problems and all(
+        entry["status"] == UnwindStep.Status.DRIFTED or _not_restored(entry) for entry in problems
+    ):
+        return RecoveryItem.Reason.NOT_RESTORED
+    return RecoveryItem.Reason.COMPENSATION_FAILED
+
+
+def _read_sentences(left: list[dict[str, Any]]) -> str:
+    """The sentences of the steps a reader stopped or caught (what someone else changed, what did
+    not come back), for the item: the step's own error says it."""
+    said = [entry["error"] for entry in left if entry["status"] in PROBLEMS and entry.get("differences")]
+    return " ".join(said[:3])
 
 
 def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
@@ -53,6 +84,8 @@ def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
     )
     if kept:
         summary += "; kept as the operator chose: " + ", ".join(entry["action_tool"] for entry in kept)
+    if sentences := _read_sentences(left):
+        summary += f". {sentences}"
     unwind_set_status(
         unwind,
         to=Unwind.Status.COMPLETED if complete else Unwind.Status.FAILED,
@@ -68,16 +101,9 @@ def unwind_finish(*, unwind: Unwind, steps: list[UnwindStep]) -> Unwind:
     if complete:
         items.item_resolve_compensated(unwind=unwind, not_undone=not_undone, kept=kept)
     else:
-        drift_only = all(
-            entry["status"] == UnwindStep.Status.DRIFTED for entry in left if entry["status"] in PROBLEMS
+        items.item_reopen_after_unwind(
+            unwind=unwind, run=run, reason=_reopen_reason(left), error=summary, left=left
         )
-        has_problem = any(entry["status"] in PROBLEMS for entry in left)
-        reason = (
-            RecoveryItem.Reason.STATE_DRIFT
-            if has_problem and drift_only
-            else RecoveryItem.Reason.COMPENSATION_FAILED
-        )
-        items.item_reopen_after_unwind(unwind=unwind, run=run, reason=reason, error=summary, left=left)
     outbox.notify_unwind_finished(
         unwind,
         run=run,

@@ -20,6 +20,7 @@ from recovery import compensators, metrics
 from recovery.compensators import Outcome
 from recovery.models import Unwind, UnwindStep
 from recovery.notifications import outbox
+from recovery.readers import checks
 from recovery.unwinds.advance import advance_locked, unwind_advance_and_claim
 from recovery.unwinds.claim import Claim, step_claim
 from recovery.unwinds.dispatch import (
@@ -100,7 +101,7 @@ def _carry_out(claim: Claim | None, *, batch_s: float) -> Outcome | None:
     rows: dict[tuple[int, str], Any] = {}
     while claim is not None:
         with _LeaseRenewal(claim), metrics.step_attempt_timer(), claim.span() as span:
-            outcome = compensators.execute(claim.request, tenant_id=claim.tenant_id, rows=rows)
+            outcome = checks.execute_checked(claim.request, tenant_id=claim.tenant_id, rows=rows)
             tracing.step_outcome(span, outcome=outcome.kind, error=outcome.kind != compensators.DONE)
         if first is None:
             first = outcome
@@ -165,11 +166,15 @@ def _step_record(
     now = timezone.now()
     fence = {"lease_token": token}
     data: dict[str, Any] = {"attempt": step.attempts, "status_code": outcome.status_code}
-    base = {"lease_expires_at": None}
+    base: dict[str, Any] = {"lease_expires_at": None, **_read_checks_updates(step, outcome)}
     stopped = unwind.status == Unwind.Status.CANCELLED
     if outcome.code == compensators.COMPENSATOR_MISSING:
         outcome = Outcome.failed(_missing_compensator_error(unwind, step, outcome), code=outcome.code)
         data["code"] = outcome.code
+    elif outcome.code == checks.NOT_RESTORED:
+        data["code"] = outcome.code
+    if outcome.verified is not None:
+        data["verified"] = outcome.verified
     if outcome.kind == compensators.RETRY and step.attempts < step.max_attempts and not stopped:
         delay = retry_backoff_seconds(step.attempts)
         step_transition(
@@ -219,6 +224,16 @@ def _step_record(
         stopped_item_refresh(unwind)
         return step, None
     return step, _move_on(unwind, step, next_of=next_of, claim_next=claim_next)
+
+
+def _read_checks_updates(step: UnwindStep, outcome: Outcome) -> dict[str, Any]:
+    """The step's ``verified`` and ``read_checks`` after this attempt (recovery.readers.checks):
+    this attempt's values, its reads added to the earlier attempts' (the audit of reader calls)."""
+    if outcome.checks is None:
+        return {}
+    earlier = step.read_checks.get("reads", []) if isinstance(step.read_checks, dict) else []
+    reads = [*(earlier if isinstance(earlier, list) else []), *outcome.checks.get("reads", [])]
+    return {"verified": outcome.verified, "read_checks": {**outcome.checks, "reads": reads[-50:]}}
 
 
 def _failure_event(outcome: Outcome, *, to: str, stopped: bool) -> str:

@@ -287,11 +287,74 @@ def test_the_harmless_cases_never_send_a_valid_signature(tmp_path: Path) -> None
         ),
         (["--mcp", "http://127.0.0.1:9/mcp"], "--mcp needs --tool NAME"),
         (["--mcp", "http://127.0.0.1:9/mcp", "--tool", "x", "--args", "[1]"], "--args"),
+        (["--reader", "ftp://x/read", "--secret-env", "COMPENSATOR_SECRET"], "not an http(s) URL"),
+        (["--reader", "http://127.0.0.1:9/read"], "secret is needed"),
+        (["http://127.0.0.1:9/undo", "--reader", "http://127.0.0.1:9/read"], "give one of"),
     ],
 )
 def test_usage_errors_exit_2_with_a_clear_message(args: list[str], message: str) -> None:
     status, _, stderr = check(*args)
     assert status == 2 and message in stderr, stderr
+
+
+# --- Webhook readers ----------------------------------------------------------------------------------
+
+
+def _check_reader(flaws: Flaws, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    request = tmp_path / "read.json"
+    request.write_text(
+        json.dumps({"tool": "seats.get_seat", "args": {"seat": "seat-1"}, "path": "seat.active"})
+    )
+    with reference_compensator(flaws) as (base, _):
+        return check(
+            "--reader", f"{base}/read", "--secret-env", "COMPENSATOR_SECRET", "--request", str(request),
+            "--state-url", f"{base}/seat", *extra,
+        )  # fmt: skip
+
+
+def test_a_sound_reader_passes_every_reader_case(tmp_path: Path) -> None:
+    status, cases, stderr = _check_reader(Flaws(), tmp_path)
+    assert status == 0, (cases, stderr)
+    assert verdicts(cases) == {
+        "reader_reachable": "pass",
+        "reader_unsigned_refused": "pass",
+        "reader_wrong_signature_refused": "pass",
+        "reader_stale_timestamp_refused": "pass",
+        "reader_read_answers_state": "pass",
+        "reader_state_matches": "pass",
+    }
+    assert cases["reader_read_answers_state"]["detail"] == "state true"
+
+
+def test_a_reader_that_accepts_any_signature_fails_the_refusal_cases(tmp_path: Path) -> None:
+    status, cases, stderr = _check_reader(Flaws(reader_accepts_any_signature=True), tmp_path)
+    assert status == 1, (cases, stderr)
+    assert {k for k, v in verdicts(cases).items() if v == "fail"} == {
+        "reader_unsigned_refused",
+        "reader_wrong_signature_refused",
+        "reader_stale_timestamp_refused",
+    }
+    assert cases["reader_unsigned_refused"]["detail"].startswith("answered 200, expected 401 or 403")
+
+
+def test_a_reader_without_the_state_envelope_fails_the_read_case(tmp_path: Path) -> None:
+    status, cases, stderr = _check_reader(Flaws(reader_answers_bare_state=True), tmp_path)
+    assert status == 1, (cases, stderr)
+    assert cases["reader_read_answers_state"]["verdict"] == "fail"
+    assert '{"state": …}' in cases["reader_read_answers_state"]["detail"]
+    # Nothing to compare: the optional state case says why, and does not block on its own.
+    assert cases["reader_state_matches"]["verdict"] == "error"
+
+
+def test_without_a_state_url_the_reader_state_case_is_left_out(tmp_path: Path) -> None:
+    request = tmp_path / "read.json"
+    request.write_text(json.dumps({"tool": "seats.get_seat", "args": {"seat": "seat-1"}}))
+    with reference_compensator(Flaws()) as (base, _):
+        status, cases, stderr = check(
+            "--reader", f"{base}/read", "--secret-env", "COMPENSATOR_SECRET", "--request", str(request)
+        )
+    assert status == 0, (cases, stderr)
+    assert "reader_state_matches" not in cases and len(cases) == 5
 
 
 # --- MCP compensators --------------------------------------------------------------------------------

@@ -29,6 +29,9 @@ class Flaws:
     crashes_on_malformed_body: bool = False
     ignores_drift: bool = False
     delay_s: float = 0.0
+    # The reader at /read (a policy file's ``readers``): broken one way at a time too.
+    reader_accepts_any_signature: bool = False
+    reader_answers_bare_state: bool = False
 
 
 @dataclass
@@ -77,6 +80,14 @@ class Reference:
             self.answers[key] = answer
             return answer
 
+    def read(self, headers: Any, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """The seat's reader: a signed ``{"tool", "args", …}`` read answers ``{"state": …}``."""
+        self.received.append((dict(headers.items()), raw))
+        if not self.flaws.reader_accepts_any_signature and not verify_signature(SECRET, headers, raw):
+            return 401, {"error": "bad signature"}
+        seat = {"seat": {"id": "seat-1", "active": self.active}}
+        return 200, seat if self.flaws.reader_answers_bare_state else {"state": seat}
+
     def state(self) -> dict[str, Any]:
         return {"active": self.active, "cancellations": self.cancellations}
 
@@ -98,9 +109,15 @@ def reference_compensator(flaws: Flaws) -> Iterator[tuple[str, Reference]]:
 
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path == "/read":
+                self._answer(*reference.read(self.headers, raw))
+                return
             self._answer(*reference.handle(self.headers, raw))
 
         def do_GET(self) -> None:
+            if self.path == "/seat":
+                self._answer(200, {"seat": {"id": "seat-1", "active": reference.active}})
+                return
             self._answer(200, reference.state())
 
         def log_message(self, *args: Any) -> None:

@@ -158,6 +158,9 @@ class TrailEntryOut(Schema):
     description: str
     how: str = ""
     reason: str = ""
+    # On ``restored`` entries only: whether the action's reader read the before-image back after
+    # the undo (false without a reader: undone as the compensator said, not proven).
+    verified: bool | None = None
 
 
 class ReviewerOut(Schema):

@@ -25,6 +25,11 @@ class StepOut(Out):
     max_attempts: int
     error: str
     result: Any = None
+    # The reader's checks (policy ``before``, API.md "Before-images and verified undo"): whether the
+    # value read back after the undo is the before-image (null: no reader, or not done), and
+    # {"now", "read_back", "differences", "reads": [{"phase", "tool", "kind", "ok", "error", "at", "ms"}]}.
+    verified: bool | None = None
+    read_checks: Any = None
     started_at: datetime | None
     finished_at: datetime | None
 

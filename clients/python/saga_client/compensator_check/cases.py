@@ -36,6 +36,8 @@ class Spec:
     protocol: dict[str, Any]
     webhook: list[Case]
     mcp: list[Case]
+    # A webhook reader's cases (``reader.py``).
+    reader: list[Case] = field(default_factory=list)
 
 
 def _case(raw: dict[str, Any]) -> Case:
@@ -59,6 +61,7 @@ def load(path: Path = CASES_FILE) -> Spec:
         protocol=data["protocol"],
         webhook=[_case(raw) for raw in data["webhook"]],
         mcp=[_case(raw) for raw in data["mcp"]],
+        reader=[_case(raw) for raw in data.get("reader", [])],
     )
 
 

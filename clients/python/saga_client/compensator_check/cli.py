@@ -3,6 +3,10 @@
     saga-compensator-check URL --secret-env NAME [--request FILE] [--state-url URL]
                            [--timeout S] [--calls N] [--harmless-only] [--json]
     saga-compensator-check --mcp URL --tool NAME [--args JSON|@FILE] [--header NAME=ENV]
+    saga-compensator-check --reader URL --secret-env NAME [--request FILE] [--state-url URL]
+
+``--reader`` checks a webhook reader (a policy file's ``readers``) instead of a compensator: its
+``--request`` file holds the sample read (``tool``, ``args`` and, optionally, ``path``).
 
 It sends real calls: point it at a staging compensator. Exit 0 when every required case passed,
 1 when one did not, 2 for a usage error."""
@@ -16,6 +20,7 @@ import sys
 from typing import Any
 
 from saga_client.compensator_check import cases, report
+from saga_client.compensator_check.reader import run_reader
 from saga_client.compensator_check.webhook import Result, Target, run_webhook
 
 
@@ -55,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
         "--mcp", metavar="URL", help="check an MCP compensator on this MCP server (Streamable HTTP)"
     )
     parser.add_argument("--tool", help="the MCP compensating tool's name (with --mcp)")
+    parser.add_argument(
+        "--reader",
+        metavar="URL",
+        help="check a webhook reader at this URL (its --request file: the read's tool, args and path)",
+    )
     parser.add_argument("--args", help="the compensation args (with --mcp): a JSON object, or @FILE")
     parser.add_argument(
         "--header",
@@ -130,13 +140,24 @@ def main(argv: list[str] | None = None) -> None:
     if args.timeout <= 0 or args.calls < 1:
         parser.error("--timeout must be positive and --calls at least 1")
     spec = cases.load()
+    if sum(bool(where) for where in (args.url, args.mcp, args.reader)) > 1:
+        parser.error("give one of a webhook URL, --mcp URL or --reader URL")
     if args.mcp:
-        if args.url:
-            parser.error("give a webhook URL or --mcp URL, not both")
         results = _mcp(args, parser, spec)
+    elif args.reader:
+        if not args.reader.lower().startswith(("http://", "https://")):
+            parser.error(f"not an http(s) URL: {args.reader}")
+        reader = Target(
+            url=args.reader,
+            secret=_secret(args, parser),
+            sample=_sample(args.request, parser),
+            state_url=args.state_url,
+            timeout_s=args.timeout,
+        )
+        results = run_reader(reader, spec, harmless_only=args.harmless_only)
     else:
         if not args.url:
-            parser.error("the compensator's URL is needed (or --mcp URL --tool NAME)")
+            parser.error("the compensator's URL is needed (or --mcp URL --tool NAME, or --reader URL)")
         if not args.url.lower().startswith(("http://", "https://")):
             parser.error(f"not an http(s) URL: {args.url}")
         target = Target(

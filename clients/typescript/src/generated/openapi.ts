@@ -2501,6 +2501,8 @@ export interface components {
             max_attempts: number;
             /** Position */
             position: number;
+            /** Read Checks */
+            read_checks?: unknown;
             /** Requires Approval */
             requires_approval: boolean;
             /** Result */
@@ -2513,6 +2515,8 @@ export interface components {
             strategy: string;
             /** Tool */
             tool: string;
+            /** Verified */
+            verified?: boolean | null;
         };
         /** ToolPolicyOut */
         ToolPolicyOut: {
@@ -2614,6 +2618,8 @@ export interface components {
             target_type: string;
             /** Tool */
             tool: string;
+            /** Verified */
+            verified?: boolean | null;
         };
         /** TrailOut */
         TrailOut: {
