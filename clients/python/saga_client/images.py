@@ -104,7 +104,9 @@ def before_read_args(
 
 def _fill(template: Any, *, args: Any, target_id: str, target_type: str) -> Any:
     if isinstance(template, dict):
-        return {k: _fill(v, args=args, target_id=target_id, target_type=target_type) for k, v in template.items()}
+        return {
+            k: _fill(v, args=args, target_id=target_id, target_type=target_type) for k, v in template.items()
+        }
     if isinstance(template, list):
         return [_fill(v, args=args, target_id=target_id, target_type=target_type) for v in template]
     if not isinstance(template, str) or not template.startswith("$"):
@@ -113,16 +115,22 @@ def _fill(template: Any, *, args: Any, target_id: str, target_type: str) -> Any:
         return template[1:]
     match = _TEMPLATE.match(template)
     if match is None:
-        raise TemplateUnfillable(template, "not a template a read's args may use ($args.<path>, $target_id, $target_type)")
+        raise TemplateUnfillable(
+            template, "not a template a read's args may use ($args.<path>, $target_id, $target_type)"
+        )
     if match["target"]:
         known = target_id if match["target"] == "target_id" else target_type
         if not known:
             raise TemplateUnfillable(template, f"the call has no {match['target']}")
         return known
+    return _lookup(template, args, match["path"])
+
+
+def _lookup(template: str, args: Any, path: str) -> Any:
     value = args
     if value is None:
         raise TemplateUnfillable(template, "the call has no args")
-    for segment in match["path"].split(".")[1:]:
+    for segment in path.split(".")[1:]:
         if isinstance(value, Mapping) and segment in value:
             value = value[segment]
         elif isinstance(value, list) and segment.isdigit() and int(segment) < len(value):
