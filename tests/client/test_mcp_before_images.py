@@ -21,6 +21,7 @@ from django.core.management import call_command
 from mcp import Client
 
 from ledger.models import Action
+from recovery.planner import step_args
 from tests.client.test_mcp_gateway import api, text_of
 from tests.support.mcp_servers import answers, http_gateway
 from tests.support.processes import ROOT, free_port, wait_for
@@ -159,6 +160,8 @@ def test_the_gateway_records_the_images_and_refuses_a_call_without_one(
     assert shown["after_snapshot"] == {"id": "A-1", "name": "Widget", "price": 12.5}
     # The $result rule: a JSON object in the only text block is recorded as that object.
     assert shown["result"]["price"] == 12.5 and shown["result"]["id"] == "A-1"
+    # The undo's args come from the before-image ($before.price).
+    assert step_args(Action.objects.get(pk=shown["id"])) == {"id": "A-1", "price": 10.0}
 
     # A read that is a tool error, and one with no value at the path: refused, never forwarded,
     # nothing recorded (no action left running or failed for a call that was not made).
