@@ -8,8 +8,15 @@ import json
 from typing import Any
 
 import pytest
+from saga_client.images import (
+    NoImage,
+    TemplateUnfillable,
+    before_read_args,
+    image_at,
+    images_equal,
+    read_result,
+)
 
-from saga_client.images import NoImage, TemplateUnfillable, before_read_args, image_at, images_equal, read_result
 from tests.support.processes import ROOT
 
 VECTORS = json.loads((ROOT / "clients" / "spec" / "vectors" / "before_images.json").read_text())
@@ -26,7 +33,10 @@ def test_every_kind_of_vector_has_cases():
 @_named("fill")
 def test_fill(case):
     call = lambda: before_read_args(  # noqa: E731
-        {"args": case["template"]}, args=case["args"], target_id=case["target_id"], target_type=case["target_type"]
+        {"args": case["template"]},
+        args=case["args"],
+        target_id=case["target_id"],
+        target_type=case["target_type"],
     )
     if "error" in case:
         with pytest.raises(TemplateUnfillable, match=case["error"].replace("$", r"\$")):
