@@ -16,7 +16,7 @@ from typing import Any
 import mcp_types as types
 from mcp import MCPError
 
-from saga_client.images import NoImage, TemplateUnfillable, before_read_args, image_at, read_result
+from saga_client.images import ImageError, fill_args, image_at, read_result
 from saga_client.mcp.results import result_text
 from saga_client.mcp.upstream import NotReached, UpstreamLink
 
@@ -37,8 +37,8 @@ def upstream_name(tool: str, namespace: str) -> str:
 def read_args(before: Mapping[str, Any], args: Any) -> Any:
     """The read's args filled from the call's; ``ReadFailed`` when they cannot be."""
     try:
-        return before_read_args(before, args=args)
-    except TemplateUnfillable as exc:
+        return fill_args(before.get("args", {}), args=args)
+    except ImageError as exc:
         raise ReadFailed(f"its args cannot be filled from the call's ({exc})") from None
 
 
@@ -65,15 +65,15 @@ async def take_image(
     texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
     try:
         return image_at(read_result(structured=result.structured_content, texts=texts), before.get("path"))
-    except NoImage as exc:
+    except ImageError as exc:
         raise ReadFailed(str(exc)) from None
 
 
 def describe_read(before: Mapping[str, Any], args: Any) -> str:
     """The read in words, for a message: ``inv.get_item {"id": 1} at 'item'``."""
     try:
-        shown = json.dumps(before_read_args(before, args=args), default=str)[:200]
-    except TemplateUnfillable:
+        shown = json.dumps(fill_args(before.get("args", {}), args=args), default=str)[:200]
+    except ImageError:
         shown = json.dumps(before.get("args", {}), default=str)[:200]
     path = before.get("path")
     return f"{before['tool']} {shown}" + (f" at '{path}'" if path else "")

@@ -11,7 +11,7 @@ import mcp_types as types
 from pydantic import ValidationError
 
 from saga_client.errors import Paused, PolicyDenied, RunArchived, SagaAPIError, SagaError, SagaUnavailable
-from saga_client.images import json_object
+from saga_client.images import ImageError, read_result
 
 # The member of a recorded result that keeps what the ledger's ``result`` does not already say of
 # the MCP result (its content blocks, its ``_meta``), so that a replay answers with the same result.
@@ -49,8 +49,11 @@ def recorded_result(result: types.CallToolResult) -> Any:
         # One text block that is a JSON object (a server returning JSON as text): recorded as that
         # object, so that ``$result.<path>`` finds its members as it would in structured content
         # (the images' rule, ``saga_client.images.read_result``). A replay answers with the text.
-        parsed = json_object(texts[0].text)
-        if parsed is not None and MCP_RESULT not in parsed:
+        try:
+            parsed = read_result(texts=[texts[0].text])
+        except ImageError:
+            parsed = None
+        if isinstance(parsed, dict) and MCP_RESULT not in parsed:
             return {**parsed, MCP_RESULT: envelope}
     if structured is None and envelope == {"content": [{"type": "text", "text": text}]}:
         return text  # one plain text block: the text says it all
