@@ -295,3 +295,27 @@ def test_an_upstream_restarted_before_an_approved_forward_gets_one_call_with_its
     assert (action.status, action.attempts) == ("succeeded", 1)
     assert action.before_snapshot["price"] == 10.0 and action.after_snapshot["price"] == 9
     assert "event=upstream_session_lost" in gateway_log(tmp_path)
+
+
+def test_a_before_read_on_a_session_the_upstream_lost_is_made_again_on_a_new_one(
+    live_server, tenant, agent_key, tmp_path
+):
+    async def scenario(gateway_url: str, restart: Any) -> list[Any]:
+        async with Client(gateway_url, mode="legacy") as client:
+            first = await client.call_tool("set_price", {"id": "A-1", "price": 11})
+            await asyncio.to_thread(restart)
+            # The first request on the dead session is the before-read: "Session not found".
+            second = await client.call_tool("set_price", {"id": "B-2", "price": 22})
+        return [first, second]
+
+    with inventory(tmp_path, "text") as upstream:
+        load_inventory_policies(tenant, tmp_path, upstream.url)
+        with http_gateway(live_server.url, upstream.url, agent_key[1], tmp_path, namespace="inv") as url:
+            first, second = asyncio.run(scenario(url, upstream.restart))
+        calls = upstream.calls()
+    assert not first.is_error and not second.is_error, (text_of(first), text_of(second))
+    assert calls[3:] == [("get_item", "B-2"), ("set_price", "B-2"), ("get_item", "B-2")]
+    action = Action.objects.get(tool="inv.set_price", args__id="B-2")
+    assert action.before_snapshot["price"] == 20.0 and action.after_snapshot["price"] == 22
+    log = gateway_log(tmp_path)
+    assert "event=upstream_session_lost" in log and "during=tools/call get_item" in log, log

@@ -3,13 +3,15 @@ made on the same upstream the call goes to, and the image it gives (``saga_clien
 
 The read is called without the gateway's ``--namespace`` prefix (the policy names tools as the
 gateway records them, ``NS.NAME``; the upstream knows ``NAME``). A read on an upstream that lost
-its session is sent once more on a new one (``UpstreamLink.call_tool``): a read is harmless to
-repeat. Any read that gives no image raises ``ReadFailed``, whose message names the read and why.
+its session is sent once more on a new one (``UpstreamLink.call_tool``), and so is one whose
+connection broke after it was sent: a read is harmless to repeat. Any read that gives no image
+raises ``ReadFailed``, whose message names the read and why.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +20,9 @@ from mcp import MCPError
 
 from saga_client.images import ImageError, fill_args, image_at, read_result
 from saga_client.mcp.results import result_text
-from saga_client.mcp.upstream import NotReached, UpstreamLink
+from saga_client.mcp.upstream import NotReached, UpstreamLink, lost_after_sending
+
+log = logging.getLogger(__name__)
 
 # How long one read may take at most (the call's own time-out, when shorter, bounds it too).
 READ_TIMEOUT_S = 30.0
@@ -51,7 +55,7 @@ async def take_image(
     if not isinstance(filled, dict):
         raise ReadFailed(f"its args are not an object ({type(filled).__name__})")
     try:
-        result = await upstream.call_tool(tool, filled, timeout_s=min(timeout_s, READ_TIMEOUT_S))
+        result = await _read(upstream, tool, filled, timeout_s=min(timeout_s, READ_TIMEOUT_S))
     except NotReached as exc:
         raise ReadFailed(f"the upstream could not be reached ({exc.reason})") from None
     except TimeoutError:
@@ -67,6 +71,18 @@ async def take_image(
         return image_at(read_result(structured=result.structured_content, texts=texts), before.get("path"))
     except ImageError as exc:
         raise ReadFailed(str(exc)) from None
+
+
+async def _read(upstream: UpstreamLink, tool: str, args: dict[str, Any], *, timeout_s: float) -> Any:
+    """The read's result. Unlike a call, a read whose connection broke after it was sent is made
+    once more: reading twice changes nothing."""
+    try:
+        return await upstream.call_tool(tool, args, timeout_s=timeout_s)
+    except MCPError as exc:
+        if not lost_after_sending(exc):
+            raise
+        log.warning("saga-mcp: the read %s lost its connection (%s); reading once more", tool, exc.message)
+        return await upstream.call_tool(tool, args, timeout_s=timeout_s)
 
 
 def describe_read(before: Mapping[str, Any], args: Any) -> str:
