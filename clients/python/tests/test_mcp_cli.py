@@ -124,3 +124,16 @@ def test_a_stdio_upstream_is_started_without_the_gateways_secrets():
     assert is_url("https://x") and not is_url("python server.py")
     with pytest.raises(GatewayError, match="--upstream is empty"):
         upstream_target("   ", environ)
+
+
+def test_the_policy_refresh_comes_from_the_flag_else_the_environment_else_five_seconds():
+    assert options_from([*BASE], KEY).policy_refresh_s == 5.0
+    assert options_from([*BASE], {**KEY, "SAGA_MCP_POLICY_REFRESH": "30"}).policy_refresh_s == 30.0
+    flagged = options_from([*BASE, "--policy-refresh", "0.5"], {**KEY, "SAGA_MCP_POLICY_REFRESH": "30"})
+    assert flagged.policy_refresh_s == 0.5
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan"])
+def test_a_policy_refresh_in_the_environment_that_is_not_a_positive_number_is_refused(value):
+    with pytest.raises(GatewayError, match="SAGA_MCP_POLICY_REFRESH"):
+        options_from([*BASE], {**KEY, "SAGA_MCP_POLICY_REFRESH": value})

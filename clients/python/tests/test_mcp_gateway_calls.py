@@ -6,6 +6,7 @@ moved its action to ``running`` forwards it), and what a request that did not st
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -88,10 +89,20 @@ def context(*, session_id: str = "s-1", token: str = "", request_id: int = 1, pr
     )
 
 
-def gateway(script: Script, upstream: Upstream, **options: Any) -> Gateway:
+def gateway(
+    script: Script, upstream: Upstream, *, policies: list[dict[str, Any]] | None = None, **options: Any
+) -> Gateway:
+    """A gateway whose copy of the tenant's policies is ``policies`` and current (no GET
+    /policies in the script; tests/client/test_mcp_before_images.py revalidates for real)."""
     saga = AsyncSaga("http://saga.test", "sk_test", transport=httpx.MockTransport(script.handle), retries=0)
-    settings = {"poll_interval_s": 0.01, "approval_timeout_s": 5.0, "call_timeout_s": 5.0, **options}
-    return Gateway(
+    settings = {
+        "poll_interval_s": 0.01,
+        "approval_timeout_s": 5.0,
+        "call_timeout_s": 5.0,
+        "policy_refresh_s": 3600.0,
+        **options,
+    }
+    gw = Gateway(
         Options(
             saga_url="http://saga.test",
             api_key="sk_test",
@@ -103,6 +114,9 @@ def gateway(script: Script, upstream: Upstream, **options: Any) -> Gateway:
         saga,
         upstream_label="http://hr/mcp",
     )
+    gw.policies.policies, gw.policies.loaded = list(policies or []), True
+    gw.policies.checked_at = time.monotonic()
+    return gw
 
 
 def call(gw: Gateway, ctx: Any = None, arguments: dict[str, Any] | None = None) -> Any:

@@ -114,3 +114,21 @@ def test_a_forwarded_result_keeps_its_own_meta_and_gains_the_run_and_action():
 def test_every_refusal_says_why_and_that_the_call_was_not_made(error, starts):
     message = refusal(error)
     assert message.startswith(starts) and "not made" in message
+
+
+def test_a_json_object_as_the_only_text_block_is_recorded_as_that_object_for_result_templates():
+    # A server that answers JSON as text (no structured content): $result.<path> finds its
+    # members, and a replay answers with the same text and no structured content.
+    result = types.CallToolResult(content=[text('{"id": "A-1", "price": 12.5}')], structured_content=None)
+    recorded = recorded_result(result)
+    assert recorded["price"] == 12.5 and recorded["id"] == "A-1"
+    assert recorded[MCP_RESULT] == {"content": [{"type": "text", "text": '{"id": "A-1", "price": 12.5}'}]}
+    assert dumped(result_from_record(recorded)) == dumped(result)
+
+
+@pytest.mark.parametrize("body", ["[1, 2]", '"a string"', "12.5", "not json", '{"saga/mcp": 1}'])
+def test_text_that_is_not_a_json_object_stays_text(body):
+    result = types.CallToolResult(content=[text(body)], structured_content=None)
+    recorded = recorded_result(result)
+    assert recorded == body or recorded["text"] == body
+    assert dumped(result_from_record(recorded)) == dumped(result)

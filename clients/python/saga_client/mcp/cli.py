@@ -19,6 +19,7 @@ from saga_client.mcp.options import (
     DEFAULT_CALL_TIMEOUT_S,
     DEFAULT_HEARTBEAT_S,
     DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_POLICY_REFRESH_S,
     GatewayError,
     Options,
     is_loopback,
@@ -58,6 +59,21 @@ def _header_from_env(text: str) -> tuple[str, str]:
             f"must be NAME=ENVVAR (e.g. Authorization=HR_MCP_AUTH), got {text!r}"
         )
     return name.strip(), env.strip()
+
+
+POLICY_REFRESH_ENV = "SAGA_MCP_POLICY_REFRESH"
+
+
+def _policy_refresh(given: float | None, environ: Mapping[str, str]) -> float:
+    if given is not None:
+        return given
+    text = environ.get(POLICY_REFRESH_ENV, "").strip()
+    if not text:
+        return DEFAULT_POLICY_REFRESH_S
+    try:
+        return _positive(text)
+    except argparse.ArgumentTypeError as exc:
+        raise GatewayError(f"saga-mcp: {POLICY_REFRESH_ENV} {exc}.") from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -118,6 +134,15 @@ def parser() -> argparse.ArgumentParser:
         help="send header NAME to an HTTP upstream, its value read from environment variable ENVVAR (repeatable)",
     )
     p.add_argument(
+        "--policy-refresh",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
+        help="revalidate the tenant's policies (If-None-Match, a 304 when unchanged) at most this often, "
+        f"so a policy loaded meanwhile governs calls within it (default: ${POLICY_REFRESH_ENV}, else "
+        f"{DEFAULT_POLICY_REFRESH_S:g})",
+    )
+    p.add_argument(
         "--heartbeat-interval", type=_positive, default=DEFAULT_HEARTBEAT_S, help=argparse.SUPPRESS
     )
     p.add_argument("--poll-interval", type=_positive, default=1.0, help=argparse.SUPPRESS)
@@ -163,6 +188,7 @@ def options_from(argv: list[str] | None, environ: Mapping[str, str]) -> Options:
         upstream_headers=tuple(args.upstream_header),
         heartbeat_s=args.heartbeat_interval,
         poll_interval_s=args.poll_interval,
+        policy_refresh_s=_policy_refresh(args.policy_refresh, environ),
         token=token,
     )
 

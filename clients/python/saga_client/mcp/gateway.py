@@ -25,7 +25,10 @@ from saga_client._core import DONE_STATES
 from saga_client._tracing import trace_context, valid_traceparent
 from saga_client.aio import AsyncSaga
 from saga_client.errors import SagaError
+from saga_client.images import images_equal
+from saga_client.mcp.before_reads import ReadFailed, describe_read, take_image
 from saga_client.mcp.options import REPLAY_WAIT_MARGIN_S, Options
+from saga_client.mcp.policy_cache import PolicyCache
 from saga_client.mcp.results import (
     RUN_META,
     recorded_result,
@@ -46,6 +49,12 @@ def _approval(action: Mapping[str, Any]) -> Mapping[str, Any]:
     """The action's approval, or an empty one when it has none."""
     approval: Mapping[str, Any] = action.get("approval") or {}
     return approval
+
+
+def _frozen_before(action: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``before`` read of the policy the server froze on the action (None: it has none)."""
+    before = (action.get("policy") or {}).get("before")
+    return before if isinstance(before, dict) and before.get("tool") else None
 
 
 def _caller_trace(ctx: ServerRequestContext[Any], meta: Mapping[str, Any]) -> tuple[str | None, str | None]:
@@ -73,6 +82,8 @@ class Gateway(GatewaySessions):
         self.upstream_label = upstream_label
         self.sessions: dict[str, Session] = {}
         self.process_key = uuid.uuid4().hex
+        # The tenant's policies, for the ``before`` reads of the calls it forwards.
+        self.policies = PolicyCache(saga, refresh_s=options.policy_refresh_s)
         # Sent with every record: Saga Admin undoes a call only through a compensator that reaches
         # this upstream, and makes any other undo wait for a person.
         self.via = {"gateway": f"saga-mcp/{_version()}", "upstream": upstream_label[:2000]}
@@ -129,11 +140,9 @@ class Gateway(GatewaySessions):
     ) -> types.CallToolResult:
         arguments = dict(params.arguments or {})
         recorded_tool = self.options.recorded_name(params.name)
-        if session.cancelled:
-            return tool_error(
-                f"This run was cancelled in Saga Admin ({session.cancelled}); the call was not made.",
-                run_id=session.run_id,
-            )
+        before, images = await self._before_image(session, recorded_tool, params.name, arguments)
+        if isinstance(images, types.CallToolResult):
+            return images
         try:
             run_id = await self._ensure_run(session, ctx)
             recorded = await self.saga.record_action_reply(
@@ -144,11 +153,18 @@ class Gateway(GatewaySessions):
                 intent={"reasoning": f"MCP tools/call {params.name} via saga-mcp", "mcp_tool": params.name},
                 via=self.via,
                 start=True,
+                **images,
             )
         except SagaError as exc:
             return tool_error(refusal(exc), run_id=session.run_id)
         action: ActionDict = recorded.data
         action_id = action["id"]
+        frozen = _frozen_before(action)
+        if before is None and frozen is not None and recorded.started_here:
+            # The policy gained a ``before`` since our copy was revalidated: the call was recorded
+            # without its image, so it is not made (recorded failed, retryable), and the copy is
+            # brought up to date for the call made again.
+            return await self._stale_policy(session, recorded_tool, params.name, arguments, action)
         # Only the request that moved the action to running forwards it. The key is derived
         # from the session and the JSON-RPC id, so a request sent again (the SDK runs a repeated
         # id's handler again) finds the first one's action: it must get that call's outcome,
@@ -165,7 +181,9 @@ class Gateway(GatewaySessions):
                 # it; the start's shared key makes every later start of this attempt a replay.
                 # Its approval is spent by the start: make sure first that the upstream can take
                 # the call (a new session if it restarted meanwhile); else it stays approved.
-                unreachable = await self._unreachable(recorded_tool)
+                unreachable = await self._unreachable(recorded_tool) or await self._image_changed(
+                    params.name, before or frozen, action
+                )
                 if unreachable:
                     return tool_error(unreachable, run_id=run_id, action_id=action_id)
                 started = await self.saga.start_action_reply(action)
@@ -178,7 +196,102 @@ class Gateway(GatewaySessions):
         # edit included), never what the client sent if the two differ.
         recorded_args = action.get("args")
         forwarded_args: dict[str, Any] = recorded_args if isinstance(recorded_args, dict) else arguments
-        return await self._forward(session, recorded_tool, params.name, forwarded_args, action)
+        return await self._forward(
+            session, recorded_tool, params.name, forwarded_args, action, before or frozen
+        )
+
+    async def _before_image(
+        self, session: Session, recorded_tool: str, name: str, arguments: dict[str, Any]
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | types.CallToolResult]:
+        """The policy's ``before`` read (None without one) and the fields it adds to the record
+        (``before_snapshot``), or the tool error that refuses the call: its read on this upstream
+        gives the before-image, recorded with the call. No image, no call: nothing is recorded,
+        nothing forwarded. A cancelled run takes no call at all."""
+        if session.cancelled:
+            return None, tool_error(
+                f"This run was cancelled in Saga Admin ({session.cancelled}); the call was not made.",
+                run_id=session.run_id,
+            )
+        try:
+            await self.policies.refresh()
+        except SagaError as exc:
+            return None, tool_error(refusal(exc), run_id=session.run_id)
+        before = self.policies.before_of(recorded_tool)
+        if before is None:
+            return None, {}
+        try:
+            return before, {"before_snapshot": await self._image(before, arguments)}
+        except ReadFailed as exc:
+            return before, tool_error(self._read_refusal(name, before, arguments, exc), run_id=session.run_id)
+
+    async def _image(self, before: Mapping[str, Any], args: Any) -> Any:
+        return await take_image(
+            self.upstream,
+            before,
+            args,
+            namespace=self.options.namespace,
+            timeout_s=self.options.call_timeout_s,
+        )
+
+    def _read_refusal(self, name: str, before: Mapping[str, Any], args: Any, exc: ReadFailed) -> str:
+        log.warning("saga-mcp: the before-read of %s gave no image (%s); the call was not made", name, exc)
+        return (
+            f"{name} was not made: its policy takes the value it changes first (the read "
+            f"{describe_read(before, args)}), and that read gave no before-image: {exc}. Without it the "
+            "change could not be undone exactly, so nothing was forwarded or recorded."
+        )
+
+    async def _image_changed(self, name: str, before: Any, action: ActionDict) -> str:
+        """Before an approved call is started: why its recorded before-image no longer holds (""
+        when it does). The read is made again with the approved args; a value someone changed
+        during the approval wait (or args the approver edited) would make the undo restore the
+        wrong value, so the call is not started and its approval stays unspent."""
+        if not isinstance(before, dict):
+            return ""
+        recorded_args = action.get("args")
+        try:
+            now = await self._image(before, recorded_args if isinstance(recorded_args, dict) else {})
+        except ReadFailed as exc:
+            return (
+                f"{name} was not started: the read {describe_read(before, recorded_args)} before it gave no "
+                f"image ({exc}). Its approval still stands in Saga Admin; call it again once the read works."
+            )
+        if "before_snapshot" in action and not images_equal(now, action.get("before_snapshot")):
+            return (
+                f"{name} was not started: the value it changes is no longer the one recorded when it was "
+                f"approved (read {describe_read(before, recorded_args)}), so its undo would restore the wrong "
+                "value. Its approval still stands in Saga Admin; call it again to record it afresh."
+            )
+        return ""
+
+    async def _stale_policy(
+        self, session: Session, recorded_tool: str, name: str, arguments: dict[str, Any], action: ActionDict
+    ) -> types.CallToolResult:
+        message = (
+            f"{name} was not made: its policy now takes a before-image, which this gateway's copy of the "
+            "policies did not know yet. It is recorded failed; call it again (the copy is now current)."
+        )
+        await self._settle(action, error=message)
+        session.failed.failed(recorded_tool, arguments, action["id"], message)
+        try:
+            await self.policies.refresh(force=True)
+        except SagaError as exc:
+            log.warning("saga-mcp: could not revalidate the policies: %s", exc)
+        return tool_error(message, run_id=session.run_id, action_id=action["id"])
+
+    async def _after_image(self, name: str, before: Mapping[str, Any], arguments: dict[str, Any]) -> Any:
+        """The after-image, or None when the after-read gave none (logged: the call happened and is
+        recorded a success, and its undo will have no drift check)."""
+        try:
+            return await self._image(before, arguments)
+        except ReadFailed as exc:
+            log.warning(
+                "saga-mcp: the after-read of %s gave no image (%s); recording its success without an "
+                "after_snapshot (its undo will have no drift check)",
+                name,
+                exc,
+            )
+            return None
 
     async def _forward(
         self,
@@ -187,6 +300,7 @@ class Gateway(GatewaySessions):
         name: str,
         arguments: dict[str, Any],
         action: ActionDict,
+        before: Mapping[str, Any] | None = None,
     ) -> types.CallToolResult:
         run_id, action_id = session.run_id, action["id"]
         try:
@@ -231,7 +345,8 @@ class Gateway(GatewaySessions):
             await self._settle(action, error=message)
             session.failed.failed(recorded_tool, arguments, action_id, message)
         else:
-            await self._settle(action, result=recorded_result(result))
+            after = await self._after_image(name, before, arguments) if before is not None else None
+            await self._settle(action, result=recorded_result(result), after_snapshot=after)
             session.failed.succeeded(recorded_tool, arguments)
         return with_meta(result, run_id=run_id, action_id=action_id)
 
@@ -296,7 +411,13 @@ class Gateway(GatewaySessions):
         )
 
     async def _settle(
-        self, action: ActionDict, *, result: Any = None, error: str = "", outcome_unknown: bool = False
+        self,
+        action: ActionDict,
+        *,
+        result: Any = None,
+        error: str = "",
+        outcome_unknown: bool = False,
+        after_snapshot: Any = None,
     ) -> None:
         """Record how a forwarded call ended. The call already happened, so a ledger outage here
         does not change the answer the agent gets: the action stays running and the server's
@@ -311,7 +432,7 @@ class Gateway(GatewaySessions):
                     outcome_unknown=outcome_unknown,
                 )
             else:
-                await self.saga.succeed_action(action, result=result)
+                await self.saga.succeed_action(action, result=result, after_snapshot=after_snapshot)
         except SagaError as exc:
             log.warning("could not record the outcome of %s: %s", action.get("id"), exc)
 

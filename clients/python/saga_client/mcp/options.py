@@ -11,6 +11,9 @@ DEFAULT_APPROVAL_TIMEOUT_S = 300.0
 DEFAULT_CALL_TIMEOUT_S = 120.0
 DEFAULT_IDLE_TIMEOUT_S = 1800.0
 DEFAULT_HEARTBEAT_S = 30.0
+# How often, at most, the gateway revalidates its copy of the tenant's policies (a 304 when they
+# did not change): a policy loaded while it runs governs its calls within this many seconds.
+DEFAULT_POLICY_REFRESH_S = 5.0
 # How long, beyond the call time-out, a repeated request waits for the first one's outcome.
 REPLAY_WAIT_MARGIN_S = 30.0
 
@@ -37,6 +40,7 @@ class Options:
     upstream_headers: tuple[tuple[str, str], ...] = ()
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     poll_interval_s: float = 1.0
+    policy_refresh_s: float = DEFAULT_POLICY_REFRESH_S
     # The bearer token every HTTP request must carry (``SAGA_MCP_TOKEN``); empty: no token asked.
     token: str = field(default="", repr=False)
 

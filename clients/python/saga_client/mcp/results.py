@@ -11,6 +11,7 @@ import mcp_types as types
 from pydantic import ValidationError
 
 from saga_client.errors import Paused, PolicyDenied, RunArchived, SagaAPIError, SagaError, SagaUnavailable
+from saga_client.images import ImageError, read_result
 
 # The member of a recorded result that keeps what the ledger's ``result`` does not already say of
 # the MCP result (its content blocks, its ``_meta``), so that a replay answers with the same result.
@@ -27,7 +28,8 @@ def result_text(result: types.CallToolResult) -> str:
 
 def recorded_result(result: types.CallToolResult) -> Any:
     """What the ledger keeps as a successful call's ``result``: its ``structuredContent`` (so that
-    ``$result.<path>`` in a policy's compensation finds its members), or its text; plus, under
+    ``$result.<path>`` in a policy's compensation finds its members), else its single text block's
+    JSON object when that text is one, or its text; plus, under
     ``"saga/mcp"``, whatever else the MCP result said (its content blocks, its ``_meta``). A
     repeated request — in this process or another — is answered from this record with the same
     result, content and all (``result_from_record``)."""
@@ -42,6 +44,17 @@ def recorded_result(result: types.CallToolResult) -> Any:
     if isinstance(structured, dict) and MCP_RESULT not in structured:
         return {**structured, MCP_RESULT: {**envelope, "structured": True}}
     text = result_text(result)
+    texts = [block for block in result.content if isinstance(block, types.TextContent)]
+    if structured is None and len(texts) == 1:
+        # One text block that is a JSON object (a server returning JSON as text): recorded as that
+        # object, so that ``$result.<path>`` finds its members as it would in structured content
+        # (the images' rule, ``saga_client.images.read_result``). A replay answers with the text.
+        try:
+            parsed = read_result(texts=[texts[0].text])
+        except ImageError:
+            parsed = None
+        if isinstance(parsed, dict) and MCP_RESULT not in parsed:
+            return {**parsed, MCP_RESULT: envelope}
     if structured is None and envelope == {"content": [{"type": "text", "text": text}]}:
         return text  # one plain text block: the text says it all
     if structured is not None:
