@@ -394,10 +394,37 @@ def test_an_adapter_run_whose_read_failed_fails_and_nothing_is_changed(tenant, t
     assert failed.status == "failed" and "crm.update_contact was not called" in failed.error
 
 
-@pytest.mark.parametrize("changed", [False, True], ids=["unchanged", "changed-while-waiting"])
+def agent_whose_step_waits(client: str, options: dict[str, Any], crm: Crm) -> tuple[str, list[Any]]:
+    """An agent whose update waits for approval (the sync or the async client): its run's id and
+    the refusals its step raised."""
+    refused: list[BeforeImageFailed] = []
+    if client == "sync":
+        with Saga(**options) as saga:
+            saga.reader("crm.get_contact")(crm.get_contact)
+            with saga.run(agent="crm", request="Fix Ashu's e-mail") as run:
+                try:
+                    run.step("crm.update_contact", args=CHANGE, do=crm.update_contact)
+                except BeforeImageFailed as exc:
+                    refused.append(exc)
+        return run.id, refused
+
+    async def agent() -> str:
+        async with AsyncSaga(**options) as saga:
+            saga.reader("crm.get_contact")(crm.get_contact)
+            async with saga.run(agent="crm", request="Fix Ashu's e-mail") as run:
+                try:
+                    await run.step("crm.update_contact", args=CHANGE, do=crm.update_contact)
+                except BeforeImageFailed as exc:
+                    refused.append(exc)
+            return run.id
+
+    return asyncio.run(agent()), refused
+
+
+@pytest.mark.parametrize("meanwhile", ["nothing", "changed", "unreadable"])
 @pytest.mark.parametrize("client", ["sync", "async"])
 def test_an_approved_step_reads_again_before_it_starts_and_refuses_a_value_that_changed(
-    tenant, tmp_path, options, api, crm, live_server, approver_key, client, changed
+    tenant, tmp_path, options, api, crm, live_server, approver_key, client, meanwhile
 ):
     """The before-image of a step that waits for approval is read when it is recorded; by the time
     a person approves, someone may have changed the value. Read again just before the start, a
@@ -414,40 +441,16 @@ def test_an_approved_step_reads_again_before_it_starts_and_refuses_a_value_that_
             timeout=30,
             what="the step's approval to be requested",
         )
-        if changed:  # a person changes the contact while the step waits
+        if meanwhile == "changed":  # a person changes the contact while the step waits
             crm.contacts["c-1"]["phone"] = "+49 7"
+        elif meanwhile == "unreadable":  # or it is gone: the read raises
+            del crm.contacts["c-1"]
         approver.post(f"/approvals/{pending[0]['id']}/approve", json={"reason": "ok"}).raise_for_status()
 
     approving = threading.Thread(target=bob)
     approving.start()
-    refused: list[BeforeImageFailed] = []
-
-    def step(run: Any) -> Any:
-        return run.step("crm.update_contact", args=CHANGE, do=crm.update_contact)
-
     try:
-        if client == "sync":
-            with Saga(**options) as saga:
-                saga.reader("crm.get_contact")(crm.get_contact)
-                with saga.run(agent="crm", request="Fix Ashu's e-mail") as run:
-                    try:
-                        step(run)
-                    except BeforeImageFailed as exc:
-                        refused.append(exc)
-                run_id = run.id
-        else:
-
-            async def agent() -> str:
-                async with AsyncSaga(**options) as saga:
-                    saga.reader("crm.get_contact")(crm.get_contact)
-                    async with saga.run(agent="crm", request="Fix Ashu's e-mail") as run:
-                        try:
-                            await step(run)
-                        except BeforeImageFailed as exc:
-                            refused.append(exc)
-                    return run.id
-
-            run_id = asyncio.run(agent())
+        run_id, refused = agent_whose_step_waits(client, options, crm)
     finally:
         approving.join(timeout=60)
         approver.close()
@@ -456,15 +459,18 @@ def test_an_approved_step_reads_again_before_it_starts_and_refuses_a_value_that_
     assert action["before_snapshot"] == ORIGINAL
     # Read when recorded, and again with the approved args just before the start.
     assert crm.reads[:2] == ["c-1", "c-1"]
-    if not changed:
+    if meanwhile == "nothing":
         assert refused == [] and crm.writes == [CHANGE]
         assert action["status"] == "succeeded" and action["after_snapshot"] == CHANGED
         assert crm.reads == ["c-1", "c-1", "c-1"]
         return
-    [exc] = refused
-    assert exc.reason == "the value changed while the step waited for approval"
-    assert exc.read_tool == "crm.get_contact" and exc.action_id == action["id"]
-    assert "crm.update_contact was not started" in str(exc)
+    [refusal] = refused
+    if meanwhile == "changed":
+        assert refusal.reason == "the value changed while the step waited for approval"
+    else:
+        assert "the read crm.get_contact made again before it gave no image" in str(refusal)
+    assert refusal.read_tool == "crm.get_contact" and refusal.action_id == action["id"]
+    assert "crm.update_contact was not started" in str(refusal)
     assert crm.writes == []  # do was never called
     assert action["status"] == "approved" and action["attempts"] == 0
     assert crm.reads == ["c-1", "c-1"]
