@@ -47,7 +47,12 @@ class ImageColumn:
     recorded: bool  # False: there is no such image (the members are then not listed)
     missing: str  # why there is none, when not recorded
     members: list[Member]
-    mark: str  # the word a changed member carries here
+    mark: str  # what the column's count of changed members says ("2 changed by the call")
+
+    @property
+    def member_mark(self) -> str:
+        """The word each changed member carries (its column's mark, shorter where it can be)."""
+        return "changed" if self.mark == "changed by the call" else self.mark
 
     @property
     def changed(self) -> int:
@@ -87,7 +92,7 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def _differs(path: str, differences: Iterable[str]) -> bool:
     return any(
-        d == WHOLE or d == path or path.startswith(f"{d}.") or d.startswith(f"{path}.") for d in differences
+        d in (WHOLE, path) or path.startswith(f"{d}.") or d.startswith(f"{path}.") for d in differences
     )
 
 
@@ -126,7 +131,9 @@ def _column(
 
 def _verdict(step: UnwindStep, read: str) -> Verdict:
     checks = step.read_checks if isinstance(step.read_checks, dict) else {}
-    verify_reads = [r for r in checks.get("reads") or [] if isinstance(r, dict) and r.get("phase") == "verify"]
+    verify_reads = [
+        r for r in checks.get("reads") or [] if isinstance(r, dict) and r.get("phase") == "verify"
+    ]
     failed_read = next((r for r in verify_reads if not r.get("ok")), None)
     if step.status == UnwindStep.Status.DRIFTED:
         return Verdict(
@@ -138,7 +145,10 @@ def _verdict(step: UnwindStep, read: str) -> Verdict:
         )
     if step.verified is True:
         return Verdict(
-            "verified", "ok", "verified", "Verified: the value read back after the undo equals the before-image."
+            "verified",
+            "ok",
+            "verified",
+            "Verified: the value read back after the undo equals the before-image.",
         )
     if "read_back" in checks and checks.get("read_back") is not None and step.verified is False:
         return Verdict(
@@ -248,35 +258,3 @@ def images_by_action(actions: Iterable[Action], steps: Mapping[str, UnwindStep])
         if images is not None:
             shown[action.pk] = images
     return shown
-
-
-@dataclass(frozen=True)
-class StepDifference:
-    path: str
-    expected: str
-    actual: str
-    absent: str  # "actual" | "expected" | ""
-
-
-def step_differences(step: UnwindStep) -> tuple[str, list[StepDifference]]:
-    """What a drifted or not-restored step's reads found different, for the unwind's step list:
-    (what was compared, the differences). Empty when the step has none."""
-    checks = step.read_checks if isinstance(step.read_checks, dict) else {}
-    raw = checks.get("differences") or []
-    if not raw:
-        return "", []
-    what = (
-        "Now, against the after-image"
-        if step.status == UnwindStep.Status.DRIFTED
-        else "Read back, against the before-image"
-    )
-    return what, [
-        StepDifference(
-            path=str(d.get("path", "")),
-            expected="" if d.get("absent") == "expected" else _show(d.get("expected")),
-            actual="" if d.get("absent") == "actual" else _show(d.get("actual")),
-            absent=str(d.get("absent") or ""),
-        )
-        for d in raw
-        if isinstance(d, dict)
-    ]

@@ -90,7 +90,11 @@ def latest_undo_steps(*, actions: list[Action]) -> dict[str, UnwindStep]:
     ids = [a.pk for a in actions if isinstance(a.policy, dict) and a.policy.get("before")]
     if not ids:
         return {}
-    steps = UnwindStep.objects.filter(action_id__in=ids).order_by("action_id", "-created_at").distinct("action_id")
+    steps = (
+        UnwindStep.objects.filter(action_id__in=ids)
+        .order_by("action_id", "-created_at")
+        .distinct("action_id")
+    )
     return {step.action_id: step for step in steps}
 
 

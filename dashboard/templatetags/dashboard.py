@@ -15,7 +15,6 @@ from django.utils.html import format_html, format_html_join
 
 from infra.conf import saga
 from infra.durations import ago_words, duration_short
-from dashboard.presenters.images import step_differences
 from recovery import decisions
 
 register = template.Library()
@@ -219,12 +218,3 @@ def step_decisions(step: Any, unwind: Any) -> Any:
     """``{% step_decisions step unwind as d %}``: what an operator may decide about a step now
     (``recovery.decisions.step_decisions``, the rule the services enforce)."""
     return decisions.step_decisions(step=step, unwind=unwind)
-
-
-@register.simple_tag
-def step_read_differences(step: Any) -> dict[str, Any]:
-    """``{% step_read_differences step as rd %}``: what a drifted or not-restored undo step's reads
-    found different (``dashboard.presenters.images.step_differences``), next to the sentence the
-    worker wrote into its error."""
-    compared, differences = step_differences(step)
-    return {"compared": compared, "differences": differences}

@@ -14,8 +14,8 @@ from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import HTMX_STOP_POLLING
 
 from dashboard.forms import ReasonForm, ReconcileForm
-from dashboard.presenters.images import images_by_action
 from dashboard.permissions import Capability, TenantPermissions, reach_for, require
+from dashboard.presenters.images import images_by_action
 from dashboard.selectors import live
 from dashboard.selectors import runs as run_selectors
 from dashboard.views import common

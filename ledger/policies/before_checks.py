@@ -126,51 +126,60 @@ def _templates_unseen(policy: ToolPolicy, *, tenant: Tenant | None) -> list[Befo
             checks.setdefault((root, path), []).append(key)
     if not checks:
         return []
-    table = connection.ops.quote_name(Action._meta.db_table)
-    annotations: dict[str, RawSQL] = {}
-    for root in {root for root, _path in checks}:
-        column = connection.ops.quote_name(_COLUMNS[root])
-        annotations[f"has_{root}"] = RawSQL(f"{table}.{column} IS NOT NULL", [])
-    for index, (root, path) in enumerate(checks):
-        column = connection.ops.quote_name(_COLUMNS[root])
-        annotations[f"at_{index}"] = RawSQL(f"({table}.{column} #> %s::text[]) IS NOT NULL", [path.split(".")])
-    rows = Action.objects.filter(tool=policy.tool, status__in=_SUCCEEDED)
-    if tenant is not None:
-        rows = rows.filter(tenant=tenant)
-    names = list(annotations)
-    found = list(rows.order_by("-created_at").annotate(**annotations).values_list(*names)[:RECENT_RESULTS])
-    if not found:
-        return []
-    columns = [dict(zip(names, row, strict=True)) for row in found]
+    rows = _recent_paths(policy.tool, list(checks), tenant=tenant)
     warnings = []
     for index, ((root, path), keys) in enumerate(checks.items()):
         # A result: every succeeded action has one to fill from (none counts as lacking the path);
         # an image: only those recorded with one (a missing image is warned about on its record).
-        seen = [row for row in columns if root == "result" or row[f"has_{root}"]]
+        seen = [row for row in rows if root == "result" or row[f"has_{root}"]]
         lacking = sum(1 for row in seen if not row[f"at_{index}"])
-        if not seen or not lacking:
-            continue
-        what = _WHAT[root]
-        if len(seen) == 1:
-            count, verb = f"the last {what[:-1]}", "has"
-        elif lacking == len(seen):
-            count, verb = f"the last {len(seen)} {what}", "have"
-        else:
-            count, verb = f"{lacking} of the last {len(seen)} {what}", "has" if lacking == 1 else "have"
-        warnings.append(
-            BeforeWarning(
-                "template_unseen",
-                policy.tool,
-                f"policy {policy.tool}: {', '.join(keys)} (${root}.{path}): {count} of {policy.tool} "
-                f"{verb} no '{path}', so undoing "
-                "such a call fails naming it"
-                + (
-                    " (a result is the tool's structured content, or its one text block when that is "
-                    "a JSON object)"
-                    if root == "result"
-                    else ""
-                )
-                + ".",
-            )
-        )
+        if seen and lacking:
+            warnings.append(_unseen_warning(policy.tool, keys, root, path, seen=len(seen), lacking=lacking))
     return warnings
+
+
+def _recent_paths(
+    tool: str, checks: list[tuple[str, str]], *, tenant: Tenant | None
+) -> list[dict[str, bool]]:
+    """For the tool's newest ``RECENT_RESULTS`` succeeded actions: whether each has each image
+    (``has_<root>``) and each checked path (``at_<index>``), tested in SQL: one query."""
+    table = connection.ops.quote_name(Action._meta.db_table)
+    annotations: dict[str, RawSQL] = {}
+    for root in sorted({root for root, _path in checks}):
+        column = connection.ops.quote_name(_COLUMNS[root])
+        # Quoted identifiers of this model only; the paths are parameters.
+        annotations[f"has_{root}"] = RawSQL(f"{table}.{column} IS NOT NULL", [])  # noqa: S611
+    for index, (root, path) in enumerate(checks):
+        column = connection.ops.quote_name(_COLUMNS[root])
+        annotations[f"at_{index}"] = RawSQL(  # noqa: S611
+            f"({table}.{column} #> %s::text[]) IS NOT NULL", [path.split(".")]
+        )
+    rows = Action.objects.filter(tool=tool, status__in=_SUCCEEDED)
+    if tenant is not None:
+        rows = rows.filter(tenant=tenant)
+    names = list(annotations)
+    found = rows.order_by("-created_at").annotate(**annotations).values_list(*names)[:RECENT_RESULTS]
+    return [dict(zip(names, row, strict=True)) for row in found]
+
+
+def _unseen_warning(
+    tool: str, keys: list[str], root: str, path: str, *, seen: int, lacking: int
+) -> BeforeWarning:
+    what = _WHAT[root]
+    if seen == 1:
+        count, verb = f"the last {what[:-1]}", "has"
+    elif lacking == seen:
+        count, verb = f"the last {seen} {what}", "have"
+    else:
+        count, verb = f"{lacking} of the last {seen} {what}", "has" if lacking == 1 else "have"
+    shape = (
+        " (a result is the tool's structured content, or its one text block when that is a JSON object)"
+        if root == "result"
+        else ""
+    )
+    return BeforeWarning(
+        "template_unseen",
+        tool,
+        f"policy {tool}: {', '.join(keys)} (${root}.{path}): {count} of {tool} {verb} no '{path}', so "
+        f"undoing such a call fails naming it{shape}.",
+    )

@@ -36,10 +36,15 @@ def _columns(block: str) -> dict[str, dict[str, tuple[str, bool]]]:
     columns = {}
     for key, inner in re.findall(r'<div class="image-col" data-image="([a-z_]+)"(.*?)</dl>', block, re.S):
         members = {}
-        for attrs, value in re.findall(r'<div class="image-member[^"]*" (data-path="[^"]+"[^>]*)>(.*?)</div>', inner, re.S):
-            path = re.search(r'data-path="([^"]+)"', attrs)[1]
-            shown = re.search(r"<dd>(?:<code>(.*?)</code>|<span class=\"muted\">(absent)</span>)", value, re.S)
-            members[path] = (shown[1] or shown[2], "data-changed" in attrs)
+        for attrs, value in re.findall(
+            r'<div class="image-member[^"]*" (data-path="[^"]+"[^>]*)>(.*?)</div>', inner, re.S
+        ):
+            path = re.search(r'data-path="([^"]+)"', attrs)
+            shown = re.search(
+                r"<dd>(?:<code>(.*?)</code>|<span class=\"muted\">(absent)</span>)", value, re.S
+            )
+            assert path is not None and shown is not None, value
+            members[path[1]] = (shown[1] or shown[2], "data-changed" in attrs)
         columns[key] = members
     return columns
 
@@ -64,7 +69,10 @@ def test_a_verified_undo_shows_the_three_images_and_says_verified(client, tenant
     columns = _columns(block)
     assert list(columns) == ["before", "after", "now", "read_back"]
     # What the call changed is marked in the before- and after-image, in words.
-    assert columns["before"] == {"email": ("&quot;bea@old.example&quot;", True), "phone": ("&quot;+44 1&quot;", False)}
+    assert columns["before"] == {
+        "email": ("&quot;bea@old.example&quot;", True),
+        "phone": ("&quot;+44 1&quot;", False),
+    }
     assert columns["after"]["email"] == ("&quot;bea@new.example&quot;", True)
     assert "changed by the call" in block
     # Now equals the after-image, and the read back equals the before-image: nothing marked.
@@ -74,7 +82,7 @@ def test_a_verified_undo_shows_the_three_images_and_says_verified(client, tenant
 
 
 def test_a_not_restored_undo_marks_what_did_not_come_back(client, tenant, agent, carol):
-    sentence = "The undo was acknowledged but email is \"bea@new.example\", not \"bea@old.example\"."
+    sentence = 'The undo was acknowledged but email is "bea@new.example", not "bea@old.example".'
     run, action, step = imaged_undo(
         tenant,
         agent,
@@ -97,9 +105,13 @@ def test_a_not_restored_undo_marks_what_did_not_come_back(client, tenant, agent,
     assert columns["read_back"]["phone"][1] is False
     assert "not restored" in block and _verdict(block) == "not_restored"
     # The unwind's step: the worker's sentence, and next to it the differences its reads found.
-    step_html = re.search(r'data-step-tool="crm.update_contact">.*?</li>\s*</ol>', body, re.S)[0]
+    step_match = re.search(r'data-step-tool="crm.update_contact">.*?</li>\s*</ol>', body, re.S)
+    assert step_match is not None
+    step_html = step_match[0]
     assert "bea@new.example&quot;, not &quot;bea@old.example&quot;" in step_html
-    differences = re.search(r'<div class="step-differences" data-step-differences="failed">(.*?)</div>', step_html, re.S)
+    differences = re.search(
+        r'<div class="step-differences" data-step-differences="failed">(.*?)</div>', step_html, re.S
+    )
     assert differences is not None and "Read back, against the before-image" in differences[1]
     assert '<li data-path="email">' in differences[1] and "changed" in differences[1]
 
@@ -112,10 +124,12 @@ def test_a_drift_shows_the_value_now_and_says_it_was_not_overwritten(client, ten
         before=BEFORE,
         after=AFTER,
         step_status="drifted",
-        error="Someone changed crm.get_contact since the agent: email is now \"bea@hand-edit.example\".",
+        error='Someone changed crm.get_contact since the agent: email is now "bea@hand-edit.example".',
         read_checks={
             "now": now,
-            "differences": [{"path": "email", "expected": "bea@new.example", "actual": "bea@hand-edit.example"}],
+            "differences": [
+                {"path": "email", "expected": "bea@new.example", "actual": "bea@hand-edit.example"}
+            ],
             "reads": [{"phase": "drift", "tool": "crm.get_contact", "kind": "python", "ok": True}],
         },
     )
@@ -136,7 +150,9 @@ def test_an_undo_without_a_reader_says_it_was_not_verified(client, tenant, agent
     assert _verdict(block) == "unverified" and "no reader is registered for crm.get_contact" in block
 
 
-def test_a_missing_before_image_is_said_and_an_action_without_images_has_no_block(client, tenant, agent, carol):
+def test_a_missing_before_image_is_said_and_an_action_without_images_has_no_block(
+    client, tenant, agent, carol
+):
     run, blind, _ = imaged_undo(tenant, agent, before=None, after=AFTER)
     load_onboarding_policies()
     plain = perform_action(run, agent, "hr.create_user", target_id="u-1", args={"email": "u@x"})
@@ -165,11 +181,19 @@ def test_a_scalar_image_is_shown_as_the_whole_value(client, tenant, agent, carol
 
 
 def test_the_load_more_page_shows_the_images_too(client, tenant, agent, carol):
-    run, action, _ = imaged_undo(tenant, agent, before=BEFORE, after=AFTER, step_status="done", verified=True,
-                                 read_checks={"read_back": BEFORE, "differences": [], "reads": []})
+    run, action, _ = imaged_undo(
+        tenant,
+        agent,
+        before=BEFORE,
+        after=AFTER,
+        step_status="done",
+        verified=True,
+        read_checks={"read_back": BEFORE, "differences": [], "reads": []},
+    )
     client.force_login(carol)
     response = client.get(
-        reverse("dashboard:run-detail", args=[run.pk]), headers={"HX-Request": "true", "HX-Target": "load-more"}
+        reverse("dashboard:run-detail", args=[run.pk]),
+        headers={"HX-Request": "true", "HX-Target": "load-more"},
     )
     assert response.status_code == 200
     assert f'data-images="{action.seq}"' in response.content.decode()

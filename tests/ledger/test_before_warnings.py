@@ -51,7 +51,9 @@ def test_image_templates_without_a_before_read_are_a_warning_naming_each_key(ten
     del policy["before"]
     report = load_policy_file({"policies": [policy]}, tenant=tenant)
     [warning] = [w for w in report.warnings if "before- or after-image" in w]
-    assert warning.startswith("policy inv.set_price: compensation_args.price ($before.price), compensation_args.was ($after)")
+    assert warning.startswith(
+        "policy inv.set_price: compensation_args.price ($before.price), compensation_args.was ($after)"
+    )
     assert 'has no "before" read' in warning and "saga-mcp" in warning
     assert _codes(tenant) == [("before_missing", "inv.set_price")]
 
@@ -90,14 +92,18 @@ def test_a_result_template_whose_path_the_tools_results_lack_is_warned_about(ten
     assert _codes(tenant) == []  # nothing recorded yet: nothing is known
     run = make_run(tenant, agent)
     for n in range(3):
-        perform_action(run, agent, "inv.set_price", target_id=f"i{n}", args={"item": f"i{n}"}, result={"ok": True})
+        perform_action(
+            run, agent, "inv.set_price", target_id=f"i{n}", args={"item": f"i{n}"}, result={"ok": True}
+        )
     [warning] = [w.message for w in before_warnings(tenant=tenant)]
     assert warning.startswith(
         "policy inv.set_price: compensation_args.price ($result.previous_price): the last 3 results of "
         "inv.set_price have no 'previous_price'"
     )
     # Once the tool returns it, some lack it still: counted.
-    perform_action(run, agent, "inv.set_price", target_id="i9", args={"item": "i9"}, result={"previous_price": 2})
+    perform_action(
+        run, agent, "inv.set_price", target_id="i9", args={"item": "i9"}, result={"previous_price": 2}
+    )
     [warning] = [w.message for w in before_warnings(tenant=tenant)]
     assert "3 of the last 4 results of inv.set_price have no 'previous_price'" in warning
     # The check reads a bounded window, one query for the policy.
@@ -112,8 +118,12 @@ def test_every_result_having_the_path_is_no_warning(tenant, agent):
     del policy["before"]
     load_policy_file({"policies": [policy]}, tenant=tenant)
     run = make_run(tenant, agent)
-    perform_action(run, agent, "inv.set_price", target_id="a", args={"item": "a"}, result={"item": {"price": 0}})
-    perform_action(run, agent, "inv.set_price", target_id="b", args={"item": "b"}, result={"item": {"price": None}})
+    perform_action(
+        run, agent, "inv.set_price", target_id="a", args={"item": "a"}, result={"item": {"price": 0}}
+    )
+    perform_action(
+        run, agent, "inv.set_price", target_id="b", args={"item": "b"}, result={"item": {"price": None}}
+    )
     assert _codes(tenant) == []
     # Another tenant's results are not this tenant's tool's.
     assert before_warnings(tenant=None) == []
