@@ -173,6 +173,8 @@ def run_live(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             actions=shown,
             newer_actions=Action.objects.filter(run=run, seq__gt=upto).count(),
             trail=recovery_trail.run_trail(run=run),
+            # The images follow the unwind: what it read back, whether it verified.
+            images=_images(shown),
             **_partial_marks(shown, recovery_trail.kept_action_ids(run=run)),
         )
     if "header" in changed and "trail" not in context:

@@ -26,7 +26,7 @@ def _body(client, user, run) -> str:
 
 
 def _images(body: str, seq: int) -> str:
-    found = re.search(rf'<section class="action-images" data-images="{seq}".*?</section>', body, re.S)
+    found = re.search(rf'<section class="action-images"[^>]*data-images="{seq}".*?</section>', body, re.S)
     assert found is not None, "no images block"
     return found[0]
 
@@ -197,3 +197,41 @@ def test_the_load_more_page_shows_the_images_too(client, tenant, agent, carol):
     )
     assert response.status_code == 200
     assert f'data-images="{action.seq}"' in response.content.decode()
+
+
+def test_the_poll_brings_the_read_back_and_the_verdict_without_a_reload(client, tenant, agent, carol):
+    from urllib.parse import parse_qsl, urlsplit
+
+    from recovery.models import Unwind, UnwindStep
+
+    run, action, _ = imaged_undo(tenant, agent, before=BEFORE, after=AFTER)
+    page = _body(client, carol, run)
+    assert _verdict(_images(page, action.seq)) == ""
+    start = page.index('id="run-live"')
+    tag = page[start : page.index(">", start)]
+    url = tag.split('hx-get="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
+    # The worker undoes it and reads it back (written as it would leave the step).
+    unwind = Unwind.objects.create(tenant=tenant, run=run, reason="undo", status=Unwind.Status.COMPLETED)
+    UnwindStep.objects.create(
+        unwind=unwind,
+        action=action,
+        position=0,
+        tool=action.compensation_tool,
+        status="done",
+        idempotency_key="s-1",
+        verified=True,
+        read_checks={"now": AFTER, "read_back": BEFORE, "differences": [], "reads": []},
+    )
+    response = client.get(
+        reverse("dashboard:run-live", args=[run.pk]),
+        dict(parse_qsl(urlsplit(url).query)),
+        headers={"HX-Request": "true"},
+    )
+    assert response.status_code in (200, 286)
+    swapped = re.search(
+        rf'<section class="action-images" id="images-{action.seq}"[^>]*hx-swap-oob="true".*?</section>',
+        response.content.decode(),
+        re.S,
+    )
+    assert swapped is not None
+    assert _verdict(swapped[0]) == "verified" and 'data-image="read_back"' in swapped[0]
