@@ -13,7 +13,9 @@ export default defineConfig({
     ],
   },
   test: {
-    include: ["test/**/*.test.ts"],
+    // The suites of test/ (the harness's run); SAGA_VITEST_INCLUDE runs others, e.g. the ones in
+    // test/with-policies/ that need policies their pytest test loads first.
+    include: process.env["SAGA_VITEST_INCLUDE"] ? [process.env["SAGA_VITEST_INCLUDE"]] : ["test/*.test.ts"],
     // One live server, one worker: the suites run one file at a time.
     fileParallelism: false,
     testTimeout: 180_000,

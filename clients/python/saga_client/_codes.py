@@ -65,6 +65,7 @@ CLIENT_CODES = frozenset(
         "approval_deadline_passed",
         "approval_timeout",
         "args_edited",
+        "before_image_failed",
         "invalid_config",
         "invalid_response",
         "no_active_run",

@@ -96,6 +96,11 @@ export class Api {
   policies(signal?: Signal): Promise<Policies> {
     return this.http.call("GET", "/policies", { signal });
   }
+  /** The policies unless they are still those of `etag` (then 304, no data); the answer's ETag. */
+  async policiesIfChanged(etag: string, signal?: Signal): Promise<{ status: number; data: Policies | null; etag: string }> {
+    const reply = await this.http.request<Policies | null>("GET", "/policies", { signal, ...(etag ? { headers: { "If-None-Match": etag } } : {}) });
+    return { status: reply.status, data: reply.status === 304 ? null : reply.data, etag: reply.headers?.get("ETag") ?? "" };
+  }
 
   async recordAction(runId: string, tool: string, idempotencyKey: string, fields: Body, signal?: Signal): Promise<Reply<Action>> {
     const reply = await this.http.request<Action>("POST", `/runs/${runId}/actions`, {

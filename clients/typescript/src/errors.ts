@@ -223,6 +223,30 @@ export class StepInDoubt extends SagaError {
   }
 }
 
+/**
+ * A step whose policy has `before` was refused before anything was recorded or called: its
+ * before-image could not be taken (no reader registered for the read, a read that threw, or a
+ * result with no value at the policy's path). `readTool` names the read and `reason` says why;
+ * `do` was not called (no update without its before-image).
+ */
+export class BeforeImageFailed extends SagaError {
+  /** The step's tool. */
+  readonly tool: string;
+  /** The read (the policy's `before.tool`). */
+  readonly readTool: string;
+  readonly reason: string;
+  constructor(tool: string, readTool: string, reason: string, options?: { cause?: unknown }) {
+    super(
+      `${tool} was not called: its policy takes a before-image through ${readTool}, and that read failed (${reason}). No update without its before-image.`,
+      "before_image_failed",
+      options,
+    );
+    this.tool = tool;
+    this.readTool = readTool;
+    this.reason = reason;
+  }
+}
+
 /** A `saga.tool` function was called outside `saga.run(...)`. */
 export class NoActiveRun extends SagaError {
   constructor(message: string) {

@@ -31,6 +31,8 @@ export interface Reply<T = unknown> {
   resent: boolean;
   /** The server answered from its idempotency record: an earlier request with this key acted. */
   replayed: boolean;
+  /** The answer's headers (its `ETag`, say). */
+  headers?: Headers;
 }
 
 export interface RequestOptions {
@@ -40,6 +42,8 @@ export interface RequestOptions {
   /** A write that is harmless to repeat (a heartbeat). */
   retrySafe?: boolean;
   signal?: AbortSignal | undefined;
+  /** More request headers (`If-None-Match`). */
+  headers?: Record<string, string>;
 }
 
 /**
@@ -143,7 +147,7 @@ export class Http {
    * `idempotency_key_in_flight`) — for reads, writes with an idempotency key and `retrySafe` ones.
    */
   async request<T = unknown>(method: string, path: string, options: RequestOptions = {}): Promise<Reply<T>> {
-    const headers: Record<string, string> = { ...this.headers };
+    const headers: Record<string, string> = { ...this.headers, ...options.headers };
     if (options.idempotencyKey) headers["Idempotency-Key"] = options.idempotencyKey;
     const body = options.body === undefined ? undefined : JSON.stringify(options.body);
     if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -188,7 +192,7 @@ export class Http {
       }
       if (response.status < 400) {
         const replayed = (response.headers.get(REPLAYED_HEADER) ?? "").toLowerCase() === "true";
-        return { status: response.status, data: decoded<T>(response, text), resent, replayed };
+        return { status: response.status, data: decoded<T>(response, text), resent, replayed, headers: response.headers };
       }
       const error = errorFromAnswer(response.status, response.statusText, text, response.headers.get("X-Request-Id") ?? "");
       const retry = RETRY_STATUS.includes(response.status) || RETRY_CODES.includes(error.code);

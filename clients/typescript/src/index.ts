@@ -20,6 +20,7 @@ export {
   ApprovalRejected,
   ApprovalTimedOut,
   ApprovalTimeout,
+  BeforeImageFailed,
   Conflict,
   InvalidRequest,
   NoActiveRun,
@@ -42,6 +43,9 @@ export {
 } from "./errors.js";
 export { computeSignature, deriveSecret, signedHeaders, verifySignature, SIGNATURE_HEADER, TIMESTAMP_HEADER, type HeadersLike, type VerifyOptions } from "./signing.js";
 export { canonical, stepKey } from "./keys.js";
+export { BeforeImages, type PlannedRead, type ReadContext, type Reader } from "./before.js";
+export { NoImage, TemplateUnfillable, fillBeforeArgs, imageAt, imagesEqual, readResult, resultOfRead, type BeforeRead } from "./images.js";
+export { PolicyCache, policyFor, globRegExp, type ToolPolicy } from "./policies.js";
 export { UnretriedFailures } from "./failures.js";
 export { API_CODES, CLIENT_CODES, type ApiCode, type ClientCode } from "./generated/codes.js";
 export type * from "./types.js";

@@ -3,10 +3,12 @@
  * start, call, record the outcome — as the Python client's `saga_client._run` does it.
  */
 import type { Api } from "./api.js";
+import { BeforeImages, type PlannedRead } from "./before.js";
 import {
   ApprovalPending,
   ApprovalRejected,
   ApprovalTimedOut,
+  BeforeImageFailed,
   Conflict,
   RunCancelled,
   SagaError,
@@ -43,15 +45,23 @@ export interface StepOptions<A extends StepArgs = Record<string, unknown>, R = u
   target?: Target | null;
   args?: A;
   compensate?: Compensation | null;
-  /** A snapshot before the call, or a function producing one. */
+  /**
+   * A snapshot before the call, or a function producing one. Without it, a step whose policy has
+   * `before` gets its before-image from the registered reader of the policy's read tool.
+   */
   before?: unknown;
-  /** A snapshot after the call, or a function of `do`'s result producing one. */
+  /**
+   * A snapshot after the call, or a function of `do`'s result producing one. Without it, a step
+   * whose policy has `before` gets its after-image from the same read, once `do` succeeded.
+   */
   after?: unknown;
   intent?: Record<string, unknown>;
   idempotencyKey?: string;
   approvalTimeoutS?: number;
   /** false: a step that needs approval throws `ApprovalPending` instead of waiting. */
   wait?: boolean;
+  /** An adapter's framework context of the call, handed to readers as `context.host`. */
+  host?: unknown;
 }
 
 export interface RecordOptions {
@@ -62,12 +72,14 @@ export interface RecordOptions {
   compensate?: Compensation | null;
   intent?: Record<string, unknown>;
   idempotencyKey?: string;
+  /** A snapshot before the call (or a function producing one) instead of the policy's read. */
+  before?: unknown;
+  /** An adapter's framework context of the call, handed to readers as `context.host`. */
+  host?: unknown;
 }
 
 /** One step of `run.plan([...])`: what `record` takes, a before snapshot, and `start`. */
 export interface PlanStepOptions extends RecordOptions {
-  /** A snapshot before the call, or a function producing one (called when the plan is sent). */
-  before?: unknown;
   /** Also start it when it needs no approval. */
   start?: boolean;
 }
@@ -128,6 +140,8 @@ export class Run {
   failUnretriedSteps = false;
 
   private readonly controller = new AbortController();
+  /** Idempotency keys this run recorded with a before-image taken by policy: not read again. */
+  private readonly imaged = new Set<string>();
   private finished = false;
   private failedActionId: string | null = null;
   private failureReason = "failed";
@@ -137,6 +151,8 @@ export class Run {
     private readonly create: Record<string, unknown>,
     runId = "",
     signal?: AbortSignal,
+    /** Takes the images of steps whose policy has `before` (none: the agent supplies them). */
+    private readonly images?: BeforeImages,
   ) {
     this.id = runId;
     this.signal = signal ? AbortSignal.any([signal, this.controller.signal]) : this.controller.signal;
@@ -280,7 +296,46 @@ export class Run {
   async record(options: RecordOptions): Promise<Action> {
     this.requireOpen();
     const [key, body] = this.actionRequest(options);
+    await this.beforeImage(key, body, options);
     return (await this.api.recordAction(this.id, options.tool, key, body, this.signal)).data;
+  }
+
+  /**
+   * Put the step's before snapshot in the record's body: the one it was given (a value, or a
+   * function called now), else the before-image its policy's read gives (once per step and
+   * process; a failed read refuses the step: `BeforeImageFailed`, nothing recorded). The
+   * planned read, for the after-image.
+   */
+  private async beforeImage(
+    key: string,
+    body: Record<string, unknown>,
+    options: { tool: string; args?: object; target?: Target | null; before?: unknown; after?: unknown; host?: unknown },
+  ): Promise<PlannedRead | undefined> {
+    if (options.before !== undefined) {
+      const snapshot = typeof options.before === "function" ? await (options.before as () => unknown)() : options.before;
+      if (snapshot !== undefined && snapshot !== null) body["before_snapshot"] = snapshot;
+      if (options.after !== undefined || !this.images) return undefined;
+      try {
+        return await this.images.planned(options.tool, options.args ?? {}, options.target, this.signal);
+      } catch (error) {
+        if (error instanceof BeforeImageFailed) return undefined; // the given snapshot stands
+        throw error;
+      }
+    }
+    if (!this.images || (this.imaged.has(key) && options.after !== undefined)) return undefined;
+    const read = await this.images.planned(options.tool, options.args ?? {}, options.target, this.signal);
+    if (!read || this.imaged.has(key)) return read;
+    try {
+      body["before_snapshot"] = await this.images.take(read, "before", this.signal, options.host);
+    } catch (error) {
+      if (error instanceof BeforeImageFailed) {
+        // Nothing was recorded or run; the run's end rule still counts the call as failed.
+        this.unretried.failedCall(options.tool, options.args ?? {}, "", error.message);
+      }
+      throw error;
+    }
+    this.imaged.add(key);
+    return read;
   }
 
   /**
@@ -297,8 +352,8 @@ export class Run {
     const actions: Record<string, unknown>[] = [];
     for (const step of steps) {
       const [key, body] = this.actionRequest(step);
-      const snapshot = typeof step.before === "function" ? await (step.before as () => unknown)() : step.before;
-      if (snapshot !== undefined && snapshot !== null) body["before_snapshot"] = snapshot;
+      // Without a given snapshot, the policy's read takes the before-image (when the plan is sent).
+      await this.beforeImage(key, body, { ...step, after: null });
       if (step.start) body["start"] = true;
       actions.push({ tool: step.tool, idempotency_key: key, ...body });
     }
@@ -318,8 +373,7 @@ export class Run {
     const callArgs = (options.args ?? {}) as A;
     const [key, body] = this.actionRequest({ ...options, args: callArgs as Record<string, unknown> });
     body["start"] = true;
-    const snapshot = typeof options.before === "function" ? await (options.before as () => unknown)() : options.before;
-    if (snapshot !== undefined && snapshot !== null) body["before_snapshot"] = snapshot;
+    const read = await this.beforeImage(key, body, { ...options, args: callArgs });
 
     const reply = await this.api.recordAction(this.id, options.tool, key, body, this.signal);
     const action = reply.data;
@@ -333,7 +387,7 @@ export class Run {
     const startedHere = startedByThisRequest(reply);
     let value: R;
     try {
-      value = await this.execute(action, startedHere, options, callArgs);
+      value = await this.execute(action, startedHere, options, callArgs, read);
     } catch (error) {
       if (error instanceof ApprovalPending) {
         this.pendingApprovals.set(error.actionId, error.action);
@@ -355,6 +409,7 @@ export class Run {
     startedHere: boolean,
     options: StepOptions<A, R>,
     callArgs: A,
+    read: PlannedRead | undefined,
   ): Promise<R> {
     const wait = options.wait ?? true;
     let action = recorded;
@@ -378,6 +433,17 @@ export class Run {
     this.pendingApprovals.delete(action.id);
     const value = await this.call(action, options, effective, callArgs);
     let afterSnapshot: unknown = options.after;
+    if (options.after === undefined && read && this.images) {
+      // The policy's read again: the after-image. The call happened, so a failed read is said,
+      // not thrown: the success is recorded without it (the undo then has no drift check).
+      try {
+        afterSnapshot = await this.images.take(read, "after", this.signal, options.host);
+      } catch (error) {
+        if (!(error instanceof BeforeImageFailed)) throw error;
+        console.warn(`saga: ${action.tool} (${action.id}) succeeded, but its after-image was not taken: ${error.reason}.`);
+        afterSnapshot = null;
+      }
+    }
     if (typeof options.after === "function") {
       try {
         afterSnapshot = await (options.after as (result: R) => unknown)(value);

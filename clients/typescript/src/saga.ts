@@ -5,8 +5,10 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 
 import { Api } from "./api.js";
+import { BeforeImages, type Reader, registerToolReader } from "./before.js";
 import { NoActiveRun } from "./errors.js";
 import { Http, type Settings } from "./http.js";
+import { PolicyCache } from "./policies.js";
 import { Run, type StepArgs, type StepContext } from "./run.js";
 import type { Action, ActionVerify, Checkpoint, Command, Compensation, Policies, Run as RunData, RunDetail, Target, Trail } from "./types.js";
 
@@ -26,6 +28,12 @@ export interface SagaOptions {
   heartbeatIntervalS?: number;
   /** Another `fetch` (a proxy agent, a test server). */
   fetch?: typeof fetch;
+  /**
+   * Seconds the client uses its copy of the tenant's policies before it asks the server again
+   * (default 5): it fetches them when a step first needs them (to know which steps' policies read
+   * before-images) and then revalidates at most this often with `If-None-Match` (304: unchanged).
+   */
+  policyRefreshS?: number;
 }
 
 export interface RunOptions {
@@ -67,6 +75,8 @@ export class Saga {
   /** The API root this client talks to. */
   readonly apiUrl: string;
   private readonly heartbeatIntervalS: number;
+  /** The before- and after-images the client takes by policy, and the readers it calls for them. */
+  readonly images: BeforeImages;
 
   constructor(options: SagaOptions) {
     const settings: Settings = {
@@ -82,6 +92,22 @@ export class Saga {
     this.api = new Api(http);
     this.apiUrl = http.root;
     this.heartbeatIntervalS = options.heartbeatIntervalS ?? 30;
+    this.images = new BeforeImages(new PolicyCache(this.api, options.policyRefreshS ?? 5));
+  }
+
+  /**
+   * Register `fn` as the reader of the read tool `tool` (`crm.get_contact`): a step whose policy has
+   * `before` naming it gets its before-image from `fn(filledArgs, context)` before it is recorded,
+   * and its after-image from it once `do` succeeded (API.md, "Before-images and verified undo").
+   * `fn` returns the read's result: a JSON value, an MCP tool result or a JSON object's text. A
+   * `saga.tool` (or an adapter's tool) of that name serves without this; `reader` wins over them.
+   * Returns this client.
+   */
+  reader(tool: string, fn: Reader): this {
+    if (typeof tool !== "string" || !tool) throw new TypeError("saga.reader(tool, fn): tool must be the read tool's name.");
+    if (typeof fn !== "function") throw new TypeError(`saga.reader(${tool}, fn): fn must be a function.`);
+    this.images.readers.set(tool, fn);
+    return this;
   }
 
   // High level --------------------------------------------------------------------------------
@@ -106,7 +132,7 @@ export class Saga {
       metadata: "metadata",
     };
     for (const [field, option] of Object.entries(names)) if (options[option] !== undefined) fields[field] = options[option];
-    const run = new Run(this.api, fields, "", options.signal);
+    const run = new Run(this.api, fields, "", options.signal, this.images);
     if (!body) return run.open();
     return this.scope(run, body);
   }
@@ -124,7 +150,7 @@ export class Saga {
   ): Promise<Run | T> {
     const body = typeof bodyOrOptions === "function" ? bodyOrOptions : undefined;
     const signal = (typeof bodyOrOptions === "object" ? bodyOrOptions : options)?.signal;
-    const run = new Run(this.api, {}, runId, signal);
+    const run = new Run(this.api, {}, runId, signal, this.images);
     if (!body) return run.open();
     return this.scope(run, body);
   }
@@ -195,6 +221,16 @@ export class Saga {
         ...(options.approvalTimeoutS !== undefined ? { approvalTimeoutS: options.approvalTimeoutS } : {}),
       });
     };
+    // The same function serves as the reader of `name` when a policy's `before` names it: called
+    // directly, not as a step (a read is not recorded).
+    registerToolReader(name, (args, context) =>
+      fn(args as A, {
+        signal: context.signal,
+        get action(): never {
+          throw new TypeError(`${name} was called as the ${context.phase}-image read of ${context.step}: a read has no action.`);
+        },
+      }),
+    );
     return Object.assign(wrapped, { toolName: name });
   }
 

@@ -15,7 +15,8 @@
  */
 import type { Tool, ToolApprovalResponse, ToolExecutionOptions, ToolModelMessage } from "ai";
 
-import { ApprovalPending, ApprovalRejected, ApprovalTimedOut, NoActiveRun, rejectionFor, rejectionWords } from "../errors.js";
+import { type ReadContext, registerToolReader } from "../before.js";
+import { ApprovalPending, ApprovalRejected, ApprovalTimedOut, BeforeImageFailed, NoActiveRun, rejectionFor, rejectionWords } from "../errors.js";
 import type { Run, StepArgs } from "../run.js";
 import { currentRun } from "../saga.js";
 import type { Action, Compensation, Target } from "../types.js";
@@ -50,20 +51,31 @@ export function sagaTool<INPUT extends StepArgs, OUTPUT>(
 ): Tool<INPUT, OUTPUT> {
   const execute = tool.execute;
   if (!execute) throw new TypeError(`sagaTool(${name}): the tool has no execute function to record.`);
-  const request = (args: INPUT) => ({
+  // This tool serves as the reader of `name` when a policy's `before` names it (called directly,
+  // not as a step): with the options of the call whose image it takes, under its own call id.
+  registerToolReader(name, async (args, context) => execute(args as INPUT, readOptions(context)));
+  const request = (args: INPUT, host?: unknown) => ({
+    ...(host !== undefined ? { host } : {}),
     tool: name,
     args,
     target: (typeof options.target === "function" ? options.target(args) : options.target) ?? null,
     compensate: (typeof options.compensate === "function" ? options.compensate(args) : options.compensate) ?? null,
     ...(options.intent ? { intent: options.intent } : {}),
   });
-  const record = (run: Run, args: StepArgs): Promise<Action> => run.record(request(args as INPUT));
+  const record = (run: Run, args: StepArgs, host?: unknown): Promise<Action> => run.record(request(args as INPUT, host));
   const wrapped: Tool<INPUT, OUTPUT> = {
     ...tool,
     // Asked before the call and again when an approved call is about to run (the SDK denies an
     // approved call whose tool no longer needs approval): true whenever Saga gates this call.
-    needsApproval: async (input: INPUT) => {
-      const action = await record(activeRun(name), input);
+    needsApproval: async (input: INPUT, approvalOptions?: unknown) => {
+      let action: Action;
+      try {
+        action = await record(activeRun(name), input, approvalOptions);
+      } catch (error) {
+        // No before-image: the call is refused when it runs, with the reason for the model.
+        if (error instanceof BeforeImageFailed) return false;
+        throw error;
+      }
       return action.requires_approval || action.status === "awaiting_approval" || action.status === "rejected";
     },
     execute: async (input: INPUT, executionOptions: ToolExecutionOptions) => {
@@ -72,19 +84,32 @@ export function sagaTool<INPUT extends StepArgs, OUTPUT>(
       run.failUnretriedSteps = true;
       try {
         return await run.step<INPUT, OUTPUT>({
-          ...request(input),
+          ...request(input, executionOptions),
           wait: false,
           do: async (args) => (await execute(args, executionOptions)) as OUTPUT,
         });
       } catch (error) {
         // The SDK shows a tool's error to the model: say what Saga decided, in its words.
-        if (error instanceof ApprovalPending || error instanceof ApprovalRejected) throw new Error(`Saga Admin: ${error.message}`, { cause: error });
+        if (error instanceof ApprovalPending || error instanceof ApprovalRejected || error instanceof BeforeImageFailed) {
+          throw new Error(`Saga Admin: ${error.message}`, { cause: error });
+        }
         throw error;
       }
     },
   } as Tool<INPUT, OUTPUT>;
   registry.set(wrapped, { name, record });
   return wrapped;
+}
+
+/** The execution options a read is called with: the step's call's (when known), its own call id. */
+function readOptions(context: ReadContext): ToolExecutionOptions {
+  const host = (context.host ?? {}) as Partial<ToolExecutionOptions>;
+  return {
+    ...host,
+    messages: host.messages ?? [],
+    toolCallId: `${host.toolCallId ?? "saga"}:${context.phase}-image:${context.tool}`,
+    abortSignal: context.signal,
+  };
 }
 
 /** Wrap a whole tool set: `names` maps each key to its Saga tool name (default: the key). */

@@ -22,7 +22,8 @@
  */
 import type { FunctionTool, RunContext, RunState, RunToolApprovalItem } from "@openai/agents";
 
-import { ApprovalPending, ApprovalRejected, NoActiveRun, SagaError, rejectionFor, rejectionWords } from "../errors.js";
+import { registerToolReader } from "../before.js";
+import { ApprovalPending, ApprovalRejected, BeforeImageFailed, NoActiveRun, SagaError, rejectionFor, rejectionWords } from "../errors.js";
 import type { Run } from "../run.js";
 import { currentRun } from "../saga.js";
 import type { Action, Compensation, Target } from "../types.js";
@@ -101,23 +102,41 @@ function invalidArguments(name: string): string {
 /** The SDK's `FunctionTool`, each call a step of the active run, its approval Saga's. */
 export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P, options: SagaFunctionToolOptions = {}): P {
   const name = options.name ?? tool.name;
-  const request = (args: Args) => ({
+  // This tool serves as the reader of `name` when a policy's `before` names it (called directly,
+  // not as a step), in the run context of the call whose image it takes. A failure its error
+  // function answered is a failed read.
+  registerToolReader(name, async (args, context) => {
+    const host = context.host as { context?: RunContext<C> } | undefined;
+    const output: unknown = await tool.invoke(host?.context ?? (undefined as unknown as RunContext<C>), JSON.stringify(args));
+    const failed = sdkFailure(output);
+    if (failed) throw failed;
+    return output;
+  });
+  const request = (args: Args, host?: unknown) => ({
+    ...(host !== undefined ? { host } : {}),
     tool: name,
     args,
     target: (typeof options.target === "function" ? options.target(args) : options.target) ?? null,
     compensate: (typeof options.compensate === "function" ? options.compensate(args) : options.compensate) ?? null,
     ...(options.intent ? { intent: options.intent } : {}),
   });
-  const record = (run: Run, args: Args): Promise<Action> => run.record(request(args));
+  const record = (run: Run, args: Args, host?: unknown): Promise<Action> => run.record(request(args, host));
   const registered: Registered = { name, record };
   const wrapped = {
     ...tool,
     [SAGA_TOOL]: registered,
-    needsApproval: async (_context: RunContext, input: unknown) => {
+    needsApproval: async (context: RunContext, input: unknown) => {
       const args = parsed(input);
       // Arguments that do not parse need no approval: the call itself only tells the model so.
       if (args === undefined) return false;
-      const action = await record(activeRun(name), args);
+      let action: Action;
+      try {
+        action = await record(activeRun(name), args, { context });
+      } catch (error) {
+        // No before-image: the call is refused when it runs, with the reason for the model.
+        if (error instanceof BeforeImageFailed) return false;
+        throw error;
+      }
       return action.status === "awaiting_approval" || action.status === "rejected";
     },
     invoke: async (context: RunContext<C>, input: string, details?: Parameters<P["invoke"]>[2]) => {
@@ -128,7 +147,7 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
       run.failUnretriedSteps = true;
       try {
         return await run.step({
-          ...request(args),
+          ...request(args, { context }),
           wait: false,
           do: async (args) => {
             const output = await tool.invoke(context, JSON.stringify(args), details);
@@ -141,7 +160,9 @@ export function sagaFunctionTool<C, P extends FunctionTool<C, any, any>>(tool: P
         // Saga's approval errors are the model's to read; a failure the SDK's error function
         // answered is answered the same; every other error is the SDK's to handle, unless this
         // tool says what the model reads instead.
-        if (error instanceof ApprovalPending || error instanceof ApprovalRejected) return `Saga Admin: ${error.message}`;
+        if (error instanceof ApprovalPending || error instanceof ApprovalRejected || error instanceof BeforeImageFailed) {
+          return `Saga Admin: ${error.message}`;
+        }
         if (error instanceof SdkToolFailure) return error.output;
         if (options.errorFunction && !(error instanceof SagaError)) return options.errorFunction(context, error);
         throw error;

@@ -5,7 +5,7 @@ export const API_CODES = ["already_asked_again", "already_granted", "approval_ar
 export type ApiCode = (typeof API_CODES)[number];
 
 /** The codes a client raises for what it found out itself. */
-export const CLIENT_CODES = ["approval_deadline_passed", "approval_timeout", "args_edited", "invalid_config", "invalid_response", "no_active_run", "run_not_open", "saga_error", "step_in_doubt", "unavailable"] as const;
+export const CLIENT_CODES = ["approval_deadline_passed", "approval_timeout", "args_edited", "before_image_failed", "invalid_config", "invalid_response", "no_active_run", "run_not_open", "saga_error", "step_in_doubt", "unavailable"] as const;
 export type ClientCode = (typeof CLIENT_CODES)[number];
 
 export interface ClassRule {
