@@ -516,6 +516,73 @@ def contact_tiers_sync(demo: Demo, external_id: str, *, die_after: int | None = 
     run.complete(f"{len(changes)} contact tiers synced from billing.")
 
 
+# --- HR titles --------------------------------------------------------------------------------
+
+NOAH, GRACE, PRIYA = "noah.kim@acme.example", "grace.obi@acme.example", "priya.raman@acme.example"
+
+
+def title_update(demo: Demo, run: Run, email: str, title: str, *, reasoning: str) -> dict[str, Any]:
+    """hr.update_title: an update, undone exactly by the same tool with the title it replaced. The
+    policy reads the record before (``hr.get_user``, its ``before``); the agent hands the client the
+    same read, so the before-image is there whichever client records the step."""
+    return world_step(
+        run,
+        demo.world,
+        "hr.update_title",
+        path=f"/hr/users/{email}/title",
+        target=("user", email),
+        args={"email": email, "title": title},
+        body=lambda effective: {"title": effective["title"]},
+        before=lambda: demo.world.state(f"/hr/users/{email}"),
+        intent={"reasoning": reasoning, "confidence": 0.9},
+    )
+
+
+def reorg_titles_undone(demo: Demo, external_id: str) -> None:
+    """Apply the reorg's title changes from HR's spreadsheet. Noah's lands; Grace's cell was blank
+    and HR refuses a blank title, so the run fails. Everything it did is low risk: Saga Admin undoes
+    it by itself, putting Noah's title back to exactly what it was and reading it back to prove it."""
+    saga = demo.saga("acme")
+    with (
+        expected_failure(WorldError),
+        saga.run(
+            agent="hr-agent",
+            request="Apply the reorg's title changes: Noah Kim to Engineering manager, Grace Obi's from the sheet",
+            external_id=external_id,
+            metadata={"demo": True},
+        ) as run,
+    ):
+        title_update(demo, run, NOAH, "Engineering manager", reasoning="Noah leads the platform team now.")
+        title_update(demo, run, GRACE, "", reasoning="Grace's row in the sheet (its title cell is empty).")
+
+
+def title_drift(demo: Demo, external_id: str) -> None:
+    """The agent retitles Priya; minutes later the COO corrects her title by hand in the HR system.
+    When the run then fails, the automatic undo finds her record no longer as the agent left it
+    and refuses: the COO's title stays, and the run waits in the queue as drifted."""
+    saga = demo.saga("acme")
+    with (
+        expected_failure(WorldError),
+        saga.run(
+            agent="hr-agent",
+            request="Support reorg: Priya Raman to Support manager, Grace Obi to Senior support engineer",
+            external_id=external_id,
+            metadata={"demo": True},
+        ) as run,
+    ):
+        title_update(demo, run, PRIYA, "Support manager", reasoning="Priya runs the support team now.")
+        demo.people.person_edits_hr_record(
+            email=PRIYA, by="Jon Ives (COO)", changes={"title": "Head of Customer Support"}
+        )
+        title_update(
+            demo,
+            run,
+            GRACE,
+            "Senior support engineer\nReports to: Priya Raman",
+            reasoning="Grace's new title, as the reorg memo words it.",
+        )
+
+
 # --- Email ------------------------------------------------------------------------------------
 
 
@@ -781,6 +848,23 @@ SCENARIOS: tuple[Scenario, ...] = (
         needs_worker=True,
     ),
     Scenario("vendor-payment", "acme", "ap-agent", "Payment waiting for approval", vendor_payment_requested),
+    Scenario(
+        "reorg-titles",
+        "acme",
+        "hr-agent",
+        "Title change undone exactly and verified",
+        reorg_titles_undone,
+        needs_worker=True,
+    ),
+    Scenario(
+        "title-drift",
+        "acme",
+        "hr-agent",
+        "Undo refused: the COO changed the title by hand",
+        title_drift,
+        expected_reason="state_drift",
+        needs_worker=True,
+    ),
 )
 
 

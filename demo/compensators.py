@@ -89,3 +89,19 @@ def read_contact(*, target_id: str, **_: Any) -> Any:
     if not result.ok:
         raise CompensationFailed(result.body["error"]["message"])
     return result.body["state"]
+
+
+def restore_title(*, args: Any, target_id: str, after_snapshot: Any, idempotency_key: str, **_: Any) -> Any:
+    """hr.update_title as its own undo: the policy's compensation args carry the title the call
+    replaced (``$before.title``, the before-image Saga Admin recorded). A record someone changed
+    since the agent is refused as drifted, never overwritten."""
+    email = _arg(args, "email", target_id)
+    title = _arg(args, "title")
+    if not isinstance(email, str) or not email:
+        raise CompensationFailed("No email in the args or the target: cannot tell whose title to restore.")
+    return _once(
+        "hr.restore_title",
+        idempotency_key,
+        {"email": email, "title": title},
+        lambda: services.hr_title_restore(email=email, title=title, after_snapshot=after_snapshot),
+    )

@@ -1,6 +1,7 @@
 """What people do while the demo agents work: an approver releasing a charge from the inbox, a
-support lead editing a ticket in the CRM by hand. The agents only speak HTTP; people act where
-people act (the dashboard's services, the CRM's own screen), so these call services directly.
+support lead editing a ticket in the CRM by hand, the COO correcting a job title in the HR system.
+The agents only speak HTTP; people act where people act (the dashboard's services, the CRM's and
+the HR system's own screens), so these call services directly.
 """
 
 from __future__ import annotations
@@ -50,3 +51,11 @@ def person_edits_ticket(*, ticket_id: str, by: str, changes: dict[str, Any]) -> 
     result = world.ticket_update(ticket_id=ticket_id, changes=changes, by=by)
     if not result.ok:
         raise RuntimeError(f"{by} could not edit {ticket_id}: {result.body}")
+
+
+@transaction.atomic
+def person_edits_hr_record(*, email: str, by: str, changes: dict[str, Any]) -> None:
+    """Someone changes a person's record in the HR system's own screen, outside any agent run."""
+    result = world.hr_user_edit_by_person(email=email, who=by, **changes)
+    if not result.ok:
+        raise RuntimeError(f"{by} could not edit {email}: {result.body}")

@@ -176,6 +176,55 @@ def hr_user_edit_by_person(*, email: str, who: str, **changes: Any) -> WorldResu
     return WorldResult(200, {"state": user.snapshot(), "edited_by": who})
 
 
+TITLE_MAX_LENGTH = 200
+
+
+def _title_refused(title: Any) -> WorldResult | None:
+    """A job title's refusal (422 ``invalid_title``), or None: one line of text, not blank."""
+    if not isinstance(title, str) or not title.strip():
+        return _error(422, "invalid_title", "A job title is required (a text that is not blank).")
+    if len(title) > TITLE_MAX_LENGTH:
+        return _error(422, "invalid_title", f"A job title is at most {TITLE_MAX_LENGTH} characters.")
+    if any(char in title for char in "\r\n\t"):
+        return _error(422, "invalid_title", "A job title is one line of text.", title=title)
+    return None
+
+
+def hr_user_update_title(*, email: str, title: Any) -> WorldResult:
+    """hr.update_title: change a person's job title. The answer's state is the whole record after
+    the change (what the agent records as its after snapshot)."""
+    refused = _title_refused(title)
+    if refused is not None:
+        return refused
+    user = HrUser.objects.select_for_update().filter(email=email).first()
+    if user is None:
+        return _error(404, "not_found", f"No HR record for {email}.")
+    user.title = title
+    user.save(update_fields=["title", "updated_at"])
+    return WorldResult(200, {"state": user.snapshot()})
+
+
+def hr_title_restore(*, email: str, title: Any, after_snapshot: Any = None) -> WorldResult:
+    """The undo of hr.update_title: put the title back to ``title`` (the before-image's), unless
+    the record no longer looks as the agent left it (412: someone changed it since, and their
+    change is not ours to overwrite) or already has that title (409)."""
+    refused = _title_refused(title)
+    if refused is not None:
+        return refused
+    user = HrUser.objects.select_for_update().filter(email=email).first()
+    if user is None:
+        return _error(404, "not_found", f"No HR record for {email}.")
+    if user.title == title:
+        return _error(
+            409, "already_restored", f"{email} already has the title {title!r}.", state=user.snapshot()
+        )
+    if not _matches(user.snapshot(), after_snapshot):
+        return _drifted(expected=after_snapshot, actual=user.snapshot(), what=f"HR record {email}")
+    user.title = title
+    user.save(update_fields=["title", "updated_at"])
+    return WorldResult(200, {"state": user.snapshot()})
+
+
 # --- Workspace licences ----------------------------------------------------------------------
 
 

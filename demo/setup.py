@@ -187,6 +187,8 @@ TICKETS = [
 EMPLOYEES = [
     ("priya.raman@acme.example", "Priya Raman", "Support", "Support lead", "Jon Ives"),
     ("jon.ives@acme.example", "Jon Ives", "Operations", "COO", ""),
+    ("noah.kim@acme.example", "Noah Kim", "Engineering", "Senior engineer", "Jon Ives"),
+    ("grace.obi@acme.example", "Grace Obi", "Support", "Support engineer", "Priya Raman"),
 ]
 PAYMENTS = [
     # The customer was charged twice for INV-7781 and filed a chargeback on the duplicate.

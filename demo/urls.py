@@ -12,6 +12,7 @@ urlpatterns = [
     path("", views.overview, name="overview"),
     path("hr/users", views.hr_users, name="hr-users"),
     path("hr/users/<str:email>", views.hr_user, name="hr-user"),
+    path("hr/users/<str:email>/title", views.hr_user_title, name="hr-user-title"),
     path("hr/saga/delete_user", views.saga_delete_user, name="hr-delete-user"),
     path("workspace/licenses", views.workspace_licenses, name="workspace-licenses"),
     path("workspace/saga/cancel_license", views.saga_cancel_license, name="workspace-cancel-license"),

@@ -167,6 +167,14 @@ def hr_users(request: HttpRequest, payload: dict[str, Any]) -> Handler:
 
 
 @require_POST
+@world_endpoint("hr.update_title")
+def hr_user_title(request: HttpRequest, payload: dict[str, Any], email: str) -> Handler:
+    """hr.update_title: a person's new job title (``{"title": …}``); the answer is the record."""
+    title = _field(payload, "title")
+    return lambda: services.hr_user_update_title(email=email, title=title)
+
+
+@require_POST
 @world_endpoint("workspace.provision_license")
 def workspace_licenses(request: HttpRequest, payload: dict[str, Any]) -> Handler:
     email, sku, tenant = _field(payload, "email"), _field(payload, "sku"), _tenant(request)

@@ -278,7 +278,8 @@ fi
 # The server needs nothing of Saga Admin, so it starts now, on the port chosen this moment, and
 # is checked to be the one answering there (start_on_port) before the setup points the people.*
 # tools' MCP compensators at its URL (seed_demo reads SAGA_DEMO_MCP_URL, as `make manage` does
-# from .data/env).
+# from .data/env). It starts with Acme's employees (HR_MCP_DIRECTORY=acme), whose titles the MCP
+# agent's promotion session changes.
 no_server_env=(env -u SECRET_KEY -u SAGA_DEMO_WORLD_SECRET -u SAGA_RESUME_WEBHOOK_SECRET -u DATABASE_URL
   -u REDIS_URL -u WEB_CONCURRENCY -u PORT)
 MCP_JOURNAL="$LOGS/mcp-upstream-journal.jsonl"
@@ -407,10 +408,10 @@ fi
 say "Preparing the database and starting the demo MCP server"
 mcp_server=(mcp-upstream SAGA_RUN_MCP_PORT 8765 "http://127.0.0.1:@PORT@/mcp" "${no_server_env[@]}" "$PY"
   clients/python/examples/hr_workspace_mcp.py --http "127.0.0.1:@PORT@")
-HR_MCP_JOURNAL="$MCP_JOURNAL" start_on_port --no-wait "${mcp_server[@]}"
+HR_MCP_JOURNAL="$MCP_JOURNAL" HR_MCP_DIRECTORY=acme start_on_port --no-wait "${mcp_server[@]}"
 "$PY" manage.py migrate --noinput >"$LOGS/migrate.log" 2>&1 || { tail -n 30 "$LOGS/migrate.log"; exit 1; }
 "$PY" manage.py collectstatic --noinput >"$LOGS/collectstatic.log" 2>&1 || { tail -n 30 "$LOGS/collectstatic.log"; exit 1; }
-HR_MCP_JOURNAL="$MCP_JOURNAL" start_on_port --started "${mcp_server[@]}"
+HR_MCP_JOURNAL="$MCP_JOURNAL" HR_MCP_DIRECTORY=acme start_on_port --started "${mcp_server[@]}"
 mcp_port=$bound_port
 export SAGA_DEMO_MCP_URL="http://127.0.0.1:$mcp_port/mcp"
 write_env

@@ -43,6 +43,8 @@ UPSTREAM_TOOLS = [
     "send_email",
     "send_correction",
     "list_users",
+    "get_user",
+    "update_title",
 ]
 
 

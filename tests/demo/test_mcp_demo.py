@@ -5,6 +5,7 @@ alice's Compensate carried out by a real worker, which calls the server's undo t
 
 from __future__ import annotations
 
+import asyncio
 import io
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ def test_the_seeded_mcp_session_fails_into_the_queue_and_compensating_it_undoes_
             (upstream.url, "delete_user"),
             (upstream.url, "revoke_license"),
             (upstream.url, "send_correction"),
+            (upstream.url, "update_title"),
         }
         key = _seed_demo(print_key="acme-mcp-gateway").strip()
         assert key.startswith("sk_")
@@ -108,6 +110,97 @@ def test_the_seeded_mcp_session_fails_into_the_queue_and_compensating_it_undoes_
             Action.Status.FAILED,
         ]
         assert RecoveryItem.objects.get(pk=item.pk).resolution == RecoveryItem.Resolution.COMPENSATED
+
+
+async def _title_calls(url: str) -> dict[str, Any]:
+    from mcp import Client
+
+    async with Client(url, mode="legacy") as client:
+        return {
+            "before": await client.call_tool("get_user", {"email": "priya.raman@acme.example"}),
+            "updated": await client.call_tool(
+                "update_title", {"email": "priya.raman@acme.example", "title": "Support manager"}
+            ),
+            "after": await client.call_tool("get_user", {"email": "priya.raman@acme.example"}),
+            "blank": await client.call_tool(
+                "update_title", {"email": "priya.raman@acme.example", "title": " "}
+            ),
+            "nobody": await client.call_tool("get_user", {"email": "nobody@acme.example"}),
+        }
+
+
+def test_the_demo_mcp_server_reads_and_updates_a_title_as_the_policy_before_expects(tmp_path: Path) -> None:
+    from ledger.policies.before_images import image_at, read_result
+
+    def image(result: Any) -> Any:
+        texts = [block.text for block in result.content if getattr(block, "type", "") == "text"]
+        return image_at(read_result(structured=result.structured_content, texts=texts), "user")
+
+    with http_upstream(tmp_path, HR_MCP_DIRECTORY="acme") as upstream:
+        said = asyncio.run(_title_calls(upstream.url))
+        # A write is journaled; the reads are not.
+        assert upstream.tools_called() == ["update_title", "update_title"]
+    assert not said["before"].is_error and not said["updated"].is_error
+    before, after = image(said["before"]), image(said["after"])
+    assert before == {
+        "user_id": before["user_id"],
+        "email": "priya.raman@acme.example",
+        "name": "Priya Raman",
+        "title": "Support lead",
+    }
+    assert after == {**before, "title": "Support manager"} == image(said["updated"])
+    assert said["blank"].is_error and said["nobody"].is_error
+
+
+@pytest.mark.slow
+def test_the_seeded_promotion_session_updates_a_title_through_the_gateway_into_the_queue(
+    live_server: Any, tmp_path: Path
+) -> None:
+    from ledger.models import Action, Run, StateReader
+    from recovery.models import RecoveryItem
+
+    with http_upstream(tmp_path, HR_MCP_DIRECTORY="acme") as upstream:
+        _seed_demo(url=live_server.url, setup_only=True, mcp_url=upstream.url)
+        # The worker reads people.get_user on the same server to check and verify the undo.
+        reader = StateReader.objects.get(tenant=None, tool="people.get_user")
+        assert (reader.kind, reader.url, reader.mcp_tool) == ("mcp", upstream.url, "get_user")
+        key = _seed_demo(print_key="acme-mcp-gateway").strip()
+        with http_gateway(
+            live_server.url, upstream.url, key, tmp_path, "--agent", mcp_agent.AGENT, namespace="people"
+        ) as gateway_url:
+            said: list[str] = []
+            run = mcp_agent.seed_promotion_session(
+                base_url=live_server.url, key=key, gateway_url=gateway_url, log=said.append
+            )
+            assert run is not None and run["status"] == "failed"
+            assert "MCP promotion session" in said[0] and "Unknown SKU 'business-premium'" in said[0]
+            assert (
+                mcp_agent.seed_promotion_session(base_url=live_server.url, key=key, gateway_url=gateway_url)
+                is None
+            )
+        assert upstream.tools_called() == ["update_title", "assign_license"]
+
+    recorded = Run.objects.get(pk=run["id"])
+    assert recorded.metadata["mcp_client"] == mcp_agent.PROMOTION_CLIENT_LABEL
+    actions = list(recorded.actions.order_by("seq"))
+    assert [(a.tool, a.status) for a in actions] == [
+        ("people.update_title", Action.Status.SUCCEEDED),
+        ("people.assign_license", Action.Status.FAILED),
+    ]
+    title = actions[0]
+    assert title.args == {"email": "priya.raman@acme.example", "title": "Support manager"}
+    # The update's frozen policy names its read, which the gateway takes the images with, and
+    # its undo: the same tool with the title the read found before.
+    assert title.policy["before"] == {
+        "tool": "people.get_user",
+        "args": {"email": "$args.email"},
+        "path": "user",
+    }
+    assert (title.compensation_tool, title.compensation_args) == (
+        "people.update_title",
+        {"email": "$args.email", "title": "$before.title"},
+    )
+    assert recorded.recovery_items.get().status == RecoveryItem.Status.OPEN
 
 
 def test_an_mcp_url_that_is_not_one_is_refused_with_a_clear_error(db: Any) -> None:

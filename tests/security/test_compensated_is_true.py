@@ -58,12 +58,13 @@ def _no_calls_yet() -> None:
 
 def load_demo_policies(tenant: Any, tmp_path: Path, people_url: str) -> str:
     """The demo's policy file (docs/MCP.md: "Against make run, use --namespace people"), its
-    ``people.*`` MCP compensators pointed at ``people_url``; returns what the loader warned about
+    ``people.*`` MCP compensators and readers pointed at ``people_url``; returns what the loader warned about
     upstreams (its other warnings, on the same stream, are about unattended compensations)."""
     data = json.loads(DEMO_POLICIES.read_text())
-    for tool, spec in data["compensators"].items():
-        if tool.startswith("people."):
-            spec["mcp"] = people_url
+    for section in ("compensators", "readers"):
+        for tool, spec in data[section].items():
+            if tool.startswith("people."):
+                spec["mcp"] = people_url
     path = tmp_path / "native.json"
     path.write_text(json.dumps(data))
     warnings = StringIO()

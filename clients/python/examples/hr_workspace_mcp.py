@@ -11,11 +11,17 @@ Forward tools and the tools that undo them:
     assign_license(email, sku)      ↔  revoke_license(email, sku)
     send_email(to, subject, body)   →  send_correction(to, subject, body)   (an email cannot be unsent)
 
-``list_users`` reads the state. Every call that reaches a tool is appended to the JSON-lines file
+``update_title(email, title)`` changes a user's job title; its undo is the same tool with the
+title it replaced, which Saga Admin reads before the call with ``get_user(email)`` (a policy's
+``before``: docs/MCP.md). ``list_users`` and ``get_user`` read the state.
+
+Every call that reaches a tool other than those two reads is appended to the JSON-lines file
 named by ``HR_MCP_JOURNAL`` (when set), with the ``Idempotency-Key`` header it came with, so a test
 or a demo can see exactly what reached this server and in which order, whichever transport carried
-it. With ``HR_MCP_TOKEN`` set, the HTTP endpoint answers 401 unless a request carries
-``Authorization: Bearer <token>`` (what a Saga Admin MCP compensator's ``headers_env`` is for).
+it. With ``HR_MCP_DIRECTORY=acme`` the directory starts with Acme's employees (``DIRECTORIES``), as
+``make run``'s demo does; by default it starts empty. With ``HR_MCP_TOKEN`` set, the HTTP endpoint
+answers 401 unless a request carries ``Authorization: Bearer <token>`` (what a Saga Admin MCP
+compensator's ``headers_env`` is for).
 
 Failures are tool errors (``isError``, raised as ``ToolError`` so the message reaches the caller), as
 a real server's would be: creating a user that exists,
@@ -50,6 +56,7 @@ mcp = MCPServer(
 _users: dict[str, dict[str, Any]] = {}
 _licenses: dict[tuple[str, str], dict[str, Any]] = {}
 _outbox: list[dict[str, Any]] = []
+_titles: dict[str, str] = {}
 _next_id = {"user": 1000, "license": 1, "message": 1}
 
 
@@ -90,6 +97,7 @@ def delete_user(email: Email, ctx: Context) -> dict[str, Any]:
     succeeds: the user is gone either way."""
     _journal(ctx, "delete_user", {"email": email})
     user = _users.pop(email, None)
+    _titles.pop(email, None)
     return {"email": email, "deleted": user is not None}
 
 
@@ -157,6 +165,49 @@ def list_users() -> dict[str, Any]:
     }
 
 
+Title = Annotated[str, Field(description="A job title: one line of text", min_length=1, max_length=200)]
+
+
+@mcp.tool()
+def get_user(email: Email) -> dict[str, Any]:
+    """One user of the HR directory with their job title: ``{"user": {...}}``."""
+    user = _users.get(email)
+    if user is None:
+        raise ToolError(f"No user {email}.")
+    return {"user": {**user, "title": _titles.get(email, "")}}
+
+
+@mcp.tool()
+def update_title(email: Email, title: Title, ctx: Context) -> dict[str, Any]:
+    """Change a user's job title. Undone by calling it again with the title it replaced."""
+    _journal(ctx, "update_title", {"email": email, "title": title})
+    if email not in _users:
+        raise ToolError(f"No user {email}: create the user first.")
+    if not title.strip() or any(char in title for char in "\r\n\t"):
+        raise ToolError("A job title is one line of text, not blank.")
+    _titles[email] = title
+    return {"user": {**_users[email], "title": title}}
+
+
+# The directories a server can start with (HR_MCP_DIRECTORY): email, name, job title. Acme's are
+# the employees of make run's demo world (demo/setup.py).
+DIRECTORIES: dict[str, list[tuple[str, str, str]]] = {
+    "acme": [
+        ("jon.ives@acme.example", "Jon Ives", "COO"),
+        ("priya.raman@acme.example", "Priya Raman", "Support lead"),
+    ],
+}
+
+
+def directory_load(name: str) -> None:
+    """Start from the named directory (``DIRECTORIES``); an unknown name is refused."""
+    if name not in DIRECTORIES:
+        raise SystemExit(f"HR_MCP_DIRECTORY={name!r}: not one of {', '.join(sorted(DIRECTORIES))}.")
+    for email, person, title in DIRECTORIES[name]:
+        _users[email] = {"user_id": f"u_{_new_id('user')}", "email": email, "name": person}
+        _titles[email] = title
+
+
 class _RequireBearer:
     """ASGI middleware: 401 unless the request carries ``Authorization: Bearer <token>``."""
 
@@ -183,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="HR + workspace demo MCP server (in memory).")
     parser.add_argument("--http", metavar="HOST:PORT", help="serve Streamable HTTP at http://HOST:PORT/mcp")
     args = parser.parse_args(argv)
+    if directory := os.environ.get("HR_MCP_DIRECTORY"):
+        directory_load(directory)
     if args.http:
         host, _, port = args.http.rpartition(":")
         app: Any = mcp.streamable_http_app(host=host or "127.0.0.1")

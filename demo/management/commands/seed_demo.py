@@ -122,6 +122,14 @@ class Command(BaseCommand):
                 )
                 if played is None:
                     self.stdout.write("Demo MCP session: already there.")
+                promoted = mcp_agent.seed_promotion_session(
+                    base_url=url,
+                    key=agent_secret("acme-mcp-gateway"),
+                    gateway_url=mcp_gateway,
+                    log=self.stdout.write,
+                )
+                if promoted is None:
+                    self.stdout.write("Demo MCP promotion session: already there.")
             if not continuous:
                 # Now that everything they call is up: no demo compensator shows "never checked".
                 self.stdout.write(f"Demo compensators: {compensators_check()}")
