@@ -131,10 +131,8 @@ def _column(
 
 def _verdict(step: UnwindStep, read: str) -> Verdict:
     checks = step.read_checks if isinstance(step.read_checks, dict) else {}
-    verify_reads = [
-        r for r in checks.get("reads") or [] if isinstance(r, dict) and r.get("phase") == "verify"
-    ]
-    failed_read = next((r for r in verify_reads if not r.get("ok")), None)
+    reads = [r for r in checks.get("reads") or [] if isinstance(r, dict)]
+    failed_read = next((r for r in reversed(reads) if not r.get("ok")), None)
     if step.status == UnwindStep.Status.DRIFTED:
         return Verdict(
             "drifted",
@@ -150,7 +148,7 @@ def _verdict(step: UnwindStep, read: str) -> Verdict:
             "verified",
             "Verified: the value read back after the undo equals the before-image.",
         )
-    if "read_back" in checks and checks.get("read_back") is not None and step.verified is False:
+    if step.verified is False:
         return Verdict(
             "not_restored",
             "bad",
@@ -158,21 +156,23 @@ def _verdict(step: UnwindStep, read: str) -> Verdict:
             "Not restored: the undo was acknowledged, but the value read back is not the before-image.",
         )
     if failed_read is not None:
+        when = (
+            "before the undo (the drift check)" if failed_read.get("phase") == "drift" else "after the undo"
+        )
         return Verdict(
             "read_failed",
             "bad",
             "not verified",
-            f"Not verified: reading it back failed ({failed_read.get('error') or 'no value'}).",
+            f"Not verified: reading the value {when} failed ({failed_read.get('error') or 'no value'}).",
         )
     if step.status == UnwindStep.Status.DONE:
-        return Verdict(
-            "unverified",
-            "warn",
-            "not verified",
-            f"Undone, not verified: no reader is registered for {read}, so nothing was read back."
-            if read
-            else "Undone, not verified: the policy takes no before-image, so nothing was read back.",
-        )
+        if any(r.get("phase") == "verify" for r in reads):
+            sentence = "Undone, not verified: there was no before-image to compare the value read back with."
+        elif read:
+            sentence = f"Undone, not verified: no reader is registered for {read}, so nothing was read back."
+        else:
+            sentence = "Undone, not verified: the policy takes no before-image, so nothing was read back."
+        return Verdict("unverified", "warn", "not verified", sentence)
     if step.status in (UnwindStep.Status.FAILED, UnwindStep.Status.SKIPPED):
         return Verdict("failed", "bad", step.get_status_display().lower(), "The undo step did not succeed.")
     return Verdict("pending", "info", "not checked yet", "The undo has not run yet.")
@@ -218,7 +218,9 @@ def action_images(action: Action, step: UnwindStep | None) -> ActionImages | Non
             else "Not yet: the call has not succeeded.",
         ),
     ]
-    if now is not None or (step is not None and step.status == UnwindStep.Status.DRIFTED):
+    drifted = step is not None and step.status == UnwindStep.Status.DRIFTED
+    not_restored = step is not None and step.verified is False
+    if now is not None or drifted:
         columns.append(
             _column(
                 "now",
@@ -228,10 +230,10 @@ def action_images(action: Action, step: UnwindStep | None) -> ActionImages | Non
                 now,
                 against=after,
                 paths=ordered,
-                missing="Not read.",
+                missing="No value: the read found nothing there." if drifted else "Not read.",
             )
         )
-    if read_back is not None:
+    if read_back is not None or not_restored:
         columns.append(
             _column(
                 "read_back",
@@ -241,7 +243,7 @@ def action_images(action: Action, step: UnwindStep | None) -> ActionImages | Non
                 read_back,
                 against=before,
                 paths=ordered,
-                missing="Not read.",
+                missing="No value: the read found nothing there.",
             )
         )
     path = str(before_read.get("path") or "") if isinstance(before_read, dict) else ""

@@ -235,3 +235,47 @@ def test_the_poll_brings_the_read_back_and_the_verdict_without_a_reload(client, 
     )
     assert swapped is not None
     assert _verdict(swapped[0]) == "verified" and 'data-image="read_back"' in swapped[0]
+
+
+def test_a_failed_read_back_says_not_verified_and_why(client, tenant, agent, carol):
+    run, action, _ = imaged_undo(
+        tenant,
+        agent,
+        before=BEFORE,
+        after=AFTER,
+        step_status="failed",
+        error="Reading the value after the undo, which the compensator reported done: timed out",
+        read_checks={
+            "now": AFTER,
+            "read_back": None,
+            "differences": [],
+            "reads": [
+                {"phase": "drift", "tool": "crm.get_contact", "kind": "python", "ok": True, "error": ""},
+                {
+                    "phase": "verify",
+                    "tool": "crm.get_contact",
+                    "kind": "python",
+                    "ok": False,
+                    "error": "timed out",
+                },
+            ],
+        },
+    )
+    block = _images(_body(client, carol, run), action.seq)
+    assert _verdict(block) == "read_failed" and "reading the value after the undo failed (timed out)" in block
+    assert list(_columns(block)) == ["before", "after", "now"]
+
+
+def test_a_value_gone_after_the_undo_is_not_restored_with_no_value_read_back(client, tenant, agent, carol):
+    run, action, _ = imaged_undo(
+        tenant,
+        agent,
+        before=BEFORE,
+        after=AFTER,
+        step_status="failed",
+        verified=False,
+        read_checks={"now": AFTER, "read_back": None, "differences": [], "reads": []},
+    )
+    block = _images(_body(client, carol, run), action.seq)
+    assert _verdict(block) == "not_restored"
+    assert 'data-image="read_back"' in block and "No value: the read found nothing there." in block
