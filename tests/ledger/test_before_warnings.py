@@ -189,3 +189,35 @@ def test_the_record_warning_is_on_the_api_answer(tenant, agent_key):
         f"/runs/{run['id']}/actions", {**body, "idempotency_key": "imaged", "before_snapshot": {"price": 3}}
     )
     assert imaged.status_code == 201 and imaged.json()["warnings"] == []
+
+
+def test_a_global_policy_is_checked_against_every_tenants_newest_results(tenant, other_tenant, agent):
+    """The global scope's check reads each tenant's newest results through the (tenant, tool,
+    -created_at) index, in one query, and judges the newest of all of them."""
+    from ledger.audit import Actor
+    from ledger.services.keys import agent_key_create
+
+    policy = _set_price(compensation_args={"item": "$args.item", "price": "$result.previous_price"})
+    del policy["before"]
+    load_policy_file({"policies": [policy]}, tenant=None)
+    other = Actor.for_key(
+        agent_key_create(
+            tenant=other_tenant, name="globex-agent", scopes=["agent"], actor=Actor.system("t")
+        ).key
+    )
+    perform_action(
+        make_run(tenant, agent), agent, "inv.set_price", target_id="a", args={"item": "a"}, result={}
+    )
+    perform_action(
+        make_run(other_tenant, other),
+        other,
+        "inv.set_price",
+        target_id="b",
+        args={"item": "b"},
+        result={"previous_price": 1},
+    )
+    with CaptureQueriesContext(connection) as queries:
+        [warning] = [w.message for w in before_warnings(tenant=None)]
+    assert "1 of the last 2 results of inv.set_price has no 'previous_price'" in warning
+    window = [q["sql"] for q in queries.captured_queries if "#>" in q["sql"]]
+    assert len(window) == 1 and "UNION ALL" in window[0]
