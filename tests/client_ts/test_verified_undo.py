@@ -152,7 +152,7 @@ def test_updates_through_the_typescript_client_and_its_adapter_are_undone_verifi
     assert done.returncode == 0, report(done) + story
     summary = json.loads(results.read_text("utf-8"))
     assert summary["numFailedTests"] == 0 and summary["numPendingTests"] == 0, report(done)
-    assert summary["numPassedTests"] == 9, report(done)
+    assert summary["numPassedTests"] == 10, report(done)
 
     cases = {
         (flow, via): run_id
@@ -165,6 +165,7 @@ def test_updates_through_the_typescript_client_and_its_adapter_are_undone_verifi
             for via in ("client", "adapter")
         ),
         ("approval_changed", "client"),
+        ("approval_changed", "adapter"),
     }, done.stdout
 
     # What the server and the worker kept, flow by flow.
@@ -198,7 +199,9 @@ def test_updates_through_the_typescript_client_and_its_adapter_are_undone_verifi
         refused = Run.objects.get(pk=cases["refused", via])
         assert refused.status == Run.Status.FAILED and not refused.actions.exists()
 
-    waited = Run.objects.get(pk=cases["approval_changed", "client"])
-    [action] = waited.actions.all()
-    assert action.status == Action.Status.APPROVED and action.started_at is None, action.status
-    assert crm.updates(str(action.args["id"])) == []
+    for via in ("client", "adapter"):
+        waited = Run.objects.get(pk=cases["approval_changed", via])
+        [action] = waited.actions.all()
+        assert action.status == Action.Status.APPROVED and action.started_at is None, action.status
+        assert waited.status == Run.Status.FAILED
+        assert crm.updates(str(action.args["id"])) == []

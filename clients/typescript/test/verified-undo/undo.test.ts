@@ -346,4 +346,36 @@ describe.skipIf(skip)("a step that waited for approval", () => {
     expect(run.actions.map((a) => [a.tool, a.status])).toEqual([["crm.set_contact_email", "approved"]]);
     console.log(`UNDO_CASE approval_changed client ${runId}`);
   });
+
+  it("is refused the same way through the OpenAI Agents adapter: the model reads why", async () => {
+    const id = crm.add("approved-agents");
+    const update = tool({
+      name: "update_contact",
+      description: "Change a contact's e-mail",
+      parameters: z.object({ id: z.string(), email: z.string() }),
+      execute: async ({ id, email }) => JSON.stringify(await patchContact(id, { email })),
+    });
+    const tools = [crmTools()[0]!, sagaFunctionTool(update, { name: "crm.set_contact_email", target: (args) => ["contact", String(args["id"])] })];
+    const agent = new Agent({ name: "crm", instructions: "Fix contacts.", model: new UpdateOnceModel({ id, email: "ana@new.example" }), tools });
+    const saga = agentSaga();
+    let runId = "";
+    const approving = pendingApproval(saga, () => runId, "crm.set_contact_email").then((approvalId) => {
+      crm.editByHand(id, { email: "ana@edited-meanwhile.example" });
+      return approver().request("POST", `/approvals/${approvalId}/approve`, { body: { reason: "looks right" }, idempotencyKey: unique("approve") });
+    });
+    const output = await saga.run({ agent: "crm-ts-agents", request: `Fix the e-mail of ${id}` }, async (run) => {
+      runId = run.id;
+      let result = await runAgent(agent, "Change the e-mail");
+      while (result.interruptions.length > 0) result = await runAgent(agent, await sagaDecisions(result, { timeoutS: 60 }));
+      return String(result.finalOutput ?? "");
+    });
+    await approving;
+    expect(output).toMatch(/^Done: Saga Admin: crm\.set_contact_email was not called: the value it changes \(read through crm\.get_contact\) changed while the step waited for approval/);
+    expect(crm.calls("update_contact", id)).toEqual([]);
+    expect(crm.contact(id)?.email).toBe("ana@edited-meanwhile.example");
+    const run = await saga.getRun(runId);
+    expect(run.status).toBe("failed"); // the refused call fails the run at its end, as saga-mcp does
+    expect(run.actions.map((a) => [a.tool, a.status])).toEqual([["crm.set_contact_email", "approved"]]);
+    console.log(`UNDO_CASE approval_changed adapter ${runId}`);
+  });
 });
