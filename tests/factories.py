@@ -490,3 +490,70 @@ def new_action(api: Api, run_id: str, key: str = "k-1", **fields: Any) -> dict[s
     response = api.post(f"/runs/{run_id}/actions", body)
     assert response.status_code == 201, response.content
     return response.json()
+
+
+# --- Before-images and what an undo read back ----------------------------------------------------
+
+CONTACT_IMAGE_POLICIES: dict[str, Any] = {
+    "policies": [
+        {"tool": "crm.get_contact", "risk": "low", "approval": "auto", "action_class": "read_only"},
+        {
+            "tool": "crm.update_contact",
+            "risk": "low",
+            "approval": "auto",
+            "action_class": "internal_update",
+            "compensation": "custom",
+            "before": {"tool": "crm.get_contact", "args": {"id": "$args.id"}, "path": "contact"},
+            "compensation_tool": "crm.update_contact",
+            "compensation_args": {"id": "$args.id", "email": "$before.email", "phone": "$before.phone"},
+        },
+    ],
+    "readers": {"crm.get_contact": {"python": "crm.readers.get_contact"}},
+}
+
+
+def imaged_undo(
+    tenant: Tenant,
+    agent: Actor,
+    *,
+    before: Any,
+    after: Any,
+    step_status: str = "",
+    verified: bool | None = None,
+    read_checks: dict[str, Any] | None = None,
+    error: str = "",
+    run: Run | None = None,
+) -> tuple[Run, Action, Any]:
+    """A ``crm.update_contact`` whose policy takes images, recorded with ``before`` and succeeded
+    with ``after`` (the contact images); with ``step_status``, an undo step of a finished unwind in
+    that state, with ``verified``, ``read_checks`` and ``error`` as the worker would leave them
+    (written directly: the reads themselves are the worker's)."""
+    from recovery.models import Unwind, UnwindStep
+
+    load_policy_file(CONTACT_IMAGE_POLICIES, tenant=tenant)
+    run = run or runs.run_create(
+        tenant=tenant, actor=agent, agent="crm-agent", request="Update Bea's contact details"
+    )
+    action = perform_action(
+        run, agent, "crm.update_contact", target_id="c-7", args={"id": "c-7"}, before=before, after=after
+    )
+    if not step_status:
+        return run, action, None
+    unwind = Unwind.objects.create(
+        tenant=tenant, run=run, reason="undo the update", status=Unwind.Status.FAILED
+    )
+    step = UnwindStep.objects.create(
+        unwind=unwind,
+        action=action,
+        position=0,
+        tool=action.compensation_tool,
+        args=action.compensation_args,
+        strategy=action.compensation_strategy,
+        status=step_status,
+        idempotency_key=f"step-{action.pk}",
+        verified=verified,
+        read_checks=read_checks,
+        error=error,
+        attempts=1,
+    )
+    return run, action, step

@@ -1,13 +1,16 @@
-"""The policies page's reads: each tenant's tool policies (rules and limits in plain words), its
-compensators (where they point only for those who operate the tenant), the policy file's settings
-and the warnings about compensations that reach another upstream or run unattended."""
+"""The policies page's reads: each tenant's tool policies (rules and limits in plain words, the read
+that takes a before-image), its compensators and readers (where they point only for those who
+operate the tenant; never a secret), the policy file's settings and the warnings about
+compensations that reach another upstream or run unattended, and about before-images."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.models import Compensator, Tenant, ToolPolicy
+from ledger.models import Compensator, StateReader, Tenant, ToolPolicy
+from ledger.policies.before_checks import BeforeWarning, before_warnings, readers_in_force
 from ledger.policies.compensation_risks import CompensationWarning, unattended_destructive_compensations
 from ledger.policies.deadlines import deadline_summary
 from ledger.policies.resolve import policies_in_force, policy_settings_for
@@ -28,6 +31,19 @@ class PolicyRow:
     approvers: int
     # Its approval deadline in words (``ledger.policies.deadlines``).
     deadline: str = ""
+    # The read that takes its before-image: {"tool", "args" (as JSON text, "" for none), "path"}.
+    before: dict[str, str] | None = None
+
+
+def _before_shown(before: Any) -> dict[str, str] | None:
+    if not isinstance(before, dict) or not before.get("tool"):
+        return None
+    args = before.get("args") or {}
+    return {
+        "tool": str(before["tool"]),
+        "args": json.dumps(args, sort_keys=True, ensure_ascii=False, default=str) if args else "",
+        "path": str(before.get("path") or ""),
+    }
 
 
 def _policy_row(policy: ToolPolicy) -> PolicyRow:
@@ -41,6 +57,7 @@ def _policy_row(policy: ToolPolicy) -> PolicyRow:
         deadline=deadline_summary(
             seconds=policy.approval_timeout_s, on_timeout=policy.on_timeout, escalate_to=policy.escalate_to
         ),
+        before=_before_shown(policy.before),
     )
 
 
@@ -84,6 +101,33 @@ def _compensator_row(
     )
 
 
+@dataclass(frozen=True)
+class ReaderRow:
+    """A registered reader of a ``before`` read as the policies page shows it: its kind for
+    everyone; where it points (``target``, ``mcp_tool``) only for those who may see where
+    compensators point, as ``CompensatorRow``. A webhook's secret is never shown."""
+
+    tool: str
+    kind: str
+    kind_display: str
+    target: str | None
+    mcp_tool: str | None
+    scope: str
+    source: str
+
+
+def _reader_row(reader: StateReader, *, show_target: bool) -> ReaderRow:
+    return ReaderRow(
+        tool=reader.tool,
+        kind=reader.kind,
+        kind_display=reader.get_kind_display(),
+        target=(reader.url or reader.python_path) if show_target else None,
+        mcp_tool=reader.mcp_tool if show_target else None,
+        scope="tenant" if reader.tenant_id else "global",
+        source=reader.source,
+    )
+
+
 @dataclass
 class TenantPolicies:
     tenant: Tenant
@@ -101,6 +145,15 @@ class TenantPolicies:
     upstream_mismatches: list[dict[str, Any]] = field(default_factory=list)
     # Compensating tools that delete or move money and run unattended (the residual risk).
     compensation_warnings: list[CompensationWarning] = field(default_factory=list)
+    # The readers of the before reads, and what is known not to work about before-images
+    # (``ledger.policies.before_checks``).
+    readers: list[ReaderRow] = field(default_factory=list)
+    before_warnings: list[BeforeWarning] = field(default_factory=list)
+
+    @property
+    def reads_images(self) -> bool:
+        """Whether a policy in force has a before read (the readers' section is shown then)."""
+        return any(row.before for row in self.policies)
 
 
 def policies_for(*, tenant: Tenant, show_targets: bool) -> TenantPolicies:
@@ -127,4 +180,6 @@ def policies_for(*, tenant: Tenant, show_targets: bool) -> TenantPolicies:
         ),
         upstream_mismatches=policy_upstream_mismatches(tenant=tenant),
         compensation_warnings=unattended_destructive_compensations(tenant=tenant),
+        readers=[_reader_row(r, show_target=show_targets) for r in readers_in_force(tenant=tenant)],
+        before_warnings=before_warnings(tenant=tenant),
     )

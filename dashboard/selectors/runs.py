@@ -84,6 +84,20 @@ def actions_cursor_through(*, seq: int) -> str:
     return cursor_after([seq + 1])
 
 
+def latest_undo_steps(*, actions: list[Action]) -> dict[str, UnwindStep]:
+    """Each action's newest undo step, by action id, for the actions whose policy takes images
+    (their steps carry the reads, ``UnwindStep.read_checks``): one query for a page of actions."""
+    ids = [a.pk for a in actions if isinstance(a.policy, dict) and a.policy.get("before")]
+    if not ids:
+        return {}
+    steps = (
+        UnwindStep.objects.filter(action_id__in=ids)
+        .order_by("action_id", "-created_at")
+        .distinct("action_id")
+    )
+    return {step.action_id: step for step in steps}
+
+
 def run_item(*, run: Run) -> RecoveryItem | None:
     """The run's item the page shows: the unresolved one, else the newest resolved one."""
     return (

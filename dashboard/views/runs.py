@@ -15,6 +15,7 @@ from django_htmx.http import HTMX_STOP_POLLING
 
 from dashboard.forms import ReasonForm, ReconcileForm
 from dashboard.permissions import Capability, TenantPermissions, reach_for, require
+from dashboard.presenters.images import images_by_action
 from dashboard.selectors import live
 from dashboard.selectors import runs as run_selectors
 from dashboard.views import common
@@ -56,6 +57,7 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
                 "actions": actions,
                 "older": {"next_cursor": older.next_cursor},
                 "allowed": TenantPermissions(request.user, run.tenant_id),
+                "images": _images(actions),
                 **_partial_marks(actions, recovery_trail.kept_action_ids(run=run)),
             },
         )
@@ -86,6 +88,7 @@ def run_detail(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             "item_open": page.item is not None and page.item.status in RecoveryItem.UNRESOLVED,
             "latest_checkpoint_id": page.checkpoints[0].pk if page.checkpoints else None,
             "reconcile_form": ReconcileForm(),
+            "images": _images(page.actions),
             "reason_form": ReasonForm(),
             "live": live.live_state(
                 run=run,
@@ -170,6 +173,8 @@ def run_live(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
             actions=shown,
             newer_actions=Action.objects.filter(run=run, seq__gt=upto).count(),
             trail=recovery_trail.run_trail(run=run),
+            # The images follow the unwind: what it read back, whether it verified.
+            images=_images(shown),
             **_partial_marks(shown, recovery_trail.kept_action_ids(run=run)),
         )
     if "header" in changed and "trail" not in context:
@@ -181,6 +186,11 @@ def run_live(request: HtmxHttpRequest, run_id: str) -> HttpResponse:
     if stop:
         response.status_code = HTMX_STOP_POLLING
     return response
+
+
+def _images(actions: list[Action]) -> dict[str, Any]:
+    """Each shown action's before/after images and what its undo read (``dashboard.presenters.images``)."""
+    return images_by_action(actions, run_selectors.latest_undo_steps(actions=actions))
 
 
 def _unknown_note(count: int) -> str:

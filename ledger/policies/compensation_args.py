@@ -84,6 +84,18 @@ def template_roots(template: Any) -> set[str]:
     return roots
 
 
+def template_uses(template: Any, *, where: str = "compensation_args") -> list[tuple[str, str, str]]:
+    """(key, root, path) of every well-formed template in ``template``: ``("compensation_args.price",
+    "result", "item.price")`` for ``{"price": "$result.item.price"}`` (path "" for a whole root or a
+    target); what the load-time warnings compare with what the tool returned."""
+    uses = []
+    for key, value in _template_walk(template, where):
+        match = _TEMPLATE.match(value)
+        if match is not None:
+            uses.append((key, match["root"] or match["target"], (match["path"] or "").lstrip(".")))
+    return uses
+
+
 _NOT_YET = object()
 
 

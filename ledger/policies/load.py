@@ -27,6 +27,7 @@ from infra.hashing import canonical_json, sha256_hex
 from ledger.audit import Actor, audit_record
 from ledger.models import Compensator, PolicySet, StateReader, Tenant, ToolPolicy
 from ledger.policies.agent_safety import AGENT_SAFETY, agent_safety_translate
+from ledger.policies.before_checks import before_warnings
 from ledger.policies.compensation_risks import unattended_destructive_compensations
 from ledger.policies.deadlines import escalation_problems
 from ledger.policies.errors import PolicyFileError, Problems, entry_of, validation_problems
@@ -430,7 +431,9 @@ def policy_load_warnings(*, tenant: Tenant | None) -> list[str]:
     """Every warning about a scope's policies, in one list: compensations whose compensator does
     not reach the upstream that performed their tool, so undoing them waits for a person every time
     (``ledger.upstreams``; each tenant of the global scope); then compensating tools that delete or
-    move money and run unattended (``ledger.policies.compensation_risks``)."""
+    move money and run unattended (``ledger.policies.compensation_risks``); then the before-images:
+    image templates no read fills, reads without a reader, templates whose path the tool's recent
+    results lack (``ledger.policies.before_checks``)."""
     checked = [tenant] if tenant is not None else list(Tenant.objects.order_by("slug"))
     warnings = [
         f"tenant {each.slug}: {mismatch['message']}"
@@ -438,6 +441,7 @@ def policy_load_warnings(*, tenant: Tenant | None) -> list[str]:
         for mismatch in policy_upstream_mismatches(tenant=each)
     ]
     warnings.extend(w.message for w in unattended_destructive_compensations(tenant=tenant))
+    warnings.extend(w.message for w in before_warnings(tenant=tenant))
     return warnings
 
 

@@ -132,6 +132,19 @@ def new_action_row(
                 "message": f"{call.tool} is irreversible and has no correction registered.",
             }
         )
+    if policy.before is not None and call.before_snapshot is None:
+        # The gateway and the clients send the image with the record; a record without it (an agent
+        # on the REST API that does not read, a reader that was not registered) is undone blind.
+        read = str(policy.before.get("tool", ""))
+        warnings.append(
+            {
+                "code": "before_image_missing",
+                "read": read,
+                "message": f"The policy for {call.tool} takes a before-image (read by {read}), but "
+                "this record came without one (before_snapshot): its undo cannot restore the value "
+                "exactly, nor verify that it did.",
+            }
+        )
     now = timezone.now()
     starts = call.start and not policy.requires_approval
     action = Action(

@@ -4,12 +4,12 @@ revalidated with ``If-None-Match`` (the server answers 304 when nothing changed)
 
 ``before_of(tool)`` is the ``before`` read of the policy that governs ``tool`` (the namespaced name,
 as the gateway records it), picked as the server picks (``ledger/policies/resolve.py``): an exact
-name beats a glob, a tenant's policy beats the global one, the longer literal part wins.
+name beats a glob, a tenant's policy beats the global one, the longer literal part wins
+(``saga_client._policies.policy_for``, the client's one copy of that rule).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import time
 from collections.abc import Mapping
@@ -19,34 +19,14 @@ import anyio
 import httpx
 
 from saga_client._core import Flow, Send
+from saga_client._policies import policy_for
 from saga_client.aio import AsyncSaga
 from saga_client.errors import SagaError, SagaUnavailable, error_from_response
 from saga_client.mcp.options import DEFAULT_POLICY_REFRESH_S
 
 log = logging.getLogger(__name__)
 
-_GLOB = frozenset("*?[")
-
-
-def _is_glob(pattern: str) -> bool:
-    return any(ch in _GLOB for ch in pattern)
-
-
-def _rank(policy: Mapping[str, Any]) -> tuple[int, int, int]:
-    tool = str(policy.get("tool", ""))
-    literal = sum(1 for ch in tool if ch not in "*?[]")
-    return (0 if _is_glob(tool) else 1, 1 if policy.get("scope") == "tenant" else 0, literal)
-
-
-def policy_for(policies: list[Mapping[str, Any]], tool: str) -> Mapping[str, Any] | None:
-    """The most specific of ``policies`` that governs ``tool`` (as the server picks), or None."""
-    candidates = [
-        p
-        for p in policies
-        if p.get("tool") == tool
-        or (_is_glob(str(p.get("tool", ""))) and fnmatch.fnmatchcase(tool, str(p["tool"])))
-    ]
-    return max(candidates, key=_rank) if candidates else None
+__all__ = ["PolicyCache", "policy_for"]
 
 
 def _revalidate(etag: str) -> Flow[tuple[int, Any, str]]:
