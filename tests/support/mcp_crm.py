@@ -11,6 +11,15 @@ With ``"ignore_updates": true`` in that file, ``update_contact`` acknowledges an
 - ``get_contact(id)``: structured content ``{"contact": {...}}``;
 - ``get_contact_text(id)``: the same as one JSON text block, no structured content;
 - ``update_contact(id, email?, phone?)``: changes what it is given.
+
+The same contacts over plain HTTP JSON, for an agent that is not an MCP client (the TypeScript
+client's tests: the agent acts over HTTP, the worker undoes over MCP, on one state):
+
+- ``GET /contacts/{id}`` → ``{"contact": {...}}`` (404 ``{"error"}`` for an unknown contact);
+- ``PATCH /contacts/{id}`` with ``{"email"?, "phone"?}`` → ``{"id", "updated": true}``, applied
+  unless ``ignore_updates`` (404 as above, 400 for a body that is not such an object).
+
+Both are journaled as the tools are (``get_contact`` and ``update_contact``, with ``"via": "http"``).
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from typing import Any
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 mcp = MCPServer("crm", version="1.0.0", instructions="Contacts of Acme's CRM.")
 
@@ -45,11 +56,12 @@ def _state() -> Iterator[dict[str, Any]]:
             json.dump(state, handle)
 
 
-def _journal(tool: str, args: dict[str, Any]) -> None:
+def _journal(tool: str, args: dict[str, Any], **extra: str) -> None:
     path = os.environ.get("CRM_JOURNAL")
     if path:
         with open(path, "a", encoding="utf-8") as journal:
-            journal.write(json.dumps({"tool": tool, "args": args, "at": time.time()}, sort_keys=True) + "\n")
+            entry = {"tool": tool, "args": args, "at": time.time(), **extra}
+            journal.write(json.dumps(entry, sort_keys=True) + "\n")
 
 
 def _contact(state: dict[str, Any], contact_id: str) -> dict[str, Any]:
@@ -79,12 +91,53 @@ def get_contact_text(id: str) -> str:  # noqa: A002
 def update_contact(id: str, email: str | None = None, phone: str | None = None) -> dict[str, Any]:  # noqa: A002
     """Change a contact's email and/or phone."""
     _journal("update_contact", {"id": id, "email": email, "phone": phone})
+    return _update(id, email=email, phone=phone)
+
+
+def _update(contact_id: str, *, email: str | None, phone: str | None) -> dict[str, Any]:
     with _state() as state:
-        contact = _contact(state, id)
+        contact = _contact(state, contact_id)
         if not state.get("ignore_updates"):
             contact.update({k: v for k, v in (("email", email), ("phone", phone)) if v is not None})
-            state["contacts"][id] = contact
-        return {"id": id, "updated": True}
+            state["contacts"][contact_id] = contact
+        return {"id": contact_id, "updated": True}
+
+
+# --- The same over plain HTTP JSON --------------------------------------------------------------
+
+
+@mcp.custom_route("/contacts/{id}", methods=["GET", "PATCH"])
+async def contact_http(request: Request) -> Response:
+    contact_id = str(request.path_params["id"])
+    if request.method == "GET":
+        _journal("get_contact", {"id": contact_id}, via="http")
+        try:
+            with _state() as state:
+                return JSONResponse({"contact": _contact(state, contact_id)})
+        except ToolError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError:
+        body = None
+    fields = ("email", "phone")
+    if (
+        not isinstance(body, dict)
+        or set(body) - set(fields)
+        or any(not isinstance(body.get(f), str | None) for f in fields)
+    ):
+        return JSONResponse(
+            {"error": "The body must be an object of email and/or phone strings."}, status_code=400
+        )
+    _journal(
+        "update_contact",
+        {"id": contact_id, "email": body.get("email"), "phone": body.get("phone")},
+        via="http",
+    )
+    try:
+        return JSONResponse(_update(contact_id, email=body.get("email"), phone=body.get("phone")))
+    except ToolError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=404)
 
 
 def main(argv: list[str] | None = None) -> None:

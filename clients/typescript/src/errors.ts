@@ -227,7 +227,10 @@ export class StepInDoubt extends SagaError {
  * A step whose policy has `before` was refused before anything was recorded or called: its
  * before-image could not be taken (no reader registered for the read, a read that threw, or a
  * result with no value at the policy's path). `readTool` names the read and `reason` says why;
- * `do` was not called (no update without its before-image).
+ * `do` was not called (no update without its before-image). Also thrown for a step recorded
+ * earlier (it waited for approval, or was recorded ahead) whose read, made again just before it
+ * starts, no longer gives the before-image recorded with it (`reason`: "changed while the step
+ * waited for approval"): the action is left approved and not started, as `saga-mcp` leaves it.
  */
 export class BeforeImageFailed extends SagaError {
   /** The step's tool. */
@@ -235,11 +238,12 @@ export class BeforeImageFailed extends SagaError {
   /** The read (the policy's `before.tool`). */
   readonly readTool: string;
   readonly reason: string;
-  constructor(tool: string, readTool: string, reason: string, options?: { cause?: unknown }) {
+  constructor(tool: string, readTool: string, reason: string, options?: { cause?: unknown; message?: string }) {
     super(
-      `${tool} was not called: its policy takes a before-image through ${readTool}, and that read failed (${reason}). No update without its before-image.`,
+      options?.message ??
+        `${tool} was not called: its policy takes a before-image through ${readTool}, and that read failed (${reason}). No update without its before-image.`,
       "before_image_failed",
-      options,
+      options?.cause !== undefined ? { cause: options.cause } : undefined,
     );
     this.tool = tool;
     this.readTool = readTool;

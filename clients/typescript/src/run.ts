@@ -17,6 +17,7 @@ import {
 } from "./errors.js";
 import { UnretriedFailures } from "./failures.js";
 import { sleep, type Reply } from "./http.js";
+import { imagesEqual } from "./images.js";
 import { canonical, stepKey } from "./keys.js";
 import type { Action, Checkpoint, Command, Compensation, Plan, Run as RunData, RunFail, Target, Trail } from "./types.js";
 
@@ -142,6 +143,8 @@ export class Run {
   private readonly controller = new AbortController();
   /** Idempotency keys this run recorded with a before-image taken by policy: not read again. */
   private readonly imaged = new Set<string>();
+  /** Idempotency keys this run recorded with a before snapshot the agent gave: not read again. */
+  private readonly givenBefore = new Set<string>();
   private finished = false;
   private failedActionId: string | null = null;
   private failureReason = "failed";
@@ -314,6 +317,7 @@ export class Run {
     if (options.before !== undefined) {
       const snapshot = typeof options.before === "function" ? await (options.before as () => unknown)() : options.before;
       if (snapshot !== undefined && snapshot !== null) body["before_snapshot"] = snapshot;
+      this.givenBefore.add(key);
       if (options.after !== undefined || !this.images) return undefined;
       try {
         return await this.images.planned(options.tool, options.args ?? {}, options.target, this.signal);
@@ -409,9 +413,10 @@ export class Run {
     startedHere: boolean,
     options: StepOptions<A, R>,
     callArgs: A,
-    read: PlannedRead | undefined,
+    recordRead: PlannedRead | undefined,
   ): Promise<R> {
     const wait = options.wait ?? true;
+    let read = recordRead;
     let action = recorded;
     if (!startedHere) action = await this.decided(action, options.approvalTimeoutS, wait);
     const effective = action.args as A;
@@ -419,6 +424,10 @@ export class Run {
       throw new SagaError(`The approver edited the args of ${action.tool}; \`do\` must take them as its first parameter.`, "args_edited");
     }
     if (!startedHere) {
+      // Its before-image was read when it was recorded; read it again before starting it.
+      if (read && options.before === undefined && !this.givenBefore.has(action.idempotency_key)) {
+        read = await this.stillBefore(action, options, read);
+      }
       const started = await this.startAction(action, options.approvalTimeoutS, wait);
       action = started.data;
       if (!startedByThisRequest(started)) {
@@ -455,6 +464,37 @@ export class Run {
     }
     await this.succeeded(action, value, afterSnapshot);
     return value;
+  }
+
+  /**
+   * Before a step recorded earlier is started (it waited for approval, or was recorded ahead):
+   * its policy's read made again with the args as approved. A value someone changed while the
+   * step waited would make its undo restore the wrong value, so a read that fails or gives another
+   * value than the recorded before-image refuses the step (`BeforeImageFailed`, `do` not called)
+   * and leaves the action approved and not started, as `saga-mcp` does. The read, for the after-image.
+   */
+  private async stillBefore(action: Action, options: { tool: string; target?: Target | null; host?: unknown }, read: PlannedRead): Promise<PlannedRead> {
+    const recorded = action.before_snapshot;
+    if (!this.images || recorded === undefined || recorded === null) return read;
+    const args = (action.args ?? {}) as Record<string, unknown>;
+    let now: unknown;
+    try {
+      read = (await this.images.planned(options.tool, args, options.target, this.signal)) ?? read;
+      now = await this.images.take(read, "before", this.signal, options.host);
+    } catch (error) {
+      if (error instanceof BeforeImageFailed) this.unretried.failedCall(options.tool, args, "", error.message);
+      throw error;
+    }
+    if (imagesEqual(now, recorded)) return read;
+    const differences = JSON.stringify(now).slice(0, 300);
+    const refused = new BeforeImageFailed(options.tool, read.before.tool, "changed while the step waited for approval", {
+      message:
+        `${options.tool} was not called: the value it changes (read through ${read.before.tool}) changed while the step waited for approval ` +
+        `(recorded ${JSON.stringify(recorded).slice(0, 300)}, now ${differences}), so its undo would restore the wrong value. ` +
+        `The action ${action.id} is left approved and not started.`,
+    });
+    this.unretried.failedCall(options.tool, args, "", refused.message);
+    throw refused;
   }
 
   /** A step this call did not start: the action once approved, or why it cannot run here. */

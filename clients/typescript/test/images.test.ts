@@ -221,3 +221,114 @@ describe("images through the AI SDK adapter and plans", () => {
     expect(planned.map((a: any) => a.before_snapshot)).toEqual([{ email: "old@x" }, { given: true }]);
   });
 });
+
+/** A scripted API whose update waits for approval: recorded `awaiting_approval` with the before-image it was sent, approved when polled, started on request. */
+function approving(policies: ToolPolicy[], approvedArgs?: Record<string, unknown>) {
+  const calls: Array<{ method: string; path: string; body: any }> = [];
+  let recorded: any = null;
+  const answer = async (url: string | URL | Request, init?: RequestInit): Promise<Response> => {
+    const path = new URL(String(url)).pathname.replace("/api/v1", "");
+    const body = init?.body ? JSON.parse(String(init.body)) : null;
+    calls.push({ method: init?.method ?? "GET", path, body });
+    const json = (data: unknown) => new Response(JSON.stringify(data), { status: 200, headers: { "Content-Type": "application/json" } });
+    if (path === "/policies") return json({ policies, default_policy: {}, unwind: {}, auto_compensate: {}, source: "t" });
+    if (path === "/runs") return json({ id: "run_1", status: "running" });
+    if (path === "/runs/run_1/actions") {
+      recorded = { id: "act_1", run_id: "run_1", tool: body.tool, status: "awaiting_approval", attempt: 1, idempotency_key: body.idempotency_key ?? "k", args: body.args, before_snapshot: body.before_snapshot, result: null, approval: { id: "apr_1", status: "pending" } };
+      return new Response(JSON.stringify(recorded), { status: 201, headers: { "Content-Type": "application/json" } });
+    }
+    if (path === "/actions/act_1" && (init?.method ?? "GET") === "GET") return json({ ...recorded, ...(approvedArgs ? { args: approvedArgs } : {}), status: "approved", approval: { id: "apr_1", status: "approved" } });
+    if (path === "/actions/act_1/start") return json({ ...recorded, status: "running" });
+    if (path === "/actions/act_1/succeed") return json({ ...recorded, status: "succeeded", result: body.result });
+    if (path === "/runs/run_1/complete" || path === "/runs/run_1/fail") return json({ id: "run_1", status: "failed" });
+    return json({});
+  };
+  return { calls, fetch: answer as typeof fetch };
+}
+
+describe("a step that waited for approval reads its before-image again before it starts", () => {
+  const setUp = (approvedArgs?: Record<string, unknown>) => {
+    const api = approving([policy("crm.update_contact", "tenant", BEFORE), policy("crm.get_contact")], approvedArgs);
+    const saga = new Saga({ url: "http://saga.invalid", key: "sk", fetch: api.fetch, heartbeatIntervalS: 0, pollIntervalS: 0.001, maxPollIntervalS: 0.001 });
+    const contact = { email: "old@x" };
+    const reads: string[] = [];
+    return { api, saga, contact, reads };
+  };
+  const started = (api: ReturnType<typeof approving>) => api.calls.filter((c) => c.path.startsWith("/actions/act_1/")).map((c) => c.path);
+
+  it("starts it when the value is still the recorded one", async () => {
+    const { api, saga, contact, reads } = setUp();
+    saga.reader("crm.get_contact", async (_args, context) => {
+      reads.push(`${context.phase} ${contact.email}`);
+      return { contact: { ...contact } };
+    });
+    const done: unknown[] = [];
+    await saga.run({ agent: "a", request: "r" }, async (run) => {
+      await run.step({ tool: "crm.update_contact", args: { id: 7, email: "new@x" }, do: async (args: { id: number; email: string }) => { done.push(args); contact.email = args.email; return { ok: true }; } });
+    });
+    expect(reads).toEqual(["before old@x", "before old@x", "after new@x"]);
+    expect(done).toEqual([{ id: 7, email: "new@x" }]);
+    expect(started(api)).toEqual(["/actions/act_1/start", "/actions/act_1/succeed"]);
+  });
+
+  it("refuses it when the value changed while it waited: do not called, the action left approved and not started", async () => {
+    const { api, saga, contact, reads } = setUp();
+    saga.reader("crm.get_contact", async (_args, context) => {
+      reads.push(`${context.phase} ${contact.email}`);
+      const seen = { contact: { ...contact } };
+      contact.email = "edited-by-hand@x"; // someone changes it during the approval wait
+      return seen;
+    });
+    const done: unknown[] = [];
+    let runId = "";
+    const refused = await saga
+      .run({ agent: "a", request: "r" }, async (run) => {
+        runId = run.id;
+        await run.step({ tool: "crm.update_contact", args: { id: 7, email: "new@x" }, do: async (args: object) => { done.push(args); return { ok: true }; } });
+      })
+      .catch((error: unknown) => error);
+    expect(refused).toBeInstanceOf(BeforeImageFailed);
+    expect(refused).toMatchObject({ code: "before_image_failed", tool: "crm.update_contact", readTool: "crm.get_contact", reason: "changed while the step waited for approval" });
+    expect((refused as Error).message).toBe(
+      'crm.update_contact was not called: the value it changes (read through crm.get_contact) changed while the step waited for approval (recorded {"email":"old@x"}, now {"email":"edited-by-hand@x"}), so its undo would restore the wrong value. The action act_1 is left approved and not started.',
+    );
+    expect(reads).toEqual(["before old@x", "before edited-by-hand@x"]);
+    expect(done).toEqual([]);
+    // Neither started nor reported failed: its approval is unspent; the scope's failure fails the run.
+    expect(started(api)).toEqual([]);
+    expect(runId).toBe("run_1");
+    expect(api.calls.filter((c) => c.path === "/runs/run_1/fail").map((c) => c.body.error)).toEqual([`BeforeImageFailed: ${(refused as Error).message}`]);
+  });
+
+  it("refuses it when the read fails now, and reads with the args as the approver edited them", async () => {
+    const { api, saga, reads } = setUp({ id: 8, email: "new@x" }); // the approver chose contact 8
+    let calls = 0;
+    saga.reader("crm.get_contact", async (args, context) => {
+      reads.push(`${context.phase} ${String(args["id"])}`);
+      calls += 1;
+      if (calls > 1) throw new Error("the CRM answered 503");
+      return { contact: { email: "old@x" } };
+    });
+    const done: unknown[] = [];
+    const run = await saga.run({ agent: "a", request: "r" });
+    const refused = await run.step({ tool: "crm.update_contact", args: { id: 7, email: "new@x" }, do: async (args: object) => { done.push(args); return {}; } }).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(BeforeImageFailed);
+    expect((refused as Error).message).toMatch(/that read failed \(Error: the CRM answered 503\)/);
+    expect(done).toEqual([]);
+    expect(started(api)).toEqual([]);
+    expect(reads).toEqual(["before 7", "before 8"]);
+  });
+
+  it("does not read again for a step given its own before", async () => {
+    const { api, saga, reads } = setUp();
+    saga.reader("crm.get_contact", async (_args, context) => {
+      reads.push(context.phase);
+      return { contact: { email: "changes@x" } };
+    });
+    await saga.run({ agent: "a", request: "r" }, async (run) => {
+      await run.step({ tool: "crm.update_contact", args: { id: 7, email: "new@x" }, before: { email: "as-known@x" }, do: async () => ({ ok: true }) });
+    });
+    expect(reads).toEqual(["after"]);
+    expect(started(api)).toEqual(["/actions/act_1/start", "/actions/act_1/succeed"]);
+  });
+});
