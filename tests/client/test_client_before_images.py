@@ -260,8 +260,9 @@ def test_a_planned_or_recorded_step_carries_its_before_image(tenant, tmp_path, o
     # The planned action is the step: it ran once, with its after-image.
     assert Action.objects.get(pk=planned["id"]).after_snapshot == CHANGED
     assert crm.writes == [CHANGE]
-    # Read for the plan, for the record and after the call: the step reused the plan's image.
-    assert crm.reads == ["c-1", "c-1", "c-1"]
+    # Read for the plan, for the record, again before the planned step started (the plan's image
+    # still held) and after the call: the step sent the plan's image, not a new one.
+    assert crm.reads == ["c-1", "c-1", "c-1", "c-1"]
 
 
 def test_the_langgraph_adapter_takes_the_images_with_no_agent_code_change(
@@ -339,7 +340,8 @@ def test_the_openai_agents_adapter_takes_the_images_with_no_agent_code_change(
     action = recorded(api, the_update(run_id).pk)
     assert (action["before_snapshot"], action["after_snapshot"]) == (ORIGINAL, CHANGED)
     assert crm.writes == [CHANGE]
-    assert crm.reads == ["c-1", "c-1"]  # when needs_approval recorded the call, and after it
+    # When needs_approval recorded the call, again just before it started, and after it.
+    assert crm.reads == ["c-1", "c-1", "c-1"]
     model.assert_complete()
 
 

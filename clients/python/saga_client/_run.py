@@ -93,7 +93,8 @@ class _AfterRead:
 @dataclass(frozen=True)
 class _ReadAgain:
     """A step's before-image, taken through its policy's ``before``: read again before the step
-    starts when it waited for approval."""
+    starts when it was not started as it was recorded (it waited for approval, or was recorded
+    ahead)."""
 
     reads: Mapping[str, Any]
     target: Target | None
@@ -434,7 +435,7 @@ class RunCore:
                 code="args_edited",
             )
         if not started_here:
-            if reread is not None and action["status"] == "approved":
+            if reread is not None and action["status"] in ("planned", "approved"):
                 yield from self._image_still_holds(action, reread, call_args)
             started = yield from self._start(action, approval_timeout_s=approval_timeout_s, wait=wait)
             action = started.data
@@ -465,11 +466,13 @@ class RunCore:
     def _image_still_holds(
         self, action: ActionDict, reread: _ReadAgain, call_args: dict[str, Any]
     ) -> Flow[None]:
-        """Before a step that waited for approval is started: its before-image was read when it was
-        recorded (by this step, or ahead by ``record``/``plan``), and may be stale now. The read
+        """Before a step that was not started as it was recorded is started (it waited for approval,
+        or was recorded ahead by ``record``/``plan`` or an adapter): its before-image was read then,
+        and may be stale now. The read
         is made again with the approved args; no image, or another value than the recorded one,
         refuses the step (``BeforeImageFailed``) before its approval is spent by the start: its
-        undo would restore the wrong value. The action stays approved, as ``saga-mcp`` leaves it."""
+        undo would restore the wrong value. The action stays as it is (approved, or planned), as
+        ``saga-mcp`` leaves it."""
         tool, read_tool = action["tool"], str(reread.reads.get("tool", ""))
         try:
             now = yield from take_image(
@@ -482,20 +485,25 @@ class RunCore:
                 failed.reason,
                 action_id=action["id"],
                 message=f"{tool} was not started: the read {read_tool} made again before it gave no image "
-                f"({failed.reason}). Its approval still stands in Saga Admin; take the step again once "
-                "the read works.",
+                f"({failed.reason}). The action is left as it was (its approval, if it had one, still "
+                "stands in Saga Admin); take the step again once the read works.",
             )
         else:
             if "before_snapshot" not in action or images_equal(now, action["before_snapshot"]):
                 return
+            why = (
+                "the value changed while the step waited for approval"
+                if action["status"] == "approved"
+                else "the value changed since the step was recorded"
+            )
             refused = BeforeImageFailed(
                 tool,
                 read_tool,
-                "the value changed while the step waited for approval",
+                why,
                 action_id=action["id"],
                 message=f"{tool} was not started: the value it changes (read by {read_tool}) is no longer "
-                "the one recorded with it (the value changed while the step waited for approval), so its "
-                "undo would restore the wrong value. Its approval still stands in Saga Admin; to change "
+                f"the one recorded with it ({why}), so its undo would restore the wrong value. The action "
+                "is left as it was (its approval, if it had one, still stands in Saga Admin); to change "
                 "the value as it is now, take the step again with a new idempotency_key.",
             )
         log.warning("saga: %s", refused)

@@ -254,10 +254,11 @@ class BeforeImageFailed(SagaError):
     result with no value at the policy's path). ``read_tool`` names the read and ``reason`` says
     why; ``do`` was not called.
 
-    Also raised for a step that waited for approval when the read made again just before it
-    starts gives no image or another value than the recorded one (``reason``: "the value changed
-    while the step waited for approval"): the action (``action_id``) is left approved and not
-    started, its approval unspent, as ``saga-mcp`` leaves it."""
+    Also raised for a step that waited for approval (or was recorded ahead) when the read made
+    again just before it starts gives no image or another value than the recorded one
+    (``reason``: "the value changed while the step waited for approval"): the action
+    (``action_id``) is left as it was (approved, or planned) and not started, its approval
+    unspent, as ``saga-mcp`` leaves it."""
 
     code = "before_image_failed"
 
