@@ -121,6 +121,12 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
     # The candidate worker (non-forking, one job per step) completes unwinds too.
     candidates = sections["unwind"]["candidates"].values()
     assert candidates and all(c["single"]["unwind_statuses"] == ["completed"] for c in candidates)
+    # Before-images: both governed calls timed; every checked undo step verified, none unchecked.
+    images = sections["images"]
+    assert images["governed"]["steps"] > 0 and images["governed"]["with_p50_ms"] > 0
+    checked, unchecked = images["undo"]["checked"], images["undo"]["unchecked"]
+    assert checked["verified"] == checked["steps"] > 0 and checked["statuses"] == ["done"]
+    assert unchecked["verified"] == 0 and unchecked["statuses"] == ["done"]
     dashboard = sections["dashboard"]
     assert set(dashboard["explain_without_bench_indexes"]) == set(dashboard["explain"])
     # Servers: the Procfile's web line and a gunicorn gthread and a granian candidate each served
