@@ -155,10 +155,19 @@ class Demo:
 
     def saga(self, tenant: str = "acme") -> Saga:
         if tenant not in self._clients:
-            self._clients[tenant] = Saga(
+            saga = Saga(
                 self.base_url, self.keys[tenant], poll_interval_s=self.poll_interval_s, approval_timeout_s=120
             )
+            # The read the policies' ``before`` names for hr.update_title, registered once: the
+            # client takes every such step's before- and after-image through it, so the agents'
+            # steps carry no image code (demo.readers.get_user is the worker's side of the read).
+            saga.reader("hr.get_user")(self._get_user)
+            self._clients[tenant] = saga
         return self._clients[tenant]
+
+    def _get_user(self, email: str) -> dict[str, Any]:
+        """hr.get_user, as the agents read it: ``{"user": <the HR record>}``."""
+        return {"user": self.world.state(f"/hr/users/{email}")}
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -523,8 +532,8 @@ NOAH, GRACE, PRIYA = "noah.kim@acme.example", "grace.obi@acme.example", "priya.r
 
 def title_update(demo: Demo, run: Run, email: str, title: str, *, reasoning: str) -> dict[str, Any]:
     """hr.update_title: an update, undone exactly by the same tool with the title it replaced. The
-    policy reads the record before (``hr.get_user``, its ``before``); the agent hands the client the
-    same read, so the before-image is there whichever client records the step."""
+    policy reads the record before (``hr.get_user``, its ``before``); the client takes that
+    before-image through the reader registered on it (``Demo.saga``): no image code here."""
     return world_step(
         run,
         demo.world,
@@ -533,7 +542,6 @@ def title_update(demo: Demo, run: Run, email: str, title: str, *, reasoning: str
         target=("user", email),
         args={"email": email, "title": title},
         body=lambda effective: {"title": effective["title"]},
-        before=lambda: demo.world.state(f"/hr/users/{email}"),
         intent={"reasoning": reasoning, "confidence": 0.9},
     )
 

@@ -22,6 +22,7 @@ Without a reader (or without ``before``) the step is carried out as before, ``ve
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -120,7 +121,7 @@ def _drift_check(read_now: _Reading, checks: dict[str, Any]) -> Outcome | None:
     what = _what_differs(checks["differences"], read, read_now.path)
     return _with(
         Outcome.drifted(
-            f"{_subject(request)} changed since the agent: {what}; the undo was not run so as not to overwrite it."
+            f"{_subject(read_now)} changed since the agent: {what}; the undo was not run so as not to overwrite it."
         ),
         checks,
         verified=None,
@@ -144,7 +145,7 @@ def _verify(read_back_now: _Reading, checks: dict[str, Any], outcome: Outcome) -
     what = _what_differs(checks["differences"], read, read_back_now.path)
     return _with(
         Outcome.failed(
-            f"{_subject(request)} did not come back after the undo: {what}. The compensator reported "
+            f"{_subject(read_back_now)} did not come back after the undo: {what}. The compensator reported "
             "success, but the value read back is not the one the agent replaced.",
             status_code=outcome.status_code,
             code=NOT_RESTORED,
@@ -164,8 +165,16 @@ def _with(outcome: Outcome, checks: dict[str, Any], *, verified: bool | None) ->
     return replace(outcome, checks=checks, verified=verified)
 
 
-def _subject(request: CompensationRequest) -> str:
-    return f"{request.target_type or 'target'} {request.target_id}".strip()
+def _subject(read: _Reading) -> str:
+    """What changed, for the sentence: the action's target, else (a call recorded with none, as
+    saga-mcp and the adapters record them) what the read reads: ``the contact read by
+    crm.get_contact {"id": "c-9"}``."""
+    request = read.request
+    if request.target_type or request.target_id:
+        return f"{request.target_type or 'target'} {request.target_id}".strip()
+    name = read.path.rsplit(".", 1)[-1] if read.path else "value"
+    shown = json.dumps(read.args, default=str, ensure_ascii=False)
+    return f"the {name} read by {read.row.tool} {shown[:200]}"
 
 
 def _what_differs(differences: list[dict[str, Any]], read: Read, path: Any) -> str:

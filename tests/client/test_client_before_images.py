@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from saga_client import AsyncSaga, BeforeImageFailed, Saga
 from saga_client._before import tool_readers
 
 from ledger.models import Action, Run
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,8 +37,11 @@ BEFORE = {"tool": "crm.get_contact", "args": {"id": "$args.id"}, "path": "contac
 ORIGINAL = {"email": "ashu@old.example", "phone": "+49 1"}
 
 
-def load(tenant, tmp_path: Path, *, before: bool = True, name: str = "crm.json") -> None:
+def load(
+    tenant, tmp_path: Path, *, before: bool = True, name: str = "crm.json", approval: str = "auto"
+) -> None:
     update = {**UPDATE, "before": BEFORE} if before else {**UPDATE, "compensation_args": {"id": "$args.id"}}
+    update["approval"] = approval
     path = tmp_path / name
     path.write_text(json.dumps({"policies": [READ, update]}))
     call_command("load_policies", str(path), tenant=tenant.slug)
@@ -255,8 +260,9 @@ def test_a_planned_or_recorded_step_carries_its_before_image(tenant, tmp_path, o
     # The planned action is the step: it ran once, with its after-image.
     assert Action.objects.get(pk=planned["id"]).after_snapshot == CHANGED
     assert crm.writes == [CHANGE]
-    # Read for the plan, for the record and after the call: the step reused the plan's image.
-    assert crm.reads == ["c-1", "c-1", "c-1"]
+    # Read for the plan, for the record, again before the planned step started (the plan's image
+    # still held) and after the call: the step sent the plan's image, not a new one.
+    assert crm.reads == ["c-1", "c-1", "c-1", "c-1"]
 
 
 def test_the_langgraph_adapter_takes_the_images_with_no_agent_code_change(
@@ -334,7 +340,8 @@ def test_the_openai_agents_adapter_takes_the_images_with_no_agent_code_change(
     action = recorded(api, the_update(run_id).pk)
     assert (action["before_snapshot"], action["after_snapshot"]) == (ORIGINAL, CHANGED)
     assert crm.writes == [CHANGE]
-    assert crm.reads == ["c-1", "c-1"]  # when needs_approval recorded the call, and after it
+    # When needs_approval recorded the call, again just before it started, and after it.
+    assert crm.reads == ["c-1", "c-1", "c-1"]
     model.assert_complete()
 
 
@@ -387,3 +394,85 @@ def test_an_adapter_run_whose_read_failed_fails_and_nothing_is_changed(tenant, t
     assert crm.writes == [] and not Action.objects.filter(run_id=run.id).exists()
     failed = Run.objects.get(pk=run.id)
     assert failed.status == "failed" and "crm.update_contact was not called" in failed.error
+
+
+def agent_whose_step_waits(client: str, options: dict[str, Any], crm: Crm) -> tuple[str, list[Any]]:
+    """An agent whose update waits for approval (the sync or the async client): its run's id and
+    the refusals its step raised."""
+    refused: list[BeforeImageFailed] = []
+    if client == "sync":
+        with Saga(**options) as saga:
+            saga.reader("crm.get_contact")(crm.get_contact)
+            with saga.run(agent="crm", request="Fix Ashu's e-mail") as run:
+                try:
+                    run.step("crm.update_contact", args=CHANGE, do=crm.update_contact)
+                except BeforeImageFailed as exc:
+                    refused.append(exc)
+        return run.id, refused
+
+    async def agent() -> str:
+        async with AsyncSaga(**options) as saga:
+            saga.reader("crm.get_contact")(crm.get_contact)
+            async with saga.run(agent="crm", request="Fix Ashu's e-mail") as run:
+                try:
+                    await run.step("crm.update_contact", args=CHANGE, do=crm.update_contact)
+                except BeforeImageFailed as exc:
+                    refused.append(exc)
+            return run.id
+
+    return asyncio.run(agent()), refused
+
+
+@pytest.mark.parametrize("meanwhile", ["nothing", "changed", "unreadable"])
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_an_approved_step_reads_again_before_it_starts_and_refuses_a_value_that_changed(
+    tenant, tmp_path, options, api, crm, live_server, approver_key, client, meanwhile
+):
+    """The before-image of a step that waits for approval is read when it is recorded; by the time
+    a person approves, someone may have changed the value. Read again just before the start, a
+    changed value refuses the step (as saga-mcp refuses the call): ``do`` is not called and the
+    action stays approved, its approval unspent."""
+    load(tenant, tmp_path, approval="manual")
+    approver = httpx.Client(
+        base_url=f"{live_server.url}/api/v1", headers={"Authorization": f"Bearer {approver_key[1]}"}
+    )
+
+    def bob() -> None:
+        pending = wait_for(
+            lambda: approver.get("/approvals", params={"status": "pending"}).json()["items"],
+            timeout=30,
+            what="the step's approval to be requested",
+        )
+        if meanwhile == "changed":  # a person changes the contact while the step waits
+            crm.contacts["c-1"]["phone"] = "+49 7"
+        elif meanwhile == "unreadable":  # or it is gone: the read raises
+            del crm.contacts["c-1"]
+        approver.post(f"/approvals/{pending[0]['id']}/approve", json={"reason": "ok"}).raise_for_status()
+
+    approving = threading.Thread(target=bob)
+    approving.start()
+    try:
+        run_id, refused = agent_whose_step_waits(client, options, crm)
+    finally:
+        approving.join(timeout=60)
+        approver.close()
+
+    action = recorded(api, the_update(run_id).pk)
+    assert action["before_snapshot"] == ORIGINAL
+    # Read when recorded, and again with the approved args just before the start.
+    assert crm.reads[:2] == ["c-1", "c-1"]
+    if meanwhile == "nothing":
+        assert refused == [] and crm.writes == [CHANGE]
+        assert action["status"] == "succeeded" and action["after_snapshot"] == CHANGED
+        assert crm.reads == ["c-1", "c-1", "c-1"]
+        return
+    [refusal] = refused
+    if meanwhile == "changed":
+        assert refusal.reason == "the value changed while the step waited for approval"
+    else:
+        assert "the read crm.get_contact made again before it gave no image" in str(refusal)
+    assert refusal.read_tool == "crm.get_contact" and refusal.action_id == action["id"]
+    assert "crm.update_contact was not started" in str(refusal)
+    assert crm.writes == []  # do was never called
+    assert action["status"] == "approved" and action["attempts"] == 0
+    assert crm.reads == ["c-1", "c-1"]

@@ -223,6 +223,9 @@ def test_the_seeded_title_runs_undo_one_exactly_and_refuse_the_other_as_drift_an
             "Support manager",
         )
         assert UnwindStep.objects.get(action=retitled).status == UnwindStep.Status.DRIFTED
+        # The worker read Noah's record back after the undo: the restore is verified.
+        restored = UnwindStep.objects.get(action=changed)
+        assert restored.status == UnwindStep.Status.DONE and restored.verified is True
 
         # Seeding again plays neither story, so the hand edit is not made twice and nothing moves.
         runs, titles = Run.objects.count(), dict(HrUser.objects.values_list("email", "title"))

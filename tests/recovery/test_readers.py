@@ -205,17 +205,17 @@ def _load(tenant, crm: Crm, reader: dict[str, Any]) -> None:
     policy_file_load(document=document, source="test", tenant=tenant, actor=Actor.system("test"))
 
 
-def _record_update(api: Api, crm: Crm, *, email: str) -> dict[str, Any]:
+def _record_update(api: Api, crm: Crm, *, email: str, target: bool = True) -> dict[str, Any]:
     """The agent's update of contact c-9, recorded through the API with both images (what a client
-    or the gateway sends), and the run failed into the queue."""
+    or the gateway sends), and the run failed into the queue. ``target=False``: recorded without
+    one, as saga-mcp and the adapters record calls."""
     run = api.post("/runs", {"agent": "crm-agent", "request": "fix Ana's email"}).json()
     before = crm.call("get_contact", {"id": "c-9"})["contact"]
     response = api.post(
         f"/runs/{run['id']}/actions",
         {
             "tool": "crm.update_contact",
-            "target_type": "contact",
-            "target_id": "c-9",
+            **({"target_type": "contact", "target_id": "c-9"} if target else {}),
             "args": {"id": "c-9", "email": email},
             "idempotency_key": f"update-c-9-{email}",
             "before_snapshot": before,
@@ -342,6 +342,25 @@ def test_a_hand_edit_after_the_agent_is_drift_and_the_compensator_is_not_called(
     assert sentence in item.error
     assert step.error == sentence
     assert Run.objects.get(pk=run["id"]).status != Run.Status.COMPENSATED
+
+
+def test_the_sentences_of_an_action_recorded_without_a_target_name_what_the_read_reads(
+    db, tenant, api, alice, crm
+):
+    _load(tenant, crm, _reader("mcp", crm))
+    run = _record_update(api, crm, email="ana@wrong.example", target=False)
+    crm.edit_by_hand(email="ana@fixed-by-hand.example")
+
+    unwind = _undo(run, alice)
+
+    step = unwind.steps.get()
+    assert step.status == UnwindStep.Status.DRIFTED
+    assert step.error == (
+        'the contact read by crm.get_contact {"id": "c-9"} changed since the agent: email is '
+        '"ana@fixed-by-hand.example", not "ana@wrong.example"; the undo was not run so as not to '
+        "overwrite it."
+    )
+    assert step.error in RecoveryItem.objects.get(run_id=run["id"]).error
 
 
 @pytest.mark.parametrize("kind", ["mcp", "mcp-text", "webhook", "python"])

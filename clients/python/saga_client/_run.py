@@ -27,6 +27,7 @@ from saga_client.errors import (
     SagaError,
     StepInDoubt,
 )
+from saga_client.images import images_equal
 from saga_client.responses import ActionDict, CheckpointDict, PlanDict, RunDict, RunFailDict
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,16 @@ def accepts_argument(func: Callable[..., Any]) -> bool:
 @dataclass(frozen=True)
 class _AfterRead:
     """A step's after-image, to be read through its policy's ``before`` once the call succeeded."""
+
+    reads: Mapping[str, Any]
+    target: Target | None
+
+
+@dataclass(frozen=True)
+class _ReadAgain:
+    """A step's before-image, taken through its policy's ``before``: read again before the step
+    starts when it was not started as it was recorded (it waited for approval, or was recorded
+    ahead)."""
 
     reads: Mapping[str, Any]
     target: Target | None
@@ -332,7 +343,7 @@ class RunCore:
         call_args = dict(args or {})
         key, body = self._action_request(tool, target, call_args, compensate, intent, idempotency_key)
         body["start"] = True
-        snapshot, after = yield from self._images(tool, key, call_args, target, before, after)
+        snapshot, after, reread = yield from self._images(tool, key, call_args, target, before, after)
         if snapshot is not None:
             body["before_snapshot"] = snapshot
 
@@ -354,6 +365,7 @@ class RunCore:
                 do=do,
                 call_args=call_args,
                 after=after,
+                reread=_ReadAgain(reread, target) if reread is not None else None,
                 approval_timeout_s=approval_timeout_s,
                 wait=wait,
             )
@@ -374,16 +386,20 @@ class RunCore:
 
     def _images(
         self, tool: str, key: str, call_args: dict[str, Any], target: Target | None, before: Any, after: Any
-    ) -> Flow[tuple[Any, Any]]:
-        """A step's before-image and what takes its after-image: those it was given, else its
-        policy's read (``saga_client._before``) — the image sent with the action when it was
-        recorded ahead, or one read now (refused: ``BeforeImageFailed``)."""
+    ) -> Flow[tuple[Any, Any, Mapping[str, Any] | None]]:
+        """A step's before-image, what takes its after-image, and the policy's read when the
+        before-image is that read's (made again before an approved step starts): the images it
+        was given, else its policy's read (``saga_client._before``) — the image sent with the
+        action when it was recorded ahead, or one read now (refused: ``BeforeImageFailed``)."""
         reads = None
         if before is None or after is None:
             reads = yield from self._api.policy_cache.before_of(self._api, tool)
         if before is not None or reads is None:
             snapshot = (yield Invoke(before)) if callable(before) else before
-        elif key in self._recorded_images:
+            if after is None and reads is not None:
+                after = _AfterRead(reads, target)
+            return snapshot, after, None
+        if key in self._recorded_images:
             snapshot = self._recorded_images[key]  # recorded ahead with it: no second read
         else:
             try:
@@ -392,9 +408,9 @@ class RunCore:
                 # Refused before it was recorded: a failed call all the same, for the run's end rule.
                 self.unretried.failed(tool, call_args, "", str(refused))
                 raise
-        if after is None and reads is not None:
+        if after is None:
             after = _AfterRead(reads, target)
-        return snapshot, after
+        return snapshot, after, reads
 
     def _execute(
         self,
@@ -404,6 +420,7 @@ class RunCore:
         do: Callable[..., Any],
         call_args: dict[str, Any],
         after: Any,
+        reread: _ReadAgain | None,
         approval_timeout_s: float | None,
         wait: bool,
     ) -> Flow[Any]:
@@ -418,6 +435,8 @@ class RunCore:
                 code="args_edited",
             )
         if not started_here:
+            if reread is not None and action["status"] in ("planned", "approved"):
+                yield from self._image_still_holds(action, reread, call_args)
             started = yield from self._start(action, approval_timeout_s=approval_timeout_s, wait=wait)
             action = started.data
             if not started.started_here:
@@ -443,6 +462,53 @@ class RunCore:
             raise
         yield from self._succeeded(action, value, after_snapshot)
         return value
+
+    def _image_still_holds(
+        self, action: ActionDict, reread: _ReadAgain, call_args: dict[str, Any]
+    ) -> Flow[None]:
+        """Before a step that was not started as it was recorded is started (it waited for approval,
+        or was recorded ahead by ``record``/``plan`` or an adapter): its before-image was read then,
+        and may be stale now. The read
+        is made again with the approved args; no image, or another value than the recorded one,
+        refuses the step (``BeforeImageFailed``) before its approval is spent by the start: its
+        undo would restore the wrong value. The action stays as it is (approved, or planned), as
+        ``saga-mcp`` leaves it."""
+        tool, read_tool = action["tool"], str(reread.reads.get("tool", ""))
+        try:
+            now = yield from take_image(
+                self._api, reread.reads, tool=tool, args=action["args"], target=reread.target
+            )
+        except BeforeImageFailed as failed:
+            refused = BeforeImageFailed(
+                tool,
+                read_tool,
+                failed.reason,
+                action_id=action["id"],
+                message=f"{tool} was not started: the read {read_tool} made again before it gave no image "
+                f"({failed.reason}). The action is left as it was (its approval, if it had one, still "
+                "stands in Saga Admin); take the step again once the read works.",
+            )
+        else:
+            if "before_snapshot" not in action or images_equal(now, action["before_snapshot"]):
+                return
+            why = (
+                "the value changed while the step waited for approval"
+                if action["status"] == "approved"
+                else "the value changed since the step was recorded"
+            )
+            refused = BeforeImageFailed(
+                tool,
+                read_tool,
+                why,
+                action_id=action["id"],
+                message=f"{tool} was not started: the value it changes (read by {read_tool}) is no longer "
+                f"the one recorded with it ({why}), so its undo would restore the wrong value. The action "
+                "is left as it was (its approval, if it had one, still stands in Saga Admin); to change "
+                "the value as it is now, take the step again with a new idempotency_key.",
+            )
+        log.warning("saga: %s", refused)
+        self.unretried.failed(tool, call_args, action["id"], str(refused))
+        raise refused
 
     def _decided(
         self, action: ActionDict, *, approval_timeout_s: float | None, wait: bool

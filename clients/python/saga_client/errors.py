@@ -252,14 +252,23 @@ class BeforeImageFailed(SagaError):
     """A step whose policy has ``before`` was refused before anything was recorded or called: its
     before-image could not be taken (no reader registered for the read, a read that raised, or a
     result with no value at the policy's path). ``read_tool`` names the read and ``reason`` says
-    why; ``do`` was not called."""
+    why; ``do`` was not called.
+
+    Also raised for a step that waited for approval (or was recorded ahead) when the read made
+    again just before it starts gives no image or another value than the recorded one
+    (``reason``: "the value changed while the step waited for approval"): the action
+    (``action_id``) is left as it was (approved, or planned) and not started, its approval
+    unspent, as ``saga-mcp`` leaves it."""
 
     code = "before_image_failed"
 
-    def __init__(self, tool: str, read_tool: str, reason: str) -> None:
-        self.tool, self.read_tool, self.reason = tool, read_tool, reason
+    def __init__(
+        self, tool: str, read_tool: str, reason: str, *, action_id: str = "", message: str = ""
+    ) -> None:
+        self.tool, self.read_tool, self.reason, self.action_id = tool, read_tool, reason, action_id
         super().__init__(
-            f"{tool} was not called: its policy takes a before-image through {read_tool}, and that "
+            message
+            or f"{tool} was not called: its policy takes a before-image through {read_tool}, and that "
             f"read failed ({reason}). No update without its before-image."
         )
 
