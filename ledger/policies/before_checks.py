@@ -170,7 +170,9 @@ def _recent_paths(
     else:
         # The global scope: each tenant's newest through the index, in one UNION, then the newest
         # of those (ordering the whole table by created_at for one tool would scan it).
-        parts = [newest(tenant_id) for tenant_id in Tenant.objects.order_by("pk").values_list("pk", flat=True)]
+        parts = [
+            newest(tenant_id) for tenant_id in Tenant.objects.order_by("pk").values_list("pk", flat=True)
+        ]
         if not parts:
             return []
         found = list(parts[0].union(*parts[1:], all=True)) if len(parts) > 1 else list(parts[0])

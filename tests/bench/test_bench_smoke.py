@@ -30,6 +30,19 @@ def _assert_plans_measured(append: dict, report: str) -> None:
     assert "actions through plans of 5" in report
 
 
+def _check_unwinds(unwind: dict, images: dict) -> None:
+    """The unwinds completed, on the Procfile's worker and on the candidate worker (non-forking,
+    one job per step); before-images: both governed calls timed, every checked undo step verified,
+    none unchecked."""
+    assert unwind["single"]["unwind_statuses"] == ["completed"]
+    candidates = unwind["candidates"].values()
+    assert candidates and all(c["single"]["unwind_statuses"] == ["completed"] for c in candidates)
+    assert images["governed"]["steps"] > 0 and images["governed"]["with_p50_ms"] > 0
+    checked, unchecked = images["undo"]["checked"], images["undo"]["unchecked"]
+    assert checked["verified"] == checked["steps"] > 0 and checked["statuses"] == ["done"]
+    assert unchecked["verified"] == 0 and unchecked["statuses"] == ["done"]
+
+
 def _results_of(completed: subprocess.CompletedProcess[str], written) -> dict:
     # A harness that died before its figures were written says why (its own output).
     assert written.exists(), (completed.returncode, completed.stdout[-4000:], completed.stderr[-4000:])
@@ -117,16 +130,7 @@ def test_it_runs_every_phase_and_writes_a_report_with_every_section(tmp_path, ow
     assert all(r["count"] > 0 and r["errors"] == 0 for r in refusals.values()), refusals
     assert set(sections["dashboard"]["timings"]) == set(sections["dashboard"]["explain"])
     assert all(t["count"] > 0 and t["errors"] == 0 for t in sections["dashboard"]["timings"].values())
-    assert sections["unwind"]["single"]["unwind_statuses"] == ["completed"]
-    # The candidate worker (non-forking, one job per step) completes unwinds too.
-    candidates = sections["unwind"]["candidates"].values()
-    assert candidates and all(c["single"]["unwind_statuses"] == ["completed"] for c in candidates)
-    # Before-images: both governed calls timed; every checked undo step verified, none unchecked.
-    images = sections["images"]
-    assert images["governed"]["steps"] > 0 and images["governed"]["with_p50_ms"] > 0
-    checked, unchecked = images["undo"]["checked"], images["undo"]["unchecked"]
-    assert checked["verified"] == checked["steps"] > 0 and checked["statuses"] == ["done"]
-    assert unchecked["verified"] == 0 and unchecked["statuses"] == ["done"]
+    _check_unwinds(sections["unwind"], sections["images"])
     dashboard = sections["dashboard"]
     assert set(dashboard["explain_without_bench_indexes"]) == set(dashboard["explain"])
     # Servers: the Procfile's web line and a gunicorn gthread and a granian candidate each served
