@@ -7,7 +7,7 @@ default applies". A policy's ``rules`` and ``limits`` are checked by
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -364,94 +364,65 @@ class PolicyIn(_Strict):
         )
 
 
-class CompensatorIn(_Strict):
+class _CallTargetIn(_Strict):
+    """What a policy file's compensator or reader calls: exactly one of a signed webhook, a Python
+    callable or an MCP tool. ``_noun`` names it in the messages ("compensator", "reader")."""
+
+    _noun: ClassVar[str] = "target"
+
     webhook: HttpUrl | None = None
     secret: str | None = Field(default=None, min_length=16, max_length=500)
     secret_env: EnvName | None = None
     python: DottedPath | None = None
-    # An MCP compensator: the server's Streamable HTTP URL, the tool to call there, and the
-    # headers to send, each taken from an environment variable (never written in the file).
+    # An MCP tool: the server's Streamable HTTP URL, the tool to call there, and the headers to
+    # send, each taken from an environment variable (never written in the file).
     mcp: HttpUrl | None = None
     tool: McpToolName | None = None
     headers_env: dict[HeaderName, EnvName] | None = Field(default=None, max_length=20)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> _CallTargetIn:
+        noun = self._noun
+        if sum(kind is not None for kind in (self.webhook, self.python, self.mcp)) != 1:
+            raise PydanticCustomError(noun, "must have exactly one of webhook, python or mcp")
+        if self.webhook is not None and (self.secret is None) == (self.secret_env is None):
+            raise PydanticCustomError(
+                noun, "a webhook needs exactly one of secret or secret_env (to sign its requests)"
+            )
+        if self.webhook is None and (self.secret is not None or self.secret_env is not None):
+            raise PydanticCustomError(noun, "secret and secret_env apply to webhooks only")
+        if self.mcp is not None and self.tool is None:
+            raise PydanticCustomError(
+                noun, 'an mcp {noun} needs the tool to call on that server ("tool": "name")', {"noun": noun}
+            )
+        if self.mcp is None and (self.tool is not None or self.headers_env is not None):
+            raise PydanticCustomError(noun, "tool and headers_env apply to mcp {noun}s only", {"noun": noun})
+        if self.headers_env is not None:
+            lowered = [name.lower() for name in self.headers_env]
+            if len(set(lowered)) != len(lowered):
+                raise PydanticCustomError(noun, "headers_env names a header twice (header names ignore case)")
+        return self
+
+    @property
+    def kind(self) -> str:
+        if self.webhook is not None:
+            return Compensator.Kind.WEBHOOK
+        if self.mcp is not None:
+            return Compensator.Kind.MCP
+        return Compensator.Kind.PYTHON
+
+
+class CompensatorIn(_CallTargetIn):
+    _noun: ClassVar[str] = "compensator"
+
+    # Optional reader that returns the target's current state, for snapshot drift checks.
     reader: DottedPath | None = None
 
-    @model_validator(mode="after")
-    def _one_target(self) -> CompensatorIn:
-        if sum(kind is not None for kind in (self.webhook, self.python, self.mcp)) != 1:
-            raise PydanticCustomError("compensator", "must have exactly one of webhook, python or mcp")
-        if self.webhook is not None and (self.secret is None) == (self.secret_env is None):
-            raise PydanticCustomError(
-                "compensator", "a webhook needs exactly one of secret or secret_env (to sign its requests)"
-            )
-        if self.webhook is None and (self.secret is not None or self.secret_env is not None):
-            raise PydanticCustomError("compensator", "secret and secret_env apply to webhooks only")
-        if self.mcp is not None and self.tool is None:
-            raise PydanticCustomError(
-                "compensator", 'an mcp compensator needs the tool to call on that server ("tool": "name")'
-            )
-        if self.mcp is None and (self.tool is not None or self.headers_env is not None):
-            raise PydanticCustomError("compensator", "tool and headers_env apply to mcp compensators only")
-        if self.headers_env is not None:
-            lowered = [name.lower() for name in self.headers_env]
-            if len(set(lowered)) != len(lowered):
-                raise PydanticCustomError(
-                    "compensator", "headers_env names a header twice (header names ignore case)"
-                )
-        return self
 
-    @property
-    def kind(self) -> str:
-        if self.webhook is not None:
-            return Compensator.Kind.WEBHOOK
-        if self.mcp is not None:
-            return Compensator.Kind.MCP
-        return Compensator.Kind.PYTHON
+class ReaderIn(_CallTargetIn):
+    """How the worker reads a ``before`` tool (the file's ``readers``)."""
 
-
-class ReaderIn(_Strict):
-    """How the worker reads a ``before`` tool (the file's ``readers``): exactly one of an MCP tool,
-    a signed webhook or a Python callable."""
-
-    webhook: HttpUrl | None = None
-    secret: str | None = Field(default=None, min_length=16, max_length=500)
-    secret_env: EnvName | None = None
-    python: DottedPath | None = None
-    mcp: HttpUrl | None = None
-    tool: McpToolName | None = None
-    headers_env: dict[HeaderName, EnvName] | None = Field(default=None, max_length=20)
-
-    @model_validator(mode="after")
-    def _one_target(self) -> ReaderIn:
-        if sum(kind is not None for kind in (self.webhook, self.python, self.mcp)) != 1:
-            raise PydanticCustomError("reader", "must have exactly one of webhook, python or mcp")
-        if self.webhook is not None and (self.secret is None) == (self.secret_env is None):
-            raise PydanticCustomError(
-                "reader", "a webhook needs exactly one of secret or secret_env (to sign its requests)"
-            )
-        if self.webhook is None and (self.secret is not None or self.secret_env is not None):
-            raise PydanticCustomError("reader", "secret and secret_env apply to webhooks only")
-        if self.mcp is not None and self.tool is None:
-            raise PydanticCustomError(
-                "reader", 'an mcp reader needs the tool to call on that server ("tool": "name")'
-            )
-        if self.mcp is None and (self.tool is not None or self.headers_env is not None):
-            raise PydanticCustomError("reader", "tool and headers_env apply to mcp readers only")
-        if self.headers_env is not None:
-            lowered = [name.lower() for name in self.headers_env]
-            if len(set(lowered)) != len(lowered):
-                raise PydanticCustomError(
-                    "reader", "headers_env names a header twice (header names ignore case)"
-                )
-        return self
-
-    @property
-    def kind(self) -> str:
-        if self.webhook is not None:
-            return Compensator.Kind.WEBHOOK
-        if self.mcp is not None:
-            return Compensator.Kind.MCP
-        return Compensator.Kind.PYTHON
+    _noun: ClassVar[str] = "reader"
 
 
 class UnwindIn(_Strict):
