@@ -1,4 +1,4 @@
-"""``make bench``'s before-images phase (issue 42): what reading an update's before- and after-image
+"""``make bench``'s before-images phase: what reading an update's before- and after-image
 costs a governed call, and what the worker's drift check and read-back cost an undo step.
 
 1. **A governed call at one agent**, through the Python client's ``run.step``: the same update tool
@@ -282,7 +282,7 @@ def markdown(sec: dict[str, Any]) -> list[str]:
     if not g and not u:
         return [*lines, "Not measured in this run.", ""]
     lines += [
-        "What an update's before- and after-image costs (issue 42, `bench/images.py`). A governed call "
+        "What an update's before- and after-image costs (`bench/images.py`). A governed call "
         "is the Python client's `run.step` at one agent, the update tool under a policy without "
         "`before` and with it, alternating; Saga Admin's part is the step's time less the tool's. "
         "The reads are the agent's own code (here a dictionary lookup), shown apart.",

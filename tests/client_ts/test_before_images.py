@@ -1,4 +1,4 @@
-"""Before- and after-images through the TypeScript client against a live server (issue 42): a
+"""Before- and after-images through the TypeScript client against a live server: a
 policy file whose ``crm.update_contact`` reads its images with the read-only ``crm.get_contact``
 is loaded for the agent's tenant, then the suites of ``clients/typescript/test/with-policies``
 run: a registered reader's images on the action, a failed or empty read refusing the step

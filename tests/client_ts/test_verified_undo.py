@@ -1,5 +1,5 @@
 """Verified undo of an update through the TypeScript client and its OpenAI Agents adapter, end to
-end (issue 42): the CRM (``tests/support/mcp_crm.py``, its contacts in a state file) serves the
+end: the CRM (``tests/support/mcp_crm.py``, its contacts in a state file) serves the
 agent over plain HTTP and the worker over MCP; the policy file, loaded with the real loader, has
 ``crm.update_contact`` read its images with ``crm.get_contact`` and be undone with
 ``$before.email``/``$before.phone`` by the CRM's MCP ``update_contact``, with an MCP reader for the

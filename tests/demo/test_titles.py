@@ -1,4 +1,4 @@
-"""The demo's exact undo of an update (issue 42): the world's hr.update_title and its reader
+"""The demo's exact undo of an update: the world's hr.update_title and its reader
 hr.get_user, the policy file's before and readers for them (and for the demo MCP server's
 update_title), and the two seeded runs: a title change undone exactly, and an undo refused as
 drift because the COO changed the title by hand after the agent."""
