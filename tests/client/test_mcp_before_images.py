@@ -1,8 +1,9 @@
 """saga-mcp takes before- and after-images, so an update through it can be undone exactly: a real
-inventory upstream (the SDK's server over Streamable HTTP, in a subprocess; structured results and text-only JSON results), the
-gateway as a real process, a real ``mcp.Client`` and the real Saga Admin. ``set_price``'s policy
-reads ``get_item`` before the call and after it; the upstream's journal shows every call that
-reached it, so a refused call is one that never reached ``set_price``."""
+inventory upstream (the SDK's server over Streamable HTTP, in a subprocess; structured results
+and text-only JSON results), the gateway as a real process, a real ``mcp.Client`` and the real
+Saga Admin. ``set_price``'s policy reads ``get_item`` before the call and after it; the
+upstream's journal shows every call that reached it, so a refused call is one that never reached
+``set_price``."""
 
 from __future__ import annotations
 
